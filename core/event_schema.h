@@ -1,0 +1,154 @@
+// The gpumem event schema, defined once: event kinds, API names, memory kinds and JSON field names.
+//
+// Both the in-process recorder (preload/, core/) and the offline analyzer (analyzer/) include this
+// header, so a name written by one is by construction the name read by the other.  The JSON format
+// itself is specified for users in docs/log-format.md; keep the two in step.
+#pragma once
+
+#include <cstdint>
+#include <cstddef>
+
+namespace gpumem {
+
+inline constexpr const char* k_format_name = "gpumem-events";
+inline constexpr int k_format_version = 1;
+
+// "ev" values.  The numeric order is part of no file format; only the names are.
+enum class ev_kind : uint8_t {
+    header = 0,      // first line of every log
+    alloc,           // a successful allocation the program asked for
+    alloc_fail,      // an allocation that returned an error ("err")
+    free,            // a successful free of a program allocation
+    free_fail,       // a free that returned an error ("err")
+    map,             // cuMemMap: a physical handle mapped into a VA range
+    unmap,           // cuMemUnmap
+    reserve,         // cuMemAddressReserve: a VA range reserved (no physical memory)
+    unreserve,       // cuMemAddressFree
+    segment_alloc,   // pool: a segment obtained from the driver
+    segment_free,    // pool: a segment returned to the driver
+    oom,             // pool: an allocation that failed after the pool released its cache
+    stats,           // pool: periodic snapshot of one device's pool
+    pool_sync,       // pool: pending frees released by one synchronize
+    context_reset,   // pool: a context was destroyed or reset; its pool state was dropped
+    lost,            // the recorder could not record N events (buffer full past the wait budget)
+    end,             // last line on a normal or signalled exit
+    count_
+};
+
+inline constexpr const char* k_ev_names[] = {
+    "header", "alloc", "alloc_fail", "free", "free_fail", "map", "unmap", "reserve", "unreserve",
+    "segment_alloc", "segment_free", "oom", "stats", "pool_sync", "context_reset", "lost", "end",
+};
+static_assert(sizeof(k_ev_names) / sizeof(k_ev_names[0]) == size_t(ev_kind::count_));
+
+// "kind" values: what sort of memory an allocation is.
+enum class mem_kind : uint8_t { none = 0, device, managed, host, vmm, count_ };
+inline constexpr const char* k_mem_kind_names[] = {"none", "device", "managed", "host", "vmm"};
+static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(mem_kind::count_));
+
+// "api" values: the entry point the program called (or, for segment events, the pool's backend).
+// X(id, name, kind)
+#define GPUMEM_API_LIST(X)                                          \
+    X(none, "none", none)                                          \
+    X(cuMemAlloc_v2, "cuMemAlloc_v2", device)                      \
+    X(cuMemFree_v2, "cuMemFree_v2", device)                        \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch_v2", device)            \
+    X(cuMemAllocManaged, "cuMemAllocManaged", managed)             \
+    X(cuMemAllocAsync, "cuMemAllocAsync", device)                  \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz", device)        \
+    X(cuMemFreeAsync, "cuMemFreeAsync", device)                    \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz", device)          \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", device)  \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync_ptsz", device) \
+    X(cuMemCreate, "cuMemCreate", vmm)                             \
+    X(cuMemRelease, "cuMemRelease", vmm)                           \
+    X(cuMemMap, "cuMemMap", vmm)                                   \
+    X(cuMemUnmap, "cuMemUnmap", vmm)                               \
+    X(cuMemAddressReserve, "cuMemAddressReserve", vmm)             \
+    X(cuMemAddressFree, "cuMemAddressFree", vmm)                   \
+    X(cuMemHostAlloc, "cuMemHostAlloc", host)                      \
+    X(cuMemAllocHost_v2, "cuMemAllocHost_v2", host)                \
+    X(cuMemFreeHost, "cuMemFreeHost", host)                        \
+    X(cudaMalloc, "cudaMalloc", device)                            \
+    X(cudaFree, "cudaFree", device)                                \
+    X(cudaMallocAsync, "cudaMallocAsync", device)                  \
+    X(cudaFreeAsync, "cudaFreeAsync", device)                      \
+    X(cudaMallocManaged, "cudaMallocManaged", managed)             \
+    X(cudaMallocPitch, "cudaMallocPitch", device)
+
+enum class api_id : uint16_t {
+#define GPUMEM_X(id, name, kind) id,
+    GPUMEM_API_LIST(GPUMEM_X)
+#undef GPUMEM_X
+    count_
+};
+
+inline constexpr const char* k_api_names[] = {
+#define GPUMEM_X(id, name, kind) name,
+    GPUMEM_API_LIST(GPUMEM_X)
+#undef GPUMEM_X
+};
+
+inline constexpr mem_kind k_api_kinds[] = {
+#define GPUMEM_X(id, name, kind) mem_kind::kind,
+    GPUMEM_API_LIST(GPUMEM_X)
+#undef GPUMEM_X
+};
+
+// "pool" values on segment events.
+enum class pool_id : uint8_t { none = 0, small, large, count_ };
+inline constexpr const char* k_pool_names[] = {"none", "small", "large"};
+
+// Why the log ended ("reason" on the end line).
+enum class end_reason : uint8_t { exit = 0, signal, fast_exit, count_ };
+inline constexpr const char* k_end_reason_names[] = {"exit", "signal", "_exit"};
+
+// Pool state carried by "oom" and "stats" events (docs/log-format.md, docs/metrics.md).
+struct pool_state {
+    uint64_t size;          // "size": bytes requested by the failing call (oom only)
+    uint64_t reserved;      // "reserved": bytes in segments held from the driver
+    uint64_t allocated;     // "allocated": bytes in blocks handed to the program (rounded)
+    uint64_t requested;     // "requested": bytes the program asked for, summed over live blocks
+    uint64_t largest_free;  // "largest_free": biggest free block in any segment
+    uint64_t free_blocks;   // "free_blocks": number of free blocks in all segments
+    uint64_t segments;      // "segments": number of segments
+    uint64_t gpu_free;      // "gpu_free": cuMemGetInfo free bytes (0 when not asked)
+    uint64_t gpu_total;     // "gpu_total": cuMemGetInfo total bytes
+};
+
+// Fields of every other event kind.  Which ones a kind writes is in docs/log-format.md.
+struct block_fields {
+    uint64_t ptr;     // "ptr": address; the VMM handle for kind vmm alloc/free; the segment base
+    uint64_t size;    // "size": bytes the program asked for
+    uint64_t asize;   // "asize": bytes set aside (pool block size, pitch*height); 0 = same as size
+    uint64_t seg;     // "seg": pool segment base; "handle" for map; "mempool" for FromPool allocs
+    uint64_t stream;  // "stream"; "offset" for map
+};
+
+// One recorded event, as the hot path fills it.  Plain data with no pointers to strings: the
+// writer thread turns it into a JSON line, so the hot path never formats.
+struct event {
+    uint64_t seq;      // "seq": global order, gap-free in a complete log
+    uint64_t t_ns;     // "t": ns since the recorder started
+    uint32_t tid;      // "tid": Linux thread id
+    int32_t err;       // "err": CUresult / cudaError_t of a failed call; a count for pool_sync, lost
+    int16_t dev;       // "dev": device ordinal, -1 when unknown or host memory
+    ev_kind ev;
+    mem_kind kind;
+    api_id api;
+    pool_id pool;
+    uint8_t flags;     // event_flags
+    union {
+        block_fields b;
+        pool_state p;
+    };
+};
+static_assert(sizeof(event) <= 112, "event should stay compact: it is copied on the hot path");
+
+enum event_flags : uint8_t {
+    ef_has_stream = 1 << 0,  // write "stream" (async calls)
+    ef_size_unknown = 1 << 1, // free of a pointer the recorder never saw allocated
+    ef_pooled = 1 << 2,      // served by gpumem's pool (alloc/free)
+};
+
+}  // namespace gpumem
