@@ -1,0 +1,112 @@
+// Reads the recorder's GPUMEM_* settings; expands the log-path pattern.
+#include "config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <strings.h>
+
+namespace gpumem {
+
+bool parse_bool(const char* s, bool* out) noexcept {
+    if (!s) return false;
+    if (!strcasecmp(s, "on") || !strcmp(s, "1") || !strcasecmp(s, "true") || !strcasecmp(s, "yes")) {
+        *out = true;
+        return true;
+    }
+    if (!strcasecmp(s, "off") || !strcmp(s, "0") || !strcasecmp(s, "false") || !strcasecmp(s, "no")) {
+        *out = false;
+        return true;
+    }
+    return false;
+}
+
+bool parse_size(const char* s, uint64_t* out) noexcept {
+    if (!s || !*s) return false;
+    errno = 0;
+    char* end = nullptr;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-') return false;
+    uint64_t mult = 1;
+    if (*end) {
+        if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mult = 1ull << 10;
+        else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mult = 1ull << 20;
+        else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mult = 1ull << 30;
+        else if (!strcasecmp(end, "t") || !strcasecmp(end, "tib")) mult = 1ull << 40;
+        else if (!strcasecmp(end, "kb")) mult = 1000ull;
+        else if (!strcasecmp(end, "mb")) mult = 1000ull * 1000;
+        else if (!strcasecmp(end, "gb")) mult = 1000ull * 1000 * 1000;
+        else if (!strcasecmp(end, "tb")) mult = 1000ull * 1000 * 1000 * 1000;
+        else if (!strcasecmp(end, "b")) mult = 1;
+        else return false;
+    }
+    if (mult != 1 && v > UINT64_MAX / mult) return false;
+    *out = v * mult;
+    return true;
+}
+
+static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field, std::string* warnings) {
+    const char* s = getenv(name);
+    if (!s) return;
+    uint64_t v = 0;
+    if (parse_size(s, &v) && v >= lo && v <= hi) {
+        *field = uint32_t(v);
+    } else if (warnings) {
+        *warnings += std::string(name) + "='" + s + "' is not a number in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]; using " + std::to_string(*field) + "\n";
+    }
+}
+
+config config::from_env(std::string* warnings) noexcept {
+    config c;
+    try {
+        if (const char* s = getenv("GPUMEM_POOL")) {
+            bool b;
+            if (parse_bool(s, &b)) c.pool = b;
+            else if (warnings) *warnings += std::string("GPUMEM_POOL='") + s + "' is not on/off; using on\n";
+        }
+        if (const char* s = getenv("GPUMEM_OUT"); s && *s) c.out = s;
+        read_u32("GPUMEM_FLUSH_MS", 1, 60000, &c.flush_ms, warnings);
+        read_u32("GPUMEM_BUFFER_EVENTS", 1024, 1u << 24, &c.buffer_events, warnings);
+        read_u32("GPUMEM_WAIT_MS", 0, 600000, &c.wait_ms, warnings);
+        uint32_t lvl = uint32_t(c.log_level);
+        read_u32("GPUMEM_LOG_LEVEL", 0, 6, &lvl, warnings);
+        c.log_level = int(lvl);
+        uint32_t cap = 1;
+        while (cap < c.buffer_events) cap <<= 1;
+        c.buffer_events = cap;
+    } catch (...) {
+        // Out of memory while building a warning string: the defaults stand.
+    }
+    return c;
+}
+
+std::string rank_from_env() {
+    if (const char* r = getenv("RANK"); r && *r) return r;
+    if (const char* r = getenv("LOCAL_RANK"); r && *r) return r;
+    return "0";
+}
+
+std::string expand_out_pattern(const std::string& pattern, long pid, const std::string& host,
+                               const std::string& rank) {
+    std::string out;
+    out.reserve(pattern.size() + 16);
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        char c = pattern[i];
+        if (c != '%' || i + 1 == pattern.size()) {
+            out += c;
+            continue;
+        }
+        char n = pattern[++i];
+        switch (n) {
+            case 'p': out += std::to_string(pid); break;
+            case 'h': out += host; break;
+            case 'r': out += rank; break;
+            case '%': out += '%'; break;
+            default: out += '%'; out += n; break;  // unknown token: kept as written
+        }
+    }
+    return out;
+}
+
+}  // namespace gpumem

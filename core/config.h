@@ -1,0 +1,34 @@
+// Recorder settings read from GPUMEM_* environment variables, and the log-path pattern.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace gpumem {
+
+struct config {
+    bool pool = false;                // GPUMEM_POOL=on|off (pass-through until the pool lands)
+    std::string out = "gpumem-%p.jsonl";  // GPUMEM_OUT
+    uint32_t flush_ms = 20;           // GPUMEM_FLUSH_MS: writer wakes at least this often
+    uint32_t buffer_events = 65536;   // GPUMEM_BUFFER_EVENTS: ring capacity, rounded up to a power of 2
+    uint32_t wait_ms = 2000;          // GPUMEM_WAIT_MS: how long a caller waits for ring space before the event is counted lost
+    int log_level = 3;                // GPUMEM_LOG_LEVEL: 0 trace .. 3 warn (default) .. 6 off
+
+    // Never throws: bad values keep the default and are reported through `warnings`.
+    static config from_env(std::string* warnings = nullptr) noexcept;
+};
+
+// Expands %p, %h, %r and %% in a GPUMEM_OUT pattern.  `rank` comes from RANK / LOCAL_RANK.
+std::string expand_out_pattern(const std::string& pattern, long pid, const std::string& host,
+                               const std::string& rank);
+
+// $RANK, else $LOCAL_RANK, else "0".
+std::string rank_from_env();
+
+// Parses "on"/"off"/"1"/"0"/"true"/"false"; returns false for anything else.
+bool parse_bool(const char* s, bool* out) noexcept;
+
+// Parses a non-negative integer with an optional K/M/G/KiB/MiB/GiB/KB/MB/GB suffix.
+bool parse_size(const char* s, uint64_t* out) noexcept;
+
+}  // namespace gpumem

@@ -1,0 +1,414 @@
+// The event log: a lock-free ring that callers publish into, drained to a JSON Lines file by a writer thread.
+#include "event_log.h"
+
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "event_format.h"
+
+namespace gpumem {
+
+namespace {
+constexpr size_t k_buf_size = 256 * 1024;
+
+void sleep_ns(long ns) noexcept {
+    timespec ts{ns / 1000000000L, ns % 1000000000L};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+void* map_zeroed(size_t bytes) noexcept {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+}
+}  // namespace
+
+uint64_t monotonic_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+int current_tid() noexcept {
+    // Cached per thread: gettid is a syscall, and the hot path records it on every event.  A child
+    // after fork gets a fresh value because pid-keyed cache below notices the change.
+    static thread_local int tid = 0;
+    static thread_local int pid = 0;
+    int p = int(getpid());
+    if (tid == 0 || pid != p) {
+        tid = int(syscall(SYS_gettid));
+        pid = p;
+    }
+    return tid;
+}
+
+event_log::event_log(const options& o) noexcept : opt_(o) {
+    t0_ = monotonic_ns();
+    alloc_ring();
+}
+
+event_log::~event_log() {
+    // Only tests destroy logs; the process-wide log is leaked on purpose so late frees at exit can
+    // still be recorded.
+    stop_.store(true);
+    wake_writer();
+    for (int i = 0; i < 2000 && writer_running_.load(); ++i) sleep_ns(1000000);
+    if (fd_ >= 0) close(fd_);
+    if (ring_) munmap(ring_, sizeof(slot) * (mask_ + 1));
+    if (buf_) munmap(buf_, k_buf_size);
+}
+
+void event_log::alloc_ring() noexcept {
+    uint64_t cap = 1;
+    while (cap < opt_.capacity) cap <<= 1;
+    ring_ = static_cast<slot*>(map_zeroed(sizeof(slot) * cap));
+    buf_ = static_cast<char*>(map_zeroed(k_buf_size));
+    if (!ring_ || !buf_) {
+        ring_ = nullptr;
+        return;
+    }
+    mask_ = cap - 1;
+    for (uint64_t i = 0; i < cap; ++i) ring_[i].state.store(i, std::memory_order_relaxed);
+}
+
+uint64_t event_log::now_ns() const noexcept { return monotonic_ns() - t0_; }
+
+bool event_log::start(const std::string& path, const std::string& header_line) noexcept {
+    if (!ring_ || started_.load()) return started_.load();
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    std::string used = path;
+    if (fd < 0) {
+        int e = errno;
+        const char* base = strrchr(path.c_str(), '/');
+        try {
+            used = std::string("/tmp/") + (base ? base + 1 : path.c_str());
+        } catch (...) {
+            return false;
+        }
+        fd = open(used.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        char msg[512];
+        int n = snprintf(msg, sizeof msg, "gpumem: cannot create %s (%s); %s %s\n", path.c_str(), strerror(e),
+                         fd >= 0 ? "writing the log to" : "also failed:", used.c_str());
+        if (n > 0) (void)!write(2, msg, size_t(n) < sizeof msg ? size_t(n) : sizeof msg - 1);
+        if (fd < 0) return false;
+    }
+    try {
+        path_ = used;
+    } catch (...) {
+    }
+    fd_ = fd;
+    write_all(header_line.data(), header_line.size());
+    started_.store(true, std::memory_order_release);
+
+    // The writer must never receive the program's signals: a process-directed SIGTERM landing on it
+    // would run our flush on the thread that holds the output lock.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    writer_running_.store(true);
+    if (pthread_create(&th, &attr, &event_log::writer_main, this) != 0) writer_running_.store(false);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return true;
+}
+
+void* event_log::writer_main(void* self) noexcept {
+    auto* log = static_cast<event_log*>(self);
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "gpumem-writer");
+#endif
+    while (!log->stop_.load(std::memory_order_acquire) && !log->finished_.load(std::memory_order_acquire)) {
+        uint32_t w = log->wake_.load(std::memory_order_acquire);
+        log->wake_pending_.store(false, std::memory_order_relaxed);
+        if (log->lock_output(false)) {
+            if (!log->finished_.load(std::memory_order_acquire)) log->drain_locked(false);
+            log->unlock_output();
+        }
+        timespec ts{log->opt_.flush_ms / 1000, long(log->opt_.flush_ms % 1000) * 1000000L};
+        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&log->wake_), FUTEX_WAIT_PRIVATE, w, &ts, nullptr, 0);
+    }
+    log->writer_running_.store(false, std::memory_order_release);
+    return nullptr;
+}
+
+void event_log::wake_writer() noexcept {
+    if (wake_pending_.exchange(true, std::memory_order_relaxed)) return;
+    wake_.fetch_add(1, std::memory_order_release);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wake_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
+bool event_log::lock_output(bool from_signal) noexcept {
+    int me = current_tid();
+    int expected = 0;
+    if (out_owner_.compare_exchange_strong(expected, me, std::memory_order_acquire)) return true;
+    if (expected == me) return from_signal;  // a signal interrupted our own drain: go on, unlocked
+    if (!from_signal) {
+        // Normal contention (writer vs. a caller draining inline): wait, it only formats and writes.
+        for (;;) {
+            expected = 0;
+            if (out_owner_.compare_exchange_weak(expected, me, std::memory_order_acquire)) return true;
+            sleep_ns(20000);
+        }
+    }
+    // Crash path: the holder is another thread that is still running; give it up to 500 ms.
+    for (int i = 0; i < 5000; ++i) {
+        expected = 0;
+        if (out_owner_.compare_exchange_weak(expected, me, std::memory_order_acquire)) return true;
+        sleep_ns(100000);
+    }
+    return true;  // a stuck holder: a messy tail beats no tail
+}
+
+void event_log::unlock_output() noexcept {
+    int me = current_tid();
+    int expected = me;
+    out_owner_.compare_exchange_strong(expected, 0, std::memory_order_release);
+}
+
+event* event_log::claim() noexcept {
+    if (!ring_) {
+        lost_.fetch_add(1, std::memory_order_relaxed);
+        return nullptr;
+    }
+    uint64_t pos = head_.load(std::memory_order_relaxed);
+    uint64_t waited_since = 0;
+    for (;;) {
+        slot& s = ring_[pos & mask_];
+        uint64_t st = s.state.load(std::memory_order_acquire);
+        int64_t diff = int64_t(st) - int64_t(pos);
+        if (diff == 0) {
+            if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+                // Wake the writer every quarter ring so a burst never waits a whole flush interval.
+                if ((pos & (mask_ >> 2)) == 0 && pos) wake_writer();
+                s.e.seq = pos;
+                return &s.e;
+            }
+        } else if (diff < 0) {
+            // Full: the slot still holds an event from one lap ago.  Let the writer catch up; with
+            // no writer (not started, or a fork child before its first start) drain here.
+            uint64_t now = monotonic_ns();
+            if (!waited_since) waited_since = now;
+            if (now - waited_since > uint64_t(opt_.wait_ms) * 1000000ull) {
+                lost_.fetch_add(1, std::memory_order_relaxed);
+                return nullptr;
+            }
+            if (!writer_running_.load(std::memory_order_acquire) && started_.load(std::memory_order_acquire)) {
+                drain(false);
+            } else {
+                wake_writer();
+                sleep_ns(50000);
+            }
+            pos = head_.load(std::memory_order_relaxed);
+        } else {
+            pos = head_.load(std::memory_order_relaxed);
+        }
+    }
+}
+
+void event_log::publish(event* e) noexcept {
+    slot* s = reinterpret_cast<slot*>(reinterpret_cast<char*>(e) - offsetof(slot, e));
+    s->state.store(e->seq + 1, std::memory_order_release);
+    if (finished_.load(std::memory_order_acquire)) {
+        // A late event after the end line (a free from a static destructor that ran after ours):
+        // write it now rather than lose it.
+        if (lock_output(false)) {
+            drain_locked(false);
+            unlock_output();
+        }
+    }
+}
+
+void event_log::record(const event& e) noexcept {
+    event* slot_event = claim();
+    if (!slot_event) return;
+    uint64_t seq = slot_event->seq;
+    *slot_event = e;
+    slot_event->seq = seq;
+    if (!slot_event->t_ns) slot_event->t_ns = now_ns();
+    if (!slot_event->tid) slot_event->tid = uint32_t(current_tid());
+    publish(slot_event);
+}
+
+void event_log::write_all(const char* p, size_t n) noexcept {
+    if (fd_ < 0) return;
+    while (n) {
+        ssize_t w = write(fd_, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return;  // disk full or similar: nothing sensible to do from inside someone else's process
+        }
+        p += w;
+        n -= size_t(w);
+    }
+}
+
+void event_log::account(const event& e) noexcept {
+    totals_.events++;
+    switch (e.ev) {
+        case ev_kind::alloc:
+            totals_.n_alloc++;
+            totals_.live_allocs++;
+            totals_.live_bytes += e.b.size;
+            break;
+        case ev_kind::free:
+            totals_.n_free++;
+            if (!(e.flags & ef_size_unknown)) {
+                if (totals_.live_allocs) totals_.live_allocs--;
+                totals_.live_bytes -= e.b.size < totals_.live_bytes ? e.b.size : totals_.live_bytes;
+            }
+            break;
+        case ev_kind::alloc_fail:
+        case ev_kind::free_fail:
+            totals_.n_fail++;
+            break;
+        default:
+            break;
+    }
+}
+
+void event_log::drain(bool from_signal) noexcept {
+    if (!started_.load(std::memory_order_acquire)) return;
+    if (!lock_output(from_signal)) return;
+    drain_locked(false);
+    unlock_output();
+}
+
+void event_log::drain_locked(bool skip_gaps) noexcept {
+    if (!ring_ || fd_ < 0 || !buf_) return;
+    uint64_t t = tail_;
+    uint64_t head = head_.load(std::memory_order_acquire);
+    uint64_t cap = mask_ + 1;
+    buf_len_ = 0;
+    uint64_t lost_now = lost_.load(std::memory_order_relaxed);
+    if (lost_now != lost_reported_) {
+        event l{};
+        l.ev = ev_kind::lost;
+        l.seq = t;
+        l.t_ns = now_ns();
+        l.tid = uint32_t(current_tid());
+        l.b.size = lost_now - lost_reported_;
+        lost_reported_ = lost_now;
+        buf_len_ += format_event(l, buf_ + buf_len_, k_buf_size - buf_len_);
+    }
+    for (;; ++t) {
+        slot& s = ring_[t & mask_];
+        uint64_t st = s.state.load(std::memory_order_acquire);
+        if (st != t + 1) {
+            if (!skip_gaps || t >= head) break;
+            // Claimed but never published (its thread is stuck or gone): count it, move on.
+            lost_.fetch_add(1, std::memory_order_relaxed);
+            lost_reported_++;
+            continue;
+        }
+        account(s.e);
+        buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
+        s.state.store(t + cap, std::memory_order_release);
+        if (k_buf_size - buf_len_ < 2 * k_max_event_line) {
+            write_all(buf_, buf_len_);
+            buf_len_ = 0;
+        }
+    }
+    tail_ = t;
+    write_all(buf_, buf_len_);
+    buf_len_ = 0;
+}
+
+void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept {
+    if (!started_.load(std::memory_order_acquire)) return;
+    bool from_signal = why == end_reason::signal;
+    if (!lock_output(from_signal)) return;
+    if (finished_.exchange(true, std::memory_order_acq_rel)) {
+        unlock_output();
+        return;
+    }
+    drain_locked(false);
+    // Other threads may be between claim() and publish(), e.g. inside a real cuMemFree.
+    for (uint32_t i = 0; i < in_flight_wait_ms * 10 && tail_ < head_.load(std::memory_order_acquire); ++i) {
+        sleep_ns(100000);
+        drain_locked(false);
+    }
+    uint64_t end_seq = head_.load(std::memory_order_acquire);
+    drain_locked(true);
+
+    char line[512];
+    char* p = line;
+    auto put = [&](const char* s) {
+        size_t n = strlen(s);
+        if (size_t(line + sizeof line - p) > n) {
+            memcpy(p, s, n);
+            p += n;
+        }
+    };
+    auto num = [&](uint64_t v) {
+        char tmp[24];
+        int i = 24;
+        do { tmp[--i] = char('0' + v % 10); v /= 10; } while (v);
+        char s[25];
+        memcpy(s, tmp + i, size_t(24 - i));
+        s[24 - i] = 0;
+        put(s);
+    };
+    put("{\"ev\":\"end\",\"seq\":"); num(end_seq);
+    put(",\"t\":"); num(now_ns());
+    put(",\"tid\":"); num(uint64_t(current_tid()));
+    put(",\"reason\":\""); put(k_end_reason_names[size_t(why)]); put("\"");
+    if (why == end_reason::signal) { put(",\"signal\":"); num(uint64_t(sig)); }
+    put(",\"events\":"); num(totals_.events);
+    put(",\"n_alloc\":"); num(totals_.n_alloc);
+    put(",\"n_free\":"); num(totals_.n_free);
+    put(",\"n_fail\":"); num(totals_.n_fail);
+    put(",\"live_allocs\":"); num(totals_.live_allocs);
+    put(",\"live_bytes\":"); num(totals_.live_bytes);
+    put(",\"lost\":"); num(lost_.load(std::memory_order_relaxed));
+    put(",\"unmatched\":"); num(unmatched);
+    put("}\n");
+    write_all(line, size_t(p - line));
+    unlock_output();
+}
+
+void event_log::reset_after_fork() noexcept {
+    // Only the forking thread exists in the child; the parent's writer and any half-written slot are
+    // gone.  The parent keeps writing its own copy of these events, so the child starts empty.
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    slot* old_ring = ring_;
+    char* old_buf = buf_;
+    uint64_t old_cap = mask_ + 1;
+    ring_ = nullptr;
+    buf_ = nullptr;
+    alloc_ring();
+    if (old_ring) munmap(old_ring, sizeof(slot) * old_cap);
+    if (old_buf) munmap(old_buf, k_buf_size);
+    head_.store(0);
+    tail_ = 0;
+    out_owner_.store(0);
+    wake_.store(0);
+    wake_pending_.store(false);
+    writer_running_.store(false);
+    stop_.store(false);
+    finished_.store(false);
+    started_.store(false);
+    lost_.store(0);
+    lost_reported_ = 0;
+    totals_ = log_totals{};
+    t0_ = monotonic_ns();
+    try {
+        path_.clear();
+    } catch (...) {
+    }
+}
+
+}  // namespace gpumem

@@ -1,0 +1,108 @@
+// The event log: a lock-free ring that callers publish into, drained to a JSON Lines file by a writer thread.
+//
+// Why this shape: the hot path must never format JSON or hold a lock across I/O, and the file must
+// be in one global order (`seq`).  A bounded multi-producer ring whose slot position *is* the seq
+// gives both: producers claim a position with one CAS, fill the slot and publish it; one consumer
+// drains positions in order.  Nothing is dropped silently: a producer that finds the ring full waits
+// (up to wait_ms) and only then counts the event as lost.  The crash path drains with no heap use.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "event_schema.h"
+
+namespace gpumem {
+
+// Totals the consumer derives from the events it writes; they go on the end line.
+struct log_totals {
+    uint64_t events = 0, n_alloc = 0, n_free = 0, n_fail = 0, live_allocs = 0, live_bytes = 0;
+};
+
+class event_log {
+  public:
+    struct options {
+        uint32_t capacity = 65536;  // power of two
+        uint32_t flush_ms = 20;
+        uint32_t wait_ms = 2000;
+    };
+
+    explicit event_log(const options& o) noexcept;
+    ~event_log();
+    event_log(const event_log&) = delete;
+    event_log& operator=(const event_log&) = delete;
+
+    bool ok() const noexcept { return ring_ != nullptr; }
+
+    // Opens `path` (falling back to /tmp/<basename> if that fails), writes `header_line` and starts the
+    // writer thread.  Events published before start() wait in the ring.  Returns false when no file
+    // could be opened; events are then counted as lost.
+    bool start(const std::string& path, const std::string& header_line) noexcept;
+    const std::string& path() const noexcept { return path_; }
+
+    // Two-phase publish.  claim() assigns the seq; the caller fills *slot and calls publish().
+    // Returns nullptr (and counts a loss) only if the ring stayed full for wait_ms.
+    event* claim() noexcept;
+    void publish(event* e) noexcept;
+
+    // One-shot publish of a filled event (seq, t are set here).
+    void record(const event& e) noexcept;
+
+    // Writes every published event now (caller's thread).  Async-signal-safe when from_signal.
+    void drain(bool from_signal = false) noexcept;
+
+    // Final drain + end line.  Idempotent: only the first call writes the end line.
+    // `in_flight_wait_ms`: how long to wait for claimed-but-unpublished events (another thread inside
+    // a real cuMemFree, say) before counting them lost.  Async-signal-safe.
+    void finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept;
+    bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
+
+    // In a child after fork(): forget the parent's ring, file and thread (they belong to the parent).
+    void reset_after_fork() noexcept;
+
+    uint64_t lost() const noexcept { return lost_.load(std::memory_order_relaxed); }
+    log_totals totals() const noexcept { return totals_; }
+    uint64_t now_ns() const noexcept;
+
+  private:
+    struct slot {
+        std::atomic<uint64_t> state;  // == pos: free for position pos; == pos+1: published
+        event e;
+    };
+    static void* writer_main(void* self) noexcept;
+    void wake_writer() noexcept;
+    bool lock_output(bool from_signal) noexcept;
+    void unlock_output() noexcept;
+    // Drains published slots in order; stops at the first unpublished one unless skip_gaps.
+    void drain_locked(bool skip_gaps) noexcept;
+    void write_all(const char* p, size_t n) noexcept;
+    void account(const event& e) noexcept;
+    void alloc_ring() noexcept;
+
+    options opt_;
+    slot* ring_ = nullptr;
+    uint64_t mask_ = 0;
+    alignas(64) std::atomic<uint64_t> head_{0};
+    alignas(64) uint64_t tail_ = 0;             // consumer only, under the output lock
+    std::atomic<int> out_owner_{0};             // tid holding the output lock, 0 = free
+    std::atomic<uint32_t> wake_{0};             // futex word the writer sleeps on
+    std::atomic<bool> wake_pending_{false};
+    std::atomic<bool> writer_running_{false};
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> finished_{false};
+    std::atomic<bool> started_{false};
+    std::atomic<uint64_t> lost_{0};
+    uint64_t lost_reported_ = 0;                // consumer only
+    int fd_ = -1;
+    std::string path_;
+    uint64_t t0_ = 0;
+    log_totals totals_;                         // consumer only
+    char* buf_ = nullptr;                       // consumer's formatting buffer
+    size_t buf_len_ = 0;
+};
+
+uint64_t monotonic_ns() noexcept;
+int current_tid() noexcept;
+
+}  // namespace gpumem

@@ -1,0 +1,121 @@
+// Shared by the preload's files: the driver-function table, the recorder's process state, and the guards.
+//
+// The hook layer is thin: each wrapper finds its real function here, asks the state whether to
+// record, and forwards the facts to the core (recorder / pool).  Nothing here may throw.
+#pragma once
+
+#include <cuda.h>
+#undef cuGetProcAddress  // cuda.h renames it to cuGetProcAddress_v2; we define both ABIs
+
+#include <atomic>
+#include <cstdint>
+
+#include "event_schema.h"
+#include "recorder.h"
+
+#define GPUMEM_EXPORT extern "C" __attribute__((visibility("default")))
+#define GPUMEM_HIDDEN __attribute__((visibility("hidden")))
+
+namespace gpumem {
+
+// Every driver entry point gpumem wraps.  X(name): the exported symbol `name` in libgpumem.so, the
+// hidden wrapper `w_name`, and a table slot that holds the real libcuda function.
+#define GPUMEM_DRIVER_HOOKS(X)                                                          \
+    X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged)         \
+    X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) \
+    X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)                           \
+    X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemAddressReserve)     \
+    X(cuMemAddressFree) X(cuMemHostAlloc) X(cuMemAllocHost_v2) X(cuMemFreeHost)         \
+    X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)       \
+    X(cuIpcGetMemHandle) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)              \
+    X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
+    X(cuStreamEndCapture_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+
+enum class drv : int {
+#define GPUMEM_X(n) n,
+    GPUMEM_DRIVER_HOOKS(GPUMEM_X)
+#undef GPUMEM_X
+    count_
+};
+
+struct driver_hook {
+    const char* name;
+    void* wrapper;              // the hidden w_ function handed out by dlsym / cuGetProcAddress
+    std::atomic<void*> real;    // libcuda's function; resolved lazily
+    std::atomic<bool> looked_up;
+};
+driver_hook* driver_hooks() noexcept;  // array of drv::count_
+
+// The real libcuda function for a hook, or nullptr when libcuda is not loaded / lacks it.
+void* real_driver(drv d) noexcept;
+template <class F>
+F real(drv d) noexcept { return reinterpret_cast<F>(real_driver(d)); }
+
+// Any libcuda function by name (for the few non-hooked ones the recorder itself calls).
+void* real_driver_by_name(const char* name) noexcept;
+
+// glibc's own dlsym (ours overrides the public one).
+void* real_dlsym(void* handle, const char* name) noexcept;
+
+// Which ways in substitute wrappers (GPUMEM_ROUTES, default "a,b,c,d"): a = exported symbols,
+// b = dlsym, c = cuGetProcAddress, d = cudaGetDriverEntryPoint*.
+enum route : unsigned { route_a = 1, route_b = 2, route_c = 4, route_d = 8 };
+bool route_on(route r) noexcept;
+
+// Maps a driver function pointer returned by a real resolver to gpumem's wrapper for it.
+// `symbol` is the name the program asked for (used only to count pointers we could not wrap).
+void* wrap_resolved(void* real_fn, const char* symbol) noexcept;
+uint64_t unmatched_count() noexcept;
+
+// Process state.  recorder_or_null() starts the log on first use (lazily: no CUDA before the
+// program's own first allocation call) and returns nullptr when recording is impossible.
+recorder* recorder_or_null() noexcept;
+int current_device() noexcept;
+
+// Re-entrancy guard: set while gpumem's own code runs, so a hooked call made from inside it (by a
+// chained interposer, say) passes straight through.
+struct guard {
+    static thread_local int depth;
+    guard() noexcept { ++depth; }
+    ~guard() { --depth; }
+    static bool active() noexcept { return depth > 0; }
+};
+
+// Set by a runtime wrapper (cudaMalloc, …) around its real call, so the driver call the runtime
+// makes underneath is recorded once, under the runtime's name.
+struct runtime_scope {
+    api_id api;
+    bool is_free;
+    uint64_t size;   // alloc: bytes asked for
+    uint64_t ptr;    // free: the pointer
+    bool recorded = false;
+    runtime_scope* prev;
+    static thread_local runtime_scope* top;
+    runtime_scope(api_id a, bool f, uint64_t s, uint64_t p) noexcept : api(a), is_free(f), size(s), ptr(p), prev(top) {
+        top = this;
+    }
+    ~runtime_scope() { top = prev; }
+    // The scope a driver alloc of `bytes` / free of `p` belongs to, if any.
+    static runtime_scope* for_alloc(uint64_t bytes) noexcept {
+        runtime_scope* s = top;
+        return s && !s->is_free && !s->recorded && s->size == bytes ? s : nullptr;
+    }
+    static runtime_scope* for_free(uint64_t p) noexcept {
+        runtime_scope* s = top;
+        return s && s->is_free && !s->recorded && s->ptr == p ? s : nullptr;
+    }
+};
+
+// Shared by the wrappers: the call_info for an api, and one allocation record (success or failure).
+call_info make_call(api_id api, int dev) noexcept;
+void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
+                  bool has_stream, uint64_t stream, uint64_t mempool) noexcept;
+// The real function of a shared libcudart (RTLD_NEXT, else any loaded libcudart*).
+void* real_runtime(const char* name) noexcept;
+
+// The pool seam: the driver wrappers ask it first; it answers false to pass through.
+bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
+bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
+bool pool_owns(uint64_t ptr) noexcept;
+
+}  // namespace gpumem

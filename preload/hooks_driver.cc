@@ -1,0 +1,413 @@
+// The driver wrappers: cuMemAlloc*, cuMemFree*, async, VMM and pinned-host calls, recorded once each.
+//
+// Each wrapper exists twice: a hidden `w_` function that resolvers hand out (ways b, c, d), and the
+// exported symbol of the real name (way a), which defers to it when way a is on.
+#include <dlfcn.h>
+
+#include "gpumem_preload.h"
+
+namespace gpumem {
+
+extern "C" CUresult w_cuGetProcAddress(const char*, void**, int, cuuint64_t);
+extern "C" CUresult w_cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+thread_local int guard::depth = 0;
+thread_local runtime_scope* runtime_scope::top = nullptr;
+
+call_info make_call(api_id api, int dev) noexcept {
+    call_info c;
+    c.api = api;
+    c.kind = k_api_kinds[size_t(api)];
+    c.dev = dev;
+    return c;
+}
+
+void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
+                  bool has_stream, uint64_t stream, uint64_t mempool) noexcept {
+    recorder* rec = recorder_or_null();
+    if (!rec) return;
+    call_info c = make_call(api, kind == mem_kind::host ? -1 : current_device());
+    c.kind = kind;
+    c.has_stream = has_stream;
+    c.stream = stream;
+    c.mempool = mempool;
+    rec->alloc(c, err, ptr, size, asize);
+}
+
+namespace {
+
+// The api name to record for a driver allocation of `bytes`: the runtime call above us, if any.
+api_id alloc_api(api_id driver_api, uint64_t bytes) noexcept {
+    if (runtime_scope* s = runtime_scope::for_alloc(bytes)) {
+        s->recorded = true;
+        return s->api;
+    }
+    return driver_api;
+}
+
+}  // namespace
+
+// Runs a driver free with the free ordered before the real call (see recorder.h).
+template <class F>
+CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
+    runtime_scope* s = runtime_scope::for_free(ptr);
+    if (s) {
+        // The runtime wrapper above us owns the record of this free.
+        s->recorded = true;
+        return real_call();
+    }
+    recorder* rec = recorder_or_null();
+    if (!rec || ptr == 0) return real_call();
+    call_info c = make_call(api, -1);  // the device comes from the allocation's record
+    c.kind = kind;
+    c.has_stream = has_stream;
+    c.stream = stream;
+    recorder::free_ticket t = rec->free_begin(c, ptr);
+    CUresult r = real_call();
+    rec->free_end(t, int(r));
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Synchronous device allocations: the pool may serve these.
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+    auto f = real<CUresult (*)(CUdeviceptr*, size_t)>(drv::cuMemAlloc_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !dptr) return f(dptr, bytes);
+    guard g;
+    api_id api = alloc_api(api_id::cuMemAlloc_v2, bytes);
+    uint64_t p = 0;
+    int pr = 0;
+    if (pool_alloc(api, bytes, &p, &pr)) {
+        if (pr == 0) *dptr = CUdeviceptr(p);
+        return CUresult(pr);
+    }
+    CUresult r = f(dptr, bytes);
+    record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, false, 0, 0);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemFree_v2(CUdeviceptr dptr) {
+    auto f = real<CUresult (*)(CUdeviceptr)>(drv::cuMemFree_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || dptr == 0) return f(dptr);
+    guard g;
+    api_id api = api_id::cuMemFree_v2;
+    if (runtime_scope* s = runtime_scope::top; s && s->is_free && s->ptr == uint64_t(dptr)) api = s->api;
+    int pr = 0;
+    if (pool_free(api, uint64_t(dptr), &pr)) {
+        if (runtime_scope* s = runtime_scope::for_free(uint64_t(dptr))) s->recorded = true;
+        return CUresult(pr);
+    }
+    return recorded_free(api_id::cuMemFree_v2, mem_kind::device, uint64_t(dptr), false, 0, [&] { return f(dptr); });
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                                       unsigned int elem) {
+    auto f = real<CUresult (*)(CUdeviceptr*, size_t*, size_t, size_t, unsigned int)>(drv::cuMemAllocPitch_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !dptr || !pitch) return f(dptr, pitch, width, height, elem);
+    guard g;
+    api_id api = alloc_api(api_id::cuMemAllocPitch_v2, uint64_t(width) * height);
+    CUresult r = f(dptr, pitch, width, height, elem);
+    uint64_t asize = r == CUDA_SUCCESS ? uint64_t(*pitch) * height : 0;
+    record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, uint64_t(width) * height,
+                 asize, false, 0, 0);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
+    auto f = real<CUresult (*)(CUdeviceptr*, size_t, unsigned int)>(drv::cuMemAllocManaged);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !dptr) return f(dptr, bytes, flags);
+    guard g;
+    api_id api = alloc_api(api_id::cuMemAllocManaged, bytes);
+    CUresult r = f(dptr, bytes, flags);
+    record_alloc(api, mem_kind::managed, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, false, 0, 0);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream-ordered allocations: the driver's own pools serve them; gpumem records, never pools them.
+
+#define GPUMEM_ALLOC_ASYNC(NAME)                                                                      \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr* dptr, size_t bytes, CUstream s) {          \
+        auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(drv::NAME);                         \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (guard::active() || !dptr) return f(dptr, bytes, s);                                        \
+        guard g;                                                                                       \
+        api_id api = alloc_api(api_id::NAME, bytes);                                                   \
+        CUresult r = f(dptr, bytes, s);                                                                \
+        record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
+                     uint64_t(s), 0);                                                                  \
+        return r;                                                                                      \
+    }
+GPUMEM_ALLOC_ASYNC(cuMemAllocAsync)
+GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+
+#define GPUMEM_ALLOC_FROM_POOL(NAME)                                                                  \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) { \
+        auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)>(drv::NAME);           \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (guard::active() || !dptr) return f(dptr, bytes, pool, s);                                  \
+        guard g;                                                                                       \
+        api_id api = alloc_api(api_id::NAME, bytes);                                                   \
+        CUresult r = f(dptr, bytes, pool, s);                                                          \
+        record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
+                     uint64_t(s), uint64_t(pool));                                                     \
+        return r;                                                                                      \
+    }
+GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
+GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
+
+#define GPUMEM_FREE_ASYNC(NAME)                                                                       \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr p, CUstream s) {                            \
+        auto f = real<CUresult (*)(CUdeviceptr, CUstream)>(drv::NAME);                                  \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (guard::active()) return f(p, s);                                                           \
+        guard g;                                                                                       \
+        return recorded_free(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \
+    }
+GPUMEM_FREE_ASYNC(cuMemFreeAsync)
+GPUMEM_FREE_ASYNC(cuMemFreeAsync_ptsz)
+
+// ---------------------------------------------------------------------------------------------
+// Virtual memory management: physical handles are the memory; maps and reservations are address space.
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemCreate(CUmemGenericAllocationHandle* h, size_t size,
+                                                const CUmemAllocationProp* prop, unsigned long long flags) {
+    auto f = real<CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long)>(
+        drv::cuMemCreate);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !h) return f(h, size, prop, flags);
+    guard g;
+    CUresult r = f(h, size, prop, flags);
+    recorder* rec = recorder_or_null();
+    if (rec) {
+        call_info c = make_call(api_id::cuMemCreate, -1);
+        if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) c.dev = prop->location.id;
+        rec->alloc(c, int(r), r == CUDA_SUCCESS ? uint64_t(*h) : 0, size);
+    }
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemRelease(CUmemGenericAllocationHandle h) {
+    auto f = real<CUresult (*)(CUmemGenericAllocationHandle)>(drv::cuMemRelease);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active()) return f(h);
+    guard g;
+    return recorded_free(api_id::cuMemRelease, mem_kind::vmm, uint64_t(h), false, 0, [&] { return f(h); });
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                             CUmemGenericAllocationHandle h, unsigned long long flags) {
+    auto f = real<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>(drv::cuMemMap);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active()) return f(ptr, size, offset, h, flags);
+    guard g;
+    CUresult r = f(ptr, size, offset, h, flags);
+    if (r == CUDA_SUCCESS)
+        if (recorder* rec = recorder_or_null()) rec->vmm(ev_kind::map, make_call(api_id::cuMemMap, -1), ptr, size, h, offset);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    auto f = real<CUresult (*)(CUdeviceptr, size_t)>(drv::cuMemUnmap);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active()) return f(ptr, size);
+    guard g;
+    // Recorded before the call for the same reason as a free: the range may be reused at once.
+    recorder* rec = recorder_or_null();
+    CUresult r = f(ptr, size);
+    if (r == CUDA_SUCCESS && rec) rec->vmm(ev_kind::unmap, make_call(api_id::cuMemUnmap, -1), ptr, size);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t align, CUdeviceptr addr,
+                                                        unsigned long long flags) {
+    auto f = real<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(drv::cuMemAddressReserve);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !ptr) return f(ptr, size, align, addr, flags);
+    guard g;
+    CUresult r = f(ptr, size, align, addr, flags);
+    if (r == CUDA_SUCCESS)
+        if (recorder* rec = recorder_or_null())
+            rec->vmm(ev_kind::reserve, make_call(api_id::cuMemAddressReserve, -1), *ptr, size);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    auto f = real<CUresult (*)(CUdeviceptr, size_t)>(drv::cuMemAddressFree);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active()) return f(ptr, size);
+    guard g;
+    CUresult r = f(ptr, size);
+    if (r == CUDA_SUCCESS)
+        if (recorder* rec = recorder_or_null())
+            rec->vmm(ev_kind::unreserve, make_call(api_id::cuMemAddressFree, -1), ptr, size);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pinned host memory.
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+    auto f = real<CUresult (*)(void**, size_t, unsigned int)>(drv::cuMemHostAlloc);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !pp) return f(pp, bytes, flags);
+    guard g;
+    CUresult r = f(pp, bytes, flags);
+    record_alloc(api_id::cuMemHostAlloc, mem_kind::host, int(r), r == CUDA_SUCCESS ? uint64_t(uintptr_t(*pp)) : 0, bytes, 0,
+                 false, 0, 0);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocHost_v2(void** pp, size_t bytes) {
+    auto f = real<CUresult (*)(void**, size_t)>(drv::cuMemAllocHost_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || !pp) return f(pp, bytes);
+    guard g;
+    CUresult r = f(pp, bytes);
+    record_alloc(api_id::cuMemAllocHost_v2, mem_kind::host, int(r), r == CUDA_SUCCESS ? uint64_t(uintptr_t(*pp)) : 0, bytes,
+                 0, false, 0, 0);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemFreeHost(void* p) {
+    auto f = real<CUresult (*)(void*)>(drv::cuMemFreeHost);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active()) return f(p);
+    guard g;
+    return recorded_free(api_id::cuMemFreeHost, mem_kind::host, uint64_t(uintptr_t(p)), false, 0, [&] { return f(p); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pointer queries, IPC, context teardown and stream capture: the pool must answer these for its
+// blocks (see pool_hooks.cc); with the pool off they pass straight through.
+CUresult pool_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p, bool* handled) noexcept;
+CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p, bool* handled) noexcept;
+CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p, bool* handled) noexcept;
+CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept;
+void pool_context_gone(CUcontext ctx, int dev) noexcept;
+void capture_begin() noexcept;
+void capture_end() noexcept;
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+    auto f = real<CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr)>(drv::cuMemGetAddressRange_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    bool handled = false;
+    CUresult r = pool_get_address_range(base, size, p, &handled);
+    return handled ? r : f(base, size, p);
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuPointerGetAttribute(void* data, CUpointer_attribute a, CUdeviceptr p) {
+    auto f = real<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>(drv::cuPointerGetAttribute);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    bool handled = false;
+    CUresult r = pool_pointer_attribute(data, a, p, &handled);
+    return handled ? r : f(data, a, p);
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuPointerGetAttributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p) {
+    auto f = real<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>(drv::cuPointerGetAttributes);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    bool handled = false;
+    CUresult r = pool_pointer_attributes(n, a, data, p, &handled);
+    return handled ? r : f(n, a, data, p);
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
+    auto f = real<CUresult (*)(CUipcMemHandle*, CUdeviceptr)>(drv::cuIpcGetMemHandle);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    bool handled = false;
+    CUresult r = pool_ipc_handle(h, p, &handled);
+    return handled ? r : f(h, p);
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
+    auto f = real<CUresult (*)(CUcontext)>(drv::cuCtxDestroy_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    pool_context_gone(ctx, -1);  // before: the pool must not touch the context's memory afterwards
+    return f(ctx);
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    auto f = real<CUresult (*)(CUdevice)>(drv::cuDevicePrimaryCtxReset_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    pool_context_gone(nullptr, int(dev));
+    return f(dev);
+}
+
+#define GPUMEM_CAPTURE_BEGIN(NAME)                                                       \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUstreamCaptureMode mode) {    \
+        auto f = real<CUresult (*)(CUstream, CUstreamCaptureMode)>(drv::NAME);           \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
+        CUresult r = f(s, mode);                                                        \
+        if (r == CUDA_SUCCESS) capture_begin();                                         \
+        return r;                                                                       \
+    }
+GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2)
+GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
+
+#define GPUMEM_CAPTURE_END(NAME)                                                         \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUgraph* g) {                  \
+        auto f = real<CUresult (*)(CUstream, CUgraph*)>(drv::NAME);                      \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
+        CUresult r = f(s, g);                                                           \
+        capture_end(); /* a failed end also ends the capture */                          \
+        return r;                                                                       \
+    }
+GPUMEM_CAPTURE_END(cuStreamEndCapture)
+GPUMEM_CAPTURE_END(cuStreamEndCapture_ptsz)
+
+// ---------------------------------------------------------------------------------------------
+// Way (a): the exported symbols.  Each defers to its wrapper when way a is on, else calls the real one.
+#define GPUMEM_EXPORT_HOOK(NAME, PARAMS, ARGS)                                   \
+    GPUMEM_EXPORT CUresult NAME PARAMS {                                         \
+        if (route_on(route_a)) return w_##NAME ARGS;                             \
+        auto f = real<decltype(&w_##NAME)>(drv::NAME);                           \
+        return f ? f ARGS : CUDA_ERROR_NOT_INITIALIZED;                          \
+    }
+
+GPUMEM_EXPORT_HOOK(cuMemAlloc_v2, (CUdeviceptr* a, size_t b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemFree_v2, (CUdeviceptr a), (a))
+GPUMEM_EXPORT_HOOK(cuMemAllocPitch_v2, (CUdeviceptr* a, size_t* b, size_t c, size_t d, unsigned int e), (a, b, c, d, e))
+GPUMEM_EXPORT_HOOK(cuMemAllocManaged, (CUdeviceptr* a, size_t b, unsigned int c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuMemAllocAsync, (CUdeviceptr* a, size_t b, CUstream c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuMemAllocAsync_ptsz, (CUdeviceptr* a, size_t b, CUstream c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuMemFreeAsync, (CUdeviceptr a, CUstream b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemFreeAsync_ptsz, (CUdeviceptr a, CUstream b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemAllocFromPoolAsync, (CUdeviceptr* a, size_t b, CUmemoryPool c, CUstream d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr* a, size_t b, CUmemoryPool c, CUstream d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuMemCreate, (CUmemGenericAllocationHandle* a, size_t b, const CUmemAllocationProp* c, unsigned long long d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuMemRelease, (CUmemGenericAllocationHandle a), (a))
+GPUMEM_EXPORT_HOOK(cuMemMap, (CUdeviceptr a, size_t b, size_t c, CUmemGenericAllocationHandle d, unsigned long long e), (a, b, c, d, e))
+GPUMEM_EXPORT_HOOK(cuMemUnmap, (CUdeviceptr a, size_t b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemAddressReserve, (CUdeviceptr* a, size_t b, size_t c, CUdeviceptr d, unsigned long long e), (a, b, c, d, e))
+GPUMEM_EXPORT_HOOK(cuMemAddressFree, (CUdeviceptr a, size_t b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemHostAlloc, (void** a, size_t b, unsigned int c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuMemAllocHost_v2, (void** a, size_t b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemFreeHost, (void* a), (a))
+GPUMEM_EXPORT_HOOK(cuMemGetAddressRange_v2, (CUdeviceptr* a, size_t* b, CUdeviceptr c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdeviceptr c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))
+GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
+GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
+GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream a, CUstreamCaptureMode b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamEndCapture, (CUstream a, CUgraph* b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamEndCapture_ptsz, (CUstream a, CUgraph* b), (a, b))
+
+// The table the resolvers consult.  Order and names come from GPUMEM_DRIVER_HOOKS.
+driver_hook* driver_hooks() noexcept {
+    static driver_hook table[] = {
+#define GPUMEM_X(n) {#n, reinterpret_cast<void*>(&w_##n), {nullptr}, {false}},
+        GPUMEM_DRIVER_HOOKS(GPUMEM_X)
+#undef GPUMEM_X
+    };
+    return table;
+}
+
+}  // namespace gpumem

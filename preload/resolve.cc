@@ -1,0 +1,247 @@
+// The resolver ways in: dlsym (b), cuGetProcAddress (c), cudaGetDriverEntryPoint* (d), and real-symbol lookup.
+//
+// Every CUDA runtime, static or shared, finds libcuda's functions by dlsym-ing cuGetProcAddress_v2
+// and asking it for "cuGetProcAddress" itself; everything else is then resolved through the pointer
+// that self-lookup returns (docs/gpu-facts).  So handing back our resolver there sees every runtime's
+// allocations.  Wrappers are chosen by the pointer the real resolver returned, not by name, because
+// the ABI variant (_v2, _ptsz) depends on the requested version and flags.
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unistd.h>
+
+#include "gpumem_preload.h"
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// glibc's dlsym.  dlvsym is not overridden, so it reaches libc directly; asking for the versioned
+// definition avoids the loop through our own dlsym.
+extern "C" {
+GPUMEM_HIDDEN void* gpumem_real_dlsym_ptr = nullptr;
+}
+
+static void* load_real_dlsym() noexcept {
+    void* p = __atomic_load_n(&gpumem_real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (p) return p;
+    p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    __atomic_store_n(&gpumem_real_dlsym_ptr, p, __ATOMIC_RELEASE);
+    return p;
+}
+
+void* real_dlsym(void* handle, const char* name) noexcept {
+    auto f = reinterpret_cast<void* (*)(void*, const char*)>(load_real_dlsym());
+    return f ? f(handle, name) : nullptr;
+}
+
+static void* libcuda_handle() noexcept {
+    static std::atomic<void*> handle{nullptr};
+    void* h = handle.load(std::memory_order_acquire);
+    if (h) return h;
+    // RTLD_NOLOAD: gpumem never loads the driver into a process that did not.
+    h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    if (h) handle.store(h, std::memory_order_release);
+    return h;
+}
+
+void* real_driver_by_name(const char* name) noexcept {
+    void* h = libcuda_handle();
+    return h ? real_dlsym(h, name) : nullptr;
+}
+
+void* real_driver(drv d) noexcept {
+    driver_hook& hk = driver_hooks()[int(d)];
+    void* p = hk.real.load(std::memory_order_acquire);
+    if (p || hk.looked_up.load(std::memory_order_acquire)) return p;
+    p = real_driver_by_name(hk.name);
+    if (p) {
+        hk.real.store(p, std::memory_order_release);
+        hk.looked_up.store(true, std::memory_order_release);
+    }
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+static unsigned parse_routes() noexcept {
+    const char* s = getenv("GPUMEM_ROUTES");
+    if (!s || !*s || !strcmp(s, "all")) return route_a | route_b | route_c | route_d;
+    unsigned r = 0;
+    for (const char* p = s; *p; ++p) {
+        if (*p == 'a') r |= route_a;
+        if (*p == 'b') r |= route_b;
+        if (*p == 'c') r |= route_c;
+        if (*p == 'd') r |= route_d;
+    }
+    return r;
+}
+
+bool route_on(route r) noexcept {
+    static const unsigned routes = parse_routes();
+    return (routes & r) != 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+static std::atomic<uint64_t> g_unmatched{0};
+uint64_t unmatched_count() noexcept { return g_unmatched.load(std::memory_order_relaxed); }
+
+// Base names whose variants we wrap; a resolved pointer for one of these that matches no wrapper is
+// a hole in our coverage, and is counted on the end line rather than passed over silently.
+static bool is_hooked_base(const char* s) noexcept {
+    static const char* const bases[] = {
+        "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
+        "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
+        "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
+        "cuGetProcAddress"};
+    for (const char* b : bases)
+        if (!strcmp(s, b)) return true;
+    return false;
+}
+
+void* wrap_resolved(void* fn, const char* symbol) noexcept {
+    if (!fn) return fn;
+    driver_hook* hooks = driver_hooks();
+    for (int i = 0; i < int(drv::count_); ++i) {
+        if (hooks[i].wrapper == fn) return fn;  // already ours
+        if (real_driver(drv(i)) == fn) return hooks[i].wrapper;
+    }
+    if (symbol && is_hooked_base(symbol)) {
+        uint64_t n = g_unmatched.fetch_add(1, std::memory_order_relaxed);
+        if (n < 5) {
+            char msg[256];
+            int len = snprintf(msg, sizeof msg, "gpumem: cannot wrap the resolved pointer for %s; its calls go unrecorded\n", symbol);
+            if (len > 0) (void)!write(2, msg, size_t(len) < sizeof msg ? size_t(len) : sizeof msg - 1);
+        }
+    }
+    return fn;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) dlsym.  Written as an assembly trampoline so that, for every name we do not substitute, glibc's
+// dlsym is entered by a tail jump and sees the *caller's* return address: RTLD_NEXT then means "next
+// after the caller", exactly as without gpumem.
+extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char* name) noexcept {
+    load_real_dlsym();
+    if (!name || name[0] != 'c' || name[1] != 'u') return nullptr;
+    bool is_resolver = !strncmp(name, "cuGetProcAddress", 16);
+    if (!route_on(is_resolver ? route_c : route_b)) return nullptr;
+    driver_hook* hooks = driver_hooks();
+    for (int i = 0; i < int(drv::count_); ++i) {
+        if (strcmp(hooks[i].name, name) != 0) continue;
+        // Substitute only where the real lookup would have found something.
+        void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver(drv(i)) : real_dlsym(handle, name);
+        return found ? hooks[i].wrapper : nullptr;
+    }
+    return nullptr;
+}
+
+asm(R"(
+    .text
+    .globl dlsym
+    .type dlsym, @function
+dlsym:
+    .cfi_startproc
+    push %rdi
+    .cfi_adjust_cfa_offset 8
+    push %rsi
+    .cfi_adjust_cfa_offset 8
+    sub $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    call gpumem_dlsym_substitute
+    add $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    pop %rsi
+    .cfi_adjust_cfa_offset -8
+    pop %rdi
+    .cfi_adjust_cfa_offset -8
+    test %rax, %rax
+    jnz 1f
+    jmp *gpumem_real_dlsym_ptr(%rip)
+1:
+    ret
+    .cfi_endproc
+    .size dlsym, .-dlsym
+)");
+
+// ---------------------------------------------------------------------------------------------
+// (c) cuGetProcAddress, both ABIs.
+typedef CUresult (*gpa_v1_t)(const char*, void**, int, cuuint64_t);
+typedef CUresult (*gpa_v2_t)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+    auto f = real<gpa_v1_t>(drv::cuGetProcAddress);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(symbol, pfn, version, flags);
+    if (r == CUDA_SUCCESS && pfn && route_on(route_c)) *pfn = wrap_resolved(*pfn, symbol);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                                        CUdriverProcAddressQueryResult* status) {
+    auto f = real<gpa_v2_t>(drv::cuGetProcAddress_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(symbol, pfn, version, flags, status);
+    if (r == CUDA_SUCCESS && pfn && route_on(route_c)) *pfn = wrap_resolved(*pfn, symbol);
+    return r;
+}
+
+GPUMEM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+    return w_cuGetProcAddress(symbol, pfn, version, flags);
+}
+GPUMEM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                           CUdriverProcAddressQueryResult* status) {
+    return w_cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) cudaGetDriverEntryPoint*, exported by a shared libcudart (PyTorch's expandable segments use it).
+// The real one lives in whichever libcudart the process loaded; find it by RTLD_NEXT, and failing that
+// (libcudart loaded RTLD_LOCAL by a Python extension) by walking the loaded objects.
+struct cudart_search {
+    const char* name;
+    void* found;
+};
+
+static int find_in_cudart(struct dl_phdr_info* info, size_t, void* data) {
+    auto* s = static_cast<cudart_search*>(data);
+    if (!info->dlpi_name || !strstr(info->dlpi_name, "libcudart")) return 0;
+    void* h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return 0;
+    s->found = real_dlsym(h, s->name);
+    dlclose(h);
+    return s->found ? 1 : 0;
+}
+
+void* real_runtime(const char* name) noexcept {
+    void* p = real_dlsym(RTLD_NEXT, name);
+    if (p) return p;
+    cudart_search s{name, nullptr};
+    dl_iterate_phdr(find_in_cudart, &s);
+    return s.found;
+}
+
+typedef int (*gdep_t)(const char*, void**, unsigned long long, int*);
+typedef int (*gdepv_t)(const char*, void**, unsigned int, unsigned long long, int*);
+
+GPUMEM_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags, int* status) {
+    static auto real_fn = reinterpret_cast<gdep_t>(real_runtime("cudaGetDriverEntryPoint"));
+    if (!real_fn) return 3;  // cudaErrorInitializationError
+    int r = real_fn(symbol, fn, flags, status);
+    if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol);
+    return r;
+}
+
+GPUMEM_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                                   unsigned long long flags, int* status) {
+    static auto real_fn = reinterpret_cast<gdepv_t>(real_runtime("cudaGetDriverEntryPointByVersion"));
+    if (!real_fn) return 3;
+    int r = real_fn(symbol, fn, version, flags, status);
+    if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol);
+    return r;
+}
+
+}  // namespace gpumem

@@ -1,0 +1,309 @@
+// Process state of the recorder: lazy start, the log header, and the exit, signal and fork paths.
+//
+// Nothing here runs in a library constructor except registering the fork handler: the log, its file,
+// its thread and the device query all start at the program's first allocation call, so a process
+// that never allocates GPU memory is left untouched and no CUDA call happens before the program's own.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <new>
+#include <string>
+
+#include "config.h"
+#include "event_format.h"
+#include "gpumem_preload.h"
+
+#ifndef GPUMEM_VERSION
+#define GPUMEM_VERSION "0.0.0"
+#endif
+
+namespace gpumem {
+
+void pool_configure(const config& cfg, recorder* rec, std::string* config_json) noexcept;
+void pool_after_fork() noexcept;
+void pool_at_exit() noexcept;
+
+namespace {
+
+enum phase_t : int { not_started = 0, starting = 1, recording = 2, disabled = 3 };
+
+struct process_state {
+    config cfg;
+    event_log* log = nullptr;
+    recorder* rec = nullptr;
+    std::atomic<int> phase{not_started};
+    std::atomic<int> starter_tid{0};
+    long forked_from = 0;
+};
+
+process_state& state() noexcept {
+    // Never destroyed: frees made by other libraries' destructors at exit must still find it.
+    alignas(process_state) static unsigned char storage[sizeof(process_state)];
+    static process_state* s = new (storage) process_state();
+    return *s;
+}
+
+void say(const char* msg) noexcept { (void)!write(2, msg, strlen(msg)); }
+
+std::string read_cmdline_json() {
+    std::string out = "[";
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        std::string raw;
+        char buf[4096];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0 && raw.size() < (1u << 20)) raw.append(buf, size_t(n));
+        close(fd);
+        size_t start = 0;
+        bool first = true;
+        for (size_t i = 0; i < raw.size(); ++i) {
+            if (raw[i] != '\0') continue;
+            if (!first) out += ',';
+            append_json_string(out, raw.data() + start, i - start);
+            first = false;
+            start = i + 1;
+        }
+    }
+    out += ']';
+    return out;
+}
+
+// Devices, as the driver reports them.  Runs inside the program's first allocation call, so cuInit
+// has happened; any failure just leaves the list short.
+std::string devices_json() {
+    std::string out = "[";
+    auto count_fn = reinterpret_cast<CUresult (*)(int*)>(real_driver_by_name("cuDeviceGetCount"));
+    auto get_fn = reinterpret_cast<CUresult (*)(CUdevice*, int)>(real_driver_by_name("cuDeviceGet"));
+    auto name_fn = reinterpret_cast<CUresult (*)(char*, int, CUdevice)>(real_driver_by_name("cuDeviceGetName"));
+    auto mem_fn = reinterpret_cast<CUresult (*)(size_t*, CUdevice)>(real_driver_by_name("cuDeviceTotalMem_v2"));
+    int n = 0;
+    if (count_fn && get_fn && count_fn(&n) == CUDA_SUCCESS) {
+        for (int i = 0; i < n && i < 64; ++i) {
+            CUdevice d = 0;
+            if (get_fn(&d, i) != CUDA_SUCCESS) continue;
+            char name[256] = "unknown";
+            if (name_fn) name_fn(name, sizeof name, d);
+            size_t total = 0;
+            if (mem_fn) mem_fn(&total, d);
+            if (out.size() > 1) out += ',';
+            out += "{\"index\":" + std::to_string(i) + ",\"name\":";
+            append_json_string(out, name, strnlen(name, sizeof name));
+            out += ",\"total\":" + std::to_string(total) + "}";
+        }
+    }
+    out += ']';
+    return out;
+}
+
+std::string header_line(const process_state& st, const std::string& pool_json, uint64_t start_unix_ns) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    std::string h = "{\"ev\":\"header\",\"format\":\"";
+    h += k_format_name;
+    h += "\",\"version\":" + std::to_string(k_format_version);
+    h += ",\"pid\":" + std::to_string(getpid()) + ",\"ppid\":" + std::to_string(getppid());
+    h += ",\"host\":";
+    append_json_string(h, host, strlen(host));
+    std::string rank = rank_from_env();
+    h += ",\"rank\":";
+    append_json_string(h, rank.data(), rank.size());
+    h += ",\"cmdline\":" + read_cmdline_json();
+    h += ",\"start_unix_ns\":" + std::to_string(start_unix_ns);
+    time_t secs = time_t(start_unix_ns / 1000000000ull);
+    struct tm tm_utc;
+    gmtime_r(&secs, &tm_utc);
+    char iso[64];
+    snprintf(iso, sizeof iso, "%04d-%02d-%02dT%02d:%02d:%02d.%09lluZ", tm_utc.tm_year + 1900, tm_utc.tm_mon + 1,
+             tm_utc.tm_mday, tm_utc.tm_hour, tm_utc.tm_min, tm_utc.tm_sec,
+             (unsigned long long)(start_unix_ns % 1000000000ull));
+    h += ",\"start_time\":\"";
+    h += iso;
+    h += "\",\"devices\":" + devices_json();
+    h += ",\"config\":{\"pool\":\"";
+    h += st.cfg.pool ? "on" : "off";
+    h += "\",\"out\":";
+    append_json_string(h, st.cfg.out.data(), st.cfg.out.size());
+    h += ",\"flush_ms\":" + std::to_string(st.cfg.flush_ms);
+    h += ",\"buffer_events\":" + std::to_string(st.cfg.buffer_events);
+    if (const char* r = getenv("GPUMEM_ROUTES")) {
+        h += ",\"routes\":";
+        append_json_string(h, r, strlen(r));
+    }
+    h += pool_json;
+    h += "},\"gpumem_version\":\"" GPUMEM_VERSION "\"";
+    if (st.forked_from) h += ",\"forked_from\":" + std::to_string(st.forked_from);
+    h += "}\n";
+    return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals: flush on the way down; the end line only when the signal really ends the process.
+constexpr int k_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+struct sigaction g_old_actions[65];
+
+void on_signal(int sig, siginfo_t* info, void* uctx) {
+    int saved_errno = errno;
+    process_state& st = state();
+    const struct sigaction& old = g_old_actions[sig];
+    bool user_handler = (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
+                                                     : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
+    if (user_handler) {
+        // The program handles this signal and may well go on: write what we have, no end line.
+        if (st.phase.load() == recording) st.log->drain(true);
+        if (old.sa_flags & SA_SIGINFO) old.sa_sigaction(sig, info, uctx);
+        else old.sa_handler(sig);
+        errno = saved_errno;
+        return;
+    }
+    if (st.phase.load() == recording) st.log->finish(end_reason::signal, sig, unmatched_count(), 200);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, nullptr);
+    bool fault = (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL) && info && info->si_code > 0;
+    // A hardware fault re-executes the faulting instruction and dies with the default action; any
+    // other signal is sent again and delivered when we return.
+    if (!fault) raise(sig);
+    errno = saved_errno;
+}
+
+void install_signal_handlers() noexcept {
+    for (int sig : k_signals) {
+        struct sigaction old;
+        if (sigaction(sig, nullptr, &old) != 0) continue;
+        if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;  // ignored stays ignored
+        g_old_actions[sig] = old;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sig, &sa, nullptr);
+    }
+}
+
+void start_recording(process_state& st) noexcept {
+    try {
+        std::string warnings;
+        st.cfg = config::from_env(&warnings);
+        if (!warnings.empty()) {
+            warnings = "gpumem: " + warnings;
+            say(warnings.c_str());
+        }
+        timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        uint64_t start_unix_ns = uint64_t(wall.tv_sec) * 1000000000ull + uint64_t(wall.tv_nsec);
+        if (!st.log) {
+            event_log::options o;
+            o.capacity = st.cfg.buffer_events;
+            o.flush_ms = st.cfg.flush_ms;
+            o.wait_ms = st.cfg.wait_ms;
+            st.log = new event_log(o);
+            st.rec = new recorder(*st.log);
+        }
+        if (!st.log->ok()) {
+            say("gpumem: cannot allocate the event buffer; recording is off for this process\n");
+            st.phase.store(disabled);
+            return;
+        }
+        std::string pool_json;
+        pool_configure(st.cfg, st.rec, &pool_json);
+        char host[256] = "";
+        gethostname(host, sizeof host - 1);
+        std::string path = expand_out_pattern(st.cfg.out, long(getpid()), host, rank_from_env());
+        if (!st.log->start(path, header_line(st, pool_json, start_unix_ns))) {
+            say("gpumem: no log file could be created; recording is off for this process\n");
+            st.phase.store(disabled);
+            return;
+        }
+        install_signal_handlers();
+        st.phase.store(recording, std::memory_order_release);
+    } catch (...) {
+        say("gpumem: out of memory while starting; recording is off for this process\n");
+        st.phase.store(disabled);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fork: the child writes its own file, named by the pattern with its own pid.
+void after_fork_child() {
+    process_state& st = state();
+    st.forked_from = long(getppid());
+    if (st.log) {
+        st.log->reset_after_fork();
+        // The parent's live table may have been locked by a thread that does not exist here: start
+        // a fresh one (the old one is leaked, on purpose).
+        st.rec = new (std::nothrow) recorder(*st.log);
+    }
+    pool_after_fork();
+    st.starter_tid.store(0);
+    st.phase.store(st.rec ? not_started : disabled);
+}
+
+__attribute__((constructor)) void gpumem_init() {
+    // Registering a fork handler is all the constructor does: no CUDA, no files, no threads.
+    pthread_atfork(nullptr, nullptr, after_fork_child);
+}
+
+__attribute__((destructor)) void gpumem_fini() {
+    // Runs late in exit, after the program's and most libraries' destructors (we were initialised
+    // first, as a preload), so their last frees are in the log before the end line.
+    process_state& st = state();
+    pool_at_exit();
+    if (st.phase.load() == recording) st.log->finish(end_reason::exit, 0, unmatched_count(), 200);
+}
+
+}  // namespace
+
+recorder* recorder_or_null() noexcept {
+    process_state& st = state();
+    int ph = st.phase.load(std::memory_order_acquire);
+    if (ph == recording) return st.rec;
+    if (ph == disabled) return nullptr;
+    int expected = not_started;
+    if (ph == not_started && st.phase.compare_exchange_strong(expected, starting)) {
+        st.starter_tid.store(current_tid());
+        start_recording(st);
+        return st.phase.load() == recording ? st.rec : nullptr;
+    }
+    // Another thread is starting the log (a few hundred µs at most); the starter itself, re-entering
+    // through a hooked call, must not wait for itself.
+    if (st.starter_tid.load() == current_tid()) return nullptr;
+    while (st.phase.load(std::memory_order_acquire) == starting) {
+        timespec ts{0, 100000};
+        nanosleep(&ts, nullptr);
+    }
+    return st.phase.load() == recording ? st.rec : nullptr;
+}
+
+const config& current_config() noexcept { return state().cfg; }
+
+int current_device() noexcept {
+    static auto fn = reinterpret_cast<CUresult (*)(CUdevice*)>(real_driver_by_name("cuCtxGetDevice"));
+    CUdevice d = -1;
+    if (!fn || fn(&d) != CUDA_SUCCESS) return -1;
+    return int(d);
+}
+
+// _exit and _Exit skip atexit and destructors; multiprocessing workers end this way.  Finish the log
+// first, then exit for real.
+[[noreturn]] static void finish_and_exit(int status) noexcept {
+    process_state& st = state();
+    if (st.phase.load() == recording) st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
+    static auto real_exit = reinterpret_cast<void (*)(int)>(real_dlsym(RTLD_NEXT, "_exit"));
+    if (real_exit) real_exit(status);
+    for (;;) syscall(SYS_exit_group, status);
+}
+
+}  // namespace gpumem
+
+extern "C" __attribute__((visibility("default"), noreturn)) void _exit(int status) { gpumem::finish_and_exit(status); }
+extern "C" __attribute__((visibility("default"), noreturn)) void _Exit(int status) { gpumem::finish_and_exit(status); }
