@@ -1,0 +1,237 @@
+// Drives one log through the reader and the replayer, with header validation and progress output.
+#include "analyze.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "log_reader.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+using json = nlohmann::json;
+
+template <typename T>
+void take(const json& j, const char* key, T& out) {
+    auto it = j.find(key);
+    if (it == j.end()) return;
+    if constexpr (std::is_same_v<T, std::string>) {
+        if (it->is_string()) out = it->template get<std::string>();
+    } else if constexpr (std::is_integral_v<T>) {
+        if (it->is_number_integer()) out = it->template get<T>();
+    }
+}
+
+// Validates line 1 and copies what it says about the process into the report.
+void read_header(std::string_view line, const std::string& path, process_report& rep) {
+    json h = json::parse(line.begin(), line.end(), nullptr, false);
+    if (h.is_discarded()) throw input_error(path, 1, "line 1 is not JSON: not a gpumem log");
+    if (!h.is_object()) throw input_error(path, 1, "line 1 is not a JSON object: not a gpumem log");
+    auto ev = h.find("ev");
+    if (ev == h.end() || !ev->is_string() || *ev != k_ev_names[size_t(ev_kind::header)])
+        throw input_error(path, 1, "line 1 is not a header (\"ev\":\"header\" expected): not a gpumem log, or its start is missing");
+    auto fmt = h.find("format");
+    if (fmt == h.end()) throw input_error(path, 1, "the header has no \"format\" member");
+    if (!fmt->is_string() || *fmt != k_format_name)
+        throw input_error(path, 1, "unknown format " + fmt->dump() + " (expected \"" + k_format_name + "\")");
+    auto ver = h.find("version");
+    if (ver == h.end()) throw input_error(path, 1, "the header has no \"version\" member");
+    if (!ver->is_number_integer())
+        throw input_error(path, 1, "unknown format version " + ver->dump() + " (expected an integer)");
+    int64_t v = ver->get<int64_t>();
+    if (v > k_format_version)
+        throw input_error(path, 1, "log format version " + std::to_string(v) + " is newer than this analyzer reads (up to " +
+                                       std::to_string(k_format_version) + "): use a newer gpumem");
+    if (v < 1) throw input_error(path, 1, "unknown format version " + std::to_string(v));
+    rep.format_version = int(v);
+    take(h, "pid", rep.pid);
+    take(h, "ppid", rep.ppid);
+    take(h, "forked_from", rep.forked_from);
+    take(h, "host", rep.host);
+    take(h, "rank", rep.rank);
+    take(h, "start_time", rep.start_time);
+    take(h, "start_unix_ns", rep.start_unix_ns);
+    take(h, "gpumem_version", rep.gpumem_version);
+    auto cmd = h.find("cmdline");
+    if (cmd != h.end() && cmd->is_array())
+        for (const json& a : *cmd)
+            if (a.is_string()) rep.cmdline.push_back(a.get<std::string>());
+    auto devs = h.find("devices");
+    if (devs != h.end() && devs->is_array())
+        for (const json& d : *devs) {
+            if (!d.is_object()) continue;
+            header_device hd;
+            take(d, "index", hd.index);
+            take(d, "name", hd.name);
+            take(d, "total", hd.total);
+            rep.header_devices.push_back(hd);
+        }
+    auto cfg = h.find("config");
+    if (cfg != h.end() && cfg->is_object()) take(*cfg, "pool", rep.pool_mode);
+}
+
+bool is_blank(std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
+}
+
+class progress_meter {
+public:
+    progress_meter(const analyze_options& o, const std::string& path, const char* pass)
+        : on_(o.progress), interval_(o.progress_interval_s), path_(path), pass_(pass),
+          start_(std::chrono::steady_clock::now()), last_(start_) {}
+    void tick(const line_source& src, uint64_t events) {
+        if (!on_) return;
+        auto now = std::chrono::steady_clock::now();
+        if (std::chrono::duration<double>(now - last_).count() < interval_) return;
+        last_ = now;
+        double secs = std::chrono::duration<double>(now - start_).count();
+        double pct = src.file_size() ? 100.0 * double(src.bytes_consumed()) / double(src.file_size()) : 0;
+        std::fprintf(stderr, "gpumem: %s%s: %.0f%% (%.0f MB), %llu events, %.1f M events/s\n", path_.c_str(),
+                     pass_, pct, double(src.bytes_consumed()) / 1e6, (unsigned long long)events,
+                     secs > 0 ? double(events) / secs / 1e6 : 0.0);
+        printed_ = true;
+    }
+
+private:
+    bool on_;
+    double interval_;
+    std::string path_;
+    const char* pass_;
+    std::chrono::steady_clock::time_point start_, last_;
+    bool printed_ = false;
+};
+
+// One pass over the file.  Returns the replayer so the caller can ask about a second pass.
+void run_pass(const std::string& path, process_report& rep, replayer& rp, line_parser& parser,
+              const analyze_options& opt, const char* pass_name, bool first_pass) {
+    line_source src(path);
+    progress_meter meter(opt, path, pass_name);
+    std::string_view line;
+    bool complete = true;
+    if (!src.next(line, complete))
+        throw input_error(path, 0, "empty file: a gpumem log starts with a header line");
+    read_header(line, path, rep);
+    log_event e;
+    std::string err;
+    uint64_t n = 0;
+    while (src.next(line, complete)) {
+        uint64_t ln = src.line_number();
+        if ((++n & 0xffff) == 0) meter.tick(src, n);
+        if (is_blank(line)) {
+            if (first_pass && complete) rp.warn(ln, "blank line skipped");
+            if (complete) continue;
+        }
+        parse_status st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
+        if (!complete) {
+            // The writer died mid-line.  A line that still parses only lost its newline.
+            if (st != parse_status::ok) {
+                rep.truncated_last_line = true;
+                if (first_pass) rp.warn(ln, "the last line is cut short (the process died while writing it); ignored");
+                break;
+            }
+            if (first_pass) rp.warn(ln, "the last line has no newline");
+        }
+        if (st != parse_status::ok) throw input_error(path, ln, err);
+        if (e.known_kind) {
+            std::string missing = line_parser::missing_members(e);
+            if (!missing.empty())
+                throw input_error(path, ln, std::string("\"") + k_ev_names[size_t(e.ev)] + "\" event without " + missing);
+        }
+        rp.apply(e, ln);
+    }
+    rep.lines = src.line_number();
+    rp.finish(src.line_number());
+}
+
+}  // namespace
+
+process_report analyze_file(const std::string& path, const analyze_options& opt) {
+    process_report rep;
+    rep.file = path;
+    line_parser parser;
+    replay_options ro;
+    ro.at = opt.at;
+    replayer rp(rep, parser, ro);
+    run_pass(path, rep, rp, parser, opt, "", true);
+    if (!rep.has_end)
+        rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
+                   "the last flush interval of events may be missing");
+    if (rp.needs_second_pass()) {
+        // The peak moved too often to copy the state at each new peak; replay up to it instead.
+        process_report again;
+        again.file = path;
+        line_parser p2;
+        replay_options r2;
+        r2.peak_snapshot_seq = rp.peak_seqs();
+        replayer rp2(again, p2, r2);
+        run_pass(path, again, rp2, p2, opt, " (peak pass)", false);
+        auto snaps = rp2.take_peak_snapshots();
+        for (device_report& d : rep.devices) {
+            auto it = snaps.find(d.dev);
+            if (it != snaps.end()) d.at_peak = std::move(it->second);
+        }
+    }
+    return rep;
+}
+
+combined_report combine(const std::vector<process_report>& procs) {
+    combined_report c;
+    for (size_t i = 0; i < procs.size(); ++i)
+        for (const device_report& d : procs[i].devices) {
+            if (d.dev < 0) continue;  // host memory is not part of a rank's GPU budget
+            c.rows.push_back({i, d.dev, d.requested.peak, d.allocated.peak, d.reserved.peak});
+        }
+    if (c.rows.empty()) return c;
+    c.min_peak_reserved = UINT64_MAX;
+    double sum = 0;
+    for (const combined_row& r : c.rows) {
+        c.max_peak_reserved = std::max(c.max_peak_reserved, r.peak_reserved);
+        c.min_peak_reserved = std::min(c.min_peak_reserved, r.peak_reserved);
+        sum += double(r.peak_reserved);
+    }
+    c.mean_peak_reserved = sum / double(c.rows.size());
+    c.imbalance = c.mean_peak_reserved > 0 ? double(c.max_peak_reserved) / c.mean_peak_reserved - 1.0 : 0.0;
+    return c;
+}
+
+bool parse_moment(const std::string& text, moment& out) {
+    std::string s = text;
+    if (s.empty()) return false;
+    if (s[0] == '#') s = s.substr(1);
+    size_t i = 0;
+    while (i < s.size() && (std::isdigit((unsigned char)s[i]) || s[i] == '.')) ++i;
+    if (i == 0) return false;
+    std::string num = s.substr(0, i), unit = s.substr(i);
+    if (unit.empty()) {
+        if (num.find('.') != std::string::npos) return false;
+        errno = 0;
+        char* end = nullptr;
+        unsigned long long v = std::strtoull(num.c_str(), &end, 10);
+        if (errno || *end) return false;
+        out = {moment::by::seq, v};
+        return true;
+    }
+    double scale;
+    if (unit == "s") scale = 1e9;
+    else if (unit == "ms") scale = 1e6;
+    else if (unit == "us") scale = 1e3;
+    else if (unit == "ns") scale = 1;
+    else return false;
+    char* end = nullptr;
+    double v = std::strtod(num.c_str(), &end);
+    if (*end || !std::isfinite(v) || v < 0 || v * scale > 1.8e19) return false;
+    out = {moment::by::time, uint64_t(std::llround(v * scale))};
+    return true;
+}
+
+}  // namespace gpumem::analysis

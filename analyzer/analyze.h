@@ -1,0 +1,28 @@
+// Analysis of whole log files: header checks, the streaming pass (and a second pass when needed),
+// progress on stderr, and the combined table over several processes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "replay.h"
+#include "report_model.h"
+
+namespace gpumem::analysis {
+
+struct analyze_options {
+    moment at;                 // --at
+    bool progress = false;     // print progress to stderr every few seconds
+    double progress_interval_s = 2.0;
+};
+
+// Reads and analyzes one log.  Throws input_error (exit code 2) when the log cannot be used.
+process_report analyze_file(const std::string& path, const analyze_options& options);
+
+// Peak per rank/device and the imbalance between them.
+combined_report combine(const std::vector<process_report>& processes);
+
+// Parses an --at argument: "1234" (seq), "#1234" (seq), "2.5s", "150ms", "20us", "900ns".
+bool parse_moment(const std::string& text, moment& out);
+
+}  // namespace gpumem::analysis

@@ -1,0 +1,81 @@
+// Formatting helpers: human-readable sizes, durations, percentages and escaping.
+#include "format_util.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+namespace gpumem::analysis {
+
+std::string fmt_bytes(uint64_t n) {
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (n < 1024) return std::to_string(n) + " B";
+    double v = double(n);
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        ++u;
+    }
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f %s", v, units[u]);
+    return b;
+}
+
+std::string fmt_time(uint64_t ns) {
+    char b[32];
+    if (ns < 1000) std::snprintf(b, sizeof b, "%" PRIu64 " ns", ns);
+    else if (ns < 1000000) std::snprintf(b, sizeof b, "%.2f us", double(ns) / 1e3);
+    else if (ns < 1000000000) std::snprintf(b, sizeof b, "%.2f ms", double(ns) / 1e6);
+    else std::snprintf(b, sizeof b, "%.3f s", double(ns) / 1e9);
+    return b;
+}
+
+std::string fmt_pct(double r) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f%%", r * 100.0);
+    return b;
+}
+
+std::string fmt_hex(uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, "0x%" PRIx64, v);
+    return b;
+}
+
+std::string fmt_rate(uint64_t n, uint64_t duration_ns) {
+    if (duration_ns == 0) return "-";
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f/s", double(n) * 1e9 / double(duration_ns));
+    return b;
+}
+
+std::string fmt_count(uint64_t n) {
+    std::string s = std::to_string(n), out;
+    int k = 0;
+    for (auto it = s.rbegin(); it != s.rend(); ++it) {
+        if (k && k % 3 == 0) out.push_back(',');
+        out.push_back(*it);
+        ++k;
+    }
+    return {out.rbegin(), out.rend()};
+}
+
+std::string html_escape(const std::string& s) {
+    std::string o;
+    o.reserve(s.size());
+    for (char c : s) {
+        switch (c) {
+        case '&': o += "&amp;"; break;
+        case '<': o += "&lt;"; break;
+        case '>': o += "&gt;"; break;
+        case '"': o += "&quot;"; break;
+        case '\'': o += "&#39;"; break;
+        default: o.push_back(c);
+        }
+    }
+    return o;
+}
+
+const char* pool_name(pool_id p) { return size_t(p) < size_t(pool_id::count_) ? k_pool_names[size_t(p)] : "none"; }
+const char* kind_name(mem_kind k) { return size_t(k) < size_t(mem_kind::count_) ? k_mem_kind_names[size_t(k)] : "none"; }
+
+}  // namespace gpumem::analysis

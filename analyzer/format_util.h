@@ -1,0 +1,21 @@
+// Small formatting helpers shared by the text, HTML and Perfetto writers: sizes, times, ratios.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "event_schema.h"
+
+namespace gpumem::analysis {
+
+std::string fmt_bytes(uint64_t n);         // "0 B", "512 B", "1.50 KiB", "2.00 MiB"
+std::string fmt_time(uint64_t ns);         // "950 ns", "12.50 us", "3.20 ms", "1.234 s"
+std::string fmt_pct(double ratio);         // 0.1234 -> "12.3%"
+std::string fmt_hex(uint64_t v);           // "0x7f3a40000000"
+std::string fmt_rate(uint64_t n, uint64_t duration_ns);  // "1234.5/s", "-" for an instant run
+std::string fmt_count(uint64_t n);         // "1,234,567"
+std::string html_escape(const std::string& s);
+const char* pool_name(pool_id p);
+const char* kind_name(mem_kind k);
+
+}  // namespace gpumem::analysis

@@ -1,0 +1,88 @@
+// Streams a gpumem log: reads it in large chunks, splits lines, and parses each line into a log_event.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "log_event.h"
+
+namespace gpumem::analysis {
+
+// An input the analyzer cannot use.  `what()` is the full "file:line: message" text; the CLI
+// prints it and exits with code 2.
+class input_error : public std::runtime_error {
+public:
+    input_error(const std::string& file, uint64_t line, const std::string& msg);
+    std::string file;
+    uint64_t line;  // 0 when the problem is the file as a whole
+    std::string message;
+};
+
+// Reads lines of one file without holding more than one chunk (plus the longest line) in memory.
+// The buffer keeps simdjson's padding after its end, so any line handed out can be parsed in place.
+class line_source {
+public:
+    explicit line_source(const std::string& path);  // throws input_error when it cannot be opened
+    ~line_source();
+    line_source(const line_source&) = delete;
+    line_source& operator=(const line_source&) = delete;
+
+    // Next line without its '\n'.  `complete` is false for a last line with no newline (a crashed
+    // writer).  Returns false at end of file.  The view stays valid until the next call.
+    bool next(std::string_view& line, bool& complete);
+    // Bytes readable from `p` on: the line, what follows it and the padding.
+    size_t capacity_from(const char* p) const { return size_t(buf_.data() + buf_.size() - p); }
+    uint64_t line_number() const { return line_no_; }
+    uint64_t bytes_consumed() const { return consumed_; }
+    uint64_t file_size() const { return file_size_; }
+    const std::string& path() const { return path_; }
+
+private:
+    bool fill();  // reads more bytes; false at end of file
+    std::string path_;
+    int fd_ = -1;
+    std::vector<char> buf_;
+    size_t begin_ = 0, end_ = 0;  // unread bytes are buf_[begin_, end_)
+    bool eof_ = false;
+    uint64_t line_no_ = 0;
+    uint64_t consumed_ = 0;
+    uint64_t file_size_ = 0;
+};
+
+// Result of parsing one line.
+enum class parse_status { ok, not_json, bad_member };
+
+// Parses event lines with simdjson's on-demand API.  One instance per thread; it keeps the parser's
+// buffers and the table of API names seen so far.
+class line_parser {
+public:
+    line_parser();
+    ~line_parser();
+    line_parser(const line_parser&) = delete;
+    line_parser& operator=(const line_parser&) = delete;
+
+    // Parses [p, p+len); `capacity` bytes from p are readable (see line_source::capacity_from).
+    // On failure `error` says what was wrong, without file or line.
+    parse_status parse(const char* p, size_t len, size_t capacity, log_event& out,
+                       std::string& error);
+    // Members an event of this kind must have; names the first missing one or returns "".
+    static std::string missing_members(const log_event& e);
+
+    const std::string& api_name(uint16_t index) const { return api_names_[index]; }
+    size_t api_count() const { return api_names_.size(); }
+    uint16_t intern_api(std::string_view name);
+
+private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+    std::vector<std::string> api_names_;  // api_id names first, then unknown names as seen
+};
+
+// Parses "0x1a2b" (1 to 16 hex digits after 0x).  False on anything else.
+bool parse_hex(std::string_view s, uint64_t& out);
+
+}  // namespace gpumem::analysis

@@ -1,0 +1,221 @@
+// The report model: everything `gpumem report` computes about one log, per device.  `check` and
+// `diff` reuse it, so it holds numbers and names only, no formatting.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "event_schema.h"
+
+namespace gpumem::analysis {
+
+// A byte count with its peak and the moment of the peak (first time it was reached).
+struct tracked_bytes {
+    uint64_t current = 0;
+    uint64_t peak = 0;
+    uint64_t peak_t = 0;    // ns since the recorder started
+    uint64_t peak_seq = 0;
+    uint64_t peak_line = 0;
+    void add(uint64_t n, uint64_t t, uint64_t seq, uint64_t line) {
+        current += n;
+        if (current > peak) {
+            peak = current;
+            peak_t = t;
+            peak_seq = seq;
+            peak_line = line;
+        }
+    }
+    void sub(uint64_t n) { current = n > current ? 0 : current - n; }
+};
+
+// Power-of-two size histogram: bucket i counts sizes in [2^i, 2^(i+1)); sizes of 0 go to bucket 0.
+struct size_histogram {
+    std::array<uint64_t, 64> count{};
+    std::array<uint64_t, 64> bytes{};
+    static int bucket_of(uint64_t size) { return size <= 1 ? 0 : 63 - __builtin_clzll(size); }
+    void add(uint64_t size) {
+        int b = bucket_of(size);
+        ++count[size_t(b)];
+        bytes[size_t(b)] += size;
+    }
+    uint64_t total() const {
+        uint64_t n = 0;
+        for (uint64_t c : count) n += c;
+        return n;
+    }
+};
+
+// One point of the memory-over-time series.  A point stands for a run of consecutive events
+// (the series is downsampled to a bounded length) and keeps the maxima over that run, so a
+// short spike is never averaged away.
+struct time_point {
+    uint64_t t_first = 0, t_last = 0;
+    uint64_t seq_last = 0;
+    uint64_t requested_max = 0, allocated_max = 0, reserved_max = 0;
+    uint64_t requested_last = 0, allocated_last = 0, reserved_last = 0;
+    double frag_max = 0, frag_last = 0;  // external fragmentation
+    uint64_t events = 0;
+};
+
+// An allocation as reported (live at a moment, or leaked at the end).
+struct block_view {
+    uint64_t ptr = 0, size = 0, asize = 0;  // asize = bytes set aside (== size when not rounded)
+    uint64_t seq = 0, t = 0, line = 0;      // when it was allocated
+    uint64_t seg = 0;                       // pool segment base, 0 when not pooled
+    std::string api;
+    mem_kind kind = mem_kind::none;
+    bool pooled = false;
+};
+
+// One pool segment at a moment: its blocks as [ptr, ptr+asize) ranges, sorted by address.
+struct segment_view {
+    uint64_t base = 0, size = 0;
+    pool_id pool = pool_id::none;
+    std::vector<std::pair<uint64_t, uint64_t>> blocks;  // (ptr, asize)
+};
+
+// The device's state at one moment: totals, the free-block map and the largest live blocks.
+struct state_snapshot {
+    bool valid = false;
+    std::string label;  // "peak", "oom #2", "--at 1.5s"
+    uint64_t seq = 0, t = 0, line = 0;
+    uint64_t requested = 0, allocated = 0, reserved = 0;
+    uint64_t free_in_segments = 0, largest_free = 0, free_blocks = 0, segments = 0;
+    uint64_t live_allocs = 0;
+    double external_fragmentation = 0;
+    std::vector<segment_view> segment_map;
+    std::vector<block_view> largest_live;  // at most k_top_blocks, largest first
+    size_histogram free_block_sizes;
+};
+
+// An out-of-memory moment and its diagnosis.
+struct oom_report {
+    uint64_t seq = 0, t = 0, line = 0;
+    uint64_t size = 0;                 // bytes requested by the failing call
+    std::string api;
+    bool from_pool = false;            // an "oom" event (pool on) rather than an alloc_fail
+    int64_t err = 0;                   // alloc_fail's error code
+    uint64_t free_in_segments = 0;     // reconstructed: free bytes inside reserved segments
+    uint64_t largest_free = 0;         // reconstructed: largest free block
+    uint64_t reserved = 0, allocated = 0;
+    uint64_t gpu_free = 0, gpu_total = 0;  // cuMemGetInfo, as recorded (0 when not recorded)
+    std::string verdict;               // "fragmentation" or "capacity"
+    std::string explanation;
+    state_snapshot map;                // the map at that moment (only for the first few OOMs)
+};
+
+// Live bytes and call counts of one API or one memory kind.
+struct usage_row {
+    std::string name;
+    tracked_bytes bytes;  // requested bytes of live allocations
+    uint64_t live = 0, n_alloc = 0, n_free = 0;
+};
+
+// Everything the report says about one device (dev -1: host memory / unknown device).
+struct device_report {
+    int dev = -1;
+    std::string name;        // from the header, "" when not listed
+    uint64_t total = 0;      // device memory size from the header, 0 when unknown
+
+    tracked_bytes requested, allocated, reserved;
+    tracked_bytes segment_count;  // number of pool segments
+    tracked_bytes mapped;         // cuMemMap bytes whose physical handle lives on this device
+
+    uint64_t n_alloc = 0, n_free = 0, n_alloc_fail = 0, n_free_fail = 0, n_oom = 0;
+    uint64_t n_unknown_free = 0;
+    uint64_t n_segment_alloc = 0, n_segment_free = 0;
+    uint64_t n_map = 0, n_unmap = 0;
+    uint64_t first_t = 0, last_t = 0;  // first and last event on this device
+
+    // Fragmentation.
+    double max_external_fragmentation = 0;
+    uint64_t max_external_fragmentation_t = 0, max_external_fragmentation_seq = 0;
+    double end_external_fragmentation = 0;
+    uint64_t end_free_in_segments = 0, end_largest_free = 0, end_free_blocks = 0;
+    uint64_t max_free_blocks = 0;
+
+    size_histogram alloc_sizes;  // every successful allocation's requested size
+
+    std::vector<usage_row> by_kind;  // device, managed, host, vmm (and "other")
+    std::vector<usage_row> by_api;
+
+    std::vector<time_point> timeline;
+    uint64_t timeline_events_per_point = 1;
+
+    state_snapshot at_peak;     // at the peak of allocated bytes
+    state_snapshot at_request;  // at --at, when asked
+    std::vector<oom_report> ooms;
+
+    uint64_t n_leaks = 0, leaked_bytes = 0;  // live at the end of the log (requested bytes)
+    std::vector<block_view> leaks;           // largest first, at most k_max_listed_leaks
+
+    // Derived ratios at the peak of allocated bytes and at the end (docs/metrics.md).
+    double reserved_unallocated_at_peak() const {
+        return at_peak.reserved ? 1.0 - double(at_peak.allocated) / double(at_peak.reserved) : 0.0;
+    }
+    double rounding_overhead_at_peak() const {
+        return at_peak.allocated ? 1.0 - double(at_peak.requested) / double(at_peak.allocated) : 0.0;
+    }
+};
+
+struct header_device {
+    int index = 0;
+    std::string name;
+    uint64_t total = 0;
+};
+
+// Everything about one log file.
+struct process_report {
+    std::string file;
+    // Header.
+    int format_version = 0;
+    int64_t pid = 0, ppid = 0, forked_from = 0;
+    std::string host, rank, start_time, gpumem_version, pool_mode;
+    uint64_t start_unix_ns = 0;
+    std::vector<std::string> cmdline;
+    std::vector<header_device> header_devices;
+    // Body.
+    uint64_t lines = 0, events = 0, skipped_unknown = 0;
+    uint64_t first_t = 0, last_t = 0;
+    uint64_t lost = 0;
+    bool truncated_last_line = false;
+    // Virtual address ranges (cuMemAddressReserve carries no device, so they are per process).
+    tracked_bytes va_reserved;
+    uint64_t n_reserve = 0, n_unreserve = 0;
+    uint64_t n_context_reset = 0, n_pool_sync = 0;
+    // End line.
+    bool has_end = false;
+    std::string end_reason;
+    int64_t end_signal = 0;
+    uint64_t end_events = 0, end_n_alloc = 0, end_n_free = 0, end_n_fail = 0;
+    uint64_t end_live_allocs = 0, end_live_bytes = 0, end_lost = 0, end_unmatched = 0;
+
+    std::vector<std::string> warnings;  // "file:line: text", the first k_max_warnings
+    uint64_t n_warnings = 0;
+    std::vector<device_report> devices;  // sorted by dev
+
+    uint64_t duration_ns() const { return last_t > first_t ? last_t - first_t : 0; }
+};
+
+// Combined view over several processes (ranks) of one job.
+struct combined_row {
+    size_t process = 0;  // index into the process list
+    int dev = 0;
+    uint64_t peak_requested = 0, peak_allocated = 0, peak_reserved = 0;
+};
+struct combined_report {
+    std::vector<combined_row> rows;
+    uint64_t max_peak_reserved = 0, min_peak_reserved = 0;
+    double mean_peak_reserved = 0;
+    double imbalance = 0;  // max / mean - 1 over rows' peak reserved
+};
+
+inline constexpr size_t k_top_blocks = 10;
+inline constexpr size_t k_max_listed_leaks = 50;
+inline constexpr size_t k_max_warnings = 50;
+inline constexpr size_t k_max_oom_maps = 8;
+inline constexpr size_t k_timeline_points = 1024;
+
+}  // namespace gpumem::analysis

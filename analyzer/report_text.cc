@@ -1,0 +1,314 @@
+// The text report on stdout, laid out like torch.cuda.memory_summary(): one framed table per device.
+#include "report_output.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "format_util.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+constexpr int k_width = 92;  // inner width of the framed tables
+constexpr size_t k_map_width = 64;
+constexpr size_t k_max_map_rows = 32;
+constexpr size_t k_time_rows = 16;
+
+std::string pad(std::string s, size_t n, bool right = false) {
+    if (s.size() >= n) return s;
+    return right ? std::string(n - s.size(), ' ') + s : s + std::string(n - s.size(), ' ');
+}
+
+void rule(std::ostream& os, char c) { os << '|' << std::string(k_width, c) << "|\n"; }
+void framed(std::ostream& os, const std::string& s) { os << "| " << pad(s, k_width - 1) << "|\n"; }
+
+std::string at_text(uint64_t t, uint64_t seq) { return fmt_time(t) + " (seq " + std::to_string(seq) + ")"; }
+
+void row4(std::ostream& os, const std::string& a, const std::string& b, const std::string& c,
+          const std::string& d) {
+    framed(os, pad(a, 28) + pad(b, 14, true) + pad(c, 14, true) + "   " + d);
+}
+
+std::string cmdline_text(const process_report& p) {
+    std::string s;
+    for (const std::string& a : p.cmdline) s += (s.empty() ? "" : " ") + a;
+    if (s.size() > 200) s = s.substr(0, 197) + "...";
+    return s;
+}
+
+}  // namespace
+
+std::string segment_bar(const segment_view& s, size_t width) {
+    std::string bar(width, '.');
+    if (width == 0 || s.size == 0) return bar;
+    // Allocated bytes per cell, from the blocks' overlap with each cell's byte range.
+    std::vector<double> used(width, 0.0);
+    double per_cell = double(s.size) / double(width);
+    for (const auto& [p, a] : s.blocks) {
+        double lo = double(p - s.base), hi = lo + double(a);
+        size_t c0 = std::min(width - 1, size_t(lo / per_cell));
+        size_t c1 = std::min(width - 1, size_t(hi / per_cell));
+        for (size_t c = c0; c <= c1; ++c) {
+            double cl = double(c) * per_cell, ch = cl + per_cell;
+            double ov = std::min(hi, ch) - std::max(lo, cl);
+            if (ov > 0) used[c] += ov;
+        }
+    }
+    for (size_t c = 0; c < width; ++c) {
+        double f = used[c] / per_cell;
+        bar[c] = f >= 0.999 ? '#' : f <= 0.001 ? '.' : '+';
+    }
+    return bar;
+}
+
+namespace {
+
+void write_map(std::ostream& os, const state_snapshot& s) {
+    if (s.segment_map.empty()) {
+        os << "    no pool segments on this device (pool off or not yet used): each allocation is its own\n"
+              "    driver allocation, so there is no free space to map.\n";
+        return;
+    }
+    uint64_t biggest = 0;
+    for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.size);
+    os << "    each segment to scale (widest = " << fmt_bytes(biggest) << "); '#' allocated, '+' partly, '.' free\n";
+    size_t n = 0;
+    for (const segment_view& v : s.segment_map) {
+        if (n++ == k_max_map_rows) {
+            os << "    ... " << s.segment_map.size() - k_max_map_rows << " more segments\n";
+            break;
+        }
+        size_t w = std::max<size_t>(1, size_t(double(k_map_width) * double(v.size) / double(biggest) + 0.5));
+        uint64_t used = 0, largest = 0, cur = v.base;
+        for (const auto& [p, a] : v.blocks) {
+            used += a;
+            largest = std::max(largest, p - cur);
+            cur = p + a;
+        }
+        largest = std::max(largest, v.base + v.size - cur);
+        os << "    " << pad(fmt_hex(v.base), 16) << pad(fmt_bytes(v.size), 11, true) << ' '
+           << pad(pool_name(v.pool), 5) << " |" << pad(segment_bar(v, w), k_map_width) << "| "
+           << v.blocks.size() << " blocks, " << fmt_bytes(v.size - used) << " free, largest "
+           << fmt_bytes(largest) << "\n";
+    }
+}
+
+void write_snapshot_totals(std::ostream& os, const state_snapshot& s) {
+    os << "    requested " << fmt_bytes(s.requested) << ", allocated " << fmt_bytes(s.allocated)
+       << ", reserved " << fmt_bytes(s.reserved) << ", " << s.live_allocs << " live allocations\n"
+       << "    free in segments " << fmt_bytes(s.free_in_segments) << " in " << s.free_blocks
+       << " blocks, largest " << fmt_bytes(s.largest_free) << ", external fragmentation "
+       << fmt_pct(s.external_fragmentation) << "\n";
+}
+
+void write_blocks(std::ostream& os, const std::vector<block_view>& blocks) {
+    os << "    " << pad("address", 16) << pad("requested", 12, true) << pad("set aside", 12, true) << "  "
+       << pad("api", 22) << pad("kind", 8) << pad("allocated at", 22) << "line\n";
+    for (const block_view& b : blocks)
+        os << "    " << pad(fmt_hex(b.ptr), 16) << pad(fmt_bytes(b.size), 12, true)
+           << pad(fmt_bytes(b.asize), 12, true) << "  " << pad(b.api, 22) << pad(kind_name(b.kind), 8)
+           << pad(at_text(b.t, b.seq), 22) << b.line << "\n";
+}
+
+void write_timeline(std::ostream& os, const device_report& d) {
+    if (d.timeline.empty()) return;
+    // Regroup the stored series into at most k_time_rows rows of equal time span, keeping maxima.
+    uint64_t t0 = d.timeline.front().t_first, t1 = d.timeline.back().t_last;
+    size_t rows = std::min(k_time_rows, d.timeline.size());
+    std::vector<time_point> out(rows);
+    std::vector<bool> used(rows, false);
+    for (const time_point& p : d.timeline) {
+        size_t r = t1 > t0 ? std::min(rows - 1, size_t(double(p.t_first - t0) * double(rows) / double(t1 - t0 + 1)))
+                           : 0;
+        time_point& o = out[r];
+        if (!used[r]) {
+            o = p;
+            used[r] = true;
+            continue;
+        }
+        o.t_last = p.t_last;
+        o.requested_max = std::max(o.requested_max, p.requested_max);
+        o.allocated_max = std::max(o.allocated_max, p.allocated_max);
+        o.reserved_max = std::max(o.reserved_max, p.reserved_max);
+        o.frag_max = std::max(o.frag_max, p.frag_max);
+    }
+    uint64_t top = std::max<uint64_t>(1, d.reserved.peak);
+    os << "\n  Memory over time (maximum in each interval; bar: '=' allocated, '-' reserved only)\n";
+    os << "    " << pad("from", 12) << pad("requested", 12, true) << pad("allocated", 12, true)
+       << pad("reserved", 12, true) << pad("frag", 8, true) << "  \n";
+    for (size_t r = 0; r < rows; ++r) {
+        if (!used[r]) continue;
+        const time_point& p = out[r];
+        size_t wa = size_t(30.0 * double(p.allocated_max) / double(top) + 0.5);
+        size_t wr = size_t(30.0 * double(p.reserved_max) / double(top) + 0.5);
+        wa = std::min<size_t>(wa, 30);
+        wr = std::min<size_t>(std::max(wr, wa), 30);
+        os << "    " << pad(fmt_time(p.t_first), 12) << pad(fmt_bytes(p.requested_max), 12, true)
+           << pad(fmt_bytes(p.allocated_max), 12, true) << pad(fmt_bytes(p.reserved_max), 12, true)
+           << pad(fmt_pct(p.frag_max), 8, true) << "  |" << std::string(wa, '=') << std::string(wr - wa, '-')
+           << std::string(30 - wr, ' ') << "|\n";
+    }
+}
+
+void write_device(std::ostream& os, const process_report& p, const device_report& d, const output_options& opt) {
+    rule(os, '=');
+    std::string title = d.dev < 0 ? "host memory / unknown device (dev -1)" : "device " + std::to_string(d.dev);
+    if (!d.name.empty()) title += ": " + d.name;
+    if (d.total) title += ", " + fmt_bytes(d.total);
+    framed(os, title);
+    rule(os, '-');
+    row4(os, "Metric", "At end", "Peak", "Peak at");
+    rule(os, '-');
+    row4(os, "Requested memory", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak),
+         at_text(d.requested.peak_t, d.requested.peak_seq));
+    row4(os, "Allocated memory", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak),
+         at_text(d.allocated.peak_t, d.allocated.peak_seq));
+    row4(os, "Reserved memory", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak),
+         at_text(d.reserved.peak_t, d.reserved.peak_seq));
+    row4(os, "Segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak),
+         d.segment_count.peak ? at_text(d.segment_count.peak_t, d.segment_count.peak_seq) : "");
+    rule(os, '-');
+    row4(os, "Metric", "At end", "At peak alloc", "Maximum");
+    rule(os, '-');
+    const state_snapshot& k = d.at_peak;
+    row4(os, "Free in segments", fmt_bytes(d.end_free_in_segments), fmt_bytes(k.free_in_segments), "");
+    row4(os, "Largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "");
+    row4(os, "Free blocks", std::to_string(d.end_free_blocks), std::to_string(k.free_blocks),
+         std::to_string(d.max_free_blocks));
+    row4(os, "External fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation),
+         fmt_pct(d.max_external_fragmentation) +
+             (d.max_external_fragmentation > 0
+                  ? " at " + at_text(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
+                  : ""));
+    double end_ru = d.reserved.current ? 1.0 - double(d.allocated.current) / double(d.reserved.current) : 0;
+    double end_ro = d.allocated.current ? 1.0 - double(d.requested.current) / double(d.allocated.current) : 0;
+    row4(os, "Reserved but unallocated", fmt_pct(end_ru), fmt_pct(d.reserved_unallocated_at_peak()), "");
+    row4(os, "Rounding overhead", fmt_pct(end_ro), fmt_pct(d.rounding_overhead_at_peak()), "");
+    rule(os, '-');
+    uint64_t dur = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
+    framed(os, pad("Allocations", 28) + pad(fmt_count(d.n_alloc), 14, true) + "   " + fmt_rate(d.n_alloc, dur));
+    framed(os, pad("Frees", 28) + pad(fmt_count(d.n_free), 14, true) + "   " + fmt_rate(d.n_free, dur) +
+                   (d.n_unknown_free ? ", " + std::to_string(d.n_unknown_free) + " of unknown pointers" : ""));
+    framed(os, pad("Failed allocations / OOMs", 28) + pad(std::to_string(d.n_alloc_fail), 14, true) + " / " +
+                   std::to_string(d.n_oom));
+    if (d.n_segment_alloc || d.n_segment_free)
+        framed(os, pad("Segments taken / returned", 28) + pad(std::to_string(d.n_segment_alloc), 14, true) + " / " +
+                       std::to_string(d.n_segment_free));
+    if (d.n_map || d.n_unmap)
+        framed(os, pad("Maps / unmaps", 28) + pad(std::to_string(d.n_map), 14, true) + " / " +
+                       std::to_string(d.n_unmap) + ", mapped now " + fmt_bytes(d.mapped.current) + ", peak " +
+                       fmt_bytes(d.mapped.peak));
+    framed(os, pad(p.has_end ? "Leaked (live at end)" : "Live when the log stops", 28) +
+                   pad(std::to_string(d.n_leaks), 14, true) + "   " + fmt_bytes(d.leaked_bytes));
+    rule(os, '=');
+
+    if (!d.by_kind.empty() || !d.by_api.empty()) {
+        os << "\n  Live memory by kind and API (requested bytes)\n";
+        os << "    " << pad("", 30) << pad("at end", 12, true) << pad("peak", 12, true) << pad("allocs", 10, true)
+           << pad("frees", 10, true) << "\n";
+        for (const auto* rows : {&d.by_kind, &d.by_api})
+            for (const usage_row& r : *rows)
+                os << "    " << pad((rows == &d.by_kind ? "kind " : "api  ") + r.name, 30)
+                   << pad(fmt_bytes(r.bytes.current), 12, true) << pad(fmt_bytes(r.bytes.peak), 12, true)
+                   << pad(std::to_string(r.n_alloc), 10, true) << pad(std::to_string(r.n_free), 10, true) << "\n";
+    }
+
+    write_timeline(os, d);
+
+    if (k.valid) {
+        os << "\n  Free-block map at the peak of allocated memory, " << at_text(k.t, k.seq) << ", line " << k.line << "\n";
+        write_snapshot_totals(os, k);
+        write_map(os, k);
+        if (!k.largest_live.empty()) {
+            os << "\n  Largest live blocks at the peak (" << k.largest_live.size() << " of " << k.live_allocs << ")\n";
+            write_blocks(os, k.largest_live);
+        }
+    }
+    if (opt.show_at && d.at_request.valid) {
+        const state_snapshot& a = d.at_request;
+        os << "\n  Free-block map at " << a.label << ": after " << at_text(a.t, a.seq) << "\n";
+        write_snapshot_totals(os, a);
+        write_map(os, a);
+        if (!a.largest_live.empty()) {
+            os << "    largest live blocks:\n";
+            write_blocks(os, a.largest_live);
+        }
+    }
+    for (size_t i = 0; i < d.ooms.size(); ++i) {
+        const oom_report& o = d.ooms[i];
+        os << "\n  OOM #" << i + 1 << " at " << at_text(o.t, o.seq) << ", line " << o.line << ": "
+           << (o.api.empty() ? "a request" : o.api) << " of " << fmt_bytes(o.size)
+           << (o.from_pool ? " (pool)" : " (error " + std::to_string(o.err) + ")") << "\n";
+        os << "    requested " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
+           << " | largest free block " << fmt_bytes(o.largest_free) << " | free on GPU "
+           << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded")) << "\n";
+        os << "    verdict: " << o.verdict << ": " << o.explanation << "\n";
+        if (o.map.valid) write_map(os, o.map);
+        if (i + 1 == 20 && d.ooms.size() > 20) {
+            os << "\n  ... " << d.ooms.size() - 20 << " more OOMs\n";
+            break;
+        }
+    }
+    if (d.n_leaks) {
+        os << "\n  " << (p.has_end ? "Leaks: allocations never freed" : "Live when the log stops") << ": "
+           << d.n_leaks << " allocations, " << fmt_bytes(d.leaked_bytes) << " requested";
+        if (d.leaks.size() < d.n_leaks) os << " (largest " << d.leaks.size() << " listed)";
+        os << "\n";
+        write_blocks(os, d.leaks);
+    }
+    os << "\n";
+}
+
+}  // namespace
+
+void write_text(std::ostream& os, const std::vector<process_report>& procs, const combined_report& combined,
+                const output_options& opt) {
+    for (const process_report& p : procs) {
+        os << "gpumem report: " << p.file << "\n";
+        os << "  process " << p.pid;
+        if (p.ppid) os << " (parent " << p.ppid << ")";
+        if (p.forked_from) os << ", forked from " << p.forked_from;
+        if (!p.host.empty()) os << " on " << p.host;
+        if (!p.rank.empty()) os << ", rank " << p.rank;
+        std::string cmd = cmdline_text(p);
+        if (!cmd.empty()) os << ": " << cmd;
+        os << "\n  gpumem " << (p.gpumem_version.empty() ? "?" : p.gpumem_version) << ", pool "
+           << (p.pool_mode.empty() ? "?" : p.pool_mode);
+        if (!p.start_time.empty()) os << ", started " << p.start_time;
+        os << ", " << fmt_time(p.duration_ns()) << " of events, " << fmt_count(p.events) << " events, ";
+        if (p.has_end)
+            os << "ended: " << p.end_reason << (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "");
+        else
+            os << "no end line (killed?)";
+        os << "\n";
+        if (p.lost) os << "  " << p.lost << " events were lost by the recorder: totals are approximate\n";
+        if (p.n_reserve)
+            os << "  virtual address ranges: " << p.n_reserve << " reserved, " << p.n_unreserve << " freed, "
+               << fmt_bytes(p.va_reserved.current) << " held at end, peak " << fmt_bytes(p.va_reserved.peak) << "\n";
+        if (p.n_warnings) os << "  " << p.n_warnings << " warning(s), printed on stderr\n";
+        if (p.devices.empty()) os << "  no device memory events\n";
+        os << "\n";
+        for (const device_report& d : p.devices) write_device(os, p, d, opt);
+    }
+    if (procs.size() > 1) {
+        os << "Combined: " << procs.size() << " processes\n";
+        os << "  " << pad("process", 40) << pad("rank", 6) << pad("dev", 5) << pad("peak requested", 16, true)
+           << pad("peak allocated", 16, true) << pad("peak reserved", 16, true) << "\n";
+        for (const combined_row& r : combined.rows) {
+            const process_report& p = procs[r.process];
+            std::string name = p.file + " (" + std::to_string(p.pid) + ")";
+            if (name.size() > 38) name = "..." + name.substr(name.size() - 35);
+            os << "  " << pad(name, 40) << pad(p.rank.empty() ? "-" : p.rank, 6) << pad(std::to_string(r.dev), 5)
+               << pad(fmt_bytes(r.peak_requested), 16, true) << pad(fmt_bytes(r.peak_allocated), 16, true)
+               << pad(fmt_bytes(r.peak_reserved), 16, true) << "\n";
+        }
+        if (!combined.rows.empty())
+            os << "  peak reserved: max " << fmt_bytes(combined.max_peak_reserved) << ", min "
+               << fmt_bytes(combined.min_peak_reserved) << ", mean " << fmt_bytes(uint64_t(combined.mean_peak_reserved))
+               << "; imbalance (max/mean - 1) " << fmt_pct(combined.imbalance) << "\n";
+    }
+}
+
+}  // namespace gpumem::analysis
