@@ -1,0 +1,657 @@
+// The caching block allocator: segments from a backend, best-fit blocks, pending frees, events.
+#include "core/pool/block_pool.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <unordered_set>
+
+namespace gpumem {
+namespace {
+
+// Requests above this fail with OOM before any arithmetic: no device has 2^48 bytes, and it keeps
+// every rounding below far from overflow.
+constexpr uint64_t k_max_request = 1ull << 48;
+constexpr size_t k_spare_nodes = 64;
+constexpr size_t k_spare_blocks = 1024;
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+block_pool::block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device) noexcept
+    : cfg_(cfg), backend_(backend), sink_(sink), device_(int16_t(device)) {
+    try {
+        // Fixed capacity: addr_erase/free_erase keep nodes only while it lasts, so they never
+        // allocate (they run inside noexcept paths that must not fail halfway).
+        spare_addr_nodes_.reserve(k_spare_nodes);
+        spare_free_nodes_.reserve(k_spare_nodes);
+        pending_.reserve(256);
+    } catch (...) {
+        // No spares: every insert allocates; still correct.
+    }
+}
+
+block_pool::~block_pool() {
+    forget_all();
+    while (spare_blocks_) {
+        block* n = spare_blocks_->next;
+        delete spare_blocks_;
+        spare_blocks_ = n;
+    }
+}
+
+// ---- policy ---------------------------------------------------------------------------------
+
+pool_id block_pool::pool_for(uint64_t size) const noexcept {
+    return size <= cfg_.small_size ? pool_id::small : pool_id::large;
+}
+
+uint64_t block_pool::segment_size_for(pool_id p, uint64_t asize) const noexcept {
+    if (p == pool_id::small) return cfg_.small_segment;
+    if (asize < cfg_.min_large_alloc) return cfg_.large_segment;
+    return round_up(asize, cfg_.large_round);
+}
+
+bool block_pool::should_split(pool_id p, uint64_t remaining) const noexcept {
+    // Small pool: any remainder worth a block.  Large pool: only a remainder above large_split,
+    // so big blocks are not chopped into slivers that only small requests could use (and small
+    // requests never come here).
+    return p == pool_id::small ? remaining >= cfg_.small_split : remaining > cfg_.large_split;
+}
+
+uint64_t block_pool::sync_budget() const noexcept {
+    return std::max(cfg_.sync_budget, reserved_ / cfg_.sync_budget_div);
+}
+
+bool block_pool::can_sync() noexcept { return !exiting_ && backend_.may_synchronize(); }
+
+// ---- node recycling -------------------------------------------------------------------------
+
+block_pool::block* block_pool::new_block() noexcept {
+    block* b = spare_blocks_;
+    if (b) {
+        spare_blocks_ = b->next;
+        --n_spare_blocks_;
+        *b = block{};
+        return b;
+    }
+    return new (std::nothrow) block{};
+}
+
+void block_pool::recycle(block* b) noexcept {
+    if (n_spare_blocks_ >= k_spare_blocks) {
+        delete b;
+        return;
+    }
+    b->next = spare_blocks_;
+    spare_blocks_ = b;
+    ++n_spare_blocks_;
+}
+
+void block_pool::addr_insert(block* b) {
+    if (!spare_addr_nodes_.empty()) {
+        addr_map::node_type nh = std::move(spare_addr_nodes_.back());
+        spare_addr_nodes_.pop_back();
+        nh.key() = b->addr;
+        nh.mapped() = b;
+        blocks_.insert(std::move(nh));
+    } else {
+        blocks_.emplace(b->addr, b);
+    }
+}
+
+void block_pool::addr_erase(block* b) noexcept {
+    addr_map::node_type nh = blocks_.extract(b->addr);
+    if (nh && spare_addr_nodes_.size() < spare_addr_nodes_.capacity()) spare_addr_nodes_.push_back(std::move(nh));
+}
+
+void block_pool::free_insert(block* b) {
+    free_set& fs = free_[pool_index(b->seg->pool)];
+    if (!spare_free_nodes_.empty()) {
+        free_set::node_type nh = std::move(spare_free_nodes_.back());
+        spare_free_nodes_.pop_back();
+        nh.value() = b;
+        fs.insert(std::move(nh));
+    } else {
+        fs.insert(b);
+    }
+}
+
+// Must run before b->size or b->addr change: the set is ordered by them.
+void block_pool::free_erase(block* b) noexcept {
+    free_set::node_type nh = free_[pool_index(b->seg->pool)].extract(b);
+    if (nh && spare_free_nodes_.size() < spare_free_nodes_.capacity()) spare_free_nodes_.push_back(std::move(nh));
+}
+
+// ---- events ---------------------------------------------------------------------------------
+
+void block_pool::emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err) noexcept {
+    if (!sink_) return;
+    event e{};
+    e.ev = ev;
+    e.dev = device_;
+    e.kind = mem_kind::device;
+    e.api = api;
+    e.flags = ef_pooled;
+    e.err = err;
+    e.b.size = requested;
+    if (b) {
+        e.pool = b->seg->pool;
+        e.b.ptr = b->addr;
+        e.b.asize = b->size;
+        e.b.seg = b->seg->base;
+    }
+    sink_->emit(e);
+}
+
+void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept {
+    if (!sink_) return;
+    event e{};
+    e.ev = ev;
+    e.dev = device_;
+    e.kind = mem_kind::device;
+    e.api = api;
+    e.pool = s->pool;
+    e.b.ptr = s->base;
+    e.b.size = s->size;
+    sink_->emit(e);
+}
+
+void block_pool::emit_simple(ev_kind ev, api_id api, int err) noexcept {
+    if (!sink_) return;
+    event e{};
+    e.ev = ev;
+    e.dev = device_;
+    e.api = api;
+    e.err = err;
+    sink_->emit(e);
+}
+
+void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
+    if (!sink_) return;
+    event e{};
+    e.ev = ev_kind::oom;
+    e.dev = device_;
+    e.kind = mem_kind::device;
+    e.api = api;
+    e.err = k_cuda_oom;
+    e.p = snapshot_locked();
+    e.p.size = size;
+    if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    sink_->emit(e);
+}
+
+// ---- allocation -----------------------------------------------------------------------------
+
+block_pool::block* block_pool::find_free(pool_id p, uint64_t asize) noexcept {
+    block key;
+    key.size = asize;
+    key.addr = 0;
+    free_set& fs = free_[pool_index(p)];
+    auto it = fs.lower_bound(&key);
+    return it == fs.end() ? nullptr : *it;
+}
+
+int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** out) {
+    if (exiting_) return k_cuda_deinitialized;
+    uint64_t base = 0;
+    const int rc = backend_.segment_alloc(seg_size, &base);
+    if (rc != k_cuda_success) return rc;
+
+    segment* s = new (std::nothrow) segment{};
+    block* b = new_block();
+    bool in_segments = false, in_blocks = false;
+    try {
+        if (!s || !b) throw std::bad_alloc();
+        s->base = base;
+        s->size = seg_size;
+        s->pool = p;
+        s->first = b;
+        b->addr = base;
+        b->size = seg_size;
+        b->seg = s;
+        b->state = block_state::free;
+        segments_.emplace(base, s);
+        in_segments = true;
+        addr_insert(b);
+        in_blocks = true;
+        free_insert(b);
+    } catch (...) {
+        // Host memory ran out while recording the segment: hand it back (if allowed) and report OOM.
+        if (in_blocks) addr_erase(b);
+        if (in_segments) segments_.erase(base);
+        if (b) recycle(b);
+        delete s;
+        if (can_sync()) backend_.segment_free(base);
+        return k_cuda_oom;
+    }
+    reserved_ += seg_size;
+    free_bytes_ += seg_size;
+    emit_segment(ev_kind::segment_alloc, api, s);
+    *out = b;
+    return k_cuda_success;
+}
+
+// The free lists missed.  Decides between releasing pending frees (one sync) and a new segment;
+// on OOM releases everything it can and retries once.
+block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* err) {
+    const uint64_t seg_size = segment_size_for(p, asize);
+    const int i = pool_index(p);
+    block* b = nullptr;
+
+    // Amortized sync: worth it once enough bytes wait (one sync releases them all), or when the
+    // alternative is a segment at least as big as the budget that the pending bytes might cover.
+    if (pending_bytes_[i] != 0 && can_sync()) {
+        const uint64_t budget = sync_budget();
+        if (pending_bytes_[i] >= budget || (seg_size >= budget && pending_bytes_[i] >= asize)) {
+            if (sync_release(api) && (b = find_free(p, asize))) return b;
+        }
+    }
+
+    int rc = new_segment(p, seg_size, api, &b);
+    if (rc == k_cuda_success) return b;
+    if (rc != k_cuda_oom) {
+        *err = rc;  // e.g. a capture that forbids cuMemAlloc: return what the driver said
+        return nullptr;
+    }
+
+    // OOM: first the pending frees of both pools, then the cached free segments, then retry.
+    if ((pending_bytes_[0] | pending_bytes_[1]) != 0 && can_sync()) {
+        if (sync_release(api) && (b = find_free(p, asize))) return b;
+    }
+    if (can_sync()) release_free_segments(api);
+    rc = new_segment(p, seg_size, api, &b);
+    if (rc == k_cuda_success) return b;
+    *err = rc;
+    return nullptr;
+}
+
+// Hands out the front of free block b, splitting off the rest when the pool's threshold allows.
+void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
+    free_erase(b);  // leaves a spare node, which the remainder's free_insert reuses
+    free_bytes_ -= b->size;
+    const uint64_t rem = b->size - asize;
+    if (rem != 0 && should_split(b->seg->pool, rem)) {
+        if (block* r = new_block()) {
+            r->addr = b->addr + asize;
+            r->size = rem;
+            r->seg = b->seg;
+            r->state = block_state::free;
+            bool ok = true;
+            try {
+                addr_insert(r);
+            } catch (...) {
+                ok = false;
+            }
+            if (ok) {
+                try {
+                    free_insert(r);
+                } catch (...) {
+                    addr_erase(r);
+                    ok = false;
+                }
+            }
+            if (ok) {
+                r->prev = b;
+                r->next = b->next;
+                if (b->next) b->next->prev = r;
+                b->next = r;
+                b->size = asize;
+                free_bytes_ += rem;
+            } else {
+                recycle(r);  // no host memory: hand out the whole block rather than fail
+            }
+        }
+    }
+    b->state = block_state::allocated;
+    b->requested = requested;
+    allocated_ += b->size;
+    requested_ += requested;
+}
+
+int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
+    if (!out) return k_cuda_invalid_value;
+    std::lock_guard<std::mutex> lk(mu_);
+    int err = k_cuda_oom;
+    if (size == 0) {
+        err = k_cuda_invalid_value;
+    } else if (size <= k_max_request && !poisoned_) {
+        try {
+            const pool_id p = pool_for(size);
+            const uint64_t asize = round_up(size, cfg_.round);
+            block* b = find_free(p, asize);
+            if (!b) b = grow(p, asize, api, &err);
+            if (b) {
+                take(b, asize, size);
+                *out = b->addr;
+                emit_block(ev_kind::alloc, api, b, size, 0);
+                check_after_op();
+                return k_cuda_success;
+            }
+        } catch (...) {
+            poisoned_ = true;  // an update may be half done: stop serving (see docs/pool.md)
+            err = k_cuda_oom;
+        }
+    }
+    if (err == k_cuda_oom) emit_oom(api, size);
+    emit_block(ev_kind::alloc_fail, api, nullptr, size, err);
+    check_after_op();
+    return err;
+}
+
+// ---- free -----------------------------------------------------------------------------------
+
+void block_pool::make_free(block* b) {
+    b->state = block_state::free;
+    b->requested = 0;
+    if (block* pr = b->prev; pr && pr->state == block_state::free) {
+        free_erase(pr);
+        free_bytes_ -= pr->size;
+        pr->size += b->size;
+        pr->next = b->next;
+        if (b->next) b->next->prev = pr;
+        addr_erase(b);
+        recycle(b);
+        b = pr;
+    }
+    if (block* nx = b->next; nx && nx->state == block_state::free) {
+        free_erase(nx);
+        free_bytes_ -= nx->size;
+        b->size += nx->size;
+        b->next = nx->next;
+        if (nx->next) nx->next->prev = b;
+        addr_erase(nx);
+        recycle(nx);
+    }
+    free_insert(b);
+    free_bytes_ += b->size;
+}
+
+bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
+    int dummy = 0;
+    if (!result) result = &dummy;
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end() || it->second->state != block_state::allocated) {
+        bool ours = it != blocks_.end();
+        if (!ours) {
+            auto s = segments_.upper_bound(ptr);
+            ours = s != segments_.begin() && ptr - std::prev(s)->second->base < std::prev(s)->second->size;
+        }
+        if (!ours) return false;
+        *result = k_cuda_invalid_value;
+        if (sink_) {
+            event e{};
+            e.ev = ev_kind::free_fail;
+            e.dev = device_;
+            e.kind = mem_kind::device;
+            e.api = api;
+            e.flags = ef_pooled;
+            e.err = k_cuda_invalid_value;
+            e.b.ptr = ptr;
+            sink_->emit(e);
+        }
+        return true;
+    }
+    block* b = it->second;
+    // Logged first, as every free is: the block's address is in no other state afterwards.
+    emit_block(ev_kind::free, api, b, b->requested, 0);
+    *result = k_cuda_success;
+    try {
+        // Pending: device work enqueued before this free may still use the block, so it waits for
+        // the next synchronize (sync_release) before anyone can get it again.  A poisoned pool
+        // leaves it pending for ever (leaked).  push_back first: it is the only step that can fail.
+        const bool pend = poisoned_ || cfg_.reuse == reuse_mode::safe;
+        if (pend) pending_.push_back(b);
+        allocated_ -= b->size;
+        requested_ -= b->requested;
+        if (pend) {
+            b->state = block_state::pending;
+            pending_bytes_[pool_index(b->seg->pool)] += b->size;
+        } else {
+            make_free(b);
+        }
+    } catch (...) {
+        poisoned_ = true;
+    }
+    check_after_op();
+    return true;
+}
+
+// One synchronize releases every pending free: work enqueued before any of them has finished.
+bool block_pool::sync_release(api_id api) {
+    ++syncs_;
+    if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
+    const size_t n = pending_.size();
+    for (block* b : pending_) {
+        pending_bytes_[pool_index(b->seg->pool)] -= b->size;
+        make_free(b);
+    }
+    pending_.clear();
+    emit_simple(ev_kind::pool_sync, api, int32_t(std::min<size_t>(n, INT32_MAX)));
+    return true;
+}
+
+void block_pool::release_free_segments(api_id api) {
+    for (auto it = segments_.begin(); it != segments_.end();) {
+        segment* s = it->second;
+        block* b = s->first;
+        if (b->state != block_state::free || b->size != s->size) {
+            ++it;
+            continue;
+        }
+        // Logged before the driver call, so a reuse of the address by anyone else is logged after.
+        // If the driver refuses, the context is broken: the segment is forgotten (leaked) anyway,
+        // which keeps the pool and its log in agreement.
+        emit_segment(ev_kind::segment_free, api, s);
+        backend_.segment_free(s->base);
+        free_erase(b);
+        free_bytes_ -= b->size;
+        addr_erase(b);
+        recycle(b);
+        reserved_ -= s->size;
+        it = segments_.erase(it);
+        delete s;
+    }
+}
+
+void block_pool::release_cached() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    try {
+        if (!can_sync()) return;
+        if (!pending_.empty() && !poisoned_) sync_release(api_id::none);
+        release_free_segments(api_id::none);
+    } catch (...) {
+        poisoned_ = true;
+    }
+    check_after_op();
+}
+
+// ---- lifecycle ------------------------------------------------------------------------------
+
+void block_pool::forget_all() noexcept {
+    for (auto& [base, s] : segments_) {
+        for (block* b = s->first; b;) {
+            block* n = b->next;
+            delete b;
+            b = n;
+        }
+        delete s;
+    }
+    segments_.clear();
+    blocks_.clear();
+    free_[0].clear();
+    free_[1].clear();
+    pending_.clear();
+    reserved_ = allocated_ = requested_ = free_bytes_ = 0;
+    pending_bytes_[0] = pending_bytes_[1] = 0;
+    poisoned_ = false;
+}
+
+void block_pool::drop_all() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    forget_all();
+    emit_simple(ev_kind::context_reset, api_id::none, 0);
+    check_after_op();
+}
+
+void block_pool::release_all_at_exit() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    exiting_ = true;
+}
+
+// ---- queries --------------------------------------------------------------------------------
+
+bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.upper_bound(addr);
+    if (it == blocks_.begin()) return false;
+    const block* b = std::prev(it)->second;
+    if (addr - b->addr >= b->size) return false;  // blocks tile segments: past it is a gap
+    if (out) {
+        out->block = b->addr;
+        out->block_size = b->size;
+        out->requested = b->state == block_state::allocated ? b->requested : 0;
+        out->segment = b->seg->base;
+        out->segment_size = b->seg->size;
+        out->allocated = b->state == block_state::allocated;
+    }
+    return true;
+}
+
+pool_state block_pool::snapshot_locked() const noexcept {
+    pool_state p{};
+    p.reserved = reserved_;
+    p.allocated = allocated_;
+    p.requested = requested_;
+    for (const free_set& fs : free_) {
+        if (!fs.empty()) p.largest_free = std::max(p.largest_free, (*fs.rbegin())->size);
+        p.free_blocks += fs.size();
+    }
+    p.segments = segments_.size();
+    return p;
+}
+
+pool_state block_pool::snapshot() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return snapshot_locked();
+}
+
+uint64_t block_pool::pending_bytes() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pending_bytes_[0] + pending_bytes_[1];
+}
+
+uint64_t block_pool::sync_count() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return syncs_;
+}
+
+void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
+    if (cfg_.stats_ms == 0 || !sink_) return;
+    uint64_t due = next_stats_ns_.load(std::memory_order_relaxed);
+    if (now_ns < due) return;
+    // One caller per interval wins; the others return at once.
+    if (!next_stats_ns_.compare_exchange_strong(due, now_ns + cfg_.stats_ms * 1000000ull, std::memory_order_relaxed))
+        return;
+    std::lock_guard<std::mutex> lk(mu_);
+    event e{};
+    e.ev = ev_kind::stats;
+    e.dev = device_;
+    e.p = snapshot_locked();
+    if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    sink_->emit(e);
+}
+
+// ---- invariants -----------------------------------------------------------------------------
+
+bool block_pool::validate(std::string* why) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return validate_locked(why);
+}
+
+bool block_pool::validate_locked(std::string* why) const {
+    auto fail = [&](const char* what, uint64_t addr) {
+        if (why) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "%s (at 0x%llx)", what, (unsigned long long)addr);
+            *why = buf;
+        }
+        return false;
+    };
+    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0};
+    size_t n_free[2] = {0, 0}, n_blocks = 0, n_pending = 0;
+    uint64_t prev_end = 0;
+    for (const auto& [base, s] : segments_) {
+        if (!s || s->base != base) return fail("segment keyed by wrong base", base);
+        if (s->base < prev_end) return fail("segments overlap", base);
+        if (s->pool != pool_id::small && s->pool != pool_id::large) return fail("segment without pool", base);
+        if (s->size == 0 || s->size % cfg_.round) return fail("segment size not a multiple of round", base);
+        prev_end = s->base + s->size;
+        reserved += s->size;
+        const int i = pool_index(s->pool);
+        uint64_t at = s->base;
+        const block* prev = nullptr;
+        for (const block* b = s->first; b; prev = b, b = b->next) {
+            if (++n_blocks > blocks_.size()) return fail("block list longer than the address map", at);
+            if (b->prev != prev) return fail("broken prev link", b->addr);
+            if (b->seg != s) return fail("block in wrong segment", b->addr);
+            if (b->addr != at) return fail("gap or overlap between blocks", at);
+            if (b->size == 0 || b->size % cfg_.round) return fail("block size not a multiple of round", b->addr);
+            if (b->size > s->base + s->size - b->addr) return fail("block runs past its segment", b->addr);
+            auto it = blocks_.find(b->addr);
+            if (it == blocks_.end() || it->second != b) return fail("block missing from address map", b->addr);
+            switch (b->state) {
+                case block_state::free:
+                    if (prev && prev->state == block_state::free) return fail("adjacent free blocks not merged", b->addr);
+                    if (!free_[i].count(const_cast<block*>(b))) return fail("free block not in its free set", b->addr);
+                    free_b += b->size;
+                    ++n_free[i];
+                    break;
+                case block_state::allocated:
+                    if (b->requested == 0 || b->requested > b->size) return fail("requested size out of range", b->addr);
+                    allocated += b->size;
+                    requested += b->requested;
+                    break;
+                case block_state::pending:
+                    pend[i] += b->size;
+                    ++n_pending;
+                    break;
+            }
+            at += b->size;
+        }
+        if (at != s->base + s->size) return fail("blocks do not tile the segment", s->base);
+    }
+    if (n_blocks != blocks_.size()) return fail("address map holds blocks of no segment", 0);
+    for (int i = 0; i < 2; ++i) {
+        if (free_[i].size() != n_free[i]) return fail("free set size differs from free block count", 0);
+        for (const block* b : free_[i])
+            if (b->state != block_state::free || pool_index(b->seg->pool) != i) return fail("free set holds a wrong block", b->addr);
+    }
+    if (pending_.size() != n_pending) return fail("pending list size differs from pending block count", 0);
+    if (!poisoned_ && cfg_.reuse == reuse_mode::immediate && n_pending) return fail("pending block in immediate mode", 0);
+    std::unordered_set<const block*> seen;
+    for (const block* b : pending_)
+        if (b->state != block_state::pending || !seen.insert(b).second) return fail("pending list holds a wrong block", b->addr);
+    if (reserved != reserved_) return fail("reserved counter wrong", reserved_);
+    if (allocated != allocated_) return fail("allocated counter wrong", allocated_);
+    if (requested != requested_) return fail("requested counter wrong", requested_);
+    if (free_b != free_bytes_) return fail("free counter wrong", free_bytes_);
+    if (pend[0] != pending_bytes_[0] || pend[1] != pending_bytes_[1]) return fail("pending counter wrong", 0);
+    if (reserved != allocated + free_b + pend[0] + pend[1]) return fail("bytes do not add up", 0);
+    return true;
+}
+
+void block_pool::check_after_op() const {
+#ifdef GPUMEM_POOL_VALIDATE
+    std::string why;
+    if (!validate_locked(&why)) {
+        std::fprintf(stderr, "gpumem: pool invariant broken on device %d: %s\n", int(device_), why.c_str());
+        std::abort();
+    }
+#endif
+}
+
+}  // namespace gpumem

@@ -1,0 +1,160 @@
+// The caching block allocator for one device+context: best-fit, split, coalesce, safe reuse.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/event_schema.h"
+#include "core/pool/event_sink.h"
+#include "core/pool/pool_backend.h"
+#include "core/pool/pool_config.h"
+
+namespace gpumem {
+
+// A block_pool serves device allocations from segments it takes from a pool_backend, and logs
+// every state change to an event_sink.  docs/pool.md is its design and guarantee.  All public
+// functions are thread-safe (one mutex) and, except validate(), noexcept.
+class block_pool {
+ public:
+    block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device) noexcept;
+    ~block_pool();  // frees host bookkeeping only: never calls the backend
+    block_pool(const block_pool&) = delete;
+    block_pool& operator=(const block_pool&) = delete;
+
+    // cuMemAlloc semantics.  Returns a CUresult; on success *out is the block address (aligned to
+    // cfg.round).  Emits segment_alloc/segment_free/pool_sync as it works, then alloc, or oom (on
+    // OOM) and alloc_fail (on any error).  size 0 -> k_cuda_invalid_value, like the driver.
+    int allocate(uint64_t size, api_id api, uint64_t* out) noexcept;
+
+    // cuMemFree semantics.  Returns false, with nothing done or logged, when ptr lies outside every
+    // segment of this pool: the caller passes the call to the driver.  Otherwise returns true with
+    // *result = 0 for a live block start (emits free), or k_cuda_invalid_value (emits free_fail)
+    // for any other address inside a segment (double free, interior pointer): passing such a
+    // pointer to the driver could free a whole segment.  ptr == 0 is the caller's job.
+    bool deallocate(uint64_t ptr, api_id api, int* result) noexcept;
+
+    struct block_info {
+        uint64_t block, block_size, requested, segment, segment_size;
+        bool allocated;  // false: a free or pending block (the program holds no allocation there)
+    };
+    // Finds the block holding addr (any address inside it).  Lets the hook answer
+    // cuMemGetAddressRange / cuPointerGetAttribute(RANGE_START/RANGE_SIZE) with the block's own
+    // range instead of the segment's, and step aside (e.g. cuIpcGetMemHandle) for pooled blocks.
+    bool lookup(uint64_t addr, block_info* out) const noexcept;
+
+    // The schema's pool_state; size, gpu_free and gpu_total are left 0.
+    pool_state snapshot() const noexcept;
+    // Bytes freed by the program but not yet reusable (safe mode).
+    uint64_t pending_bytes() const noexcept;
+    // Number of backend synchronize() calls made.
+    uint64_t sync_count() const noexcept;
+
+    // Returns every fully free segment to the driver, after releasing pending frees with one sync.
+    // Does nothing during a stream capture.  Segment events carry api "none".
+    void release_cached() noexcept;
+    // The context was destroyed or reset: its memory is gone with it.  Forgets every segment and
+    // block WITHOUT calling the backend, and emits context_reset.  The pool is usable afterwards.
+    void drop_all() noexcept;
+    // Process exit: the driver may already be unloaded, and the OS reclaims device memory anyway,
+    // so the pool leaks its segments and from now on never calls the backend again.  Late frees
+    // (static destructors) still find their blocks; an allocation that the cache cannot serve
+    // returns k_cuda_deinitialized.
+    void release_all_at_exit() noexcept;
+
+    // Emits a stats event (with backend mem_info) if cfg.stats_ms has elapsed since the last one;
+    // the first call emits.  Cheap (one atomic load) when it is not due.
+    void maybe_emit_stats(uint64_t now_ns) noexcept;
+
+    // Invariant checker (docs/pool.md lists the invariants).  With GPUMEM_POOL_VALIDATE defined it
+    // also runs after every operation and aborts on failure.
+    bool validate(std::string* why) const;
+
+    const pool_config& config() const noexcept { return cfg_; }
+
+ private:
+    enum class block_state : uint8_t { free, allocated, pending };
+    struct segment;
+    struct block {
+        uint64_t addr = 0, size = 0, requested = 0;
+        segment* seg = nullptr;
+        block* prev = nullptr;  // neighbours within the segment, by address
+        block* next = nullptr;
+        block_state state = block_state::free;
+    };
+    struct segment {
+        uint64_t base = 0, size = 0;
+        pool_id pool = pool_id::none;
+        block* first = nullptr;
+    };
+    struct by_size_addr {  // best fit: smallest size, then lowest address
+        bool operator()(const block* a, const block* b) const noexcept {
+            return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+        }
+    };
+    using free_set = std::set<block*, by_size_addr>;
+    using addr_map = std::map<uint64_t, block*>;
+
+    static int pool_index(pool_id p) noexcept { return p == pool_id::small ? 0 : 1; }
+    pool_id pool_for(uint64_t size) const noexcept;
+    uint64_t segment_size_for(pool_id p, uint64_t asize) const noexcept;
+    bool should_split(pool_id p, uint64_t remaining) const noexcept;
+    uint64_t sync_budget() const noexcept;
+    bool can_sync() noexcept;
+
+    block* find_free(pool_id p, uint64_t asize) noexcept;
+    block* grow(pool_id p, uint64_t asize, api_id api, int* err);
+    int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out);
+    void take(block* b, uint64_t asize, uint64_t requested);
+    void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
+    bool sync_release(api_id api);
+    void release_free_segments(api_id api);
+    void forget_all() noexcept;
+    pool_state snapshot_locked() const noexcept;
+    bool validate_locked(std::string* why) const;
+    void check_after_op() const;
+
+    // Node recycling: the hot path re-keys std::set/std::map nodes instead of allocating, and
+    // reuses block objects, so steady-state alloc/free pairs do not touch malloc.
+    block* new_block() noexcept;
+    void recycle(block* b) noexcept;
+    void addr_insert(block* b);
+    void addr_erase(block* b) noexcept;
+    void free_insert(block* b);
+    void free_erase(block* b) noexcept;
+
+    void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err) noexcept;
+    void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
+    void emit_simple(ev_kind ev, api_id api, int err) noexcept;
+    void emit_oom(api_id api, uint64_t size) noexcept;
+
+    const pool_config cfg_;
+    pool_backend& backend_;
+    event_sink* const sink_;
+    const int16_t device_;
+
+    mutable std::mutex mu_;
+    std::map<uint64_t, segment*> segments_;  // by base
+    addr_map blocks_;                        // every block of every segment, by address
+    free_set free_[2];                       // reusable free blocks: [0] small pool, [1] large pool
+    std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
+
+    uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
+    uint64_t pending_bytes_[2] = {0, 0};
+    uint64_t syncs_ = 0;
+    bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
+    bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
+
+    std::vector<addr_map::node_type> spare_addr_nodes_;
+    std::vector<free_set::node_type> spare_free_nodes_;
+    block* spare_blocks_ = nullptr;  // singly linked through block::next
+    size_t n_spare_blocks_ = 0;
+
+    std::atomic<uint64_t> next_stats_ns_{0};
+};
+
+}  // namespace gpumem

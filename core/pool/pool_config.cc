@@ -1,0 +1,149 @@
+// Reads the pool's GPUMEM_* knobs from the environment and describes them for the log header.
+#include "core/pool/pool_config.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace gpumem {
+namespace {
+
+bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// "64M", "2MiB", "512", "1g" -> bytes (binary multiples).  False on anything else, overflow included.
+bool parse_size(const char* s, uint64_t* out) {
+    if (!s || !*s) return false;
+    uint64_t v = 0;
+    const char* p = s;
+    if (*p < '0' || *p > '9') return false;
+    for (; *p >= '0' && *p <= '9'; ++p) {
+        const uint64_t d = uint64_t(*p - '0');
+        if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
+        v = v * 10 + d;
+    }
+    unsigned shift = 0;
+    switch (*p) {
+        case '\0': break;
+        case 'k': case 'K': shift = 10; ++p; break;
+        case 'm': case 'M': shift = 20; ++p; break;
+        case 'g': case 'G': shift = 30; ++p; break;
+        default: return false;
+    }
+    if (shift) {
+        if (*p == 'i' || *p == 'I') ++p;
+        if (*p == 'b' || *p == 'B') ++p;
+        if (*p != '\0') return false;
+        if (v > (std::numeric_limits<uint64_t>::max() >> shift)) return false;
+        v <<= shift;
+    }
+    *out = v;
+    return true;
+}
+
+struct size_knob {
+    const char* env;
+    uint64_t pool_config::*field;
+    uint64_t min;  // smallest accepted value
+    bool pow2;     // must be a power of two (alignment-like knobs)
+};
+
+// The table is the single list of numeric knobs: parsing and the header description both use it,
+// so a knob cannot be readable but unlogged.
+constexpr size_knob k_size_knobs[] = {
+    {"GPUMEM_POOL_ROUND", &pool_config::round, 256, true},  // 256: cuMemAlloc's alignment promise
+    {"GPUMEM_POOL_SMALL_SIZE", &pool_config::small_size, 1, false},
+    {"GPUMEM_POOL_SMALL_SEGMENT", &pool_config::small_segment, 1, false},
+    {"GPUMEM_POOL_SMALL_SPLIT", &pool_config::small_split, 1, false},
+    {"GPUMEM_POOL_LARGE_SEGMENT", &pool_config::large_segment, 1, false},
+    {"GPUMEM_POOL_MIN_LARGE_ALLOC", &pool_config::min_large_alloc, 1, false},
+    {"GPUMEM_POOL_LARGE_ROUND", &pool_config::large_round, 1, true},
+    {"GPUMEM_POOL_LARGE_SPLIT", &pool_config::large_split, 0, false},
+    {"GPUMEM_SYNC_BUDGET", &pool_config::sync_budget, 0, false},
+    {"GPUMEM_SYNC_BUDGET_DIV", &pool_config::sync_budget_div, 1, false},
+    {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false},
+};
+
+// Header key of an env var: drop "GPUMEM_", lower-case.
+void append_key(std::string& out, const char* env) {
+    out += '"';
+    for (const char* p = env + 7; *p; ++p) out += char(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+    out += "\":";
+}
+
+}  // namespace
+
+std::string pool_config::check() const {
+    // Sizes must be multiples of `round` so every block start stays aligned, the small pool's
+    // largest request must fit one small segment, and a request below min_large_alloc must fit one
+    // shared large segment.  Hard limit 2^48: no GPU has more, and it keeps size arithmetic far
+    // from overflow.
+    constexpr uint64_t k_max = 1ull << 48;
+    if (!is_pow2(round) || round < 256) return "round must be a power of two >= 256";
+    for (uint64_t v : {small_size, small_segment, large_segment, min_large_alloc, large_round,
+                       small_split, large_split, sync_budget})
+        if (v > k_max) return "sizes must be <= 2^48";
+    if (small_segment % round || large_segment % round) return "segment sizes must be multiples of round";
+    if (large_round % round) return "large_round must be a multiple of round";
+    if (small_size > small_segment) return "small_size must be <= small_segment";
+    if (small_size >= min_large_alloc) return "small_size must be < min_large_alloc";
+    if (large_segment < min_large_alloc) return "large_segment must be >= min_large_alloc";
+    if (small_split == 0) return "small_split must be >= 1";
+    if (sync_budget_div == 0) return "sync_budget_div must be >= 1";
+    return {};
+}
+
+pool_config pool_config::from_env(env_lookup get) noexcept {
+    pool_config c;
+    if (!get) get = [](const char* n) -> const char* { return std::getenv(n); };
+    try {
+        if (const char* v = get("GPUMEM_REUSE"); v && *v) {
+            if (!std::strcmp(v, "safe")) c.reuse = reuse_mode::safe;
+            else if (!std::strcmp(v, "immediate")) c.reuse = reuse_mode::immediate;
+            else c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected safe or immediate; using safe\n";
+        }
+        for (const size_knob& k : k_size_knobs) {
+            const char* v = get(k.env);
+            if (!v || !*v) continue;
+            uint64_t x = 0;
+            if (!parse_size(v, &x) || x < k.min || (k.pow2 && !is_pow2(x))) {
+                c.warnings += std::string(k.env) + "=" + v + ": not a valid value; using " +
+                              std::to_string(c.*k.field) + "\n";
+                continue;
+            }
+            c.*k.field = x;
+        }
+        if (std::string why = c.check(); !why.empty()) {
+            // A partial mix of user and default sizes could still be inconsistent: start over with
+            // every size at its default but keep the non-size choices.
+            pool_config d;
+            d.reuse = c.reuse;
+            d.stats_ms = c.stats_ms;
+            d.sync_budget = c.sync_budget;
+            d.sync_budget_div = c.sync_budget_div;
+            d.warnings = c.warnings + "pool sizes inconsistent (" + why + "); using the default sizes\n";
+            if (!d.check().empty()) d = pool_config{};  // budget out of range too: all defaults
+            return d;
+        }
+    } catch (...) {
+        // Only std::bad_alloc can get here; the defaults are always usable.
+        return pool_config{};
+    }
+    return c;
+}
+
+void pool_config::append_config_json(std::string& out) const noexcept {
+    try {
+        std::string s;
+        s += "\"reuse\":";
+        s += reuse == reuse_mode::immediate ? "\"immediate\"," : "\"safe\",";
+        for (const size_knob& k : k_size_knobs) {
+            append_key(s, k.env);
+            s += std::to_string(this->*k.field);
+            s += ',';
+        }
+        out += s;  // strong guarantee: on failure `out` is unchanged
+    } catch (...) {
+    }
+}
+
+}  // namespace gpumem

@@ -1,0 +1,48 @@
+// The caching pool's thresholds and policies, read once from GPUMEM_* environment variables.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace gpumem {
+
+// When a freed block may be handed out again.  docs/pool.md states the guarantee of each mode.
+enum class reuse_mode : uint8_t {
+    safe,       // after one synchronize() that follows its free (default)
+    immediate,  // at once: only correct for programs whose device work is on one stream
+};
+
+struct pool_config {
+    // Every field has its env var and its key in the log header's "config" object: the key is
+    // the env var name without "GPUMEM_", lower-cased.  Sizes are bytes.
+    reuse_mode reuse = reuse_mode::safe;         // GPUMEM_REUSE = safe | immediate
+    uint64_t round = 512;                        // GPUMEM_POOL_ROUND: block granularity and alignment
+    uint64_t small_size = 1ull << 20;            // GPUMEM_POOL_SMALL_SIZE: requests <= this use the small pool
+    uint64_t small_segment = 2ull << 20;         // GPUMEM_POOL_SMALL_SEGMENT: small pool segment size
+    uint64_t small_split = 512;                  // GPUMEM_POOL_SMALL_SPLIT: split a small block if remainder >= this
+    uint64_t large_segment = 20ull << 20;        // GPUMEM_POOL_LARGE_SEGMENT: shared large segment size
+    uint64_t min_large_alloc = 10ull << 20;      // GPUMEM_POOL_MIN_LARGE_ALLOC: requests >= this get their own segment
+    uint64_t large_round = 2ull << 20;           // GPUMEM_POOL_LARGE_ROUND: own segments are rounded up to this
+    uint64_t large_split = 1ull << 20;           // GPUMEM_POOL_LARGE_SPLIT: split a large block if remainder > this
+    uint64_t sync_budget = 32ull << 20;          // GPUMEM_SYNC_BUDGET: pending bytes that justify a sync (floor)
+    uint64_t sync_budget_div = 16;               // GPUMEM_SYNC_BUDGET_DIV: budget = max(sync_budget, reserved / div)
+    uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
+
+    // Problems met while reading the environment ("GPUMEM_POOL_ROUND=3: not a power of two >= 256;
+    // using 512"), empty when none.  The caller may print or log them; from_env never does.
+    std::string warnings;
+
+    using env_lookup = const char* (*)(const char* name);
+    // Reads every knob through `get` (getenv by default, a table in tests).  Never throws: a bad
+    // value keeps the default and adds a warning; an inconsistent set of sizes resets all sizes.
+    static pool_config from_env(env_lookup get = nullptr) noexcept;
+
+    // Checks the relations between sizes the allocator relies on.  Empty string when consistent.
+    std::string check() const;
+
+    // Appends "key":value, pairs (each followed by a comma) for the header's "config" object.
+    // On host allocation failure `out` is left unchanged.
+    void append_config_json(std::string& out) const noexcept;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,75 @@
+// Benchmark: median ns of one alloc+free pair served from the pool's cache, event included.
+//
+// Usage: pool_benchmark [safe|immediate|both]   (default both)
+// Each size is warmed up first (segments taken, steady state reached), then timed in batches of
+// 256 pairs; the median batch average is printed.  In safe mode the steady state includes the
+// amortized synchronize (free on the fake device) and the occasional new segment.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/pool/block_pool.h"
+#include "core/pool/fake_backend.h"
+
+using namespace gpumem;
+
+namespace {
+
+// Stands in for the event log: touches the event as the real one would copy it.
+struct counting_sink final : event_sink {
+    std::atomic<uint64_t> n{0};
+    uint64_t sum = 0;
+    void emit(event& e) noexcept override {
+        e.seq = n.fetch_add(1, std::memory_order_relaxed);
+        sum += e.b.ptr ^ e.b.size;
+    }
+};
+
+double median_pair_ns(reuse_mode mode, uint64_t size) {
+    fake_backend dev;
+    counting_sink sink;
+    pool_config cfg;
+    cfg.reuse = mode;
+    block_pool pool(cfg, dev, &sink, 0);
+    // A few long-lived neighbours, so the pair is not alone in its segment.
+    uint64_t keep[4];
+    for (auto& k : keep) pool.allocate(size, api_id::cuMemAlloc_v2, &k);
+    auto pair = [&] {
+        uint64_t p = 0;
+        int rc = 0;
+        pool.allocate(size, api_id::cuMemAlloc_v2, &p);
+        pool.deallocate(p, api_id::cuMemFree_v2, &rc);
+    };
+    for (int i = 0; i < 20000; ++i) pair();  // warm-up: reach the steady state
+    constexpr int k_batch = 256, k_batches = 400;
+    std::vector<double> per_pair;
+    per_pair.reserve(k_batches);
+    for (int b = 0; b < k_batches; ++b) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < k_batch; ++i) pair();
+        const auto t1 = std::chrono::steady_clock::now();
+        per_pair.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / k_batch);
+    }
+    std::nth_element(per_pair.begin(), per_pair.begin() + k_batches / 2, per_pair.end());
+    std::printf("  %-9s %10llu B  %7.1f ns/pair   (syncs %llu, segments taken %llu, events %llu)\n",
+                mode == reuse_mode::safe ? "safe" : "immediate", (unsigned long long)size, per_pair[k_batches / 2],
+                (unsigned long long)dev.sync_calls(), (unsigned long long)dev.alloc_calls(),
+                (unsigned long long)sink.n.load());
+    return per_pair[k_batches / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* which = argc > 1 ? argv[1] : "both";
+    const uint64_t sizes[] = {512, 4096, 64 << 10, 1 << 20, 2 << 20, 8 << 20, 20 << 20};
+    std::printf("pool hit: median ns per alloc+free pair (fake device, counting sink)\n");
+    for (reuse_mode m : {reuse_mode::safe, reuse_mode::immediate}) {
+        if (std::strcmp(which, "both") && std::strcmp(which, m == reuse_mode::safe ? "safe" : "immediate")) continue;
+        for (uint64_t s : sizes) median_pair_ns(m, s);
+    }
+    return 0;
+}

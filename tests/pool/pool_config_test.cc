@@ -1,0 +1,97 @@
+// Tests of pool_config: defaults, GPUMEM_* parsing, rejection of bad values, header description.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "core/pool/pool_config.h"
+
+using namespace gpumem;
+
+namespace {
+std::map<std::string, std::string> g_env;
+const char* fake_getenv(const char* n) {
+    auto it = g_env.find(n);
+    return it == g_env.end() ? nullptr : it->second.c_str();
+}
+pool_config with(std::map<std::string, std::string> env) {
+    g_env = std::move(env);
+    return pool_config::from_env(fake_getenv);
+}
+}  // namespace
+
+TEST_CASE("config defaults are the documented ones", "[pool][config]") {
+    const pool_config c = with({});
+    CHECK(c.reuse == reuse_mode::safe);
+    CHECK(c.round == 512);
+    CHECK(c.small_size == 1u << 20);
+    CHECK(c.small_segment == 2u << 20);
+    CHECK(c.small_split == 512);
+    CHECK(c.large_segment == 20u << 20);
+    CHECK(c.min_large_alloc == 10u << 20);
+    CHECK(c.large_round == 2u << 20);
+    CHECK(c.large_split == 1u << 20);
+    CHECK(c.sync_budget == 32u << 20);
+    CHECK(c.sync_budget_div == 16);
+    CHECK(c.stats_ms == 1000);
+    CHECK(c.warnings.empty());
+    CHECK(c.check().empty());
+}
+
+TEST_CASE("config reads values with binary suffixes", "[pool][config]") {
+    const pool_config c = with({{"GPUMEM_REUSE", "immediate"},
+                                {"GPUMEM_POOL_LARGE_SEGMENT", "64M"},
+                                {"GPUMEM_POOL_SMALL_SEGMENT", "4MiB"},
+                                {"GPUMEM_POOL_ROUND", "1k"},
+                                {"GPUMEM_SYNC_BUDGET", "1G"},
+                                {"GPUMEM_STATS_MS", "0"}});
+    CHECK(c.warnings.empty());
+    CHECK(c.reuse == reuse_mode::immediate);
+    CHECK(c.large_segment == 64u << 20);
+    CHECK(c.small_segment == 4u << 20);
+    CHECK(c.round == 1024);
+    CHECK(c.sync_budget == 1u << 30);
+    CHECK(c.stats_ms == 0);
+}
+
+TEST_CASE("config keeps defaults for malformed values and says why", "[pool][config]") {
+    const pool_config c = with({{"GPUMEM_REUSE", "fast"},
+                                {"GPUMEM_POOL_ROUND", "300"},           // not a power of two
+                                {"GPUMEM_POOL_LARGE_SEGMENT", "12Q"},   // bad suffix
+                                {"GPUMEM_SYNC_BUDGET", "-5"},
+                                {"GPUMEM_STATS_MS", "99999999999999999999999"}});  // overflow
+    CHECK(c.reuse == reuse_mode::safe);
+    CHECK(c.round == 512);
+    CHECK(c.large_segment == 20u << 20);
+    CHECK(c.sync_budget == 32u << 20);
+    CHECK(c.stats_ms == 1000);
+    CHECK(c.warnings.find("GPUMEM_REUSE=fast") != std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_POOL_ROUND=300") != std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_POOL_LARGE_SEGMENT=12Q") != std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_SYNC_BUDGET=-5") != std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_STATS_MS=") != std::string::npos);
+}
+
+TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
+    // A small pool whose largest request cannot fit a small segment.
+    const pool_config c = with({{"GPUMEM_POOL_SMALL_SIZE", "4M"}, {"GPUMEM_STATS_MS", "250"}});
+    CHECK(c.small_size == 1u << 20);
+    CHECK(c.stats_ms == 250);  // not a size: kept
+    CHECK(c.warnings.find("inconsistent") != std::string::npos);
+    CHECK(c.check().empty());
+}
+
+TEST_CASE("config describes itself for the log header", "[pool][config]") {
+    pool_config c = with({{"GPUMEM_REUSE", "immediate"}});
+    std::string s = "{";
+    c.append_config_json(s);
+    CHECK(s.find("\"reuse\":\"immediate\",") != std::string::npos);
+    CHECK(s.find("\"pool_round\":512,") != std::string::npos);
+    CHECK(s.find("\"pool_large_segment\":20971520,") != std::string::npos);
+    CHECK(s.find("\"sync_budget\":33554432,") != std::string::npos);
+    CHECK(s.find("\"stats_ms\":1000,") != std::string::npos);
+    CHECK(s.back() == ',');
+    // 1 string knob + 11 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 12);
+}

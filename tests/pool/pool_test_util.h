@@ -1,0 +1,46 @@
+// Shared helpers of the pool tests: a recording event sink and config shortcuts.
+#pragma once
+
+#include <mutex>
+#include <vector>
+
+#include "core/pool/block_pool.h"
+#include "core/pool/event_sink.h"
+#include "core/pool/fake_backend.h"
+#include "core/pool/pool_config.h"
+
+namespace gpumem::test {
+
+// Keeps every event (seq filled in arrival order, as the event log would).
+struct recording_sink final : event_sink {
+    std::mutex mu;
+    std::vector<event> events;
+    void emit(event& e) noexcept override {
+        std::lock_guard<std::mutex> lk(mu);
+        e.seq = events.size();
+        events.push_back(e);
+    }
+    size_t count(ev_kind k) {
+        std::lock_guard<std::mutex> lk(mu);
+        size_t n = 0;
+        for (const event& e : events) n += e.ev == k;
+        return n;
+    }
+    std::vector<event> of(ev_kind k) {
+        std::lock_guard<std::mutex> lk(mu);
+        std::vector<event> r;
+        for (const event& e : events)
+            if (e.ev == k) r.push_back(e);
+        return r;
+    }
+};
+
+inline pool_config immediate_config() {
+    pool_config c;
+    c.reuse = reuse_mode::immediate;
+    return c;
+}
+
+inline constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
+
+}  // namespace gpumem::test
