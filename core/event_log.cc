@@ -51,8 +51,8 @@ int current_tid() noexcept {
 }
 
 event_log::event_log(const options& o) noexcept : opt_(o) {
-    t0_ = monotonic_ns();
     alloc_ring();
+    t0_ = monotonic_ns();
 }
 
 event_log::~event_log() {
@@ -76,7 +76,8 @@ void event_log::alloc_ring() noexcept {
         return;
     }
     mask_ = cap - 1;
-    for (uint64_t i = 0; i < cap; ++i) ring_[i].state.store(i, std::memory_order_relaxed);
+    // Slot states are stored relative to the slot index (see slot::state), so the zeroed pages of a
+    // fresh mapping already mean "free for the first lap" and are not touched until used.
 }
 
 uint64_t event_log::now_ns() const noexcept { return monotonic_ns() - t0_; }
@@ -187,7 +188,7 @@ event* event_log::claim() noexcept {
     uint64_t waited_since = 0;
     for (;;) {
         slot& s = ring_[pos & mask_];
-        uint64_t st = s.state.load(std::memory_order_acquire);
+        uint64_t st = s.state.load(std::memory_order_acquire) + (pos & mask_);
         int64_t diff = int64_t(st) - int64_t(pos);
         if (diff == 0) {
             if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
@@ -220,7 +221,7 @@ event* event_log::claim() noexcept {
 
 void event_log::publish(event* e) noexcept {
     slot* s = reinterpret_cast<slot*>(reinterpret_cast<char*>(e) - offsetof(slot, e));
-    s->state.store(e->seq + 1, std::memory_order_release);
+    s->state.store(e->seq + 1 - (e->seq & mask_), std::memory_order_release);
     if (finished_.load(std::memory_order_acquire)) {
         // A late event after the end line (a free from a static destructor that ran after ours):
         // write it now rather than lose it.
@@ -305,7 +306,7 @@ void event_log::drain_locked(bool skip_gaps) noexcept {
     }
     for (;; ++t) {
         slot& s = ring_[t & mask_];
-        uint64_t st = s.state.load(std::memory_order_acquire);
+        uint64_t st = s.state.load(std::memory_order_acquire) + (t & mask_);
         if (st != t + 1) {
             if (!skip_gaps || t >= head) break;
             // Claimed but never published (its thread is stuck or gone): count it, move on.
@@ -315,7 +316,7 @@ void event_log::drain_locked(bool skip_gaps) noexcept {
         }
         account(s.e);
         buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
-        s.state.store(t + cap, std::memory_order_release);
+        s.state.store(t + cap - (t & mask_), std::memory_order_release);
         if (k_buf_size - buf_len_ < 2 * k_max_event_line) {
             write_all(buf_, buf_len_);
             buf_len_ = 0;

@@ -67,7 +67,9 @@ class event_log {
 
   private:
     struct slot {
-        std::atomic<uint64_t> state;  // == pos: free for position pos; == pos+1: published
+        // Logical state, stored minus the slot's index so that zero means "free for lap 0":
+        // == pos: free for position pos; == pos+1: published.
+        std::atomic<uint64_t> state;
         event e;
     };
     static void* writer_main(void* self) noexcept;

@@ -1,0 +1,336 @@
+// Workload programs for the emulated device: each way into libgpumem.so, the stress, crash and fork cases, and the benchmark.
+//
+// One source, three programs: EMU_APP_DRIVER links the driver (libcuda.so.1) directly; EMU_APP_RUNTIME
+// links the emulated runtime, shared or static.  The first argument picks a scenario; each prints
+// what it did as `key=value` lines that the integration tests compare with the log.
+#include <cuda.h>
+#undef cuGetProcAddress
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#ifdef EMU_APP_RUNTIME
+extern "C" {
+int cudaMalloc(void**, size_t);
+int cudaFree(void*);
+int cudaMallocPitch(void**, size_t*, size_t, size_t);
+int cudaMallocManaged(void**, size_t, unsigned);
+int cudaMallocAsync(void**, size_t, void*);
+int cudaFreeAsync(void*, void*);
+int cudaGetDriverEntryPointByVersion(const char*, void**, unsigned, unsigned long long, int*);
+int cudaDeviceSynchronize();
+}
+#endif
+
+namespace {
+
+int fail(const char* what, int code) {
+    fprintf(stderr, "emu_app: %s failed with %d\n", what, code);
+    exit(3);
+}
+#define CHECK(call)                                   \
+    do {                                              \
+        int rc_ = int(call);                          \
+        if (rc_ != 0) fail(#call, rc_);               \
+    } while (0)
+
+// Driver entry points, either bound directly (way a) or looked up with dlsym (way b).
+struct driver_api {
+    CUresult (*init)(unsigned);
+    CUresult (*retain)(CUcontext*, CUdevice);
+    CUresult (*set_current)(CUcontext);
+    CUresult (*alloc)(CUdeviceptr*, size_t);
+    CUresult (*free)(CUdeviceptr);
+    CUresult (*alloc_pitch)(CUdeviceptr*, size_t*, size_t, size_t, unsigned);
+    CUresult (*alloc_managed)(CUdeviceptr*, size_t, unsigned);
+    CUresult (*alloc_async)(CUdeviceptr*, size_t, CUstream);
+    CUresult (*free_async)(CUdeviceptr, CUstream);
+    CUresult (*host_alloc)(void**, size_t, unsigned);
+    CUresult (*alloc_host)(void**, size_t);
+    CUresult (*free_host)(void*);
+    CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+    CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*address_free)(CUdeviceptr, size_t);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+};
+
+#ifdef EMU_APP_DRIVER
+driver_api direct_api() {
+    return driver_api{cuInit, cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2,
+                      cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemHostAlloc, cuMemAllocHost_v2, cuMemFreeHost,
+                      cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap};
+}
+#endif
+
+template <class F>
+void sym(void* h, const char* name, F* out) {
+    *out = reinterpret_cast<F>(dlsym(h, name));
+    if (!*out) fail(name, -1);
+}
+
+// As JAX does: dlopen the driver and dlsym every function by name.
+[[maybe_unused]] driver_api dlsym_api() {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) fail("dlopen libcuda.so.1", -1);
+    driver_api a{};
+    sym(h, "cuInit", &a.init);
+    sym(h, "cuDevicePrimaryCtxRetain", &a.retain);
+    sym(h, "cuCtxSetCurrent", &a.set_current);
+    sym(h, "cuMemAlloc_v2", &a.alloc);
+    sym(h, "cuMemFree_v2", &a.free);
+    sym(h, "cuMemAllocPitch_v2", &a.alloc_pitch);
+    sym(h, "cuMemAllocManaged", &a.alloc_managed);
+    sym(h, "cuMemAllocAsync", &a.alloc_async);
+    sym(h, "cuMemFreeAsync", &a.free_async);
+    sym(h, "cuMemHostAlloc", &a.host_alloc);
+    sym(h, "cuMemAllocHost_v2", &a.alloc_host);
+    sym(h, "cuMemFreeHost", &a.free_host);
+    sym(h, "cuMemCreate", &a.create);
+    sym(h, "cuMemRelease", &a.release);
+    sym(h, "cuMemAddressReserve", &a.reserve);
+    sym(h, "cuMemAddressFree", &a.address_free);
+    sym(h, "cuMemMap", &a.map);
+    sym(h, "cuMemUnmap", &a.unmap);
+    return a;
+}
+
+void setup(const driver_api& a) {
+    CHECK(a.init(0));
+    CUcontext ctx;
+    CHECK(a.retain(&ctx, 0));
+    CHECK(a.set_current(ctx));
+}
+
+// The basic scenario: every kind of allocation once, all freed, and one OOM.  Totals printed.
+[[maybe_unused]] void basic_driver(const driver_api& a) {
+    setup(a);
+    const size_t sizes[] = {1000, 1 << 20, (3 << 20) + 5, 64 << 20};
+    std::vector<CUdeviceptr> ptrs;
+    size_t total = 0;
+    for (size_t s : sizes) {
+        CUdeviceptr p;
+        CHECK(a.alloc(&p, s));
+        ptrs.push_back(p);
+        total += s;
+    }
+    CUdeviceptr pitched;
+    size_t pitch;
+    CHECK(a.alloc_pitch(&pitched, &pitch, 1000, 10, 4));
+    CUdeviceptr managed;
+    CHECK(a.alloc_managed(&managed, 4096, CU_MEM_ATTACH_GLOBAL));
+    CUdeviceptr async_p;
+    CHECK(a.alloc_async(&async_p, 8192, reinterpret_cast<CUstream>(0x5000)));
+    void* host1;
+    void* host2;
+    CHECK(a.host_alloc(&host1, 12345, 0));
+    CHECK(a.alloc_host(&host2, 777));
+    memset(host1, 1, 12345);  // pinned host memory is real memory
+    CUdeviceptr too_big;
+    CUresult oom = a.alloc(&too_big, size_t(1) << 50);
+    for (CUdeviceptr p : ptrs) CHECK(a.free(p));
+    CHECK(a.free(pitched));
+    CHECK(a.free(managed));
+    CHECK(a.free_async(async_p, reinterpret_cast<CUstream>(0x5000)));
+    CHECK(a.free_host(host1));
+    CHECK(a.free_host(host2));
+    printf("device_allocs=%zu\ndevice_bytes=%zu\npitch=%zu\noom_result=%d\n", ptrs.size(), total, pitch, int(oom));
+}
+
+void vmm_driver(const driver_api& a) {
+    setup(a);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h;
+    CHECK(a.create(&h, 4 << 20, &prop, 0));
+    CUdeviceptr va;
+    CHECK(a.reserve(&va, 64 << 20, 0, 0, 0));
+    CHECK(a.map(va, 4 << 20, 0, h, 0));
+    CHECK(a.unmap(va, 4 << 20));
+    CHECK(a.release(h));
+    CHECK(a.address_free(va, 64 << 20));
+    printf("handle=0x%llx\nva=0x%llx\n", (unsigned long long)h, (unsigned long long)va);
+}
+
+#ifdef EMU_APP_RUNTIME
+void basic_runtime() {
+    void* a;
+    void* b;
+    void* c;
+    CHECK(cudaMalloc(&a, 1 << 20));
+    CHECK(cudaMalloc(&b, 5000));
+    size_t pitch;
+    CHECK(cudaMallocPitch(&c, &pitch, 1000, 10));
+    void* m;
+    CHECK(cudaMallocManaged(&m, 4096, 1));
+    void* s;
+    CHECK(cudaMallocAsync(&s, 8192, reinterpret_cast<void*>(0x5000)));
+    void* oom_p;
+    int oom = cudaMalloc(&oom_p, size_t(1) << 50);
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    CHECK(cudaFree(c));
+    CHECK(cudaFree(m));
+    CHECK(cudaFreeAsync(s, reinterpret_cast<void*>(0x5000)));
+    CHECK(cudaFree(nullptr));
+    printf("pitch=%zu\noom_result=%d\n", pitch, oom);
+}
+
+// As PyTorch's expandable segments do: VMM functions from cudaGetDriverEntryPointByVersion.
+void vmm_runtime() {
+    void* dummy;
+    CHECK(cudaMalloc(&dummy, 512));  // initialises the runtime
+    CHECK(cudaFree(dummy));
+    driver_api a{};
+    int st;
+    CHECK(cudaGetDriverEntryPointByVersion("cuInit", reinterpret_cast<void**>(&a.init), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxRetain", reinterpret_cast<void**>(&a.retain), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", reinterpret_cast<void**>(&a.set_current), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemCreate", reinterpret_cast<void**>(&a.create), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemRelease", reinterpret_cast<void**>(&a.release), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemAddressReserve", reinterpret_cast<void**>(&a.reserve), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemAddressFree", reinterpret_cast<void**>(&a.address_free), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemMap", reinterpret_cast<void**>(&a.map), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemUnmap", reinterpret_cast<void**>(&a.unmap), 12000, 0, &st));
+    vmm_driver(a);
+}
+#endif
+
+#ifdef EMU_APP_DRIVER
+// Threads x pairs alloc/free pairs, each thread with its own sizes, exact totals printed.
+void stress(int threads, long pairs) {
+    driver_api a = direct_api();
+    setup(a);
+    CUcontext ctx;
+    a.retain(&ctx, 0);
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+            a.set_current(ctx);
+            for (long i = 0; i < pairs; ++i) {
+                CUdeviceptr p;
+                size_t size = 512 + size_t((t * 131 + i * 7) % 4096);
+                CHECK(a.alloc(&p, size));
+                CHECK(a.free(p));
+            }
+        });
+    }
+    for (auto& t : ts) t.join();
+    printf("threads=%d\npairs=%ld\nallocs=%ld\n", threads, pairs, threads * pairs);
+}
+
+// Allocates n blocks and keeps them, then dies the requested way.
+void crash(const char* how, int n) {
+    driver_api a = direct_api();
+    setup(a);
+    for (int i = 0; i < n; ++i) {
+        CUdeviceptr p;
+        CHECK(a.alloc(&p, 4096 + size_t(i)));
+    }
+    fflush(stdout);
+    if (!strcmp(how, "abort")) abort();
+    if (!strcmp(how, "segv")) {
+        volatile int* bad = reinterpret_cast<volatile int*>(uintptr_t(getenv("GPUMEM_NEVER_SET_THIS") ? 1 : 16));
+        *bad = 1;
+    }
+    if (!strcmp(how, "term")) {
+        kill(getpid(), SIGTERM);
+        pause();
+    }
+    if (!strcmp(how, "kill")) {
+        // Give the writer a few flush intervals for the first n, then n more that may be lost.
+        usleep(300000);
+        for (int i = 0; i < n; ++i) {
+            CUdeviceptr p;
+            CHECK(a.alloc(&p, 8192 + size_t(i)));
+        }
+        kill(getpid(), SIGKILL);
+        pause();
+    }
+    if (!strcmp(how, "exit")) exit(0);
+    if (!strcmp(how, "_exit")) _exit(0);
+    fail("unknown crash mode", -1);
+}
+
+// The parent allocates; a forked child allocates n and frees them, and ends with _exit as a
+// multiprocessing worker would.
+void fork_case(int n) {
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 1 << 20));
+    pid_t child = fork();
+    if (child == 0) {
+        for (int i = 0; i < n; ++i) {
+            CUdeviceptr q;
+            CHECK(a.alloc(&q, 2048));
+            CHECK(a.free(q));
+        }
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(a.free(p));
+    printf("child=%d\nchild_status=%d\n", int(child), status);
+}
+
+// Median cost of one alloc+free pair, in ns, over `rounds` rounds of `batch` pairs.
+void bench(long rounds, long batch, size_t size) {
+    driver_api a = direct_api();
+    setup(a);
+    std::vector<double> per_pair;
+    for (long r = 0; r < rounds; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (long i = 0; i < batch; ++i) {
+            CUdeviceptr p;
+            a.alloc(&p, size);
+            a.free(p);
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        per_pair.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / double(batch));
+    }
+    std::sort(per_pair.begin(), per_pair.end());
+    printf("size=%zu\nmedian_pair_ns=%.1f\nmin_pair_ns=%.1f\n", size, per_pair[per_pair.size() / 2], per_pair.front());
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s SCENARIO [ARGS]\n", argv[0]);
+        return 2;
+    }
+    std::string s = argv[1];
+#ifdef EMU_APP_DRIVER
+    if (s == "basic") basic_driver(direct_api());
+    else if (s == "basic-dlsym") basic_driver(dlsym_api());
+    else if (s == "vmm") vmm_driver(direct_api());
+    else if (s == "vmm-dlsym") vmm_driver(dlsym_api());
+    else if (s == "stress") stress(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 100000);
+    else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
+    else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100);
+    else if (s == "bench") bench(argc > 2 ? atol(argv[2]) : 51, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? size_t(atol(argv[4])) : 4096);
+#else
+    if (s == "basic") basic_runtime();
+    else if (s == "vmm") vmm_runtime();
+#endif
+    else {
+        fprintf(stderr, "unknown scenario %s\n", s.c_str());
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,169 @@
+// The emulated CUDA runtime: finds the driver exactly as real runtimes do, through the cuGetProcAddress self-lookup.
+//
+// Built twice: as a shared library (like PyTorch's libcudart.so.13, whose cudaMalloc can be
+// interposed by symbol) and as a static archive linked into a program (like nvcc's default
+// -cudart static, whose cudaMalloc cannot).  Either way it dlopens libcuda.so.1, dlsyms
+// cuGetProcAddress_v2, asks it for "cuGetProcAddress" and resolves everything else through the
+// pointer that returns.  GPUMEM_EMU_PTDS=1 asks for per-thread default-stream (_ptsz) variants.
+#include <cuda.h>
+#undef cuGetProcAddress
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#ifdef GPUMEM_EMU_CUDART_SHARED
+#define RT_EXPORT extern "C" __attribute__((visibility("default")))
+#else
+#define RT_EXPORT extern "C"
+#endif
+
+namespace {
+typedef CUresult (*gpa_t)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+struct driver_table {
+    gpa_t gpa = nullptr;
+    CUresult (*init)(unsigned) = nullptr;
+    CUresult (*retain)(CUcontext*, CUdevice) = nullptr;
+    CUresult (*set_current)(CUcontext) = nullptr;
+    CUresult (*sync)() = nullptr;
+    CUresult (*mem_get_info)(size_t*, size_t*) = nullptr;
+    CUresult (*alloc)(CUdeviceptr*, size_t) = nullptr;
+    CUresult (*free)(CUdeviceptr) = nullptr;
+    CUresult (*alloc_pitch)(CUdeviceptr*, size_t*, size_t, size_t, unsigned) = nullptr;
+    CUresult (*alloc_managed)(CUdeviceptr*, size_t, unsigned) = nullptr;
+    CUresult (*alloc_async)(CUdeviceptr*, size_t, CUstream) = nullptr;
+    CUresult (*free_async)(CUdeviceptr, CUstream) = nullptr;
+    CUresult (*host_alloc)(void**, size_t, unsigned) = nullptr;
+    CUresult (*free_host)(void*) = nullptr;
+    bool ok = false;
+};
+
+driver_table g_drv;
+std::once_flag g_once;
+cuuint64_t g_flags = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+
+template <class F>
+void get(const char* name, F* out, int version) {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult st;
+    if (g_drv.gpa(name, &p, version, g_flags, &st) == CUDA_SUCCESS) *out = reinterpret_cast<F>(p);
+}
+
+void init_once() {
+    if (const char* p = getenv("GPUMEM_EMU_PTDS"); p && *p == '1') g_flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    auto boot = reinterpret_cast<gpa_t>(dlsym(h, "cuGetProcAddress_v2"));
+    if (!boot) return;
+    void* self = nullptr;
+    CUdriverProcAddressQueryResult st;
+    if (boot("cuGetProcAddress", &self, 13000, 0, &st) != CUDA_SUCCESS || !self) return;
+    g_drv.gpa = reinterpret_cast<gpa_t>(self);
+    get("cuInit", &g_drv.init, 2000);
+    get("cuDevicePrimaryCtxRetain", &g_drv.retain, 7000);
+    get("cuCtxSetCurrent", &g_drv.set_current, 4000);
+    get("cuCtxSynchronize", &g_drv.sync, 2000);
+    get("cuMemGetInfo", &g_drv.mem_get_info, 3020);
+    get("cuMemAlloc", &g_drv.alloc, 3020);
+    get("cuMemFree", &g_drv.free, 3020);
+    get("cuMemAllocPitch", &g_drv.alloc_pitch, 3020);
+    get("cuMemAllocManaged", &g_drv.alloc_managed, 6000);
+    get("cuMemAllocAsync", &g_drv.alloc_async, 11020);
+    get("cuMemFreeAsync", &g_drv.free_async, 11020);
+    get("cuMemHostAlloc", &g_drv.host_alloc, 2020);
+    get("cuMemFreeHost", &g_drv.free_host, 2000);
+    if (!g_drv.init || g_drv.init(0) != CUDA_SUCCESS) return;
+    CUcontext ctx = nullptr;
+    if (!g_drv.retain || g_drv.retain(&ctx, 0) != CUDA_SUCCESS) return;
+    if (!g_drv.set_current || g_drv.set_current(ctx) != CUDA_SUCCESS) return;
+    g_drv.ok = true;
+}
+
+bool ready() {
+    std::call_once(g_once, init_once);
+    return g_drv.ok;
+}
+
+// cudaError_t values the tests rely on.
+constexpr int k_success = 0, k_invalid_value = 1, k_memory_allocation = 2, k_initialization = 3;
+int to_rt(CUresult r) {
+    switch (r) {
+        case CUDA_SUCCESS: return k_success;
+        case CUDA_ERROR_OUT_OF_MEMORY: return k_memory_allocation;
+        case CUDA_ERROR_INVALID_VALUE: return k_invalid_value;
+        default: return int(r);
+    }
+}
+}  // namespace
+
+RT_EXPORT int cudaMalloc(void** p, size_t size) {
+    if (!ready()) return k_initialization;
+    if (!p) return k_invalid_value;
+    if (size == 0) {
+        *p = nullptr;
+        return k_success;
+    }
+    CUdeviceptr d = 0;
+    CUresult r = g_drv.alloc(&d, size);
+    *p = r == CUDA_SUCCESS ? reinterpret_cast<void*>(d) : nullptr;
+    return to_rt(r);
+}
+RT_EXPORT int cudaFree(void* p) {
+    if (!ready()) return k_initialization;
+    if (!p) return k_success;
+    return to_rt(g_drv.free(CUdeviceptr(p)));
+}
+RT_EXPORT int cudaMallocPitch(void** p, size_t* pitch, size_t width, size_t height) {
+    if (!ready()) return k_initialization;
+    CUdeviceptr d = 0;
+    CUresult r = g_drv.alloc_pitch(&d, pitch, width, height, 4);
+    *p = r == CUDA_SUCCESS ? reinterpret_cast<void*>(d) : nullptr;
+    return to_rt(r);
+}
+RT_EXPORT int cudaMallocManaged(void** p, size_t size, unsigned flags) {
+    if (!ready()) return k_initialization;
+    CUdeviceptr d = 0;
+    CUresult r = g_drv.alloc_managed(&d, size, flags ? flags : 1);
+    *p = r == CUDA_SUCCESS ? reinterpret_cast<void*>(d) : nullptr;
+    return to_rt(r);
+}
+RT_EXPORT int cudaMallocAsync(void** p, size_t size, void* stream) {
+    if (!ready()) return k_initialization;
+    CUdeviceptr d = 0;
+    CUresult r = g_drv.alloc_async(&d, size, static_cast<CUstream>(stream));
+    *p = r == CUDA_SUCCESS ? reinterpret_cast<void*>(d) : nullptr;
+    return to_rt(r);
+}
+RT_EXPORT int cudaFreeAsync(void* p, void* stream) {
+    if (!ready()) return k_initialization;
+    return to_rt(g_drv.free_async(CUdeviceptr(p), static_cast<CUstream>(stream)));
+}
+RT_EXPORT int cudaMallocHost(void** p, size_t size) {
+    if (!ready()) return k_initialization;
+    return to_rt(g_drv.host_alloc(p, size, 0));
+}
+RT_EXPORT int cudaFreeHost(void* p) {
+    if (!ready()) return k_initialization;
+    return to_rt(g_drv.free_host(p));
+}
+RT_EXPORT int cudaDeviceSynchronize() {
+    if (!ready()) return k_initialization;
+    return to_rt(g_drv.sync());
+}
+RT_EXPORT int cudaMemGetInfo(size_t* f, size_t* t) {
+    if (!ready()) return k_initialization;
+    return to_rt(g_drv.mem_get_info(f, t));
+}
+RT_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version, unsigned long long flags,
+                                              int* status) {
+    if (!ready()) return k_initialization;
+    CUdriverProcAddressQueryResult st;
+    CUresult r = g_drv.gpa(symbol, fn, int(version), flags, &st);
+    if (status) *status = int(st);
+    return to_rt(r);
+}
+RT_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags, int* status) {
+    return cudaGetDriverEntryPointByVersion(symbol, fn, 13000, flags, status);
+}

@@ -1,0 +1,518 @@
+// The emulated CUDA driver: a stand-in libcuda.so.1 with made-up device addresses, a capacity, real OOM codes and call counters.
+//
+// It is what gpumem's tests and demo run against on machines with no GPU.  Device memory is never
+// backed (addresses are only numbers, as the tests never touch device memory); pinned host memory is
+// real malloc memory, because programs do write to it.  Settings:
+//   GPUMEM_EMU_CAPACITY   bytes per device (K/M/G suffixes), default 16G
+//   GPUMEM_EMU_DEVICES    device count, default 1
+//   GPUMEM_EMU_LATENCY_NS busy-wait added to every allocation and free (to mimic a real driver)
+#include <cuda.h>
+#undef cuGetProcAddress
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#define EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+struct allocation {
+    uint64_t size;
+    int dev;
+    int kind;  // 0 device, 1 managed, 2 vmm handle
+};
+
+struct emu_state {
+    std::mutex mu;
+    std::map<uint64_t, allocation> device_allocs;     // base -> allocation
+    std::map<uint64_t, allocation> handles;           // VMM handle -> physical allocation
+    std::map<uint64_t, uint64_t> reservations;        // VA base -> size
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> mappings;  // VA -> (size, handle)
+    uint64_t used[16] = {};
+    uint64_t next_va[16] = {};
+    uint64_t next_handle = 0x1000;
+    uint64_t capacity = 16ull << 30;
+    int devices = 1;
+    uint64_t latency_ns = 0;
+    bool initialized = false;
+    std::atomic<int> capturing{0};
+};
+
+emu_state& st() {
+    static emu_state* s = [] {
+        auto* e = new emu_state();
+        if (const char* c = getenv("GPUMEM_EMU_CAPACITY")) {
+            char* end = nullptr;
+            uint64_t v = strtoull(c, &end, 10);
+            if (end && (*end == 'k' || *end == 'K')) v <<= 10;
+            if (end && (*end == 'm' || *end == 'M')) v <<= 20;
+            if (end && (*end == 'g' || *end == 'G')) v <<= 30;
+            e->capacity = v;
+        }
+        if (const char* d = getenv("GPUMEM_EMU_DEVICES")) e->devices = std::max(1, std::min(16, atoi(d)));
+        if (const char* l = getenv("GPUMEM_EMU_LATENCY_NS")) e->latency_ns = strtoull(l, nullptr, 10);
+        for (int i = 0; i < 16; ++i) e->next_va[i] = 0x7f0000000000ull + uint64_t(i) * 0x10000000000ull;
+        return e;
+    }();
+    return *s;
+}
+
+// Call counters, read by tests through gpumem_emu_count().
+struct counter {
+    const char* name;
+    std::atomic<uint64_t> n;
+};
+counter g_counters[] = {
+    {"cuMemAlloc_v2", {0}}, {"cuMemFree_v2", {0}}, {"cuMemAllocPitch_v2", {0}}, {"cuMemAllocManaged", {0}},
+    {"cuMemAllocAsync", {0}}, {"cuMemFreeAsync", {0}}, {"cuMemAllocFromPoolAsync", {0}}, {"cuMemCreate", {0}},
+    {"cuMemRelease", {0}}, {"cuMemMap", {0}}, {"cuMemUnmap", {0}}, {"cuMemAddressReserve", {0}},
+    {"cuMemAddressFree", {0}}, {"cuMemHostAlloc", {0}}, {"cuMemAllocHost_v2", {0}}, {"cuMemFreeHost", {0}},
+    {"cuCtxSynchronize", {0}}, {"cuStreamSynchronize", {0}}, {"cuGetProcAddress", {0}}, {"cuMemGetInfo_v2", {0}},
+    {"cuIpcGetMemHandle", {0}}, {"cuMemGetAddressRange_v2", {0}}, {"cuPointerGetAttribute", {0}},
+};
+void bump(const char* name) {
+    for (auto& c : g_counters)
+        if (!strcmp(c.name, name)) c.n.fetch_add(1, std::memory_order_relaxed);
+}
+
+void spin_latency() {
+    uint64_t ns = st().latency_ns;
+    if (!ns) return;
+    auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+    while (std::chrono::steady_clock::now() < until) {}
+}
+
+thread_local int t_ctx_dev = -1;   // device of this thread's current context
+std::atomic<int> g_default_dev{-1};  // a context made current on any thread (lenient, like a runtime would)
+
+int current_dev() {
+    if (t_ctx_dev >= 0) return t_ctx_dev;
+    return g_default_dev.load();
+}
+
+CUcontext ctx_of(int dev) { return reinterpret_cast<CUcontext>(uintptr_t(0xC0000 + dev)); }
+int dev_of(CUcontext c) { return int(reinterpret_cast<uintptr_t>(c) - 0xC0000); }
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = current_dev();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    spin_latency();
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    uint64_t charged = align_up(size, 512);
+    if (s.used[dev] + charged > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t align = size >= (1u << 20) ? (2u << 20) : 512;
+    uint64_t base = align_up(s.next_va[dev], align);
+    s.next_va[dev] = base + charged;
+    s.used[dev] += charged;
+    s.device_allocs[base] = allocation{charged, dev, kind};
+    *p = CUdeviceptr(base);
+    return CUDA_SUCCESS;
+}
+
+CUresult device_free(CUdeviceptr p) {
+    if (p == 0) return CUDA_SUCCESS;
+    spin_latency();
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.device_allocs.find(uint64_t(p));
+    if (it == s.device_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    s.used[it->second.dev] -= it->second.size;
+    s.device_allocs.erase(it);
+    return CUDA_SUCCESS;
+}
+
+// The allocation containing p, if any.
+bool find_alloc(uint64_t p, uint64_t* base, allocation* out) {
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.device_allocs.upper_bound(p);
+    if (it == s.device_allocs.begin()) return false;
+    --it;
+    if (p >= it->first + it->second.size) return false;
+    *base = it->first;
+    *out = it->second;
+    return true;
+}
+
+}  // namespace
+
+// ---- Counters for tests --------------------------------------------------------------------------
+EMU_EXPORT uint64_t gpumem_emu_count(const char* name) {
+    for (auto& c : g_counters)
+        if (!strcmp(c.name, name)) return c.n.load();
+    return 0;
+}
+EMU_EXPORT uint64_t gpumem_emu_used(int dev) {
+    std::lock_guard<std::mutex> g(st().mu);
+    return dev >= 0 && dev < 16 ? st().used[dev] : 0;
+}
+EMU_EXPORT uint64_t gpumem_emu_live_allocations() {
+    std::lock_guard<std::mutex> g(st().mu);
+    return st().device_allocs.size();
+}
+
+// ---- Initialisation, devices, contexts ------------------------------------------------------------
+EMU_EXPORT CUresult cuInit(unsigned int) {
+    st().initialized = true;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDriverGetVersion(int* v) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDeviceGetCount(int* n) {
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    *n = st().devices;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal < 0 || ordinal >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, size_t(len), "gpumem emulated device %d", d);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = st().capacity;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    *c = ctx_of(d);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return CUDA_SUCCESS; }
+EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    t_ctx_dev = c ? dev_of(c) : -1;
+    if (c) {
+        int expected = -1;
+        g_default_dev.compare_exchange_strong(expected, dev_of(c));
+    }
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* c) {
+    int d = current_dev();
+    *c = d >= 0 ? ctx_of(d) : nullptr;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
+    int dev = current_dev();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = dev;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuCtxSynchronize() {
+    if (st().capturing.load()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    bump("cuCtxSynchronize");
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuStreamSynchronize(CUstream) {
+    bump("cuStreamSynchronize");
+    return CUDA_SUCCESS;
+}
+// Context teardown frees the context's memory, as the real driver does.
+static void drop_device_memory(int dev) {
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    for (auto it = s.device_allocs.begin(); it != s.device_allocs.end();) {
+        if (it->second.dev == dev) {
+            s.used[dev] -= it->second.size;
+            it = s.device_allocs.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    drop_device_memory(dev_of(c));
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    drop_device_memory(d);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) {
+    static std::atomic<uintptr_t> next{0x5000};
+    *s = reinterpret_cast<CUstream>(next.fetch_add(0x10));
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) { return CUDA_SUCCESS; }
+EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode) {
+    st().capturing.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return cuStreamBeginCapture_v2(s, m); }
+EMU_EXPORT CUresult cuStreamEndCapture(CUstream, CUgraph* g) {
+    st().capturing.fetch_sub(1);
+    if (g) *g = nullptr;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return cuStreamEndCapture(s, g); }
+EMU_EXPORT CUresult cuGetErrorString(CUresult e, const char** s) {
+    *s = e == CUDA_SUCCESS ? "no error" : e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "emulated error";
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuGetErrorName(CUresult e, const char** s) {
+    *s = e == CUDA_SUCCESS ? "CUDA_SUCCESS" : e == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN";
+    return CUDA_SUCCESS;
+}
+
+// ---- Memory --------------------------------------------------------------------------------------
+EMU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
+    bump("cuMemGetInfo_v2");
+    int dev = current_dev();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard<std::mutex> g(st().mu);
+    *free_b = st().capacity - st().used[dev];
+    *total_b = st().capacity;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
+    bump("cuMemAlloc_v2");
+    return device_alloc(p, size, 0);
+}
+EMU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    bump("cuMemFree_v2");
+    return device_free(p);
+}
+EMU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int) {
+    bump("cuMemAllocPitch_v2");
+    if (!pitch) return CUDA_ERROR_INVALID_VALUE;
+    *pitch = align_up(width, 512);
+    return device_alloc(p, *pitch * height, 0);
+}
+EMU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t size, unsigned int) {
+    bump("cuMemAllocManaged");
+    return device_alloc(p, size, 1);
+}
+EMU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t size, CUstream) {
+    bump("cuMemAllocAsync");
+    return device_alloc(p, size, 0);
+}
+EMU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t size, CUstream s) { return cuMemAllocAsync(p, size, s); }
+EMU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) {
+    bump("cuMemFreeAsync");
+    return device_free(p);
+}
+EMU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+EMU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t size, CUmemoryPool, CUstream) {
+    bump("cuMemAllocFromPoolAsync");
+    return device_alloc(p, size, 0);
+}
+EMU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, size_t size, CUmemoryPool pool, CUstream s) {
+    return cuMemAllocFromPoolAsync(p, size, pool, s);
+}
+EMU_EXPORT CUresult cuMemHostAlloc(void** pp, size_t size, unsigned int) {
+    bump("cuMemHostAlloc");
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    *pp = malloc(size ? size : 1);
+    return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EMU_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t size) {
+    bump("cuMemAllocHost_v2");
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    *pp = malloc(size ? size : 1);
+    return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EMU_EXPORT CUresult cuMemFreeHost(void* p) {
+    bump("cuMemFreeHost");
+    free(p);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+    bump("cuMemGetAddressRange_v2");
+    uint64_t b;
+    allocation a;
+    if (!find_alloc(uint64_t(p), &b, &a)) return CUDA_ERROR_NOT_FOUND;
+    if (base) *base = CUdeviceptr(b);
+    if (size) *size = a.size;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
+    bump("cuPointerGetAttribute");
+    uint64_t b;
+    allocation a;
+    if (!find_alloc(uint64_t(p), &b, &a)) return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(b); return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = a.size; return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a.dev; return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = ctx_of(a.dev); return CUDA_SUCCESS;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+EMU_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr p) {
+    for (unsigned i = 0; i < n; ++i) {
+        CUresult r = cuPointerGetAttribute(data[i], attrs[i], p);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED) return r;
+    }
+    return CUDA_SUCCESS;
+}
+// An IPC handle names the whole allocation holding p; the emulated one stores its base and size.
+EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
+    bump("cuIpcGetMemHandle");
+    uint64_t b;
+    allocation a;
+    if (!h || !find_alloc(uint64_t(p), &b, &a)) return CUDA_ERROR_INVALID_VALUE;
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &b, sizeof b);
+    memcpy(h->reserved + 8, &a.size, sizeof a.size);
+    return CUDA_SUCCESS;
+}
+
+// ---- Virtual memory management -------------------------------------------------------------------
+EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
+    *g = 2u << 20;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp* prop,
+                                unsigned long long) {
+    bump("cuMemCreate");
+    if (!h || !prop || size == 0 || size % (2u << 20)) return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    if (dev < 0 || dev >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.used[dev] + size > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
+    s.used[dev] += size;
+    uint64_t handle = s.next_handle++;
+    s.handles[handle] = allocation{size, dev, 2};
+    *h = handle;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    bump("cuMemRelease");
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.handles.find(h);
+    if (it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+    s.used[it->second.dev] -= it->second.size;
+    s.handles.erase(it);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* p, size_t size, size_t align, CUdeviceptr, unsigned long long) {
+    bump("cuMemAddressReserve");
+    if (!p || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    uint64_t base = align_up(s.next_va[15], align ? align : (2u << 20));
+    s.next_va[15] = base + size;
+    s.reservations[base] = size;
+    *p = CUdeviceptr(base);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t) {
+    bump("cuMemAddressFree");
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    return s.reservations.erase(uint64_t(p)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EMU_EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t, CUmemGenericAllocationHandle h, unsigned long long) {
+    bump("cuMemMap");
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    if (!s.handles.count(h)) return CUDA_ERROR_INVALID_VALUE;
+    s.mappings[uint64_t(p)] = {size, h};
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t) {
+    bump("cuMemUnmap");
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    return s.mappings.erase(uint64_t(p)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) { return CUDA_SUCCESS; }
+
+// ---- The resolver --------------------------------------------------------------------------------
+// Like the real driver: a base name plus a version and flags picks the ABI variant (_v2 from the
+// version that introduced it, _ptsz under per-thread default-stream flags).  Looked up in a table of
+// this library's own functions, never through dlsym, so gpumem's dlsym cannot colour the answer.
+EMU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                        CUdriverProcAddressQueryResult* status);
+EMU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags);
+
+namespace {
+struct fn_entry {
+    const char* name;
+    void* fn;
+};
+#define E(n) {#n, reinterpret_cast<void*>(&n)}
+const fn_entry k_functions[] = {
+    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
+    E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
+    E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
+    E(cuStreamCreate), E(cuStreamDestroy_v2), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz),
+    E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
+    E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
+    E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
+    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
+    E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
+    E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
+    E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuGetProcAddress), E(cuGetProcAddress_v2),
+};
+#undef E
+struct v2_rule {
+    const char* base;
+    int since;
+};
+const v2_rule k_v2[] = {
+    {"cuMemAlloc", 3020}, {"cuMemFree", 3020}, {"cuMemAllocPitch", 3020}, {"cuMemAllocHost", 3020},
+    {"cuMemGetInfo", 3020}, {"cuMemGetAddressRange", 3020}, {"cuDeviceTotalMem", 3020}, {"cuCtxDestroy", 4000},
+    {"cuDevicePrimaryCtxReset", 11000}, {"cuDevicePrimaryCtxRelease", 11000}, {"cuStreamBeginCapture", 10010},
+    {"cuStreamDestroy", 4000}, {"cuGetProcAddress", 12000},
+};
+
+void* lookup(const std::string& name) {
+    for (const auto& f : k_functions)
+        if (name == f.name) return f.fn;
+    return nullptr;
+}
+
+CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+    bump("cuGetProcAddress");
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    std::string name = symbol;
+    for (const auto& r : k_v2) {
+        if (name != r.base) continue;
+        if (version < r.since) {
+            *pfn = nullptr;
+            if (status) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        name += "_v2";
+    }
+    void* fn = nullptr;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) fn = lookup(name + "_ptsz");
+    if (!fn) fn = lookup(name);
+    *pfn = fn;
+    if (status) *status = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+}  // namespace
+
+EMU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                        CUdriverProcAddressQueryResult* status) {
+    return resolve(symbol, pfn, version, flags, status);
+}
+EMU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+    return resolve(symbol, pfn, version, flags, nullptr);
+}
