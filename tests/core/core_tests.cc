@@ -1,0 +1,280 @@
+// Unit tests of the core (config, formatter, event log, recorder), linked directly: no LD_PRELOAD.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+#include "event_format.h"
+#include "event_log.h"
+#include "recorder.h"
+
+using namespace gpumem;
+using json = nlohmann::json;
+
+namespace {
+std::string temp_path(const char* tag) {
+    return "/tmp/gpumem-core-test-" + std::to_string(getpid()) + "-" + tag + ".jsonl";
+}
+std::vector<json> read_lines(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<json> out;
+    std::string line;
+    while (std::getline(in, line)) out.push_back(json::parse(line));
+    return out;
+}
+json format(const event& e) {
+    char buf[k_max_event_line];
+    size_t n = format_event(e, buf, sizeof buf);
+    REQUIRE(n > 0);
+    REQUIRE(buf[n - 1] == '\n');
+    return json::parse(std::string(buf, n - 1));
+}
+}  // namespace
+
+TEST_CASE("out pattern expands pid, host, rank and literal percent") {
+    CHECK(expand_out_pattern("gpumem-%p.jsonl", 42, "h", "0") == "gpumem-42.jsonl");
+    CHECK(expand_out_pattern("/x/%h/%r-%p%%.log", 7, "node1", "3") == "/x/node1/3-7%.log");
+    CHECK(expand_out_pattern("plain", 1, "h", "0") == "plain");
+    CHECK(expand_out_pattern("odd%q%", 1, "h", "0") == "odd%q%");
+}
+
+TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
+    uint64_t v = 0;
+    CHECK(parse_size("4096", &v));
+    CHECK(v == 4096);
+    CHECK(parse_size("2MiB", &v));
+    CHECK(v == 2u << 20);
+    CHECK(parse_size("12GiB", &v));
+    CHECK(v == 12ull << 30);
+    CHECK(parse_size("500MB", &v));
+    CHECK(v == 500000000ull);
+    CHECK_FALSE(parse_size("12 parsecs", &v));
+    CHECK_FALSE(parse_size("-1", &v));
+    CHECK_FALSE(parse_size("", &v));
+    bool b = false;
+    CHECK(parse_bool("on", &b));
+    CHECK(b);
+    CHECK(parse_bool("OFF", &b));
+    CHECK_FALSE(b);
+    CHECK_FALSE(parse_bool("maybe", &b));
+}
+
+TEST_CASE("config from env keeps defaults on bad values and says so") {
+    setenv("GPUMEM_FLUSH_MS", "soon", 1);
+    setenv("GPUMEM_POOL", "off", 1);
+    setenv("GPUMEM_BUFFER_EVENTS", "5000", 1);
+    std::string warnings;
+    config c = config::from_env(&warnings);
+    CHECK(c.flush_ms == 20);
+    CHECK(warnings.find("GPUMEM_FLUSH_MS") != std::string::npos);
+    CHECK_FALSE(c.pool);
+    CHECK(c.buffer_events == 8192);  // rounded up to a power of two
+    unsetenv("GPUMEM_FLUSH_MS");
+    unsetenv("GPUMEM_POOL");
+    unsetenv("GPUMEM_BUFFER_EVENTS");
+}
+
+TEST_CASE("formatter writes the documented members for each kind") {
+    event e{};
+    e.ev = ev_kind::alloc;
+    e.seq = 5;
+    e.t_ns = 1234;
+    e.tid = 99;
+    e.dev = 1;
+    e.api = api_id::cudaMalloc;
+    e.kind = mem_kind::device;
+    e.b.ptr = 0x7f0000001000ull;
+    e.b.size = 1000;
+    e.b.asize = 1024;
+    json j = format(e);
+    CHECK(j["ev"] == "alloc");
+    CHECK(j["seq"] == 5);
+    CHECK(j["t"] == 1234);
+    CHECK(j["tid"] == 99);
+    CHECK(j["dev"] == 1);
+    CHECK(j["api"] == "cudaMalloc");
+    CHECK(j["kind"] == "device");
+    CHECK(j["ptr"] == "0x7f0000001000");
+    CHECK(j["size"] == 1000);
+    CHECK(j["asize"] == 1024);
+    CHECK_FALSE(j.contains("stream"));
+    CHECK_FALSE(j.contains("err"));
+
+    e.ev = ev_kind::alloc_fail;
+    e.err = 2;
+    e.b.ptr = 0;
+    e.flags = ef_has_stream;
+    e.b.stream = 0xabc;
+    j = format(e);
+    CHECK(j["err"] == 2);
+    CHECK(j["ptr"] == "0x0");
+    CHECK(j["stream"] == "0xabc");
+
+    event f{};
+    f.ev = ev_kind::free;
+    f.api = api_id::cuMemFree_v2;
+    f.kind = mem_kind::device;
+    f.dev = -1;
+    f.b.ptr = 0x10;
+    f.flags = ef_size_unknown;
+    j = format(f);
+    CHECK(j["unknown"] == true);
+    CHECK(j["dev"] == -1);
+    CHECK(j["size"] == 0);
+
+    event m{};
+    m.ev = ev_kind::map;
+    m.api = api_id::cuMemMap;
+    m.b.ptr = 0x2000;
+    m.b.size = 4096;
+    m.b.seg = 0x77;
+    m.b.stream = 512;
+    j = format(m);
+    CHECK(j["handle"] == "0x77");
+    CHECK(j["offset"] == 512);
+
+    event o{};
+    o.ev = ev_kind::oom;
+    o.api = api_id::cuMemAlloc_v2;
+    o.p.size = 100;
+    o.p.reserved = 200;
+    o.p.largest_free = 50;
+    o.p.gpu_total = 1000;
+    j = format(o);
+    CHECK(j["size"] == 100);
+    CHECK(j["reserved"] == 200);
+    CHECK(j["largest_free"] == 50);
+    CHECK(j["gpu_total"] == 1000);
+
+    event l{};
+    l.ev = ev_kind::lost;
+    l.b.size = 3;
+    j = format(l);
+    CHECK(j["count"] == 3);
+    CHECK_FALSE(j.contains("seq"));
+}
+
+TEST_CASE("formatter never writes past its buffer") {
+    event e{};
+    e.ev = ev_kind::alloc;
+    e.b.ptr = ~0ull;
+    e.b.size = ~0ull;
+    char small[40];
+    size_t n = format_event(e, small, sizeof small);
+    CHECK(n <= sizeof small);
+    CHECK(small[n - 1] == '\n');
+}
+
+TEST_CASE("json strings are escaped") {
+    std::string out;
+    const char raw[] = "a\"b\\c\n\x01";
+    append_json_string(out, raw, sizeof raw - 1);
+    CHECK(out == "\"a\\\"b\\\\c\\n\\u0001\"");
+    CHECK(json::parse(out) == std::string(raw));
+}
+
+// The issue's stress requirement: >= 8 threads, >= 1M events, exact counts, seq gap-free and in order.
+TEST_CASE("event log: 8 threads x 125000 alloc/free pairs, exact and ordered") {
+    std::string path = temp_path("stress");
+    event_log::options o;
+    o.capacity = 4096;  // small ring: forces the full-ring wait path many times
+    o.flush_ms = 5;
+    event_log log(o);
+    REQUIRE(log.start(path, "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":1}\n"));
+    recorder rec(log);
+    constexpr int k_threads = 8;
+    constexpr int k_pairs = 62500;  // 2 events each: 1M events in all
+    std::vector<std::thread> ts;
+    for (int t = 0; t < k_threads; ++t) {
+        ts.emplace_back([&, t] {
+            call_info c;
+            c.api = api_id::cuMemAlloc_v2;
+            c.dev = 0;
+            for (int i = 0; i < k_pairs; ++i) {
+                uint64_t ptr = (uint64_t(t + 1) << 40) + uint64_t(i) * 512;
+                rec.alloc(c, 0, ptr, 512 + uint64_t(t));
+                call_info f = c;
+                f.api = api_id::cuMemFree_v2;
+                auto ticket = rec.free_begin(f, ptr);
+                rec.free_end(ticket, 0);
+            }
+        });
+    }
+    for (auto& t : ts) t.join();
+    log.finish(end_reason::exit, 0, 0, 100);
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() == 1 + 2 * k_threads * k_pairs + 1);
+    CHECK(lines.front()["ev"] == "header");
+    CHECK(lines.back()["ev"] == "end");
+    CHECK(lines.back()["n_alloc"] == k_threads * k_pairs);
+    CHECK(lines.back()["n_free"] == k_threads * k_pairs);
+    CHECK(lines.back()["live_allocs"] == 0);
+    CHECK(lines.back()["live_bytes"] == 0);
+    CHECK(lines.back()["lost"] == 0);
+    std::set<std::string> live;
+    for (size_t i = 1; i + 1 < lines.size(); ++i) {
+        const json& j = lines[i];
+        REQUIRE(j["seq"] == i - 1);  // gap-free, in file order
+        std::string p = j["ptr"];
+        if (j["ev"] == "alloc") {
+            REQUIRE(live.insert(p).second);
+        } else {
+            REQUIRE(j["ev"] == "free");
+            REQUIRE(live.erase(p) == 1);  // every free follows its alloc, with its size
+            REQUIRE(j["size"].get<uint64_t>() >= 512);
+        }
+    }
+    CHECK(live.empty());
+    unlink(path.c_str());
+}
+
+TEST_CASE("event log: a full ring with no writer and no waiting budget counts losses") {
+    event_log::options o;
+    o.capacity = 1024;
+    o.wait_ms = 0;
+    event_log log(o);  // never started: nothing drains
+    event e{};
+    e.ev = ev_kind::alloc;
+    for (int i = 0; i < 1500; ++i) log.record(e);
+    CHECK(log.lost() == 1500 - 1024);
+}
+
+TEST_CASE("recorder: failed free keeps the allocation live; unknown free is flagged") {
+    std::string path = temp_path("recorder");
+    event_log::options o;
+    event_log log(o);
+    REQUIRE(log.start(path, "{}\n"));
+    recorder rec(log);
+    call_info c;
+    c.api = api_id::cuMemAlloc_v2;
+    c.dev = 0;
+    rec.alloc(c, 0, 0x1000, 64);
+    auto t1 = rec.free_begin(c, 0x1000);
+    rec.free_end(t1, 1);  // failed: still live
+    auto t2 = rec.free_begin(c, 0x1000);
+    rec.free_end(t2, 0);
+    auto t3 = rec.free_begin(c, 0x9999);
+    rec.free_end(t3, 0);
+    rec.alloc(c, 2, 0, 1ull << 50);
+    log.finish(end_reason::exit, 0, 0, 0);
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() == 7);
+    CHECK(lines[2]["ev"] == "free_fail");
+    CHECK(lines[2]["err"] == 1);
+    CHECK(lines[3]["ev"] == "free");
+    CHECK(lines[3]["size"] == 64);
+    CHECK(lines[4]["unknown"] == true);
+    CHECK(lines[5]["ev"] == "alloc_fail");
+    CHECK(lines[6]["n_fail"] == 2);
+    CHECK(lines[6]["live_allocs"] == 0);
+    unlink(path.c_str());
+}
