@@ -127,29 +127,92 @@ bool parse_hex(std::string_view s, uint64_t& out) {
 
 namespace {
 
-// Key lookup bucketed by length: every known key is at most 12 characters.
+// Key lookup through a small hash table: per-line parsing cost is dominated by member dispatch, so
+// one hash and one memcmp per member instead of a scan over all names.
 struct key_table {
-    struct entry {
-        const char* name;
-        field id;
-    };
-    std::vector<entry> by_len[16];
+    static unsigned hash(const char* p, size_t n) {
+        return unsigned(n * 5 + unsigned(uint8_t(p[0])) * 3 + unsigned(uint8_t(p[n - 1])) +
+                        unsigned(uint8_t(p[n / 2])) * 7) & 255u;
+    }
+    int8_t slot[256][4];
     key_table() {
+        std::memset(slot, -1, sizeof slot);
         for (int i = 0; i < fd_count_; ++i) {
-            size_t n = std::strlen(k_field_names[i]);
-            by_len[n].push_back({k_field_names[i], field(i)});
+            unsigned h = hash(k_field_names[i], std::strlen(k_field_names[i]));
+            for (int8_t& s : slot[h])
+                if (s < 0) {
+                    s = int8_t(i);
+                    break;
+                }
         }
     }
     int find(const char* p, size_t n) const {
-        if (n >= 16) return -1;
-        for (const entry& e : by_len[n])
-            if (e.name[0] == p[0] && std::memcmp(e.name, p, n) == 0) return e.id;
+        if (n == 0 || n > 12) return -1;
+        for (int8_t s : slot[hash(p, n)]) {
+            if (s < 0) return -1;
+            const char* name = k_field_names[s];
+            size_t i = 0;  // names are at most 12 bytes: a plain loop beats a memcmp call
+            while (i < n && name[i] == p[i]) ++i;
+            if (i == n && name[n] == 0) return s;
+        }
         return -1;
     }
 };
 const key_table& keys() {
     static const key_table t;
     return t;
+}
+
+// True when the raw string at `a` is exactly `name` (its closing quote follows).
+inline bool raw_is(const char* a, const char* limit, const char* name, size_t n) {
+    return limit - a > ptrdiff_t(n) && std::memcmp(a, name, n) == 0 && a[n] == '"';
+}
+template <size_t N>
+inline bool raw_is(const char* a, const char* limit, const char (&name)[N]) {
+    return raw_is(a, limit, name, N - 1);
+}
+
+// Hex digit values; -1 for anything else.
+struct hex_table {
+    int8_t v[256];
+    hex_table() {
+        std::memset(v, -1, sizeof v);
+        for (int i = 0; i < 10; ++i) v['0' + i] = int8_t(i);
+        for (int i = 0; i < 6; ++i) v['a' + i] = v['A' + i] = int8_t(10 + i);
+    }
+};
+const hex_table k_hex;
+
+// Parses "0x<1-16 hex digits>" followed by the closing quote, starting after the opening quote.
+bool hex_in_place(const char* a, const char* limit, uint64_t& out) {
+    if (limit - a < 4 || a[0] != '0' || (a[1] | 0x20) != 'x') return false;
+    uint64_t x = 0;
+    const char* q = a + 2;
+    const char* end = std::min(limit, a + 18);
+    int8_t d;
+    while (q < end && (d = k_hex.v[uint8_t(*q)]) >= 0) {
+        x = (x << 4) | uint64_t(d);
+        ++q;
+    }
+    if (q == a + 2 || q >= limit || *q != '"') return false;
+    out = x;
+    return true;
+}
+
+// The raw text of a JSON string value, escapes left as they are.  Our enum names, API names and hex
+// numbers never need escapes, so a value that has one simply matches nothing.
+template <typename Value>
+simdjson::error_code raw_string(Value&& v, const char* limit, std::string_view& out) {
+    od::raw_json_string r;
+    if (auto c = v.get_raw_json_string().get(r)) return c;
+    const char* a = r.raw();
+    if (a >= limit) return simdjson::UNCLOSED_STRING;
+    // Our strings are short: scan inline, stepping over escapes to the real closing quote.
+    const char* q = a;
+    while (q < limit && *q != '"') q += (*q == '\\') ? 2 : 1;
+    if (q >= limit) return simdjson::UNCLOSED_STRING;
+    out = std::string_view(a, size_t(q - a));
+    return simdjson::SUCCESS;
 }
 
 template <typename Enum, size_t N>
@@ -183,6 +246,19 @@ line_parser::line_parser() : impl_(std::make_unique<impl>()) {
 line_parser::~line_parser() = default;
 
 uint16_t line_parser::intern_api(std::string_view name) {
+    // Logs alternate between a few APIs (cudaMalloc/cudaFree): check the last two hits first.
+    if (api_names_[last_api_[0]] == name) return last_api_[0];
+    if (api_names_[last_api_[1]] == name) {
+        std::swap(last_api_[0], last_api_[1]);
+        return last_api_[0];
+    }
+    uint16_t id = intern_api_slow(name);
+    last_api_[1] = last_api_[0];
+    last_api_[0] = id;
+    return id;
+}
+
+uint16_t line_parser::intern_api_slow(std::string_view name) {
     for (size_t i = 0; i < api_names_.size(); ++i)
         if (api_names_[i] == name) return uint16_t(i);
     // A bounded table: a log with thousands of distinct API names is garbage, fold them together.
@@ -217,21 +293,26 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
     }
     const key_table& kt = keys();
     for (auto fr : obj) {
-        if ((ec = fr.error())) {
+        // Work on the simdjson_result directly: copying out the field and value objects cost
+        // store-forwarding stalls that made member access the bottleneck (docs/benchmarks.md).
+        od::raw_json_string rk;
+        if ((ec = fr.key().get(rk))) {
             error = std::string("not JSON (") + simdjson::error_message(ec) + ")";
             return parse_status::not_json;
         }
-        od::field f = std::move(fr).value_unsafe();
         // Keys of this format never contain escapes; a key that does is simply not one of ours.
-        const char* kp = f.key().raw();
-        const char* kq = static_cast<const char*>(std::memchr(kp, '"', size_t(p + len - kp)));
+        const char* kp = rk.raw();
+        const char* kq = kp;
+        const char* kend = std::min(p + len, kp + 16);  // no key of ours is longer
+        while (kq < kend && *kq != '"') ++kq;
+        if (kq == kend) kq = static_cast<const char*>(std::memchr(kp, '"', size_t(p + len - kp)));
         if (!kq) {
             error = "not JSON (unterminated key)";
             return parse_status::not_json;
         }
         int id = kt.find(kp, size_t(kq - kp));
         if (id < 0) continue;  // unknown member: skipped, per the version policy
-        od::value v = f.value();
+        auto v = fr.value();
         field fid = field(id);
         auto bad = [&](simdjson::error_code c, const char* want) {
             if (c == simdjson::INCORRECT_TYPE)
@@ -245,8 +326,11 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
         };
         auto get_u64 = [&](uint64_t& dst) -> simdjson::error_code { return v.get_uint64().get(dst); };
         auto get_hex = [&](uint64_t& dst) -> parse_status {
+            // Fast path: read the digits straight from the raw string, no separate scan.
+            od::raw_json_string r;
+            if (!v.get_raw_json_string().get(r) && hex_in_place(r.raw(), p + len, dst)) return parse_status::ok;
             std::string_view s;
-            if (auto c = v.get_string().get(s)) return bad(c, "a hex string like \"0x7f00\"");
+            if (auto c = raw_string(v, p + len, s)) return bad(c, "a hex string like \"0x7f00\"");
             if (!parse_hex(s, dst)) {
                 error = std::string("member \"") + k_field_names[fid] + "\" is \"" +
                         std::string(s.substr(0, 40)) + "\", expected a hex string like \"0x7f00\"";
@@ -258,19 +342,32 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
         simdjson::error_code c = simdjson::SUCCESS;
         switch (fid) {
         case fd_ev: {
+            // The two hot kinds are matched on the raw bytes, the rest through the name table.
+            od::raw_json_string r;
+            if (!v.get_raw_json_string().get(r)) {
+                if (raw_is(r.raw(), p + len, "alloc")) {
+                    e.ev = ev_kind::alloc;
+                    e.known_kind = true;
+                    break;
+                }
+                if (raw_is(r.raw(), p + len, "free")) {
+                    e.ev = ev_kind::free;
+                    e.known_kind = true;
+                    break;
+                }
+            }
             std::string_view s;
-            if ((c = v.get_string().get(s))) return bad(c, "a string");
+            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
             e.known_kind = lookup_name(s, k_ev_names, e.ev);
             break;
         }
         case fd_seq: c = get_u64(e.seq); break;
         case fd_t: c = get_u64(e.t); break;
-        case fd_tid: {
-            uint64_t x = 0;
-            c = get_u64(x);
-            e.tid = uint32_t(x);
-            break;
-        }
+        case fd_tid:
+        case fd_stream:
+        case fd_mempool:
+        case fd_offset:
+            continue;  // not used by the analysis: skipping is cheaper than converting
         case fd_dev: {
             int64_t x = 0;
             if (!(c = v.get_int64().get(x)) && (x < -1 || x > 65535)) {
@@ -281,21 +378,39 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
             break;
         }
         case fd_api: {
+            od::raw_json_string r;
+            if (!v.get_raw_json_string().get(r)) {
+                bool hit = false;
+                for (uint16_t id : last_api_) {  // the last two APIs: malloc/free pairs alternate
+                    const std::string& name = api_names_[id];
+                    if (raw_is(r.raw(), p + len, name.data(), name.size())) {
+                        e.api = id;
+                        hit = true;
+                        break;
+                    }
+                }
+                if (hit) break;
+            }
             std::string_view s;
-            if ((c = v.get_string().get(s))) return bad(c, "a string");
+            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
             e.api = intern_api(s);
             break;
         }
         case fd_kind: {
+            od::raw_json_string r;
+            if (!v.get_raw_json_string().get(r) && raw_is(r.raw(), p + len, "device")) {
+                e.kind = mem_kind::device;
+                break;
+            }
             std::string_view s;
-            if ((c = v.get_string().get(s))) return bad(c, "a string");
+            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
             // An unknown memory kind stays "none": still counted, never misattributed.
             if (!lookup_name(s, k_mem_kind_names, e.kind)) e.kind = mem_kind::none;
             break;
         }
         case fd_pool: {
             std::string_view s;
-            if ((c = v.get_string().get(s))) return bad(c, "a string");
+            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
             if (!lookup_name(s, k_pool_names, e.pool)) e.pool = pool_id::none;
             break;
         }
@@ -307,12 +422,9 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
         }
         case fd_ptr: st = get_hex(e.ptr); break;
         case fd_seg: st = get_hex(e.seg); break;
-        case fd_stream: st = get_hex(e.stream); break;
-        case fd_mempool: st = get_hex(e.mempool); break;
         case fd_handle: st = get_hex(e.handle); break;
         case fd_size: c = get_u64(e.size); break;
         case fd_asize: c = get_u64(e.asize); break;
-        case fd_offset: c = get_u64(e.offset); break;
         case fd_count: c = get_u64(e.count); break;
         case fd_err: c = v.get_int64().get(e.err); break;
         case fd_signal: c = v.get_int64().get(e.signal); break;
@@ -357,7 +469,8 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
 }
 
 std::string line_parser::missing_members(const log_event& e) {
-    uint64_t need = bit(fd_seq) | bit(fd_t);
+    // "lost" has no seq: a loss occupies no position in the order.
+    uint64_t need = e.ev == ev_kind::lost ? bit(fd_count) : bit(fd_seq) | bit(fd_t);
     switch (e.ev) {
     case ev_kind::alloc:
         need |= bit(fd_dev) | bit(fd_api) | bit(fd_kind) | bit(fd_ptr) | bit(fd_size);

@@ -79,7 +79,9 @@ public:
 private:
     struct impl;
     std::unique_ptr<impl> impl_;
+    uint16_t intern_api_slow(std::string_view name);
     std::vector<std::string> api_names_;  // api_id names first, then unknown names as seen
+    uint16_t last_api_[2] = {0, 0};
 };
 
 // Parses "0x1a2b" (1 to 16 hex digits after 0x).  False on anything else.

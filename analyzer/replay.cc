@@ -649,9 +649,9 @@ struct replayer::impl {
             if (e.has(fd_seq)) check_seq(e, line);
             return;
         }
-        check_seq(e, line);
+        if (e.has(fd_seq)) check_seq(e, line);  // every kind but "lost" has one
         if (after_end) warn(line, "event after the end line");
-        rep.last_t = std::max(rep.last_t, e.t);
+        if (e.has(fd_t)) rep.last_t = std::max(rep.last_t, e.t);
         apply_known(e, line);
     }
 
@@ -705,9 +705,10 @@ struct replayer::impl {
             else ++dev(-1).rep.n_free_fail;
             break;
         case ev_kind::map: {
-            int md = -1;
+            // The recorder writes dev; older or other writers may not, then the handle tells.
+            int md = has_dev ? e.dev : -1;
             auto h = live_vmm.find(e.handle);
-            if (h != live_vmm.end()) md = h->second.dev;
+            if (!has_dev && h != live_vmm.end()) md = h->second.dev;
             dev_state& x = dev(md);
             ++x.rep.n_map;
             x.rep.mapped.add(e.size, e.t, e.seq, line);
