@@ -1,0 +1,131 @@
+"""Checks one gpu-e2e case's log against what its program is known to do; prints one Markdown table row.
+
+Usage: python3 e2e_checks.py CASE LOG [STATS_JSON]
+Exit status 0 when every check of the case holds.
+"""
+import json
+import sys
+
+from check_log import live_bytes, load, summarize
+
+MiB = 1 << 20
+
+
+def common(s, expect_reason):
+    """Checks every log must pass: an end line, nothing lost, every pointer wrapped, seq gap-free."""
+    problems = []
+    end = s["end"]
+    if end is None:
+        problems.append("no end line")
+    else:
+        if end["reason"] != expect_reason:
+            problems.append(f"end reason {end['reason']} != {expect_reason}")
+        if end["lost"]:
+            problems.append(f"lost={end['lost']}")
+        if end["unmatched"]:
+            problems.append(f"unmatched={end['unmatched']}")
+    if s["seq_gaps"]:
+        problems.append(f"{s['seq_gaps']} seq gaps")
+    return problems
+
+
+def sizes_of(s, api):
+    return sorted(e["size"] for e in s["live"].values() if e["api"] == api)
+
+
+def main():
+    case, log = sys.argv[1], sys.argv[2]
+    stats = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else {}
+    lines = load(log)
+    s = summarize(lines)
+    apis = s["apis"]
+    allocs = {k[6:]: v for k, v in apis.items() if k.startswith("alloc:")}
+    problems = []
+    facts = []
+    if case.startswith("torch"):
+        problems += common(s, "_exit")
+        if "expandable" in case:
+            live = live_bytes(s, kind="vmm")
+            facts.append(f"cuMemCreate={allocs.get('cuMemCreate', 0)} maps={apis.get('map:cuMemMap', 0)}")
+            facts.append(f"live cuMemCreate bytes={live}, torch reserved={stats['reserved']}")
+            if live != stats["reserved"]:
+                problems.append("live VMM bytes != memory_reserved()")
+            if allocs.get("cudaMalloc", 0):
+                problems.append("cudaMalloc seen with expandable segments")
+        else:
+            live = live_bytes(s, api="cudaMalloc")
+            facts.append(f"cudaMalloc={allocs.get('cudaMalloc', 0)} cudaFree={apis.get('free:cudaFree', 0)}")
+            facts.append(f"live cudaMalloc bytes={live}, torch reserved={stats['reserved']}")
+            # Without caching PyTorch keeps no statistics (reserved reads 0); the tensor check below
+            # is the exact one for that mode.
+            if "nocache" not in case and live != stats["reserved"]:
+                problems.append("live cudaMalloc bytes != memory_reserved()")
+            if "nocache" in case and allocs.get("cudaMalloc", 0) < 100:
+                problems.append("expected one cudaMalloc per tensor")
+            if "nocache" not in case and apis.get("free:cudaFree", 0):
+                problems.append("caching allocator should not cudaFree here")
+        # Every tensor the program still holds lies inside memory the log says is live; without
+        # caching, each tensor is its own allocation of (at least) its size.
+        ranges = sorted((int(e["ptr"], 16), e["size"], e["kind"]) for e in s["live"].values() if e["kind"] != "vmm")
+        maps = [(int(e["ptr"], 16), e["size"]) for e in lines if e["ev"] == "map"]
+        unmapped = {int(e["ptr"], 16) for e in lines if e["ev"] == "unmap"}
+        ranges += [(p, n, "map") for p, n in maps if p not in unmapped]
+        outside, exact = 0, 0
+        for ptr, nbytes in stats.get("tensors", []):
+            hit = [r for r in ranges if r[0] <= ptr and ptr + max(nbytes, 1) <= r[0] + r[1]]
+            outside += not hit
+            exact += any(r[0] == ptr and r[1] - nbytes < 512 for r in hit)
+        facts.append(f"live tensors={len(stats.get('tensors', []))} outside live memory={outside}")
+        if outside:
+            problems.append(f"{outside} live tensors outside memory the log shows live")
+        if "nocache" in case:
+            facts.append(f"tensors that are exactly one allocation={exact}")
+            if exact != len(stats.get("tensors", [])):
+                problems.append("without caching every tensor should be its own allocation")
+        other = {k: v for k, v in allocs.items() if k not in ("cudaMalloc", "cuMemCreate")}
+        facts.append(f"other allocs={dict(other)}")
+    elif case.startswith("jax"):
+        problems += common(s, "_exit")
+        biggest = max((e["size"] for e in lines if e["ev"] == "alloc"), default=0)
+        total = lines[0]["devices"][0]["total"] if lines[0]["devices"] else 0
+        facts.append(f"allocs={dict(allocs)} largest={biggest // MiB} MiB of {total // MiB} MiB")
+        if "platform" in case:
+            n64 = sum(1 for e in lines if e["ev"] == "alloc" and e["size"] == 64 * MiB)
+            facts.append(f"64 MiB buffers={n64}")
+            if n64 < 2:
+                problems.append("expected the 64 MiB input and output buffers as their own allocations")
+        elif biggest < total // 2:
+            problems.append("expected one up-front allocation of most of the GPU")
+    elif case == "cupy":
+        problems += common(s, "_exit")
+        want = {10 * MiB, 3 * MiB + 5, 4096}
+        made = {e["size"] for e in lines if e["ev"] == "alloc" and e["api"] == "cuMemAlloc_v2"}
+        freed = {e["size"] for e in lines if e["ev"] == "free"}
+        facts.append(f"allocs={dict(allocs)} frees={sum(v for k, v in apis.items() if k.startswith('free:'))}")
+        if not want <= made:
+            problems.append(f"missing allocations {sorted(want - made)}")
+        if (3 * MiB + 5) not in freed:
+            problems.append("the freed array's free is missing")
+        for size in want:
+            n = sum(1 for e in lines if e["ev"] == "alloc" and e["size"] == size)
+            if n != 1:
+                problems.append(f"size {size} recorded {n} times")
+    elif case.startswith("cuda-static"):
+        problems += common(s, "exit")
+        want = [1000, MiB, 3 * MiB + 5, 256 * MiB]
+        got = sorted(e["size"] for e in lines if e["ev"] == "alloc" and e["size"] in want)
+        freed = sorted(e["size"] for e in lines if e["ev"] == "free" and e["size"] in want)
+        facts.append(f"allocs={dict(allocs)} known sizes alloc'd={len(got)} freed={len(freed)}")
+        if "bench" not in case and (got != want or freed != want):
+            problems.append(f"expected exactly {want} allocated and freed, got {got} / {freed}")
+        if any(k != "cuMemAlloc_v2" for k in allocs if k.startswith("cuda")):
+            problems.append("static cudart cannot show cuda* names")
+    else:
+        problems.append("unknown case")
+    verdict = "PASS" if not problems else "FAIL: " + "; ".join(problems)
+    print(f"| {case} | {s['events']} | {'; '.join(facts)} | {verdict} |")
+    sys.exit(0 if not problems else 1)
+
+
+if __name__ == "__main__":
+    main()
