@@ -7,7 +7,7 @@
 namespace gpumem {
 
 struct config {
-    bool pool = false;                // GPUMEM_POOL=on|off (pass-through until the pool lands)
+    bool pool = true;                 // GPUMEM_POOL=on|off: cuMemAlloc_v2/cuMemFree_v2 served by the caching pool (docs/pool.md)
     std::string out = "gpumem-%p.jsonl";  // GPUMEM_OUT
     uint32_t flush_ms = 20;           // GPUMEM_FLUSH_MS: writer wakes at least this often
     uint32_t buffer_events = 65536;   // GPUMEM_BUFFER_EVENTS: ring capacity, rounded up to a power of 2

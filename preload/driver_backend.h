@@ -1,0 +1,47 @@
+// The pool's device seam over the real CUDA driver: one driver_backend per (device, context).
+#pragma once
+
+#include <cuda.h>
+#undef cuGetProcAddress
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/pool/pool_backend.h"
+
+namespace gpumem {
+
+// True while a stream capture begun through a hooked cuStreamBeginCapture* is still open anywhere
+// in the process (pool_hooks.cc counts them).  A process-wide count, because cuStreamIsCapturing
+// needs the stream and the pool never knows which stream a later kernel used.
+bool capture_active() noexcept;
+
+// Every call goes straight to libcuda's own function (never through gpumem's wrappers, which
+// would record the segment as a program allocation and ask the pool again), with the backend's
+// context current: the pool may be driven from a thread whose current context differs (a late
+// free never calls the backend, but an allocation's retry or a stats snapshot might).
+class driver_backend final : public pool_backend {
+  public:
+    driver_backend(CUcontext ctx, int device) noexcept : ctx_(ctx), device_(device) {}
+
+    int segment_alloc(uint64_t bytes, uint64_t* base) noexcept override;
+    int segment_free(uint64_t base) noexcept override;
+    int synchronize() noexcept override;
+    bool may_synchronize() noexcept override;
+    void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept override;
+
+    CUcontext context() const noexcept { return ctx_.load(std::memory_order_acquire); }
+    int device() const noexcept { return device_; }
+    // A context handle the driver reused for a new context of the same device (pool_hooks.cc).
+    void set_context(CUcontext c) noexcept { ctx_.store(c, std::memory_order_release); }
+
+  private:
+    // Runs f() with ctx_ current on this thread, pushing and popping only when it is not already.
+    template <class F>
+    int in_context(F&& f) noexcept;
+
+    std::atomic<CUcontext> ctx_;
+    const int device_;
+};
+
+}  // namespace gpumem
