@@ -5,6 +5,7 @@
 #include <climits>
 #include <csignal>
 #include <cstring>
+#include <new>
 #include <ctime>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -37,15 +38,21 @@ uint64_t monotonic_ns() noexcept {
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
+// Bumped in a fork child (note_fork), so each thread's cached tid is refreshed there: the forking
+// thread carries its thread_local cache into the child, where its tid is different.
+static std::atomic<uint32_t> g_fork_generation{0};
+
+void note_fork() noexcept { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+
 int current_tid() noexcept {
-    // Cached per thread: gettid is a syscall, and the hot path records it on every event.  A child
-    // after fork gets a fresh value because pid-keyed cache below notices the change.
+    // Cached per thread: gettid (and getpid) are system calls, and the hot path records the tid on
+    // every event.
     static thread_local int tid = 0;
-    static thread_local int pid = 0;
-    int p = int(getpid());
-    if (tid == 0 || pid != p) {
+    static thread_local uint32_t generation = 0;
+    uint32_t g = g_fork_generation.load(std::memory_order_relaxed);
+    if (tid == 0 || generation != g) {
         tid = int(syscall(SYS_gettid));
-        pid = p;
+        generation = g;
     }
     return tid;
 }
@@ -256,23 +263,49 @@ void event_log::write_all(const char* p, size_t n) noexcept {
     }
 }
 
-void event_log::account(const event& e) noexcept {
+void event_log::account(event& e, bool from_signal) noexcept {
     totals_.events++;
     switch (e.ev) {
-        case ev_kind::alloc:
+        case ev_kind::alloc: {
             totals_.n_alloc++;
             totals_.live_allocs++;
             totals_.live_bytes += e.b.size;
+            // No heap work from a signal handler: the process is ending, the map is not needed again.
+            if (from_signal) break;
+            try {
+                (e.kind == mem_kind::vmm ? live_vmm_ : live_)[e.b.ptr] = live_entry{e.b.size, e.b.asize, e.dev, e.kind};
+            } catch (...) {
+                // Out of memory: this allocation's free will be logged "unknown".
+            }
             break;
+        }
         case ev_kind::free:
-            totals_.n_free++;
-            if (!(e.flags & ef_size_unknown)) {
+        case ev_kind::free_fail: {
+            if (e.ev == ev_kind::free) totals_.n_free++;
+            else totals_.n_fail++;
+            if (e.flags & ef_pooled) {
+                // The pool wrote the block's own sizes; only keep the map in step.
+                if (e.ev == ev_kind::free && !from_signal) live_.erase(e.b.ptr);
+            } else {
+                auto& map = e.kind == mem_kind::vmm ? live_vmm_ : live_;
+                auto it = map.find(e.b.ptr);
+                if (it == map.end()) {
+                    if (e.ev == ev_kind::free) e.flags |= ef_size_unknown;
+                    break;
+                }
+                e.b.size = it->second.size;
+                e.b.asize = it->second.asize;
+                e.kind = it->second.kind;  // cudaFree of managed memory is a managed free
+                if (e.dev < 0) e.dev = it->second.dev;
+                if (e.ev == ev_kind::free && !from_signal) map.erase(it);
+            }
+            if (e.ev == ev_kind::free) {
                 if (totals_.live_allocs) totals_.live_allocs--;
                 totals_.live_bytes -= e.b.size < totals_.live_bytes ? e.b.size : totals_.live_bytes;
             }
             break;
+        }
         case ev_kind::alloc_fail:
-        case ev_kind::free_fail:
             totals_.n_fail++;
             break;
         default:
@@ -283,11 +316,11 @@ void event_log::account(const event& e) noexcept {
 void event_log::drain(bool from_signal) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
     if (!lock_output(from_signal)) return;
-    drain_locked(false);
+    drain_locked(false, from_signal);
     unlock_output();
 }
 
-void event_log::drain_locked(bool skip_gaps) noexcept {
+void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
     if (!ring_ || fd_ < 0 || !buf_) return;
     uint64_t t = tail_;
     uint64_t head = head_.load(std::memory_order_acquire);
@@ -314,7 +347,7 @@ void event_log::drain_locked(bool skip_gaps) noexcept {
             lost_reported_++;
             continue;
         }
-        account(s.e);
+        account(s.e, from_signal);
         buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
         s.state.store(t + cap - (t & mask_), std::memory_order_release);
         if (k_buf_size - buf_len_ < 2 * k_max_event_line) {
@@ -335,14 +368,14 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
         unlock_output();
         return;
     }
-    drain_locked(false);
+    drain_locked(false, from_signal);
     // Other threads may be between claim() and publish(), e.g. inside a real cuMemFree.
     for (uint32_t i = 0; i < in_flight_wait_ms * 10 && tail_ < head_.load(std::memory_order_acquire); ++i) {
         sleep_ns(100000);
-        drain_locked(false);
+        drain_locked(false, from_signal);
     }
     uint64_t end_seq = head_.load(std::memory_order_acquire);
-    drain_locked(true);
+    drain_locked(true, from_signal);
 
     char line[512];
     char* p = line;
@@ -405,6 +438,10 @@ void event_log::reset_after_fork() noexcept {
     lost_.store(0);
     lost_reported_ = 0;
     totals_ = log_totals{};
+    // The parent's writer may have been inside these maps when fork() copied them: start new ones
+    // and leak the old (destroying them could touch a half-updated structure).
+    new (&live_) std::unordered_map<uint64_t, live_entry>();
+    new (&live_vmm_) std::unordered_map<uint64_t, live_entry>();
     t0_ = monotonic_ns();
     try {
         path_.clear();

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 
 #include "event_schema.h"
 
@@ -77,9 +78,10 @@ class event_log {
     bool lock_output(bool from_signal) noexcept;
     void unlock_output() noexcept;
     // Drains published slots in order; stops at the first unpublished one unless skip_gaps.
-    void drain_locked(bool skip_gaps) noexcept;
+    void drain_locked(bool skip_gaps, bool from_signal = false) noexcept;
     void write_all(const char* p, size_t n) noexcept;
-    void account(const event& e) noexcept;
+    // Counts the event for the end line and completes frees from the allocation's record.
+    void account(event& e, bool from_signal) noexcept;
     void alloc_ring() noexcept;
 
     options opt_;
@@ -100,11 +102,20 @@ class event_log {
     std::string path_;
     uint64_t t0_ = 0;
     log_totals totals_;                         // consumer only
+    struct live_entry {
+        uint64_t size, asize;
+        int16_t dev;
+        mem_kind kind;
+    };
+    // Live allocations, consumer only.  VMM handles live in their own map: a handle can equal an address.
+    std::unordered_map<uint64_t, live_entry> live_, live_vmm_;
     char* buf_ = nullptr;                       // consumer's formatting buffer
     size_t buf_len_ = 0;
 };
 
 uint64_t monotonic_ns() noexcept;
 int current_tid() noexcept;
+// Call in a fork child before anything else records: invalidates the per-thread tid caches.
+void note_fork() noexcept;
 
 }  // namespace gpumem

@@ -17,10 +17,6 @@ void fill_call(event& e, const call_info& c) noexcept {
 }  // namespace
 
 void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize) noexcept {
-    if (err == 0) {
-        live_entry le{size, asize, int16_t(c.dev), c.kind};
-        (c.kind == mem_kind::vmm ? vmm_live_ : live_).insert(ptr, le);
-    }
     event* e = log_.claim();
     if (!e) return;
     uint64_t seq = e->seq;
@@ -40,8 +36,7 @@ void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, u
 recorder::free_ticket recorder::free_begin(const call_info& c, uint64_t ptr) noexcept {
     free_ticket t;
     t.call = c;
-    t.key = ptr;
-    t.known = (c.kind == mem_kind::vmm ? vmm_live_ : live_).take(ptr, &t.entry);
+    t.ptr = ptr;
     t.slot = log_.claim();
     if (t.slot) {
         uint64_t seq = t.slot->seq;
@@ -53,25 +48,13 @@ recorder::free_ticket recorder::free_begin(const call_info& c, uint64_t ptr) noe
 }
 
 void recorder::free_end(free_ticket& t, int err) noexcept {
-    if (err != 0 && t.known) {
-        // The free failed, so the allocation is still live.
-        (t.call.kind == mem_kind::vmm ? vmm_live_ : live_).insert(t.key, t.entry);
-    }
     event* e = t.slot;
     if (!e) return;
     e->tid = uint32_t(current_tid());
     e->ev = err == 0 ? ev_kind::free : ev_kind::free_fail;
     e->err = err;
-    call_info c = t.call;
-    if (t.known) {
-        c.kind = t.entry.kind;  // cudaFree of managed memory is a managed free
-        if (c.dev < 0) c.dev = t.entry.dev;
-    }
-    fill_call(*e, c);
-    e->b.ptr = t.key;
-    e->b.size = t.known ? t.entry.size : 0;
-    e->b.asize = t.known ? t.entry.asize : 0;
-    if (!t.known && t.key != 0) e->flags |= ef_size_unknown;
+    fill_call(*e, t.call);
+    e->b.ptr = t.ptr;  // size, asize, kind and dev: filled by the writer from the allocation's record
     log_.publish(e);
     t.slot = nullptr;
 }

@@ -1,7 +1,8 @@
 // The recorder: what the hook layer calls to log an allocation, a free or a VMM operation.
 //
-// It turns a hook's facts into events on the event_log and keeps the live table, so a free is logged
-// with the size and kind of what it frees.  Ordering rule (see docs/log-format.md): a free claims its
+// It turns a hook's facts into events on the event_log.  The size and kind of what a free frees are
+// filled in later by the log's writer thread, which sees every event in order (event_log::account),
+// so the caller's thread pays for no lookup table.  Ordering rule (see docs/log-format.md): a free claims its
 // seq *before* the real free runs and an allocation *after* the real allocation returned, so the
 // log's order is the true order for any one address even across threads.
 #pragma once
@@ -10,7 +11,6 @@
 
 #include "event_log.h"
 #include "event_schema.h"
-#include "live_table.h"
 
 namespace gpumem {
 
@@ -33,9 +33,7 @@ class recorder {
     // A free in two steps around the real call.
     struct free_ticket {
         event* slot = nullptr;
-        bool known = false;
-        live_entry entry;
-        uint64_t key = 0;
+        uint64_t ptr = 0;
         call_info call;
     };
     free_ticket free_begin(const call_info& c, uint64_t ptr) noexcept;
@@ -49,12 +47,9 @@ class recorder {
     void emit(event& e) noexcept { log_.record(e); }
 
     event_log& log() noexcept { return log_; }
-    const live_table& live() const noexcept { return live_; }
 
   private:
     event_log& log_;
-    live_table live_;
-    live_table vmm_live_;
 };
 
 }  // namespace gpumem

@@ -235,6 +235,7 @@ void start_recording(process_state& st) noexcept {
 // ---------------------------------------------------------------------------------------------
 // fork: the child writes its own file, named by the pattern with its own pid.
 void after_fork_child() {
+    note_fork();
     process_state& st = state();
     st.forked_from = long(getppid());
     if (st.log) {

@@ -23,7 +23,7 @@ done
 cmake --build build-tsan -j"$jobs" --target "${tsan_targets[@]}"
 # The stress cases are the point of the TSan run; halt_on_error makes any race fail the script.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-build-tsan/tests/core/core_tests "[stress],event log*" 
+build-tsan/tests/core/core_tests "event log*"
 for t in "${tsan_targets[@]:1}"; do
   bin=$(find build-tsan/tests -type f -name "$t" -perm -u+x | head -1)
   "$bin"
