@@ -141,6 +141,13 @@ void run_pass(const std::string& path, process_report& rep, replayer& rp, line_p
             }
             if (first_pass) rp.warn(ln, "the last line has no newline");
         }
+        if (st == parse_status::not_json) {
+            // Quote the start of the line: it usually shows at once what got into the log.
+            std::string snippet(line.substr(0, 60));
+            for (char& ch : snippet)
+                if (static_cast<unsigned char>(ch) < 0x20) ch = '?';
+            throw input_error(path, ln, err + ": " + snippet + (line.size() > 60 ? "..." : ""));
+        }
         if (st != parse_status::ok) throw input_error(path, ln, err);
         if (e.known_kind) {
             std::string missing = line_parser::missing_members(e);
@@ -161,6 +168,8 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
     line_parser parser;
     replay_options ro;
     ro.at = opt.at;
+    ro.snapshot_budget_per_event = opt.snapshot_budget_per_event;
+    ro.snapshot_budget_fixed = opt.snapshot_budget_fixed;
     replayer rp(rep, parser, ro);
     run_pass(path, rep, rp, parser, opt, "", true);
     if (!rep.has_end)

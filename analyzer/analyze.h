@@ -14,6 +14,10 @@ struct analyze_options {
     moment at;                 // --at
     bool progress = false;     // print progress to stderr every few seconds
     double progress_interval_s = 2.0;
+    // Snapshot copying allowed per event before the peak map is left to a second pass (tests set
+    // 0 to force the second pass).
+    uint64_t snapshot_budget_per_event = 4;
+    uint64_t snapshot_budget_fixed = uint64_t(1) << 22;
 };
 
 // Reads and analyzes one log.  Throws input_error (exit code 2) when the log cannot be used.

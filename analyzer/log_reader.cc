@@ -287,7 +287,7 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
     }
     od::object obj;
     if ((ec = doc.get_object().get(obj))) {
-        error = ec == simdjson::INCORRECT_TYPE ? "not a JSON object"
+        error = ec == simdjson::INCORRECT_TYPE ? "not JSON (or not a JSON object)"
                                                : std::string("not JSON (") + simdjson::error_message(ec) + ")";
         return parse_status::not_json;
     }

@@ -132,6 +132,7 @@ struct replayer::impl {
     uint64_t snapshot_work = 0;
     bool at_taken = false;
     uint64_t stats_mismatch_warnings = 0;
+    uint64_t applied_seq = 0, applied_t = 0, applied_line = 0;  // the last event applied
 
     impl(process_report& r, const line_parser& n, replay_options o) : rep(r), names(n), opt(std::move(o)) {}
 
@@ -285,7 +286,7 @@ struct replayer::impl {
         if (!d.peak_dirty) return;
         d.peak_dirty = false;
         if (!opt.peak_snapshot_seq.empty()) return;  // second pass: snapshots by seq instead
-        uint64_t allowance = opt.snapshot_budget_per_event * events_seen + (uint64_t(1) << 22);
+        uint64_t allowance = opt.snapshot_budget_per_event * events_seen + opt.snapshot_budget_fixed;
         if (snapshot_work + snapshot_cost(d) > allowance) {
             d.peak_missing = true;
             return;
@@ -306,7 +307,7 @@ struct replayer::impl {
             if (due) {
                 at_taken = true;
                 for (auto& [k, d] : devs) {
-                    d.rep.at_request = snapshot(d, "--at", last_seq, rep.last_t, line ? line - 1 : 0);
+                    d.rep.at_request = snapshot(d, "--at", applied_seq, applied_t, applied_line);
                     if (at_end) d.rep.at_request.label = "--at (end of log)";
                 }
             }
@@ -778,6 +779,9 @@ struct replayer::impl {
         case ev_kind::count_: break;
         }
         if (d && e.ev != ev_kind::stats && e.ev != ev_kind::end) point(*d, e.t, e.seq);
+        applied_seq = e.seq;
+        applied_t = e.t;
+        applied_line = line;
     }
 
     void finish(uint64_t last_line) {

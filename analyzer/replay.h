@@ -29,6 +29,7 @@ struct replay_options {
     // Bound on snapshot copying, in copied items per event seen (plus a fixed allowance); past it
     // the peak snapshot is left to a second pass instead of copying the state at every new peak.
     uint64_t snapshot_budget_per_event = 4;
+    uint64_t snapshot_budget_fixed = uint64_t(1) << 22;
 };
 
 class replayer {

@@ -1,3 +1,55 @@
-// stub
+// The --perfetto output: Chrome trace JSON with one counter track per device and metric, and an
+// instant event per OOM, which ui.perfetto.dev and chrome://tracing both load.
+#include <cmath>
+
+#include "format_util.h"
 #include "report_output.h"
-namespace gpumem::analysis { void write_perfetto(std::ostream&, const std::vector<process_report>&) {} }
+
+namespace gpumem::analysis {
+
+void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) {
+    using ojson = nlohmann::ordered_json;
+    ojson events = ojson::array();
+    for (size_t i = 0; i < procs.size(); ++i) {
+        const process_report& p = procs[i];
+        // Two logs may carry the same pid (different hosts); the trace needs distinct ones.
+        int64_t pid = p.pid > 0 ? p.pid : int64_t(i + 1);
+        for (size_t k = 0; k < i; ++k)
+            if (procs[k].pid == p.pid) pid = int64_t(1000000000 + i);
+        std::string cmd;
+        for (const std::string& a : p.cmdline) cmd += (cmd.empty() ? "" : " ") + a;
+        events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
+                          {"args", {{"name", "gpumem " + std::to_string(p.pid) + (p.rank.empty() ? "" : " rank " + p.rank) +
+                                                 (cmd.empty() ? "" : ": " + cmd.substr(0, 80))}}}});
+        for (const device_report& d : p.devices) {
+            std::string dev = d.dev < 0 ? "host" : "dev" + std::to_string(d.dev);
+            auto ts = [](uint64_t ns) { return double(ns) / 1000.0; };  // trace time is in us
+            auto counter = [&](const std::string& name, double t_us, ojson args) {
+                events.push_back({{"name", name}, {"ph", "C"}, {"ts", t_us}, {"pid", pid}, {"args", std::move(args)}});
+            };
+            for (const time_point& t : d.timeline) {
+                // A point covers several events: its maxima at its start keep spikes visible, its
+                // last values at its end keep the level right between points.
+                counter(dev + " memory (bytes)", ts(t.t_first),
+                        {{"requested", t.requested_max}, {"allocated", t.allocated_max}, {"reserved", t.reserved_max}});
+                counter(dev + " external fragmentation", ts(t.t_first), {{"fragmentation", std::round(t.frag_max * 1e6) / 1e6}});
+                if (t.events > 1 && t.t_last != t.t_first) {
+                    counter(dev + " memory (bytes)", ts(t.t_last),
+                            {{"requested", t.requested_last}, {"allocated", t.allocated_last}, {"reserved", t.reserved_last}});
+                    counter(dev + " external fragmentation", ts(t.t_last), {{"fragmentation", std::round(t.frag_last * 1e6) / 1e6}});
+                }
+            }
+            for (const oom_report& o : d.ooms)
+                events.push_back({{"name", "OOM " + fmt_bytes(o.size) + " (" + o.verdict + ")"}, {"ph", "i"}, {"s", "p"},
+                                  {"ts", ts(o.t)}, {"pid", pid}, {"tid", 0},
+                                  {"args", {{"device", d.dev}, {"size", o.size}, {"largest_free", o.largest_free},
+                                            {"free_in_segments", o.free_in_segments}, {"verdict", o.verdict}}}});
+        }
+    }
+    ojson root;
+    root["traceEvents"] = events;
+    root["displayTimeUnit"] = "ms";
+    os << root.dump() << "\n";
+}
+
+}  // namespace gpumem::analysis

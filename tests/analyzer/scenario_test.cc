@@ -1,2 +1,283 @@
-// placeholder
+// Hand-computed scenarios: known peaks, fragmentation, OOM verdicts, leaks and the reconstruction
+// of pools, VMM and pool-off logs, checked number by number against analyze_file.
 #include <catch2/catch.hpp>
+
+#include "analyze.h"
+#include "log_reader.h"
+#include "test_util.h"
+
+using namespace gpumem;
+using namespace gpumem::analysis;
+using namespace gpumem::test;
+
+namespace {
+const device_report& device(const process_report& r, int dev) {
+    for (const device_report& d : r.devices)
+        if (d.dev == dev) return d;
+    FAIL("no device " << dev);
+    return r.devices.front();
+}
+bool has_warning(const process_report& r, const std::string& text) {
+    for (const std::string& w : r.warnings)
+        if (w.find(text) != std::string::npos) return true;
+    return false;
+}
+}  // namespace
+
+// tests/data/golden/pool_fragmentation.jsonl, by hand:
+//   one 2 MiB segment; A = 500000 B in a 512 KiB block, B = 512 KiB, C = 1000000 B in a 1 MiB block
+//   fill it exactly (peak at seq 3); freeing A then C leaves free gaps of 512 KiB and 1 MiB:
+//   fragmentation 1 - 1 MiB / 1.5 MiB = 1/3; a 1200000 B request then fails with 1.5 MiB free but
+//   only 1 MiB contiguous -> "fragmentation"; D = 100000 B in 128 KiB at the segment start leaves
+//   gaps 384 KiB and 1 MiB: 1 - 1 MiB / 1.375 MiB = 3/11.
+TEST_CASE("pool scenario: peaks, fragmentation, OOM verdict and leaks", "[scenario]") {
+    process_report r = analyze_file(data_path("golden/pool_fragmentation.jsonl"), {});
+    REQUIRE(r.devices.size() == 1);
+    const device_report& d = r.devices[0];
+    CHECK(r.pool_mode == "on");
+    CHECK(r.has_end);
+    CHECK(r.n_warnings == 0);  // the pool's own stats line agrees with the reconstruction
+    CHECK(d.requested.peak == 500000 + 524288 + 1000000);
+    CHECK(d.requested.peak_seq == 3);
+    CHECK(d.allocated.peak == 2097152);
+    CHECK(d.allocated.peak_seq == 3);
+    CHECK(d.allocated.peak_t == 4000);
+    CHECK(d.reserved.peak == 2097152);
+    CHECK(d.reserved.peak_seq == 0);
+    CHECK(d.segment_count.peak == 1);
+    CHECK(d.max_external_fragmentation == Approx(1.0 / 3.0));
+    CHECK(d.max_external_fragmentation_seq == 5);
+    CHECK(d.end_external_fragmentation == Approx(3.0 / 11.0));
+    CHECK(d.end_free_in_segments == 393216 + 1048576);
+    CHECK(d.end_largest_free == 1048576);
+    CHECK(d.end_free_blocks == 2);
+    CHECK(d.requested.current == 624288);
+    CHECK(d.allocated.current == 655360);
+    // At the peak the segment is full: no free space, rounding overhead 1 - 2024288 / 2097152.
+    REQUIRE(d.at_peak.valid);
+    CHECK(d.at_peak.seq == 3);
+    CHECK(d.at_peak.free_in_segments == 0);
+    CHECK(d.at_peak.live_allocs == 3);
+    CHECK(d.rounding_overhead_at_peak() == Approx(1.0 - 2024288.0 / 2097152.0));
+    CHECK(d.reserved_unallocated_at_peak() == Approx(0.0));
+    REQUIRE(d.at_peak.largest_live.size() == 3);
+    CHECK(d.at_peak.largest_live[0].ptr == 0x1100000);
+    // The pool's oom and the program's alloc_fail are one OOM.
+    CHECK(d.n_oom == 1);
+    CHECK(d.n_alloc_fail == 1);
+    REQUIRE(d.ooms.size() == 1);
+    CHECK(d.ooms[0].verdict == "fragmentation");
+    CHECK(d.ooms[0].free_in_segments == 1572864);
+    CHECK(d.ooms[0].largest_free == 1048576);
+    CHECK(d.ooms[0].err == 2);
+    REQUIRE(d.ooms[0].map.valid);
+    REQUIRE(d.ooms[0].map.segment_map.size() == 1);
+    CHECK(d.ooms[0].map.segment_map[0].blocks.size() == 1);
+    CHECK(d.n_leaks == 2);
+    CHECK(d.leaked_bytes == 624288);
+    CHECK(d.leaks[0].ptr == 0x1080000);
+    CHECK(d.n_alloc == 4);
+    CHECK(d.n_free == 2);
+}
+
+// tests/data/golden/pool_off_kinds.jsonl: every memory kind, VMM, an unknown free, an unknown kind.
+TEST_CASE("pool-off scenario: kinds, VMM physical bytes, host memory and unknown frees", "[scenario]") {
+    process_report r = analyze_file(data_path("golden/pool_off_kinds.jsonl"), {});
+    REQUIRE(r.devices.size() == 2);
+    const device_report& d = device(r, 0);
+    // Peak at seq 5: 4 MiB device + 1 MiB managed + 3000 B pitched (4096 set aside) + 2 MiB vmm.
+    CHECK(d.requested.peak == 4194304 + 1048576 + 3000 + 2097152);
+    CHECK(d.allocated.peak == 4194304 + 1048576 + 4096 + 2097152);
+    CHECK(d.reserved.peak == d.allocated.peak);  // pool off: what is held from the driver
+    CHECK(d.requested.peak_seq == 5);
+    CHECK(d.requested.current == 1048576 + 3000);
+    CHECK(d.max_external_fragmentation == 0);
+    CHECK(d.mapped.peak == 2097152);
+    CHECK(d.mapped.current == 0);
+    CHECK(d.n_map == 1);
+    CHECK(d.n_unmap == 1);
+    CHECK(d.n_oom == 1);
+    REQUIRE(d.ooms.size() == 1);
+    CHECK(d.ooms[0].verdict == "capacity");
+    CHECK(d.n_leaks == 2);
+    bool saw_vmm = false, saw_managed = false;
+    for (const usage_row& k : d.by_kind) {
+        if (k.name == "vmm") {
+            saw_vmm = true;
+            CHECK(k.bytes.peak == 2097152);
+            CHECK(k.n_free == 1);
+        }
+        if (k.name == "managed") {
+            saw_managed = true;
+            CHECK(k.bytes.current == 1048576);
+        }
+    }
+    CHECK(saw_vmm);
+    CHECK(saw_managed);
+    const device_report& host = device(r, -1);
+    CHECK(host.requested.peak == 65536);
+    CHECK(host.requested.current == 0);
+    CHECK(host.n_unknown_free == 1);
+    CHECK(r.va_reserved.peak == 8388608);
+    CHECK(r.va_reserved.current == 0);
+    CHECK(r.skipped_unknown == 1);
+    CHECK(r.n_warnings == 0);
+}
+
+TEST_CASE("a killed run: truncated last line and no end line are warnings", "[scenario]") {
+    process_report r = analyze_file(data_path("golden/killed_truncated.jsonl"), {});
+    CHECK(r.truncated_last_line);
+    CHECK_FALSE(r.has_end);
+    CHECK(has_warning(r, "killed_truncated.jsonl:5: the last line is cut short"));
+    CHECK(has_warning(r, "no end line"));
+    const device_report& d = device(r, 0);
+    CHECK(d.requested.peak == 3145728);
+    CHECK(d.n_leaks == 1);
+    CHECK(d.leaked_bytes == 2097152);
+}
+
+TEST_CASE("a last line without newline that still parses is used", "[scenario]") {
+    std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 4096) + end_line(1, 1);
+    log.pop_back();  // drop the final newline
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.has_end);
+    CHECK(has_warning(r, "no newline"));
+}
+
+TEST_CASE("several ranks: combined peaks and imbalance", "[scenario]") {
+    std::vector<process_report> ps;
+    ps.push_back(analyze_file(data_path("golden/rank0.jsonl"), {}));
+    ps.push_back(analyze_file(data_path("golden/rank1.jsonl"), {}));
+    combined_report c = combine(ps);
+    REQUIRE(c.rows.size() == 2);
+    CHECK(c.rows[0].dev == 0);
+    CHECK(c.rows[1].dev == 1);
+    CHECK(c.max_peak_reserved == 3221225472ull);
+    CHECK(c.min_peak_reserved == 1073741824ull);
+    CHECK(c.imbalance == Approx(0.5));  // 3 GiB / mean 2 GiB - 1
+}
+
+TEST_CASE("the peak map from a second pass equals the one taken inline", "[scenario]") {
+    // A rising sawtooth makes a new peak every few events: the budget-free run copies the state
+    // each time, the zero-budget run must fall back to a second pass and find the same moment.
+    std::string log = k_header_on;
+    uint64_t seq = 0;
+    const uint64_t seg = 0x10000000, seg_size = 64 << 20;
+    log += seg_line("segment_alloc", seq++, seg, seg_size);
+    std::vector<uint64_t> live;
+    uint64_t cursor = seg;
+    for (int i = 0; i < 400; ++i) {
+        for (int k = 0; k < 3; ++k) {
+            log += pooled_line("alloc", seq++, cursor, 4000, 4096, seg);
+            live.push_back(cursor);
+            cursor += 4096;
+        }
+        log += pooled_line("free", seq++, live[live.size() - 2], 4000, 4096, seg);
+        live.erase(live.end() - 2);
+    }
+    for (uint64_t p : live) log += pooled_line("free", seq++, p, 4000, 4096, seg);
+    log += end_line(seq);
+    temp_file f(log);
+    analyze_options inline_opt;
+    inline_opt.snapshot_budget_fixed = UINT64_MAX / 4;
+    analyze_options forced;
+    forced.snapshot_budget_per_event = 0;
+    forced.snapshot_budget_fixed = 0;
+    process_report a = analyze_file(f.path, inline_opt), b = analyze_file(f.path, forced);
+    const state_snapshot& x = a.devices[0].at_peak;
+    const state_snapshot& y = b.devices[0].at_peak;
+    REQUIRE(x.valid);
+    REQUIRE(y.valid);
+    CHECK(a.devices[0].allocated.peak == 801 * 4096);  // 3 allocs then 1 free, 400 times
+    CHECK(x.allocated == 801 * 4096);
+    CHECK(y.seq == x.seq);
+    CHECK(y.allocated == x.allocated);
+    CHECK(y.live_allocs == 801);
+    CHECK(y.free_in_segments == x.free_in_segments);
+    CHECK(y.free_blocks == x.free_blocks);
+    CHECK(y.segment_map.size() == 1);
+    CHECK(y.segment_map[0].blocks == x.segment_map[0].blocks);
+}
+
+TEST_CASE("the timeline stays bounded and keeps the peak", "[scenario]") {
+    std::string log = k_header_off;
+    uint64_t seq = 0;
+    for (int i = 0; i < 3000; ++i) {
+        uint64_t size = i == 1777 ? 999999 : 1000;  // one spike, somewhere in the middle
+        log += alloc_line(seq++, 0x1000 + uint64_t(i) * 0x100000, size);
+        log += free_line(seq++, 0x1000 + uint64_t(i) * 0x100000, size);
+    }
+    log += end_line(seq);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = r.devices[0];
+    CHECK(d.timeline.size() <= k_timeline_points);
+    CHECK(d.timeline.size() >= k_timeline_points / 2);
+    uint64_t mx = 0;
+    for (const time_point& p : d.timeline) mx = std::max(mx, p.requested_max);
+    CHECK(mx == 999999);
+    CHECK(d.requested.peak == 999999);
+    CHECK(d.requested.peak_seq == 3554);
+}
+
+TEST_CASE("after lost events, inconsistencies are warnings, not errors", "[scenario]") {
+    std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 10) +
+                      "{\"ev\":\"lost\",\"t\":150,\"tid\":1,\"count\":3}\n" + free_line(1, 0x9000, 10) + end_line(2);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.lost == 3);
+    CHECK(has_warning(r, "3 event(s) were lost"));
+    CHECK(has_warning(r, "free of unknown pointer 0x9000"));
+    CHECK(has_warning(r, "tolerated"));
+}
+
+TEST_CASE("a seq gap is a warning and makes the analysis lenient", "[scenario]") {
+    std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 10) + free_line(5, 0x2000, 10) + end_line(6);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    CHECK(has_warning(r, "seq jumps from 0 to 5: 4 event(s) missing"));
+}
+
+TEST_CASE("a context reset drops the device's segments and blocks", "[scenario]") {
+    std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, 0x100000, 1 << 20) +
+                      pooled_line("alloc", 1, 0x100000, 1000, 1024, 0x100000) +
+                      "{\"ev\":\"context_reset\",\"seq\":2,\"t\":300,\"tid\":1,\"dev\":0,\"count\":0}\n" +
+                      seg_line("segment_alloc", 3, 0x100000, 1 << 20) + end_line(4);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = r.devices[0];
+    CHECK(r.n_context_reset == 1);
+    CHECK(d.reserved.current == 1 << 20);  // only the new segment
+    CHECK(d.allocated.current == 0);
+    CHECK(d.n_leaks == 0);
+    CHECK(d.end_free_in_segments == 1 << 20);
+}
+
+TEST_CASE("--at takes the map after the last event at or before the moment", "[scenario]") {
+    analyze_options o;
+    REQUIRE(parse_moment("5", o.at));
+    process_report r = analyze_file(data_path("golden/pool_fragmentation.jsonl"), o);
+    const state_snapshot& s = r.devices[0].at_request;
+    REQUIRE(s.valid);
+    CHECK(s.seq == 5);
+    CHECK(s.external_fragmentation == Approx(1.0 / 3.0));
+    REQUIRE(parse_moment("2.5us", o.at));
+    r = analyze_file(data_path("golden/pool_fragmentation.jsonl"), o);
+    CHECK(r.devices[0].at_request.seq == 1);  // t=2000 is the last event at or before 2500 ns
+    CHECK(r.devices[0].at_request.allocated == 524288);
+}
+
+TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
+    moment m;
+    REQUIRE(parse_moment("#12", m));
+    CHECK((m.kind == moment::by::seq && m.value == 12));
+    REQUIRE(parse_moment("1.5s", m));
+    CHECK((m.kind == moment::by::time && m.value == 1500000000));
+    REQUIRE(parse_moment("20us", m));
+    CHECK(m.value == 20000);
+    CHECK_FALSE(parse_moment("", m));
+    CHECK_FALSE(parse_moment("1.5", m));
+    CHECK_FALSE(parse_moment("5h", m));
+    CHECK_FALSE(parse_moment("abc", m));
+}
