@@ -189,6 +189,39 @@ void basic_runtime() {
     printf("pitch=%zu\noom_result=%d\n", pitch, oom);
 }
 
+// The demo workload: a toy training loop through the runtime.  Weights stay, activations of a
+// batch-dependent size come and go, and every tenth step keeps a checkpoint: enough churn for the
+// report to show segments, fragmentation and a leak.
+void train_runtime(int steps) {
+    std::vector<void*> weights;
+    for (int i = 0; i < 8; ++i) {
+        void* w;
+        CHECK(cudaMalloc(&w, size_t(4 + i) << 20));
+        weights.push_back(w);
+    }
+    std::vector<void*> checkpoints;
+    for (int step = 0; step < steps; ++step) {
+        size_t batch = 16 + size_t((step * 37) % 48);
+        std::vector<void*> acts;
+        for (int layer = 0; layer < 8; ++layer) {
+            void* a;
+            CHECK(cudaMalloc(&a, batch * (size_t(layer % 3) + 1) * 24576));
+            acts.push_back(a);
+            void* tmp;
+            CHECK(cudaMalloc(&tmp, 4096 + size_t(layer) * 512));
+            CHECK(cudaFree(tmp));
+        }
+        for (auto it = acts.rbegin(); it != acts.rend(); ++it) CHECK(cudaFree(*it));
+        if (step % 10 == 9) {
+            void* c;
+            CHECK(cudaMalloc(&c, 3 << 20));
+            checkpoints.push_back(c);  // never freed: the leak the report should point at
+        }
+    }
+    for (void* w : weights) CHECK(cudaFree(w));
+    printf("steps=%d\ncheckpoints_leaked=%zu\n", steps, checkpoints.size());
+}
+
 // As PyTorch's expandable segments do: VMM functions from cudaGetDriverEntryPointByVersion.
 void vmm_runtime() {
     void* dummy;
@@ -332,6 +365,7 @@ int main(int argc, char** argv) {
 #else
     if (s == "basic") basic_runtime();
     else if (s == "vmm") vmm_runtime();
+    else if (s == "train") train_runtime(argc > 2 ? atoi(argv[2]) : 200);
 #endif
     else {
         fprintf(stderr, "unknown scenario %s\n", s.c_str());
