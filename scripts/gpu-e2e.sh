@@ -60,6 +60,12 @@ run_case jax-default off -- python3 $W jax "$LOGS/jax-default.stats.json"
 run_case jax-platform off XLA_PYTHON_CLIENT_ALLOCATOR=platform -- python3 $W jax "$LOGS/jax-platform.stats.json"
 run_case cupy off -- python3 $W cupy "$LOGS/cupy.stats.json"
 run_case cuda-static off -- "$APP"
+# The same programs with gpumem's pool serving cuMemAlloc/cudaMalloc (the default).
+run_case torch-default-pool on -- python3 $W torch "$LOGS/torch-default-pool.stats.json"
+run_case torch-nocache-pool on PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- python3 $W torch "$LOGS/torch-nocache-pool.stats.json"
+run_case jax-platform-pool on XLA_PYTHON_CLIENT_ALLOCATOR=platform -- python3 $W jax "$LOGS/jax-platform-pool.stats.json"
+run_case cupy-pool on -- python3 $W cupy "$LOGS/cupy-pool.stats.json"
+run_case cuda-static-pool on -- "$APP"
 
 # Interception cost on the real driver: the same binary with and without gpumem (pool off).
 {

@@ -53,3 +53,22 @@ if __name__ == "__main__":
     s = summarize(load(sys.argv[1]))
     print(json.dumps({"apis": s["apis"], "end": s["end"], "seq_gaps": s["seq_gaps"],
                       "live_bytes": live_bytes(s)}, indent=1))
+
+
+def peak_reserved(lines):
+    """Largest total of pool segments plus pass-through device allocations at any moment, in bytes."""
+    cur = peak = 0
+    sizes = {}
+    for e in lines[1:]:
+        ev = e["ev"]
+        if ev == "segment_alloc":
+            cur += e["size"]
+        elif ev == "segment_free":
+            cur -= e["size"]
+        elif ev == "alloc" and not e.get("pooled") and e["kind"] in ("device", "vmm"):
+            sizes[(e["kind"], e["ptr"])] = e["size"]
+            cur += e["size"]
+        elif ev == "free" and not e.get("pooled"):
+            cur -= sizes.pop((e["kind"], e["ptr"]), 0)
+        peak = max(peak, cur)
+    return peak

@@ -1,0 +1,69 @@
+# Pool checks for scripts/gpu-e2e.sh (sourced by it): speed, reuse safety and peak memory of gpumem's pool on PyTorch.
+#
+# Each PyTorch workload runs natively (caching allocator), with PYTORCH_NO_CUDA_MEMORY_CACHING=1 alone
+# (every tensor a cudaMalloc), and with no caching under gpumem's pool.  Uses LIB, APP, LOGS, RESULTS.
+PW=tests/gpu/pool_workloads.py
+pool_run() {  # pool_run NAME MODE(native|raw|gpumem|gpumem-immediate) WORKLOAD [N]
+  local name=$1 mode=$2; shift 2
+  case $mode in
+    native) python3 $PW "$@" ;;
+    raw) PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 $PW "$@" ;;
+    gpumem) PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUMEM_OUT="$LOGS/$name.%p.jsonl" LD_PRELOAD="$LIB" python3 $PW "$@" ;;
+    gpumem-immediate) GPUMEM_REUSE=immediate PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUMEM_OUT="$LOGS/$name.%p.jsonl" LD_PRELOAD="$LIB" python3 $PW "$@" ;;
+  esac 2> "$LOGS/$name.stderr" | tail -1 > "$LOGS/$name.json"
+  echo "== $name: $(cut -c1-200 "$LOGS/$name.json")"
+}
+for m in native raw gpumem gpumem-immediate; do pool_run loop-$m $m loop 2000; done
+for m in raw gpumem; do pool_run multistream-$m $m multistream 30; done
+for m in native gpumem; do pool_run gpt2-$m $m gpt2 30; done
+
+python3 - "$LOGS" >> "$RESULTS" <<'PY'
+import glob, json, sys
+sys.path.insert(0, "tests/gpu")
+from check_log import load, peak_reserved, summarize
+logs = sys.argv[1]
+def res(name):
+    try:
+        return json.load(open(f"{logs}/{name}.json"))
+    except Exception as e:
+        return {"error": str(e)}
+def log_of(name):
+    files = sorted(glob.glob(f"{logs}/{name}.*.jsonl"), key=lambda p: -len(open(p).read()))
+    return load(files[0]) if files else None
+fails = 0
+print("\n### Pool on PyTorch (PYTORCH_NO_CUDA_MEMORY_CACHING=1 under gpumem's pool vs PyTorch's own allocator)\n")
+print("| check | measured | verdict |\n|---|---|---|")
+loop = {m: res(f"loop-{m}").get("us_per_iter") for m in ("native", "raw", "gpumem", "gpumem-immediate")}
+ok = all(loop.values()) and loop["gpumem"] <= 1.25 * loop["native"]
+fails += not ok
+print(f"| randn+mul loop, µs/iter | native {loop['native']:.1f}, no-cache raw {loop['raw']:.1f}, no-cache + gpumem {loop['gpumem']:.1f}, + GPUMEM_REUSE=immediate {loop['gpumem-immediate']:.1f}; gpumem/native = {loop['gpumem']/loop['native']:.2f} | {'PASS' if ok else 'FAIL'} (target ≤1.25) |")
+a, b = res("multistream-raw").get("losses"), res("multistream-gpumem").get("losses")
+ok = a is not None and a == b
+fails += not ok
+print(f"| 2-stream training step, 30 losses identical with and without gpumem | first {a[:2] if a else a}, last {a[-1] if a else a} vs {b[-1] if b else b} | {'PASS' if ok else 'FAIL'} |")
+g0, g1 = res("gpt2-native"), res("gpt2-gpumem")
+lg = log_of("gpt2-gpumem")
+peak = peak_reserved(lg) if lg else 0
+ratio_t = g1.get("ms_per_iter", 0) / max(g0.get("ms_per_iter", 1), 1e-9)
+ratio_m = peak / max(g0.get("max_reserved", 1), 1)
+ok = ratio_t <= 1.25 and ratio_m <= 1.10
+fails += not ok
+print(f"| GPT-2 (6×512, AdamW, varying batch), ms/step and peak reserved | native {g0.get('ms_per_iter', 0):.2f} ms, {g0.get('max_reserved', 0)/2**20:.0f} MiB; gpumem {g1.get('ms_per_iter', 0):.2f} ms, {peak/2**20:.0f} MiB (from the log); time ×{ratio_t:.2f}, memory ×{ratio_m:.3f} | {'PASS' if ok else 'FAIL'} (≤1.25, ≤1.10) |")
+if lg:
+    s = summarize(lg)
+    e = s["end"] or {}
+    print(f"| GPT-2 gpumem log | {s['events']} events, lost={e.get('lost')}, unmatched={e.get('unmatched')}, pool_syncs={sum(1 for x in lg if x['ev']=='pool_sync')}, segments={sum(1 for x in lg if x['ev']=='segment_alloc')} | {'PASS' if e and not e.get('lost') else 'FAIL'} |")
+print(f"\npool check failures: {fails}")
+sys.exit(1 if fails else 0)
+PY
+[ $? -eq 0 ] || fails=$((fails + 1))
+
+{
+  echo
+  echo "### Pool hit through libgpumem.so: cudaMalloc+cudaFree pair, static cudart (µs per pair)"
+  echo '```'
+  echo "without gpumem:"; "$APP" bench | grep bench
+  echo "with gpumem, pool on:"; GPUMEM_OUT="$LOGS/bench-pool.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
+  echo "with gpumem, pool on, GPUMEM_REUSE=immediate:"; GPUMEM_REUSE=immediate GPUMEM_OUT="$LOGS/bench-pool-imm.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
+  echo '```'
+} >> "$RESULTS" 2>&1
