@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -40,7 +41,9 @@ line_source::line_source(const std::string& path) : path_(path) {
     }
     // Tell the kernel we read front to back so it reads ahead generously.
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
-    buf_.resize(k_chunk + simdjson::SIMDJSON_PADDING);
+    // Small logs get a small buffer (it grows for long lines anyway); big ones read 4 MiB at a time.
+    size_t want = file_size_ ? size_t(std::min<uint64_t>(file_size_ + 1, k_chunk)) : k_chunk;
+    buf_.resize(std::max<size_t>(want, 4096) + simdjson::SIMDJSON_PADDING);
 }
 
 line_source::~line_source() {
