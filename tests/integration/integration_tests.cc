@@ -1,6 +1,5 @@
 // Integration tests: real programs under LD_PRELOAD=libgpumem.so on the emulated device, checked line by line.
-#include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
+#include "harness.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -19,71 +18,7 @@
 #include <string>
 #include <vector>
 
-using json = nlohmann::json;
-
 namespace {
-
-struct run_result {
-    int status = 0;         // raw wait status
-    std::string out;        // stdout
-    std::string err;        // stderr
-    std::vector<std::string> logs;  // log files in the run's directory
-};
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-// Runs `argv` in a fresh directory with LD_PRELOAD and the emulated device, plus `env`.
-run_result run(std::vector<std::string> argv, std::map<std::string, std::string> env = {}, bool preload = true) {
-    static int counter = 0;
-    std::string dir = "/tmp/gpumem-it-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    mkdir(dir.c_str(), 0755);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (chdir(dir.c_str()) != 0) _exit(126);
-        int o = open("stdout.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open("stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(o, 1);
-        dup2(e, 2);
-        setenv("LD_LIBRARY_PATH", EMU_DRIVER_DIR ":" EMU_RT_DIR, 1);
-        if (preload) setenv("LD_PRELOAD", GPUMEM_LIB, 1);
-        unsetenv("GPUMEM_OUT");
-        unsetenv("GPUMEM_ROUTES");
-        unsetenv("RANK");
-        unsetenv("LOCAL_RANK");
-        for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-        std::vector<char*> args;
-        for (auto& a : argv) args.push_back(a.data());
-        args.push_back(nullptr);
-        execv(args[0], args.data());
-        _exit(127);
-    }
-    run_result r;
-    waitpid(pid, &r.status, 0);
-    r.out = slurp(dir + "/stdout.txt");
-    r.err = slurp(dir + "/stderr.txt");
-    if (DIR* d = opendir(dir.c_str())) {
-        while (dirent* e = readdir(d)) {
-            std::string n = e->d_name;
-            if (n.size() > 6 && n.substr(n.size() - 6) == ".jsonl") r.logs.push_back(dir + "/" + n);
-        }
-        closedir(d);
-    }
-    std::sort(r.logs.begin(), r.logs.end());
-    return r;
-}
-
-std::vector<json> lines_of(const std::string& path) {
-    std::ifstream in(path);
-    std::vector<json> out;
-    std::string line;
-    while (std::getline(in, line)) out.push_back(json::parse(line));
-    return out;
-}
 
 // Events of one kind, as (api, size) pairs.
 std::multiset<std::pair<std::string, uint64_t>> calls(const std::vector<json>& ls, const std::string& ev) {
@@ -91,12 +26,6 @@ std::multiset<std::pair<std::string, uint64_t>> calls(const std::vector<json>& l
     for (auto& j : ls)
         if (j["ev"] == ev) out.insert({j["api"].get<std::string>(), j.value("size", uint64_t(0))});
     return out;
-}
-
-size_t count_ev(const std::vector<json>& ls, const std::string& ev) {
-    size_t n = 0;
-    for (auto& j : ls) n += j["ev"] == ev;
-    return n;
 }
 
 void check_header_and_end(const std::vector<json>& ls, const char* reason = "exit") {
@@ -275,7 +204,9 @@ TEST_CASE("shared runtime, every way on: each allocation recorded once, under th
 }
 
 TEST_CASE("multi-threaded program: 8 threads, 1.6M events, exact counts") {
-    auto r = run({EMU_DRIVER_APP, "stress", "8", "100000"});
+    // Pass-through: exactly one line per call.  The pooled variant (segment, sync and stats lines
+    // besides) is in pool_integration_tests.cc.
+    auto r = run({EMU_DRIVER_APP, "stress", "8", "100000"}, {{"GPUMEM_POOL", "off"}});
     REQUIRE(WEXITSTATUS(r.status) == 0);
     REQUIRE(r.logs.size() == 1);
     std::ifstream in(r.logs[0]);

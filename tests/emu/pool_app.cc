@@ -1,0 +1,206 @@
+// Workload program for the pool under LD_PRELOAD: alloc/free loops, OOM, capture, pointer queries and context resets on the emulated driver.
+//
+// Linked against the emulated libcuda.so.1 (way a).  Each scenario prints `key=value` lines,
+// including the emulated driver's own call counters, which the integration tests compare with the
+// log: the driver counts what really reached it, the log what the program saw.
+#include <cuda.h>
+#undef cuGetProcAddress
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void fail(const char* what, int code) {
+    fprintf(stderr, "pool_app: %s failed with %d\n", what, code);
+    exit(3);
+}
+#define CHECK(call)                       \
+    do {                                  \
+        int rc_ = int(call);              \
+        if (rc_ != 0) fail(#call, rc_);   \
+    } while (0)
+
+// The emulated driver's counter of `name` (calls that reached the driver itself).
+unsigned long long driver_count(const char* name) {
+    using fn = unsigned long long (*)(const char*);
+    static fn f = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_count"));
+    if (!f) fail("dlsym gpumem_emu_count", -1);
+    return f(name);
+}
+
+void print_counts(const char* prefix) {
+    printf("%sdriver_alloc=%llu\n%sdriver_free=%llu\n%sdriver_sync=%llu\n%sdriver_sync_in_capture=%llu\n", prefix,
+           driver_count("cuMemAlloc_v2"), prefix, driver_count("cuMemFree_v2"), prefix, driver_count("cuCtxSynchronize"),
+           prefix, driver_count("cuCtxSynchronize_in_capture"));
+}
+
+CUcontext setup() {
+    CHECK(cuInit(0));
+    CUcontext ctx;
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK(cuCtxSetCurrent(ctx));
+    return ctx;
+}
+
+// n alloc/free pairs of `size` bytes, each freed at once.
+void loop(long n, size_t size) {
+    setup();
+    for (long i = 0; i < n; ++i) {
+        CUdeviceptr p;
+        CHECK(cuMemAlloc(&p, size));
+        CHECK(cuMemFree(p));
+    }
+    printf("pairs=%ld\n", n);
+    print_counts("");
+}
+
+// Threads x pairs of alloc/free with sizes spread over both pools, some held across iterations.
+void threads(int nthreads, long pairs) {
+    CUcontext ctx = setup();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < nthreads; ++t) {
+        ts.emplace_back([=] {
+            cuCtxSetCurrent(ctx);
+            CUdeviceptr held[4] = {};
+            for (long i = 0; i < pairs; ++i) {
+                size_t size = 512 + size_t((t * 7919 + i * 104729) % (i % 16 == 0 ? (12 << 20) : 65536));
+                CUdeviceptr p;
+                CHECK(cuMemAlloc(&p, size));
+                CUdeviceptr& slot = held[i % 4];
+                if (slot) CHECK(cuMemFree(slot));
+                slot = p;
+            }
+            for (CUdeviceptr p : held)
+                if (p) CHECK(cuMemFree(p));
+        });
+    }
+    for (auto& t : ts) t.join();
+    printf("allocs=%ld\n", long(nthreads) * pairs);
+    print_counts("");
+}
+
+// Run with GPUMEM_EMU_CAPACITY=64M: fill the device, fail, then succeed by reusing pending frees
+// and by giving cached segments back.
+void oom() {
+    setup();
+    const size_t mb30 = 30u << 20;
+    CUdeviceptr a, b, c;
+    CHECK(cuMemAlloc(&a, mb30));
+    CHECK(cuMemAlloc(&b, mb30));
+    int first = int(cuMemAlloc(&c, mb30));           // 60 of 64 MiB in use: out of memory
+    CHECK(cuMemFree(a));
+    int reuse = int(cuMemAlloc(&c, mb30));           // a's block, once a sync released it
+    printf("reused_block=%d\n", c == a);
+    CHECK(cuMemFree(b));
+    CHECK(cuMemFree(c));
+    CUdeviceptr big;
+    int bigger = int(cuMemAlloc(&big, 50u << 20));   // only after both cached segments went back
+    if (bigger == 0) CHECK(cuMemFree(big));
+    printf("first_result=%d\nreuse_result=%d\nbigger_result=%d\n", first, reuse, bigger);
+    print_counts("");
+}
+
+// Frees pile up during a capture: the pool must take segments rather than synchronize.
+void capture() {
+    setup();
+    CUstream s;
+    CHECK(cuStreamCreate(&s, 0));
+    const size_t mb4 = 4u << 20;
+    auto pairs = [&](int n) {
+        for (int i = 0; i < n; ++i) {
+            CUdeviceptr p;
+            CHECK(cuMemAlloc(&p, mb4));
+            CHECK(cuMemFree(p));
+        }
+    };
+    pairs(4);
+    print_counts("before_");
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    pairs(64);  // 256 MiB freed: far past the 32 MiB sync budget
+    print_counts("during_");
+    CUgraph g;
+    CHECK(cuStreamEndCapture(s, &g));
+    pairs(64);
+    print_counts("after_");
+}
+
+// Pointer queries, IPC and bad frees on pooled blocks.
+void query() {
+    setup();
+    CUdeviceptr a, b;
+    CHECK(cuMemAlloc(&a, 1000));  // the first block of a small segment
+    CHECK(cuMemAlloc(&b, 5000));  // the next block of the same segment
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    int r = int(cuMemGetAddressRange(&base, &size, b + 100));
+    printf("range_result=%d\nrange_base_is_b=%d\nrange_size=%zu\n", r, base == b, size);
+    CUdeviceptr start = 0;
+    size_t rsize = 0;
+    int ordinal = -1;
+    CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, b + 10));
+    CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, b + 10));
+    CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, b + 10));
+    printf("attr_start_is_b=%d\nattr_size=%zu\nattr_ordinal=%d\n", start == b, rsize, ordinal);
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    start = 0;
+    rsize = 0;
+    ordinal = -1;
+    void* data[] = {&start, &rsize, &ordinal};
+    CHECK(cuPointerGetAttributes(3, attrs, data, a + 1));
+    printf("attrs_start_is_a=%d\nattrs_size=%zu\nattrs_ordinal=%d\n", start == a, rsize, ordinal);
+    CUipcMemHandle h;
+    printf("ipc_a_result=%d\n", int(cuIpcGetMemHandle(&h, a)));
+    printf("ipc_b_result=%d\n", int(cuIpcGetMemHandle(&h, b)));
+    printf("free_interior_result=%d\n", int(cuMemFree(a + 512)));
+    CHECK(cuMemFree(b));
+    printf("range_after_free_result=%d\n", int(cuMemGetAddressRange(&base, &size, b)));
+    printf("double_free_result=%d\n", int(cuMemFree(b)));
+    printf("free_null_result=%d\n", int(cuMemFree(0)));
+    printf("free_unknown_result=%d\n", int(cuMemFree(CUdeviceptr(0x1000))));
+    CHECK(cuMemFree(a));
+}
+
+// The primary context is reset, then destroyed: each time the pool forgets that context's memory
+// (the driver freed it) and starts afresh.
+void reset() {
+    setup();
+    CUdeviceptr p, q;
+    CHECK(cuMemAlloc(&p, 1 << 20));
+    print_counts("before_");
+    CHECK(cuDevicePrimaryCtxReset(0));
+    CUcontext ctx = setup();
+    CHECK(cuMemAlloc(&q, 1 << 20));
+    print_counts("after_reset_");
+    // p died with the context; its free is the driver's business, as without gpumem.
+    printf("free_dead_result=%d\n", int(cuMemFree(p)));
+    CHECK(cuMemFree(q));
+    CHECK(cuCtxDestroy(ctx));
+    setup();
+    CHECK(cuMemAlloc(&q, 1 << 20));
+    CHECK(cuMemFree(q));
+    print_counts("after_destroy_");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string s = argc > 1 ? argv[1] : "";
+    if (s == "loop") loop(argc > 2 ? atol(argv[2]) : 10000, argc > 3 ? size_t(atol(argv[3])) : 4096);
+    else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000);
+    else if (s == "oom") oom();
+    else if (s == "capture") capture();
+    else if (s == "query") query();
+    else if (s == "reset") reset();
+    else {
+        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS] | oom | capture | query | reset\n", argv[0]);
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,94 @@
+// The integration tests' harness: run a program under LD_PRELOAD=libgpumem.so on the emulated device, read its log.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using json = nlohmann::json;
+
+struct run_result {
+    int status = 0;         // raw wait status
+    std::string out;        // stdout
+    std::string err;        // stderr
+    std::vector<std::string> logs;  // log files in the run's directory
+};
+
+inline std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Runs `argv` in a fresh directory with LD_PRELOAD and the emulated device, plus `env`.
+inline run_result run(std::vector<std::string> argv, std::map<std::string, std::string> env = {}, bool preload = true) {
+    static int counter = 0;
+    std::string dir = "/tmp/gpumem-it-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+    mkdir(dir.c_str(), 0755);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(dir.c_str()) != 0) _exit(126);
+        int o = open("stdout.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open("stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 1);
+        dup2(e, 2);
+        setenv("LD_LIBRARY_PATH", EMU_DRIVER_DIR ":" EMU_RT_DIR, 1);
+        if (preload) setenv("LD_PRELOAD", GPUMEM_LIB, 1);
+        unsetenv("GPUMEM_OUT");
+        unsetenv("GPUMEM_ROUTES");
+        unsetenv("RANK");
+        unsetenv("LOCAL_RANK");
+        // Pool settings come only from the test (the pool is on by default).
+        unsetenv("GPUMEM_POOL");
+        unsetenv("GPUMEM_REUSE");
+        unsetenv("GPUMEM_STATS_MS");
+        for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        std::vector<char*> args;
+        for (auto& a : argv) args.push_back(a.data());
+        args.push_back(nullptr);
+        execv(args[0], args.data());
+        _exit(127);
+    }
+    run_result r;
+    waitpid(pid, &r.status, 0);
+    r.out = slurp(dir + "/stdout.txt");
+    r.err = slurp(dir + "/stderr.txt");
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > 6 && n.substr(n.size() - 6) == ".jsonl") r.logs.push_back(dir + "/" + n);
+        }
+        closedir(d);
+    }
+    std::sort(r.logs.begin(), r.logs.end());
+    return r;
+}
+
+inline std::vector<json> lines_of(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<json> out;
+    std::string line;
+    while (std::getline(in, line)) out.push_back(json::parse(line));
+    return out;
+}
+
+inline size_t count_ev(const std::vector<json>& ls, const std::string& ev) {
+    size_t n = 0;
+    for (auto& j : ls) n += j["ev"] == ev;
+    return n;
+}
+

@@ -1,0 +1,402 @@
+// Integration tests of the pool inside libgpumem.so: programs on the emulated device, the driver's own counters, and the log rebuilt block by block.
+#include "harness.h"
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+
+namespace {
+
+uint64_t hex(const json& j) { return std::stoull(j.get<std::string>(), nullptr, 16); }
+
+// `key=value` lines a program printed.
+std::map<std::string, std::string> values(const std::string& out) {
+    std::map<std::string, std::string> m;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+        if (auto eq = line.find('='); eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+    return m;
+}
+uint64_t num(const std::map<std::string, std::string>& m, const std::string& k) {
+    auto it = m.find(k);
+    INFO("missing key " << k);
+    REQUIRE(it != m.end());
+    return std::stoull(it->second);
+}
+
+// Rebuilds every segment's block layout from the log alone, following docs/pool.md, and fails on
+// the first event that does not fit the layout so far (safe reuse mode).
+struct layout_rebuild {
+    enum state { free_b, allocated, pending };
+    struct blk {
+        uint64_t size;
+        state st;
+    };
+    std::map<uint64_t, uint64_t> segments;           // base -> size
+    std::map<uint64_t, blk> blocks;                  // addr -> block, all segments
+    std::string error;
+    uint64_t n_alloc = 0, n_free = 0, n_sync = 0;
+
+    uint64_t segment_of(uint64_t a) const {
+        auto it = segments.upper_bound(a);
+        if (it == segments.begin()) return 0;
+        --it;
+        return a - it->first < it->second ? it->first : 0;
+    }
+    void merge_around(uint64_t addr) {  // merges the free block at addr with free neighbours in its segment
+        uint64_t seg = segment_of(addr);
+        auto it = blocks.find(addr);
+        if (it != blocks.begin()) {
+            auto pr = std::prev(it);
+            if (pr->second.st == free_b && segment_of(pr->first) == seg && pr->first + pr->second.size == it->first) {
+                pr->second.size += it->second.size;
+                blocks.erase(it);
+                it = pr;
+            }
+        }
+        auto nx = std::next(it);
+        if (nx != blocks.end() && nx->second.st == free_b && segment_of(nx->first) == seg &&
+            it->first + it->second.size == nx->first) {
+            it->second.size += nx->second.size;
+            blocks.erase(nx);
+        }
+    }
+    void apply(const json& j) {
+        if (!error.empty()) return;
+        const std::string ev = j["ev"];
+        if (ev == "segment_alloc") {
+            uint64_t b = hex(j["ptr"]), s = j["size"].get<uint64_t>();
+            if (segment_of(b) || segment_of(b + s - 1)) error = "segment overlaps another: " + j.dump();
+            segments[b] = s;
+            blocks[b] = {s, free_b};
+        } else if (ev == "segment_free") {
+            uint64_t b = hex(j["ptr"]);
+            auto it = blocks.find(b);
+            if (!segments.count(b) || it == blocks.end() || it->second.st != free_b || it->second.size != segments[b])
+                error = "segment_free of a segment that is not one free block: " + j.dump();
+            blocks.erase(b);
+            segments.erase(b);
+        } else if (ev == "alloc" && j.value("pooled", false)) {
+            ++n_alloc;
+            uint64_t p = hex(j["ptr"]), seg = hex(j["seg"]);
+            uint64_t as = j.value("asize", j["size"].get<uint64_t>());  // absent when equal to size
+            auto it = blocks.find(p);
+            if (it == blocks.end() || it->second.st != free_b || it->second.size < as || segment_of(p) != seg) {
+                error = "alloc not at the start of a free block of its segment: " + j.dump();
+                return;
+            }
+            if (j["size"].get<uint64_t>() > as) error = "asize below size: " + j.dump();
+            uint64_t rest = it->second.size - as;
+            it->second = {as, allocated};
+            if (rest) blocks[p + as] = {rest, free_b};
+        } else if (ev == "free" && j.value("pooled", false)) {
+            ++n_free;
+            uint64_t p = hex(j["ptr"]);
+            auto it = blocks.find(p);
+            if (it == blocks.end() || it->second.st != allocated || it->second.size != j.value("asize", j["size"].get<uint64_t>()))
+                error = "free of no allocated block of that size: " + j.dump();
+            else
+                it->second.st = pending;
+        } else if (ev == "pool_sync") {
+            ++n_sync;
+            // One at a time, as the pool does: each released block merges with its free neighbours.
+            std::vector<uint64_t> released;
+            for (auto& [a, b] : blocks)
+                if (b.st == pending) released.push_back(a);
+            if (released.size() != j["count"].get<uint64_t>()) error = "pool_sync count differs from pending blocks: " + j.dump();
+            for (uint64_t a : released) {
+                blocks[a].st = free_b;
+                merge_around(a);
+            }
+        } else if (ev == "context_reset") {
+            blocks.clear();
+            segments.clear();
+        }
+    }
+    uint64_t reserved() const {
+        uint64_t r = 0;
+        for (auto& [b, s] : segments) r += s;
+        return r;
+    }
+};
+
+void check_rebuild(const std::vector<json>& ls, layout_rebuild* out = nullptr) {
+    layout_rebuild lr;
+    for (auto& j : ls) lr.apply(j);
+    INFO(lr.error);
+    CHECK(lr.error.empty());
+    // Every stats snapshot's reserved bytes must equal the rebuilt layout's at that point.
+    layout_rebuild again;
+    for (auto& j : ls) {
+        again.apply(j);
+        if (j["ev"] == "stats") CHECK(j["reserved"].get<uint64_t>() == again.reserved());
+    }
+    if (out) *out = lr;
+}
+
+void check_complete(const run_result& r, std::vector<json>* ls_out) {
+    INFO(r.err);
+    REQUIRE(WIFEXITED(r.status));
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    REQUIRE(ls.size() >= 2);
+    CHECK(ls.front()["ev"] == "header");
+    CHECK(ls.back()["ev"] == "end");
+    CHECK(ls.back()["lost"] == 0);
+    uint64_t expect = 0;
+    for (size_t i = 1; i + 1 < ls.size(); ++i) CHECK(ls[i]["seq"] == expect++);
+    *ls_out = std::move(ls);
+}
+
+}  // namespace
+
+TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, all logged") {
+    const long n = 20000;
+    auto r = run({EMU_POOL_APP, "loop", std::to_string(n), "4096"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    // Freed blocks wait for a sync (safe mode), which comes once 32 MiB (the sync budget) is
+    // pending: until then the pool takes 2 MiB segments.  So at most 16 + 1 segments, whatever n.
+    CHECK(num(v, "driver_alloc") <= 17);
+    CHECK(num(v, "driver_free") == 0);   // cached until exit, then leaked to the OS
+    CHECK(num(v, "driver_sync") <= 3);   // 20000 x 4 KiB = 78 MiB freed: about two sync budgets
+    const json& cfg = ls.front()["config"];
+    CHECK(cfg["pool"] == "on");
+    CHECK(cfg["reuse"] == "safe");
+    CHECK(cfg["pool_small_segment"] == 2 << 20);
+    CHECK(cfg["stats_ms"] == 1000);
+    CHECK(count_ev(ls, "alloc") == size_t(n));
+    CHECK(count_ev(ls, "free") == size_t(n));
+    CHECK(count_ev(ls, "segment_alloc") == num(v, "driver_alloc"));
+    CHECK(count_ev(ls, "pool_sync") == num(v, "driver_sync"));
+    CHECK(count_ev(ls, "stats") >= 1);
+    for (auto& j : ls) {
+        if (j["ev"] != "alloc" && j["ev"] != "free") continue;
+        CHECK(j["api"] == (j["ev"] == "alloc" ? "cuMemAlloc_v2" : "cuMemFree_v2"));
+        CHECK(j["pooled"] == true);
+        CHECK(j["size"] == 4096);
+        CHECK_FALSE(j.contains("asize"));  // the block is exactly the 4096 B asked for
+        CHECK(j["dev"] == 0);
+        CHECK(j.contains("seg"));
+    }
+    for (auto& j : ls)
+        if (j["ev"] == "segment_alloc") {
+            CHECK(j["pool"] == "small");
+            CHECK(j["size"] == 2 << 20);
+            CHECK(j["api"] == "cuMemAlloc_v2");
+        }
+    CHECK(ls.back()["n_alloc"] == n);
+    CHECK(ls.back()["live_allocs"] == 0);
+    layout_rebuild lr;
+    check_rebuild(ls, &lr);
+    CHECK(lr.n_alloc == uint64_t(n));
+}
+
+TEST_CASE("GPUMEM_POOL=off: plain pass-through, one driver call per program call") {
+    auto r = run({EMU_POOL_APP, "loop", "1000", "4096"}, {{"GPUMEM_POOL", "off"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "driver_alloc") == 1000);
+    CHECK(num(v, "driver_free") == 1000);
+    CHECK(num(v, "driver_sync") == 0);
+    CHECK(ls.front()["config"]["pool"] == "off");
+    CHECK_FALSE(ls.front()["config"].contains("reuse"));
+    CHECK(ls.size() == 1 + 2000 + 1);  // header, one line per call, end
+    for (size_t i = 1; i + 1 < ls.size(); ++i) {
+        CHECK_FALSE(ls[i].contains("pooled"));
+        CHECK_FALSE(ls[i].contains("seg"));
+        CHECK(ls[i]["api"] == (ls[i]["ev"] == "alloc" ? "cuMemAlloc_v2" : "cuMemFree_v2"));
+    }
+}
+
+TEST_CASE("pool: the driver-level basic scenario logs the same calls with the pool on and off") {
+    // Device allocations are pooled, the rest pass through; the (api, size) of every event is the
+    // program's either way, and the over-large request fails with OOM in both.
+    auto on = run({EMU_DRIVER_APP, "basic"});
+    auto off = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_POOL", "off"}});
+    std::vector<json> a, b;
+    check_complete(on, &a);
+    check_complete(off, &b);
+    auto pick = [](const std::vector<json>& ls, const char* ev) {
+        std::multiset<std::pair<std::string, uint64_t>> s;
+        for (auto& j : ls)
+            if (j["ev"] == ev) s.insert({j["api"], j.value("size", uint64_t(0))});
+        return s;
+    };
+    for (const char* ev : {"alloc", "free", "alloc_fail"}) CHECK(pick(a, ev) == pick(b, ev));
+    CHECK(count_ev(a, "oom") == 1);
+    CHECK(count_ev(b, "oom") == 0);
+    size_t pooled = 0;
+    for (auto& j : a) pooled += (j["ev"] == "alloc" || j["ev"] == "free") && j.value("pooled", false);
+    CHECK(pooled == 8);  // 4 cuMemAlloc_v2 and their 4 cuMemFree_v2; pitch, managed, async, host pass through
+    CHECK(values(on.out)["pitch"] == values(off.out)["pitch"]);
+}
+
+TEST_CASE("pool: a shared runtime's cudaMalloc/cudaFree are pooled and recorded once, under the runtime's name") {
+    auto r = run({EMU_RT_SHARED_APP, "basic"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    size_t n_malloc = 0, n_free = 0;
+    for (auto& j : ls) {
+        if (j["ev"] == "alloc" && j["api"] == "cudaMalloc") {
+            ++n_malloc;
+            CHECK(j["pooled"] == true);
+        }
+        if (j["ev"] == "free" && j["api"] == "cudaFree" && j.value("pooled", false)) ++n_free;
+        if (j["ev"] == "segment_alloc") CHECK(j["api"] == "cudaMalloc");
+        if (j["ev"] == "alloc" || j["ev"] == "free") CHECK(std::string(j["api"]).rfind("cuMem", 0) != 0);
+    }
+    CHECK(n_malloc == 2);  // 1 MiB and 5000 B; the pitched one passes through
+    CHECK(n_free == 2);
+    CHECK(count_ev(ls, "alloc") == 5);
+    CHECK(count_ev(ls, "free") == 5);
+    REQUIRE(count_ev(ls, "alloc_fail") == 1);
+    for (auto& j : ls)
+        if (j["ev"] == "alloc_fail") {
+            CHECK(j["api"] == "cudaMalloc");
+            CHECK(j["err"] == 2);
+        }
+    CHECK(values(r.out)["oom_result"] == "2");  // cudaErrorMemoryAllocation
+    check_rebuild(ls);
+}
+
+TEST_CASE("pool: a static runtime resolving through cuGetProcAddress is pooled under the driver's name") {
+    auto r = run({EMU_RT_STATIC_APP, "basic"}, {{"GPUMEM_ROUTES", "c"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    size_t pooled = 0;
+    for (auto& j : ls)
+        if (j["ev"] == "alloc" && j.value("pooled", false)) {
+            ++pooled;
+            CHECK(j["api"] == "cuMemAlloc_v2");
+        }
+    CHECK(pooled == 2);
+    check_rebuild(ls);
+}
+
+TEST_CASE("pool: OOM releases pending frees and cached segments before failing; failure returns 2 with oom + alloc_fail") {
+    auto r = run({EMU_POOL_APP, "oom"}, {{"GPUMEM_EMU_CAPACITY", "64M"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "first_result") == 2);
+    CHECK(num(v, "reuse_result") == 0);
+    CHECK(num(v, "reused_block") == 1);   // the freed block, released by one sync
+    CHECK(num(v, "bigger_result") == 0);  // after both cached 30 MiB segments went back
+    CHECK(num(v, "driver_free") == 2);
+    REQUIRE(count_ev(ls, "oom") == 1);
+    REQUIRE(count_ev(ls, "alloc_fail") == 1);
+    for (size_t i = 0; i < ls.size(); ++i) {
+        if (ls[i]["ev"] != "oom") continue;
+        const json& o = ls[i];
+        CHECK(o["size"] == 30 << 20);
+        CHECK(o["api"] == "cuMemAlloc_v2");
+        CHECK(o["reserved"] == 60 << 20);
+        CHECK(o["allocated"] == 60 << 20);
+        CHECK(o["segments"] == 2);
+        CHECK(o["gpu_total"] == 64 << 20);
+        CHECK(o["gpu_free"] == 4 << 20);
+        REQUIRE(i + 1 < ls.size());
+        CHECK(ls[i + 1]["ev"] == "alloc_fail");  // right after, same call
+        CHECK(ls[i + 1]["err"] == 2);
+    }
+    CHECK(count_ev(ls, "segment_free") == 2);
+    check_rebuild(ls);
+}
+
+TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open; syncs resume after it") {
+    auto r = run({EMU_POOL_APP, "capture"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "during_driver_sync_in_capture") == 0);
+    CHECK(num(v, "after_driver_sync_in_capture") == 0);
+    CHECK(num(v, "during_driver_sync") == num(v, "before_driver_sync"));
+    CHECK(num(v, "during_driver_alloc") > num(v, "before_driver_alloc"));  // segments instead of syncs
+    CHECK(num(v, "after_driver_sync") > num(v, "during_driver_sync"));
+    check_rebuild(ls);
+}
+
+TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segments, bad frees fail like the driver's") {
+    auto r = run({EMU_POOL_APP, "query"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "range_result") == 0);
+    CHECK(num(v, "range_base_is_b") == 1);
+    CHECK(num(v, "range_size") == 5000);
+    CHECK(num(v, "attr_start_is_b") == 1);
+    CHECK(num(v, "attr_size") == 5000);
+    CHECK(num(v, "attr_ordinal") == 0);
+    CHECK(num(v, "attrs_start_is_a") == 1);
+    CHECK(num(v, "attrs_size") == 1000);
+    CHECK(num(v, "attrs_ordinal") == 0);
+    CHECK(num(v, "ipc_a_result") == 0);  // a starts its segment: the real handle is right
+    CHECK(num(v, "ipc_b_result") == 1);  // CUDA_ERROR_INVALID_VALUE, never the segment's handle
+    CHECK(r.err.find("cuIpcGetMemHandle on a pooled block") != std::string::npos);
+    CHECK(num(v, "free_interior_result") == 1);
+    CHECK(num(v, "range_after_free_result") == 500);  // CUDA_ERROR_NOT_FOUND
+    CHECK(num(v, "double_free_result") == 1);
+    CHECK(num(v, "free_null_result") == 0);
+    CHECK(num(v, "free_unknown_result") == 1);  // the driver's own answer
+    CHECK(count_ev(ls, "free_fail") == 3);
+    for (auto& j : ls)
+        if (j["ev"] == "free_fail" && j.value("pooled", false)) CHECK(j["err"] == 1);
+    check_rebuild(ls);
+
+    auto off = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL", "off"}});
+    CHECK(values(off.out)["ipc_b_result"] == "0");  // pass-through: b is its own driver allocation
+}
+
+TEST_CASE("pool: context reset and destroy drop that context's pool; a new context starts afresh") {
+    auto r = run({EMU_POOL_APP, "reset"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "before_driver_alloc") == 1);
+    CHECK(num(v, "after_reset_driver_alloc") == 2);  // a new segment, not the dead one
+    CHECK(num(v, "after_destroy_driver_alloc") == 3);
+    CHECK(num(v, "free_dead_result") == 1);          // what the driver says for memory it freed
+    CHECK(count_ev(ls, "context_reset") == 2);
+    check_rebuild(ls);
+}
+
+TEST_CASE("pool: 8 threads share one context's pool; every event fits the rebuilt layout") {
+    auto r = run({EMU_POOL_APP, "threads", "8", "20000"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    CHECK(count_ev(ls, "alloc") == 160000);
+    CHECK(count_ev(ls, "free") == 160000);
+    CHECK(ls.back()["live_allocs"] == 0);
+    layout_rebuild lr;
+    check_rebuild(ls, &lr);
+    CHECK(lr.n_free == 160000);
+    CHECK(count_ev(ls, "segment_alloc") < 100);
+}
+
+TEST_CASE("pool: the pass-through stress case also holds pooled, 8 threads x 100000 pairs") {
+    auto r = run({EMU_DRIVER_APP, "stress", "8", "100000"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    CHECK(count_ev(ls, "alloc") == 800000);
+    CHECK(count_ev(ls, "free") == 800000);
+    CHECK(ls.back()["n_alloc"] == 800000);
+    CHECK(ls.back()["live_allocs"] == 0);
+    check_rebuild(ls);
+}
+
+TEST_CASE("pool: fork child forgets the parent's pools and pools its own allocations") {
+    auto r = run({EMU_DRIVER_APP, "fork", "300"});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    REQUIRE(r.logs.size() == 2);
+    for (auto& path : r.logs) {
+        auto ls = lines_of(path);
+        CHECK(count_ev(ls, "segment_alloc") == 1);
+        check_rebuild(ls);
+    }
+}
