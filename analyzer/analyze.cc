@@ -149,7 +149,7 @@ void run_pass(const std::string& path, process_report& rep, replayer& rp, line_p
             throw input_error(path, ln, err + ": " + snippet + (line.size() > 60 ? "..." : ""));
         }
         if (st != parse_status::ok) throw input_error(path, ln, err);
-        if (e.known_kind) {
+        if (e.known_kind && (line_parser::required_members(e) & ~e.present)) {
             std::string missing = line_parser::missing_members(e);
             if (!missing.empty())
                 throw input_error(path, ln, std::string("\"") + k_ev_names[size_t(e.ev)] + "\" event without " + missing);

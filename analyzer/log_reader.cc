@@ -472,6 +472,18 @@ parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_
 }
 
 std::string line_parser::missing_members(const log_event& e) {
+    uint64_t missing = required_members(e) & ~e.present;
+    if (!missing) return "";
+    std::string out;
+    for (int i = 0; i < fd_count_; ++i)
+        if (missing & bit(field(i))) {
+            if (!out.empty()) out += ", ";
+            out += std::string("\"") + k_field_names[i] + "\"";
+        }
+    return out;
+}
+
+uint64_t line_parser::required_members(const log_event& e) {
     // "lost" has no seq: a loss occupies no position in the order.
     uint64_t need = e.ev == ev_kind::lost ? bit(fd_count) : bit(fd_seq) | bit(fd_t);
     switch (e.ev) {
@@ -496,15 +508,7 @@ std::string line_parser::missing_members(const log_event& e) {
     case ev_kind::stats: need |= bit(fd_dev); break;
     default: break;
     }
-    uint64_t missing = need & ~e.present;
-    if (!missing) return "";
-    std::string out;
-    for (int i = 0; i < fd_count_; ++i)
-        if (missing & bit(field(i))) {
-            if (!out.empty()) out += ", ";
-            out += std::string("\"") + k_field_names[i] + "\"";
-        }
-    return out;
+    return need;
 }
 
 }  // namespace gpumem::analysis

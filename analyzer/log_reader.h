@@ -71,6 +71,8 @@ public:
                        std::string& error);
     // Members an event of this kind must have; names the first missing one or returns "".
     static std::string missing_members(const log_event& e);
+    // The members an event of this kind must have, as a mask of field bits.
+    static uint64_t required_members(const log_event& e);
 
     const std::string& api_name(uint16_t index) const { return api_names_[index]; }
     size_t api_count() const { return api_names_.size(); }

@@ -87,10 +87,59 @@ struct timeline_builder {
     }
 };
 
+// The free gaps of one device as a multiset of sizes, built for "largest" after every event: a
+// hash map of counts plus a max-heap that may hold stale sizes, dropped lazily when they surface.
+// This replaced a std::map<size, count>, whose node churn was the replay's largest cost.
+class gap_set {
+public:
+    void add(uint64_t s) {
+        if (!s) return;
+        uint32_t& c = count_[s];
+        if (c++ == 0) {
+            heap_.push_back(s);
+            std::push_heap(heap_.begin(), heap_.end());
+        }
+        total_ += s;
+        ++n_;
+    }
+    void remove(uint64_t s) {
+        if (!s) return;
+        auto it = count_.find(s);
+        if (it == count_.end()) return;  // unreachable while the map is consistent
+        if (--it->second == 0) count_.erase(it);
+        total_ -= s;
+        --n_;
+    }
+    uint64_t largest() {
+        while (!heap_.empty() && !count_.count(heap_.front())) {
+            std::pop_heap(heap_.begin(), heap_.end());
+            heap_.pop_back();
+        }
+        // Stale sizes below the top pile up; rebuild when they outnumber the live ones.
+        if (heap_.size() > 2 * count_.size() + 1024) {
+            heap_.clear();
+            for (const auto& kv : count_) heap_.push_back(kv.first);
+            std::make_heap(heap_.begin(), heap_.end());
+        }
+        return heap_.empty() ? 0 : heap_.front();
+    }
+    void clear() {
+        count_.clear();
+        heap_.clear();
+        total_ = n_ = 0;
+    }
+    uint64_t total() const { return total_; }
+    uint64_t count() const { return n_; }
+
+private:
+    std::unordered_map<uint64_t, uint32_t> count_;
+    std::vector<uint64_t> heap_;
+    uint64_t total_ = 0, n_ = 0;
+};
+
 struct dev_state {
     device_report rep;
-    std::map<uint64_t, uint64_t> gaps;  // free gap size -> how many; largest = last key
-    uint64_t free_total = 0, n_gaps = 0;
+    gap_set gaps;
     timeline_builder timeline;
     std::vector<usage_row> by_api;
     std::vector<usage_row> by_kind;
@@ -101,9 +150,11 @@ struct dev_state {
     bool second_pass_taken = false;
     bool seen = false;  // has had an event of its own
 
-    uint64_t largest_free() const { return gaps.empty() ? 0 : gaps.rbegin()->first; }
-    double frag() const {
-        return free_total ? 1.0 - double(largest_free()) / double(free_total) : 0.0;
+    uint64_t largest_free() { return gaps.largest(); }
+    uint64_t free_total() const { return gaps.total(); }
+    uint64_t n_gaps() const { return gaps.count(); }
+    double frag() {
+        return gaps.total() ? 1.0 - double(largest_free()) / double(gaps.total()) : 0.0;
     }
 };
 
@@ -166,20 +217,8 @@ struct replayer::impl {
     }
 
     // ----- free gaps
-    static void gap_add(dev_state& d, uint64_t n) {
-        if (!n) return;
-        ++d.gaps[n];
-        d.free_total += n;
-        ++d.n_gaps;
-    }
-    static void gap_remove(dev_state& d, uint64_t n) {
-        if (!n) return;
-        auto it = d.gaps.find(n);
-        if (it == d.gaps.end()) return;  // unreachable while the map is consistent
-        if (--it->second == 0) d.gaps.erase(it);
-        d.free_total -= n;
-        --d.n_gaps;
-    }
+    static void gap_add(dev_state& d, uint64_t n) { d.gaps.add(n); }
+    static void gap_remove(dev_state& d, uint64_t n) { d.gaps.remove(n); }
     // The free range around [p, p+a) in s if the block were absent: [prev_end, next_start).
     static void neighbours(const seg_state& s, uint64_t base, uint64_t p, uint64_t& prev_end,
                            uint64_t& next_start) {
@@ -220,7 +259,7 @@ struct replayer::impl {
             if (s.dev == d.rep.dev) n += s.blocks.size();
         return n;
     }
-    state_snapshot snapshot(const dev_state& d, const std::string& label, uint64_t seq, uint64_t t,
+    state_snapshot snapshot(dev_state& d, const std::string& label, uint64_t seq, uint64_t t,
                             uint64_t line) {
         state_snapshot s;
         s.valid = true;
@@ -231,9 +270,9 @@ struct replayer::impl {
         s.requested = d.rep.requested.current;
         s.allocated = d.rep.allocated.current;
         s.reserved = d.rep.reserved.current;
-        s.free_in_segments = d.free_total;
+        s.free_in_segments = d.free_total();
         s.largest_free = d.largest_free();
-        s.free_blocks = d.n_gaps;
+        s.free_blocks = d.n_gaps();
         s.external_fragmentation = d.frag();
         for (const auto& [base, sg] : segments) {
             if (sg.dev != d.rep.dev) continue;
@@ -331,7 +370,7 @@ struct replayer::impl {
             d.rep.max_external_fragmentation_t = t;
             d.rep.max_external_fragmentation_seq = seq;
         }
-        d.rep.max_free_blocks = std::max(d.rep.max_free_blocks, d.n_gaps);
+        d.rep.max_free_blocks = std::max(d.rep.max_free_blocks, d.n_gaps());
         d.timeline.add(t, seq, d.rep.requested.current, d.rep.allocated.current,
                        d.rep.reserved.current, f);
     }
@@ -561,7 +600,7 @@ struct replayer::impl {
         o.api = e.has(fd_api) ? names.api_name(e.api) : "";
         o.from_pool = from_pool;
         o.err = from_pool ? 0 : e.err;
-        o.free_in_segments = d.free_total;
+        o.free_in_segments = d.free_total();
         o.largest_free = d.largest_free();
         o.reserved = d.rep.reserved.current;
         o.allocated = d.rep.allocated.current;
@@ -627,7 +666,6 @@ struct replayer::impl {
             if (only_dev < 0 || k == only_dev) {
                 // Segments are gone; recompute gaps from what remains on the device.
                 d.gaps.clear();
-                d.free_total = d.n_gaps = 0;
                 for (const auto& [base, s] : segments)
                     if (s.dev == k) {
                         uint64_t cur = base;
@@ -817,9 +855,9 @@ struct replayer::impl {
             if (r.n_alloc + r.n_free + r.n_alloc_fail + r.n_free_fail + r.n_segment_alloc + r.n_map +
                     r.n_unmap + r.n_oom + r.n_leaks == 0)
                 continue;
-            d.rep.end_free_in_segments = d.free_total;
+            d.rep.end_free_in_segments = d.free_total();
             d.rep.end_largest_free = d.largest_free();
-            d.rep.end_free_blocks = d.n_gaps;
+            d.rep.end_free_blocks = d.n_gaps();
             d.rep.end_external_fragmentation = d.frag();
             d.rep.timeline = d.timeline.pts;
             d.rep.timeline_events_per_point = d.timeline.per_point;
