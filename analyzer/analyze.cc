@@ -77,7 +77,10 @@ void read_header(std::string_view line, const std::string& path, process_report&
             rep.header_devices.push_back(hd);
         }
     auto cfg = h.find("config");
-    if (cfg != h.end() && cfg->is_object()) take(*cfg, "pool", rep.pool_mode);
+    if (cfg != h.end() && cfg->is_object()) {
+        take(*cfg, "pool", rep.pool_mode);
+        take(*cfg, "reuse", rep.reuse_mode);
+    }
 }
 
 bool is_blank(std::string_view s) {

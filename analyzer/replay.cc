@@ -148,6 +148,7 @@ struct dev_state {
     bool pending_oom = false;   // an "oom" not yet matched by its alloc_fail
     uint64_t pending_oom_size = 0;
     bool second_pass_taken = false;
+    std::vector<std::pair<uint64_t, uint64_t>> pending;  // (segment base, block ptr), in free order
     bool seen = false;  // has had an event of its own
 
     uint64_t largest_free() { return gaps.largest(); }
@@ -179,6 +180,7 @@ struct replayer::impl {
     // the missing events could explain become warnings instead of errors.
     bool lenient = false;
     bool after_end = false;
+    bool pending_frees() const { return rep.pool_mode != "off" && rep.reuse_mode != "immediate"; }
     uint64_t events_seen = 0;
     uint64_t snapshot_work = 0;
     bool at_taken = false;
@@ -274,6 +276,9 @@ struct replayer::impl {
         s.largest_free = d.largest_free();
         s.free_blocks = d.n_gaps();
         s.external_fragmentation = d.frag();
+        s.pending = d.rep.pending.current;
+        std::unordered_map<uint64_t, bool> pend;
+        for (const auto& pr : d.pending) pend[pr.second] = true;
         for (const auto& [base, sg] : segments) {
             if (sg.dev != d.rep.dev) continue;
             segment_view v;
@@ -281,6 +286,9 @@ struct replayer::impl {
             v.size = sg.size;
             v.pool = sg.pool;
             v.blocks.assign(sg.blocks.begin(), sg.blocks.end());
+            if (!pend.empty())
+                for (const auto& b : v.blocks)
+                    if (pend.count(b.first)) v.pending.push_back(b);
             // Free blocks for the histogram: the gaps between consecutive blocks.
             uint64_t cur = base;
             for (const auto& [p, a] : sg.blocks) {
@@ -510,7 +518,16 @@ struct replayer::impl {
         settle_peak(ad, line);
         if (a.pooled) {
             auto sit = segments.find(a.seg);
-            if (sit != segments.end()) unplace_block(sit->second, sit->first, e.ptr);
+            if (sit != segments.end()) {
+                if (pending_frees()) {
+                    // docs/pool.md: a freed block stays in place, neither allocated nor free, until
+                    // a pool_sync releases it; counting it as free would misjudge fragmentation.
+                    ad.pending.push_back({a.seg, e.ptr});
+                    ad.rep.pending.add(a.asize, e.t, e.seq, line);
+                } else {
+                    unplace_block(sit->second, sit->first, e.ptr);
+                }
+            }
         }
         release(a, true, e.t, e.seq);
         ++ad.rep.n_free;
@@ -552,16 +569,19 @@ struct replayer::impl {
         seg_state& s = it->second;
         dev_state& sd = dev(s.dev);
         settle_peak(sd, line);
+        drop_pending_in(sd, it->first);
         if (!s.blocks.empty()) {
-            warn(line, "segment " + hex(e.ptr) + " returned to the driver with " + std::to_string(s.blocks.size()) +
-                           " live block(s); they are dropped");
+            size_t n_live = 0;
             for (const auto& [p, a] : s.blocks) {
                 auto l = live.find(p);
                 if (l != live.end()) {
                     release(l->second, false, e.t, e.seq);
                     live.erase(l);
+                    ++n_live;
                 }
             }
+            warn(line, "segment " + hex(e.ptr) + " returned to the driver with " + std::to_string(n_live) +
+                           " live and " + std::to_string(s.blocks.size() - n_live) + " pending block(s); they are dropped");
             // Rebuild the segment as one free gap before removing it.
             uint64_t cur = it->first;
             for (const auto& [p, a] : s.blocks) {
@@ -628,6 +648,37 @@ struct replayer::impl {
         if (d.rep.ooms.size() < 1000) d.rep.ooms.push_back(std::move(o));
     }
 
+    // Every pending block of the device becomes free and merges with its free neighbours.
+    void on_pool_sync(dev_state& d, const log_event& e, uint64_t line) {
+        ++d.rep.n_pool_sync;
+        if (e.has(fd_count) && pending_frees() && e.count != d.pending.size() && !lenient)
+            warn(line, "pool_sync releases " + std::to_string(e.count) + " frees; the reconstruction has " +
+                           std::to_string(d.pending.size()) + " pending");
+        for (const auto& [seg, ptr] : d.pending) {
+            auto sit = segments.find(seg);
+            if (sit != segments.end()) unplace_block(sit->second, sit->first, ptr);
+        }
+        d.pending.clear();
+        d.rep.pending.current = 0;
+    }
+
+    // Pending blocks inside [base, base+size) are forgotten (their segment is going away).
+    void drop_pending_in(dev_state& d, uint64_t base) {
+        auto& v = d.pending;
+        for (auto it = v.begin(); it != v.end();) {
+            if (it->first == base) {
+                auto sit = segments.find(base);
+                if (sit != segments.end()) {
+                    auto b = sit->second.blocks.find(it->second);
+                    if (b != sit->second.blocks.end()) d.rep.pending.sub(b->second);
+                }
+                it = v.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+
     void on_stats(const log_event& e, uint64_t line) {
         dev_state& d = dev(e.dev);
         // The pool's own account of reserved bytes and segments must match the reconstruction;
@@ -664,6 +715,8 @@ struct replayer::impl {
         }
         for (auto& [k, d] : devs)
             if (only_dev < 0 || k == only_dev) {
+                d.pending.clear();
+                d.rep.pending.current = 0;
                 // Segments are gone; recompute gaps from what remains on the device.
                 d.gaps.clear();
                 for (const auto& [base, s] : segments)
@@ -787,7 +840,10 @@ struct replayer::impl {
         case ev_kind::segment_free: on_segment_free(e, line); break;
         case ev_kind::oom: on_oom(e, line, true); break;
         case ev_kind::stats: on_stats(e, line); break;
-        case ev_kind::pool_sync: ++rep.n_pool_sync; break;
+        case ev_kind::pool_sync:
+            ++rep.n_pool_sync;
+            if (d) on_pool_sync(*d, e, line);
+            break;
         case ev_kind::context_reset:
             ++rep.n_context_reset;
             drop_device_state(has_dev ? e.dev : -1, line, e);

@@ -27,6 +27,7 @@ const char* k_requested_color = "#2ca02c";
 const char* k_allocated_color = "#1f77b4";
 const char* k_reserved_color = "#ff7f0e";
 const char* k_frag_color = "#d62728";
+const char* k_pending_color = "#e6a700";
 
 std::string num(double v) {
     char b[32];
@@ -131,7 +132,7 @@ std::string segment_map_svg(const state_snapshot& s) {
     o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' viewBox='0 0 " << W << ' ' << H
       << "' role='img' aria-label='segment map'>\n";
     o << "<text x='0' y='12' font-size='12' fill='#555'>widest bar = " << fmt_bytes(biggest)
-      << "; blue = allocated, grey = free</text>\n";
+      << "; blue = allocated, amber = pending free (reusable after a sync), grey = free</text>\n";
     double px_per_byte = bar_w / double(biggest);
     for (size_t i = 0; i < rows; ++i) {
         const segment_view& v = s.segment_map[i];
@@ -153,22 +154,27 @@ std::string segment_map_svg(const state_snapshot& s) {
         // Merge blocks closer than half a pixel into one run, so a segment of thousands of small
         // blocks stays a handful of rectangles.
         double run_x0 = -1, run_x1 = -1;
+        const char* fill = k_allocated_color;
         auto flush = [&] {
             if (run_x0 < 0) return;
             o << "<rect x='" << num(label + run_x0) << "' y='" << num(y) << "' width='" << num(std::max(0.6, run_x1 - run_x0))
-              << "' height='" << row - 3 << "' fill='" << k_allocated_color << "'/>";
+              << "' height='" << row - 3 << "' fill='" << fill << "'/>";
         };
-        for (const auto& [p, a] : v.blocks) {
-            double x0 = double(p - v.base) * px_per_byte, x1 = double(p + a - v.base) * px_per_byte;
-            if (run_x0 >= 0 && x0 - run_x1 < 0.5) {
+        for (const auto* list : {&v.blocks, &v.pending}) {
+            run_x0 = run_x1 = -1;
+            for (const auto& [p, a] : *list) {
+                double x0 = double(p - v.base) * px_per_byte, x1 = double(p + a - v.base) * px_per_byte;
+                if (run_x0 >= 0 && x0 - run_x1 < 0.5) {
+                    run_x1 = x1;
+                    continue;
+                }
+                flush();
+                run_x0 = x0;
                 run_x1 = x1;
-                continue;
             }
             flush();
-            run_x0 = x0;
-            run_x1 = x1;
+            fill = k_pending_color;  // pending frees are drawn over the blue of occupied blocks
         }
-        flush();
         o << "</g>\n";
     }
     o << "</svg>\n";

@@ -52,6 +52,7 @@ ojson snapshot_json(const state_snapshot& s) {
     j["allocated_bytes"] = s.allocated;
     j["reserved_bytes"] = s.reserved;
     j["live_allocs"] = s.live_allocs;
+    j["pending_bytes"] = s.pending;
     j["segments"] = s.segments;
     j["free_in_segments_bytes"] = s.free_in_segments;
     j["largest_free_bytes"] = s.largest_free;
@@ -73,6 +74,7 @@ ojson snapshot_json(const state_snapshot& s) {
         g["size_bytes"] = v.size;
         g["pool"] = pool_name(v.pool);
         g["blocks"] = v.blocks.size();
+        g["pending_blocks"] = v.pending.size();
         g["free_bytes"] = v.size - used;
         g["largest_free_bytes"] = largest;
         segs.push_back(g);
@@ -138,6 +140,9 @@ ojson device_json(const process_report& p, const device_report& d, const output_
     j["n_segment_free"] = d.n_segment_free;
     j["n_map"] = d.n_map;
     j["n_unmap"] = d.n_unmap;
+    j["end_pending_bytes"] = d.pending.current;
+    j["peak_pending_bytes"] = d.pending.peak;
+    j["n_pool_sync"] = d.n_pool_sync;
     j["end_mapped_bytes"] = d.mapped.current;
     j["peak_mapped_bytes"] = d.mapped.peak;
     j["first_t_ns"] = d.first_t;
@@ -208,6 +213,7 @@ nlohmann::ordered_json to_json(const std::vector<process_report>& procs, const c
         j["start_unix_ns"] = p.start_unix_ns;
         j["gpumem_version"] = p.gpumem_version;
         j["pool"] = p.pool_mode;
+        j["reuse"] = p.reuse_mode;
         j["lines"] = p.lines;
         j["events"] = p.events;
         j["skipped_unknown_events"] = p.skipped_unknown;

@@ -73,7 +73,8 @@ struct block_view {
 struct segment_view {
     uint64_t base = 0, size = 0;
     pool_id pool = pool_id::none;
-    std::vector<std::pair<uint64_t, uint64_t>> blocks;  // (ptr, asize)
+    std::vector<std::pair<uint64_t, uint64_t>> blocks;   // (ptr, asize): every occupied block
+    std::vector<std::pair<uint64_t, uint64_t>> pending;  // the subset freed but not yet reusable
 };
 
 // The device's state at one moment: totals, the free-block map and the largest live blocks.
@@ -84,6 +85,7 @@ struct state_snapshot {
     uint64_t requested = 0, allocated = 0, reserved = 0;
     uint64_t free_in_segments = 0, largest_free = 0, free_blocks = 0, segments = 0;
     uint64_t live_allocs = 0;
+    uint64_t pending = 0;  // bytes in pending blocks (freed, not reusable until a pool_sync)
     double external_fragmentation = 0;
     std::vector<segment_view> segment_map;
     std::vector<block_view> largest_live;  // at most k_top_blocks, largest first
@@ -122,6 +124,8 @@ struct device_report {
     tracked_bytes requested, allocated, reserved;
     tracked_bytes segment_count;  // number of pool segments
     tracked_bytes mapped;         // cuMemMap bytes whose physical handle lives on this device
+    tracked_bytes pending;        // pooled blocks freed by the program, not yet released by a sync
+    uint64_t n_pool_sync = 0;
 
     uint64_t n_alloc = 0, n_free = 0, n_alloc_fail = 0, n_free_fail = 0, n_oom = 0;
     uint64_t n_unknown_free = 0;
@@ -173,6 +177,7 @@ struct process_report {
     int format_version = 0;
     int64_t pid = 0, ppid = 0, forked_from = 0;
     std::string host, rank, start_time, gpumem_version, pool_mode;
+    std::string reuse_mode;  // config.reuse: "safe" (frees pend until a pool_sync) or "immediate"
     uint64_t start_unix_ns = 0;
     std::vector<std::string> cmdline;
     std::vector<header_device> header_devices;

@@ -44,21 +44,26 @@ std::string segment_bar(const segment_view& s, size_t width) {
     std::string bar(width, '.');
     if (width == 0 || s.size == 0) return bar;
     // Allocated bytes per cell, from the blocks' overlap with each cell's byte range.
-    std::vector<double> used(width, 0.0);
+    std::vector<double> used(width, 0.0), pend(width, 0.0);
     double per_cell = double(s.size) / double(width);
-    for (const auto& [p, a] : s.blocks) {
-        double lo = double(p - s.base), hi = lo + double(a);
-        size_t c0 = std::min(width - 1, size_t(lo / per_cell));
-        size_t c1 = std::min(width - 1, size_t(hi / per_cell));
-        for (size_t c = c0; c <= c1; ++c) {
-            double cl = double(c) * per_cell, ch = cl + per_cell;
-            double ov = std::min(hi, ch) - std::max(lo, cl);
-            if (ov > 0) used[c] += ov;
+    auto cover = [&](const std::vector<std::pair<uint64_t, uint64_t>>& blocks, std::vector<double>& acc) {
+        for (const auto& [p, a] : blocks) {
+            double lo = double(p - s.base), hi = lo + double(a);
+            size_t c0 = std::min(width - 1, size_t(lo / per_cell));
+            size_t c1 = std::min(width - 1, size_t(hi / per_cell));
+            for (size_t c = c0; c <= c1; ++c) {
+                double cl = double(c) * per_cell, ch = cl + per_cell;
+                double ov = std::min(hi, ch) - std::max(lo, cl);
+                if (ov > 0) acc[c] += ov;
+            }
         }
-    }
+    };
+    cover(s.blocks, used);
+    cover(s.pending, pend);
     for (size_t c = 0; c < width; ++c) {
         double f = used[c] / per_cell;
-        bar[c] = f >= 0.999 ? '#' : f <= 0.001 ? '.' : '+';
+        // A fully occupied cell that is mostly pending frees shows 'p': not free, not in use.
+        bar[c] = f >= 0.999 ? (pend[c] > 0.5 * used[c] ? 'p' : '#') : f <= 0.001 ? '.' : '+';
     }
     return bar;
 }
@@ -196,6 +201,9 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.n_segment_alloc || d.n_segment_free)
         framed(os, pad("Segments taken / returned", 28) + pad(std::to_string(d.n_segment_alloc), 14, true) + " / " +
                        std::to_string(d.n_segment_free));
+    if (d.pending.peak)
+        framed(os, pad("Pending frees (until sync)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
+                       fmt_bytes(d.pending.peak) + ", " + std::to_string(d.n_pool_sync) + " pool syncs");
     if (d.n_map || d.n_unmap)
         framed(os, pad("Maps / unmaps", 28) + pad(std::to_string(d.n_map), 14, true) + " / " +
                        std::to_string(d.n_unmap) + ", mapped now " + fmt_bytes(d.mapped.current) + ", peak " +

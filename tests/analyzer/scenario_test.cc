@@ -4,6 +4,7 @@
 
 #include "analyze.h"
 #include "log_reader.h"
+#include "report_output.h"
 #include "test_util.h"
 
 using namespace gpumem;
@@ -280,4 +281,37 @@ TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
     CHECK_FALSE(parse_moment("1.5", m));
     CHECK_FALSE(parse_moment("5h", m));
     CHECK_FALSE(parse_moment("abc", m));
+}
+
+// docs/pool.md, safe reuse (the default): a freed block stays "pending" in its segment, neither
+// allocated nor free, until a pool_sync releases it and it merges with its free neighbours.
+TEST_CASE("pending frees are not free space until pool_sync", "[scenario]") {
+    const uint64_t seg = 0x200000;
+    std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 4096) +
+                      pooled_line("alloc", 1, seg, 1000, 1024, seg) + pooled_line("alloc", 2, seg + 1024, 1000, 1024, seg) +
+                      pooled_line("free", 3, seg, 1000, 1024, seg) +
+                      "{\"ev\":\"pool_sync\",\"seq\":4,\"t\":500,\"tid\":1,\"dev\":0,\"count\":1}\n" + end_line(5, 1);
+    temp_file f(log);
+    analyze_options o;
+    REQUIRE(parse_moment("3", o.at));
+    process_report r = analyze_file(f.path, o);
+    const device_report& d = r.devices[0];
+    // After the free (seq 3): 1 KiB pending at the front, 1 KiB allocated, 2 KiB free at the end.
+    const state_snapshot& s = d.at_request;
+    CHECK(s.allocated == 1024);
+    CHECK(s.pending == 1024);
+    CHECK(s.free_in_segments == 2048);
+    CHECK(s.free_blocks == 1);
+    CHECK(s.external_fragmentation == 0.0);
+    REQUIRE(s.segment_map.size() == 1);
+    CHECK(s.segment_map[0].pending.size() == 1);
+    CHECK(segment_bar(s.segment_map[0], 4) == "p#..");
+    // After the sync: two free gaps, 1 KiB and 2 KiB -> fragmentation 1 - 2/3.
+    CHECK(d.pending.peak == 1024);
+    CHECK(d.pending.current == 0);
+    CHECK(d.n_pool_sync == 1);
+    CHECK(d.end_free_in_segments == 3072);
+    CHECK(d.end_free_blocks == 2);
+    CHECK(d.end_external_fragmentation == Approx(1.0 / 3.0));
+    CHECK(r.n_warnings == 0);
 }
