@@ -43,7 +43,7 @@ uint64_t write_log(const std::string& path, uint64_t n_events) {
     }
     std::fprintf(f, "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":1,\"pid\":1,\"ppid\":0,\"host\":\"bench\","
                     "\"rank\":\"0\",\"cmdline\":[\"bench\"],\"start_unix_ns\":0,\"start_time\":\"1970-01-01T00:00:00Z\","
-                    "\"devices\":[{\"index\":0,\"name\":\"bench\",\"total\":150000000000}],\"config\":{\"pool\":\"on\"},"
+                    "\"devices\":[{\"index\":0,\"name\":\"bench\",\"total\":150000000000}],\"config\":{\"pool\":\"on\",\"reuse\":\"immediate\"},"
                     "\"gpumem_version\":\"bench\"}\n");
     std::mt19937_64 rng(42);
     const uint64_t seg_size = 2 << 20, slot = 64 << 10, slots_per_seg = seg_size / slot, n_segs = 512;
