@@ -149,6 +149,7 @@ struct dev_state {
     uint64_t pending_oom_size = 0;
     bool second_pass_taken = false;
     std::vector<std::pair<uint64_t, uint64_t>> pending;  // (segment base, block ptr), in free order
+    uint64_t segment_bytes = 0;  // Σ held segment sizes: the pool's own "reserved"
     bool seen = false;  // has had an event of its own
 
     uint64_t largest_free() { return gaps.largest(); }
@@ -554,6 +555,7 @@ struct replayer::impl {
         }
         segments.emplace(e.ptr, seg_state{e.size, e.dev, e.pool, {}});
         gap_add(d, e.size);
+        d.segment_bytes += e.size;
         d.rep.reserved.add(e.size, e.t, e.seq, line);
         d.rep.segment_count.add(1, e.t, e.seq, line);
     }
@@ -592,6 +594,7 @@ struct replayer::impl {
             gap_add(sd, s.size);
         }
         gap_remove(sd, s.size);
+        sd.segment_bytes -= s.size;
         sd.rep.reserved.sub(s.size);
         sd.rep.segment_count.sub(1);
         segments.erase(it);
@@ -684,11 +687,11 @@ struct replayer::impl {
         // The pool's own account of reserved bytes and segments must match the reconstruction;
         // a difference means events are missing or the recorder and analyzer disagree.
         bool seg_ok = !e.has(fd_segments) || e.segments == d.rep.segment_count.current;
-        bool res_ok = !e.has(fd_reserved) || e.reserved == d.rep.reserved.current;
+        bool res_ok = !e.has(fd_reserved) || e.reserved == d.segment_bytes;
         if ((!seg_ok || !res_ok) && stats_mismatch_warnings++ < 3)
             warn(line, "the pool reports " + std::to_string(e.reserved) + " bytes reserved in " +
                            std::to_string(e.segments) + " segments; the reconstruction has " +
-                           std::to_string(d.rep.reserved.current) + " in " +
+                           std::to_string(d.segment_bytes) + " in " +
                            std::to_string(d.rep.segment_count.current));
     }
 
@@ -706,6 +709,7 @@ struct replayer::impl {
         for (auto it = segments.begin(); it != segments.end();) {
             if (only_dev < 0 || it->second.dev == only_dev) {
                 dev_state& d = dev(it->second.dev);
+                d.segment_bytes -= it->second.size;
                 d.rep.reserved.sub(it->second.size);
                 d.rep.segment_count.sub(1);
                 it = segments.erase(it);
