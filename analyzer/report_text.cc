@@ -78,7 +78,7 @@ void write_map(std::ostream& os, const state_snapshot& s) {
     }
     uint64_t biggest = 0;
     for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.size);
-    os << "    each segment to scale (widest = " << fmt_bytes(biggest) << "); '#' allocated, '+' partly, '.' free\n";
+    os << "    each segment to scale (widest = " << fmt_bytes(biggest) << "); '#' allocated, 'p' pending free, '+' partly, '.' free\n";
     size_t n = 0;
     for (const segment_view& v : s.segment_map) {
         if (n++ == k_max_map_rows) {
