@@ -142,6 +142,7 @@ class block_pool {
     addr_map blocks_;                        // every block of every segment, by address
     free_set free_[2];                       // reusable free blocks: [0] small pool, [1] large pool
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
+    std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
 
     uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
     uint64_t pending_bytes_[2] = {0, 0};

@@ -431,9 +431,28 @@ TEST_CASE("OOM: cached segments are released and the allocation retried", "[pool
     must_free(pool, b);
 }
 
+TEST_CASE("safe reuse: a large request syncs when pending bytes could cover it, even under the budget", "[pool][safety]") {
+    fake_backend dev;
+    pool_config cfg;
+    cfg.sync_budget = 1ull << 30;  // far above anything pending here
+    cfg.sync_budget_div = 1u << 30;
+    block_pool pool(cfg, dev, nullptr, 0);
+    const uint64_t a = must_alloc(pool, 60 * MiB);
+    must_free(pool, a);  // 60 MiB pending
+    CHECK(must_alloc(pool, 50 * MiB) == a);  // reused after one sync, no second 50 MiB segment
+    CHECK(dev.sync_calls() == 1);
+    CHECK(dev.alloc_calls() == 1);
+    const uint64_t c = must_alloc(pool, 8 * MiB);  // medium: below the budget it grows instead
+    must_free(pool, c);
+    must_alloc(pool, 8 * MiB);
+    CHECK(dev.sync_calls() == 1);
+}
+
 TEST_CASE("OOM in safe mode: pending frees are released by one sync before failing", "[pool][oom]") {
     fake_backend dev(20 * MiB);
-    block_pool pool(pool_config{}, dev, nullptr, 0);
+    pool_config cfg;
+    cfg.min_large_alloc = 16 * MiB;  // 12 MiB is a medium request: no sync before the OOM retry
+    block_pool pool(cfg, dev, nullptr, 0);
     const uint64_t a = must_alloc(pool, 12 * MiB);
     must_free(pool, a);  // pending, below the budget
     const uint64_t b = must_alloc(pool, 12 * MiB);  // new segment fails -> sync -> reuse
