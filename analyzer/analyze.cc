@@ -173,6 +173,7 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
     ro.at = opt.at;
     ro.snapshot_budget_per_event = opt.snapshot_budget_per_event;
     ro.snapshot_budget_fixed = opt.snapshot_budget_fixed;
+    ro.max_listed_leaks = opt.max_listed_leaks;
     replayer rp(rep, parser, ro);
     run_pass(path, rep, rp, parser, opt, "", true);
     if (!rep.has_end)

@@ -18,6 +18,8 @@ struct analyze_options {
     // 0 to force the second pass).
     uint64_t snapshot_budget_per_event = 4;
     uint64_t snapshot_budget_fixed = uint64_t(1) << 22;
+    // Leaks listed per device (all are counted); tests raise it to compare every live block.
+    size_t max_listed_leaks = k_max_listed_leaks;
 };
 
 // Reads and analyzes one log.  Throws input_error (exit code 2) when the log cannot be used.

@@ -894,7 +894,7 @@ struct replayer::impl {
             dev_state& d = dev(k);
             d.rep.n_leaks = v.size();
             for (auto* p : v) d.rep.leaked_bytes += p->second.size;
-            size_t n = std::min(v.size(), k_max_listed_leaks);
+            size_t n = std::min(v.size(), opt.max_listed_leaks);
             std::partial_sort(v.begin(), v.begin() + ptrdiff_t(n), v.end(), [](auto* a, auto* b) {
                 return a->second.size != b->second.size ? a->second.size > b->second.size
                                                         : a->second.seq < b->second.seq;

@@ -30,6 +30,7 @@ struct replay_options {
     // the peak snapshot is left to a second pass instead of copying the state at every new peak.
     uint64_t snapshot_budget_per_event = 4;
     uint64_t snapshot_budget_fixed = uint64_t(1) << 22;
+    size_t max_listed_leaks = k_max_listed_leaks;
 };
 
 class replayer {
