@@ -1,4 +1,5 @@
-// The gpumem command-line program: `gpumem report` reads event logs and prints or writes reports.
+// The gpumem command-line program: `gpumem report` reads event logs and prints or writes reports;
+// `run`, `check` and `diff` live in cmd_*.cc.
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "analyze.h"
+#include "commands.h"
 #include "log_reader.h"
 #include "report_output.h"
 
@@ -16,12 +18,11 @@ namespace {
 
 using namespace gpumem::analysis;
 
-// Exit codes: 0 success, 1 reserved for `gpumem check` regressions, 2 unusable input or arguments.
-constexpr int k_exit_ok = 0;
-constexpr int k_exit_input = 2;
-
 const char* k_usage =
     "usage: gpumem report [options] LOG...\n"
+    "       gpumem run [-o PATTERN] [--pool on|off] [--] CMD ARGS...   (gpumem run --help)\n"
+    "       gpumem check LOG... [--max-peak SIZE] [--baseline REPORT.json] ...   (gpumem check --help)\n"
+    "       gpumem diff A B                                           (gpumem diff --help)\n"
     "\n"
     "Reads gpumem event logs (JSON Lines, docs/log-format.md) and reports peak memory,\n"
     "fragmentation, free-block maps, OOM diagnoses and leaks.  Several logs (one per process or\n"
@@ -141,6 +142,9 @@ int main(int argc, char** argv) {
     if (argc < 2) return usage_error("no command given");
     std::string cmd = argv[1];
     if (cmd == "report") return cmd_report(argc - 2, argv + 2);
+    if (cmd == "run") return cmd_run(argc - 2, argv + 2);
+    if (cmd == "check") return cmd_check(argc - 2, argv + 2);
+    if (cmd == "diff") return cmd_diff(argc - 2, argv + 2);
     if (cmd == "-h" || cmd == "--help" || cmd == "help") {
         std::fputs(k_usage, stdout);
         return k_exit_ok;

@@ -1,0 +1,50 @@
+// Shared by `gpumem check` and `gpumem diff`: argument parsing of sizes and ratios, and loading a run
+// (logs or `gpumem report --json` output) as report JSON with a stable key per (process, device).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gpumem::analysis {
+
+using ojson = nlohmann::ordered_json;
+
+// "12GiB", "500MB", "4096": core/config.h's parse_size (whole numbers; write 1536MiB for 1.5GiB).
+bool parse_size_arg(const std::string& text, uint64_t& out);
+// A ratio in [0, 1]: "0.3" or "30%".
+bool parse_ratio_arg(const std::string& text, double& out);
+// A tolerance in percent: "5%" or "5" -> 0.05.  Must be >= 0.
+bool parse_percent_arg(const std::string& text, double& out);
+
+// One GPU (dev >= 0) of one process of a run.
+struct device_ref {
+    size_t process = 0;  // index into run_input::processes
+    size_t device = 0;   // index into that process's "devices"
+    // Matches the same device of the same process in another run of the same job: the rank, an
+    // occurrence number when several processes share a rank (forked workers, ordered by start
+    // time), and the device ordinal.  Pids change between runs, so they are not part of it.
+    std::string key;
+    std::string where;   // "rank 0 dev 0 (pid 1234, run/gpumem-1234.jsonl)", for messages
+};
+
+struct run_input {
+    ojson processes = ojson::array();  // the report JSON's "processes" over every input
+    std::vector<device_ref> devices;   // sorted by key
+    const ojson& proc(const device_ref& r) const { return processes[r.process]; }
+    const ojson& dev(const device_ref& r) const { return processes[r.process]["devices"][r.device]; }
+};
+
+// Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file.  On failure returns
+// false with a message naming the file; never throws.
+bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error);
+
+// Tolerant accessors: a missing member or one of another type reads as 0 / "" (report JSON
+// written by hand, or by a newer gpumem, must not crash the tools).
+uint64_t get_u64(const ojson& j, const char* key);
+double get_num(const ojson& j, const char* key);
+std::string get_str(const ojson& j, const char* key);
+
+}  // namespace gpumem::analysis

@@ -1,0 +1,318 @@
+// `gpumem check`: the CI gate.  Holds each GPU of each process to absolute limits and/or to a
+// baseline report, prints every broken limit with the worst moment, and can write JUnit XML.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli_input.h"
+#include "commands.h"
+#include "format_util.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+const char* k_check_usage =
+    "usage: gpumem check LOG... [options]\n"
+    "\n"
+    "Holds every GPU of every process in the logs (or `gpumem report --json` files) to limits.\n"
+    "\n"
+    "options (at least one limit or --baseline):\n"
+    "  --max-peak SIZE           peak allocated bytes (what the program held from the driver or pool)\n"
+    "  --max-reserved SIZE       peak reserved bytes (segments + non-pooled allocations)\n"
+    "  --max-fragmentation F     maximum external fragmentation, 0.3 or 30%\n"
+    "  --max-leak SIZE           bytes still allocated when the log ends\n"
+    "  --baseline REPORT.json    `gpumem report --json` of an earlier run: peak requested, allocated\n"
+    "                            and reserved and leaked bytes may not grow by more than the\n"
+    "                            tolerance, fragmentation by more than the tolerance in points\n"
+    "  --tolerance P%            allowed growth over the baseline (default 5%)\n"
+    "  --junit FILE              also write JUnit XML: one testcase per limit per process and device\n"
+    "  -h, --help                this help\n"
+    "SIZE: 4096, 500MB, 12GiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
+    "\n"
+    "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments.\n";
+
+int check_usage_error(const std::string& msg) {
+    std::fprintf(stderr, "gpumem check: %s\n%s", msg.c_str(), k_check_usage);
+    return k_exit_input;
+}
+
+// What a limit measures: the member of a DEVICE in the report JSON, and where its worst moment is.
+struct measure {
+    const char* title;     // "peak allocated"
+    const char* value;     // JSON member
+    const char* t_member;  // its time, "" when the moment comes from the largest leak
+    const char* seq_member;
+    bool is_ratio;
+};
+const measure k_peak_requested{"peak requested", "peak_requested_bytes", "peak_requested_t_ns", "peak_requested_seq", false};
+const measure k_peak_allocated{"peak allocated", "peak_allocated_bytes", "peak_allocated_t_ns", "peak_allocated_seq", false};
+const measure k_peak_reserved{"peak reserved", "peak_reserved_bytes", "peak_reserved_t_ns", "peak_reserved_seq", false};
+const measure k_fragmentation{"max external fragmentation", "max_external_fragmentation", "max_external_fragmentation_t_ns",
+                              "max_external_fragmentation_seq", true};
+const measure k_leak{"leaked", "leaked_bytes", "", "", false};
+
+std::string fmt_value(const measure& m, double v) { return m.is_ratio ? fmt_pct(v) : fmt_bytes(uint64_t(v)); }
+
+// "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation.
+std::string worst_moment(const measure& m, const ojson& dev) {
+    if (*m.t_member)
+        return "at " + fmt_time(get_u64(dev, m.t_member)) + " (seq " + std::to_string(get_u64(dev, m.seq_member)) + ")";
+    auto leaks = dev.find("leaks");
+    if (leaks == dev.end() || !leaks->is_array() || leaks->empty() || !(*leaks)[0].is_object()) return "";
+    const ojson& l = (*leaks)[0];
+    return "largest: " + fmt_bytes(get_u64(l, "size_bytes")) + " from " + get_str(l, "api") + " at " +
+           fmt_time(get_u64(l, "alloc_t_ns")) + " (seq " + std::to_string(get_u64(l, "alloc_seq")) + ")";
+}
+
+struct outcome {
+    std::string name;       // testcase name: "max-peak", "baseline peak reserved"
+    std::string where;      // device_ref::where
+    std::string classname;  // "gpumem.rank_0.dev_0"
+    bool passed = true;
+    std::string message;    // "1.93 MiB > limit 1.00 MiB (--max-peak); at ..."
+};
+
+std::string xml_escape(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+        switch (c) {
+            case '&': o += "&amp;"; break;
+            case '<': o += "&lt;"; break;
+            case '>': o += "&gt;"; break;
+            case '"': o += "&quot;"; break;
+            default:
+                // Control characters are not allowed in XML 1.0.
+                if ((unsigned char)c < 0x20 && c != '\n' && c != '\t') o += ' ';
+                else o += c;
+        }
+    }
+    return o;
+}
+
+// "rank 0#2 dev 1" -> "gpumem.rank_0_2.dev_1": CI viewers group test cases by the dotted parts.
+std::string junit_class(const std::string& key) {
+    std::string k = key;
+    size_t d = k.rfind(" dev ");
+    if (d != std::string::npos) k.replace(d, 1, ".");
+    std::string c = "gpumem.";
+    for (char ch : k) c += (ch == ' ' || ch == '#') ? '_' : ch;
+    return c;
+}
+
+bool write_junit(const std::string& path, const std::vector<outcome>& results) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    if (!f) {
+        std::fprintf(stderr, "gpumem check: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+        return false;
+    }
+    size_t failures = 0;
+    for (const outcome& r : results) failures += !r.passed;
+    f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      << "<testsuites tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n"
+      << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
+    for (const outcome& r : results) {
+        f << "    <testcase classname=\"" << xml_escape(r.classname) << "\" name=\"" << xml_escape(r.name) << "\"";
+        if (r.passed) {
+            f << "/>\n";
+            continue;
+        }
+        f << ">\n      <failure message=\"" << xml_escape(r.message) << "\">" << xml_escape(r.where + ": " + r.message)
+          << "</failure>\n    </testcase>\n";
+    }
+    f << "  </testsuite>\n</testsuites>\n";
+    f.flush();
+    if (!f) {
+        std::fprintf(stderr, "gpumem check: writing %s failed\n", path.c_str());
+        return false;
+    }
+    return true;
+}
+
+struct limit {
+    limit(const char* f, const measure* me) : flag(f), m(me) {}
+    const char* flag;  // "--max-peak"
+    const measure* m;
+    bool set = false;
+    double value = 0;
+    std::string text;  // as written, for messages
+};
+
+}  // namespace
+
+int cmd_check(int argc, char** argv) {
+    limit limits[] = {{"--max-peak", &k_peak_allocated},
+                      {"--max-reserved", &k_peak_reserved},
+                      {"--max-fragmentation", &k_fragmentation},
+                      {"--max-leak", &k_leak}};
+    std::string baseline_path, junit_path;
+    double tolerance = 0.05;
+    std::string tolerance_text = "5%";
+    std::vector<std::string> logs;
+    for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i];
+        std::string v;
+        // Both "--flag value" and "--flag=value".
+        auto take = [&](const char* flag) -> bool {
+            size_t n = std::strlen(flag);
+            if (a == flag) {
+                if (i + 1 >= argc) return false;
+                v = argv[++i];
+                return true;
+            }
+            if (a.size() > n && a.compare(0, n, flag) == 0 && a[n] == '=') {
+                v = a.substr(n + 1);
+                return true;
+            }
+            return false;
+        };
+        bool matched = false;
+        for (limit& l : limits) {
+            if (a != l.flag && a.rfind(std::string(l.flag) + "=", 0) != 0) continue;
+            matched = true;
+            if (!take(l.flag)) return check_usage_error(std::string(l.flag) + " needs a value");
+            if (l.m->is_ratio) {
+                if (!parse_ratio_arg(v, l.value))
+                    return check_usage_error(std::string(l.flag) + " " + v + ": expected a ratio such as 0.3 or 30%");
+            } else {
+                uint64_t n = 0;
+                if (!parse_size_arg(v, n))
+                    return check_usage_error(std::string(l.flag) + " " + v + ": expected a size such as 4096, 500MB or 12GiB");
+                l.value = double(n);
+            }
+            l.set = true;
+            l.text = v;
+        }
+        if (matched) continue;
+        if (a == "--baseline" || a.rfind("--baseline=", 0) == 0) {
+            if (!take("--baseline")) return check_usage_error("--baseline needs a report JSON file");
+            baseline_path = v;
+        } else if (a == "--tolerance" || a.rfind("--tolerance=", 0) == 0) {
+            if (!take("--tolerance") || !parse_percent_arg(v, tolerance))
+                return check_usage_error("--tolerance needs a percentage such as 5% or 0.5%");
+            tolerance_text = v.back() == '%' ? v : v + "%";
+        } else if (a == "--junit" || a.rfind("--junit=", 0) == 0) {
+            if (!take("--junit")) return check_usage_error("--junit needs a file name");
+            junit_path = v;
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(k_check_usage, stdout);
+            return k_exit_ok;
+        } else if (a == "--") {
+            for (++i; i < argc; ++i) logs.emplace_back(argv[i]);
+        } else if (a.size() > 1 && a[0] == '-') {
+            return check_usage_error("unknown option " + a);
+        } else {
+            logs.push_back(a);
+        }
+    }
+    if (logs.empty()) return check_usage_error("no log file given");
+    bool any_limit = !baseline_path.empty();
+    for (const limit& l : limits) any_limit |= l.set;
+    if (!any_limit) return check_usage_error("nothing to check: give a --max-* limit or --baseline");
+
+    run_input run;
+    std::string error;
+    if (!load_run(logs, run, error)) {
+        std::fprintf(stderr, "gpumem check: error: %s\n", error.c_str());
+        return k_exit_input;
+    }
+    run_input base;
+    if (!baseline_path.empty() && !load_run({baseline_path}, base, error)) {
+        std::fprintf(stderr, "gpumem check: error: baseline: %s\n", error.c_str());
+        return k_exit_input;
+    }
+    if (run.devices.empty()) {
+        // Nothing was recorded on any GPU: a gate that passes on it would hide a broken recording.
+        std::fprintf(stderr, "gpumem check: error: no GPU memory activity in %s\n", logs.size() == 1 ? logs[0].c_str() : "the logs");
+        return k_exit_input;
+    }
+
+    std::vector<outcome> results;
+    for (const device_ref& r : run.devices) {
+        const ojson& dev = run.dev(r);
+        for (const limit& l : limits) {
+            if (!l.set) continue;
+            outcome o;
+            o.name = std::string(l.flag).substr(2);
+            o.where = r.where;
+            o.classname = junit_class(r.key);
+            double measured = l.m->is_ratio ? get_num(dev, l.m->value) : double(get_u64(dev, l.m->value));
+            o.passed = measured <= l.value;
+            o.message = l.m->title + std::string(" ") + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
+                        "limit " + fmt_value(*l.m, l.value) + " (" + l.flag + " " + l.text + ")";
+            if (!o.passed) {
+                std::string w = worst_moment(*l.m, dev);
+                if (!w.empty()) o.message += "; " + w;
+            }
+            results.push_back(std::move(o));
+        }
+    }
+    if (!baseline_path.empty()) {
+        std::map<std::string, const device_ref*> base_by_key;
+        for (const device_ref& b : base.devices) base_by_key[b.key] = &b;
+        const measure* compared[] = {&k_peak_requested, &k_peak_allocated, &k_peak_reserved, &k_fragmentation, &k_leak};
+        for (const device_ref& r : run.devices) {
+            auto it = base_by_key.find(r.key);
+            if (it == base_by_key.end()) {
+                std::fprintf(stderr, "gpumem check: note: %s is not in the baseline; only absolute limits apply to it\n",
+                             r.where.c_str());
+                continue;
+            }
+            const ojson& dev = run.dev(r);
+            const ojson& bdev = base.dev(*it->second);
+            base_by_key.erase(it);
+            for (const measure* m : compared) {
+                outcome o;
+                o.name = std::string("baseline ") + m->title;
+                o.where = r.where;
+                o.classname = junit_class(r.key);
+                double measured = m->is_ratio ? get_num(dev, m->value) : double(get_u64(dev, m->value));
+                double was = m->is_ratio ? get_num(bdev, m->value) : double(get_u64(bdev, m->value));
+                // Bytes may grow by the tolerance as a fraction; a ratio by the tolerance in points
+                // (a relative tolerance on a baseline fragmentation of 0 would allow nothing).
+                double allowed = m->is_ratio ? was + tolerance : was * (1 + tolerance);
+                o.passed = measured <= allowed + 1e-9;
+                o.message = m->title + std::string(" ") + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
+                            "baseline " + fmt_value(*m, was) + " + " +
+                            (m->is_ratio ? fmt_pct(tolerance).substr(0, fmt_pct(tolerance).size() - 1) + " points"
+                                         : tolerance_text) +
+                            " = " + fmt_value(*m, allowed);
+                if (!o.passed) {
+                    std::string w = worst_moment(*m, dev);
+                    if (!w.empty()) o.message += "; " + w;
+                }
+                results.push_back(std::move(o));
+            }
+        }
+        // A rank or GPU that the baseline had and this run lacks: the job changed shape, which a
+        // gate must not wave through.
+        for (const auto& [key, b] : base_by_key) {
+            outcome o;
+            o.name = "baseline device present";
+            o.where = key;
+            o.classname = junit_class(key);
+            o.passed = false;
+            o.message = "in the baseline (" + b->where + ") but not in this run";
+            results.push_back(std::move(o));
+        }
+    }
+
+    size_t failed = 0;
+    for (const outcome& o : results) failed += !o.passed;
+    std::printf("gpumem check: %zu limit%s on %zu GPU%s of %zu process%s: %zu broken\n", results.size(),
+                results.size() == 1 ? "" : "s", run.devices.size(), run.devices.size() == 1 ? "" : "s",
+                run.processes.size(), run.processes.size() == 1 ? "" : "es", failed);
+    for (const outcome& o : results)
+        if (!o.passed) std::printf("  FAIL %s: %s\n", o.where.c_str(), o.message.c_str());
+    for (const outcome& o : results)
+        if (o.passed) std::printf("  ok   %s: %s\n", o.where.c_str(), o.message.c_str());
+    std::fflush(stdout);
+    if (!junit_path.empty() && !write_junit(junit_path, results)) return k_exit_input;
+    return failed ? k_exit_regression : k_exit_ok;
+}
+
+}  // namespace gpumem::analysis

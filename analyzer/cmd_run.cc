@@ -1,0 +1,355 @@
+// `gpumem run`: runs a command with libgpumem.so preloaded, finds the logs its processes wrote and
+// prints a one-screen summary of them.
+#include <glob.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "analyze.h"
+#include "commands.h"
+#include "format_util.h"
+#include "log_reader.h"
+
+#ifndef GPUMEM_BIN_TO_LIBDIR
+#define GPUMEM_BIN_TO_LIBDIR "../lib"
+#endif
+
+namespace gpumem::analysis {
+
+namespace {
+
+const char* k_run_usage =
+    "usage: gpumem run [-o PATTERN] [--pool on|off] [--no-summary] [--] CMD ARGS...\n"
+    "\n"
+    "Runs CMD with libgpumem.so preloaded (added in front of any LD_PRELOAD already set), so every\n"
+    "process it starts writes its own log, then lists the logs and prints a summary on stderr.\n"
+    "\n"
+    "options:\n"
+    "  -o PATTERN      log path pattern (GPUMEM_OUT): %p pid, %r rank ($RANK/$LOCAL_RANK), %h host,\n"
+    "                  %% a percent sign; a PATTERN ending in / (or an existing directory) means\n"
+    "                  PATTERN/gpumem-%p.jsonl.  Default gpumem-%p.jsonl in the current directory.\n"
+    "                  Relative patterns are made absolute, so children that chdir log to the same\n"
+    "                  place; a missing directory is created.\n"
+    "  --pool on|off   GPUMEM_POOL: gpumem's caching pool serves cuMemAlloc/cudaMalloc (on, the\n"
+    "                  recorder's default) or every call goes to the driver (off)\n"
+    "  --no-summary    list the logs but print no summary\n"
+    "  -h, --help      this help\n"
+    "Other GPUMEM_* settings and the rest of the environment pass through unchanged.\n"
+    "libgpumem.so is taken from $GPUMEM_LIB, else next to this gpumem (installed: <prefix>/lib;\n"
+    "build tree: build/preload).\n"
+    "\n"
+    "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
+    "executable; 2 for gpumem's own arguments or a missing libgpumem.so.\n";
+
+int run_usage_error(const std::string& msg) {
+    std::fprintf(stderr, "gpumem run: %s\n%s", msg.c_str(), k_run_usage);
+    return k_exit_input;
+}
+
+bool is_file(const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+bool is_dir(const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string dir_of(const std::string& p) {
+    size_t s = p.rfind('/');
+    if (s == std::string::npos) return ".";
+    return s == 0 ? "/" : p.substr(0, s);
+}
+
+std::string real_path(const std::string& p) {
+    char buf[PATH_MAX];
+    return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+// libgpumem.so: $GPUMEM_LIB, else relative to this executable (install layout, then build tree).
+bool find_library(std::string& lib, std::string& error) {
+    if (const char* env = std::getenv("GPUMEM_LIB"); env && *env) {
+        if (is_file(env)) {
+            lib = real_path(env);
+            return true;
+        }
+        error = std::string("GPUMEM_LIB=") + env + " is not a file";
+        return false;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        error = "cannot read /proc/self/exe to find libgpumem.so; set GPUMEM_LIB";
+        return false;
+    }
+    exe[n] = 0;
+    std::string bindir = dir_of(exe);
+    std::string rel = GPUMEM_BIN_TO_LIBDIR;
+    std::vector<std::string> tried;
+    // An absolute CMAKE_INSTALL_LIBDIR is used as it is; a relative one is relative to bindir.
+    tried.push_back((rel.size() && rel[0] == '/' ? rel : bindir + "/" + rel) + "/libgpumem.so");
+    tried.push_back(bindir + "/../lib/libgpumem.so");
+    tried.push_back(bindir + "/../preload/libgpumem.so");  // build tree: build/analyzer/gpumem
+    for (const std::string& t : tried) {
+        if (is_file(t)) {
+            lib = real_path(t);
+            return true;
+        }
+    }
+    error = "libgpumem.so not found; tried";
+    for (const std::string& t : tried) error += " " + t;
+    error += " (set GPUMEM_LIB to its path)";
+    return false;
+}
+
+// The pattern's files as a glob: %p/%r/%h match anything, %% is a '%', glob characters in the
+// literal parts are escaped.
+std::string pattern_glob(const std::string& pattern) {
+    std::string g;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        char c = pattern[i];
+        if (c == '%' && i + 1 < pattern.size()) {
+            char n = pattern[++i];
+            if (n == 'p' || n == 'r' || n == 'h') g += '*';
+            else if (n == '%') g += '%';
+            else {
+                g += '%';
+                --i;
+            }
+            continue;
+        }
+        if (c == '*' || c == '?' || c == '[' || c == '\\') g += '\\';
+        g += c;
+    }
+    return g;
+}
+
+struct file_stamp {
+    int64_t mtime_ns = 0;
+    int64_t size = 0;
+    uint64_t inode = 0;
+};
+
+std::map<std::string, file_stamp> list_matching(const std::string& pattern) {
+    std::map<std::string, file_stamp> out;
+    glob_t g{};
+    if (::glob(pattern_glob(pattern).c_str(), 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; ++i) {
+            struct stat st;
+            if (::stat(g.gl_pathv[i], &st) != 0 || !S_ISREG(st.st_mode)) continue;
+            out[g.gl_pathv[i]] = {int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, int64_t(st.st_size),
+                                  uint64_t(st.st_ino)};
+        }
+    }
+    ::globfree(&g);
+    return out;
+}
+
+bool make_dirs(const std::string& dir) {
+    if (dir.empty() || is_dir(dir)) return true;
+    if (!make_dirs(dir_of(dir))) return false;
+    return ::mkdir(dir.c_str(), 0777) == 0 || errno == EEXIST;
+}
+
+volatile sig_atomic_t g_child = 0;
+
+// gpumem stays in the foreground while the command runs: a SIGTERM or SIGHUP meant for the job is
+// passed to the command (which then ends and is summarized) rather than ending gpumem first.
+void forward_signal(int sig) {
+    if (g_child > 0) ::kill(pid_t(g_child), sig);
+}
+
+void print_summary(const std::vector<std::string>& logs) {
+    std::vector<process_report> procs;
+    for (const std::string& path : logs) {
+        try {
+            procs.push_back(analyze_file(path, analyze_options{}));
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "gpumem: cannot summarize %s: %s\n", path.c_str(), e.what());
+        }
+    }
+    if (procs.empty()) return;
+    std::fprintf(stderr, "\ngpumem summary (peaks per process and GPU; leaks = still allocated at the end)\n");
+    std::fprintf(stderr, "  %-8s %-5s %-4s %12s %12s %12s %7s %18s %5s  %s\n", "pid", "rank", "dev", "requested", "allocated",
+                 "reserved", "frag", "leaks", "OOMs", "ended");
+    const size_t k_max_rows = 16;  // one screen
+    size_t rows = 0, hidden = 0;
+    std::vector<std::pair<const process_report*, const oom_report*>> ooms;
+    for (const process_report& p : procs) {
+        std::string ended = p.has_end ? p.end_reason + (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "")
+                                      : std::string(p.truncated_last_line ? "no end line (killed?)" : "no end line");
+        bool any = false;
+        for (const device_report& d : p.devices) {
+            for (const oom_report& o : d.ooms) ooms.emplace_back(&p, &o);
+            any = true;
+            if (rows >= k_max_rows) {
+                ++hidden;
+                continue;
+            }
+            ++rows;
+            std::string leaks = fmt_count(d.n_leaks) + " / " + fmt_bytes(d.leaked_bytes);
+            std::fprintf(stderr, "  %-8lld %-5s %-4s %12s %12s %12s %7s %18s %5llu  %s\n", (long long)p.pid, p.rank.c_str(),
+                         d.dev < 0 ? "host" : std::to_string(d.dev).c_str(), fmt_bytes(d.requested.peak).c_str(),
+                         fmt_bytes(d.allocated.peak).c_str(), fmt_bytes(d.reserved.peak).c_str(),
+                         fmt_pct(d.max_external_fragmentation).c_str(), leaks.c_str(), (unsigned long long)d.n_oom,
+                         ended.c_str());
+        }
+        if (!any && rows < k_max_rows) {
+            ++rows;
+            std::fprintf(stderr, "  %-8lld %-5s %-4s %12s %12s %12s %7s %18s %5s  %s\n", (long long)p.pid, p.rank.c_str(), "-",
+                         "-", "-", "-", "-", "no allocations", "-", ended.c_str());
+        }
+    }
+    if (hidden) std::fprintf(stderr, "  ... %zu more rows: see gpumem report\n", hidden);
+    for (size_t i = 0; i < ooms.size() && i < 3; ++i) {
+        const oom_report& o = *ooms[i].second;
+        std::fprintf(stderr, "  OOM in pid %lld at %s: %s of %s, verdict %s\n", (long long)ooms[i].first->pid,
+                     fmt_time(o.t).c_str(), o.api.c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str());
+    }
+    if (ooms.size() > 3) std::fprintf(stderr, "  ... %zu more OOMs\n", ooms.size() - 3);
+    if (procs.size() > 1) {
+        combined_report c = combine(procs);
+        if (c.rows.size() > 1)
+            std::fprintf(stderr, "  peak reserved over %zu GPUs: max %s, min %s, imbalance %s\n", c.rows.size(),
+                         fmt_bytes(c.max_peak_reserved).c_str(), fmt_bytes(c.min_peak_reserved).c_str(),
+                         fmt_pct(c.imbalance).c_str());
+    }
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+    std::string pattern = "gpumem-%p.jsonl";
+    std::string pool;
+    bool summary = true;
+    int i = 0;
+    for (; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--") {
+            ++i;
+            break;
+        }
+        if (a == "-o" || a == "--out") {
+            if (i + 1 >= argc || !*argv[i + 1]) return run_usage_error(a + " needs a path pattern");
+            pattern = argv[++i];
+        } else if (a == "--pool") {
+            if (i + 1 >= argc) return run_usage_error("--pool needs on or off");
+            pool = argv[++i];
+            if (pool != "on" && pool != "off") return run_usage_error("--pool " + pool + ": expected on or off");
+        } else if (a == "--no-summary") {
+            summary = false;
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(k_run_usage, stdout);
+            return k_exit_ok;
+        } else if (a.size() > 1 && a[0] == '-') {
+            return run_usage_error("unknown option " + a + " (put -- before the command)");
+        } else {
+            break;  // the command
+        }
+    }
+    if (i >= argc) return run_usage_error("no command given");
+    char** cmd = argv + i;
+
+    std::string lib, error;
+    if (!find_library(lib, error)) {
+        std::fprintf(stderr, "gpumem run: error: %s\n", error.c_str());
+        return k_exit_input;
+    }
+
+    if (pattern.back() == '/' || is_dir(pattern)) pattern = (pattern.back() == '/' ? pattern : pattern + "/") + "gpumem-%p.jsonl";
+    if (pattern[0] != '/') {
+        char cwd[PATH_MAX];
+        if (!::getcwd(cwd, sizeof cwd)) {
+            std::fprintf(stderr, "gpumem run: error: cannot read the current directory: %s\n", std::strerror(errno));
+            return k_exit_input;
+        }
+        pattern = std::string(cwd) + "/" + pattern;
+    }
+    std::string dir = dir_of(pattern);
+    if (dir.find('%') == std::string::npos && !make_dirs(dir)) {
+        std::fprintf(stderr, "gpumem run: error: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
+        return k_exit_input;
+    }
+    if (pattern.find("%p") == std::string::npos)
+        std::fprintf(stderr, "gpumem run: note: -o %s has no %%p: processes of the same rank will overwrite each other's log\n",
+                     pattern.c_str());
+
+    std::map<std::string, file_stamp> before = list_matching(pattern);
+
+    // The library goes first so its symbols win, but a preload the user needs stays.
+    std::string preload = lib;
+    if (const char* old = std::getenv("LD_PRELOAD"); old && *old) preload += std::string(":") + old;
+    ::setenv("LD_PRELOAD", preload.c_str(), 1);
+    ::setenv("GPUMEM_OUT", pattern.c_str(), 1);
+    if (!pool.empty()) ::setenv("GPUMEM_POOL", pool.c_str(), 1);
+
+    std::fflush(nullptr);
+    pid_t child = ::fork();
+    if (child < 0) {
+        std::fprintf(stderr, "gpumem run: error: fork: %s\n", std::strerror(errno));
+        return k_exit_input;
+    }
+    if (child == 0) {
+        ::execvp(cmd[0], cmd);
+        int e = errno;
+        std::fprintf(stderr, "gpumem run: cannot run %s: %s\n", cmd[0], std::strerror(e));
+        ::_exit(e == ENOENT ? 127 : 126);
+    }
+    g_child = child;
+    // Ctrl-C reaches the whole foreground process group: the command handles it, gpumem waits to
+    // summarize what was recorded (as system(3) does).
+    struct sigaction ign {}, fwd {}, old_int {}, old_quit {}, old_term {}, old_hup {};
+    ign.sa_handler = SIG_IGN;
+    fwd.sa_handler = forward_signal;
+    ::sigaction(SIGINT, &ign, &old_int);
+    ::sigaction(SIGQUIT, &ign, &old_quit);
+    ::sigaction(SIGTERM, &fwd, &old_term);
+    ::sigaction(SIGHUP, &fwd, &old_hup);
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGQUIT, &old_quit, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::sigaction(SIGHUP, &old_hup, nullptr);
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+
+    std::vector<std::string> logs;
+    for (const auto& [path, st] : list_matching(pattern)) {
+        auto it = before.find(path);
+        if (it == before.end() || it->second.mtime_ns != st.mtime_ns || it->second.size != st.size ||
+            it->second.inode != st.inode)
+            logs.push_back(path);
+    }
+    if (WIFSIGNALED(status))
+        std::fprintf(stderr, "\ngpumem run: %s was killed by signal %d (exit code %d)\n", cmd[0], WTERMSIG(status), rc);
+    if (logs.empty()) {
+        std::fprintf(stderr,
+                     "\ngpumem run: no log matching %s was written: the command made no CUDA call, or cleared "
+                     "LD_PRELOAD, or is a setuid program\n",
+                     pattern.c_str());
+        return rc;
+    }
+    std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s", pattern.c_str());
+    for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", l.c_str());
+    if (summary) {
+        print_summary(logs);
+        std::string all;
+        for (const std::string& l : logs) all += " " + l;
+        if (all.size() > 200) all = " " + pattern_glob(pattern);
+        std::fprintf(stderr, "full report: gpumem report%s\n", all.c_str());
+    }
+    return rc;
+}
+
+}  // namespace gpumem::analysis

@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Tests of `gpumem run`, `gpumem check` and `gpumem diff`: every exit code, through the real binary,
+# on small logs (tests/data/cli) and on the emulated CUDA device; plus the commands of docs/guide.md.
+#
+# usage: cli_test.sh CASE   with GPUMEM, BUILD (build tree), SRC (source tree) and WORK set.
+set -uo pipefail
+case_name=$1
+: "${GPUMEM:?}" "${BUILD:?}" "${SRC:?}" "${WORK:?}"
+DATA=$SRC/tests/data/cli
+EMU=$BUILD/tests/emu
+# The emulated libcuda.so.1 and CUDA runtime; gpumem run passes the environment through.
+export LD_LIBRARY_PATH=$EMU/driver:$EMU${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+W=$WORK/$case_name
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# expect_rc WANT CMD...: runs CMD with stdout in $W/out, stderr in $W/err; checks the exit code.
+expect_rc() {
+  local want=$1; shift
+  "$@" > "$W/out" 2> "$W/err"
+  local rc=$?
+  if [ "$rc" != "$want" ]; then
+    fail "exit $rc, expected $want: $*"
+    sed 's/^/    out: /' "$W/out" | head -20
+    sed 's/^/    err: /' "$W/err" | head -20
+  fi
+}
+# expect_in FILE TEXT: TEXT (fixed string) occurs in FILE.
+expect_in() {
+  grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | head -30; }
+}
+expect_not_in() {
+  ! grep -qF -- "$2" "$1" || fail "'$2' unexpectedly in $(basename "$1")"
+}
+json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+
+case $case_name in
+run_exit_codes)
+  # 0, with the log found and summarized: train 20 keeps a 3 MiB checkpoint every 10 steps.
+  expect_rc 0 "$GPUMEM" run -o "$W/logs/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/out" "steps=20"
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/logs/gpumem-%p.jsonl)"
+  expect_in "$W/err" "2 / 6.00 MiB"
+  expect_in "$W/err" "full report: gpumem report $W/logs/gpumem-"
+  [ "$(ls "$W"/logs/gpumem-*.jsonl | wc -l)" = 1 ] || fail "expected one log in $W/logs"
+  # The program's own code.
+  expect_rc 3 "$GPUMEM" run -- sh -c 'exit 3'
+  expect_in "$W/err" "no log matching $W/gpumem-%p.jsonl was written"
+  # Killed by a signal: 128 + SIGABRT; the log it left is summarized.
+  expect_rc 134 "$GPUMEM" run -o "$W/crash/" -- "$EMU/emu_driver_app" crash abort 10
+  expect_in "$W/err" "killed by signal 6 (exit code 134)"
+  expect_in "$W/err" "signal 6"
+  # 127 not found, 126 not executable.
+  expect_rc 127 "$GPUMEM" run -- "$W/no-such-program"
+  expect_in "$W/err" "cannot run $W/no-such-program"
+  echo "not a program" > "$W/plain.txt"
+  expect_rc 126 "$GPUMEM" run -- "$W/plain.txt"
+  # 2: gpumem's own arguments.
+  expect_rc 2 "$GPUMEM" run
+  expect_in "$W/err" "no command given"
+  expect_rc 2 "$GPUMEM" run --pool maybe -- true
+  expect_in "$W/err" "--pool maybe: expected on or off"
+  expect_rc 2 "$GPUMEM" run --frobnicate -- true
+  expect_rc 2 env GPUMEM_LIB="$W/missing.so" "$GPUMEM" run -- true
+  expect_in "$W/err" "GPUMEM_LIB=$W/missing.so is not a file"
+  ;;
+run_environment)
+  lib=$(readlink -f "$BUILD/preload/libgpumem.so")
+  # The library goes first and an LD_PRELOAD already set stays; GPUMEM_OUT is absolute.
+  expect_rc 0 env LD_PRELOAD=/lib/x86_64-linux-gnu/libm.so.6 "$GPUMEM" run -o rel/x-%p.jsonl --pool off -- \
+    sh -c 'echo "preload=$LD_PRELOAD"; echo "out=$GPUMEM_OUT"; echo "pool=$GPUMEM_POOL"; echo "ld=$LD_LIBRARY_PATH"'
+  expect_in "$W/out" "preload=$lib:/lib/x86_64-linux-gnu/libm.so.6"
+  expect_in "$W/out" "out=$W/rel/x-%p.jsonl"
+  expect_in "$W/out" "pool=off"
+  expect_in "$W/out" "ld=$EMU/driver:$EMU"
+  [ -d "$W/rel" ] || fail "-o rel/x-%p.jsonl did not create $W/rel"
+  # --pool off reaches the recorder.
+  expect_rc 0 "$GPUMEM" run --pool off -o "$W/p/" -- "$EMU/emu_rt_shared_app" train 5
+  "$GPUMEM" report --json "$W"/p/*.jsonl > "$W/p.json"
+  [ "$(json "$W/p.json" 'd["processes"][0]["pool"]')" = off ] || fail "--pool off not in the log header"
+  # A forked child gets its own log; the run lists both.
+  expect_rc 0 "$GPUMEM" run -o "$W/fork/" -- "$EMU/emu_driver_app" fork 10
+  expect_in "$W/err" "gpumem run: 2 logs"
+  [ "$(ls "$W"/fork/*.jsonl | wc -l)" = 2 ] || fail "fork: expected 2 logs"
+  # %r is the rank; logs that were there before the run are not listed as this run's.
+  touch "$W/rank7-old.jsonl"
+  expect_rc 0 env RANK=7 "$GPUMEM" run -o "rank%r-%p.jsonl" -- "$EMU/emu_rt_shared_app" train 5
+  ls "$W"/rank7-[0-9]*.jsonl > /dev/null 2>&1 || fail "no rank7-PID.jsonl"
+  expect_in "$W/err" "gpumem run: 1 log"
+  expect_not_in "$W/err" "rank7-old.jsonl"
+  # --no-summary lists the logs only.
+  expect_rc 0 "$GPUMEM" run --no-summary -o "$W/q/" -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/err" "gpumem run: 1 log"
+  expect_not_in "$W/err" "gpumem summary"
+  ;;
+run_installed)
+  # cmake --install puts gpumem in bin and libgpumem.so in lib; the installed gpumem finds its own.
+  cmake --install "$BUILD" --prefix "$W/prefix" > "$W/install.log" || fail "cmake --install failed"
+  [ -x "$W/prefix/bin/gpumem" ] || fail "no bin/gpumem"
+  installed_lib=$(ls "$W"/prefix/lib*/libgpumem.so "$W"/prefix/lib/*/libgpumem.so 2>/dev/null | head -1)
+  [ -n "$installed_lib" ] || fail "no libgpumem.so under $W/prefix/lib"
+  expect_rc 0 "$W/prefix/bin/gpumem" run -- sh -c 'echo "preload=$LD_PRELOAD"'
+  expect_in "$W/out" "preload=$(readlink -f "$installed_lib")"
+  expect_rc 0 "$W/prefix/bin/gpumem" run -o "$W/logs/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/err" "2 / 6.00 MiB"
+  # GPUMEM_LIB overrides the search.
+  mkdir -p "$W/custom" && cp "$installed_lib" "$W/custom/libgpumem.so"
+  expect_rc 0 env GPUMEM_LIB="$W/custom/libgpumem.so" "$W/prefix/bin/gpumem" run -- sh -c 'echo "preload=$LD_PRELOAD"'
+  expect_in "$W/out" "preload=$W/custom/libgpumem.so"
+  # A gpumem with no libgpumem.so beside it says so and exits 2.
+  mkdir -p "$W/lonely/bin" && cp "$W/prefix/bin/gpumem" "$W/lonely/bin/"
+  expect_rc 2 "$W/lonely/bin/gpumem" run -- true
+  expect_in "$W/err" "libgpumem.so not found; tried $W/lonely/bin/../lib/libgpumem.so"
+  ;;
+check_limits)
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 3MiB --max-reserved 3MiB --max-leak 1MiB
+  expect_in "$W/out" "3 limits on 1 GPU of 1 process: 0 broken"
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 3MiB --max-leak 1MiB --max-reserved 8MiB
+  expect_in "$W/out" "3 limits on 1 GPU of 1 process: 2 broken"
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak allocated 7.00 MiB > limit 3.00 MiB (--max-peak 3MiB); at 2.50 us (seq 2)"
+  expect_in "$W/out" "leaked 1.50 MiB > limit 1.00 MiB (--max-leak 1MiB); largest: 1.00 MiB from cudaMalloc at 1.00 us (seq 0)"
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak reserved 7.00 MiB <= limit 8.00 MiB"
+  # Decimal units, = syntax, and fragmentation as a ratio or percentage (this log peaks at 33.3%).
+  expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak=3000KB
+  frag=$SRC/tests/data/golden/pool_fragmentation.jsonl
+  expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation 30%
+  expect_in "$W/out" "max external fragmentation 33.3% > limit 30.0% (--max-fragmentation 30%); at 6.00 us (seq 5)"
+  expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation 0.34
+  # Several logs: every rank is held to the limits.
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --max-peak 1GiB
+  expect_in "$W/out" "2 limits on 2 GPUs of 2 processes: 1 broken"
+  expect_in "$W/out" "FAIL rank 1 dev 1 (pid 8001, $SRC/tests/data/golden/rank1.jsonl): peak allocated 3.00 GiB > limit 1.00 GiB"
+  ;;
+check_baseline)
+  "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json" || fail "report --json"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json"
+  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 10%
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
+  expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): max external fragmentation 0.0% <= baseline 0.0% + 10.0 points = 10.0%"
+  # Growth of 133% (peak) and 50% (leak) passes a 150% tolerance.
+  expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 150
+  # A baseline rank missing from the run is a failure; a baseline given as a log works too.
+  "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" > "$W/ranks.json"
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
+  expect_in "$W/out" "FAIL rank 1 dev 1: in the baseline"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance 0%
+  # A report JSON is accepted in place of a log.
+  expect_rc 1 "$GPUMEM" check "$W/ranks.json" --max-peak 1GiB
+  ;;
+check_junit)
+  "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json"
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 8MiB --max-leak 1MiB --baseline "$W/baseline.json" --junit "$W/out.xml"
+  python3 - "$W/out.xml" <<'PY' || fail "JUnit XML content"
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+cases = root.findall("./testsuite/testcase")
+# 2 limits + 5 baseline comparisons on one GPU.
+assert len(cases) == 7, len(cases)
+failed = {c.get("name") for c in cases if c.find("failure") is not None}
+assert failed == {"max-leak", "baseline peak requested", "baseline peak allocated", "baseline peak reserved", "baseline leaked"}, failed
+assert root.get("failures") == "5" and root.find("testsuite").get("tests") == "7"
+assert all(c.get("classname") == "gpumem.rank_0.dev_0" for c in cases)
+msg = [c.find("failure").get("message") for c in cases if c.get("name") == "max-leak"][0]
+assert msg.startswith("leaked 1.50 MiB > limit 1.00 MiB"), msg
+PY
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 8MiB --junit "$W/pass.xml"
+  python3 -c "import sys,xml.etree.ElementTree as ET; r=ET.parse(sys.argv[1]).getroot(); assert r.get('failures')=='0' and len(r.findall('.//testcase'))==1" "$W/pass.xml" || fail "passing JUnit"
+  ;;
+check_bad_input)
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl"
+  expect_in "$W/err" "nothing to check"
+  expect_rc 2 "$GPUMEM" check --max-peak 1GiB
+  expect_in "$W/err" "no log file given"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 12XB
+  expect_in "$W/err" "--max-peak 12XB: expected a size"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-fragmentation 1.5
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --tolerance lots
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak
+  expect_rc 2 "$GPUMEM" check "$W/missing.jsonl" --max-peak 1GiB
+  expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/not_json.jsonl" --max-peak 1GiB
+  expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/empty.jsonl" --max-peak 1GiB
+  echo '{"schema": "something-else"}' > "$W/other.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/other.json"
+  expect_in "$W/err" "not a \`gpumem report --json\` file"
+  printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
+  expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
+  expect_in "$W/err" "no GPU memory activity"
+  printf '{"schema": "gpumem-report", "schema_version": 99, "processes": []}' > "$W/future.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/future.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
+  ;;
+diff)
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_in "$W/out" "rank 0 dev 0"
+  grep -qE "peak allocated +3.00 MiB +7.00 MiB +\+4.00 MiB \(\+133.3%\)" "$W/out" || fail "diff peak row"
+  grep -qE "leaked bytes +1.00 MiB +1.50 MiB +\+512.00 KiB \(\+50.0%\)" "$W/out" || fail "diff leak row"
+  grep -qE "allocations +2 +4 +\+2 \(\+100.0%\)" "$W/out" || fail "diff count row"
+  expect_in "$W/out" "+ size class 4.00 MiB-8.00 MiB: 0 -> 1 allocations  [+4.00 MiB"
+  expect_in "$W/out" "+ api cudaMalloc: peak live 3.00 MiB -> 7.00 MiB  [+4.00 MiB"
+  expect_in "$W/out" "+ leaks from cudaMallocManaged: 0 B -> 512.00 KiB"
+  # A report JSON on either side; identical runs show no change.
+  "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/before.json"
+  expect_rc 0 "$GPUMEM" diff "$W/before.json" "$DATA/before.jsonl"
+  expect_in "$W/out" "no change by API, kind, size class or leak"
+  # A GPU only on one side.
+  expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank1.jsonl" "$DATA/before.jsonl"
+  expect_in "$W/out" "A: rank 1 dev 1 (pid 8001"
+  expect_in "$W/out" "B: (not in B)"
+  expect_in "$W/out" "A: (not in A)"
+  # 2: arguments and input.
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl"
+  expect_in "$W/err" "needs exactly two inputs"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$W/missing.jsonl"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$SRC/tests/data/bad/no_header.jsonl"
+  expect_rc 2 "$GPUMEM" diff --top 0 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  ;;
+docs_guide)
+  # The commands of docs/guide.md outside its GPU sections, as written there, with the emulated
+  # device's program in place of `python train.py` (scripts/gpu-e2e-run.sh runs them on PyTorch).
+  TRAIN=("$EMU/emu_rt_shared_app" train 200)
+  # Quick start.
+  expect_rc 0 "$GPUMEM" run -- "${TRAIN[@]}"
+  log=$(ls "$W"/gpumem-*.jsonl | head -1)
+  expect_rc 0 "$GPUMEM" report "$log"
+  # CI: record on the main branch, keep the report as the baseline.
+  expect_rc 0 "$GPUMEM" run -o gpumem-logs/ -- "${TRAIN[@]}"
+  "$GPUMEM" report --json gpumem-logs/*.jsonl > baseline.json || fail "report --json for the baseline"
+  # CI: the merge request's run, gated on the baseline and on an absolute limit.
+  rm -rf gpumem-logs
+  expect_rc 0 "$GPUMEM" run -o gpumem-logs/ -- "${TRAIN[@]}"
+  expect_rc 0 "$GPUMEM" check gpumem-logs/*.jsonl --baseline baseline.json --tolerance 5% --max-peak 60GiB --junit gpumem-check.xml
+  [ -s gpumem-check.xml ] || fail "no gpumem-check.xml"
+  expect_rc 0 "$GPUMEM" diff baseline.json gpumem-logs/*.jsonl
+  # A change that keeps more memory fails the gate: 400 steps leak twice the checkpoints.
+  rm -rf gpumem-logs
+  expect_rc 0 "$GPUMEM" run -o gpumem-logs/ -- "$EMU/emu_rt_shared_app" train 400
+  expect_rc 1 "$GPUMEM" check gpumem-logs/*.jsonl --baseline baseline.json --tolerance 5% --max-peak 60GiB --junit gpumem-check.xml
+  expect_in "$W/out" "leaked 120.00 MiB > baseline 60.00 MiB + 5% = 63.00 MiB"
+  # Tightened limit: the same run fails an absolute limit below its peak.
+  expect_rc 1 "$GPUMEM" check gpumem-logs/*.jsonl --max-peak 10MiB
+  # torchrun-style ranks: one log per rank and pid, checked together.
+  rm -rf ranks && mkdir ranks
+  for r in 0 1; do
+    expect_rc 0 env RANK=$r "$GPUMEM" run -o "ranks/gpumem-%r-%p.jsonl" -- "${TRAIN[@]}"
+  done
+  expect_rc 0 "$GPUMEM" report ranks/*.jsonl
+  expect_in "$W/out" "imbalance"
+  expect_rc 0 "$GPUMEM" check ranks/*.jsonl --max-peak 60GiB
+  expect_in "$W/out" "2 limits on 2 GPUs of 2 processes: 0 broken"
+  ;;
+*)
+  echo "unknown case $case_name"; exit 2 ;;
+esac
+
+if [ "$failures" -gt 0 ]; then
+  echo "$case_name: $failures failure(s)"
+  exit 1
+fi
+echo "$case_name: ok"
