@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds, on the dev machine, what scripts/gpu-e2e.sh runs on the GPU machine: libgpumem.so and a static-cudart CUDA program.
+# Builds, on the dev machine, what scripts/gpu-e2e.sh runs on the GPU machine: libgpumem.so, gpumem and a static-cudart CUDA program.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cuda_root=${CUDAToolkit_ROOT:-/usr/local/cuda}
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="$cuda_root" >/dev/null
-cmake --build build -j"$(nproc)" --target gpumem_preload
-mkdir -p build/gpu
+cmake --build build -j"$(nproc)" --target gpumem_preload gpumem
+mkdir -p build/gpu/lib
+# gpumem links the shared libsimdjson (Debian ships no libsimdjson.a) and the GPU machine has none:
+# scripts/gpu-e2e-run.sh puts this copy on gpumem's library path.
+cp -L "$(ldd build/analyzer/gpumem | awk '/libsimdjson/ {print $3}')" build/gpu/lib/
 # nvcc's default is -cudart static: the case gpumem must see through the cuGetProcAddress route.
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/static_cudart_app tests/gpu/static_cudart_app.cu
-echo "bundle ready: build/preload/libgpumem.so build/gpu/static_cudart_app"
+echo "bundle ready: build/preload/libgpumem.so build/analyzer/gpumem build/gpu/lib build/gpu/static_cudart_app"

@@ -83,7 +83,7 @@ run_case cuda-static-pool on -- "$APP"
 } >> "$RESULTS" 2>&1
 fi
 
-for extra in scripts/gpu-e2e-pool.sh; do
+for extra in scripts/gpu-e2e-pool.sh scripts/gpu-e2e-run.sh; do
   [ -x "$extra" ] && . "$extra"
 done
 
