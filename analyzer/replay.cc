@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "log_reader.h"
+#include "u64_map.h"
 
 namespace gpumem::analysis {
 
@@ -89,7 +90,8 @@ struct timeline_builder {
 
 // The free gaps of one device as a multiset of sizes, built for "largest" after every event: a
 // hash map of counts plus a max-heap that may hold stale sizes, dropped lazily when they surface.
-// This replaced a std::map<size, count>, whose node churn was the replay's largest cost.
+// This replaced a std::map<size, count>, whose node churn was the replay's largest cost; the counts
+// are an open-addressing map since std::unordered_map's nodes were the next largest.
 class gap_set {
 public:
     void add(uint64_t s) {
@@ -104,14 +106,14 @@ public:
     }
     void remove(uint64_t s) {
         if (!s) return;
-        auto it = count_.find(s);
-        if (it == count_.end()) return;  // unreachable while the map is consistent
-        if (--it->second == 0) count_.erase(it);
+        uint32_t* c = count_.find(s);
+        if (!c) return;  // unreachable while the map is consistent
+        if (--*c == 0) count_.erase(s);
         total_ -= s;
         --n_;
     }
     uint64_t largest() {
-        while (!heap_.empty() && !count_.count(heap_.front())) {
+        while (!heap_.empty() && !count_.contains(heap_.front())) {
             std::pop_heap(heap_.begin(), heap_.end());
             heap_.pop_back();
         }
@@ -132,7 +134,7 @@ public:
     uint64_t count() const { return n_; }
 
 private:
-    std::unordered_map<uint64_t, uint32_t> count_;
+    u64_map<uint32_t> count_;
     std::vector<uint64_t> heap_;
     uint64_t total_ = 0, n_ = 0;
 };
@@ -168,10 +170,15 @@ struct replayer::impl {
     replay_options opt;
 
     std::map<int, dev_state> devs;
-    std::unordered_map<uint64_t, live_alloc> live;      // address -> allocation
-    std::unordered_map<uint64_t, live_alloc> live_vmm;  // cuMemCreate handle -> allocation
-    std::unordered_map<uint64_t, uint64_t> freed;       // recently freed address -> line of free
+    int last_dev_index = 0;
+    dev_state* last_dev = nullptr;
+    u64_map<live_alloc> live;      // address -> allocation
+    u64_map<live_alloc> live_vmm;  // cuMemCreate handle -> allocation
+    u64_map<uint64_t> freed;       // recently freed address -> line of free
     std::map<uint64_t, seg_state> segments;             // base -> segment (addresses are global: UVA)
+    // The same segments by exact base: every pooled alloc and free looks its segment up, and the
+    // hash lookup is cheaper than the tree walk (std::map nodes do not move, so pointers stay valid).
+    u64_map<std::pair<const uint64_t, seg_state>*> segment_at;
     std::unordered_map<uint64_t, mapping> maps;         // cuMemMap'd VA -> size
     std::unordered_map<uint64_t, uint64_t> va_ranges;   // cuMemAddressReserve'd VA -> size
 
@@ -204,8 +211,14 @@ struct replayer::impl {
     }
 
     dev_state& dev(int d) {
+        // Nearly every event names the device of the one before; std::map nodes do not move.
+        if (last_dev && last_dev_index == d) return *last_dev;
         auto it = devs.find(d);
-        if (it != devs.end()) return it->second;
+        if (it != devs.end()) {
+            last_dev_index = d;
+            last_dev = &it->second;
+            return it->second;
+        }
         dev_state& s = devs[d];
         s.rep.dev = d;
         for (const header_device& h : rep.header_devices)
@@ -300,7 +313,7 @@ struct replayer::impl {
             s.segment_map.push_back(std::move(v));
         }
         s.segments = s.segment_map.size();
-        std::vector<const std::pair<const uint64_t, live_alloc>*> mine;
+        std::vector<const u64_map<live_alloc>::entry*> mine;
         for (const auto* m : {&live, &live_vmm})
             for (const auto& kv : *m)
                 if (kv.second.dev == d.rep.dev) mine.push_back(&kv);
@@ -394,24 +407,24 @@ struct replayer::impl {
         live_alloc a{e.size, e.set_aside(), e.seq, e.t, line, e.pooled ? e.seg : 0,
                      e.api, e.dev, e.kind, e.pooled};
         if (e.kind == mem_kind::vmm) {
-            auto [it, fresh] = live_vmm.try_emplace(e.ptr, a);
+            auto [old, fresh] = live_vmm.try_emplace(e.ptr, a);
             if (!fresh) {
                 inconsistent(line, "allocation handle " + hex(e.ptr) + " is already live (allocated at line " +
-                                       std::to_string(it->second.line) + "; missing release?)");
-                release(it->second, false, e.t, e.seq);
-                it->second = a;
+                                       std::to_string(old->line) + "; missing release?)");
+                release(*old, false, e.t, e.seq);
+                *old = a;
             }
         } else {
-            auto it = live.find(e.ptr);
-            if (it != live.end()) {
+            if (live_alloc* old = live.find(e.ptr)) {
                 inconsistent(line, "allocation at " + hex(e.ptr) + " overlaps a live allocation from line " +
-                                       std::to_string(it->second.line) + " (missing free?)");
-                release(it->second, false, e.t, e.seq);
-                live.erase(it);
+                                       std::to_string(old->line) + " (missing free?)");
+                release(*old, false, e.t, e.seq);
+                live.erase(e.ptr);
             }
             if (e.pooled) {
-                auto sit = segments.find(e.seg);
-                if (sit == segments.end()) {
+                auto* const* found = segment_at.find(e.seg);
+                auto* sit = found ? *found : nullptr;
+                if (!sit) {
                     inconsistent(line, "pooled block " + hex(e.ptr) + " is in segment " + hex(e.seg) +
                                            ", which no segment_alloc created");
                     a.pooled = false;  // account it like a plain allocation so totals stay right
@@ -421,7 +434,7 @@ struct replayer::impl {
                     a.seg = 0;
                 }
             }
-            live.emplace(e.ptr, a);
+            live.try_emplace(e.ptr, a);
             freed.erase(e.ptr);
         }
         d.rep.requested.add(a.size, e.t, e.seq, line);
@@ -494,21 +507,20 @@ struct replayer::impl {
             return;
         }
         auto& m = e.kind == mem_kind::vmm ? live_vmm : live;
-        auto it = m.find(e.ptr);
-        if (it == m.end()) {
+        live_alloc* found = m.find(e.ptr);
+        if (!found) {
             const char* what = e.kind == mem_kind::vmm ? "handle " : "pointer ";
-            auto f = freed.find(e.ptr);
-            if (f != freed.end())
+            if (const uint64_t* f = freed.find(e.ptr))
                 inconsistent(line, std::string("double free of ") + what + hex(e.ptr) +
-                                       ": it was already freed at line " + std::to_string(f->second));
+                                       ": it was already freed at line " + std::to_string(*f));
             else
                 inconsistent(line, std::string("free of unknown ") + what + hex(e.ptr) +
                                        ": never allocated in this log and not marked \"unknown\":true");
             ++d.rep.n_free;
             return;
         }
-        live_alloc a = it->second;
-        m.erase(it);
+        live_alloc a = *found;  // copied: erase moves entries
+        m.erase(e.ptr);
         if (a.dev != e.dev && e.dev >= 0)
             warn(line, "free of " + hex(e.ptr) + " on device " + std::to_string(e.dev) +
                            ", allocated on device " + std::to_string(a.dev) + " at line " + std::to_string(a.line));
@@ -518,15 +530,15 @@ struct replayer::impl {
         dev_state& ad = dev(a.dev);
         settle_peak(ad, line);
         if (a.pooled) {
-            auto sit = segments.find(a.seg);
-            if (sit != segments.end()) {
+            auto* const* sit = segment_at.find(a.seg);
+            if (sit) {
                 if (pending_frees()) {
                     // docs/pool.md: a freed block stays in place, neither allocated nor free, until
                     // a pool_sync releases it; counting it as free would misjudge fragmentation.
                     ad.pending.push_back({a.seg, e.ptr});
                     ad.rep.pending.add(a.asize, e.t, e.seq, line);
                 } else {
-                    unplace_block(sit->second, sit->first, e.ptr);
+                    unplace_block((*sit)->second, (*sit)->first, e.ptr);
                 }
             }
         }
@@ -534,7 +546,7 @@ struct replayer::impl {
         ++ad.rep.n_free;
         // Remember recent frees (bounded) so a second free can be named a double free.
         if (freed.size() >= (size_t(1) << 20)) freed.clear();
-        freed[e.ptr] = line;
+        freed.insert_or_assign(e.ptr, line);
         if (&ad != &d) point(ad, e.t, e.seq);
     }
 
@@ -553,7 +565,8 @@ struct replayer::impl {
                                    ") overlaps a segment that is still held");
             return;
         }
-        segments.emplace(e.ptr, seg_state{e.size, e.dev, e.pool, {}});
+        auto added = segments.emplace(e.ptr, seg_state{e.size, e.dev, e.pool, {}}).first;
+        segment_at.insert_or_assign(e.ptr, &*added);
         gap_add(d, e.size);
         d.segment_bytes += e.size;
         d.rep.reserved.add(e.size, e.t, e.seq, line);
@@ -575,10 +588,9 @@ struct replayer::impl {
         if (!s.blocks.empty()) {
             size_t n_live = 0;
             for (const auto& [p, a] : s.blocks) {
-                auto l = live.find(p);
-                if (l != live.end()) {
-                    release(l->second, false, e.t, e.seq);
-                    live.erase(l);
+                if (const live_alloc* l = live.find(p)) {
+                    release(*l, false, e.t, e.seq);
+                    live.erase(p);
                     ++n_live;
                 }
             }
@@ -597,6 +609,7 @@ struct replayer::impl {
         sd.segment_bytes -= s.size;
         sd.rep.reserved.sub(s.size);
         sd.rep.segment_count.sub(1);
+        segment_at.erase(it->first);
         segments.erase(it);
         if (&sd != &d) point(sd, e.t, e.seq);
     }
@@ -658,8 +671,7 @@ struct replayer::impl {
             warn(line, "pool_sync releases " + std::to_string(e.count) + " frees; the reconstruction has " +
                            std::to_string(d.pending.size()) + " pending");
         for (const auto& [seg, ptr] : d.pending) {
-            auto sit = segments.find(seg);
-            if (sit != segments.end()) unplace_block(sit->second, sit->first, ptr);
+            if (auto* const* sit = segment_at.find(seg)) unplace_block((*sit)->second, (*sit)->first, ptr);
         }
         d.pending.clear();
         d.rep.pending.current = 0;
@@ -698,20 +710,20 @@ struct replayer::impl {
     void drop_device_state(int only_dev, uint64_t line, const log_event& e) {
         for (auto& [k, d] : devs)
             if (only_dev < 0 || k == only_dev) settle_peak(d, line);
-        for (auto it = live.begin(); it != live.end();) {
-            if (only_dev < 0 ? it->second.pooled : it->second.dev == only_dev) {
-                release(it->second, false, e.t, e.seq);
-                it = live.erase(it);
-            } else {
-                ++it;
+        std::vector<uint64_t> dropped;  // erased after the walk: erase moves entries
+        for (const auto& [ptr, a] : live)
+            if (only_dev < 0 ? a.pooled : a.dev == only_dev) {
+                release(a, false, e.t, e.seq);
+                dropped.push_back(ptr);
             }
-        }
+        for (uint64_t ptr : dropped) live.erase(ptr);
         for (auto it = segments.begin(); it != segments.end();) {
             if (only_dev < 0 || it->second.dev == only_dev) {
                 dev_state& d = dev(it->second.dev);
                 d.segment_bytes -= it->second.size;
                 d.rep.reserved.sub(it->second.size);
                 d.rep.segment_count.sub(1);
+                segment_at.erase(it->first);
                 it = segments.erase(it);
             } else {
                 ++it;
@@ -803,8 +815,8 @@ struct replayer::impl {
         case ev_kind::map: {
             // The recorder writes dev; older or other writers may not, then the handle tells.
             int md = has_dev ? e.dev : -1;
-            auto h = live_vmm.find(e.handle);
-            if (!has_dev && h != live_vmm.end()) md = h->second.dev;
+            const live_alloc* h = live_vmm.find(e.handle);
+            if (!has_dev && h) md = h->dev;
             dev_state& x = dev(md);
             ++x.rep.n_map;
             x.rep.mapped.add(e.size, e.t, e.seq, line);
@@ -887,7 +899,7 @@ struct replayer::impl {
         take_due_snapshots(none, last_line + 1, true);
         settle_all_peaks(last_line);
         // Leaks: whatever is still live when the log ends.
-        std::map<int, std::vector<const std::pair<const uint64_t, live_alloc>*>> by_dev;
+        std::map<int, std::vector<const u64_map<live_alloc>::entry*>> by_dev;
         for (const auto* m : {&live, &live_vmm})
             for (const auto& kv : *m) by_dev[kv.second.dev].push_back(&kv);
         for (auto& [k, v] : by_dev) {
