@@ -191,6 +191,9 @@ void print_summary(const std::vector<std::string>& logs) {
         bool any = false;
         for (const device_report& d : p.devices) {
             for (const oom_report& o : d.ooms) ooms.emplace_back(&p, &o);
+            // Host memory rows only when the program pinned any (PyTorch and JAX often leave an
+            // empty one behind).
+            if (d.dev < 0 && d.reserved.peak == 0 && d.n_leaks == 0 && d.n_oom == 0) continue;
             any = true;
             if (rows >= k_max_rows) {
                 ++hidden;
@@ -220,7 +223,7 @@ void print_summary(const std::vector<std::string>& logs) {
     if (procs.size() > 1) {
         combined_report c = combine(procs);
         if (c.rows.size() > 1)
-            std::fprintf(stderr, "  peak reserved over %zu GPUs: max %s, min %s, imbalance %s\n", c.rows.size(),
+            std::fprintf(stderr, "  peak reserved over %zu (process, GPU) pairs: max %s, min %s, imbalance %s\n", c.rows.size(),
                          fmt_bytes(c.max_peak_reserved).c_str(), fmt_bytes(c.min_peak_reserved).c_str(),
                          fmt_pct(c.imbalance).c_str());
     }

@@ -227,17 +227,17 @@ docs_guide)
   expect_rc 0 "$GPUMEM" report "$log"
   # CI: record on the main branch, keep the report as the baseline.
   expect_rc 0 "$GPUMEM" run -o gpumem-logs/ -- "${TRAIN[@]}"
-  "$GPUMEM" report --json gpumem-logs/*.jsonl > baseline.json || fail "report --json for the baseline"
+  mkdir -p ci && "$GPUMEM" report --json gpumem-logs/*.jsonl > ci/gpumem-baseline.json || fail "report --json for the baseline"
   # CI: the merge request's run, gated on the baseline and on an absolute limit.
   rm -rf gpumem-logs
   expect_rc 0 "$GPUMEM" run -o gpumem-logs/ -- "${TRAIN[@]}"
-  expect_rc 0 "$GPUMEM" check gpumem-logs/*.jsonl --baseline baseline.json --tolerance 5% --max-peak 60GiB --junit gpumem-check.xml
+  expect_rc 0 "$GPUMEM" check gpumem-logs/*.jsonl --baseline ci/gpumem-baseline.json --tolerance 5% --max-peak 60GiB --junit gpumem-check.xml
   [ -s gpumem-check.xml ] || fail "no gpumem-check.xml"
-  expect_rc 0 "$GPUMEM" diff baseline.json gpumem-logs/*.jsonl
+  expect_rc 0 "$GPUMEM" diff ci/gpumem-baseline.json gpumem-logs/*.jsonl
   # A change that keeps more memory fails the gate: 400 steps leak twice the checkpoints.
   rm -rf gpumem-logs
   expect_rc 0 "$GPUMEM" run -o gpumem-logs/ -- "$EMU/emu_rt_shared_app" train 400
-  expect_rc 1 "$GPUMEM" check gpumem-logs/*.jsonl --baseline baseline.json --tolerance 5% --max-peak 60GiB --junit gpumem-check.xml
+  expect_rc 1 "$GPUMEM" check gpumem-logs/*.jsonl --baseline ci/gpumem-baseline.json --tolerance 5% --max-peak 60GiB --junit gpumem-check.xml
   expect_in "$W/out" "leaked 120.00 MiB > baseline 60.00 MiB + 5% = 63.00 MiB"
   # Tightened limit: the same run fails an absolute limit below its peak.
   expect_rc 1 "$GPUMEM" check gpumem-logs/*.jsonl --max-peak 10MiB
