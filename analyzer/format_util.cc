@@ -1,6 +1,8 @@
 // Formatting helpers: human-readable sizes, durations, percentages and escaping.
 #include "format_util.h"
 
+#include "report_model.h"
+
 #include <cinttypes>
 #include <cstdio>
 
@@ -77,5 +79,25 @@ std::string html_escape(const std::string& s) {
 
 const char* pool_name(pool_id p) { return size_t(p) < size_t(pool_id::count_) ? k_pool_names[size_t(p)] : "none"; }
 const char* kind_name(mem_kind k) { return size_t(k) < size_t(mem_kind::count_) ? k_mem_kind_names[size_t(k)] : "none"; }
+
+// True when the middle 80% of the events (by count) happened within a fifth of the time shown, with
+// enough points that event order shows more than time does.
+bool events_bunched(const device_report& d) {
+    if (d.timeline.size() < 8) return false;
+    uint64_t t0 = d.timeline.front().t_first, t1 = d.timeline.back().t_last, total = 0;
+    for (const time_point& p : d.timeline) total += p.events;
+    if (t1 <= t0 || total < 10) return false;
+    // Time at which the cumulative event count first reaches `n`.
+    auto time_of = [&](uint64_t n) {
+        uint64_t seen = 0;
+        for (const time_point& p : d.timeline) {
+            seen += p.events;
+            if (seen >= n) return p.t_first;
+        }
+        return t1;
+    };
+    uint64_t a = time_of(total / 10), b = time_of(total - total / 10);
+    return b >= a && (b - a) * 5 < t1 - t0;
+}
 
 }  // namespace gpumem::analysis

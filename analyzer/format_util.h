@@ -18,4 +18,9 @@ std::string html_escape(const std::string& s);
 const char* pool_name(pool_id p);
 const char* kind_name(mem_kind k);
 
+struct device_report;
+// Most events bunched into a small part of the run (a long load, then a burst): the memory-over-time
+// views go by event order then, or the burst would be a sliver.  Rule in format_util.cc.
+bool events_bunched(const device_report& d);
+
 }  // namespace gpumem::analysis

@@ -37,11 +37,23 @@ std::string num(double v) {
 
 struct series {
     std::string name, color;
-    std::vector<std::pair<uint64_t, double>> pts;  // (t ns, value)
+    std::vector<std::pair<uint64_t, double>> pts;  // (x, value); x is t in ns, or an event index
+};
+
+// The charts' x axis.  Time by default; event order when a quiet stretch (a program loading, then
+// training) would squeeze all the activity into a sliver at one edge.  Ticks always show times.
+struct x_axis {
+    bool by_event = false;
+    std::vector<std::pair<uint64_t, uint64_t>> event_time;  // (event index, t), ascending
+    std::string label(uint64_t x) const {
+        if (!by_event) return fmt_time(x);
+        auto it = std::upper_bound(event_time.begin(), event_time.end(), std::make_pair(x, UINT64_MAX));
+        return it == event_time.begin() ? fmt_time(0) : fmt_time(std::prev(it)->second);
+    }
 };
 
 // A step chart: memory is constant between events, so each value holds until the next point.
-std::string line_chart(const std::vector<series>& ss, bool percent, const std::string& title) {
+std::string line_chart(const std::vector<series>& ss, bool percent, const std::string& title, const x_axis& ax) {
     const double W = 980, H = 260, L = 80, R = 40, T = 28, B = 36;
     uint64_t t0 = UINT64_MAX, t1 = 0;
     double ymax = 0;
@@ -72,7 +84,7 @@ std::string line_chart(const std::vector<series>& ss, bool percent, const std::s
     }
     for (int i = 0; i <= 5; ++i) {
         uint64_t t = t0 + uint64_t(double(t1 - t0) * i / 5);
-        o << "<text x='" << num(X(t)) << "' y='" << H - B + 16 << "' font-size='11' text-anchor='middle'>" << fmt_time(t)
+        o << "<text x='" << num(X(t)) << "' y='" << H - B + 16 << "' font-size='11' text-anchor='middle'>" << ax.label(t)
           << "</text>\n";
     }
     o << "<text x='" << L << "' y='18' font-size='13' font-weight='600'>" << html_escape(title) << "</text>\n";
@@ -98,19 +110,29 @@ std::string line_chart(const std::vector<series>& ss, bool percent, const std::s
     return o.str();
 }
 
-void timeline_series(const device_report& d, std::vector<series>& mem, std::vector<series>& frag) {
+void timeline_series(const device_report& d, std::vector<series>& mem, std::vector<series>& frag, x_axis& ax) {
     series rq{"requested", k_requested_color, {}}, al{"allocated", k_allocated_color, {}},
         rs{"reserved", k_reserved_color, {}}, fr{"external fragmentation", k_frag_color, {}};
+    ax = x_axis{};
+    ax.by_event = events_bunched(d);
+    uint64_t n = 0;  // events of this device before the point
     for (const time_point& p : d.timeline) {
-        rq.pts.push_back({p.t_first, double(p.requested_max)});
-        al.pts.push_back({p.t_first, double(p.allocated_max)});
-        rs.pts.push_back({p.t_first, double(p.reserved_max)});
-        fr.pts.push_back({p.t_first, p.frag_max});
+        uint64_t x_first = ax.by_event ? n : p.t_first;
+        uint64_t x_last = ax.by_event ? n + p.events - 1 : p.t_last;
+        if (ax.by_event) {
+            ax.event_time.push_back({x_first, p.t_first});
+            if (p.events > 1) ax.event_time.push_back({x_last, p.t_last});
+        }
+        n += p.events;
+        rq.pts.push_back({x_first, double(p.requested_max)});
+        al.pts.push_back({x_first, double(p.allocated_max)});
+        rs.pts.push_back({x_first, double(p.reserved_max)});
+        fr.pts.push_back({x_first, p.frag_max});
         if (p.events > 1 && p.t_last != p.t_first) {
-            rq.pts.push_back({p.t_last, double(p.requested_last)});
-            al.pts.push_back({p.t_last, double(p.allocated_last)});
-            rs.pts.push_back({p.t_last, double(p.reserved_last)});
-            fr.pts.push_back({p.t_last, p.frag_last});
+            rq.pts.push_back({x_last, double(p.requested_last)});
+            al.pts.push_back({x_last, double(p.allocated_last)});
+            rs.pts.push_back({x_last, double(p.reserved_last)});
+            fr.pts.push_back({x_last, p.frag_last});
         }
     }
     mem = {rs, al, rq};
@@ -283,9 +305,15 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     o << "</table>\n";
 
     std::vector<series> mem, frag;
-    timeline_series(d, mem, frag);
-    o << "<h3>Memory over time</h3>\n" << line_chart(mem, false, "memory over time (maximum per interval)");
-    o << "<h3>External fragmentation over time</h3>\n" << line_chart(frag, true, "1 − largest free block / free bytes in segments");
+    x_axis ax;
+    timeline_series(d, mem, frag, ax);
+    o << "<h3>Memory over time</h3>\n";
+    if (ax.by_event)
+        o << "<p class=meta>The x axis is event order, not time: long stretches without events would squeeze the "
+             "activity into a sliver. Tick labels give the time of that event.</p>\n";
+    o << line_chart(mem, false, "memory over time (maximum per interval)", ax);
+    o << "<h3>External fragmentation over time</h3>\n"
+      << line_chart(frag, true, "1 − largest free block / free bytes in segments", ax);
     if (k.valid) {
         o << "<h3>Segment map at the peak of allocated memory — " << fmt_time(k.t) << ", seq " << k.seq << "</h3>\n";
         snapshot_block(o, k);
@@ -349,7 +377,12 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
         if (p.n_warnings)
             o << "<p class=warn>" << p.n_warnings << " warning(s); the first: " << html_escape(p.warnings.front()) << "</p>\n";
         if (p.devices.empty()) o << "<p>No device memory events.</p>\n";
-        for (const device_report& d : p.devices) device_html(o, p, d, opt);
+        // GPUs first: host memory (dev -1) is usually a few pinned buffers and would push the
+        // device a reader came for below the first screen.
+        for (const device_report& d : p.devices)
+            if (d.dev >= 0) device_html(o, p, d, opt);
+        for (const device_report& d : p.devices)
+            if (d.dev < 0) device_html(o, p, d, opt);
     }
     o << "<p class=meta style='margin-top:30px'>Metrics are defined in docs/metrics.md of gpumem.</p>\n</body></html>\n";
 }

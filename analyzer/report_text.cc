@@ -119,14 +119,20 @@ void write_blocks(std::ostream& os, const std::vector<block_view>& blocks) {
 
 void write_timeline(std::ostream& os, const device_report& d) {
     if (d.timeline.empty()) return;
-    // Regroup the stored series into at most k_time_rows rows of equal time span, keeping maxima.
+    // Regroup the stored series into at most k_time_rows rows of equal time span, keeping maxima;
+    // of equal event count instead when the events are bunched (else one row would hold them all).
     uint64_t t0 = d.timeline.front().t_first, t1 = d.timeline.back().t_last;
     size_t rows = std::min(k_time_rows, d.timeline.size());
     std::vector<time_point> out(rows);
     std::vector<bool> used(rows, false);
+    const bool by_event = events_bunched(d);
+    uint64_t total = 0, before = 0;
+    for (const time_point& p : d.timeline) total += p.events;
     for (const time_point& p : d.timeline) {
-        size_t r = t1 > t0 ? std::min(rows - 1, size_t(double(p.t_first - t0) * double(rows) / double(t1 - t0 + 1)))
-                           : 0;
+        size_t r = by_event ? std::min(rows - 1, size_t(double(before) * double(rows) / double(total)))
+                 : t1 > t0  ? std::min(rows - 1, size_t(double(p.t_first - t0) * double(rows) / double(t1 - t0 + 1)))
+                            : 0;
+        before += p.events;
         time_point& o = out[r];
         if (!used[r]) {
             o = p;
@@ -141,6 +147,7 @@ void write_timeline(std::ostream& os, const device_report& d) {
     }
     uint64_t top = std::max<uint64_t>(1, d.reserved.peak);
     os << "\n  Memory over time (maximum in each interval; bar: '=' allocated, '-' reserved only)\n";
+    if (by_event) os << "    rows of equal event count, not time: most events fall in a short part of the run\n";
     os << "    " << pad("from", 12) << pad("requested", 12, true) << pad("allocated", 12, true)
        << pad("reserved", 12, true) << pad("frag", 8, true) << "  \n";
     for (size_t r = 0; r < rows; ++r) {
