@@ -98,6 +98,8 @@ public:
         if (!s) return;
         uint32_t& c = count_[s];
         if (c++ == 0) {
+            // Stale sizes below the top pile up; rebuild when they outnumber the live ones.
+            if (heap_.size() > 2 * count_.size() + 1024) rebuild();
             heap_.push_back(s);
             std::push_heap(heap_.begin(), heap_.end());
         }
@@ -108,20 +110,22 @@ public:
         if (!s) return;
         uint32_t* c = count_.find(s);
         if (!c) return;  // unreachable while the map is consistent
-        if (--*c == 0) count_.erase(s);
+        if (--*c == 0) {
+            count_.erase(s);
+            // Only a vanished top makes the answer stale; sizes below it are checked as they surface.
+            if (!heap_.empty() && s == heap_.front()) top_stale_ = true;
+        }
         total_ -= s;
         --n_;
     }
+    // Called after every event, so the common case (the top is still live) does no lookup.
     uint64_t largest() {
-        while (!heap_.empty() && !count_.contains(heap_.front())) {
-            std::pop_heap(heap_.begin(), heap_.end());
-            heap_.pop_back();
-        }
-        // Stale sizes below the top pile up; rebuild when they outnumber the live ones.
-        if (heap_.size() > 2 * count_.size() + 1024) {
-            heap_.clear();
-            for (const auto& kv : count_) heap_.push_back(kv.first);
-            std::make_heap(heap_.begin(), heap_.end());
+        if (top_stale_) {
+            while (!heap_.empty() && !count_.contains(heap_.front())) {
+                std::pop_heap(heap_.begin(), heap_.end());
+                heap_.pop_back();
+            }
+            top_stale_ = false;
         }
         return heap_.empty() ? 0 : heap_.front();
     }
@@ -129,14 +133,23 @@ public:
         count_.clear();
         heap_.clear();
         total_ = n_ = 0;
+        top_stale_ = false;
     }
     uint64_t total() const { return total_; }
     uint64_t count() const { return n_; }
 
 private:
+    void rebuild() {
+        heap_.clear();
+        for (const auto& kv : count_) heap_.push_back(kv.first);
+        std::make_heap(heap_.begin(), heap_.end());
+        top_stale_ = false;  // every size in the heap is live again
+    }
+
     u64_map<uint32_t> count_;
     std::vector<uint64_t> heap_;
     uint64_t total_ = 0, n_ = 0;
+    bool top_stale_ = false;  // heap_.front() may no longer be a live size
 };
 
 struct dev_state {
