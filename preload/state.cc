@@ -41,6 +41,7 @@ struct process_state {
     recorder* rec = nullptr;
     std::atomic<int> phase{not_started};
     std::atomic<int> starter_tid{0};
+    std::atomic<long> owner_pid{0};  // the process whose log this is
     long forked_from = 0;
 };
 
@@ -144,6 +145,13 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     return h;
 }
 
+// True when this process owns the running log.  A vfork child (posix_spawn, Python's subprocess)
+// shares the parent's memory without running fork handlers: if it calls _exit after a failed exec,
+// it must not finish the parent's log.
+bool owns_log(const process_state& st) noexcept {
+    return st.phase.load() == recording && st.owner_pid.load() == long(getpid());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Signals: flush on the way down; the end line only when the signal really ends the process.
 constexpr int k_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
@@ -157,13 +165,13 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
                                                      : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
     if (user_handler) {
         // The program handles this signal and may well go on: write what we have, no end line.
-        if (st.phase.load() == recording) st.log->drain(true);
+        if (owns_log(st)) st.log->drain(true);
         if (old.sa_flags & SA_SIGINFO) old.sa_sigaction(sig, info, uctx);
         else old.sa_handler(sig);
         errno = saved_errno;
         return;
     }
-    if (st.phase.load() == recording) st.log->finish(end_reason::signal, sig, unmatched_count(), 200);
+    if (owns_log(st)) st.log->finish(end_reason::signal, sig, unmatched_count(), 200);
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -225,6 +233,7 @@ void start_recording(process_state& st) noexcept {
             return;
         }
         install_signal_handlers();
+        st.owner_pid.store(long(getpid()));
         st.phase.store(recording, std::memory_order_release);
     } catch (...) {
         say("gpumem: out of memory while starting; recording is off for this process\n");
@@ -259,7 +268,7 @@ __attribute__((destructor)) void gpumem_fini() {
     // first, as a preload), so their last frees are in the log before the end line.
     process_state& st = state();
     pool_at_exit();
-    if (st.phase.load() == recording) st.log->finish(end_reason::exit, 0, unmatched_count(), 200);
+    if (owns_log(st)) st.log->finish(end_reason::exit, 0, unmatched_count(), 200);
 }
 
 }  // namespace
@@ -298,7 +307,7 @@ int current_device() noexcept {
 // first, then exit for real.
 [[noreturn]] static void finish_and_exit(int status) noexcept {
     process_state& st = state();
-    if (st.phase.load() == recording) st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
+    if (owns_log(st)) st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
     static auto real_exit = reinterpret_cast<void (*)(int)>(real_dlsym(RTLD_NEXT, "_exit"));
     if (real_exit) real_exit(status);
     for (;;) syscall(SYS_exit_group, status);

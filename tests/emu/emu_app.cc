@@ -320,6 +320,24 @@ void fork_case(int n) {
     printf("child=%d\nchild_status=%d\n", int(child), status);
 }
 
+// A vfork child shares the parent's memory and runs no fork handlers; Python's subprocess ends such
+// a child with _exit when exec fails.  The parent's log must not be ended by it.
+void vfork_case() {
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));
+    pid_t child = vfork();
+    if (child == 0) _exit(7);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CUdeviceptr q;
+    CHECK(a.alloc(&q, 8192));
+    CHECK(a.free(q));
+    CHECK(a.free(p));
+    printf("child_status=%d\n", WEXITSTATUS(status));
+}
+
 // Median cost of one alloc+free pair, in ns, over `rounds` rounds of `batch` pairs.  Between rounds
 // the program pauses `pause_ms`, as real programs do between allocation bursts: that measures the
 // recording cost on the caller's thread rather than the writer thread's sustained throughput.
@@ -359,6 +377,7 @@ int main(int argc, char** argv) {
     else if (s == "stress") stress(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 100000);
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100);
+    else if (s == "vfork") vfork_case();
     else if (s == "bench")
         bench(argc > 2 ? atol(argv[2]) : 51, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? size_t(atol(argv[4])) : 4096,
               argc > 5 ? atol(argv[5]) : 0);

@@ -309,3 +309,15 @@ TEST_CASE("a program that never allocates leaves no log") {
     CHECK(WEXITSTATUS(r.status) == 0);
     CHECK(r.logs.empty());
 }
+
+TEST_CASE("a vfork child's _exit does not end the parent's log") {
+    auto r = run({EMU_DRIVER_APP, "vfork"}, {{"GPUMEM_POOL", "off"}});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("child_status=7") != std::string::npos);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls, "exit");
+    CHECK(count_ev(ls, "end") == 1);
+    CHECK(count_ev(ls, "alloc") == 2);
+    CHECK(count_ev(ls, "free") == 2);
+}
