@@ -248,15 +248,14 @@ struct replayer::impl {
     // ----- free gaps
     static void gap_add(dev_state& d, uint64_t n) { d.gaps.add(n); }
     static void gap_remove(dev_state& d, uint64_t n) { d.gaps.remove(n); }
-    // The free range around [p, p+a) in s if the block were absent: [prev_end, next_start).
-    static void neighbours(const seg_state& s, uint64_t base, uint64_t p, uint64_t& prev_end,
-                           uint64_t& next_start) {
-        auto next = s.blocks.upper_bound(p);
-        next_start = next == s.blocks.end() ? base + s.size : next->first;
+    // The free range a block absent from s would sit in, given its position `at` (its lower_bound):
+    // [prev_end, next_start).
+    static void gap_at(const seg_state& s, uint64_t base, std::map<uint64_t, uint64_t>::const_iterator at,
+                       uint64_t& prev_end, uint64_t& next_start) {
+        next_start = at == s.blocks.end() ? base + s.size : at->first;
         prev_end = base;
-        auto it = s.blocks.lower_bound(p);
-        if (it != s.blocks.begin()) {
-            auto prev = std::prev(it);
+        if (at != s.blocks.begin()) {
+            auto prev = std::prev(at);
             prev_end = prev->first + prev->second;
         }
     }
@@ -469,12 +468,14 @@ struct replayer::impl {
                                    hex(base) + ", +" + std::to_string(s.size) + ")");
             return false;
         }
-        if (s.blocks.count(p)) {
+        // One tree walk serves the duplicate check, both neighbours and the insertion.
+        auto at = s.blocks.lower_bound(p);
+        if (at != s.blocks.end() && at->first == p) {
             inconsistent(line, "pooled block " + hex(p) + " is already allocated in segment " + hex(base));
             return false;
         }
         uint64_t prev_end, next_start;
-        neighbours(s, base, p, prev_end, next_start);
+        gap_at(s, base, at, prev_end, next_start);
         if (p < prev_end || p + asz > next_start) {
             inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) +
                                    ") overlaps another live block in segment " + hex(base));
@@ -483,17 +484,17 @@ struct replayer::impl {
         gap_remove(d, next_start - prev_end);
         gap_add(d, p - prev_end);
         gap_add(d, next_start - (p + asz));
-        s.blocks.emplace(p, asz);
+        s.blocks.emplace_hint(at, p, asz);
         return true;
     }
     void unplace_block(seg_state& s, uint64_t base, uint64_t p) {
         auto it = s.blocks.find(p);
         if (it == s.blocks.end()) return;
         uint64_t asz = it->second;
-        s.blocks.erase(it);
+        auto after = s.blocks.erase(it);
         dev_state& d = dev(s.dev);
         uint64_t prev_end, next_start;
-        neighbours(s, base, p, prev_end, next_start);
+        gap_at(s, base, after, prev_end, next_start);
         gap_remove(d, p - prev_end);
         gap_remove(d, next_start - (p + asz));
         gap_add(d, next_start - prev_end);
