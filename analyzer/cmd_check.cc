@@ -77,23 +77,6 @@ struct outcome {
     std::string message;    // "1.93 MiB > limit 1.00 MiB (--max-peak); at ..."
 };
 
-std::string xml_escape(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        switch (c) {
-            case '&': o += "&amp;"; break;
-            case '<': o += "&lt;"; break;
-            case '>': o += "&gt;"; break;
-            case '"': o += "&quot;"; break;
-            default:
-                // Control characters are not allowed in XML 1.0.
-                if ((unsigned char)c < 0x20 && c != '\n' && c != '\t') o += ' ';
-                else o += c;
-        }
-    }
-    return o;
-}
-
 // "rank 0#2 dev 1" -> "gpumem.rank_0_2.dev_1": CI viewers group test cases by the dotted parts.
 std::string junit_class(const std::string& key) {
     std::string k = key;
@@ -116,12 +99,12 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
       << "<testsuites tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n"
       << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
     for (const outcome& r : results) {
-        f << "    <testcase classname=\"" << xml_escape(r.classname) << "\" name=\"" << xml_escape(r.name) << "\"";
+        f << "    <testcase classname=\"" << html_escape(r.classname) << "\" name=\"" << html_escape(r.name) << "\"";
         if (r.passed) {
             f << "/>\n";
             continue;
         }
-        f << ">\n      <failure message=\"" << xml_escape(r.message) << "\">" << xml_escape(r.where + ": " + r.message)
+        f << ">\n      <failure message=\"" << html_escape(r.message) << "\">" << html_escape(r.where + ": " + r.message)
           << "</failure>\n    </testcase>\n";
     }
     f << "  </testsuite>\n</testsuites>\n";

@@ -160,13 +160,7 @@ std::string segment_map_svg(const state_snapshot& s) {
         const segment_view& v = s.segment_map[i];
         double y = 20 + double(i) * row;
         double w = std::max(1.0, double(v.size) * px_per_byte);
-        uint64_t used = 0, largest = 0, cur = v.base;
-        for (const auto& [p, a] : v.blocks) {
-            used += a;
-            largest = std::max(largest, p - cur);
-            cur = p + a;
-        }
-        largest = std::max(largest, v.base + v.size - cur);
+        const auto [used, largest] = v.measure();
         o << "<g><title>" << fmt_hex(v.base) << ": " << fmt_bytes(v.size) << " (" << pool_name(v.pool) << "), "
           << v.blocks.size() << " blocks, " << fmt_bytes(v.size - used) << " free, largest free " << fmt_bytes(largest)
           << "</title>\n";

@@ -62,13 +62,7 @@ ojson snapshot_json(const state_snapshot& s) {
     j["rounding_overhead"] = r6(s.allocated ? 1.0 - double(s.requested) / double(s.allocated) : 0.0);
     ojson segs = ojson::array();
     for (const segment_view& v : s.segment_map) {
-        uint64_t used = 0, largest = 0, cur = v.base;
-        for (const auto& [p, a] : v.blocks) {
-            used += a;
-            largest = std::max(largest, p - cur);
-            cur = p + a;
-        }
-        largest = std::max(largest, v.base + v.size - cur);
+        const auto [used, largest] = v.measure();
         ojson g;
         g["base"] = fmt_hex(v.base);
         g["size_bytes"] = v.size;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,6 +76,22 @@ struct segment_view {
     pool_id pool = pool_id::none;
     std::vector<std::pair<uint64_t, uint64_t>> blocks;   // (ptr, asize): every occupied block
     std::vector<std::pair<uint64_t, uint64_t>> pending;  // the subset freed but not yet reusable
+
+    // Bytes occupied by blocks, and the largest gap between them (the segment's largest free block).
+    struct usage {
+        uint64_t used = 0, largest_free = 0;
+    };
+    usage measure() const {
+        usage u;
+        uint64_t cur = base;
+        for (const auto& [p, a] : blocks) {
+            u.used += a;
+            u.largest_free = std::max(u.largest_free, p - cur);
+            cur = p + a;
+        }
+        u.largest_free = std::max(u.largest_free, base + size - cur);
+        return u;
+    }
 };
 
 // The device's state at one moment: totals, the free-block map and the largest live blocks.

@@ -86,13 +86,7 @@ void write_map(std::ostream& os, const state_snapshot& s) {
             break;
         }
         size_t w = std::max<size_t>(1, size_t(double(k_map_width) * double(v.size) / double(biggest) + 0.5));
-        uint64_t used = 0, largest = 0, cur = v.base;
-        for (const auto& [p, a] : v.blocks) {
-            used += a;
-            largest = std::max(largest, p - cur);
-            cur = p + a;
-        }
-        largest = std::max(largest, v.base + v.size - cur);
+        const auto [used, largest] = v.measure();
         os << "    " << pad(fmt_hex(v.base), 16) << pad(fmt_bytes(v.size), 11, true) << ' '
            << pad(pool_name(v.pool), 5) << " |" << pad(segment_bar(v, w), k_map_width) << "| "
            << v.blocks.size() << " blocks, " << fmt_bytes(v.size - used) << " free, largest "
