@@ -357,27 +357,29 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
 
 // ---- free -----------------------------------------------------------------------------------
 
+// `left` takes over its right neighbour's bytes; the neighbour block is unlinked and recycled.
+void block_pool::absorb_next(block* left) {
+    block* right = left->next;
+    left->size += right->size;
+    left->next = right->next;
+    if (right->next) right->next->prev = left;
+    addr_erase(right);
+    recycle(right);
+}
+
 void block_pool::make_free(block* b) {
     b->state = block_state::free;
     b->requested = 0;
     if (block* pr = b->prev; pr && pr->state == block_state::free) {
         free_erase(pr);
         free_bytes_ -= pr->size;
-        pr->size += b->size;
-        pr->next = b->next;
-        if (b->next) b->next->prev = pr;
-        addr_erase(b);
-        recycle(b);
+        absorb_next(pr);
         b = pr;
     }
     if (block* nx = b->next; nx && nx->state == block_state::free) {
         free_erase(nx);
         free_bytes_ -= nx->size;
-        b->size += nx->size;
-        b->next = nx->next;
-        if (nx->next) nx->next->prev = b;
-        addr_erase(nx);
-        recycle(nx);
+        absorb_next(b);
     }
     free_insert(b);
     free_bytes_ += b->size;

@@ -110,6 +110,7 @@ class block_pool {
     block* grow(pool_id p, uint64_t asize, api_id api, int* err);
     int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out);
     void take(block* b, uint64_t asize, uint64_t requested);
+    void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
     bool sync_release(api_id api);
     void release_free_segments(api_id api);
