@@ -270,8 +270,286 @@ uint16_t line_parser::intern_api_slow(std::string_view name) {
     return uint16_t(api_names_.size() - 1);
 }
 
-parse_status line_parser::parse(const char* p, size_t len, size_t capacity, log_event& e,
-                                std::string& error) {
+// ---------------------------------------------------------------------------------------------
+// The recorder's own line shape, read without a JSON parser.
+//
+// Every line the recorder writes has the members of its kind in one order, with fixed spellings
+// and plain values (core/event_format.cc), so reading it needs no member dispatch and no generic
+// scanning: compare each expected key, then read its value with a digit or hex loop.  Anything else
+// (other order, whitespace, escapes, an unknown member, a number JSON would judge) returns false and
+// the line goes through simdjson, which also produces every error message.  Whatever this accepts is
+// valid JSON whose parse_json result is what this fills in (checked in fast_path_test.cc and by
+// fuzz_parser.cc).
+
+namespace {
+
+// Reads ahead of the current byte by at most the longest key; the line's closing '}' stops every
+// scan that has no bound check, since no digit, hex digit or key literal contains it.
+struct recorder_cursor {
+    const char* q;    // next unread byte
+    const char* end;  // the closing '}'
+
+    static uint64_t load8(const char* s) {
+        uint64_t v;
+        std::memcpy(&v, s, 8);
+        return v;
+    }
+    // Matches a literal such as `,"size":` with one or two 8-byte compares: a libc memcmp call per
+    // key was the fast path's largest cost.  Reads up to 16 bytes from q (see above).
+    template <size_t N>
+    [[gnu::always_inline]] bool key(const char (&k)[N]) {
+        constexpr size_t n = N - 1;
+        static_assert(n >= 1 && n <= 16, "keys of this format are at most 16 bytes");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        // The literal's bytes as little-endian words (constant-folded); the first byte is lowest.
+        uint64_t w0 = 0, w1 = 0;
+        std::memcpy(&w0, k, n < 8 ? n : 8);
+        if constexpr (n > 8) std::memcpy(&w1, k + 8, n - 8);
+        constexpr uint64_t m0 = n >= 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * n)) - 1;
+        constexpr uint64_t m1 = n >= 16 ? ~uint64_t(0) : n <= 8 ? 0 : (uint64_t(1) << (8 * (n - 8))) - 1;
+        uint64_t diff = (load8(q) ^ w0) & m0;
+        if constexpr (n > 8) diff |= (load8(q + 8) ^ w1) & m1;
+        if (diff) return false;
+#else
+        if (std::memcmp(q, k, n) != 0) return false;
+#endif
+        q += n;
+        return true;
+    }
+    // A non-negative integer as JSON writes it: no sign, no leading zero, no fraction or exponent
+    // (what follows is checked by the next key).  Up to 19 digits, which always fits 64 bits; a
+    // longer number is left to simdjson's range check.
+    [[gnu::always_inline]] bool u64(uint64_t& v) {
+        const char* s = q;
+        unsigned d = unsigned(uint8_t(*q)) - '0';
+        if (d > 9) return false;
+        uint64_t x = d;
+        ++q;
+        if (d == 0) {
+            if (unsigned(uint8_t(*q)) - '0' <= 9) return false;  // leading zero: not JSON
+            v = 0;
+            return true;
+        }
+        while ((d = unsigned(uint8_t(*q)) - '0') <= 9) {
+            x = x * 10 + d;  // may wrap for a long run of digits, which is rejected below
+            ++q;
+        }
+        if (q - s > 19) return false;
+        v = x;
+        return true;
+    }
+    // An integer that fits int64_t, with at most 19 digits; "-0" is left to simdjson.
+    bool i64(int64_t& v) {
+        bool neg = *q == '-';
+        if (neg) {
+            ++q;
+            if (*q == '0') return false;
+        }
+        uint64_t x;
+        if (!u64(x) || x > uint64_t(INT64_MAX)) return false;
+        v = neg ? -int64_t(x) : int64_t(x);
+        return true;
+    }
+    // "dev": -1 or an ordinal up to 65535, the range parse_json accepts.
+    bool dev(int32_t& v) {
+        if (q[0] == '-' && q[1] == '1' && unsigned(uint8_t(q[2])) - '0' > 9) {
+            q += 2;
+            v = -1;
+            return true;
+        }
+        uint64_t x;
+        if (!u64(x) || x > 65535) return false;
+        v = int32_t(x);
+        return true;
+    }
+    // 1 to 16 hex digits after the key's `"0x`, then the closing quote: as hex_in_place reads them.
+    [[gnu::always_inline]] bool hex(uint64_t& v) {
+        const char* s = q;
+        uint64_t x = 0;
+        int8_t d;
+        while ((d = k_hex.v[uint8_t(*q)]) >= 0) {
+            x = (x << 4) | uint64_t(d);
+            ++q;
+        }
+        size_t n = size_t(q - s);
+        if (n == 0 || n > 16 || *q != '"') return false;
+        ++q;
+        v = x;
+        return true;
+    }
+    // A string of printable ASCII without quote or backslash, after its opening quote: the raw text
+    // then equals the value, and simdjson would take it as it is.
+    [[gnu::always_inline]] bool str(std::string_view& s) {
+        const char* a = q;
+        while (q < end && uint8_t(*q) >= 0x20 && uint8_t(*q) < 0x7f && *q != '\\' && *q != '"') ++q;
+        if (q >= end || *q != '"') return false;
+        s = std::string_view(a, size_t(q - a));
+        ++q;
+        return true;
+    }
+};
+
+// What one recorder line says, gathered before anything is stored: a line that deviates late must
+// leave the event and the API table as they were.
+struct recorder_fields {
+    uint64_t present = bit(fd_ev);
+    ev_kind ev = ev_kind::header;
+    mem_kind kind = mem_kind::none;
+    pool_id pool = pool_id::none;
+    bool pooled = false, unknown = false;
+    std::string_view api;
+    int32_t dev = -1;
+    int64_t err = 0;
+    uint64_t seq = 0, t = 0, tid = 0, ptr = 0, size = 0, asize = 0, seg = 0, handle = 0, skip = 0, count = 0;
+    uint64_t st[8] = {};  // reserved, allocated, requested, largest_free, free_blocks, segments, gpu_free, gpu_total
+};
+
+}  // namespace
+
+bool line_parser::parse_recorder_line(const char* p, size_t len, size_t capacity, log_event& e) {
+    // 32 bytes of slack past the line cover the longest key compare (see recorder_cursor).
+    if (len < 16 || capacity < len + 32 || p[len - 1] != '}' || std::memcmp(p, "{\"ev\":\"", 7) != 0)
+        return false;
+    recorder_cursor c{p + 7, p + len - 1};
+    recorder_fields f;
+    std::string_view name;
+    if (!c.str(name)) return false;
+    if (name.size() == 5 && std::memcmp(name.data(), "alloc", 5) == 0) f.ev = ev_kind::alloc;
+    else if (name.size() == 4 && std::memcmp(name.data(), "free", 4) == 0) f.ev = ev_kind::free;
+    else if (!lookup_name(name, k_ev_names, f.ev)) return false;
+    if (f.ev == ev_kind::header || f.ev == ev_kind::end) return false;  // rare; strings to unescape
+
+    if (f.ev != ev_kind::lost) {  // a loss occupies no position in the order
+        if (!c.key(",\"seq\":") || !c.u64(f.seq)) return false;
+        f.present |= bit(fd_seq);
+    }
+    // "tid" is read only to be checked: the analysis does not use it (parse_json skips it too).
+    if (!c.key(",\"t\":") || !c.u64(f.t) || !c.key(",\"tid\":") || !c.u64(f.tid)) return false;
+    f.present |= bit(fd_t);
+    if (f.ev == ev_kind::lost) {
+        if (!c.key(",\"count\":") || !c.u64(f.count)) return false;
+        f.present |= bit(fd_count);
+    } else {
+        if (!c.key(",\"dev\":") || !c.dev(f.dev)) return false;
+        f.present |= bit(fd_dev);
+    }
+    switch (f.ev) {
+    case ev_kind::alloc:
+    case ev_kind::alloc_fail:
+    case ev_kind::free:
+    case ev_kind::free_fail: {
+        std::string_view kind;
+        if (!c.key(",\"api\":\"") || !c.str(f.api) || !c.key(",\"kind\":\"") || !c.str(kind) ||
+            !c.key(",\"ptr\":\"0x") || !c.hex(f.ptr) || !c.key(",\"size\":") || !c.u64(f.size))
+            return false;
+        f.present |= bit(fd_api) | bit(fd_kind) | bit(fd_ptr) | bit(fd_size);
+        // An unknown memory kind stays "none", as in parse_json.
+        if (kind.size() == 6 && std::memcmp(kind.data(), "device", 6) == 0) f.kind = mem_kind::device;
+        else if (!lookup_name(kind, k_mem_kind_names, f.kind)) f.kind = mem_kind::none;
+        // The optional members, each at most once and in the writer's order.
+        if (c.key(",\"asize\":")) {
+            if (!c.u64(f.asize)) return false;
+            f.present |= bit(fd_asize);
+        }
+        if (c.key(",\"seg\":\"0x")) {
+            if (!c.hex(f.seg) || !c.key(",\"pooled\":true")) return false;
+            f.pooled = true;
+            f.present |= bit(fd_seg) | bit(fd_pooled);
+        } else if (c.key(",\"mempool\":\"0x")) {
+            if (!c.hex(f.skip)) return false;  // not used by the analysis
+        }
+        if (c.key(",\"stream\":\"0x") && !c.hex(f.skip)) return false;  // not used either
+        if (c.key(",\"unknown\":true")) {
+            f.unknown = true;
+            f.present |= bit(fd_unknown);
+        }
+        if (c.key(",\"err\":")) {
+            if (!c.i64(f.err)) return false;
+            f.present |= bit(fd_err);
+        }
+        break;
+    }
+    case ev_kind::map:
+    case ev_kind::unmap:
+    case ev_kind::reserve:
+    case ev_kind::unreserve:
+        if (!c.key(",\"api\":\"") || !c.str(f.api) || !c.key(",\"ptr\":\"0x") || !c.hex(f.ptr) ||
+            !c.key(",\"size\":") || !c.u64(f.size))
+            return false;
+        f.present |= bit(fd_api) | bit(fd_ptr) | bit(fd_size);
+        if (c.key(",\"handle\":\"0x")) {
+            if (!c.hex(f.handle) || !c.key(",\"offset\":") || !c.u64(f.skip)) return false;
+            f.present |= bit(fd_handle);
+        }
+        break;
+    case ev_kind::segment_alloc:
+    case ev_kind::segment_free: {
+        std::string_view pool;
+        if (!c.key(",\"api\":\"") || !c.str(f.api) || !c.key(",\"ptr\":\"0x") || !c.hex(f.ptr) ||
+            !c.key(",\"size\":") || !c.u64(f.size) || !c.key(",\"pool\":\"") || !c.str(pool))
+            return false;
+        f.present |= bit(fd_api) | bit(fd_ptr) | bit(fd_size) | bit(fd_pool);
+        if (!lookup_name(pool, k_pool_names, f.pool)) f.pool = pool_id::none;
+        break;
+    }
+    case ev_kind::oom:
+    case ev_kind::stats:
+        if (c.key(",\"api\":\"")) {
+            if (!c.str(f.api) || !c.key(",\"size\":") || !c.u64(f.size)) return false;
+            f.present |= bit(fd_api) | bit(fd_size);
+        }
+        if (!c.key(",\"reserved\":") || !c.u64(f.st[0]) || !c.key(",\"allocated\":") || !c.u64(f.st[1]) ||
+            !c.key(",\"requested\":") || !c.u64(f.st[2]) || !c.key(",\"largest_free\":") || !c.u64(f.st[3]) ||
+            !c.key(",\"free_blocks\":") || !c.u64(f.st[4]) || !c.key(",\"segments\":") || !c.u64(f.st[5]) ||
+            !c.key(",\"gpu_free\":") || !c.u64(f.st[6]) || !c.key(",\"gpu_total\":") || !c.u64(f.st[7]))
+            return false;
+        f.present |= bit(fd_reserved) | bit(fd_allocated) | bit(fd_requested) | bit(fd_largest_free) |
+                     bit(fd_free_blocks) | bit(fd_segments) | bit(fd_gpu_free) | bit(fd_gpu_total);
+        break;
+    case ev_kind::pool_sync:
+    case ev_kind::context_reset:
+        if (!c.key(",\"count\":") || !c.u64(f.count)) return false;
+        f.present |= bit(fd_count);
+        break;
+    default:
+        break;  // lost: done above
+    }
+    if (c.q != c.end) return false;  // more members, or bytes after the value
+
+    // Store exactly what parse_json stores for this line: its resets, then each member present.
+    e.present = f.present;
+    e.known_kind = true;
+    e.ev = f.ev;
+    e.kind = f.kind;
+    e.pool = f.pool;
+    e.pooled = f.pooled;
+    e.unknown = f.unknown;
+    e.api = f.present & bit(fd_api) ? intern_api(f.api) : 0;
+    e.dev = f.dev;
+    e.err = f.err;
+    e.asize = f.asize;
+    e.seg = f.seg;
+    if (f.present & bit(fd_seq)) e.seq = f.seq;
+    e.t = f.t;
+    if (f.present & bit(fd_ptr)) e.ptr = f.ptr;
+    if (f.present & bit(fd_size)) e.size = f.size;
+    if (f.present & bit(fd_handle)) e.handle = f.handle;
+    if (f.present & bit(fd_count)) e.count = f.count;
+    if (f.present & bit(fd_reserved)) {
+        e.reserved = f.st[0];
+        e.allocated = f.st[1];
+        e.requested = f.st[2];
+        e.largest_free = f.st[3];
+        e.free_blocks = f.st[4];
+        e.segments = f.st[5];
+        e.gpu_free = f.st[6];
+        e.gpu_total = f.st[7];
+    }
+    return true;
+}
+
+parse_status line_parser::parse_json(const char* p, size_t len, size_t capacity, log_event& e,
+                                     std::string& error) {
     e.present = 0;
     e.known_kind = false;
     e.pooled = e.unknown = false;

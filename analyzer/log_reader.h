@@ -67,8 +67,20 @@ public:
 
     // Parses [p, p+len); `capacity` bytes from p are readable (see line_source::capacity_from).
     // On failure `error` says what was wrong, without file or line.
+    // Lines in the recorder's own shape take parse_recorder_line, every other line parse_json.
     parse_status parse(const char* p, size_t len, size_t capacity, log_event& out,
-                       std::string& error);
+                       std::string& error) {
+        if (parse_recorder_line(p, len, capacity, out)) return parse_status::ok;
+        return parse_json(p, len, capacity, out, error);
+    }
+    // The fast path: a line exactly as core/event_format.cc writes it (members in its order and
+    // spelling, no whitespace, no escapes, plain integers) is read without a JSON parser.  True
+    // when it filled `out` just as parse_json would; false on any deviation, with `out` and the
+    // API table untouched, so the caller falls back to parse_json.
+    bool parse_recorder_line(const char* p, size_t len, size_t capacity, log_event& out);
+    // The generic path: any JSON object, through simdjson on-demand.
+    parse_status parse_json(const char* p, size_t len, size_t capacity, log_event& out,
+                            std::string& error);
     // Members an event of this kind must have; names the first missing one or returns "".
     static std::string missing_members(const log_event& e);
     // The members an event of this kind must have, as a mask of field bits.

@@ -16,18 +16,31 @@
 using namespace gpumem::analysis;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    // 1. Each line on its own through the parser, with the padding simdjson expects.
+    // 1. Each line on its own through the parser, with the padding simdjson expects, and again
+    // through simdjson alone: the recorder-shape fast path must give exactly parse_json's answer.
     {
-        static line_parser parser;
+        static line_parser parser, json_only;
         std::vector<char> buf(size + 64, 0);
         std::memcpy(buf.data(), data, size);
-        log_event e;
-        std::string err;
+        std::string err, err_json;
         size_t start = 0;
         for (size_t i = 0; i <= size; ++i) {
             if (i == size || buf[i] == '\n') {
-                if (parser.parse(buf.data() + start, i - start, buf.size() - start, e, err) == parse_status::ok)
-                    (void)line_parser::missing_members(e);
+                log_event e, ej;
+                parse_status st = parser.parse(buf.data() + start, i - start, buf.size() - start, e, err);
+                parse_status sj = json_only.parse_json(buf.data() + start, i - start, buf.size() - start, ej, err_json);
+                if (st == parse_status::ok) (void)line_parser::missing_members(e);
+                bool same = st == sj && (st == parse_status::ok || err == err_json) && e.present == ej.present &&
+                            e.known_kind == ej.known_kind && e.ev == ej.ev && e.kind == ej.kind && e.pool == ej.pool &&
+                            e.pooled == ej.pooled && e.unknown == ej.unknown && e.dev == ej.dev && e.err == ej.err &&
+                            parser.api_name(e.api) == json_only.api_name(ej.api) && e.seq == ej.seq && e.t == ej.t &&
+                            e.ptr == ej.ptr && e.size == ej.size && e.asize == ej.asize && e.seg == ej.seg &&
+                            e.handle == ej.handle && e.count == ej.count && e.reserved == ej.reserved &&
+                            e.allocated == ej.allocated && e.requested == ej.requested &&
+                            e.largest_free == ej.largest_free && e.free_blocks == ej.free_blocks &&
+                            e.segments == ej.segments && e.gpu_free == ej.gpu_free && e.gpu_total == ej.gpu_total &&
+                            e.reason == ej.reason && e.signal == ej.signal;
+                if (!same) __builtin_trap();  // the two paths disagree on this line
                 start = i + 1;
             }
         }

@@ -1,0 +1,295 @@
+// Differential tests of the recorder-shape fast path: parse() and parse_json() (simdjson) must agree field by field.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "event_format.h"
+#include "log_reader.h"
+#include "test_util.h"
+
+using namespace gpumem;
+using namespace gpumem::analysis;
+using namespace gpumem::test;
+
+namespace {
+
+// Two parsers fed the same lines in the same order, so their API tables grow alike.
+struct twin {
+    line_parser fast;  // parse(): fast path, simdjson on any deviation
+    line_parser json;  // parse_json() only
+    uint64_t lines = 0, fast_taken = 0;
+
+    // Checks one line; returns whether the fast path took it.
+    bool check(const std::string& line) {
+        std::string buf = line + std::string(64, '\0');  // the padding both paths may read
+        log_event probe, ef, ej;
+        std::string errf, errj;
+        // A scratch parser answers "fast path or not" without touching the twins' API tables.
+        line_parser scratch;
+        bool took = scratch.parse_recorder_line(buf.data(), line.size(), buf.size(), probe);
+        parse_status sf = fast.parse(buf.data(), line.size(), buf.size(), ef, errf);
+        parse_status sj = json.parse_json(buf.data(), line.size(), buf.size(), ej, errj);
+        INFO("line: " << line);
+        REQUIRE(sf == sj);
+        if (sf != parse_status::ok) {
+            REQUIRE(errf == errj);
+        }
+        if (took) {
+            REQUIRE(sf == parse_status::ok);
+        }
+        same_event(ef, ej);
+        ++lines;
+        fast_taken += took;
+        return took;
+    }
+
+    // Every member of log_event, present or not: both paths start from a default event here, so
+    // even a member a path should not have touched must match.
+    void same_event(const log_event& a, const log_event& b) {
+        CHECK(a.present == b.present);
+        CHECK(a.known_kind == b.known_kind);
+        CHECK(a.ev == b.ev);
+        CHECK(a.kind == b.kind);
+        CHECK(a.pool == b.pool);
+        CHECK(a.pooled == b.pooled);
+        CHECK(a.unknown == b.unknown);
+        CHECK(a.api == b.api);
+        CHECK(fast.api_name(a.api) == json.api_name(b.api));
+        CHECK(fast.api_count() == json.api_count());
+        CHECK(a.dev == b.dev);
+        CHECK(a.tid == b.tid);
+        CHECK(a.err == b.err);
+        CHECK(a.signal == b.signal);
+        CHECK(a.seq == b.seq);
+        CHECK(a.t == b.t);
+        CHECK(a.ptr == b.ptr);
+        CHECK(a.size == b.size);
+        CHECK(a.asize == b.asize);
+        CHECK(a.seg == b.seg);
+        CHECK(a.handle == b.handle);
+        CHECK(a.offset == b.offset);
+        CHECK(a.stream == b.stream);
+        CHECK(a.mempool == b.mempool);
+        CHECK(a.count == b.count);
+        CHECK(a.reserved == b.reserved);
+        CHECK(a.allocated == b.allocated);
+        CHECK(a.requested == b.requested);
+        CHECK(a.largest_free == b.largest_free);
+        CHECK(a.free_blocks == b.free_blocks);
+        CHECK(a.segments == b.segments);
+        CHECK(a.gpu_free == b.gpu_free);
+        CHECK(a.gpu_total == b.gpu_total);
+        CHECK(a.reason == b.reason);
+        CHECK(a.events == b.events);
+        CHECK(a.n_alloc == b.n_alloc);
+        CHECK(a.n_free == b.n_free);
+        CHECK(a.n_fail == b.n_fail);
+        CHECK(a.live_allocs == b.live_allocs);
+        CHECK(a.live_bytes == b.live_bytes);
+        CHECK(a.lost == b.lost);
+        CHECK(a.unmatched == b.unmatched);
+    }
+};
+
+// A value of some magnitude: small, mid, near the 19/20-digit edge, or the extremes.
+uint64_t any_u64(std::mt19937_64& rng, bool full_range) {
+    switch (rng() % 8) {
+    case 0: return 0;
+    case 1: return rng() % 10;
+    case 2: return rng() % 100000;
+    case 3: return full_range ? rng() >> (rng() % 64) : (rng() >> (rng() % 64)) % 10000000000000000000ull;
+    case 4: return full_range ? UINT64_MAX - rng() % 3 : 9999999999999999999ull - rng() % 3;
+    case 5: return full_range ? 10000000000000000000ull + rng() % 3 : 999999999999999999ull + rng() % 3;
+    default: return full_range ? rng() : rng() % 10000000000000000000ull;
+    }
+}
+
+// A random event as the recorder holds it; `full_range` allows 20-digit numbers and devices the
+// analyzer rejects (lines the fast path must leave to simdjson).
+event random_event(std::mt19937_64& rng, bool full_range) {
+    event e;
+    std::memset(&e, 0, sizeof e);
+    e.ev = ev_kind(1 + rng() % (size_t(ev_kind::lost)));  // alloc .. lost: what format_event writes
+    e.seq = any_u64(rng, full_range);
+    e.t_ns = any_u64(rng, full_range);
+    e.tid = uint32_t(rng());
+    e.err = int32_t(rng() % 3 == 0 ? -int32_t(rng() % 1000) : int32_t(rng() % 2000));
+    if (rng() % 8 == 0) e.err = rng() % 2 ? INT32_MIN : INT32_MAX;
+    // pool_sync and context_reset write "err" as "count", which the analyzer reads as unsigned.
+    bool counted = e.ev == ev_kind::pool_sync || e.ev == ev_kind::context_reset;
+    if (counted && !full_range && e.err < 0) e.err = e.err == INT32_MIN ? 0 : -e.err;
+    int16_t devs[] = {-1, 0, 1, 7, 32767};
+    e.dev = devs[rng() % 5];
+    if (full_range && rng() % 6 == 0) e.dev = int16_t(-2 - int(rng() % 100));
+    e.kind = mem_kind(rng() % (size_t(mem_kind::count_) + (full_range ? 1 : 0)));
+    e.api = api_id(rng() % (size_t(api_id::count_) + 1));  // one past the table writes "unknown"
+    e.pool = pool_id(rng() % size_t(pool_id::count_));
+    e.flags = uint8_t(rng() % 8);
+    if (e.ev == ev_kind::oom || e.ev == ev_kind::stats) {
+        uint64_t* p = &e.p.size;
+        for (int i = 0; i < 9; ++i) p[i] = any_u64(rng, full_range);
+    } else {
+        e.b.ptr = any_u64(rng, true);  // hex: every 64-bit value is in range
+        e.b.size = any_u64(rng, full_range);
+        e.b.asize = rng() % 2 ? any_u64(rng, full_range) : 0;
+        e.b.seg = rng() % 2 ? any_u64(rng, true) : 0;
+        e.b.stream = e.ev == ev_kind::map ? any_u64(rng, full_range) : any_u64(rng, true);
+        if (e.ev == ev_kind::lost) e.b.size = any_u64(rng, full_range);
+    }
+    return e;
+}
+
+std::string format(const event& e) {
+    char buf[k_max_event_line];
+    size_t n = format_event(e, buf, sizeof buf);
+    REQUIRE(n > 1);
+    return std::string(buf, n - 1);  // without the newline, as line_source hands lines out
+}
+
+// Variations of a valid line that stay valid JSON but leave the recorder's shape.
+// Each comes with whether the fast path may still take it (then with parse_json's result).
+std::vector<std::pair<std::string, bool>> shape_variations(const std::string& line) {
+    std::vector<std::pair<std::string, bool>> out;
+    auto add = [&](std::string s, bool may_take = false) { out.emplace_back(std::move(s), may_take); };
+    add(" " + line);
+    add(line + " ");
+    add(line + "\r");
+    add("{ " + line.substr(1));
+    add(line.substr(0, line.size() - 1) + ",\"zz\":1}");         // unknown member at the end
+    add(line.substr(0, line.size() - 1) + ",\"tid\":5}");       // a member twice
+    // A space after every comma and colon outside strings, one at a time.
+    bool in_str = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+        if (line[i] == '"') in_str = !in_str;
+        if (!in_str && (line[i] == ',' || line[i] == ':')) add(line.substr(0, i + 1) + " " + line.substr(i + 1));
+    }
+    // Members in another order: the first two after "ev" swapped, and "ev" moved to the end.
+    size_t c1 = line.find(',');
+    size_t c2 = c1 == std::string::npos ? c1 : line.find(',', c1 + 1);
+    size_t c3 = c2 == std::string::npos ? c2 : line.find(',', c2 + 1);
+    if (c3 != std::string::npos && line.find('"', c1 + 2) < c2) {
+        std::string a = line.substr(c1 + 1, c2 - c1 - 1), b = line.substr(c2 + 1, c3 - c2 - 1);
+        add(line.substr(0, c1 + 1) + b + "," + a + line.substr(c3));
+        add("{" + line.substr(c1 + 1, line.size() - c1 - 2) + "," + line.substr(1, c1 - 1) + "}");
+    }
+    // An escaped character in each string value, and upper-case hex.
+    for (size_t i = line.find(":\""); i != std::string::npos; i = line.find(":\"", i + 1)) {
+        std::string s = line;
+        s.insert(i + 2, "\\u0041");
+        add(s);
+    }
+    std::string up = line;
+    for (size_t i = up.find("\"0x"); i != std::string::npos; i = up.find("\"0x", i + 1))
+        for (size_t j = i + 3; j < up.size() && up[j] != '"'; ++j) up[j] = char(std::toupper(up[j]));
+    if (up != line) add(up, true);  // hex_in_place reads both cases alike
+    // Numbers JSON spells differently: leading zeros, a fraction, an exponent, a sign.
+    for (const char* key : {"\"seq\":", "\"t\":", "\"size\":", "\"dev\":", "\"count\":", "\"err\":"}) {
+        size_t k = line.find(key);
+        if (k == std::string::npos) continue;
+        size_t v = k + std::strlen(key);
+        for (const char* ins : {"0", "-0", "+"}) add(line.substr(0, v) + ins + line.substr(v));
+        // A minus sign makes a valid negative "err" or "dev":-1 out of "dev":1.
+        add(line.substr(0, v) + "-" + line.substr(v), true);
+        size_t e = line.find_first_of(",}", v);
+        for (const char* app : {".0", "e0"}) add(line.substr(0, e) + app + line.substr(e));
+        for (const char* app : {"0", "1"}) add(line.substr(0, e) + app + line.substr(e), true);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("every line the recorder's writer produces takes the fast path, with parse_json's result", "[fastpath]") {
+    twin t;
+    std::mt19937_64 rng(1);
+    for (int i = 0; i < 20000; ++i) {
+        std::string line = format(random_event(rng, false));
+        INFO(line);
+        CHECK(t.check(line));
+    }
+    CHECK(t.fast_taken == t.lines);
+}
+
+TEST_CASE("writer lines with out-of-range values give parse_json's result either way", "[fastpath]") {
+    twin t;
+    std::mt19937_64 rng(2);
+    for (int i = 0; i < 20000; ++i) t.check(format(random_event(rng, true)));
+    CHECK(t.fast_taken > 0);
+    CHECK(t.fast_taken < t.lines);  // the 20-digit numbers and bad devices fell back
+}
+
+TEST_CASE("valid lines out of the recorder's shape fall back to simdjson", "[fastpath]") {
+    twin t;
+    std::mt19937_64 rng(3);
+    for (int i = 0; i < 400; ++i) {
+        std::string line = format(random_event(rng, false));
+        REQUIRE(t.check(line));
+        for (const auto& [v, may_take] : shape_variations(line)) {
+            bool took = t.check(v);
+            if (!may_take) {
+                INFO("variation: " << v);
+                CHECK_FALSE(took);
+            }
+        }
+    }
+}
+
+TEST_CASE("cut, replaced and inserted bytes give parse_json's status, message and event", "[fastpath]") {
+    twin t;
+    std::mt19937_64 rng(4);
+    const char repl[] = {' ', '"', '\\', '0', '9', 'a', 'A', 'x', '}', '{', ',', ':', '-', '.', '\x01', '\x7f', '\xc3', '\xff'};
+    for (int i = 0; i < 120; ++i) {
+        std::string line = format(random_event(rng, false));
+        for (size_t n = 0; n < line.size(); ++n) t.check(line.substr(0, n));
+        for (size_t k = 0; k < line.size(); ++k)
+            for (char r : repl) {
+                std::string s = line;
+                s[k] = r;
+                t.check(s);
+                t.check(line.substr(0, k) + r + line.substr(k));
+            }
+    }
+}
+
+TEST_CASE("the recorded H200 and golden logs: every event line agrees, and the H200 ones take the fast path", "[fastpath]") {
+    for (const char* f : {"h200/torch-2stream-train-pool-on.jsonl", "h200/torch-default-pool-off.jsonl",
+                          "h200/torch-default-pool-on.jsonl", "h200/torch-nocache-pool-on.jsonl",
+                          "golden/pool_fragmentation.jsonl", "golden/pool_off_basic.jsonl",
+                          "golden/pool_off_kinds.jsonl", "golden/rank0.jsonl", "golden/rank1.jsonl",
+                          "golden/killed_truncated.jsonl"}) {
+        std::ifstream in(data_path(f));
+        REQUIRE(in);
+        twin t;
+        std::string line;
+        uint64_t events = 0;
+        while (std::getline(in, line)) {
+            bool took = t.check(line);
+            bool header_or_end = line.rfind("{\"ev\":\"header\"", 0) == 0 || line.rfind("{\"ev\":\"end\"", 0) == 0;
+            if (!header_or_end) ++events;
+            if (std::string(f).rfind("h200/", 0) == 0 && !header_or_end) {
+                INFO(f << ": " << line);
+                CHECK(took);
+            }
+        }
+        CHECK(events > 0);
+    }
+}
+
+TEST_CASE("the fast path leaves the event and the API table alone when it gives up late", "[fastpath]") {
+    line_parser p;
+    size_t apis = p.api_count();
+    log_event e;
+    e.size = 123;
+    // A new API name, then a deviation at the very end.
+    std::string line = "{\"ev\":\"alloc\",\"seq\":1,\"t\":2,\"tid\":3,\"dev\":0,\"api\":\"brandNewApi\",\"kind\":\"device\","
+                       "\"ptr\":\"0x10\",\"size\":77,\"zz\":1}";
+    std::string buf = line + std::string(64, '\0');
+    CHECK_FALSE(p.parse_recorder_line(buf.data(), line.size(), buf.size(), e));
+    CHECK(p.api_count() == apis);
+    CHECK(e.size == 123);
+    CHECK(e.present == 0);
+}
