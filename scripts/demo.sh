@@ -8,8 +8,14 @@ cd "$(dirname "$0")/.."
 
 GPUMEM_WITH_BROWSER=0 scripts/setup.sh
 cuda_root=${CUDAToolkit_ROOT:-/usr/local/cuda}
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="$cuda_root" >/dev/null
-cmake --build build -j"$(nproc)"
+echo "== building gpumem (log: build/demo-build.log)"
+mkdir -p build
+if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="$cuda_root" &&
+       cmake --build build -j"$(nproc)"; } > build/demo-build.log 2>&1; then
+  tail -40 build/demo-build.log
+  echo "demo: the build failed; the whole log is build/demo-build.log" >&2
+  exit 1
+fi
 
 out=$(mktemp -d /tmp/gpumem-demo.XXXXXX)
 lib=$(pwd)/build/preload/libgpumem.so
