@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages gpumem builds and tests with, if any are missing (needs root or sudo).
 set -euo pipefail
 
-packages=(cmake make g++ binutils libspdlog-dev nlohmann-json3-dev catch2 libsimdjson-dev)
+packages=(cmake make g++ binutils python3 libspdlog-dev nlohmann-json3-dev catch2 libsimdjson-dev)
+# python3: the CLI tests read JSON reports and parse JUnit XML with it.
 if [ "${GPUMEM_WITH_BROWSER:-1}" = 1 ]; then
   packages+=(chromium)   # headless screenshot test of the HTML report
 fi
