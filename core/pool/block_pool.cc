@@ -327,11 +327,12 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
             const pool_id p = pool_for(size);
             const uint64_t asize = round_up(size, cfg_.round);
             block* b = find_free(p, asize);
-            if (b && asize >= cfg_.min_large_alloc && b->size > asize + asize / 8 + cfg_.large_split && !pending_large_.empty()) {
-                // The hit would split a bigger block while a tighter one waits for a sync.  Cutting
-                // large blocks for want of a sync is what fragments the large pool: replaying an
-                // H200 GPT-2 trace (tests/pool/pool_replay) put peak reserved at 2.3x the live
-                // peak without this check.
+            if (b && asize >= cfg_.min_large_alloc && b->size > 2 * asize + cfg_.large_split && !pending_large_.empty()) {
+                // The hit would use less than half of a bigger block while a tighter one waits for
+                // a sync.  Cutting large blocks for want of a sync is what fragments the large pool:
+                // replaying an H200 GPT-2 trace (tests/pool/pool_replay) put peak reserved at 2.3x
+                // the live peak without this check.  "Less than half" rather than a closer fit: on
+                // that trace it needs 29% fewer syncs for 1% more peak (docs/benchmarks.md).
                 auto tighter = pending_large_.lower_bound(asize);
                 if (tighter != pending_large_.end() && *tighter < b->size && can_sync() && sync_release(api))
                     b = find_free(p, asize);

@@ -448,6 +448,37 @@ TEST_CASE("safe reuse: a large request syncs when pending bytes could cover it, 
     CHECK(dev.sync_calls() == 1);
 }
 
+TEST_CASE("safe reuse: a large request that would use under half a free block syncs for a tighter pending one", "[pool][safety]") {
+    fake_backend dev;
+    pool_config cfg;
+    cfg.sync_budget = 1ull << 30;  // only the large-request rules may sync here
+    cfg.sync_budget_div = 1u << 30;
+    auto setup = [&](block_pool& pool, uint64_t pending_size, uint64_t* seg_a, uint64_t* seg_b) {
+        *seg_a = must_alloc(pool, 60 * MiB);
+        *seg_b = must_alloc(pool, pending_size);
+        must_free(pool, *seg_a);
+        must_alloc(pool, 16 * MiB);  // miss, 60 MiB pending covers it: sync 1, cut from segment A
+        must_free(pool, *seg_b);     // pending; A has 44 MiB free
+        REQUIRE(dev.sync_calls() == 1);
+    };
+    SECTION("16 MiB would take under half of the 44 MiB block: sync, and the 20 MiB block is used") {
+        block_pool pool(cfg, dev, nullptr, 0);
+        uint64_t a, b;
+        setup(pool, 20 * MiB, &a, &b);
+        CHECK(must_alloc(pool, 16 * MiB) == b);
+        CHECK(dev.sync_calls() == 2);
+    }
+    SECTION("22 MiB would take half of it: no sync, cut from segment A though 24 MiB waits") {
+        block_pool pool(cfg, dev, nullptr, 0);
+        uint64_t a, b;
+        setup(pool, 24 * MiB, &a, &b);
+        const uint64_t d = must_alloc(pool, 22 * MiB);
+        CHECK(d >= a);
+        CHECK(d < a + 60 * MiB);
+        CHECK(dev.sync_calls() == 1);
+    }
+}
+
 TEST_CASE("OOM in safe mode: pending frees are released by one sync before failing", "[pool][oom]") {
     fake_backend dev(20 * MiB);
     pool_config cfg;
