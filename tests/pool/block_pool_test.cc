@@ -431,7 +431,7 @@ TEST_CASE("OOM: cached segments are released and the allocation retried", "[pool
     must_free(pool, b);
 }
 
-TEST_CASE("safe reuse: a large request syncs when pending bytes could cover it, even under the budget", "[pool][safety]") {
+TEST_CASE("safe reuse: a large request syncs when pending bytes cover it twice, even under the budget", "[pool][safety]") {
     fake_backend dev;
     pool_config cfg;
     cfg.sync_budget = 1ull << 30;  // far above anything pending here
@@ -439,9 +439,11 @@ TEST_CASE("safe reuse: a large request syncs when pending bytes could cover it, 
     block_pool pool(cfg, dev, nullptr, 0);
     const uint64_t a = must_alloc(pool, 60 * MiB);
     must_free(pool, a);  // 60 MiB pending
-    CHECK(must_alloc(pool, 50 * MiB) == a);  // reused after one sync, no second 50 MiB segment
+    CHECK(must_alloc(pool, 40 * MiB) != a);  // 60 < 2 x 40: a new 40 MiB segment, no sync
+    CHECK(dev.sync_calls() == 0);
+    CHECK(must_alloc(pool, 30 * MiB) == a);  // 60 >= 2 x 30: reused after one sync
     CHECK(dev.sync_calls() == 1);
-    CHECK(dev.alloc_calls() == 1);
+    CHECK(dev.alloc_calls() == 2);
     const uint64_t c = must_alloc(pool, 8 * MiB);  // medium: below the budget it grows instead
     must_free(pool, c);
     must_alloc(pool, 8 * MiB);
