@@ -217,7 +217,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     if (guard::active()) return f(ptr, size);
     guard g;
-    // Recorded before the call for the same reason as a free: the range may be reused at once.
+    // Recorded after the call, only when it succeeded (the format has no failed-unmap event).  So
+    // unlike a free, a map of the same range by another thread right after can take an earlier seq.
     recorder* rec = recorder_or_null();
     CUresult r = f(ptr, size);
     if (r == CUDA_SUCCESS && rec) rec->vmm(ev_kind::unmap, make_call(api_id::cuMemUnmap, -1), ptr, size);
