@@ -127,6 +127,10 @@ size_t format_event(const event& e, char* buf, size_t cap) noexcept {
             l.ki("dev", e.dev);
             l.ki("count", e.err);
             break;
+        case ev_kind::reuse_safe:
+            l.ki("dev", e.dev);
+            l.kstr("api", name_of(k_api_names, e.api));
+            break;
         case ev_kind::lost:
             l.ku("count", b.size);
             break;

@@ -30,6 +30,7 @@ enum class ev_kind : uint8_t {
     stats,           // pool: periodic snapshot of one device's pool
     pool_sync,       // pool: pending frees released by one synchronize
     context_reset,   // pool: a context was destroyed or reset; its pool state was dropped
+    reuse_safe,      // pool: the device's pool left immediate reuse for safe reuse (a stream appeared)
     lost,            // the recorder could not record N events (buffer full past the wait budget)
     end,             // last line on a normal or signalled exit
     count_
@@ -37,7 +38,7 @@ enum class ev_kind : uint8_t {
 
 inline constexpr const char* k_ev_names[] = {
     "header", "alloc", "alloc_fail", "free", "free_fail", "map", "unmap", "reserve", "unreserve",
-    "segment_alloc", "segment_free", "oom", "stats", "pool_sync", "context_reset", "lost", "end",
+    "segment_alloc", "segment_free", "oom", "stats", "pool_sync", "context_reset", "reuse_safe", "lost", "end",
 };
 static_assert(sizeof(k_ev_names) / sizeof(k_ev_names[0]) == size_t(ev_kind::count_));
 
@@ -74,7 +75,10 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cudaMallocAsync, "cudaMallocAsync", device)                  \
     X(cudaFreeAsync, "cudaFreeAsync", device)                      \
     X(cudaMallocManaged, "cudaMallocManaged", managed)             \
-    X(cudaMallocPitch, "cudaMallocPitch", device)
+    X(cudaMallocPitch, "cudaMallocPitch", device)                  \
+    X(cuStreamCreate, "cuStreamCreate", none)                      \
+    X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", none) \
+    X(cuGreenCtxStreamCreate, "cuGreenCtxStreamCreate", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

@@ -29,7 +29,8 @@ namespace gpumem {
     X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)       \
     X(cuIpcGetMemHandle) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)              \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
-    X(cuStreamEndCapture_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuStreamEndCapture_ptsz) X(cuStreamCreate) X(cuStreamCreateWithPriority)          \
+    X(cuGreenCtxStreamCreate) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,
@@ -117,5 +118,7 @@ void* real_runtime(const char* name) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
+// The program created a stream (api says how): GPUMEM_REUSE=auto pools switch to safe reuse.
+void pool_stream_created(api_id api) noexcept;
 
 }  // namespace gpumem

@@ -362,6 +362,33 @@ GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
 GPUMEM_CAPTURE_END(cuStreamEndCapture)
 GPUMEM_CAPTURE_END(cuStreamEndCapture_ptsz)
 
+// Stream creation.  Watched, never changed: under GPUMEM_REUSE=auto the pool reuses freed blocks at
+// once only while every piece of device work is in one queue, the legacy default stream.  The first
+// stream the program makes ends that; the pool switches before the stream reaches the program.
+extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreate(CUstream* s, unsigned int flags) {
+    auto f = real<CUresult (*)(CUstream*, unsigned int)>(drv::cuStreamCreate);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(s, flags);
+    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreate);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreateWithPriority(CUstream* s, unsigned int flags, int priority) {
+    auto f = real<CUresult (*)(CUstream*, unsigned int, int)>(drv::cuStreamCreateWithPriority);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(s, flags, priority);
+    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreateWithPriority);
+    return r;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenCtx g, unsigned int flags, int priority) {
+    auto f = real<CUresult (*)(CUstream*, CUgreenCtx, unsigned int, int)>(drv::cuGreenCtxStreamCreate);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(s, g, flags, priority);
+    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuGreenCtxStreamCreate);
+    return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Way (a): the exported symbols.  Each defers to its wrapper when way a is on, else calls the real one.
 #define GPUMEM_EXPORT_HOOK(NAME, PARAMS, ARGS)                                   \
@@ -400,6 +427,9 @@ GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b),
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamEndCapture, (CUstream a, CUgraph* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamEndCapture_ptsz, (CUstream a, CUgraph* b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamCreate, (CUstream* a, unsigned int b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamCreateWithPriority, (CUstream* a, unsigned int b, int c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned int c, int d), (a, b, c, d))
 
 // The table the resolvers consult.  Order and names come from GPUMEM_DRIVER_HOOKS.
 driver_hook* driver_hooks() noexcept {

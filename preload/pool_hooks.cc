@@ -51,6 +51,8 @@ std::atomic_flag g_create_lock = ATOMIC_FLAG_INIT;
 std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
 std::atomic<bool> g_exiting{false};
 std::atomic<int> g_captures{0};
+// GPUMEM_REUSE=auto: the api_id of the program's first stream creation, 0 while it has made none.
+std::atomic<int> g_stream_api{0};
 pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
 
 // Static storage that is never destroyed: a free from another library's destructor, after ours,
@@ -120,6 +122,9 @@ pool_slot* create_slot(CUcontext ctx) noexcept {
         delete b;
         return nullptr;
     }
+    // A stream already exists: this pool starts in safe reuse (its reuse_safe event comes before
+    // its first segment, so a reader of the log knows the mode of every free).
+    if (int api = g_stream_api.load(std::memory_order_acquire)) p->enter_safe_reuse(api_id(api));
     pool_slot& s = g_slots[n];
     s.device = dev;
     s.backend = b;
@@ -167,11 +172,22 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
     }
 }
 
+void pool_stream_created(api_id api) noexcept {
+    int none = 0;
+    if (!g_stream_api.compare_exchange_strong(none, int(api), std::memory_order_acq_rel)) return;  // switched before
+    // Under the create lock, so a pool being made right now either saw g_stream_api or is in the
+    // table by the time we walk it.  A retired slot's pool is empty and switches without a sync.
+    create_lock lk;
+    const int n = g_count.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) g_slots[i].pool->enter_safe_reuse(api);
+}
+
 void pool_after_fork() noexcept {
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
     g_count.store(0);
     g_captures.store(0);
+    g_stream_api.store(0);  // the parent's streams do not exist in the child
     g_create_lock.clear();
 }
 

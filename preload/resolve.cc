@@ -96,7 +96,7 @@ static bool is_hooked_base(const char* s) noexcept {
         "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
         "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
-        "cuGetProcAddress"};
+        "cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate", "cuGetProcAddress"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
     return false;

@@ -3,19 +3,20 @@
 # Each PyTorch workload runs natively (caching allocator), with PYTORCH_NO_CUDA_MEMORY_CACHING=1 alone
 # (every tensor a cudaMalloc), and with no caching under gpumem's pool.  Uses LIB, APP, LOGS, RESULTS.
 PW=tests/gpu/pool_workloads.py
-pool_run() {  # pool_run NAME MODE(native|raw|gpumem|gpumem-immediate) WORKLOAD [N]
+pool_run() {  # pool_run NAME MODE(native|raw|gpumem|gpumem-safe|gpumem-immediate) WORKLOAD [N]
   local name=$1 mode=$2; shift 2
   case $mode in
     native) python3 $PW "$@" ;;
     raw) PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 $PW "$@" ;;
     gpumem) PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUMEM_OUT="$LOGS/$name.%p.jsonl" LD_PRELOAD="$LIB" python3 $PW "$@" ;;
+    gpumem-safe) GPUMEM_REUSE=safe PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUMEM_OUT="$LOGS/$name.%p.jsonl" LD_PRELOAD="$LIB" python3 $PW "$@" ;;
     gpumem-immediate) GPUMEM_REUSE=immediate PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUMEM_OUT="$LOGS/$name.%p.jsonl" LD_PRELOAD="$LIB" python3 $PW "$@" ;;
   esac 2> "$LOGS/$name.stderr" | tail -1 > "$LOGS/$name.json"
   echo "== $name: $(cut -c1-200 "$LOGS/$name.json")"
 }
-for m in native raw gpumem gpumem-immediate; do pool_run loop-$m $m loop 2000; done
+for m in native raw gpumem gpumem-safe gpumem-immediate; do pool_run loop-$m $m loop 2000; done
 for m in raw gpumem; do pool_run multistream-$m $m multistream 30; done
-for m in native gpumem; do pool_run gpt2-$m $m gpt2 30; done
+for m in native gpumem gpumem-safe; do pool_run gpt2-$m $m gpt2 30; done
 
 python3 - "$LOGS" >> "$RESULTS" <<'PY'
 import glob, json, sys
@@ -33,22 +34,38 @@ def log_of(name):
 fails = 0
 print("\n### Pool on PyTorch (PYTORCH_NO_CUDA_MEMORY_CACHING=1 under gpumem's pool vs PyTorch's own allocator)\n")
 print("| check | measured | verdict |\n|---|---|---|")
-loop = {m: res(f"loop-{m}").get("us_per_iter") for m in ("native", "raw", "gpumem", "gpumem-immediate")}
+def reuse_of(name):  # the default mode's story: when (if ever) the pool turned safe, and why
+    lg = log_of(name)
+    if not lg:
+        return "no log"
+    rs = [x for x in lg if x["ev"] == "reuse_safe"]
+    syncs = sum(1 for x in lg if x["ev"] == "pool_sync")
+    mode = lg[0].get("config", {}).get("reuse")
+    if not rs:
+        return f"reuse {mode}, no stream: immediate throughout, {syncs} syncs"
+    return f"reuse {mode}, safe from seq {rs[0]['seq']} ({rs[0]['api']}), {syncs} syncs"
+loop = {m: res(f"loop-{m}").get("us_per_iter") for m in ("native", "raw", "gpumem", "gpumem-safe", "gpumem-immediate")}
 ok = all(loop.values()) and loop["gpumem"] <= 1.25 * loop["native"]
 fails += not ok
-print(f"| randn+mul loop, µs/iter | native {loop['native']:.1f}, no-cache raw {loop['raw']:.1f}, no-cache + gpumem {loop['gpumem']:.1f}, + GPUMEM_REUSE=immediate {loop['gpumem-immediate']:.1f}; gpumem/native = {loop['gpumem']/loop['native']:.2f} | {'PASS' if ok else 'FAIL'} (target ≤1.25) |")
+print(f"| randn+mul loop, µs/iter | native {loop['native']:.1f}, no-cache raw {loop['raw']:.1f}, no-cache + gpumem {loop['gpumem']:.1f} ({reuse_of('loop-gpumem')}), GPUMEM_REUSE=safe {loop['gpumem-safe']:.1f}, =immediate {loop['gpumem-immediate']:.1f}; gpumem/native = {loop['gpumem']/loop['native']:.2f}, safe/native = {loop['gpumem-safe']/loop['native']:.2f} | {'PASS' if ok else 'FAIL'} (target ≤1.25) |")
 a, b = res("multistream-raw").get("losses"), res("multistream-gpumem").get("losses")
 ok = a is not None and a == b
 fails += not ok
-print(f"| 2-stream training step, 30 losses identical with and without gpumem | first {a[:2] if a else a}, last {a[-1] if a else a} vs {b[-1] if b else b} | {'PASS' if ok else 'FAIL'} |")
-g0, g1 = res("gpt2-native"), res("gpt2-gpumem")
+ms = log_of("multistream-gpumem")
+switched = bool(ms) and any(x["ev"] == "reuse_safe" for x in ms)
+ok = ok and switched
+fails += not switched
+print(f"| 2-stream training step, 30 losses identical with and without gpumem; the pool turned safe | first {a[:2] if a else a}, last {a[-1] if a else a} vs {b[-1] if b else b}; {reuse_of('multistream-gpumem')} | {'PASS' if ok else 'FAIL'} |")
+g0, g1, g2 = res("gpt2-native"), res("gpt2-gpumem"), res("gpt2-gpumem-safe")
 lg = log_of("gpt2-gpumem")
 peak = peak_reserved(lg) if lg else 0
 ratio_t = g1.get("ms_per_iter", 0) / max(g0.get("ms_per_iter", 1), 1e-9)
 ratio_m = peak / max(g0.get("max_reserved", 1), 1)
 ok = ratio_t <= 1.25 and ratio_m <= 1.10
 fails += not ok
-print(f"| GPT-2 (6×512, AdamW, varying batch), ms/step and peak reserved | native {g0.get('ms_per_iter', 0):.2f} ms, {g0.get('max_reserved', 0)/2**20:.0f} MiB; gpumem {g1.get('ms_per_iter', 0):.2f} ms, {peak/2**20:.0f} MiB (from the log); time ×{ratio_t:.2f}, memory ×{ratio_m:.3f} | {'PASS' if ok else 'FAIL'} (≤1.25, ≤1.10) |")
+ls2 = log_of("gpt2-gpumem-safe")
+peak2 = peak_reserved(ls2) if ls2 else 0
+print(f"| GPT-2 (6×512, AdamW, varying batch), ms/step and peak reserved | native {g0.get('ms_per_iter', 0):.2f} ms, {g0.get('max_reserved', 0)/2**20:.0f} MiB; gpumem {g1.get('ms_per_iter', 0):.2f} ms, {peak/2**20:.0f} MiB (from the log; {reuse_of('gpt2-gpumem')}); time ×{ratio_t:.2f}, memory ×{ratio_m:.3f}. GPUMEM_REUSE=safe: {g2.get('ms_per_iter', 0):.2f} ms (×{g2.get('ms_per_iter', 0)/max(g0.get('ms_per_iter', 1), 1e-9):.2f}), {peak2/2**20:.0f} MiB (×{peak2/max(g0.get('max_reserved', 1), 1):.3f}), {reuse_of('gpt2-gpumem-safe')} | {'PASS' if ok else 'FAIL'} (≤1.25, ≤1.10) |")
 if lg:
     s = summarize(lg)
     e = s["end"] or {}
@@ -63,7 +80,8 @@ PY
   echo "### Pool hit through libgpumem.so: cudaMalloc+cudaFree pair, static cudart (µs per pair)"
   echo '```'
   echo "without gpumem:"; "$APP" bench | grep bench
-  echo "with gpumem, pool on:"; GPUMEM_OUT="$LOGS/bench-pool.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
+  echo "with gpumem, pool on (default reuse, auto; the program makes no stream):"; GPUMEM_OUT="$LOGS/bench-pool.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
+  echo "with gpumem, pool on, GPUMEM_REUSE=safe:"; GPUMEM_REUSE=safe GPUMEM_OUT="$LOGS/bench-pool-safe.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
   echo "with gpumem, pool on, GPUMEM_REUSE=immediate:"; GPUMEM_REUSE=immediate GPUMEM_OUT="$LOGS/bench-pool-imm.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
   echo '```'
 } >> "$RESULTS" 2>&1

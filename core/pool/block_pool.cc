@@ -21,7 +21,7 @@ uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 }  // namespace
 
 block_pool::block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device) noexcept
-    : cfg_(cfg), backend_(backend), sink_(sink), device_(int16_t(device)) {
+    : cfg_(cfg), backend_(backend), sink_(sink), device_(int16_t(device)), immediate_(cfg.reuse != reuse_mode::safe) {
     try {
         // Fixed capacity: addr_erase/free_erase keep nodes only while it lasts, so they never
         // allocate (they run inside noexcept paths that must not fail halfway).
@@ -422,7 +422,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         // Pending: device work enqueued before this free may still use the block, so it waits for
         // the next synchronize (sync_release) before anyone can get it again.  A poisoned pool
         // leaves it pending for ever (leaked).  push_back first: it is the only step that can fail.
-        const bool pend = poisoned_ || cfg_.reuse == reuse_mode::safe;
+        const bool pend = poisoned_ || !immediate_;
         if (pend) pending_.push_back(b);
         allocated_ -= b->size;
         requested_ -= b->requested;
@@ -517,6 +517,27 @@ void block_pool::drop_all() noexcept {
     forget_all();
     emit_simple(ev_kind::context_reset, api_id::none, 0);
     check_after_op();
+}
+
+void block_pool::enter_safe_reuse(api_id api) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!immediate_ || cfg_.reuse != reuse_mode::automatic) return;
+    immediate_ = false;
+    emit_simple(ev_kind::reuse_safe, api, 0);
+    // The drain.  Nothing is pending (the pool was immediate), so this releases no block; it
+    // makes every earlier reuse safe against the new stream.  During a capture or at exit there is
+    // nothing to be done: no sync is allowed then.
+    try {
+        if (!segments_.empty() && can_sync()) sync_release(api);
+    } catch (...) {
+        poisoned_ = true;
+    }
+    check_after_op();
+}
+
+bool block_pool::reuse_is_immediate() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return immediate_;
 }
 
 void block_pool::release_all_at_exit() noexcept {
@@ -653,7 +674,7 @@ bool block_pool::validate_locked(std::string* why) const {
             if (b->state != block_state::free || pool_index(b->seg->pool) != i) return fail("free set holds a wrong block", b->addr);
     }
     if (pending_.size() != n_pending) return fail("pending list size differs from pending block count", 0);
-    if (!poisoned_ && cfg_.reuse == reuse_mode::immediate && n_pending) return fail("pending block in immediate mode", 0);
+    if (!poisoned_ && immediate_ && n_pending) return fail("pending block in immediate mode", 0);
     std::unordered_set<const block*> seen;
     for (const block* b : pending_)
         if (b->state != block_state::pending || !seen.insert(b).second) return fail("pending list holds a wrong block", b->addr);

@@ -66,6 +66,15 @@ class block_pool {
     // returns k_cuda_deinitialized.
     void release_all_at_exit() noexcept;
 
+    // GPUMEM_REUSE=auto: the program created a stream, so a freed block may still be read by work
+    // on another stream, and stream order alone no longer makes reuse safe.  From now on frees are
+    // pending (safe mode).  Emits reuse_safe, then synchronizes once if the pool holds memory: a
+    // block handed out before this call may still have its previous owner's work queued, and the
+    // new stream must not overtake it.  No-op unless the mode is auto and still immediate.
+    void enter_safe_reuse(api_id api) noexcept;
+    // True while frees become reusable at once (immediate mode, or auto before a stream appeared).
+    bool reuse_is_immediate() const noexcept;
+
     // Emits a stats event (with backend mem_info) if cfg.stats_ms has elapsed since the last one;
     // the first call emits.  Cheap (one atomic load) when it is not due.
     void maybe_emit_stats(uint64_t now_ns) noexcept;
@@ -148,6 +157,7 @@ class block_pool {
     uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
     uint64_t pending_bytes_[2] = {0, 0};
     uint64_t syncs_ = 0;
+    bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
     bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
 

@@ -97,9 +97,10 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
     if (!get) get = [](const char* n) -> const char* { return std::getenv(n); };
     try {
         if (const char* v = get("GPUMEM_REUSE"); v && *v) {
-            if (!std::strcmp(v, "safe")) c.reuse = reuse_mode::safe;
+            if (!std::strcmp(v, "auto")) c.reuse = reuse_mode::automatic;
+            else if (!std::strcmp(v, "safe")) c.reuse = reuse_mode::safe;
             else if (!std::strcmp(v, "immediate")) c.reuse = reuse_mode::immediate;
-            else c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected safe or immediate; using safe\n";
+            else c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected auto, safe or immediate; using auto\n";
         }
         for (const size_knob& k : k_size_knobs) {
             const char* v = get(k.env);
@@ -135,7 +136,7 @@ void pool_config::append_config_json(std::string& out) const noexcept {
     try {
         std::string s;
         s += "\"reuse\":";
-        s += reuse == reuse_mode::immediate ? "\"immediate\"," : "\"safe\",";
+        s += reuse == reuse_mode::immediate ? "\"immediate\"," : reuse == reuse_mode::safe ? "\"safe\"," : "\"auto\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);
             s += std::to_string(this->*k.field);

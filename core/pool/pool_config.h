@@ -8,14 +8,15 @@ namespace gpumem {
 
 // When a freed block may be handed out again.  docs/pool.md states the guarantee of each mode.
 enum class reuse_mode : uint8_t {
-    safe,       // after one synchronize() that follows its free (default)
+    automatic,  // "auto" (default): immediate until the program creates a stream, then safe
+    safe,       // after one synchronize() that follows its free
     immediate,  // at once: only correct for programs whose device work is on one stream
 };
 
 struct pool_config {
     // Every field has its env var and its key in the log header's "config" object: the key is
     // the env var name without "GPUMEM_", lower-cased.  Sizes are bytes.
-    reuse_mode reuse = reuse_mode::safe;         // GPUMEM_REUSE = safe | immediate
+    reuse_mode reuse = reuse_mode::automatic;    // GPUMEM_REUSE = auto | safe | immediate
     uint64_t round = 512;                        // GPUMEM_POOL_ROUND: block granularity and alignment
     uint64_t small_size = 1ull << 20;            // GPUMEM_POOL_SMALL_SIZE: requests <= this use the small pool
     uint64_t small_segment = 2ull << 20;         // GPUMEM_POOL_SMALL_SEGMENT: small pool segment size

@@ -258,6 +258,7 @@ EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) {
     *s = reinterpret_cast<CUstream>(next.fetch_add(0x10));
     return CUDA_SUCCESS;
 }
+EMU_EXPORT CUresult cuStreamCreateWithPriority(CUstream* s, unsigned int flags, int) { return cuStreamCreate(s, flags); }
 EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) { return CUDA_SUCCESS; }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode) {
     st().capturing.fetch_add(1);
@@ -464,7 +465,7 @@ const fn_entry k_functions[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
-    E(cuStreamCreate), E(cuStreamDestroy_v2), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz),
+    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz),
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),

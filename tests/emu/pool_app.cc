@@ -61,7 +61,9 @@ void loop(long n, size_t size) {
 }
 
 // Threads x pairs of alloc/free with sizes spread over both pools, some held across iterations.
-void threads(int nthreads, long pairs) {
+// With `stream_at` >= 0, thread 0 creates a stream after that many pairs while the others allocate
+// and free: the auto reuse switch happens under load.
+void threads(int nthreads, long pairs, long stream_at) {
     CUcontext ctx = setup();
     std::vector<std::thread> ts;
     for (int t = 0; t < nthreads; ++t) {
@@ -69,6 +71,10 @@ void threads(int nthreads, long pairs) {
             cuCtxSetCurrent(ctx);
             CUdeviceptr held[4] = {};
             for (long i = 0; i < pairs; ++i) {
+                if (t == 0 && i == stream_at) {
+                    CUstream s;
+                    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+                }
                 size_t size = 512 + size_t((t * 7919 + i * 104729) % (i % 16 == 0 ? (12 << 20) : 65536));
                 CUdeviceptr p;
                 CHECK(cuMemAlloc(&p, size));
@@ -188,18 +194,45 @@ void reset() {
     print_counts("after_destroy_");
 }
 
+// GPUMEM_REUSE=auto: a freed block comes back at once while the program has no stream; after its
+// first stream (made through cuGetProcAddress, as a runtime would) frees wait for a sync.
+void auto_reuse() {
+    setup();
+    const size_t mb20 = 20u << 20;
+    CUdeviceptr a, b, c, d;
+    CHECK(cuMemAlloc(&a, mb20));
+    CHECK(cuMemFree(a));
+    CHECK(cuMemAlloc(&b, mb20));
+    printf("reused_before_stream=%d\n", a == b);
+    print_counts("before_");
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult q;
+    CHECK(cuGetProcAddress_v2("cuStreamCreateWithPriority", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q));
+    CUstream s;
+    CHECK(reinterpret_cast<CUresult (*)(CUstream*, unsigned, int)>(fn)(&s, CU_STREAM_NON_BLOCKING, 0));
+    print_counts("stream_");
+    CHECK(cuMemFree(b));
+    CHECK(cuMemAlloc(&c, mb20));
+    printf("reused_after_stream=%d\n", c == b);
+    CHECK(cuMemFree(c));
+    CHECK(cuMemAlloc(&d, mb20));
+    CHECK(cuMemFree(d));
+    print_counts("after_");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     std::string s = argc > 1 ? argv[1] : "";
     if (s == "loop") loop(argc > 2 ? atol(argv[2]) : 10000, argc > 3 ? size_t(atol(argv[3])) : 4096);
-    else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000);
+    else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? atol(argv[4]) : -1);
     else if (s == "oom") oom();
     else if (s == "capture") capture();
     else if (s == "query") query();
     else if (s == "reset") reset();
+    else if (s == "auto") auto_reuse();
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS] | oom | capture | query | reset\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto\n", argv[0]);
         return 2;
     }
     return 0;

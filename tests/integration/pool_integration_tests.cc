@@ -27,7 +27,8 @@ uint64_t num(const std::map<std::string, std::string>& m, const std::string& k) 
 }
 
 // Rebuilds every segment's block layout from the log alone, following docs/pool.md, and fails on
-// the first event that does not fit the layout so far (safe reuse mode).
+// the first event that does not fit the layout so far.  Frees pend (safe reuse) unless the header
+// says immediate, or auto before the log's reuse_safe event.
 struct layout_rebuild {
     enum state { free_b, allocated, pending };
     struct blk {
@@ -37,7 +38,8 @@ struct layout_rebuild {
     std::map<uint64_t, uint64_t> segments;           // base -> size
     std::map<uint64_t, blk> blocks;                  // addr -> block, all segments
     std::string error;
-    uint64_t n_alloc = 0, n_free = 0, n_sync = 0;
+    uint64_t n_alloc = 0, n_free = 0, n_sync = 0, n_reuse_safe = 0;
+    bool immediate = false;
 
     uint64_t segment_of(uint64_t a) const {
         auto it = segments.upper_bound(a);
@@ -66,7 +68,14 @@ struct layout_rebuild {
     void apply(const json& j) {
         if (!error.empty()) return;
         const std::string ev = j["ev"];
-        if (ev == "segment_alloc") {
+        if (ev == "header") {
+            const std::string mode = j["config"].value("reuse", "safe");
+            immediate = mode == "immediate" || mode == "auto";
+        } else if (ev == "reuse_safe") {
+            if (!immediate) error = "reuse_safe while already safe: " + j.dump();
+            immediate = false;
+            ++n_reuse_safe;
+        } else if (ev == "segment_alloc") {
             uint64_t b = hex(j["ptr"]), s = j["size"].get<uint64_t>();
             if (segment_of(b) || segment_of(b + s - 1)) error = "segment overlaps another: " + j.dump();
             segments[b] = s;
@@ -97,8 +106,12 @@ struct layout_rebuild {
             auto it = blocks.find(p);
             if (it == blocks.end() || it->second.st != allocated || it->second.size != j.value("asize", j["size"].get<uint64_t>()))
                 error = "free of no allocated block of that size: " + j.dump();
-            else
+            else if (!immediate)
                 it->second.st = pending;
+            else {
+                it->second.st = free_b;
+                merge_around(p);
+            }
         } else if (ev == "pool_sync") {
             ++n_sync;
             // One at a time, as the pool does: each released block merges with its free neighbours.
@@ -155,45 +168,100 @@ void check_complete(const run_result& r, std::vector<json>* ls_out) {
 
 TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, all logged") {
     const long n = 20000;
-    auto r = run({EMU_POOL_APP, "loop", std::to_string(n), "4096"});
+    SECTION("default reuse (auto), a program without streams: one segment, no sync") {
+        auto r = run({EMU_POOL_APP, "loop", std::to_string(n), "4096"});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        // Every piece of work is on the legacy stream, so a freed block is reused at once.
+        CHECK(num(v, "driver_alloc") == 1);
+        CHECK(num(v, "driver_free") == 0);  // cached until exit, then leaked to the OS
+        CHECK(num(v, "driver_sync") == 0);
+        CHECK(ls.front()["config"]["reuse"] == "auto");
+        CHECK(count_ev(ls, "reuse_safe") == 0);
+        CHECK(count_ev(ls, "alloc") == size_t(n));
+        CHECK(count_ev(ls, "free") == size_t(n));
+        layout_rebuild lr;
+        check_rebuild(ls, &lr);
+        CHECK(lr.n_alloc == uint64_t(n));
+    }
+    SECTION("GPUMEM_REUSE=safe: frees wait for a sync, once per sync budget") {
+        auto r = run({EMU_POOL_APP, "loop", std::to_string(n), "4096"}, {{"GPUMEM_REUSE", "safe"}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        // Freed blocks wait for a sync, which comes once 32 MiB (the sync budget) is pending:
+        // until then the pool takes 2 MiB segments.  So at most 16 + 1 segments, whatever n.
+        CHECK(num(v, "driver_alloc") <= 17);
+        CHECK(num(v, "driver_free") == 0);
+        CHECK(num(v, "driver_sync") >= 1);
+        CHECK(num(v, "driver_sync") <= 3);  // 20000 x 4 KiB = 78 MiB freed: about two sync budgets
+        const json& cfg = ls.front()["config"];
+        CHECK(cfg["pool"] == "on");
+        CHECK(cfg["reuse"] == "safe");
+        CHECK(cfg["pool_small_segment"] == 2 << 20);
+        CHECK(cfg["stats_ms"] == 1000);
+        CHECK(count_ev(ls, "alloc") == size_t(n));
+        CHECK(count_ev(ls, "free") == size_t(n));
+        CHECK(count_ev(ls, "segment_alloc") == num(v, "driver_alloc"));
+        CHECK(count_ev(ls, "pool_sync") == num(v, "driver_sync"));
+        CHECK(count_ev(ls, "stats") >= 1);
+        for (auto& j : ls) {
+            if (j["ev"] != "alloc" && j["ev"] != "free") continue;
+            CHECK(j["api"] == (j["ev"] == "alloc" ? "cuMemAlloc_v2" : "cuMemFree_v2"));
+            CHECK(j["pooled"] == true);
+            CHECK(j["size"] == 4096);
+            CHECK_FALSE(j.contains("asize"));  // the block is exactly the 4096 B asked for
+            CHECK(j["dev"] == 0);
+            CHECK(j.contains("seg"));
+        }
+        for (auto& j : ls)
+            if (j["ev"] == "segment_alloc") {
+                CHECK(j["pool"] == "small");
+                CHECK(j["size"] == 2 << 20);
+                CHECK(j["api"] == "cuMemAlloc_v2");
+            }
+        CHECK(ls.back()["n_alloc"] == n);
+        CHECK(ls.back()["live_allocs"] == 0);
+        layout_rebuild lr;
+        check_rebuild(ls, &lr);
+        CHECK(lr.n_alloc == uint64_t(n));
+    }
+}
+
+TEST_CASE("pool, auto reuse: the first stream switches to safe reuse after one drain, and the log says so") {
+    auto r = run({EMU_POOL_APP, "auto"});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
-    // Freed blocks wait for a sync (safe mode), which comes once 32 MiB (the sync budget) is
-    // pending: until then the pool takes 2 MiB segments.  So at most 16 + 1 segments, whatever n.
-    CHECK(num(v, "driver_alloc") <= 17);
-    CHECK(num(v, "driver_free") == 0);   // cached until exit, then leaked to the OS
-    CHECK(num(v, "driver_sync") <= 3);   // 20000 x 4 KiB = 78 MiB freed: about two sync budgets
-    const json& cfg = ls.front()["config"];
-    CHECK(cfg["pool"] == "on");
-    CHECK(cfg["reuse"] == "safe");
-    CHECK(cfg["pool_small_segment"] == 2 << 20);
-    CHECK(cfg["stats_ms"] == 1000);
-    CHECK(count_ev(ls, "alloc") == size_t(n));
-    CHECK(count_ev(ls, "free") == size_t(n));
-    CHECK(count_ev(ls, "segment_alloc") == num(v, "driver_alloc"));
-    CHECK(count_ev(ls, "pool_sync") == num(v, "driver_sync"));
-    CHECK(count_ev(ls, "stats") >= 1);
-    for (auto& j : ls) {
-        if (j["ev"] != "alloc" && j["ev"] != "free") continue;
-        CHECK(j["api"] == (j["ev"] == "alloc" ? "cuMemAlloc_v2" : "cuMemFree_v2"));
-        CHECK(j["pooled"] == true);
-        CHECK(j["size"] == 4096);
-        CHECK_FALSE(j.contains("asize"));  // the block is exactly the 4096 B asked for
-        CHECK(j["dev"] == 0);
-        CHECK(j.contains("seg"));
-    }
-    for (auto& j : ls)
-        if (j["ev"] == "segment_alloc") {
-            CHECK(j["pool"] == "small");
-            CHECK(j["size"] == 2 << 20);
-            CHECK(j["api"] == "cuMemAlloc_v2");
-        }
-    CHECK(ls.back()["n_alloc"] == n);
-    CHECK(ls.back()["live_allocs"] == 0);
+    CHECK(num(v, "reused_before_stream") == 1);  // no stream yet: the freed block came back at once
+    CHECK(num(v, "before_driver_sync") == 0);
+    CHECK(num(v, "stream_driver_sync") == 1);     // the drain, before the stream reached the program
+    CHECK(num(v, "reused_after_stream") == 0);   // now a freed block waits for a sync
+    CHECK(num(v, "after_driver_sync") == 2);      // 40 MiB pending covers a 20 MiB request twice
+    REQUIRE(count_ev(ls, "reuse_safe") == 1);
+    size_t i = 0;
+    while (ls[i]["ev"] != "reuse_safe") ++i;
+    CHECK(ls[i]["api"] == "cuStreamCreateWithPriority");
+    CHECK(ls[i]["dev"] == 0);
+    CHECK(ls[i + 1]["ev"] == "pool_sync");
+    CHECK(ls[i + 1]["count"] == 0);
     layout_rebuild lr;
     check_rebuild(ls, &lr);
-    CHECK(lr.n_alloc == uint64_t(n));
+    CHECK(lr.n_reuse_safe == 1);
+
+    SECTION("GPUMEM_REUSE=safe and =immediate do not switch") {
+        for (const char* mode : {"safe", "immediate"}) {
+            auto r2 = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_REUSE", mode}});
+            std::vector<json> ls2;
+            check_complete(r2, &ls2);
+            auto v2 = values(r2.out);
+            CHECK(count_ev(ls2, "reuse_safe") == 0);
+            CHECK(num(v2, "stream_driver_sync") == num(v2, "before_driver_sync"));
+            CHECK(num(v2, "reused_before_stream") == (std::string(mode) == "immediate" ? 1u : 0u));
+            check_rebuild(ls2);
+        }
+    }
 }
 
 TEST_CASE("GPUMEM_POOL=off: plain pass-through, one driver call per program call") {
@@ -280,7 +348,7 @@ TEST_CASE("pool: a static runtime resolving through cuGetProcAddress is pooled u
 }
 
 TEST_CASE("pool: OOM releases pending frees and cached segments before failing, and a failure returns 2 with oom + alloc_fail") {
-    auto r = run({EMU_POOL_APP, "oom"}, {{"GPUMEM_EMU_CAPACITY", "64M"}});
+    auto r = run({EMU_POOL_APP, "oom"}, {{"GPUMEM_EMU_CAPACITY", "64M"}, {"GPUMEM_REUSE", "safe"}});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
@@ -367,7 +435,9 @@ TEST_CASE("pool: context reset and destroy drop that context's pool, and a new c
 }
 
 TEST_CASE("pool: 8 threads share one context's pool and every event fits the rebuilt layout") {
-    auto r = run({EMU_POOL_APP, "threads", "8", "20000"});
+    // Auto reuse, with one thread creating a stream halfway while the others allocate and free: every
+    // free must be logged in the mode the pool applied to it, or the rebuild fails.
+    auto r = run({EMU_POOL_APP, "threads", "8", "20000", "10000"});
     std::vector<json> ls;
     check_complete(r, &ls);
     CHECK(count_ev(ls, "alloc") == 160000);
@@ -376,6 +446,8 @@ TEST_CASE("pool: 8 threads share one context's pool and every event fits the reb
     layout_rebuild lr;
     check_rebuild(ls, &lr);
     CHECK(lr.n_free == 160000);
+    CHECK(lr.n_reuse_safe == 1);
+    CHECK(count_ev(ls, "pool_sync") >= 2);  // the drain, and at least one release of pending frees
     CHECK(count_ev(ls, "segment_alloc") < 100);
 }
 

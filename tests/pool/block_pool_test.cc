@@ -78,7 +78,7 @@ TEST_CASE("a small request is rounded to 512 B in a 2 MiB small segment, and log
 TEST_CASE("size zero is invalid, as for cuMemAlloc", "[pool]") {
     fake_backend dev;
     recording_sink sink;
-    block_pool pool(pool_config{}, dev, &sink, 0);
+    block_pool pool(safe_config(), dev, &sink, 0);
     uint64_t p = 77;
     CHECK(pool.allocate(0, A, &p) == k_cuda_invalid_value);
     CHECK(p == 77);
@@ -236,7 +236,7 @@ TEST_CASE("fragmentation: a large request cannot use scattered small holes", "[p
 TEST_CASE("deallocate: foreign, interior, double and pending pointers", "[pool]") {
     fake_backend dev;
     recording_sink sink;
-    block_pool pool(pool_config{}, dev, &sink, 0);
+    block_pool pool(safe_config(), dev, &sink, 0);
     const uint64_t p = must_alloc(pool, 4096);
     const size_t n0 = sink.events.size();
     int rc = -1;
@@ -284,7 +284,7 @@ TEST_CASE("lookup answers for any address inside a block", "[pool]") {
 TEST_CASE("safe reuse: a freed block is not handed out again before a synchronize", "[pool][safety]") {
     fake_backend dev;
     recording_sink sink;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.sync_budget = 4 * MiB;
     cfg.sync_budget_div = 1u << 30;  // budget stays 4 MiB
     block_pool pool(cfg, dev, &sink, 0);
@@ -320,7 +320,7 @@ TEST_CASE("safe reuse: a freed block is not handed out again before a synchroniz
 
 TEST_CASE("safe reuse: a miss syncs instead of taking a segment bigger than the budget", "[pool][safety]") {
     fake_backend dev;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.sync_budget_div = 1u << 30;  // the budget is exactly cfg.sync_budget
     // A 9 MiB block and a 9 MiB block fill a shared 20 MiB large segment but for 2 MiB.
     auto run = [&](uint64_t budget) {
@@ -359,7 +359,7 @@ TEST_CASE("immediate reuse hands a freed block out at once, without syncs", "[po
 TEST_CASE("stream capture: no sync and no segment free ever, allocation as the driver would", "[pool][capture]") {
     fake_backend dev(56 * MiB);  // room for 10 small segments (20 MiB) and one large one (20 MiB)
     recording_sink sink;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.sync_budget = 2 * MiB;
     block_pool pool(cfg, dev, &sink, 0);
     dev.set_capturing(true);
@@ -433,7 +433,7 @@ TEST_CASE("OOM: cached segments are released and the allocation retried", "[pool
 
 TEST_CASE("safe reuse: a large request syncs when pending bytes cover it twice, even under the budget", "[pool][safety]") {
     fake_backend dev;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.sync_budget = 1ull << 30;  // far above anything pending here
     cfg.sync_budget_div = 1u << 30;
     block_pool pool(cfg, dev, nullptr, 0);
@@ -452,7 +452,7 @@ TEST_CASE("safe reuse: a large request syncs when pending bytes cover it twice, 
 
 TEST_CASE("safe reuse: a large request that would use under half a free block syncs for a tighter pending one", "[pool][safety]") {
     fake_backend dev;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.sync_budget = 1ull << 30;  // only the large-request rules may sync here
     cfg.sync_budget_div = 1u << 30;
     auto setup = [&](block_pool& pool, uint64_t pending_size, uint64_t* seg_a, uint64_t* seg_b) {
@@ -483,7 +483,7 @@ TEST_CASE("safe reuse: a large request that would use under half a free block sy
 
 TEST_CASE("OOM in safe mode: pending frees are released by one sync before failing", "[pool][oom]") {
     fake_backend dev(20 * MiB);
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.min_large_alloc = 16 * MiB;  // 12 MiB is a medium request: no sync before the OOM retry
     block_pool pool(cfg, dev, nullptr, 0);
     const uint64_t a = must_alloc(pool, 12 * MiB);
@@ -497,7 +497,7 @@ TEST_CASE("OOM in safe mode: pending frees are released by one sync before faili
 
 TEST_CASE("OOM in safe mode: pending small blocks are synced and their segment freed for a large request", "[pool][oom]") {
     fake_backend dev(22 * MiB);
-    block_pool pool(pool_config{}, dev, nullptr, 0);
+    block_pool pool(safe_config(), dev, nullptr, 0);
     const uint64_t a = must_alloc(pool, 4096);
     must_free(pool, a);  // the small segment is pending-only
     const uint64_t b = must_alloc(pool, 20 * MiB + 1);  // needs 22 MiB: only after freeing the small segment
@@ -510,7 +510,7 @@ TEST_CASE("OOM in safe mode: pending small blocks are synced and their segment f
 TEST_CASE("driver errors other than OOM are returned unchanged, without an oom event", "[pool][oom]") {
     fake_backend dev;
     recording_sink sink;
-    block_pool pool(pool_config{}, dev, &sink, 0);
+    block_pool pool(safe_config(), dev, &sink, 0);
     dev.fail_next_allocs(1, 900);  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
     uint64_t p = 0;
     CHECK(pool.allocate(100, A, &p) == 900);
@@ -522,7 +522,7 @@ TEST_CASE("driver errors other than OOM are returned unchanged, without an oom e
 
 TEST_CASE("a failing synchronize keeps the frees pending", "[pool][safety]") {
     fake_backend dev(4 * MiB);
-    block_pool pool(pool_config{}, dev, nullptr, 0);
+    block_pool pool(safe_config(), dev, nullptr, 0);
     const uint64_t a = must_alloc(pool, MiB);
     must_free(pool, a);
     dev.set_sync_result(700);  // CUDA_ERROR_ILLEGAL_ADDRESS: the context is broken
@@ -542,7 +542,7 @@ TEST_CASE("a failing synchronize keeps the frees pending", "[pool][safety]") {
 TEST_CASE("release_cached syncs pending frees once and returns empty segments", "[pool]") {
     fake_backend dev;
     recording_sink sink;
-    block_pool pool(pool_config{}, dev, &sink, 0);
+    block_pool pool(safe_config(), dev, &sink, 0);
     const uint64_t a = must_alloc(pool, 100), b = must_alloc(pool, 5 * MiB), c = must_alloc(pool, 200);
     must_free(pool, a);
     must_free(pool, b);
@@ -563,7 +563,7 @@ TEST_CASE("release_cached syncs pending frees once and returns empty segments", 
 TEST_CASE("drop_all forgets everything without calling the backend", "[pool]") {
     fake_backend dev;
     recording_sink sink;
-    block_pool pool(pool_config{}, dev, &sink, 2);
+    block_pool pool(safe_config(), dev, &sink, 2);
     const uint64_t a = must_alloc(pool, 100);
     must_alloc(pool, 30 * MiB);
     must_free(pool, a);
@@ -600,7 +600,7 @@ TEST_CASE("after release_all_at_exit the pool never calls the backend", "[pool]"
 TEST_CASE("stats events at the configured interval", "[pool]") {
     fake_backend dev(100 * MiB);
     recording_sink sink;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.stats_ms = 1000;
     block_pool pool(cfg, dev, &sink, 0);
     must_alloc(pool, 3 * MiB);
@@ -624,4 +624,81 @@ TEST_CASE("stats events at the configured interval", "[pool]") {
     off.maybe_emit_stats(0);
     off.maybe_emit_stats(1ull << 40);
     CHECK(none.events.empty());
+}
+
+TEST_CASE("auto reuse: immediate until a stream appears, then one drain and safe", "[pool][auto]") {
+    fake_backend dev;
+    recording_sink sink;
+    pool_config cfg;  // the default
+    REQUIRE(cfg.reuse == reuse_mode::automatic);
+    block_pool pool(cfg, dev, &sink, 1);
+    CHECK(pool.reuse_is_immediate());
+
+    // Before any stream: a freed block is reusable at once, without a sync.
+    const uint64_t a = must_alloc(pool, 20 * MiB);
+    must_free(pool, a);
+    CHECK(pool.pending_bytes() == 0);
+    CHECK(must_alloc(pool, 20 * MiB) == a);
+    CHECK(dev.sync_calls() == 0);
+
+    // The switch: reuse_safe, then one drain (a pool_sync releasing nothing).
+    const size_t before = sink.events.size();
+    pool.enter_safe_reuse(api_id::cuStreamCreate);
+    CHECK_FALSE(pool.reuse_is_immediate());
+    CHECK(dev.sync_calls() == 1);
+    REQUIRE(sink.events.size() == before + 2);
+    CHECK(sink.events[before].ev == ev_kind::reuse_safe);
+    CHECK(sink.events[before].api == api_id::cuStreamCreate);
+    CHECK(sink.events[before].dev == 1);
+    CHECK(sink.events[before + 1].ev == ev_kind::pool_sync);
+    CHECK(sink.events[before + 1].err == 0);
+
+    // After it: frees pend until a sync, as in safe mode.
+    must_free(pool, a);
+    CHECK(pool.pending_bytes() == 20 * MiB);
+    CHECK(info(pool, a).allocated == false);
+    const uint64_t b = must_alloc(pool, 20 * MiB);
+    CHECK(b != a);  // the pending block is not handed out; a new segment is
+    std::string why;
+    CHECK(pool.validate(&why));
+
+    // A second switch changes nothing and logs nothing.
+    const size_t n = sink.events.size();
+    pool.enter_safe_reuse(api_id::cuStreamCreateWithPriority);
+    CHECK(sink.events.size() == n);
+    CHECK(dev.sync_calls() == 1);
+}
+
+TEST_CASE("auto reuse: an empty pool switches without a sync, and no sync during a capture", "[pool][auto]") {
+    fake_backend dev;
+    recording_sink sink;
+    SECTION("empty pool") {
+        block_pool pool(pool_config{}, dev, &sink, 0);
+        pool.enter_safe_reuse(api_id::cuStreamCreate);
+        CHECK_FALSE(pool.reuse_is_immediate());
+        CHECK(dev.sync_calls() == 0);
+        REQUIRE(sink.events.size() == 1);
+        CHECK(sink.events[0].ev == ev_kind::reuse_safe);
+    }
+    SECTION("capture open") {
+        block_pool pool(pool_config{}, dev, &sink, 0);
+        must_alloc(pool, 4096);
+        dev.set_capturing(true);
+        pool.enter_safe_reuse(api_id::cuStreamCreate);
+        CHECK_FALSE(pool.reuse_is_immediate());
+        CHECK(dev.sync_calls() == 0);
+        CHECK(dev.bad_calls() == 0);
+    }
+}
+
+TEST_CASE("explicit safe and immediate modes ignore the stream switch", "[pool][auto]") {
+    fake_backend dev;
+    block_pool imm(immediate_config(), dev, nullptr, 0);
+    imm.enter_safe_reuse(api_id::cuStreamCreate);
+    CHECK(imm.reuse_is_immediate());
+    block_pool safe(safe_config(), dev, nullptr, 0);
+    CHECK_FALSE(safe.reuse_is_immediate());
+    must_alloc(safe, 4096);
+    safe.enter_safe_reuse(api_id::cuStreamCreate);
+    CHECK(dev.sync_calls() == 0);
 }

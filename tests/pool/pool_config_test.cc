@@ -23,7 +23,7 @@ pool_config with(std::map<std::string, std::string> env) {
 
 TEST_CASE("config defaults are the documented ones", "[pool][config]") {
     const pool_config c = with({});
-    CHECK(c.reuse == reuse_mode::safe);
+    CHECK(c.reuse == reuse_mode::automatic);
     CHECK(c.round == 512);
     CHECK(c.small_size == 1u << 20);
     CHECK(c.small_segment == 2u << 20);
@@ -55,13 +55,25 @@ TEST_CASE("config reads values with binary suffixes", "[pool][config]") {
     CHECK(c.stats_ms == 0);
 }
 
+TEST_CASE("config reads each reuse mode and writes it to the header", "[pool][config]") {
+    for (const char* m : {"auto", "safe", "immediate"}) {
+        const pool_config c = with({{"GPUMEM_REUSE", m}});
+        CHECK(c.warnings.empty());
+        std::string s;
+        c.append_config_json(s);
+        CHECK(s.find(std::string("\"reuse\":\"") + m + "\",") != std::string::npos);
+    }
+    CHECK(with({{"GPUMEM_REUSE", "safe"}}).reuse == reuse_mode::safe);
+    CHECK(with({{"GPUMEM_REUSE", "auto"}}).reuse == reuse_mode::automatic);
+}
+
 TEST_CASE("config keeps defaults for malformed values and says why", "[pool][config]") {
     const pool_config c = with({{"GPUMEM_REUSE", "fast"},
                                 {"GPUMEM_POOL_ROUND", "300"},           // not a power of two
                                 {"GPUMEM_POOL_LARGE_SEGMENT", "12Q"},   // bad suffix
                                 {"GPUMEM_SYNC_BUDGET", "-5"},
                                 {"GPUMEM_STATS_MS", "99999999999999999999999"}});  // overflow
-    CHECK(c.reuse == reuse_mode::safe);
+    CHECK(c.reuse == reuse_mode::automatic);
     CHECK(c.round == 512);
     CHECK(c.large_segment == 20u << 20);
     CHECK(c.sync_budget == 32u << 20);

@@ -85,6 +85,7 @@ struct layout_replayer {
                 if (n != e.err) error = "pool_sync count differs from pending frees";
                 break;
             }
+            case ev_kind::reuse_safe: immediate = false; break;
             default: break;
         }
     }
@@ -109,16 +110,17 @@ struct layout_replayer {
 struct live_block { uint64_t size, asize; };
 
 void run_random(uint32_t seed, reuse_mode mode, int ops) {
-    INFO("seed " << seed << " mode " << (mode == reuse_mode::safe ? "safe" : "immediate"));
+    INFO("seed " << seed << " mode " << int(mode));
     std::mt19937_64 rng(seed);
     fake_backend dev(320 * MiB);  // tight enough that OOM and cache release happen
     recording_sink sink;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.reuse = mode;
     cfg.sync_budget = 16 * MiB;
     block_pool pool(cfg, dev, &sink, 0);
     layout_replayer replay;
-    replay.immediate = mode == reuse_mode::immediate;
+    replay.immediate = mode != reuse_mode::safe;
+    bool safe_now = mode == reuse_mode::safe;  // auto turns safe halfway, as if a stream appeared
 
     std::map<uint64_t, live_block> live;           // the reference model: what the program holds
     std::map<uint64_t, uint64_t> freed_since_sync;  // safe mode: ranges not to be handed out yet
@@ -134,6 +136,11 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
 
     for (int op = 0; op < ops; ++op) {
         INFO("op " << op);
+        if (mode == reuse_mode::automatic && op == ops / 2) {
+            pool.enter_safe_reuse(api_id::cuStreamCreate);
+            safe_now = true;
+            last_sync = dev.sync_calls();
+        }
         const int r = int(rng() % 100);
         if (r < 55 || live.empty()) {
             const uint64_t size = pick_size();
@@ -166,7 +173,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
                 if (nx != live.end()) CHECK(p + bi.block_size <= nx->first);
                 if (nx != live.begin()) CHECK(std::prev(nx)->first + std::prev(nx)->second.asize <= p);
                 // Safe mode: nothing freed since the last sync may come back.
-                if (mode == reuse_mode::safe) {
+                if (safe_now) {
                     if (dev.sync_calls() != last_sync) freed_since_sync.clear(), last_sync = dev.sync_calls();
                     auto f = freed_since_sync.upper_bound(p + bi.block_size - 1);
                     if (f != freed_since_sync.begin()) CHECK(std::prev(f)->second <= p);
@@ -180,7 +187,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
             REQUIRE(pool.deallocate(it->first, api_id::cuMemFree_v2, &rc));
             REQUIRE(rc == k_cuda_success);
             ++n_free;
-            if (mode == reuse_mode::safe) {
+            if (safe_now) {
                 if (dev.sync_calls() != last_sync) freed_since_sync.clear(), last_sync = dev.sync_calls();
                 freed_since_sync[it->first] = it->first + it->second.asize;
             }
@@ -243,7 +250,8 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
     // The run must have exercised the interesting paths, or it proves little.
     CHECK(n_oom > 0);
     CHECK(sink.count(ev_kind::segment_free) > 0);
-    if (mode == reuse_mode::safe) CHECK(sink.count(ev_kind::pool_sync) > 0);
+    if (safe_now) CHECK(sink.count(ev_kind::pool_sync) > 0);
+    if (mode == reuse_mode::automatic) CHECK(sink.count(ev_kind::reuse_safe) == 1);
 }
 
 }  // namespace
@@ -254,4 +262,8 @@ TEST_CASE("random operations keep every promise (safe reuse)", "[pool][property]
 
 TEST_CASE("random operations keep every promise (immediate reuse)", "[pool][property]") {
     for (uint32_t seed : {5u, 6u, 7u, 99u, 4321u}) run_random(seed, reuse_mode::immediate, 3000);
+}
+
+TEST_CASE("random operations keep every promise (auto reuse, a stream appears halfway)", "[pool][property]") {
+    for (uint32_t seed : {8u, 9u, 77u}) run_random(seed, reuse_mode::automatic, 3000);
 }

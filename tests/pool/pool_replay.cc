@@ -45,6 +45,8 @@ int main(int argc, char** argv) {
         uint64_t live = 0, peak_live = 0, n = 0;
         std::string line;
         while (std::getline(in, line)) {
+            // GPUMEM_REUSE=auto: the recorded program created a stream here, so the replay switches too.
+            if (line.find("\"ev\":\"reuse_safe\"") != std::string::npos) pool.enter_safe_reuse(api_id::cuStreamCreate);
             if (line.find("\"pooled\":true") == std::string::npos) continue;  // the program's pooled calls only
             nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
             if (e.is_discarded()) continue;
@@ -68,8 +70,8 @@ int main(int argc, char** argv) {
                 mine.erase(it);
             }
         }
-        printf("%s: %llu allocs, peak requested %.1f MiB, peak reserved %.1f MiB (x%.3f), %llu segments, %llu syncs\n",
-               argv[a], (unsigned long long)n, peak_live / 1048576.0, sink.peak / 1048576.0,
+        printf("%s: reuse %s at the end, %llu allocs, peak requested %.1f MiB, peak reserved %.1f MiB (x%.3f), %llu segments, %llu syncs\n",
+               argv[a], pool.reuse_is_immediate() ? "immediate" : "safe", (unsigned long long)n, peak_live / 1048576.0, sink.peak / 1048576.0,
                peak_live ? double(sink.peak) / double(peak_live) : 0.0, (unsigned long long)sink.segments,
                (unsigned long long)sink.syncs);
     }

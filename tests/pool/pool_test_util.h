@@ -35,6 +35,13 @@ struct recording_sink final : event_sink {
     }
 };
 
+// The library's default is auto (immediate until a stream appears); most tests pin a mode.
+inline pool_config safe_config() {
+    pool_config c;
+    c.reuse = reuse_mode::safe;
+    return c;
+}
+
 inline pool_config immediate_config() {
     pool_config c;
     c.reuse = reuse_mode::immediate;

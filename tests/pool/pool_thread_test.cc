@@ -23,7 +23,7 @@ void stress(reuse_mode mode) {
     constexpr int k_threads = 8, k_rounds = 4, k_ops = 500;
     fake_backend dev;
     counting_sink sink;
-    pool_config cfg;
+    pool_config cfg = safe_config();
     cfg.reuse = mode;
     cfg.sync_budget = 8 * MiB;
     block_pool pool(cfg, dev, &sink, 0);
