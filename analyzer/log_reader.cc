@@ -511,6 +511,10 @@ bool line_parser::parse_recorder_line(const char* p, size_t len, size_t capacity
         if (!c.key(",\"count\":") || !c.u64(f.count)) return false;
         f.present |= bit(fd_count);
         break;
+    case ev_kind::reuse_safe:
+        if (!c.key(",\"api\":\"") || !c.str(f.api)) return false;
+        f.present |= bit(fd_api);
+        break;
     default:
         break;  // lost: done above
     }
@@ -784,6 +788,8 @@ uint64_t line_parser::required_members(const log_event& e) {
     case ev_kind::segment_free: need |= bit(fd_dev) | bit(fd_ptr) | bit(fd_size); break;
     case ev_kind::oom: need |= bit(fd_dev) | bit(fd_size); break;
     case ev_kind::stats: need |= bit(fd_dev); break;
+    // The replay switches this device's pool to safe reuse, so it must know which device and why.
+    case ev_kind::reuse_safe: need |= bit(fd_dev) | bit(fd_api); break;
     default: break;
     }
     return need;

@@ -201,7 +201,26 @@ struct replayer::impl {
     // the missing events could explain become warnings instead of errors.
     bool lenient = false;
     bool after_end = false;
-    bool pending_frees() const { return rep.pool_mode != "off" && rep.reuse_mode != "immediate"; }
+    // When a pooled free leaves its block pending (docs/log-format.md, rebuilding the layout).  The
+    // header is read before the first event, so the rule is settled lazily on first use.
+    enum class pend_rule : uint8_t { unknown, never, after_reuse_safe, always };
+    pend_rule rule = pend_rule::unknown;
+    pend_rule pending_rule() {
+        if (rule == pend_rule::unknown) {
+            if (rep.pool_mode == "off" || rep.reuse_mode == "immediate") rule = pend_rule::never;
+            else if (rep.reuse_mode == "auto") rule = pend_rule::after_reuse_safe;
+            else rule = pend_rule::always;  // "safe", absent, or a value we do not know: as before auto
+        }
+        return rule;
+    }
+    // Whether a pooled free on device d pends right now: "auto" switches each device on its own event.
+    bool pending_frees(const dev_state& d) {
+        switch (pending_rule()) {
+        case pend_rule::never: return false;
+        case pend_rule::after_reuse_safe: return d.rep.reuse_safe;
+        default: return true;
+        }
+    }
     uint64_t events_seen = 0;
     uint64_t snapshot_work = 0;
     bool at_taken = false;
@@ -546,7 +565,7 @@ struct replayer::impl {
         if (a.pooled) {
             auto* const* sit = segment_at.find(a.seg);
             if (sit) {
-                if (pending_frees()) {
+                if (pending_frees(ad)) {
                     // docs/pool.md: a freed block stays in place, neither allocated nor free, until
                     // a pool_sync releases it; counting it as free would misjudge fragmentation.
                     ad.pending.push_back({a.seg, e.ptr});
@@ -681,7 +700,7 @@ struct replayer::impl {
     // Every pending block of the device becomes free and merges with its free neighbours.
     void on_pool_sync(dev_state& d, const log_event& e, uint64_t line) {
         ++d.rep.n_pool_sync;
-        if (e.has(fd_count) && pending_frees() && e.count != d.pending.size() && !lenient)
+        if (e.has(fd_count) && pending_frees(d) && e.count != d.pending.size() && !lenient)
             warn(line, "pool_sync releases " + std::to_string(e.count) + " frees; the reconstruction has " +
                            std::to_string(d.pending.size()) + " pending");
         for (const auto& [seg, ptr] : d.pending) {
@@ -689,6 +708,32 @@ struct replayer::impl {
         }
         d.pending.clear();
         d.rep.pending.current = 0;
+    }
+
+    // "auto": from this event on the device's pooled frees pend until a pool_sync.  The pool logs
+    // it once per device (a second one, or one in a log not in auto mode, changes nothing), then
+    // usually a pool_sync with count 0 (the drain), which the per-device count check covers.
+    void on_reuse_safe(dev_state& d, const log_event& e, uint64_t line) {
+        std::string api = names.api_name(e.api);
+        if (pending_rule() != pend_rule::after_reuse_safe) {
+            std::string why = rep.pool_mode == "off" ? std::string(" in a log with the pool off")
+                              : " in a log whose config.reuse is " +
+                                    (rep.reuse_mode.empty() ? std::string("absent (safe)") : "\"" + rep.reuse_mode + "\"") +
+                                    ", not \"auto\"";
+            warn(line, "reuse_safe (" + api + ") on device " + std::to_string(d.rep.dev) + why + "; ignored");
+            return;
+        }
+        if (d.rep.reuse_safe) {
+            warn(line, "reuse_safe (" + api + ") on device " + std::to_string(d.rep.dev) +
+                           ", which is in safe reuse since seq " + std::to_string(d.rep.reuse_safe_seq) +
+                           " (line " + std::to_string(d.rep.reuse_safe_line) + "); ignored");
+            return;
+        }
+        d.rep.reuse_safe = true;
+        d.rep.reuse_safe_seq = e.seq;
+        d.rep.reuse_safe_t = e.t;
+        d.rep.reuse_safe_line = line;
+        d.rep.reuse_safe_api = std::move(api);
     }
 
     // Pending blocks inside [base, base+size) are forgotten (their segment is going away).
@@ -811,9 +856,10 @@ struct replayer::impl {
                 d->rep.first_t = e.t;
             }
             d->rep.last_t = std::max(d->rep.last_t, e.t);
-            // A pending peak snapshot must be taken before anything but a growth changes the state.
+            // A pending peak snapshot must be taken before anything but a growth changes the state
+            // (reuse_safe changes no block, only what later frees do).
             if (e.ev != ev_kind::alloc && e.ev != ev_kind::stats && e.ev != ev_kind::oom &&
-                e.ev != ev_kind::alloc_fail)
+                e.ev != ev_kind::alloc_fail && e.ev != ev_kind::reuse_safe)
                 settle_peak(*d, line);
         }
 
@@ -875,8 +921,12 @@ struct replayer::impl {
             if (d) on_pool_sync(*d, e, line);
             break;
         case ev_kind::context_reset:
+            // The reuse mode survives: the pool object lives on (docs/pool.md), and so does its mode.
             ++rep.n_context_reset;
             drop_device_state(has_dev ? e.dev : -1, line, e);
+            break;
+        case ev_kind::reuse_safe:
+            if (d) on_reuse_safe(*d, e, line);  // dev is a required member
             break;
         case ev_kind::lost:
             rep.lost += e.count;

@@ -266,6 +266,22 @@ void snapshot_block(std::ostream& o, const state_snapshot& s) {
     o << segment_map_svg(s);
 }
 
+// ", reuse <mode>" for the header line when the pool is on; under "auto" each pool device's switch,
+// since the mode then differs by device and over time.
+std::string reuse_text(const process_report& p) {
+    if (p.pool_mode == "off" || p.reuse_mode.empty()) return "";
+    std::string s = ", reuse " + html_escape(p.reuse_mode);
+    if (p.reuse_mode != "auto") return s;
+    std::string devs;
+    for (const device_report& d : p.devices) {
+        if (!d.n_segment_alloc && !d.reuse_safe) continue;
+        devs += (devs.empty() ? "" : "; ") + std::string("dev ") + std::to_string(d.dev) +
+                (d.reuse_safe ? ": safe from seq " + std::to_string(d.reuse_safe_seq) + " by " + html_escape(d.reuse_safe_api)
+                              : std::string(": immediate throughout"));
+    }
+    return devs.empty() ? s : s + " (" + devs + ")";
+}
+
 void device_html(std::ostream& o, const process_report& p, const device_report& d, const output_options& opt) {
     std::string title = d.dev < 0 ? "Host memory / unknown device" : "Device " + std::to_string(d.dev);
     if (!d.name.empty()) title += ": " + d.name;
@@ -365,7 +381,7 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
         if (procs.size() > 1) o << "<h1 style='margin-top:36px'>" << html_escape(p.file) << "</h1>\n";
         o << "<p class=meta>" << html_escape(p.file) << " · process " << p.pid << (p.host.empty() ? "" : " on " + html_escape(p.host))
           << (p.rank.empty() ? "" : ", rank " + html_escape(p.rank)) << (cmd.empty() ? "" : " · <code>" + html_escape(cmd) + "</code>")
-          << "<br>gpumem " << html_escape(p.gpumem_version) << ", pool " << html_escape(p.pool_mode) << ", "
+          << "<br>gpumem " << html_escape(p.gpumem_version) << ", pool " << html_escape(p.pool_mode) << reuse_text(p) << ", "
           << fmt_count(p.events) << " events over " << fmt_time(p.duration_ns()) << ", "
           << (p.has_end ? "ended: " + html_escape(p.end_reason) : std::string("no end line (killed?)")) << "</p>\n";
         if (p.n_warnings)

@@ -137,6 +137,16 @@ ojson device_json(const process_report& p, const device_report& d, const output_
     j["end_pending_bytes"] = d.pending.current;
     j["peak_pending_bytes"] = d.pending.peak;
     j["n_pool_sync"] = d.n_pool_sync;
+    if (d.reuse_safe) {
+        ojson r;
+        r["seq"] = d.reuse_safe_seq;
+        r["t_ns"] = d.reuse_safe_t;
+        r["line"] = d.reuse_safe_line;
+        r["api"] = d.reuse_safe_api;
+        j["reuse_safe"] = r;
+    } else {
+        j["reuse_safe"] = nullptr;
+    }
     j["end_mapped_bytes"] = d.mapped.current;
     j["peak_mapped_bytes"] = d.mapped.peak;
     j["first_t_ns"] = d.first_t;

@@ -143,6 +143,11 @@ struct device_report {
     tracked_bytes mapped;         // cuMemMap bytes whose physical handle lives on this device
     tracked_bytes pending;        // pooled blocks freed by the program, not yet released by a sync
     uint64_t n_pool_sync = 0;
+    // config.reuse "auto": the device's pool reuses frees at once until its reuse_safe event, and
+    // holds them pending from then on.  reuse_safe: that event was seen; the rest describe it.
+    bool reuse_safe = false;
+    uint64_t reuse_safe_seq = 0, reuse_safe_t = 0, reuse_safe_line = 0;
+    std::string reuse_safe_api;  // the stream creation that caused the switch
 
     uint64_t n_alloc = 0, n_free = 0, n_alloc_fail = 0, n_free_fail = 0, n_oom = 0;
     uint64_t n_unknown_free = 0;
@@ -194,7 +199,9 @@ struct process_report {
     int format_version = 0;
     int64_t pid = 0, ppid = 0, forked_from = 0;
     std::string host, rank, start_time, gpumem_version, pool_mode;
-    std::string reuse_mode;  // config.reuse: "safe" (frees pend until a pool_sync) or "immediate"
+    // config.reuse: "safe" (frees pend until a pool_sync), "immediate", or "auto" (immediate until the
+    // device's reuse_safe event, then safe; see device_report::reuse_safe).  "" when absent (= safe).
+    std::string reuse_mode;
     uint64_t start_unix_ns = 0;
     std::vector<std::string> cmdline;
     std::vector<header_device> header_devices;

@@ -202,6 +202,11 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.n_segment_alloc || d.n_segment_free)
         framed(os, pad("Segments taken / returned", 28) + pad(std::to_string(d.n_segment_alloc), 14, true) + " / " +
                        std::to_string(d.n_segment_free));
+    // Under "auto" the mode is per device and changes once; "safe"/"immediate" hold for the whole log.
+    if (p.reuse_mode == "auto" && (d.n_segment_alloc || d.reuse_safe))
+        framed(os, pad("Reuse", 28) + "auto, " +
+                       (d.reuse_safe ? "safe from seq " + std::to_string(d.reuse_safe_seq) + " (" + d.reuse_safe_api + ")"
+                                     : std::string("immediate throughout")));
     if (d.pending.peak)
         framed(os, pad("Pending frees (until sync)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
                        fmt_bytes(d.pending.peak) + ", " + std::to_string(d.n_pool_sync) + " pool syncs");

@@ -11,7 +11,7 @@
 namespace gpumem {
 
 inline constexpr const char* k_format_name = "gpumem-events";
-inline constexpr int k_format_version = 1;
+inline constexpr int k_format_version = 2;  // 2: config.reuse "auto" and reuse_safe change what a free means
 
 // "ev" values.  The numeric order is part of no file format; only the names are.
 enum class ev_kind : uint8_t {

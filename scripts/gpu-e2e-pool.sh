@@ -16,6 +16,7 @@ pool_run() {  # pool_run NAME MODE(native|raw|gpumem|gpumem-safe|gpumem-immediat
 }
 for m in native raw gpumem gpumem-safe gpumem-immediate; do pool_run loop-$m $m loop 2000; done
 for m in raw gpumem; do pool_run multistream-$m $m multistream 30; done
+for m in raw gpumem gpumem-immediate; do pool_run race-$m $m race 10; done
 for m in native gpumem gpumem-safe; do pool_run gpt2-$m $m gpt2 30; done
 
 python3 - "$LOGS" >> "$RESULTS" <<'PY'
@@ -56,6 +57,15 @@ switched = bool(ms) and any(x["ev"] == "reuse_safe" for x in ms)
 ok = ok and switched
 fails += not switched
 print(f"| 2-stream training step, 30 losses identical with and without gpumem; the pool turned safe | first {a[:2] if a else a}, last {a[-1] if a else a} vs {b[-1] if b else b}; {reuse_of('multistream-gpumem')} | {'PASS' if ok else 'FAIL'} |")
+r0, r1, r2 = (res(f"race-{m}").get("sums") for m in ("raw", "gpumem", "gpumem-immediate"))
+rl = log_of("race-gpumem")
+ok = r0 is not None and r0 == r1 and bool(rl) and any(x["ev"] == "reuse_safe" for x in rl)
+fails += not ok
+print(f"| free while a side stream has yet to read the tensor, then refill on the main stream: sums equal to no-cache PyTorch's | {r0[:3] if r0 else r0}… vs {r1[:3] if r1 else r1}…; {reuse_of('race-gpumem')} | {'PASS' if ok else 'FAIL'} |")
+# The control: the same program under GPUMEM_REUSE=immediate, which is wrong for it.  Differing
+# sums show the check above can fail; identical ones would make it a weak check.
+nd = sum(1 for x, y in zip(r0 or [], r2 or []) if x != y)
+print(f"| control, not a gate: the same under GPUMEM_REUSE=immediate (unsafe for it) | {nd} of {len(r0 or [])} sums differ ({r2[:3] if r2 else r2}…) | {'the check can fail' if nd else 'WEAK: no difference'} |")
 g0, g1, g2 = res("gpt2-native"), res("gpt2-gpumem"), res("gpt2-gpumem-safe")
 lg = log_of("gpt2-gpumem")
 peak = peak_reserved(lg) if lg else 0

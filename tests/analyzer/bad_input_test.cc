@@ -19,7 +19,7 @@ const bad_case k_cases[] = {
     {"not_json.jsonl", 3, "not JSON (or not a JSON object): this is not json"},
     {"missing_size.jsonl", 2, "\"alloc\" event without \"size\""},
     {"unknown_format.jsonl", 1, "unknown format \"heaptrack\" (expected \"gpumem-events\")"},
-    {"newer_version.jsonl", 1, "log format version 2 is newer than this analyzer reads (up to 1): use a newer gpumem"},
+    {"newer_version.jsonl", 1, "log format version 3 is newer than this analyzer reads (up to 2): use a newer gpumem"},
     {"no_header.jsonl", 1, "line 1 is not a header"},
     {"header_not_object.jsonl", 1, "line 1 is not a JSON object"},
     {"double_free.jsonl", 4, "double free of pointer 0x1000: it was already freed at line 3"},
@@ -29,6 +29,10 @@ const bad_case k_cases[] = {
     {"negative_size.jsonl", 2, "member \"size\" should be a non-negative integer"},
     {"two_objects.jsonl", 2, "not JSON (trailing characters after the object)"},
     {"block_outside_segment.jsonl", 3, "pooled block [0x1f0000, +131072) lies outside segment [0x100000, +1048576)"},
+    {"reuse_safe_no_dev.jsonl", 3, "\"reuse_safe\" event without \"dev\""},
+    {"reuse_safe_no_api.jsonl", 3, "\"reuse_safe\" event without \"api\""},
+    // config.reuse "auto": the reuse at seq 3 is fine (immediate), the one at seq 7 is not (pending).
+    {"alloc_into_pending_auto.jsonl", 9, "pooled block 0x100000 is already allocated in segment 0x100000"},
 };
 }  // namespace
 

@@ -260,7 +260,7 @@ TEST_CASE("the recorded H200 and golden logs: every event line agrees, and the H
                           "h200/torch-default-pool-on.jsonl", "h200/torch-nocache-pool-on.jsonl",
                           "golden/pool_fragmentation.jsonl", "golden/pool_off_basic.jsonl",
                           "golden/pool_off_kinds.jsonl", "golden/rank0.jsonl", "golden/rank1.jsonl",
-                          "golden/killed_truncated.jsonl"}) {
+                          "golden/killed_truncated.jsonl", "golden/pool_auto.jsonl"}) {
         std::ifstream in(data_path(f));
         REQUIRE(in);
         twin t;
@@ -292,4 +292,40 @@ TEST_CASE("the fast path leaves the event and the API table alone when it gives 
     CHECK(p.api_count() == apis);
     CHECK(e.size == 123);
     CHECK(e.present == 0);
+}
+
+TEST_CASE("reuse_safe lines take the fast path with dev and api, as parse_json reads them", "[fastpath]") {
+    twin t;
+    for (api_id api : {api_id::cuStreamCreate, api_id::cuStreamCreateWithPriority, api_id::cuGreenCtxStreamCreate}) {
+        event e;
+        std::memset(&e, 0, sizeof e);
+        e.ev = ev_kind::reuse_safe;
+        e.seq = 17;
+        e.t_ns = 123;
+        e.tid = 5;
+        e.dev = 1;
+        e.api = api;
+        std::string line = format(e);
+        CHECK(line == std::string("{\"ev\":\"reuse_safe\",\"seq\":17,\"t\":123,\"tid\":5,\"dev\":1,\"api\":\"") +
+                          k_api_names[size_t(api)] + "\"}");
+        CHECK(t.check(line));
+        std::string buf = line + std::string(64, '\0');
+        log_event out;
+        REQUIRE(t.fast.parse_recorder_line(buf.data(), line.size(), buf.size(), out));
+        CHECK(out.ev == ev_kind::reuse_safe);
+        CHECK(out.dev == 1);
+        CHECK(t.fast.api_name(out.api) == k_api_names[size_t(api)]);
+        CHECK((line_parser::required_members(out) & ~out.present) == 0);
+    }
+    // Without "api" or "dev" the line is not the writer's: simdjson reads it, and the analysis
+    // then names the missing member (bad_input_test.cc).
+    for (const char* line : {"{\"ev\":\"reuse_safe\",\"seq\":1,\"t\":2,\"tid\":3,\"dev\":0}",
+                             "{\"ev\":\"reuse_safe\",\"seq\":1,\"t\":2,\"tid\":3,\"api\":\"cuStreamCreate\"}"}) {
+        CHECK_FALSE(t.check(line));
+        std::string buf = std::string(line) + std::string(64, '\0');
+        log_event out;
+        std::string err;
+        REQUIRE(t.json.parse_json(buf.data(), std::strlen(line), buf.size(), out, err) == parse_status::ok);
+        CHECK_FALSE(line_parser::missing_members(out).empty());
+    }
 }

@@ -2,6 +2,8 @@
 // of pools, VMM and pool-off logs, checked number by number against analyze_file.
 #include <catch2/catch.hpp>
 
+#include <sstream>
+
 #include "analyze.h"
 #include "log_reader.h"
 #include "report_output.h"
@@ -314,4 +316,201 @@ TEST_CASE("pending frees are not free space until pool_sync", "[scenario]") {
     CHECK(d.end_free_blocks == 2);
     CHECK(d.end_external_fragmentation == Approx(1.0 / 3.0));
     CHECK(r.n_warnings == 0);
+}
+
+// docs/log-format.md, config.reuse "auto": a device's pool frees at once (as "immediate") until
+// its reuse_safe event, and from then on its frees pend until a pool_sync (as "safe").
+TEST_CASE("auto reuse: frees are immediate before the device's reuse_safe and pending after it", "[scenario][reuse]") {
+    const uint64_t seg = 0x200000;
+    std::string body = seg_line("segment_alloc", 0, seg, 4096) + pooled_line("alloc", 1, seg, 1000, 1024, seg) +
+                       pooled_line("alloc", 2, seg + 1024, 1000, 1024, seg) +
+                       pooled_line("free", 3, seg, 1000, 1024, seg) +         // free at once
+                       pooled_line("free", 4, seg + 1024, 1000, 1024, seg) +  // merges: one free block
+                       pooled_line("alloc", 5, seg, 1000, 1024, seg) +        // the same address, at once
+                       reuse_safe_line(6) + pool_sync_line(7, 0) +            // the switch and its drain
+                       pooled_line("free", 8, seg, 1000, 1024, seg) +         // pending now
+                       pool_sync_line(9, 1) + end_line(10, 0);
+    temp_file f(header_reuse("auto") + body);
+    auto at = [&](const char* when) {
+        analyze_options o;
+        REQUIRE(parse_moment(when, o.at));
+        process_report r = analyze_file(f.path, o);
+        REQUIRE(r.devices.size() == 1);
+        return r.devices[0].at_request;
+    };
+    state_snapshot s = at("3");  // 1 KiB allocated between a 1 KiB and a 2 KiB free block
+    CHECK(s.pending == 0);
+    CHECK(s.allocated == 1024);
+    CHECK(s.free_in_segments == 3072);
+    CHECK(s.free_blocks == 2);
+    CHECK(s.external_fragmentation == Approx(1.0 / 3.0));
+    s = at("4");  // both freed: the segment is one free block again
+    CHECK(s.pending == 0);
+    CHECK(s.free_in_segments == 4096);
+    CHECK(s.free_blocks == 1);
+    CHECK(s.external_fragmentation == 0.0);
+    s = at("5");
+    CHECK(s.allocated == 1024);
+    CHECK(s.free_blocks == 1);
+    s = at("8");  // after the switch the free pends: not free space
+    CHECK(s.allocated == 0);
+    CHECK(s.pending == 1024);
+    CHECK(s.free_in_segments == 3072);
+    CHECK(s.free_blocks == 1);
+    REQUIRE(s.segment_map.size() == 1);
+    CHECK(s.segment_map[0].pending.size() == 1);
+    CHECK(segment_bar(s.segment_map[0], 4) == "p...");
+
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = r.devices[0];
+    CHECK(r.reuse_mode == "auto");
+    CHECK(r.n_warnings == 0);  // both pool_sync counts agree with the per-device pending list
+    CHECK(d.reuse_safe);
+    CHECK(d.reuse_safe_seq == 6);
+    CHECK(d.reuse_safe_line == 8);
+    CHECK(d.reuse_safe_api == "cuStreamCreate");
+    CHECK(d.pending.peak == 1024);
+    CHECK(d.pending.current == 0);
+    CHECK(d.n_pool_sync == 2);
+    CHECK(d.max_free_blocks == 2);
+    CHECK(d.max_external_fragmentation == Approx(1.0 / 3.0));
+    CHECK(d.max_external_fragmentation_seq == 3);
+    CHECK(d.end_free_blocks == 1);
+    CHECK(d.end_free_in_segments == 4096);
+
+    // The same events under "safe" (and with no config.reuse, which means safe): the free at seq 3
+    // pends, so the allocation at seq 5 lands in a pending block.
+    for (const char* mode : {"safe", ""}) {
+        INFO("config.reuse: " << mode);
+        temp_file g(header_reuse(mode) + body);
+        try {
+            analyze_file(g.path, {});
+            FAIL("accepted an allocation into a pending block");
+        } catch (const input_error& e) {
+            CHECK(e.line == 7);
+            CHECK_THAT(e.message, Catch::StartsWith("pooled block 0x200000 is already allocated in segment 0x200000"));
+        }
+    }
+}
+
+TEST_CASE("auto reuse: an allocation into a block still pending after reuse_safe is an inconsistency", "[scenario][reuse]") {
+    const uint64_t seg = 0x200000;
+    std::string log = header_reuse("auto") + seg_line("segment_alloc", 0, seg, 4096) +
+                      pooled_line("alloc", 1, seg, 1000, 1024, seg) + reuse_safe_line(2, 0, "cuGreenCtxStreamCreate") +
+                      pooled_line("free", 3, seg, 1000, 1024, seg) + pooled_line("alloc", 4, seg, 1000, 1024, seg) +
+                      end_line(5, 1);
+    temp_file f(log);
+    try {
+        analyze_file(f.path, {});
+        FAIL("accepted an allocation into a pending block");
+    } catch (const input_error& e) {
+        CHECK(e.line == 6);
+        CHECK_THAT(std::string(e.what()), Catch::StartsWith(f.path + ":6: pooled block 0x200000 is already allocated in segment 0x200000"));
+    }
+    run_result r = run_gpumem("report --no-progress " + f.path);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(f.path + ":6: pooled block 0x200000 is already allocated"));
+}
+
+TEST_CASE("auto reuse: each device switches on its own reuse_safe and pool_sync counts are checked per device", "[scenario][reuse]") {
+    const uint64_t s0 = 0x200000, s1 = 0x400000;
+    std::string log = header_reuse("auto") + seg_line("segment_alloc", 0, s0, 4096, 0) +
+                      seg_line("segment_alloc", 1, s1, 4096, 1) + pooled_line("alloc", 2, s0, 1000, 1024, s0, 0) +
+                      pooled_line("alloc", 3, s1, 1000, 1024, s1, 1) +
+                      reuse_safe_line(4, 0, "cuStreamCreateWithPriority") + pool_sync_line(5, 0, 0) +
+                      pooled_line("free", 6, s0, 1000, 1024, s0, 0) +  // device 0: pending
+                      pooled_line("free", 7, s1, 1000, 1024, s1, 1) +  // device 1: still immediate
+                      pool_sync_line(8, 5, 1) +                        // immediate: count not checked
+                      pool_sync_line(9, 1, 0) +                        // device 0's one pending free
+                      pooled_line("alloc", 10, s0, 1000, 1024, s0, 0) +
+                      pooled_line("free", 11, s0, 1000, 1024, s0, 0) +
+                      pool_sync_line(12, 2, 0) +                       // says 2, one is pending
+                      end_line(13, 0);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    REQUIRE(r.devices.size() == 2);
+    const device_report& d0 = device(r, 0);
+    const device_report& d1 = device(r, 1);
+    CHECK(d0.reuse_safe);
+    CHECK(d0.reuse_safe_seq == 4);
+    CHECK(d0.reuse_safe_api == "cuStreamCreateWithPriority");
+    CHECK(d0.pending.peak == 1024);
+    CHECK(d0.pending.current == 0);
+    CHECK_FALSE(d1.reuse_safe);
+    CHECK(d1.pending.peak == 0);
+    CHECK(d1.end_free_blocks == 1);
+    CHECK(d1.end_free_in_segments == 4096);
+    CHECK(r.n_warnings == 1);
+    CHECK(has_warning(r, f.path + ":14: pool_sync releases 2 frees; the reconstruction has 1 pending"));
+
+    // The report says which device switched, when, and through which call.
+    std::vector<process_report> ps{r};
+    std::ostringstream text;
+    write_text(text, ps, combine(ps), {});
+    CHECK_THAT(text.str(), Catch::Contains("Reuse                       auto, safe from seq 4 (cuStreamCreateWithPriority)"));
+    CHECK_THAT(text.str(), Catch::Contains("Reuse                       auto, immediate throughout"));
+    auto j = to_json(ps, combine(ps), {});
+    const auto& jd = j["processes"][0]["devices"];
+    CHECK(jd[0]["reuse_safe"]["seq"] == 4);
+    CHECK(jd[0]["reuse_safe"]["api"] == "cuStreamCreateWithPriority");
+    CHECK(jd[0]["reuse_safe"]["line"] == 6);
+    CHECK(jd[1]["reuse_safe"].is_null());
+    std::ostringstream html;
+    write_html(html, ps, combine(ps), {});
+    CHECK_THAT(html.str(), Catch::Contains("reuse auto (dev 0: safe from seq 4 by cuStreamCreateWithPriority; dev 1: immediate throughout)"));
+}
+
+TEST_CASE("a repeated reuse_safe, or one outside auto mode, is a warning that changes nothing", "[scenario][reuse]") {
+    const uint64_t seg = 0x200000;
+    SECTION("a second reuse_safe for a device already in safe reuse") {
+        std::string log = header_reuse("auto") + seg_line("segment_alloc", 0, seg, 4096) + reuse_safe_line(1) +
+                          reuse_safe_line(2, 0, "cuGreenCtxStreamCreate") + end_line(3);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 1);
+        CHECK(has_warning(r, f.path + ":4: reuse_safe (cuGreenCtxStreamCreate) on device 0, which is in safe reuse since seq 1 (line 3); ignored"));
+        CHECK(r.devices[0].reuse_safe_seq == 1);
+        CHECK(r.devices[0].reuse_safe_api == "cuStreamCreate");
+    }
+    SECTION("in an immediate log the frees stay immediate") {
+        std::string log = header_reuse("immediate") + seg_line("segment_alloc", 0, seg, 4096) +
+                          pooled_line("alloc", 1, seg, 1000, 1024, seg) + reuse_safe_line(2) +
+                          pooled_line("free", 3, seg, 1000, 1024, seg) + pooled_line("alloc", 4, seg, 1000, 1024, seg) +
+                          end_line(5, 1);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 1);
+        CHECK(has_warning(r, f.path + ":4: reuse_safe (cuStreamCreate) on device 0 in a log whose config.reuse is \"immediate\", not \"auto\"; ignored"));
+        CHECK_FALSE(r.devices[0].reuse_safe);
+        CHECK(r.devices[0].pending.peak == 0);
+    }
+    SECTION("in a safe log, or one without config.reuse, the frees stay pending") {
+        for (const char* mode : {"safe", ""}) {
+            INFO("config.reuse: " << mode);
+            std::string log = header_reuse(mode) + seg_line("segment_alloc", 0, seg, 4096) +
+                              pooled_line("alloc", 1, seg, 1000, 1024, seg) + reuse_safe_line(2) +
+                              pooled_line("free", 3, seg, 1000, 1024, seg) + pool_sync_line(4, 1) + end_line(5);
+            temp_file f(log);
+            process_report r = analyze_file(f.path, {});
+            CHECK(r.n_warnings == 1);
+            CHECK(has_warning(r, std::string(":4: reuse_safe (cuStreamCreate) on device 0 in a log whose config.reuse is ") +
+                                     (*mode ? "\"safe\"" : "absent (safe)") + ", not \"auto\"; ignored"));
+            CHECK_FALSE(r.devices[0].reuse_safe);
+            CHECK(r.devices[0].pending.peak == 1024);
+        }
+    }
+}
+
+TEST_CASE("auto reuse: a context reset keeps the device in safe reuse", "[scenario][reuse]") {
+    // docs/pool.md: the retired pool keeps its mode and serves the next context on the device.
+    const uint64_t seg = 0x200000;
+    std::string log = header_reuse("auto") + seg_line("segment_alloc", 0, seg, 4096) + reuse_safe_line(1) +
+                      "{\"ev\":\"context_reset\",\"seq\":2,\"t\":300,\"tid\":1,\"dev\":0,\"count\":0}\n" +
+                      seg_line("segment_alloc", 3, seg, 4096) + pooled_line("alloc", 4, seg, 1000, 1024, seg) +
+                      pooled_line("free", 5, seg, 1000, 1024, seg) + end_line(6);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.n_warnings == 0);
+    CHECK(r.devices[0].reuse_safe);
+    CHECK(r.devices[0].pending.current == 1024);
 }

@@ -77,20 +77,38 @@ inline std::string free_line(uint64_t seq, uint64_t ptr, uint64_t size, int dev 
                   (unsigned long long)size);
     return b;
 }
-inline std::string seg_line(const char* ev, uint64_t seq, uint64_t ptr, uint64_t size) {
+inline std::string seg_line(const char* ev, uint64_t seq, uint64_t ptr, uint64_t size, int dev = 0) {
     char b[400];
     std::snprintf(b, sizeof b,
-                  "{\"ev\":\"%s\",\"seq\":%llu,\"t\":%llu,\"tid\":1,\"dev\":0,\"api\":\"cuMemAlloc_v2\",\"ptr\":\"0x%llx\",\"size\":%llu,\"pool\":\"large\"}\n",
-                  ev, (unsigned long long)seq, (unsigned long long)(seq * 100 + 100), (unsigned long long)ptr, (unsigned long long)size);
+                  "{\"ev\":\"%s\",\"seq\":%llu,\"t\":%llu,\"tid\":1,\"dev\":%d,\"api\":\"cuMemAlloc_v2\",\"ptr\":\"0x%llx\",\"size\":%llu,\"pool\":\"large\"}\n",
+                  ev, (unsigned long long)seq, (unsigned long long)(seq * 100 + 100), dev, (unsigned long long)ptr,
+                  (unsigned long long)size);
     return b;
 }
-inline std::string pooled_line(const char* ev, uint64_t seq, uint64_t ptr, uint64_t size, uint64_t asize, uint64_t seg) {
+inline std::string pooled_line(const char* ev, uint64_t seq, uint64_t ptr, uint64_t size, uint64_t asize, uint64_t seg,
+                               int dev = 0) {
     char b[400];
     std::snprintf(b, sizeof b,
-                  "{\"ev\":\"%s\",\"seq\":%llu,\"t\":%llu,\"tid\":1,\"dev\":0,\"api\":\"%s\",\"kind\":\"device\",\"ptr\":\"0x%llx\",\"size\":%llu,\"asize\":%llu,\"seg\":\"0x%llx\",\"pooled\":true}\n",
-                  ev, (unsigned long long)seq, (unsigned long long)(seq * 100 + 100), ev[0] == 'a' ? "cudaMalloc" : "cudaFree",
+                  "{\"ev\":\"%s\",\"seq\":%llu,\"t\":%llu,\"tid\":1,\"dev\":%d,\"api\":\"%s\",\"kind\":\"device\",\"ptr\":\"0x%llx\",\"size\":%llu,\"asize\":%llu,\"seg\":\"0x%llx\",\"pooled\":true}\n",
+                  ev, (unsigned long long)seq, (unsigned long long)(seq * 100 + 100), dev, ev[0] == 'a' ? "cudaMalloc" : "cudaFree",
                   (unsigned long long)ptr, (unsigned long long)size, (unsigned long long)asize, (unsigned long long)seg);
     return b;
+}
+inline std::string pool_sync_line(uint64_t seq, uint64_t count, int dev = 0) {
+    return "{\"ev\":\"pool_sync\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+           ",\"tid\":1,\"dev\":" + std::to_string(dev) + ",\"count\":" + std::to_string(count) + "}\n";
+}
+inline std::string reuse_safe_line(uint64_t seq, int dev = 0, const char* api = "cuStreamCreate") {
+    return "{\"ev\":\"reuse_safe\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+           ",\"tid\":1,\"dev\":" + std::to_string(dev) + ",\"api\":\"" + api + "\"}\n";
+}
+// A pool-on header whose config.reuse is `reuse` ("" leaves the member out), with devices 0 and 1.
+inline std::string header_reuse(const std::string& reuse) {
+    return "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":2,\"pid\":1,\"ppid\":0,\"host\":\"h\",\"rank\":\"0\","
+           "\"cmdline\":[\"t\"],\"start_unix_ns\":0,\"start_time\":\"1970-01-01T00:00:00Z\",\"devices\":[{\"index\":0,"
+           "\"name\":\"test\",\"total\":1073741824},{\"index\":1,\"name\":\"test\",\"total\":1073741824}],"
+           "\"config\":{\"pool\":\"on\"" + (reuse.empty() ? std::string() : ",\"reuse\":\"" + reuse + "\"") +
+           "},\"gpumem_version\":\"0.1.0\"}\n";
 }
 inline std::string end_line(uint64_t seq, uint64_t live = 0) {
     return "{\"ev\":\"end\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +

@@ -1,6 +1,6 @@
 """PyTorch workloads for the pool checks of scripts/gpu-e2e.sh; each prints one JSON line of results.
 
-Usage: python3 pool_workloads.py loop|multistream|gpt2 [ITERATIONS]
+Usage: python3 pool_workloads.py loop|multistream|race|gpt2 [ITERATIONS]
 Run them with and without gpumem, and with and without PYTORCH_NO_CUDA_MEMORY_CACHING=1: with no
 caching every tensor is a cudaMalloc/cudaFree, which gpumem's pool then serves.
 """
@@ -66,6 +66,28 @@ def multistream(iters):
     return {"losses": losses}
 
 
+def race(iters):
+    """Frees a tensor that a side stream's queued kernel has yet to read, then refills memory of that
+    size on the main stream.  The side stream reads the right values only if the free waited for it:
+    cudaFree's implicit sync without gpumem, safe reuse with it.  Reusing the block at once (the
+    wrong mode for this program) lets the zeros land first."""
+    side = torch.cuda.Stream()
+    n = 1 << 20  # 4 MiB of float32
+    sums = []
+    for i in range(iters):
+        x = torch.full((n,), float(i + 1), device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # about 10 ms: the read of x below comes late
+            y = x * 2
+        del x  # freed while the side stream has yet to read it
+        z = torch.zeros(n, device="cuda")  # the main stream, at once: may land on x's memory
+        torch.cuda.current_stream().wait_stream(side)
+        sums.append(float(y.sum().item()))
+        del y, z
+    return {"sums": sums}
+
+
 def gpt2(iters):
     """A small GPT-2 built from a config (no download), trained with AdamW."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -93,5 +115,5 @@ def gpt2(iters):
 
 if __name__ == "__main__":
     what = sys.argv[1]
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else {"loop": 2000, "multistream": 30, "gpt2": 30}[what]
-    print(json.dumps({"loop": loop, "multistream": multistream, "gpt2": gpt2}[what](n)), flush=True)
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else {"loop": 2000, "multistream": 30, "race": 10, "gpt2": 30}[what]
+    print(json.dumps({"loop": loop, "multistream": multistream, "race": race, "gpt2": gpt2}[what](n)), flush=True)
