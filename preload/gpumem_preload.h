@@ -118,7 +118,8 @@ void* real_runtime(const char* name) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
-// The program created a stream (api says how): GPUMEM_REUSE=auto pools switch to safe reuse.
-void pool_stream_created(api_id api) noexcept;
+// The program created a stream (api says how).  GPUMEM_REUSE=auto pools switch to safe reuse at the
+// first non-blocking stream or the second blocking one (docs/pool.md).
+void pool_stream_created(api_id api, bool non_blocking) noexcept;
 
 }  // namespace gpumem

@@ -363,13 +363,14 @@ GPUMEM_CAPTURE_END(cuStreamEndCapture)
 GPUMEM_CAPTURE_END(cuStreamEndCapture_ptsz)
 
 // Stream creation.  Watched, never changed: under GPUMEM_REUSE=auto the pool reuses freed blocks at
-// once only while every piece of device work is in one queue, the legacy default stream.  The first
-// stream the program makes ends that; the pool switches before the stream reaches the program.
+// once only while all device work runs in one issue order: the legacy default stream plus at most
+// one blocking stream, which synchronizes with it both ways.  A non-blocking stream or a second
+// blocking one ends that; the pool switches before the stream reaches the program.
 extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreate(CUstream* s, unsigned int flags) {
     auto f = real<CUresult (*)(CUstream*, unsigned int)>(drv::cuStreamCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, flags);
-    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreate);
+    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreate, (flags & CU_STREAM_NON_BLOCKING) != 0);
     return r;
 }
 
@@ -377,7 +378,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreateWithPriority(CUstream* s, unsi
     auto f = real<CUresult (*)(CUstream*, unsigned int, int)>(drv::cuStreamCreateWithPriority);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, flags, priority);
-    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreateWithPriority);
+    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreateWithPriority, (flags & CU_STREAM_NON_BLOCKING) != 0);
     return r;
 }
 
@@ -385,7 +386,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenC
     auto f = real<CUresult (*)(CUstream*, CUgreenCtx, unsigned int, int)>(drv::cuGreenCtxStreamCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, g, flags, priority);
-    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuGreenCtxStreamCreate);
+    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuGreenCtxStreamCreate, true);  // green streams must be non-blocking
     return r;
 }
 

@@ -51,8 +51,10 @@ std::atomic_flag g_create_lock = ATOMIC_FLAG_INIT;
 std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
 std::atomic<bool> g_exiting{false};
 std::atomic<int> g_captures{0};
-// GPUMEM_REUSE=auto: the api_id of the program's first stream creation, 0 while it has made none.
+// GPUMEM_REUSE=auto: the api_id of the stream creation that switched the pools to safe reuse, 0
+// while there has been none; and the blocking streams made so far.
 std::atomic<int> g_stream_api{0};
+std::atomic<int> g_blocking_streams{0};
 pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
 
 // Static storage that is never destroyed: a free from another library's destructor, after ours,
@@ -172,7 +174,12 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
     }
 }
 
-void pool_stream_created(api_id api) noexcept {
+void pool_stream_created(api_id api, bool non_blocking) noexcept {
+    // One blocking stream keeps a single issue order: it waits for earlier legacy-stream work, and
+    // legacy-stream work waits for it.  (cuBLASLt makes one such stream on its first matmul.)  Two
+    // blocking streams run concurrently with each other, and a non-blocking one with the legacy
+    // stream.  Counted for ever, not while alive: a destroyed stream's queued work still runs.
+    if (!non_blocking && g_blocking_streams.fetch_add(1, std::memory_order_acq_rel) == 0) return;
     int none = 0;
     if (!g_stream_api.compare_exchange_strong(none, int(api), std::memory_order_acq_rel)) return;  // switched before
     // Under the create lock, so a pool being made right now either saw g_stream_api or is in the
@@ -188,6 +195,7 @@ void pool_after_fork() noexcept {
     g_count.store(0);
     g_captures.store(0);
     g_stream_api.store(0);  // the parent's streams do not exist in the child
+    g_blocking_streams.store(0);
     g_create_lock.clear();
 }
 

@@ -116,7 +116,7 @@ void oom() {
 void capture() {
     setup();
     CUstream s;
-    CHECK(cuStreamCreate(&s, 0));
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));  // as PyTorch's capture streams; switches auto to safe
     const size_t mb4 = 4u << 20;
     auto pairs = [&](int n) {
         for (int i = 0; i < n; ++i) {
@@ -194,29 +194,38 @@ void reset() {
     print_counts("after_destroy_");
 }
 
-// GPUMEM_REUSE=auto: a freed block comes back at once while the program has no stream; after its
-// first stream (made through cuGetProcAddress, as a runtime would) frees wait for a sync.
-void auto_reuse() {
+// GPUMEM_REUSE=auto: a freed block comes back at once while all work is in one issue order, which
+// one blocking stream (cuStreamCreate, flags 0) keeps.  The switching stream comes next, made through
+// cuGetProcAddress as a runtime would: a non-blocking one, or with `second` == "blocking" a second
+// blocking one.  After it, frees wait for a sync.
+void auto_reuse(const std::string& second) {
     setup();
     const size_t mb20 = 20u << 20;
-    CUdeviceptr a, b, c, d;
+    CUdeviceptr a, b, c, d, e;
     CHECK(cuMemAlloc(&a, mb20));
     CHECK(cuMemFree(a));
     CHECK(cuMemAlloc(&b, mb20));
     printf("reused_before_stream=%d\n", a == b);
     print_counts("before_");
+    CUstream s0;
+    CHECK(cuStreamCreate(&s0, CU_STREAM_DEFAULT));
+    CHECK(cuMemFree(b));
+    CHECK(cuMemAlloc(&c, mb20));
+    printf("reused_after_blocking=%d\n", c == b);
+    print_counts("blocking_");
     void* fn = nullptr;
     CUdriverProcAddressQueryResult q;
     CHECK(cuGetProcAddress_v2("cuStreamCreateWithPriority", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q));
     CUstream s;
-    CHECK(reinterpret_cast<CUresult (*)(CUstream*, unsigned, int)>(fn)(&s, CU_STREAM_NON_BLOCKING, 0));
+    const unsigned flags = second == "blocking" ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING;
+    CHECK(reinterpret_cast<CUresult (*)(CUstream*, unsigned, int)>(fn)(&s, flags, 0));
     print_counts("stream_");
-    CHECK(cuMemFree(b));
-    CHECK(cuMemAlloc(&c, mb20));
-    printf("reused_after_stream=%d\n", c == b);
     CHECK(cuMemFree(c));
     CHECK(cuMemAlloc(&d, mb20));
+    printf("reused_after_stream=%d\n", d == c);
     CHECK(cuMemFree(d));
+    CHECK(cuMemAlloc(&e, mb20));
+    CHECK(cuMemFree(e));
     print_counts("after_");
 }
 
@@ -230,9 +239,9 @@ int main(int argc, char** argv) {
     else if (s == "capture") capture();
     else if (s == "query") query();
     else if (s == "reset") reset();
-    else if (s == "auto") auto_reuse();
+    else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto [nonblocking|blocking]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -229,27 +229,31 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
     }
 }
 
-TEST_CASE("pool, auto reuse: the first stream switches to safe reuse after one drain, and the log says so") {
-    auto r = run({EMU_POOL_APP, "auto"});
-    std::vector<json> ls;
-    check_complete(r, &ls);
-    auto v = values(r.out);
-    CHECK(num(v, "reused_before_stream") == 1);  // no stream yet: the freed block came back at once
-    CHECK(num(v, "before_driver_sync") == 0);
-    CHECK(num(v, "stream_driver_sync") == 1);     // the drain, before the stream reached the program
-    CHECK(num(v, "reused_after_stream") == 0);   // now a freed block waits for a sync
-    CHECK(num(v, "after_driver_sync") == 2);      // 40 MiB pending covers a 20 MiB request twice
-    REQUIRE(count_ev(ls, "reuse_safe") == 1);
-    size_t i = 0;
-    while (ls[i]["ev"] != "reuse_safe") ++i;
-    CHECK(ls[i]["api"] == "cuStreamCreateWithPriority");
-    CHECK(ls[i]["dev"] == 0);
-    CHECK(ls[i + 1]["ev"] == "pool_sync");
-    CHECK(ls[i + 1]["count"] == 0);
-    layout_rebuild lr;
-    check_rebuild(ls, &lr);
-    CHECK(lr.n_reuse_safe == 1);
-
+TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse; the next stream switches to safe after one drain") {
+    for (const char* second : {"nonblocking", "blocking"}) {
+        INFO("second stream: " << second);
+        auto r = run({EMU_POOL_APP, "auto", second});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(num(v, "reused_before_stream") == 1);   // no stream yet: the freed block came back at once
+        CHECK(num(v, "before_driver_sync") == 0);
+        CHECK(num(v, "reused_after_blocking") == 1);  // one blocking stream: still one issue order
+        CHECK(num(v, "blocking_driver_sync") == 0);
+        CHECK(num(v, "stream_driver_sync") == 1);      // the drain, before the stream reached the program
+        CHECK(num(v, "reused_after_stream") == 0);    // now a freed block waits for a sync
+        CHECK(num(v, "after_driver_sync") == 2);       // 40 MiB pending covers a 20 MiB request twice
+        REQUIRE(count_ev(ls, "reuse_safe") == 1);
+        size_t i = 0;
+        while (ls[i]["ev"] != "reuse_safe") ++i;
+        CHECK(ls[i]["api"] == "cuStreamCreateWithPriority");
+        CHECK(ls[i]["dev"] == 0);
+        CHECK(ls[i + 1]["ev"] == "pool_sync");
+        CHECK(ls[i + 1]["count"] == 0);
+        layout_rebuild lr;
+        check_rebuild(ls, &lr);
+        CHECK(lr.n_reuse_safe == 1);
+    }
     SECTION("GPUMEM_REUSE=safe and =immediate do not switch") {
         for (const char* mode : {"safe", "immediate"}) {
             auto r2 = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_REUSE", mode}});
@@ -257,7 +261,7 @@ TEST_CASE("pool, auto reuse: the first stream switches to safe reuse after one d
             check_complete(r2, &ls2);
             auto v2 = values(r2.out);
             CHECK(count_ev(ls2, "reuse_safe") == 0);
-            CHECK(num(v2, "stream_driver_sync") == num(v2, "before_driver_sync"));
+            CHECK(num(v2, "stream_driver_sync") == num(v2, "blocking_driver_sync"));
             CHECK(num(v2, "reused_before_stream") == (std::string(mode) == "immediate" ? 1u : 0u));
             check_rebuild(ls2);
         }
