@@ -42,8 +42,10 @@ def reuse_of(name):  # the default mode's story: when (if ever) the pool turned 
     rs = [x for x in lg if x["ev"] == "reuse_safe"]
     syncs = sum(1 for x in lg if x["ev"] == "pool_sync")
     mode = lg[0].get("config", {}).get("reuse")
+    if mode != "auto":
+        return f"reuse {mode}, {syncs} syncs"
     if not rs:
-        return f"reuse {mode}, no stream: immediate throughout, {syncs} syncs"
+        return f"reuse auto, no switching stream: immediate throughout, {syncs} syncs"
     return f"reuse {mode}, safe from seq {rs[0]['seq']} ({rs[0]['api']}), {syncs} syncs"
 loop = {m: res(f"loop-{m}").get("us_per_iter") for m in ("native", "raw", "gpumem", "gpumem-safe", "gpumem-immediate")}
 ok = all(loop.values()) and loop["gpumem"] <= 1.25 * loop["native"]
