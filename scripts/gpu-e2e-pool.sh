@@ -86,6 +86,8 @@ print(f"| free while a side stream has yet to read the tensor, then refill on th
 nd = sum(1 for x, y in zip(r0 or [], r2 or []) if x != y)
 print(f"| control, not a gate: the same under GPUMEM_REUSE=immediate (unsafe for it) | {nd} of {len(r0 or [])} sums differ ({r2[:3] if r2 else r2}…) | {'the check can fail' if nd else 'WEAK: no difference'} |")
 gt = {m: [res(f"gpt2-{m}-{r}").get("ms_per_iter") for r in (1, 2)] for m in ("native", "gpumem", "gpumem-safe")}
+def ratios(d, m, key="native"):  # per round: each ratio compares runs made a minute apart
+    return [x / y for x, y in zip(d[m], d[key]) if x and y]
 g0 = res("gpt2-native-1")
 lg = log_of("gpt2-gpumem-1")
 peak = peak_reserved(lg) if lg else 0
