@@ -78,7 +78,8 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cudaMallocPitch, "cudaMallocPitch", device)                  \
     X(cuStreamCreate, "cuStreamCreate", none)                      \
     X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", none) \
-    X(cuGreenCtxStreamCreate, "cuGreenCtxStreamCreate", none)
+    X(cuGreenCtxStreamCreate, "cuGreenCtxStreamCreate", none)    \
+    X(cuGreenCtxCreate, "cuGreenCtxCreate", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

@@ -30,7 +30,7 @@ namespace gpumem {
     X(cuIpcGetMemHandle) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)              \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamEndCapture_ptsz) X(cuStreamCreate) X(cuStreamCreateWithPriority)          \
-    X(cuGreenCtxStreamCreate) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,

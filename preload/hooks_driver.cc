@@ -370,7 +370,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreate(CUstream* s, unsigned int fla
     auto f = real<CUresult (*)(CUstream*, unsigned int)>(drv::cuStreamCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, flags);
-    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreate, (flags & CU_STREAM_NON_BLOCKING) != 0);
+    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuStreamCreate, (flags & CU_STREAM_NON_BLOCKING) != 0);
     return r;
 }
 
@@ -378,7 +378,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreateWithPriority(CUstream* s, unsi
     auto f = real<CUresult (*)(CUstream*, unsigned int, int)>(drv::cuStreamCreateWithPriority);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, flags, priority);
-    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuStreamCreateWithPriority, (flags & CU_STREAM_NON_BLOCKING) != 0);
+    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuStreamCreateWithPriority, (flags & CU_STREAM_NON_BLOCKING) != 0);
     return r;
 }
 
@@ -386,7 +386,17 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenC
     auto f = real<CUresult (*)(CUstream*, CUgreenCtx, unsigned int, int)>(drv::cuGreenCtxStreamCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, g, flags, priority);
-    if (r == CUDA_SUCCESS && !guard::active()) pool_stream_created(api_id::cuGreenCtxStreamCreate, true);  // green streams must be non-blocking
+    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuGreenCtxStreamCreate, true);  // green streams must be non-blocking
+    return r;
+}
+
+// A green context can run work beside the primary context's legacy stream without any stream
+// created (its own default stream), on the same device's memory: auto switches at its creation.
+extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) {
+    auto f = real<CUresult (*)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int)>(drv::cuGreenCtxCreate);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(g, desc, dev, flags);
+    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuGreenCtxCreate, true);
     return r;
 }
 
@@ -431,6 +441,7 @@ GPUMEM_EXPORT_HOOK(cuStreamEndCapture_ptsz, (CUstream a, CUgraph* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamCreate, (CUstream* a, unsigned int b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamCreateWithPriority, (CUstream* a, unsigned int b, int c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned int c, int d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuGreenCtxCreate, (CUgreenCtx* a, CUdevResourceDesc b, CUdevice c, unsigned int d), (a, b, c, d))
 
 // The table the resolvers consult.  Order and names come from GPUMEM_DRIVER_HOOKS.
 driver_hook* driver_hooks() noexcept {

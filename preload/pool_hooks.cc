@@ -51,10 +51,12 @@ std::atomic_flag g_create_lock = ATOMIC_FLAG_INIT;
 std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
 std::atomic<bool> g_exiting{false};
 std::atomic<int> g_captures{0};
-// GPUMEM_REUSE=auto: the api_id of the stream creation that switched the pools to safe reuse, 0
-// while there has been none; and the blocking streams made so far.
+// GPUMEM_REUSE=auto: the api_id of the call that switched the pools to safe reuse, stored once
+// the switch is complete (0 before); the blocking streams made so far; and a switch that came while
+// gpumem's own code was on the stack, left for the next pool call to make.
 std::atomic<int> g_stream_api{0};
 std::atomic<int> g_blocking_streams{0};
+std::atomic<int> g_pending_switch{0};
 pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
 
 // Static storage that is never destroyed: a free from another library's destructor, after ours,
@@ -163,6 +165,14 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
                 (void)!write(2, w.data(), w.size());
             }
         }
+        // auto must see every stream creation; with some ways in unwatched (GPUMEM_ROUTES, a
+        // debugging knob) a stream could appear unseen, so it runs as safe.
+        if (g_pool_cfg->reuse == reuse_mode::automatic &&
+            !(route_on(route_a) && route_on(route_b) && route_on(route_c) && route_on(route_d))) {
+            g_pool_cfg->reuse = reuse_mode::safe;
+            static const char msg[] = "gpumem: GPUMEM_ROUTES leaves ways in unwatched: GPUMEM_REUSE=auto runs as safe\n";
+            (void)!write(2, msg, sizeof msg - 1);
+        }
         std::string s;
         g_pool_cfg->append_config_json(s);
         if (!s.empty() && s.back() == ',') s.pop_back();
@@ -174,19 +184,38 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
     }
 }
 
+// Switches every pool to safe reuse, once.  Every caller returns only after the switch is complete,
+// drains included: a thread whose stream creation lost the race must not get its stream before
+// the winner has drained (the new stream would not wait for work queued before it).  Under the
+// create lock, so a pool being made right now either sees g_stream_api or is in the table walked.
+static void switch_to_safe(api_id api) noexcept {
+    if (g_stream_api.load(std::memory_order_acquire)) return;
+    create_lock lk;
+    if (g_stream_api.load(std::memory_order_relaxed)) return;
+    const int n = g_count.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) g_slots[i].pool->enter_safe_reuse(api);  // a retired slot's pool is empty: no sync
+    g_stream_api.store(int(api), std::memory_order_release);
+}
+
+// A switch that arrived under the guard is made here, at the top of a pool call.
+static void settle_pending_switch() noexcept {
+    if (g_pending_switch.load(std::memory_order_relaxed) == 0) return;
+    if (int api = g_pending_switch.exchange(0, std::memory_order_acq_rel)) switch_to_safe(api_id(api));
+}
+
 void pool_stream_created(api_id api, bool non_blocking) noexcept {
     // One blocking stream keeps a single issue order: it waits for earlier legacy-stream work, and
     // legacy-stream work waits for it.  (cuBLASLt makes one such stream on its first matmul.)  Two
     // blocking streams run concurrently with each other, and a non-blocking one with the legacy
     // stream.  Counted for ever, not while alive: a destroyed stream's queued work still runs.
     if (!non_blocking && g_blocking_streams.fetch_add(1, std::memory_order_acq_rel) == 0) return;
-    int none = 0;
-    if (!g_stream_api.compare_exchange_strong(none, int(api), std::memory_order_acq_rel)) return;  // switched before
-    // Under the create lock, so a pool being made right now either saw g_stream_api or is in the
-    // table by the time we walk it.  A retired slot's pool is empty and switches without a sync.
-    create_lock lk;
-    const int n = g_count.load(std::memory_order_acquire);
-    for (int i = 0; i < n; ++i) g_slots[i].pool->enter_safe_reuse(api);
+    if (guard::active()) {
+        // gpumem's own code is on the stack (a chained interposer made the stream from inside one of
+        // our calls): taking a pool lock here could deadlock.  The next pool call makes the switch.
+        g_pending_switch.store(int(api), std::memory_order_release);
+        return;
+    }
+    switch_to_safe(api);
 }
 
 void pool_after_fork() noexcept {
@@ -196,6 +225,7 @@ void pool_after_fork() noexcept {
     g_captures.store(0);
     g_stream_api.store(0);  // the parent's streams do not exist in the child
     g_blocking_streams.store(0);
+    g_pending_switch.store(0);
     g_create_lock.clear();
 }
 
@@ -211,6 +241,7 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
     // The log (and pool_configure) starts on the first allocation.  Without a running log the
     // pool stays off, so its events never wait on a ring that nobody drains.
     if (!recorder_or_null() || !g_enabled.load(std::memory_order_acquire)) return false;
+    settle_pending_switch();
     CUcontext ctx = current_context();
     if (!ctx) return false;  // no context: the driver gives the program its own error
     pool_slot* s = find_slot(ctx);
@@ -227,6 +258,7 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
     const int n = g_count.load(std::memory_order_acquire);
     if (n == 0) return false;
+    settle_pending_switch();
     // Most frees come from the allocating context; any pool may own the block, though (another
     // thread, another context current).
     CUcontext ctx = current_context();
@@ -361,6 +393,12 @@ void pool_context_gone(CUcontext ctx, int dev) noexcept {
 void capture_begin() noexcept { g_captures.fetch_add(1, std::memory_order_acq_rel); }
 void capture_end() noexcept {
     if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
+    // A switch to safe reuse during the capture could not drain (no sync inside a capture); the
+    // drain it owes comes now, before the program can launch the graph or anything else.
+    if (g_captures.load(std::memory_order_acquire) == 0) {
+        const int n = g_count.load(std::memory_order_acquire);
+        for (int i = 0; i < n; ++i) g_slots[i].pool->settle_owed_drain();
+    }
 }
 
 }  // namespace gpumem

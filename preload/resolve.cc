@@ -59,10 +59,9 @@ void* real_driver(drv d) noexcept {
     void* p = hk.real.load(std::memory_order_acquire);
     if (p || hk.looked_up.load(std::memory_order_acquire)) return p;
     p = real_driver_by_name(hk.name);
-    if (p) {
-        hk.real.store(p, std::memory_order_release);
-        hk.looked_up.store(true, std::memory_order_release);
-    }
+    if (p) hk.real.store(p, std::memory_order_release);
+    // Settled once libcuda is loaded: a symbol it lacks (an older driver) is not looked up again.
+    if (p || libcuda_handle()) hk.looked_up.store(true, std::memory_order_release);
     return p;
 }
 
@@ -96,7 +95,8 @@ static bool is_hooked_base(const char* s) noexcept {
         "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
         "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
-        "cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate", "cuGetProcAddress"};
+        "cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate", "cuGreenCtxCreate",
+        "cuGetProcAddress"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
     return false;

@@ -321,6 +321,7 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
 int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
     if (!out) return k_cuda_invalid_value;
     std::lock_guard<std::mutex> lk(mu_);
+    if (drain_owed_) drain_if_owed(api);
     int err = k_cuda_oom;
     if (size == 0) {
         err = k_cuda_invalid_value;
@@ -524,14 +525,29 @@ void block_pool::enter_safe_reuse(api_id api) noexcept {
     if (!immediate_ || cfg_.reuse != reuse_mode::automatic) return;
     immediate_ = false;
     emit_simple(ev_kind::reuse_safe, api, 0);
-    // The drain.  Nothing is pending (the pool was immediate), so this releases no block; it
-    // makes every earlier reuse safe against the new stream.  During a capture or at exit there is
-    // nothing to be done: no sync is allowed then.
+    // The drain.  Nothing is pending (the pool was immediate), so this releases no block; it makes
+    // every earlier reuse safe against the new stream.  An empty pool has handed nothing out.  A
+    // poisoned one releases nothing ever.  At exit no work follows.  During a capture no sync is
+    // allowed: the drain is owed until the capture ends (capture_end, or the next allocate).
+    if (segments_.empty() || poisoned_ || exiting_) return;
+    drain_owed_ = true;
+    drain_if_owed(api);
+    check_after_op();
+}
+
+void block_pool::drain_if_owed(api_id api) noexcept {
+    if (!drain_owed_ || !can_sync()) return;
     try {
-        if (!segments_.empty() && can_sync()) sync_release(api);
+        if (sync_release(api)) drain_owed_ = false;  // a failed sync (broken context) stays owed
     } catch (...) {
         poisoned_ = true;
     }
+}
+
+void block_pool::settle_owed_drain() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!drain_owed_) return;
+    drain_if_owed(api_id::none);
     check_after_op();
 }
 

@@ -74,6 +74,9 @@ class block_pool {
     void enter_safe_reuse(api_id api) noexcept;
     // True while frees become reusable at once (immediate mode, or auto before a stream appeared).
     bool reuse_is_immediate() const noexcept;
+    // The drain of enter_safe_reuse, if it was owed because no sync was allowed then (a capture);
+    // also made by the next allocate() that may sync.
+    void settle_owed_drain() noexcept;
 
     // Emits a stats event (with backend mem_info) if cfg.stats_ms has elapsed since the last one;
     // the first call emits.  Cheap (one atomic load) when it is not due.
@@ -122,6 +125,7 @@ class block_pool {
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
     bool sync_release(api_id api);
+    void drain_if_owed(api_id api) noexcept;  // the owed drain of enter_safe_reuse, if a sync is allowed
     void release_free_segments(api_id api);
     void forget_all() noexcept;
     pool_state snapshot_locked() const noexcept;
@@ -158,6 +162,7 @@ class block_pool {
     uint64_t pending_bytes_[2] = {0, 0};
     uint64_t syncs_ = 0;
     bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
+    bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
     bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
 

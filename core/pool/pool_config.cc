@@ -100,7 +100,11 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             if (!std::strcmp(v, "auto")) c.reuse = reuse_mode::automatic;
             else if (!std::strcmp(v, "safe")) c.reuse = reuse_mode::safe;
             else if (!std::strcmp(v, "immediate")) c.reuse = reuse_mode::immediate;
-            else c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected auto, safe or immediate; using auto\n";
+            else {
+                // A value we cannot read gets the mode that is safe for every program.
+                c.reuse = reuse_mode::safe;
+                c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected auto, safe or immediate; using safe\n";
+            }
         }
         for (const size_knob& k : k_size_knobs) {
             const char* v = get(k.env);

@@ -224,6 +224,9 @@ EMU_EXPORT CUresult cuCtxSynchronize() {
         bump("cuCtxSynchronize_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
+    // GPUMEM_EMU_SYNC_MS: a device that takes this long to drain (the counter moves when it is done).
+    static const long sync_ms = getenv("GPUMEM_EMU_SYNC_MS") ? atol(getenv("GPUMEM_EMU_SYNC_MS")) : 0;
+    if (sync_ms > 0) usleep(useconds_t(sync_ms) * 1000);
     bump("cuCtxSynchronize");
     return CUDA_SUCCESS;
 }

@@ -6,7 +6,9 @@
 #include <cuda.h>
 #undef cuGetProcAddress
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -229,6 +231,33 @@ void auto_reuse(const std::string& second) {
     print_counts("after_");
 }
 
+// Two threads make switching streams at once (run with GPUMEM_EMU_SYNC_MS, a slow drain): the one
+// that loses the race must not get its stream before the drain is done, or it could queue work
+// beside the work the drain waits for.
+void switch_race() {
+    CUcontext ctx = setup();
+    CUdeviceptr a;
+    CHECK(cuMemAlloc(&a, 1 << 20));  // the pool holds memory, so the switch drains
+    std::atomic<int> first_started{0};
+    std::thread t1([&] {
+        cuCtxSetCurrent(ctx);
+        first_started = 1;
+        CUstream s;
+        CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    });
+    std::thread t2([&] {
+        cuCtxSetCurrent(ctx);
+        while (!first_started) std::this_thread::yield();
+        usleep(5000);  // well inside the first thread's drain
+        CUstream s;
+        CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        printf("second_saw_syncs=%llu\n", driver_count("cuCtxSynchronize"));
+    });
+    t1.join();
+    t2.join();
+    print_counts("");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,8 +269,9 @@ int main(int argc, char** argv) {
     else if (s == "query") query();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
+    else if (s == "switch-race") switch_race();
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto [nonblocking|blocking]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto [nonblocking|blocking] | switch-race\n", argv[0]);
         return 2;
     }
     return 0;

@@ -268,6 +268,17 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse; the next
     }
 }
 
+TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it") {
+    auto r = run({EMU_POOL_APP, "switch-race"}, {{"GPUMEM_EMU_SYNC_MS", "100"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "second_saw_syncs") == 1);  // returned only after the drain had finished
+    CHECK(num(v, "driver_sync") == 1);       // one drain, not one per stream
+    CHECK(count_ev(ls, "reuse_safe") == 1);
+    check_rebuild(ls);
+}
+
 TEST_CASE("GPUMEM_POOL=off: plain pass-through, one driver call per program call") {
     auto r = run({EMU_POOL_APP, "loop", "1000", "4096"}, {{"GPUMEM_POOL", "off"}});
     std::vector<json> ls;

@@ -680,14 +680,40 @@ TEST_CASE("auto reuse: an empty pool switches without a sync, and no sync during
         REQUIRE(sink.events.size() == 1);
         CHECK(sink.events[0].ev == ev_kind::reuse_safe);
     }
-    SECTION("capture open") {
+    SECTION("capture open: the drain is owed until the capture ends") {
         block_pool pool(pool_config{}, dev, &sink, 0);
-        must_alloc(pool, 4096);
+        const uint64_t a = must_alloc(pool, 4096);
         dev.set_capturing(true);
         pool.enter_safe_reuse(api_id::cuStreamCreate);
         CHECK_FALSE(pool.reuse_is_immediate());
         CHECK(dev.sync_calls() == 0);
+        pool.settle_owed_drain();  // still capturing: still owed
+        must_free(pool, a);
+        must_alloc(pool, 4096);    // an allocation inside the capture does not sync either
+        CHECK(dev.sync_calls() == 0);
+        dev.set_capturing(false);
+        pool.settle_owed_drain();  // what capture_end does
+        CHECK(dev.sync_calls() == 1);
+        CHECK(sink.of(ev_kind::pool_sync).back().err == 1);  // it also released the pending free
+        pool.settle_owed_drain();  // paid: nothing more
+        CHECK(dev.sync_calls() == 1);
         CHECK(dev.bad_calls() == 0);
+    }
+    SECTION("capture open: the next allocation after it pays the drain") {
+        block_pool pool(pool_config{}, dev, &sink, 0);
+        must_alloc(pool, 4096);
+        dev.set_capturing(true);
+        pool.enter_safe_reuse(api_id::cuStreamCreate);
+        dev.set_capturing(false);
+        must_alloc(pool, 4096);
+        CHECK(dev.sync_calls() == 1);
+    }
+    SECTION("a poisoned or exiting pool does not drain") {
+        block_pool pool(pool_config{}, dev, &sink, 0);
+        must_alloc(pool, 4096);
+        pool.release_all_at_exit();
+        pool.enter_safe_reuse(api_id::cuStreamCreate);
+        CHECK(dev.sync_calls() == 0);
     }
 }
 

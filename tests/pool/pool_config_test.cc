@@ -73,7 +73,7 @@ TEST_CASE("config keeps defaults for malformed values and says why", "[pool][con
                                 {"GPUMEM_POOL_LARGE_SEGMENT", "12Q"},   // bad suffix
                                 {"GPUMEM_SYNC_BUDGET", "-5"},
                                 {"GPUMEM_STATS_MS", "99999999999999999999999"}});  // overflow
-    CHECK(c.reuse == reuse_mode::automatic);
+    CHECK(c.reuse == reuse_mode::safe);  // unreadable: the mode that is safe for every program
     CHECK(c.round == 512);
     CHECK(c.large_segment == 20u << 20);
     CHECK(c.sync_budget == 32u << 20);
