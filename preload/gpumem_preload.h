@@ -30,7 +30,8 @@ namespace gpumem {
     X(cuIpcGetMemHandle) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)              \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamEndCapture_ptsz) X(cuStreamCreate) X(cuStreamCreateWithPriority)          \
-    X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
+    X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,
@@ -65,7 +66,15 @@ bool route_on(route r) noexcept;
 
 // Maps a driver function pointer returned by a real resolver to gpumem's wrapper for it.
 // `symbol` is the name the program asked for (used only to count pointers we could not wrap).
-void* wrap_resolved(void* real_fn, const char* symbol) noexcept;
+// `per_thread_lookup`: the resolver was asked for per-thread variants, so an unwrapped pointer
+// may be one, to be watched (per_thread.cc).
+void* wrap_resolved(void* real_fn, const char* symbol, bool per_thread_lookup = false) noexcept;
+
+// per_thread.cc: per-thread default stream use switches auto pools to safe reuse.
+void note_per_thread_stream() noexcept;
+bool is_per_thread_symbol(const char* name) noexcept;
+// fn itself, or a thunk that notes the first call, if fn is one of libcuda's per-thread variants.
+void* watch_per_thread(void* fn) noexcept;
 uint64_t unmatched_count() noexcept;
 
 // Process state.  recorder_or_null() starts the log on first use (lazily: no CUDA before the

@@ -400,6 +400,23 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourc
     return r;
 }
 
+// Launches, watched for one thing only: the handle CU_STREAM_PER_THREAD (see per_thread.cc).
+extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                   unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
+                                                   CUstream s, void** params, void** extra) {
+    auto fn = real<decltype(&w_cuLaunchKernel)>(drv::cuLaunchKernel);
+    if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
+    if (s == CU_STREAM_PER_THREAD) note_per_thread_stream();
+    return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+    auto fn = real<decltype(&w_cuLaunchKernelEx)>(drv::cuLaunchKernelEx);
+    if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
+    if (config && config->hStream == CU_STREAM_PER_THREAD) note_per_thread_stream();
+    return fn(config, f, params, extra);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Way (a): the exported symbols.  Each defers to its wrapper when way a is on, else calls the real one.
 #define GPUMEM_EXPORT_HOOK(NAME, PARAMS, ARGS)                                   \
@@ -442,6 +459,8 @@ GPUMEM_EXPORT_HOOK(cuStreamCreate, (CUstream* a, unsigned int b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamCreateWithPriority, (CUstream* a, unsigned int b, int c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned int c, int d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuGreenCtxCreate, (CUgreenCtx* a, CUdevResourceDesc b, CUdevice c, unsigned int d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuLaunchKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
+GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
 
 // The table the resolvers consult.  Order and names come from GPUMEM_DRIVER_HOOKS.
 driver_hook* driver_hooks() noexcept {

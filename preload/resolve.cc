@@ -96,18 +96,22 @@ static bool is_hooked_base(const char* s) noexcept {
         "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
         "cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate", "cuGreenCtxCreate",
-        "cuGetProcAddress"};
+        "cuLaunchKernel", "cuLaunchKernelEx", "cuGetProcAddress"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
     return false;
 }
 
-void* wrap_resolved(void* fn, const char* symbol) noexcept {
+void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexcept {
     if (!fn) return fn;
     driver_hook* hooks = driver_hooks();
     for (int i = 0; i < int(drv::count_); ++i) {
         if (hooks[i].wrapper == fn) return fn;  // already ours
         if (real_driver(drv(i)) == fn) return hooks[i].wrapper;
+    }
+    if (per_thread_lookup || is_per_thread_symbol(symbol)) {
+        void* w = watch_per_thread(fn);
+        if (w != fn) return w;
     }
     if (symbol && is_hooked_base(symbol)) {
         uint64_t n = g_unmatched.fetch_add(1, std::memory_order_relaxed);
@@ -135,6 +139,12 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
         // Substitute only where the real lookup would have found something.
         void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver(drv(i)) : real_dlsym(handle, name);
         return found ? hooks[i].wrapper : nullptr;
+    }
+    if (is_per_thread_symbol(name)) {
+        // A per-thread variant: watched through a thunk, when it is libcuda's.
+        void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver_by_name(name) : real_dlsym(handle, name);
+        void* w = watch_per_thread(found);
+        return w != found ? w : nullptr;
     }
     return nullptr;
 }
@@ -176,7 +186,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGetProcAddress(const char* symbol, void** 
     auto f = real<gpa_v1_t>(drv::cuGetProcAddress);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(symbol, pfn, version, flags);
-    if (r == CUDA_SUCCESS && pfn && route_on(route_c)) *pfn = wrap_resolved(*pfn, symbol);
+    if (r == CUDA_SUCCESS && pfn && route_on(route_c))
+        *pfn = wrap_resolved(*pfn, symbol, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0);
     return r;
 }
 
@@ -185,7 +196,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGetProcAddress_v2(const char* symbol, void
     auto f = real<gpa_v2_t>(drv::cuGetProcAddress_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(symbol, pfn, version, flags, status);
-    if (r == CUDA_SUCCESS && pfn && route_on(route_c)) *pfn = wrap_resolved(*pfn, symbol);
+    if (r == CUDA_SUCCESS && pfn && route_on(route_c))
+        *pfn = wrap_resolved(*pfn, symbol, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0);
     return r;
 }
 
@@ -231,7 +243,7 @@ GPUMEM_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigne
     static auto real_fn = reinterpret_cast<gdep_t>(real_runtime("cudaGetDriverEntryPoint"));
     if (!real_fn) return 3;  // cudaErrorInitializationError
     int r = real_fn(symbol, fn, flags, status);
-    if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol);
+    if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol, (flags & 2) != 0);  // cudaEnablePerThreadDefaultStream
     return r;
 }
 
@@ -240,7 +252,7 @@ GPUMEM_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn
     static auto real_fn = reinterpret_cast<gdepv_t>(real_runtime("cudaGetDriverEntryPointByVersion"));
     if (!real_fn) return 3;
     int r = real_fn(symbol, fn, version, flags, status);
-    if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol);
+    if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol, (flags & 2) != 0);  // cudaEnablePerThreadDefaultStream
     return r;
 }
 

@@ -248,7 +248,7 @@ TEST_CASE("event log: a full ring with no writer and no waiting budget counts lo
     CHECK(log.lost() == 1500 - 1024);
 }
 
-TEST_CASE("recorder: failed free keeps the allocation live; unknown free is flagged") {
+TEST_CASE("recorder: failed free keeps the allocation live, and an unknown free is flagged") {
     std::string path = temp_path("recorder");
     event_log::options o;
     event_log log(o);

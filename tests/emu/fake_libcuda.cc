@@ -75,6 +75,7 @@ counter g_counters[] = {
     {"cuCtxSynchronize", {0}}, {"cuStreamSynchronize", {0}}, {"cuGetProcAddress", {0}}, {"cuMemGetInfo_v2", {0}},
     {"cuIpcGetMemHandle", {0}}, {"cuMemGetAddressRange_v2", {0}}, {"cuPointerGetAttribute", {0}},
     {"cuCtxSynchronize_in_capture", {0}},  // syncs refused because a capture was open (a bug in any caller)
+    {"cuLaunchKernel", {0}}, {"cuLaunchKernel_ptsz", {0}}, {"cuLaunchKernelEx", {0}}, {"launch_on_per_thread_handle", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -263,6 +264,30 @@ EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) {
 }
 EMU_EXPORT CUresult cuStreamCreateWithPriority(CUstream* s, unsigned int flags, int) { return cuStreamCreate(s, flags); }
 EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) { return CUDA_SUCCESS; }
+// Launches run nothing.  They check that every argument arrived as the test program passed it
+// (grid 11 12 13, block 14 15 16, 17 bytes, params 0x1234, extra 0x5678), which a thunk or
+// wrapper between the two must not disturb, and count the stream kinds they saw.
+static CUresult emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                           unsigned smem, CUstream s, void** params, void** extra) {
+    bump(name);
+    if (s == CU_STREAM_PER_THREAD) bump("launch_on_per_thread_handle");
+    const bool ok = gx == 11 && gy == 12 && gz == 13 && bx == 14 && by == 15 && bz == 16 && smem == 17 &&
+                    params == reinterpret_cast<void**>(0x1234) && extra == reinterpret_cast<void**>(0x5678);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EMU_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                   unsigned smem, CUstream s, void** params, void** extra) {
+    return emu_launch("cuLaunchKernel", gx, gy, gz, bx, by, bz, smem, s, params, extra);
+}
+EMU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                        unsigned bz, unsigned smem, CUstream s, void** params, void** extra) {
+    return emu_launch("cuLaunchKernel_ptsz", gx, gy, gz, bx, by, bz, smem, s, params, extra);
+}
+EMU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction, void** params, void** extra) {
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return emu_launch("cuLaunchKernelEx", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                      c->sharedMemBytes, c->hStream, params, extra);
+}
 EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode) {
     st().capturing.fetch_add(1);
     return CUDA_SUCCESS;
@@ -468,7 +493,8 @@ const fn_entry k_functions[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
-    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz),
+    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
+    E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz),
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),

@@ -258,6 +258,50 @@ void switch_race() {
     print_counts("");
 }
 
+// Per-thread default streams: resolving the per-thread variants (as every runtime does at start-up)
+// changes nothing; using one switches auto to safe before the call reaches the driver.  `how`:
+// thunk (call the resolved cuLaunchKernel_ptsz), dlsym (the same found by dlsym), handle
+// (cuLaunchKernel on CU_STREAM_PER_THREAD), ex (cuLaunchKernelEx on it), legacy (stream 0: no switch).
+void per_thread(const std::string& how) {
+    setup();
+    const size_t mb = 1u << 20;
+    CUdeviceptr a, b, c;
+    CHECK(cuMemAlloc(&a, mb));
+    CHECK(cuMemFree(a));
+    CHECK(cuMemAlloc(&b, mb));
+    printf("reused_before=%d\n", a == b);
+    using launch_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   CUstream, void**, void**);
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult q;
+    CHECK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+    print_counts("resolved_");
+    void** params = reinterpret_cast<void**>(0x1234);
+    void** extra = reinterpret_cast<void**>(0x5678);
+    CUresult r = CUDA_SUCCESS;
+    if (how == "thunk") {
+        r = reinterpret_cast<launch_fn>(fn)(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
+        r = r ? r : reinterpret_cast<launch_fn>(fn)(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
+    } else if (how == "dlsym") {
+        auto f = reinterpret_cast<launch_fn>(dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz"));
+        if (!f) fail("dlsym cuLaunchKernel_ptsz", -1);
+        r = f(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
+    } else if (how == "handle" || how == "legacy") {
+        r = cuLaunchKernel(nullptr, 11, 12, 13, 14, 15, 16, 17, how == "handle" ? CU_STREAM_PER_THREAD : nullptr, params, extra);
+    } else if (how == "ex") {
+        CUlaunchConfig cfg{};
+        cfg.gridDimX = 11, cfg.gridDimY = 12, cfg.gridDimZ = 13, cfg.blockDimX = 14, cfg.blockDimY = 15, cfg.blockDimZ = 16;
+        cfg.sharedMemBytes = 17;
+        cfg.hStream = CU_STREAM_PER_THREAD;
+        r = cuLaunchKernelEx(&cfg, nullptr, params, extra);
+    }
+    printf("launch_result=%d\nptsz_calls=%llu\n", int(r), driver_count("cuLaunchKernel_ptsz"));
+    print_counts("launched_");
+    CHECK(cuMemFree(b));
+    CHECK(cuMemAlloc(&c, mb));
+    printf("reused_after=%d\n", b == c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -270,8 +314,9 @@ int main(int argc, char** argv) {
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "switch-race") switch_race();
+    else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto [nonblocking|blocking] | switch-race\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
         return 2;
     }
     return 0;

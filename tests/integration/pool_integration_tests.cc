@@ -229,7 +229,7 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
     }
 }
 
-TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse; the next stream switches to safe after one drain") {
+TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the next stream switches to safe after one drain") {
     for (const char* second : {"nonblocking", "blocking"}) {
         INFO("second stream: " << second);
         auto r = run({EMU_POOL_APP, "auto", second});
@@ -277,6 +277,36 @@ TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it"
     CHECK(num(v, "driver_sync") == 1);       // one drain, not one per stream
     CHECK(count_ev(ls, "reuse_safe") == 1);
     check_rebuild(ls);
+}
+
+TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe, and resolving one does not") {
+    for (const char* how : {"thunk", "dlsym", "handle", "ex"}) {
+        INFO("way: " << how);
+        auto r = run({EMU_POOL_APP, "per-thread", how});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(num(v, "reused_before") == 1);
+        CHECK(num(v, "resolved_driver_sync") == 0);  // resolved, not used: still immediate
+        CHECK(num(v, "launch_result") == 0);         // every argument reached the driver intact
+        CHECK(num(v, "launched_driver_sync") == 1);  // the drain, before the launch reached the driver
+        CHECK(num(v, "reused_after") == 0);
+        REQUIRE(count_ev(ls, "reuse_safe") == 1);
+        for (auto& j : ls)
+            if (j["ev"] == "reuse_safe") CHECK(j["api"] == "CU_STREAM_PER_THREAD");
+        if (std::string(how) == "thunk") CHECK(num(v, "ptsz_calls") == 2);  // both calls went through
+        check_rebuild(ls);
+    }
+    SECTION("a launch on the legacy stream changes nothing") {
+        auto r = run({EMU_POOL_APP, "per-thread", "legacy"});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(num(v, "launch_result") == 0);
+        CHECK(num(v, "launched_driver_sync") == 0);
+        CHECK(num(v, "reused_after") == 1);
+        CHECK(count_ev(ls, "reuse_safe") == 0);
+    }
 }
 
 TEST_CASE("GPUMEM_POOL=off: plain pass-through, one driver call per program call") {
