@@ -2,7 +2,7 @@
 //
 // Every CUDA runtime, static or shared, finds libcuda's functions by dlsym-ing cuGetProcAddress_v2
 // and asking it for "cuGetProcAddress" itself; everything else is then resolved through the pointer
-// that self-lookup returns (docs/gpu-facts).  So handing back our resolver there sees every runtime's
+// that self-lookup returns (measured on the H200; docs/gpu-results.md).  So handing back our resolver there sees every runtime's
 // allocations.  Wrappers are chosen by the pointer the real resolver returned, not by name, because
 // the ABI variant (_v2, _ptsz) depends on the requested version and flags.
 #include <dlfcn.h>
