@@ -36,9 +36,16 @@ inline std::string slurp(const std::string& path) {
 
 // Runs `argv` in a fresh directory with LD_PRELOAD and the emulated device, plus `env`.
 inline run_result run(std::vector<std::string> argv, std::map<std::string, std::string> env = {}, bool preload = true) {
-    static int counter = 0;
-    std::string dir = "/tmp/gpumem-it-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    mkdir(dir.c_str(), 0755);
+    // mkdtemp, not a name made of pid and counter: pids are reused, and a directory left by an
+    // earlier run with the same pid would add its logs to this run's.
+    char tmpl[] = "/tmp/gpumem-it-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+        run_result bad{};
+        bad.status = -1;
+        bad.err = "mkdtemp failed";
+        return bad;
+    }
+    const std::string dir = tmpl;
     pid_t pid = fork();
     if (pid == 0) {
         if (chdir(dir.c_str()) != 0) _exit(126);
