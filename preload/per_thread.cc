@@ -108,18 +108,16 @@ gpumem_pt_common:
     .size gpumem_pt_common, .-gpumem_pt_common
 )");
 
-static bool per_thread_name(const char* s) noexcept {
+bool is_per_thread_symbol(const char* s) noexcept {
     const size_t n = s ? strlen(s) : 0;
     return n > 5 && (!strcmp(s + n - 5, "_ptsz") || !strcmp(s + n - 5, "_ptds"));
 }
-
-bool is_per_thread_symbol(const char* name) noexcept { return per_thread_name(name); }
 
 void* watch_per_thread(void* fn) noexcept {
     if (!fn || __atomic_load_n(&gpumem_pt_seen, __ATOMIC_ACQUIRE)) return fn;  // nothing left to watch
     // Only libcuda's exported per-thread variants: the pointer must be exactly such a symbol.
     Dl_info info;
-    if (!dladdr(fn, &info) || info.dli_saddr != fn || !per_thread_name(info.dli_sname)) return fn;
+    if (!dladdr(fn, &info) || info.dli_saddr != fn || !is_per_thread_symbol(info.dli_sname)) return fn;
     while (g_thunk_lock.test_and_set(std::memory_order_acquire)) {
     }
     const int n = g_thunks_used.load(std::memory_order_relaxed);
