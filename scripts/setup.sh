@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages gpumem builds and tests with, if any are missing (needs root or sudo).
+# Installs the Debian 12 packages gpumem builds and tests with, if any are missing (needs root or sudo),
+# and checks that the CUDA Toolkit headers are where CUDAToolkit_ROOT (default /usr/local/cuda) says.
+#
+# GPUMEM_WITH_TESTS=0 leaves out what only the tests need (Catch2, python3), as scripts/demo.sh does;
+# GPUMEM_WITH_BROWSER=0 leaves out chromium (the HTML report's screenshot test).
 set -euo pipefail
 
-packages=(cmake make g++ binutils python3 libspdlog-dev nlohmann-json3-dev catch2 libsimdjson-dev)
-# python3: the CLI tests read JSON reports and parse JUnit XML with it.
+# The product: compiler and build tools, and the libraries gpumem is built with (header-only, except
+# simdjson).  dpkg-dev: `cpack -G DEB` computes the package's dependencies with dpkg-shlibdeps.
+packages=(cmake make g++ binutils dpkg-dev libspdlog-dev nlohmann-json3-dev libsimdjson-dev)
+if [ "${GPUMEM_WITH_TESTS:-1}" = 1 ]; then
+  packages+=(catch2 python3)   # python3: the CLI tests read JSON reports and parse JUnit XML with it
+fi
 if [ "${GPUMEM_WITH_BROWSER:-1}" = 1 ]; then
   packages+=(chromium)   # headless screenshot test of the HTML report
 fi
@@ -20,7 +28,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ ! -x /usr/local/cuda/bin/nvcc ] && [ ! -f /usr/local/cuda/include/cuda.h ]; then
-  echo "setup: the CUDA Toolkit headers are expected at /usr/local/cuda (set CUDAToolkit_ROOT otherwise)" >&2
+cuda_root=${CUDAToolkit_ROOT:-/usr/local/cuda}
+if [ ! -f "$cuda_root/include/cuda.h" ]; then
+  echo "setup: no CUDA Toolkit headers at $cuda_root/include/cuda.h; install the CUDA Toolkit" \
+       "(its headers are enough) or set CUDAToolkit_ROOT to where it is" >&2
   exit 1
 fi

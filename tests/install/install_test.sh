@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Tests of the first ten minutes: `cmake --install` (docs, man page), the .deb from `cpack -G DEB`
+# unpacked into a scratch root and run there, and scripts/demo.sh on the binaries already built.
+#
+# usage: install_test.sh CASE   with GPUMEM, BUILD (build tree), SRC (source tree) and WORK set.
+set -uo pipefail
+case_name=$1
+: "${GPUMEM:?}" "${BUILD:?}" "${SRC:?}" "${WORK:?}"
+EMU=$BUILD/tests/emu
+W=$WORK/$case_name
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect_rc() {
+  local want=$1; shift
+  "$@" > "$W/out" 2> "$W/err"
+  local rc=$?
+  if [ "$rc" != "$want" ]; then
+    fail "exit $rc, expected $want: $*"
+    sed 's/^/    out: /' "$W/out" | tail -20
+    sed 's/^/    err: /' "$W/err" | tail -20
+  fi
+}
+expect_in() {
+  grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | tail -30; }
+}
+
+case $case_name in
+install_docs)
+  # bin and lib are checked by tests/cli (run_installed); here the docs and the man page.
+  cmake --install "$BUILD" --prefix "$W/prefix" > "$W/install.log" || fail "cmake --install failed"
+  for f in README.md guide.md log-format.md metrics.md pool.md; do
+    [ -f "$W/prefix/share/doc/gpumem/$f" ] || fail "no share/doc/gpumem/$f"
+  done
+  man=$W/prefix/share/man/man1/gpumem.1
+  [ -f "$man" ] || fail "no share/man/man1/gpumem.1"
+  expect_in "$man" ".TH GPUMEM 1"
+  # Each subcommand's --help is in the page, word for word apart from roff escapes.
+  for sub in run check diff; do
+    expect_in "$man" ".SH GPUMEM $(echo "$sub" | tr a-z A-Z)"
+    line=$("$GPUMEM" "$sub" --help 2>&1 | grep -v '^[.'"'"']' | grep -v '\\' | sed -n 3p)
+    [ -n "$line" ] && expect_in "$man" "$line"
+  done
+  if command -v man > /dev/null; then
+    man -l "$man" > "$W/man.txt" 2>&1 || fail "man -l cannot render gpumem.1"
+  fi
+  ;;
+package_deb)
+  # Build the .deb, unpack it into a scratch root (dpkg -x: the system stays as it was) and run its
+  # gpumem there: it must find the packaged libgpumem.so, two folders up from /usr/bin.
+  expect_rc 0 cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$W/pkg"
+  deb=$(ls "$W"/pkg/gpumem_*.deb 2>/dev/null | head -1)
+  [ -n "$deb" ] || { fail "cpack wrote no gpumem_*.deb"; cat "$W/out" "$W/err"; }
+  dpkg-deb -f "$deb" Package Version Depends > "$W/control"
+  expect_in "$W/control" "Package: gpumem"
+  expect_in "$W/control" "libc6"
+  dpkg-deb -c "$deb" > "$W/contents"
+  for f in ./usr/bin/gpumem ./usr/lib/libgpumem.so ./usr/share/man/man1/gpumem.1 ./usr/share/doc/gpumem/guide.md; do
+    expect_in "$W/contents" "$f"
+  done
+  dpkg-deb -x "$deb" "$W/root"
+  # The packaged library still needs nothing beyond libc (it is stripped, not relinked).
+  readelf -d "$W/root/usr/lib/libgpumem.so" | grep NEEDED > "$W/needed"
+  grep -vE 'libc\.so|libm\.so|ld-linux|libdl\.so|libpthread\.so' "$W/needed" && fail "packaged libgpumem.so needs more than libc"
+  export LD_LIBRARY_PATH=$EMU/driver:$EMU
+  expect_rc 0 "$W/root/usr/bin/gpumem" run -- sh -c 'echo "preload=$LD_PRELOAD"'
+  expect_in "$W/out" "preload=$W/root/usr/lib/libgpumem.so"
+  expect_rc 0 "$W/root/usr/bin/gpumem" run -o "$W/logs/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/out" "steps=20"
+  expect_in "$W/err" "gpumem run: 1 log"
+  expect_rc 0 "$W/root/usr/bin/gpumem" report "$W"/logs/gpumem-*.jsonl
+  expect_in "$W/out" "Requested memory"
+  ;;
+demo)
+  # The demo's steps after the build, on the binaries of this build: gpumem run, the text and HTML
+  # reports, the three closing lines, and nothing left in TMPDIR.
+  mkdir -p "$W/tmp"
+  expect_rc 0 env TMPDIR="$W/tmp" GPUMEM_DEMO_NO_BUILD=1 GPUMEM_DEMO_BUILD="$BUILD" GPUMEM_DEMO_OUT="$W/demo" \
+    GPUMEM_DEMO_STEPS=50 bash "$SRC/scripts/demo.sh"
+  expect_in "$W/out" "== gpumem run -o $W/demo/ -- $EMU/emu_rt_shared_app train 50"
+  expect_in "$W/out" "steps=50"
+  expect_in "$W/out" "Requested memory"
+  [ -s "$W/demo/report.html" ] || fail "no $W/demo/report.html"
+  grep -q "</html>" "$W/demo/report.html" || fail "report.html is incomplete"
+  [ "$(ls "$W"/demo/gpumem-*.jsonl | wc -l)" = 1 ] || fail "expected one log in $W/demo"
+  tail -3 "$W/out" > "$W/last3"
+  expect_in "$W/last3" "binaries: $BUILD/analyzer/gpumem and $BUILD/preload/libgpumem.so"
+  expect_in "$W/last3" "HTML report: open file://$W/demo/report.html"
+  expect_in "$W/last3" "your own program: LD_LIBRARY_PATH=$EMU/driver:$EMU $BUILD/analyzer/gpumem run -- PROGRAM"
+  [ -z "$(ls -A "$W/tmp")" ] || fail "the demo left $(ls "$W/tmp") in TMPDIR"
+  # The command it prints for your own program works as printed (here with the demo's program).
+  cmd=$(sed -n 's/^your own program: \(.*\) -- PROGRAM .*/\1/p' "$W/last3")
+  expect_rc 0 env -u LD_LIBRARY_PATH bash -c "cd '$W' && $cmd -o '$W/own/' -- '$EMU/emu_rt_shared_app' train 5"
+  expect_in "$W/err" "gpumem run: 1 log"
+  ;;
+guide_install)
+  # docs/guide.md's Install section and its GitHub Actions job install exactly the packages that
+  # scripts/setup.sh installs for the product, and the job puts the install folder on the PATH.
+  guide=$SRC/docs/guide.md
+  want=$(sed -n 's/^packages=(\(.*\))$/\1/p' "$SRC/scripts/setup.sh" | tr ' ' '\n' | sort | tr '\n' ' ')
+  [ -n "$want" ] || fail "no packages=(...) line in scripts/setup.sh"
+  n=0
+  while IFS= read -r line; do
+    got=$(echo "$line" | sed 's/.*--no-install-recommends //' | tr ' ' '\n' | grep -v '^$' | sort | tr '\n' ' ')
+    [ "$got" = "$want" ] || fail "guide.md installs '$got', setup.sh '$want'"
+    n=$((n + 1))
+  done < <(grep 'apt-get install' "$guide")
+  [ "$n" = 2 ] || fail "expected 2 apt-get install lines in guide.md (Install, GitHub Actions), found $n"
+  expect_in "$guide" 'echo "$HOME/.local/bin" >> "$GITHUB_PATH"'
+  expect_in "$guide" 'cmake --install /tmp/gpumem/build --prefix "$HOME/.local"'
+  ;;
+*)
+  echo "unknown case $case_name"; exit 2 ;;
+esac
+
+if [ "$failures" -gt 0 ]; then
+  echo "$case_name: $failures failure(s)"
+  exit 1
+fi
+echo "$case_name: ok"
