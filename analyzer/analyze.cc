@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "log_fields.h"
 #include "log_reader.h"
 
 namespace gpumem::analysis {
@@ -37,15 +38,15 @@ void read_header(std::string_view line, const std::string& path, process_report&
     json h = json::parse(line.begin(), line.end(), nullptr, false);
     if (h.is_discarded()) throw input_error(path, 1, "line 1 is not JSON: not a gpumem log");
     if (!h.is_object()) throw input_error(path, 1, "line 1 is not a JSON object: not a gpumem log");
-    auto ev = h.find("ev");
+    auto ev = h.find(k_log_fields[size_t(log_field::ev)].name);
     if (ev == h.end() || !ev->is_string() || *ev != k_ev_names[size_t(ev_kind::header)])
         throw input_error(path, 1, "line 1 is not a header (\"ev\":\"header\" expected): not a gpumem log, or its start is missing");
-    auto fmt = h.find("format");
-    if (fmt == h.end()) throw input_error(path, 1, "the header has no \"format\" member");
+    auto fmt = h.find(header_key::format);
+    if (fmt == h.end()) throw input_error(path, 1, std::string("the header has no \"") + header_key::format + "\" member");
     if (!fmt->is_string() || *fmt != k_format_name)
         throw input_error(path, 1, "unknown format " + fmt->dump() + " (expected \"" + k_format_name + "\")");
-    auto ver = h.find("version");
-    if (ver == h.end()) throw input_error(path, 1, "the header has no \"version\" member");
+    auto ver = h.find(header_key::version);
+    if (ver == h.end()) throw input_error(path, 1, std::string("the header has no \"") + header_key::version + "\" member");
     if (!ver->is_number_integer())
         throw input_error(path, 1, "unknown format version " + ver->dump() + " (expected an integer)");
     int64_t v = ver->get<int64_t>();
@@ -54,32 +55,32 @@ void read_header(std::string_view line, const std::string& path, process_report&
                                        std::to_string(k_format_version) + "): use a newer gpumem");
     if (v < 1) throw input_error(path, 1, "unknown format version " + std::to_string(v));
     rep.format_version = int(v);
-    take(h, "pid", rep.pid);
-    take(h, "ppid", rep.ppid);
-    take(h, "forked_from", rep.forked_from);
-    take(h, "host", rep.host);
-    take(h, "rank", rep.rank);
-    take(h, "start_time", rep.start_time);
-    take(h, "start_unix_ns", rep.start_unix_ns);
-    take(h, "gpumem_version", rep.gpumem_version);
-    auto cmd = h.find("cmdline");
+    take(h, header_key::pid, rep.pid);
+    take(h, header_key::ppid, rep.ppid);
+    take(h, header_key::forked_from, rep.forked_from);
+    take(h, header_key::host, rep.host);
+    take(h, header_key::rank, rep.rank);
+    take(h, header_key::start_time, rep.start_time);
+    take(h, header_key::start_unix_ns, rep.start_unix_ns);
+    take(h, header_key::gpumem_version, rep.gpumem_version);
+    auto cmd = h.find(header_key::cmdline);
     if (cmd != h.end() && cmd->is_array())
         for (const json& a : *cmd)
             if (a.is_string()) rep.cmdline.push_back(a.get<std::string>());
-    auto devs = h.find("devices");
+    auto devs = h.find(header_key::devices);
     if (devs != h.end() && devs->is_array())
         for (const json& d : *devs) {
             if (!d.is_object()) continue;
             header_device hd;
-            take(d, "index", hd.index);
-            take(d, "name", hd.name);
-            take(d, "total", hd.total);
+            take(d, device_key::index, hd.index);
+            take(d, device_key::name, hd.name);
+            take(d, device_key::total, hd.total);
             rep.header_devices.push_back(hd);
         }
-    auto cfg = h.find("config");
+    auto cfg = h.find(header_key::config);
     if (cfg != h.end() && cfg->is_object()) {
-        take(*cfg, "pool", rep.pool_mode);
-        take(*cfg, "reuse", rep.reuse_mode);
+        take(*cfg, config_key::pool, rep.pool_mode);
+        take(*cfg, config_key::reuse, rep.reuse_mode);
     }
 }
 

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <simdjson.h>
 
@@ -296,25 +298,31 @@ struct recorder_cursor {
     }
     // Matches a literal such as `,"size":` with one or two 8-byte compares: a libc memcmp call per
     // key was the fast path's largest cost.  Reads up to 16 bytes from q (see above).
-    template <size_t N>
-    [[gnu::always_inline]] bool key(const char (&k)[N]) {
-        constexpr size_t n = N - 1;
+    // The expected key of member F: `,"name":` and the opening of its value, built from
+    // core/log_fields.h at compile time (see fast_key below).
+    template <const auto& K>
+    [[gnu::always_inline]] bool key() {
+        constexpr size_t n = K.size();
         static_assert(n >= 1 && n <= 16, "keys of this format are at most 16 bytes");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        // The literal's bytes as little-endian words (constant-folded); the first byte is lowest.
-        uint64_t w0 = 0, w1 = 0;
-        std::memcpy(&w0, k, n < 8 ? n : 8);
-        if constexpr (n > 8) std::memcpy(&w1, k + 8, n - 8);
+        // The key's bytes as little-endian words (constant-folded); the first byte is lowest.
+        constexpr uint64_t w0 = word(K, 0), w1 = word(K, 8);
         constexpr uint64_t m0 = n >= 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * n)) - 1;
         constexpr uint64_t m1 = n >= 16 ? ~uint64_t(0) : n <= 8 ? 0 : (uint64_t(1) << (8 * (n - 8))) - 1;
         uint64_t diff = (load8(q) ^ w0) & m0;
         if constexpr (n > 8) diff |= (load8(q + 8) ^ w1) & m1;
         if (diff) return false;
 #else
-        if (std::memcmp(q, k, n) != 0) return false;
+        if (std::memcmp(q, K.data(), n) != 0) return false;
 #endif
         q += n;
         return true;
+    }
+    template <size_t N>
+    static constexpr uint64_t word(const std::array<char, N>& k, size_t from) {
+        uint64_t w = 0;
+        for (size_t i = 0; i < 8 && from + i < N; ++i) w |= uint64_t(uint8_t(k[from + i])) << (8 * i);
+        return w;
     }
     // A non-negative integer as JSON writes it: no sign, no leading zero, no fraction or exponent
     // (what follows is checked by the next key).  Up to 19 digits, which always fits 64 bits; a
@@ -389,20 +397,157 @@ struct recorder_cursor {
     }
 };
 
+// Member F of a log_event or of fast_fields, by its field id.
+template <field F, class S>
+[[gnu::always_inline]] inline auto& member(S& s) {
+#define GPUMEM_X(id, name, type, carried, required) if constexpr (F == fd_##id) return s.id; else
+    GPUMEM_LOG_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    return s.present;
+}
+
+constexpr size_t cstrlen(const char* s) {
+    size_t n = 0;
+    while (s[n]) ++n;
+    return n;
+}
+constexpr bool is_name_type(field_type t) {
+    return t == field_type::ev || t == field_type::api || t == field_type::mem_kind || t == field_type::pool ||
+           t == field_type::end_reason;
+}
+// What the recorder writes before member F's value: `,"name":` and `"0x` (hex), `"` (names) or the
+// whole value `true` (flags).
+template <size_t F>
+constexpr auto make_fast_key() {
+    constexpr const char* name = k_log_fields[F].name;
+    constexpr field_type t = k_log_fields[F].type;
+    constexpr const char* open = t == field_type::hex ? "\"0x" : is_name_type(t) ? "\"" : t == field_type::flag ? "true" : "";
+    constexpr size_t nn = cstrlen(name), no = cstrlen(open);
+    std::array<char, 4 + nn + no> k{};
+    size_t i = 0;
+    k[i++] = ',';
+    k[i++] = '"';
+    for (size_t j = 0; j < nn; ++j) k[i++] = name[j];
+    k[i++] = '"';
+    k[i++] = ':';
+    for (size_t j = 0; j < no; ++j) k[i++] = open[j];
+    return k;
+}
+template <size_t F>
+inline constexpr auto fast_key = make_fast_key<F>();
+
+// The members of kind K in the recorder's order (the table's), "ev" excluded.
+template <ev_kind K>
+constexpr auto make_kind_members() {
+    struct list {
+        std::array<uint8_t, k_log_field_count> f{};
+        size_t n = 0;
+    } l;
+    for (size_t i = size_t(log_field::ev) + 1; i < k_log_field_count; ++i)
+        if (k_log_fields[i].carried_by & kind_bit(K)) l.f[l.n++] = uint8_t(i);
+    return l;
+}
+template <ev_kind K>
+inline constexpr auto kind_members = make_kind_members<K>();
+
+// The C++ type of a member as the fast path holds it before storing: names stay raw text.
+#define GPUMEM_FT_u64 uint64_t
+#define GPUMEM_FT_i64 int64_t
+#define GPUMEM_FT_dev int32_t
+#define GPUMEM_FT_hex uint64_t
+#define GPUMEM_FT_flag bool
+#define GPUMEM_FT_ev ev_kind
+#define GPUMEM_FT_api std::string_view
+#define GPUMEM_FT_mem_kind mem_kind
+#define GPUMEM_FT_pool pool_id
+#define GPUMEM_FT_end_reason std::string_view
+#define GPUMEM_FD_api std::string_view()
+#define GPUMEM_FD_end_reason std::string_view()
+
 // What one recorder line says, gathered before anything is stored: a line that deviates late must
-// leave the event and the API table as they were.
-struct recorder_fields {
+// leave the event and the API table as they were.  Defaults are log_event's.
+struct fast_fields {
     uint64_t present = bit(fd_ev);
-    ev_kind ev = ev_kind::header;
-    mem_kind kind = mem_kind::none;
-    pool_id pool = pool_id::none;
-    bool pooled = false, unknown = false;
-    std::string_view api;
-    int32_t dev = -1;
-    int64_t err = 0;
-    uint64_t seq = 0, t = 0, tid = 0, ptr = 0, size = 0, asize = 0, seg = 0, handle = 0, skip = 0, count = 0;
-    uint64_t st[8] = {};  // reserved, allocated, requested, largest_free, free_blocks, segments, gpu_free, gpu_total
+#define GPUMEM_FD_u64 0
+#define GPUMEM_FD_i64 0
+#define GPUMEM_FD_dev -1
+#define GPUMEM_FD_hex 0
+#define GPUMEM_FD_flag false
+#define GPUMEM_FD_ev ev_kind::header
+#define GPUMEM_FD_mem_kind mem_kind::none
+#define GPUMEM_FD_pool pool_id::none
+#define GPUMEM_X(id, name, type, carried, required) GPUMEM_FT_##type id = GPUMEM_FD_##type;
+    GPUMEM_LOG_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
 };
+
+// Reads member F if it comes next.  Absent is fine (the line then simply lacks it, as parse_json
+// would find); present but malformed is a deviation.
+template <size_t F>
+[[gnu::always_inline]] inline bool fast_member(recorder_cursor& c, fast_fields& f) {
+    if (!c.key<fast_key<F>>()) return true;
+    constexpr field fd = field(F);
+    constexpr field_type t = k_log_fields[F].type;
+    auto& v = member<fd>(f);
+    if constexpr (t == field_type::u64) {
+        uint64_t x;
+        if (!c.u64(x)) return false;
+        if constexpr (!(k_skipped_fields & bit(fd))) v = x;
+    } else if constexpr (t == field_type::i64) {
+        if (!c.i64(v)) return false;
+    } else if constexpr (t == field_type::dev) {
+        if (!c.dev(v)) return false;
+    } else if constexpr (t == field_type::hex) {
+        uint64_t x;
+        if (!c.hex(x)) return false;
+        if constexpr (!(k_skipped_fields & bit(fd))) v = x;
+    } else if constexpr (t == field_type::flag) {
+        v = true;
+    } else if constexpr (t == field_type::api || t == field_type::end_reason) {
+        if (!c.str(v)) return false;
+    } else if constexpr (t == field_type::mem_kind) {
+        // An unknown memory kind stays "none", as in parse_json.
+        std::string_view s;
+        if (!c.str(s)) return false;
+        if (s.size() == 6 && std::memcmp(s.data(), "device", 6) == 0) v = mem_kind::device;
+        else if (!lookup_name(s, k_mem_kind_names, v)) v = mem_kind::none;
+    } else if constexpr (t == field_type::pool) {
+        std::string_view s;
+        if (!c.str(s)) return false;
+        if (!lookup_name(s, k_pool_names, v)) v = pool_id::none;
+    } else {
+        static_assert(t != field_type::ev, "ev is read before the members");
+    }
+    if constexpr (!(k_skipped_fields & bit(fd))) f.present |= bit(fd);
+    return true;
+}
+
+template <ev_kind K, size_t... J>
+[[gnu::always_inline]] inline bool fast_members(recorder_cursor& c, fast_fields& f, std::index_sequence<J...>) {
+    return (fast_member<kind_members<K>.f[J]>(c, f) && ...);
+}
+template <ev_kind K>
+bool fast_kind(recorder_cursor& c, fast_fields& f) {
+    return fast_members<K>(c, f, std::make_index_sequence<kind_members<K>.n>{});
+}
+
+// Stores member F as parse_json would: reset members always, the others when present.
+template <size_t F>
+[[gnu::always_inline]] inline void store_member(const fast_fields& f, log_event& e, line_parser& p) {
+    constexpr field fd = field(F);
+    constexpr field_type t = k_log_fields[F].type;
+    if constexpr (fd == fd_ev || t == field_type::end_reason || (k_skipped_fields & bit(fd))) {
+        return;  // ev: stored by the caller; end lines and skipped members never come this way
+    } else if constexpr (t == field_type::api) {
+        member<fd>(e) = f.present & bit(fd) ? p.intern_api(member<fd>(f)) : 0;
+    } else {
+        if ((k_reset_fields & bit(fd)) || (f.present & bit(fd))) member<fd>(e) = member<fd>(f);
+    }
+}
+template <size_t... F>
+void store_members(const fast_fields& f, log_event& e, line_parser& p, std::index_sequence<F...>) {
+    (store_member<F>(f, e, p), ...);
+}
 
 }  // namespace
 
@@ -411,144 +556,44 @@ bool line_parser::parse_recorder_line(const char* p, size_t len, size_t capacity
     if (len < 16 || capacity < len + 32 || p[len - 1] != '}' || std::memcmp(p, "{\"ev\":\"", 7) != 0)
         return false;
     recorder_cursor c{p + 7, p + len - 1};
-    recorder_fields f;
+    fast_fields f;
     std::string_view name;
     if (!c.str(name)) return false;
     if (name.size() == 5 && std::memcmp(name.data(), "alloc", 5) == 0) f.ev = ev_kind::alloc;
     else if (name.size() == 4 && std::memcmp(name.data(), "free", 4) == 0) f.ev = ev_kind::free;
     else if (!lookup_name(name, k_ev_names, f.ev)) return false;
-    if (f.ev == ev_kind::header || f.ev == ev_kind::end) return false;  // rare; strings to unescape
 
-    if (f.ev != ev_kind::lost) {  // a loss occupies no position in the order
-        if (!c.key(",\"seq\":") || !c.u64(f.seq)) return false;
-        f.present |= bit(fd_seq);
-    }
-    // "tid" is read only to be checked: the analysis does not use it (parse_json skips it too).
-    if (!c.key(",\"t\":") || !c.u64(f.t) || !c.key(",\"tid\":") || !c.u64(f.tid)) return false;
-    f.present |= bit(fd_t);
-    if (f.ev == ev_kind::lost) {
-        if (!c.key(",\"count\":") || !c.u64(f.count)) return false;
-        f.present |= bit(fd_count);
-    } else {
-        if (!c.key(",\"dev\":") || !c.dev(f.dev)) return false;
-        f.present |= bit(fd_dev);
-    }
+    // Each kind's members in the writer's order, each at most once (core/log_fields.h).
+    bool ok = false;
     switch (f.ev) {
-    case ev_kind::alloc:
-    case ev_kind::alloc_fail:
-    case ev_kind::free:
-    case ev_kind::free_fail: {
-        std::string_view kind;
-        if (!c.key(",\"api\":\"") || !c.str(f.api) || !c.key(",\"kind\":\"") || !c.str(kind) ||
-            !c.key(",\"ptr\":\"0x") || !c.hex(f.ptr) || !c.key(",\"size\":") || !c.u64(f.size))
-            return false;
-        f.present |= bit(fd_api) | bit(fd_kind) | bit(fd_ptr) | bit(fd_size);
-        // An unknown memory kind stays "none", as in parse_json.
-        if (kind.size() == 6 && std::memcmp(kind.data(), "device", 6) == 0) f.kind = mem_kind::device;
-        else if (!lookup_name(kind, k_mem_kind_names, f.kind)) f.kind = mem_kind::none;
-        // The optional members, each at most once and in the writer's order.
-        if (c.key(",\"asize\":")) {
-            if (!c.u64(f.asize)) return false;
-            f.present |= bit(fd_asize);
-        }
-        if (c.key(",\"seg\":\"0x")) {
-            if (!c.hex(f.seg) || !c.key(",\"pooled\":true")) return false;
-            f.pooled = true;
-            f.present |= bit(fd_seg) | bit(fd_pooled);
-        } else if (c.key(",\"mempool\":\"0x")) {
-            if (!c.hex(f.skip)) return false;  // not used by the analysis
-        }
-        if (c.key(",\"stream\":\"0x") && !c.hex(f.skip)) return false;  // not used either
-        if (c.key(",\"unknown\":true")) {
-            f.unknown = true;
-            f.present |= bit(fd_unknown);
-        }
-        if (c.key(",\"err\":")) {
-            if (!c.i64(f.err)) return false;
-            f.present |= bit(fd_err);
-        }
-        break;
+#define GPUMEM_KIND(k) \
+    case ev_kind::k: ok = fast_kind<ev_kind::k>(c, f); break;
+    GPUMEM_KIND(alloc)
+    GPUMEM_KIND(alloc_fail)
+    GPUMEM_KIND(free)
+    GPUMEM_KIND(free_fail)
+    GPUMEM_KIND(map)
+    GPUMEM_KIND(unmap)
+    GPUMEM_KIND(reserve)
+    GPUMEM_KIND(unreserve)
+    GPUMEM_KIND(segment_alloc)
+    GPUMEM_KIND(segment_free)
+    GPUMEM_KIND(oom)
+    GPUMEM_KIND(stats)
+    GPUMEM_KIND(pool_sync)
+    GPUMEM_KIND(context_reset)
+    GPUMEM_KIND(reuse_safe)
+    GPUMEM_KIND(lost)
+#undef GPUMEM_KIND
+    default: return false;  // header and end: rare, and their strings may need unescaping
     }
-    case ev_kind::map:
-    case ev_kind::unmap:
-    case ev_kind::reserve:
-    case ev_kind::unreserve:
-        if (!c.key(",\"api\":\"") || !c.str(f.api) || !c.key(",\"ptr\":\"0x") || !c.hex(f.ptr) ||
-            !c.key(",\"size\":") || !c.u64(f.size))
-            return false;
-        f.present |= bit(fd_api) | bit(fd_ptr) | bit(fd_size);
-        if (c.key(",\"handle\":\"0x")) {
-            if (!c.hex(f.handle) || !c.key(",\"offset\":") || !c.u64(f.skip)) return false;
-            f.present |= bit(fd_handle);
-        }
-        break;
-    case ev_kind::segment_alloc:
-    case ev_kind::segment_free: {
-        std::string_view pool;
-        if (!c.key(",\"api\":\"") || !c.str(f.api) || !c.key(",\"ptr\":\"0x") || !c.hex(f.ptr) ||
-            !c.key(",\"size\":") || !c.u64(f.size) || !c.key(",\"pool\":\"") || !c.str(pool))
-            return false;
-        f.present |= bit(fd_api) | bit(fd_ptr) | bit(fd_size) | bit(fd_pool);
-        if (!lookup_name(pool, k_pool_names, f.pool)) f.pool = pool_id::none;
-        break;
-    }
-    case ev_kind::oom:
-    case ev_kind::stats:
-        if (c.key(",\"api\":\"")) {
-            if (!c.str(f.api) || !c.key(",\"size\":") || !c.u64(f.size)) return false;
-            f.present |= bit(fd_api) | bit(fd_size);
-        }
-        if (!c.key(",\"reserved\":") || !c.u64(f.st[0]) || !c.key(",\"allocated\":") || !c.u64(f.st[1]) ||
-            !c.key(",\"requested\":") || !c.u64(f.st[2]) || !c.key(",\"largest_free\":") || !c.u64(f.st[3]) ||
-            !c.key(",\"free_blocks\":") || !c.u64(f.st[4]) || !c.key(",\"segments\":") || !c.u64(f.st[5]) ||
-            !c.key(",\"gpu_free\":") || !c.u64(f.st[6]) || !c.key(",\"gpu_total\":") || !c.u64(f.st[7]))
-            return false;
-        f.present |= bit(fd_reserved) | bit(fd_allocated) | bit(fd_requested) | bit(fd_largest_free) |
-                     bit(fd_free_blocks) | bit(fd_segments) | bit(fd_gpu_free) | bit(fd_gpu_total);
-        break;
-    case ev_kind::pool_sync:
-    case ev_kind::context_reset:
-        if (!c.key(",\"count\":") || !c.u64(f.count)) return false;
-        f.present |= bit(fd_count);
-        break;
-    case ev_kind::reuse_safe:
-        if (!c.key(",\"api\":\"") || !c.str(f.api)) return false;
-        f.present |= bit(fd_api);
-        break;
-    default:
-        break;  // lost: done above
-    }
-    if (c.q != c.end) return false;  // more members, or bytes after the value
+    if (!ok || c.q != c.end) return false;  // a malformed value, more members, or bytes after the value
 
     // Store exactly what parse_json stores for this line: its resets, then each member present.
     e.present = f.present;
     e.known_kind = true;
     e.ev = f.ev;
-    e.kind = f.kind;
-    e.pool = f.pool;
-    e.pooled = f.pooled;
-    e.unknown = f.unknown;
-    e.api = f.present & bit(fd_api) ? intern_api(f.api) : 0;
-    e.dev = f.dev;
-    e.err = f.err;
-    e.asize = f.asize;
-    e.seg = f.seg;
-    if (f.present & bit(fd_seq)) e.seq = f.seq;
-    e.t = f.t;
-    if (f.present & bit(fd_ptr)) e.ptr = f.ptr;
-    if (f.present & bit(fd_size)) e.size = f.size;
-    if (f.present & bit(fd_handle)) e.handle = f.handle;
-    if (f.present & bit(fd_count)) e.count = f.count;
-    if (f.present & bit(fd_reserved)) {
-        e.reserved = f.st[0];
-        e.allocated = f.st[1];
-        e.requested = f.st[2];
-        e.largest_free = f.st[3];
-        e.free_blocks = f.st[4];
-        e.segments = f.st[5];
-        e.gpu_free = f.st[6];
-        e.gpu_total = f.st[7];
-    }
+    store_members(f, e, *this, std::make_index_sequence<k_log_field_count>{});
     return true;
 }
 
@@ -623,120 +668,90 @@ parse_status line_parser::parse_json(const char* p, size_t len, size_t capacity,
             }
             return parse_status::ok;
         };
-        parse_status st = parse_status::ok;
-        simdjson::error_code c = simdjson::SUCCESS;
-        switch (fid) {
-        case fd_ev: {
-            // The two hot kinds are matched on the raw bytes, the rest through the name table.
-            od::raw_json_string r;
-            if (!v.get_raw_json_string().get(r)) {
-                if (raw_is(r.raw(), p + len, "alloc")) {
-                    e.ev = ev_kind::alloc;
-                    e.known_kind = true;
-                    break;
+        if (k_skipped_fields & bit(fid)) continue;  // not used by the analysis: skipping is cheaper than converting
+        // Reads one member into `dst` by its type (core/log_fields.h).
+        auto read = [&](auto type_tag, auto& dst) -> parse_status {
+            constexpr field_type t = decltype(type_tag)::value;
+            simdjson::error_code c = simdjson::SUCCESS;
+            if constexpr (t == field_type::u64) {
+                c = get_u64(dst);
+            } else if constexpr (t == field_type::i64) {
+                c = v.get_int64().get(dst);
+                if (c) return bad(c, "an integer");
+            } else if constexpr (t == field_type::dev) {
+                int64_t x = 0;
+                if ((c = v.get_int64().get(x))) return bad(c, "an integer");
+                if (x < -1 || x > 65535) {
+                    error = "member \"dev\" is " + std::to_string(x) + ", expected -1 or a device ordinal";
+                    return parse_status::bad_member;
                 }
-                if (raw_is(r.raw(), p + len, "free")) {
-                    e.ev = ev_kind::free;
-                    e.known_kind = true;
-                    break;
-                }
-            }
-            std::string_view s;
-            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
-            e.known_kind = lookup_name(s, k_ev_names, e.ev);
-            break;
-        }
-        case fd_seq: c = get_u64(e.seq); break;
-        case fd_t: c = get_u64(e.t); break;
-        case fd_tid:
-        case fd_stream:
-        case fd_mempool:
-        case fd_offset:
-            continue;  // not used by the analysis: skipping is cheaper than converting
-        case fd_dev: {
-            int64_t x = 0;
-            if (!(c = v.get_int64().get(x)) && (x < -1 || x > 65535)) {
-                error = "member \"dev\" is " + std::to_string(x) + ", expected -1 or a device ordinal";
-                return parse_status::bad_member;
-            }
-            e.dev = int32_t(x);
-            break;
-        }
-        case fd_api: {
-            od::raw_json_string r;
-            if (!v.get_raw_json_string().get(r)) {
-                bool hit = false;
-                for (uint16_t id : last_api_) {  // the last two APIs: malloc/free pairs alternate
-                    const std::string& name = api_names_[id];
-                    if (raw_is(r.raw(), p + len, name.data(), name.size())) {
-                        e.api = id;
-                        hit = true;
-                        break;
+                dst = int32_t(x);
+            } else if constexpr (t == field_type::hex) {
+                return get_hex(dst);
+            } else if constexpr (t == field_type::flag) {
+                c = v.get_bool().get(dst);
+                if (c) return bad(c, "true or false");
+            } else if constexpr (t == field_type::ev) {
+                // The two hot kinds are matched on the raw bytes, the rest through the name table.
+                od::raw_json_string r;
+                if (!v.get_raw_json_string().get(r)) {
+                    if (raw_is(r.raw(), p + len, "alloc")) {
+                        dst = ev_kind::alloc;
+                        e.known_kind = true;
+                        return parse_status::ok;
+                    }
+                    if (raw_is(r.raw(), p + len, "free")) {
+                        dst = ev_kind::free;
+                        e.known_kind = true;
+                        return parse_status::ok;
                     }
                 }
-                if (hit) break;
+                std::string_view s;
+                if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
+                e.known_kind = lookup_name(s, k_ev_names, dst);
+            } else if constexpr (t == field_type::api) {
+                od::raw_json_string r;
+                if (!v.get_raw_json_string().get(r)) {
+                    for (uint16_t id : last_api_) {  // the last two APIs: malloc/free pairs alternate
+                        const std::string& name = api_names_[id];
+                        if (raw_is(r.raw(), p + len, name.data(), name.size())) {
+                            dst = id;
+                            return parse_status::ok;
+                        }
+                    }
+                }
+                std::string_view s;
+                if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
+                dst = intern_api(s);
+            } else if constexpr (t == field_type::mem_kind) {
+                od::raw_json_string r;
+                if (!v.get_raw_json_string().get(r) && raw_is(r.raw(), p + len, "device")) {
+                    dst = mem_kind::device;
+                    return parse_status::ok;
+                }
+                std::string_view s;
+                if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
+                // An unknown memory kind stays "none": still counted, never misattributed.
+                if (!lookup_name(s, k_mem_kind_names, dst)) dst = mem_kind::none;
+            } else if constexpr (t == field_type::pool) {
+                std::string_view s;
+                if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
+                if (!lookup_name(s, k_pool_names, dst)) dst = pool_id::none;
+            } else if constexpr (t == field_type::end_reason) {
+                std::string_view s;
+                if ((c = v.get_string().get(s))) return bad(c, "a string");
+                dst.assign(s.substr(0, 64));
             }
-            std::string_view s;
-            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
-            e.api = intern_api(s);
-            break;
-        }
-        case fd_kind: {
-            od::raw_json_string r;
-            if (!v.get_raw_json_string().get(r) && raw_is(r.raw(), p + len, "device")) {
-                e.kind = mem_kind::device;
-                break;
-            }
-            std::string_view s;
-            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
-            // An unknown memory kind stays "none": still counted, never misattributed.
-            if (!lookup_name(s, k_mem_kind_names, e.kind)) e.kind = mem_kind::none;
-            break;
-        }
-        case fd_pool: {
-            std::string_view s;
-            if ((c = raw_string(v, p + len, s))) return bad(c, "a string");
-            if (!lookup_name(s, k_pool_names, e.pool)) e.pool = pool_id::none;
-            break;
-        }
-        case fd_reason: {
-            std::string_view s;
-            if ((c = v.get_string().get(s))) return bad(c, "a string");
-            e.reason.assign(s.substr(0, 64));
-            break;
-        }
-        case fd_ptr: st = get_hex(e.ptr); break;
-        case fd_seg: st = get_hex(e.seg); break;
-        case fd_handle: st = get_hex(e.handle); break;
-        case fd_size: c = get_u64(e.size); break;
-        case fd_asize: c = get_u64(e.asize); break;
-        case fd_count: c = get_u64(e.count); break;
-        case fd_err: c = v.get_int64().get(e.err); break;
-        case fd_signal: c = v.get_int64().get(e.signal); break;
-        case fd_pooled: c = v.get_bool().get(e.pooled); break;
-        case fd_unknown: c = v.get_bool().get(e.unknown); break;
-        case fd_reserved: c = get_u64(e.reserved); break;
-        case fd_allocated: c = get_u64(e.allocated); break;
-        case fd_requested: c = get_u64(e.requested); break;
-        case fd_largest_free: c = get_u64(e.largest_free); break;
-        case fd_free_blocks: c = get_u64(e.free_blocks); break;
-        case fd_segments: c = get_u64(e.segments); break;
-        case fd_gpu_free: c = get_u64(e.gpu_free); break;
-        case fd_gpu_total: c = get_u64(e.gpu_total); break;
-        case fd_events: c = get_u64(e.events); break;
-        case fd_n_alloc: c = get_u64(e.n_alloc); break;
-        case fd_n_free: c = get_u64(e.n_free); break;
-        case fd_n_fail: c = get_u64(e.n_fail); break;
-        case fd_live_allocs: c = get_u64(e.live_allocs); break;
-        case fd_live_bytes: c = get_u64(e.live_bytes); break;
-        case fd_lost: c = get_u64(e.lost); break;
-        case fd_unmatched: c = get_u64(e.unmatched); break;
+            if (c) return bad(c, "a non-negative integer");
+            return parse_status::ok;
+        };
+        parse_status st = parse_status::ok;
+        switch (fid) {
+#define GPUMEM_X(id, name, type, carried, required) \
+        case fd_##id: st = read(std::integral_constant<field_type, field_type::type>{}, e.id); break;
+        GPUMEM_LOG_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
         case fd_count_: break;
-        }
-        if (c) {
-            bool is_bool = fid == fd_pooled || fid == fd_unknown;
-            bool is_signed = fid == fd_err || fid == fd_signal || fid == fd_dev;
-            return bad(c, is_bool ? "true or false" : is_signed ? "an integer" : "a non-negative integer");
         }
         if (st != parse_status::ok) return st;
         e.present |= bit(fid);
@@ -766,32 +781,20 @@ std::string line_parser::missing_members(const log_event& e) {
 }
 
 uint64_t line_parser::required_members(const log_event& e) {
-    // "lost" has no seq: a loss occupies no position in the order.
-    uint64_t need = e.ev == ev_kind::lost ? bit(fd_count) : bit(fd_seq) | bit(fd_t);
-    switch (e.ev) {
-    case ev_kind::alloc:
-        need |= bit(fd_dev) | bit(fd_api) | bit(fd_kind) | bit(fd_ptr) | bit(fd_size);
-        if (e.pooled) need |= bit(fd_seg);
-        break;
-    case ev_kind::free:
-        need |= bit(fd_dev) | bit(fd_api) | bit(fd_kind) | bit(fd_ptr);
-        // An unknown pointer has no size to report (it is 0 by design), so only demand it otherwise.
-        if (!e.unknown) need |= bit(fd_size);
-        break;
-    case ev_kind::alloc_fail: need |= bit(fd_dev) | bit(fd_api) | bit(fd_size); break;
-    case ev_kind::free_fail: need |= bit(fd_ptr); break;
-    case ev_kind::map: need |= bit(fd_ptr) | bit(fd_size) | bit(fd_handle); break;
-    case ev_kind::unmap:
-    case ev_kind::reserve:
-    case ev_kind::unreserve: need |= bit(fd_ptr) | bit(fd_size); break;
-    case ev_kind::segment_alloc:
-    case ev_kind::segment_free: need |= bit(fd_dev) | bit(fd_ptr) | bit(fd_size); break;
-    case ev_kind::oom: need |= bit(fd_dev) | bit(fd_size); break;
-    case ev_kind::stats: need |= bit(fd_dev); break;
-    // The replay switches this device's pool to safe reuse, so it must know which device and why.
-    case ev_kind::reuse_safe: need |= bit(fd_dev) | bit(fd_api); break;
-    default: break;
-    }
+    // The members core/log_fields.h says this kind requires, as a mask per kind.
+    static constexpr auto by_kind = [] {
+        std::array<uint64_t, size_t(ev_kind::count_)> m{};
+        for (size_t k = 0; k < m.size(); ++k)
+            for (size_t f = 0; f < k_log_field_count; ++f)
+                if (k_log_fields[f].required_by & (uint32_t(1) << k)) m[k] |= uint64_t(1) << f;
+        return m;
+    }();
+    // "ev" is how the kind was known; it is checked before this.
+    uint64_t need = size_t(e.ev) < by_kind.size() ? by_kind[size_t(e.ev)] & ~bit(fd_ev) : 0;
+    // The two requirements that depend on other members (core/log_fields.h says so too).
+    if (e.ev == ev_kind::alloc && e.pooled) need |= bit(fd_seg);
+    // An unknown pointer has no size to report (it is 0 by design), so only demand it otherwise.
+    if (e.ev == ev_kind::free && e.unknown) need &= ~bit(fd_size);
     return need;
 }
 

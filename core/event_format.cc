@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "log_fields.h"
+
 namespace gpumem {
 namespace {
 
@@ -50,6 +52,54 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
     return i < N ? names[i] : "unknown";
 }
 
+// Where each member's value lives in the event, and whether this event has it (members that do
+// not apply are left out, never written as null).  Only called for members the kind carries.
+bool member_value(const event& e, log_field f, uint64_t& v) noexcept {
+    const block_fields& b = e.b;
+    switch (f) {
+        case log_field::ev: v = uint64_t(e.ev); return true;
+        case log_field::seq: v = e.seq; return true;
+        case log_field::t: v = e.t_ns; return true;
+        case log_field::tid: v = e.tid; return true;
+        case log_field::dev: v = uint64_t(int64_t(e.dev)); return true;
+        case log_field::api: v = uint64_t(e.api); return true;
+        case log_field::kind: v = uint64_t(e.kind); return true;
+        case log_field::ptr: v = b.ptr; return true;
+        case log_field::size: v = e.ev == ev_kind::oom ? e.p.size : b.size; return true;
+        case log_field::asize: v = b.asize; return b.asize && b.asize != b.size;
+        case log_field::seg: v = b.seg; return e.flags & ef_pooled;
+        case log_field::pooled: v = 1; return e.flags & ef_pooled;
+        case log_field::mempool: v = b.mempool; return b.mempool != 0;
+        case log_field::stream: v = b.stream; return e.flags & ef_has_stream;
+        case log_field::handle: v = b.handle; return true;
+        case log_field::offset: v = b.offset; return true;
+        case log_field::unknown: v = 1; return e.flags & ef_size_unknown;
+        case log_field::err: v = uint64_t(int64_t(e.err)); return true;
+        case log_field::pool: v = uint64_t(e.pool); return true;
+        case log_field::count: v = e.c.count; return true;
+        case log_field::reserved: v = e.p.reserved; return true;
+        case log_field::allocated: v = e.p.allocated; return true;
+        case log_field::requested: v = e.p.requested; return true;
+        case log_field::largest_free: v = e.p.largest_free; return true;
+        case log_field::free_blocks: v = e.p.free_blocks; return true;
+        case log_field::segments: v = e.p.segments; return true;
+        case log_field::gpu_free: v = e.p.gpu_free; return true;
+        case log_field::gpu_total: v = e.p.gpu_total; return true;
+        case log_field::reason: v = uint64_t(e.x.reason); return true;
+        case log_field::signal: v = uint64_t(int64_t(e.x.signal)); return e.x.reason == end_reason::signal;
+        case log_field::events: v = e.x.events; return true;
+        case log_field::n_alloc: v = e.x.n_alloc; return true;
+        case log_field::n_free: v = e.x.n_free; return true;
+        case log_field::n_fail: v = e.x.n_fail; return true;
+        case log_field::live_allocs: v = e.x.live_allocs; return true;
+        case log_field::live_bytes: v = e.x.live_bytes; return true;
+        case log_field::lost: v = e.x.lost; return true;
+        case log_field::unmatched: v = e.x.unmatched; return true;
+        case log_field::count_: break;
+    }
+    return false;
+}
+
 }  // namespace
 
 size_t format_event(const event& e, char* buf, size_t cap) noexcept {
@@ -58,88 +108,117 @@ size_t format_event(const event& e, char* buf, size_t cap) noexcept {
     l.raw("{\"ev\":\"");
     l.raw(name_of(k_ev_names, e.ev));
     l.raw("\"");
-    if (e.ev != ev_kind::lost) l.ku("seq", e.seq);  // a loss occupies no position in the order
-    l.ku("t", e.t_ns);
-    l.ku("tid", e.tid);
-    const block_fields& b = e.b;
-    switch (e.ev) {
-        case ev_kind::alloc:
-        case ev_kind::alloc_fail:
-        case ev_kind::free:
-        case ev_kind::free_fail:
-            l.ki("dev", e.dev);
-            l.kstr("api", name_of(k_api_names, e.api));
-            l.kstr("kind", name_of(k_mem_kind_names, e.kind));
-            l.kx("ptr", b.ptr);
-            l.ku("size", b.size);
-            if (b.asize && b.asize != b.size) l.ku("asize", b.asize);
-            if (e.flags & ef_pooled) {
-                l.kx("seg", b.seg);
-                l.raw(",\"pooled\":true");
-            } else if (b.seg) {
-                l.kx("mempool", b.seg);
+    // The header is written by format_header: its members are no event's.
+    if (e.ev != ev_kind::header) {
+        for (size_t i = size_t(log_field::ev) + 1; i < k_log_field_count; ++i) {
+            log_field f = log_field(i);
+            uint64_t v;
+            if (!carries(e.ev, f) || !member_value(e, f, v)) continue;
+            const char* k = k_log_fields[i].name;
+            switch (k_log_fields[i].type) {
+                case field_type::u64: l.ku(k, v); break;
+                case field_type::i64:
+                case field_type::dev: l.ki(k, int64_t(v)); break;
+                case field_type::hex: l.kx(k, v); break;
+                case field_type::flag: l.key(k); l.raw("true"); break;
+                case field_type::ev: l.kstr(k, name_of(k_ev_names, v)); break;
+                case field_type::api: l.kstr(k, name_of(k_api_names, v)); break;
+                case field_type::mem_kind: l.kstr(k, name_of(k_mem_kind_names, v)); break;
+                case field_type::pool: l.kstr(k, name_of(k_pool_names, v)); break;
+                case field_type::end_reason: l.kstr(k, name_of(k_end_reason_names, v)); break;
             }
-            if (e.flags & ef_has_stream) l.kx("stream", b.stream);
-            if (e.flags & ef_size_unknown) l.raw(",\"unknown\":true");
-            if (e.ev == ev_kind::alloc_fail || e.ev == ev_kind::free_fail) l.ki("err", e.err);
-            break;
-        case ev_kind::map:
-        case ev_kind::unmap:
-        case ev_kind::reserve:
-        case ev_kind::unreserve:
-            l.ki("dev", e.dev);
-            l.kstr("api", name_of(k_api_names, e.api));
-            l.kx("ptr", b.ptr);
-            l.ku("size", b.size);
-            if (e.ev == ev_kind::map) {
-                l.kx("handle", b.seg);
-                l.ku("offset", b.stream);
-            }
-            break;
-        case ev_kind::segment_alloc:
-        case ev_kind::segment_free:
-            l.ki("dev", e.dev);
-            l.kstr("api", name_of(k_api_names, e.api));
-            l.kx("ptr", b.ptr);
-            l.ku("size", b.size);
-            l.kstr("pool", name_of(k_pool_names, e.pool));
-            break;
-        case ev_kind::oom:
-        case ev_kind::stats: {
-            const pool_state& p = e.p;
-            l.ki("dev", e.dev);
-            if (e.ev == ev_kind::oom) {
-                l.kstr("api", name_of(k_api_names, e.api));
-                l.ku("size", p.size);
-            }
-            l.ku("reserved", p.reserved);
-            l.ku("allocated", p.allocated);
-            l.ku("requested", p.requested);
-            l.ku("largest_free", p.largest_free);
-            l.ku("free_blocks", p.free_blocks);
-            l.ku("segments", p.segments);
-            l.ku("gpu_free", p.gpu_free);
-            l.ku("gpu_total", p.gpu_total);
-            break;
         }
-        case ev_kind::pool_sync:
-        case ev_kind::context_reset:
-            l.ki("dev", e.dev);
-            l.ki("count", e.err);
-            break;
-        case ev_kind::reuse_safe:
-            l.ki("dev", e.dev);
-            l.kstr("api", name_of(k_api_names, e.api));
-            break;
-        case ev_kind::lost:
-            l.ku("count", b.size);
-            break;
-        default:
-            break;  // header and end lines are written by event_log, not from an event
     }
     l.raw("}");
     *l.p++ = '\n';
     return size_t(l.p - buf);
+}
+
+namespace {
+void put(std::string& out, const char* key, const std::string& v, bool optional) {
+    if (optional && v.empty()) return;
+    out += ",\"";
+    out += key;
+    out += "\":";
+    append_json_string(out, v.data(), v.size());
+}
+void put(std::string& out, const char* key, int64_t v, bool optional) {
+    if (optional && v == 0) return;
+    out += ",\"";
+    out += key;
+    out += "\":";
+    out += std::to_string(v);
+}
+void put(std::string& out, const char* key, const std::vector<std::string>& v, bool) {
+    out += ",\"";
+    out += key;
+    out += "\":[";
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (i) out += ',';
+        append_json_string(out, v[i].data(), v[i].size());
+    }
+    out += ']';
+}
+// The members of one object, generated from its table; the caller adds the braces.
+void put_members(std::string& out, const header_device& d) {
+#define GPUMEM_X(id, name, type) put(out, name, d.id, false);
+    GPUMEM_DEVICE_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+}
+void put(std::string& out, const char* key, const std::vector<header_device>& v, bool) {
+    out += ",\"";
+    out += key;
+    out += "\":[";
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (i) out += ',';
+        std::string m;
+        put_members(m, v[i]);
+        out += '{';
+        out.append(m, 1);  // without the first member's comma
+        out += '}';
+    }
+    out += ']';
+}
+void put_pool_settings(std::string& out, const std::string& members) {
+    size_t b = !members.empty() && members.front() == ',' ? 1 : 0;
+    size_t n = members.size() - b;
+    if (n && members.back() == ',') --n;
+    if (!n) return;
+    out += ',';
+    out.append(members, b, n);
+}
+void put(std::string& out, const char* key, const header_config& c, bool) {
+    std::string m;
+#define GPUMEM_CFG_str(id, name) put(m, name, c.id, false);
+#define GPUMEM_CFG_opt_str(id, name) put(m, name, c.id, true);
+#define GPUMEM_CFG_int(id, name) put(m, name, c.id, false);
+#define GPUMEM_CFG_pool_settings(id, name) put_pool_settings(m, c.id);
+#define GPUMEM_X(id, name, type) GPUMEM_CFG_##type(id, name)
+    GPUMEM_CONFIG_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    out += ",\"";
+    out += key;
+    out += "\":{";
+    if (!m.empty()) out.append(m, 1);
+    out += '}';
+}
+}  // namespace
+
+std::string format_header(const header_values& h) {
+    std::string out = "{\"ev\":\"";
+    out += k_ev_names[size_t(ev_kind::header)];
+    out += '"';
+#define GPUMEM_OPT_str false
+#define GPUMEM_OPT_int false
+#define GPUMEM_OPT_opt_int true
+#define GPUMEM_OPT_strs false
+#define GPUMEM_OPT_devices false
+#define GPUMEM_OPT_config false
+#define GPUMEM_X(id, name, type) put(out, name, h.id, GPUMEM_OPT_##type);
+    GPUMEM_HEADER_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    out += "}\n";
+    return out;
 }
 
 void append_json_string(std::string& out, const char* s, size_t n) {

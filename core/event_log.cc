@@ -333,7 +333,7 @@ void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
         l.seq = t;
         l.t_ns = now_ns();
         l.tid = uint32_t(current_tid());
-        l.b.size = lost_now - lost_reported_;
+        l.c.count = lost_now - lost_reported_;
         lost_reported_ = lost_now;
         buf_len_ += format_event(l, buf_ + buf_len_, k_buf_size - buf_len_);
     }
@@ -377,39 +377,25 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     uint64_t end_seq = head_.load(std::memory_order_acquire);
     drain_locked(true, from_signal);
 
-    char line[512];
-    char* p = line;
-    auto put = [&](const char* s) {
-        size_t n = strlen(s);
-        if (size_t(line + sizeof line - p) > n) {
-            memcpy(p, s, n);
-            p += n;
-        }
-    };
-    auto num = [&](uint64_t v) {
-        char tmp[24];
-        int i = 24;
-        do { tmp[--i] = char('0' + v % 10); v /= 10; } while (v);
-        char s[25];
-        memcpy(s, tmp + i, size_t(24 - i));
-        s[24 - i] = 0;
-        put(s);
-    };
-    put("{\"ev\":\"end\",\"seq\":"); num(end_seq);
-    put(",\"t\":"); num(now_ns());
-    put(",\"tid\":"); num(uint64_t(current_tid()));
-    put(",\"reason\":\""); put(k_end_reason_names[size_t(why)]); put("\"");
-    if (why == end_reason::signal) { put(",\"signal\":"); num(uint64_t(sig)); }
-    put(",\"events\":"); num(totals_.events);
-    put(",\"n_alloc\":"); num(totals_.n_alloc);
-    put(",\"n_free\":"); num(totals_.n_free);
-    put(",\"n_fail\":"); num(totals_.n_fail);
-    put(",\"live_allocs\":"); num(totals_.live_allocs);
-    put(",\"live_bytes\":"); num(totals_.live_bytes);
-    put(",\"lost\":"); num(lost_.load(std::memory_order_relaxed));
-    put(",\"unmatched\":"); num(unmatched);
-    put("}\n");
-    write_all(line, size_t(p - line));
+    // The end line is an event like the others: core/log_fields.h says what it carries.
+    event e{};
+    e.ev = ev_kind::end;
+    e.seq = end_seq;
+    e.t_ns = now_ns();
+    e.tid = uint32_t(current_tid());
+    e.x.reason = why;
+    e.x.signal = sig;
+    e.x.events = totals_.events;
+    e.x.n_alloc = totals_.n_alloc;
+    e.x.n_free = totals_.n_free;
+    e.x.n_fail = totals_.n_fail;
+    e.x.live_allocs = totals_.live_allocs;
+    e.x.live_bytes = totals_.live_bytes;
+    e.x.lost = lost_.load(std::memory_order_relaxed);
+    e.x.unmatched = unmatched;
+    char line[k_max_event_line];
+    size_t n = format_event(e, line, sizeof line);
+    write_all(line, n);
     unlock_output();
 }
 

@@ -1,8 +1,8 @@
-// The gpumem event schema, defined once: event kinds, API names, memory kinds and JSON field names.
+// The gpumem event schema, defined once: event kinds, API names, memory kinds and the in-memory event.
 //
 // Both the in-process recorder (preload/, core/) and the offline analyzer (analyzer/) include this
-// header, so a name written by one is by construction the name read by the other.  The JSON format
-// itself is specified for users in docs/log-format.md; keep the two in step.
+// header, so a name written by one is by construction the name read by the other.  The JSON members
+// are listed once in core/log_fields.h; docs/log-format.md specifies the format for users.
 #pragma once
 
 #include <cstdint>
@@ -109,6 +109,9 @@ inline constexpr const char* k_pool_names[] = {"none", "small", "large"};
 enum class end_reason : uint8_t { exit = 0, signal, fast_exit, count_ };
 inline constexpr const char* k_end_reason_names[] = {"exit", "signal", "_exit"};
 
+// The in-memory event.  Each member holds one fact, named after the JSON member it becomes
+// (core/log_fields.h lists which kinds write which member).
+
 // Pool state carried by "oom" and "stats" events (docs/log-format.md, docs/metrics.md).
 struct pool_state {
     uint64_t size;          // "size": bytes requested by the failing call (oom only)
@@ -122,13 +125,35 @@ struct pool_state {
     uint64_t gpu_total;     // "gpu_total": cuMemGetInfo total bytes
 };
 
-// Fields of every other event kind.  Which ones a kind writes is in docs/log-format.md.
+// Alloc/free, map/unmap/reserve/unreserve and segment events.
 struct block_fields {
-    uint64_t ptr;     // "ptr": address; the VMM handle for kind vmm alloc/free; the segment base
-    uint64_t size;    // "size": bytes the program asked for
-    uint64_t asize;   // "asize": bytes set aside (pool block size, pitch*height); 0 = same as size
-    uint64_t seg;     // "seg": pool segment base; "handle" for map; "mempool" for FromPool allocs
-    uint64_t stream;  // "stream"; "offset" for map
+    uint64_t ptr;      // "ptr": address; the VMM handle for kind vmm alloc/free; the segment base
+    uint64_t size;     // "size": bytes the program asked for
+    uint64_t asize;    // "asize": bytes set aside (pool block size, pitch*height); 0 = same as size
+    uint64_t seg;      // "seg": pool segment base (pooled events)
+    uint64_t mempool;  // "mempool": the CUmemoryPool of a FromPool allocation; 0 = none
+    uint64_t stream;   // "stream": written when flags has ef_has_stream (0 is the legacy stream)
+    uint64_t handle;   // "handle": the physical handle of a map
+    uint64_t offset;   // "offset": its offset
+};
+
+// pool_sync, context_reset and lost.
+struct count_fields {
+    uint64_t count;  // "count": frees released (pool_sync), 0 (context_reset), events lost (lost)
+};
+
+// The end line (event_log::finish).
+struct end_fields {
+    end_reason reason;     // "reason"
+    int32_t signal;        // "signal": written for reason signal
+    uint64_t events;       // "events": events recorded, the end line excluded
+    uint64_t n_alloc;      // "n_alloc"
+    uint64_t n_free;       // "n_free"
+    uint64_t n_fail;       // "n_fail"
+    uint64_t live_allocs;  // "live_allocs"
+    uint64_t live_bytes;   // "live_bytes"
+    uint64_t lost;         // "lost"
+    uint64_t unmatched;    // "unmatched"
 };
 
 // One recorded event, as the hot path fills it.  Plain data with no pointers to strings: the
@@ -137,16 +162,18 @@ struct event {
     uint64_t seq;      // "seq": global order, gap-free in a complete log
     uint64_t t_ns;     // "t": ns since the recorder started
     uint32_t tid;      // "tid": Linux thread id
-    int32_t err;       // "err": CUresult / cudaError_t of a failed call; a count for pool_sync, lost
+    int32_t err;       // "err": CUresult / cudaError_t of a failed call (alloc_fail, free_fail)
     int16_t dev;       // "dev": device ordinal, -1 when unknown or host memory
     ev_kind ev;
     mem_kind kind;
     api_id api;
     pool_id pool;
     uint8_t flags;     // event_flags
-    union {
+    union {            // which one: by `ev`, as core/log_fields.h's "carried by" says
         block_fields b;
         pool_state p;
+        count_fields c;
+        end_fields x;
     };
 };
 static_assert(sizeof(event) <= 112, "event should stay compact: it is copied on the hot path");

@@ -12,7 +12,7 @@ void fill_call(event& e, const call_info& c) noexcept {
         e.flags |= ef_has_stream;
         e.b.stream = c.stream;
     }
-    e.b.seg = c.mempool;
+    e.b.mempool = c.mempool;
 }
 }  // namespace
 
@@ -68,8 +68,8 @@ void recorder::vmm(ev_kind ev, const call_info& c, uint64_t ptr, uint64_t size, 
     e.dev = int16_t(c.dev);
     e.b.ptr = ptr;
     e.b.size = size;
-    e.b.seg = handle;
-    e.b.stream = offset;
+    e.b.handle = handle;
+    e.b.offset = offset;
     log_.record(e);
 }
 

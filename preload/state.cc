@@ -16,6 +16,7 @@
 #include <ctime>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "config.h"
 #include "event_format.h"
@@ -54,8 +55,9 @@ process_state& state() noexcept {
 
 void say(const char* msg) noexcept { (void)!write(2, msg, strlen(msg)); }
 
-std::string read_cmdline_json() {
-    std::string out = "[";
+// The process's argv, from /proc (the program's own bytes; format_header escapes them).
+std::vector<std::string> read_cmdline() {
+    std::vector<std::string> out;
     int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         std::string raw;
@@ -64,23 +66,19 @@ std::string read_cmdline_json() {
         while ((n = read(fd, buf, sizeof buf)) > 0 && raw.size() < (1u << 20)) raw.append(buf, size_t(n));
         close(fd);
         size_t start = 0;
-        bool first = true;
         for (size_t i = 0; i < raw.size(); ++i) {
             if (raw[i] != '\0') continue;
-            if (!first) out += ',';
-            append_json_string(out, raw.data() + start, i - start);
-            first = false;
+            out.emplace_back(raw.data() + start, i - start);
             start = i + 1;
         }
     }
-    out += ']';
     return out;
 }
 
 // Devices, as the driver reports them.  Runs inside the program's first allocation call, so cuInit
 // has happened; any failure just leaves the list short.
-std::string devices_json() {
-    std::string out = "[";
+std::vector<header_device> devices() {
+    std::vector<header_device> out;
     auto count_fn = reinterpret_cast<CUresult (*)(int*)>(real_driver_by_name("cuDeviceGetCount"));
     auto get_fn = reinterpret_cast<CUresult (*)(CUdevice*, int)>(real_driver_by_name("cuDeviceGet"));
     auto name_fn = reinterpret_cast<CUresult (*)(char*, int, CUdevice)>(real_driver_by_name("cuDeviceGetName"));
@@ -94,30 +92,29 @@ std::string devices_json() {
             if (name_fn) name_fn(name, sizeof name, d);
             size_t total = 0;
             if (mem_fn) mem_fn(&total, d);
-            if (out.size() > 1) out += ',';
-            out += "{\"index\":" + std::to_string(i) + ",\"name\":";
-            append_json_string(out, name, strnlen(name, sizeof name));
-            out += ",\"total\":" + std::to_string(total) + "}";
+            header_device hd;
+            hd.index = i;
+            hd.name.assign(name, strnlen(name, sizeof name));
+            hd.total = int64_t(total);
+            out.push_back(std::move(hd));
         }
     }
-    out += ']';
     return out;
 }
 
+// The header's values; core/event_format.cc writes them in the order of core/log_fields.h.
 std::string header_line(const process_state& st, const std::string& pool_json, uint64_t start_unix_ns) {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
-    std::string h = "{\"ev\":\"header\",\"format\":\"";
-    h += k_format_name;
-    h += "\",\"version\":" + std::to_string(k_format_version);
-    h += ",\"pid\":" + std::to_string(getpid()) + ",\"ppid\":" + std::to_string(getppid());
-    h += ",\"host\":";
-    append_json_string(h, host, strlen(host));
-    std::string rank = rank_from_env();
-    h += ",\"rank\":";
-    append_json_string(h, rank.data(), rank.size());
-    h += ",\"cmdline\":" + read_cmdline_json();
-    h += ",\"start_unix_ns\":" + std::to_string(start_unix_ns);
+    header_values h;
+    h.format = k_format_name;
+    h.version = k_format_version;
+    h.pid = getpid();
+    h.ppid = getppid();
+    h.host = host;
+    h.rank = rank_from_env();
+    h.cmdline = read_cmdline();
+    h.start_unix_ns = int64_t(start_unix_ns);
     time_t secs = time_t(start_unix_ns / 1000000000ull);
     struct tm tm_utc;
     gmtime_r(&secs, &tm_utc);
@@ -125,24 +122,17 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     snprintf(iso, sizeof iso, "%04d-%02d-%02dT%02d:%02d:%02d.%09lluZ", tm_utc.tm_year + 1900, tm_utc.tm_mon + 1,
              tm_utc.tm_mday, tm_utc.tm_hour, tm_utc.tm_min, tm_utc.tm_sec,
              (unsigned long long)(start_unix_ns % 1000000000ull));
-    h += ",\"start_time\":\"";
-    h += iso;
-    h += "\",\"devices\":" + devices_json();
-    h += ",\"config\":{\"pool\":\"";
-    h += st.cfg.pool ? "on" : "off";
-    h += "\",\"out\":";
-    append_json_string(h, st.cfg.out.data(), st.cfg.out.size());
-    h += ",\"flush_ms\":" + std::to_string(st.cfg.flush_ms);
-    h += ",\"buffer_events\":" + std::to_string(st.cfg.buffer_events);
-    if (const char* r = getenv("GPUMEM_ROUTES")) {
-        h += ",\"routes\":";
-        append_json_string(h, r, strlen(r));
-    }
-    h += pool_json;
-    h += "},\"gpumem_version\":\"" GPUMEM_VERSION "\"";
-    if (st.forked_from) h += ",\"forked_from\":" + std::to_string(st.forked_from);
-    h += "}\n";
-    return h;
+    h.start_time = iso;
+    h.devices = devices();
+    h.config.pool = st.cfg.pool ? "on" : "off";
+    h.config.out = st.cfg.out;
+    h.config.flush_ms = st.cfg.flush_ms;
+    h.config.buffer_events = st.cfg.buffer_events;
+    if (const char* r = getenv("GPUMEM_ROUTES")) h.config.routes = r;
+    h.config.reuse = pool_json;
+    h.gpumem_version = GPUMEM_VERSION;
+    h.forked_from = st.forked_from;
+    return format_header(h);
 }
 
 // True when this process owns the running log.  A vfork child (posix_spawn, Python's subprocess)

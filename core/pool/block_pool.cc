@@ -159,13 +159,13 @@ void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept
     sink_->emit(e);
 }
 
-void block_pool::emit_simple(ev_kind ev, api_id api, int err) noexcept {
+void block_pool::emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept {
     if (!sink_) return;
     event e{};
     e.ev = ev;
     e.dev = device_;
     e.api = api;
-    e.err = err;
+    e.c.count = count;
     sink_->emit(e);
 }
 
@@ -452,7 +452,7 @@ bool block_pool::sync_release(api_id api) {
     }
     pending_.clear();
     pending_large_.clear();
-    emit_simple(ev_kind::pool_sync, api, int32_t(std::min<size_t>(n, INT32_MAX)));
+    emit_simple(ev_kind::pool_sync, api, n);
     return true;
 }
 

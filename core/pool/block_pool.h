@@ -143,7 +143,7 @@ class block_pool {
 
     void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err) noexcept;
     void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
-    void emit_simple(ev_kind ev, api_id api, int err) noexcept;
+    void emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept;
     void emit_oom(api_id api, uint64_t size) noexcept;
 
     const pool_config cfg_;

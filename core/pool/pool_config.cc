@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/log_fields.h"
+
 namespace gpumem {
 namespace {
 
@@ -139,7 +141,9 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
 void pool_config::append_config_json(std::string& out) const noexcept {
     try {
         std::string s;
-        s += "\"reuse\":";
+        s += '"';
+        s += config_key::reuse;  // the header's config members: core/log_fields.h
+        s += "\":";
         s += reuse == reuse_mode::immediate ? "\"immediate\"," : reuse == reuse_mode::safe ? "\"safe\"," : "\"auto\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);

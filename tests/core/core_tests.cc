@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -136,8 +137,8 @@ TEST_CASE("formatter writes the documented members for each kind") {
     m.api = api_id::cuMemMap;
     m.b.ptr = 0x2000;
     m.b.size = 4096;
-    m.b.seg = 0x77;
-    m.b.stream = 512;
+    m.b.handle = 0x77;
+    m.b.offset = 512;
     j = format(m);
     CHECK(j["handle"] == "0x77");
     CHECK(j["offset"] == 512);
@@ -157,7 +158,7 @@ TEST_CASE("formatter writes the documented members for each kind") {
 
     event l{};
     l.ev = ev_kind::lost;
-    l.b.size = 3;
+    l.c.count = 3;
     j = format(l);
     CHECK(j["count"] == 3);
     CHECK_FALSE(j.contains("seq"));
@@ -277,4 +278,75 @@ TEST_CASE("recorder: failed free keeps the allocation live, and an unknown free 
     CHECK(lines[6]["n_fail"] == 2);
     CHECK(lines[6]["live_allocs"] == 0);
     unlink(path.c_str());
+}
+
+TEST_CASE("format_header writes the header table's members in order, escaped, optional ones only when set") {
+    header_values h;
+    h.format = k_format_name;
+    h.version = k_format_version;
+    h.pid = 42;
+    h.ppid = 1;
+    h.host = "gpu\"01";
+    h.rank = "0";
+    h.cmdline = {"python", "a b"};
+    h.start_unix_ns = 5;
+    h.start_time = "1970-01-01T00:00:00.000000005Z";
+    h.devices = {header_device{0, "H200", 100}};
+    h.config.pool = "on";
+    h.config.out = "x-%p.jsonl";
+    h.config.flush_ms = 20;
+    h.config.buffer_events = 64;
+    h.config.reuse = ",\"reuse\":\"auto\",\"pool_round\":512,";  // as the pool hands it over
+    h.gpumem_version = "0.1.0";
+    std::string line = format_header(h);
+    CHECK(line ==
+          "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":" + std::to_string(k_format_version) +
+              ",\"pid\":42,\"ppid\":1,\"host\":\"gpu\\\"01\",\"rank\":\"0\",\"cmdline\":[\"python\",\"a b\"],"
+              "\"start_unix_ns\":5,\"start_time\":\"1970-01-01T00:00:00.000000005Z\","
+              "\"devices\":[{\"index\":0,\"name\":\"H200\",\"total\":100}],"
+              "\"config\":{\"pool\":\"on\",\"out\":\"x-%p.jsonl\",\"flush_ms\":20,\"buffer_events\":64,"
+              "\"reuse\":\"auto\",\"pool_round\":512},\"gpumem_version\":\"0.1.0\"}\n");
+    h.forked_from = 7;
+    h.config.routes = "driver";
+    h.config.reuse.clear();
+    json j = json::parse(format_header(h));
+    CHECK(j["forked_from"] == 7);
+    CHECK(j["config"]["routes"] == "driver");
+    CHECK_FALSE(j["config"].contains("reuse"));
+}
+
+TEST_CASE("the end line is an event: its members come from the table") {
+    event e{};
+    e.ev = ev_kind::end;
+    e.seq = 9;
+    e.t_ns = 10;
+    e.tid = 11;
+    e.x.reason = end_reason::signal;
+    e.x.signal = 15;
+    e.x.events = 9;
+    e.x.n_alloc = 4;
+    e.x.lost = 2;
+    e.x.unmatched = 1;
+    char buf[k_max_event_line];
+    size_t n = format_event(e, buf, sizeof buf);
+    CHECK(std::string(buf, n) ==
+          "{\"ev\":\"end\",\"seq\":9,\"t\":10,\"tid\":11,\"reason\":\"signal\",\"signal\":15,\"events\":9,"
+          "\"n_alloc\":4,\"n_free\":0,\"n_fail\":0,\"live_allocs\":0,\"live_bytes\":0,\"lost\":2,\"unmatched\":1}\n");
+    e.x.reason = end_reason::exit;
+    CHECK_FALSE(format(e).contains("signal"));
+}
+
+TEST_CASE("docs/log-format.md names every member of the schema table") {
+    std::ifstream in(GPUMEM_SOURCE_DIR "/docs/log-format.md");
+    REQUIRE(in);
+    std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const log_field_info& f : k_log_fields) {
+        INFO(f.name);
+        CHECK(doc.find(std::string("`") + f.name + "`") != std::string::npos);
+    }
+#define GPUMEM_X(id, name, type) CHECK(doc.find(std::string("`") + name + "`") != std::string::npos);
+    GPUMEM_HEADER_FIELDS(GPUMEM_X)
+    GPUMEM_CONFIG_FIELDS(GPUMEM_X)
+    GPUMEM_DEVICE_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
 }

@@ -310,7 +310,7 @@ TEST_CASE("safe reuse: a freed block is not handed out again before a synchroniz
     CHECK(pool.pending_bytes() == 0);
     REQUIRE(sink.count(ev_kind::pool_sync) == 1);
     const event ps = sink.of(ev_kind::pool_sync)[0];
-    CHECK(ps.err == 4);          // frees released by this sync
+    CHECK(ps.c.count == 4);         // frees released by this sync
     CHECK(ps.api == A);
     // The pool_sync event comes before the alloc that reused the block.
     CHECK(sink.events.back().ev == ev_kind::alloc);
@@ -551,7 +551,7 @@ TEST_CASE("release_cached syncs pending frees once and returns empty segments", 
     CHECK(dev.free_calls() == 1);       // the large segment; the small one still holds c
     CHECK(dev.live_segments() == 1);
     CHECK(pool.snapshot().reserved == 2 * MiB);
-    CHECK(sink.of(ev_kind::pool_sync)[0].err == 2);
+    CHECK(sink.of(ev_kind::pool_sync)[0].c.count == 2);
     CHECK(sink.of(ev_kind::segment_free)[0].api == api_id::none);
     must_free(pool, c);
     pool.release_cached();
@@ -651,7 +651,7 @@ TEST_CASE("auto reuse: immediate until a stream appears, then one drain and safe
     CHECK(sink.events[before].api == api_id::cuStreamCreate);
     CHECK(sink.events[before].dev == 1);
     CHECK(sink.events[before + 1].ev == ev_kind::pool_sync);
-    CHECK(sink.events[before + 1].err == 0);
+    CHECK(sink.events[before + 1].c.count == 0);
 
     // After it: frees pend until a sync, as in safe mode.
     must_free(pool, a);
@@ -694,7 +694,7 @@ TEST_CASE("auto reuse: an empty pool switches without a sync, and no sync during
         dev.set_capturing(false);
         pool.settle_owed_drain();  // what capture_end does
         CHECK(dev.sync_calls() == 1);
-        CHECK(sink.of(ev_kind::pool_sync).back().err == 1);  // it also released the pending free
+        CHECK(sink.of(ev_kind::pool_sync).back().c.count == 1);  // it also released the pending free
         pool.settle_owed_drain();  // paid: nothing more
         CHECK(dev.sync_calls() == 1);
         CHECK(dev.bad_calls() == 0);

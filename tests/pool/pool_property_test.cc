@@ -68,7 +68,7 @@ struct layout_replayer {
                 break;
             }
             case ev_kind::pool_sync: {
-                int n = 0;
+                uint64_t n = 0;
                 for (auto& [base, m] : segs)
                     for (auto it = m.begin(); it != m.end(); ++it)
                         if (it->second.state == pending_b) it->second.state = free_b, ++n;
@@ -82,7 +82,7 @@ struct layout_replayer {
                             ++it;
                         }
                     }
-                if (n != e.err) error = "pool_sync count differs from pending frees";
+                if (n != e.c.count) error = "pool_sync count differs from pending frees";
                 break;
             }
             case ev_kind::reuse_safe: immediate = false; break;
