@@ -75,6 +75,7 @@ bool member_value(const event& e, log_field f, uint64_t& v) noexcept {
         case log_field::offset: v = b.offset; return true;
         case log_field::unknown: v = 1; return e.flags & ef_size_unknown;
         case log_field::err: v = uint64_t(int64_t(e.err)); return true;
+        case log_field::stack: v = b.stack; return b.stack != 0;
         case log_field::pool: v = uint64_t(e.pool); return true;
         case log_field::count: v = e.c.count; return true;
         case log_field::reserved: v = e.p.reserved; return true;

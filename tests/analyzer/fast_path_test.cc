@@ -106,6 +106,7 @@ event random_event(std::mt19937_64& rng, bool full_range) {
         e.b.stream = any_u64(rng, true);
         e.b.handle = any_u64(rng, true);
         e.b.offset = any_u64(rng, full_range);
+        e.b.stack = rng() % 2 ? any_u64(rng, full_range) : 0;
     }
     return e;
 }
@@ -295,4 +296,33 @@ TEST_CASE("reuse_safe lines take the fast path with dev and api, as parse_json r
         REQUIRE(t.json.parse_json(buf.data(), std::strlen(line), buf.size(), out, err) == parse_status::ok);
         CHECK_FALSE(line_parser::missing_members(out).empty());
     }
+}
+
+TEST_CASE("an alloc's optional stack id is written after its other members and read by both paths", "[fastpath]") {
+    twin t;
+    event e;
+    std::memset(&e, 0, sizeof e);
+    e.ev = ev_kind::alloc;
+    e.seq = 3;
+    e.t_ns = 4;
+    e.tid = 5;
+    e.api = api_id::cudaMalloc;
+    e.kind = mem_kind::device;
+    e.b.ptr = 0x1000;
+    e.b.size = 256;
+    std::string plain = format(e);
+    CHECK(plain.find("stack") == std::string::npos);  // 0: no stack recorded, no member
+    e.b.stack = 42;
+    std::string line = format(e);
+    CHECK(line == "{\"ev\":\"alloc\",\"seq\":3,\"t\":4,\"tid\":5,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\","
+                  "\"ptr\":\"0x1000\",\"size\":256,\"stack\":42}");
+    CHECK(t.check(line));
+    std::string buf = line + std::string(64, '\0');
+    log_event out;
+    REQUIRE(t.fast.parse_recorder_line(buf.data(), line.size(), buf.size(), out));
+    CHECK(out.has(fd_stack));
+    CHECK(out.stack == 42);
+    // Only allocs carry it: a free's stack stays unwritten.
+    e.ev = ev_kind::free;
+    CHECK(format(e).find("stack") == std::string::npos);
 }
