@@ -12,7 +12,7 @@ namespace gpumem::analysis {
 
 using ojson = nlohmann::ordered_json;
 
-// "12GiB", "500MB", "4096": core/config.h's parse_size (whole numbers; write 1536MiB for 1.5GiB).
+// "12GiB", "500MB", "1.5 GiB", "4096": core/size_parse.h's parse_size, the rule GPUMEM_* sizes follow.
 bool parse_size_arg(const std::string& text, uint64_t& out);
 // A ratio in [0, 1]: "0.3" or "30%".
 bool parse_ratio_arg(const std::string& text, double& out);

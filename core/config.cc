@@ -21,30 +21,6 @@ bool parse_bool(const char* s, bool* out) noexcept {
     return false;
 }
 
-bool parse_size(const char* s, uint64_t* out) noexcept {
-    if (!s || !*s) return false;
-    errno = 0;
-    char* end = nullptr;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-') return false;
-    uint64_t mult = 1;
-    if (*end) {
-        if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mult = 1ull << 10;
-        else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mult = 1ull << 20;
-        else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mult = 1ull << 30;
-        else if (!strcasecmp(end, "t") || !strcasecmp(end, "tib")) mult = 1ull << 40;
-        else if (!strcasecmp(end, "kb")) mult = 1000ull;
-        else if (!strcasecmp(end, "mb")) mult = 1000ull * 1000;
-        else if (!strcasecmp(end, "gb")) mult = 1000ull * 1000 * 1000;
-        else if (!strcasecmp(end, "tb")) mult = 1000ull * 1000 * 1000 * 1000;
-        else if (!strcasecmp(end, "b")) mult = 1;
-        else return false;
-    }
-    if (mult != 1 && v > UINT64_MAX / mult) return false;
-    *out = v * mult;
-    return true;
-}
-
 static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field, std::string* warnings) {
     const char* s = getenv(name);
     if (!s) return;

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "size_parse.h"  // parse_size: the one rule for sizes, used for every numeric setting
+
 namespace gpumem {
 
 struct config {
@@ -28,7 +30,5 @@ std::string rank_from_env();
 // Parses "on"/"off"/"1"/"0"/"true"/"false"; returns false for anything else.
 bool parse_bool(const char* s, bool* out) noexcept;
 
-// Parses a non-negative integer with an optional K/M/G/KiB/MiB/GiB/KB/MB/GB suffix.
-bool parse_size(const char* s, uint64_t* out) noexcept;
 
 }  // namespace gpumem

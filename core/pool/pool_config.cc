@@ -6,41 +6,12 @@
 #include <limits>
 
 #include "core/log_fields.h"
+#include "core/size_parse.h"
 
 namespace gpumem {
 namespace {
 
 bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
-
-// "64M", "2MiB", "512", "1g" -> bytes (binary multiples).  False on anything else, overflow included.
-bool parse_size(const char* s, uint64_t* out) {
-    if (!s || !*s) return false;
-    uint64_t v = 0;
-    const char* p = s;
-    if (*p < '0' || *p > '9') return false;
-    for (; *p >= '0' && *p <= '9'; ++p) {
-        const uint64_t d = uint64_t(*p - '0');
-        if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return false;
-        v = v * 10 + d;
-    }
-    unsigned shift = 0;
-    switch (*p) {
-        case '\0': break;
-        case 'k': case 'K': shift = 10; ++p; break;
-        case 'm': case 'M': shift = 20; ++p; break;
-        case 'g': case 'G': shift = 30; ++p; break;
-        default: return false;
-    }
-    if (shift) {
-        if (*p == 'i' || *p == 'I') ++p;
-        if (*p == 'b' || *p == 'B') ++p;
-        if (*p != '\0') return false;
-        if (v > (std::numeric_limits<uint64_t>::max() >> shift)) return false;
-        v <<= shift;
-    }
-    *out = v;
-    return true;
-}
 
 struct size_knob {
     const char* env;

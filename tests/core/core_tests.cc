@@ -61,6 +61,60 @@ TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
     CHECK_FALSE(parse_size("12 parsecs", &v));
     CHECK_FALSE(parse_size("-1", &v));
     CHECK_FALSE(parse_size("", &v));
+}
+
+TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1024") {
+    auto size = [](const char* s) {
+        uint64_t v = 12345;  // unchanged on failure
+        bool ok = parse_size(s, &v);
+        return ok ? std::to_string(v) : std::string("no (") + std::to_string(v) + ")";
+    };
+    // The examples of issue 9 and docs.
+    CHECK(size("1.5GiB") == "1610612736");
+    CHECK(size("512MB") == "512000000");
+    CHECK(size("4096") == "4096");
+    CHECK(size("4 KiB") == "4096");
+    // Every unit, in any letter case.
+    CHECK(size("1B") == "1");
+    CHECK(size("1b") == "1");
+    CHECK(size("3K") == "3072");
+    CHECK(size("3k") == "3072");
+    CHECK(size("3KiB") == "3072");
+    CHECK(size("3kib") == "3072");
+    CHECK(size("3KB") == "3000");
+    CHECK(size("3kb") == "3000");
+    CHECK(size("64M") == "67108864");
+    CHECK(size("64MiB") == "67108864");
+    CHECK(size("64MB") == "64000000");
+    CHECK(size("2G") == "2147483648");
+    CHECK(size("2GB") == "2000000000");
+    CHECK(size("1T") == "1099511627776");
+    CHECK(size("1TiB") == "1099511627776");
+    CHECK(size("1TB") == "1000000000000");
+    // Spaces between number and unit (any number of them), fractions, rounding down.
+    CHECK(size("4\tKiB") == "4096");
+    CHECK(size("4   KB") == "4000");
+    CHECK(size("0.5KiB") == "512");
+    CHECK(size("1.1KiB") == "1126");  // 1126.4
+    CHECK(size("0.3KB") == "300");
+    CHECK(size("2.75") == "2");
+    CHECK(size("1.000000000000000000000001GiB") == "1073741824");
+    CHECK(size("0") == "0");
+    // The largest value, and one past it, with and without a unit.
+    CHECK(size("18446744073709551615") == "18446744073709551615");
+    CHECK(size("18446744073709551616") == "no (12345)");
+    CHECK(size("16777216TiB") == "no (12345)");  // 2^64
+    CHECK(size("16777215.99TiB") == "18446744062714435338");  // 2^64 - 2^40 + 0.99 TiB, rounded down
+    CHECK(size("18446744073709551615.5") == "18446744073709551615");
+    CHECK(size("18446744073709552KB") == "no (12345)");
+    CHECK(size("99999999999999999999999") == "no (12345)");
+    // Not sizes.
+    for (const char* bad : {"", " 4", "+4", "-4", ".5", "1.", "1.GiB", "1e6", "4KiBs", "4 K B", "4Ki", "4iB",
+                            "4P", "4PB", "0x10", "4,096", "4MB ", "4096 ", "MB", "1..5"}) {
+        INFO(bad);
+        CHECK(size(bad) == "no (12345)");
+    }
+    CHECK_FALSE(parse_size(nullptr, nullptr));
     bool b = false;
     CHECK(parse_bool("on", &b));
     CHECK(b);

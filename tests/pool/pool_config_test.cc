@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/pool/pool_config.h"
+#include "core/size_parse.h"
 
 using namespace gpumem;
 
@@ -53,6 +54,22 @@ TEST_CASE("config reads values with binary suffixes", "[pool][config]") {
     CHECK(c.round == 1024);
     CHECK(c.sync_budget == 1u << 30);
     CHECK(c.stats_ms == 0);
+}
+
+TEST_CASE("config reads sizes by core/size_parse.h's rule, as the CLI does", "[pool][config]") {
+    // "3MB" once meant 3 MiB here and 3,000,000 on the command line (issue 9): now one rule.
+    const pool_config c = with({{"GPUMEM_SYNC_BUDGET", "3MB"}, {"GPUMEM_POOL_LARGE_SEGMENT", "1.5 GiB"},
+                                {"GPUMEM_POOL_MIN_LARGE_ALLOC", "10MiB"}});
+    CHECK(c.warnings.empty());
+    uint64_t v = 0;
+    REQUIRE(parse_size("3MB", &v));
+    CHECK(c.sync_budget == v);
+    CHECK(c.sync_budget == 3000000);
+    CHECK(c.large_segment == 1536ull << 20);
+    // A value the rule rejects keeps the default and says so.
+    const pool_config d = with({{"GPUMEM_SYNC_BUDGET", "3 MB/s"}});
+    CHECK(d.sync_budget == 32u << 20);
+    CHECK(d.warnings.find("GPUMEM_SYNC_BUDGET=3 MB/s") != std::string::npos);
 }
 
 TEST_CASE("config reads each reuse mode and writes it to the header", "[pool][config]") {
