@@ -45,8 +45,11 @@ std::string fmt_hex(uint64_t v) {
 
 std::string fmt_rate(uint64_t n, uint64_t duration_ns) {
     if (duration_ns == 0) return "-";
+    // Whole numbers with separators from 100/s up: a tenth of a call per second says nothing there.
+    double r = double(n) * 1e9 / double(duration_ns);
+    if (r >= 100) return fmt_count(uint64_t(r + 0.5)) + "/s";
     char b[32];
-    std::snprintf(b, sizeof b, "%.1f/s", double(n) * 1e9 / double(duration_ns));
+    std::snprintf(b, sizeof b, "%.1f/s", r);
     return b;
 }
 
@@ -59,6 +62,10 @@ std::string fmt_count(uint64_t n) {
         ++k;
     }
     return {out.rbegin(), out.rend()};
+}
+
+std::string fmt_counted(uint64_t n, const char* one, const char* many) {
+    return fmt_count(n) + " " + (n == 1 ? one : many);
 }
 
 std::string html_escape(const std::string& s) {

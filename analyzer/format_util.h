@@ -12,11 +12,25 @@ std::string fmt_bytes(uint64_t n);         // "0 B", "512 B", "1.50 KiB", "2.00 
 std::string fmt_time(uint64_t ns);         // "950 ns", "12.50 us", "3.20 ms", "1.234 s"
 std::string fmt_pct(double ratio);         // 0.1234 -> "12.3%"
 std::string fmt_hex(uint64_t v);           // "0x7f3a40000000"
-std::string fmt_rate(uint64_t n, uint64_t duration_ns);  // "1234.5/s", "-" for an instant run
+std::string fmt_rate(uint64_t n, uint64_t duration_ns);  // "12.5/s", "450,281/s", "-" for an instant run
 std::string fmt_count(uint64_t n);         // "1,234,567"
+std::string fmt_counted(uint64_t n, const char* one, const char* many);  // "1 block", "1,024 blocks"
 std::string html_escape(const std::string& s);
 const char* pool_name(pool_id p);
 const char* kind_name(mem_kind k);
+
+// What requested, allocated and reserved mean, with PyTorch's name beside each: stated once for the
+// text and HTML reports (docs/metrics.md says the same).
+struct metric_meaning {
+    const char* name;
+    const char* meaning;
+    const char* pytorch;
+};
+inline constexpr metric_meaning k_metric_meanings[] = {
+    {"requested", "asked for by the program and not yet freed", "torch.cuda.memory_allocated()"},
+    {"allocated", "pool blocks holding them, incl. pool rounding", "no counterpart"},
+    {"reserved", "held from the driver: segments + unpooled", "torch.cuda.memory_reserved()"},
+};
 
 struct device_report;
 // Most events bunched into a small part of the run (a long load, then a burst): the memory-over-time

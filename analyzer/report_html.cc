@@ -53,7 +53,17 @@ struct x_axis {
 };
 
 // A step chart: memory is constant between events, so each value holds until the next point.
-std::string line_chart(const std::vector<series>& ss, bool percent, const std::string& title, const x_axis& ax) {
+std::string line_chart(std::vector<series> ss, bool percent, const std::string& title, const x_axis& ax) {
+    // Series with the same points are one line: draw it once, and name them together in the legend
+    // ("reserved = allocated = requested"), so the legend lists exactly the lines one can see.
+    for (size_t i = 0; i < ss.size(); ++i)
+        for (size_t j = i + 1; j < ss.size();)
+            if (ss[j].pts == ss[i].pts) {
+                ss[i].name += " = " + ss[j].name;
+                ss.erase(ss.begin() + std::ptrdiff_t(j));
+            } else {
+                ++j;
+            }
     const double W = 980, H = 260, L = 80, R = 40, T = 28, B = 36;
     uint64_t t0 = UINT64_MAX, t1 = 0;
     double ymax = 0;
@@ -94,9 +104,13 @@ std::string line_chart(const std::vector<series>& ss, bool percent, const std::s
         o << "<rect x='" << num(lx) << "' y='9' width='12' height='12' fill='" << it->color << "'/><text x='" << num(lx + 16)
           << "' y='19' font-size='12'>" << html_escape(it->name) << "</text>\n";
     }
-    for (const series& s : ss) {
+    // Drawn first = widest: where lines run together (allocated = requested between two spikes) each
+    // one still shows as an edge of its own colour around the next.
+    for (size_t i = 0; i < ss.size(); ++i) {
+        const series& s = ss[i];
         if (s.pts.empty()) continue;
-        o << "<polyline fill='none' stroke='" << s.color << "' stroke-width='1.6' points='";
+        o << "<polyline fill='none' stroke='" << s.color << "' stroke-width='" << num(1.6 + 1.5 * double(ss.size() - 1 - i))
+          << "' points='";
         double prev_y = Y(0);
         o << num(X(s.pts.front().first)) << ',' << num(prev_y) << ' ';
         for (const auto& [t, v] : s.pts) {
@@ -162,7 +176,7 @@ std::string segment_map_svg(const state_snapshot& s) {
         double w = std::max(1.0, double(v.size) * px_per_byte);
         const auto [used, largest] = v.measure();
         o << "<g><title>" << fmt_hex(v.base) << ": " << fmt_bytes(v.size) << " (" << pool_name(v.pool) << "), "
-          << v.blocks.size() << " blocks, " << fmt_bytes(v.size - used) << " free, largest free " << fmt_bytes(largest)
+          << fmt_counted(v.blocks.size(), "block", "blocks") << ", " << fmt_bytes(v.size - used) << " free, largest free " << fmt_bytes(largest)
           << "</title>\n";
         o << "<text x='0' y='" << num(y + 11) << "' font-size='11'>" << fmt_hex(v.base) << " " << fmt_bytes(v.size) << "</text>";
         o << "<rect x='" << label << "' y='" << num(y) << "' width='" << num(w) << "' height='" << row - 3
@@ -260,9 +274,11 @@ void card(std::ostream& o, const std::string& k, const std::string& v) {
 
 void snapshot_block(std::ostream& o, const state_snapshot& s) {
     o << "<p class=meta>requested " << fmt_bytes(s.requested) << ", allocated " << fmt_bytes(s.allocated) << ", reserved "
-      << fmt_bytes(s.reserved) << "; free in segments " << fmt_bytes(s.free_in_segments) << " in " << s.free_blocks
-      << " blocks, largest " << fmt_bytes(s.largest_free) << ", external fragmentation " << fmt_pct(s.external_fragmentation)
-      << "</p>\n";
+      << fmt_bytes(s.reserved);
+    if (!s.segment_map.empty() || s.segments)
+        o << "; free in segments " << fmt_bytes(s.free_in_segments) << " in " << fmt_counted(s.free_blocks, "block", "blocks")
+          << ", largest " << fmt_bytes(s.largest_free) << ", external fragmentation " << fmt_pct(s.external_fragmentation);
+    o << "</p>\n";
     o << segment_map_svg(s);
 }
 
@@ -290,7 +306,9 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     card(o, "peak requested", fmt_bytes(d.requested.peak));
     card(o, "peak allocated", fmt_bytes(d.allocated.peak));
     card(o, "peak reserved", fmt_bytes(d.reserved.peak));
-    card(o, "max external fragmentation", fmt_pct(d.max_external_fragmentation));
+    // Free space and fragmentation are about pool segments: none where the pool held none.
+    const bool pooled = d.segment_count.peak > 0;
+    if (pooled) card(o, "max external fragmentation", fmt_pct(d.max_external_fragmentation));
     card(o, "OOMs", std::to_string(d.n_oom));
     card(o, p.has_end ? "leaked at end" : "live when log stops", fmt_bytes(d.leaked_bytes) + " in " + std::to_string(d.n_leaks));
     o << "</div>\n";
@@ -303,10 +321,12 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     row("requested", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak), when(d.requested.peak_t, d.requested.peak_seq));
     row("allocated", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak), when(d.allocated.peak_t, d.allocated.peak_seq));
     row("reserved", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak), when(d.reserved.peak_t, d.reserved.peak_seq));
-    row("segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak), "");
-    row("largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "at peak allocated");
-    row("external fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation) + " (max " +
-        fmt_pct(d.max_external_fragmentation) + ")", d.max_external_fragmentation > 0 ? "max at " + when(d.max_external_fragmentation_t, d.max_external_fragmentation_seq) : "");
+    if (pooled) {
+        row("segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak), "");
+        row("largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "at peak allocated");
+        row("external fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation) + " (max " +
+            fmt_pct(d.max_external_fragmentation) + ")", d.max_external_fragmentation > 0 ? "max at " + when(d.max_external_fragmentation_t, d.max_external_fragmentation_seq) : "");
+    }
     row("reserved but unallocated", "", fmt_pct(d.reserved_unallocated_at_peak()), "at peak allocated");
     row("rounding overhead", "", fmt_pct(d.rounding_overhead_at_peak()), "at peak allocated");
     uint64_t dur = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
@@ -322,8 +342,9 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<p class=meta>The x axis is event order, not time: long stretches without events would squeeze the "
              "activity into a sliver. Tick labels give the time of that event.</p>\n";
     o << line_chart(mem, false, "memory over time (maximum per interval)", ax);
-    o << "<h3>External fragmentation over time</h3>\n"
-      << line_chart(frag, true, "1 − largest free block / free bytes in segments", ax);
+    if (pooled)
+        o << "<h3>External fragmentation over time</h3>\n"
+          << line_chart(frag, true, "1 − largest free block / free bytes in segments", ax);
     if (k.valid) {
         o << "<h3>Segment map at the peak of allocated memory — " << fmt_time(k.t) << ", seq " << k.seq << "</h3>\n";
         snapshot_block(o, k);
@@ -351,7 +372,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         blocks_table(o, k.largest_live);
     }
     if (d.n_leaks) {
-        o << "<h3>" << (p.has_end ? "Leaks: never freed" : "Live when the log stops") << " — " << d.n_leaks << " allocations, "
+        o << "<h3>" << (p.has_end ? "Leaks: never freed" : "Live when the log stops") << " — " << fmt_counted(d.n_leaks, "allocation", "allocations") << ", "
           << fmt_bytes(d.leaked_bytes) << "</h3>\n";
         blocks_table(o, d.leaks);
     }
@@ -363,7 +384,11 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
                 const output_options& opt) {
     o << "<!DOCTYPE html>\n<html lang=en><head><meta charset='utf-8'><title>gpumem report</title>\n"
       << "<meta name='viewport' content='width=device-width,initial-scale=1'>\n<style>" << k_css << "</style></head><body>\n";
-    o << "<h1>gpumem report</h1>\n";
+    o << "<h1>gpumem report</h1>\n<p class=meta>";
+    for (const metric_meaning& m : k_metric_meanings)
+        o << "<b>" << m.name << "</b> = " << html_escape(m.meaning) << " (PyTorch: "
+          << (std::string(m.pytorch).starts_with("torch.") ? "<code>" + std::string(m.pytorch) + "</code>" : m.pytorch) << ")<br>";
+    o << "</p>\n";
     if (procs.size() > 1) {
         o << "<h2>Combined: " << procs.size() << " processes</h2>\n<table><tr><th>log</th><th>rank</th><th>dev</th>"
           << "<th>peak requested</th><th>peak allocated</th><th>peak reserved</th></tr>\n";
@@ -385,7 +410,7 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
           << fmt_count(p.events) << " events over " << fmt_time(p.duration_ns()) << ", "
           << (p.has_end ? "ended: " + html_escape(p.end_reason) : std::string("no end line (killed?)")) << "</p>\n";
         if (p.n_warnings)
-            o << "<p class=warn>" << p.n_warnings << " warning(s); the first: " << html_escape(p.warnings.front()) << "</p>\n";
+            o << "<p class=warn>" << fmt_counted(p.n_warnings, "warning", "warnings") << "; the first: " << html_escape(p.warnings.front()) << "</p>\n";
         if (p.devices.empty()) o << "<p>No device memory events.</p>\n";
         // GPUs first: host memory (dev -1) is usually a few pinned buffers and would push the
         // device a reader came for below the first screen.

@@ -89,17 +89,19 @@ void write_map(std::ostream& os, const state_snapshot& s) {
         const auto [used, largest] = v.measure();
         os << "    " << pad(fmt_hex(v.base), 16) << pad(fmt_bytes(v.size), 11, true) << ' '
            << pad(pool_name(v.pool), 5) << " |" << pad(segment_bar(v, w), k_map_width) << "| "
-           << v.blocks.size() << " blocks, " << fmt_bytes(v.size - used) << " free, largest "
+           << fmt_counted(v.blocks.size(), "block", "blocks") << ", " << fmt_bytes(v.size - used) << " free, largest "
            << fmt_bytes(largest) << "\n";
     }
 }
 
 void write_snapshot_totals(std::ostream& os, const state_snapshot& s) {
     os << "    requested " << fmt_bytes(s.requested) << ", allocated " << fmt_bytes(s.allocated)
-       << ", reserved " << fmt_bytes(s.reserved) << ", " << s.live_allocs << " live allocations\n"
-       << "    free in segments " << fmt_bytes(s.free_in_segments) << " in " << s.free_blocks
-       << " blocks, largest " << fmt_bytes(s.largest_free) << ", external fragmentation "
-       << fmt_pct(s.external_fragmentation) << "\n";
+       << ", reserved " << fmt_bytes(s.reserved) << ", " << fmt_counted(s.live_allocs, "live allocation", "live allocations")
+       << "\n";
+    if (s.segment_map.empty() && !s.segments) return;  // no pool segments: no free space to speak of
+    os << "    free in segments " << fmt_bytes(s.free_in_segments) << " in " << fmt_counted(s.free_blocks, "block", "blocks")
+       << ", largest " << fmt_bytes(s.largest_free) << ", external fragmentation " << fmt_pct(s.external_fragmentation)
+       << "\n";
 }
 
 void write_blocks(std::ostream& os, const std::vector<block_view>& blocks) {
@@ -142,8 +144,9 @@ void write_timeline(std::ostream& os, const device_report& d) {
     uint64_t top = std::max<uint64_t>(1, d.reserved.peak);
     os << "\n  Memory over time (maximum in each interval; bar: '=' allocated, '-' reserved only)\n";
     if (by_event) os << "    rows of equal event count, not time: most events fall in a short part of the run\n";
+    const bool pooled = d.segment_count.peak > 0;  // fragmentation is about free space in pool segments
     os << "    " << pad("from", 12) << pad("requested", 12, true) << pad("allocated", 12, true)
-       << pad("reserved", 12, true) << pad("frag", 8, true) << "  \n";
+       << pad("reserved", 12, true) << (pooled ? pad("frag", 8, true) : "") << "  \n";
     for (size_t r = 0; r < rows; ++r) {
         if (!used[r]) continue;
         const time_point& p = out[r];
@@ -153,7 +156,7 @@ void write_timeline(std::ostream& os, const device_report& d) {
         wr = std::min<size_t>(std::max(wr, wa), 30);
         os << "    " << pad(fmt_time(p.t_first), 12) << pad(fmt_bytes(p.requested_max), 12, true)
            << pad(fmt_bytes(p.allocated_max), 12, true) << pad(fmt_bytes(p.reserved_max), 12, true)
-           << pad(fmt_pct(p.frag_max), 8, true) << "  |" << std::string(wa, '=') << std::string(wr - wa, '-')
+           << (pooled ? pad(fmt_pct(p.frag_max), 8, true) : "") << "  |" << std::string(wa, '=') << std::string(wr - wa, '-')
            << std::string(30 - wr, ' ') << "|\n";
     }
 }
@@ -173,21 +176,26 @@ void write_device(std::ostream& os, const process_report& p, const device_report
          at_text(d.allocated.peak_t, d.allocated.peak_seq));
     row4(os, "Reserved memory", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak),
          at_text(d.reserved.peak_t, d.reserved.peak_seq));
-    row4(os, "Segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak),
-         d.segment_count.peak ? at_text(d.segment_count.peak_t, d.segment_count.peak_seq) : "");
+    // The pool's free-space metrics only mean something where the pool held segments.
+    const bool pooled = d.segment_count.peak > 0;
+    if (pooled)
+        row4(os, "Segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak),
+             at_text(d.segment_count.peak_t, d.segment_count.peak_seq));
     rule(os, '-');
     row4(os, "Metric", "At end", "At peak alloc", "Maximum");
     rule(os, '-');
     const state_snapshot& k = d.at_peak;
-    row4(os, "Free in segments", fmt_bytes(d.end_free_in_segments), fmt_bytes(k.free_in_segments), "");
-    row4(os, "Largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "");
-    row4(os, "Free blocks", std::to_string(d.end_free_blocks), std::to_string(k.free_blocks),
-         std::to_string(d.max_free_blocks));
-    row4(os, "External fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation),
-         fmt_pct(d.max_external_fragmentation) +
-             (d.max_external_fragmentation > 0
-                  ? " at " + at_text(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
-                  : ""));
+    if (pooled) {
+        row4(os, "Free in segments", fmt_bytes(d.end_free_in_segments), fmt_bytes(k.free_in_segments), "");
+        row4(os, "Largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "");
+        row4(os, "Free blocks", std::to_string(d.end_free_blocks), std::to_string(k.free_blocks),
+             std::to_string(d.max_free_blocks));
+        row4(os, "External fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation),
+             fmt_pct(d.max_external_fragmentation) +
+                 (d.max_external_fragmentation > 0
+                      ? " at " + at_text(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
+                      : ""));
+    }
     double end_ru = d.reserved.current ? 1.0 - double(d.allocated.current) / double(d.reserved.current) : 0;
     double end_ro = d.allocated.current ? 1.0 - double(d.requested.current) / double(d.allocated.current) : 0;
     row4(os, "Reserved but unallocated", fmt_pct(end_ru), fmt_pct(d.reserved_unallocated_at_peak()), "");
@@ -267,7 +275,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     }
     if (d.n_leaks) {
         os << "\n  " << (p.has_end ? "Leaks: allocations never freed" : "Live when the log stops") << ": "
-           << d.n_leaks << " allocations, " << fmt_bytes(d.leaked_bytes) << " requested";
+           << fmt_counted(d.n_leaks, "allocation", "allocations") << ", " << fmt_bytes(d.leaked_bytes) << " requested";
         if (d.leaks.size() < d.n_leaks) os << " (largest " << d.leaks.size() << " listed)";
         os << "\n";
         write_blocks(os, d.leaks);
@@ -297,13 +305,19 @@ void write_text(std::ostream& os, const std::vector<process_report>& procs, cons
         else
             os << "no end line (killed?)";
         os << "\n";
-        if (p.lost) os << "  " << p.lost << " events were lost by the recorder: totals are approximate\n";
+        if (p.lost)
+            os << "  " << fmt_counted(p.lost, "event was", "events were") << " lost by the recorder: totals are approximate\n";
         if (p.n_reserve)
             os << "  virtual address ranges: " << p.n_reserve << " reserved, " << p.n_unreserve << " freed, "
                << fmt_bytes(p.va_reserved.current) << " held at end, peak " << fmt_bytes(p.va_reserved.peak) << "\n";
-        if (p.n_warnings) os << "  " << p.n_warnings << " warning(s), printed on stderr\n";
+        if (p.n_warnings) os << "  " << fmt_counted(p.n_warnings, "warning", "warnings") << ", printed on stderr\n";
         if (p.devices.empty()) os << "  no device memory events\n";
         os << "\n";
+        if (&p == &procs.front() && !p.devices.empty()) {
+            for (const metric_meaning& m : k_metric_meanings)
+                os << "  " << pad(m.name, 9) << " = " << pad(m.meaning, 46) << " (PyTorch: " << m.pytorch << ")\n";
+            os << "\n";
+        }
         for (const device_report& d : p.devices) write_device(os, p, d, opt);
     }
     if (procs.size() > 1) {

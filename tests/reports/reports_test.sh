@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Tests of what the text, HTML and Perfetto reports say to a reader, through the real gpumem binary
+# on the golden logs (tests/data/golden): names, plurals, rates, pool-only metrics, chart lines.
+#
+# usage: reports_test.sh CASE   with GPUMEM, SRC (source tree) and WORK set.
+set -uo pipefail
+case_name=$1
+: "${GPUMEM:?}" "${SRC:?}" "${WORK:?}"
+G=$SRC/tests/data/golden
+W=$WORK/$case_name
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect_in() {
+  grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | head -40; }
+}
+expect_not_in() {
+  ! grep -qF -- "$2" "$1" || fail "'$2' unexpectedly in $(basename "$1")"
+}
+report() {  # report NAME LOG... [OPTIONS]: text to NAME.txt
+  local name=$1; shift
+  "$GPUMEM" report --no-progress "$@" > "$W/$name.txt" 2> "$W/$name.err" || fail "gpumem report $* failed"
+}
+
+case $case_name in
+names)
+  # Each of the three byte counts is explained once, with PyTorch's name beside it.
+  report off "$G/pool_off_basic.jsonl" --html "$W/off.html"
+  expect_in off.txt "requested = asked for by the program and not yet freed     (PyTorch: torch.cuda.memory_allocated())"
+  expect_in off.txt "allocated = pool blocks holding them, incl. pool rounding  (PyTorch: no counterpart)"
+  expect_in off.txt "reserved  = held from the driver: segments + unpooled      (PyTorch: torch.cuda.memory_reserved())"
+  expect_in off.html "<b>requested</b> = asked for by the program and not yet freed (PyTorch: <code>torch.cuda.memory_allocated()</code>)"
+  expect_in off.html "<b>reserved</b> = held from the driver: segments + unpooled (PyTorch: <code>torch.cuda.memory_reserved()</code>)"
+  # Once per report, not once per log.
+  report ranks "$G/rank0.jsonl" "$G/rank1.jsonl"
+  [ "$(grep -c 'torch.cuda.memory_allocated()' ranks.txt)" = 1 ] || fail "the meanings are not printed exactly once for two logs"
+  # docs/metrics.md says plainly that allocated includes the pool's rounding.
+  expect_in "$SRC/docs/metrics.md" "**including the pool's rounding**"
+  ;;
+cosmetics)
+  # Pool off: no segment or fragmentation numbers, singular nouns for one, rates with separators.
+  report off "$G/pool_off_basic.jsonl"
+  for s in "| Segments " "| External fragmentation" "| Free blocks" "| Largest free block" "| Free in segments" "free in segments" "    frag"; do
+    expect_not_in off.txt "$s"
+  done
+  expect_in off.txt "1 live allocation"
+  expect_not_in off.txt "1 live allocations"
+  expect_in off.txt "72,579/s"
+  grep -nE '[0-9]{4,}(\.[0-9]+)?/s' off.txt && fail "a rate without thousands separators"
+  grep -nE '(^|[^0-9,])1 (blocks|allocations|warnings|events)' off.txt && fail "a plural after 1"
+  # Pool on: the pool's metrics are there, and "1 block" in the segment map.
+  report frag "$G/pool_fragmentation.jsonl"
+  expect_in frag.txt "| Segments "
+  expect_in frag.txt "| External fragmentation"
+  expect_in frag.txt "frag"
+  expect_in frag.txt "| 1 block, 1.50 MiB free, largest 1.00 MiB"
+  expect_in frag.txt "500,000/s"
+  grep -nE '(^|[^0-9,])1 (blocks|allocations|warnings|events)' frag.txt && fail "a plural after 1"
+  # A truncated log with warnings: "2 warnings", "1 allocation".
+  report killed "$G/killed_truncated.jsonl"
+  expect_in killed.txt "2 warnings, printed on stderr"
+  expect_in killed.txt "Live when the log stops: 1 allocation, 2.00 MiB requested"
+  ;;
+html_lines)
+  # Pool off: requested = allocated = reserved all along, so the memory chart has one line and its
+  # legend one entry that names all three; no fragmentation chart.
+  "$GPUMEM" report --no-progress --html "$W/off.html" "$G/pool_off_basic.jsonl" > /dev/null || fail "report --html"
+  [ "$(grep -c '<polyline' off.html)" = 1 ] || fail "pool off: expected 1 line in the charts, got $(grep -c '<polyline' off.html)"
+  expect_in off.html ">reserved = allocated = requested</text>"
+  expect_not_in off.html "External fragmentation over time"
+  expect_not_in off.html "max external fragmentation"
+  # Pool on: three different lines, three legend entries, drawn widest first so none hides another.
+  "$GPUMEM" report --no-progress --html "$W/on.html" "$G/pool_fragmentation.jsonl" > /dev/null || fail "report --html"
+  sed -n '/memory over time/,/<\/svg>/p' on.html > mem.svg
+  [ "$(grep -c '<polyline' mem.svg)" = 3 ] || fail "pool on: expected 3 memory lines"
+  for n in reserved allocated requested; do expect_in mem.svg ">$n</text>"; done
+  widths=$(grep -o "<polyline fill='none' stroke='#[0-9a-f]*' stroke-width='[0-9.]*'" mem.svg | sed "s/.*stroke-width='//; s/'//" | tr '\n' ' ')
+  [ "$widths" = "4.6 3.1 1.6 " ] || fail "memory lines' widths '$widths', expected widest first"
+  expect_in on.html "External fragmentation over time"
+  ;;
+*)
+  echo "unknown case $case_name"; exit 2 ;;
+esac
+
+if [ "$failures" -gt 0 ]; then
+  echo "$case_name: $failures failure(s)"
+  exit 1
+fi
+echo "$case_name: ok"
