@@ -1,6 +1,11 @@
 // The --perfetto output: Chrome trace JSON with one counter track per device and metric, and an
-// instant event per OOM, which ui.perfetto.dev and chrome://tracing both load.
+// instant event per OOM, which ui.perfetto.dev and chrome://tracing both load.  Several logs share
+// one clock (each header's start_unix_ns) and get one track group each, ordered by rank.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <numeric>
 
 #include "format_util.h"
 #include "report_output.h"
@@ -10,8 +15,29 @@ namespace gpumem::analysis {
 void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) {
     using ojson = nlohmann::ordered_json;
     ojson events = ojson::array();
+    // Event times are ns since each recorder started; shifting each log by its start_unix_ns minus
+    // the earliest one puts ranks and forked children on one time axis.  A log without
+    // start_unix_ns (0) stays on its own clock, starting at 0.
+    uint64_t t0 = UINT64_MAX;
+    for (const process_report& p : procs)
+        if (p.start_unix_ns) t0 = std::min(t0, p.start_unix_ns);
+    // Track groups in rank order (numeric when the rank is a number), then pid, then file order.
+    std::vector<size_t> order(procs.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    auto rank_key = [](const std::string& r) {
+        char* end = nullptr;
+        long v = r.empty() ? -1 : std::strtol(r.c_str(), &end, 10);
+        return (r.empty() || *end) ? std::make_pair(1, 0L) : std::make_pair(0, v);
+    };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        auto ka = rank_key(procs[a].rank), kb = rank_key(procs[b].rank);
+        return ka != kb ? ka < kb : procs[a].pid < procs[b].pid;
+    });
+    std::vector<size_t> sort_index(procs.size());
+    for (size_t k = 0; k < order.size(); ++k) sort_index[order[k]] = k;
     for (size_t i = 0; i < procs.size(); ++i) {
         const process_report& p = procs[i];
+        const uint64_t offset_ns = p.start_unix_ns && t0 != UINT64_MAX ? p.start_unix_ns - t0 : 0;
         // Two logs may carry the same pid (different hosts); the trace needs distinct ones.
         int64_t pid = p.pid > 0 ? p.pid : int64_t(i + 1);
         for (size_t k = 0; k < i; ++k)
@@ -21,9 +47,10 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
         events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
                           {"args", {{"name", "gpumem " + std::to_string(p.pid) + (p.rank.empty() ? "" : " rank " + p.rank) +
                                                  (cmd.empty() ? "" : ": " + cmd.substr(0, 80))}}}});
+        events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", sort_index[i]}}}});
         for (const device_report& d : p.devices) {
             std::string dev = d.dev < 0 ? "host" : "dev" + std::to_string(d.dev);
-            auto ts = [](uint64_t ns) { return double(ns) / 1000.0; };  // trace time is in us
+            auto ts = [&](uint64_t ns) { return double(offset_ns + ns) / 1000.0; };  // trace time is in us
             auto counter = [&](const std::string& name, double t_us, ojson args) {
                 events.push_back({{"name", name}, {"ph", "C"}, {"ts", t_us}, {"pid", pid}, {"args", std::move(args)}});
             };
