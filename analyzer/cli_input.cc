@@ -13,6 +13,7 @@
 
 #include "analyze.h"
 #include "config.h"
+#include "diagnostics.h"
 #include "log_reader.h"
 #include "report_output.h"
 
@@ -139,9 +140,11 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
     try {
         for (const std::string& path : paths) {
             if (!looks_like_log(path)) {
+                spdlog::debug("{}: reading as a `gpumem report --json` file", path);
                 if (!load_report_json(path, out.processes, error)) return false;
                 continue;
             }
+            spdlog::debug("{}: reading as an event log", path);
             std::vector<process_report> one;
             try {
                 one.push_back(analyze_file(path, analyze_options{}));

@@ -5,41 +5,20 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "cli_input.h"
 #include "commands.h"
+#include "diagnostics.h"
 #include "format_util.h"
 
 namespace gpumem::analysis {
 
 namespace {
-
-const char* k_check_usage =
-    "usage: gpumem check LOG... [options]\n"
-    "\n"
-    "Holds every GPU of every process in the logs (or `gpumem report --json` files) to limits.\n"
-    "\n"
-    "options (at least one limit or --baseline):\n"
-    "  --max-peak SIZE           peak allocated bytes (what the program held from the driver or pool)\n"
-    "  --max-reserved SIZE       peak reserved bytes (segments + non-pooled allocations)\n"
-    "  --max-fragmentation F     maximum external fragmentation, 0.3 or 30%\n"
-    "  --max-leak SIZE           bytes still allocated when the log ends\n"
-    "  --baseline REPORT.json    `gpumem report --json` of an earlier run: peak requested, allocated\n"
-    "                            and reserved and leaked bytes may not grow by more than the\n"
-    "                            tolerance, fragmentation by more than the tolerance in points\n"
-    "  --tolerance P%            allowed growth over the baseline (default 5%)\n"
-    "  --junit FILE              also write JUnit XML: one testcase per limit per process and device\n"
-    "  -h, --help                this help\n"
-    "SIZE: 4096, 500MB, 12GiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
-    "\n"
-    "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments.\n";
-
-int check_usage_error(const std::string& msg) {
-    std::fprintf(stderr, "gpumem check: %s\n%s", msg.c_str(), k_check_usage);
-    return k_exit_input;
-}
 
 // What a limit measures: the member of a DEVICE in the report JSON, and where its worst moment is.
 struct measure {
@@ -90,7 +69,7 @@ std::string junit_class(const std::string& key) {
 bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     if (!f) {
-        std::fprintf(stderr, "gpumem check: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+        spdlog::error("cannot write {}: {}", path, std::strerror(errno));
         return false;
     }
     size_t failures = 0;
@@ -110,7 +89,7 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     f << "  </testsuite>\n</testsuites>\n";
     f.flush();
     if (!f) {
-        std::fprintf(stderr, "gpumem check: writing %s failed\n", path.c_str());
+        spdlog::error("writing {} failed", path);
         return false;
     }
     return true;
@@ -127,90 +106,62 @@ struct limit {
 
 }  // namespace
 
-int cmd_check(int argc, char** argv) {
+struct check_args {
+    std::string limit_text[4];  // as written, in the order of run_check's limits
+    CLI::Option* limit_opt[4] = {};
+    std::string baseline_path, junit_path, tolerance_text = "5%";
+    std::vector<std::string> logs;
+};
+
+int run_check(check_args& args, const std::vector<std::string>& tail) {
     limit limits[] = {{"--max-peak", &k_peak_allocated},
                       {"--max-reserved", &k_peak_reserved},
                       {"--max-fragmentation", &k_fragmentation},
                       {"--max-leak", &k_leak}};
-    std::string baseline_path, junit_path;
-    double tolerance = 0.05;
-    std::string tolerance_text = "5%";
-    std::vector<std::string> logs;
-    for (int i = 0; i < argc; ++i) {
-        std::string a = argv[i];
-        std::string v;
-        // Both "--flag value" and "--flag=value".
-        auto take = [&](const char* flag) -> bool {
-            size_t n = std::strlen(flag);
-            if (a == flag) {
-                if (i + 1 >= argc) return false;
-                v = argv[++i];
-                return true;
-            }
-            if (a.size() > n && a.compare(0, n, flag) == 0 && a[n] == '=') {
-                v = a.substr(n + 1);
-                return true;
-            }
-            return false;
-        };
-        bool matched = false;
-        for (limit& l : limits) {
-            if (a != l.flag && a.rfind(std::string(l.flag) + "=", 0) != 0) continue;
-            matched = true;
-            if (!take(l.flag)) return check_usage_error(std::string(l.flag) + " needs a value");
-            if (l.m->is_ratio) {
-                if (!parse_ratio_arg(v, l.value))
-                    return check_usage_error(std::string(l.flag) + " " + v + ": expected a ratio such as 0.3 or 30%");
-            } else {
-                uint64_t n = 0;
-                if (!parse_size_arg(v, n))
-                    return check_usage_error(std::string(l.flag) + " " + v + ": expected a size such as 4096, 500MB or 12GiB");
-                l.value = double(n);
-            }
-            l.set = true;
-            l.text = v;
-        }
-        if (matched) continue;
-        if (a == "--baseline" || a.rfind("--baseline=", 0) == 0) {
-            if (!take("--baseline")) return check_usage_error("--baseline needs a report JSON file");
-            baseline_path = v;
-        } else if (a == "--tolerance" || a.rfind("--tolerance=", 0) == 0) {
-            if (!take("--tolerance") || !parse_percent_arg(v, tolerance))
-                return check_usage_error("--tolerance needs a percentage such as 5% or 0.5%");
-            tolerance_text = v.back() == '%' ? v : v + "%";
-        } else if (a == "--junit" || a.rfind("--junit=", 0) == 0) {
-            if (!take("--junit")) return check_usage_error("--junit needs a file name");
-            junit_path = v;
-        } else if (a == "-h" || a == "--help") {
-            std::fputs(k_check_usage, stdout);
-            return k_exit_ok;
-        } else if (a == "--") {
-            for (++i; i < argc; ++i) logs.emplace_back(argv[i]);
-        } else if (a.size() > 1 && a[0] == '-') {
-            return check_usage_error("unknown option " + a);
+    for (size_t i = 0; i < 4; ++i) {
+        limit& l = limits[i];
+        const std::string& v = args.limit_text[i];
+        if (args.limit_opt[i]->count() == 0) continue;
+        if (l.m->is_ratio) {
+            if (!parse_ratio_arg(v, l.value))
+                return usage_error("check", std::string(l.flag) + " " + v + ": expected a ratio such as 0.3 or 30%");
         } else {
-            logs.push_back(a);
+            uint64_t n = 0;
+            if (!parse_size_arg(v, n))
+                return usage_error("check", std::string(l.flag) + " " + v + ": expected a size such as 4096, 500MB or 12GiB");
+            l.value = double(n);
         }
+        l.set = true;
+        l.text = v;
     }
-    if (logs.empty()) return check_usage_error("no log file given");
+    const std::string& baseline_path = args.baseline_path;
+    const std::string& junit_path = args.junit_path;
+    double tolerance = 0.05;
+    std::string tolerance_text = args.tolerance_text;
+    if (!parse_percent_arg(tolerance_text, tolerance))
+        return usage_error("check", "--tolerance " + tolerance_text + ": expected a percentage such as 5% or 0.5%");
+    if (tolerance_text.back() != '%') tolerance_text += "%";
+    std::vector<std::string> logs = args.logs;
+    logs.insert(logs.end(), tail.begin(), tail.end());
+    if (logs.empty()) return usage_error("check", "no log file given");
     bool any_limit = !baseline_path.empty();
     for (const limit& l : limits) any_limit |= l.set;
-    if (!any_limit) return check_usage_error("nothing to check: give a --max-* limit or --baseline");
+    if (!any_limit) return usage_error("check", "nothing to check: give a --max-* limit or --baseline");
 
     run_input run;
     std::string error;
     if (!load_run(logs, run, error)) {
-        std::fprintf(stderr, "gpumem check: error: %s\n", error.c_str());
+        spdlog::error("{}", error);
         return k_exit_input;
     }
     run_input base;
     if (!baseline_path.empty() && !load_run({baseline_path}, base, error)) {
-        std::fprintf(stderr, "gpumem check: error: baseline: %s\n", error.c_str());
+        spdlog::error("baseline: {}", error);
         return k_exit_input;
     }
     if (run.devices.empty()) {
         // Nothing was recorded on any GPU: a gate that passes on it would hide a broken recording.
-        std::fprintf(stderr, "gpumem check: error: no GPU memory activity in %s\n", logs.size() == 1 ? logs[0].c_str() : "the logs");
+        spdlog::error("no GPU memory activity in {}", logs.size() == 1 ? logs[0] : std::string("the logs"));
         return k_exit_input;
     }
 
@@ -241,8 +192,7 @@ int cmd_check(int argc, char** argv) {
         for (const device_ref& r : run.devices) {
             auto it = base_by_key.find(r.key);
             if (it == base_by_key.end()) {
-                std::fprintf(stderr, "gpumem check: note: %s is not in the baseline; only absolute limits apply to it\n",
-                             r.where.c_str());
+                spdlog::warn("{} is not in the baseline; only absolute limits apply to it", r.where);
                 continue;
             }
             const ojson& dev = run.dev(r);
@@ -296,6 +246,35 @@ int cmd_check(int argc, char** argv) {
     std::fflush(stdout);
     if (!junit_path.empty() && !write_junit(junit_path, results)) return k_exit_input;
     return failed ? k_exit_regression : k_exit_ok;
+}
+
+command add_check(CLI::App& top) {
+    auto a = std::make_shared<check_args>();
+    CLI::App* app = top.add_subcommand("check", "the CI gate: hold every GPU of every process to limits or a baseline");
+    app->footer(
+        "Holds every GPU of every process in the logs (or `gpumem report --json` files) to limits;\n"
+        "give at least one limit or --baseline.  Against a baseline, peak requested, allocated and\n"
+        "reserved and leaked bytes may grow by the tolerance, fragmentation by the tolerance in points.\n"
+        "SIZE: 4096, 500MB, 12GiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
+        "\n"
+        "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments.");
+    app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files");
+    a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak allocated bytes (what the program held from the driver or pool)")
+        ->type_name("SIZE");
+    a->limit_opt[1] = app->add_option("--max-reserved", a->limit_text[1], "peak reserved bytes (segments + non-pooled allocations)")
+        ->type_name("SIZE");
+    a->limit_opt[2] = app->add_option("--max-fragmentation", a->limit_text[2], "maximum external fragmentation, 0.3 or 30%")->type_name("F");
+    a->limit_opt[3] = app->add_option("--max-leak", a->limit_text[3], "bytes still allocated when the log ends")->type_name("SIZE");
+    app->add_option("--baseline", a->baseline_path,
+                    "an earlier run (report JSON or logs) that this one may not exceed by more than the tolerance")
+        ->type_name("REPORT.json");
+    app->add_option("--tolerance", a->tolerance_text, "allowed growth over the baseline")->type_name("P%")->default_str("5%");
+    app->add_option("--junit", a->junit_path, "also write JUnit XML: one testcase per limit per process and device")
+        ->type_name("FILE");
+    command c;
+    c.app = app;
+    c.run = [a](const std::vector<std::string>& tail, bool) { return run_check(*a, tail); };
+    return c;
 }
 
 }  // namespace gpumem::analysis

@@ -4,35 +4,21 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "cli_input.h"
 #include "commands.h"
+#include "diagnostics.h"
 #include "format_util.h"
 
 namespace gpumem::analysis {
 
 namespace {
-
-const char* k_diff_usage =
-    "usage: gpumem diff A B\n"
-    "\n"
-    "Compares two runs, each a gpumem log or a `gpumem report --json` file (all ranks of a job in\n"
-    "one report).  GPUs are matched by rank and device ordinal.  Prints peaks, fragmentation and\n"
-    "counts side by side, then the largest changes by API, by allocation size class and in leaks.\n"
-    "\n"
-    "options:\n"
-    "  --top N      how many changes to list per GPU (default 8)\n"
-    "  -h, --help   this help\n"
-    "\n"
-    "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.\n";
-
-int diff_usage_error(const std::string& msg) {
-    std::fprintf(stderr, "gpumem diff: %s\n%s", msg.c_str(), k_diff_usage);
-    return k_exit_input;
-}
 
 enum class unit { bytes, ratio, count };
 struct row_def {
@@ -209,32 +195,20 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
 
 }  // namespace
 
-int cmd_diff(int argc, char** argv) {
+struct diff_args {
     std::vector<std::string> inputs;
     size_t top = 8;
-    for (int i = 0; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "-h" || a == "--help") {
-            std::fputs(k_diff_usage, stdout);
-            return k_exit_ok;
-        } else if (a == "--top") {
-            uint64_t n = 0;
-            if (i + 1 >= argc || !parse_size_arg(argv[++i], n) || n == 0 || n > 100000)
-                return diff_usage_error("--top needs a positive number");
-            top = size_t(n);
-        } else if (a == "--") {
-            for (++i; i < argc; ++i) inputs.emplace_back(argv[i]);
-        } else if (a.size() > 1 && a[0] == '-') {
-            return diff_usage_error("unknown option " + a);
-        } else {
-            inputs.push_back(a);
-        }
-    }
-    if (inputs.size() != 2) return diff_usage_error("needs exactly two inputs, A and B");
+};
+
+int run_diff(diff_args& args, const std::vector<std::string>& tail) {
+    std::vector<std::string> inputs = args.inputs;
+    inputs.insert(inputs.end(), tail.begin(), tail.end());
+    size_t top = args.top;
+    if (inputs.size() != 2) return usage_error("diff", "needs exactly two inputs, A and B");
     run_input ra, rb;
     std::string error;
     if (!load_run({inputs[0]}, ra, error) || !load_run({inputs[1]}, rb, error)) {
-        std::fprintf(stderr, "gpumem diff: error: %s\n", error.c_str());
+        spdlog::error("{}", error);
         return k_exit_input;
     }
     std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", inputs[0].c_str(), ra.processes.size(),
@@ -247,6 +221,24 @@ int cmd_diff(int argc, char** argv) {
     for (const auto& [key, ab] : keys) print_device(ra, ab.first, rb, ab.second, top);
     std::fflush(stdout);
     return k_exit_ok;
+}
+
+command add_diff(CLI::App& top) {
+    auto a = std::make_shared<diff_args>();
+    CLI::App* app = top.add_subcommand("diff", "compare two runs per process and GPU: peaks, counts, biggest changes");
+    app->footer(
+        "Compares two runs, each a gpumem log or a `gpumem report --json` file (all ranks of a job in\n"
+        "one report).  GPUs are matched by rank and device ordinal.  Prints peaks, fragmentation and\n"
+        "counts side by side, then the largest changes by API, by allocation size class and in leaks.\n"
+        "\n"
+        "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.");
+    app->add_option("INPUT", a->inputs, "logs or report JSON files");
+    app->add_option("--top", a->top, "how many changes to list per GPU")->type_name("N")->default_str("8")
+        ->check(CLI::Range(size_t(1), size_t(100000)));
+    command c;
+    c.app = app;
+    c.run = [a](const std::vector<std::string>& tail, bool) { return run_diff(*a, tail); };
+    return c;
 }
 
 }  // namespace gpumem::analysis

@@ -12,11 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "analyze.h"
 #include "commands.h"
+#include "diagnostics.h"
 #include "format_util.h"
 #include "log_reader.h"
 
@@ -27,34 +31,6 @@
 namespace gpumem::analysis {
 
 namespace {
-
-const char* k_run_usage =
-    "usage: gpumem run [-o PATTERN] [--pool on|off] [--no-summary] [--] CMD ARGS...\n"
-    "\n"
-    "Runs CMD with libgpumem.so preloaded (added in front of any LD_PRELOAD already set), so every\n"
-    "process it starts writes its own log, then lists the logs and prints a summary on stderr.\n"
-    "\n"
-    "options:\n"
-    "  -o PATTERN      log path pattern (GPUMEM_OUT): %p pid, %r rank ($RANK/$LOCAL_RANK), %h host,\n"
-    "                  %% a percent sign; a PATTERN ending in / (or an existing directory) means\n"
-    "                  PATTERN/gpumem-%p.jsonl.  Default gpumem-%p.jsonl in the current directory.\n"
-    "                  Relative patterns are made absolute, so children that chdir log to the same\n"
-    "                  place; a missing directory is created.\n"
-    "  --pool on|off   GPUMEM_POOL: gpumem's caching pool serves cuMemAlloc/cudaMalloc (on, the\n"
-    "                  recorder's default) or every call goes to the driver (off)\n"
-    "  --no-summary    list the logs but print no summary\n"
-    "  -h, --help      this help\n"
-    "Other GPUMEM_* settings and the rest of the environment pass through unchanged.\n"
-    "libgpumem.so is taken from $GPUMEM_LIB, else next to this gpumem (installed: <prefix>/lib;\n"
-    "build tree: build/preload).\n"
-    "\n"
-    "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
-    "executable; 2 for gpumem's own arguments or a missing libgpumem.so.\n";
-
-int run_usage_error(const std::string& msg) {
-    std::fprintf(stderr, "gpumem run: %s\n%s", msg.c_str(), k_run_usage);
-    return k_exit_input;
-}
 
 bool is_file(const std::string& p) {
     struct stat st;
@@ -175,7 +151,7 @@ void print_summary(const std::vector<std::string>& logs) {
         try {
             procs.push_back(analyze_file(path, analyze_options{}));
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "gpumem: cannot summarize %s: %s\n", path.c_str(), e.what());
+            spdlog::warn("cannot summarize {}: {}", path, e.what());
         }
     }
     if (procs.empty()) return;
@@ -231,41 +207,28 @@ void print_summary(const std::vector<std::string>& logs) {
 
 }  // namespace
 
-int cmd_run(int argc, char** argv) {
+struct run_args {
     std::string pattern = "gpumem-%p.jsonl";
     std::string pool;
-    bool summary = true;
-    int i = 0;
-    for (; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "--") {
-            ++i;
-            break;
-        }
-        if (a == "-o" || a == "--out") {
-            if (i + 1 >= argc || !*argv[i + 1]) return run_usage_error(a + " needs a path pattern");
-            pattern = argv[++i];
-        } else if (a == "--pool") {
-            if (i + 1 >= argc) return run_usage_error("--pool needs on or off");
-            pool = argv[++i];
-            if (pool != "on" && pool != "off") return run_usage_error("--pool " + pool + ": expected on or off");
-        } else if (a == "--no-summary") {
-            summary = false;
-        } else if (a == "-h" || a == "--help") {
-            std::fputs(k_run_usage, stdout);
-            return k_exit_ok;
-        } else if (a.size() > 1 && a[0] == '-') {
-            return run_usage_error("unknown option " + a + " (put -- before the command)");
-        } else {
-            break;  // the command
-        }
-    }
-    if (i >= argc) return run_usage_error("no command given");
-    char** cmd = argv + i;
+    bool no_summary = false;
+    std::vector<std::string> help_only_command;
+};
+
+int run_command(run_args& args, const std::vector<std::string>& command_args) {
+    std::string pattern = args.pattern;
+    const std::string& pool = args.pool;
+    bool summary = !args.no_summary;
+    if (pattern.empty()) return usage_error("run", "-o needs a path pattern");
+    if (!pool.empty() && pool != "on" && pool != "off") return usage_error("run", "--pool " + pool + ": expected on or off");
+    if (command_args.empty()) return usage_error("run", "no command given");
+    std::vector<char*> cmd_argv;
+    for (const std::string& s : command_args) cmd_argv.push_back(const_cast<char*>(s.c_str()));
+    cmd_argv.push_back(nullptr);
+    char** cmd = cmd_argv.data();
 
     std::string lib, error;
     if (!find_library(lib, error)) {
-        std::fprintf(stderr, "gpumem run: error: %s\n", error.c_str());
+        spdlog::error("{}", error);
         return k_exit_input;
     }
 
@@ -273,19 +236,18 @@ int cmd_run(int argc, char** argv) {
     if (pattern[0] != '/') {
         char cwd[PATH_MAX];
         if (!::getcwd(cwd, sizeof cwd)) {
-            std::fprintf(stderr, "gpumem run: error: cannot read the current directory: %s\n", std::strerror(errno));
+            spdlog::error("cannot read the current directory: {}", std::strerror(errno));
             return k_exit_input;
         }
         pattern = std::string(cwd) + "/" + pattern;
     }
     std::string dir = dir_of(pattern);
     if (dir.find('%') == std::string::npos && !make_dirs(dir)) {
-        std::fprintf(stderr, "gpumem run: error: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
+        spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
         return k_exit_input;
     }
     if (pattern.find("%p") == std::string::npos)
-        std::fprintf(stderr, "gpumem run: note: -o %s has no %%p: processes of the same rank will overwrite each other's log\n",
-                     pattern.c_str());
+        spdlog::warn("-o {} has no %p: processes of the same rank will overwrite each other's log", pattern);
 
     std::map<std::string, file_stamp> before = list_matching(pattern);
 
@@ -299,13 +261,13 @@ int cmd_run(int argc, char** argv) {
     std::fflush(nullptr);
     pid_t child = ::fork();
     if (child < 0) {
-        std::fprintf(stderr, "gpumem run: error: fork: %s\n", std::strerror(errno));
+        spdlog::error("fork: {}", std::strerror(errno));
         return k_exit_input;
     }
     if (child == 0) {
         ::execvp(cmd[0], cmd);
         int e = errno;
-        std::fprintf(stderr, "gpumem run: cannot run %s: %s\n", cmd[0], std::strerror(e));
+        std::fprintf(stderr, "gpumem: error: cannot run %s: %s\n", cmd[0], std::strerror(e));
         ::_exit(e == ENOENT ? 127 : 126);
     }
     g_child = child;
@@ -353,6 +315,40 @@ int cmd_run(int argc, char** argv) {
         std::fprintf(stderr, "full report: gpumem report%s\n", all.c_str());
     }
     return rc;
+}
+
+command add_run(CLI::App& top) {
+    auto a = std::make_shared<run_args>();
+    CLI::App* app = top.add_subcommand("run", "run a program with libgpumem.so preloaded, then list and summarize its logs");
+    app->footer(
+        "Runs CMD with libgpumem.so preloaded (added in front of any LD_PRELOAD already set), so every\n"
+        "process it starts writes its own log, then lists the logs and prints a summary on stderr.\n"
+        "Everything from CMD on (the first argument that is not an option, or the one after --) goes to\n"
+        "the program untouched.\n"
+        "PATTERN: %p pid, %r rank ($RANK/$LOCAL_RANK), %h host, %% a percent sign; a PATTERN ending in /\n"
+        "(or an existing directory) means PATTERN/gpumem-%p.jsonl.  Relative patterns are made absolute,\n"
+        "so children that chdir log to the same place; a missing directory is created.\n"
+        "Other GPUMEM_* settings and the rest of the environment pass through unchanged.\n"
+        "libgpumem.so is taken from $GPUMEM_LIB, else next to this gpumem (installed: <prefix>/lib;\n"
+        "build tree: build/preload).\n"
+        "\n"
+        "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
+        "executable; 2 for gpumem's own arguments or a missing libgpumem.so.");
+    app->add_option("-o,--out", a->pattern,
+                    "log path pattern (GPUMEM_OUT); see below")
+        ->type_name("PATTERN")
+        ->default_str("gpumem-%p.jsonl");
+    app->add_option("--pool", a->pool,
+                    "GPUMEM_POOL: on (the default), gpumem's pool serves cudaMalloc; off, every call goes to the driver")
+        ->type_name("on|off");
+    app->add_flag("--no-summary", a->no_summary, "list the logs but print no summary");
+    // Only for --help: main hands the command to run_command before CLI11 parses the options.
+    app->add_option("CMD", a->help_only_command, "the program and its arguments, passed on untouched");
+    command c;
+    c.app = app;
+    c.tail = command::tail_kind::command;
+    c.run = [a](const std::vector<std::string>& tail, bool) { return run_command(*a, tail); };
+    return c;
 }
 
 }  // namespace gpumem::analysis

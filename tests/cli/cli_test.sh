@@ -217,6 +217,66 @@ diff)
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$SRC/tests/data/bad/no_header.jsonl"
   expect_rc 2 "$GPUMEM" diff --top 0 "$DATA/before.jsonl" "$DATA/after.jsonl"
   ;;
+conventions)
+  # One convention for every subcommand (CLI11): --help, both flag forms, one error prefix, exit 2
+  # with a one-line hint instead of the usage text.
+  expect_rc 0 "$GPUMEM" --help
+  for sub in report run check diff; do
+    grep -qE "^  $sub  +[a-z]" "$W/out" || fail "gpumem --help does not list $sub with one line"
+  done
+  expect_in "$W/out" "--version"
+  expect_rc 0 "$GPUMEM" --version
+  grep -qE "^gpumem [0-9]+\.[0-9]+" "$W/out" || fail "--version: $(cat "$W/out")"
+  for sub in report run check diff; do
+    expect_rc 0 "$GPUMEM" $sub --help
+    expect_in "$W/out" "Usage: gpumem $sub"
+    expect_rc 2 "$GPUMEM" $sub --no-such-flag x
+    expect_in "$W/err" "gpumem: error: "
+    expect_in "$W/err" "(gpumem $sub --help lists the options)"
+    [ "$(wc -l < "$W/err")" = 2 ] || fail "$sub: usage error is not two lines: $(cat "$W/err")"
+  done
+  expect_rc 2 "$GPUMEM"
+  expect_in "$W/err" "gpumem: error: no command given"
+  expect_rc 2 "$GPUMEM" frobnicate
+  expect_in "$W/err" "gpumem: error: unknown command 'frobnicate'"
+  expect_in "$W/err" "(gpumem --help lists the commands)"
+  # --flag value and --flag=value in every subcommand.
+  "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/before.json"
+  expect_rc 0 "$GPUMEM" report --html "$W/a.html" "$DATA/before.jsonl"
+  expect_rc 0 "$GPUMEM" report --html="$W/b.html" --perfetto="$W/b.trace.json" "$DATA/before.jsonl"
+  [ -s "$W/b.html" ] && [ -s "$W/b.trace.json" ] || fail "report --html=FILE --perfetto=FILE wrote nothing"
+  expect_rc 0 "$GPUMEM" report --at=#2 "$DATA/before.jsonl"
+  expect_rc 1 "$GPUMEM" check --max-peak=3000KB "$DATA/before.jsonl"
+  expect_rc 1 "$GPUMEM" check --max-peak 3000KB "$DATA/before.jsonl"
+  expect_rc 0 "$GPUMEM" check --baseline="$W/before.json" --tolerance=0% "$DATA/before.jsonl"
+  expect_rc 0 "$GPUMEM" diff --top=2 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_rc 0 "$GPUMEM" diff --top 2 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_rc 2 "$GPUMEM" diff --top=0 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_in "$W/err" "gpumem: error: --top"
+  # Inputs after --, and options after the inputs.
+  expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1KiB
+  expect_rc 0 "$GPUMEM" report --no-progress -- "$DATA/before.jsonl"
+  # -v: the analyzer's debug messages through spdlog, before or after the subcommand.
+  expect_rc 0 "$GPUMEM" report -v "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: debug: $DATA/before.jsonl: "
+  expect_rc 0 "$GPUMEM" --verbose diff "$W/before.json" "$DATA/after.jsonl"
+  expect_in "$W/err" "gpumem: debug: $W/before.json: reading as a \`gpumem report --json\` file"
+  expect_rc 0 "$GPUMEM" report "$DATA/before.jsonl"
+  [ ! -s "$W/err" ] || fail "report without -v wrote on stderr: $(cat "$W/err")"
+  ;;
+run_arguments)
+  # run: --flag=value works, and everything from the command on goes to it untouched, gpumem's own
+  # option names and --help included.
+  expect_rc 0 "$GPUMEM" run --pool=off --out="$W/l/" --no-summary sh -c 'echo "args:$*"; echo "pool=$GPUMEM_POOL"' sh --help -o x --pool on -- -v
+  expect_in "$W/out" "args:--help -o x --pool on -- -v"
+  expect_in "$W/out" "pool=off"
+  expect_rc 0 "$GPUMEM" run -o "$W/l/" -- sh -c 'echo "args:$*"' sh --version
+  expect_in "$W/out" "args:--version"
+  # A program named like a subcommand after --.
+  mkdir -p "$W/bin" && printf '#!/bin/sh\necho "fake report $*"\n' > "$W/bin/report" && chmod +x "$W/bin/report"
+  expect_rc 0 env PATH="$W/bin:$PATH" "$GPUMEM" run -- report --json
+  expect_in "$W/out" "fake report --json"
+  ;;
 docs_guide)
   # The commands of docs/guide.md outside its GPU sections, as written there, with the emulated
   # device's program in place of `python train.py` (scripts/gpu-e2e-run.sh runs them on PyTorch).

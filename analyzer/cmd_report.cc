@@ -1,0 +1,124 @@
+// `gpumem report`: reads event logs and prints a report (text or JSON), and writes HTML and
+// Perfetto files.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "analyze.h"
+#include "commands.h"
+#include "diagnostics.h"
+#include "log_reader.h"
+#include "report_output.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+struct report_args {
+    bool json = false, progress = false, no_progress = false;
+    std::string html_path, perfetto_path, at;
+    std::vector<std::string> logs;
+};
+
+template <typename F>
+bool write_file(const std::string& path, F&& fill) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    if (!f) {
+        spdlog::error("cannot write {}: {}", path, std::strerror(errno));
+        return false;
+    }
+    fill(f);
+    f.flush();
+    if (!f) {
+        spdlog::error("writing {} failed", path);
+        return false;
+    }
+    return true;
+}
+
+int run_report(report_args& a, const std::vector<std::string>& tail) {
+    analyze_options aopt;
+    aopt.progress = a.progress || (!a.no_progress && ::isatty(2) == 1);
+    output_options oopt;
+    if (!a.at.empty()) {
+        if (!parse_moment(a.at, aopt.at))
+            return usage_error("report", "--at " + a.at + ": expected an event seq (1234 or #1234) or a time (2.5s, 150ms, 20us, 900ns)");
+        oopt.show_at = true;
+    }
+    std::vector<std::string> logs = a.logs;
+    logs.insert(logs.end(), tail.begin(), tail.end());
+    if (logs.empty()) return usage_error("report", "no log file given");
+
+    std::vector<process_report> procs;
+    int rc = k_exit_ok;
+    for (const std::string& path : logs) {
+        try {
+            procs.push_back(analyze_file(path, aopt));
+        } catch (const input_error& e) {
+            spdlog::error("{}", e.what());
+            rc = k_exit_input;
+            continue;
+        } catch (const std::bad_alloc&) {
+            spdlog::error("{}: out of memory while analyzing", path);
+            rc = k_exit_input;
+            continue;
+        }
+        const process_report& p = procs.back();
+        spdlog::debug("{}: {} lines, {} events, {} device(s), {} warning(s)", path, p.lines, p.events, p.devices.size(),
+                      p.n_warnings);
+        for (const std::string& w : p.warnings) spdlog::warn("{}", w);
+        if (p.n_warnings > p.warnings.size())
+            spdlog::warn("{}: {} more warnings not shown", path, p.n_warnings - p.warnings.size());
+    }
+    // One unusable log makes the whole job's report untrustworthy (a rank would be missing).
+    if (rc != k_exit_ok) return rc;
+
+    combined_report combined = combine(procs);
+    if (a.json) std::cout << to_json(procs, combined, oopt).dump(2) << "\n";
+    else write_text(std::cout, procs, combined, oopt);
+    std::cout.flush();
+    if (!a.html_path.empty() &&
+        !write_file(a.html_path, [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
+        return k_exit_input;
+    if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, [&](std::ostream& o) { write_perfetto(o, procs); }))
+        return k_exit_input;
+    return k_exit_ok;
+}
+
+}  // namespace
+
+command add_report(CLI::App& top) {
+    auto a = std::make_shared<report_args>();
+    CLI::App* app = top.add_subcommand("report", "print a report of event logs (text or JSON), write HTML and Perfetto files");
+    app->footer(
+        "Reads gpumem event logs (JSON Lines, docs/log-format.md) and reports peak memory,\n"
+        "fragmentation, free-block maps, OOM diagnoses and leaks.  Several logs (one per process or\n"
+        "rank) give a report each and a combined table.\n"
+        "\n"
+        "exit codes: 0 report written; 2 unusable input or arguments.");
+    app->add_option("LOG", a->logs, "event logs (gpumem-PID.jsonl)");
+    app->add_flag("--json", a->json, "print the report as JSON (schema: docs/report-json.md) instead of text");
+    app->add_option("--html", a->html_path, "also write a self-contained HTML report with charts to FILE")->type_name("FILE");
+    app->add_option("--perfetto", a->perfetto_path, "also write a Chrome trace JSON with counter tracks (ui.perfetto.dev)")
+        ->type_name("FILE");
+    app->add_option("--at", a->at,
+                    "also show the free-block map at MOMENT: an event seq (1234 or #1234) or a time since the "
+                    "recorder started (2.5s, 150ms, 20us, 900ns)")
+        ->type_name("MOMENT");
+    auto* progress = app->add_flag("--progress", a->progress, "print progress on stderr every 2 s (default when stderr is a terminal)");
+    app->add_flag("--no-progress", a->no_progress, "never print progress")->excludes(progress);
+    command c;
+    c.app = app;
+    c.run = [a](const std::vector<std::string>& tail, bool) { return run_report(*a, tail); };
+    return c;
+}
+
+}  // namespace gpumem::analysis
