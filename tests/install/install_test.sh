@@ -94,6 +94,21 @@ demo)
   expect_rc 0 env -u LD_LIBRARY_PATH bash -c "cd '$W' && $cmd -o '$W/own/' -- '$EMU/emu_rt_shared_app' train 5"
   expect_in "$W/err" "gpumem run: 1 log"
   ;;
+emu_without_tests)
+  # What scripts/demo.sh configures: the emulated device without the tests, and without Catch2
+  # (CMAKE_DISABLE_FIND_PACKAGE_Catch2 makes any find_package(Catch2) fail).
+  expect_rc 0 cmake -S "$SRC" -B "$W/b" -DGPUMEM_BUILD_TESTS=OFF -DGPUMEM_BUILD_EMU=ON -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON \
+    ${CUDAToolkit_ROOT:+-DCUDAToolkit_ROOT=$CUDAToolkit_ROOT}
+  cmake --build "$W/b" --target help > "$W/targets"
+  for t in gpumem gpumem_preload gpumem_emu_cuda emu_rt_shared_app; do expect_in "$W/targets" "... $t"; done
+  grep -qE '\.\.\. (core_tests|integration_tests|analyzer_tests)$' "$W/targets" && fail "test targets configured with GPUMEM_BUILD_TESTS=OFF"
+  # The same without GPUMEM_BUILD_EMU: the product alone.
+  expect_rc 0 cmake -S "$SRC" -B "$W/p" -DGPUMEM_BUILD_TESTS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON \
+    ${CUDAToolkit_ROOT:+-DCUDAToolkit_ROOT=$CUDAToolkit_ROOT}
+  cmake --build "$W/p" --target help > "$W/product"
+  expect_in "$W/product" "... gpumem_preload"
+  grep -q "emu_rt_shared_app" "$W/product" && fail "emulated device configured without GPUMEM_BUILD_EMU"
+  ;;
 guide_install)
   # docs/guide.md's Install section and its GitHub Actions job install exactly the packages that
   # scripts/setup.sh installs for the product, and the job puts the install folder on the PATH.
