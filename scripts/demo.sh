@@ -17,8 +17,9 @@ build=${GPUMEM_DEMO_BUILD:-build-demo}
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
 out=${GPUMEM_DEMO_OUT:-$build/demo}
-rm -rf "$out" && mkdir -p "$out"
+mkdir -p "$out"
 out=$(cd "$out" && pwd)
+rm -f "$out"/gpumem-*.jsonl "$out/report.html"   # the previous demo's files only: OUT may be a folder of yours
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpumem-demo.XXXXXX")   # the program's working folder, removed at exit
 trap 'rm -rf "$work"' EXIT
 
