@@ -44,6 +44,8 @@ install_docs)
   done
   if command -v man > /dev/null; then
     man -l "$man" > "$W/man.txt" 2>&1 || fail "man -l cannot render gpumem.1"
+    # As the guide says: with PREFIX/bin on the PATH, `man gpumem` finds PREFIX/share/man.
+    [ "$(PATH=$W/prefix/bin:$PATH man -w gpumem 2>&1)" = "$man" ] || fail "man -w gpumem does not find $man"
   fi
   ;;
 package_deb)
