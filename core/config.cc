@@ -21,6 +21,20 @@ bool parse_bool(const char* s, bool* out) noexcept {
     return false;
 }
 
+bool parse_log_level(const char* s, int* out) noexcept {
+    if (!s || !*s) return false;
+    static const char* const names[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+    for (int i = 0; i < 7; ++i)
+        if (!strcasecmp(s, names[i])) {
+            *out = i;
+            return true;
+        }
+    if (!strcasecmp(s, "warning")) return *out = 3, true;
+    if (!strcasecmp(s, "err")) return *out = 4, true;
+    if (s[0] >= '0' && s[0] <= '6' && !s[1]) return *out = s[0] - '0', true;
+    return false;
+}
+
 static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field, std::string* warnings) {
     const char* s = getenv(name);
     if (!s) return;
@@ -45,9 +59,9 @@ config config::from_env(std::string* warnings) noexcept {
         read_u32("GPUMEM_FLUSH_MS", 1, 60000, &c.flush_ms, warnings);
         read_u32("GPUMEM_BUFFER_EVENTS", 1024, 1u << 24, &c.buffer_events, warnings);
         read_u32("GPUMEM_WAIT_MS", 0, 600000, &c.wait_ms, warnings);
-        uint32_t lvl = uint32_t(c.log_level);
-        read_u32("GPUMEM_LOG_LEVEL", 0, 6, &lvl, warnings);
-        c.log_level = int(lvl);
+        if (const char* s = getenv("GPUMEM_LOG_LEVEL"); s && !parse_log_level(s, &c.log_level) && warnings)
+            *warnings += std::string("GPUMEM_LOG_LEVEL='") + s +
+                         "' is not trace, debug, info, warn, error, critical, off or 0-6; using warn\n";
         uint32_t cap = 1;
         while (cap < c.buffer_events) cap <<= 1;
         c.buffer_events = cap;

@@ -14,7 +14,7 @@ struct config {
     uint32_t flush_ms = 20;           // GPUMEM_FLUSH_MS: writer wakes at least this often
     uint32_t buffer_events = 65536;   // GPUMEM_BUFFER_EVENTS: ring capacity, rounded up to a power of 2
     uint32_t wait_ms = 2000;          // GPUMEM_WAIT_MS: how long a caller waits for ring space before the event is counted lost
-    int log_level = 3;                // GPUMEM_LOG_LEVEL: 0 trace .. 3 warn (default) .. 6 off
+    int log_level = 3;                // GPUMEM_LOG_LEVEL: trace debug info warn (default) error critical off, or 0-6
 
     // Never throws: bad values keep the default and are reported through `warnings`.
     static config from_env(std::string* warnings = nullptr) noexcept;
@@ -26,6 +26,10 @@ std::string expand_out_pattern(const std::string& pattern, long pid, const std::
 
 // $RANK, else $LOCAL_RANK, else "0".
 std::string rank_from_env();
+
+// Parses a GPUMEM_LOG_LEVEL: trace, debug, info, warn (warning), error (err), critical, off in any
+// case, or 0-6 in that order (spdlog's levels).  False, leaving *out, for anything else.  No allocation.
+bool parse_log_level(const char* s, int* out) noexcept;
 
 // Parses "on"/"off"/"1"/"0"/"true"/"false"; returns false for anything else.
 bool parse_bool(const char* s, bool* out) noexcept;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config.h"
+#include "diag.h"
 #include "core/pool/block_pool.h"
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_config.h"
@@ -68,7 +69,7 @@ recorder_sink& sink() noexcept {
 }
 
 void say_once(std::atomic<bool>& said, const char* msg) noexcept {
-    if (!said.exchange(true)) (void)!write(2, msg, strlen(msg));
+    if (!said.exchange(true)) GPUMEM_WARN("{}", msg);
 }
 
 CUcontext current_context() noexcept {
@@ -117,7 +118,7 @@ pool_slot* create_slot(CUcontext ctx) noexcept {
         }
     }
     if (n >= k_max_pools) {
-        say_once(said_full, "gpumem: more than 64 CUDA contexts; allocations of the others pass through unpooled\n");
+        say_once(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
         return nullptr;
     }
     auto* b = new (std::nothrow) driver_backend(ctx, dev);
@@ -159,10 +160,11 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
     try {
         if (!g_pool_cfg) {
             g_pool_cfg = new pool_config(pool_config::from_env());
-            if (!g_pool_cfg->warnings.empty()) {
-                std::string w = "gpumem: " + g_pool_cfg->warnings;
-                if (w.back() != '\n') w += '\n';
-                (void)!write(2, w.data(), w.size());
+            const std::string& w = g_pool_cfg->warnings;  // one warning a line
+            for (size_t b = 0, e; b < w.size(); b = e + 1) {
+                e = w.find('\n', b);
+                if (e == std::string::npos) e = w.size();
+                if (e > b) GPUMEM_WARN("{}", std::string_view(w.data() + b, e - b));
             }
         }
         // auto must see every stream creation; with some ways in unwatched (GPUMEM_ROUTES, a
@@ -170,8 +172,7 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
         if (g_pool_cfg->reuse == reuse_mode::automatic &&
             !(route_on(route_a) && route_on(route_b) && route_on(route_c) && route_on(route_d))) {
             g_pool_cfg->reuse = reuse_mode::safe;
-            static const char msg[] = "gpumem: GPUMEM_ROUTES leaves ways in unwatched: GPUMEM_REUSE=auto runs as safe\n";
-            (void)!write(2, msg, sizeof msg - 1);
+            GPUMEM_WARN("GPUMEM_ROUTES leaves ways in unwatched: GPUMEM_REUSE=auto runs as safe");
         }
         std::string s;
         g_pool_cfg->append_config_json(s);
@@ -352,8 +353,8 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
     }
     *handled = true;
     if (bi.allocated)
-        say_once(said, "gpumem: cuIpcGetMemHandle on a pooled block that shares its segment returns "
-                       "CUDA_ERROR_INVALID_VALUE; run with GPUMEM_POOL=off to share memory between processes\n");
+        say_once(said, "cuIpcGetMemHandle on a pooled block that shares its segment returns "
+                       "CUDA_ERROR_INVALID_VALUE; run with GPUMEM_POOL=off to share memory between processes");
     return CUDA_ERROR_INVALID_VALUE;
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <unistd.h>
 
+#include "diag.h"
 #include "gpumem_preload.h"
 
 namespace gpumem {
@@ -116,9 +117,8 @@ void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexce
     if (symbol && is_hooked_base(symbol)) {
         uint64_t n = g_unmatched.fetch_add(1, std::memory_order_relaxed);
         if (n < 5) {
-            char msg[256];
-            int len = snprintf(msg, sizeof msg, "gpumem: cannot wrap the resolved pointer for %s; its calls go unrecorded\n", symbol);
-            if (len > 0) (void)!write(2, msg, size_t(len) < sizeof msg ? size_t(len) : sizeof msg - 1);
+            // Possibly on a dlsym path while the process starts: before diag::init this is one write(2).
+            GPUMEM_WARN("cannot wrap the resolved pointer for {}; its calls go unrecorded", symbol);
         }
     }
     return fn;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "config.h"
+#include "diag.h"
 #include "event_format.h"
 #include "gpumem_preload.h"
 
@@ -53,7 +54,16 @@ process_state& state() noexcept {
     return *s;
 }
 
-void say(const char* msg) noexcept { (void)!write(2, msg, strlen(msg)); }
+// Each line of a multi-line warning text as one warning.
+void warn_lines(const std::string& text) noexcept {
+    size_t b = 0;
+    while (b < text.size()) {
+        size_t e = text.find('\n', b);
+        if (e == std::string::npos) e = text.size();
+        if (e > b) GPUMEM_WARN("{}", std::string_view(text.data() + b, e - b));
+        b = e + 1;
+    }
+}
 
 // The process's argv, from /proc (the program's own bytes; format_header escapes them).
 std::vector<std::string> read_cmdline() {
@@ -192,10 +202,8 @@ void start_recording(process_state& st) noexcept {
     try {
         std::string warnings;
         st.cfg = config::from_env(&warnings);
-        if (!warnings.empty()) {
-            warnings = "gpumem: " + warnings;
-            say(warnings.c_str());
-        }
+        diag::init(st.cfg.log_level);  // from here on, diagnostics go through spdlog
+        warn_lines(warnings);
         timespec wall;
         clock_gettime(CLOCK_REALTIME, &wall);
         uint64_t start_unix_ns = uint64_t(wall.tv_sec) * 1000000000ull + uint64_t(wall.tv_nsec);
@@ -208,7 +216,7 @@ void start_recording(process_state& st) noexcept {
             st.rec = new recorder(*st.log);
         }
         if (!st.log->ok()) {
-            say("gpumem: cannot allocate the event buffer; recording is off for this process\n");
+            GPUMEM_WARN("cannot allocate the event buffer; recording is off for this process");
             st.phase.store(disabled);
             return;
         }
@@ -218,15 +226,17 @@ void start_recording(process_state& st) noexcept {
         gethostname(host, sizeof host - 1);
         std::string path = expand_out_pattern(st.cfg.out, long(getpid()), host, rank_from_env());
         if (!st.log->start(path, header_line(st, pool_json, start_unix_ns))) {
-            say("gpumem: no log file could be created; recording is off for this process\n");
+            GPUMEM_WARN("no log file could be created; recording is off for this process");
             st.phase.store(disabled);
             return;
         }
         install_signal_handlers();
         st.owner_pid.store(long(getpid()));
         st.phase.store(recording, std::memory_order_release);
+        GPUMEM_DEBUG("recording to {} (pool {}, ring of {} events, flush every {} ms)", st.log->path(),
+                     st.cfg.pool ? "on" : "off", st.cfg.buffer_events, st.cfg.flush_ms);
     } catch (...) {
-        say("gpumem: out of memory while starting; recording is off for this process\n");
+        GPUMEM_WARN("out of memory while starting; recording is off for this process");
         st.phase.store(disabled);
     }
 }
@@ -235,6 +245,7 @@ void start_recording(process_state& st) noexcept {
 // fork: the child writes its own file, named by the pattern with its own pid.
 void after_fork_child() {
     note_fork();
+    diag::after_fork_child();
     process_state& st = state();
     st.forked_from = long(getppid());
     if (st.log) {
@@ -246,6 +257,8 @@ void after_fork_child() {
     pool_after_fork();
     st.starter_tid.store(0);
     st.phase.store(st.rec ? not_started : disabled);
+    GPUMEM_DEBUG("fork: process {} of parent {} writes its own log from its first allocation", long(getpid()),
+                 st.forked_from);
 }
 
 __attribute__((constructor)) void gpumem_init() {
@@ -258,7 +271,11 @@ __attribute__((destructor)) void gpumem_fini() {
     // first, as a preload), so their last frees are in the log before the end line.
     process_state& st = state();
     pool_at_exit();
-    if (owns_log(st)) st.log->finish(end_reason::exit, 0, unmatched_count(), 200);
+    if (owns_log(st)) {
+        st.log->finish(end_reason::exit, 0, unmatched_count(), 200);
+        GPUMEM_DEBUG("exit: {} finished with {} events, {} lost", st.log->path(), st.log->totals().events,
+                     st.log->lost());
+    }
 }
 
 }  // namespace

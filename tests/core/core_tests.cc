@@ -63,6 +63,32 @@ TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
     CHECK_FALSE(parse_size("", &v));
 }
 
+TEST_CASE("GPUMEM_LOG_LEVEL: spdlog's level names in any case, or 0-6") {
+    int l = -1;
+    CHECK(parse_log_level("trace", &l));
+    CHECK(l == 0);
+    CHECK(parse_log_level("DEBUG", &l));
+    CHECK(l == 1);
+    CHECK(parse_log_level("info", &l));
+    CHECK(l == 2);
+    CHECK(parse_log_level("warning", &l));
+    CHECK(l == 3);
+    CHECK(parse_log_level("err", &l));
+    CHECK(l == 4);
+    CHECK(parse_log_level("critical", &l));
+    CHECK(l == 5);
+    CHECK(parse_log_level("6", &l));
+    CHECK(l == 6);
+    for (const char* bad : {"", "7", "-1", "verbose", "debug ", "01"}) {
+        INFO(bad);
+        l = 42;
+        CHECK_FALSE(parse_log_level(bad, &l));
+        CHECK(l == 42);
+    }
+    CHECK_FALSE(parse_log_level(nullptr, &l));
+    CHECK(config{}.log_level == 3);  // warn: warnings show, traces do not
+}
+
 TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1024") {
     auto size = [](const char* s) {
         uint64_t v = 12345;  // unchanged on failure

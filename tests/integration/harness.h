@@ -57,6 +57,7 @@ inline run_result run(std::vector<std::string> argv, std::map<std::string, std::
         if (preload) setenv("LD_PRELOAD", GPUMEM_LIB, 1);
         unsetenv("GPUMEM_OUT");
         unsetenv("GPUMEM_ROUTES");
+        unsetenv("GPUMEM_LOG_LEVEL");  // the default level is what a test leaves unset
         unsetenv("RANK");
         unsetenv("LOCAL_RANK");
         // Pool settings come only from the test (the pool is on by default).
