@@ -46,6 +46,7 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
         for (const std::string& a : p.cmdline) cmd += (cmd.empty() ? "" : " ") + a;
         events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
                           {"args", {{"name", "gpumem " + std::to_string(p.pid) + (p.rank.empty() ? "" : " rank " + p.rank) +
+                                                 (p.forked_from ? " (forked from " + std::to_string(p.forked_from) + ")" : "") +
                                                  (cmd.empty() ? "" : ": " + cmd.substr(0, 80))}}}});
         events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", sort_index[i]}}}});
         for (const device_report& d : p.devices) {

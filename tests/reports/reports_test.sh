@@ -83,7 +83,8 @@ perfetto_processes)
   # Two ranks whose recorders started 5 s apart (start_unix_ns) land on one clock in one trace:
   # rank 1's first event (t = 1 us in its own log) is at 5 s + 1 us; each process is one track group
   # (its own pid), ordered by rank although rank 1's log is given first.
-  sed 's/"start_unix_ns":1796010000000000000/"start_unix_ns":1796010005000000000/' "$G/rank1.jsonl" > late1.jsonl
+  # Rank 1 is also made a forked child of rank 0's process, which its track group's name says.
+  sed '1s/"start_unix_ns":1796010000000000000/"start_unix_ns":1796010005000000000,"forked_from":8000/' "$G/rank1.jsonl" > late1.jsonl
   grep -q '"start_unix_ns":1796010005000000000' late1.jsonl || fail "could not shift rank 1's start"
   "$GPUMEM" report --no-progress --perfetto "$W/trace.json" late1.jsonl "$G/rank0.jsonl" > /dev/null || fail "report --perfetto"
   python3 - "$W/trace.json" <<'PY' || fail "trace content"
@@ -92,6 +93,7 @@ ev = json.load(open(sys.argv[1]))["traceEvents"]
 names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
 assert sorted(names) == [8000, 8001], names
 assert "rank 0" in names[8000] and "rank 1" in names[8001], names
+assert "forked from 8000" in names[8001] and "forked" not in names[8000], names
 sort = {e["pid"]: e["args"]["sort_index"] for e in ev if e["name"] == "process_sort_index"}
 assert sort == {8000: 0, 8001: 1}, sort
 first = {pid: min(e["ts"] for e in ev if e["pid"] == pid and e["ph"] == "C") for pid in names}
