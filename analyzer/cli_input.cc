@@ -1,11 +1,12 @@
-// Loads runs for `gpumem check` and `gpumem diff` (logs or report JSON) and parses their size and
-// ratio arguments.
+// Loads runs for `gpumem check` and `gpumem diff` (logs or report JSON) into the report model and
+// parses their size and ratio arguments.
 #include "cli_input.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -15,7 +16,7 @@
 #include "config.h"
 #include "diagnostics.h"
 #include "log_reader.h"
-#include "report_output.h"
+#include "report_json_read.h"
 
 namespace gpumem::analysis {
 
@@ -57,138 +58,69 @@ bool parse_percent_arg(const std::string& text, double& out) {
     return true;
 }
 
-uint64_t get_u64(const ojson& j, const char* key) {
-    if (!j.is_object()) return 0;
-    auto it = j.find(key);
-    if (it == j.end()) return 0;
-    if (it->is_number_unsigned()) return it->get<uint64_t>();
-    if (it->is_number_integer()) return uint64_t(std::max<int64_t>(0, it->get<int64_t>()));
-    if (it->is_number_float()) {
-        double d = it->get<double>();
-        return d > 0 && d < 1.8e19 ? uint64_t(d) : 0;
-    }
-    return 0;
-}
-
-double get_num(const ojson& j, const char* key) {
-    if (!j.is_object()) return 0;
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number()) return 0;
-    return it->get<double>();
-}
-
-std::string get_str(const ojson& j, const char* key) {
-    if (!j.is_object()) return "";
-    auto it = j.find(key);
-    if (it == j.end()) return "";
-    if (it->is_string()) return it->get<std::string>();
-    if (it->is_number()) return it->dump();
-    return "";
-}
-
-namespace {
-
-// A log's first line is its header object, with "ev":"header".  A report is one JSON document
-// (pretty-printed by `gpumem report --json`), so its first line alone is no complete object.
-bool looks_like_log(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::string first;
-    if (!f || !std::getline(f, first)) return true;  // let the log reader report the problem
-    auto j = nlohmann::json::parse(first, nullptr, false);
-    return !j.is_discarded() && j.is_object() && j.contains("ev");
-}
-
-bool load_report_json(const std::string& path, ojson& procs, std::string& error) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) {
-        error = path + ": cannot open: " + std::strerror(errno);
-        return false;
-    }
-    ojson j = ojson::parse(f, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-        error = path + ": neither a gpumem log nor a `gpumem report --json` file";
-        return false;
-    }
-    if (get_str(j, "schema") != "gpumem-report") {
-        error = path + ": not a `gpumem report --json` file (no \"schema\": \"gpumem-report\")";
-        return false;
-    }
-    if (get_u64(j, "schema_version") != uint64_t(k_report_schema_version)) {
-        error = path + ": report schema version " + get_str(j, "schema_version") + " is not the " +
-                std::to_string(k_report_schema_version) + " this gpumem reads";
-        return false;
-    }
-    auto it = j.find("processes");
-    if (it == j.end() || !it->is_array()) {
-        error = path + ": report has no \"processes\" list";
-        return false;
-    }
-    for (auto& p : *it) {
-        if (!p.is_object()) {
-            error = path + ": a member of \"processes\" is not an object";
-            return false;
+std::string printable(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c < 0x20 || c == 0x7f) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\x%02x", c);
+            out += buf;
+        } else {
+            out += char(c);
         }
-        if (!p.contains("file")) p["file"] = path;
-        procs.push_back(std::move(p));
     }
-    return true;
+    return out;
 }
-
-}  // namespace
 
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error) {
     try {
         for (const std::string& path : paths) {
-            if (!looks_like_log(path)) {
+            if (looks_like_report_json(path)) {
                 spdlog::debug("{}: reading as a `gpumem report --json` file", path);
-                if (!load_report_json(path, out.processes, error)) return false;
+                report_file r = read_report_json(path);
+                for (size_t i = 0; i < r.processes.size(); ++i) {
+                    out.processes.push_back(std::move(r.processes[i]));
+                    out.present.push_back(std::move(r.present[i]));
+                    out.source.push_back(path);
+                }
                 continue;
             }
             spdlog::debug("{}: reading as an event log", path);
-            std::vector<process_report> one;
-            try {
-                one.push_back(analyze_file(path, analyze_options{}));
-            } catch (const input_error& e) {
-                error = e.what();
-                return false;
-            }
-            ojson j = to_json(one, combine(one), output_options{});
-            for (auto& p : j["processes"]) out.processes.push_back(std::move(p));
+            out.processes.push_back(analyze_file(path, analyze_options{}));
+            out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());
+            out.source.push_back(path);
         }
         // Occurrence numbers for processes that share a rank, in start order.
         std::vector<size_t> order(out.processes.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = i;
         std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-            const ojson &pa = out.processes[a], &pb = out.processes[b];
-            if (get_str(pa, "rank") != get_str(pb, "rank")) return get_str(pa, "rank") < get_str(pb, "rank");
-            return get_u64(pa, "start_unix_ns") < get_u64(pb, "start_unix_ns");
+            const process_report &pa = out.processes[a], &pb = out.processes[b];
+            if (pa.rank != pb.rank) return pa.rank < pb.rank;
+            return pa.start_unix_ns < pb.start_unix_ns;
         });
         std::map<std::string, int> seen;
         for (size_t i : order) {
-            const ojson& p = out.processes[i];
-            std::string rank = get_str(p, "rank");
-            int occ = seen[rank]++;
-            std::string proc_key = "rank " + (rank.empty() ? std::string("?") : rank) + (occ ? "#" + std::to_string(occ + 1) : "");
-            auto devs = p.find("devices");
-            if (devs == p.end() || !devs->is_array()) continue;
-            for (size_t d = 0; d < devs->size(); ++d) {
-                const ojson& dv = (*devs)[d];
-                if (!dv.is_object() || !dv.contains("dev") || !dv["dev"].is_number_integer()) continue;
-                int64_t ordinal = dv["dev"].get<int64_t>();
-                if (ordinal < 0) continue;  // host memory: not what the GPU gates are about
+            const process_report& p = out.processes[i];
+            int occ = seen[p.rank]++;
+            std::string proc_key = "rank " + (p.rank.empty() ? std::string("?") : p.rank) + (occ ? "#" + std::to_string(occ + 1) : "");
+            for (size_t d = 0; d < p.devices.size(); ++d) {
+                if (p.devices[d].dev < 0) continue;  // host memory: not what the GPU gates are about
                 device_ref r;
                 r.process = i;
                 r.device = d;
-                r.key = proc_key + " dev " + std::to_string(ordinal);
-                r.where = r.key + " (pid " + get_str(p, "pid") + ", " + get_str(p, "file") + ")";
+                r.key = proc_key + " dev " + std::to_string(p.devices[d].dev);
+                r.where = printable(r.key + " (pid " + std::to_string(p.pid) + ", " + p.file + ")");
                 out.devices.push_back(std::move(r));
             }
         }
         std::sort(out.devices.begin(), out.devices.end(),
                   [](const device_ref& a, const device_ref& b) { return a.key < b.key; });
         return true;
+    } catch (const input_error& e) {
+        error = e.what();
+        return false;
     } catch (const std::exception& e) {
-        // nlohmann type errors from a hand-edited report, or bad_alloc: unusable input, not a crash.
+        // bad_alloc or anything unforeseen in a hand-edited report: unusable input, not a crash.
         error = std::string("cannot read the input: ") + e.what();
         return false;
     }

@@ -1,16 +1,16 @@
 // Shared by `gpumem check` and `gpumem diff`: argument parsing of sizes and ratios, and loading a run
-// (logs or `gpumem report --json` output) as report JSON with a stable key per (process, device).
+// (logs or `gpumem report --json` output) into the report model with a stable key per (process,
+// device).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "report_fields.h"
+#include "report_model.h"
 
 namespace gpumem::analysis {
-
-using ojson = nlohmann::ordered_json;
 
 // "12GiB", "500MB", "1.5 GiB", "4096": core/size_parse.h's parse_size, the rule GPUMEM_* sizes follow.
 bool parse_size_arg(const std::string& text, uint64_t& out);
@@ -22,7 +22,7 @@ bool parse_percent_arg(const std::string& text, double& out);
 // One GPU (dev >= 0) of one process of a run.
 struct device_ref {
     size_t process = 0;  // index into run_input::processes
-    size_t device = 0;   // index into that process's "devices"
+    size_t device = 0;   // index into that process's devices
     // Matches the same device of the same process in another run of the same job: the rank, an
     // occurrence number when several processes share a rank (forked workers, ordered by start
     // time), and the device ordinal.  Pids change between runs, so they are not part of it.
@@ -31,20 +31,23 @@ struct device_ref {
 };
 
 struct run_input {
-    ojson processes = ojson::array();  // the report JSON's "processes" over every input
-    std::vector<device_ref> devices;   // sorted by key
-    const ojson& proc(const device_ref& r) const { return processes[r.process]; }
-    const ojson& dev(const device_ref& r) const { return processes[r.process]["devices"][r.device]; }
+    std::vector<process_report> processes;  // over every input, in order
+    std::vector<std::string> source;         // per process: the input path it was read from
+    // Which scalar members each device has: all of them for an analyzed log; what the file carried
+    // for a report JSON.
+    std::vector<std::vector<device_fields_present>> present;
+    std::vector<device_ref> devices;  // sorted by key
+    const process_report& proc(const device_ref& r) const { return processes[r.process]; }
+    const device_report& dev(const device_ref& r) const { return processes[r.process].devices[r.device]; }
+    bool has(const device_ref& r, device_field f) const { return present[r.process][r.device][size_t(f)]; }
 };
+
+// `s` with control characters (which a rank or file name may hold) written as \xNN, for terminals
+// and XML alike.
+std::string printable(const std::string& s);
 
 // Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file.  On failure returns
 // false with a message naming the file; never throws.
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error);
-
-// Tolerant accessors: a missing member or one of another type reads as 0 / "" (report JSON
-// written by hand, or by a newer gpumem, must not crash the tools).
-uint64_t get_u64(const ojson& j, const char* key);
-double get_num(const ojson& j, const char* key);
-std::string get_str(const ojson& j, const char* key);
 
 }  // namespace gpumem::analysis

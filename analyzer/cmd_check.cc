@@ -1,5 +1,6 @@
 // `gpumem check`: the CI gate.  Holds each GPU of each process to absolute limits and/or to a
-// baseline report, prints every broken limit with the worst moment, and can write JUnit XML.
+// baseline run, prints every broken limit with the worst moment, and can write JUnit XML.  Works on
+// the report model (logs analyzed, or report JSON read back); what it measures is report_measures.h.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,41 +16,28 @@
 #include "commands.h"
 #include "diagnostics.h"
 #include "format_util.h"
+#include "report_measures.h"
 
 namespace gpumem::analysis {
 
 namespace {
 
-// What a limit measures: the member of a DEVICE in the report JSON, and where its worst moment is.
-struct measure {
-    const char* title;     // "peak allocated"
-    const char* value;     // JSON member
-    const char* t_member;  // its time, "" when the moment comes from the largest leak
-    const char* seq_member;
-    bool is_ratio;
-};
-const measure k_peak_requested{"peak requested", "peak_requested_bytes", "peak_requested_t_ns", "peak_requested_seq", false};
-const measure k_peak_allocated{"peak allocated", "peak_allocated_bytes", "peak_allocated_t_ns", "peak_allocated_seq", false};
-const measure k_peak_reserved{"peak reserved", "peak_reserved_bytes", "peak_reserved_t_ns", "peak_reserved_seq", false};
-const measure k_fragmentation{"max external fragmentation", "max_external_fragmentation", "max_external_fragmentation_t_ns",
-                              "max_external_fragmentation_seq", true};
-const measure k_leak{"leaked", "leaked_bytes", "", "", false};
-
-std::string fmt_value(const measure& m, double v) { return m.is_ratio ? fmt_pct(v) : fmt_bytes(uint64_t(v)); }
+std::string fmt_value(const measure& m, double v) {
+    return m.unit == measure_unit::ratio ? fmt_pct(v) : fmt_bytes(uint64_t(v));
+}
 
 // "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation.
-std::string worst_moment(const measure& m, const ojson& dev) {
-    if (*m.t_member)
-        return "at " + fmt_time(get_u64(dev, m.t_member)) + " (seq " + std::to_string(get_u64(dev, m.seq_member)) + ")";
-    auto leaks = dev.find("leaks");
-    if (leaks == dev.end() || !leaks->is_array() || leaks->empty() || !(*leaks)[0].is_object()) return "";
-    const ojson& l = (*leaks)[0];
-    return "largest: " + fmt_bytes(get_u64(l, "size_bytes")) + " from " + get_str(l, "api") + " at " +
-           fmt_time(get_u64(l, "alloc_t_ns")) + " (seq " + std::to_string(get_u64(l, "alloc_seq")) + ")";
+std::string worst_moment(const measure& m, const device_report& dev) {
+    if (m.t_ns != device_field::count)
+        return "at " + fmt_time(uint64_t(field_value(dev, m.t_ns))) + " (seq " +
+               std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
+    if (m.value != device_field::leaked_bytes || dev.leaks.empty()) return "";
+    const block_view& l = dev.leaks[0];
+    return "largest: " + fmt_bytes(l.size) + " from " + l.api + " at " + fmt_time(l.t) + " (seq " + std::to_string(l.seq) + ")";
 }
 
 struct outcome {
-    std::string name;       // testcase name: "max-peak", "baseline peak reserved"
+    std::string name;       // testcase name: "max-peak (requested)", "baseline peak reserved"
     std::string where;      // device_ref::where
     std::string classname;  // "gpumem.rank_0.dev_0"
     bool passed = true;
@@ -62,9 +50,13 @@ std::string junit_class(const std::string& key) {
     size_t d = k.rfind(" dev ");
     if (d != std::string::npos) k.replace(d, 1, ".");
     std::string c = "gpumem.";
-    for (char ch : k) c += (ch == ' ' || ch == '#') ? '_' : ch;
+    for (char ch : printable(k)) c += (ch == ' ' || ch == '#') ? '_' : ch;
     return c;
 }
+
+// XML 1.0 allows no control characters but tab, newline and carriage return, not even as character
+// references; a rank or file name can hold any byte, so they are written as "\xNN" text.
+std::string xml_text(const std::string& s) { return html_escape(printable(s)); }
 
 bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -78,12 +70,12 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
       << "<testsuites tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n"
       << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
     for (const outcome& r : results) {
-        f << "    <testcase classname=\"" << html_escape(r.classname) << "\" name=\"" << html_escape(r.name) << "\"";
+        f << "    <testcase classname=\"" << xml_text(r.classname) << "\" name=\"" << xml_text(r.name) << "\"";
         if (r.passed) {
             f << "/>\n";
             continue;
         }
-        f << ">\n      <failure message=\"" << html_escape(r.message) << "\">" << html_escape(r.where + ": " + r.message)
+        f << ">\n      <failure message=\"" << xml_text(r.message) << "\">" << xml_text(r.where + ": " + r.message)
           << "</failure>\n    </testcase>\n";
     }
     f << "  </testsuite>\n</testsuites>\n";
@@ -96,46 +88,61 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
 }
 
 struct limit {
-    limit(const char* f, const measure* me) : flag(f), m(me) {}
-    const char* flag;  // "--max-peak"
+    const char* flag;   // "--max-peak"
     const measure* m;
+    std::string name;   // testcase name: "max-peak (requested)"
     bool set = false;
     double value = 0;
-    std::string text;  // as written, for messages
+    std::string text;   // as written, for messages
 };
-
-}  // namespace
 
 struct check_args {
     std::string limit_text[4];  // as written, in the order of run_check's limits
     CLI::Option* limit_opt[4] = {};
+    std::string metric = "requested";
     std::string baseline_path, junit_path, tolerance_text = "5%";
+    bool quiet = false;
     std::vector<std::string> logs;
 };
 
+// Every device the limits look at must carry every member they read: a report JSON written by
+// another tool or edited by hand may lack one, and reading it as 0 would pass any limit.
+bool members_present(const run_input& run, const std::vector<const measure*>& needed, const char* role) {
+    bool ok = true;
+    for (const device_ref& r : run.devices)
+        for (const measure* m : needed)
+            if (!run.has(r, m->value)) {
+                spdlog::error("{}{}: {} has no \"{}\" (a number), which {} needs", role, run.source[r.process], r.where,
+                              field_name(m->value), m->title);
+                ok = false;
+            }
+    return ok;
+}
+
 int run_check(check_args& args, const std::vector<std::string>& tail) {
-    limit limits[] = {{"--max-peak", &k_peak_allocated},
-                      {"--max-reserved", &k_peak_reserved},
-                      {"--max-fragmentation", &k_fragmentation},
-                      {"--max-leak", &k_leak}};
+    const measure* peak = peak_measure(args.metric);
+    if (!peak) return usage_error("check", "--metric " + args.metric + ": expected requested, allocated or reserved");
+    limit limits[] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")"},
+                      {"--max-reserved", &k_peak_reserved, "max-reserved"},
+                      {"--max-fragmentation", &k_max_fragmentation, "max-fragmentation"},
+                      {"--max-leak", &k_leaked, "max-leak"}};
     for (size_t i = 0; i < 4; ++i) {
         limit& l = limits[i];
         const std::string& v = args.limit_text[i];
         if (args.limit_opt[i]->count() == 0) continue;
-        if (l.m->is_ratio) {
+        if (l.m->unit == measure_unit::ratio) {
             if (!parse_ratio_arg(v, l.value))
                 return usage_error("check", std::string(l.flag) + " " + v + ": expected a ratio such as 0.3 or 30%");
         } else {
             uint64_t n = 0;
             if (!parse_size_arg(v, n))
-                return usage_error("check", std::string(l.flag) + " " + v + ": expected a size such as 4096, 500MB or 12GiB");
+                return usage_error("check", std::string(l.flag) + " " + v + ": expected a size such as 4096, 500MB or 1.5GiB");
             l.value = double(n);
         }
         l.set = true;
         l.text = v;
     }
     const std::string& baseline_path = args.baseline_path;
-    const std::string& junit_path = args.junit_path;
     double tolerance = 0.05;
     std::string tolerance_text = args.tolerance_text;
     if (!parse_percent_arg(tolerance_text, tolerance))
@@ -164,17 +171,25 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         spdlog::error("no GPU memory activity in {}", logs.size() == 1 ? logs[0] : std::string("the logs"));
         return k_exit_input;
     }
+    std::vector<const measure*> needed;
+    for (const limit& l : limits)
+        if (l.set) needed.push_back(l.m);
+    if (!baseline_path.empty()) needed.insert(needed.end(), std::begin(k_baseline_measures), std::end(k_baseline_measures));
+    bool usable = members_present(run, needed, "");
+    if (!baseline_path.empty())
+        usable &= members_present(base, {std::begin(k_baseline_measures), std::end(k_baseline_measures)}, "baseline ");
+    if (!usable) return k_exit_input;
 
     std::vector<outcome> results;
     for (const device_ref& r : run.devices) {
-        const ojson& dev = run.dev(r);
+        const device_report& dev = run.dev(r);
         for (const limit& l : limits) {
             if (!l.set) continue;
             outcome o;
-            o.name = std::string(l.flag).substr(2);
+            o.name = l.name;
             o.where = r.where;
             o.classname = junit_class(r.key);
-            double measured = l.m->is_ratio ? get_num(dev, l.m->value) : double(get_u64(dev, l.m->value));
+            double measured = measure_value(dev, *l.m);
             o.passed = measured <= l.value;
             o.message = l.m->title + std::string(" ") + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
                         "limit " + fmt_value(*l.m, l.value) + " (" + l.flag + " " + l.text + ")";
@@ -188,31 +203,30 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (!baseline_path.empty()) {
         std::map<std::string, const device_ref*> base_by_key;
         for (const device_ref& b : base.devices) base_by_key[b.key] = &b;
-        const measure* compared[] = {&k_peak_requested, &k_peak_allocated, &k_peak_reserved, &k_fragmentation, &k_leak};
         for (const device_ref& r : run.devices) {
             auto it = base_by_key.find(r.key);
             if (it == base_by_key.end()) {
                 spdlog::warn("{} is not in the baseline; only absolute limits apply to it", r.where);
                 continue;
             }
-            const ojson& dev = run.dev(r);
-            const ojson& bdev = base.dev(*it->second);
+            const device_report& dev = run.dev(r);
+            const device_report& bdev = base.dev(*it->second);
             base_by_key.erase(it);
-            for (const measure* m : compared) {
+            for (const measure* m : k_baseline_measures) {
                 outcome o;
                 o.name = std::string("baseline ") + m->title;
                 o.where = r.where;
                 o.classname = junit_class(r.key);
-                double measured = m->is_ratio ? get_num(dev, m->value) : double(get_u64(dev, m->value));
-                double was = m->is_ratio ? get_num(bdev, m->value) : double(get_u64(bdev, m->value));
+                double measured = measure_value(dev, *m);
+                double was = measure_value(bdev, *m);
                 // Bytes may grow by the tolerance as a fraction; a ratio by the tolerance in points
                 // (a relative tolerance on a baseline fragmentation of 0 would allow nothing).
-                double allowed = m->is_ratio ? was + tolerance : was * (1 + tolerance);
+                bool ratio = m->unit == measure_unit::ratio;
+                double allowed = ratio ? was + tolerance : was * (1 + tolerance);
                 o.passed = measured <= allowed + 1e-9;
                 o.message = m->title + std::string(" ") + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
                             "baseline " + fmt_value(*m, was) + " + " +
-                            (m->is_ratio ? fmt_pct(tolerance).substr(0, fmt_pct(tolerance).size() - 1) + " points"
-                                         : tolerance_text) +
+                            (ratio ? fmt_pct(tolerance).substr(0, fmt_pct(tolerance).size() - 1) + " points" : tolerance_text) +
                             " = " + fmt_value(*m, allowed);
                 if (!o.passed) {
                     std::string w = worst_moment(*m, dev);
@@ -226,7 +240,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         for (const auto& [key, b] : base_by_key) {
             outcome o;
             o.name = "baseline device present";
-            o.where = key;
+            o.where = printable(key);
             o.classname = junit_class(key);
             o.passed = false;
             o.message = "in the baseline (" + b->where + ") but not in this run";
@@ -241,12 +255,15 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 run.processes.size(), run.processes.size() == 1 ? "" : "es", failed);
     for (const outcome& o : results)
         if (!o.passed) std::printf("  FAIL %s: %s\n", o.where.c_str(), o.message.c_str());
-    for (const outcome& o : results)
-        if (o.passed) std::printf("  ok   %s: %s\n", o.where.c_str(), o.message.c_str());
+    if (!args.quiet)
+        for (const outcome& o : results)
+            if (o.passed) std::printf("  ok   %s: %s\n", o.where.c_str(), o.message.c_str());
     std::fflush(stdout);
-    if (!junit_path.empty() && !write_junit(junit_path, results)) return k_exit_input;
+    if (!args.junit_path.empty() && !write_junit(args.junit_path, results)) return k_exit_input;
     return failed ? k_exit_regression : k_exit_ok;
 }
+
+}  // namespace
 
 command add_check(CLI::App& top) {
     auto a = std::make_shared<check_args>();
@@ -255,15 +272,22 @@ command add_check(CLI::App& top) {
         "Holds every GPU of every process in the logs (or `gpumem report --json` files) to limits;\n"
         "give at least one limit or --baseline.  Against a baseline, peak requested, allocated and\n"
         "reserved and leaked bytes may grow by the tolerance, fragmentation by the tolerance in points.\n"
-        "SIZE: 4096, 500MB, 12GiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
+        "METRIC (docs/metrics.md): requested = what the program asked for and has not freed, PyTorch's\n"
+        "torch.cuda.max_memory_allocated(); allocated = the pool blocks holding it, with the pool's\n"
+        "rounding; reserved = held from the driver, PyTorch's max_memory_reserved().\n"
+        "SIZE: 4096, 500MB, 1.5GiB, 4 KiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
         "\n"
-        "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments.");
+        "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments (also an\n"
+        "input that lacks a member a limit needs).");
     app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files");
-    a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak allocated bytes (what the program held from the driver or pool)")
+    a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak bytes of --metric")->type_name("SIZE");
+    app->add_option("--metric", a->metric, "what --max-peak limits: requested, allocated or reserved")
+        ->type_name("METRIC")
+        ->default_str("requested");
+    a->limit_opt[1] = app->add_option("--max-reserved", a->limit_text[1], "peak reserved bytes (segments + unpooled allocations)")
         ->type_name("SIZE");
-    a->limit_opt[1] = app->add_option("--max-reserved", a->limit_text[1], "peak reserved bytes (segments + non-pooled allocations)")
-        ->type_name("SIZE");
-    a->limit_opt[2] = app->add_option("--max-fragmentation", a->limit_text[2], "maximum external fragmentation, 0.3 or 30%")->type_name("F");
+    a->limit_opt[2] = app->add_option("--max-fragmentation", a->limit_text[2], "maximum external fragmentation, 0.3 or 30%")
+        ->type_name("F");
     a->limit_opt[3] = app->add_option("--max-leak", a->limit_text[3], "bytes still allocated when the log ends")->type_name("SIZE");
     app->add_option("--baseline", a->baseline_path,
                     "an earlier run (report JSON or logs) that this one may not exceed by more than the tolerance")
@@ -271,6 +295,7 @@ command add_check(CLI::App& top) {
     app->add_option("--tolerance", a->tolerance_text, "allowed growth over the baseline")->type_name("P%")->default_str("5%");
     app->add_option("--junit", a->junit_path, "also write JUnit XML: one testcase per limit per process and device")
         ->type_name("FILE");
+    app->add_flag("-q,--quiet", a->quiet, "print only the broken limits and the one-line total");
     command c;
     c.app = app;
     c.run = [a](const std::vector<std::string>& tail, bool) { return run_check(*a, tail); };

@@ -1,5 +1,6 @@
-// `gpumem diff A B`: two runs side by side per process and GPU (peaks, fragmentation, counts) and
-// the biggest changes by API, size class and leak.
+// `gpumem diff`: two runs side by side per process and GPU (peaks, fragmentation, counts) and the
+// biggest changes by API, size class and leak.  Each side is one or more logs or report JSON files;
+// GPUs are matched by rank and device as `check` matches them.  Works on the report model.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,48 +16,28 @@
 #include "commands.h"
 #include "diagnostics.h"
 #include "format_util.h"
+#include "report_measures.h"
 
 namespace gpumem::analysis {
 
 namespace {
 
-enum class unit { bytes, ratio, count };
-struct row_def {
-    const char* title;
-    const char* member;
-    unit u;
-};
-const row_def k_rows[] = {
-    {"peak requested", "peak_requested_bytes", unit::bytes},
-    {"peak allocated", "peak_allocated_bytes", unit::bytes},
-    {"peak reserved", "peak_reserved_bytes", unit::bytes},
-    {"peak segments", "peak_segments", unit::count},
-    {"max external fragmentation", "max_external_fragmentation", unit::ratio},
-    {"end external fragmentation", "end_external_fragmentation", unit::ratio},
-    {"allocations", "n_alloc", unit::count},
-    {"frees", "n_free", unit::count},
-    {"failed allocations", "n_alloc_fail", unit::count},
-    {"OOMs", "n_oom", unit::count},
-    {"leaked allocations", "n_leaks", unit::count},
-    {"leaked bytes", "leaked_bytes", unit::bytes},
-};
-
-std::string fmt_unit(unit u, double v) {
+std::string fmt_unit(measure_unit u, double v) {
     switch (u) {
-        case unit::bytes: return fmt_bytes(uint64_t(std::max(0.0, v)));
-        case unit::ratio: return fmt_pct(v);
-        case unit::count: return fmt_count(uint64_t(std::max(0.0, v)));
+        case measure_unit::bytes: return fmt_bytes(uint64_t(std::max(0.0, v)));
+        case measure_unit::ratio: return fmt_pct(v);
+        case measure_unit::count: return fmt_count(uint64_t(std::max(0.0, v)));
     }
     return "";
 }
 
 // "+1.50 MiB (+12.0%)", "-3", "+4.1 points", "=" when equal.
-std::string fmt_change(unit u, double a, double b) {
+std::string fmt_change(measure_unit u, double a, double b) {
     if (a == b) return "=";
     const char* sign = b > a ? "+" : "-";
     double d = std::fabs(b - a);
     std::string s;
-    if (u == unit::ratio) {
+    if (u == measure_unit::ratio) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%s%.1f points", sign, d * 100);
         return buf;
@@ -77,79 +58,51 @@ struct change {
     std::string detail;
 };
 
-void usage_changes(const ojson& da, const ojson& db, const char* member, const char* label, std::vector<change>& out) {
-    std::map<std::string, std::pair<const ojson*, const ojson*>> by_name;
-    auto collect = [&](const ojson& d, bool second) {
-        auto it = d.find(member);
-        if (it == d.end() || !it->is_array()) return;
-        for (const ojson& u : *it) {
-            if (!u.is_object()) continue;
-            auto& slot = by_name[get_str(u, "name")];
-            (second ? slot.second : slot.first) = &u;
-        }
-    };
-    collect(da, false);
-    collect(db, true);
-    static const ojson k_empty = ojson::object();
+void usage_changes(const std::vector<usage_row>& ra, const std::vector<usage_row>& rb, const char* label,
+                   std::vector<change>& out) {
+    std::map<std::string, std::pair<const usage_row*, const usage_row*>> by_name;
+    for (const usage_row& u : ra) by_name[u.name].first = &u;
+    for (const usage_row& u : rb) by_name[u.name].second = &u;
+    static const usage_row k_none;
     for (const auto& [name, ab] : by_name) {
-        const ojson& a = ab.first ? *ab.first : k_empty;
-        const ojson& b = ab.second ? *ab.second : k_empty;
-        double pa = double(get_u64(a, "peak_requested_bytes")), pb = double(get_u64(b, "peak_requested_bytes"));
-        if (pa == pb) continue;
+        const usage_row& a = ab.first ? *ab.first : k_none;
+        const usage_row& b = ab.second ? *ab.second : k_none;
+        if (a.bytes.peak == b.bytes.peak) continue;
         change c;
-        c.what = std::string(label) + " " + name + ": peak live " + fmt_bytes(uint64_t(pa)) + " -> " + fmt_bytes(uint64_t(pb));
-        c.delta_bytes = pb - pa;
-        c.detail = "allocations " + fmt_count(get_u64(a, "n_alloc")) + " -> " + fmt_count(get_u64(b, "n_alloc"));
+        c.what = std::string(label) + " " + name + ": peak live " + fmt_bytes(a.bytes.peak) + " -> " + fmt_bytes(b.bytes.peak);
+        c.delta_bytes = double(b.bytes.peak) - double(a.bytes.peak);
+        c.detail = "allocations " + fmt_count(a.n_alloc) + " -> " + fmt_count(b.n_alloc);
         out.push_back(std::move(c));
     }
 }
 
-void size_class_changes(const ojson& da, const ojson& db, std::vector<change>& out) {
-    std::map<uint64_t, std::pair<const ojson*, const ojson*>> by_min;
-    auto collect = [&](const ojson& d, bool second) {
-        auto it = d.find("alloc_size_histogram");
-        if (it == d.end() || !it->is_array()) return;
-        for (const ojson& b : *it) {
-            if (!b.is_object()) continue;
-            auto& slot = by_min[get_u64(b, "min_bytes")];
-            (second ? slot.second : slot.first) = &b;
-        }
-    };
-    collect(da, false);
-    collect(db, true);
-    static const ojson k_empty = ojson::object();
-    for (const auto& [min, ab] : by_min) {
-        const ojson& a = ab.first ? *ab.first : k_empty;
-        const ojson& b = ab.second ? *ab.second : k_empty;
-        uint64_t ca = get_u64(a, "count"), cb = get_u64(b, "count");
-        double ba = double(get_u64(a, "bytes")), bb = double(get_u64(b, "bytes"));
+void size_class_changes(const size_histogram& ha, const size_histogram& hb, std::vector<change>& out) {
+    for (size_t i = 0; i < ha.count.size(); ++i) {
+        uint64_t ca = ha.count[i], cb = hb.count[i];
+        double ba = double(ha.bytes[i]), bb = double(hb.bytes[i]);
         if (ca == cb && ba == bb) continue;
-        uint64_t max = get_u64(ab.first ? a : b, "max_bytes");
+        uint64_t min = i == 0 ? 0 : uint64_t(1) << i;
+        std::string max = i == 63 ? "16.00 EiB" : fmt_bytes(uint64_t(1) << (i + 1));
         change c;
-        c.what = "size class " + fmt_bytes(min) + "-" + fmt_bytes(max + 1) + ": " + fmt_count(ca) + " -> " + fmt_count(cb) +
-                 " allocations";
+        c.what = "size class " + fmt_bytes(min) + "-" + max + ": " + fmt_count(ca) + " -> " + fmt_count(cb) + " allocations";
         c.delta_bytes = bb - ba;
         c.detail = "bytes allocated over the run " + fmt_bytes(uint64_t(ba)) + " -> " + fmt_bytes(uint64_t(bb));
         out.push_back(std::move(c));
     }
 }
 
-// Leaks grouped by API (the report lists the 50 largest; totals come from leaked_bytes).
-void leak_changes(const ojson& da, const ojson& db, std::vector<change>& out) {
+// Leaks grouped by API (the report lists the largest; totals are in the leaked bytes row).
+void leak_changes(const std::vector<block_view>& la, const std::vector<block_view>& lb, std::vector<change>& out) {
     std::map<std::string, std::pair<double, double>> by_api;
     std::map<std::string, std::pair<uint64_t, uint64_t>> counts;
-    auto collect = [&](const ojson& d, bool second) {
-        auto it = d.find("leaks");
-        if (it == d.end() || !it->is_array()) return;
-        for (const ojson& l : *it) {
-            if (!l.is_object()) continue;
-            std::string api = get_str(l, "api");
-            (second ? by_api[api].second : by_api[api].first) += double(get_u64(l, "size_bytes"));
-            ++(second ? counts[api].second : counts[api].first);
-        }
-    };
-    collect(da, false);
-    collect(db, true);
+    for (const block_view& l : la) {
+        by_api[l.api].first += double(l.size);
+        ++counts[l.api].first;
+    }
+    for (const block_view& l : lb) {
+        by_api[l.api].second += double(l.size);
+        ++counts[l.api].second;
+    }
     for (const auto& [api, ab] : by_api) {
         if (ab.first == ab.second) continue;
         change c;
@@ -161,24 +114,25 @@ void leak_changes(const ojson& da, const ojson& db, std::vector<change>& out) {
 }
 
 void print_device(const run_input& ra, const device_ref* a, const run_input& rb, const device_ref* b, size_t top) {
-    static const ojson k_empty = ojson::object();
-    const ojson& da = a ? ra.dev(*a) : k_empty;
-    const ojson& db = b ? rb.dev(*b) : k_empty;
+    static const device_report k_none;
+    const device_report& da = a ? ra.dev(*a) : k_none;
+    const device_report& db = b ? rb.dev(*b) : k_none;
     std::printf("\n%s\n", (a ? a->key : b->key).c_str());
     std::printf("  A: %s\n  B: %s\n", a ? a->where.c_str() : "(not in A)", b ? b->where.c_str() : "(not in B)");
     std::printf("  %-28s %14s %14s   %s\n", "", "A", "B", "change");
-    for (const row_def& r : k_rows) {
-        double va = r.u == unit::ratio ? get_num(da, r.member) : double(get_u64(da, r.member));
-        double vb = r.u == unit::ratio ? get_num(db, r.member) : double(get_u64(db, r.member));
-        std::printf("  %-28s %14s %14s   %s\n", r.title, a ? fmt_unit(r.u, va).c_str() : "-",
-                    b ? fmt_unit(r.u, vb).c_str() : "-", (a && b) ? fmt_change(r.u, va, vb).c_str() : "");
+    for (const measure& r : k_diff_rows) {
+        // A member a report JSON lacks is shown as unknown, never as 0.
+        bool ha = a && ra.has(*a, r.value), hb = b && rb.has(*b, r.value);
+        double va = measure_value(da, r), vb = measure_value(db, r);
+        std::printf("  %-28s %14s %14s   %s\n", r.title, !a ? "-" : ha ? fmt_unit(r.unit, va).c_str() : "?",
+                    !b ? "-" : hb ? fmt_unit(r.unit, vb).c_str() : "?", (ha && hb) ? fmt_change(r.unit, va, vb).c_str() : "");
     }
     if (!a || !b) return;
     std::vector<change> changes;
-    usage_changes(da, db, "by_api", "api", changes);
-    usage_changes(da, db, "by_kind", "kind", changes);
-    size_class_changes(da, db, changes);
-    leak_changes(da, db, changes);
+    usage_changes(da.by_api, db.by_api, "api", changes);
+    usage_changes(da.by_kind, db.by_kind, "kind", changes);
+    size_class_changes(da.alloc_sizes, db.alloc_sizes, changes);
+    leak_changes(da.leaks, db.leaks, changes);
     std::stable_sort(changes.begin(), changes.end(),
                      [](const change& x, const change& y) { return std::fabs(x.delta_bytes) > std::fabs(y.delta_bytes); });
     if (changes.empty()) {
@@ -193,43 +147,59 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     if (changes.size() > top) std::printf("    ... %zu more (--top N)\n", changes.size() - top);
 }
 
-}  // namespace
-
 struct diff_args {
     std::vector<std::string> inputs;
     size_t top = 8;
 };
 
-int run_diff(diff_args& args, const std::vector<std::string>& tail) {
-    std::vector<std::string> inputs = args.inputs;
-    inputs.insert(inputs.end(), tail.begin(), tail.end());
-    size_t top = args.top;
-    if (inputs.size() != 2) return usage_error("diff", "needs exactly two inputs, A and B");
+std::string side_name(const std::vector<std::string>& paths) {
+    if (paths.size() == 1) return paths[0];
+    return paths[0] + " and " + std::to_string(paths.size() - 1) + " more";
+}
+
+int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdash) {
+    // diff BASE... -- NEW...; without --, the first input is A and the rest B (one baseline report
+    // against the logs of every rank, as the guide's CI step writes it).
+    std::vector<std::string> side_a, side_b;
+    if (dashdash) {
+        side_a = args.inputs;
+        side_b = tail;
+    } else if (!args.inputs.empty()) {
+        side_a.push_back(args.inputs[0]);
+        side_b.assign(args.inputs.begin() + 1, args.inputs.end());
+    }
+    if (side_a.empty() || side_b.empty())
+        return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
     run_input ra, rb;
     std::string error;
-    if (!load_run({inputs[0]}, ra, error) || !load_run({inputs[1]}, rb, error)) {
+    if (!load_run(side_a, ra, error) || !load_run(side_b, rb, error)) {
         spdlog::error("{}", error);
         return k_exit_input;
     }
-    std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", inputs[0].c_str(), ra.processes.size(),
-                ra.processes.size() == 1 ? "" : "es", inputs[1].c_str(), rb.processes.size(),
+    std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", side_name(side_a).c_str(),
+                ra.processes.size(), ra.processes.size() == 1 ? "" : "es", side_name(side_b).c_str(), rb.processes.size(),
                 rb.processes.size() == 1 ? "" : "es");
     std::map<std::string, std::pair<const device_ref*, const device_ref*>> keys;
     for (const device_ref& r : ra.devices) keys[r.key].first = &r;
     for (const device_ref& r : rb.devices) keys[r.key].second = &r;
     if (keys.empty()) std::printf("\nno GPU memory activity in either run\n");
-    for (const auto& [key, ab] : keys) print_device(ra, ab.first, rb, ab.second, top);
+    for (const auto& [key, ab] : keys) print_device(ra, ab.first, rb, ab.second, args.top);
     std::fflush(stdout);
     return k_exit_ok;
 }
+
+}  // namespace
 
 command add_diff(CLI::App& top) {
     auto a = std::make_shared<diff_args>();
     CLI::App* app = top.add_subcommand("diff", "compare two runs per process and GPU: peaks, counts, biggest changes");
     app->footer(
-        "Compares two runs, each a gpumem log or a `gpumem report --json` file (all ranks of a job in\n"
-        "one report).  GPUs are matched by rank and device ordinal.  Prints peaks, fragmentation and\n"
-        "counts side by side, then the largest changes by API, by allocation size class and in leaks.\n"
+        "usage: gpumem diff A B            two runs, each a log or a `gpumem report --json` file\n"
+        "       gpumem diff A B1 B2 ...    one run (a report of all ranks) against several logs\n"
+        "       gpumem diff A1 A2 ... -- B1 B2 ...   several inputs on each side\n"
+        "GPUs are matched by rank and device ordinal, as `gpumem check` matches them.  Prints peaks,\n"
+        "fragmentation and counts side by side, then the largest changes by API, by allocation size\n"
+        "class and in leaks.\n"
         "\n"
         "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.");
     app->add_option("INPUT", a->inputs, "logs or report JSON files");
@@ -237,7 +207,7 @@ command add_diff(CLI::App& top) {
         ->check(CLI::Range(size_t(1), size_t(100000)));
     command c;
     c.app = app;
-    c.run = [a](const std::vector<std::string>& tail, bool) { return run_diff(*a, tail); };
+    c.run = [a](const std::vector<std::string>& tail, bool dashdash) { return run_diff(*a, tail, dashdash); };
     return c;
 }
 

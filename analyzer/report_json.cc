@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "format_util.h"
+#include "report_fields.h"
 #include "report_output.h"
 
 namespace gpumem::analysis {
@@ -12,6 +13,10 @@ using ojson = nlohmann::ordered_json;
 
 // Ratios rounded to 6 decimals so the output is stable and readable.
 double r6(double x) { return std::round(x * 1e6) / 1e6; }
+
+// The writers of report_fields.h's types.
+void put_u64(ojson& j, const char* name, uint64_t v) { j[name] = v; }
+void put_ratio(ojson& j, const char* name, double v) { j[name] = r6(v); }
 
 ojson block_json(const block_view& b) {
     ojson j;
@@ -101,42 +106,8 @@ ojson device_json(const process_report& p, const device_report& d, const output_
     ojson j;
     j["dev"] = d.dev;
     j["name"] = d.name;
-    j["total_bytes"] = d.total;
-    j["peak_requested_bytes"] = d.requested.peak;
-    j["peak_requested_t_ns"] = d.requested.peak_t;
-    j["peak_requested_seq"] = d.requested.peak_seq;
-    j["peak_allocated_bytes"] = d.allocated.peak;
-    j["peak_allocated_t_ns"] = d.allocated.peak_t;
-    j["peak_allocated_seq"] = d.allocated.peak_seq;
-    j["peak_reserved_bytes"] = d.reserved.peak;
-    j["peak_reserved_t_ns"] = d.reserved.peak_t;
-    j["peak_reserved_seq"] = d.reserved.peak_seq;
-    j["end_requested_bytes"] = d.requested.current;
-    j["end_allocated_bytes"] = d.allocated.current;
-    j["end_reserved_bytes"] = d.reserved.current;
-    j["max_external_fragmentation"] = r6(d.max_external_fragmentation);
-    j["max_external_fragmentation_t_ns"] = d.max_external_fragmentation_t;
-    j["max_external_fragmentation_seq"] = d.max_external_fragmentation_seq;
-    j["end_external_fragmentation"] = r6(d.end_external_fragmentation);
-    j["end_free_in_segments_bytes"] = d.end_free_in_segments;
-    j["end_largest_free_bytes"] = d.end_largest_free;
-    j["end_free_blocks"] = d.end_free_blocks;
-    j["max_free_blocks"] = d.max_free_blocks;
-    j["end_segments"] = d.segment_count.current;
-    j["peak_segments"] = d.segment_count.peak;
-    j["n_alloc"] = d.n_alloc;
-    j["n_free"] = d.n_free;
-    j["n_alloc_fail"] = d.n_alloc_fail;
-    j["n_free_fail"] = d.n_free_fail;
-    j["n_oom"] = d.n_oom;
-    j["n_unknown_free"] = d.n_unknown_free;
-    j["n_segment_alloc"] = d.n_segment_alloc;
-    j["n_segment_free"] = d.n_segment_free;
-    j["n_map"] = d.n_map;
-    j["n_unmap"] = d.n_unmap;
-    j["end_pending_bytes"] = d.pending.current;
-    j["peak_pending_bytes"] = d.pending.peak;
-    j["n_pool_sync"] = d.n_pool_sync;
+#define GPUMEM_X(name, member, type) put_##type(j, #name, d.member);
+    GPUMEM_REPORT_DEVICE_FIELDS_A(GPUMEM_X)
     if (d.reuse_safe) {
         ojson r;
         r["seq"] = d.reuse_safe_seq;
@@ -147,15 +118,12 @@ ojson device_json(const process_report& p, const device_report& d, const output_
     } else {
         j["reuse_safe"] = nullptr;
     }
-    j["end_mapped_bytes"] = d.mapped.current;
-    j["peak_mapped_bytes"] = d.mapped.peak;
-    j["first_t_ns"] = d.first_t;
-    j["last_t_ns"] = d.last_t;
+    GPUMEM_REPORT_DEVICE_FIELDS_B(GPUMEM_X)
     uint64_t dur = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
     j["alloc_rate_per_s"] = dur ? r6(double(d.n_alloc) * 1e9 / double(dur)) : 0.0;
     j["free_rate_per_s"] = dur ? r6(double(d.n_free) * 1e9 / double(dur)) : 0.0;
-    j["n_leaks"] = d.n_leaks;
-    j["leaked_bytes"] = d.leaked_bytes;
+    GPUMEM_REPORT_DEVICE_FIELDS_C(GPUMEM_X)
+#undef GPUMEM_X
     ojson leaks = ojson::array();
     for (const block_view& b : d.leaks) leaks.push_back(block_json(b));
     j["leaks"] = leaks;

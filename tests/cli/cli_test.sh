@@ -118,7 +118,7 @@ check_limits)
   expect_in "$W/out" "3 limits on 1 GPU of 1 process: 0 broken"
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 3MiB --max-leak 1MiB --max-reserved 8MiB
   expect_in "$W/out" "3 limits on 1 GPU of 1 process: 2 broken"
-  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak allocated 7.00 MiB > limit 3.00 MiB (--max-peak 3MiB); at 2.50 us (seq 2)"
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > limit 3.00 MiB (--max-peak 3MiB); at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > limit 1.00 MiB (--max-leak 1MiB); largest: 1.00 MiB from cudaMalloc at 1.00 us (seq 0)"
   expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak reserved 7.00 MiB <= limit 8.00 MiB"
   # Decimal units, = syntax, and fragmentation as a ratio or percentage (this log peaks at 33.3%).
@@ -130,7 +130,31 @@ check_limits)
   # Several logs: every rank is held to the limits.
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --max-peak 1GiB
   expect_in "$W/out" "2 limits on 2 GPUs of 2 processes: 1 broken"
-  expect_in "$W/out" "FAIL rank 1 dev 1 (pid 8001, $SRC/tests/data/golden/rank1.jsonl): peak allocated 3.00 GiB > limit 1.00 GiB"
+  expect_in "$W/out" "FAIL rank 1 dev 1 (pid 8001, $SRC/tests/data/golden/rank1.jsonl): peak requested 3.00 GiB > limit 1.00 GiB"
+  # --max-peak limits requested bytes (torch.cuda.max_memory_allocated()) unless --metric says
+  # otherwise; pool_fragmentation.jsonl rounds 1.93 MiB requested up to 2.00 MiB allocated, and
+  # pool_auto.jsonl reserves 2.00 MiB segments for 1.50 MiB of blocks.
+  frag=$SRC/tests/data/golden/pool_fragmentation.jsonl
+  expect_rc 0 "$GPUMEM" check "$frag" --max-peak 2.05MB
+  expect_in "$W/out" "peak requested 1.93 MiB <= limit 1.96 MiB (--max-peak 2.05MB)"
+  expect_rc 1 "$GPUMEM" check "$frag" --max-peak 2.05MB --metric allocated
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 5001, $frag): peak allocated 2.00 MiB > limit 1.96 MiB (--max-peak 2.05MB)"
+  auto=$SRC/tests/data/golden/pool_auto.jsonl
+  expect_rc 0 "$GPUMEM" check "$auto" --max-peak=1.75MiB --metric=allocated
+  expect_rc 1 "$GPUMEM" check "$auto" --max-peak=1.75MiB --metric=reserved
+  expect_in "$W/out" "peak reserved 2.00 MiB > limit 1.75 MiB (--max-peak 1.75MiB)"
+  expect_rc 2 "$GPUMEM" check "$frag" --max-peak 2MiB --metric used
+  expect_in "$W/err" "--metric used: expected requested, allocated or reserved"
+  # Sizes as the size rule writes them: fractions, spaces, decimal and binary units.
+  expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 1.5GiB --max-leak "1.5 MiB"
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-leak 1.4MiB
+  # --quiet: only broken limits and the total.
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 3MiB --max-leak 1MiB --max-reserved 8MiB --quiet
+  [ "$(wc -l < "$W/out")" = 3 ] || fail "--quiet printed more than the total and 2 FAIL lines: $(cat "$W/out")"
+  expect_in "$W/out" "3 limits on 1 GPU of 1 process: 2 broken"
+  expect_not_in "$W/out" "ok   "
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 3MiB -q
+  [ "$(wc -l < "$W/out")" = 1 ] || fail "--quiet on a pass printed more than the total: $(cat "$W/out")"
   ;;
 check_baseline)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json" || fail "report --json"
@@ -163,9 +187,17 @@ failed = {c.get("name") for c in cases if c.find("failure") is not None}
 assert failed == {"max-leak", "baseline peak requested", "baseline peak allocated", "baseline peak reserved", "baseline leaked"}, failed
 assert root.get("failures") == "5" and root.find("testsuite").get("tests") == "7"
 assert all(c.get("classname") == "gpumem.rank_0.dev_0" for c in cases)
+# The JUnit name says which bytes --max-peak held (requested unless --metric says otherwise).
+assert "max-peak (requested)" in {c.get("name") for c in cases}, [c.get("name") for c in cases]
 msg = [c.find("failure").get("message") for c in cases if c.get("name") == "max-leak"][0]
 assert msg.startswith("leaked 1.50 MiB > limit 1.00 MiB"), msg
 PY
+  # Control characters in a rank or file name: well-formed XML, and no raw escapes on the terminal.
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/bad/report_control_chars.json" --max-peak 1KiB --junit "$W/ctl.xml"
+  python3 -c "import sys,xml.etree.ElementTree as ET; ET.parse(sys.argv[1])" "$W/ctl.xml" || fail "JUnit XML with control characters is not well-formed"
+  expect_in "$W/ctl.xml" 'classname="gpumem.rank_0\x02\x00.dev_0"'
+  expect_in "$W/out" 'FAIL rank 0\x02\x00 dev 0 (pid 2002, after\x01\x1b[31m.jsonl)'
+  ! grep -q $'\x1b' "$W/out" || fail "an escape character reached the terminal"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 8MiB --junit "$W/pass.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; r=ET.parse(sys.argv[1]).getroot(); assert r.get('failures')=='0' and len(r.findall('.//testcase'))==1" "$W/pass.xml" || fail "passing JUnit"
   ;;
@@ -191,6 +223,19 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 99, "processes": []}' > "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
+  # A report JSON that lacks a member a limit needs is unusable (it once read as 0 and passed).
+  bad=$SRC/tests/data/bad/report_no_peak.json
+  expect_rc 2 "$GPUMEM" check "$bad" --max-peak 1KiB
+  expect_in "$W/err" "gpumem: error: $bad: rank 0 dev 0 (pid 2002, after.jsonl) has no \"peak_requested_bytes\""
+  expect_rc 2 "$GPUMEM" check "$bad" --max-peak 1KiB --metric reserved
+  expect_in "$W/err" "has no \"peak_reserved_bytes\""
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$bad"
+  expect_in "$W/err" "gpumem: error: baseline $bad: rank 0 dev 0"
+  # Limits that need no missing member still work on it.
+  expect_rc 1 "$GPUMEM" check "$bad" --max-leak 1KiB
+  # diff shows a missing member as unknown, not as 0.
+  expect_rc 0 "$GPUMEM" diff "$bad" "$DATA/after.jsonl"
+  grep -qE "peak requested +\? +7.00 MiB" "$W/out" || fail "diff of a report without peak_*: $(grep 'peak requested' "$W/out")"
   ;;
 diff)
   expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/after.jsonl"
@@ -212,10 +257,26 @@ diff)
   expect_in "$W/out" "A: (not in A)"
   # 2: arguments and input.
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl"
-  expect_in "$W/err" "needs exactly two inputs"
+  expect_in "$W/err" "needs two runs"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" --
+  expect_in "$W/err" "needs two runs"
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$W/missing.jsonl"
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$SRC/tests/data/bad/no_header.jsonl"
   expect_rc 2 "$GPUMEM" diff --top 0 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  # Several inputs per side, matched by rank and device: BASE... -- NEW..., logs or reports on
+  # either side, and one baseline report against several logs (the guide's CI step).
+  g=$SRC/tests/data/golden
+  "$GPUMEM" report --json "$g/rank0.jsonl" "$g/rank1.jsonl" > "$W/ranks.json"
+  expect_rc 0 "$GPUMEM" diff "$W/ranks.json" "$g/rank0.jsonl" "$g/rank1.jsonl"
+  expect_in "$W/out" "B = $g/rank0.jsonl and 1 more (2 processes)"
+  [ "$(grep -c "no change by API, kind, size class or leak" "$W/out")" = 2 ] || fail "diff report vs its logs: $(cat "$W/out")"
+  expect_not_in "$W/out" "(not in"
+  expect_rc 0 "$GPUMEM" diff "$g/rank0.jsonl" "$g/rank1.jsonl" -- "$W/ranks.json"
+  [ "$(grep -c "no change by API, kind, size class or leak" "$W/out")" = 2 ] || fail "diff logs -- report"
+  # One rank gone from the new run.
+  expect_rc 0 "$GPUMEM" diff "$g/rank0.jsonl" "$g/rank1.jsonl" -- "$g/rank0.jsonl"
+  expect_in "$W/out" "B: (not in B)"
+  expect_in "$W/out" "A = $g/rank0.jsonl and 1 more (2 processes)"
   ;;
 conventions)
   # One convention for every subcommand (CLI11): --help, both flag forms, one error prefix, exit 2

@@ -1,0 +1,99 @@
+// The scalar members of a device in the report JSON (docs/report-json.md), each once: its JSON
+// name, the device_report field it holds and its type.  The writer (report_json.cc), the reader
+// (report_json_read.cc) and the measures that check and diff compare (report_measures.h) are all
+// generated from this table, so a member is renamed or added here and nowhere else.
+#pragma once
+
+#include <bitset>
+#include <cstddef>
+
+#include "report_model.h"
+
+namespace gpumem::analysis {
+
+// X(json name, device_report member, type): u64 is an unsigned byte count, count or time; ratio a
+// double in [0, 1] written rounded to 6 decimals.  Three runs, in the order the writer emits them
+// (the "reuse_safe" object comes between the first and the second, the rates between the second
+// and the third).
+#define GPUMEM_REPORT_DEVICE_FIELDS_A(X)                                                    \
+    X(total_bytes, total, u64)                                                               \
+    X(peak_requested_bytes, requested.peak, u64)                                             \
+    X(peak_requested_t_ns, requested.peak_t, u64)                                            \
+    X(peak_requested_seq, requested.peak_seq, u64)                                           \
+    X(peak_allocated_bytes, allocated.peak, u64)                                             \
+    X(peak_allocated_t_ns, allocated.peak_t, u64)                                            \
+    X(peak_allocated_seq, allocated.peak_seq, u64)                                           \
+    X(peak_reserved_bytes, reserved.peak, u64)                                               \
+    X(peak_reserved_t_ns, reserved.peak_t, u64)                                              \
+    X(peak_reserved_seq, reserved.peak_seq, u64)                                             \
+    X(end_requested_bytes, requested.current, u64)                                           \
+    X(end_allocated_bytes, allocated.current, u64)                                           \
+    X(end_reserved_bytes, reserved.current, u64)                                             \
+    X(max_external_fragmentation, max_external_fragmentation, ratio)                         \
+    X(max_external_fragmentation_t_ns, max_external_fragmentation_t, u64)                    \
+    X(max_external_fragmentation_seq, max_external_fragmentation_seq, u64)                   \
+    X(end_external_fragmentation, end_external_fragmentation, ratio)                         \
+    X(end_free_in_segments_bytes, end_free_in_segments, u64)                                 \
+    X(end_largest_free_bytes, end_largest_free, u64)                                         \
+    X(end_free_blocks, end_free_blocks, u64)                                                 \
+    X(max_free_blocks, max_free_blocks, u64)                                                 \
+    X(end_segments, segment_count.current, u64)                                              \
+    X(peak_segments, segment_count.peak, u64)                                                \
+    X(n_alloc, n_alloc, u64)                                                                 \
+    X(n_free, n_free, u64)                                                                   \
+    X(n_alloc_fail, n_alloc_fail, u64)                                                       \
+    X(n_free_fail, n_free_fail, u64)                                                         \
+    X(n_oom, n_oom, u64)                                                                     \
+    X(n_unknown_free, n_unknown_free, u64)                                                   \
+    X(n_segment_alloc, n_segment_alloc, u64)                                                 \
+    X(n_segment_free, n_segment_free, u64)                                                   \
+    X(n_map, n_map, u64)                                                                     \
+    X(n_unmap, n_unmap, u64)                                                                 \
+    X(end_pending_bytes, pending.current, u64)                                               \
+    X(peak_pending_bytes, pending.peak, u64)                                                 \
+    X(n_pool_sync, n_pool_sync, u64)
+#define GPUMEM_REPORT_DEVICE_FIELDS_B(X)                                                    \
+    X(end_mapped_bytes, mapped.current, u64)                                                 \
+    X(peak_mapped_bytes, mapped.peak, u64)                                                   \
+    X(first_t_ns, first_t, u64)                                                              \
+    X(last_t_ns, last_t, u64)
+#define GPUMEM_REPORT_DEVICE_FIELDS_C(X)                                                    \
+    X(n_leaks, n_leaks, u64)                                                                 \
+    X(leaked_bytes, leaked_bytes, u64)
+#define GPUMEM_REPORT_DEVICE_FIELDS(X) \
+    GPUMEM_REPORT_DEVICE_FIELDS_A(X) GPUMEM_REPORT_DEVICE_FIELDS_B(X) GPUMEM_REPORT_DEVICE_FIELDS_C(X)
+
+enum class device_field : unsigned {
+#define GPUMEM_X(name, member, type) name,
+    GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    count
+};
+inline constexpr size_t k_n_device_fields = size_t(device_field::count);
+
+// Which members a device of a report JSON carried (a device analyzed from a log has them all).
+using device_fields_present = std::bitset<k_n_device_fields>;
+
+// The member's name as the report JSON spells it.
+inline const char* field_name(device_field f) {
+    static const char* const k_names[] = {
+#define GPUMEM_X(name, member, type) #name,
+        GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    };
+    return k_names[size_t(f)];
+}
+
+// The field's value in the model, as a double (exact for counts below 2^53).
+inline double field_value(const device_report& d, device_field f) {
+    switch (f) {
+#define GPUMEM_X(name, member, type) \
+    case device_field::name: return double(d.member);
+        GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    case device_field::count: break;
+    }
+    return 0;
+}
+
+}  // namespace gpumem::analysis

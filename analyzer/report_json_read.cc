@@ -1,0 +1,313 @@
+// Reads report JSON back into the report model (report_json_read.h); every member name it reads is
+// the writer's (report_json.cc), the device scalars through report_fields.h.
+#include "report_json_read.h"
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "log_reader.h"
+#include "report_output.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Tolerant conversions: a value of another type leaves the model's default and returns false.
+bool conv(const json& v, uint64_t& out) {
+    if (v.is_number_unsigned()) out = v.get<uint64_t>();
+    else if (v.is_number_integer() && v.get<int64_t>() >= 0) out = uint64_t(v.get<int64_t>());
+    else if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 1.8e19) out = uint64_t(v.get<double>());
+    else return false;
+    return true;
+}
+bool conv(const json& v, double& out) {
+    if (!v.is_number()) return false;
+    out = v.get<double>();
+    return true;
+}
+bool conv(const json& v, int64_t& out) {
+    if (!v.is_number_integer()) return false;
+    out = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
+    return true;
+}
+bool conv(const json& v, int& out) {
+    int64_t x = 0;
+    if (!conv(v, x) || x < INT32_MIN || x > INT32_MAX) return false;
+    out = int(x);
+    return true;
+}
+// A number where a string is expected (a rank written by hand as 0) reads as its text.
+bool conv(const json& v, std::string& out) {
+    if (v.is_string()) out = v.get<std::string>();
+    else if (v.is_number()) out = v.dump();
+    else return false;
+    return true;
+}
+bool conv(const json& v, bool& out) {
+    if (!v.is_boolean()) return false;
+    out = v.get<bool>();
+    return true;
+}
+// A missing member leaves the model's default and returns false.
+template <typename T>
+bool get(const json& j, const char* key, T& out) {
+    auto it = j.find(key);
+    return it != j.end() && conv(*it, out);
+}
+
+// "0x7f00" as written by fmt_hex.
+bool get_hex(const json& j, const char* key, uint64_t& out) {
+    std::string s;
+    if (!get(j, key, s) || s.size() < 3 || s.size() > 18 || s[0] != '0' || s[1] != 'x') return false;
+    uint64_t v = 0;
+    for (size_t i = 2; i < s.size(); ++i) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | uint64_t(d);
+    }
+    out = v;
+    return true;
+}
+
+const json& array_of(const json& j, const char* key) {
+    static const json k_empty = json::array();
+    auto it = j.find(key);
+    return it != j.end() && it->is_array() ? *it : k_empty;
+}
+
+template <size_t N>
+uint8_t index_of(const char* const (&names)[N], const std::string& s) {
+    for (size_t i = 0; i < N; ++i)
+        if (s == names[i]) return uint8_t(i);
+    return 0;
+}
+
+block_view read_block(const json& j) {
+    block_view b;
+    get_hex(j, "ptr", b.ptr);
+    get(j, "size_bytes", b.size);
+    get(j, "asize_bytes", b.asize);
+    get(j, "api", b.api);
+    std::string kind;
+    if (get(j, "kind", kind)) b.kind = mem_kind(index_of(k_mem_kind_names, kind));
+    get(j, "pooled", b.pooled);
+    get_hex(j, "seg", b.seg);
+    get(j, "alloc_t_ns", b.t);
+    get(j, "alloc_seq", b.seq);
+    get(j, "alloc_line", b.line);
+    return b;
+}
+
+void read_histogram(const json& a, size_histogram& h) {
+    for (const json& b : a) {
+        if (!b.is_object()) continue;
+        uint64_t min = 0;
+        get(b, "min_bytes", min);
+        size_t i = size_t(size_histogram::bucket_of(min));
+        get(b, "count", h.count[i]);
+        get(b, "bytes", h.bytes[i]);
+    }
+}
+
+void read_usage(const json& a, std::vector<usage_row>& rows) {
+    for (const json& j : a) {
+        if (!j.is_object()) continue;
+        usage_row r;
+        get(j, "name", r.name);
+        get(j, "end_requested_bytes", r.bytes.current);
+        get(j, "peak_requested_bytes", r.bytes.peak);
+        get(j, "peak_t_ns", r.bytes.peak_t);
+        get(j, "live_allocs", r.live);
+        get(j, "n_alloc", r.n_alloc);
+        get(j, "n_free", r.n_free);
+        rows.push_back(std::move(r));
+    }
+}
+
+void read_snapshot(const json& j, state_snapshot& s) {
+    if (!j.is_object()) return;
+    s.valid = true;
+    get(j, "label", s.label);
+    get(j, "t_ns", s.t);
+    get(j, "seq", s.seq);
+    get(j, "line", s.line);
+    get(j, "requested_bytes", s.requested);
+    get(j, "allocated_bytes", s.allocated);
+    get(j, "reserved_bytes", s.reserved);
+    get(j, "live_allocs", s.live_allocs);
+    get(j, "pending_bytes", s.pending);
+    get(j, "segments", s.segments);
+    get(j, "free_in_segments_bytes", s.free_in_segments);
+    get(j, "largest_free_bytes", s.largest_free);
+    get(j, "free_blocks", s.free_blocks);
+    get(j, "external_fragmentation", s.external_fragmentation);
+    for (const json& g : array_of(j, "segment_list")) {
+        if (!g.is_object()) continue;
+        segment_view v;
+        get_hex(g, "base", v.base);
+        get(g, "size_bytes", v.size);
+        std::string pool;
+        if (get(g, "pool", pool)) v.pool = pool_id(index_of(k_pool_names, pool));
+        s.segment_map.push_back(std::move(v));
+    }
+    read_histogram(array_of(j, "free_block_histogram"), s.free_block_sizes);
+    for (const json& b : array_of(j, "largest_live"))
+        if (b.is_object()) s.largest_live.push_back(read_block(b));
+}
+
+void read_device(const json& j, device_report& d, device_fields_present& present) {
+    get(j, "name", d.name);
+    // The scalars, each marked present only when it is there with a usable type.
+#define GPUMEM_X(name, member, type) present[size_t(device_field::name)] = get(j, #name, d.member);
+    GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+    auto rs = j.find("reuse_safe");
+    if (rs != j.end() && rs->is_object()) {
+        d.reuse_safe = true;
+        get(*rs, "seq", d.reuse_safe_seq);
+        get(*rs, "t_ns", d.reuse_safe_t);
+        get(*rs, "line", d.reuse_safe_line);
+        get(*rs, "api", d.reuse_safe_api);
+    }
+    for (const json& b : array_of(j, "leaks"))
+        if (b.is_object()) d.leaks.push_back(read_block(b));
+    read_usage(array_of(j, "by_kind"), d.by_kind);
+    read_usage(array_of(j, "by_api"), d.by_api);
+    read_histogram(array_of(j, "alloc_size_histogram"), d.alloc_sizes);
+    if (auto it = j.find("at_peak"); it != j.end()) read_snapshot(*it, d.at_peak);
+    if (auto it = j.find("at_request"); it != j.end()) read_snapshot(*it, d.at_request);
+    for (const json& x : array_of(j, "ooms")) {
+        if (!x.is_object()) continue;
+        oom_report o;
+        get(x, "t_ns", o.t);
+        get(x, "seq", o.seq);
+        get(x, "line", o.line);
+        get(x, "size_bytes", o.size);
+        get(x, "api", o.api);
+        std::string source;
+        o.from_pool = get(x, "source", source) && source == "pool";
+        get(x, "err", o.err);
+        get(x, "free_in_segments_bytes", o.free_in_segments);
+        get(x, "largest_free_bytes", o.largest_free);
+        get(x, "reserved_bytes", o.reserved);
+        get(x, "allocated_bytes", o.allocated);
+        get(x, "gpu_free_bytes", o.gpu_free);
+        get(x, "gpu_total_bytes", o.gpu_total);
+        get(x, "verdict", o.verdict);
+        get(x, "explanation", o.explanation);
+        d.ooms.push_back(std::move(o));
+    }
+    // Timeline rows: [t_first, t_last, requested_max, allocated_max, reserved_max, frag_max].
+    for (const json& row : array_of(j, "timeline")) {
+        if (!row.is_array() || row.size() < 6) continue;
+        time_point t;
+        conv(row[0], t.t_first);
+        conv(row[1], t.t_last);
+        conv(row[2], t.requested_max);
+        conv(row[3], t.allocated_max);
+        conv(row[4], t.reserved_max);
+        conv(row[5], t.frag_max);
+        d.timeline.push_back(t);
+    }
+}
+
+process_report read_process(const json& j, const std::string& path, std::vector<device_fields_present>& present) {
+    process_report p;
+    if (!get(j, "file", p.file)) p.file = path;
+    get(j, "format_version", p.format_version);
+    get(j, "pid", p.pid);
+    get(j, "ppid", p.ppid);
+    get(j, "forked_from", p.forked_from);
+    get(j, "host", p.host);
+    get(j, "rank", p.rank);
+    for (const json& a : array_of(j, "cmdline"))
+        if (a.is_string()) p.cmdline.push_back(a.get<std::string>());
+    get(j, "start_time", p.start_time);
+    get(j, "start_unix_ns", p.start_unix_ns);
+    get(j, "gpumem_version", p.gpumem_version);
+    get(j, "pool", p.pool_mode);
+    get(j, "reuse", p.reuse_mode);
+    get(j, "lines", p.lines);
+    get(j, "events", p.events);
+    get(j, "skipped_unknown_events", p.skipped_unknown);
+    get(j, "first_t_ns", p.first_t);
+    get(j, "last_t_ns", p.last_t);
+    get(j, "ended", p.has_end);
+    get(j, "end_reason", p.end_reason);
+    get(j, "end_signal", p.end_signal);
+    get(j, "truncated_last_line", p.truncated_last_line);
+    get(j, "lost_events", p.lost);
+    get(j, "n_reserve", p.n_reserve);
+    get(j, "n_unreserve", p.n_unreserve);
+    get(j, "end_va_reserved_bytes", p.va_reserved.current);
+    get(j, "peak_va_reserved_bytes", p.va_reserved.peak);
+    get(j, "n_context_reset", p.n_context_reset);
+    get(j, "n_pool_sync", p.n_pool_sync);
+    get(j, "n_warnings", p.n_warnings);
+    for (const json& w : array_of(j, "warnings"))
+        if (w.is_string()) p.warnings.push_back(w.get<std::string>());
+    for (const json& dj : array_of(j, "devices")) {
+        // A device without an integer "dev" cannot be matched with anything: left out.
+        int dev = 0;
+        if (!dj.is_object() || !get(dj, "dev", dev)) continue;
+        device_report d;
+        d.dev = dev;
+        device_fields_present pr;
+        read_device(dj, d, pr);
+        p.devices.push_back(std::move(d));
+        present.push_back(pr);
+    }
+    return p;
+}
+
+}  // namespace
+
+bool looks_like_report_json(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    char buf[4096];
+    f.read(buf, sizeof buf);
+    std::streamsize n = f.gcount();
+    std::streamsize i = 0;
+    while (i < n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r' || buf[i] == '\n')) ++i;
+    if (i >= n || buf[i] != '{') return false;
+    // A log's header line begins {"ev":"header"; a report begins {"schema" or a newline (pretty).
+    for (++i; i < n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r'); ++i) {
+    }
+    if (i < n && buf[i] == '\n') return true;
+    static const char k_key[] = "\"schema\"";
+    return n - i >= std::streamsize(sizeof k_key - 1) && std::memcmp(buf + i, k_key, sizeof k_key - 1) == 0;
+}
+
+report_file read_report_json(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
+    json j = json::parse(f, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw input_error(path, 0, "neither a gpumem log nor a `gpumem report --json` file");
+    std::string schema;
+    if (!get(j, "schema", schema) || schema != "gpumem-report")
+        throw input_error(path, 0, "not a `gpumem report --json` file (no \"schema\": \"gpumem-report\")");
+    uint64_t version = 0;
+    if (!get(j, "schema_version", version) || version != uint64_t(k_report_schema_version)) {
+        std::string v = j.contains("schema_version") ? j["schema_version"].dump() : "(none)";
+        throw input_error(path, 0, "report schema version " + v + " is not the " + std::to_string(k_report_schema_version) +
+                                       " this gpumem reads");
+    }
+    auto it = j.find("processes");
+    if (it == j.end() || !it->is_array()) throw input_error(path, 0, "report has no \"processes\" list");
+    report_file out;
+    for (const json& p : *it) {
+        if (!p.is_object()) throw input_error(path, 0, "a member of \"processes\" is not an object");
+        out.present.emplace_back();
+        out.processes.push_back(read_process(p, path, out.present.back()));
+    }
+    return out;
+}
+
+}  // namespace gpumem::analysis
