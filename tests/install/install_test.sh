@@ -111,6 +111,16 @@ emu_without_tests)
   expect_in "$W/product" "... gpumem_preload"
   grep -q "emu_rt_shared_app" "$W/product" && fail "emulated device configured without GPUMEM_BUILD_EMU"
   ;;
+setup_cuda_root)
+  # scripts/setup.sh looks for the CUDA headers where CUDAToolkit_ROOT says (test.sh and demo.sh
+  # export it).  The packages are installed by then (test.sh ran setup.sh first), so this installs nothing.
+  expect_rc 1 env CUDAToolkit_ROOT="$W/no-cuda" GPUMEM_WITH_TESTS=0 GPUMEM_WITH_BROWSER=0 bash "$SRC/scripts/setup.sh"
+  expect_in "$W/err" "no CUDA Toolkit headers at $W/no-cuda/include/cuda.h"
+  mkdir -p "$W/cuda/include" && touch "$W/cuda/include/cuda.h"
+  expect_rc 0 env CUDAToolkit_ROOT="$W/cuda" GPUMEM_WITH_TESTS=0 GPUMEM_WITH_BROWSER=0 bash "$SRC/scripts/setup.sh"
+  expect_in "$SRC/scripts/test.sh" 'export CUDAToolkit_ROOT=${CUDAToolkit_ROOT:-/usr/local/cuda}'
+  expect_in "$SRC/scripts/demo.sh" 'export CUDAToolkit_ROOT=${CUDAToolkit_ROOT:-/usr/local/cuda}'
+  ;;
 guide_install)
   # docs/guide.md's Install section and its GitHub Actions job install exactly the packages that
   # scripts/setup.sh installs for the product, and the job puts the install folder on the PATH.
