@@ -4,13 +4,16 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -139,10 +142,49 @@ bool make_dirs(const std::string& dir) {
 
 volatile sig_atomic_t g_child = 0;
 
-// gpumem stays in the foreground while the command runs: a SIGTERM or SIGHUP meant for the job is
-// passed to the command (which then ends and is summarized) rather than ending gpumem first.
-void forward_signal(int sig) {
+// gpumem stays in the foreground while the command runs: a SIGINT, SIGQUIT, SIGTERM or SIGHUP meant
+// for the job is passed to the command (which then ends and is summarized) rather than ending gpumem
+// first, as timeout(1) and torchrun do.  Ctrl-C and Ctrl-\ from the terminal (si_code SI_KERNEL)
+// already reach the command, which is in the same foreground process group: those are not sent a
+// second time.
+void forward_signal(int sig, siginfo_t* info, void*) {
+    if ((sig == SIGINT || sig == SIGQUIT) && info && info->si_code == SI_KERNEL) return;
     if (g_child > 0) ::kill(pid_t(g_child), sig);
+}
+
+constexpr int k_forwarded[] = {SIGINT, SIGQUIT, SIGTERM, SIGHUP};
+
+// A path as a shell reads it back: bare when it holds only characters no shell treats specially,
+// else in single quotes (a ' inside becomes '\'').
+std::string shell_quote(const std::string& s) {
+    bool plain = !s.empty();
+    for (unsigned char c : s)
+        plain &= std::isalnum(c) || std::strchr("_./%+,:=@-", c) != nullptr;
+    if (plain) return s;
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// The output pattern as a shell glob: %p, %r and %h become a bare *, the rest is quoted.
+std::string shell_glob(const std::string& pattern) {
+    std::string out, literal;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        if (pattern[i] == '%' && i + 1 < pattern.size() && std::strchr("prh%", pattern[i + 1])) {
+            char n = pattern[++i];
+            if (n == '%') {
+                literal += '%';
+                continue;
+            }
+            if (!literal.empty()) out += shell_quote(literal);
+            literal.clear();
+            out += '*';
+            continue;
+        }
+        literal += pattern[i];
+    }
+    if (!literal.empty()) out += shell_quote(literal);
+    return out;
 }
 
 void print_summary(const std::vector<std::string>& logs) {
@@ -258,36 +300,58 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     ::setenv("GPUMEM_OUT", pattern.c_str(), 1);
     if (!pool.empty()) ::setenv("GPUMEM_POOL", pool.c_str(), 1);
 
+    // exec failures come back through a close-on-exec pipe: a successful exec closes it unwritten.
+    int exec_pipe[2] = {-1, -1};
+    if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+        spdlog::error("pipe: {}", std::strerror(errno));
+        return k_exit_input;
+    }
+    // The signals to forward are blocked from before the fork until the child's pid is known, so
+    // none sent in between is lost; the child unblocks them before exec, which resets the handler.
+    sigset_t fwd_set, old_mask;
+    sigemptyset(&fwd_set);
+    for (int sig : k_forwarded) sigaddset(&fwd_set, sig);
+    ::sigprocmask(SIG_BLOCK, &fwd_set, &old_mask);
+    struct sigaction fwd {}, old_act[std::size(k_forwarded)];
+    fwd.sa_sigaction = forward_signal;
+    fwd.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&fwd.sa_mask);
+    for (size_t i = 0; i < std::size(k_forwarded); ++i) ::sigaction(k_forwarded[i], &fwd, &old_act[i]);
+
     std::fflush(nullptr);
     pid_t child = ::fork();
     if (child < 0) {
         spdlog::error("fork: {}", std::strerror(errno));
+        for (size_t i = 0; i < std::size(k_forwarded); ++i) ::sigaction(k_forwarded[i], &old_act[i], nullptr);
+        ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
         return k_exit_input;
     }
     if (child == 0) {
+        ::close(exec_pipe[0]);
+        ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
         ::execvp(cmd[0], cmd);
         int e = errno;
         std::fprintf(stderr, "gpumem: error: cannot run %s: %s\n", cmd[0], std::strerror(e));
+        ssize_t ignored = ::write(exec_pipe[1], &e, sizeof e);
+        (void)ignored;
         ::_exit(e == ENOENT ? 127 : 126);
     }
     g_child = child;
-    // Ctrl-C reaches the whole foreground process group: the command handles it, gpumem waits to
-    // summarize what was recorded (as system(3) does).
-    struct sigaction ign {}, fwd {}, old_int {}, old_quit {}, old_term {}, old_hup {};
-    ign.sa_handler = SIG_IGN;
-    fwd.sa_handler = forward_signal;
-    ::sigaction(SIGINT, &ign, &old_int);
-    ::sigaction(SIGQUIT, &ign, &old_quit);
-    ::sigaction(SIGTERM, &fwd, &old_term);
-    ::sigaction(SIGHUP, &fwd, &old_hup);
+    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    ::close(exec_pipe[1]);
+    int exec_errno = 0;
+    ssize_t got;
+    while ((got = ::read(exec_pipe[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+    }
+    ::close(exec_pipe[0]);
+    bool exec_failed = got == ssize_t(sizeof exec_errno);
     int status = 0;
     while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }
-    ::sigaction(SIGINT, &old_int, nullptr);
-    ::sigaction(SIGQUIT, &old_quit, nullptr);
-    ::sigaction(SIGTERM, &old_term, nullptr);
-    ::sigaction(SIGHUP, &old_hup, nullptr);
+    for (size_t i = 0; i < std::size(k_forwarded); ++i) ::sigaction(k_forwarded[i], &old_act[i], nullptr);
     int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    // The command never ran: its message was printed; no log, and no hint about CUDA calls.
+    if (exec_failed) return rc;
 
     std::vector<std::string> logs;
     for (const auto& [path, st] : list_matching(pattern)) {
@@ -310,8 +374,8 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     if (summary) {
         print_summary(logs);
         std::string all;
-        for (const std::string& l : logs) all += " " + l;
-        if (all.size() > 200) all = " " + pattern_glob(pattern);
+        for (const std::string& l : logs) all += " " + shell_quote(l);
+        if (all.size() > 200) all = " " + shell_glob(pattern);
         std::fprintf(stderr, "full report: gpumem report%s\n", all.c_str());
     }
     return rc;

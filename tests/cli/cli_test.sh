@@ -53,9 +53,13 @@ run_exit_codes)
   expect_in "$W/err" "signal 6"
   # 127 not found, 126 not executable.
   expect_rc 127 "$GPUMEM" run -- "$W/no-such-program"
-  expect_in "$W/err" "cannot run $W/no-such-program"
+  expect_in "$W/err" "gpumem: error: cannot run $W/no-such-program"
+  # The command never ran: no hint that it "made no CUDA call".
+  expect_not_in "$W/err" "no log matching"
+  expect_not_in "$W/err" "CUDA call"
   echo "not a program" > "$W/plain.txt"
   expect_rc 126 "$GPUMEM" run -- "$W/plain.txt"
+  expect_not_in "$W/err" "CUDA call"
   # 2: gpumem's own arguments.
   expect_rc 2 "$GPUMEM" run
   expect_in "$W/err" "no command given"
@@ -89,10 +93,31 @@ run_environment)
   ls "$W"/rank7-[0-9]*.jsonl > /dev/null 2>&1 || fail "no rank7-PID.jsonl"
   expect_in "$W/err" "gpumem run: 1 log"
   expect_not_in "$W/err" "rank7-old.jsonl"
+  # The "full report" hint quotes paths as a shell would, so it can be pasted.
+  expect_rc 0 "$GPUMEM" run -o "$W/it's here/" -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/err" "full report: gpumem report '$W/it'\\''s here/gpumem-"
+  hint=$(grep "^full report: " "$W/err" | sed 's/^full report: gpumem report //')
+  eval "set -- $hint"
+  [ $# = 1 ] && [ -f "$1" ] || fail "the quoted hint does not name the log: $hint"
   # --no-summary lists the logs only.
   expect_rc 0 "$GPUMEM" run --no-summary -o "$W/q/" -- "$EMU/emu_rt_shared_app" train 5
   expect_in "$W/err" "gpumem run: 1 log"
   expect_not_in "$W/err" "gpumem summary"
+  ;;
+run_signals)
+  # SIGINT, SIGQUIT, SIGTERM and SIGHUP sent to gpumem alone reach the command, as with timeout(1).
+  # The command traps them and says so; gpumem then returns its exit code.
+  for sig in INT QUIT TERM HUP; do
+    rm -f "$W/ready"
+    "$GPUMEM" run -o "$W/sig/" -- sh -c 'for s in INT QUIT TERM HUP; do trap "echo got $s; exit 7" $s; done; touch "$0"; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo not-signalled' "$W/ready" > "$W/out" 2> "$W/err" &
+    pid=$!
+    for _ in $(seq 100); do [ -e "$W/ready" ] && break; sleep 0.1; done
+    kill -$sig $pid
+    wait $pid
+    rc=$?
+    [ "$rc" = 7 ] || fail "SIG$sig to gpumem run: exit $rc, expected the command's 7"
+    expect_in "$W/out" "got $sig"
+  done
   ;;
 run_installed)
   # cmake --install puts gpumem in bin and libgpumem.so in lib; the installed gpumem finds its own.
@@ -214,6 +239,12 @@ check_bad_input)
   expect_rc 2 "$GPUMEM" check "$W/missing.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/not_json.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/empty.jsonl" --max-peak 1GiB
+  # An endless first line: refused at the log reader's line limit, in bounded memory and time (it
+  # was read whole to see whether the file is a log).
+  expect_rc 2 bash -c "ulimit -v 1000000; exec timeout 20 \"\$0\" check /dev/zero --max-peak 1GiB" "$GPUMEM"
+  expect_in "$W/err" "gpumem: error: /dev/zero:1: line longer than"
+  expect_rc 2 bash -c "ulimit -v 1000000; exec timeout 20 \"\$0\" diff /dev/zero /dev/zero" "$GPUMEM"
+  expect_in "$W/err" "gpumem: error: /dev/zero:1: line longer than"
   echo '{"schema": "something-else"}' > "$W/other.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/other.json"
   expect_in "$W/err" "not a \`gpumem report --json\` file"
