@@ -33,27 +33,42 @@ namespace gpumem {
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
     X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
+// Every other libcuda function gpumem itself calls (pool backend, contexts, device facts).  Not
+// wrapped: the program's calls to them go straight to the driver.  One table with the hooks
+// above, so every libcuda entry point the library calls is found and cached in one place.
+#define GPUMEM_DRIVER_CALLS(X)                                                           \
+    X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
+    X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuStreamIsCapturing)                       \
+    X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)
+
 enum class drv : int {
 #define GPUMEM_X(n) n,
     GPUMEM_DRIVER_HOOKS(GPUMEM_X)
+    GPUMEM_DRIVER_CALLS(GPUMEM_X)
 #undef GPUMEM_X
     count_
 };
 
 struct driver_hook {
     const char* name;
-    void* wrapper;              // the hidden w_ function handed out by dlsym / cuGetProcAddress
-    std::atomic<void*> real;    // libcuda's function; resolved lazily
+    void* wrapper;              // the hidden w_ function handed out by dlsym / cuGetProcAddress;
+                                // nullptr for GPUMEM_DRIVER_CALLS (called, never wrapped)
+    std::atomic<void*> real;    // libcuda's function; resolved lazily, on first use
     std::atomic<bool> looked_up;
 };
 driver_hook* driver_hooks() noexcept;  // array of drv::count_
 
-// The real libcuda function for a hook, or nullptr when libcuda is not loaded / lacks it.
+// The real libcuda function, or nullptr when libcuda is not loaded / lacks it.  Resolved on first
+// use (never from a constructor or from dlsym), then cached.
 void* real_driver(drv d) noexcept;
 template <class F>
 F real(drv d) noexcept { return reinterpret_cast<F>(real_driver(d)); }
+// The same, typed by cuda.h's declaration: GPUMEM_REAL(cuCtxSynchronize)().
+#define GPUMEM_REAL(name) (reinterpret_cast<decltype(&::name)>(::gpumem::real_driver(::gpumem::drv::name)))
 
-// Any libcuda function by name (for the few non-hooked ones the recorder itself calls).
+// A libcuda symbol by name, uncached: only for names known at run time (a _ptsz variant asked for
+// through dlsym); every function gpumem calls itself is in the table above.
 void* real_driver_by_name(const char* name) noexcept;
 
 // glibc's own dlsym (ours overrides the public one).

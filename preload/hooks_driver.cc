@@ -462,11 +462,15 @@ GPUMEM_EXPORT_HOOK(cuGreenCtxCreate, (CUgreenCtx* a, CUdevResourceDesc b, CUdevi
 GPUMEM_EXPORT_HOOK(cuLaunchKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
 GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
 
-// The table the resolvers consult.  Order and names come from GPUMEM_DRIVER_HOOKS.
+// The table of every libcuda function gpumem wraps or calls.  Order and names come from
+// GPUMEM_DRIVER_HOOKS and GPUMEM_DRIVER_CALLS.
 driver_hook* driver_hooks() noexcept {
     static driver_hook table[] = {
 #define GPUMEM_X(n) {#n, reinterpret_cast<void*>(&w_##n), {nullptr}, {false}},
         GPUMEM_DRIVER_HOOKS(GPUMEM_X)
+#undef GPUMEM_X
+#define GPUMEM_X(n) {#n, nullptr, {nullptr}, {false}},
+        GPUMEM_DRIVER_CALLS(GPUMEM_X)
 #undef GPUMEM_X
     };
     return table;

@@ -14,6 +14,8 @@
 #include "core/pool/block_pool.h"
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_config.h"
+#include "core/pool/pool_registry.h"
+#include "core/pool/reuse_switch.h"
 #include "driver_backend.h"
 #include "gpumem_preload.h"
 
@@ -34,32 +36,6 @@ class recorder_sink final : public event_sink {
     std::atomic<recorder*> rec_{nullptr};
 };
 
-// One context's pool.  Slots are never freed, only retired (key set to nullptr when the context is
-// destroyed), so a reader that found a slot without the lock can always use it.
-struct pool_slot {
-    std::atomic<CUcontext> ctx{nullptr};
-    int device = -1;
-    driver_backend* backend = nullptr;
-    block_pool* pool = nullptr;
-};
-
-// A handful of contexts is the norm (one primary context per device); a program that creates more
-// than this gets plain pass-through for the rest, which is always correct.
-constexpr int k_max_pools = 64;
-pool_slot g_slots[k_max_pools];
-std::atomic<int> g_count{0};           // slots [0, g_count) are filled; published with release
-std::atomic_flag g_create_lock = ATOMIC_FLAG_INIT;
-std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
-std::atomic<bool> g_exiting{false};
-std::atomic<int> g_captures{0};
-// GPUMEM_REUSE=auto: the api_id of the call that switched the pools to safe reuse, stored once
-// the switch is complete (0 before); the blocking streams made so far; and a switch that came while
-// gpumem's own code was on the stack, left for the next pool call to make.
-std::atomic<int> g_stream_api{0};
-std::atomic<int> g_blocking_streams{0};
-std::atomic<int> g_pending_switch{0};
-pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
-
 // Static storage that is never destroyed: a free from another library's destructor, after ours,
 // must still find a live sink and not a destroyed object's vtable.
 recorder_sink& sink() noexcept {
@@ -68,83 +44,63 @@ recorder_sink& sink() noexcept {
     return *s;
 }
 
+// The preload's backends: the real driver, one per (context, device).
+struct driver_factory final : pool_registry::backend_factory {
+    int current_device() noexcept override { return gpumem::current_device(); }
+    pool_backend* make_backend(uint64_t ctx, int device) noexcept override {
+        return new (std::nothrow) driver_backend(CUcontext(ctx), device);
+    }
+    void rebind(pool_backend& b, uint64_t ctx) noexcept override {
+        static_cast<driver_backend&>(b).set_context(CUcontext(ctx));
+    }
+};
+
+// Static storage that is never destroyed (like sink()): late frees from other libraries'
+// destructors must still find the pools.
+pool_registry& registry() noexcept {
+    static driver_factory factory;
+    alignas(pool_registry) static unsigned char storage[sizeof(pool_registry)];
+    static pool_registry* r = new (storage) pool_registry(factory);
+    return *r;
+}
+
+reuse_switch& auto_switch() noexcept {
+    alignas(reuse_switch) static unsigned char storage[sizeof(reuse_switch)];
+    static reuse_switch* s = new (storage) reuse_switch(registry());
+    return *s;
+}
+
+std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
+std::atomic<bool> g_exiting{false};
+std::atomic<int> g_captures{0};
+pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
+
 void say_once(std::atomic<bool>& said, const char* msg) noexcept {
     if (!said.exchange(true)) GPUMEM_WARN("{}", msg);
 }
 
-CUcontext current_context() noexcept {
-    static std::atomic<void*> fn{nullptr};
-    void* f = fn.load(std::memory_order_acquire);
-    if (!f) {
-        f = real_driver_by_name("cuCtxGetCurrent");
-        if (!f) return nullptr;
-        fn.store(f, std::memory_order_release);
-    }
+uint64_t current_context() noexcept {
+    auto get = GPUMEM_REAL(cuCtxGetCurrent);
     CUcontext c = nullptr;
-    if (reinterpret_cast<CUresult (*)(CUcontext*)>(f)(&c) != CUDA_SUCCESS) return nullptr;
-    return c;
+    if (!get || get(&c) != CUDA_SUCCESS) return 0;
+    return uint64_t(uintptr_t(c));
 }
 
-pool_slot* find_slot(CUcontext ctx) noexcept {
-    const int n = g_count.load(std::memory_order_acquire);
-    for (int i = 0; i < n; ++i)
-        if (g_slots[i].ctx.load(std::memory_order_acquire) == ctx) return &g_slots[i];
-    return nullptr;
-}
-
-struct create_lock {
-    create_lock() noexcept {
-        while (g_create_lock.test_and_set(std::memory_order_acquire)) usleep(10);
-    }
-    ~create_lock() { g_create_lock.clear(std::memory_order_release); }
-};
-
-// The pool of `ctx`, made on first use.  Runs inside the program's allocation call with ctx
-// current, so cuCtxGetDevice answers for it.
-pool_slot* create_slot(CUcontext ctx) noexcept {
+// The pool of the current context, made on first use.
+pool_registry::slot* current_slot() noexcept {
     static std::atomic<bool> said_full{false};
-    create_lock lk;
-    if (pool_slot* s = find_slot(ctx)) return s;
-    const int dev = current_device();
-    const int n = g_count.load(std::memory_order_relaxed);
-    // The driver reuses a destroyed context's handle value; a retired slot of the same device is
-    // empty (drop_all) and reusable, which keeps programs that cycle contexts within the table.
-    for (int i = 0; i < n; ++i) {
-        pool_slot& s = g_slots[i];
-        if (s.ctx.load(std::memory_order_relaxed) == nullptr && s.device == dev) {
-            s.backend->set_context(ctx);
-            s.ctx.store(ctx, std::memory_order_release);
-            return &s;
-        }
-    }
-    if (n >= k_max_pools) {
-        say_once(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
-        return nullptr;
-    }
-    auto* b = new (std::nothrow) driver_backend(ctx, dev);
-    auto* p = b ? new (std::nothrow) block_pool(*g_pool_cfg, *b, &sink(), dev) : nullptr;
-    if (!p) {
-        delete b;
-        return nullptr;
-    }
-    // A stream already exists: this pool starts in safe reuse (its reuse_safe event comes before
-    // its first segment, so a reader of the log knows the mode of every free).
-    if (int api = g_stream_api.load(std::memory_order_acquire)) p->enter_safe_reuse(api_id(api));
-    pool_slot& s = g_slots[n];
-    s.device = dev;
-    s.backend = b;
-    s.pool = p;
-    s.ctx.store(ctx, std::memory_order_release);
-    g_count.store(n + 1, std::memory_order_release);
-    return &s;
+    const uint64_t ctx = current_context();
+    if (!ctx) return nullptr;  // no context: the driver gives the program its own error
+    if (pool_registry::slot* s = registry().find(ctx)) return s;
+    if (g_exiting.load()) return nullptr;
+    bool full = false;
+    pool_registry::slot* s = registry().find_or_create(ctx, &full);
+    if (full) say_once(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
+    return s;
 }
 
-// The pool holding addr, and its block, if any pool does.
-pool_slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexcept {
-    const int n = g_count.load(std::memory_order_acquire);
-    for (int i = 0; i < n; ++i)
-        if (g_slots[i].pool->lookup(addr, bi)) return &g_slots[i];
-    return nullptr;
+pool_registry::slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexcept {
+    return registry().owner_of(addr, bi);
 }
 
 }  // namespace
@@ -174,6 +130,7 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
             g_pool_cfg->reuse = reuse_mode::safe;
             GPUMEM_WARN("GPUMEM_ROUTES leaves ways in unwatched: GPUMEM_REUSE=auto runs as safe");
         }
+        registry().configure(g_pool_cfg, &sink());
         std::string s;
         g_pool_cfg->append_config_json(s);
         if (!s.empty() && s.back() == ',') s.pop_back();
@@ -185,89 +142,49 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
     }
 }
 
-// Switches every pool to safe reuse, once.  Every caller returns only after the switch is complete,
-// drains included: a thread whose stream creation lost the race must not get its stream before
-// the winner has drained (the new stream would not wait for work queued before it).  Under the
-// create lock, so a pool being made right now either sees g_stream_api or is in the table walked.
-static void switch_to_safe(api_id api) noexcept {
-    if (g_stream_api.load(std::memory_order_acquire)) return;
-    create_lock lk;
-    if (g_stream_api.load(std::memory_order_relaxed)) return;
-    const int n = g_count.load(std::memory_order_acquire);
-    for (int i = 0; i < n; ++i) g_slots[i].pool->enter_safe_reuse(api);  // a retired slot's pool is empty: no sync
-    g_stream_api.store(int(api), std::memory_order_release);
-}
-
-// A switch that arrived under the guard is made here, at the top of a pool call.
-static void settle_pending_switch() noexcept {
-    if (g_pending_switch.load(std::memory_order_relaxed) == 0) return;
-    if (int api = g_pending_switch.exchange(0, std::memory_order_acq_rel)) switch_to_safe(api_id(api));
-}
-
 void pool_stream_created(api_id api, bool non_blocking) noexcept {
-    // One blocking stream keeps a single issue order: it waits for earlier legacy-stream work, and
-    // legacy-stream work waits for it.  (cuBLASLt makes one such stream on its first matmul.)  Two
-    // blocking streams run concurrently with each other, and a non-blocking one with the legacy
-    // stream.  Counted for ever, not while alive: a destroyed stream's queued work still runs.
-    if (!non_blocking && g_blocking_streams.fetch_add(1, std::memory_order_acq_rel) == 0) return;
-    if (guard::active()) {
-        // gpumem's own code is on the stack (a chained interposer made the stream from inside one of
-        // our calls): taking a pool lock here could deadlock.  The next pool call makes the switch.
-        g_pending_switch.store(int(api), std::memory_order_release);
-        return;
-    }
-    switch_to_safe(api);
+    auto_switch().stream_created(api, non_blocking, guard::active());
 }
 
 void pool_after_fork() noexcept {
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
-    g_count.store(0);
+    registry().reset_after_fork();
+    auto_switch().reset_after_fork();
     g_captures.store(0);
-    g_stream_api.store(0);  // the parent's streams do not exist in the child
-    g_blocking_streams.store(0);
-    g_pending_switch.store(0);
-    g_create_lock.clear();
 }
 
 void pool_at_exit() noexcept {
     // The driver may be unloaded by now: no pool calls it again.  Segments are leaked to the OS;
     // late frees from other destructors still find their blocks.
     g_exiting.store(true);
-    const int n = g_count.load(std::memory_order_acquire);
-    for (int i = 0; i < n; ++i) g_slots[i].pool->release_all_at_exit();
+    registry().for_each([](pool_registry::slot& s) { s.pool->release_all_at_exit(); });
 }
 
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept {
     // The log (and pool_configure) starts on the first allocation.  Without a running log the
     // pool stays off, so its events never wait on a ring that nobody drains.
     if (!recorder_or_null() || !g_enabled.load(std::memory_order_acquire)) return false;
-    settle_pending_switch();
-    CUcontext ctx = current_context();
-    if (!ctx) return false;  // no context: the driver gives the program its own error
-    pool_slot* s = find_slot(ctx);
-    if (!s) {
-        if (g_exiting.load()) return false;
-        s = create_slot(ctx);
-        if (!s) return false;
-    }
+    auto_switch().settle_deferred();
+    pool_registry::slot* s = current_slot();
+    if (!s) return false;
     *result = s->pool->allocate(bytes, api, ptr);
     s->pool->maybe_emit_stats(monotonic_ns());
     return true;
 }
 
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
-    const int n = g_count.load(std::memory_order_acquire);
+    pool_registry& reg = registry();
+    const int n = reg.count();
     if (n == 0) return false;
-    settle_pending_switch();
+    auto_switch().settle_deferred();
     // Most frees come from the allocating context; any pool may own the block, though (another
     // thread, another context current).
-    CUcontext ctx = current_context();
-    pool_slot* first = ctx ? find_slot(ctx) : nullptr;
+    pool_registry::slot* first = reg.find(current_context());
     if (first && first->pool->deallocate(ptr, api, result)) return true;
     for (int i = 0; i < n; ++i) {
-        if (&g_slots[i] == first) continue;
-        if (g_slots[i].pool->deallocate(ptr, api, result)) return true;
+        if (&reg.at(i) == first) continue;
+        if (reg.at(i).pool->deallocate(ptr, api, result)) return true;
     }
     return false;
 }
@@ -362,16 +279,13 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 // Contexts and captures.
 
 void pool_context_gone(CUcontext ctx, int dev) noexcept {
-    if (g_count.load(std::memory_order_acquire) == 0) return;
+    if (registry().count() == 0) return;
     if (!ctx && dev >= 0) {
         // cuDevicePrimaryCtxReset names a device: find its primary context's handle, if the
         // primary context is active (an inactive one has no pool memory to lose).
-        using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
-        using retain_fn = CUresult (*)(CUcontext*, CUdevice);
-        using release_fn = CUresult (*)(CUdevice);
-        auto get_state = reinterpret_cast<state_fn>(real_driver_by_name("cuDevicePrimaryCtxGetState"));
-        auto retain = reinterpret_cast<retain_fn>(real_driver_by_name("cuDevicePrimaryCtxRetain"));
-        auto release = reinterpret_cast<release_fn>(real_driver_by_name("cuDevicePrimaryCtxRelease_v2"));
+        auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
+        auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
+        auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
         unsigned flags = 0;
         int active = 1;
         if (get_state && get_state(CUdevice(dev), &flags, &active) == CUDA_SUCCESS && !active) return;
@@ -381,14 +295,7 @@ void pool_context_gone(CUcontext ctx, int dev) noexcept {
         release(CUdevice(dev));  // retain+release of an active context changes nothing
         ctx = primary;
     }
-    if (!ctx) return;
-    create_lock lk;  // no pool is made for this handle while it is being retired
-    if (pool_slot* s = find_slot(ctx)) {
-        // Retire first, so no new allocation finds the pool; then forget its memory, which the
-        // driver frees with the context.
-        s->ctx.store(nullptr, std::memory_order_release);
-        s->pool->drop_all();
-    }
+    if (ctx) registry().retire(uint64_t(uintptr_t(ctx)));
 }
 
 void capture_begin() noexcept { g_captures.fetch_add(1, std::memory_order_acq_rel); }
@@ -396,10 +303,8 @@ void capture_end() noexcept {
     if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
     // A switch to safe reuse during the capture could not drain (no sync inside a capture); the
     // drain it owes comes now, before the program can launch the graph or anything else.
-    if (g_captures.load(std::memory_order_acquire) == 0) {
-        const int n = g_count.load(std::memory_order_acquire);
-        for (int i = 0; i < n; ++i) g_slots[i].pool->settle_owed_drain();
-    }
+    if (g_captures.load(std::memory_order_acquire) == 0)
+        registry().for_each([](pool_registry::slot& s) { s.pool->settle_owed_drain(); });
 }
 
 }  // namespace gpumem

@@ -107,6 +107,7 @@ void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexce
     if (!fn) return fn;
     driver_hook* hooks = driver_hooks();
     for (int i = 0; i < int(drv::count_); ++i) {
+        if (!hooks[i].wrapper) continue;        // called by gpumem, not wrapped
         if (hooks[i].wrapper == fn) return fn;  // already ours
         if (real_driver(drv(i)) == fn) return hooks[i].wrapper;
     }
@@ -135,7 +136,7 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
     if (!route_on(is_resolver ? route_c : route_b)) return nullptr;
     driver_hook* hooks = driver_hooks();
     for (int i = 0; i < int(drv::count_); ++i) {
-        if (strcmp(hooks[i].name, name) != 0) continue;
+        if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
         // Substitute only where the real lookup would have found something.
         void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver(drv(i)) : real_dlsym(handle, name);
         return found ? hooks[i].wrapper : nullptr;

@@ -89,10 +89,10 @@ std::vector<std::string> read_cmdline() {
 // has happened; any failure just leaves the list short.
 std::vector<header_device> devices() {
     std::vector<header_device> out;
-    auto count_fn = reinterpret_cast<CUresult (*)(int*)>(real_driver_by_name("cuDeviceGetCount"));
-    auto get_fn = reinterpret_cast<CUresult (*)(CUdevice*, int)>(real_driver_by_name("cuDeviceGet"));
-    auto name_fn = reinterpret_cast<CUresult (*)(char*, int, CUdevice)>(real_driver_by_name("cuDeviceGetName"));
-    auto mem_fn = reinterpret_cast<CUresult (*)(size_t*, CUdevice)>(real_driver_by_name("cuDeviceTotalMem_v2"));
+    auto count_fn = GPUMEM_REAL(cuDeviceGetCount);
+    auto get_fn = GPUMEM_REAL(cuDeviceGet);
+    auto name_fn = GPUMEM_REAL(cuDeviceGetName);
+    auto mem_fn = GPUMEM_REAL(cuDeviceTotalMem_v2);
     int n = 0;
     if (count_fn && get_fn && count_fn(&n) == CUDA_SUCCESS) {
         for (int i = 0; i < n && i < 64; ++i) {
@@ -304,7 +304,7 @@ recorder* recorder_or_null() noexcept {
 const config& current_config() noexcept { return state().cfg; }
 
 int current_device() noexcept {
-    static auto fn = reinterpret_cast<CUresult (*)(CUdevice*)>(real_driver_by_name("cuCtxGetDevice"));
+    auto fn = GPUMEM_REAL(cuCtxGetDevice);
     CUdevice d = -1;
     if (!fn || fn(&d) != CUDA_SUCCESS) return -1;
     return int(d);
