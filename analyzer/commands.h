@@ -36,8 +36,7 @@ command add_report(CLI::App& top);
 command add_run(CLI::App& top);
 command add_check(CLI::App& top);
 command add_diff(CLI::App& top);
-// `gpumem replay` (analyzer/cmd_replay.cc) registers the same way: declare `command add_replay(CLI::App&)`
-// here and add it to the list in main.cc.
+command add_replay(CLI::App& top);  // cmd_replay.cc: allocator simulations over logs
 
 // Prints "gpumem: error: MSG" and a one-line hint to `gpumem SUB --help`; returns k_exit_input.
 // For argument errors found after parsing (a size that does not parse, a missing input).

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     commands.push_back(add_run(app));
     commands.push_back(add_check(app));
     commands.push_back(add_diff(app));
-    // commands.push_back(add_replay(app));  // analyzer/cmd_replay.cc
+    commands.push_back(add_replay(app));
 
     // The subcommand is the first argument that is not an option of the top-level app.
     std::vector<std::string> args(argv + 1, argv + argc);

@@ -1,0 +1,400 @@
+// `gpumem replay`: replays the allocation requests of logs through simulated allocators (analyzer/simulate/) and reports what each would have reserved.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli_input.h"
+#include "commands.h"
+#include "format_util.h"
+#include "log_reader.h"
+#include "simulate/policy.h"
+#include "simulate/pytorch_config.h"
+#include "simulate/replay.h"
+#include "simulate/trace.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+namespace sim = gpumem::simulate;
+using ojson = nlohmann::ordered_json;
+
+struct replay_args {
+    std::vector<std::string> logs;
+    std::vector<std::string> policies;  // as given, each possibly holding several
+    std::vector<std::string> apis;
+    std::string capacity_text;
+    bool json = false;
+    bool suggest = false;
+    unsigned jobs = 0;
+};
+
+const char* k_default_policies[] = {"ideal", "pytorch", "pytorch-expandable", "gpumem"};
+
+// "--policy pytorch:max_split_size_mb:64,roundup_power2_divisions:4,gpumem": a comma starts a new
+// policy only where a policy name follows; otherwise it belongs to the options before it.
+std::vector<std::string> split_policies(const std::vector<std::string>& given) {
+    std::vector<std::string> out;
+    auto starts_policy = [](const std::string& s) {
+        std::string base = s.substr(0, s.find(':'));
+        return base == "ideal" || base == "pytorch" || base == "pytorch-expandable" || base == "gpumem";
+    };
+    for (const std::string& g : given) {
+        size_t pos = 0;
+        std::string cur;
+        while (pos <= g.size()) {
+            size_t comma = g.find(',', pos);
+            std::string piece = g.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+            if (cur.empty()) cur = piece;
+            else if (starts_policy(piece)) {
+                out.push_back(cur);
+                cur = piece;
+            } else {
+                cur += "," + piece;
+            }
+            if (comma == std::string::npos) break;
+            pos = comma + 1;
+        }
+        if (!cur.empty()) out.push_back(cur);
+    }
+    return out;
+}
+
+// The configurations --suggest tries: every combination of the options that change the layout.
+std::vector<sim::pt_config> suggest_grid(bool with_capacity) {
+    std::vector<sim::pt_config> grid;
+    const uint64_t mss_mb[] = {0, 32, 64, 128, 256, 512, 1024};
+    const uint64_t divs[] = {0, 2, 4, 8, 16};
+    const double gcs[] = {0, 0.8};
+    for (bool exp : {false, true})
+        for (uint64_t m : mss_mb)
+            for (uint64_t d : divs)
+                for (double gc : gcs) {
+                    if (gc > 0 && !with_capacity) continue;  // the threshold needs a memory limit
+                    sim::pt_config c;
+                    c.expandable = exp;
+                    if (m) c.max_split_size = m << 20;
+                    c.roundup_divisions.fill(d);
+                    c.gc_threshold = gc;
+                    grid.push_back(c);
+                }
+    return grid;
+}
+
+struct device_job {
+    size_t log = 0;
+    const sim::device_trace* dev = nullptr;
+    std::vector<sim::replay_result> results;  // one per policy, in --policy order
+    std::vector<sim::replay_result> grid;     // --suggest: one per suggest_grid() entry
+    std::vector<std::string> grid_confs;
+};
+
+struct task {
+    device_job* job;
+    bool grid;
+    size_t index;
+    std::string name;
+    sim::policy_spec spec;
+};
+
+template <typename F>
+void parallel_for(size_t n, unsigned jobs, F&& f) {
+    unsigned workers = std::max(1u, std::min<unsigned>(jobs, unsigned(n)));
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t i; (i = next.fetch_add(1)) < n;) f(i);
+    };
+    std::vector<std::thread> ts;
+    for (unsigned w = 1; w < workers; ++w) ts.emplace_back(work);
+    work();
+    for (auto& t : ts) t.join();
+}
+
+std::string moment(uint64_t seq, uint64_t t) { return "#" + std::to_string(seq) + " at " + fmt_time(t); }
+
+ojson result_json(const sim::replay_result& r, uint64_t capacity) {
+    ojson j;
+    j["policy"] = r.policy;
+    j["peak_reserved_bytes"] = r.peak_reserved;
+    j["peak_seq"] = r.peak_seq;
+    j["peak_t_ns"] = r.peak_t;
+    j["peak_allocated_bytes"] = r.peak_allocated;
+    j["segments"] = r.driver_allocs;
+    j["segment_frees"] = r.driver_frees;
+    j["peak_fragmentation"] = r.peak_fragmentation;
+    j["peak_fragmentation_seq"] = r.frag_seq;
+    j["events"] = r.events;
+    if (capacity) {
+        j["fits"] = r.failure == sim::failure_reason::none;
+        if (r.failure != sim::failure_reason::none) {
+            j["failure"] = {{"seq", r.fail_seq},
+                            {"t_ns", r.fail_t},
+                            {"size", r.fail_size},
+                            {"reason", sim::k_failure_reason_names[size_t(r.failure)]},
+                            {"reserved_bytes", r.fail_reserved},
+                            {"free_in_segments_bytes", r.fail_free_in_segments},
+                            {"largest_free_bytes", r.fail_largest_free}};
+        }
+    }
+    return j;
+}
+
+// The grid's best: the least peak reserved among the runs that fit, then the fewest driver calls,
+// then the fewest options (the defaults win a tie).
+size_t best_of(const device_job& d) {
+    size_t best = 0;
+    auto key = [&](size_t i) {
+        const auto& r = d.grid[i];
+        return std::make_tuple(r.failure != sim::failure_reason::none, r.peak_reserved, r.driver_allocs,
+                               d.grid_confs[i].size());
+    };
+    for (size_t i = 1; i < d.grid.size(); ++i)
+        if (key(i) < key(best)) best = i;
+    return best;
+}
+
+void print_text(const std::vector<sim::trace>& traces, const std::vector<device_job>& jobs, uint64_t capacity,
+                bool suggest) {
+    for (const device_job& d : jobs) {
+        const sim::trace& tr = traces[d.log];
+        const sim::device_trace& dt = *d.dev;
+        std::printf("== %s: device %d\n", tr.file.c_str(), dt.dev);
+        std::string apis;
+        for (const std::string& a : tr.apis) apis += (apis.empty() ? "" : ", ") + a;
+        std::printf("   %s allocations and %s frees replayed (%s)", fmt_count(dt.n_alloc).c_str(),
+                    fmt_count(dt.n_free).c_str(), apis.c_str());
+        if (tr.skipped_allocs) std::printf("; %s allocations of other APIs left out", fmt_count(tr.skipped_allocs).c_str());
+        std::printf("\n");
+        if (dt.n_streams == 0)
+            std::printf("   streams: the log names none (cudaMalloc and cuMemAlloc have no stream): modelled as one stream\n");
+        else if (dt.n_no_stream)
+            std::printf("   streams: %llu named; %s allocations name none and share one more\n",
+                        (unsigned long long)dt.n_streams, fmt_count(dt.n_no_stream).c_str());
+        else
+            std::printf("   streams: %llu, each with its own free blocks\n", (unsigned long long)dt.n_streams);
+        if (dt.n_freed_twice)
+            std::printf("   note: %s addresses were allocated again without a recorded free; counted as freed\n",
+                        fmt_count(dt.n_freed_twice).c_str());
+        std::printf("   %-34s %-26s %-24s %-14s %s\n", "policy", "peak reserved", "at", "driver allocs", "peak ext. frag.");
+        for (const sim::replay_result& r : d.results) {
+            std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " at #" + std::to_string(r.frag_seq) : "0";
+            std::string drv = std::to_string(r.driver_allocs) + "/" + std::to_string(r.driver_frees);
+            std::printf("   %-34s %-26s %-24s %-14s %s\n", r.policy.c_str(),
+                        (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
+                        r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());
+            if (capacity && r.failure != sim::failure_reason::none)
+                std::printf("   %-34s ^ would fail at %s: %s of %s (%s reserved, %s free in segments, largest free %s)\n",
+                            "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],
+                            fmt_bytes(r.fail_size).c_str(), fmt_bytes(r.fail_reserved).c_str(),
+                            fmt_bytes(r.fail_free_in_segments).c_str(), fmt_bytes(r.fail_largest_free).c_str());
+        }
+        if (capacity) {
+            std::string fits, fails;
+            for (const sim::replay_result& r : d.results)
+                (r.failure == sim::failure_reason::none ? fits : fails) += (std::string(" ") + r.policy);
+            std::printf("   with %s: fits:%s%s%s\n", fmt_bytes(capacity).c_str(), fits.empty() ? " none" : fits.c_str(),
+                        fails.empty() ? "" : "; fails:", fails.c_str());
+        }
+        if (suggest && !d.grid.empty()) {
+            size_t b = best_of(d);
+            const sim::replay_result& best = d.grid[b];
+            const sim::replay_result& def = d.grid[0];  // the grid starts with the defaults
+            std::printf("   suggestion (least peak reserved of %zu PyTorch settings%s):\n", d.grid.size(),
+                        capacity ? " that fit" : "");
+            if (d.grid_confs[b].empty())
+                std::printf("     the defaults: no PYTORCH_CUDA_ALLOC_CONF beats them (%s)\n", fmt_bytes(def.peak_reserved).c_str());
+            else
+                std::printf("     PYTORCH_CUDA_ALLOC_CONF=%s\n     peak reserved %s, against %s with the defaults (%s)\n",
+                            d.grid_confs[b].c_str(), fmt_bytes(best.peak_reserved).c_str(),
+                            fmt_bytes(def.peak_reserved).c_str(),
+                            def.peak_reserved ? ("-" + fmt_pct(1.0 - double(best.peak_reserved) / double(def.peak_reserved))).c_str() : "-");
+            if (capacity && best.failure != sim::failure_reason::none)
+                std::printf("     no setting fits in %s\n", fmt_bytes(capacity).c_str());
+            for (const sim::replay_result& r : d.results)
+                if (r.policy.rfind("gpumem", 0) == 0 || r.policy == "ideal")
+                    std::printf("     %s: peak reserved %s, %llu driver allocations\n", r.policy.c_str(),
+                                fmt_bytes(r.peak_reserved).c_str(), (unsigned long long)r.driver_allocs);
+        }
+        std::printf("\n");
+    }
+}
+
+int run_replay(replay_args& a) {
+    if (a.logs.empty()) return usage_error("replay", "no log file given");
+    uint64_t capacity = 0;
+    if (!a.capacity_text.empty() && (!parse_size_arg(a.capacity_text, capacity) || capacity == 0))
+        return usage_error("replay", "--capacity " + a.capacity_text + ": expected a size such as 80GiB or 141GB");
+    std::vector<std::string> names = split_policies(a.policies);
+    if (names.empty()) names.assign(std::begin(k_default_policies), std::end(k_default_policies));
+    if (a.suggest && std::find(names.begin(), names.end(), "gpumem") == names.end()) names.push_back("gpumem");
+    std::vector<sim::policy_spec> specs;
+    for (const std::string& n : names) {
+        sim::policy_spec s = sim::parse_policy_name(n);
+        std::string err;
+        if (!sim::make_policy(s, capacity, 0, "{}", &err))
+            return usage_error("replay", "--policy " + err);
+        specs.push_back(s);
+    }
+    std::vector<std::string> apis;
+    for (const std::string& g : a.apis) {
+        size_t pos = 0;
+        while (pos <= g.size()) {
+            size_t c = g.find(',', pos);
+            std::string x = g.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+            if (!x.empty()) apis.push_back(x);
+            if (c == std::string::npos) break;
+            pos = c + 1;
+        }
+    }
+    unsigned jobs = a.jobs ? a.jobs : std::max(1u, std::thread::hardware_concurrency());
+
+    // Read the logs, one per thread.
+    std::vector<sim::trace> traces(a.logs.size());
+    std::vector<std::string> errors(a.logs.size());
+    sim::trace_options topt;
+    topt.apis = apis;
+    parallel_for(a.logs.size(), jobs, [&](size_t i) {
+        try {
+            traces[i] = sim::load_trace(a.logs[i], topt);
+        } catch (const input_error& e) {
+            errors[i] = e.what();
+        } catch (const std::bad_alloc&) {
+            errors[i] = a.logs[i] + ": out of memory while reading";
+        }
+    });
+    int rc = k_exit_ok;
+    for (const std::string& e : errors)
+        if (!e.empty()) {
+            std::fprintf(stderr, "gpumem: error: %s\n", e.c_str());
+            rc = k_exit_input;
+        }
+    if (rc != k_exit_ok) return rc;
+
+    // Every (log, device, policy) replay is a task; all cores take them.
+    std::vector<device_job> djobs;
+    for (size_t i = 0; i < traces.size(); ++i)
+        for (const sim::device_trace& d : traces[i].devices) djobs.push_back(device_job{i, &d, {}, {}, {}});
+    std::vector<sim::pt_config> grid = a.suggest ? suggest_grid(capacity != 0) : std::vector<sim::pt_config>{};
+    std::vector<task> tasks;
+    for (device_job& d : djobs) {
+        d.results.resize(specs.size());
+        for (size_t p = 0; p < specs.size(); ++p) tasks.push_back(task{&d, false, p, specs[p].name, specs[p]});
+        d.grid.resize(grid.size());
+        for (size_t g = 0; g < grid.size(); ++g) {
+            std::string conf = grid[g].to_conf();
+            d.grid_confs.push_back(conf);
+            tasks.push_back(task{&d, true, g, "pytorch" + (conf.empty() ? "" : ":" + conf),
+                                 sim::parse_policy_name("pytorch" + (conf.empty() ? "" : ":" + conf))});
+        }
+    }
+    std::vector<std::string> task_errors(tasks.size());
+    parallel_for(tasks.size(), jobs, [&](size_t i) {
+        task& t = tasks[i];
+        const sim::trace& tr = traces[t.job->log];
+        std::string err;
+        uint64_t total = t.job->dev->total_bytes;
+        auto p = sim::make_policy(t.spec, capacity, total, tr.config_json, &err);
+        if (!p) {
+            task_errors[i] = tr.file + ": " + err;
+            return;
+        }
+        sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity);
+        (t.grid ? t.job->grid[t.index] : t.job->results[t.index]) = std::move(r);
+    });
+    for (const std::string& e : task_errors)
+        if (!e.empty()) {
+            std::fprintf(stderr, "gpumem: error: %s\n", e.c_str());
+            rc = k_exit_input;
+        }
+    if (rc != k_exit_ok) return rc;
+
+    if (a.json) {
+        ojson out;
+        out["capacity_bytes"] = capacity;
+        out["logs"] = ojson::array();
+        for (size_t i = 0; i < traces.size(); ++i) {
+            ojson l;
+            l["file"] = traces[i].file;
+            l["apis"] = traces[i].apis;
+            l["skipped_allocations"] = traces[i].skipped_allocs;
+            l["devices"] = ojson::array();
+            for (const device_job& d : djobs) {
+                if (d.log != i) continue;
+                ojson dj;
+                dj["dev"] = d.dev->dev;
+                dj["allocations"] = d.dev->n_alloc;
+                dj["frees"] = d.dev->n_free;
+                dj["streams_known"] = d.dev->n_streams > 0;
+                dj["streams"] = d.dev->n_streams;
+                dj["policies"] = ojson::array();
+                for (const auto& r : d.results) dj["policies"].push_back(result_json(r, capacity));
+                if (!d.grid.empty()) {
+                    size_t b = best_of(d);
+                    ojson s = result_json(d.grid[b], capacity);
+                    s["pytorch_cuda_alloc_conf"] = d.grid_confs[b];
+                    s["configurations_tried"] = d.grid.size();
+                    dj["suggestion"] = s;
+                }
+                l["devices"].push_back(dj);
+            }
+            out["logs"].push_back(l);
+        }
+        std::cout << out.dump(2) << "\n";
+    } else {
+        print_text(traces, djobs, capacity, a.suggest);
+    }
+    std::fflush(stdout);
+    return k_exit_ok;
+}
+
+void add_options(CLI::App* app, replay_args& a) {
+    app->add_option("LOG", a.logs, "gpumem logs; each is replayed on its own core");
+    app->add_option("--policy", a.policies,
+                    "allocators to simulate, comma-separated: ideal, pytorch, pytorch:OPTIONS (PYTORCH_CUDA_ALLOC_CONF "
+                    "syntax), pytorch-expandable, gpumem, gpumem:KNOB=VALUE (default: ideal,pytorch,pytorch-expandable,gpumem)")
+        ->type_name("P,...");
+    app->add_option("--api", a.apis,
+                    "replay only allocations made through these APIs (default: every device allocation); "
+                    "--api cudaMalloc is what PyTorch's allocator sees under PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+        ->type_name("NAME,...");
+    app->add_option("--capacity", a.capacity_text, "device memory: say whether and where each policy runs out")
+        ->type_name("SIZE");
+    app->add_flag("--json", a.json, "print the results as JSON");
+    app->add_flag("--suggest", a.suggest,
+                  "search PyTorch's options for the least peak reserved and print the PYTORCH_CUDA_ALLOC_CONF line");
+    app->add_option("-j,--jobs", a.jobs, "threads (default: all cores)")->type_name("N");
+    app->footer(
+        "Replays each device's allocation requests and frees, in seq order, through each policy and\n"
+        "reports its peak reserved bytes (with the moment), driver allocations/frees, and peak external\n"
+        "fragmentation (docs/metrics.md).  Record the program with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so\n"
+        "the log holds every tensor request.  The pytorch policies model c10/cuda/CUDACachingAllocator.cpp;\n"
+        "gpumem runs gpumem's own pool; ideal is the peak of the requested bytes.\n"
+        "\n"
+        "exit codes: 0 replayed; 2 unusable input or arguments.");
+}
+
+}  // namespace
+
+command add_replay(CLI::App& top) {
+    auto a = std::make_shared<replay_args>();
+    CLI::App* app = top.add_subcommand("replay", "what other allocators (PyTorch's with any settings, gpumem's pool) "
+                                                 "would have reserved for the requests in these logs");
+    add_options(app, *a);
+    command c;
+    c.app = app;
+    c.run = [a](const std::vector<std::string>& tail, bool) {
+        a->logs.insert(a->logs.end(), tail.begin(), tail.end());  // `replay -- LOG...`
+        return run_replay(*a);
+    };
+    return c;
+}
+
+}  // namespace gpumem::analysis

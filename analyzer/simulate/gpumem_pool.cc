@@ -1,0 +1,81 @@
+// The `gpumem` policy: gpumem's own caching pool (core/pool/block_pool) run as a library on its fake device.
+#include "gpumem_pool.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+namespace gpumem::simulate {
+
+namespace {
+
+// pool_config::from_env reads through a plain function pointer: the table it reads is this
+// thread's (each log is replayed on one thread).
+thread_local const std::map<std::string, std::string>* t_env = nullptr;
+
+const char* lookup(const char* name) {
+    if (!t_env) return nullptr;
+    std::string key = name;
+    if (key.rfind("GPUMEM_", 0) != 0) return nullptr;
+    key = key.substr(7);
+    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    auto it = t_env->find(key);
+    return it == t_env->end() ? nullptr : it->second.c_str();
+}
+
+}  // namespace
+
+std::string gpumem_pool_config(const std::string& log_config_json, const std::string& overrides, pool_config& out) {
+    std::map<std::string, std::string> env;
+    auto cfg = nlohmann::json::parse(log_config_json, nullptr, false);
+    if (cfg.is_object())
+        for (auto& [k, v] : cfg.items()) {
+            if (v.is_string()) env[k] = v.get<std::string>();
+            else if (v.is_number_unsigned()) env[k] = std::to_string(v.get<uint64_t>());
+        }
+    size_t pos = 0;
+    while (pos < overrides.size()) {
+        size_t comma = overrides.find(',', pos);
+        std::string kv = overrides.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        pos = comma == std::string::npos ? overrides.size() : comma + 1;
+        if (kv.empty()) continue;
+        size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) return "gpumem: expected KNOB=VALUE, not " + kv;
+        std::string key = kv.substr(0, eq);
+        std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+        if (key.rfind("gpumem_", 0) == 0) key = key.substr(7);
+        env[key] = kv.substr(eq + 1);
+    }
+    t_env = &env;
+    out = pool_config::from_env(&lookup);
+    t_env = nullptr;
+    if (!out.warnings.empty()) return "gpumem pool settings: " + out.warnings;
+    return "";
+}
+
+gpumem_pool_policy::gpumem_pool_policy(const pool_config& cfg, uint64_t capacity)
+    : backend_(capacity), pool_(cfg, backend_, nullptr, 0) {}
+
+bool gpumem_pool_policy::allocate(uint32_t id, uint64_t size, uint16_t) {
+    uint64_t ptr = 0;
+    if (pool_.allocate(size, api_id::cuMemAlloc_v2, &ptr) != k_cuda_success) {
+        snap_ = pool_.snapshot();
+        return false;
+    }
+    if (id >= ptrs_.size()) ptrs_.resize(std::max<size_t>(size_t(id) + 1, ptrs_.size() * 2), 0);
+    ptrs_[id] = ptr;
+    snap_ = pool_.snapshot();
+    return true;
+}
+
+void gpumem_pool_policy::release(uint32_t id) {
+    if (id >= ptrs_.size() || !ptrs_[id]) return;
+    int result = 0;
+    pool_.deallocate(ptrs_[id], api_id::cuMemFree_v2, &result);
+    ptrs_[id] = 0;
+    snap_ = pool_.snapshot();
+}
+
+}  // namespace gpumem::simulate

@@ -1,0 +1,44 @@
+// Builds the simulated allocator a --policy name selects.
+#include "gpumem_pool.h"
+#include "ideal.h"
+#include "policy.h"
+#include "pytorch.h"
+
+namespace gpumem::simulate {
+
+policy_spec parse_policy_name(const std::string& text) {
+    policy_spec s;
+    s.name = text;
+    size_t colon = text.find(':');
+    if (colon != std::string::npos) s.options = text.substr(colon + 1);
+    return s;
+}
+
+std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, uint64_t device_total,
+                                    const std::string& log_config_json, std::string* error) {
+    std::string base = spec.name.substr(0, spec.name.find(':'));
+    if (base == "ideal" && spec.options.empty()) return std::make_unique<ideal_policy>(capacity);
+    if (base == "pytorch" || base == "pytorch-expandable") {
+        pt_config cfg;
+        cfg.expandable = base == "pytorch-expandable";
+        std::string e = parse_pt_config(spec.options, cfg);
+        if (!e.empty()) {
+            *error = spec.name + ": " + e;
+            return nullptr;
+        }
+        return std::make_unique<pytorch_policy>(cfg, capacity, device_total);
+    }
+    if (base == "gpumem") {
+        pool_config cfg;
+        std::string e = gpumem_pool_config(log_config_json, spec.options, cfg);
+        if (!e.empty()) {
+            *error = spec.name + ": " + e;
+            return nullptr;
+        }
+        return std::make_unique<gpumem_pool_policy>(cfg, capacity);
+    }
+    *error = "unknown policy " + spec.name + " (known: " + k_policy_names + ")";
+    return nullptr;
+}
+
+}  // namespace gpumem::simulate

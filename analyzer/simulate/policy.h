@@ -1,0 +1,51 @@
+// The interface every simulated allocator implements, and the names that select one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace gpumem::simulate {
+
+// An allocator replayed over a trace.  The driver (replay.h) calls allocate/release in seq order
+// and reads the counters after each call; a policy never sees addresses of the log.
+class policy {
+public:
+    virtual ~policy() = default;
+    // Serves allocation `id` of `size` bytes on `stream`.  False: out of memory (after whatever the
+    // allocator does to recover, e.g. freeing its cache); the run would have failed here.
+    virtual bool allocate(uint32_t id, uint64_t size, uint16_t stream) = 0;
+    // Frees allocation `id` (always one that allocate served).
+    virtual void release(uint32_t id) = 0;
+
+    // Bytes obtained from the driver and not returned (segments, or mapped pages).
+    virtual uint64_t reserved() const = 0;
+    // Bytes in blocks handed to the program (after rounding).
+    virtual uint64_t allocated() const = 0;
+    // The largest free block inside reserved memory (docs/metrics.md, external fragmentation).
+    virtual uint64_t largest_free() const = 0;
+    // Driver calls: allocations (cudaMalloc, or cuMemMap of new pages) and frees.
+    virtual uint64_t driver_allocs() const = 0;
+    virtual uint64_t driver_frees() const = 0;
+};
+
+// What a policy name selects; see make_policy for the names.
+struct policy_spec {
+    std::string name;     // as the user wrote it: "pytorch", "pytorch:max_split_size_mb:64", ...
+    std::string options;  // the part after the first ':' ("" if none)
+};
+
+// Builds the policy a name selects, for one device of `capacity` bytes (0 = unlimited) whose
+// size is `device_total` (0 = unknown).  `log_config_json` is the log header's "config" object
+// (the gpumem policy reads its knobs).  Returns null and sets *error when the name or its options
+// are not understood.
+std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, uint64_t device_total,
+                                    const std::string& log_config_json, std::string* error);
+
+// "pytorch:roundup_power2_divisions:4" -> {"pytorch:roundup_power2_divisions:4", "roundup_power2_divisions:4"}.
+policy_spec parse_policy_name(const std::string& text);
+
+// The names --policy accepts, for help and error messages.
+inline constexpr const char* k_policy_names = "ideal, pytorch, pytorch:OPTIONS, pytorch-expandable, gpumem, gpumem:KNOBS";
+
+}  // namespace gpumem::simulate

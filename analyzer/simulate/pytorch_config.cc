@@ -1,0 +1,156 @@
+// PyTorch's CUDA caching allocator settings, read from PYTORCH_CUDA_ALLOC_CONF syntax.
+#include "pytorch_config.h"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace gpumem::simulate {
+
+namespace {
+
+bool to_u64(std::string_view s, uint64_t& v) {
+    auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
+}
+
+// PyTorch's lexer: ',', ':', '[' and ']' are tokens of their own, everything between them a word.
+std::vector<std::string> lex(std::string_view text) {
+    std::vector<std::string> out;
+    std::string word;
+    for (char c : text) {
+        if (c == ',' || c == ':' || c == '[' || c == ']') {
+            if (!word.empty()) out.push_back(std::move(word));
+            word.clear();
+            out.emplace_back(1, c);
+        } else if (c != ' ') {
+            word += c;
+        }
+    }
+    if (!word.empty()) out.push_back(std::move(word));
+    return out;
+}
+
+}  // namespace
+
+uint64_t pt_config::divisions_for(uint64_t size) const {
+    int log_size = 63 - std::countl_zero(size | 1);
+    int index = std::clamp(log_size - 20, 0, int(k_pt_roundup_intervals) - 1);
+    return roundup_divisions[size_t(index)];
+}
+
+std::string pt_config::to_conf() const {
+    std::string s;
+    auto add = [&](const std::string& kv) { s += (s.empty() ? "" : ",") + kv; };
+    if (max_split_size != std::numeric_limits<uint64_t>::max())
+        add("max_split_size_mb:" + std::to_string(max_split_size >> 20));
+    if (max_non_split_rounding != k_pt_large_buffer)
+        add("max_non_split_rounding_mb:" + std::to_string(max_non_split_rounding >> 20));
+    bool uniform = std::all_of(roundup_divisions.begin(), roundup_divisions.end(),
+                               [&](uint64_t d) { return d == roundup_divisions[0]; });
+    if (uniform && roundup_divisions[0] != 0) {
+        add("roundup_power2_divisions:" + std::to_string(roundup_divisions[0]));
+    } else if (!uniform) {
+        std::string l = "roundup_power2_divisions:[";
+        for (size_t i = 0; i < k_pt_roundup_intervals; ++i)
+            l += (i ? "," : "") + (i + 1 == k_pt_roundup_intervals ? std::string(">") : std::to_string(1ull << i)) +
+                 ":" + std::to_string(roundup_divisions[i]);
+        add(l + "]");
+    }
+    if (gc_threshold > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%g", gc_threshold);
+        add(std::string("garbage_collection_threshold:") + buf);
+    }
+    if (expandable) add("expandable_segments:True");
+    return s;
+}
+
+std::string parse_pt_config(std::string_view text, pt_config& out) {
+    std::vector<std::string> t = lex(text);
+    size_t i = 0;
+    auto expect = [&](const char* tok) {
+        if (i >= t.size() || t[i] != tok) return false;
+        ++i;
+        return true;
+    };
+    while (i < t.size()) {
+        std::string key = t[i++];
+        if (!expect(":")) return "expected ':' after " + key;
+        if (i >= t.size()) return key + ": no value";
+        if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
+            uint64_t mb;
+            if (!to_u64(t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
+            // PyTorch refuses a max_split_size at or below the 20 MiB large-segment size.
+            if (key == "max_split_size_mb" && mb <= (k_pt_large_buffer >> 20))
+                return "max_split_size_mb too small, must be > 20";
+            mb = std::min<uint64_t>(mb, std::numeric_limits<uint64_t>::max() >> 20);
+            (key == "max_split_size_mb" ? out.max_split_size : out.max_non_split_rounding) = mb << 20;
+            ++i;
+        } else if (key == "roundup_power2_divisions") {
+            if (t[i] == "[") {
+                ++i;
+                size_t last = 0;
+                bool first = true;
+                while (i < t.size() && t[i] != "]") {
+                    std::string interval = t[i++];
+                    if (!expect(":")) return "roundup_power2_divisions: expected SIZE_MB:DIVISIONS in [...]";
+                    uint64_t div;
+                    if (i >= t.size() || !to_u64(t[i], div) || !std::has_single_bit(div))
+                        return "roundup_power2_divisions: divisions must be a power of 2";
+                    ++i;
+                    // ">" fills from the last named interval on, that one included, as PyTorch does.
+                    if (interval == ">") {
+                        std::fill(out.roundup_divisions.begin() + std::ptrdiff_t(last), out.roundup_divisions.end(), div);
+                    } else {
+                        uint64_t mb;
+                        if (!to_u64(interval, mb) || !std::has_single_bit(mb))
+                            return "roundup_power2_divisions: intervals must be powers of 2 (MiB): " + interval;
+                        size_t idx = std::min<size_t>(size_t(63 - std::countl_zero(mb)), k_pt_roundup_intervals - 1);
+                        // The first interval also sets every smaller one.
+                        if (first) std::fill(out.roundup_divisions.begin(), out.roundup_divisions.begin() + std::ptrdiff_t(idx), div);
+                        out.roundup_divisions[idx] = div;
+                        last = idx;
+                        first = false;
+                    }
+                    if (i < t.size() && t[i] == ",") ++i;
+                }
+                if (!expect("]")) return "roundup_power2_divisions: missing ']'";
+            } else {
+                uint64_t div;
+                if (!to_u64(t[i], div) || !std::has_single_bit(div))
+                    return "roundup_power2_divisions: divisions must be a power of 2: " + t[i];
+                out.roundup_divisions.fill(div);
+                ++i;
+            }
+        } else if (key == "garbage_collection_threshold") {
+            char* end = nullptr;
+            std::string v = t[i];
+            double d = std::strtod(v.c_str(), &end);
+            if (end == v.c_str() || *end || !(d > 0 && d < 1))
+                return "garbage_collection_threshold: must be between 0.0 and 1.0 (exclusive): " + v;
+            out.gc_threshold = d;
+            ++i;
+        } else if (key == "expandable_segments") {
+            if (t[i] == "True") out.expandable = true;
+            else if (t[i] == "False") out.expandable = false;
+            else return "expandable_segments: expected True or False, not " + t[i];
+            ++i;
+        } else if (key == "backend") {
+            if (t[i] != "native") return "backend:" + t[i] + " is not modelled (only the native caching allocator)";
+            ++i;
+        } else if (key == "release_lock_on_cudamalloc" || key.rfind("pinned_", 0) == 0) {
+            ++i;  // no effect on device memory layout
+        } else {
+            return "unknown option " + key;
+        }
+        if (i < t.size() && !expect(",")) return "expected ',' before " + t[i];
+    }
+    return "";
+}
+
+}  // namespace gpumem::simulate

@@ -1,0 +1,38 @@
+// PyTorch's CUDA caching allocator settings, read from PYTORCH_CUDA_ALLOC_CONF syntax.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+namespace gpumem::simulate {
+
+// The constants of c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x), stated once for the model.
+inline constexpr uint64_t k_pt_min_block = 512;              // kMinBlockSize: every size is rounded to 512 B
+inline constexpr uint64_t k_pt_small_size = 1ull << 20;      // kSmallSize: requests <= 1 MiB use the small pool
+inline constexpr uint64_t k_pt_small_buffer = 2ull << 20;    // kSmallBuffer: small pool segments are 2 MiB
+inline constexpr uint64_t k_pt_large_buffer = 20ull << 20;   // kLargeBuffer: 1-10 MiB requests share 20 MiB segments
+inline constexpr uint64_t k_pt_min_large_alloc = 10ull << 20;  // kMinLargeAlloc: from here a segment is the request
+inline constexpr uint64_t k_pt_round_large = 2ull << 20;     // kRoundLarge: ... rounded up to 2 MiB
+inline constexpr size_t k_pt_roundup_intervals = 16;         // roundup_power2_divisions: 1 MiB .. 64 GiB, per power of 2
+
+struct pt_config {
+    uint64_t max_split_size = std::numeric_limits<uint64_t>::max();  // max_split_size_mb (unlimited)
+    uint64_t max_non_split_rounding = k_pt_large_buffer;              // max_non_split_rounding_mb
+    std::array<uint64_t, k_pt_roundup_intervals> roundup_divisions{};  // roundup_power2_divisions; 0 = off
+    double gc_threshold = 0;  // garbage_collection_threshold (acts only under a memory limit: --capacity)
+    bool expandable = false;  // expandable_segments
+
+    // Divisions for a request of `size` bytes: the interval is floor(log2(size)) - 20, clamped to 0..15.
+    uint64_t divisions_for(uint64_t size) const;
+    // The PYTORCH_CUDA_ALLOC_CONF value that sets this configuration ("" for the defaults).
+    std::string to_conf() const;
+};
+
+// Parses "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],expandable_segments:True".
+// Returns "" on success, else what is wrong (with the same limits PyTorch checks).
+std::string parse_pt_config(std::string_view text, pt_config& out);
+
+}  // namespace gpumem::simulate

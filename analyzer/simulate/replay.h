@@ -1,0 +1,34 @@
+// Replays one device's requests through one policy and measures what the allocator would have done.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "policy.h"
+#include "trace.h"
+
+namespace gpumem::simulate {
+
+// Why a run fails at an event (docs/metrics.md, OOM diagnosis).
+enum class failure_reason : uint8_t { none, capacity, fragmentation };
+inline constexpr const char* k_failure_reason_names[] = {"none", "capacity", "fragmentation"};
+
+struct replay_result {
+    std::string policy;
+    uint64_t peak_reserved = 0, peak_seq = 0, peak_t = 0;
+    uint64_t peak_allocated = 0;  // block bytes at their own peak
+    uint64_t driver_allocs = 0, driver_frees = 0;
+    double peak_fragmentation = 0;  // max over events of 1 - largest free / free in segments
+    uint64_t frag_seq = 0, frag_t = 0;
+    uint64_t events = 0;            // requests replayed (up to the failure, if any)
+    // With a capacity: the first request the allocator could not serve.
+    failure_reason failure = failure_reason::none;
+    uint64_t fail_seq = 0, fail_t = 0, fail_size = 0;
+    uint64_t fail_reserved = 0, fail_free_in_segments = 0, fail_largest_free = 0;
+};
+
+// Runs `p` over `tr`.  `capacity` (0 = unlimited) is only used to tell a capacity failure from a
+// fragmentation one; the policy itself enforces it.
+replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity);
+
+}  // namespace gpumem::simulate

@@ -1,0 +1,48 @@
+// Loads a gpumem log into each device's sequence of allocation requests and frees, for the allocator simulations.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpumem::simulate {
+
+// One request of the program, in seq order.  `id` names the allocation densely (0, 1, 2, ...),
+// so a policy keeps its blocks in a vector indexed by id instead of hashing addresses.
+struct request {
+    uint64_t size = 0;    // bytes asked for (alloc) or 0 (free)
+    uint64_t seq = 0, t = 0;
+    uint32_t id = 0;
+    uint16_t stream = 0;  // dense stream index; 0 = the stream of requests that name none
+    bool is_free = false;
+};
+
+struct device_trace {
+    int dev = -1;
+    std::vector<request> ops;
+    uint32_t n_ids = 0;                // allocations (ids 0..n_ids-1)
+    uint64_t n_alloc = 0, n_free = 0;  // requests replayed
+    uint64_t n_no_stream = 0;          // allocations whose API has no stream (cudaMalloc, cuMemAlloc)
+    uint64_t n_streams = 0;            // distinct streams named by the log's stream-ordered requests
+    uint64_t n_freed_twice = 0;        // an address allocated again before its free: the old one counted as freed
+    uint64_t total_bytes = 0;          // the device's memory from the header (0 when not recorded)
+};
+
+struct trace {
+    std::string file;
+    std::vector<device_trace> devices;  // by ascending device ordinal
+    std::vector<std::string> apis;      // the allocation APIs that were replayed, as seen
+    uint64_t skipped_allocs = 0;        // allocations the --api filter left out (and their frees)
+    std::string config_json;            // the header's "config" object, as JSON text ("{}" when absent)
+};
+
+struct trace_options {
+    // API names to replay ("cudaMalloc", "cuMemAlloc_v2", ...).  Empty: every allocation of kind
+    // "device" (not managed, host or vmm memory).
+    std::vector<std::string> apis;
+};
+
+// Reads the whole log.  Throws analysis::input_error (file:line: message) on unusable input.
+trace load_trace(const std::string& path, const trace_options& opt);
+
+}  // namespace gpumem::simulate

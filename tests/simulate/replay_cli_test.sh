@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `gpumem replay` through the binary: a hand-checked log, input errors, and the H200 pairs of tests/data/replay.
+#
+# Usage: replay_cli_test.sh GPUMEM DATA_DIR.  The pairs are a no-caching gpumem log of
+# tests/gpu/replay_truth.py and what torch.cuda reported for the same program under each allocator
+# setting (truth.jsonl): the pytorch policies must predict max_memory_reserved and num_device_alloc
+# exactly, pytorch-expandable within 2%.
+set -u
+GPUMEM=$1
+DATA=$2
+W=$(mktemp -d /tmp/replay-cli.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# Six 6 MiB tensors fill two 20 MiB PyTorch segments; freeing the 1st and 5th leaves 16 MiB free in
+# 6 and 2 MiB pieces, so 10 MiB fails on a 40 MiB device by fragmentation (docs/metrics.md).
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"devices":[{"index":0,"name":"test","total":42949672960}],"config":{"pool":"off"}}'
+  for i in 0 1 2 3 4 5; do
+    printf '{"ev":"alloc","seq":%d,"t":%d,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x%x","size":6291456}\n' $i $((i * 1000)) $(( (i + 1) << 24 ))
+  done
+  echo '{"ev":"alloc","seq":6,"t":6000,"tid":1,"dev":0,"api":"cuMemAlloc_v2","kind":"device","ptr":"0x90000000","size":1024}'
+  echo '{"ev":"free","seq":7,"t":7000,"tid":1,"dev":0,"api":"cudaFree","kind":"device","ptr":"0x1000000","size":6291456}'
+  echo '{"ev":"free","seq":8,"t":8000,"tid":1,"dev":0,"api":"cudaFree","kind":"device","ptr":"0x5000000","size":6291456}'
+  echo '{"ev":"alloc","seq":9,"t":9000,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x8000000","size":10485760}'
+} > "$W/frag.jsonl"
+"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --json > "$W/frag.json" || fail "replay exit $?"
+python3 - "$W/frag.json" <<'PY' || fail "fragmentation log numbers"
+import json, sys
+d = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]
+assert d["allocations"] == 7 and d["frees"] == 2 and d["streams_known"] is False, d
+p = {r["policy"]: r for r in d["policies"]}
+assert set(p) == {"ideal", "pytorch", "pytorch-expandable", "gpumem"}, p.keys()
+pt = p["pytorch"]
+assert pt["peak_reserved_bytes"] == 40 << 20 and pt["segments"] == 2, pt
+assert pt["fits"] is False and pt["failure"]["reason"] == "fragmentation" and pt["failure"]["seq"] == 9, pt
+assert pt["failure"]["free_in_segments_bytes"] == 16 << 20 and pt["failure"]["largest_free_bytes"] == 6 << 20, pt
+assert abs(pt["peak_fragmentation"] - (1 - 6 / 16)) < 1e-9 and pt["peak_fragmentation_seq"] == 8, pt
+assert p["ideal"]["fits"] is True and p["ideal"]["peak_reserved_bytes"] == 36 << 20, p["ideal"]
+# expandable: 36 MiB in 20 MiB pages = 40 MiB; the freed 6 MiB pieces are not adjacent either.
+assert p["pytorch-expandable"]["peak_reserved_bytes"] == 40 << 20, p["pytorch-expandable"]
+PY
+# Without --api, cuMemAlloc_v2 is replayed too: 8 allocations, 1 KiB more at the peak.
+"$GPUMEM" replay "$W/frag.jsonl" --policy ideal --json | python3 -c 'import json,sys; d=json.load(sys.stdin)["logs"][0]["devices"][0]; assert d["allocations"]==8 and d["policies"][0]["peak_reserved_bytes"]==36*2**20+1024, d' || fail "--api default"
+out=$("$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest) || fail "--suggest exit"
+echo "$out" | grep -q "streams: the log names none" || fail "streams note missing: $out"
+echo "$out" | grep -q "would fail at #9 .*: fragmentation" || fail "failure line missing: $out"
+echo "$out" | grep -q "suggestion" || fail "--suggest printed no suggestion: $out"
+
+# Input errors: exit 2, naming the file and line.
+printf '{"ev":"header","format":"gpumem-events","version":2}\n{"ev":"alloc","seq":0\n' > "$W/bad.jsonl"
+"$GPUMEM" replay "$W/bad.jsonl" 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] || fail "bad log: exit $rc"
+grep -q "bad.jsonl:2" "$W/err" || fail "bad log: no file:line in $(cat "$W/err")"
+"$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
+"$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
+
+# The H200 pairs.
+for w in transformer mlp; do
+  gzip -dc "$DATA/$w-nocache.jsonl.gz" > "$W/$w.jsonl" || { fail "$w: cannot unpack"; continue; }
+  "$GPUMEM" replay "$W/$w.jsonl" --api cudaMalloc --json \
+    --policy pytorch,pytorch-expandable,pytorch:max_split_size_mb:40,pytorch:roundup_power2_divisions:4 > "$W/$w.json" || fail "$w: replay exit $?"
+  python3 - "$W/$w.json" "$DATA/truth.jsonl" "$w" <<'PY' || fail "$w: prediction differs from the H200 measurement"
+import json, sys
+res = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]
+pred = {r["policy"]: r for r in res}
+bad = 0
+for line in open(sys.argv[2]):
+    t = json.loads(line)
+    if t["workload"] != sys.argv[3] or t["no_caching"]:
+        continue
+    conf = t["alloc_conf"]
+    name = "pytorch" if not conf else "pytorch-expandable" if conf == "expandable_segments:True" else "pytorch:" + conf
+    p = pred[name]
+    err = p["peak_reserved_bytes"] / t["max_memory_reserved"] - 1
+    ok = abs(err) <= 0.02 if name == "pytorch-expandable" else \
+        p["peak_reserved_bytes"] == t["max_memory_reserved"] and p["segments"] == t["num_device_alloc"]
+    print(f"{sys.argv[3]:12} {name:38} measured {t['max_memory_reserved']:>12} / {t['num_device_alloc']:>3}"
+          f"  predicted {p['peak_reserved_bytes']:>12} / {p['segments']:>3}  error {err:+.4%}  {'ok' if ok else 'WRONG'}")
+    bad += not ok
+sys.exit(bad)
+PY
+done
+[ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"
+exit $((fails > 0))

@@ -1,0 +1,254 @@
+// Unit tests of the replay policies: each rule of PyTorch's allocator model, the expandable path,
+// OOM at a capacity and its verdict, ideal and gpumem, with hand-computed expectations.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include "gpumem_pool.h"
+#include "ideal.h"
+#include "pytorch.h"
+#include "replay.h"
+
+using namespace gpumem::simulate;
+
+namespace {
+constexpr uint64_t KiB = 1024, MiB = 1024 * KiB;
+
+pt_config conf(const std::string& text) {
+    pt_config c;
+    std::string err = parse_pt_config(text, c);
+    REQUIRE(err == "");
+    return c;
+}
+
+// A device trace from "+id size" / "-id" steps, seq = position.
+device_trace steps(std::initializer_list<std::pair<int64_t, uint64_t>> s) {
+    device_trace t;
+    t.dev = 0;
+    uint64_t seq = 0;
+    for (auto [id, size] : s) {
+        request r;
+        r.seq = seq;
+        r.t = seq * 1000;
+        ++seq;
+        if (id >= 0) {
+            r.id = uint32_t(id);
+            r.size = size;
+            t.n_ids = std::max(t.n_ids, r.id + 1);
+        } else {
+            r.id = uint32_t(-id - 1);
+            r.is_free = true;
+        }
+        t.ops.push_back(r);
+    }
+    return t;
+}
+std::pair<int64_t, uint64_t> A(int64_t id, uint64_t size) { return {id, size}; }
+std::pair<int64_t, uint64_t> F(int64_t id) { return {-id - 1, 0}; }
+}  // namespace
+
+TEST_CASE("round_size: 512 B steps, or power-of-two divisions per interval") {
+    pt_config d;
+    CHECK(pytorch_policy::round_size(1, d) == 512);
+    CHECK(pytorch_policy::round_size(512, d) == 512);
+    CHECK(pytorch_policy::round_size(513, d) == 1024);
+    CHECK(pytorch_policy::round_size(1258291, d) == 1258496);  // 1.2 MiB -> next multiple of 512
+    pt_config four = conf("roundup_power2_divisions:4");
+    // 1.2 MiB lies between 1 and 2 MiB; four steps of 256 KiB: 1.25 MiB.
+    CHECK(pytorch_policy::round_size(1258291, four) == 1310720);
+    CHECK(pytorch_policy::round_size(2 * MiB, four) == 2 * MiB);          // a power of two stays
+    CHECK(pytorch_policy::round_size(1200, four) == 1536);                // not above 512 * 4: plain rounding
+    CHECK(pytorch_policy::round_size(5 * MiB + 1, four) == 6 * MiB);      // steps of 1 MiB in [4, 8) MiB
+    pt_config list = conf("roundup_power2_divisions:[4:1,8:2,>:8]");
+    CHECK(list.divisions_for(1 * MiB) == 1);    // intervals below the first named one take its value
+    CHECK(list.divisions_for(5 * MiB) == 1);    // [4, 8) MiB: 1 (no rounding)
+    CHECK(list.divisions_for(9 * MiB) == 8);    // ">" fills from the last named interval on, that one included
+    CHECK(list.divisions_for(40 * MiB) == 8);
+    CHECK(pytorch_policy::round_size(9 * MiB + 1, list) == 10 * MiB);
+}
+
+TEST_CASE("allocation_size: 2 MiB small segments, 20 MiB below 10 MiB, else rounded to 2 MiB") {
+    CHECK(pytorch_policy::allocation_size(512) == 2 * MiB);
+    CHECK(pytorch_policy::allocation_size(1 * MiB) == 2 * MiB);
+    CHECK(pytorch_policy::allocation_size(1 * MiB + 512) == 20 * MiB);
+    CHECK(pytorch_policy::allocation_size(10 * MiB - 512) == 20 * MiB);
+    CHECK(pytorch_policy::allocation_size(10 * MiB) == 10 * MiB);
+    CHECK(pytorch_policy::allocation_size(11 * MiB + 1) == 12 * MiB);
+}
+
+TEST_CASE("small pool: requests share a 2 MiB segment, remainders of 512 B or more are split off") {
+    pytorch_policy p(pt_config{}, 0, 0);
+    REQUIRE(p.allocate(0, 1000, 0));
+    CHECK(p.block_size(0) == 1024);
+    CHECK(p.reserved() == 2 * MiB);
+    CHECK(p.largest_free() == 2 * MiB - 1024);
+    REQUIRE(p.allocate(1, 1000, 0));
+    CHECK(p.driver_allocs() == 1);
+    CHECK(p.allocated() == 2048);
+    p.release(0);  // a hole before block 1: two free blocks, no merge
+    CHECK(p.largest_free() == 2 * MiB - 2048);
+    p.release(1);  // merges with both neighbours: the whole segment is one free block again
+    CHECK(p.largest_free() == 2 * MiB);
+    CHECK(p.allocated() == 0);
+}
+
+TEST_CASE("large pool: 1-10 MiB requests share 20 MiB segments, remainders above 1 MiB split") {
+    pytorch_policy p(pt_config{}, 0, 0);
+    REQUIRE(p.allocate(0, 3 * MiB, 0));
+    CHECK(p.reserved() == 20 * MiB);
+    CHECK(p.block_size(0) == 3 * MiB);
+    REQUIRE(p.allocate(1, 16 * MiB + 512 * KiB, 0));  // fits the 17 MiB rest; 0.5 MiB is not split off
+    CHECK(p.block_size(1) == 17 * MiB);
+    CHECK(p.driver_allocs() == 1);
+    REQUIRE(p.allocate(2, 5 * MiB, 0));               // nothing free: a second 20 MiB segment
+    CHECK(p.reserved() == 40 * MiB);
+    CHECK(p.live_segments() == 2);
+    REQUIRE(p.allocate(3, 12 * MiB + 1, 0));          // fits the second segment's 15 MiB rest
+    CHECK(p.block_size(3) == 12 * MiB + 512);
+    CHECK(p.reserved() == 40 * MiB);
+    REQUIRE(p.allocate(4, 21 * MiB + 1, 0));          // its own segment, rounded up to 2 MiB
+    CHECK(p.reserved() == 62 * MiB);
+}
+
+TEST_CASE("max_split_size: oversize blocks are not split, and serve only requests within 20 MiB") {
+    {
+        pytorch_policy p(pt_config{}, 0, 0);  // default: a 40 MiB free block is split for 30 MiB
+        REQUIRE(p.allocate(0, 40 * MiB, 0));
+        p.release(0);
+        REQUIRE(p.allocate(1, 30 * MiB, 0));
+        CHECK(p.driver_allocs() == 1);
+        CHECK(p.block_size(1) == 30 * MiB);
+    }
+    pytorch_policy p(conf("max_split_size_mb:32"), 0, 0);
+    REQUIRE(p.allocate(0, 40 * MiB, 0));
+    p.release(0);
+    REQUIRE(p.allocate(1, 30 * MiB, 0));  // below max_split_size: the 40 MiB block is refused
+    CHECK(p.driver_allocs() == 2);
+    REQUIRE(p.allocate(2, 38 * MiB, 0));  // at or above it: taken whole, within 20 MiB of the request
+    CHECK(p.driver_allocs() == 2);
+    CHECK(p.block_size(2) == 40 * MiB);
+    p.release(2);
+    REQUIRE(p.allocate(3, 18 * MiB + 1, 0));  // below it again: a new 20 MiB segment, not a piece of the 40
+    CHECK(p.driver_allocs() == 3);
+    CHECK(p.reserved() == 90 * MiB);
+}
+
+TEST_CASE("expandable segments grow one mapping in 20 MiB pages and keep blocks contiguous") {
+    pytorch_policy p(conf("expandable_segments:True"), 0, 80ull << 30);
+    REQUIRE(p.allocate(0, 3 * MiB, 0));
+    CHECK(p.reserved() == 20 * MiB);  // one large page
+    CHECK(p.driver_allocs() == 1);
+    CHECK(p.largest_free() == 17 * MiB);
+    // 25 MiB: the free 17 MiB at the end plus one more page; the block starts right after block 0.
+    REQUIRE(p.allocate(1, 25 * MiB, 0));
+    CHECK(p.reserved() == 40 * MiB);
+    CHECK(p.driver_allocs() == 2);
+    CHECK(p.block_size(1) == 25 * MiB);
+    CHECK(p.largest_free() == 12 * MiB);  // any remainder of 512 B or more is split in expandable mode
+    // The small pool grows its own mapping in 2 MiB pages.
+    REQUIRE(p.allocate(2, 1000, 0));
+    CHECK(p.reserved() == 42 * MiB);
+    CHECK(p.driver_allocs() == 3);
+    p.release(1);
+    p.release(0);
+    CHECK(p.largest_free() == 40 * MiB);  // one free block over both pages
+}
+
+TEST_CASE("OOM at capacity: cached unsplit segments are freed and the request retried") {
+    pytorch_policy p(pt_config{}, 64 * MiB, 0);
+    REQUIRE(p.allocate(0, 30 * MiB, 0));
+    REQUIRE(p.allocate(1, 30 * MiB, 0));
+    p.release(0);
+    REQUIRE(p.allocate(2, 31 * MiB, 0));  // 60 + 32 > 64: the cached 30 MiB segment goes back first
+    CHECK(p.driver_frees() == 1);
+    CHECK(p.reserved() == 62 * MiB);
+    CHECK_FALSE(p.allocate(3, 40 * MiB, 0));
+}
+
+TEST_CASE("replay: peak, moment, and the failure verdicts capacity and fragmentation") {
+    {
+        auto t = steps({A(0, 30 * MiB), A(1, 30 * MiB), F(0), A(2, 40 * MiB)});
+        pytorch_policy p(pt_config{}, 64 * MiB, 0);
+        replay_result r = replay(t, p, "pytorch", 64 * MiB);
+        CHECK(r.failure == failure_reason::capacity);  // 40 MiB > 0 free in segments + 34 MiB untouched
+        CHECK(r.fail_seq == 3);
+        CHECK(r.peak_reserved == 60 * MiB);
+        CHECK(r.peak_seq == 1);
+        CHECK(r.driver_frees == 1);
+    }
+    {
+        // Six 6 MiB blocks fill two 20 MiB segments (three each, 2 MiB tails).  Freeing the first
+        // and the fifth leaves 16 MiB free in pieces of at most 6 MiB: 10 MiB cannot be served.
+        auto t = steps({A(0, 6 * MiB), A(1, 6 * MiB), A(2, 6 * MiB), A(3, 6 * MiB), A(4, 6 * MiB), A(5, 6 * MiB),
+                        F(0), F(4), A(6, 10 * MiB)});
+        pytorch_policy p(pt_config{}, 40 * MiB, 0);
+        replay_result r = replay(t, p, "pytorch", 40 * MiB);
+        CHECK(r.failure == failure_reason::fragmentation);
+        CHECK(r.fail_seq == 8);
+        CHECK(r.fail_free_in_segments == 16 * MiB);
+        CHECK(r.fail_largest_free == 6 * MiB);
+        // Peak external fragmentation: after F(4), 1 - 6/16.
+        CHECK(r.peak_fragmentation == Approx(1.0 - 6.0 / 16.0));
+        CHECK(r.frag_seq == 7);
+    }
+}
+
+TEST_CASE("ideal: the peak of live requested bytes, failing only past the capacity") {
+    auto t = steps({A(0, 100), A(1, 300), F(0), A(2, 250), F(1), F(2)});
+    ideal_policy p(0);
+    replay_result r = replay(t, p, "ideal", 0);
+    CHECK(r.peak_reserved == 550);
+    CHECK(r.peak_seq == 3);
+    CHECK(r.driver_allocs == 0);
+    ideal_policy small(500);
+    CHECK(replay(t, small, "ideal", 500).failure == failure_reason::capacity);
+}
+
+TEST_CASE("gpumem policy: the pool's own segments, knobs from the header and the command line") {
+    gpumem::pool_config cfg;
+    REQUIRE(gpumem_pool_config("{\"pool\":\"off\"}", "", cfg) == "");
+    gpumem_pool_policy p(cfg, 0);
+    REQUIRE(p.allocate(0, 1000, 0));
+    REQUIRE(p.allocate(1, 3 * MiB, 0));
+    CHECK(p.reserved() == 22 * MiB);  // a 2 MiB small segment and a 20 MiB large one, as PyTorch
+    CHECK(p.driver_allocs() == 2);
+    p.release(0);
+    p.release(1);
+    CHECK(p.allocated() == 0);
+    REQUIRE(gpumem_pool_config("{\"pool_large_segment\":20971520}", "pool_large_segment=64MiB", cfg) == "");
+    CHECK(cfg.large_segment == 64 * MiB);
+    CHECK(gpumem_pool_config("{}", "nonsense", cfg) != "");
+}
+
+TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through to_conf") {
+    pt_config c;
+    CHECK(parse_pt_config("max_split_size_mb:20", c) != "");  // must be > 20
+    CHECK(parse_pt_config("roundup_power2_divisions:3", c) != "");
+    CHECK(parse_pt_config("garbage_collection_threshold:1.5", c) != "");
+    CHECK(parse_pt_config("bogus:1", c) != "");
+    CHECK(parse_pt_config("backend:cudaMallocAsync", c) != "");
+    pt_config d = conf("max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8,expandable_segments:True");
+    CHECK(d.max_split_size == 128 * MiB);
+    CHECK(d.expandable);
+    CHECK(d.to_conf() == "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8,expandable_segments:True");
+    CHECK(pt_config{}.to_conf() == "");
+}
+
+TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold * capacity") {
+    // Capacity 100 MiB, threshold 0.5: after two 30 MiB segments are cached (60 MiB reserved), a
+    // request that finds no free block first frees the cached ones down past 50 MiB.
+    pytorch_policy gc(conf("garbage_collection_threshold:0.5"), 100 * MiB, 0);
+    REQUIRE(gc.allocate(0, 30 * MiB, 0));
+    REQUIRE(gc.allocate(1, 30 * MiB, 0));
+    gc.release(0);
+    gc.release(1);
+    REQUIRE(gc.allocate(2, 36 * MiB, 0));
+    CHECK(gc.driver_frees() == 2);
+    CHECK(gc.reserved() == 36 * MiB);
+    pytorch_policy plain(pt_config{}, 100 * MiB, 0);  // without it both stay cached: 96 MiB
+    REQUIRE(plain.allocate(0, 30 * MiB, 0));
+    REQUIRE(plain.allocate(1, 30 * MiB, 0));
+    plain.release(0);
+    plain.release(1);
+    REQUIRE(plain.allocate(2, 36 * MiB, 0));
+    CHECK(plain.reserved() == 96 * MiB);
+}
