@@ -122,10 +122,10 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
 int run_check(check_args& args, const std::vector<std::string>& tail) {
     const measure* peak = peak_measure(args.metric);
     if (!peak) return usage_error("check", "--metric " + args.metric + ": expected requested, allocated or reserved");
-    limit limits[] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")"},
-                      {"--max-reserved", &k_peak_reserved, "max-reserved"},
-                      {"--max-fragmentation", &k_max_fragmentation, "max-fragmentation"},
-                      {"--max-leak", &k_leaked, "max-leak"}};
+    limit limits[] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")", false, 0, ""},
+                      {"--max-reserved", &k_peak_reserved, "max-reserved", false, 0, ""},
+                      {"--max-fragmentation", &k_max_fragmentation, "max-fragmentation", false, 0, ""},
+                      {"--max-leak", &k_leaked, "max-leak", false, 0, ""}};
     for (size_t i = 0; i < 4; ++i) {
         limit& l = limits[i];
         const std::string& v = args.limit_text[i];

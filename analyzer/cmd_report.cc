@@ -1,5 +1,5 @@
-// `gpumem report`: reads event logs and prints a report (text or JSON), and writes HTML and
-// Perfetto files.
+// `gpumem report`: reads event logs (or report JSON written by an earlier `gpumem report --json`)
+// and prints a report (text or JSON), and writes HTML and Perfetto files.
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "diagnostics.h"
 #include "log_reader.h"
+#include "report_json_read.h"
 #include "report_output.h"
 
 namespace gpumem::analysis {
@@ -61,6 +62,26 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     int rc = k_exit_ok;
     for (const std::string& path : logs) {
         try {
+            if (looks_like_report_json(path)) {
+                // A `gpumem report --json` file: the same report again (or with other outputs),
+                // without the log.  --at needs the log: the report holds only the moments it had.
+                spdlog::debug("{}: reading as a `gpumem report --json` file", path);
+                if (oopt.show_at) {
+                    spdlog::error("{}: --at needs the event log; a report JSON holds only the moments it was made with", path);
+                    rc = k_exit_input;
+                    continue;
+                }
+                report_file r = read_report_json(path);
+                for (process_report& p : r.processes) {
+                    // A report made with --at shows that moment again.
+                    for (const device_report& d : p.devices) oopt.show_at |= d.at_request.valid;
+                    for (const std::string& w : p.warnings) spdlog::warn("{}", w);
+                    if (p.n_warnings > p.warnings.size())
+                        spdlog::warn("{}: {} more warnings not shown", p.file, p.n_warnings - p.warnings.size());
+                    procs.push_back(std::move(p));
+                }
+                continue;
+            }
             procs.push_back(analyze_file(path, aopt));
         } catch (const input_error& e) {
             spdlog::error("{}", e.what());
@@ -104,7 +125,7 @@ command add_report(CLI::App& top) {
         "rank) give a report each and a combined table.\n"
         "\n"
         "exit codes: 0 report written; 2 unusable input or arguments.");
-    app->add_option("LOG", a->logs, "event logs (gpumem-PID.jsonl)");
+    app->add_option("LOG", a->logs, "event logs (gpumem-PID.jsonl) or `gpumem report --json` files");
     app->add_flag("--json", a->json, "print the report as JSON (schema: docs/report-json.md) instead of text");
     app->add_option("--html", a->html_path, "also write a self-contained HTML report with charts to FILE")->type_name("FILE");
     app->add_option("--perfetto", a->perfetto_path, "also write a Chrome trace JSON with counter tracks (ui.perfetto.dev)")

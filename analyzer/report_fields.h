@@ -39,6 +39,8 @@ namespace gpumem::analysis {
     X(max_free_blocks, max_free_blocks, u64)                                                 \
     X(end_segments, segment_count.current, u64)                                              \
     X(peak_segments, segment_count.peak, u64)                                                \
+    X(peak_segments_t_ns, segment_count.peak_t, u64)                                         \
+    X(peak_segments_seq, segment_count.peak_seq, u64)                                        \
     X(n_alloc, n_alloc, u64)                                                                 \
     X(n_free, n_free, u64)                                                                   \
     X(n_alloc_fail, n_alloc_fail, u64)                                                       \

@@ -47,6 +47,12 @@ ojson histogram_json(const size_histogram& h) {
     return a;
 }
 
+ojson ranges_json(uint64_t base, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+    ojson a = ojson::array();
+    for (const auto& [ptr, asize] : ranges) a.push_back(ojson::array({ptr - base, asize}));
+    return a;
+}
+
 ojson snapshot_json(const state_snapshot& s) {
     ojson j;
     j["label"] = s.label;
@@ -76,6 +82,10 @@ ojson snapshot_json(const state_snapshot& s) {
         g["pending_blocks"] = v.pending.size();
         g["free_bytes"] = v.size - used;
         g["largest_free_bytes"] = largest;
+        // Where the blocks lie, as [offset from base, bytes] pairs: the free-block maps are drawn
+        // from them when a report is made from this JSON.
+        g["block_ranges"] = ranges_json(v.base, v.blocks);
+        g["pending_ranges"] = ranges_json(v.base, v.pending);
         segs.push_back(g);
     }
     j["segment_list"] = segs;
@@ -150,15 +160,20 @@ ojson device_json(const process_report& p, const device_report& d, const output_
         x["gpu_total_bytes"] = o.gpu_total;
         x["verdict"] = o.verdict;
         x["explanation"] = o.explanation;
+        x["map"] = o.map.valid ? snapshot_json(o.map) : ojson(nullptr);  // only for the first few OOMs
         ooms.push_back(x);
     }
     j["ooms"] = ooms;
     ojson tl = ojson::array();
     for (const time_point& t : d.timeline)
-        tl.push_back(ojson::array({t.t_first, t.t_last, t.requested_max, t.allocated_max, t.reserved_max,
-                                   r6(t.frag_max)}));
+        tl.push_back(ojson::array({t.t_first, t.t_last, t.requested_max, t.allocated_max, t.reserved_max, r6(t.frag_max),
+                                   t.events, t.seq_last, t.requested_last, t.allocated_last, t.reserved_last,
+                                   r6(t.frag_last)}));
     j["timeline_columns"] = ojson::array({"t_first_ns", "t_last_ns", "requested_max_bytes", "allocated_max_bytes",
-                                          "reserved_max_bytes", "external_fragmentation_max"});
+                                          "reserved_max_bytes", "external_fragmentation_max", "events", "seq_last",
+                                          "requested_last_bytes", "allocated_last_bytes", "reserved_last_bytes",
+                                          "external_fragmentation_last"});
+    j["timeline_events_per_point"] = d.timeline_events_per_point;
     j["timeline"] = tl;
     return j;
 }

@@ -131,6 +131,13 @@ void read_usage(const json& a, std::vector<usage_row>& rows) {
     }
 }
 
+void read_ranges(const json& a, uint64_t base, std::vector<std::pair<uint64_t, uint64_t>>& out) {
+    for (const json& r : a) {
+        uint64_t off = 0, asize = 0;
+        if (r.is_array() && r.size() == 2 && conv(r[0], off) && conv(r[1], asize)) out.emplace_back(base + off, asize);
+    }
+}
+
 void read_snapshot(const json& j, state_snapshot& s) {
     if (!j.is_object()) return;
     s.valid = true;
@@ -155,6 +162,8 @@ void read_snapshot(const json& j, state_snapshot& s) {
         get(g, "size_bytes", v.size);
         std::string pool;
         if (get(g, "pool", pool)) v.pool = pool_id(index_of(k_pool_names, pool));
+        read_ranges(array_of(g, "block_ranges"), v.base, v.blocks);
+        read_ranges(array_of(g, "pending_ranges"), v.base, v.pending);
         s.segment_map.push_back(std::move(v));
     }
     read_histogram(array_of(j, "free_block_histogram"), s.free_block_sizes);
@@ -202,9 +211,11 @@ void read_device(const json& j, device_report& d, device_fields_present& present
         get(x, "gpu_total_bytes", o.gpu_total);
         get(x, "verdict", o.verdict);
         get(x, "explanation", o.explanation);
+        if (auto m = x.find("map"); m != x.end()) read_snapshot(*m, o.map);
         d.ooms.push_back(std::move(o));
     }
-    // Timeline rows: [t_first, t_last, requested_max, allocated_max, reserved_max, frag_max].
+    get(j, "timeline_events_per_point", d.timeline_events_per_point);
+    // Timeline rows: the columns of "timeline_columns", in the writer's order.
     for (const json& row : array_of(j, "timeline")) {
         if (!row.is_array() || row.size() < 6) continue;
         time_point t;
@@ -214,6 +225,16 @@ void read_device(const json& j, device_report& d, device_fields_present& present
         conv(row[3], t.allocated_max);
         conv(row[4], t.reserved_max);
         conv(row[5], t.frag_max);
+        // Columns added later; a report without them draws its charts from the maxima.
+        t.events = 1;
+        if (row.size() >= 12) {
+            conv(row[6], t.events);
+            conv(row[7], t.seq_last);
+            conv(row[8], t.requested_last);
+            conv(row[9], t.allocated_last);
+            conv(row[10], t.reserved_last);
+            conv(row[11], t.frag_last);
+        }
         d.timeline.push_back(t);
     }
 }

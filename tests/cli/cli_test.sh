@@ -369,6 +369,37 @@ run_arguments)
   expect_rc 0 env PATH="$W/bin:$PATH" "$GPUMEM" run -- report --json
   expect_in "$W/out" "fake report --json"
   ;;
+report_from_json)
+  # gpumem report on a report JSON prints the same text, HTML, Perfetto trace and warnings as on the
+  # logs it was made from (and a report JSON again: it round-trips).
+  g=$SRC/tests/data/golden
+  while read -r name args; do
+    # shellcheck disable=SC2086
+    (cd "$g" && "$GPUMEM" report --no-progress --json $args) > "$W/$name.json" 2> /dev/null || fail "$name: report --json"
+    (cd "$g" && "$GPUMEM" report --no-progress $args --html "$W/$name.a.html" --perfetto "$W/$name.a.trace") > "$W/$name.a.txt" 2> "$W/$name.a.err"
+    # Without --at: the report remembers the moment it was made with.
+    expect_rc 0 "$GPUMEM" report --no-progress "$W/$name.json" --html "$W/$name.b.html" --perfetto "$W/$name.b.trace"
+    cmp -s "$W/out" "$W/$name.a.txt" || { fail "$name: text from the report JSON differs"; diff "$W/$name.a.txt" "$W/out" | head -10; }
+    cmp -s "$W/err" "$W/$name.a.err" || fail "$name: warnings from the report JSON differ"
+    cmp -s "$W/$name.a.html" "$W/$name.b.html" || fail "$name: HTML from the report JSON differs"
+    cmp -s "$W/$name.a.trace" "$W/$name.b.trace" || fail "$name: Perfetto trace from the report JSON differs"
+    expect_rc 0 "$GPUMEM" report --no-progress --json "$W/$name.json"
+    cmp -s "$W/out" "$W/$name.json" || fail "$name: the report JSON does not round-trip"
+  done <<EOF2
+basic pool_off_basic.jsonl
+frag pool_fragmentation.jsonl
+frag_at pool_fragmentation.jsonl --at 5
+auto pool_auto.jsonl
+kinds pool_off_kinds.jsonl
+killed killed_truncated.jsonl
+ranks rank0.jsonl rank1.jsonl
+EOF2
+  # A log and a report together; --at on a report JSON is refused (the log is needed).
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json" "$g/rank1.jsonl"
+  expect_in "$W/out" "imbalance"
+  expect_rc 2 "$GPUMEM" report --no-progress --at 5 "$W/basic.json"
+  expect_in "$W/err" "--at needs the event log"
+  ;;
 docs_guide)
   # The commands of docs/guide.md outside its GPU sections, as written there, with the emulated
   # device's program in place of `python train.py` (scripts/gpu-e2e-run.sh runs them on PyTorch).
