@@ -100,6 +100,7 @@ struct check_args {
     std::string limit_text[4];  // as written, in the order of run_check's limits
     CLI::Option* limit_opt[4] = {};
     std::string metric = "requested";
+    CLI::Option* metric_opt = nullptr;
     std::string baseline_path, junit_path, tolerance_text = "5%";
     bool quiet = false;
     std::vector<std::string> logs;
@@ -120,6 +121,8 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
 }
 
 int run_check(check_args& args, const std::vector<std::string>& tail) {
+    if (args.metric_opt->count() && !args.limit_opt[0]->count())
+        return usage_error("check", "--metric says what --max-peak limits; give --max-peak too");
     const measure* peak = peak_measure(args.metric);
     if (!peak) return usage_error("check", "--metric " + args.metric + ": expected requested, allocated or reserved");
     limit limits[] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")", false, 0, ""},
@@ -281,7 +284,7 @@ command add_check(CLI::App& top) {
         "input that lacks a member a limit needs).");
     app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files");
     a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak bytes of --metric")->type_name("SIZE");
-    app->add_option("--metric", a->metric, "what --max-peak limits: requested, allocated or reserved")
+    a->metric_opt = app->add_option("--metric", a->metric, "what --max-peak limits: requested, allocated or reserved")
         ->type_name("METRIC")
         ->default_str("requested");
     a->limit_opt[1] = app->add_option("--max-reserved", a->limit_text[1], "peak reserved bytes (segments + unpooled allocations)")

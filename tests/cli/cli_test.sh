@@ -170,6 +170,8 @@ check_limits)
   expect_in "$W/out" "peak reserved 2.00 MiB > limit 1.75 MiB (--max-peak 1.75MiB)"
   expect_rc 2 "$GPUMEM" check "$frag" --max-peak 2MiB --metric used
   expect_in "$W/err" "--metric used: expected requested, allocated or reserved"
+  expect_rc 2 "$GPUMEM" check "$frag" --max-leak 1GiB --metric reserved
+  expect_in "$W/err" "--metric says what --max-peak limits"
   # Sizes as the size rule writes them: fractions, spaces, decimal and binary units.
   expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 1.5GiB --max-leak "1.5 MiB"
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-leak 1.4MiB
@@ -313,13 +315,13 @@ conventions)
   # One convention for every subcommand (CLI11): --help, both flag forms, one error prefix, exit 2
   # with a one-line hint instead of the usage text.
   expect_rc 0 "$GPUMEM" --help
-  for sub in report run check diff; do
+  for sub in report run check diff replay; do
     grep -qE "^  $sub  +[a-z]" "$W/out" || fail "gpumem --help does not list $sub with one line"
   done
   expect_in "$W/out" "--version"
   expect_rc 0 "$GPUMEM" --version
   grep -qE "^gpumem [0-9]+\.[0-9]+" "$W/out" || fail "--version: $(cat "$W/out")"
-  for sub in report run check diff; do
+  for sub in report run check diff replay; do
     expect_rc 0 "$GPUMEM" $sub --help
     expect_in "$W/out" "Usage: gpumem $sub"
     expect_rc 2 "$GPUMEM" $sub --no-such-flag x
