@@ -2,11 +2,24 @@
 # drifts from the binary.  usage: cmake -DGPUMEM=path/to/gpumem -DOUT=gpumem.1 -DVERSION=x.y.z -P man_page.cmake
 cmake_policy(SET CMP0007 NEW)
 set(page ".TH GPUMEM 1 \"\" \"gpumem ${VERSION}\" \"User Commands\"\n")
-string(APPEND page ".SH NAME\ngpumem \\- GPU memory profiler for unmodified CUDA programs: record, report, check, diff\n")
+string(APPEND page ".SH NAME\ngpumem \\- GPU memory profiler for unmodified CUDA programs\n")
 string(APPEND page ".SH DESCRIPTION\n")
 string(APPEND page "gpumem run preloads libgpumem.so into a program, which logs every GPU memory event to a JSON Lines file; the other subcommands read those logs.\nThe guide, the log format and the metrics are in /usr/share/doc/gpumem (or PREFIX/share/doc/gpumem).\n")
-# Every subcommand whose --help succeeds gets a section; unknown ones are skipped.
-foreach(sub "" report run check diff replay)
+# The subcommands are the ones `gpumem --help` lists under "Subcommands:" (CLI11's layout), so a new
+# one gets its section without an edit here; each whose --help succeeds gets a section.
+execute_process(COMMAND ${GPUMEM} --help OUTPUT_VARIABLE top RESULT_VARIABLE rc)
+set(subs "")
+if(rc EQUAL 0 AND top MATCHES "\nSubcommands:\n(.*)")
+  string(REGEX MATCHALL "\n  [a-z][a-z0-9_-]*" names "\n${CMAKE_MATCH_1}")
+  foreach(n ${names})
+    string(STRIP "${n}" n)
+    list(APPEND subs ${n})
+  endforeach()
+endif()
+if(NOT subs)
+  set(subs report run check diff)
+endif()
+foreach(sub "" ${subs})
   if(sub STREQUAL "")
     execute_process(COMMAND ${GPUMEM} --help OUTPUT_VARIABLE help ERROR_VARIABLE err RESULT_VARIABLE rc)
     set(title "USAGE")

@@ -37,7 +37,10 @@ install_docs)
   [ -f "$man" ] || fail "no share/man/man1/gpumem.1"
   expect_in "$man" ".TH GPUMEM 1"
   # Each subcommand's --help is in the page, word for word apart from roff escapes.
-  for sub in run check diff; do
+  # Every subcommand `gpumem --help` lists (at least these four).
+  subs=$("$GPUMEM" --help | sed -n '/^Subcommands:/,$p' | sed -n 's/^  \([a-z][a-z0-9_-]*\) .*/\1/p')
+  for s in report run check diff; do echo "$subs" | grep -qx "$s" || fail "gpumem --help does not list $s"; done
+  for sub in $subs; do
     expect_in "$man" ".SH GPUMEM $(echo "$sub" | tr a-z A-Z)"
     line=$("$GPUMEM" "$sub" --help 2>&1 | grep -v '^[.'"'"']' | grep -v '\\' | sed -n 3p)
     [ -n "$line" ] && expect_in "$man" "$line"
