@@ -102,15 +102,23 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     // One unusable log makes the whole job's report untrustworthy (a rank would be missing).
     if (rc != k_exit_ok) return rc;
 
-    combined_report combined = combine(procs);
-    if (a.json) std::cout << to_json(procs, combined, oopt).dump(2) << "\n";
-    else write_text(std::cout, procs, combined, oopt);
-    std::cout.flush();
-    if (!a.html_path.empty() &&
-        !write_file(a.html_path, [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
+    // A report JSON edited by hand can hold values no analysis produces; the writers then may throw
+    // (a string too long to build, invalid UTF-8 for the JSON writer): unusable input, not a crash.
+    try {
+        combined_report combined = combine(procs);
+        if (a.json) std::cout << to_json(procs, combined, oopt).dump(2) << "\n";
+        else write_text(std::cout, procs, combined, oopt);
+        std::cout.flush();
+        if (!a.html_path.empty() &&
+            !write_file(a.html_path, [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
+            return k_exit_input;
+        if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, [&](std::ostream& o) { write_perfetto(o, procs); }))
+            return k_exit_input;
+    } catch (const std::exception& e) {
+        std::cout.flush();
+        spdlog::error("cannot write the report from these inputs: {}", e.what());
         return k_exit_input;
-    if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, [&](std::ostream& o) { write_perfetto(o, procs); }))
-        return k_exit_input;
+    }
     return k_exit_ok;
 }
 

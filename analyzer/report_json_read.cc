@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -42,11 +43,9 @@ bool conv(const json& v, int& out) {
     out = int(x);
     return true;
 }
-// A number where a string is expected (a rank written by hand as 0) reads as its text.
 bool conv(const json& v, std::string& out) {
-    if (v.is_string()) out = v.get<std::string>();
-    else if (v.is_number()) out = v.dump();
-    else return false;
+    if (!v.is_string()) return false;
+    out = v.get<std::string>();
     return true;
 }
 bool conv(const json& v, bool& out) {
@@ -131,10 +130,24 @@ void read_usage(const json& a, std::vector<usage_row>& rows) {
     }
 }
 
-void read_ranges(const json& a, uint64_t base, std::vector<std::pair<uint64_t, uint64_t>>& out) {
+// What an analysis never produces and the report writers rely on (a segment's blocks inside it, in
+// address order): a report JSON that breaks it is refused, naming the member.
+struct bad_member : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+void read_ranges(const json& a, uint64_t base, uint64_t size, const char* member,
+                 std::vector<std::pair<uint64_t, uint64_t>>& out) {
+    uint64_t end_of_last = 0;
     for (const json& r : a) {
         uint64_t off = 0, asize = 0;
-        if (r.is_array() && r.size() == 2 && conv(r[0], off) && conv(r[1], asize)) out.emplace_back(base + off, asize);
+        if (!(r.is_array() && r.size() == 2 && conv(r[0], off) && conv(r[1], asize)))
+            throw bad_member(std::string("a member of \"") + member + "\" is not an [offset, bytes] pair of numbers");
+        if (off < end_of_last || off > size || asize > size - off)
+            throw bad_member(std::string("\"") + member + "\" of the segment at " + std::to_string(base) +
+                             " holds a block outside the segment or out of address order");
+        end_of_last = off + asize;
+        out.emplace_back(base + off, asize);
     }
 }
 
@@ -162,8 +175,10 @@ void read_snapshot(const json& j, state_snapshot& s) {
         get(g, "size_bytes", v.size);
         std::string pool;
         if (get(g, "pool", pool)) v.pool = pool_id(index_of(k_pool_names, pool));
-        read_ranges(array_of(g, "block_ranges"), v.base, v.blocks);
-        read_ranges(array_of(g, "pending_ranges"), v.base, v.pending);
+        if (v.size == 0 || v.base + v.size < v.base)
+            throw bad_member("a segment of \"segment_list\" has no \"size_bytes\" or one past the address space");
+        read_ranges(array_of(g, "block_ranges"), v.base, v.size, "block_ranges", v.blocks);
+        read_ranges(array_of(g, "pending_ranges"), v.base, v.size, "pending_ranges", v.pending);
         s.segment_map.push_back(std::move(v));
     }
     read_histogram(array_of(j, "free_block_histogram"), s.free_block_sizes);
@@ -247,7 +262,9 @@ process_report read_process(const json& j, const std::string& path, std::vector<
     get(j, "ppid", p.ppid);
     get(j, "forked_from", p.forked_from);
     get(j, "host", p.host);
-    get(j, "rank", p.rank);
+    // A rank written by hand as a number (0) reads as its text.
+    if (auto r = j.find("rank"); r != j.end() && r->is_number_integer()) p.rank = r->dump();
+    else get(j, "rank", p.rank);
     for (const json& a : array_of(j, "cmdline"))
         if (a.is_string()) p.cmdline.push_back(a.get<std::string>());
     get(j, "start_time", p.start_time);
@@ -326,7 +343,11 @@ report_file read_report_json(const std::string& path) {
     for (const json& p : *it) {
         if (!p.is_object()) throw input_error(path, 0, "a member of \"processes\" is not an object");
         out.present.emplace_back();
-        out.processes.push_back(read_process(p, path, out.present.back()));
+        try {
+            out.processes.push_back(read_process(p, path, out.present.back()));
+        } catch (const bad_member& e) {
+            throw input_error(path, 0, "process " + std::to_string(out.processes.size()) + ": " + e.what());
+        }
     }
     return out;
 }

@@ -401,6 +401,10 @@ EOF2
   expect_in "$W/out" "imbalance"
   expect_rc 2 "$GPUMEM" report --no-progress --at 5 "$W/basic.json"
   expect_in "$W/err" "--at needs the event log"
+  # A report JSON with values no analysis produces is refused with the member named (a segment of
+  # 0 bytes made the text writer abort).
+  expect_rc 2 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_segment_size_zero.json"
+  expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json: process 0: a segment of \"segment_list\" has no \"size_bytes\""
   ;;
 docs_guide)
   # The commands of docs/guide.md outside its GPU sections, as written there, with the emulated
