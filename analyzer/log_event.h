@@ -31,8 +31,9 @@ static_assert(sizeof(k_field_names) / sizeof(k_field_names[0]) == fd_count_);
 constexpr uint64_t bit(field f) { return uint64_t{1} << f; }
 
 // Members the analysis never uses: the reader passes over them (skipping is cheaper than
-// converting), so their log_event members stay at their defaults.
-inline constexpr uint64_t k_skipped_fields = bit(fd_tid) | bit(fd_stream) | bit(fd_mempool) | bit(fd_offset);
+// converting), so their log_event members stay at their defaults.  "stream" is read: `gpumem
+// replay` gives each stream its own free blocks, as PyTorch's allocator does.
+inline constexpr uint64_t k_skipped_fields = bit(fd_tid) | bit(fd_mempool) | bit(fd_offset);
 // Members reset to their defaults at every line, present or not (the replay reads them without
 // asking `has`); the others keep their last value and are meaningful only when present.
 inline constexpr uint64_t k_reset_fields = bit(fd_pooled) | bit(fd_unknown) | bit(fd_asize) | bit(fd_seg) |

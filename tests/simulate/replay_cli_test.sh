@@ -48,6 +48,17 @@ echo "$out" | grep -q "streams: the log names none" || fail "streams note missin
 echo "$out" | grep -q "would fail at #9 .*: fragmentation" || fail "failure line missing: $out"
 echo "$out" | grep -q "suggestion" || fail "--suggest printed no suggestion: $out"
 
+# Stream-ordered requests: the log names the streams, each gets its own free blocks.
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{}}'
+  echo '{"ev":"alloc","seq":0,"t":0,"tid":1,"dev":0,"api":"cudaMallocAsync","kind":"device","ptr":"0x1000","size":1000,"stream":"0xa"}'
+  echo '{"ev":"free","seq":1,"t":1,"tid":1,"dev":0,"api":"cudaFreeAsync","kind":"device","ptr":"0x1000","size":1000,"stream":"0xa"}'
+  echo '{"ev":"alloc","seq":2,"t":2,"tid":1,"dev":0,"api":"cudaMallocAsync","kind":"device","ptr":"0x2000","size":1000,"stream":"0xb"}'
+} > "$W/streams.jsonl"
+"$GPUMEM" replay "$W/streams.jsonl" --policy pytorch --json > "$W/streams.json" || fail "streams: exit $?"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]; assert d["streams"]==2 and d["policies"][0]["segments"]==2, d' "$W/streams.json" || fail "streams: per-stream pools"
+"$GPUMEM" replay "$W/streams.jsonl" | grep -q "streams: 2, each with its own free blocks" || fail "streams: text note"
+
 # Input errors: exit 2, naming the file and line.
 printf '{"ev":"header","format":"gpumem-events","version":2}\n{"ev":"alloc","seq":0\n' > "$W/bad.jsonl"
 "$GPUMEM" replay "$W/bad.jsonl" 2> "$W/err" >/dev/null; rc=$?

@@ -252,3 +252,14 @@ TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold 
     REQUIRE(plain.allocate(2, 36 * MiB, 0));
     CHECK(plain.reserved() == 96 * MiB);
 }
+
+TEST_CASE("streams: a block freed on one stream is never handed to another") {
+    pytorch_policy p(pt_config{}, 0, 0);
+    REQUIRE(p.allocate(0, 1000, 1));
+    p.release(0);
+    REQUIRE(p.allocate(1, 1000, 2));  // stream 2 cannot take stream 1's free segment
+    CHECK(p.driver_allocs() == 2);
+    CHECK(p.largest_free() == 2 * MiB);  // stream 1's whole free segment: the largest over both streams
+    REQUIRE(p.allocate(2, 1000, 1));  // stream 1 reuses its own
+    CHECK(p.driver_allocs() == 2);
+}
