@@ -1,6 +1,7 @@
 """Ground truth for `gpumem replay`: a deterministic PyTorch training loop that prints what PyTorch's allocator reserved.
 
 Usage: python3 replay_truth.py WORKLOAD OUT_JSON   (WORKLOAD: transformer | mlp)
+       torchrun --nproc_per_node=2 replay_truth.py ddp OUT_JSON   (writes OUT_JSON.RANK)
 Run it once per allocator setting (default, PYTORCH_CUDA_ALLOC_CONF=..., and under libgpumem.so
 with PYTORCH_NO_CUDA_MEMORY_CACHING=1 for the log).  Every run makes the same tensor requests in
 the same order (fixed seeds, fixed size schedule, one stream), so the replay of the no-caching
@@ -61,14 +62,43 @@ def mlp(steps):
         del x, y, loss
 
 
+def ddp(steps):
+    # The MLP under DistributedDataParallel, one GPU per rank: gradient buckets and NCCL's
+    # all-reduce add their own allocations and a second stream.
+    import torch.distributed as dist
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    widths = [1024, 3072, 2048, 4096, 1536, 10]
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers[:-1]).cuda(), device_ids=[rank])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1 + rank)
+    for i in range(steps):
+        b = MLP_BATCHES[i % len(MLP_BATCHES)]
+        x = torch.randn(b, widths[0], generator=g).cuda()
+        y = torch.randint(0, 10, (b,), generator=g).cuda()
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        del x, y, loss
+
+
 def main():
     workload, out_path = sys.argv[1], sys.argv[2]
     steps = int(os.environ.get("REPLAY_TRUTH_STEPS", "24"))
-    {"transformer": transformer, "mlp": mlp}[workload](steps)
+    {"transformer": transformer, "mlp": mlp, "ddp": ddp}[workload](steps)
+    if workload == "ddp":
+        out_path += "." + os.environ["RANK"]
     torch.cuda.synchronize()
     s = torch.cuda.memory_stats()
     result = {
         "workload": workload,
+        "rank": int(os.environ.get("RANK", "0")),
         "steps": steps,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "no_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", ""),

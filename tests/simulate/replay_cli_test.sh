@@ -69,30 +69,43 @@ grep -q "bad.jsonl:2" "$W/err" || fail "bad log: no file:line in $(cat "$W/err")
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
 
-# The H200 pairs.
-for w in transformer mlp; do
-  gzip -dc "$DATA/$w-nocache.jsonl.gz" > "$W/$w.jsonl" || { fail "$w: cannot unpack"; continue; }
-  "$GPUMEM" replay "$W/$w.jsonl" --api cudaMalloc --json \
-    --policy pytorch,pytorch-expandable,pytorch:max_split_size_mb:40,pytorch:roundup_power2_divisions:4 > "$W/$w.json" || fail "$w: replay exit $?"
-  python3 - "$W/$w.json" "$DATA/truth.jsonl" "$w" <<'PY' || fail "$w: prediction differs from the H200 measurement"
+# The H200 pairs.  LOG:WORKLOAD:RANK:TOLERANCE (the cached settings' allowed error; "exact" also
+# demands the same number of device allocations).  DDP rank 0 is the exception: its backward
+# thread's requests interleave with the main thread's in an order that changes from run to run (in
+# the two ranks' logs a 92 MiB buffer is freed at different points), so a log need not be the
+# measured run's sequence (docs/benchmarks.md); rank 1's log reproduced its measurement exactly.
+for spec in transformer-nocache:transformer:0:exact mlp-nocache:mlp:0:exact \
+            ddp-nocache-0:ddp:0:0.06 ddp-nocache-1:ddp:1:exact; do
+  IFS=: read -r log w rank tol <<< "$spec"
+  gzip -dc "$DATA/$log.jsonl.gz" > "$W/$log.jsonl" || { fail "$log: cannot unpack"; continue; }
+  pol=pytorch,pytorch-expandable
+  [ "$w" = ddp ] || pol=$pol,pytorch:max_split_size_mb:40,pytorch:roundup_power2_divisions:4
+  "$GPUMEM" replay "$W/$log.jsonl" --api cudaMalloc --json --policy $pol > "$W/$log.json" || fail "$log: replay exit $?"
+  python3 - "$W/$log.json" "$DATA/truth.jsonl" "$w" "$rank" "$tol" <<'PY' || fail "$log: prediction differs from the H200 measurement"
 import json, sys
 res = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]
 pred = {r["policy"]: r for r in res}
-bad = 0
+w, rank, tol = sys.argv[3], int(sys.argv[4]), sys.argv[5]
+bad = seen = 0
 for line in open(sys.argv[2]):
     t = json.loads(line)
-    if t["workload"] != sys.argv[3] or t["no_caching"]:
+    if t["workload"] != w or t.get("rank", 0) != rank or t["no_caching"]:
         continue
     conf = t["alloc_conf"]
     name = "pytorch" if not conf else "pytorch-expandable" if conf == "expandable_segments:True" else "pytorch:" + conf
     p = pred[name]
+    seen += 1
     err = p["peak_reserved_bytes"] / t["max_memory_reserved"] - 1
-    ok = abs(err) <= 0.02 if name == "pytorch-expandable" else \
-        p["peak_reserved_bytes"] == t["max_memory_reserved"] and p["segments"] == t["num_device_alloc"]
-    print(f"{sys.argv[3]:12} {name:38} measured {t['max_memory_reserved']:>12} / {t['num_device_alloc']:>3}"
+    if name == "pytorch-expandable":
+        ok = abs(err) <= 0.02
+    elif tol == "exact":
+        ok = p["peak_reserved_bytes"] == t["max_memory_reserved"] and p["segments"] == t["num_device_alloc"]
+    else:
+        ok = abs(err) <= float(tol)
+    print(f"{w:12} rank {rank} {name:38} measured {t['max_memory_reserved']:>12} / {t['num_device_alloc']:>3}"
           f"  predicted {p['peak_reserved_bytes']:>12} / {p['segments']:>3}  error {err:+.4%}  {'ok' if ok else 'WRONG'}")
     bad += not ok
-sys.exit(bad)
+sys.exit(bad or seen == 0)
 PY
 done
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"
