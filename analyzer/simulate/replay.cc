@@ -3,13 +3,19 @@
 
 namespace gpumem::simulate {
 
+namespace {
+// No device holds 2^56 bytes (64 PiB); refusing larger requests keeps every policy's size
+// arithmetic (rounding up, adding to reserved) far from overflow on hostile logs.
+constexpr uint64_t k_max_request = 1ull << 56;
+}  // namespace
+
 replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity) {
     replay_result r;
     r.policy = name;
     for (const request& q : tr.ops) {
         if (q.is_free) {
             p.release(q.id);
-        } else if (!p.allocate(q.id, q.size, q.stream)) {
+        } else if (q.size > k_max_request || !p.allocate(q.id, q.size, q.stream)) {
             // The verdict of docs/metrics.md: capacity when even all free bytes in one piece plus
             // the device's untouched memory could not hold the request.
             uint64_t res = p.reserved(), free_in = res - p.allocated();

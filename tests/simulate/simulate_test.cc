@@ -263,3 +263,16 @@ TEST_CASE("streams: a block freed on one stream is never handed to another") {
     REQUIRE(p.allocate(2, 1000, 1));  // stream 1 reuses its own
     CHECK(p.driver_allocs() == 2);
 }
+
+TEST_CASE("a request no device could hold fails as capacity, in every policy, without overflow") {
+    auto t = steps({A(0, 1000), A(1, ~uint64_t(0) - 10)});
+    for (const char* name : {"ideal", "pytorch", "pytorch-expandable", "gpumem"}) {
+        std::string err;
+        auto p = make_policy(parse_policy_name(name), 0, 0, "{}", &err);
+        REQUIRE(p);
+        replay_result r = replay(t, *p, name, 0);
+        CHECK(r.failure == failure_reason::capacity);
+        CHECK(r.fail_seq == 1);
+        CHECK(r.events == 1);
+    }
+}
