@@ -39,8 +39,13 @@ static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field
     const char* s = getenv(name);
     if (!s) return;
     uint64_t v = 0;
-    if (parse_size(s, &v) && v >= lo && v <= hi) {
+    bool parsed = parse_size(s, &v);
+    if (parsed && v >= lo && v <= hi) {
         *field = uint32_t(v);
+    } else if (parsed && warnings) {
+        // A number out of range is not "not a number": say which bound it broke.
+        *warnings += std::string(name) + "='" + s + "' is too " + (v < lo ? "small: the minimum is " : "large: the maximum is ") +
+                     std::to_string(v < lo ? lo : hi) + "; using " + std::to_string(*field) + "\n";
     } else if (warnings) {
         *warnings += std::string(name) + "='" + s + "' is not a number in [" + std::to_string(lo) + ", " +
                      std::to_string(hi) + "]; using " + std::to_string(*field) + "\n";

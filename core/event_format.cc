@@ -222,6 +222,30 @@ std::string format_header(const header_values& h) {
     return out;
 }
 
+// The length of the well-formed UTF-8 sequence at p (lead byte >= 0x80), or 0 when it is not one:
+// no overlong forms, no surrogates, nothing past U+10FFFF (Unicode's table 3-7).
+static size_t utf8_sequence_length(const unsigned char* p, size_t avail) noexcept {
+    unsigned char c = p[0];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0) lo = 0xa0;
+        if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0) lo = 0x90;
+        if (c == 0xf4) hi = 0x8f;
+    } else {
+        return 0;
+    }
+    if (avail < len || p[1] < lo || p[1] > hi) return 0;
+    for (size_t k = 2; k < len; ++k)
+        if (p[k] < 0x80 || p[k] > 0xbf) return 0;
+    return len;
+}
+
 void append_json_string(std::string& out, const char* s, size_t n) {
     static const char digits[] = "0123456789abcdef";
     out += '"';
@@ -238,8 +262,19 @@ void append_json_string(std::string& out, const char* s, size_t n) {
                     out += "\\u00";
                     out += digits[c >> 4];
                     out += digits[c & 15];
+                } else if (c < 0x80) {
+                    out += char(c);
                 } else {
-                    out += char(c);  // UTF-8 passes through; invalid bytes are the program's own argv
+                    // The program's argv, $RANK and the host name are bytes, not text: valid UTF-8
+                    // passes through, and each byte that is not part of a valid sequence becomes
+                    // U+FFFD, so the line stays valid JSON and UTF-8 (docs/log-format.md).
+                    size_t len = utf8_sequence_length(reinterpret_cast<const unsigned char*>(s) + i, n - i);
+                    if (len) {
+                        out.append(s + i, len);
+                        i += len - 1;
+                    } else {
+                        out += "\\ufffd";
+                    }
                 }
         }
     }

@@ -11,6 +11,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,7 +31,81 @@ void* map_zeroed(size_t bytes) noexcept {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
 }
+
+void say(const char* msg, int n) noexcept {
+    if (n > 0) (void)!write(2, msg, size_t(n));
+}
+
+// O_EXCL makes a planted symlink (or any existing name) fail with EEXIST instead of being followed;
+// O_NOFOLLOW adds ELOOP for the same case on file systems that report it so.
+constexpr int k_create_flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+
+bool is_clash(int err) noexcept { return err == EEXIST || err == ELOOP; }
+
+// An existing name we may write to as it is: a character device (only root makes those) or a FIFO
+// of our own user.  Opened non-blocking so a FIFO without a reader cannot hang the program.
+int open_existing_sink(const char* path) noexcept {
+    struct stat st;
+    if (lstat(path, &st) != 0) return -1;
+    bool ok = S_ISCHR(st.st_mode) || (S_ISFIFO(st.st_mode) && st.st_uid == geteuid());
+    if (!ok) return -1;
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return -1;
+    struct stat got;
+    // The name may have been swapped between lstat and open: judge what was opened.
+    if (fstat(fd, &got) != 0 || got.st_dev != st.st_dev || got.st_ino != st.st_ino) {
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
 }  // namespace
+
+int open_log_file(const std::string& path, long pid, std::string* used) noexcept {
+    try {
+        int fd = open(path.c_str(), k_create_flags, 0600);
+        if (fd >= 0) {
+            *used = path;
+            return fd;
+        }
+        if (!is_clash(errno)) return -1;
+        if ((fd = open_existing_sink(path.c_str())) >= 0) {
+            *used = path;
+            return fd;
+        }
+        // Another name in the same directory: `.<pid>` before the extension keeps `*.jsonl` globs working.
+        size_t slash = path.rfind('/');
+        size_t base = slash == std::string::npos ? 0 : slash + 1;
+        size_t dot = path.rfind('.');
+        if (dot == std::string::npos || dot <= base) dot = path.size();
+        std::string stem = path.substr(0, dot), ext = path.substr(dot);
+        std::string pid_s = "." + std::to_string(pid);
+        std::string name;
+        for (int n = 1; n <= 8 && fd < 0; ++n) {
+            name = stem + pid_s + (n > 1 ? "-" + std::to_string(n) : std::string()) + ext;
+            fd = open(name.c_str(), k_create_flags, 0600);
+            if (fd < 0 && !is_clash(errno)) return -1;
+        }
+        if (fd < 0) {
+            // Every guessable name is taken (planted, say): a random one, created O_EXCL and 0600.
+            name = stem + pid_s + "-XXXXXX" + ext;
+            fd = mkostemps(name.data(), int(ext.size()), O_CLOEXEC);
+            if (fd < 0) return -1;
+        }
+        char msg[1024];
+        int n = snprintf(msg, sizeof msg,
+                         "gpumem: %s already exists (another process's log, an older log, or a link); "
+                         "this process (pid %ld) writes its log to %s\n",
+                         path.c_str(), pid, name.c_str());
+        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+        *used = name;
+        return fd;
+    } catch (...) {
+        errno = ENOMEM;
+        return -1;
+    }
+}
 
 uint64_t monotonic_ns() noexcept {
     timespec ts;
@@ -91,21 +166,23 @@ uint64_t event_log::now_ns() const noexcept { return monotonic_ns() - t0_; }
 
 bool event_log::start(const std::string& path, const std::string& header_line) noexcept {
     if (!ring_ || started_.load()) return started_.load();
-    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    std::string used = path;
+    long pid = long(getpid());
+    std::string used;
+    int fd = open_log_file(path, pid, &used);
     if (fd < 0) {
         int e = errno;
         const char* base = strrchr(path.c_str(), '/');
+        std::string fallback;
         try {
-            used = std::string("/tmp/") + (base ? base + 1 : path.c_str());
+            fallback = std::string("/tmp/") + (base ? base + 1 : path.c_str());
         } catch (...) {
             return false;
         }
-        fd = open(used.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        char msg[512];
+        fd = open_log_file(fallback, pid, &used);
+        char msg[1024];
         int n = snprintf(msg, sizeof msg, "gpumem: cannot create %s (%s); %s %s\n", path.c_str(), strerror(e),
-                         fd >= 0 ? "writing the log to" : "also failed:", used.c_str());
-        if (n > 0) (void)!write(2, msg, size_t(n) < sizeof msg ? size_t(n) : sizeof msg - 1);
+                         fd >= 0 ? "writing the log to" : "also failed:", fd >= 0 ? used.c_str() : fallback.c_str());
+        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
         if (fd < 0) return false;
     }
     try {
@@ -113,6 +190,7 @@ bool event_log::start(const std::string& path, const std::string& header_line) n
     } catch (...) {
     }
     fd_ = fd;
+    written_ = 0;
     write_all(header_line.data(), header_line.size());
     started_.store(true, std::memory_order_release);
 
@@ -138,7 +216,9 @@ void* event_log::writer_main(void* self) noexcept {
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "gpumem-writer");
 #endif
-    while (!log->stop_.load(std::memory_order_acquire) && !log->finished_.load(std::memory_order_acquire)) {
+    // Runs until the process ends, idle after finish(): a failed exec takes the end line back and
+    // recording resumes (resume_after_failed_exec), and a thread cannot be restarted from there safely.
+    while (!log->stop_.load(std::memory_order_acquire)) {
         uint32_t w = log->wake_.load(std::memory_order_acquire);
         log->wake_pending_.store(false, std::memory_order_relaxed);
         if (log->lock_output(false)) {
@@ -251,16 +331,89 @@ void event_log::record(const event& e) noexcept {
 }
 
 void event_log::write_all(const char* p, size_t n) noexcept {
-    if (fd_ < 0) return;
-    while (n) {
+    while (n && fd_ >= 0) {
         ssize_t w = write(fd_, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return;  // disk full or similar: nothing sensible to do from inside someone else's process
+        if (w < 0 || (w == 0 && n)) {
+            int err = w < 0 ? errno : ENOSPC;
+            if (err == EINTR) continue;
+            if (!switch_after_write_error(err)) return;
+            continue;
         }
         p += w;
         n -= size_t(w);
+        written_ += uint64_t(w);
     }
+}
+
+bool event_log::switch_after_write_error(int err) noexcept {
+    // Async-signal-safe apart from the name strings (built once, and never from a signal handler in
+    // practice: the first write, the header's, happens in start()).
+    int old = fd_;
+    fd_ = -1;
+    char msg[1024];
+    if (write_failed_) {
+        close(old);
+        return false;
+    }
+    write_failed_ = true;
+    const char* base = strrchr(path_.c_str(), '/');
+    std::string fallback, used;
+    int fd = -1;
+    try {
+        fallback = std::string("/tmp/") + (base ? base + 1 : path_.c_str());
+        fd = open_log_file(fallback, long(getpid()), &used);
+    } catch (...) {
+    }
+    // Carry over what the first file holds, so the new one starts with the header.
+    struct stat st;
+    bool carried = fd >= 0 && (written_ == 0 || (fstat(old, &st) == 0 && S_ISREG(st.st_mode)));
+    if (fd >= 0 && written_ > 0 && carried) {
+        char copy[4096];
+        for (uint64_t off = 0; off < written_ && carried;) {
+            ssize_t r = pread(old, copy, size_t(written_ - off < sizeof copy ? written_ - off : sizeof copy), off_t(off));
+            if (r <= 0) carried = false;
+            for (ssize_t done = 0; carried && done < r;) {
+                ssize_t w = write(fd, copy + done, size_t(r - done));
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) carried = false;
+                else done += w;
+            }
+            off += uint64_t(r > 0 ? r : 0);
+        }
+    }
+    close(old);
+    if (fd >= 0 && carried) {
+        int n = snprintf(msg, sizeof msg, "gpumem: writing %s failed (%s); the log continues in %s\n", path_.c_str(),
+                         strerror(err), used.c_str());
+        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+        fd_ = fd;
+        try {
+            path_ = used;
+        } catch (...) {
+        }
+        return true;
+    }
+    if (fd >= 0) {
+        close(fd);
+        unlink(used.c_str());
+    }
+    int n = snprintf(msg, sizeof msg, "gpumem: writing %s failed (%s), and so did the fallback %s; no log is written\n",
+                     path_.c_str(), strerror(err), fallback.empty() ? "/tmp" : fallback.c_str());
+    say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+    return false;
+}
+
+void event_log::note_losses() noexcept {
+    uint64_t lost_now = lost_.load(std::memory_order_relaxed);
+    if (lost_now == lost_reported_) return;
+    event l{};
+    l.ev = ev_kind::lost;
+    l.seq = tail_;
+    l.t_ns = now_ns();
+    l.tid = uint32_t(current_tid());
+    l.c.count = lost_now - lost_reported_;
+    lost_reported_ = lost_now;
+    buf_len_ += format_event(l, buf_ + buf_len_, k_buf_size - buf_len_);
 }
 
 void event_log::account(event& e, bool from_signal) noexcept {
@@ -321,22 +474,14 @@ void event_log::drain(bool from_signal) noexcept {
 }
 
 void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
-    if (!ring_ || fd_ < 0 || !buf_) return;
+    // With no file left (write_all gave up) the events are still consumed, or the ring would stay
+    // full and every producer would wait out its budget.
+    if (!ring_ || !buf_) return;
     uint64_t t = tail_;
     uint64_t head = head_.load(std::memory_order_acquire);
     uint64_t cap = mask_ + 1;
     buf_len_ = 0;
-    uint64_t lost_now = lost_.load(std::memory_order_relaxed);
-    if (lost_now != lost_reported_) {
-        event l{};
-        l.ev = ev_kind::lost;
-        l.seq = t;
-        l.t_ns = now_ns();
-        l.tid = uint32_t(current_tid());
-        l.c.count = lost_now - lost_reported_;
-        lost_reported_ = lost_now;
-        buf_len_ += format_event(l, buf_ + buf_len_, k_buf_size - buf_len_);
-    }
+    note_losses();
     for (;; ++t) {
         slot& s = ring_[t & mask_];
         uint64_t st = s.state.load(std::memory_order_acquire) + (t & mask_);
@@ -351,6 +496,10 @@ void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
         buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
         s.state.store(t + cap - (t & mask_), std::memory_order_release);
         if (k_buf_size - buf_len_ < 2 * k_max_event_line) {
+            // Under sustained load this loop may never reach its end: report losses with every
+            // buffer written, so a log cut by SIGKILL still states them.
+            tail_ = t + 1;
+            note_losses();
             write_all(buf_, buf_len_);
             buf_len_ = 0;
         }
@@ -395,8 +544,24 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     e.x.unmatched = unmatched;
     char line[k_max_event_line];
     size_t n = format_event(e, line, sizeof line);
+    end_offset_ = fd_ >= 0 ? int64_t(written_) : -1;
     write_all(line, n);
     unlock_output();
+}
+
+void event_log::resume_after_failed_exec() noexcept {
+    if (!started_.load(std::memory_order_acquire) || !lock_output(false)) return;
+    if (finished_.load(std::memory_order_acquire)) {
+        // Events published by other threads after the end line are cut with it: exec from one
+        // thread while others allocate is rare, and the exec itself would have ended them.
+        if (fd_ >= 0 && end_offset_ >= 0 && ftruncate(fd_, off_t(end_offset_)) == 0 &&
+            lseek(fd_, off_t(end_offset_), SEEK_SET) == off_t(end_offset_))
+            written_ = uint64_t(end_offset_);
+        end_offset_ = -1;
+        finished_.store(false, std::memory_order_release);
+    }
+    unlock_output();
+    wake_writer();
 }
 
 void event_log::reset_after_fork() noexcept {
@@ -423,6 +588,9 @@ void event_log::reset_after_fork() noexcept {
     started_.store(false);
     lost_.store(0);
     lost_reported_ = 0;
+    written_ = 0;
+    end_offset_ = -1;
+    write_failed_ = false;
     totals_ = log_totals{};
     // The parent's writer may have been inside these maps when fork() copied them: start new ones
     // and leak the old (destroying them could touch a half-updated structure).

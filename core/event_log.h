@@ -38,7 +38,9 @@ class event_log {
 
     // Opens `path` (falling back to /tmp/<basename> if that fails), writes `header_line` and starts the
     // writer thread.  Events published before start() wait in the ring.  Returns false when no file
-    // could be opened; events are then counted as lost.
+    // could be opened; events are then counted as lost.  The file is created new (O_EXCL, never
+    // through a symlink, mode 0600); a name that exists already gets `.<pid>` before its extension
+    // (open_log_file; the rule is in docs/log-format.md, "File safety").
     bool start(const std::string& path, const std::string& header_line) noexcept;
     const std::string& path() const noexcept { return path_; }
 
@@ -58,6 +60,10 @@ class event_log {
     // a real cuMemFree, say) before counting them lost.  Async-signal-safe.
     void finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept;
     bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
+
+    // After finish(end_reason::exec, ...) when the exec failed and the process goes on: takes the end
+    // line back (the file is cut where it began) and recording continues in the same file.
+    void resume_after_failed_exec() noexcept;
 
     // In a child after fork(): forget the parent's ring, file and thread (they belong to the parent).
     void reset_after_fork() noexcept;
@@ -80,6 +86,11 @@ class event_log {
     // Drains published slots in order; stops at the first unpublished one unless skip_gaps.
     void drain_locked(bool skip_gaps, bool from_signal = false) noexcept;
     void write_all(const char* p, size_t n) noexcept;
+    // A write failed (disk full, /dev/full, I/O error): say so once and move to /tmp/<basename>,
+    // carrying over what the first file holds.  Returns false when there is nowhere to write.
+    bool switch_after_write_error(int err) noexcept;
+    // Appends a `lost` record for losses not yet reported (consumer only, under the output lock).
+    void note_losses() noexcept;
     // Counts the event for the end line and completes frees from the allocation's record.
     void account(event& e, bool from_signal) noexcept;
     void alloc_ring() noexcept;
@@ -99,6 +110,9 @@ class event_log {
     std::atomic<uint64_t> lost_{0};
     uint64_t lost_reported_ = 0;                // consumer only
     int fd_ = -1;
+    uint64_t written_ = 0;                      // bytes in fd_ so far (consumer only)
+    int64_t end_offset_ = -1;                   // where the end line begins, for resume_after_failed_exec
+    bool write_failed_ = false;                 // the stderr note and the /tmp move happen once
     std::string path_;
     uint64_t t0_ = 0;
     log_totals totals_;                         // consumer only
@@ -112,6 +126,14 @@ class event_log {
     char* buf_ = nullptr;                       // consumer's formatting buffer
     size_t buf_len_ = 0;
 };
+
+// Creates a new log file for `path` safely: O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC, mode 0600 (the umask
+// and a default ACL of the directory still apply).  A name that exists (a file, a planted symlink,
+// another process's log) is never opened: the log goes to `<stem>.<pid><ext>`, then
+// `<stem>.<pid>-2<ext>` ... and finally a mkostemps name, and stderr says so.  An existing character
+// device (/dev/null, /dev/full) or a FIFO of our own user is opened for writing as it is.  Sets
+// *used to the name opened; returns -1 with errno set when the directory refuses.
+int open_log_file(const std::string& path, long pid, std::string* used) noexcept;
 
 uint64_t monotonic_ns() noexcept;
 int current_tid() noexcept;

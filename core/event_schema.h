@@ -106,8 +106,8 @@ enum class pool_id : uint8_t { none = 0, small, large, count_ };
 inline constexpr const char* k_pool_names[] = {"none", "small", "large"};
 
 // Why the log ended ("reason" on the end line).
-enum class end_reason : uint8_t { exit = 0, signal, fast_exit, count_ };
-inline constexpr const char* k_end_reason_names[] = {"exit", "signal", "_exit"};
+enum class end_reason : uint8_t { exit = 0, signal, fast_exit, exec, count_ };
+inline constexpr const char* k_end_reason_names[] = {"exit", "signal", "_exit", "exec"};
 
 // The in-memory event.  Each member holds one fact, named after the JSON member it becomes
 // (core/log_fields.h lists which kinds write which member).

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -324,3 +325,118 @@ int current_device() noexcept {
 
 extern "C" __attribute__((visibility("default"), noreturn)) void _exit(int status) { gpumem::finish_and_exit(status); }
 extern "C" __attribute__((visibility("default"), noreturn)) void _Exit(int status) { gpumem::finish_and_exit(status); }
+
+// ---------------------------------------------------------------------------------------------
+// exec: the new image keeps the pid but not our memory, so the log is finished first (end line
+// with reason "exec").  The new image, if it records, finds the file taken and writes to the
+// pattern's name with `.<pid>` added (open_log_file).  If the exec fails the process goes on: the
+// end line is taken back and recording continues in the same file.  Only system calls and the
+// log's own buffers are used here: no CUDA, no heap.
+namespace gpumem {
+namespace {
+
+// True when this call finished the log (so the caller must resume it if the exec fails).  A vfork
+// child does not own the log and passes straight through; a nested exec (one libc function calling
+// another through its PLT) finds the log already finished.
+bool finish_for_exec() noexcept {
+    process_state& st = state();
+    if (!owns_log(st) || st.log->finished()) return false;
+    st.log->finish(end_reason::exec, 0, unmatched_count(), 200);
+    return true;
+}
+
+template <class F>
+int around_exec(F&& real_call) noexcept {
+    bool finished_here = finish_for_exec();
+    int rc = real_call();
+    int e = errno;
+    if (finished_here) state().log->resume_after_failed_exec();
+    errno = e;
+    return rc;
+}
+
+template <class F>
+F real_libc(const char* name) noexcept {
+    return reinterpret_cast<F>(real_dlsym(RTLD_NEXT, name));
+}
+
+int no_such_function() noexcept {
+    errno = ENOSYS;
+    return -1;
+}
+
+using execve_fn = int (*)(const char*, char* const[], char* const[]);
+using execv_fn = int (*)(const char*, char* const[]);
+using fexecve_fn = int (*)(int, char* const[], char* const[]);
+using execveat_fn = int (*)(int, const char*, char* const[], char* const[], int);
+
+}  // namespace
+}  // namespace gpumem
+
+#define GPUMEM_EXPORT extern "C" __attribute__((visibility("default")))
+
+GPUMEM_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+    static auto real = gpumem::real_libc<gpumem::execve_fn>("execve");
+    return gpumem::around_exec([&] { return real ? real(path, argv, envp) : gpumem::no_such_function(); });
+}
+
+GPUMEM_EXPORT int execv(const char* path, char* const argv[]) {
+    static auto real = gpumem::real_libc<gpumem::execv_fn>("execv");
+    return gpumem::around_exec([&] { return real ? real(path, argv) : gpumem::no_such_function(); });
+}
+
+GPUMEM_EXPORT int execvp(const char* file, char* const argv[]) {
+    static auto real = gpumem::real_libc<gpumem::execv_fn>("execvp");
+    return gpumem::around_exec([&] { return real ? real(file, argv) : gpumem::no_such_function(); });
+}
+
+GPUMEM_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+    static auto real = gpumem::real_libc<gpumem::execve_fn>("execvpe");
+    return gpumem::around_exec([&] { return real ? real(file, argv, envp) : gpumem::no_such_function(); });
+}
+
+GPUMEM_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+    static auto real = gpumem::real_libc<gpumem::fexecve_fn>("fexecve");
+    return gpumem::around_exec([&] { return real ? real(fd, argv, envp) : gpumem::no_such_function(); });
+}
+
+GPUMEM_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[], int flags) {
+    static auto real = gpumem::real_libc<gpumem::execveat_fn>("execveat");
+    return gpumem::around_exec([&] { return real ? real(dirfd, path, argv, envp, flags) : gpumem::no_such_function(); });
+}
+
+// The execl family takes its arguments as a list: gather them into an argv on the stack (as glibc
+// does; the size is the caller's argument count) and go through the hooks above.
+#define GPUMEM_GATHER_ARGS(arg0, argv_out, after)                                 \
+    size_t argc_ = 1;                                                              \
+    {                                                                              \
+        va_list ap_;                                                               \
+        va_start(ap_, arg0);                                                       \
+        while (va_arg(ap_, const char*)) ++argc_;                                  \
+        va_end(ap_);                                                               \
+    }                                                                              \
+    char** argv_out = static_cast<char**>(__builtin_alloca((argc_ + 1) * sizeof(char*))); \
+    {                                                                              \
+        va_list ap_;                                                               \
+        va_start(ap_, arg0);                                                       \
+        argv_out[0] = const_cast<char*>(arg0);                                     \
+        for (size_t i_ = 1; i_ <= argc_; ++i_) argv_out[i_] = va_arg(ap_, char*);  \
+        after;                                                                     \
+        va_end(ap_);                                                               \
+    }
+
+GPUMEM_EXPORT int execl(const char* path, const char* arg, ...) {
+    GPUMEM_GATHER_ARGS(arg, argv, (void)0);
+    return execve(path, argv, environ);
+}
+
+GPUMEM_EXPORT int execlp(const char* file, const char* arg, ...) {
+    GPUMEM_GATHER_ARGS(arg, argv, (void)0);
+    return execvp(file, argv);
+}
+
+GPUMEM_EXPORT int execle(const char* path, const char* arg, ...) {
+    char** envp = nullptr;
+    GPUMEM_GATHER_ARGS(arg, argv, envp = va_arg(ap_, char**));
+    return execve(path, argv, envp);
+}

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -338,6 +339,58 @@ void vfork_case() {
     printf("child_status=%d\n", WEXITSTATUS(status));
 }
 
+// Allocates n blocks (kept), then replaces itself with `emu_driver_app basic` through the exec
+// function named by `how`; "fail" first tries a program that does not exist and goes on allocating.
+void exec_case(const char* self, const char* how, int n) {
+    driver_api a = direct_api();
+    setup(a);
+    for (int i = 0; i < n; ++i) {
+        CUdeviceptr p;
+        CHECK(a.alloc(&p, 4096 + size_t(i)));
+    }
+    printf("pid=%d\n", int(getpid()));
+    fflush(stdout);
+    char arg0[] = "emu_driver_app", arg1[] = "basic";
+    char* argv[] = {arg0, arg1, nullptr};
+    if (!strcmp(how, "execv")) execv(self, argv);
+    else if (!strcmp(how, "execve")) execve(self, argv, environ);
+    else if (!strcmp(how, "execl")) execl(self, "emu_driver_app", "basic", (char*)nullptr);
+    else if (!strcmp(how, "execle")) execle(self, "emu_driver_app", "basic", (char*)nullptr, environ);
+    else if (!strcmp(how, "execvp")) execvp(self, argv);
+    else if (!strcmp(how, "fail")) {
+        int rc = execv("/nonexistent/gpumem-no-such-program", argv);
+        printf("exec_rc=%d\n", rc);
+        for (int i = 0; i < n; ++i) {
+            CUdeviceptr p;
+            CHECK(a.alloc(&p, 8192));
+            CHECK(a.free(p));
+        }
+        return;
+    }
+    fail("exec", errno);
+}
+
+// `threads` threads allocate and free without pause; after ms milliseconds the process SIGKILLs
+// itself, with the writer still behind.
+void sustain(int threads, int ms) {
+    driver_api a = direct_api();
+    setup(a);
+    CUcontext ctx;
+    a.retain(&ctx, 0);
+    for (int t = 0; t < threads; ++t) {
+        std::thread([&a, ctx, t] {
+            a.set_current(ctx);
+            for (long i = 0;; ++i) {
+                CUdeviceptr p;
+                if (a.alloc(&p, 512 + size_t((t * 131 + i * 7) % 4096)) == CUDA_SUCCESS) a.free(p);
+            }
+        }).detach();
+    }
+    usleep(useconds_t(ms) * 1000);
+    kill(getpid(), SIGKILL);
+    pause();
+}
+
 // Median cost of one alloc+free pair, in ns, over `rounds` rounds of `batch` pairs.  Between rounds
 // the program pauses `pause_ms`, as real programs do between allocation bursts: that measures the
 // recording cost on the caller's thread rather than the writer thread's sustained throughput.
@@ -378,6 +431,8 @@ int main(int argc, char** argv) {
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100);
     else if (s == "vfork") vfork_case();
+    else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
+    else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
     else if (s == "bench")
         bench(argc > 2 ? atol(argv[2]) : 51, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? size_t(atol(argv[4])) : 4096,
               argc > 5 ? atol(argv[5]) : 0);
