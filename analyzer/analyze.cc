@@ -117,7 +117,7 @@ private:
 
 // One pass over the file.  Returns the replayer so the caller can ask about a second pass.
 void run_pass(const std::string& path, process_report& rep, replayer& rp, line_parser& parser,
-              const analyze_options& opt, const char* pass_name, bool first_pass) {
+              const analyze_options& opt, const char* pass_name, bool first_pass, site_tracker* sites) {
     line_source src(path);
     progress_meter meter(opt, path, pass_name);
     std::string_view line;
@@ -153,12 +153,35 @@ void run_pass(const std::string& path, process_report& rep, replayer& rp, line_p
             throw input_error(path, ln, err + ": " + snippet + (line.size() > 60 ? "..." : ""));
         }
         if (st != parse_status::ok) throw input_error(path, ln, err);
+        if (e.known_kind && e.ev == ev_kind::stack) {
+            // A stack record: not an event, so it never reaches the rebuild or the event count.
+            if (!first_pass) continue;
+            uint32_t id = 0;
+            std::vector<frame_view> frames;
+            if (!parse_stack_record(line, id, frames, err)) rp.warn(ln, err + "; its allocations are shown without a stack");
+            else if (!rep.stacks.add(id, std::move(frames)))
+                rp.warn(ln, "stack " + std::to_string(id) + " is defined twice; the first record is kept");
+            continue;
+        }
         if (e.known_kind && (line_parser::required_members(e) & ~e.present)) {
             std::string missing = line_parser::missing_members(e);
             if (!missing.empty())
                 throw input_error(path, ln, std::string("\"") + k_ev_names[size_t(e.ev)] + "\" event without " + missing);
         }
         rp.apply(e, ln);
+        if (sites && e.known_kind) {
+            bool vmm = e.kind == mem_kind::vmm;
+            if (e.ev == ev_kind::alloc && e.ptr) {
+                uint32_t stack = e.has(fd_stack) ? uint32_t(e.stack) : 0;
+                if (stack && !rep.stacks.find(stack)) {
+                    rp.warn(ln, "allocation names stack " + std::to_string(stack) + ", which no earlier stack record defines");
+                    stack = 0;
+                }
+                sites->on_alloc(e.seq, e.dev, e.ptr, vmm, e.size, stack);
+            } else if (e.ev == ev_kind::free) {
+                sites->on_free(e.seq, e.dev, e.ptr, vmm);
+            }
+        }
     }
     rep.lines = src.line_number();
     rp.finish(src.line_number());
@@ -176,7 +199,8 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
     ro.snapshot_budget_fixed = opt.snapshot_budget_fixed;
     ro.max_listed_leaks = opt.max_listed_leaks;
     replayer rp(rep, parser, ro);
-    run_pass(path, rep, rp, parser, opt, "", true);
+    site_tracker sites;
+    run_pass(path, rep, rp, parser, opt, "", true, &sites);
     if (!rep.has_end)
         rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
                    "the last flush interval of events may be missing");
@@ -188,13 +212,15 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
         replay_options r2;
         r2.peak_snapshot_seq = rp.peak_seqs();
         replayer rp2(again, p2, r2);
-        run_pass(path, again, rp2, p2, opt, " (peak pass)", false);
+        run_pass(path, again, rp2, p2, opt, " (peak pass)", false, nullptr);
         auto snaps = rp2.take_peak_snapshots();
         for (device_report& d : rep.devices) {
             auto it = snaps.find(d.dev);
             if (it != snaps.end()) d.at_peak = std::move(it->second);
         }
     }
+    summarize_sites(rep, sites);
+    symbolize_stacks(rep);
     return rep;
 }
 

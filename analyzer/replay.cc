@@ -950,6 +950,7 @@ struct replayer::impl {
                 warn(line, "the end line counts " + std::to_string(e.events) + " events; the log has " +
                                std::to_string(rep.events - 1));
             break;
+        case ev_kind::stack:  // analyze.cc keeps stack records away from the rebuild
         case ev_kind::count_: break;
         }
         if (d && e.ev != ev_kind::stats && e.ev != ev_kind::end) point(*d, e.t, e.seq);

@@ -4,6 +4,7 @@
 #include "format_util.h"
 #include "report_fields.h"
 #include "report_output.h"
+#include "report_sites.h"
 
 namespace gpumem::analysis {
 
@@ -137,6 +138,11 @@ ojson device_json(const process_report& p, const device_report& d, const output_
     ojson leaks = ojson::array();
     for (const block_view& b : d.leaks) leaks.push_back(block_json(b));
     j["leaks"] = leaks;
+    // Call sites only for logs with stack records, so a log without them reads as before.
+    if (p.stacks.size()) {
+        j["top_sites"] = sites_json(p, d.top_sites);
+        j["leak_sites"] = sites_json(p, d.leak_sites);
+    }
     j["by_kind"] = usage_json(d.by_kind);
     j["by_api"] = usage_json(d.by_api);
     j["alloc_size_histogram"] = histogram_json(d.alloc_sizes);
@@ -161,6 +167,7 @@ ojson device_json(const process_report& p, const device_report& d, const output_
         x["verdict"] = o.verdict;
         x["explanation"] = o.explanation;
         x["map"] = o.map.valid ? snapshot_json(o.map) : ojson(nullptr);  // only for the first few OOMs
+        if (p.stacks.size()) x["sites"] = sites_json(p, o.sites);
         ooms.push_back(x);
     }
     j["ooms"] = ooms;

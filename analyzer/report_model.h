@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "event_schema.h"
+#include "sites.h"
 
 namespace gpumem::analysis {
 
@@ -120,6 +121,7 @@ struct oom_report {
     uint64_t largest_free = 0;         // reconstructed: largest free block
     uint64_t reserved = 0, allocated = 0;
     uint64_t gpu_free = 0, gpu_total = 0;  // cuMemGetInfo, as recorded (0 when not recorded)
+    std::vector<site_row> sites;       // call sites live at that moment, most bytes first
     std::string verdict;               // "fragmentation" or "capacity"
     std::string explanation;
     state_snapshot map;                // the map at that moment (only for the first few OOMs)
@@ -176,6 +178,10 @@ struct device_report {
 
     uint64_t n_leaks = 0, leaked_bytes = 0;  // live at the end of the log (requested bytes)
     std::vector<block_view> leaks;           // largest first, at most k_max_listed_leaks
+    // Call sites (logs with stack records): the stacks holding the most requested bytes at the peak
+    // of requested memory, and the leaks grouped by stack.  Empty when the log has no stacks.
+    std::vector<site_row> top_sites;
+    std::vector<site_row> leak_sites;
 
     // Derived ratios at the peak of allocated bytes and at the end (docs/metrics.md).
     double reserved_unallocated_at_peak() const {
@@ -221,6 +227,7 @@ struct process_report {
     uint64_t end_events = 0, end_n_alloc = 0, end_n_free = 0, end_n_fail = 0;
     uint64_t end_live_allocs = 0, end_live_bytes = 0, end_lost = 0, end_unmatched = 0;
 
+    stack_store stacks;                 // the log's stack records, by id
     std::vector<std::string> warnings;  // "file:line: text", the first k_max_warnings
     uint64_t n_warnings = 0;
     std::vector<device_report> devices;  // sorted by dev
@@ -242,6 +249,7 @@ struct combined_report {
 };
 
 inline constexpr size_t k_top_blocks = 10;
+inline constexpr size_t k_top_sites = 10;
 inline constexpr size_t k_max_listed_leaks = 50;
 inline constexpr size_t k_max_warnings = 50;
 inline constexpr size_t k_max_oom_maps = 8;

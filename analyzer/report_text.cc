@@ -1,5 +1,6 @@
 // The text report on stdout, laid out like torch.cuda.memory_summary(): one framed table per device.
 #include "report_output.h"
+#include "report_sites.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -239,6 +240,9 @@ void write_device(std::ostream& os, const process_report& p, const device_report
 
     write_timeline(os, d);
 
+    write_sites_text(os, p, d.top_sites,
+                     "Top call sites at the peak of requested memory (" + fmt_bytes(d.requested.peak) + ", " +
+                         at_text(d.requested.peak_t, d.requested.peak_seq) + ")");
     if (k.valid) {
         os << "\n  Free-block map at the peak of allocated memory, " << at_text(k.t, k.seq) << ", line " << k.line << "\n";
         write_snapshot_totals(os, k);
@@ -268,6 +272,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
            << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded")) << "\n";
         os << "    verdict: " << o.verdict << ": " << o.explanation << "\n";
         if (o.map.valid) write_map(os, o.map);
+        write_sites_text(os, p, o.sites, "  call sites live at this OOM:");
         if (i + 1 == 20 && d.ooms.size() > 20) {
             os << "\n  ... " << d.ooms.size() - 20 << " more OOMs\n";
             break;
@@ -279,6 +284,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         if (d.leaks.size() < d.n_leaks) os << " (largest " << d.leaks.size() << " listed)";
         os << "\n";
         write_blocks(os, d.leaks);
+        write_sites_text(os, p, d.leak_sites, "Leaks by call site");
     }
     os << "\n";
 }

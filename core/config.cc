@@ -64,6 +64,17 @@ config config::from_env(std::string* warnings) noexcept {
         read_u32("GPUMEM_FLUSH_MS", 1, 60000, &c.flush_ms, warnings);
         read_u32("GPUMEM_BUFFER_EVENTS", 1024, 1u << 24, &c.buffer_events, warnings);
         read_u32("GPUMEM_WAIT_MS", 0, 600000, &c.wait_ms, warnings);
+        if (const char* s = getenv("GPUMEM_STACKS")) {
+            bool found = false;
+            for (size_t i = 0; i < size_t(stacks::stack_mode::count_); ++i)
+                if (!strcasecmp(s, stacks::k_stack_mode_names[i])) {
+                    c.stacks = stacks::stack_mode(i);
+                    found = true;
+                }
+            if (!found && warnings)
+                *warnings += std::string("GPUMEM_STACKS='") + s + "' is not off, python, native or all; using python\n";
+        }
+        read_u32("GPUMEM_STACK_DEPTH", 1, 256, &c.stack_depth, warnings);
         if (const char* s = getenv("GPUMEM_LOG_LEVEL"); s && !parse_log_level(s, &c.log_level) && warnings)
             *warnings += std::string("GPUMEM_LOG_LEVEL='") + s +
                          "' is not trace, debug, info, warn, error, critical, off or 0-6; using warn\n";

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "size_parse.h"  // parse_size: the one rule for sizes, used for every numeric setting
+#include "stacks/stack_mode.h"
 
 namespace gpumem {
 
@@ -14,6 +15,8 @@ struct config {
     uint32_t flush_ms = 20;           // GPUMEM_FLUSH_MS: writer wakes at least this often
     uint32_t buffer_events = 65536;   // GPUMEM_BUFFER_EVENTS: ring capacity, rounded up to a power of 2
     uint32_t wait_ms = 2000;          // GPUMEM_WAIT_MS: how long a caller waits for ring space before the event is counted lost
+    stacks::stack_mode stacks = stacks::stack_mode::python;  // GPUMEM_STACKS: off|python|native|all
+    uint32_t stack_depth = 64;        // GPUMEM_STACK_DEPTH: frames kept per stack, innermost first (1..256)
     int log_level = 3;                // GPUMEM_LOG_LEVEL: trace debug info warn (default) error critical off, or 0-6
 
     // Never throws: bad values keep the default and are reported through `warnings`.

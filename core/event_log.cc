@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "event_format.h"
+#include "stacks/stack_table.h"
 
 namespace gpumem {
 
@@ -466,6 +467,31 @@ void event_log::account(event& e, bool from_signal) noexcept {
     }
 }
 
+void event_log::write_stack_record(event& e, bool from_signal) noexcept {
+    if (e.ev != ev_kind::alloc || e.b.stack == 0) return;
+    uint64_t id = e.b.stack;
+    if (id < stack_written_.size() && stack_written_[id]) return;
+    if (from_signal || !stacks_) {
+        e.b.stack = 0;  // a stack id must never appear before its record
+        return;
+    }
+    try {
+        std::string rec;
+        if (!stacks_->format_record(uint32_t(id), rec)) {
+            e.b.stack = 0;
+            return;
+        }
+        if (id >= stack_written_.size()) stack_written_.resize(id + 1024, false);
+        stack_written_[id] = true;
+        // Records can be long (256 frames): write what is buffered first, then the record itself.
+        write_all(buf_, buf_len_);
+        buf_len_ = 0;
+        write_all(rec.data(), rec.size());
+    } catch (...) {
+        e.b.stack = 0;
+    }
+}
+
 void event_log::drain(bool from_signal) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
     if (!lock_output(from_signal)) return;
@@ -493,6 +519,7 @@ void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
             continue;
         }
         account(s.e, from_signal);
+        write_stack_record(s.e, from_signal);
         buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
         s.state.store(t + cap - (t & mask_), std::memory_order_release);
         if (k_buf_size - buf_len_ < 2 * k_max_event_line) {
@@ -596,6 +623,7 @@ void event_log::reset_after_fork() noexcept {
     // and leak the old (destroying them could touch a half-updated structure).
     new (&live_) std::unordered_map<uint64_t, live_entry>();
     new (&live_vmm_) std::unordered_map<uint64_t, live_entry>();
+    new (&stack_written_) std::vector<bool>();  // the child's file has no stack records yet
     t0_ = monotonic_ns();
     try {
         path_.clear();

@@ -11,10 +11,15 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "event_schema.h"
 
 namespace gpumem {
+
+namespace stacks {
+class stack_table;
+}
 
 // Totals the consumer derives from the events it writes; they go on the end line.
 struct log_totals {
@@ -67,6 +72,10 @@ class event_log {
 
     // In a child after fork(): forget the parent's ring, file and thread (they belong to the parent).
     void reset_after_fork() noexcept;
+
+    // The interned stacks that alloc events refer to ("stack"): each one's record is written once,
+    // just before the first line that uses it.  Set before start(); never changed afterwards.
+    void set_stacks(const stacks::stack_table* t) noexcept { stacks_ = t; }
 
     uint64_t lost() const noexcept { return lost_.load(std::memory_order_relaxed); }
     log_totals totals() const noexcept { return totals_; }
@@ -123,6 +132,11 @@ class event_log {
     };
     // Live allocations, consumer only.  VMM handles live in their own map: a handle can equal an address.
     std::unordered_map<uint64_t, live_entry> live_, live_vmm_;
+    // Writes the record of e's stack if it is not written yet (consumer only).  From a signal
+    // handler the record cannot be formatted (it allocates): the event then goes out without it.
+    void write_stack_record(event& e, bool from_signal) noexcept;
+    const stacks::stack_table* stacks_ = nullptr;
+    std::vector<bool> stack_written_;           // consumer only: index = stack id
     char* buf_ = nullptr;                       // consumer's formatting buffer
     size_t buf_len_ = 0;
 };

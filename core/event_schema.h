@@ -11,7 +11,7 @@
 namespace gpumem {
 
 inline constexpr const char* k_format_name = "gpumem-events";
-inline constexpr int k_format_version = 2;  // 2: config.reuse "auto" and reuse_safe change what a free means
+inline constexpr int k_format_version = 3;  // 2: config.reuse "auto" and reuse_safe; 3: stack records
 
 // "ev" values.  The numeric order is part of no file format; only the names are.
 enum class ev_kind : uint8_t {
@@ -33,12 +33,13 @@ enum class ev_kind : uint8_t {
     reuse_safe,      // pool: the device's pool left immediate reuse for safe reuse (a stream appeared)
     lost,            // the recorder could not record N events (buffer full past the wait budget)
     end,             // last line on a normal or signalled exit
+    stack,           // not an event: a call stack's frames, written once before its first use (no seq)
     count_
 };
 
 inline constexpr const char* k_ev_names[] = {
     "header", "alloc", "alloc_fail", "free", "free_fail", "map", "unmap", "reserve", "unreserve",
-    "segment_alloc", "segment_free", "oom", "stats", "pool_sync", "context_reset", "reuse_safe", "lost", "end",
+    "segment_alloc", "segment_free", "oom", "stats", "pool_sync", "context_reset", "reuse_safe", "lost", "end", "stack",
 };
 static_assert(sizeof(k_ev_names) / sizeof(k_ev_names[0]) == size_t(ev_kind::count_));
 

@@ -33,7 +33,9 @@ enum class field_type : uint8_t {
 constexpr uint32_t kind_bit(ev_kind k) { return uint32_t(1) << unsigned(k); }
 #define GPUMEM_K(k) ::gpumem::kind_bit(::gpumem::ev_kind::k)
 inline constexpr uint32_t k_kinds_all = (uint32_t(1) << unsigned(ev_kind::count_)) - 1;
-inline constexpr uint32_t k_kinds_events = k_kinds_all & ~GPUMEM_K(header);  // every line but the header
+// Records that are not events (no seq, t or tid): the header and the stack records.
+inline constexpr uint32_t k_kinds_records = GPUMEM_K(header) | GPUMEM_K(stack);
+inline constexpr uint32_t k_kinds_events = k_kinds_all & ~k_kinds_records;  // every event line
 inline constexpr uint32_t k_kinds_ordered = k_kinds_events & ~GPUMEM_K(lost);  // a loss has no seq
 inline constexpr uint32_t k_kinds_alloc_free =
     GPUMEM_K(alloc) | GPUMEM_K(alloc_fail) | GPUMEM_K(free) | GPUMEM_K(free_fail);
@@ -51,8 +53,8 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
 //                a log is an event line like any other: it needs "seq" and "t".
 #define GPUMEM_LOG_FIELDS(X)                                                                            \
     X(ev, "ev", ev, k_kinds_all, k_kinds_all)                                                             \
-    X(seq, "seq", u64, k_kinds_ordered, k_kinds_all & ~GPUMEM_K(lost))                                    \
-    X(t, "t", u64, k_kinds_events, k_kinds_all & ~GPUMEM_K(lost))                                         \
+    X(seq, "seq", u64, k_kinds_ordered, k_kinds_all & ~GPUMEM_K(lost) & ~GPUMEM_K(stack))                 \
+    X(t, "t", u64, k_kinds_events, k_kinds_all & ~GPUMEM_K(lost) & ~GPUMEM_K(stack))                      \
     X(tid, "tid", u64, k_kinds_events, 0)                                                                 \
     X(dev, "dev", dev,                                                                                    \
       k_kinds_alloc_free | k_kinds_vm | k_kinds_segment | k_kinds_pool_state | GPUMEM_K(pool_sync) |      \
@@ -155,6 +157,8 @@ constexpr bool carries(ev_kind k, log_field f) { return k_log_fields[size_t(f)].
     X(flush_ms, "flush_ms", int)           \
     X(buffer_events, "buffer_events", int) \
     X(routes, "routes", opt_str)           \
+    X(stacks, "stacks", str)               \
+    X(stack_depth, "stack_depth", int)     \
     X(reuse, "reuse", pool_settings)
 
 // The member names as constants, for readers: header_key::pid is "pid".

@@ -17,6 +17,9 @@ void fill_call(event& e, const call_info& c) noexcept {
 }  // namespace
 
 void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize) noexcept {
+    // The stack is captured before a slot is claimed: a claimed slot holds up the writer until it
+    // is published, so nothing slow may sit between claim and publish.
+    uint32_t stack = err == 0 && stacks_ ? stacks_->capture() : 0;
     event* e = log_.claim();
     if (!e) return;
     uint64_t seq = e->seq;
@@ -30,6 +33,7 @@ void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, u
     e->b.ptr = err == 0 ? ptr : 0;
     e->b.size = size;
     e->b.asize = asize;
+    e->b.stack = stack;
     log_.publish(e);
 }
 

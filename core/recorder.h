@@ -11,6 +11,7 @@
 
 #include "event_log.h"
 #include "event_schema.h"
+#include "stacks/stack_table.h"
 
 namespace gpumem {
 
@@ -43,13 +44,21 @@ class recorder {
     void vmm(ev_kind ev, const call_info& c, uint64_t ptr, uint64_t size, uint64_t handle = 0,
              uint64_t offset = 0) noexcept;
 
-    // Events built elsewhere (the pool's), published as they are.
-    void emit(event& e) noexcept { log_.record(e); }
+    // Events built elsewhere (the pool's), published as they are; the pool's block allocations get
+    // the caller's stack here, since the pool serves them on the caller's thread.
+    void emit(event& e) noexcept {
+        if (e.ev == ev_kind::alloc && stacks_) e.b.stack = stacks_->capture();
+        log_.record(e);
+    }
 
     event_log& log() noexcept { return log_; }
 
+    // Successful allocations get the caller's interned stack (GPUMEM_STACKS).  Set once at start.
+    void set_stacks(stacks::stack_table* t) noexcept { stacks_ = t; }
+
   private:
     event_log& log_;
+    stacks::stack_table* stacks_ = nullptr;
 };
 
 }  // namespace gpumem

@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "diag.h"
+#include "stacks/stack_table.h"
 #include "event_format.h"
 #include "gpumem_preload.h"
 
@@ -53,6 +54,13 @@ process_state& state() noexcept {
     alignas(process_state) static unsigned char storage[sizeof(process_state)];
     static process_state* s = new (storage) process_state();
     return *s;
+}
+
+// The interned call stacks.  Never destroyed, like the state: late allocations still capture.
+stacks::stack_table& stack_table() noexcept {
+    alignas(stacks::stack_table) static unsigned char storage[sizeof(stacks::stack_table)];
+    static stacks::stack_table* t = new (storage) stacks::stack_table();
+    return *t;
 }
 
 // Each line of a multi-line warning text as one warning.
@@ -139,6 +147,8 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     h.config.out = st.cfg.out;
     h.config.flush_ms = st.cfg.flush_ms;
     h.config.buffer_events = st.cfg.buffer_events;
+    h.config.stacks = stacks::k_stack_mode_names[size_t(st.cfg.stacks)];
+    h.config.stack_depth = st.cfg.stack_depth;
     if (const char* r = getenv("GPUMEM_ROUTES")) h.config.routes = r;
     h.config.reuse = pool_json;
     h.gpumem_version = GPUMEM_VERSION;
@@ -221,6 +231,15 @@ void start_recording(process_state& st) noexcept {
             st.phase.store(disabled);
             return;
         }
+        // Call stacks: the interpreter is looked for now, at the first recorded call, never earlier.
+        if (st.cfg.stacks != stacks::stack_mode::off) {
+            stack_table().init([](const char* name) { return real_dlsym(RTLD_DEFAULT, name); }, st.cfg.stacks,
+                               st.cfg.stack_depth);
+            const char* why = stack_table().python().why_off();
+            if (why && *why) GPUMEM_WARN("no Python call stacks: {}", why);
+            st.rec->set_stacks(&stack_table());
+            st.log->set_stacks(&stack_table());
+        }
         std::string pool_json;
         pool_configure(st.cfg, st.rec, &pool_json);
         char host[256] = "";
@@ -255,6 +274,7 @@ void after_fork_child() {
         // a fresh one (the old one is leaked, on purpose).
         st.rec = new (std::nothrow) recorder(*st.log);
     }
+    stack_table().unlock_after_fork();
     pool_after_fork();
     st.starter_tid.store(0);
     st.phase.store(st.rec ? not_started : disabled);
@@ -264,7 +284,8 @@ void after_fork_child() {
 
 __attribute__((constructor)) void gpumem_init() {
     // Registering a fork handler is all the constructor does: no CUDA, no files, no threads.
-    pthread_atfork(nullptr, nullptr, after_fork_child);
+    pthread_atfork([] { stack_table().lock_for_fork(); }, [] { stack_table().unlock_after_fork(); },
+                   after_fork_child);
 }
 
 __attribute__((destructor)) void gpumem_fini() {

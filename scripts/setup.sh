@@ -9,7 +9,8 @@ set -euo pipefail
 # The product: compiler and build tools, and the libraries gpumem is built with (header-only, except
 # simdjson and the analyzer's spdlog).  libcli11-dev: the gpumem command line.
 # dpkg-dev: `cpack -G DEB` computes the package's dependencies with dpkg-shlibdeps.
-packages=(cmake make g++ binutils dpkg-dev libspdlog-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev)
+# libdw-dev, pkg-config: the analyzer names native call-stack frames with libdw (elfutils).
+packages=(cmake make g++ binutils dpkg-dev pkg-config libspdlog-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libdw-dev)
 if [ "${GPUMEM_WITH_TESTS:-1}" = 1 ]; then
   packages+=(catch2 python3)   # python3: the CLI tests read JSON reports and parse JUnit XML with it
 fi

@@ -376,6 +376,8 @@ TEST_CASE("format_header writes the header table's members in order, escaped, op
     h.config.out = "x-%p.jsonl";
     h.config.flush_ms = 20;
     h.config.buffer_events = 64;
+    h.config.stacks = "python";
+    h.config.stack_depth = 64;
     h.config.reuse = ",\"reuse\":\"auto\",\"pool_round\":512,";  // as the pool hands it over
     h.gpumem_version = "0.1.0";
     std::string line = format_header(h);
@@ -384,7 +386,7 @@ TEST_CASE("format_header writes the header table's members in order, escaped, op
               ",\"pid\":42,\"ppid\":1,\"host\":\"gpu\\\"01\",\"rank\":\"0\",\"cmdline\":[\"python\",\"a b\"],"
               "\"start_unix_ns\":5,\"start_time\":\"1970-01-01T00:00:00.000000005Z\","
               "\"devices\":[{\"index\":0,\"name\":\"H200\",\"total\":100}],"
-              "\"config\":{\"pool\":\"on\",\"out\":\"x-%p.jsonl\",\"flush_ms\":20,\"buffer_events\":64,"
+              "\"config\":{\"pool\":\"on\",\"out\":\"x-%p.jsonl\",\"flush_ms\":20,\"buffer_events\":64,\"stacks\":\"python\",\"stack_depth\":64,"
               "\"reuse\":\"auto\",\"pool_round\":512},\"gpumem_version\":\"0.1.0\"}\n");
     h.forked_from = 7;
     h.config.routes = "driver";

@@ -1,5 +1,6 @@
 // Integration tests: real programs under LD_PRELOAD=libgpumem.so on the emulated device, checked line by line.
 #include "harness.h"
+#include "event_schema.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -32,7 +33,7 @@ void check_header_and_end(const std::vector<json>& ls, const char* reason = "exi
     REQUIRE(ls.size() >= 2);
     CHECK(ls.front()["ev"] == "header");
     CHECK(ls.front()["format"] == "gpumem-events");
-    CHECK(ls.front()["version"] == 2);
+    CHECK(ls.front()["version"] == gpumem::k_format_version);
     CHECK(ls.front()["devices"].size() == 1);
     CHECK(ls.front()["devices"][0]["name"] == "gpumem emulated device 0");
     CHECK(ls.back()["ev"] == "end");

@@ -1,0 +1,132 @@
+// Call sites: a log's stacks by id, and live bytes per stack at any moment (sites.h).
+#include "sites.h"
+
+#include "log_reader.h"
+#include "report_model.h"
+#include "symbolize.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace gpumem::analysis {
+
+bool stack_store::add(uint32_t id, std::vector<frame_view> frames) {
+    if (id == 0) return false;
+    // Ids are dense in a well-formed log; a hostile id far beyond the stacks seen so far must not
+    // make the analyzer allocate for it.
+    if (id > by_id_.size() + (size_t(1) << 20)) return false;
+    if (id > by_id_.size()) {
+        by_id_.resize(id);
+        defined_.resize(id, false);
+    }
+    if (defined_[id - 1]) return false;
+    defined_[id - 1] = true;
+    by_id_[id - 1] = std::move(frames);
+    ++count_;
+    return true;
+}
+
+const std::vector<frame_view>* stack_store::find(uint32_t id) const {
+    if (id == 0 || id > by_id_.size() || !defined_[id - 1]) return nullptr;
+    return &by_id_[id - 1];
+}
+
+void site_tracker::on_alloc(uint64_t seq, int dev, uint64_t ptr, bool vmm, uint64_t size, uint32_t stack) {
+    if (stack) any_stack_ = true;
+    uint64_t k = key(dev, ptr, vmm);
+    // A second allocation at a live address (a missing free; the rebuild warns): the first ends here.
+    if (const size_t* old = open_.find(k)) all_[*old].free_seq = seq;
+    all_.push_back(lifetime{seq, std::numeric_limits<uint64_t>::max(), size, stack, dev});
+    open_.insert_or_assign(k, all_.size() - 1);
+}
+
+void site_tracker::on_free(uint64_t seq, int dev, uint64_t ptr, bool vmm) {
+    uint64_t k = key(dev, ptr, vmm);
+    const size_t* i = open_.find(k);
+    if (!i) return;  // a free of something never seen allocated: the rebuild warns about it
+    all_[*i].free_seq = seq;
+    open_.erase(k);
+}
+
+std::vector<site_row> site_tracker::live_at(int dev, uint64_t seq, size_t top) const {
+    u64_map<site_row> by_stack;
+    for (const lifetime& l : all_) {
+        if (l.dev != dev || l.alloc_seq > seq || l.free_seq <= seq) continue;
+        site_row& r = by_stack[l.stack];
+        r.stack = l.stack;
+        r.bytes = l.size > UINT64_MAX - r.bytes ? UINT64_MAX : r.bytes + l.size;  // hostile sizes saturate
+        ++r.count;
+    }
+    std::vector<site_row> rows;
+    rows.reserve(by_stack.size());
+    for (const auto& e : by_stack) rows.push_back(e.second);
+    std::sort(rows.begin(), rows.end(), [](const site_row& a, const site_row& b) {
+        return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
+    });
+    if (rows.size() > top) rows.resize(top);
+    return rows;
+}
+
+bool parse_stack_record(std::string_view line, uint32_t& id, std::vector<frame_view>& frames, std::string& error) {
+    using json = nlohmann::json;
+    json j = json::parse(line.begin(), line.end(), nullptr, false);
+    if (!j.is_object()) return error = "stack record is not a JSON object", false;
+    auto it = j.find("id");
+    if (it == j.end() || !it->is_number_unsigned() || it->get<uint64_t>() == 0 || it->get<uint64_t>() > UINT32_MAX)
+        return error = "stack record without a valid \"id\" (an integer from 1)", false;
+    id = uint32_t(it->get<uint64_t>());
+    auto fr = j.find("frames");
+    if (fr == j.end() || !fr->is_array()) return error = "stack record without a \"frames\" array", false;
+    frames.clear();
+    for (const json& f : *fr) {
+        if (!f.is_object()) return error = "a frame of the stack record is not an object", false;
+        frame_view v;
+        auto str = [&](const char* k, std::string& out) {
+            auto m = f.find(k);
+            if (m != f.end() && m->is_string()) out = m->get<std::string>();
+        };
+        str("function", v.function);
+        str("file", v.file);
+        str("module", v.module);
+        if (auto m = f.find("line"); m != f.end() && m->is_number_unsigned()) v.line = m->get<uint64_t>();
+        if (auto m = f.find("address"); m != f.end()) {
+            if (!m->is_string() || !parse_hex(m->get<std::string>(), v.address))
+                return error = "a native frame's \"address\" is not a hex string", false;
+        }
+        if (v.function.empty() && v.file.empty() && v.module.empty())
+            return error = "a frame names neither a function, a file nor a module", false;
+        frames.push_back(std::move(v));
+    }
+    return true;
+}
+
+void summarize_sites(process_report& rep, const site_tracker& sites) {
+    if (!sites.any_stack()) return;
+    for (device_report& d : rep.devices) {
+        if (d.requested.peak > 0) d.top_sites = sites.live_at(d.dev, d.requested.peak_seq, k_top_sites);
+        d.leak_sites = sites.live_at(d.dev, UINT64_MAX - 1, k_top_sites);
+        for (oom_report& o : d.ooms) o.sites = sites.live_at(d.dev, o.seq, k_top_sites);
+    }
+}
+
+void symbolize_stacks(process_report& rep) {
+    symbolizer sym;
+    rep.stacks.for_each([&](uint32_t, std::vector<frame_view>& frames) {
+        for (size_t i = 0; i < frames.size(); ++i) {
+            frame_view& f = frames[i];
+            if (!f.native() || !f.function.empty()) continue;
+            // Every native frame but the innermost one is a return address (the capture leaves
+            // gpumem's own frames out, so even the innermost one is a return address into the
+            // program's call of the CUDA function).
+            symbol_info s = sym.lookup(f.module, f.address, true);
+            f.function = s.function;
+            f.file = s.file;
+            f.line = s.line;
+        }
+    });
+}
+
+}  // namespace gpumem::analysis

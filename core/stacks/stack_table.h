@@ -1,0 +1,103 @@
+// Interns call stacks: each unique stack gets a small id once, and the log writer writes its
+// frames once, before the first event that uses the id.
+//
+// The caller's thread pays only for the capture, a hash and one table probe; file names, function
+// names, lines and modules are worked out once per new stack.  Memory is bounded: past
+// `max_stacks` unique stacks, capture() returns 0 ("no stack") and counts the overflow instead of
+// growing.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "python_frames.h"
+#include "stack_mode.h"
+
+namespace gpumem::stacks {
+
+class stack_table {
+  public:
+    static constexpr size_t k_max_depth = 256;  // GPUMEM_STACK_DEPTH is capped here
+
+    explicit stack_table(size_t max_stacks = 1u << 20) noexcept : max_stacks_(max_stacks) {}
+
+    // Finds the interpreter (lazily, on the first allocation, never from a constructor).
+    void init(python_frames::symbol_lookup lookup, stack_mode mode, size_t depth) noexcept;
+
+    // Captures the calling thread's stack and returns its id (1, 2, …), or 0 when the thread has no
+    // frames of the kinds asked for, capture is off, or the table is full.
+    uint32_t capture() noexcept;
+
+    // Writes the stack record for `id` as one JSON line (with '\n') to `out`; false if `id` is
+    // unknown.  Called by the log writer.
+    bool format_record(uint32_t id, std::string& out) const noexcept;
+
+    // fork() must not copy the table's lock while another thread holds it: the preload takes it in
+    // pthread_atfork's prepare handler and releases it in both processes afterwards.
+    void lock_for_fork() noexcept { mu_.lock(); }
+    void unlock_after_fork() noexcept { mu_.unlock(); }
+
+    size_t size() const noexcept;
+    uint64_t overflow() const noexcept;
+    const python_frames& python() const noexcept { return py_; }
+
+  private:
+    // A frame as captured.  Python: the code object and the byte offset of its instruction.
+    // Native: the return address, with offset -1.
+    struct raw_frame {
+        uint64_t addr;
+        int32_t offset;
+        int32_t pad = 0;
+        bool native() const { return offset < 0; }
+    };
+    // A frame as described.  Python: `text` indexes codes_ and `line` is set.  Native: `text`
+    // indexes modules_, `line` is -1 and `address` is the offset in the module.
+    struct frame_info {
+        uint32_t text;
+        int32_t line;
+        uint64_t address;
+        bool operator==(const frame_info& o) const {
+            return text == o.text && line == o.line && address == o.address;
+        }
+    };
+    struct key_entry {  // one captured shape
+        uint32_t first;  // index into keys_
+        uint32_t count;
+        uint32_t id;
+    };
+    struct stack_entry {  // one described stack: what the log's record says
+        uint32_t first;  // index into frames_
+        uint32_t count;
+    };
+    uint32_t intern_locked(const raw_frame* f, size_t n, uint64_t hash);
+    uint32_t describe_locked(const raw_frame* f, size_t n);
+    frame_info describe_frame_locked(const raw_frame& f);
+
+    python_frames py_;
+    stack_mode mode_ = stack_mode::off;
+    size_t depth_ = 64;
+    size_t max_stacks_;
+    std::atomic<bool> ready_{false};
+
+    mutable std::mutex mu_;
+    // Two captures can differ only in instruction offsets that map to the same lines (two calls
+    // on one line): they get the same id, so the log holds each described stack once.
+    std::unordered_multimap<uint64_t, uint32_t> by_key_;   // hash of the capture -> key_entries_
+    std::unordered_multimap<uint64_t, uint32_t> by_text_;  // hash of the description -> id
+    std::vector<key_entry> key_entries_;
+    std::vector<raw_frame> keys_;
+    std::vector<stack_entry> stacks_;  // id - 1 -> its frames
+    std::vector<frame_info> frames_;
+    std::unordered_map<uint64_t, uint32_t> code_ids_;  // code object -> index into codes_
+    std::vector<py_code_info> codes_;
+    std::unordered_map<std::string, uint32_t> module_ids_;  // module path -> index into modules_
+    std::vector<std::string> modules_;
+    uint64_t overflow_ = 0;
+};
+
+}  // namespace gpumem::stacks

@@ -1,0 +1,112 @@
+# Checks gpumem's in-process Python stack capture in a real interpreter: names, files and lines of
+# known call sites, interning, threads with and without the GIL, and the depth limit.
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+
+probe_path = sys.argv[1]
+depth = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+here = os.path.abspath(__file__)
+with_gil = ctypes.PyDLL(probe_path)      # PyDLL keeps the GIL during the call
+without_gil = ctypes.CDLL(probe_path)    # CDLL releases it, as most extensions do around C work
+with_gil.probe_record.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_int]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def record(stack_id):
+    buf = ctypes.create_string_buffer(1 << 20)
+    n = with_gil.probe_record(stack_id, buf, len(buf))
+    check(n > 0, f"record for stack {stack_id}")
+    line = buf.value.decode()
+    check(line.endswith("\n"), "record ends with a newline")
+    rec = json.loads(line)
+    check(rec["ev"] == "stack" and rec["id"] == stack_id, f"record header {rec}")
+    return rec["frames"]
+
+
+def line_of(marker):
+    with open(here) as f:
+        for i, text in enumerate(f, 1):
+            if text.rstrip().endswith("# " + marker):
+                return i
+    raise AssertionError(marker)
+
+
+def alpha():
+    return with_gil.probe_capture()  # site-alpha
+
+
+def beta():
+    return with_gil.probe_capture()  # site-beta
+
+
+class Klass:
+    def method(self):
+        return with_gil.probe_capture()  # site-method
+
+
+def recurse(n):
+    if n == 0:
+        return with_gil.probe_capture()  # site-deep
+    return recurse(n - 1)
+
+
+def main():
+    if depth != 64:  # the depth case, in its own process
+        check(with_gil.probe_init(depth) == 1, "capture active")
+        frames = record(recurse(20))
+        check(len(frames) == depth, f"depth {depth}: got {len(frames)} frames")
+        check(frames[0]["line"] == line_of("site-deep"), "innermost frame kept")
+        return
+    check(with_gil.probe_init(64) == 1, "capture active in CPython %d.%d" % sys.version_info[:2])
+
+    a1, a2, b = alpha(), alpha(), beta()
+    check(a1 != 0 and a1 == a2, f"one site, one id: {a1} {a2}")
+    check(b != 0 and b != a1, f"another site, another id: {b}")
+    fa = record(a1)
+    check(fa[0] == {"function": "alpha", "file": here, "line": line_of("site-alpha")}, f"alpha frame {fa[0]}")
+    check(fa[1]["function"] == "main" and fa[1]["file"] == here, f"caller frame {fa[1]}")
+    check(fa[-1]["function"] == "<module>", f"outermost frame {fa[-1]}")
+    fb = record(b)
+    check(fb[0]["function"] == "beta" and fb[0]["line"] == line_of("site-beta"), f"beta frame {fb[0]}")
+    fm = record(Klass().method())
+    check(fm[0]["function"] == "Klass.method" and fm[0]["line"] == line_of("site-method"),
+          f"qualified name {fm[0]}")
+
+    # A thread holding the GIL gets its own stack; one that released it gets none.
+    got = {}
+
+    def worker():
+        got["with"] = with_gil.probe_capture()  # site-thread
+        got["without"] = without_gil.probe_capture()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    check(got["without"] == 0, f"no stack without the GIL: {got['without']}")
+    ft = record(got["with"])
+    check(ft[0]["function"] == "main.<locals>.worker" and ft[0]["line"] == line_of("site-thread"),
+          f"thread frame {ft[0]}")
+    check(any(f["function"] == "Thread.run" for f in ft), "thread stack reaches threading.Thread.run")
+    check(not any(f["function"] == "main" for f in ft), "thread stack is the thread's own")
+    check(without_gil.probe_capture() == 0, "main thread without the GIL: no stack")
+    check(with_gil.probe_size() == 4, f"4 unique stacks (alpha, beta, method, thread) interned, got {with_gil.probe_size()}")
+
+    r = subprocess.run([sys.executable, here, probe_path, "3"])
+    check(r.returncode == 0, "depth limit case")
+
+
+main()
+if failures:
+    print(f"{len(failures)} failed")
+    sys.exit(1)
+print("ok")
