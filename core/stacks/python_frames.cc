@@ -18,15 +18,18 @@ namespace {
 // (_PyCFrame.current_frame) and Include/internal/pycore_frame.h (_PyInterpreterFrame).  The 3.11
 // numbers are checked against the 3.11 headers by tests/stacks; all of them are checked at run time
 // by check_layout() before the first stack is trusted.
+// str objects (Include/cpython/unicodeobject.h): PyASCIIObject lost its wstr member in 3.12.
 struct layout {
     int minor;
     size_t ts_cframe, cframe_current, fr_code, fr_previous, fr_instr, fr_owner;
     int owner_cstack;  // frames owned by the C stack are shims, not Python code (-1: none)
+    size_t ascii_size, compact_size;
 };
 constexpr layout k_layouts[] = {
-    {11, 56, 8, 32, 48, 56, 69, -1},
-    {12, 56, 0, 0, 8, 56, 70, 3},
+    {11, 56, 8, 32, 48, 56, 69, -1, 48, 72},
+    {12, 56, 0, 0, 8, 56, 70, 3, 40, 56},
 };
+constexpr size_t k_str_state = 32;  // PyASCIIObject.state, after refcount, type, length and hash
 
 // PyTypeObject members read to learn the code object's own layout (stable since CPython 3.0 in the
 // public, non-limited PyTypeObject): tp_basicsize is offsetof(PyCodeObject, co_code_adaptive) in
@@ -79,18 +82,11 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
         why_off_ = "Python stacks need CPython 3.11 or 3.12";
         return false;
     }
-    gil_check_ = reinterpret_cast<int (*)()>(lookup("PyGILState_Check"));
     is_initialized_ = reinterpret_cast<int (*)()>(lookup("Py_IsInitialized"));
-    tstate_get_ = reinterpret_cast<void* (*)()>(lookup("_PyThreadState_UncheckedGet"));
+    tstate_get_ = reinterpret_cast<void* (*)()>(lookup("PyGILState_GetThisThreadState"));
     addr2line_ = reinterpret_cast<int (*)(void*, int)>(lookup("PyCode_Addr2Line"));
-    as_utf8_ = reinterpret_cast<const char* (*)(void*, long*)>(lookup("PyUnicode_AsUTF8AndSize"));
-    incref_ = reinterpret_cast<void (*)(void*)>(lookup("Py_IncRef"));
-    err_fetch_ = reinterpret_cast<void (*)(void**, void**, void**)>(lookup("PyErr_Fetch"));
-    err_restore_ = reinterpret_cast<void (*)(void*, void*, void*)>(lookup("PyErr_Restore"));
-    err_clear_ = reinterpret_cast<void (*)()>(lookup("PyErr_Clear"));
     code_type_ = lookup("PyCode_Type");
-    if (!gil_check_ || !is_initialized_ || !tstate_get_ || !addr2line_ || !as_utf8_ || !incref_ ||
-        !err_fetch_ || !err_restore_ || !err_clear_ || !code_type_) {
+    if (!is_initialized_ || !tstate_get_ || !addr2line_ || !code_type_) {
         why_off_ = "the interpreter lacks a function gpumem needs";
         return false;
     }
@@ -101,6 +97,8 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     fr_instr_ = lay->fr_instr;
     fr_owner_ = lay->fr_owner;
     owner_cstack_ = lay->owner_cstack;
+    ascii_size_ = lay->ascii_size;
+    compact_size_ = lay->compact_size;
 
     // The code object's layout, from the type itself.
     uint64_t type = reinterpret_cast<uint64_t>(code_type_);
@@ -109,8 +107,9 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     for (const py_member_def* m = members; m && m->name; ++m) {
         if (!std::strcmp(m->name, "co_filename")) co_filename_ = size_t(m->offset);
         if (!std::strcmp(m->name, "co_qualname")) co_qualname_ = size_t(m->offset);
+        if (!std::strcmp(m->name, "co_firstlineno")) co_firstlineno_ = size_t(m->offset);
     }
-    if (!co_filename_ || !co_qualname_ || co_code_ < 64 || co_code_ > 1024) {
+    if (!co_filename_ || !co_qualname_ || !co_firstlineno_ || co_code_ < 64 || co_code_ > 1024) {
         why_off_ = "unexpected code object layout";
         return false;
     }
@@ -143,11 +142,11 @@ bool python_frames::check_layout() noexcept {
 }
 
 size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
-    if (!active_ || max == 0 || !is_initialized_() || !gil_check_()) return 0;
+    if (!active_ || max == 0 || !is_initialized_() || !tstate_get_()) return 0;
     int state = g_layout_state.load(std::memory_order_acquire);
     if (state == 2) return 0;
     if (state == 0) {
-        // Only a thread holding the GIL gets here, so the check runs once at a time.
+        // Several threads may check at once: the walk only reads, and every good walk says the same.
         if (!const_cast<python_frames*>(this)->check_layout()) {
             // No frames yet is not a verdict (a thread in an extension's init): try again later,
             // unless the walk itself went wrong.
@@ -172,7 +171,11 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
             int64_t off = int64_t(instr) - int64_t(code + co_code_);
             // A frame that has not run its first instruction yet (prev_instr before the code) is
             // incomplete: CPython itself leaves it out of tracebacks.
-            if (off >= 0) out[n++] = py_frame{code, int32_t(off)};
+            if (off >= 0) {
+                uint64_t ident = load<uint64_t>(code + co_filename_) ^ (load<uint64_t>(code + co_qualname_) << 7) ^
+                                 uint64_t(load<int32_t>(code + co_firstlineno_));
+                out[n++] = py_frame{code, int32_t(off), uint32_t(ident ^ (ident >> 32))};
+            }
         }
         frame = load<uint64_t>(frame + fr_previous_);
     }
@@ -185,26 +188,38 @@ int python_frames::line_of(const py_frame& f) const noexcept {
     return addr2line_(reinterpret_cast<void*>(f.code), f.offset);
 }
 
+// A str object's text as UTF-8, read in place: compact strings only (every code object's names
+// are), Latin-1, UCS-2 or UCS-4 transcoded.  No allocation inside the interpreter, no reference.
+bool python_frames::read_str(uint64_t obj, std::string& out) const noexcept {
+    if (!obj) return false;
+    uint32_t state = load<uint32_t>(obj + k_str_state);
+    unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    int64_t len = load<int64_t>(obj + 16);
+    if (!compact || len < 0 || len > 4096) return false;
+    uint64_t data = obj + (ascii ? ascii_size_ : compact_size_);
+    try {
+        out.clear();
+        for (int64_t i = 0; i < len; ++i) {
+            uint32_t c = kind == 1 ? load<uint8_t>(data + uint64_t(i))
+                         : kind == 2 ? load<uint16_t>(data + 2 * uint64_t(i))
+                         : kind == 4 ? load<uint32_t>(data + 4 * uint64_t(i)) : 0xfffd;
+            if (c >= 0xd800 && c < 0xe000) c = 0xfffd;  // a lone surrogate has no UTF-8 form
+            if (c < 0x80) out += char(c);
+            else if (c < 0x800) out += {char(0xc0 | c >> 6), char(0x80 | (c & 0x3f))};
+            else if (c < 0x10000) out += {char(0xe0 | c >> 12), char(0x80 | ((c >> 6) & 0x3f)), char(0x80 | (c & 0x3f))};
+            else out += {char(0xf0 | c >> 18), char(0x80 | ((c >> 12) & 0x3f)), char(0x80 | ((c >> 6) & 0x3f)),
+                         char(0x80 | (c & 0x3f))};
+        }
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
 bool python_frames::describe_code(uint64_t code, py_code_info& out) const noexcept {
     if (!active_ || !code) return false;
-    // PyUnicode_AsUTF8AndSize can fail (a lone surrogate in a file name) and would then leave an
-    // exception set in the program's thread: park the program's own exception state around it.
-    void *type = nullptr, *value = nullptr, *trace = nullptr;
-    err_fetch_(&type, &value, &trace);
-    auto text = [&](size_t member, std::string& s) {
-        void* obj = load<void*>(code + member);
-        long len = 0;
-        const char* p = obj ? as_utf8_(obj, &len) : nullptr;
-        if (p) s.assign(p, size_t(len));
-        else {
-            err_clear_();
-            s = "?";
-        }
-    };
-    text(co_filename_, out.file);
-    text(co_qualname_, out.function);
-    err_restore_(type, value, trace);
-    incref_(reinterpret_cast<void*>(code));  // keep the address unique for the rest of the run
+    if (!read_str(load<uint64_t>(code + co_filename_), out.file)) out.file = "?";
+    if (!read_str(load<uint64_t>(code + co_qualname_), out.function)) out.function = "?";
     return true;
 }
 

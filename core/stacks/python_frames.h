@@ -1,11 +1,15 @@
 // Reads the calling thread's Python stack (code object, instruction offset) in-process, without
 // calling back into Python.
 //
-// The interpreter is found by its exported symbols; nothing is installed in Python.  A stack is read
-// only while the calling thread holds the GIL (PyGILState_Check), because only then are its frames
-// guaranteed not to change under us.  Frames are read through the interpreter's own structures at
-// offsets fixed per CPython minor version (3.11, 3.12) and checked once with process_vm_readv, so a
-// layout we got wrong turns capture off instead of crashing the host program.
+// The interpreter is found by its exported symbols; nothing is installed in Python.  Only the
+// calling thread's own frames are read, found through its own thread state
+// (PyGILState_GetThisThreadState, a thread-local lookup).  They cannot change while we read them:
+// this thread is here, inside a CUDA call, not running Python.  The GIL is not required, and that
+// matters: PyTorch releases the GIL around every operator it dispatches, so its allocations come
+// from threads that do not hold it.  Without the GIL the reader calls nothing in the interpreter
+// that allocates or touches reference counts: names are decoded from the string objects in place.
+// Frames are read at offsets fixed per CPython minor version (3.11, 3.12) and checked once with
+// process_vm_readv, so a layout we got wrong turns capture off instead of crashing the program.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +23,10 @@ namespace gpumem::stacks {
 struct py_frame {
     uint64_t code;
     int32_t offset;
+    // Identity of the code object beyond its address (its file and name objects, first line):
+    // without the GIL no reference is taken, so a freed code object's address may come back as
+    // another code object, and this tells the two apart.
+    uint32_t ident;
 };
 
 // What a code object says about itself, computed once per code object.
@@ -42,12 +50,11 @@ class python_frames {
     const char* why_off() const noexcept { return why_off_; }
 
     // Fills up to `max` frames of the calling thread, innermost first.  Returns the number filled:
-    // 0 when the thread does not hold the GIL or has no Python frames.
+    // 0 when the thread has no Python thread state or no Python frames.
     size_t capture(py_frame* out, size_t max) const noexcept;
 
-    // Line of `f` and the names of its code object.  Called with the GIL held (right after capture,
-    // for stacks not seen before).  The code object is kept alive (one reference) so that its
-    // address is never reused for another code object while the log refers to it.
+    // Line of `f` and the names of its code object, for stacks not seen before, right after
+    // capture() on the same thread (the frame, and so its code object, is still live).
     int line_of(const py_frame& f) const noexcept;
     bool describe_code(uint64_t code, py_code_info& out) const noexcept;
 
@@ -58,16 +65,11 @@ class python_frames {
     int minor_ = 0;
     const char* why_off_ = "";
 
-    // Interpreter functions, all public API of CPython 3.11/3.12.
-    int (*gil_check_)() = nullptr;
+    // Interpreter functions, all public API of CPython 3.11/3.12, none of which allocates or needs
+    // the GIL.
     int (*is_initialized_)() = nullptr;
-    void* (*tstate_get_)() = nullptr;                 // _PyThreadState_UncheckedGet
+    void* (*tstate_get_)() = nullptr;                 // PyGILState_GetThisThreadState
     int (*addr2line_)(void*, int) = nullptr;          // PyCode_Addr2Line
-    const char* (*as_utf8_)(void*, long*) = nullptr;  // PyUnicode_AsUTF8AndSize
-    void (*incref_)(void*) = nullptr;                 // Py_IncRef
-    void (*err_fetch_)(void**, void**, void**) = nullptr;  // PyErr_Fetch
-    void (*err_restore_)(void*, void*, void*) = nullptr;   // PyErr_Restore
-    void (*err_clear_)() = nullptr;                        // PyErr_Clear
     void* code_type_ = nullptr;                       // &PyCode_Type
 
     // Layout, per minor version (python_frames.cc says where each number comes from).
@@ -75,7 +77,10 @@ class python_frames {
            fr_owner_ = 0, co_code_ = 0;
     int owner_cstack_ = -1;
     // Found at run time in PyCode_Type's member table, so no guess is needed for these.
-    size_t co_filename_ = 0, co_qualname_ = 0;
+    size_t co_filename_ = 0, co_qualname_ = 0, co_firstlineno_ = 0;
+    // str objects: sizes of PyASCIIObject and PyCompactUnicodeObject, where the characters follow.
+    size_t ascii_size_ = 0, compact_size_ = 0;
+    bool read_str(uint64_t obj, std::string& out) const noexcept;
 };
 
 }  // namespace gpumem::stacks

@@ -42,13 +42,12 @@ uint32_t stack_table::capture() noexcept {
     if ((mode_ == stack_mode::python || mode_ == stack_mode::all) && py_.active() && n < depth_) {
         py_frame pf[k_max_depth];
         size_t m = py_.capture(pf, depth_ - n);
-        for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pf[i].code, pf[i].offset};
+        for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pf[i].code, pf[i].offset, pf[i].ident};
     }
     if (n == 0) return 0;
     uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
-    for (size_t i = 0; i < n; ++i) h = mix(h, buf[i].addr ^ (uint64_t(uint32_t(buf[i].offset)) << 40));
-    // Python frames were read with the GIL held, so Python threads come one at a time; the lock
-    // orders them against native-only threads and the writer.
+    for (size_t i = 0; i < n; ++i)
+        h = mix(h, buf[i].addr ^ (uint64_t(uint32_t(buf[i].offset)) << 40) ^ (uint64_t(buf[i].ident) << 20));
     try {
         std::lock_guard<std::mutex> g(mu_);
         return intern_locked(buf, n, h);
@@ -58,7 +57,9 @@ uint32_t stack_table::capture() noexcept {
 }
 
 uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash) {
-    auto same = [](const raw_frame& a, const raw_frame& b) { return a.addr == b.addr && a.offset == b.offset; };
+    auto same = [](const raw_frame& a, const raw_frame& b) {
+        return a.addr == b.addr && a.offset == b.offset && a.ident == b.ident;
+    };
     auto range = by_key_.equal_range(hash);
     for (auto it = range.first; it != range.second; ++it) {
         const key_entry& k = key_entries_[it->second];
@@ -91,7 +92,7 @@ stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f) {
         }
         return frame_info{idx, -1, offset};
     }
-    auto it = code_ids_.find(f.addr);
+    auto it = code_ids_.find({f.addr, f.ident});
     uint32_t idx;
     if (it != code_ids_.end()) idx = it->second;
     else {
@@ -99,13 +100,13 @@ stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f) {
         if (!py_.describe_code(f.addr, info)) info = {"?", "?"};
         codes_.push_back(std::move(info));
         idx = uint32_t(codes_.size() - 1);
-        code_ids_.emplace(f.addr, idx);
+        code_ids_.emplace(std::make_pair(f.addr, f.ident), idx);
     }
-    return frame_info{idx, py_.line_of(py_frame{f.addr, f.offset}), 0};
+    return frame_info{idx, py_.line_of(py_frame{f.addr, f.offset, f.ident}), 0};
 }
 
-// A capture not seen before: describe its frames now, while the GIL keeps the code objects alive,
-// and find or make the stack with that description.
+// A capture not seen before: describe its frames now, while the capturing thread's frames keep
+// their code objects alive, and find or make the stack with that description.
 uint32_t stack_table::describe_locked(const raw_frame* f, size_t n) {
     uint32_t first = uint32_t(frames_.size());
     uint64_t h = 0xcbf29ce484222325ull ^ n;

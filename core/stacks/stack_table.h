@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -47,12 +48,12 @@ class stack_table {
     const python_frames& python() const noexcept { return py_; }
 
   private:
-    // A frame as captured.  Python: the code object and the byte offset of its instruction.
-    // Native: the return address, with offset -1.
+    // A frame as captured.  Python: the code object, the byte offset of its instruction and the
+    // code object's identity (py_frame::ident).  Native: the return address, with offset -1.
     struct raw_frame {
         uint64_t addr;
         int32_t offset;
-        int32_t pad = 0;
+        uint32_t ident = 0;
         bool native() const { return offset < 0; }
     };
     // A frame as described.  Python: `text` indexes codes_ and `line` is set.  Native: `text`
@@ -93,7 +94,7 @@ class stack_table {
     std::vector<raw_frame> keys_;
     std::vector<stack_entry> stacks_;  // id - 1 -> its frames
     std::vector<frame_info> frames_;
-    std::unordered_map<uint64_t, uint32_t> code_ids_;  // code object -> index into codes_
+    std::map<std::pair<uint64_t, uint32_t>, uint32_t> code_ids_;  // (code object, identity) -> codes_ index
     std::vector<py_code_info> codes_;
     std::unordered_map<std::string, uint32_t> module_ids_;  // module path -> index into modules_
     std::vector<std::string> modules_;

@@ -1,7 +1,7 @@
 # A Python program that allocates device memory through the emulated libcuda with ctypes, from
 # known functions: the call-site tests check that the report names each function, file and line
-# with its exact bytes.  PyDLL keeps the GIL during the call, as PyTorch's bindings do; the
-# worker thread uses CDLL, which releases the GIL, so its allocation has no Python stack.
+# with its exact bytes.  The main thread calls through PyDLL, which keeps the GIL; the worker thread
+# through CDLL, which releases it, as PyTorch does around every operator.
 import ctypes
 import sys
 import threading

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "stacks/stack_table.h"
 
@@ -36,6 +37,13 @@ int probe_record(unsigned id, char* out, int cap) {
     return int(s.size());
 }
 unsigned long probe_size() { return table().size(); }
+// Captures on a new native thread, which has no Python thread state: must give 0.
+unsigned probe_capture_native_thread() {
+    unsigned id = 1;
+    std::thread t([&] { id = table().capture(); });
+    t.join();
+    return id;
+}
 }
 
 // The same call with no capture: the benchmark's baseline.
