@@ -1,4 +1,4 @@
-// Drives one log through the reader and the replayer, with header validation and progress output.
+// Drives one log through the reader and the rebuilder, with header validation and progress output.
 #include "analyze.h"
 
 #include <unistd.h>
@@ -115,8 +115,8 @@ private:
     bool printed_ = false;
 };
 
-// One pass over the file.  Returns the replayer so the caller can ask about a second pass.
-void run_pass(const std::string& path, process_report& rep, replayer& rp, line_parser& parser,
+// One pass over the file; the caller asks the rebuilder about a second pass.
+void run_pass(const std::string& path, process_report& rep, rebuilder& rp, line_parser& parser,
               const analyze_options& opt, const char* pass_name, bool first_pass, site_tracker* sites) {
     line_source src(path);
     progress_meter meter(opt, path, pass_name);
@@ -193,25 +193,25 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
     process_report rep;
     rep.file = path;
     line_parser parser;
-    replay_options ro;
+    rebuild_options ro;
     ro.at = opt.at;
     ro.snapshot_budget_per_event = opt.snapshot_budget_per_event;
     ro.snapshot_budget_fixed = opt.snapshot_budget_fixed;
     ro.max_listed_leaks = opt.max_listed_leaks;
-    replayer rp(rep, parser, ro);
+    rebuilder rp(rep, parser, ro);
     site_tracker sites;
     run_pass(path, rep, rp, parser, opt, "", true, &sites);
     if (!rep.has_end)
         rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
                    "the last flush interval of events may be missing");
     if (rp.needs_second_pass()) {
-        // The peak moved too often to copy the state at each new peak; replay up to it instead.
+        // The peak moved too often to copy the state at each new peak; rebuild up to it instead.
         process_report again;
         again.file = path;
         line_parser p2;
-        replay_options r2;
+        rebuild_options r2;
         r2.peak_snapshot_seq = rp.peak_seqs();
-        replayer rp2(again, p2, r2);
+        rebuilder rp2(again, p2, r2);
         run_pass(path, again, rp2, p2, opt, " (peak pass)", false, nullptr);
         auto snaps = rp2.take_peak_snapshots();
         for (device_report& d : rep.devices) {

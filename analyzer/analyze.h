@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "replay.h"
+#include "rebuild.h"
 #include "report_model.h"
 
 namespace gpumem::analysis {

@@ -1,0 +1,460 @@
+// The address-space model: how each event changes segments, blocks, gaps and live allocations.
+#include "model/address_space.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "log_reader.h"
+
+namespace gpumem::analysis {
+
+std::string hex(uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, "0x%" PRIx64, v);
+    return b;
+}
+
+device_state& address_space::add_device(int d) {
+    device_state& s = devs_[d];
+    s.dev = d;
+    s.rep.dev = d;
+    s.slot = uint32_t(devs_.size() - 1);
+    last_dev_index_ = d;
+    last_dev_ = &s;
+    obs_.new_device(s);
+    return s;
+}
+
+address_space::pend_rule address_space::pending_rule() {
+    if (rule_ == pend_rule::unknown) {
+        if (proc_.pool_mode == "off" || proc_.reuse_mode == "immediate") rule_ = pend_rule::never;
+        else if (proc_.reuse_mode == "auto") rule_ = pend_rule::after_reuse_safe;
+        else rule_ = pend_rule::always;  // "safe", absent, or a value we do not know: as before auto
+    }
+    return rule_;
+}
+
+// "auto" switches each device on its own reuse_safe event.
+bool address_space::pends(const device_state& d) {
+    switch (pending_rule()) {
+    case pend_rule::never: return false;
+    case pend_rule::after_reuse_safe: return d.reuse_safe;
+    default: return true;
+    }
+}
+
+void address_space::apply(const log_event& e, uint64_t line) {
+    bool has_dev = e.has(fd_dev);
+    device_state* d = has_dev ? &dev(e.dev) : nullptr;
+    event_dev_ = d;
+    // A pending peak snapshot must be taken before anything but a growth changes the state
+    // (reuse_safe changes no block, only what later frees do).
+    if (d && e.ev != ev_kind::alloc && e.ev != ev_kind::stats && e.ev != ev_kind::oom &&
+        e.ev != ev_kind::alloc_fail && e.ev != ev_kind::reuse_safe)
+        obs_.before_change(*d);
+
+    switch (e.ev) {
+    case ev_kind::alloc: on_alloc(e, line); break;
+    case ev_kind::free: on_free(e, line); break;
+    case ev_kind::map: {
+        // The recorder writes dev; older or other writers may not, then the handle tells.
+        int md = has_dev ? e.dev : -1;
+        const live_alloc* h = live_vmm_.find(e.handle);
+        if (!has_dev && h) md = h->dev;
+        maps_[e.ptr] = mapping{e.size, md};
+        obs_.mapped(dev(md), e, line);
+        break;
+    }
+    case ev_kind::unmap: {
+        auto m = maps_.find(e.ptr);
+        if (m == maps_.end()) {
+            checks_.warn(line, "unmap of " + hex(e.ptr) + ", which no map event mapped");
+            obs_.unmapped(dev(-1), 0);
+            break;
+        }
+        mapping gone = m->second;
+        maps_.erase(m);
+        obs_.unmapped(dev(gone.dev), gone.size);
+        break;
+    }
+    case ev_kind::reserve:
+        va_ranges_[e.ptr] = e.size;
+        obs_.va_reserved(e, line);
+        break;
+    case ev_kind::unreserve: {
+        auto r = va_ranges_.find(e.ptr);
+        if (r == va_ranges_.end()) {
+            obs_.va_released(0);
+            checks_.warn(line, "unreserve of " + hex(e.ptr) + ", which no reserve event reserved");
+            break;
+        }
+        uint64_t size = r->second;
+        va_ranges_.erase(r);
+        obs_.va_released(size);
+        break;
+    }
+    case ev_kind::segment_alloc: on_segment_alloc(e, line); break;
+    case ev_kind::segment_free: on_segment_free(e, line); break;
+    case ev_kind::pool_sync:
+        if (d) on_pool_sync(*d, e, line);
+        break;
+    case ev_kind::context_reset:
+        // The reuse mode survives: the pool object lives on (docs/pool.md), and so does its mode.
+        drop_device_state(has_dev ? e.dev : -1, e);
+        break;
+    case ev_kind::reuse_safe:
+        if (d) on_reuse_safe(*d, e, line);  // dev is a required member
+        break;
+    default: break;  // the rest change no memory: the metrics and checks read them
+    }
+}
+
+void address_space::on_alloc(const log_event& e, uint64_t line) {
+    device_state& d = dev(e.dev);
+    if (e.ptr == 0) return;  // a zero-byte allocation returns NULL: nothing is held
+    live_alloc a{e.size, e.set_aside(), e.seq, e.t, line, e.pooled ? e.seg : 0,
+                 e.api, e.dev, e.kind, e.pooled};
+    if (e.kind == mem_kind::vmm) {
+        auto [old, fresh] = live_vmm_.try_emplace(e.ptr, a);
+        if (!fresh) {
+            checks_.inconsistent(line, "allocation handle " + hex(e.ptr) + " is already live (allocated at line " +
+                                           std::to_string(old->line) + "; missing release?)");
+            release(*old, false);
+            *old = a;
+        }
+    } else {
+        if (live_alloc* old = live_.find(e.ptr)) {
+            checks_.inconsistent(line, "allocation at " + hex(e.ptr) + " overlaps a live allocation from line " +
+                                           std::to_string(old->line) + " (missing free?)");
+            live_alloc gone = *old;  // copied: erase moves entries
+            live_.erase(e.ptr);
+            if (!gone.pooled) plain_ranges_.erase(e.ptr);
+            release(gone, false);
+        }
+        if (e.pooled) {
+            auto* const* found = segment_at_.find(e.seg);
+            auto* sit = found ? *found : nullptr;
+            if (!sit) {
+                checks_.inconsistent(line, "pooled block " + hex(e.ptr) + " is in segment " + hex(e.seg) +
+                                               ", which no segment_alloc created");
+                a.pooled = false;  // account it like a plain allocation so totals stay right
+                a.seg = 0;
+            } else if (!place_block(sit->second, sit->first, e.ptr, a.asize, line)) {
+                a.pooled = false;
+                a.seg = 0;
+            }
+        }
+        if (!a.pooled) check_plain_overlap(e, line);
+        live_.try_emplace(e.ptr, a);
+    }
+    obs_.placed(d, e, a, line);
+}
+
+// Two live allocations cannot share an address: a range that overlaps another one's means events
+// are missing or the log was edited.  Only a warning: the totals stay right either way.
+void address_space::check_plain_overlap(const log_event& e, uint64_t line) {
+    if (e.size == 0) return;
+    uint64_t end = e.ptr + e.size < e.ptr ? UINT64_MAX : e.ptr + e.size;
+    auto next = plain_ranges_.lower_bound(e.ptr);
+    const live_alloc* other = nullptr;
+    uint64_t other_ptr = 0;
+    if (next != plain_ranges_.end() && next->first < end) other_ptr = next->first;
+    else if (next != plain_ranges_.begin() && std::prev(next)->second > e.ptr) other_ptr = std::prev(next)->first;
+    if (other_ptr) other = live_.find(other_ptr);
+    if (other)
+        checks_.warn(line, "allocation [" + hex(e.ptr) + ", +" + std::to_string(e.size) + ") overlaps the live allocation [" +
+                               hex(other_ptr) + ", +" + std::to_string(other->size) + ") from line " +
+                               std::to_string(other->line));
+    plain_ranges_.insert_or_assign(e.ptr, end);
+}
+
+bool address_space::place_block(segment& s, uint64_t base, uint64_t p, uint64_t asz, uint64_t line) {
+    device_state& d = dev(s.dev);
+    uint64_t end = base + s.size;
+    if (p < base || p > end || asz > end - p) {
+        checks_.inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) + ") lies outside segment [" +
+                                       hex(base) + ", +" + std::to_string(s.size) + ")");
+        return false;
+    }
+    // One tree walk serves the duplicate check, both neighbours and the insertion.
+    auto at = s.blocks.lower_bound(p);
+    if (at != s.blocks.end() && at->first == p) {
+        checks_.inconsistent(line, "pooled block " + hex(p) + " is already allocated in segment " + hex(base));
+        return false;
+    }
+    uint64_t next_start = at == s.blocks.end() ? base + s.size : at->first;
+    uint64_t prev_end = at == s.blocks.begin() ? base : std::prev(at)->first + std::prev(at)->second;
+    if (p < prev_end || p + asz > next_start) {
+        checks_.inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) +
+                                       ") overlaps another live block in segment " + hex(base));
+        return false;
+    }
+    d.gaps.remove(next_start - prev_end);
+    d.gaps.add(p - prev_end);
+    d.gaps.add(next_start - (p + asz));
+    s.blocks.emplace_hint(at, p, asz);
+    return true;
+}
+
+void address_space::unplace_block(segment& s, uint64_t base, uint64_t p) {
+    auto it = s.blocks.find(p);
+    if (it == s.blocks.end()) return;
+    uint64_t asz = it->second;
+    auto after = s.blocks.erase(it);
+    device_state& d = dev(s.dev);
+    uint64_t next_start = after == s.blocks.end() ? base + s.size : after->first;
+    uint64_t prev_end = after == s.blocks.begin() ? base : std::prev(after)->first + std::prev(after)->second;
+    d.gaps.remove(p - prev_end);
+    d.gaps.remove(next_start - (p + asz));
+    d.gaps.add(next_start - prev_end);
+}
+
+void address_space::on_free(const log_event& e, uint64_t line) {
+    device_state& d = dev(e.dev);
+    if (e.unknown || e.ptr == 0) {
+        // "unknown": recorded by design (the allocation predates gpumem or bypassed it);
+        // cudaFree(NULL) is a legal no-op.
+        obs_.freed(d, e, nullptr, line);
+        return;
+    }
+    bool handle = e.kind == mem_kind::vmm;
+    auto& m = handle ? live_vmm_ : live_;
+    live_alloc* found = m.find(e.ptr);
+    if (!found) {
+        checks_.bad_free(line, e.ptr, handle);
+        obs_.freed(d, e, nullptr, line);
+        return;
+    }
+    live_alloc a = *found;  // copied: erase moves entries
+    m.erase(e.ptr);
+    if (!handle && !a.pooled) plain_ranges_.erase(e.ptr);
+    device_state& ad = dev(a.dev);
+    obs_.before_change(ad);
+    if (a.pooled) {
+        if (auto* const* sit = segment_at_.find(a.seg)) {
+            if (pends(ad)) {
+                // docs/pool.md: a freed block stays in place, neither allocated nor free, until
+                // a pool_sync releases it; counting it as free would misjudge fragmentation.
+                ad.pending.push_back({a.seg, e.ptr});
+                obs_.pending_added(ad, a.asize, e, line);
+            } else {
+                unplace_block((*sit)->second, (*sit)->first, e.ptr);
+            }
+        }
+    }
+    release(a, true);
+    obs_.freed(ad, e, &a, line);
+    if (&ad != &d) obs_.changed(ad, e.t, e.seq);
+}
+
+void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
+    device_state& d = dev(e.dev);
+    if (e.size == 0) return;
+    auto next = segments_.lower_bound(e.ptr);
+    bool overlap = (next != segments_.end() && next->first < e.ptr + e.size);
+    if (next != segments_.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second.size > e.ptr) overlap = true;
+    }
+    if (overlap || e.ptr + e.size < e.ptr) {
+        checks_.inconsistent(line, "segment [" + hex(e.ptr) + ", +" + std::to_string(e.size) +
+                                       ") overlaps a segment that is still held");
+        return;
+    }
+    auto added = segments_.emplace(e.ptr, segment{e.size, e.dev, e.pool, {}}).first;
+    segment_at_.insert_or_assign(e.ptr, &*added);
+    d.gaps.add(e.size);
+    d.segment_bytes += e.size;
+    ++d.n_segments;
+    obs_.segment_added(d, e, line);
+}
+
+void address_space::on_segment_free(const log_event& e, uint64_t line) {
+    device_state& d = dev(e.dev);
+    auto it = segments_.find(e.ptr);
+    if (it == segments_.end()) {
+        if (e.size) checks_.inconsistent(line, "segment_free of " + hex(e.ptr) + ", which is not a held segment");
+        return;
+    }
+    segment& s = it->second;
+    device_state& sd = dev(s.dev);
+    obs_.before_change(sd);
+    drop_pending_in(sd, it->first);
+    if (!s.blocks.empty()) {
+        size_t n_live = 0;
+        for (const auto& [p, a] : s.blocks) {
+            if (const live_alloc* l = live_.find(p)) {
+                live_alloc gone = *l;
+                live_.erase(p);
+                release(gone, false);
+                ++n_live;
+            }
+        }
+        checks_.warn(line, "segment " + hex(e.ptr) + " returned to the driver with " + std::to_string(n_live) +
+                               " live and " + std::to_string(s.blocks.size() - n_live) + " pending block(s); they are dropped");
+        // The segment's gaps leave with it; they are counted as one below.
+        for_each_gap(it->first, s.size, s.blocks, [&](uint64_t g) { sd.gaps.remove(g); });
+        sd.gaps.add(s.size);
+    }
+    sd.gaps.remove(s.size);
+    sd.segment_bytes -= s.size;
+    if (sd.n_segments) --sd.n_segments;
+    obs_.segment_removed(sd, s.size);
+    segment_at_.erase(it->first);
+    segments_.erase(it);
+    if (&sd != &d) obs_.changed(sd, e.t, e.seq);
+}
+
+// Every pending block of the device becomes free and merges with its free neighbours.
+void address_space::on_pool_sync(device_state& d, const log_event& e, uint64_t line) {
+    if (e.has(fd_count) && pends(d) && e.count != d.pending.size() && !checks_.lenient())
+        checks_.warn(line, "pool_sync releases " + std::to_string(e.count) + " frees; the reconstruction has " +
+                               std::to_string(d.pending.size()) + " pending");
+    for (const auto& [seg, ptr] : d.pending)
+        if (auto* const* sit = segment_at_.find(seg)) unplace_block((*sit)->second, (*sit)->first, ptr);
+    d.pending.clear();
+    obs_.pending_cleared(d);
+}
+
+// "auto": from this event on the device's pooled frees pend until a pool_sync.  The pool logs
+// it once per device (a second one, or one in a log not in auto mode, changes nothing), then
+// usually a pool_sync with count 0 (the drain), which the per-device count check covers.
+void address_space::on_reuse_safe(device_state& d, const log_event& e, uint64_t line) {
+    const std::string& api = names_.api_name(e.api);
+    if (pending_rule() != pend_rule::after_reuse_safe) {
+        std::string why = proc_.pool_mode == "off"
+                              ? std::string(" in a log with the pool off")
+                              : " in a log whose config.reuse is " +
+                                    (proc_.reuse_mode.empty() ? std::string("absent (safe)") : "\"" + proc_.reuse_mode + "\"") +
+                                    ", not \"auto\"";
+        checks_.warn(line, "reuse_safe (" + api + ") on device " + std::to_string(d.dev) + why + "; ignored");
+        return;
+    }
+    if (d.reuse_safe) {
+        checks_.warn(line, "reuse_safe (" + api + ") on device " + std::to_string(d.dev) +
+                               ", which is in safe reuse since seq " + std::to_string(d.reuse_safe_seq) +
+                               " (line " + std::to_string(d.reuse_safe_line) + "); ignored");
+        return;
+    }
+    d.reuse_safe = true;
+    d.reuse_safe_seq = e.seq;
+    d.reuse_safe_line = line;
+    obs_.reuse_safe(d, e, line);
+}
+
+// Pending blocks of the segment at `base` are forgotten (the segment is going away).
+void address_space::drop_pending_in(device_state& d, uint64_t base) {
+    auto& v = d.pending;
+    for (auto it = v.begin(); it != v.end();) {
+        if (it->first == base) {
+            auto sit = segments_.find(base);
+            if (sit != segments_.end()) {
+                auto b = sit->second.blocks.find(it->second);
+                if (b != sit->second.blocks.end()) obs_.pending_removed(d, b->second);
+            }
+            it = v.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+void address_space::rebuild_gaps(device_state& d) {
+    d.gaps.clear();
+    for (const auto& [base, s] : segments_)
+        if (s.dev == d.dev) for_each_gap(base, s.size, s.blocks, [&](uint64_t g) { d.gaps.add(g); });
+}
+
+// A context reset: the device's (or, without dev, every pooled) allocation and segment is gone.
+void address_space::drop_device_state(int only_dev, const log_event& e) {
+    for (auto& [k, d] : devs_)
+        if (only_dev < 0 || k == only_dev) obs_.before_change(d);
+    std::vector<uint64_t> dropped;  // erased after the walk: erase moves entries
+    for (const auto& [ptr, a] : live_)
+        if (only_dev < 0 ? a.pooled : a.dev == only_dev) {
+            release(a, false);
+            dropped.push_back(ptr);
+        }
+    for (uint64_t ptr : dropped) {
+        live_.erase(ptr);
+        plain_ranges_.erase(ptr);
+    }
+    for (auto it = segments_.begin(); it != segments_.end();) {
+        if (only_dev < 0 || it->second.dev == only_dev) {
+            device_state& d = dev(it->second.dev);
+            d.segment_bytes -= it->second.size;
+            if (d.n_segments) --d.n_segments;
+            obs_.segment_removed(d, it->second.size);
+            segment_at_.erase(it->first);
+            it = segments_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    for (auto& [k, d] : devs_)
+        if (only_dev < 0 || k == only_dev) {
+            d.pending.clear();
+            obs_.pending_cleared(d);
+            rebuild_gaps(d);  // segments are gone; the gaps are what remains on the device
+            obs_.changed(d, e.t, e.seq);
+        }
+}
+
+uint64_t address_space::snapshot_cost(const device_state& d) const {
+    uint64_t n = live_.size() + segments_.size();
+    for (const auto& [base, s] : segments_)
+        if (s.dev == d.dev) n += s.blocks.size();
+    return n;
+}
+
+block_view address_space::view(uint64_t ptr, const live_alloc& a, const line_parser& names) {
+    block_view b;
+    b.ptr = ptr;
+    b.size = a.size;
+    b.asize = a.asize;
+    b.seq = a.seq;
+    b.t = a.t;
+    b.line = a.line;
+    b.seg = a.seg;
+    b.api = names.api_name(a.api);
+    b.kind = a.kind;
+    b.pooled = a.pooled;
+    return b;
+}
+
+void address_space::fill_snapshot(device_state& d, state_snapshot& s, const line_parser& names) const {
+    s.free_in_segments = d.free_total();
+    s.largest_free = d.largest_free();
+    s.free_blocks = d.n_gaps();
+    s.external_fragmentation = d.frag();
+    std::unordered_map<uint64_t, bool> pend;
+    for (const auto& pr : d.pending) pend[pr.second] = true;
+    for (const auto& [base, sg] : segments_) {
+        if (sg.dev != d.dev) continue;
+        segment_view v;
+        v.base = base;
+        v.size = sg.size;
+        v.pool = sg.pool;
+        v.blocks.assign(sg.blocks.begin(), sg.blocks.end());
+        if (!pend.empty())
+            for (const auto& b : v.blocks)
+                if (pend.count(b.first)) v.pending.push_back(b);
+        // Free blocks for the histogram: the gaps between consecutive blocks.
+        for_each_gap(base, sg.size, sg.blocks, [&](uint64_t g) { s.free_block_sizes.add(g); });
+        s.segment_map.push_back(std::move(v));
+    }
+    s.segments = s.segment_map.size();
+    std::vector<const live_entry*> mine;
+    for_each_live([&](const live_entry& kv) {
+        if (kv.second.dev == d.dev) mine.push_back(&kv);
+    });
+    s.live_allocs = mine.size();
+    size_t k = std::min(mine.size(), k_top_blocks);
+    std::partial_sort(mine.begin(), mine.begin() + ptrdiff_t(k), mine.end(), [](auto* a, auto* b) {
+        return a->second.size != b->second.size ? a->second.size > b->second.size : a->second.seq < b->second.seq;
+    });
+    for (size_t i = 0; i < k; ++i) s.largest_live.push_back(view(mine[i]->first, mine[i]->second, names));
+}
+
+}  // namespace gpumem::analysis

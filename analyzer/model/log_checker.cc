@@ -1,0 +1,107 @@
+// Validation of a log as it is read; see log_checker.h.
+#include "model/log_checker.h"
+
+#include "log_reader.h"
+
+namespace gpumem::analysis {
+
+void log_checker::warn(uint64_t line, const std::string& msg) {
+    ++rep_.n_warnings;
+    if (rep_.warnings.size() < k_max_warnings)
+        rep_.warnings.push_back(line ? rep_.file + ":" + std::to_string(line) + ": " + msg : rep_.file + ": " + msg);
+}
+
+void log_checker::fail(uint64_t line, const std::string& msg) { throw input_error(rep_.file, line, msg); }
+
+void log_checker::inconsistent(uint64_t line, const std::string& msg) {
+    if (lenient_) warn(line, msg + " (tolerated: the log is missing events)");
+    else fail(line, msg);
+}
+
+void log_checker::bad_free(uint64_t line, uint64_t ptr, bool handle) {
+    const char* what = handle ? "handle " : "pointer ";
+    if (const uint64_t* f = freed_.find(ptr))
+        inconsistent(line, std::string("double free of ") + what + hex(ptr) + ": it was already freed at line " +
+                               std::to_string(*f));
+    else
+        inconsistent(line, std::string("free of unknown ") + what + hex(ptr) +
+                               ": never allocated in this log and not marked \"unknown\":true");
+}
+
+void log_checker::freed(const log_event& e, const live_alloc* a, uint64_t line) {
+    if (!a) return;
+    if (a->dev != e.dev && e.dev >= 0)
+        warn(line, "free of " + hex(e.ptr) + " on device " + std::to_string(e.dev) + ", allocated on device " +
+                       std::to_string(a->dev) + " at line " + std::to_string(a->line));
+    if (e.has(fd_size) && e.size != a->size)
+        warn(line, "free of " + hex(e.ptr) + " says size " + std::to_string(e.size) + ", allocated with size " +
+                       std::to_string(a->size) + " at line " + std::to_string(a->line));
+    // Remember recent frees (bounded) so a second free can be named a double free.
+    if (freed_.size() >= (size_t(1) << 20)) freed_.clear();
+    freed_.insert_or_assign(e.ptr, line);
+}
+
+void log_checker::check_order_slow(const log_event& e, uint64_t line) {
+    if (e.has(fd_seq)) {  // every kind but "lost" has one
+        // Order: seq must grow by exactly one per event.
+        if (have_seq_) {
+            if (e.seq <= last_seq_)
+                fail(line, "events out of order: seq " + std::to_string(e.seq) + " follows seq " +
+                               std::to_string(last_seq_) + " (the file must be in seq order)");
+            if (e.seq != last_seq_ + 1) {
+                warn(line, "seq jumps from " + std::to_string(last_seq_) + " to " + std::to_string(e.seq) + ": " +
+                               std::to_string(e.seq - last_seq_ - 1) + " event(s) missing");
+                lenient_ = true;
+            }
+        } else if (e.seq != 0) {
+            warn(line, "the first event has seq " + std::to_string(e.seq) + ", not 0: earlier events are missing");
+            lenient_ = true;
+        }
+        have_seq_ = true;
+        last_seq_ = e.seq;
+    }
+    if (!e.known_kind) return;  // a kind from a newer recorder: skipped by the version policy
+    if (after_end_) warn(line, "event after the end line");
+    if (e.ev == ev_kind::header) fail(line, "a second header line: two logs concatenated into one file?");
+}
+
+void log_checker::after_event_slow(address_space& model, const log_event& e, uint64_t line) {
+    switch (e.ev) {
+    case ev_kind::stats: {
+        device_state& d = model.dev(e.dev);
+        // The pool's own account of reserved bytes and segments must match the reconstruction;
+        // a difference means events are missing or the recorder and analyzer disagree.
+        bool seg_ok = !e.has(fd_segments) || e.segments == d.n_segments;
+        bool res_ok = !e.has(fd_reserved) || e.reserved == d.segment_bytes;
+        if ((!seg_ok || !res_ok) && stats_mismatch_warnings_++ < 3)
+            warn(line, "the pool reports " + std::to_string(e.reserved) + " bytes reserved in " +
+                           std::to_string(e.segments) + " segments; the reconstruction has " +
+                           std::to_string(d.segment_bytes) + " in " + std::to_string(d.n_segments));
+        break;
+    }
+    case ev_kind::lost:
+        lenient_ = true;
+        warn(line, std::to_string(e.count) + " event(s) were lost by the recorder; totals may be off");
+        break;
+    case ev_kind::end:
+        after_end_ = true;
+        // The recorder counts the events it recorded; its "lost" records are not among them.
+        if (e.has(fd_events) && e.events != events_ - 1)
+            warn(line, "the end line counts " + std::to_string(e.events) + " events; the log has " +
+                           std::to_string(events_ - 1));
+        break;
+    default: break;
+    }
+}
+
+void log_checker::finish(const address_space& model) {
+    if (rep_.has_end && !lenient_) {
+        uint64_t n_live = model.n_live();
+        // The recorder counts live allocations itself; NULL results of 0-byte calls excepted.
+        if (rep_.end_live_allocs != n_live)
+            warn(0, "the end line reports " + std::to_string(rep_.end_live_allocs) +
+                        " live allocations; the reconstruction has " + std::to_string(n_live));
+    }
+}
+
+}  // namespace gpumem::analysis
