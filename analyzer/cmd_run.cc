@@ -122,7 +122,15 @@ struct file_stamp {
 std::map<std::string, file_stamp> list_matching(const std::string& pattern) {
     std::map<std::string, file_stamp> out;
     glob_t g{};
-    if (::glob(pattern_glob(pattern).c_str(), 0, nullptr, &g) == 0) {
+    // A name that exists already makes the library write NAME.<pid>.EXT instead (docs/log-format.md,
+    // "File safety"): a second process of a pattern without %p, or a program after exec.
+    std::string glob = pattern_glob(pattern);
+    size_t slash = glob.rfind('/'), dot = glob.rfind('.');
+    size_t base = slash == std::string::npos ? 0 : slash + 1;
+    if (dot == std::string::npos || dot <= base) dot = glob.size();
+    std::string clash_glob = glob.substr(0, dot) + ".*" + glob.substr(dot);
+    int rc = ::glob(glob.c_str(), 0, nullptr, &g);
+    if (::glob(clash_glob.c_str(), rc == 0 ? GLOB_APPEND : 0, nullptr, &g) == 0 || rc == 0) {
         for (size_t i = 0; i < g.gl_pathc; ++i) {
             struct stat st;
             if (::stat(g.gl_pathv[i], &st) != 0 || !S_ISREG(st.st_mode)) continue;
@@ -289,7 +297,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         return k_exit_input;
     }
     if (pattern.find("%p") == std::string::npos)
-        spdlog::warn("-o {} has no %p: processes of the same rank will overwrite each other's log", pattern);
+        spdlog::warn("-o {} has no %p: a second process of the same rank writes its log with .PID added to the name", pattern);
 
     std::map<std::string, file_stamp> before = list_matching(pattern);
 

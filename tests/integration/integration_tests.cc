@@ -576,3 +576,21 @@ TEST_CASE("#23 a ring size below the minimum says the minimum") {
     REQUIRE(r.logs.size() == 1);
     CHECK(lines_of(r.logs[0]).front()["config"]["buffer_events"] == 65536);
 }
+
+TEST_CASE("issue 10: gpumem run -o without %p lists the second process's .PID log too") {
+    std::string dir = fresh_dir();
+    std::string cmd = "cd '" + dir + "' && LD_LIBRARY_PATH=" EMU_DRIVER_DIR ":" EMU_RT_DIR " GPUMEM_LIB=" GPUMEM_LIB
+                      " " GPUMEM_CLI " run -o single.jsonl -- " EMU_DRIVER_APP " fork 20 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int st = pclose(p);
+    INFO(out);
+    CHECK(WEXITSTATUS(st) == 0);
+    CHECK(out.find("2 logs") != std::string::npos);
+    std::string child = path_after(out, "child=");
+    CHECK(out.find(dir + "/single." + child + ".jsonl") != std::string::npos);
+    CHECK(out.find("overwrite") == std::string::npos);
+}
