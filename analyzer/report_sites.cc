@@ -64,7 +64,7 @@ void write_sites_text(std::ostream& os, const process_report& p, const std::vect
         os << "    " << fmt_bytes(r.bytes) << " in " << fmt_counted(r.count, "allocation", "allocations") << "  ";
         const auto* fr = p.stacks.find(r.stack);
         if (!fr || fr->empty()) {
-            os << "(no stack: a thread without Python frames, or one that released the GIL)\n";
+            os << "(no stack: a thread with no Python frames, such as the autograd engine's)\n";
             continue;
         }
         size_t u = user_frame(*fr);
