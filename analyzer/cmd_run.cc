@@ -261,6 +261,7 @@ struct run_args {
     std::string pattern = "gpumem-%p.jsonl";
     std::string pool;
     bool no_summary = false;
+    bool tensors = false;
     std::vector<std::string> help_only_command;
 };
 
@@ -307,6 +308,8 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     ::setenv("LD_PRELOAD", preload.c_str(), 1);
     ::setenv("GPUMEM_OUT", pattern.c_str(), 1);
     if (!pool.empty()) ::setenv("GPUMEM_POOL", pool.c_str(), 1);
+    // Tensor-level mode: PyTorch hands every tensor to cudaMalloc, and gpumem's pool keeps that fast.
+    if (args.tensors) ::setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);
 
     // exec failures come back through a close-on-exec pipe: a successful exec closes it unwritten.
     int exec_pipe[2] = {-1, -1};
@@ -413,6 +416,9 @@ command add_run(CLI::App& top) {
     app->add_option("--pool", a->pool,
                     "GPUMEM_POOL: on (the default), gpumem's pool serves cudaMalloc; off, every call goes to the driver")
         ->type_name("on|off");
+    app->add_flag("--tensors", a->tensors,
+                  "tensor-level mode: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every PyTorch tensor is its own "
+                  "allocation with its own call site (gpumem's pool keeps it at native speed; docs/guide.md)");
     app->add_flag("--no-summary", a->no_summary, "list the logs but print no summary");
     // Only for --help: main hands the command to run_command before CLI11 parses the options.
     app->add_option("CMD", a->help_only_command, "the program and its arguments, passed on untouched");

@@ -78,6 +78,11 @@ run_environment)
   expect_in "$W/out" "out=$W/rel/x-%p.jsonl"
   expect_in "$W/out" "pool=off"
   expect_in "$W/out" "ld=$EMU/driver:$EMU"
+  # --tensors: PyTorch's caching off for the child, and only with the flag.
+  expect_rc 0 "$GPUMEM" run --tensors -o "$W/t/" -- sh -c 'echo "nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-unset}"'
+  expect_in "$W/out" "nocache=1"
+  expect_rc 0 env -u PYTORCH_NO_CUDA_MEMORY_CACHING "$GPUMEM" run -o "$W/t/" -- sh -c 'echo "nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-unset}"'
+  expect_in "$W/out" "nocache=unset"
   [ -d "$W/rel" ] || fail "-o rel/x-%p.jsonl did not create $W/rel"
   # --pool off reaches the recorder.
   expect_rc 0 "$GPUMEM" run --pool off -o "$W/p/" -- "$EMU/emu_rt_shared_app" train 5
