@@ -1,0 +1,38 @@
+# End to end, native frames: a C++ program on the emulated device with GPUMEM_STACKS=native; the
+# report must name, through libdw, the function, file and line of each allocation call.
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+gpumem, lib, driver_dir, app = sys.argv[1:5]
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "emu", "emu_app.cc")
+source = open(src).read().splitlines()
+failures = []
+with tempfile.TemporaryDirectory() as d:
+    env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=driver_dir, GPUMEM_STACKS="native",
+               GPUMEM_OUT=os.path.join(d, "log-%p.jsonl"))
+    subprocess.run([app, "basic"], env=env, capture_output=True, check=True)
+    log = [os.path.join(d, f) for f in os.listdir(d)][0]
+    rep = json.loads(subprocess.run([gpumem, "report", "--json", log], capture_output=True, text=True, check=True).stdout)
+    sites = [s for dv in rep["processes"][0]["devices"] for s in dv["top_sites"]]
+    if not sites:
+        failures.append("no top_sites")
+    for s in sites:
+        f = s["frames"][0] if s["frames"] else {}
+        where = f"{f.get('function')} {f.get('file')}:{f.get('line')}"
+        if "basic_driver" not in f.get("function", "") or not f.get("file", "").endswith("emu_app.cc"):
+            failures.append(f"{s['bytes']} B: innermost frame {where}, expected basic_driver in emu_app.cc")
+            continue
+        text = source[f["line"] - 1] if 0 < f["line"] <= len(source) else ""
+        if "alloc" not in text:
+            failures.append(f"{s['bytes']} B: line {f['line']} is not an allocation call: {text.strip()}")
+        if not f.get("module", "").endswith("emu_driver_app") or not f.get("address", "").startswith("0x"):
+            failures.append(f"{s['bytes']} B: module/address missing: {f}")
+        if len(s["frames"]) < 2 or s["frames"][1]["function"] != "main":
+            failures.append(f"{s['bytes']} B: caller is not main: {s['frames'][1:2]}")
+for f in failures:
+    print("FAIL:", f)
+print(f"{len(failures)} failed" if failures else f"ok: {len(sites)} sites named")
+sys.exit(1 if failures else 0)
