@@ -6,9 +6,12 @@ cuda_root=${CUDAToolkit_ROOT:-/usr/local/cuda}
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="$cuda_root" >/dev/null
 cmake --build build -j"$(nproc)" --target gpumem_preload gpumem
 mkdir -p build/gpu/lib
-# gpumem links the shared libsimdjson (Debian ships no libsimdjson.a) and the GPU machine has none:
-# scripts/gpu-e2e-run.sh puts this copy on gpumem's library path.
-cp -L "$(ldd build/analyzer/gpumem | awk '/libsimdjson/ {print $3}')" build/gpu/lib/
+# gpumem links shared Debian libraries the GPU machine lacks (simdjson, spdlog, fmt, libdw and its
+# compression libraries): scripts/gpu-e2e-run.sh puts these copies on gpumem's library path.  The C
+# and C++ runtimes stay the GPU machine's own (newer there).
+ldd build/analyzer/gpumem | awk '$3 ~ /^\// {print $3}' \
+  | grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' \
+  | while read -r so; do cp -L "$so" build/gpu/lib/; done
 # nvcc's default is -cudart static: the case gpumem must see through the cuGetProcAddress route.
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/static_cudart_app tests/gpu/static_cudart_app.cu
 echo "bundle ready: build/preload/libgpumem.so build/analyzer/gpumem build/gpu/lib build/gpu/static_cudart_app"
