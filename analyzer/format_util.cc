@@ -68,10 +68,38 @@ std::string fmt_counted(uint64_t n, const char* one, const char* many) {
     return fmt_count(n) + " " + (n == 1 ? one : many);
 }
 
+namespace {
+// Appends c (a control character) as less and git show it: ^[ for ESC, ^? for DEL.
+void caret(std::string& o, unsigned char c) {
+    o.push_back('^');
+    o.push_back(c == 0x7f ? '?' : char(c + 0x40));
+}
+}  // namespace
+
+std::string visible(std::string_view s, bool keep_newlines) {
+    std::string o;
+    o.reserve(s.size());
+    for (size_t i = 0; i < s.size(); ++i) {
+        unsigned char c = static_cast<unsigned char>(s[i]);
+        if ((c < 0x20 && !(keep_newlines && c == '\n')) || c == 0x7f) {
+            caret(o, c);
+        } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+                   static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+            // C1 controls (U+0080..U+009F; U+009B is a one-character CSI on some terminals).
+            char b[12];
+            std::snprintf(b, sizeof b, "<U+%04X>", unsigned(static_cast<unsigned char>(s[++i])));
+            o += b;
+        } else {
+            o.push_back(char(c));
+        }
+    }
+    return o;
+}
+
 std::string html_escape(const std::string& s) {
     std::string o;
     o.reserve(s.size());
-    for (char c : s) {
+    for (char c : visible(s, true)) {
         switch (c) {
         case '&': o += "&amp;"; break;
         case '<': o += "&lt;"; break;

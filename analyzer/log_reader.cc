@@ -740,7 +740,11 @@ parse_status line_parser::parse_json(const char* p, size_t len, size_t capacity,
             } else if constexpr (t == field_type::end_reason) {
                 std::string_view s;
                 if ((c = v.get_string().get(s))) return bad(c, "a string");
-                dst.assign(s.substr(0, 64));
+                // At most 64 bytes, cut on a character boundary: half a UTF-8 sequence is not text.
+                size_t n = std::min<size_t>(s.size(), 64);
+                if (n < s.size())
+                    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+                dst.assign(s.substr(0, n));
             }
             if (c) return bad(c, "a non-negative integer");
             return parse_status::ok;

@@ -127,7 +127,10 @@ rebuilder::rebuilder(process_report& report, const line_parser& names, rebuild_o
 rebuilder::~rebuilder() = default;
 void rebuilder::apply(const log_event& e, uint64_t line) { impl_->apply(e, line); }
 void rebuilder::finish(uint64_t) { impl_->finish(); }
-void rebuilder::warn(uint64_t line, const std::string& message) { impl_->checker.warn(line, message); }
+void rebuilder::warn(uint64_t line, const std::string& message, bool always) {
+    if (always) impl_->checker.warn_always(line, message);
+    else impl_->checker.warn(line, message);
+}
 bool rebuilder::needs_second_pass() const { return impl_->snaps.needs_second_pass(); }
 std::map<int, uint64_t> rebuilder::peak_seqs() const { return impl_->snaps.peak_seqs(); }
 std::map<int, state_snapshot> rebuilder::take_peak_snapshots() { return impl_->snaps.take_peak_snapshots(); }

@@ -25,8 +25,9 @@ public:
     void apply(const log_event& e, uint64_t line);
     // End of input: leak list, end state, pending snapshots; fills report.devices.
     void finish(uint64_t last_line);
-    // Records a warning about `line` (0: the file as a whole) in the report.
-    void warn(uint64_t line, const std::string& message);
+    // Records a warning about `line` (0: the file as a whole) in the report; `always`: even past
+    // the cap on listed warnings (for the few that say the whole report is in doubt).
+    void warn(uint64_t line, const std::string& message, bool always = false);
     // True when some device's peak snapshot was skipped for budget: run a second pass with
     // peak_snapshot_seq = peak_seqs().
     bool needs_second_pass() const;

@@ -50,7 +50,7 @@ inline void add_bytes(metric_context& c, tracked_bytes& b, uint64_t n, const log
     if (n > UINT64_MAX - b.current) [[unlikely]] {
         if (!c.overflow_said) {
             c.overflow_said = true;
-            c.checks.warn(line, "the byte totals pass 2^64 - 1 here (sizes no program can hold): "
+            c.checks.warn_always(line, "the byte totals pass 2^64 - 1 here (sizes no program can hold): "
                                 "they stay at that maximum from now on and are not meaningful");
         }
         n = UINT64_MAX - b.current;

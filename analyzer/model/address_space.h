@@ -88,6 +88,8 @@ class model_checks {
 public:
     virtual ~model_checks() = default;
     virtual void warn(uint64_t line, const std::string& message) = 0;
+    // A warning about the whole report (events lost, absurd totals): shown even past the cap.
+    virtual void warn_always(uint64_t line, const std::string& message) = 0;
     // An error, or a warning once the log is known to miss events.
     virtual void inconsistent(uint64_t line, const std::string& message) = 0;
     // A free of a pointer or handle that is not live: names it a double free when it can.

@@ -1,14 +1,27 @@
 // Validation of a log as it is read; see log_checker.h.
 #include "model/log_checker.h"
 
+#include "format_util.h"
 #include "log_reader.h"
 
 namespace gpumem::analysis {
 
+namespace {
+// "file:line: message", its control characters shown (they come from the log and end on a terminal).
+std::string where(const std::string& file, uint64_t line, const std::string& msg) {
+    return visible(line ? file + ":" + std::to_string(line) + ": " + msg : file + ": " + msg);
+}
+}  // namespace
+
 void log_checker::warn(uint64_t line, const std::string& msg) {
     ++rep_.n_warnings;
-    if (rep_.warnings.size() < k_max_warnings)
-        rep_.warnings.push_back(line ? rep_.file + ":" + std::to_string(line) + ": " + msg : rep_.file + ": " + msg);
+    if (rep_.warnings.size() < k_max_warnings) rep_.warnings.push_back(where(rep_.file, line, msg));
+}
+
+// Past the cap too, so that "N more warnings not shown" never hides it.  Each caller says it once.
+void log_checker::warn_always(uint64_t line, const std::string& msg) {
+    ++rep_.n_warnings;
+    rep_.warnings.push_back(where(rep_.file, line, msg));
 }
 
 void log_checker::fail(uint64_t line, const std::string& msg) { throw input_error(rep_.file, line, msg); }
@@ -81,7 +94,12 @@ void log_checker::after_event_slow(address_space& model, const log_event& e, uin
     }
     case ev_kind::lost:
         lenient_ = true;
-        warn(line, std::to_string(e.count) + " event(s) were lost by the recorder; totals may be off");
+        if (lost_said_) {
+            warn(line, std::to_string(e.count) + " event(s) were lost by the recorder; totals may be off");
+        } else {
+            lost_said_ = true;
+            warn_always(line, std::to_string(e.count) + " event(s) were lost by the recorder; totals may be off");
+        }
         break;
     case ev_kind::end:
         after_end_ = true;

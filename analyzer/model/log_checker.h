@@ -43,6 +43,7 @@ public:
 
     // model_checks
     void warn(uint64_t line, const std::string& message) override;
+    void warn_always(uint64_t line, const std::string& message) override;
     void inconsistent(uint64_t line, const std::string& message) override;
     void bad_free(uint64_t line, uint64_t ptr, bool handle) override;
     bool lenient() const override { return lenient_; }
@@ -63,6 +64,7 @@ private:
     uint64_t events_ = 0;          // events the recorder counts in its end line ("lost" records are not)
     u64_map<uint64_t> freed_;      // recently freed address -> line of free
     uint64_t stats_mismatch_warnings_ = 0;
+    bool lost_said_ = false;
 };
 
 }  // namespace gpumem::analysis

@@ -291,8 +291,9 @@ void write_device(std::ostream& os, const process_report& p, const device_report
 
 }  // namespace
 
-void write_text(std::ostream& os, const std::vector<process_report>& procs, const combined_report& combined,
-                const output_options& opt) {
+namespace {
+void write_text_unfiltered(std::ostream& os, const std::vector<process_report>& procs, const combined_report& combined,
+                           const output_options& opt) {
     for (const process_report& p : procs) {
         os << "gpumem report: " << p.file << "\n";
         os << "  process " << p.pid;
@@ -343,6 +344,17 @@ void write_text(std::ostream& os, const std::vector<process_report>& procs, cons
                << fmt_bytes(combined.min_peak_reserved) << ", mean " << fmt_bytes(uint64_t(combined.mean_peak_reserved))
                << "; imbalance (max/mean - 1) " << fmt_pct(combined.imbalance) << "\n";
     }
+}
+
+}  // namespace
+
+// Names, paths and reasons come from the log: their control characters are shown, not sent to the
+// terminal (an ESC would start an escape sequence).
+void write_text(std::ostream& os, const std::vector<process_report>& procs, const combined_report& combined,
+                const output_options& opt) {
+    std::ostringstream text;
+    write_text_unfiltered(text, procs, combined, opt);
+    os << visible(text.str(), true);
 }
 
 }  // namespace gpumem::analysis

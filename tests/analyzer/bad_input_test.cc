@@ -119,3 +119,28 @@ TEST_CASE("random damage to a valid log never crashes the analyzer", "[bad]") {
     CHECK(rejected + accepted == 400);
     CHECK(rejected > 0);
 }
+
+// Issue 14 #1: a reason cut at 64 bytes inside a multi-byte character made report --json abort.
+TEST_CASE("an end-line reason is cut on a UTF-8 boundary", "[bad][cli]") {
+    run_result r = run_gpumem("report --no-progress --json " + data_path("bad/end_reason_utf8_cut.jsonl"));
+    CHECK(r.rc == 0);
+    CHECK_THAT(r.out, Catch::Contains("\"a\\u00e9") || Catch::Contains("\"aé"));
+}
+
+// Issue 14 #19: a version of 2^63 was shown as a negative number.
+TEST_CASE("a header version of 2^63 is named as written", "[bad][cli]") {
+    run_result r = run_gpumem("report --no-progress " + data_path("bad/version_2_63.jsonl"));
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains("log format version 9223372036854775808 is newer"));
+    CHECK_THAT(r.err, !Catch::Contains("-9223372036854775808"));
+}
+
+// Issue 14 #20: an ESC from the log reached the terminal through the text report.
+TEST_CASE("control characters from a log are shown, not sent to the terminal", "[bad][cli]") {
+    run_result r = run_gpumem("report --no-progress " + data_path("bad/control_chars.jsonl"));
+    CHECK(r.rc == 0);
+    CHECK(r.out.find('\x1b') == std::string::npos);
+    CHECK_THAT(r.out, Catch::Contains("h^[[31mred"));
+    r = run_gpumem("report --no-progress --html /dev/stdout " + data_path("bad/control_chars.jsonl"));
+    CHECK(r.out.find('\x1b') == std::string::npos);
+}
