@@ -436,20 +436,6 @@ constexpr auto make_fast_key() {
 template <size_t F>
 inline constexpr auto fast_key = make_fast_key<F>();
 
-// The members of kind K in the recorder's order (the table's), "ev" excluded.
-template <ev_kind K>
-constexpr auto make_kind_members() {
-    struct list {
-        std::array<uint8_t, k_log_field_count> f{};
-        size_t n = 0;
-    } l;
-    for (size_t i = size_t(log_field::ev) + 1; i < k_log_field_count; ++i)
-        if (k_log_fields[i].carried_by & kind_bit(K)) l.f[l.n++] = uint8_t(i);
-    return l;
-}
-template <ev_kind K>
-inline constexpr auto kind_members = make_kind_members<K>();
-
 // The C++ type of a member as the fast path holds it before storing: names stay raw text.
 #define GPUMEM_FT_u64 uint64_t
 #define GPUMEM_FT_i64 int64_t
@@ -524,11 +510,11 @@ template <size_t F>
 
 template <ev_kind K, size_t... J>
 [[gnu::always_inline]] inline bool fast_members(recorder_cursor& c, fast_fields& f, std::index_sequence<J...>) {
-    return (fast_member<kind_members<K>.f[J]>(c, f) && ...);
+    return (fast_member<k_kind_members<K>.f[J]>(c, f) && ...);
 }
 template <ev_kind K>
 bool fast_kind(recorder_cursor& c, fast_fields& f) {
-    return fast_members<K>(c, f, std::make_index_sequence<kind_members<K>.n>{});
+    return fast_members<K>(c, f, std::make_index_sequence<k_kind_members<K>.n>{});
 }
 
 // Stores member F as parse_json would: reset members always, the others when present.
@@ -563,29 +549,16 @@ bool line_parser::parse_recorder_line(const char* p, size_t len, size_t capacity
     else if (name.size() == 4 && std::memcmp(name.data(), "free", 4) == 0) f.ev = ev_kind::free;
     else if (!lookup_name(name, k_ev_names, f.ev)) return false;
 
+    // header, end and stack records: rare, and their strings may need unescaping.
+    if (f.ev == ev_kind::header || f.ev == ev_kind::end || f.ev == ev_kind::stack) return false;
     // Each kind's members in the writer's order, each at most once (core/log_fields.h).
     bool ok = false;
     switch (f.ev) {
-#define GPUMEM_KIND(k) \
+#define GPUMEM_X(k) \
     case ev_kind::k: ok = fast_kind<ev_kind::k>(c, f); break;
-    GPUMEM_KIND(alloc)
-    GPUMEM_KIND(alloc_fail)
-    GPUMEM_KIND(free)
-    GPUMEM_KIND(free_fail)
-    GPUMEM_KIND(map)
-    GPUMEM_KIND(unmap)
-    GPUMEM_KIND(reserve)
-    GPUMEM_KIND(unreserve)
-    GPUMEM_KIND(segment_alloc)
-    GPUMEM_KIND(segment_free)
-    GPUMEM_KIND(oom)
-    GPUMEM_KIND(stats)
-    GPUMEM_KIND(pool_sync)
-    GPUMEM_KIND(context_reset)
-    GPUMEM_KIND(reuse_safe)
-    GPUMEM_KIND(lost)
-#undef GPUMEM_KIND
-    default: return false;  // header and end: rare, and their strings may need unescaping
+    GPUMEM_EV_KINDS(GPUMEM_X)
+#undef GPUMEM_X
+    case ev_kind::count_: return false;
     }
     if (!ok || c.q != c.end) return false;  // a malformed value, more members, or bytes after the value
 

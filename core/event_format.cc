@@ -2,6 +2,7 @@
 #include "event_format.h"
 
 #include <cstring>
+#include <utility>
 
 #include "log_fields.h"
 
@@ -54,7 +55,7 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
 
 // Where each member's value lives in the event, and whether this event has it (members that do
 // not apply are left out, never written as null).  Only called for members the kind carries.
-bool member_value(const event& e, log_field f, uint64_t& v) noexcept {
+[[gnu::always_inline]] inline bool member_value(const event& e, log_field f, uint64_t& v) noexcept {
     const block_fields& b = e.b;
     switch (f) {
         case log_field::ev: v = uint64_t(e.ev); return true;
@@ -101,6 +102,58 @@ bool member_value(const event& e, log_field f, uint64_t& v) noexcept {
     return false;
 }
 
+constexpr size_t cstrlen(const char* s) {
+    size_t n = 0;
+    while (s[n]) ++n;
+    return n;
+}
+// `,"name":` for member F, built at compile time.
+template <size_t F>
+constexpr auto make_key() {
+    constexpr const char* name = k_log_fields[F].name;
+    std::array<char, cstrlen(name) + 4> k{};
+    size_t i = 0;
+    k[i++] = ',';
+    k[i++] = '"';
+    for (const char* p = name; *p; ++p) k[i++] = *p;
+    k[i++] = '"';
+    k[i++] = ':';
+    return k;
+}
+template <size_t F>
+inline constexpr auto k_key = make_key<F>();
+
+// Writes member F when the event has it; everything but the value is known at compile time.
+template <size_t F>
+[[gnu::always_inline]] inline void put_member(line& l, const event& e) noexcept {
+    uint64_t v;
+    if (!member_value(e, log_field(F), v)) return;
+    l.raw(k_key<F>.data(), k_key<F>.size());
+    constexpr field_type t = k_log_fields[F].type;
+    if constexpr (t == field_type::u64) {
+        l.u64(v);
+    } else if constexpr (t == field_type::i64 || t == field_type::dev) {
+        l.i64(int64_t(v));
+    } else if constexpr (t == field_type::hex) {
+        l.hex(v);
+    } else if constexpr (t == field_type::flag) {
+        l.raw("true", 4);
+    } else {
+        const char* name = t == field_type::ev         ? name_of(k_ev_names, v)
+                           : t == field_type::api      ? name_of(k_api_names, v)
+                           : t == field_type::mem_kind ? name_of(k_mem_kind_names, v)
+                           : t == field_type::pool     ? name_of(k_pool_names, v)
+                                                       : name_of(k_end_reason_names, v);
+        l.raw("\"", 1);
+        l.raw(name);
+        l.raw("\"", 1);
+    }
+}
+template <ev_kind K, size_t... J>
+void put_members(line& l, const event& e, std::index_sequence<J...>) noexcept {
+    (put_member<k_kind_members<K>.f[J]>(l, e), ...);
+}
+
 }  // namespace
 
 size_t format_event(const event& e, char* buf, size_t cap) noexcept {
@@ -109,26 +162,14 @@ size_t format_event(const event& e, char* buf, size_t cap) noexcept {
     l.raw("{\"ev\":\"");
     l.raw(name_of(k_ev_names, e.ev));
     l.raw("\"");
-    // The header is written by format_header: its members are no event's.
-    if (e.ev != ev_kind::header) {
-        for (size_t i = size_t(log_field::ev) + 1; i < k_log_field_count; ++i) {
-            log_field f = log_field(i);
-            uint64_t v;
-            if (!carries(e.ev, f) || !member_value(e, f, v)) continue;
-            const char* k = k_log_fields[i].name;
-            switch (k_log_fields[i].type) {
-                case field_type::u64: l.ku(k, v); break;
-                case field_type::i64:
-                case field_type::dev: l.ki(k, int64_t(v)); break;
-                case field_type::hex: l.kx(k, v); break;
-                case field_type::flag: l.key(k); l.raw("true"); break;
-                case field_type::ev: l.kstr(k, name_of(k_ev_names, v)); break;
-                case field_type::api: l.kstr(k, name_of(k_api_names, v)); break;
-                case field_type::mem_kind: l.kstr(k, name_of(k_mem_kind_names, v)); break;
-                case field_type::pool: l.kstr(k, name_of(k_pool_names, v)); break;
-                case field_type::end_reason: l.kstr(k, name_of(k_end_reason_names, v)); break;
-            }
-        }
+    // Each kind's members in the table's order (core/log_fields.h), unrolled per kind.  The header
+    // carries none here: format_header writes it.
+    switch (e.ev) {
+#define GPUMEM_X(k) \
+        case ev_kind::k: put_members<ev_kind::k>(l, e, std::make_index_sequence<k_kind_members<ev_kind::k>.n>{}); break;
+        GPUMEM_EV_KINDS(GPUMEM_X)
+#undef GPUMEM_X
+        case ev_kind::count_: break;
     }
     l.raw("}");
     *l.p++ = '\n';

@@ -13,33 +13,39 @@ namespace gpumem {
 inline constexpr const char* k_format_name = "gpumem-events";
 inline constexpr int k_format_version = 3;  // 2: config.reuse "auto" and reuse_safe; 3: stack records
 
-// "ev" values.  The numeric order is part of no file format; only the names are.
+// "ev" values, named as written.  The numeric order is part of no file format; only the names are.
+#define GPUMEM_EV_KINDS(X)                                                                          \
+    X(header)         /* first line of every log */                                                 \
+    X(alloc)          /* a successful allocation the program asked for */                           \
+    X(alloc_fail)     /* an allocation that returned an error ("err") */                            \
+    X(free)           /* a successful free of a program allocation */                               \
+    X(free_fail)      /* a free that returned an error ("err") */                                   \
+    X(map)            /* cuMemMap: a physical handle mapped into a VA range */                      \
+    X(unmap)          /* cuMemUnmap */                                                              \
+    X(reserve)        /* cuMemAddressReserve: a VA range reserved (no physical memory) */           \
+    X(unreserve)      /* cuMemAddressFree */                                                        \
+    X(segment_alloc)  /* pool: a segment obtained from the driver */                                \
+    X(segment_free)   /* pool: a segment returned to the driver */                                  \
+    X(oom)            /* pool: an allocation that failed after the pool released its cache */       \
+    X(stats)          /* pool: periodic snapshot of one device's pool */                            \
+    X(pool_sync)      /* pool: pending frees released by one synchronize */                         \
+    X(context_reset)  /* pool: a context was destroyed or reset; its pool state was dropped */      \
+    X(reuse_safe)     /* pool: the device's pool left immediate reuse for safe reuse */             \
+    X(lost)           /* the recorder could not record N events (buffer full past the wait budget) */ \
+    X(end)            /* last line on a normal or signalled exit */                                 \
+    X(stack)          /* not an event: a call stack's frames, written once before its first use (no seq) */
+
 enum class ev_kind : uint8_t {
-    header = 0,      // first line of every log
-    alloc,           // a successful allocation the program asked for
-    alloc_fail,      // an allocation that returned an error ("err")
-    free,            // a successful free of a program allocation
-    free_fail,       // a free that returned an error ("err")
-    map,             // cuMemMap: a physical handle mapped into a VA range
-    unmap,           // cuMemUnmap
-    reserve,         // cuMemAddressReserve: a VA range reserved (no physical memory)
-    unreserve,       // cuMemAddressFree
-    segment_alloc,   // pool: a segment obtained from the driver
-    segment_free,    // pool: a segment returned to the driver
-    oom,             // pool: an allocation that failed after the pool released its cache
-    stats,           // pool: periodic snapshot of one device's pool
-    pool_sync,       // pool: pending frees released by one synchronize
-    context_reset,   // pool: a context was destroyed or reset; its pool state was dropped
-    reuse_safe,      // pool: the device's pool left immediate reuse for safe reuse (a stream appeared)
-    lost,            // the recorder could not record N events (buffer full past the wait budget)
-    end,             // last line on a normal or signalled exit
-    stack,           // not an event: a call stack's frames, written once before its first use (no seq)
+#define GPUMEM_X(k) k,
+    GPUMEM_EV_KINDS(GPUMEM_X)
+#undef GPUMEM_X
     count_
 };
 
 inline constexpr const char* k_ev_names[] = {
-    "header", "alloc", "alloc_fail", "free", "free_fail", "map", "unmap", "reserve", "unreserve",
-    "segment_alloc", "segment_free", "oom", "stats", "pool_sync", "context_reset", "reuse_safe", "lost", "end", "stack",
+#define GPUMEM_X(k) #k,
+    GPUMEM_EV_KINDS(GPUMEM_X)
+#undef GPUMEM_X
 };
 static_assert(sizeof(k_ev_names) / sizeof(k_ev_names[0]) == size_t(ev_kind::count_));
 

@@ -8,6 +8,7 @@
 // docs/log-format.md describes the same members for users; keep the two in step.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -122,6 +123,22 @@ inline constexpr log_field_info k_log_fields[] = {
 static_assert(sizeof(k_log_fields) / sizeof(k_log_fields[0]) == k_log_field_count);
 
 constexpr bool carries(ev_kind k, log_field f) { return k_log_fields[size_t(f)].carried_by & kind_bit(k); }
+
+// The members kind K carries, in the table's order, "ev" excluded: what the writer writes for K and
+// the order in which the analyzer's fast path expects them.  A compile-time list, so both unroll it.
+struct kind_member_list {
+    std::array<uint8_t, k_log_field_count> f{};
+    size_t n = 0;
+};
+template <ev_kind K>
+constexpr kind_member_list make_kind_members() {
+    kind_member_list l;
+    for (size_t i = size_t(log_field::ev) + 1; i < k_log_field_count; ++i)
+        if (k_log_fields[i].carried_by & kind_bit(K)) l.f[l.n++] = uint8_t(i);
+    return l;
+}
+template <ev_kind K>
+inline constexpr kind_member_list k_kind_members = make_kind_members<K>();
 
 // The header line's members, in the order the recorder writes them ("ev":"header" first).
 // X(id, "json name", type): str, int (JSON integer), strs (array of strings), devices (array of
