@@ -347,7 +347,7 @@ int run_replay(replay_args& a) {
             }
             out["logs"].push_back(l);
         }
-        std::cout << out.dump(2) << "\n";
+        std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
         print_text(traces, djobs, capacity, a.suggest);
     }

@@ -106,7 +106,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     // (a string too long to build, invalid UTF-8 for the JSON writer): unusable input, not a crash.
     try {
         combined_report combined = combine(procs);
-        if (a.json) std::cout << to_json(procs, combined, oopt).dump(2) << "\n";
+        if (a.json) std::cout << to_json(procs, combined, oopt).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         else write_text(std::cout, procs, combined, oopt);
         std::cout.flush();
         if (!a.html_path.empty() &&

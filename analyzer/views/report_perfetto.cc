@@ -77,7 +77,7 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
     ojson root;
     root["traceEvents"] = events;
     root["displayTimeUnit"] = "ms";
-    os << root.dump() << "\n";
+    os << root.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 }  // namespace gpumem::analysis

@@ -246,6 +246,13 @@ check_bad_input)
   expect_rc 2 "$GPUMEM" check "$W/missing.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/not_json.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/empty.jsonl" --max-peak 1GiB
+  # Issue 14 #2: a log whose file name is not UTF-8 (byte 0xff) still gives valid report JSON.
+  badname=$W/$(printf 'log\xff.jsonl')
+  cp "$SRC/tests/data/golden/rank1.jsonl" "$badname"
+  expect_rc 0 "$GPUMEM" report --no-progress --json "$badname"
+  python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$W/out" || fail "report --json on a non-UTF-8 file name: invalid JSON"
+  expect_rc 0 "$GPUMEM" report --no-progress "$badname" --perfetto "$W/badname.trace"
+  python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$W/badname.trace" || fail "--perfetto on a non-UTF-8 file name: invalid JSON"
   # An endless first line: refused at the log reader's line limit, in bounded memory and time (it
   # was read whole to see whether the file is a log).
   expect_rc 2 bash -c "ulimit -v 1000000; exec timeout 20 \"\$0\" check /dev/zero --max-peak 1GiB" "$GPUMEM"
