@@ -26,6 +26,7 @@ inline constexpr int k_format_version = 3;  // 2: config.reuse "auto" and reuse_
     X(unreserve)      /* cuMemAddressFree */                                                        \
     X(segment_alloc)  /* pool: a segment obtained from the driver */                                \
     X(segment_free)   /* pool: a segment returned to the driver */                                  \
+    X(segment_unmap)  /* pool: physical chunks of a VMM segment returned (address space kept) */   \
     X(oom)            /* pool: an allocation that failed after the pool released its cache */       \
     X(stats)          /* pool: periodic snapshot of one device's pool */                            \
     X(pool_sync)      /* pool: pending frees released by one synchronize */                         \

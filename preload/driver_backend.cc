@@ -1,10 +1,23 @@
-// The pool's device seam over the real CUDA driver: segments, context syncs, capture checks, memory info.
+// The pool's device seam over the real CUDA driver: segments, VMM chunks, context syncs, capture checks, memory info.
 #include "driver_backend.h"
 
 #include "gpumem_preload.h"
 
 namespace gpumem {
 
+namespace {
+
+// Pinned memory on the backend's device, no shareable handle type: legacy IPC cannot export it
+// anyway (docs/pool.md, "Sharing memory between processes").
+CUmemAllocationProp chunk_prop(int device) noexcept {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    return prop;
+}
+
+}  // namespace
 
 template <class F>
 int driver_backend::in_context(F&& f) noexcept {
@@ -69,6 +82,91 @@ void driver_backend::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {
         *free_b = f;
         *total_b = t;
     }
+}
+
+uint64_t driver_backend::vmm_granularity() noexcept {
+    if (granularity_) return granularity_;
+    auto get_attribute = GPUMEM_REAL(cuDeviceGetAttribute);
+    auto granularity = GPUMEM_REAL(cuMemGetAllocationGranularity);
+    // Every entry point the VMM path needs, or none of it: an old driver keeps cuMemAlloc segments.
+    if (!get_attribute || !granularity || !GPUMEM_REAL(cuMemSetAccess) || !GPUMEM_REAL(cuMemCreate) ||
+        !real_driver(drv::cuMemMap) ||
+        !real_driver(drv::cuMemUnmap) || !real_driver(drv::cuMemRelease) || !real_driver(drv::cuMemAddressReserve) ||
+        !real_driver(drv::cuMemAddressFree))
+        return 0;
+    int supported = 0;
+    if (get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, CUdevice(device_)) !=
+            CUDA_SUCCESS ||
+        !supported)
+        return 0;
+    const CUmemAllocationProp prop = chunk_prop(device_);
+    size_t g = 0;
+    if (granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
+    granularity_ = g;
+    return g;
+}
+
+int driver_backend::va_reserve(uint64_t bytes, uint64_t* base) noexcept {
+    auto f = GPUMEM_REAL(cuMemAddressReserve);
+    if (!f || !granularity_) return CUDA_ERROR_NOT_SUPPORTED;
+    CUdeviceptr p = 0;
+    const int r = int(f(&p, size_t(bytes), size_t(granularity_), 0, 0));
+    if (r == CUDA_SUCCESS) *base = uint64_t(p);
+    return r;
+}
+
+int driver_backend::va_free(uint64_t base, uint64_t bytes) noexcept {
+    auto f = GPUMEM_REAL(cuMemAddressFree);
+    if (!f) return CUDA_ERROR_NOT_SUPPORTED;
+    return int(f(CUdeviceptr(base), size_t(bytes)));
+}
+
+int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept {
+    auto create = GPUMEM_REAL(cuMemCreate);
+    auto map = GPUMEM_REAL(cuMemMap);
+    auto release = GPUMEM_REAL(cuMemRelease);
+    auto set_access = GPUMEM_REAL(cuMemSetAccess);
+    if (!create || !map || !release || !set_access) return CUDA_ERROR_NOT_SUPPORTED;
+    const CUmemAllocationProp prop = chunk_prop(device_);
+    return in_context([&]() -> CUresult {
+        size_t done = 0;
+        CUresult r = CUDA_SUCCESS;
+        for (; done < n; ++done) {
+            CUmemGenericAllocationHandle h = 0;
+            r = create(&h, size_t(chunk), &prop, 0);
+            if (r != CUDA_SUCCESS) break;
+            r = map(CUdeviceptr(addr + done * chunk), size_t(chunk), 0, h, 0);
+            if (r != CUDA_SUCCESS) {
+                release(h);
+                break;
+            }
+            handles[done] = uint64_t(h);
+        }
+        if (r == CUDA_SUCCESS) {
+            CUmemAccessDesc access{};
+            access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            access.location.id = device_;
+            access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            r = set_access(CUdeviceptr(addr), size_t(n * chunk), &access, 1);  // one call for the whole range
+            if (r == CUDA_SUCCESS) return r;
+        }
+        unmap_chunks(addr, chunk, done, handles);  // all or nothing
+        return r;
+    });
+}
+
+int driver_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    auto unmap = GPUMEM_REAL(cuMemUnmap);
+    auto release = GPUMEM_REAL(cuMemRelease);
+    if (!unmap || !release) return CUDA_ERROR_NOT_SUPPORTED;
+    int first = CUDA_SUCCESS;
+    for (size_t i = 0; i < n; ++i) {
+        // One mapping per chunk: cuMemUnmap must name whole mappings.
+        CUresult r = unmap(CUdeviceptr(addr + i * chunk), size_t(chunk));
+        if (r == CUDA_SUCCESS) r = release(CUmemGenericAllocationHandle(handles[i]));
+        if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = int(r);
+    }
+    return first;
 }
 
 }  // namespace gpumem

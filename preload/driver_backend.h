@@ -29,6 +29,11 @@ class driver_backend final : public pool_backend {
     int synchronize() noexcept override;
     bool may_synchronize() noexcept override;
     void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept override;
+    uint64_t vmm_granularity() noexcept override;
+    int va_reserve(uint64_t bytes, uint64_t* base) noexcept override;
+    int va_free(uint64_t base, uint64_t bytes) noexcept override;
+    int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override;
+    int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
 
     CUcontext context() const noexcept { return ctx_.load(std::memory_order_acquire); }
     int device() const noexcept { return device_; }
@@ -42,6 +47,7 @@ class driver_backend final : public pool_backend {
 
     std::atomic<CUcontext> ctx_;
     const int device_;
+    uint64_t granularity_ = 0;  // vmm_granularity's answer (the pool asks once, under its lock)
 };
 
 }  // namespace gpumem

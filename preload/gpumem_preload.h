@@ -40,7 +40,8 @@ namespace gpumem {
     X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
     X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuStreamIsCapturing)                       \
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
-    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
+    X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,

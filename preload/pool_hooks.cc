@@ -260,18 +260,19 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
 // that allocation's base.  For a block at offset 0 of its segment the base *is* the block, so the
 // real handle is right (the importer maps the rest of the segment too, unseen).  For any other
 // block the importer would get the segment's base, a silently wrong pointer, while this process's
-// cuMemGetAddressRange says the block starts elsewhere: refuse instead, loudly.
+// cuMemGetAddressRange says the block starts elsewhere: refuse instead, loudly.  A block of a
+// virtual-memory segment has no legacy IPC handle at all (cuMemCreate memory), so it is refused too.
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept {
     static std::atomic<bool> said{false};
     block_pool::block_info bi{};
-    if (!lookup_any(uint64_t(p), &bi) || (bi.allocated && bi.block == bi.segment)) {
+    if (!lookup_any(uint64_t(p), &bi) || (bi.allocated && bi.block == bi.segment && !bi.vmm)) {
         *handled = false;
         return CUDA_SUCCESS;
     }
     *handled = true;
     if (bi.allocated)
-        say_once(said, "cuIpcGetMemHandle on a pooled block that shares its segment returns "
-                       "CUDA_ERROR_INVALID_VALUE; run with GPUMEM_POOL=off to share memory between processes");
+        say_once(said, "cuIpcGetMemHandle on a pooled block returns CUDA_ERROR_INVALID_VALUE (its segment is "
+                       "shared or on virtual memory); run with GPUMEM_POOL=off to share memory between processes");
     return CUDA_ERROR_INVALID_VALUE;
 }
 

@@ -1,4 +1,4 @@
-// The caching block allocator: segments from a backend, best-fit blocks, pending frees, events.
+// The caching block allocator: segments from a backend (virtual memory where it can), best-fit blocks, pending frees, events.
 #include "core/pool/block_pool.h"
 
 #include <algorithm>
@@ -159,6 +159,20 @@ void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept
     sink_->emit(e);
 }
 
+void block_pool::emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes) noexcept {
+    if (!sink_) return;
+    event e{};
+    e.ev = ev_kind::segment_unmap;
+    e.dev = device_;
+    e.kind = mem_kind::device;
+    e.api = api;
+    e.pool = s->pool;
+    e.b.ptr = addr;
+    e.b.size = bytes;
+    e.b.seg = s->base;
+    sink_->emit(e);
+}
+
 void block_pool::emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept {
     if (!sink_) return;
     event e{};
@@ -194,20 +208,77 @@ block_pool::block* block_pool::find_free(pool_id p, uint64_t asize) noexcept {
     return it == fs.end() ? nullptr : *it;
 }
 
-int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** out) {
+bool block_pool::use_vmm() noexcept {
+    if (!vmm_decided_) {
+        vmm_decided_ = true;
+        const uint64_t g = cfg_.vmm ? backend_.vmm_granularity() : 0;
+        // Chunks must keep blocks 512 B-aligned and be a whole number of blocks.
+        chunk_ = g != 0 && g % cfg_.round == 0 ? g : 0;
+    }
+    return chunk_ != 0;
+}
+
+void block_pool::backend_release(segment* s) noexcept {
+    if (!s->vmm()) {
+        backend_.segment_free(s->base);
+        return;
+    }
+    // One backend call per run of mapped chunks (the unmapped ones went back earlier).
+    const size_t n = s->chunks.size();
+    for (size_t i = 0; i < n;) {
+        if (!s->chunks[i]) {
+            ++i;
+            continue;
+        }
+        size_t j = i;
+        while (j < n && s->chunks[j]) ++j;
+        backend_.unmap_chunks(s->base + i * chunk_, chunk_, j - i, &s->chunks[i]);
+        for (size_t k = i; k < j; ++k) s->chunks[k] = 0;
+        i = j;
+    }
+    backend_.va_free(s->base, s->size);
+}
+
+int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain) {
     if (exiting_) return k_cuda_deinitialized;
     uint64_t base = 0;
-    const int rc = backend_.segment_alloc(seg_size, &base);
-    if (rc != k_cuda_success) return rc;
-
     segment* s = new (std::nothrow) segment{};
+    if (!s) return k_cuda_oom;
+    if (!plain && use_vmm()) {
+        // Address space, then one physical chunk per granule: chunks that end up inside free
+        // ranges can go back to the driver one by one (unmap_free_chunks).
+        seg_size = round_up(seg_size, chunk_);
+        try {
+            s->chunks.assign(seg_size / chunk_, 0);
+        } catch (...) {
+            delete s;
+            return k_cuda_oom;
+        }
+        int rc = backend_.va_reserve(seg_size, &base);
+        if (rc == k_cuda_success) {
+            rc = backend_.map_chunks(base, chunk_, s->chunks.size(), s->chunks.data());
+            if (rc != k_cuda_success) backend_.va_free(base, seg_size);
+        }
+        if (rc != k_cuda_success) {
+            delete s;
+            return rc;
+        }
+    } else {
+        const int rc = backend_.segment_alloc(seg_size, &base);
+        if (rc != k_cuda_success) {
+            delete s;
+            return rc;
+        }
+    }
+    s->base = base;
+    s->size = seg_size;
+    s->mapped = seg_size;
+    s->pool = p;
+
     block* b = new_block();
     bool in_segments = false, in_blocks = false;
     try {
-        if (!s || !b) throw std::bad_alloc();
-        s->base = base;
-        s->size = seg_size;
-        s->pool = p;
+        if (!b) throw std::bad_alloc();
         s->first = b;
         b->addr = base;
         b->size = seg_size;
@@ -223,8 +294,8 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
         if (in_blocks) addr_erase(b);
         if (in_segments) segments_.erase(base);
         if (b) recycle(b);
+        if (can_sync()) backend_release(s);  // unused: no device work can touch it yet
         delete s;
-        if (can_sync()) backend_.segment_free(base);
         return k_cuda_oom;
     }
     reserved_ += seg_size;
@@ -264,12 +335,32 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         return nullptr;
     }
 
-    // OOM: first the pending frees of both pools, then the cached free segments, then retry.
-    if ((pending_bytes_[0] | pending_bytes_[1]) != 0 && can_sync()) {
-        if (sync_release(api) && (b = find_free(p, asize))) return b;
+    // OOM: first the pending frees of both pools, then the cached free segments, then (virtual
+    // memory) every whole chunk inside a free range, then retry in fresh address space with a
+    // segment of just the request, rounded to chunks.  With VMM this makes the pool's limit the
+    // driver's: it fails only when the chunks holding live blocks plus the request do not fit
+    // (docs/pool.md).  Unmapping needs every earlier free's work done: sync first if any free
+    // came since the last sync (cuMemUnmap does not wait, unlike cuMemFree).
+    if (can_sync()) {
+        if ((pending_bytes_[0] | pending_bytes_[1]) != 0 || (chunk_ && frees_since_sync_)) {
+            if (sync_release(api) && (b = find_free(p, asize))) return b;
+        }
+        release_free_segments(api);
+        if (chunk_) unmap_free_chunks(api);
     }
-    if (can_sync()) release_free_segments(api);
-    rc = new_segment(p, seg_size, api, &b);
+    rc = new_segment(p, chunk_ ? round_up(asize, chunk_) : seg_size, api, &b);
+    if (rc != k_cuda_oom) {
+        if (rc == k_cuda_success) return b;
+        *err = rc;
+        return nullptr;
+    }
+    // Last resorts, before an OOM the driver alone might not have given: a free block of the other
+    // pool (a small request in the tail of a large segment), then a segment of just the request's
+    // rounded size from cuMemAlloc, which may fit where a whole chunk or segment does not.  On the
+    // emulated device (512 B granularity) a training loop that fits in 150 MiB alone failed
+    // without these (docs/pool.md).
+    if ((b = find_free(p == pool_id::small ? pool_id::large : pool_id::small, asize))) return b;
+    rc = new_segment(p, asize, api, &b, true);
     if (rc == k_cuda_success) return b;
     *err = rc;
     return nullptr;
@@ -423,6 +514,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         // Pending: device work enqueued before this free may still use the block, so it waits for
         // the next synchronize (sync_release) before anyone can get it again.  A poisoned pool
         // leaves it pending for ever (leaked).  push_back first: it is the only step that can fail.
+        ++frees_since_sync_;
         const bool pend = poisoned_ || !immediate_;
         if (pend) pending_.push_back(b);
         allocated_ -= b->size;
@@ -445,6 +537,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
 bool block_pool::sync_release(api_id api) {
     ++syncs_;
     if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
+    frees_since_sync_ = 0;
     const size_t n = pending_.size();
     for (block* b : pending_) {
         pending_bytes_[pool_index(b->seg->pool)] -= b->size;
@@ -456,26 +549,110 @@ bool block_pool::sync_release(api_id api) {
     return true;
 }
 
+// Returns every segment that holds no allocated or pending block: a cuMemAlloc segment that is
+// one free block, a VMM segment of free and unmapped blocks.
 void block_pool::release_free_segments(api_id api) {
+    bool synced_for_vmm = frees_since_sync_ == 0;
     for (auto it = segments_.begin(); it != segments_.end();) {
         segment* s = it->second;
-        block* b = s->first;
-        if (b->state != block_state::free || b->size != s->size) {
+        bool idle = true;
+        for (const block* b = s->first; b && idle; b = b->next)
+            idle = b->state == block_state::free || b->state == block_state::unmapped;
+        if (!idle) {
             ++it;
             continue;
+        }
+        if (s->vmm() && !synced_for_vmm) {
+            // Unmapping does not wait for device work, as cuMemFree does: a free block's last
+            // owner may still have work queued.
+            if (!sync_release(api)) return;
+            synced_for_vmm = true;
         }
         // Logged before the driver call, so a reuse of the address by anyone else is logged after.
         // If the driver refuses, the context is broken: the segment is forgotten (leaked) anyway,
         // which keeps the pool and its log in agreement.
         emit_segment(ev_kind::segment_free, api, s);
-        backend_.segment_free(s->base);
-        free_erase(b);
-        free_bytes_ -= b->size;
-        addr_erase(b);
-        recycle(b);
-        reserved_ -= s->size;
+        backend_release(s);
+        for (block* b = s->first; b;) {
+            block* n = b->next;
+            if (b->state == block_state::free) {
+                free_erase(b);
+                free_bytes_ -= b->size;
+            }
+            addr_erase(b);
+            recycle(b);
+            b = n;
+        }
+        reserved_ -= s->mapped;
         it = segments_.erase(it);
         delete s;
+    }
+}
+
+// Memory is short: give back every physical chunk that lies wholly inside a free block, in every
+// VMM segment, including segments that still hold live blocks.  The free block is cut into a free
+// head, an unmapped middle and a free tail (heads and tails share a chunk with a live block).
+// The caller has synchronized since the last free.
+void block_pool::unmap_free_chunks(api_id api) {
+    for (auto& [base, s] : segments_) {
+        if (!s->vmm() || s->mapped == 0) continue;
+        for (block* b = s->first; b; b = b->next) {
+            if (b->state != block_state::free) continue;
+            const uint64_t lo = round_up(b->addr - s->base, chunk_);
+            const uint64_t hi = (b->addr + b->size - s->base) / chunk_ * chunk_;
+            if (hi <= lo) continue;
+            // Host bookkeeping first (it can fail), then the driver.
+            block* mid = new_block();
+            block* tail = hi < b->addr + b->size - s->base ? new_block() : nullptr;
+            if (!mid || (hi < b->addr + b->size - s->base && !tail)) {
+                if (mid) recycle(mid);
+                if (tail) recycle(tail);
+                return;  // no host memory: keep the rest mapped
+            }
+            const uint64_t end = b->addr + b->size;
+            free_erase(b);
+            free_bytes_ -= b->size;
+            block* head = nullptr;
+            block* cut = b;
+            if (b->addr < s->base + lo) {  // b keeps the head
+                head = b;
+                head->size = s->base + lo - head->addr;
+                cut = mid;
+                mid = nullptr;
+                cut->addr = s->base + lo;
+                cut->seg = s;
+                cut->prev = head;
+                cut->next = head->next;
+                if (head->next) head->next->prev = cut;
+                head->next = cut;
+                addr_insert(cut);
+                free_insert(head);
+                free_bytes_ += head->size;
+            }
+            cut->size = hi - lo;
+            cut->state = block_state::unmapped;
+            if (mid) recycle(mid);
+            if (tail) {
+                tail->addr = s->base + hi;
+                tail->size = end - tail->addr;
+                tail->seg = s;
+                tail->state = block_state::free;
+                tail->prev = cut;
+                tail->next = cut->next;
+                if (cut->next) cut->next->prev = tail;
+                cut->next = tail;
+                addr_insert(tail);
+                free_insert(tail);
+                free_bytes_ += tail->size;
+            }
+            emit_unmap(api, s, s->base + lo, hi - lo);
+            const size_t i = lo / chunk_, n = (hi - lo) / chunk_;
+            backend_.unmap_chunks(s->base + lo, chunk_, n, &s->chunks[i]);
+            for (size_t k = i; k < i + n; ++k) s->chunks[k] = 0;
+            s->mapped -= hi - lo;
+            reserved_ -= hi - lo;
+            b = tail ? tail : cut;
+        }
     }
 }
 
@@ -576,6 +753,7 @@ bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
         out->segment = b->seg->base;
         out->segment_size = b->seg->size;
         out->allocated = b->state == block_state::allocated;
+        out->vmm = b->seg->vmm();
     }
     return true;
 }
@@ -601,6 +779,11 @@ pool_state block_pool::snapshot() const noexcept {
 uint64_t block_pool::pending_bytes() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return pending_bytes_[0] + pending_bytes_[1];
+}
+
+uint64_t block_pool::chunk_size() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return chunk_;
 }
 
 uint64_t block_pool::sync_count() const noexcept {
@@ -640,7 +823,7 @@ bool block_pool::validate_locked(std::string* why) const {
         }
         return false;
     };
-    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0};
+    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0}, unmapped = 0;
     size_t n_free[2] = {0, 0}, n_blocks = 0, n_pending = 0;
     uint64_t prev_end = 0;
     for (const auto& [base, s] : segments_) {
@@ -649,7 +832,16 @@ bool block_pool::validate_locked(std::string* why) const {
         if (s->pool != pool_id::small && s->pool != pool_id::large) return fail("segment without pool", base);
         if (s->size == 0 || s->size % cfg_.round) return fail("segment size not a multiple of round", base);
         prev_end = s->base + s->size;
-        reserved += s->size;
+        if (s->vmm()) {
+            if (!chunk_ || s->size % chunk_ || s->base % chunk_ || s->chunks.size() != s->size / chunk_)
+                return fail("VMM segment not made of whole chunks", base);
+            uint64_t m = 0;
+            for (uint64_t h : s->chunks) m += h ? chunk_ : 0;
+            if (m != s->mapped) return fail("segment's mapped bytes differ from its mapped chunks", base);
+        } else if (s->mapped != s->size) {
+            return fail("cuMemAlloc segment not wholly mapped", base);
+        }
+        reserved += s->mapped;
         const int i = pool_index(s->pool);
         uint64_t at = s->base;
         const block* prev = nullptr;
@@ -678,6 +870,21 @@ bool block_pool::validate_locked(std::string* why) const {
                     pend[i] += b->size;
                     ++n_pending;
                     break;
+                case block_state::unmapped:
+                    if (!s->vmm() || (b->addr - s->base) % chunk_ || b->size % chunk_)
+                        return fail("unmapped block not whole chunks of a VMM segment", b->addr);
+                    if (free_[i].count(const_cast<block*>(b))) return fail("unmapped block in a free set", b->addr);
+                    unmapped += b->size;
+                    break;
+            }
+            if (s->vmm()) {
+                // An unmapped block's chunks are all unmapped; every other block's are all mapped.
+                const uint64_t first = (b->addr - s->base) / chunk_, last = (b->addr + b->size - 1 - s->base) / chunk_;
+                for (uint64_t k = first; k <= last && k < s->chunks.size(); ++k)
+                    if ((s->chunks[k] != 0) == (b->state == block_state::unmapped))
+                        return fail(b->state == block_state::unmapped ? "unmapped block over a mapped chunk"
+                                                                      : "block over an unmapped chunk",
+                                    b->addr);
             }
             at += b->size;
         }
@@ -694,6 +901,7 @@ bool block_pool::validate_locked(std::string* why) const {
     std::unordered_set<const block*> seen;
     for (const block* b : pending_)
         if (b->state != block_state::pending || !seen.insert(b).second) return fail("pending list holds a wrong block", b->addr);
+    (void)unmapped;
     if (reserved != reserved_) return fail("reserved counter wrong", reserved_);
     if (allocated != allocated_) return fail("allocated counter wrong", allocated_);
     if (requested != requested_) return fail("requested counter wrong", requested_);

@@ -40,7 +40,8 @@ class block_pool {
 
     struct block_info {
         uint64_t block, block_size, requested, segment, segment_size;
-        bool allocated;  // false: a free or pending block (the program holds no allocation there)
+        bool allocated;  // false: a free, pending or unmapped block (the program holds no allocation there)
+        bool vmm;        // the segment is virtual memory (reserved address space, mapped chunks)
     };
     // Finds the block holding addr (any address inside it).  Lets the hook answer
     // cuMemGetAddressRange / cuPointerGetAttribute(RANGE_START/RANGE_SIZE) with the block's own
@@ -53,6 +54,9 @@ class block_pool {
     uint64_t pending_bytes() const noexcept;
     // Number of backend synchronize() calls made.
     uint64_t sync_count() const noexcept;
+    // The physical chunk size of this pool's virtual-memory segments; 0 while it takes segments
+    // from segment_alloc (no VMM on the device, GPUMEM_POOL_VMM=off, or no segment yet).
+    uint64_t chunk_size() const noexcept;
 
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
@@ -89,7 +93,9 @@ class block_pool {
     const pool_config& config() const noexcept { return cfg_; }
 
  private:
-    enum class block_state : uint8_t { free, allocated, pending };
+    // unmapped: address space of a VMM segment whose physical chunks went back to the driver;
+    // never handed out, never merged with free neighbours (its bytes do not count as reserved).
+    enum class block_state : uint8_t { free, allocated, pending, unmapped };
     struct segment;
     struct block {
         uint64_t addr = 0, size = 0, requested = 0;
@@ -99,9 +105,13 @@ class block_pool {
         block_state state = block_state::free;
     };
     struct segment {
-        uint64_t base = 0, size = 0;
+        uint64_t base = 0, size = 0;  // size: the whole range (reserved address space for VMM)
         pool_id pool = pool_id::none;
         block* first = nullptr;
+        // VMM segments only: the handle of each chunk of the range, 0 where unmapped.
+        std::vector<uint64_t> chunks;
+        uint64_t mapped = 0;  // bytes of mapped chunks (== size for a cuMemAlloc segment)
+        bool vmm() const noexcept { return !chunks.empty(); }
     };
     struct by_size_addr {  // best fit: smallest size, then lowest address
         bool operator()(const block* a, const block* b) const noexcept {
@@ -120,7 +130,11 @@ class block_pool {
 
     block* find_free(pool_id p, uint64_t asize) noexcept;
     block* grow(pool_id p, uint64_t asize, api_id api, int* err);
-    int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out);
+    // plain: from segment_alloc even when the pool is on virtual memory (the last-resort segment).
+    int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain = false);
+    bool use_vmm() noexcept;  // decides once, at the first segment, from the config and backend
+    void backend_release(segment* s) noexcept;  // unmap + address free, or segment_free
+    void unmap_free_chunks(api_id api);  // OOM: every whole chunk inside a free block goes back
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
@@ -143,6 +157,7 @@ class block_pool {
 
     void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err) noexcept;
     void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
+    void emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes) noexcept;
     void emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept;
     void emit_oom(api_id api, uint64_t size) noexcept;
 
@@ -161,6 +176,9 @@ class block_pool {
     uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
     uint64_t pending_bytes_[2] = {0, 0};
     uint64_t syncs_ = 0;
+    uint64_t frees_since_sync_ = 0;  // frees since the last successful sync: unmapping needs a sync first
+    uint64_t chunk_ = 0;             // VMM chunk size, 0 = cuMemAlloc segments
+    bool vmm_decided_ = false;
     bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls

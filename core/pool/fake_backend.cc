@@ -64,6 +64,131 @@ void fake_backend::fail_next_allocs(int n, int code) noexcept {
     fail_code_ = code;
 }
 
+int fake_backend::va_reserve(uint64_t bytes, uint64_t* base) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t g = granularity_.load();
+    if (g == 0) return k_cuda_not_supported;
+    if (bytes == 0 || bytes % g) return k_cuda_invalid_value;
+    const uint64_t b = (next_ + g - 1) / g * g;
+    try {
+        reserved_.emplace(b, bytes);
+    } catch (...) {
+        return k_cuda_oom;
+    }
+    next_ = b + bytes + g;  // a gap, as between segments
+    *base = b;
+    return k_cuda_success;
+}
+
+int fake_backend::va_free(uint64_t base, uint64_t bytes) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = reserved_.find(base);
+    if (it == reserved_.end() || it->second != bytes) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    auto c = chunks_.lower_bound(base);
+    if (c != chunks_.end() && c->first < base + bytes) {
+        ++bad_calls_;  // the driver refuses to free address space that is still mapped
+        return k_cuda_invalid_value;
+    }
+    reserved_.erase(it);
+    return k_cuda_success;
+}
+
+bool fake_backend::in_reservation(uint64_t addr, uint64_t bytes) const noexcept {
+    auto it = reserved_.upper_bound(addr);
+    if (it == reserved_.begin()) return false;
+    --it;
+    return addr - it->first <= it->second && bytes <= it->second - (addr - it->first);
+}
+
+void fake_backend::unmap_one(uint64_t addr) noexcept {
+    auto it = chunks_.find(addr);
+    auto sz = chunk_size_.find(it->second);
+    in_use_ -= sz->second;
+    chunk_size_.erase(sz);
+    chunks_.erase(it);
+}
+
+int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept {
+    ++map_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t g = granularity_.load();
+    if (g == 0) return k_cuda_not_supported;
+    if (n == 0 || chunk == 0 || chunk % g || addr % g || !handles) return k_cuda_invalid_value;
+    if (!in_reservation(addr, chunk * n)) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    int rc = k_cuda_success;
+    size_t done = 0;
+    for (; done < n; ++done) {
+        const uint64_t a = addr + done * chunk;
+        if (done + 1 == n && fail_n_ > 0) {
+            --fail_n_;
+            rc = fail_code_;
+            break;
+        }
+        if (chunks_.count(a)) {
+            ++bad_calls_;
+            rc = k_cuda_invalid_value;
+            break;
+        }
+        if (in_use_ > capacity_ || chunk > capacity_ - in_use_) {
+            rc = k_cuda_oom;
+            break;
+        }
+        try {
+            chunks_.emplace(a, next_handle_);
+            try {
+                chunk_size_.emplace(next_handle_, chunk);
+            } catch (...) {
+                chunks_.erase(a);
+                throw;
+            }
+        } catch (...) {
+            rc = k_cuda_oom;
+            break;
+        }
+        in_use_ += chunk;
+        handles[done] = next_handle_++;
+    }
+    if (rc != k_cuda_success) {
+        for (size_t i = 0; i < done; ++i) unmap_one(addr + i * chunk);  // all or nothing
+        return rc;
+    }
+    return k_cuda_success;
+}
+
+int fake_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    ++unmap_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    // cuMemUnmap does not wait for device work: unmapping during a capture is a pool bug.
+    if (capturing_) ++bad_calls_;
+    int rc = k_cuda_success;
+    for (size_t i = 0; i < n; ++i) {
+        auto it = chunks_.find(addr + i * chunk);
+        if (it == chunks_.end() || it->second != handles[i] || chunk_size_[it->second] != chunk) {
+            ++bad_calls_;
+            rc = k_cuda_invalid_value;
+            continue;
+        }
+        unmap_one(addr + i * chunk);
+    }
+    return rc;
+}
+
+uint64_t fake_backend::mapped_chunks() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return chunks_.size();
+}
+
+uint64_t fake_backend::reservations() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reserved_.size();
+}
+
 uint64_t fake_backend::in_use() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return in_use_;

@@ -1,6 +1,7 @@
-// The pool's only seam to a device: segment allocation, free, synchronize and memory info.
+// The pool's only seam to a device: segments, virtual-memory chunks, synchronize and memory info.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace gpumem {
@@ -11,6 +12,7 @@ inline constexpr int k_cuda_success = 0;
 inline constexpr int k_cuda_invalid_value = 1;  // CUDA_ERROR_INVALID_VALUE
 inline constexpr int k_cuda_oom = 2;            // CUDA_ERROR_OUT_OF_MEMORY
 inline constexpr int k_cuda_deinitialized = 4;  // CUDA_ERROR_DEINITIALIZED
+inline constexpr int k_cuda_not_supported = 801;  // CUDA_ERROR_NOT_SUPPORTED
 
 // One device+context's access to real memory.  The preload implements it with the real driver
 // (with the context made current around each call), fake_backend with made-up addresses.
@@ -31,6 +33,40 @@ struct pool_backend {
     virtual bool may_synchronize() noexcept = 0;
     // cuMemGetInfo; both 0 if unknown.  Used for oom and stats events only.
     virtual void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept = 0;
+
+    // ---- Virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap).  Optional: a backend
+    // without it keeps the defaults, and the pool then takes every segment from segment_alloc.
+    // The size of one physical chunk (cuMemGetAllocationGranularity, minimum) when the device
+    // supports virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
+    // else 0.  Asked once per pool, at its first segment.
+    virtual uint64_t vmm_granularity() noexcept { return 0; }
+    // cuMemAddressReserve of `bytes` (a multiple of the granularity) aligned to the granularity:
+    // address space only, no physical memory.  0 and *base set, or the driver's error.
+    virtual int va_reserve(uint64_t bytes, uint64_t* base) noexcept {
+        (void)bytes, (void)base;
+        return k_cuda_not_supported;
+    }
+    // cuMemAddressFree of a whole reservation; every chunk in it is unmapped by then.
+    virtual int va_free(uint64_t base, uint64_t bytes) noexcept {
+        (void)base, (void)bytes;
+        return k_cuda_not_supported;
+    }
+    // Backs [addr, addr + n * chunk) with n physical chunks: for each, cuMemCreate of `chunk`
+    // bytes on the device and cuMemMap at its place; then cuMemSetAccess read/write for the
+    // device over the range.  handles[i] receives chunk i's handle (never 0).  All or nothing:
+    // on any error it unmaps and releases what it made and returns the error (2 when physical
+    // memory ran out).
+    virtual int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept {
+        (void)addr, (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
+    // cuMemUnmap and cuMemRelease of n chunks mapped by map_chunks at [addr, addr + n * chunk).
+    // Unlike cuMemFree this does NOT wait for device work: the pool synchronizes first, and calls
+    // it only when may_synchronize() is true.  Returns the first error, after trying every chunk.
+    virtual int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+        (void)addr, (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
 };
 
 }  // namespace gpumem

@@ -79,6 +79,11 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
                 c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected auto, safe or immediate; using safe\n";
             }
         }
+        if (const char* v = get("GPUMEM_POOL_VMM"); v && *v) {
+            if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) c.vmm = true;
+            else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.vmm = false;
+            else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
+        }
         for (const size_knob& k : k_size_knobs) {
             const char* v = get(k.env);
             if (!v || !*v) continue;
@@ -95,6 +100,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             // every size at its default but keep the non-size choices.
             pool_config d;
             d.reuse = c.reuse;
+            d.vmm = c.vmm;
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
@@ -116,6 +122,7 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += config_key::reuse;  // the header's config members: core/log_fields.h
         s += "\":";
         s += reuse == reuse_mode::immediate ? "\"immediate\"," : reuse == reuse_mode::safe ? "\"safe\"," : "\"auto\",";
+        s += vmm ? "\"pool_vmm\":\"on\"," : "\"pool_vmm\":\"off\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);
             s += std::to_string(this->*k.field);

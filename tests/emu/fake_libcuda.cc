@@ -6,6 +6,14 @@
 //   GPUMEM_EMU_CAPACITY   bytes per device (K/M/G suffixes), default 16G
 //   GPUMEM_EMU_DEVICES    device count, default 1
 //   GPUMEM_EMU_LATENCY_NS busy-wait added to every allocation and free (to mimic a real driver)
+//   GPUMEM_EMU_VMM        0: a driver without virtual memory management (the VMM calls answer
+//                         CUDA_ERROR_NOT_SUPPORTED, the device attribute says 0); default 1
+//
+// Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
+// are whole multiples of the 2 MiB granularity and count against the capacity together with
+// cuMemAlloc; a map must lie inside a reservation and over no other mapping; an unmap must cover
+// whole mappings; a released handle's memory is freed once its last mapping goes; access must be
+// set on mapped bytes only.
 #include <cuda.h>
 #undef cuGetProcAddress
 
@@ -27,12 +35,20 @@ struct allocation {
     int kind;  // 0 device, 1 managed, 2 vmm handle
 };
 
+struct vmm_handle {
+    uint64_t size;
+    int dev;
+    int mappings;   // live mappings of it
+    bool released;  // cuMemRelease was called: freed when mappings reaches 0
+};
+
 struct emu_state {
     std::mutex mu;
     std::map<uint64_t, allocation> device_allocs;     // base -> allocation
-    std::map<uint64_t, allocation> handles;           // VMM handle -> physical allocation
+    std::map<uint64_t, vmm_handle> handles;           // VMM handle -> physical allocation
     std::map<uint64_t, uint64_t> reservations;        // VA base -> size
     std::map<uint64_t, std::pair<uint64_t, uint64_t>> mappings;  // VA -> (size, handle)
+    uint64_t next_reserve_va = 0x600000000000ull;     // reservations: below every device's cuMemAlloc range
     uint64_t used[16] = {};
     uint64_t next_va[16] = {};
     uint64_t next_handle = 0x1000;
@@ -40,6 +56,7 @@ struct emu_state {
     int devices = 1;
     uint64_t latency_ns = 0;
     bool initialized = false;
+    bool vmm = true;
     std::atomic<int> capturing{0};
 };
 
@@ -56,6 +73,7 @@ emu_state& st() {
         }
         if (const char* d = getenv("GPUMEM_EMU_DEVICES")) e->devices = std::max(1, std::min(16, atoi(d)));
         if (const char* l = getenv("GPUMEM_EMU_LATENCY_NS")) e->latency_ns = strtoull(l, nullptr, 10);
+        if (const char* v = getenv("GPUMEM_EMU_VMM")) e->vmm = atoi(v) != 0;
         for (int i = 0; i < 16; ++i) e->next_va[i] = 0x7f0000000000ull + uint64_t(i) * 0x10000000000ull;
         return e;
     }();
@@ -76,6 +94,7 @@ counter g_counters[] = {
     {"cuIpcGetMemHandle", {0}}, {"cuMemGetAddressRange_v2", {0}}, {"cuPointerGetAttribute", {0}},
     {"cuCtxSynchronize_in_capture", {0}},  // syncs refused because a capture was open (a bug in any caller)
     {"cuLaunchKernel", {0}}, {"cuLaunchKernel_ptsz", {0}}, {"cuLaunchKernelEx", {0}}, {"launch_on_per_thread_handle", {0}},
+    {"cuMemSetAccess", {0}}, {"cuMemGetAllocationGranularity", {0}}, {"cuDeviceGetAttribute", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -134,16 +153,27 @@ CUresult device_free(CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 
-// The allocation containing p, if any.
-bool find_alloc(uint64_t p, uint64_t* base, allocation* out) {
+// The allocation containing p, if any: a cuMemAlloc allocation or (with_vmm) a VMM mapping.
+bool find_alloc(uint64_t p, uint64_t* base, allocation* out, bool with_vmm = true) {
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
     auto it = s.device_allocs.upper_bound(p);
-    if (it == s.device_allocs.begin()) return false;
-    --it;
-    if (p >= it->first + it->second.size) return false;
-    *base = it->first;
-    *out = it->second;
+    if (it != s.device_allocs.begin()) {
+        --it;
+        if (p < it->first + it->second.size) {
+            *base = it->first;
+            *out = it->second;
+            return true;
+        }
+    }
+    if (!with_vmm) return false;
+    auto m = s.mappings.upper_bound(p);
+    if (m == s.mappings.begin()) return false;
+    --m;
+    if (p >= m->first + m->second.first) return false;
+    auto h = s.handles.find(m->second.second);
+    *base = m->first;
+    *out = allocation{m->second.first, h != s.handles.end() ? h->second.dev : 0, 2};
     return true;
 }
 
@@ -162,6 +192,14 @@ EMU_EXPORT uint64_t gpumem_emu_used(int dev) {
 EMU_EXPORT uint64_t gpumem_emu_live_allocations() {
     std::lock_guard<std::mutex> g(st().mu);
     return st().device_allocs.size();
+}
+// Physical VMM handles not yet freed, mappings and reservations held (leak checks).
+EMU_EXPORT uint64_t gpumem_emu_live_vmm(const char* what) {
+    std::lock_guard<std::mutex> g(st().mu);
+    if (!strcmp(what, "handles")) return st().handles.size();
+    if (!strcmp(what, "mappings")) return st().mappings.size();
+    if (!strcmp(what, "reservations")) return st().reservations.size();
+    return 0;
 }
 
 // ---- Initialisation, devices, contexts ------------------------------------------------------------
@@ -193,6 +231,22 @@ EMU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
 EMU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = st().capacity;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+    bump("cuDeviceGetAttribute");
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    switch (a) {
+        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = st().vmm ? 1 : 0; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+        default:
+            if (int(a) <= 0 || int(a) >= int(CU_DEVICE_ATTRIBUTE_MAX)) return CUDA_ERROR_INVALID_VALUE;
+            *v = 0;
+    }
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
@@ -400,12 +454,13 @@ EMU_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attr
     }
     return CUDA_SUCCESS;
 }
-// An IPC handle names the whole allocation holding p; the emulated one stores its base and size.
+// An IPC handle names the whole cuMemAlloc allocation holding p; the emulated one stores its base
+// and size.  Legacy IPC does not cover cuMemCreate memory: the driver refuses it, and so does this.
 EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
     bump("cuIpcGetMemHandle");
     uint64_t b;
     allocation a;
-    if (!h || !find_alloc(uint64_t(p), &b, &a)) return CUDA_ERROR_INVALID_VALUE;
+    if (!h || !find_alloc(uint64_t(p), &b, &a, false)) return CUDA_ERROR_INVALID_VALUE;
     memset(h, 0, sizeof *h);
     memcpy(h->reserved, &b, sizeof b);
     memcpy(h->reserved + 8, &a.size, sizeof a.size);
@@ -413,22 +468,50 @@ EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
 }
 
 // ---- Virtual memory management -------------------------------------------------------------------
-EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
-    *g = 2u << 20;
+namespace {
+constexpr uint64_t k_granularity = 2u << 20;
+
+// A property the driver accepts: pinned device memory on an existing device.
+CUresult check_prop(const CUmemAllocationProp* prop) {
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.id < 0 || prop->location.id >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+// Frees a handle's memory once it is released and unmapped everywhere (s.mu held).
+void maybe_free_handle(emu_state& s, std::map<uint64_t, vmm_handle>::iterator it) {
+    if (!it->second.released || it->second.mappings > 0) return;
+    s.used[it->second.dev] -= it->second.size;
+    s.handles.erase(it);
+}
+}  // namespace
+
+EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp* prop,
+                                                  CUmemAllocationGranularity_flags) {
+    bump("cuMemGetAllocationGranularity");
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_prop(prop)) return r;
+    if (!st().vmm) return CUDA_ERROR_NOT_SUPPORTED;
+    *g = k_granularity;
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp* prop,
-                                unsigned long long) {
+                                unsigned long long flags) {
     bump("cuMemCreate");
-    if (!h || !prop || size == 0 || size % (2u << 20)) return CUDA_ERROR_INVALID_VALUE;
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!h || flags != 0 || size == 0 || size % k_granularity) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_prop(prop)) return r;
+    if (!st().vmm) return CUDA_ERROR_NOT_SUPPORTED;
+    spin_latency();
     int dev = prop->location.id;
-    if (dev < 0 || dev >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
     if (s.used[dev] + size > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
     s.used[dev] += size;
     uint64_t handle = s.next_handle++;
-    s.handles[handle] = allocation{size, dev, 2};
+    s.handles[handle] = vmm_handle{size, dev, 0, false};
     *h = handle;
     return CUDA_SUCCESS;
 }
@@ -437,43 +520,100 @@ EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
     auto it = s.handles.find(h);
-    if (it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
-    s.used[it->second.dev] -= it->second.size;
-    s.handles.erase(it);
+    if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+    it->second.released = true;
+    maybe_free_handle(s, it);
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* p, size_t size, size_t align, CUdeviceptr, unsigned long long) {
+EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
     bump("cuMemAddressReserve");
-    if (!p || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!st().vmm) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!p || size == 0 || size % k_granularity || flags != 0 || (align & (align - 1))) return CUDA_ERROR_INVALID_VALUE;
+    (void)addr;  // a hint only, as for the driver
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
-    uint64_t base = align_up(s.next_va[15], align ? align : (2u << 20));
-    s.next_va[15] = base + size;
+    uint64_t base = align_up(s.next_reserve_va, std::max<uint64_t>(align, k_granularity));
+    s.next_reserve_va = base + size + k_granularity;  // a gap: reservations never touch
     s.reservations[base] = size;
     *p = CUdeviceptr(base);
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t) {
+EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
     bump("cuMemAddressFree");
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
-    return s.reservations.erase(uint64_t(p)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    auto it = s.reservations.find(uint64_t(p));
+    if (it == s.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+    auto m = s.mappings.lower_bound(uint64_t(p));
+    if (m != s.mappings.end() && m->first < uint64_t(p) + size) return CUDA_ERROR_INVALID_VALUE;  // still mapped
+    s.reservations.erase(it);
+    return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t, CUmemGenericAllocationHandle h, unsigned long long) {
+EMU_EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
     bump("cuMemMap");
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
-    if (!s.handles.count(h)) return CUDA_ERROR_INVALID_VALUE;
-    s.mappings[uint64_t(p)] = {size, h};
+    auto hit = s.handles.find(h);
+    if (hit == s.handles.end() || hit->second.released) return CUDA_ERROR_INVALID_HANDLE;
+    const uint64_t a = uint64_t(p);
+    if (flags != 0 || size == 0 || size % k_granularity || a % k_granularity || offset % k_granularity ||
+        offset + size > hit->second.size)
+        return CUDA_ERROR_INVALID_VALUE;
+    auto r = s.reservations.upper_bound(a);
+    if (r == s.reservations.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --r;
+    if (a + size > r->first + r->second) return CUDA_ERROR_INVALID_VALUE;  // outside every reservation
+    auto m = s.mappings.upper_bound(a);
+    if (m != s.mappings.end() && m->first < a + size) return CUDA_ERROR_INVALID_VALUE;
+    if (m != s.mappings.begin() && std::prev(m)->first + std::prev(m)->second.first > a) return CUDA_ERROR_INVALID_VALUE;
+    s.mappings[a] = {size, h};
+    ++hit->second.mappings;
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t) {
+EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     bump("cuMemUnmap");
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
-    return s.mappings.erase(uint64_t(p)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    const uint64_t a = uint64_t(p);
+    // The range must be made of whole mappings, the first starting at p.
+    auto m = s.mappings.find(a);
+    if (m == s.mappings.end() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t at = a;
+    for (auto it = m; at < a + size; ++it) {
+        if (it == s.mappings.end() || it->first != at || at + it->second.first > a + size) return CUDA_ERROR_INVALID_VALUE;
+        at += it->second.first;
+    }
+    while (m != s.mappings.end() && m->first < a + size) {
+        auto h = s.handles.find(m->second.second);
+        if (h != s.handles.end()) {
+            --h->second.mappings;
+            maybe_free_handle(s, h);
+        }
+        m = s.mappings.erase(m);
+    }
+    return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) { return CUDA_SUCCESS; }
+EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, size_t count) {
+    bump("cuMemSetAccess");
+    if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 || desc[i].location.id >= st().devices)
+            return CUDA_ERROR_INVALID_DEVICE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    // Every byte of the range must be mapped.
+    const uint64_t a = uint64_t(p);
+    auto m = s.mappings.upper_bound(a);
+    if (m == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --m;
+    uint64_t at = a;
+    for (; at < a + size; ++m) {
+        if (m == s.mappings.end() || m->first > at || m->first + m->second.first <= at) return CUDA_ERROR_INVALID_VALUE;
+        at = m->first + m->second.first;
+    }
+    return CUDA_SUCCESS;
+}
 
 // ---- The resolver --------------------------------------------------------------------------------
 // Like the real driver: a base name plus a version and flags picks the ABI variant (_v2 from the
@@ -490,7 +630,7 @@ struct fn_entry {
 };
 #define E(n) {#n, reinterpret_cast<void*>(&n)}
 const fn_entry k_functions[] = {
-    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
+    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGetAttribute), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),

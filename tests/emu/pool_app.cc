@@ -36,9 +36,11 @@ unsigned long long driver_count(const char* name) {
     return f(name);
 }
 
+// A pool segment is a cuMemAlloc allocation or (virtual memory) a cuMemAddressReserve range.
 void print_counts(const char* prefix) {
     printf("%sdriver_alloc=%llu\n%sdriver_free=%llu\n%sdriver_sync=%llu\n%sdriver_sync_in_capture=%llu\n", prefix,
-           driver_count("cuMemAlloc_v2"), prefix, driver_count("cuMemFree_v2"), prefix, driver_count("cuCtxSynchronize"),
+           driver_count("cuMemAlloc_v2") + driver_count("cuMemAddressReserve"), prefix,
+           driver_count("cuMemFree_v2") + driver_count("cuMemAddressFree"), prefix, driver_count("cuCtxSynchronize"),
            prefix, driver_count("cuCtxSynchronize_in_capture"));
 }
 
@@ -111,6 +113,28 @@ void oom() {
     int bigger = int(cuMemAlloc(&big, 50u << 20));   // only after both cached segments went back
     if (bigger == 0) CHECK(cuMemFree(big));
     printf("first_result=%d\nreuse_result=%d\nbigger_result=%d\n", first, reuse, bigger);
+    print_counts("");
+}
+
+// issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
+// three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.
+void fragment() {
+    setup();
+    std::vector<CUdeviceptr> small;
+    for (;;) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, 6u << 20) != CUDA_SUCCESS) break;
+        small.push_back(p);
+    }
+    for (size_t i = 0; i < small.size(); ++i)
+        if (i % 3 != 0) CHECK(cuMemFree(small[i]));
+    size_t big = 0;
+    for (;;) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, 60u << 20) != CUDA_SUCCESS) break;
+        ++big;
+    }
+    printf("small_served=%zu\nbig_served=%zu\ndriver_unmap=%llu\n", small.size(), big, driver_count("cuMemUnmap"));
     print_counts("");
 }
 
@@ -309,6 +333,7 @@ int main(int argc, char** argv) {
     if (s == "loop") loop(argc > 2 ? atol(argv[2]) : 10000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? atol(argv[4]) : -1);
     else if (s == "oom") oom();
+    else if (s == "fragment") fragment();
     else if (s == "capture") capture();
     else if (s == "query") query();
     else if (s == "reset") reset();

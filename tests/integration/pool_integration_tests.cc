@@ -30,13 +30,14 @@ uint64_t num(const std::map<std::string, std::string>& m, const std::string& k) 
 // the first event that does not fit the layout so far.  Frees pend (safe reuse) unless the header
 // says immediate, or auto before the log's reuse_safe event.
 struct layout_rebuild {
-    enum state { free_b, allocated, pending };
+    enum state { free_b, allocated, pending, unmapped };
     struct blk {
         uint64_t size;
         state st;
     };
     std::map<uint64_t, uint64_t> segments;           // base -> size
     std::map<uint64_t, blk> blocks;                  // addr -> block, all segments
+    uint64_t unmapped_bytes = 0;                     // VMM chunks given back inside held segments
     std::string error;
     uint64_t n_alloc = 0, n_free = 0, n_sync = 0, n_reuse_safe = 0;
     bool immediate = false;
@@ -81,12 +82,34 @@ struct layout_rebuild {
             segments[b] = s;
             blocks[b] = {s, free_b};
         } else if (ev == "segment_free") {
+            // A segment of free blocks and (virtual memory) unmapped ranges only.
             uint64_t b = hex(j["ptr"]);
-            auto it = blocks.find(b);
-            if (!segments.count(b) || it == blocks.end() || it->second.st != free_b || it->second.size != segments[b])
-                error = "segment_free of a segment that is not one free block: " + j.dump();
-            blocks.erase(b);
+            if (!segments.count(b)) error = "segment_free of no segment: " + j.dump();
+            const uint64_t end = b + segments[b];
+            for (auto it = blocks.find(b); it != blocks.end() && it->first < end;) {
+                if (it->second.st == unmapped) unmapped_bytes -= it->second.size;
+                else if (it->second.st != free_b) error = "segment_free of a segment with live blocks: " + j.dump();
+                it = blocks.erase(it);
+            }
             segments.erase(b);
+        } else if (ev == "segment_unmap") {
+            // Whole chunks inside one free block of a held segment: free head, unmapped, free tail.
+            uint64_t p = hex(j["ptr"]), n = j["size"].get<uint64_t>(), seg = hex(j["seg"]);
+            auto it = blocks.upper_bound(p);
+            if (it == blocks.begin() || segment_of(p) != seg) {
+                error = "segment_unmap outside its segment: " + j.dump();
+                return;
+            }
+            --it;
+            const uint64_t a = it->first, end = a + it->second.size;
+            if (it->second.st != free_b || p + n > end) {
+                error = "segment_unmap of bytes that are not free: " + j.dump();
+                return;
+            }
+            if (a < p) it->second.size = p - a;
+            blocks[p] = {n, unmapped};
+            if (p + n < end) blocks[p + n] = {end - p - n, free_b};
+            unmapped_bytes += n;
         } else if (ev == "alloc" && j.value("pooled", false)) {
             ++n_alloc;
             uint64_t p = hex(j["ptr"]), seg = hex(j["seg"]);
@@ -131,7 +154,7 @@ struct layout_rebuild {
     uint64_t reserved() const {
         uint64_t r = 0;
         for (auto& [b, s] : segments) r += s;
-        return r;
+        return r - unmapped_bytes;
     }
 };
 
@@ -393,7 +416,8 @@ TEST_CASE("pool: a static runtime resolving through cuGetProcAddress is pooled u
 }
 
 TEST_CASE("pool: OOM releases pending frees and cached segments before failing, and a failure returns 2 with oom + alloc_fail") {
-    auto r = run({EMU_POOL_APP, "oom"}, {{"GPUMEM_EMU_CAPACITY", "64M"}, {"GPUMEM_REUSE", "safe"}});
+    // cuMemAlloc segments: virtual-memory ones are tested below.
+    auto r = run({EMU_POOL_APP, "oom"}, {{"GPUMEM_EMU_CAPACITY", "64M"}, {"GPUMEM_REUSE", "safe"}, {"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
@@ -436,7 +460,7 @@ TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs r
 }
 
 TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segments, bad frees fail like the driver's") {
-    auto r = run({EMU_POOL_APP, "query"});
+    auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
@@ -464,6 +488,18 @@ TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segme
 
     auto off = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL", "off"}});
     CHECK(values(off.out)["ipc_b_result"] == "0");  // pass-through: b is its own driver allocation
+
+    // Virtual-memory segments: pointer queries are the same; no block has a legacy IPC handle.
+    auto vm = run({EMU_POOL_APP, "query"});
+    check_complete(vm, &ls);
+    auto vv = values(vm.out);
+    CHECK(num(vv, "range_base_is_b") == 1);
+    CHECK(num(vv, "attr_size") == 5000);
+    CHECK(num(vv, "attrs_start_is_a") == 1);
+    CHECK(num(vv, "ipc_a_result") == 1);
+    CHECK(num(vv, "ipc_b_result") == 1);
+    CHECK(vm.err.find("cuIpcGetMemHandle on a pooled block") != std::string::npos);
+    check_rebuild(ls);
 }
 
 TEST_CASE("pool: context reset and destroy drop that context's pool, and a new context starts afresh") {
@@ -517,4 +553,36 @@ TEST_CASE("pool: fork child forgets the parent's pools and pools its own allocat
         CHECK(count_ev(ls, "segment_alloc") == 1);
         check_rebuild(ls);
     }
+}
+
+// issue 12: the pool must never fail a request the driver alone would serve.
+TEST_CASE("pool on virtual memory: a training loop that fits the device alone also fits under gpumem") {
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_RT_SHARED_APP, "train", "200"}, {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_VMM", vmm}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(count_ev(ls, "oom") == 0);
+        if (std::string(vmm) == "on") CHECK(count_ev(ls, "segment_unmap") > 0);
+        check_rebuild(ls);
+    }
+}
+
+TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 MiB requests: served as by the driver") {
+    auto r = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});
+    auto va = values(alone.out);
+    CHECK(num(va, "big_served") == 6);  // (600 - 34 x 6) MiB free: 6 x 60 MiB
+    CHECK(num(v, "small_served") == num(va, "small_served"));
+    CHECK(num(v, "big_served") == num(va, "big_served"));
+    CHECK(num(v, "driver_unmap") > 0);
+    CHECK(num(v, "driver_sync") >= 1);  // before unmapping freed bytes (cuMemUnmap does not wait)
+    CHECK(count_ev(ls, "segment_unmap") > 0);
+    check_rebuild(ls);
+    // cuMemAlloc segments keep the freed thirds behind live blocks.
+    auto off = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_VMM", "off"}});
+    CHECK(num(values(off.out), "big_served") < num(va, "big_served"));
 }

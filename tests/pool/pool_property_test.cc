@@ -14,7 +14,7 @@ namespace {
 
 // Rebuilds segment layouts from events only, as the analyzer must (docs/pool.md, "The log").
 struct layout_replayer {
-    enum st { free_b, alloc_b, pending_b };
+    enum st { free_b, alloc_b, pending_b, unmapped_b };
     struct blk { uint64_t size; st state; };
     std::map<uint64_t, std::map<uint64_t, blk>> segs;  // seg base -> block addr -> block
     size_t next = 0;
@@ -40,9 +40,32 @@ struct layout_replayer {
             case ev_kind::segment_alloc: segs[e.b.ptr][e.b.ptr] = {e.b.size, free_b}; break;
             case ev_kind::segment_free: {
                 auto& m = segs[e.b.ptr];
-                if (m.size() != 1 || m.begin()->second.state != free_b || m.begin()->second.size != e.b.size)
-                    error = "segment_free of a segment that is not one free block";
+                uint64_t total = 0;
+                for (auto& [a, b] : m) {
+                    if (b.state != free_b && b.state != unmapped_b) error = "segment_free of a segment with live blocks";
+                    total += b.size;
+                }
+                if (total != e.b.size) error = "segment_free size differs from the segment";
                 segs.erase(e.b.ptr);
+                break;
+            }
+            case ev_kind::segment_unmap: {
+                // Whole chunks inside one free block: it becomes free head, unmapped, free tail.
+                auto& m = segs[e.b.seg];
+                auto it = m.upper_bound(e.b.ptr);
+                if (it == m.begin()) {
+                    error = "segment_unmap outside every block";
+                    return;
+                }
+                --it;
+                const uint64_t a = it->first, end = a + it->second.size;
+                if (it->second.state != free_b || e.b.ptr + e.b.size > end) {
+                    error = "segment_unmap of bytes that are not free";
+                    return;
+                }
+                if (a < e.b.ptr) it->second.size = e.b.ptr - a;
+                m[e.b.ptr] = {e.b.size, unmapped_b};
+                if (e.b.ptr + e.b.size < end) m[e.b.ptr + e.b.size] = {end - e.b.ptr - e.b.size, free_b};
                 break;
             }
             case ev_kind::alloc: {
@@ -97,7 +120,7 @@ struct layout_replayer {
         for (auto& [base, m] : segs) {
             ++p.segments;
             for (auto& [a, b] : m) {
-                p.reserved += b.size;
+                if (b.state != unmapped_b) p.reserved += b.size;
                 if (b.state == alloc_b) p.allocated += b.size;
                 if (b.state == free_b) ++p.free_blocks, p.largest_free = std::max(p.largest_free, b.size);
             }
@@ -109,10 +132,26 @@ struct layout_replayer {
 
 struct live_block { uint64_t size, asize; };
 
-void run_random(uint32_t seed, reuse_mode mode, int ops) {
-    INFO("seed " << seed << " mode " << int(mode));
+// Chunks (of `chunk` bytes from `base`) holding at least one byte of a live block.
+uint64_t chunks_touched(const std::map<uint64_t, live_block>& live, uint64_t chunk) {
+    uint64_t n = 0, last = ~0ull;
+    for (auto& [p, b] : live) {
+        uint64_t first = p / chunk, end = (p + b.asize - 1) / chunk;
+        if (first == last) ++first;  // shared with the previous block
+        if (end >= first) n += end - first + 1;
+        last = end;
+    }
+    return n;
+}
+
+// vmm_chunk != 0: the device offers virtual memory with that granularity, and every OOM outside a
+// capture must respect the guarantee: chunks holding live bytes + the request's chunks > capacity.
+void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0) {
+    INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk);
     std::mt19937_64 rng(seed);
-    fake_backend dev(320 * MiB);  // tight enough that OOM and cache release happen
+    const uint64_t capacity = 320 * MiB;
+    fake_backend dev(capacity);  // tight enough that OOM and cache release happen
+    dev.set_vmm(vmm_chunk);
     recording_sink sink;
     pool_config cfg = safe_config();
     cfg.reuse = mode;
@@ -125,7 +164,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
     std::map<uint64_t, live_block> live;           // the reference model: what the program holds
     std::map<uint64_t, uint64_t> freed_since_sync;  // safe mode: ranges not to be handed out yet
     uint64_t last_sync = 0;
-    uint64_t n_oom = 0, n_alloc = 0, n_free = 0;
+    uint64_t n_oom = 0, n_alloc = 0, n_free = 0, n_oom_checked = 0;
     auto pick_size = [&]() -> uint64_t {
         const int r = int(rng() % 100);
         if (r < 55) return 1 + rng() % (64 * KiB);
@@ -149,6 +188,14 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
             const int rc = pool.allocate(size, api_id::cuMemAlloc_v2, &p);
             if (rc == k_cuda_oom) {
                 ++n_oom;
+                if (vmm_chunk) {
+                    // The pool's limit is the driver's: this request could not have fitted.
+                    const uint64_t need = (chunks_touched(live, vmm_chunk) + (size + vmm_chunk - 1) / vmm_chunk) * vmm_chunk;
+                    INFO("size " << size << " live chunks " << chunks_touched(live, vmm_chunk));
+                    CHECK(need > capacity);
+                    CHECK(dev.in_use() == chunks_touched(live, vmm_chunk) * vmm_chunk);
+                    ++n_oom_checked;
+                }
                 REQUIRE(sink.count(ev_kind::oom) == n_oom);
                 // Before failing, the pool released all it could: nothing pending (no capture
                 // here) and no fully free segment left.
@@ -225,7 +272,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
         REQUIRE(s.allocated == alloc_b);
         REQUIRE(s.requested == req_b);
         REQUIRE(s.reserved == dev.in_use());
-        REQUIRE(s.segments == dev.live_segments());
+        REQUIRE(s.segments == dev.reservations() + dev.live_segments());
         // The log alone gives the same layout.
         replay.catch_up(sink);
         REQUIRE(replay.error == "");
@@ -250,6 +297,9 @@ void run_random(uint32_t seed, reuse_mode mode, int ops) {
     // The run must have exercised the interesting paths, or it proves little.
     CHECK(n_oom > 0);
     CHECK(sink.count(ev_kind::segment_free) > 0);
+    if (vmm_chunk) CHECK(sink.count(ev_kind::segment_unmap) > 0);
+    if (vmm_chunk) CHECK(n_oom_checked > 0);
+    if (vmm_chunk) CHECK(dev.reservations() == 0);
     if (safe_now) CHECK(sink.count(ev_kind::pool_sync) > 0);
     if (mode == reuse_mode::automatic) CHECK(sink.count(ev_kind::reuse_safe) == 1);
 }
@@ -266,4 +316,11 @@ TEST_CASE("random operations keep every promise (immediate reuse)", "[pool][prop
 
 TEST_CASE("random operations keep every promise (auto reuse, a stream appears halfway)", "[pool][property]") {
     for (uint32_t seed : {8u, 9u, 77u}) run_random(seed, reuse_mode::automatic, 3000);
+}
+
+TEST_CASE("random operations on virtual memory keep every promise and the driver's limit", "[pool][property][vmm]") {
+    for (uint32_t seed : {11u, 12u, 13u}) run_random(seed, reuse_mode::safe, 3000, 2 * MiB);
+    for (uint32_t seed : {14u, 15u}) run_random(seed, reuse_mode::immediate, 3000, 2 * MiB);
+    run_random(16u, reuse_mode::automatic, 3000, 2 * MiB);
+    run_random(17u, reuse_mode::immediate, 3000, 4 * MiB);  // a coarser granularity
 }

@@ -1,0 +1,152 @@
+// The pool on virtual memory: chunks back segments, whole free chunks go back on OOM, the driver's limit holds.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "pool_test_util.h"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+// Fills `capacity` with 6 MiB blocks, frees two of every three, then asks for `big` blocks until
+// one fails.  Returns how many big blocks were served.
+size_t fill_fragment_large(bool vmm, uint64_t capacity, uint64_t big, fake_backend& dev, recording_sink& sink) {
+    dev.set_vmm(2 * MiB);
+    pool_config cfg = immediate_config();
+    cfg.vmm = vmm;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> small;
+    for (;;) {
+        uint64_t p = 0;
+        if (pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) != k_cuda_success) break;
+        small.push_back(p);
+    }
+    REQUIRE(small.size() >= capacity / (7 * MiB));
+    for (size_t i = 0; i < small.size(); ++i) {
+        int rc = -1;
+        if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
+    }
+    size_t served = 0;
+    for (;;) {
+        uint64_t p = 0;
+        if (pool.allocate(big, api_id::cuMemAlloc_v2, &p) != k_cuda_success) break;
+        ++served;
+    }
+    std::string why;
+    CHECK(pool.validate(&why));
+    CHECK(dev.bad_calls() == 0);
+    return served;
+}
+
+}  // namespace
+
+TEST_CASE("fill, fragment, then large requests: served as the driver alone would serve them", "[pool][vmm]") {
+    const uint64_t capacity = 600 * MiB, big = 60 * MiB;
+    fake_backend on(capacity), off(capacity);
+    recording_sink s_on, s_off;
+    const size_t served = fill_fragment_large(true, capacity, big, on, s_on);
+    // The driver alone: the live third of the 6 MiB blocks stays, everything else is free.
+    const uint64_t n_small = capacity / (6 * MiB);
+    const uint64_t live = (n_small + 2) / 3 * 6 * MiB;
+    CHECK(served == (capacity - live) / big);
+    CHECK(s_on.count(ev_kind::segment_unmap) > 0);
+    // cuMemUnmap does not wait for device work: the pool synchronized before unmapping freed bytes.
+    CHECK(on.sync_calls() >= 1);
+    // cuMemAlloc segments keep the free thirds locked behind live blocks: far fewer large requests.
+    const size_t served_off = fill_fragment_large(false, capacity, big, off, s_off);
+    CHECK(served_off < served / 2);
+    CHECK(s_off.count(ev_kind::segment_unmap) == 0);
+}
+
+TEST_CASE("a segment on virtual memory is whole chunks, mapped at once, and unmapped chunk by chunk", "[pool][vmm]") {
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(immediate_config(), dev, &sink, 0);
+    uint64_t a = 0, b = 0, c = 0;
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);  // a 20 MiB segment
+    CHECK(pool.chunk_size() == 2 * MiB);
+    CHECK(dev.mapped_chunks() == 10);
+    CHECK(dev.map_calls() == 1);
+    REQUIRE(pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+    block_pool::block_info bi{};
+    REQUIRE(pool.lookup(b, &bi));
+    CHECK(bi.vmm);
+    int rc = -1;
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));  // free: [3, 11) and [14, 20) MiB
+    // 44 MiB are left on the device.  Whole free chunks: [4, 10) and [14, 20).  Live blocks touch
+    // chunks [0, 4) and [10, 14): 8 MiB, so 56 MiB is the most the driver could still give.
+    uint64_t d = 0;
+    CHECK(pool.allocate(58 * MiB, api_id::cuMemAlloc_v2, &d) == k_cuda_oom);
+    const auto unmaps = sink.of(ev_kind::segment_unmap);
+    REQUIRE(unmaps.size() == 2);
+    CHECK(unmaps[0].b.ptr == bi.segment + 4 * MiB);
+    CHECK(unmaps[0].b.size == 6 * MiB);
+    CHECK(unmaps[0].b.seg == bi.segment);
+    CHECK(unmaps[1].b.ptr == bi.segment + 14 * MiB);
+    CHECK(unmaps[1].b.size == 6 * MiB);
+    CHECK(dev.mapped_chunks() == 4);
+    CHECK(pool.snapshot().reserved == 8 * MiB);
+    // Served in fresh address space, to the last byte the driver has.
+    REQUIRE(pool.allocate(56 * MiB, api_id::cuMemAlloc_v2, &d) == k_cuda_success);
+    CHECK(dev.in_use() == 64 * MiB);
+    // The unmapped range is no block anyone gets, and a pointer into it is no allocation.
+    REQUIRE(pool.lookup(bi.segment + 5 * MiB, &bi));
+    CHECK_FALSE(bi.allocated);
+    for (uint64_t p : {a, c, d}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    pool.release_cached();
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.reservations() == 0);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("virtual memory: a failing map leaves nothing behind, and a capture gets no unmap and no sync", "[pool][vmm]") {
+    fake_backend dev(40 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(immediate_config(), dev, &sink, 0);
+    uint64_t a = 0;
+    dev.fail_next_allocs(3, k_cuda_oom);  // the first try, the retry, the last-resort cuMemAlloc segment
+    CHECK(pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_oom);
+    CHECK(dev.mapped_chunks() == 0);
+    CHECK(dev.reservations() == 0);
+    REQUIRE(pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    uint64_t b = 0;
+    REQUIRE(pool.allocate(2 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);  // a small-pool segment
+    int rc = -1;
+    REQUIRE(pool.deallocate(a, api_id::cuMemFree_v2, &rc));
+    dev.set_capturing(true);
+    const uint64_t syncs = dev.sync_calls(), unmaps = dev.unmap_calls();
+    uint64_t c = 0;
+    CHECK(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_oom);
+    CHECK(dev.sync_calls() == syncs);
+    CHECK(dev.unmap_calls() == unmaps);
+    dev.set_capturing(false);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("GPUMEM_POOL_VMM=off and a device without VMM keep cuMemAlloc segments", "[pool][vmm]") {
+    fake_backend dev;
+    uint64_t p = 0;
+    {
+        block_pool pool(immediate_config(), dev, nullptr, 0);  // the fake offers no VMM by default
+        REQUIRE(pool.allocate(4096, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        CHECK(pool.chunk_size() == 0);
+        CHECK(dev.alloc_calls() == 1);
+    }
+    dev.set_vmm(2 * MiB);
+    pool_config cfg = immediate_config();
+    cfg.vmm = false;
+    block_pool pool(cfg, dev, nullptr, 0);
+    REQUIRE(pool.allocate(4096, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(pool.chunk_size() == 0);
+    CHECK(dev.alloc_calls() == 2);
+    CHECK(dev.map_calls() == 0);
+}
