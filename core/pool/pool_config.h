@@ -28,7 +28,9 @@ struct pool_config {
     uint64_t sync_budget = 32ull << 20;          // GPUMEM_SYNC_BUDGET: pending bytes that justify a sync (floor)
     uint64_t sync_budget_div = 16;               // GPUMEM_SYNC_BUDGET_DIV: budget = max(sync_budget, reserved / div)
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
-    bool vmm = true;                             // GPUMEM_POOL_VMM = on | off: segments on virtual memory
+    // GPUMEM_POOL_VMM = on | off: segments on virtual memory.  Off by default until it has run on a
+    // GPU, and because legacy IPC (cuIpcGetMemHandle) cannot export VMM memory (docs/pool.md).
+    bool vmm = false;
                                                  // (cuMemCreate chunks) where the device supports it
 
     // Problems met while reading the environment ("GPUMEM_POOL_ROUND=3: not a power of two >= 256;

@@ -490,7 +490,7 @@ TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segme
     CHECK(values(off.out)["ipc_b_result"] == "0");  // pass-through: b is its own driver allocation
 
     // Virtual-memory segments: pointer queries are the same; no block has a legacy IPC handle.
-    auto vm = run({EMU_POOL_APP, "query"});
+    auto vm = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "on"}});
     check_complete(vm, &ls);
     auto vv = values(vm.out);
     CHECK(num(vv, "range_base_is_b") == 1);
@@ -569,7 +569,7 @@ TEST_CASE("pool on virtual memory: a training loop that fits the device alone al
 }
 
 TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 MiB requests: served as by the driver") {
-    auto r = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}});
+    auto r = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_VMM", "on"}});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);

@@ -121,16 +121,16 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"sync_budget\":33554432,") != std::string::npos);
     CHECK(s.find("\"stats_ms\":1000,") != std::string::npos);
     CHECK(s.back() == ',');
-    CHECK(s.find("\"pool_vmm\":\"on\",") != std::string::npos);
+    CHECK(s.find("\"pool_vmm\":\"off\",") != std::string::npos);
     // 2 string knobs + 11 numeric knobs, one comma each.
     CHECK(std::count(s.begin(), s.end(), ',') == 13);
 }
 
 TEST_CASE("GPUMEM_POOL_VMM turns virtual-memory segments off, and warns on nonsense", "[pool][config]") {
-    CHECK(pool_config{}.vmm);
+    CHECK_FALSE(pool_config{}.vmm);  // opt-in
     CHECK_FALSE(with({{"GPUMEM_POOL_VMM", "off"}}).vmm);
     CHECK(with({{"GPUMEM_POOL_VMM", "on"}}).vmm);
     const pool_config c = with({{"GPUMEM_POOL_VMM", "maybe"}});
-    CHECK(c.vmm);
+    CHECK_FALSE(c.vmm);
     CHECK(c.warnings.find("GPUMEM_POOL_VMM=maybe") != std::string::npos);
 }

@@ -156,6 +156,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0)
     pool_config cfg = safe_config();
     cfg.reuse = mode;
     cfg.sync_budget = 16 * MiB;
+    cfg.vmm = vmm_chunk != 0;  // opt-in (GPUMEM_POOL_VMM=on)
     block_pool pool(cfg, dev, &sink, 0);
     layout_replayer replay;
     replay.immediate = mode != reuse_mode::safe;

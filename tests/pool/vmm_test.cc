@@ -12,6 +12,13 @@ namespace {
 
 // Fills `capacity` with 6 MiB blocks, frees two of every three, then asks for `big` blocks until
 // one fails.  Returns how many big blocks were served.
+// GPUMEM_POOL_VMM=on: virtual-memory segments are opt-in.
+pool_config vmm_config() {
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    return cfg;
+}
+
 size_t fill_fragment_large(bool vmm, uint64_t capacity, uint64_t big, fake_backend& dev, recording_sink& sink) {
     dev.set_vmm(2 * MiB);
     pool_config cfg = immediate_config();
@@ -64,7 +71,7 @@ TEST_CASE("a segment on virtual memory is whole chunks, mapped at once, and unma
     fake_backend dev(64 * MiB);
     dev.set_vmm(2 * MiB);
     recording_sink sink;
-    block_pool pool(immediate_config(), dev, &sink, 0);
+    block_pool pool(vmm_config(), dev, &sink, 0);
     uint64_t a = 0, b = 0, c = 0;
     REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);  // a 20 MiB segment
     CHECK(pool.chunk_size() == 2 * MiB);
@@ -109,7 +116,7 @@ TEST_CASE("virtual memory: a failing map leaves nothing behind, and a capture ge
     fake_backend dev(40 * MiB);
     dev.set_vmm(2 * MiB);
     recording_sink sink;
-    block_pool pool(immediate_config(), dev, &sink, 0);
+    block_pool pool(vmm_config(), dev, &sink, 0);
     uint64_t a = 0;
     dev.fail_next_allocs(3, k_cuda_oom);  // the first try, the retry, the last-resort cuMemAlloc segment
     CHECK(pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_oom);
