@@ -12,27 +12,7 @@ EMU=$BUILD/tests/emu
 export LD_LIBRARY_PATH=$EMU/driver:$EMU${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 W=$WORK/$case_name
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
-failures=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-# expect_rc WANT CMD...: runs CMD with stdout in $W/out, stderr in $W/err; checks the exit code.
-expect_rc() {
-  local want=$1; shift
-  "$@" > "$W/out" 2> "$W/err"
-  local rc=$?
-  if [ "$rc" != "$want" ]; then
-    fail "exit $rc, expected $want: $*"
-    sed 's/^/    out: /' "$W/out" | head -20
-    sed 's/^/    err: /' "$W/err" | head -20
-  fi
-}
-# expect_in FILE TEXT: TEXT (fixed string) occurs in FILE.
-expect_in() {
-  grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | head -30; }
-}
-expect_not_in() {
-  ! grep -qF -- "$2" "$1" || fail "'$2' unexpectedly in $(basename "$1")"
-}
+. "$SRC/tests/lib/expect.sh"
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
 
 case $case_name in

@@ -9,22 +9,7 @@ case_name=$1
 EMU=$BUILD/tests/emu
 W=$WORK/$case_name
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
-failures=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect_rc() {
-  local want=$1; shift
-  "$@" > "$W/out" 2> "$W/err"
-  local rc=$?
-  if [ "$rc" != "$want" ]; then
-    fail "exit $rc, expected $want: $*"
-    sed 's/^/    out: /' "$W/out" | tail -20
-    sed 's/^/    err: /' "$W/err" | tail -20
-  fi
-}
-expect_in() {
-  grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | tail -30; }
-}
+. "$SRC/tests/lib/expect.sh"
 
 case $case_name in
 install_docs)

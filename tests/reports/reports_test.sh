@@ -9,15 +9,7 @@ case_name=$1
 G=$SRC/tests/data/golden
 W=$WORK/$case_name
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
-failures=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect_in() {
-  grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | head -40; }
-}
-expect_not_in() {
-  ! grep -qF -- "$2" "$1" || fail "'$2' unexpectedly in $(basename "$1")"
-}
+. "$SRC/tests/lib/expect.sh"
 report() {  # report NAME LOG... [OPTIONS]: text to NAME.txt
   local name=$1; shift
   "$GPUMEM" report --no-progress "$@" > "$W/$name.txt" 2> "$W/$name.err" || fail "gpumem report $* failed"
