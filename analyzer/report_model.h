@@ -182,6 +182,9 @@ struct device_report {
     // of requested memory, and the leaks grouped by stack.  Empty when the log has no stacks.
     std::vector<site_row> top_sites;
     std::vector<site_row> leak_sites;
+    // Every stack live at that peak (at most k_flame_stacks), for the HTML flame graph; not in the
+    // report JSON, so empty when the report was read back from one.
+    std::vector<site_row> peak_sites;
 
     // Derived ratios at the peak of allocated bytes and at the end (docs/metrics.md).
     double reserved_unallocated_at_peak() const {
@@ -250,6 +253,7 @@ struct combined_report {
 
 inline constexpr size_t k_top_blocks = 10;
 inline constexpr size_t k_top_sites = 10;
+inline constexpr size_t k_flame_stacks = 5000;
 inline constexpr size_t k_max_listed_leaks = 50;
 inline constexpr size_t k_max_warnings = 50;
 inline constexpr size_t k_max_oom_maps = 8;

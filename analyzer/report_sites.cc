@@ -5,11 +5,12 @@
 
 namespace gpumem::analysis {
 
-namespace {
 bool in_library(const std::string& file) {
     return file.find("site-packages/") != std::string::npos || file.find("dist-packages/") != std::string::npos ||
            file.find("/lib/python3") != std::string::npos || file.rfind("<frozen", 0) == 0;
 }
+
+namespace {
 std::string base_name(const std::string& path) {
     size_t s = path.rfind('/');
     return s == std::string::npos ? path : path.substr(s + 1);

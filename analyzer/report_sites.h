@@ -15,6 +15,10 @@ namespace gpumem::analysis {
 // recorded) has no frames.
 nlohmann::ordered_json sites_json(const process_report& p, const std::vector<site_row>& rows);
 
+// Whether a Python file is an installed package's or the standard library's (site-packages,
+// dist-packages, lib/pythonX.Y, <frozen ...>) rather than the program's own.
+bool in_library(const std::string& file);
+
 // The frame a reader wants first: the innermost one in the program's own code, skipping frames in
 // installed packages and the standard library (site-packages, dist-packages, lib/pythonX.Y), and
 // frames with no name.  Falls back to the innermost frame.  Returns an index into `frames`.

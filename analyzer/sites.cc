@@ -106,7 +106,10 @@ bool parse_stack_record(std::string_view line, uint32_t& id, std::vector<frame_v
 void summarize_sites(process_report& rep, const site_tracker& sites) {
     if (!sites.any_stack()) return;
     for (device_report& d : rep.devices) {
-        if (d.requested.peak > 0) d.top_sites = sites.live_at(d.dev, d.requested.peak_seq, k_top_sites);
+        if (d.requested.peak > 0) {
+            d.peak_sites = sites.live_at(d.dev, d.requested.peak_seq, k_flame_stacks);
+            d.top_sites.assign(d.peak_sites.begin(), d.peak_sites.begin() + std::ptrdiff_t(std::min(k_top_sites, d.peak_sites.size())));
+        }
         d.leak_sites = sites.live_at(d.dev, UINT64_MAX - 1, k_top_sites);
         for (oom_report& o : d.ooms) o.sites = sites.live_at(d.dev, o.seq, k_top_sites);
     }

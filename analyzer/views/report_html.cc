@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "format_util.h"
+#include "report_flame.h"
 #include "report_output.h"
 
 namespace gpumem::analysis {
@@ -345,6 +346,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     if (pooled)
         o << "<h3>External fragmentation over time</h3>\n"
           << line_chart(frag, true, "1 − largest free block / free bytes in segments", ax);
+    o << call_sites_html(p, d);
     if (k.valid) {
         o << "<h3>Segment map at the peak of allocated memory — " << fmt_time(k.t) << ", seq " << k.seq << "</h3>\n";
         snapshot_block(o, k);

@@ -1,0 +1,110 @@
+# The HTML report's flame graph of call sites, through the real gpumem binary: widths proportional
+# to bytes, roots at the top, hover titles, the stated threshold, and hostile frame names
+# (tests/data/bad/hostile_stacks.jsonl) that must stay text: no element, attribute or control
+# character of theirs may reach the page.
+import html.parser
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+gpumem, data = sys.argv[1:3]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+class page(html.parser.HTMLParser):
+    """Every element with its attributes, and the text of each <title> inside the flame graph."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.titles, self.boxes = [], [], []
+        self._in_title = False
+        self._in_flame = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "svg":
+            self._in_flame = "flame graph" in a.get("aria-label", "")
+        if self._in_flame and tag == "title":
+            self._in_title = True
+            self.titles.append("")
+        if self._in_flame and tag == "rect":
+            self.boxes.append((float(a["x"]), float(a["y"]), float(a["width"]), a["fill"]))
+
+    def handle_endtag(self, tag):
+        if tag == "title":
+            self._in_title = False
+        if tag == "svg":
+            self._in_flame = False
+
+    def handle_data(self, d):
+        if self._in_title:
+            self.titles[-1] += d
+
+
+def report_html(log, d):
+    out = os.path.join(d, os.path.basename(log) + ".html")
+    r = subprocess.run([gpumem, "report", "--no-progress", log, "--html", out], capture_output=True)
+    check(r.returncode == 0, f"{log}: report --html exit {r.returncode}: {r.stderr[-500:]}")
+    raw = open(out, "rb").read()
+    p = page()
+    p.feed(raw.decode("utf-8", "replace"))
+    return raw, p
+
+
+with tempfile.TemporaryDirectory() as d:
+    # The golden log: device 0 peaks at 189.16 MiB; <module> (train.py:40) holds 128 MiB of it.
+    raw, p = report_html(os.path.join(data, "golden", "stacks.jsonl"), d)
+    check(b"Call stacks at the peak of requested memory" in raw, "the section is there")
+    check(b"Frames under 0.5% of the peak" in raw, "the threshold is stated")
+    first = [t for t in p.titles if t.startswith("<module>\n/src/train.py:40\n")]
+    check(len(first) == 2 and "128.00 MiB (67.7% of the peak) in 2 allocations" in first[0],
+          f"hover title names function, file:line, bytes and share: {first[:1]}")
+    check(any(t.startswith("?\n/opt/app/libtrainer.so+0x1a2b\n8.00 MiB") for t in p.titles), "a native frame's title names its module")
+    # Device 0's graph: the first row is the roots, widths in proportion to bytes (980 px = the peak).
+    peak = 189.16
+    row0 = [b for b in p.boxes if b[1] == 4.0][:4]
+    check(abs(row0[0][2] - 980 * 128 / peak) < 1.0, f"root width {row0[0][2]} for 128 MiB of {peak}")
+    check(row0[0][0] == 0.0 and abs(row0[1][0] - (row0[0][2] + 0.5)) < 0.2, "roots side by side, largest first")
+    # The callee sits below its caller, within it.
+    below = [b for b in p.boxes if b[1] == 21.0 and b[0] == 0.0]
+    check(below and abs(below[0][2] - row0[0][2]) < 0.01, "load_weights below <module> (train.py:40), as wide")
+    # Two narrow call paths under <module> (train.py:41) merged into one box; the 32 KiB one left out.
+    check(any(t.startswith("2 call paths, each under 0.5% of the peak\n1.12 MiB") for t in p.titles), "merged box")
+    check(not any("evaluate" in t for t in p.titles), "a frame under the threshold with no sibling to merge is left out")
+    check(p.titles.count(p.titles[0]) >= 1 and len(re.findall(rb"<svg[^>]*flame graph", raw)) == 2, "one graph per device")
+
+    # No stacks in the log: no section.
+    raw, p = report_html(os.path.join(data, "golden", "pool_off_basic.jsonl"), d)
+    check(b"Call stacks" not in raw and b"flame graph" not in raw, "no flame graph without stacks")
+
+    # Hostile names.
+    log = os.path.join(data, "bad", "hostile_stacks.jsonl")
+    raw, p = report_html(log, d)
+    bad = [(t, a) for t, a in p.tags if t in ("script", "img") or any(k.startswith("on") for k in a)]
+    check(not bad, f"a frame name became markup: {bad[:3]}")
+    check(b"\x1b" not in raw and b"\xc2\x9b" not in raw, "control characters shown, not sent")
+    check(any(t.startswith("</title><script>alert(1)</script>\nx' onmouseover='alert(1):1\n") for t in p.titles),
+          "the hostile name is shown as text in its title")
+    check(any("^[[31mevil.so+0x10" in t for t in p.titles), "ESC in a module name is shown as ^[")
+    check(b"Frames deeper than 256 levels are not drawn" in raw, "a 300-frame stack is cut at 256 levels, and says so")
+    check(max(b[1] for b in p.boxes) == 4.0 + 255 * 17, "256 rows at most")
+    # Labels of a 5000-character name are cut to the box, on a character boundary (valid UTF-8).
+    raw.decode("utf-8")
+    check(all(len(t) < 20000 for t in p.titles), "titles bounded")
+    for args in (["--json"], []):
+        r = subprocess.run([gpumem, "report", "--no-progress", log] + args, capture_output=True)
+        check(r.returncode == 0 and b"\x1b" not in r.stdout, f"report {args} on hostile stacks: exit {r.returncode}")
+
+if failures:
+    print(f"{len(failures)} failed")
+    sys.exit(1)
+print("ok")
