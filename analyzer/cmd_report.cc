@@ -1,5 +1,7 @@
 // `gpumem report`: reads event logs (or report JSON written by an earlier `gpumem report --json`)
 // and prints a report (text or JSON), and writes HTML and Perfetto files.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +20,8 @@
 #include "log_reader.h"
 #include "report_json_read.h"
 #include "report_output.h"
+#include "views/pickle_writer.h"
+#include "views/torch_snapshot.h"
 
 namespace gpumem::analysis {
 
@@ -25,7 +29,7 @@ namespace {
 
 struct report_args {
     bool json = false, progress = false, no_progress = false;
-    std::string html_path, perfetto_path, at;
+    std::string html_path, perfetto_path, torch_path, at;
     std::vector<std::string> logs;
 };
 
@@ -45,6 +49,62 @@ bool write_file(const std::string& path, F&& fill) {
     return true;
 }
 
+// --torch-snapshot: the pickle goes to a new file beside PATH (0600: it names the program's files,
+// as the log does) that replaces PATH only once complete, so a failed export leaves no half file.
+// An existing PATH that is a symbolic link, a directory or a device is refused, never written
+// through.
+bool write_torch_file(const std::string& path, const std::string& log, const process_report& rep) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        spdlog::error("--torch-snapshot {}: exists and is not a regular file ({}); not written", path,
+                      S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
+        return false;
+    }
+    size_t slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    std::string tmp = (slash == std::string::npos ? std::string() : dir) + ".gpumem-torch-XXXXXX";
+    int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+    if (fd < 0) {
+        spdlog::error("--torch-snapshot {}: cannot create a file in {}: {}", path, dir, std::strerror(errno));
+        return false;
+    }
+    bool ok = false;
+    try {
+        pickle_writer w(fd);
+        torch_snapshot_summary sum = write_torch_snapshot(log, rep, w);
+        if (w.failed()) {
+            spdlog::error("--torch-snapshot {}: writing failed: {}", path, std::strerror(w.error()));
+        } else if (::fsync(fd) != 0 && errno != EINVAL) {
+            spdlog::error("--torch-snapshot {}: writing failed: {}", path, std::strerror(errno));
+        } else {
+            ok = true;
+            for (const auto& [dev, d] : sum.devices) {
+                uint64_t n = 0;
+                for (uint64_t c : d.actions) n += c;
+                spdlog::debug("--torch-snapshot: device {}: {} trace entries, {} segments, {} blocks", dev, n,
+                              d.segments, d.blocks);
+            }
+            if (sum.host_events)
+                spdlog::warn("--torch-snapshot: {} events of host memory or of no device are not in the snapshot "
+                             "(PyTorch's format has GPUs only)", sum.host_events);
+            if (sum.unplaced)
+                spdlog::warn("--torch-snapshot: {} pooled blocks or frees did not fit the rebuilt pool and are left "
+                             "out (the log misses events)", sum.unplaced);
+        }
+    } catch (const input_error& e) {
+        spdlog::error("{}", e.what());
+    } catch (const std::exception& e) {
+        spdlog::error("--torch-snapshot {}: {}", path, e.what());
+    }
+    ::close(fd);
+    if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+        spdlog::error("--torch-snapshot {}: cannot replace it: {}", path, std::strerror(errno));
+        ok = false;
+    }
+    if (!ok) ::unlink(tmp.c_str());
+    return ok;
+}
+
 int run_report(report_args& a, const std::vector<std::string>& tail) {
     analyze_options aopt;
     aopt.progress = a.progress || (!a.no_progress && ::isatty(2) == 1);
@@ -58,10 +118,18 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     logs.insert(logs.end(), tail.begin(), tail.end());
     if (logs.empty()) return usage_error("report", "no log file given");
 
+    if (!a.torch_path.empty() && logs.size() != 1)
+        return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");
+
     std::vector<process_report> procs;
     int rc = k_exit_ok;
     for (const std::string& path : logs) {
         try {
+            if (!a.torch_path.empty() && looks_like_report_json(path)) {
+                spdlog::error("{}: --torch-snapshot needs the event log; a report JSON holds no events", path);
+                rc = k_exit_input;
+                continue;
+            }
             if (looks_like_report_json(path)) {
                 // A `gpumem report --json` file: the same report again (or with other outputs),
                 // without the log.  --at needs the log: the report holds only the moments it had.
@@ -114,6 +182,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
             return k_exit_input;
         if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, [&](std::ostream& o) { write_perfetto(o, procs); }))
             return k_exit_input;
+        if (!a.torch_path.empty() && !write_torch_file(a.torch_path, logs[0], procs[0])) return k_exit_input;
     } catch (const std::exception& e) {
         std::cout.flush();
         spdlog::error("cannot write the report from these inputs: {}", e.what());
@@ -137,6 +206,10 @@ command add_report(CLI::App& top) {
     app->add_flag("--json", a->json, "print the report as JSON (schema: docs/report-json.md) instead of text");
     app->add_option("--html", a->html_path, "also write a self-contained HTML report with charts to FILE")->type_name("FILE");
     app->add_option("--perfetto", a->perfetto_path, "also write a Chrome trace JSON with counter tracks (ui.perfetto.dev)")
+        ->type_name("FILE");
+    app->add_option("--torch-snapshot", a->torch_path,
+                    "also write the log as a PyTorch memory snapshot (pickle) for memory_viz: "
+                    "python -m torch.cuda._memory_viz trace_plot FILE -o out.html, or pytorch.org/memory_viz")
         ->type_name("FILE");
     app->add_option("--at", a->at,
                     "also show the free-block map at MOMENT: an event seq (1234 or #1234) or a time since the "

@@ -1,0 +1,530 @@
+// PyTorch's memory snapshot of one log (torch_snapshot.h).
+//
+// How the log maps onto PyTorch's allocator, whose viewer replays "device_traces" backwards from
+// "segments" (so the two must agree exactly):
+//   - a pool segment (segment_alloc/segment_free) is a PyTorch segment, and each pooled block in it
+//     a block; a pooled free is "free_requested", and "free_completed" follows when the block is
+//     free for reuse: at once, or at the pool_sync that releases it (pending = PyTorch's
+//     active_pending_free);
+//   - memory PyTorch cannot see as blocks (cudaMalloc/cuMemAlloc without the pool, NCCL, cuBLAS,
+//     cuMemMap'd ranges of JAX or PyTorch's expandable segments) is a segment of one block:
+//     segment_alloc + alloc, and free_requested + free_completed + segment_free;
+//   - segment_unmap (the pool gave back chunks of a virtual-memory segment) is PyTorch's own
+//     segment_unmap; at the end such a segment is listed as its mapped pieces;
+//   - an "oom" line, or an alloc_fail with the out-of-memory code and no "oom" line before it, is
+//     "oom" (the rule of the report's OOM list, metrics/oom_diagnosis.cc).
+// Frames are the allocation's stack, innermost first, as PyTorch lists them; a free carries the
+// frames of its allocation, as PyTorch's free entries do when the free itself has no context.
+#include "views/torch_snapshot.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "format_util.h"
+#include "log_reader.h"
+
+namespace gpumem::analysis {
+
+namespace {
+
+// A device ordinal past this is a hostile log, not a machine: the list of traces is indexed by it.
+constexpr int k_max_device = 4095;
+
+struct block {
+    uint64_t asize, size, stream;
+    uint32_t stack;
+    bool pending;
+};
+
+struct pool_segment {
+    uint64_t size;
+    pool_id pool;
+    std::map<uint64_t, block> blocks;       // ptr -> block
+    std::map<uint64_t, uint64_t> holes;     // segment_unmap'd ranges: start -> size
+};
+
+// An allocation outside the pool, or a mapped range: a segment holding one block.
+struct whole {
+    uint64_t size, requested, stream;
+    uint32_t stack;
+};
+
+class device_export {
+  public:
+    device_export(int dev, const process_report& rep, pickle_writer& w, std::vector<bool>& frames_written,
+                  torch_device_summary& sum, torch_snapshot_summary& all)
+        : dev_(dev), rep_(rep), w_(w), frames_written_(frames_written), sum_(sum), all_(all) {
+        time_base_us_ = rep.start_unix_ns / 1000;
+    }
+
+    void apply(const log_event& e) {
+        switch (e.ev) {
+        case ev_kind::alloc: on_alloc(e); break;
+        case ev_kind::free: on_free(e); break;
+        case ev_kind::map:
+            if (e.dev != dev_) break;
+            if (maps_.count(e.ptr)) close_whole(maps_, e.ptr, e.t);
+            {
+                auto h = handles_.find(e.handle);
+                whole m{e.size, e.size, 0, h == handles_.end() ? 0u : h->second};
+                maps_[e.ptr] = m;
+                open_whole(e.ptr, m, e.t);
+            }
+            break;
+        case ev_kind::unmap:
+            if (maps_.count(e.ptr)) close_whole(maps_, e.ptr, e.t);
+            break;
+        case ev_kind::segment_alloc:
+            if (e.dev != dev_) break;
+            if (segs_.count(e.ptr)) drop_segment(e.ptr, e.t);
+            segs_[e.ptr] = pool_segment{e.size, e.pool, {}, {}};
+            entry(torch_action::segment_alloc, e.ptr, e.size, 0, e.t, 0);
+            break;
+        case ev_kind::segment_free:
+            if (e.dev == dev_ && segs_.count(e.ptr)) drop_segment(e.ptr, e.t);
+            break;
+        case ev_kind::segment_unmap: {
+            if (e.dev != dev_) break;
+            auto s = segs_.find(e.seg);
+            if (s == segs_.end() || e.ptr < e.seg || e.size > s->second.size || e.ptr - e.seg > s->second.size - e.size) {
+                ++all_.unplaced;
+                break;
+            }
+            s->second.holes[e.ptr] = e.size;
+            entry(torch_action::segment_unmap, e.ptr, e.size, 0, e.t, 0);
+            break;
+        }
+        case ev_kind::pool_sync:
+            if (e.dev == dev_) complete_pending(e.t);
+            break;
+        case ev_kind::context_reset:
+            // As the report's model: a device's reset drops all its memory, a reset of no device
+            // the pools of every device.
+            if (e.dev == dev_ || e.dev < 0) {
+                complete_pending(e.t);
+                while (!segs_.empty()) drop_segment(segs_.begin()->first, e.t);
+                if (e.dev == dev_)
+                    while (!plain_.empty()) close_whole(plain_, plain_.begin()->first, e.t);
+            }
+            break;
+        case ev_kind::reuse_safe:
+            if (e.dev == dev_) reuse_safe_ = true;
+            break;
+        case ev_kind::oom:
+            if (e.dev != dev_) break;
+            oom_entry(e.size, e.has(fd_gpu_free) ? e.gpu_free : 0, e.t);
+            pending_oom_ = true;
+            pending_oom_size_ = e.size;
+            break;
+        case ev_kind::alloc_fail:
+            if (e.dev != dev_ || !e.has(fd_err) || e.err != 2) break;
+            if (pending_oom_ && pending_oom_size_ == e.size) {
+                pending_oom_ = false;  // the pool's "oom" line already stands for it
+                break;
+            }
+            oom_entry(e.size, 0, e.t);
+            break;
+        default: break;
+        }
+    }
+
+    // The device's segments at the end of the log, by address.
+    void write_segments() {
+        struct item {
+            uint64_t addr;
+            const pool_segment* seg;  // else `w`
+            uint64_t end;             // a pool segment's piece: [addr, end)
+            const whole* w;
+        };
+        std::vector<item> items;
+        for (const auto& [base, s] : segs_) {
+            uint64_t cur = base;
+            for (const auto& [hs, hn] : s.holes) {
+                if (hs > cur) items.push_back({cur, &s, hs, nullptr});
+                cur = std::max(cur, hs + hn);
+            }
+            if (base + s.size > cur) items.push_back({cur, &s, base + s.size, nullptr});
+        }
+        for (const auto* m : {&plain_, &maps_})
+            for (const auto& [p, x] : *m) items.push_back({p, nullptr, 0, &x});
+        std::sort(items.begin(), items.end(), [](const item& a, const item& b) { return a.addr < b.addr; });
+        for (const item& it : items) {
+            if (it.seg) write_piece(it.addr, it.end, *it.seg);
+            else write_whole_segment(it.addr, *it.w);
+        }
+    }
+
+  private:
+    bool pends() const {
+        if (rep_.reuse_mode == "immediate") return false;
+        if (rep_.reuse_mode == "auto") return reuse_safe_;
+        return true;  // "safe", or a log from before "auto"
+    }
+
+    uint64_t time_us(uint64_t t) const { return time_base_us_ + t / 1000; }
+
+    void frames(uint32_t stack) {
+        const std::vector<frame_view>* fr = stack ? rep_.stacks.find(stack) : nullptr;
+        if (!fr) {
+            w_.begin_list();
+            w_.end_list();
+            return;
+        }
+        if (stack < frames_written_.size() && frames_written_[stack]) {
+            w_.get(stack);
+            return;
+        }
+        w_.begin_list();
+        for (const frame_view& f : *fr) {
+            w_.begin_dict();
+            w_.key("filename");
+            w_.str(!f.file.empty() ? f.file : f.module);
+            w_.key("line");
+            w_.uinteger(f.line);
+            w_.key("name");
+            // An unnamed native frame is its address in the module, as PyTorch shows one.
+            w_.str(!f.function.empty() ? f.function : f.native() ? fmt_hex(f.address) : std::string("??"));
+            w_.end_dict();
+        }
+        w_.end_list_memo(stack);
+        if (stack >= frames_written_.size()) frames_written_.resize(size_t(stack) + 1, false);
+        frames_written_[stack] = true;
+    }
+
+    void entry(torch_action a, uint64_t addr, uint64_t size, uint64_t stream, uint64_t t, uint32_t stack) {
+        w_.begin_dict();
+        w_.key("action");
+        w_.str(k_torch_action_names[size_t(a)]);
+        w_.key("addr");
+        w_.uinteger(addr);
+        w_.key("size");
+        w_.uinteger(size);
+        w_.key("stream");
+        w_.uinteger(stream);
+        w_.key("time_us");
+        w_.uinteger(time_us(t));
+        w_.key("frames");
+        frames(stack);
+        w_.end_dict();
+        ++sum_.actions[size_t(a)];
+    }
+
+    void oom_entry(uint64_t size, uint64_t device_free, uint64_t t) {
+        // PyTorch's oom entry has the device's free bytes where others have "addr".
+        w_.begin_dict();
+        w_.key("action");
+        w_.str("oom");
+        w_.key("size");
+        w_.uinteger(size);
+        w_.key("device_free");
+        w_.uinteger(device_free);
+        w_.key("stream");
+        w_.uinteger(0);
+        w_.key("time_us");
+        w_.uinteger(time_us(t));
+        w_.key("frames");
+        frames(0);
+        w_.end_dict();
+        ++sum_.actions[size_t(torch_action::oom)];
+    }
+
+    void open_whole(uint64_t ptr, const whole& x, uint64_t t) {
+        entry(torch_action::segment_alloc, ptr, x.size, x.stream, t, x.stack);
+        entry(torch_action::alloc, ptr, x.size, x.stream, t, x.stack);
+    }
+
+    void close_whole(std::unordered_map<uint64_t, whole>& m, uint64_t ptr, uint64_t t) {
+        auto it = m.find(ptr);
+        if (it == m.end()) return;
+        const whole& x = it->second;
+        entry(torch_action::free_requested, ptr, x.size, x.stream, t, x.stack);
+        entry(torch_action::free_completed, ptr, x.size, x.stream, t, x.stack);
+        entry(torch_action::segment_free, ptr, x.size, x.stream, t, x.stack);
+        m.erase(it);
+    }
+
+    // The pool segment holding `ptr`: by its recorded base first, else by address.
+    pool_segment* segment_of(uint64_t seg, uint64_t ptr, uint64_t* base) {
+        auto s = segs_.find(seg);
+        if (s == segs_.end()) {
+            s = segs_.upper_bound(ptr);
+            if (s == segs_.begin()) return nullptr;
+            --s;
+        }
+        if (ptr < s->first || ptr - s->first >= s->second.size) return nullptr;
+        *base = s->first;
+        return &s->second;
+    }
+
+    void on_alloc(const log_event& e) {
+        if (e.ptr == 0) return;  // a zero-byte allocation: nothing is held
+        uint32_t stack = e.has(fd_stack) && e.stack <= UINT32_MAX && rep_.stacks.find(uint32_t(e.stack)) ? uint32_t(e.stack) : 0;
+        if (e.kind == mem_kind::vmm) {
+            handles_[e.ptr] = stack;  // physical memory: it shows where it is mapped
+            return;
+        }
+        if (e.dev != dev_) return;
+        uint64_t stream = e.has(fd_stream) ? e.stream : 0;
+        if (e.pooled) {
+            uint64_t base = 0;
+            pool_segment* s = segment_of(e.seg, e.ptr, &base);
+            if (!s || e.set_aside() > s->size - (e.ptr - base)) {
+                ++all_.unplaced;
+                return;
+            }
+            auto old = s->blocks.find(e.ptr);
+            if (old != s->blocks.end()) {
+                // A block placed over a live one (a log missing its free): the old one ends here.
+                if (!old->second.pending) entry(torch_action::free_requested, e.ptr, old->second.asize, old->second.stream, e.t, old->second.stack);
+                entry(torch_action::free_completed, e.ptr, old->second.asize, old->second.stream, e.t, old->second.stack);
+                s->blocks.erase(old);
+            }
+            s->blocks[e.ptr] = block{e.set_aside(), e.size, stream, stack, false};
+            entry(torch_action::alloc, e.ptr, e.set_aside(), stream, e.t, stack);
+            return;
+        }
+        if (plain_.count(e.ptr)) close_whole(plain_, e.ptr, e.t);
+        whole x{e.set_aside(), e.size, stream, stack};
+        plain_[e.ptr] = x;
+        open_whole(e.ptr, x, e.t);
+    }
+
+    void on_free(const log_event& e) {
+        if (e.kind == mem_kind::vmm) {
+            handles_.erase(e.ptr);
+            return;
+        }
+        if (e.dev != dev_ || e.unknown || e.ptr == 0) return;
+        if (plain_.count(e.ptr)) return close_whole(plain_, e.ptr, e.t);
+        uint64_t base = 0;
+        pool_segment* s = segment_of(e.seg, e.ptr, &base);
+        if (!s) {
+            ++all_.unplaced;
+            return;
+        }
+        auto b = s->blocks.find(e.ptr);
+        if (b == s->blocks.end() || b->second.pending) {
+            ++all_.unplaced;
+            return;
+        }
+        block& k = b->second;
+        entry(torch_action::free_requested, e.ptr, k.asize, k.stream, e.t, k.stack);
+        if (pends()) {
+            k.pending = true;
+            pending_.push_back({base, e.ptr});
+        } else {
+            entry(torch_action::free_completed, e.ptr, k.asize, k.stream, e.t, k.stack);
+            s->blocks.erase(b);
+        }
+    }
+
+    void complete_pending(uint64_t t) {
+        for (const auto& [base, ptr] : pending_) {
+            auto s = segs_.find(base);
+            if (s == segs_.end()) continue;
+            auto b = s->second.blocks.find(ptr);
+            if (b == s->second.blocks.end() || !b->second.pending) continue;
+            entry(torch_action::free_completed, ptr, b->second.asize, b->second.stream, t, b->second.stack);
+            s->second.blocks.erase(b);
+        }
+        pending_.clear();
+    }
+
+    // A segment goes: whatever blocks it still holds end first (only a log missing events has
+    // any), then the segment, piece by piece when chunks of it were unmapped.
+    void drop_segment(uint64_t base, uint64_t t) {
+        auto it = segs_.find(base);
+        pool_segment& s = it->second;
+        for (const auto& [ptr, b] : s.blocks) {
+            if (!b.pending) entry(torch_action::free_requested, ptr, b.asize, b.stream, t, b.stack);
+            entry(torch_action::free_completed, ptr, b.asize, b.stream, t, b.stack);
+        }
+        uint64_t cur = base;
+        for (const auto& [hs, hn] : s.holes) {
+            if (hs > cur) entry(torch_action::segment_free, cur, hs - cur, 0, t, 0);
+            cur = std::max(cur, hs + hn);
+        }
+        if (base + s.size > cur) entry(torch_action::segment_free, cur, base + s.size - cur, 0, t, 0);
+        segs_.erase(it);
+    }
+
+    void segment_head(uint64_t addr, uint64_t size, uint64_t allocated, uint64_t active, uint64_t requested,
+                      uint64_t stream, const char* type, bool expandable, uint32_t stack) {
+        w_.key("device");
+        w_.integer(dev_);
+        w_.key("address");
+        w_.uinteger(addr);
+        w_.key("total_size");
+        w_.uinteger(size);
+        w_.key("allocated_size");
+        w_.uinteger(allocated);
+        w_.key("active_size");
+        w_.uinteger(active);
+        w_.key("requested_size");
+        w_.uinteger(requested);
+        w_.key("stream");
+        w_.uinteger(stream);
+        w_.key("segment_type");
+        w_.str(type);
+        w_.key("segment_pool_id");
+        w_.int_pair(0, 0);
+        w_.key("is_expandable");
+        w_.boolean(expandable);
+        w_.key("frames");
+        frames(stack);
+    }
+
+    void block_dict(uint64_t addr, uint64_t size, uint64_t requested, const char* state, uint32_t stack) {
+        w_.begin_dict();
+        w_.key("address");
+        w_.uinteger(addr);
+        w_.key("size");
+        w_.uinteger(size);
+        w_.key("requested_size");
+        w_.uinteger(requested);
+        w_.key("state");
+        w_.str(state);
+        w_.key("frames");
+        frames(stack);
+        w_.end_dict();
+    }
+
+    // One mapped piece [a, end) of a pool segment, its blocks tiled with inactive gaps (memory_viz
+    // gives each block the address where the one before it ends).
+    void write_piece(uint64_t a, uint64_t end, const pool_segment& s) {
+        std::vector<std::pair<uint64_t, const block*>> in;
+        uint64_t cur = a, allocated = 0, active = 0, requested = 0;
+        for (auto b = s.blocks.lower_bound(a); b != s.blocks.end() && b->first < end; ++b) {
+            const block& k = b->second;
+            if (b->first < cur || k.asize > end - b->first) continue;  // overlapping (a hostile log)
+            in.push_back({b->first, &k});
+            cur = b->first + k.asize;
+            active += k.asize;
+            if (!k.pending) {
+                allocated += k.asize;
+                requested += std::min(k.size, k.asize);
+            }
+        }
+        w_.begin_dict();
+        segment_head(a, end - a, allocated, active, requested, 0, s.pool == pool_id::small ? "small" : "large",
+                     !s.holes.empty(), 0);
+        w_.key("blocks");
+        w_.begin_list();
+        cur = a;
+        for (const auto& [p, k] : in) {
+            if (p > cur) block_dict(cur, p - cur, 0, "inactive", 0);
+            block_dict(p, k->asize, std::min(k->size, k->asize), k->pending ? "active_pending_free" : "active_allocated",
+                       k->stack);
+            cur = p + k->asize;
+            ++sum_.blocks;
+        }
+        if (end > cur) block_dict(cur, end - cur, 0, "inactive", 0);
+        w_.end_list();
+        w_.end_dict();
+        ++sum_.segments;
+    }
+
+    void write_whole_segment(uint64_t addr, const whole& x) {
+        uint64_t requested = std::min(x.requested, x.size);
+        w_.begin_dict();
+        segment_head(addr, x.size, x.size, x.size, requested, x.stream, "large", false, x.stack);
+        w_.key("blocks");
+        w_.begin_list();
+        block_dict(addr, x.size, requested, "active_allocated", x.stack);
+        w_.end_list();
+        w_.end_dict();
+        ++sum_.segments;
+        ++sum_.blocks;
+    }
+
+    int dev_;
+    const process_report& rep_;
+    pickle_writer& w_;
+    std::vector<bool>& frames_written_;
+    torch_device_summary& sum_;
+    torch_snapshot_summary& all_;
+    uint64_t time_base_us_ = 0;
+    bool reuse_safe_ = false;
+    bool pending_oom_ = false;
+    uint64_t pending_oom_size_ = 0;
+    std::map<uint64_t, pool_segment> segs_;
+    std::deque<std::pair<uint64_t, uint64_t>> pending_;  // (segment base, block), in free order
+    std::unordered_map<uint64_t, whole> plain_, maps_;
+    std::unordered_map<uint64_t, uint32_t> handles_;  // cuMemCreate handle -> its stack
+};
+
+// One pass over the log for `dev`.  The log was analyzed already, so a line that does not parse now
+// means the file changed in between.
+void run_device_pass(const std::string& path, device_export& x) {
+    line_source src(path);
+    line_parser parser;
+    std::string_view line;
+    bool complete = true;
+    if (!src.next(line, complete)) throw input_error(path, 0, "empty file (did it change since it was analyzed?)");
+    log_event e;
+    std::string err;
+    while (src.next(line, complete)) {
+        if (line.empty()) continue;
+        parse_status st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
+        if (st != parse_status::ok) {
+            if (!complete) break;  // the cut last line the analysis warned about
+            bool blank = std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
+            if (blank) continue;
+            throw input_error(path, src.line_number(), err + " (the log changed since it was analyzed?)");
+        }
+        if (!e.known_kind || e.ev == ev_kind::stack) continue;
+        if (line_parser::required_members(e) & ~e.present) continue;
+        x.apply(e);
+    }
+}
+
+}  // namespace
+
+torch_snapshot_summary write_torch_snapshot(const std::string& path, const process_report& rep, pickle_writer& w) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+        throw input_error(path, 0, "--torch-snapshot reads the log a second time: give a regular file, not a pipe");
+    torch_snapshot_summary sum;
+    int max_dev = -1;
+    for (const device_report& d : rep.devices) {
+        max_dev = std::max(max_dev, d.dev);
+        if (d.dev < 0) sum.host_events = d.n_alloc + d.n_free + d.n_map + d.n_unmap;
+    }
+    for (const header_device& h : rep.header_devices) max_dev = std::max(max_dev, h.index);
+    if (max_dev > k_max_device)
+        throw input_error(path, 0, "device " + std::to_string(max_dev) + " is past the " + std::to_string(k_max_device) +
+                                       " devices a PyTorch snapshot is written for");
+
+    std::vector<bool> frames_written;
+    std::vector<std::unique_ptr<device_export>> exports;
+    w.begin();
+    w.begin_dict();
+    w.key("device_traces");
+    w.begin_list();
+    for (int d = 0; d <= max_dev; ++d) {
+        bool has = std::any_of(rep.devices.begin(), rep.devices.end(), [&](const device_report& r) { return r.dev == d; });
+        w.begin_list();
+        if (has) {
+            torch_device_summary& ds = sum.devices[d];
+            exports.push_back(std::make_unique<device_export>(d, rep, w, frames_written, ds, sum));
+            run_device_pass(path, *exports.back());
+        }
+        w.end_list();
+    }
+    w.end_list();
+    w.key("segments");
+    w.begin_list();
+    for (auto& x : exports) x->write_segments();
+    w.end_list();
+    w.end_dict();
+    w.end();
+    return sum;
+}
+
+}  // namespace gpumem::analysis

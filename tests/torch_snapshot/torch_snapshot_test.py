@@ -1,0 +1,419 @@
+# `gpumem report --torch-snapshot`: logs (from the emulated device when its paths are given, and
+# written here to reach every mapping rule) are exported, read back with python3's pickle.load (no
+# torch here; tests/gpu/torch_snapshot_check.py runs torch's own memory_viz), and checked against
+# the log: the count of each trace action, the frames of each allocation, and a forward replay of
+# the trace that must stay consistent (every block inside a live segment, every free of a live
+# block) and end exactly at "segments", as memory_viz's viewer, which replays it backwards, needs.
+# Also: hostile output names, links and directories refused, an unusable log gives exit 2 with
+# file:line.
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+
+gpumem = sys.argv[1]
+lib, driver_dir = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else (None, None)
+here = os.path.dirname(os.path.abspath(__file__))
+MiB = 1 << 20
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def export(log, out, *extra):
+    return subprocess.run([gpumem, "report", log, "--torch-snapshot", out, *extra], capture_output=True)
+
+
+def read_log(path):
+    lines = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
+    stacks = {l["id"]: l["frames"] for l in lines if l.get("ev") == "stack"}
+    events = [l for l in lines if l.get("ev") not in ("header", "stack")]
+    return lines[0], stacks, events
+
+
+def torch_frames(frames):
+    out = []
+    for f in frames or []:
+        native = "module" in f
+        name = f.get("function") or (("0x%x" % int(f["address"], 16)) if native else "??")
+        out.append({"filename": f.get("file") or f.get("module", ""), "line": f.get("line", 0), "name": name})
+    return out
+
+
+def expected(header, stacks, events, dev):
+    """The trace actions of `dev` by the mapping rules (views/torch_snapshot.cc), counted from the log,
+    and the frames of each allocation in order.  free_completed is left to the replay."""
+    c = Counter()
+    frames = []
+    handles, maps, holes = {}, {}, {}
+    live_pooled, live_plain = set(), set()
+    oom_pending = None
+    for e in events:
+        ev, d = e["ev"], e.get("dev", -1)
+        kind, ptr = e.get("kind"), int(e.get("ptr", "0x0"), 16)
+        st = torch_frames(stacks.get(e.get("stack"))) if e.get("stack") in stacks else []
+        if ev == "alloc" and kind == "vmm":
+            handles[ptr] = st
+        elif ev == "alloc" and d == dev and ptr:
+            (live_pooled if e.get("pooled") else live_plain).add(ptr)
+            if not e.get("pooled"):
+                c["segment_alloc"] += 1
+            c["alloc"] += 1
+            frames.append((ptr, st))
+        elif ev == "free" and d == dev and kind != "vmm" and not e.get("unknown"):
+            c["free_requested"] += 1
+            live_pooled.discard(ptr)
+            live_plain.discard(ptr)
+            if not e.get("pooled"):
+                c["free_completed"] += 1
+                c["segment_free"] += 1
+        elif ev == "map" and d == dev:
+            maps[ptr] = True
+            c["segment_alloc"] += 1
+            c["alloc"] += 1
+            frames.append((ptr, handles.get(int(e["handle"], 16), [])))
+        elif ev == "unmap" and maps.pop(ptr, None):
+            c["free_requested"] += 1
+            c["free_completed"] += 1
+            c["segment_free"] += 1
+        elif ev == "segment_alloc" and d == dev:
+            c["segment_alloc"] += 1
+            holes[ptr] = []
+        elif ev == "segment_unmap" and d == dev:
+            c["segment_unmap"] += 1
+            holes[int(e["seg"], 16)].append((ptr, e["size"]))
+        elif ev == "context_reset" and d == dev:
+            # Every block and segment of the device ends: live blocks are freed first.
+            c["free_requested"] += len(live_pooled) + len(live_plain)
+            c["free_completed"] += len(live_plain)
+            c["segment_free"] += len(live_plain) + len(holes)
+            live_pooled, live_plain, holes = set(), set(), {}
+        elif ev == "segment_free" and d == dev:
+            # One segment_free per mapped piece left between the holes.
+            cur, end, n = ptr, ptr + e["size"], 0
+            for hs, hn in sorted(holes.pop(ptr, [])):
+                n += hs > cur
+                cur = max(cur, hs + hn)
+            c["segment_free"] += n + (end > cur)
+        elif ev == "oom" and d == dev:
+            c["oom"] += 1
+            oom_pending = e["size"]
+        elif ev == "alloc_fail" and d == dev and e.get("err") == 2:
+            if oom_pending == e["size"]:
+                oom_pending = None
+            else:
+                c["oom"] += 1
+    return c, frames
+
+
+def replay(trace, where):
+    """Applies a device's trace forwards from nothing; returns the segments {addr: size} and blocks
+    {addr: (size, free requested)} at the end, failing on any step memory_viz could not draw."""
+    segs, blocks = {}, {}
+
+    def seg_of(a, n):
+        for s, sz in segs.items():
+            if s <= a and a + n <= s + sz:
+                return s
+        return None
+
+    for i, e in enumerate(trace):
+        a, addr, size = e["action"], e.get("addr"), e["size"]
+        w = f"{where}: entry {i} {a} 0x{addr or 0:x}+{size}"
+        if a == "segment_alloc":
+            check(all(addr + size <= s or s + n <= addr for s, n in segs.items()), w + " overlaps a segment")
+            segs[addr] = size
+        elif a == "segment_free":
+            check(segs.get(addr) == size, w + " frees no such segment")
+            check(not any(addr <= b < addr + size for b in blocks), w + " frees a segment that holds blocks")
+            segs.pop(addr, None)
+        elif a == "segment_unmap":
+            s = seg_of(addr, size)
+            check(s is not None, w + " unmaps outside any segment")
+            check(not any(addr <= b < addr + size for b in blocks), w + " unmaps live blocks")
+            if s is not None:
+                end = s + segs.pop(s)
+                if addr > s:
+                    segs[s] = addr - s
+                if end > addr + size:
+                    segs[addr + size] = end - addr - size
+        elif a == "alloc":
+            check(seg_of(addr, size) is not None, w + " is in no segment")
+            check(not any(b < addr + size and addr < b + n for b, (n, _) in blocks.items()), w + " overlaps a block")
+            blocks[addr] = (size, False)
+        elif a == "free_requested":
+            check(addr in blocks and not blocks[addr][1], w + " of no live block")
+            if addr in blocks:
+                blocks[addr] = (blocks[addr][0], True)
+        elif a == "free_completed":
+            check(addr in blocks and blocks[addr] == (size, True), w + " without its free_requested")
+            blocks.pop(addr, None)
+        elif a == "oom":
+            check("device_free" in e and "addr" not in e, w + " oom without device_free")
+        else:
+            check(False, w + " unknown action")
+    return segs, blocks
+
+
+def check_snapshot(log, snap_path, where, expect_pending=None):
+    header, stacks, events = read_log(log)
+    with open(snap_path, "rb") as f:
+        snap = pickle.load(f)
+    check(set(snap) == {"device_traces", "segments"}, f"{where}: top-level keys {set(snap)}")
+    devs = sorted({e["dev"] for e in events if e.get("dev", -1) >= 0})
+    check(len(snap["device_traces"]) == (max(devs) + 1 if devs else 0), f"{where}: one trace per device")
+    for dev in devs:
+        trace = snap["device_traces"][dev]
+        w = f"{where} dev {dev}"
+        want, want_frames = expected(header, stacks, events, dev)
+        got = Counter(e["action"] for e in trace)
+        for k in set(want) | set(got):
+            if k != "free_completed" or not any(e.get("pooled") for e in events):
+                check(got[k] == want[k], f"{w}: {k}: {got[k]} entries, the log says {want[k]}")
+        check(all(set(e) >= {"action", "size", "stream", "time_us", "frames"} for e in trace), f"{w}: entry keys")
+        times = [e["time_us"] for e in trace]
+        check(times == sorted(times), f"{w}: time_us in order")
+        check([(e["addr"], e["frames"]) for e in trace if e["action"] == "alloc"] == want_frames,
+              f"{w}: alloc frames differ from the stack records")
+        segs, blocks = replay(trace, w)
+        mine = [s for s in snap["segments"] if s["device"] == dev]
+        check({s["address"]: s["total_size"] for s in mine} == segs, f"{w}: segments {[(hex(s['address']), s['total_size']) for s in mine]} != replay {segs}")
+        got_blocks = {}
+        for s in mine:
+            cur = s["address"]
+            for b in s["blocks"]:
+                check(b["address"] == cur, f"{w}: blocks of segment 0x{s['address']:x} do not tile it")
+                cur += b["size"]
+                check(0 <= b["requested_size"] <= b["size"], f"{w}: requested_size past size")
+                if b["state"] != "inactive":
+                    got_blocks[b["address"]] = (b["size"], b["state"] == "active_pending_free")
+            check(cur == s["address"] + s["total_size"], f"{w}: blocks sum to total_size")
+            act = [b for b in s["blocks"] if b["state"] == "active_allocated"]
+            check(s["allocated_size"] == sum(b["size"] for b in act), f"{w}: allocated_size")
+            check(s["requested_size"] == sum(b["requested_size"] for b in act), f"{w}: requested_size")
+            check(s["segment_pool_id"] == (0, 0) and isinstance(s["is_expandable"], bool), f"{w}: segment keys")
+        check(got_blocks == blocks, f"{w}: blocks at the end {got_blocks} != replay {blocks}")
+        pend = sum(1 for _, p in blocks.values() if p)
+        check(got["free_requested"] - got["free_completed"] == pend, f"{w}: pending blocks = frees not completed")
+        if expect_pending is not None:
+            check(pend == expect_pending.get(dev, 0), f"{w}: {pend} pending blocks, expected {expect_pending.get(dev, 0)}")
+        # Live at the end by the log alone: each allocation not freed (pooled or not) is one active block.
+        live = {}
+        for e in events:
+            if e.get("dev") != dev or e.get("kind") == "vmm":
+                continue
+            p = int(e.get("ptr", "0x0"), 16)
+            if e["ev"] == "alloc" and p:
+                live[p] = e.get("asize", e["size"])
+            elif e["ev"] == "free":
+                live.pop(p, None)
+            elif e["ev"] == "map":
+                live[p] = e["size"]
+            elif e["ev"] == "unmap":
+                live.pop(p, None)
+            elif e["ev"] == "context_reset":
+                live = {}
+        check({a: n for a, (n, p) in blocks.items() if not p} == live, f"{w}: active blocks != the log's live allocations")
+    return snap
+
+
+# --- a log written here: every mapping rule --------------------------------------------------------
+def write_log(path, body, reuse="safe", devices=2):
+    hdr = {"ev": "header", "format": "gpumem-events", "version": 3, "pid": 7, "ppid": 1, "host": "h", "rank": "0",
+           "cmdline": ["x"], "start_unix_ns": 1_000_000_000, "start_time": "1970-01-01T00:00:01Z",
+           "devices": [{"index": i, "name": "emu", "total": 80 << 30} for i in range(devices)],
+           "config": {"pool": "on", "reuse": reuse}, "gpumem_version": "0"}
+    seq = 0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(hdr) + "\n")
+        for e in body:
+            if e["ev"] != "stack":
+                e = {"ev": e["ev"], "seq": seq, "t": 1000 * (seq + 1), "tid": 1, **{k: v for k, v in e.items() if k != "ev"}}
+                seq += 1
+            f.write(json.dumps(e, ensure_ascii=False) + "\n")
+        f.write(json.dumps({"ev": "end", "seq": seq, "t": 1000 * (seq + 1), "tid": 1, "reason": "exit"}) + "\n")
+
+
+def pooled(ev, dev, ptr, size, seg, asize=None, stack=None, stream=None):
+    e = {"ev": ev, "dev": dev, "api": "cudaMalloc" if ev == "alloc" else "cudaFree", "kind": "device", "ptr": hex(ptr),
+         "size": size, "seg": hex(seg), "pooled": True}
+    if asize:
+        e["asize"] = asize
+    if stream:
+        e["stream"] = hex(stream)
+    if stack:
+        e["stack"] = stack
+    return e
+
+
+def seg(ev, dev, ptr, size, pool="large"):
+    return {"ev": ev, "dev": dev, "api": "cudaMalloc", "ptr": hex(ptr), "size": size, "pool": pool}
+
+
+odd = "f\u00e9\u4e2d \"q\" \\ \n\t\u0001 " + "long" * 80
+S0, S1, S2, S3 = 0x10000000, 0x20000000, 0x30000000, 0x60000000
+rules = [
+    {"ev": "stack", "id": 1, "frames": [{"function": "load", "file": "/src/a \"quoted\".py", "line": 10},
+                                        {"function": "<module>", "file": "/src/main.py", "line": 3}]},
+    {"ev": "stack", "id": 2, "frames": [{"module": "/nonexistent/libfoo.so", "address": "0x1a2b"},
+                                        {"function": odd, "file": "/src/weird\tname \u2603.py", "line": 7}]},
+    seg("segment_alloc", 0, S0, 20 * MiB),
+    pooled("alloc", 0, S0, 1000, S0, asize=1024, stack=1, stream=5),
+    pooled("alloc", 0, S0 + 1024, 4096, S0, stack=2),
+    pooled("free", 0, S0, 1000, S0, asize=1024),                 # pending (reuse safe) ...
+    {"ev": "pool_sync", "dev": 0, "count": 1},                     # ... free_completed here
+    pooled("alloc", 0, S0 + 8192, 2 * MiB, S0, stack=1),         # live at the end
+    seg("segment_alloc", 0, S1, 8 * MiB),
+    {"ev": "segment_unmap", "dev": 0, "api": "cudaMalloc", "ptr": hex(S1 + 2 * MiB), "size": 2 * MiB,
+     "seg": hex(S1), "pool": "large"},
+    pooled("alloc", 0, S1 + 4 * MiB, MiB, S1),
+    pooled("free", 0, S1 + 4 * MiB, MiB, S1),
+    {"ev": "pool_sync", "dev": 0, "count": 1},
+    seg("segment_free", 0, S1, 8 * MiB),                          # two pieces: two segment_free
+    pooled("free", 0, S0 + 1024, 4096, S0),                      # pending at the end
+    {"ev": "oom", "dev": 0, "api": "cudaMalloc", "size": 1 << 30, "reserved": 22 * MiB, "allocated": 2 * MiB,
+     "requested": 2 * MiB, "largest_free": 18 * MiB, "free_blocks": 1, "segments": 1, "gpu_free": 5 * MiB,
+     "gpu_total": 80 << 30},
+    {"ev": "alloc_fail", "dev": 0, "api": "cudaMalloc", "kind": "device", "ptr": "0x0", "size": 1 << 30,
+     "seg": "0x0", "pooled": True, "err": 2},                      # the same OOM as the line before
+    {"ev": "alloc_fail", "dev": 0, "api": "cuMemAllocManaged", "kind": "managed", "ptr": "0x0", "size": 2 << 30,
+     "err": 2},                                                    # an OOM of its own
+    {"ev": "alloc", "dev": 0, "api": "cuMemAllocManaged", "kind": "managed", "ptr": hex(S2), "size": 3000, "stack": 1},
+    {"ev": "alloc", "dev": 0, "api": "cuMemCreate", "kind": "vmm", "ptr": "0x77", "size": 2 * MiB, "stack": 2},
+    {"ev": "map", "dev": 0, "api": "cuMemMap", "ptr": "0x40000000", "size": 2 * MiB, "handle": "0x77", "offset": 0},
+    {"ev": "unmap", "dev": 0, "api": "cuMemUnmap", "ptr": "0x40000000", "size": 2 * MiB},
+    {"ev": "map", "dev": 0, "api": "cuMemMap", "ptr": "0x40000000", "size": 2 * MiB, "handle": "0x77", "offset": 0},
+    {"ev": "alloc", "dev": -1, "api": "cuMemHostAlloc", "kind": "host", "ptr": "0x50000000", "size": 4096},
+    seg("segment_alloc", 1, S3, 2 * MiB, "small"),
+    pooled("alloc", 1, S3, 512, S3, stack=1),                     # its frames: the memo of device 0's
+    pooled("free", 1, S3, 512, S3),                               # pending at the end
+]
+reset = [
+    {"ev": "stack", "id": 1, "frames": [{"function": "f", "file": "/a.py", "line": 1}]},
+    seg("segment_alloc", 0, S0, 2 * MiB, "small"),
+    pooled("alloc", 0, S0, 512, S0, stack=1),
+    pooled("alloc", 0, S0 + 512, 512, S0),
+    pooled("free", 0, S0 + 512, 512, S0),
+    {"ev": "alloc", "dev": 0, "api": "cuMemAllocManaged", "kind": "managed", "ptr": hex(S2), "size": 3000},
+    {"ev": "context_reset", "dev": 0, "count": 0},
+    seg("segment_alloc", 0, S1, 2 * MiB, "small"),
+    pooled("alloc", 0, S1, 1024, S1, stack=1),
+]
+
+with tempfile.TemporaryDirectory() as d:
+    log = os.path.join(d, "rules.jsonl")
+    write_log(log, rules)
+    out = os.path.join(d, "rules.pickle")
+    r = export(log, out)
+    check(r.returncode == 0, f"rules: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+    check(b"1 events of host memory" in r.stderr, f"rules: the host allocation is said to be left out: {r.stderr!r}")
+    if r.returncode == 0:
+        snap = check_snapshot(log, out, "rules", expect_pending={0: 1, 1: 1})
+        t0 = snap["device_traces"][0]
+        check([e["action"] for e in t0].count("segment_free") == 3, "rules: an unmapped segment is freed piece by piece")
+        check(any(f["name"] == odd for e in t0 for f in e["frames"]), "rules: odd function names pass unchanged")
+        check(any(f == {"filename": "/nonexistent/libfoo.so", "line": 0, "name": "0x1a2b"} for e in t0 for f in e["frames"]),
+              "rules: an unsymbolized native frame is its module and address")
+        check(t0[0]["time_us"] == 1_000_000 + 1, f"rules: time_us is wall-clock µs ({t0[0]['time_us']})")
+        check([e["stream"] for e in t0 if e["action"] == "alloc"][0] == 5, "rules: the stream is kept")
+        ooms = [e for e in t0 if e["action"] == "oom"]
+        check([(e["size"], e["device_free"]) for e in ooms] == [(1 << 30, 5 * MiB), (2 << 30, 0)], f"rules: ooms {ooms}")
+        with open(out, "rb") as f:
+            raw = f.read()
+        check(raw[:2] == b"\x80\x04" and raw.count(odd.encode()) == 1,
+              "rules: protocol 4, and a repeated stack's frames are written once (memo)")
+        check(oct(os.stat(out).st_mode & 0o777) == "0o600", "rules: the snapshot is created 0600, as the log")
+
+    log = os.path.join(d, "reset.jsonl")
+    write_log(log, reset, devices=1)
+    r = export(log, os.path.join(d, "reset.pickle"))
+    check(r.returncode == 0, f"reset: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+    if r.returncode == 0:
+        snap = check_snapshot(log, os.path.join(d, "reset.pickle"), "reset")
+        check([(s["address"], len(s["blocks"])) for s in snap["segments"]] == [(S1, 2)], "reset: only the new segment remains")
+
+    # Hostile output names: written exactly there, nothing else touched.
+    log = os.path.join(d, "rules.jsonl")
+    for name in ["sp ace.pickle", "new\nline.pickle", "quo'te\".pickle", "-dash.pickle", "bad\udcff.pickle",
+                 "x" * 240 + ".pickle"]:
+        target = os.path.join(d, "odd", name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        r = export(log, os.fsencode(target))
+        check(r.returncode == 0 and os.path.isfile(target), f"odd name {name!r}: exit {r.returncode}")
+        if r.returncode == 0:
+            with open(target, "rb") as f:
+                check("segments" in pickle.load(f), f"odd name {name!r}: reads back")
+    left = [n for n in os.listdir(os.path.join(d, "odd")) if n.startswith(".gpumem-torch-")]
+    check(not left, f"no temporary file is left behind: {left}")
+    # An existing file is replaced; a link, a directory or a device is refused and left as it was.
+    victim = os.path.join(d, "victim")
+    with open(victim, "w") as f:
+        f.write("keep")
+    link = os.path.join(d, "link.pickle")
+    os.symlink(victim, link)
+    r = export(log, link)
+    check(r.returncode == 2 and b"symbolic link" in r.stderr and open(victim).read() == "keep" and os.path.islink(link),
+          f"a symbolic link is refused: {r.returncode} {r.stderr!r}")
+    r = export(log, d)
+    check(r.returncode == 2 and b"directory" in r.stderr, f"a directory is refused: {r.stderr!r}")
+    r = export(log, "/dev/null")
+    check(r.returncode == 2 and b"not a regular file" in r.stderr, f"a device is refused: {r.stderr!r}")
+    r = export(log, os.path.join(d, "no", "such", "dir", "x.pickle"))
+    check(r.returncode == 2 and b"cannot create" in r.stderr, f"a missing directory: exit 2: {r.stderr!r}")
+    existing = os.path.join(d, "existing.pickle")
+    with open(existing, "w") as f:
+        f.write("old")
+    r = export(log, existing)
+    check(r.returncode == 0 and open(existing, "rb").read(2) == b"\x80\x04", "an existing regular file is replaced")
+
+    # Unusable inputs: exit 2 naming file:line, and no snapshot written.
+    bad = os.path.join(d, "bad.jsonl")
+    with open(bad, "w") as f:
+        f.write(open(log).readline() + '{"ev":"alloc","seq":0,"t":1,"tid":1,"dev":0,\n')
+    out = os.path.join(d, "bad.pickle")
+    r = export(bad, out)
+    check(r.returncode == 2 and f"{bad}:2:".encode() in r.stderr and not os.path.exists(out),
+          f"an unusable log: exit 2 with file:line, no file: {r.returncode} {r.stderr!r}")
+    r = subprocess.run(f"cat '{log}' | '{gpumem}' report /dev/stdin --torch-snapshot '{out}'", shell=True, capture_output=True)
+    check(r.returncode == 2 and not os.path.exists(out), f"a pipe: exit 2: {r.stderr!r}")
+    r = export(log, out, log)
+    check(r.returncode == 2 and b"exactly one log" in r.stderr, f"two logs: exit 2: {r.stderr!r}")
+    rj = subprocess.run([gpumem, "report", "--json", log], capture_output=True)
+    js = os.path.join(d, "rep.json")
+    with open(js, "wb") as f:
+        f.write(rj.stdout)
+    r = export(js, out)
+    check(r.returncode == 2 and b"needs the event log" in r.stderr, f"a report JSON: exit 2: {r.stderr!r}")
+
+    # Real logs from the emulated device: pool off, pool with immediate reuse, pool with safe reuse.
+    if lib:
+        app = os.path.join(here, "..", "stacks", "python_alloc_app.py")
+        for name, env in (("pool-off", {"GPUMEM_POOL": "off"}), ("pool-auto", {"GPUMEM_POOL": "on"}),
+                          ("pool-safe", {"GPUMEM_POOL": "on", "GPUMEM_REUSE": "safe"})):
+            env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=driver_dir, GPUMEM_OUT=os.path.join(d, name + "-%p.jsonl"), **env)
+            r = subprocess.run([sys.executable, app], env=env, capture_output=True, text=True)
+            check(r.returncode == 0, f"{name}: app ran: {r.stderr}")
+            logs = [os.path.join(d, f) for f in os.listdir(d) if f.startswith(name + "-")]
+            check(len(logs) == 1, f"{name}: one log")
+            if len(logs) != 1:
+                continue
+            out = os.path.join(d, name + ".pickle")
+            r = export(logs[0], out)
+            check(r.returncode == 0, f"{name}: exit {r.returncode}: {r.stderr}")
+            if r.returncode == 0:
+                snap = check_snapshot(logs[0], out, name)
+                allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+                check(len(allocs) == 5 and any(f["name"] == "load_weights" for e in allocs for f in e["frames"]),
+                      f"{name}: five allocations, load_weights among their frames")
+
+if failures:
+    print(f"{len(failures)} failed")
+    sys.exit(1)
+print("ok")
