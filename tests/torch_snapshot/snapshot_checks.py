@@ -1,0 +1,210 @@
+# The checks of a PyTorch memory snapshot written by `gpumem report --torch-snapshot` against its log,
+# shared by tests/torch_snapshot/torch_snapshot_test.py (here, no torch) and
+# tests/gpu/torch_snapshot_check.py (on the GPU machine, with torch's memory_viz): the count of each
+# trace action, the frames of each allocation, and a forward replay of the trace that must stay
+# consistent (every block inside a live segment, every free of a live block) and end exactly at
+# "segments", as memory_viz's viewer, which replays it backwards, needs.
+import json
+import pickle
+from collections import Counter
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def read_log(path):
+    lines = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
+    stacks = {l["id"]: l["frames"] for l in lines if l.get("ev") == "stack"}
+    events = [l for l in lines if l.get("ev") not in ("header", "stack")]
+    return lines[0], stacks, events
+
+
+def torch_frames(frames):
+    out = []
+    for f in frames or []:
+        native = "module" in f
+        name = f.get("function") or (("0x%x" % int(f["address"], 16)) if native else "??")
+        out.append({"filename": f.get("file") or f.get("module", ""), "line": f.get("line", 0), "name": name})
+    return out
+
+
+def expected(header, stacks, events, dev):
+    """The trace actions of `dev` by the mapping rules (views/torch_snapshot.cc), counted from the log,
+    and the frames of each allocation in order.  free_completed is left to the replay."""
+    c = Counter()
+    frames = []
+    handles, maps, holes = {}, {}, {}
+    live_pooled, live_plain = set(), set()
+    oom_pending = None
+    for e in events:
+        ev, d = e["ev"], e.get("dev", -1)
+        kind, ptr = e.get("kind"), int(e.get("ptr", "0x0"), 16)
+        st = torch_frames(stacks.get(e.get("stack"))) if e.get("stack") in stacks else []
+        if ev == "alloc" and kind == "vmm":
+            handles[ptr] = st
+        elif ev == "alloc" and d == dev and ptr:
+            (live_pooled if e.get("pooled") else live_plain).add(ptr)
+            if not e.get("pooled"):
+                c["segment_alloc"] += 1
+            c["alloc"] += 1
+            frames.append((ptr, st))
+        elif ev == "free" and d == dev and kind != "vmm" and not e.get("unknown"):
+            c["free_requested"] += 1
+            live_pooled.discard(ptr)
+            live_plain.discard(ptr)
+            if not e.get("pooled"):
+                c["free_completed"] += 1
+                c["segment_free"] += 1
+        elif ev == "map" and d == dev:
+            maps[ptr] = True
+            c["segment_alloc"] += 1
+            c["alloc"] += 1
+            frames.append((ptr, handles.get(int(e["handle"], 16), [])))
+        elif ev == "unmap" and maps.pop(ptr, None):
+            c["free_requested"] += 1
+            c["free_completed"] += 1
+            c["segment_free"] += 1
+        elif ev == "segment_alloc" and d == dev:
+            c["segment_alloc"] += 1
+            holes[ptr] = []
+        elif ev == "segment_unmap" and d == dev:
+            c["segment_unmap"] += 1
+            holes[int(e["seg"], 16)].append((ptr, e["size"]))
+        elif ev == "context_reset" and d == dev:
+            # Every block and segment of the device ends: live blocks are freed first.
+            c["free_requested"] += len(live_pooled) + len(live_plain)
+            c["free_completed"] += len(live_plain)
+            c["segment_free"] += len(live_plain) + len(holes)
+            live_pooled, live_plain, holes = set(), set(), {}
+        elif ev == "segment_free" and d == dev:
+            # One segment_free per mapped piece left between the holes.
+            cur, end, n = ptr, ptr + e["size"], 0
+            for hs, hn in sorted(holes.pop(ptr, [])):
+                n += hs > cur
+                cur = max(cur, hs + hn)
+            c["segment_free"] += n + (end > cur)
+        elif ev == "oom" and d == dev:
+            c["oom"] += 1
+            oom_pending = e["size"]
+        elif ev == "alloc_fail" and d == dev and e.get("err") == 2:
+            if oom_pending == e["size"]:
+                oom_pending = None
+            else:
+                c["oom"] += 1
+    return c, frames
+
+
+def replay(trace, where):
+    """Applies a device's trace forwards from nothing; returns the segments {addr: size} and blocks
+    {addr: (size, free requested)} at the end, failing on any step memory_viz could not draw."""
+    segs, blocks = {}, {}
+
+    def seg_of(a, n):
+        for s, sz in segs.items():
+            if s <= a and a + n <= s + sz:
+                return s
+        return None
+
+    for i, e in enumerate(trace):
+        a, addr, size = e["action"], e.get("addr"), e["size"]
+        w = f"{where}: entry {i} {a} 0x{addr or 0:x}+{size}"
+        if a == "segment_alloc":
+            check(all(addr + size <= s or s + n <= addr for s, n in segs.items()), w + " overlaps a segment")
+            segs[addr] = size
+        elif a == "segment_free":
+            check(segs.get(addr) == size, w + " frees no such segment")
+            check(not any(addr <= b < addr + size for b in blocks), w + " frees a segment that holds blocks")
+            segs.pop(addr, None)
+        elif a == "segment_unmap":
+            s = seg_of(addr, size)
+            check(s is not None, w + " unmaps outside any segment")
+            check(not any(addr <= b < addr + size for b in blocks), w + " unmaps live blocks")
+            if s is not None:
+                end = s + segs.pop(s)
+                if addr > s:
+                    segs[s] = addr - s
+                if end > addr + size:
+                    segs[addr + size] = end - addr - size
+        elif a == "alloc":
+            check(seg_of(addr, size) is not None, w + " is in no segment")
+            check(not any(b < addr + size and addr < b + n for b, (n, _) in blocks.items()), w + " overlaps a block")
+            blocks[addr] = (size, False)
+        elif a == "free_requested":
+            check(addr in blocks and not blocks[addr][1], w + " of no live block")
+            if addr in blocks:
+                blocks[addr] = (blocks[addr][0], True)
+        elif a == "free_completed":
+            check(addr in blocks and blocks[addr] == (size, True), w + " without its free_requested")
+            blocks.pop(addr, None)
+        elif a == "oom":
+            check("device_free" in e and "addr" not in e, w + " oom without device_free")
+        else:
+            check(False, w + " unknown action")
+    return segs, blocks
+
+
+def check_snapshot(log, snap_path, where, expect_pending=None):
+    header, stacks, events = read_log(log)
+    with open(snap_path, "rb") as f:
+        snap = pickle.load(f)
+    check(set(snap) == {"device_traces", "segments"}, f"{where}: top-level keys {set(snap)}")
+    devs = sorted({e["dev"] for e in events if e.get("dev", -1) >= 0})
+    check(len(snap["device_traces"]) == (max(devs) + 1 if devs else 0), f"{where}: one trace per device")
+    for dev in devs:
+        trace = snap["device_traces"][dev]
+        w = f"{where} dev {dev}"
+        want, want_frames = expected(header, stacks, events, dev)
+        got = Counter(e["action"] for e in trace)
+        for k in set(want) | set(got):
+            if k != "free_completed" or not any(e.get("pooled") for e in events):
+                check(got[k] == want[k], f"{w}: {k}: {got[k]} entries, the log says {want[k]}")
+        check(all(set(e) >= {"action", "size", "stream", "time_us", "frames"} for e in trace), f"{w}: entry keys")
+        times = [e["time_us"] for e in trace]
+        check(times == sorted(times), f"{w}: time_us in order")
+        check([(e["addr"], e["frames"]) for e in trace if e["action"] == "alloc"] == want_frames,
+              f"{w}: alloc frames differ from the stack records")
+        segs, blocks = replay(trace, w)
+        mine = [s for s in snap["segments"] if s["device"] == dev]
+        check({s["address"]: s["total_size"] for s in mine} == segs, f"{w}: segments {[(hex(s['address']), s['total_size']) for s in mine]} != replay {segs}")
+        got_blocks = {}
+        for s in mine:
+            cur = s["address"]
+            for b in s["blocks"]:
+                check(b["address"] == cur, f"{w}: blocks of segment 0x{s['address']:x} do not tile it")
+                cur += b["size"]
+                check(0 <= b["requested_size"] <= b["size"], f"{w}: requested_size past size")
+                if b["state"] != "inactive":
+                    got_blocks[b["address"]] = (b["size"], b["state"] == "active_pending_free")
+            check(cur == s["address"] + s["total_size"], f"{w}: blocks sum to total_size")
+            act = [b for b in s["blocks"] if b["state"] == "active_allocated"]
+            check(s["allocated_size"] == sum(b["size"] for b in act), f"{w}: allocated_size")
+            check(s["requested_size"] == sum(b["requested_size"] for b in act), f"{w}: requested_size")
+            check(s["segment_pool_id"] == (0, 0) and isinstance(s["is_expandable"], bool), f"{w}: segment keys")
+        check(got_blocks == blocks, f"{w}: blocks at the end {got_blocks} != replay {blocks}")
+        pend = sum(1 for _, p in blocks.values() if p)
+        check(got["free_requested"] - got["free_completed"] == pend, f"{w}: pending blocks = frees not completed")
+        if expect_pending is not None:
+            check(pend == expect_pending.get(dev, 0), f"{w}: {pend} pending blocks, expected {expect_pending.get(dev, 0)}")
+        # Live at the end by the log alone: each allocation not freed (pooled or not) is one active block.
+        live = {}
+        for e in events:
+            if e.get("dev") != dev or e.get("kind") == "vmm":
+                continue
+            p = int(e.get("ptr", "0x0"), 16)
+            if e["ev"] == "alloc" and p:
+                live[p] = e.get("asize", e["size"])
+            elif e["ev"] == "free":
+                live.pop(p, None)
+            elif e["ev"] == "map":
+                live[p] = e["size"]
+            elif e["ev"] == "unmap":
+                live.pop(p, None)
+            elif e["ev"] == "context_reset":
+                live = {}
+        check({a: n for a, (n, p) in blocks.items() if not p} == live, f"{w}: active blocks != the log's live allocations")
+    return snap
