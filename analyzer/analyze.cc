@@ -89,6 +89,7 @@ void read_header(std::string_view line, const std::string& path, process_report&
     if (cfg != h.end() && cfg->is_object()) {
         take(*cfg, config_key::pool, rep.pool_mode);
         take(*cfg, config_key::reuse, rep.reuse_mode);
+        take(*cfg, "pool_vmm", rep.pool_vmm);  // one of the pool's settings (core/pool/pool_config.cc)
     }
 }
 

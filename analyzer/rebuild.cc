@@ -90,8 +90,11 @@ struct rebuilder::impl final : model_observer {
     void segment_added(device_state& d, const log_event& e, uint64_t line) override {
         each([&](auto& m) { m.segment_added(d, e, line); });
     }
-    void segment_removed(device_state& d, uint64_t size) override {
-        each([&](auto& m) { m.segment_removed(d, size); });
+    void segment_removed(device_state& d, uint64_t size, uint64_t unmapped) override {
+        each([&](auto& m) { m.segment_removed(d, size, unmapped); });
+    }
+    void segment_unmapped(device_state& d, const log_event& e, uint64_t line) override {
+        each([&](auto& m) { m.segment_unmapped(d, e, line); });
     }
     void pending_added(device_state& d, uint64_t asize, const log_event& e, uint64_t line) override {
         each([&](auto& m) { m.pending_added(d, asize, e, line); });

@@ -65,6 +65,7 @@ ojson snapshot_json(const state_snapshot& s) {
     j["reserved_bytes"] = s.reserved;
     j["live_allocs"] = s.live_allocs;
     j["pending_bytes"] = s.pending;
+    j["unmapped_bytes"] = s.unmapped;
     j["segments"] = s.segments;
     j["free_in_segments_bytes"] = s.free_in_segments;
     j["largest_free_bytes"] = s.largest_free;
@@ -87,6 +88,7 @@ ojson snapshot_json(const state_snapshot& s) {
         // from them when a report is made from this JSON.
         g["block_ranges"] = ranges_json(v.base, v.blocks);
         g["pending_ranges"] = ranges_json(v.base, v.pending);
+        g["unmapped_ranges"] = ranges_json(v.base, v.holes);
         segs.push_back(g);
     }
     j["segment_list"] = segs;

@@ -163,6 +163,7 @@ void read_snapshot(const json& j, state_snapshot& s) {
     get(j, "reserved_bytes", s.reserved);
     get(j, "live_allocs", s.live_allocs);
     get(j, "pending_bytes", s.pending);
+    get(j, "unmapped_bytes", s.unmapped);
     get(j, "segments", s.segments);
     get(j, "free_in_segments_bytes", s.free_in_segments);
     get(j, "largest_free_bytes", s.largest_free);
@@ -179,6 +180,7 @@ void read_snapshot(const json& j, state_snapshot& s) {
             throw bad_member("a segment of \"segment_list\" has no \"size_bytes\" or one past the address space");
         read_ranges(array_of(g, "block_ranges"), v.base, v.size, "block_ranges", v.blocks);
         read_ranges(array_of(g, "pending_ranges"), v.base, v.size, "pending_ranges", v.pending);
+        read_ranges(array_of(g, "unmapped_ranges"), v.base, v.size, "unmapped_ranges", v.holes);
         s.segment_map.push_back(std::move(v));
     }
     read_histogram(array_of(j, "free_block_histogram"), s.free_block_sizes);

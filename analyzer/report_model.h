@@ -77,20 +77,27 @@ struct segment_view {
     pool_id pool = pool_id::none;
     std::vector<std::pair<uint64_t, uint64_t>> blocks;   // (ptr, asize): every occupied block
     std::vector<std::pair<uint64_t, uint64_t>> pending;  // the subset freed but not yet reusable
+    // (ptr, size): ranges of a virtual-memory segment whose chunks went back (segment_unmap); no
+    // memory behind them, so neither occupied nor free.
+    std::vector<std::pair<uint64_t, uint64_t>> holes;
 
-    // Bytes occupied by blocks, and the largest gap between them (the segment's largest free block).
+    // Bytes not free (blocks and holes), and the largest gap between them (the segment's largest
+    // free block): the free bytes are size - used.
     struct usage {
         uint64_t used = 0, largest_free = 0;
     };
     usage measure() const {
         usage u;
         uint64_t cur = base;
-        for (const auto& [p, a] : blocks) {
+        size_t i = 0, j = 0;
+        while (i < blocks.size() || j < holes.size()) {  // both sorted by address: merge them
+            bool hole = i == blocks.size() || (j < holes.size() && holes[j].first < blocks[i].first);
+            const auto& [p, a] = hole ? holes[j++] : blocks[i++];
             u.used += a;
-            u.largest_free = std::max(u.largest_free, p - cur);
+            if (p > cur) u.largest_free = std::max(u.largest_free, p - cur);
             cur = p + a;
         }
-        u.largest_free = std::max(u.largest_free, base + size - cur);
+        if (base + size > cur) u.largest_free = std::max(u.largest_free, base + size - cur);
         return u;
     }
 };
@@ -104,6 +111,7 @@ struct state_snapshot {
     uint64_t free_in_segments = 0, largest_free = 0, free_blocks = 0, segments = 0;
     uint64_t live_allocs = 0;
     uint64_t pending = 0;  // bytes in pending blocks (freed, not reusable until a pool_sync)
+    uint64_t unmapped = 0; // bytes of holes in held segments (segment_unmap): not reserved, not free
     double external_fragmentation = 0;
     std::vector<segment_view> segment_map;
     std::vector<block_view> largest_live;  // at most k_top_blocks, largest first
@@ -122,7 +130,7 @@ struct oom_report {
     uint64_t reserved = 0, allocated = 0;
     uint64_t gpu_free = 0, gpu_total = 0;  // cuMemGetInfo, as recorded (0 when not recorded)
     std::vector<site_row> sites;       // call sites live at that moment, most bytes first
-    std::string verdict;               // "fragmentation" or "capacity"
+    std::string verdict;               // "capacity", "fragmentation" or "chunk rounding"
     std::string explanation;
     state_snapshot map;                // the map at that moment (only for the first few OOMs)
 };
@@ -144,6 +152,7 @@ struct device_report {
     tracked_bytes segment_count;  // number of pool segments
     tracked_bytes mapped;         // cuMemMap bytes whose physical handle lives on this device
     tracked_bytes pending;        // pooled blocks freed by the program, not yet released by a sync
+    tracked_bytes unmapped;       // holes (segment_unmap) in held segments: address space without memory
     uint64_t n_pool_sync = 0;
     // config.reuse "auto": the device's pool reuses frees at once until its reuse_safe event, and
     // holds them pending from then on.  reuse_safe: that event was seen; the rest describe it.
@@ -153,7 +162,7 @@ struct device_report {
 
     uint64_t n_alloc = 0, n_free = 0, n_alloc_fail = 0, n_free_fail = 0, n_oom = 0;
     uint64_t n_unknown_free = 0;
-    uint64_t n_segment_alloc = 0, n_segment_free = 0;
+    uint64_t n_segment_alloc = 0, n_segment_free = 0, n_segment_unmap = 0;
     uint64_t n_map = 0, n_unmap = 0;
     uint64_t first_t = 0, last_t = 0;  // first and last event on this device
 
@@ -211,6 +220,9 @@ struct process_report {
     // config.reuse: "safe" (frees pend until a pool_sync), "immediate", or "auto" (immediate until the
     // device's reuse_safe event, then safe; see device_report::reuse_safe).  "" when absent (= safe).
     std::string reuse_mode;
+    // config.pool_vmm: "on" when the pool puts its segments on virtual memory where the device
+    // allows it (docs/pool.md); "" when absent (older logs, pool off).
+    std::string pool_vmm;
     uint64_t start_unix_ns = 0;
     std::vector<std::string> cmdline;
     std::vector<header_device> header_devices;

@@ -38,11 +38,26 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     o.gpu_free = e.has(fd_gpu_free) ? e.gpu_free : 0;
     o.gpu_total = e.has(fd_gpu_total) ? e.gpu_total : 0;
     // Saturating: the two come from the log and may be anything.
-    uint64_t available = o.free_in_segments > UINT64_MAX - o.gpu_free ? UINT64_MAX : o.free_in_segments + o.gpu_free;
+    auto sum = [](uint64_t x, uint64_t y) { return x > UINT64_MAX - y ? UINT64_MAX : x + y; };
+    uint64_t available = sum(o.free_in_segments, o.gpu_free);
     uint64_t biggest = std::max(o.largest_free, o.gpu_free);
-    if (o.size > available) {
+    // A pool on virtual memory gives back every whole free chunk before it fails (docs/pool.md), so
+    // it fails only when the live bytes rounded up to whole chunks, plus the request, exceed what
+    // the driver gives.  What the rounding costs is the free bytes left in chunks that hold live
+    // blocks plus the blocks' own rounding (allocated - requested: a block of whole chunks made for
+    // a request).  The header says the pool may use virtual memory; a segment_unmap shows it does.
+    bool vmm_pool = d.rep.n_segment_unmap != 0 || (ctx.proc.pool_vmm == "on" && d.rep.n_segment_alloc != 0);
+    uint64_t rounding = d.rep.allocated.current > d.rep.requested.current ? d.rep.allocated.current - d.rep.requested.current : 0;
+    if (vmm_pool ? o.size > sum(available, rounding) : o.size > available) {
         o.verdict = "capacity";
-        o.explanation = "the request is larger than all free memory together (free in segments + free on the GPU)";
+        o.explanation = vmm_pool ? "the live bytes plus the request exceed what the driver gives, even without the "
+                                   "pool's rounding to whole chunks (free in segments + block rounding + free on the GPU)"
+                                 : "the request is larger than all free memory together (free in segments + free on the GPU)";
+    } else if (vmm_pool && o.largest_free < o.size) {
+        o.verdict = "chunk rounding";
+        o.explanation = "the pool gave back every whole free chunk, and the free bytes left share chunks with live "
+                        "blocks: the live bytes rounded up to whole chunks plus the request (also rounded up) exceed "
+                        "what the driver gives, though the bytes themselves would fit";
     } else {
         o.verdict = "fragmentation";
         o.explanation = biggest >= o.size

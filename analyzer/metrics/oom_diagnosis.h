@@ -1,5 +1,5 @@
 // Out-of-memory diagnosis: each failed allocation for lack of memory, with the free memory the
-// model holds at that moment, a verdict (capacity or fragmentation) and, for the first few, the map.
+// model holds at that moment, a verdict (capacity, fragmentation or chunk rounding) and, for the first few, the map.
 #pragma once
 
 #include <vector>

@@ -33,9 +33,16 @@ public:
         add_bytes(ctx, d.rep.reserved, e.size, e, line);
         d.rep.segment_count.add(1, e.t, e.seq, line);
     }
-    void segment_removed(device_state& d, uint64_t size) {
+    void segment_removed(device_state& d, uint64_t size, uint64_t unmapped) {
         d.rep.reserved.sub(size);
+        d.rep.unmapped.sub(unmapped);
         d.rep.segment_count.sub(1);
+    }
+    // The hole's memory went back to the driver: it leaves reserved, and stays out (docs/metrics.md).
+    void segment_unmapped(device_state& d, const log_event& e, uint64_t line) {
+        d.rep.reserved.sub(e.size);
+        ++d.rep.n_segment_unmap;
+        add_bytes(ctx, d.rep.unmapped, e.size, e, line);
     }
     void pending_added(device_state& d, uint64_t asize, const log_event& e, uint64_t line) {
         add_bytes(ctx, d.rep.pending, asize, e, line);

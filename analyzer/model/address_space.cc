@@ -96,6 +96,9 @@ void address_space::apply(const log_event& e, uint64_t line) {
     }
     case ev_kind::segment_alloc: on_segment_alloc(e, line); break;
     case ev_kind::segment_free: on_segment_free(e, line); break;
+    case ev_kind::segment_unmap:
+        if (d) on_segment_unmap(*d, e, line);  // dev is a required member
+        break;
     case ev_kind::pool_sync:
         if (d) on_pool_sync(*d, e, line);
         break;
@@ -180,14 +183,20 @@ bool address_space::place_block(segment& s, uint64_t base, uint64_t p, uint64_t 
     // One tree walk serves the duplicate check, both neighbours and the insertion.
     auto at = s.blocks.lower_bound(p);
     if (at != s.blocks.end() && at->first == p) {
+        if (s.holes.count(p)) {
+            checks_.inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) + ") overlaps " +
+                                           occupant(s, base, p) + " in segment " + hex(base));
+            return false;
+        }
         checks_.inconsistent(line, "pooled block " + hex(p) + " is already allocated in segment " + hex(base));
         return false;
     }
     uint64_t next_start = at == s.blocks.end() ? base + s.size : at->first;
     uint64_t prev_end = at == s.blocks.begin() ? base : std::prev(at)->first + std::prev(at)->second;
     if (p < prev_end || p + asz > next_start) {
-        checks_.inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) +
-                                       ") overlaps another live block in segment " + hex(base));
+        uint64_t other = p < prev_end ? std::prev(at)->first : at->first;
+        checks_.inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) + ") overlaps " +
+                                       occupant(s, base, other) + " in segment " + hex(base));
         return false;
     }
     d.gaps.remove(next_start - prev_end);
@@ -262,7 +271,7 @@ void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
                                        ") overlaps a segment that is still held");
         return;
     }
-    auto added = segments_.emplace(e.ptr, segment{e.size, e.dev, e.pool, {}}).first;
+    auto added = segments_.emplace(e.ptr, segment{e.size, e.dev, e.pool, {}, {}, 0}).first;
     segment_at_.insert_or_assign(e.ptr, &*added);
     d.gaps.add(e.size);
     d.segment_bytes += e.size;
@@ -281,9 +290,10 @@ void address_space::on_segment_free(const log_event& e, uint64_t line) {
     device_state& sd = dev(s.dev);
     obs_.before_change(sd);
     drop_pending_in(sd, it->first);
-    if (!s.blocks.empty()) {
+    if (s.blocks.size() > s.holes.size()) {
         size_t n_live = 0;
         for (const auto& [p, a] : s.blocks) {
+            if (s.holes.count(p)) continue;
             if (const live_alloc* l = live_.find(p)) {
                 live_alloc gone = *l;
                 live_.erase(p);
@@ -292,17 +302,77 @@ void address_space::on_segment_free(const log_event& e, uint64_t line) {
             }
         }
         checks_.warn(line, "segment " + hex(e.ptr) + " returned to the driver with " + std::to_string(n_live) +
-                               " live and " + std::to_string(s.blocks.size() - n_live) + " pending block(s); they are dropped");
-        // The segment's gaps leave with it; they are counted as one below.
-        for_each_gap(it->first, s.size, s.blocks, [&](uint64_t g) { sd.gaps.remove(g); });
-        sd.gaps.add(s.size);
+                               " live and " + std::to_string(s.blocks.size() - s.holes.size() - n_live) +
+                               " pending block(s); they are dropped");
     }
-    sd.gaps.remove(s.size);
-    sd.segment_bytes -= s.size;
+    // The segment's free blocks leave with it (holes are not among them).
+    for_each_gap(it->first, s.size, s.blocks, [&](uint64_t g) { sd.gaps.remove(g); });
+    sd.segment_bytes -= s.size - s.unmapped;
+    sd.unmapped_bytes -= s.unmapped;
     if (sd.n_segments) --sd.n_segments;
-    obs_.segment_removed(sd, s.size);
+    obs_.segment_removed(sd, s.size - s.unmapped, s.unmapped);
     segment_at_.erase(it->first);
     segments_.erase(it);
+    if (&sd != &d) obs_.changed(sd, e.t, e.seq);
+}
+
+// What occupies the range starting at p in segment s, for a message: a hole, a live block or a
+// pending one.
+std::string address_space::occupant(const segment& s, uint64_t base, uint64_t p) const {
+    auto b = s.blocks.find(p);
+    uint64_t n = b == s.blocks.end() ? 0 : b->second;
+    std::string range = "[" + hex(p) + ", +" + std::to_string(n) + ")";
+    if (auto h = s.holes.find(p); h != s.holes.end())
+        return "the range " + range + " unmapped at line " + std::to_string(h->second.line) +
+               " (no block is made in a hole)";
+    if (const live_alloc* l = live_.find(p); l && l->pooled && l->seg == base)
+        return "the live block " + range + " allocated at line " + std::to_string(l->line);
+    return "the pending block " + range + " (freed, not yet released by a pool_sync)";
+}
+
+// docs/log-format.md, 5a: the pool gave back the physical chunks of [ptr, ptr+size), which must
+// lie inside one free block of segment `seg`.  The range becomes a hole: neither free (it cannot
+// serve a request, so it is no fragmentation) nor reserved (its memory is the driver's again).
+// The pool never maps a hole again; the address space goes back with the segment's segment_free,
+// and a later segment_alloc over it is a new segment, wholly reserved.
+void address_space::on_segment_unmap(device_state& d, const log_event& e, uint64_t line) {
+    auto* const* found = segment_at_.find(e.seg);
+    auto* sit = found ? *found : nullptr;
+    const std::string range = "[" + hex(e.ptr) + ", +" + std::to_string(e.size) + ")";
+    if (!sit) {
+        checks_.inconsistent(line, "segment_unmap of " + range + " in segment " + hex(e.seg) +
+                                       ", which is not a held segment");
+        return;
+    }
+    const uint64_t base = sit->first;
+    segment& s = sit->second;
+    const uint64_t end = base + s.size;
+    if (e.size == 0 || e.ptr < base || e.ptr > end || e.size > end - e.ptr) {
+        checks_.inconsistent(line, "segment_unmap of " + range + " lies outside segment [" + hex(base) + ", +" +
+                                       std::to_string(s.size) + ")");
+        return;
+    }
+    auto at = s.blocks.lower_bound(e.ptr);
+    uint64_t next_start = at == s.blocks.end() ? end : at->first;
+    uint64_t prev_end = at == s.blocks.begin() ? base : std::prev(at)->first + std::prev(at)->second;
+    if (e.ptr < prev_end || e.ptr + e.size > next_start) {
+        // Unmapping memory the program still holds (or that still pends) would pull it from
+        // under the program: the pool only gives back free chunks.
+        uint64_t other = e.ptr < prev_end ? std::prev(at)->first : at->first;
+        checks_.inconsistent(line, "segment_unmap of " + range + " covers " + occupant(s, base, other) +
+                                       " in segment " + hex(base) + ": only free bytes can be unmapped");
+        return;
+    }
+    d.gaps.remove(next_start - prev_end);
+    d.gaps.add(e.ptr - prev_end);
+    d.gaps.add(next_start - (e.ptr + e.size));
+    s.blocks.emplace_hint(at, e.ptr, e.size);
+    s.holes.emplace(e.ptr, hole{e.size, line});
+    s.unmapped += e.size;
+    device_state& sd = dev(s.dev);
+    sd.segment_bytes -= e.size;
+    sd.unmapped_bytes += e.size;
+    obs_.segment_unmapped(sd, e, line);
     if (&sd != &d) obs_.changed(sd, e.t, e.seq);
 }
 
@@ -383,9 +453,11 @@ void address_space::drop_device_state(int only_dev, const log_event& e) {
     for (auto it = segments_.begin(); it != segments_.end();) {
         if (only_dev < 0 || it->second.dev == only_dev) {
             device_state& d = dev(it->second.dev);
-            d.segment_bytes -= it->second.size;
+            const uint64_t held = it->second.size - it->second.unmapped;
+            d.segment_bytes -= held;
+            d.unmapped_bytes -= it->second.unmapped;
             if (d.n_segments) --d.n_segments;
-            obs_.segment_removed(d, it->second.size);
+            obs_.segment_removed(d, held, it->second.unmapped);
             segment_at_.erase(it->first);
             it = segments_.erase(it);
         } else {
@@ -428,6 +500,7 @@ void address_space::fill_snapshot(device_state& d, state_snapshot& s, const line
     s.largest_free = d.largest_free();
     s.free_blocks = d.n_gaps();
     s.external_fragmentation = d.frag();
+    s.unmapped = d.unmapped_bytes;
     std::unordered_map<uint64_t, bool> pend;
     for (const auto& pr : d.pending) pend[pr.second] = true;
     for (const auto& [base, sg] : segments_) {
@@ -436,7 +509,12 @@ void address_space::fill_snapshot(device_state& d, state_snapshot& s, const line
         v.base = base;
         v.size = sg.size;
         v.pool = sg.pool;
-        v.blocks.assign(sg.blocks.begin(), sg.blocks.end());
+        if (sg.holes.empty()) {
+            v.blocks.assign(sg.blocks.begin(), sg.blocks.end());
+        } else {
+            for (const auto& b : sg.blocks)
+                (sg.holes.count(b.first) ? v.holes : v.blocks).push_back(b);
+        }
         if (!pend.empty())
             for (const auto& b : v.blocks)
                 if (pend.count(b.first)) v.pending.push_back(b);

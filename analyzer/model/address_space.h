@@ -27,11 +27,20 @@ struct live_alloc {
     bool pooled;
 };
 
+// A range of a virtual-memory segment whose physical chunks the pool gave back (segment_unmap).
+struct hole {
+    uint64_t size, line;
+};
+
 struct segment {
     uint64_t size;
     int32_t dev;
     pool_id pool;
-    std::map<uint64_t, uint64_t> blocks;  // ptr -> asize; ordered so neighbours give the gaps
+    // ptr -> asize of every occupied range: live and pending blocks, and holes.  A hole is kept
+    // here too, so the gaps between entries are exactly the free blocks (a hole is not free).
+    std::map<uint64_t, uint64_t> blocks;
+    std::map<uint64_t, hole> holes;  // the holes among `blocks`, by ptr
+    uint64_t unmapped = 0;           // Σ hole sizes: size - unmapped is what the segment holds
 };
 
 // One device as the model sees it, and the report the metrics fill for it (the model writes only
@@ -43,7 +52,8 @@ struct device_state {
     device_report rep;
     gap_set gaps;
     std::vector<std::pair<uint64_t, uint64_t>> pending;  // (segment base, block ptr), in free order
-    uint64_t segment_bytes = 0;  // Σ held segment sizes: the pool's own "reserved"
+    uint64_t segment_bytes = 0;  // Σ held segment sizes less their holes: the pool's own "reserved"
+    uint64_t unmapped_bytes = 0; // Σ holes of held segments (address space without memory)
     uint64_t n_segments = 0;
     bool reuse_safe = false;  // config.reuse "auto": this device's pooled frees pend from now on
     uint64_t reuse_safe_seq = 0, reuse_safe_line = 0;
@@ -70,7 +80,11 @@ public:
     // is the device the free counts on: the allocation's, else the event's.
     virtual void freed(device_state& counted_on, const log_event& e, const live_alloc* a, uint64_t line) = 0;
     virtual void segment_added(device_state& d, const log_event& e, uint64_t line) = 0;
-    virtual void segment_removed(device_state& d, uint64_t size) = 0;
+    // size: the bytes the segment still held (its holes were subtracted by segment_unmapped);
+    // unmapped: the bytes of its holes.
+    virtual void segment_removed(device_state& d, uint64_t size, uint64_t unmapped) = 0;
+    // A segment_unmap cut the hole [e.ptr, e.ptr + e.size) out of a free block.
+    virtual void segment_unmapped(device_state& d, const log_event& e, uint64_t line) = 0;
     virtual void pending_added(device_state& d, uint64_t asize, const log_event& e, uint64_t line) = 0;
     virtual void pending_removed(device_state& d, uint64_t asize) = 0;
     virtual void pending_cleared(device_state& d) = 0;
@@ -146,6 +160,8 @@ private:
     void on_free(const log_event& e, uint64_t line);
     void on_segment_alloc(const log_event& e, uint64_t line);
     void on_segment_free(const log_event& e, uint64_t line);
+    void on_segment_unmap(device_state& d, const log_event& e, uint64_t line);
+    std::string occupant(const segment& s, uint64_t base, uint64_t p) const;
     void on_pool_sync(device_state& d, const log_event& e, uint64_t line);
     void on_reuse_safe(device_state& d, const log_event& e, uint64_t line);
     void drop_pending_in(device_state& d, uint64_t base);

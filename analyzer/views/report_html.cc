@@ -20,7 +20,7 @@ table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{padding:3px 10p
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0}.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:150px}
 .card .v{font-size:20px;font-weight:600}.card .k{font-size:12px;color:#666}
-.verdict-fragmentation{color:#b00020;font-weight:600}.verdict-capacity{color:#8a4b00;font-weight:600}
+.verdict-fragmentation{color:#b00020;font-weight:600}.verdict-capacity{color:#8a4b00;font-weight:600}.verdict-chunk-rounding{color:#6a3d9a;font-weight:600}
 svg text{font-family:system-ui,sans-serif}code{font-size:12px}
 )";
 
@@ -154,6 +154,12 @@ void timeline_series(const device_report& d, std::vector<series>& mem, std::vect
     frag = {fr};
 }
 
+// A verdict as a CSS class name: "chunk rounding" -> "chunk-rounding".
+std::string css_class(std::string v) {
+    std::replace(v.begin(), v.end(), ' ', '-');
+    return v;
+}
+
 // Segments as bars to scale; allocated runs in blue over a grey free background.
 std::string segment_map_svg(const state_snapshot& s) {
     if (s.segment_map.empty())
@@ -169,7 +175,11 @@ std::string segment_map_svg(const state_snapshot& s) {
     o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' viewBox='0 0 " << W << ' ' << H
       << "' role='img' aria-label='segment map'>\n";
     o << "<text x='0' y='12' font-size='12' fill='#555'>widest bar = " << fmt_bytes(biggest)
-      << "; blue = allocated, amber = pending free (reusable after a sync), grey = free</text>\n";
+      << "; blue = allocated, amber = pending free (reusable after a sync), grey = free"
+      << (std::any_of(s.segment_map.begin(), s.segment_map.end(), [](const segment_view& v) { return !v.holes.empty(); })
+              ? ", white = unmapped (no memory behind it)"
+              : "")
+      << "</text>\n";
     double px_per_byte = bar_w / double(biggest);
     for (size_t i = 0; i < rows; ++i) {
         const segment_view& v = s.segment_map[i];
@@ -191,7 +201,7 @@ std::string segment_map_svg(const state_snapshot& s) {
             o << "<rect x='" << num(label + run_x0) << "' y='" << num(y) << "' width='" << num(std::max(0.6, run_x1 - run_x0))
               << "' height='" << row - 3 << "' fill='" << fill << "'/>";
         };
-        for (const auto* list : {&v.blocks, &v.pending}) {
+        for (const auto* list : {&v.blocks, &v.pending, &v.holes}) {
             run_x0 = run_x1 = -1;
             for (const auto& [p, a] : *list) {
                 double x0 = double(p - v.base) * px_per_byte, x1 = double(p + a - v.base) * px_per_byte;
@@ -204,7 +214,8 @@ std::string segment_map_svg(const state_snapshot& s) {
                 run_x1 = x1;
             }
             flush();
-            fill = k_pending_color;  // pending frees are drawn over the blue of occupied blocks
+            // pending frees are drawn over the blue of occupied blocks; holes (unmapped) in white
+            fill = fill == k_allocated_color ? k_pending_color : "#ffffff";
         }
         o << "</g>\n";
     }
@@ -363,7 +374,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<p>requested <b>" << fmt_bytes(x.size) << "</b> · free in segments <b>" << fmt_bytes(x.free_in_segments)
           << "</b> · largest free block <b>" << fmt_bytes(x.largest_free) << "</b> · free on GPU <b>"
           << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b><br>verdict: <span class='verdict-"
-          << x.verdict << "'>" << x.verdict << "</span> — " << html_escape(x.explanation) << "</p>\n";
+          << css_class(x.verdict) << "'>" << x.verdict << "</span> — " << html_escape(x.explanation) << "</p>\n";
         if (x.map.valid) o << segment_map_svg(x.map);
     }
     o << "<h3>Size histograms</h3>\n<div style='display:flex;flex-wrap:wrap;gap:12px'>"

@@ -45,7 +45,7 @@ std::string segment_bar(const segment_view& s, size_t width) {
     std::string bar(width, '.');
     if (width == 0 || s.size == 0) return bar;
     // Allocated bytes per cell, from the blocks' overlap with each cell's byte range.
-    std::vector<double> used(width, 0.0), pend(width, 0.0);
+    std::vector<double> used(width, 0.0), pend(width, 0.0), hole(width, 0.0);
     double per_cell = double(s.size) / double(width);
     auto cover = [&](const std::vector<std::pair<uint64_t, uint64_t>>& blocks, std::vector<double>& acc) {
         for (const auto& [p, a] : blocks) {
@@ -61,8 +61,14 @@ std::string segment_bar(const segment_view& s, size_t width) {
     };
     cover(s.blocks, used);
     cover(s.pending, pend);
+    cover(s.holes, hole);
     for (size_t c = 0; c < width; ++c) {
-        double f = used[c] / per_cell;
+        // A cell that is mostly unmapped shows '_': address space with no memory behind it.
+        if (hole[c] > 0.5 * per_cell) {
+            bar[c] = '_';
+            continue;
+        }
+        double f = (used[c] + hole[c]) / per_cell;
         // A fully occupied cell that is mostly pending frees shows 'p': not free, not in use.
         bar[c] = f >= 0.999 ? (pend[c] > 0.5 * used[c] ? 'p' : '#') : f <= 0.001 ? '.' : '+';
     }
@@ -79,7 +85,10 @@ void write_map(std::ostream& os, const state_snapshot& s) {
     }
     uint64_t biggest = 0;
     for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.size);
-    os << "    each segment to scale (widest = " << fmt_bytes(biggest) << "); '#' allocated, 'p' pending free, '+' partly, '.' free\n";
+    os << "    each segment to scale (widest = " << fmt_bytes(biggest) << "); '#' allocated, 'p' pending free, '+' partly, '.' free"
+       << (std::any_of(s.segment_map.begin(), s.segment_map.end(), [](const segment_view& v) { return !v.holes.empty(); })
+               ? ", '_' unmapped\n"
+               : "\n");
     size_t n = 0;
     for (const segment_view& v : s.segment_map) {
         if (n++ == k_max_map_rows) {
@@ -211,6 +220,9 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.n_segment_alloc || d.n_segment_free)
         framed(os, pad("Segments taken / returned", 28) + pad(std::to_string(d.n_segment_alloc), 14, true) + " / " +
                        std::to_string(d.n_segment_free));
+    if (d.n_segment_unmap)
+        framed(os, pad("Chunks given back (unmaps)", 28) + pad(std::to_string(d.n_segment_unmap), 14, true) +
+                       "   unmapped now " + fmt_bytes(d.unmapped.current) + ", peak " + fmt_bytes(d.unmapped.peak));
     // Under "auto" the mode is per device and changes once; "safe"/"immediate" hold for the whole log.
     if (p.reuse_mode == "auto" && (d.n_segment_alloc || d.reuse_safe))
         framed(os, pad("Reuse", 28) + "auto, " +

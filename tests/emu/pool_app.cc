@@ -117,13 +117,15 @@ void oom() {
 }
 
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
-// three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.
-void fragment() {
+// three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
+// sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
+// large request fails for chunk rounding (tests/data/emu, docs/metrics.md).
+void fragment(size_t small_mib = 6, size_t big_mib = 60) {
     setup();
     std::vector<CUdeviceptr> small;
     for (;;) {
         CUdeviceptr p;
-        if (cuMemAlloc(&p, 6u << 20) != CUDA_SUCCESS) break;
+        if (cuMemAlloc(&p, small_mib << 20) != CUDA_SUCCESS) break;
         small.push_back(p);
     }
     for (size_t i = 0; i < small.size(); ++i)
@@ -131,7 +133,7 @@ void fragment() {
     size_t big = 0;
     for (;;) {
         CUdeviceptr p;
-        if (cuMemAlloc(&p, 60u << 20) != CUDA_SUCCESS) break;
+        if (cuMemAlloc(&p, big_mib << 20) != CUDA_SUCCESS) break;
         ++big;
     }
     printf("small_served=%zu\nbig_served=%zu\ndriver_unmap=%llu\n", small.size(), big, driver_count("cuMemUnmap"));
@@ -333,7 +335,7 @@ int main(int argc, char** argv) {
     if (s == "loop") loop(argc > 2 ? atol(argv[2]) : 10000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? atol(argv[4]) : -1);
     else if (s == "oom") oom();
-    else if (s == "fragment") fragment();
+    else if (s == "fragment") fragment(argc > 2 ? size_t(atol(argv[2])) : 6, argc > 3 ? size_t(atol(argv[3])) : 60);
     else if (s == "capture") capture();
     else if (s == "query") query();
     else if (s == "reset") reset();
@@ -341,7 +343,7 @@ int main(int argc, char** argv) {
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | capture | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1,0 +1,228 @@
+// The pool on virtual memory: segment_unmap holes (reserved bytes, free blocks, fragmentation, maps),
+// the checks on them, and the OOM verdict "chunk rounding", checked number by number.
+#include <catch2/catch.hpp>
+
+#include "analyze.h"
+#include "log_reader.h"
+#include "report_output.h"
+#include "test_util.h"
+
+using namespace gpumem;
+using namespace gpumem::analysis;
+using namespace gpumem::test;
+
+namespace {
+
+constexpr uint64_t MiB = 1 << 20;
+
+std::string unmap_line(uint64_t seq, uint64_t ptr, uint64_t size, uint64_t seg) {
+    char b[400];
+    std::snprintf(b, sizeof b,
+                  "{\"ev\":\"segment_unmap\",\"seq\":%llu,\"t\":%llu,\"tid\":1,\"dev\":0,\"api\":\"cuMemAlloc_v2\",\"ptr\":\"0x%llx\",\"size\":%llu,\"seg\":\"0x%llx\",\"pool\":\"large\"}\n",
+                  (unsigned long long)seq, (unsigned long long)(seq * 100 + 100), (unsigned long long)ptr,
+                  (unsigned long long)size, (unsigned long long)seg);
+    return b;
+}
+
+// Expects analyze_file to reject the log at `line` with a message starting with `what`, and the
+// binary to exit 2 naming file:line.
+void expect_rejected(const std::string& log, uint64_t line, const std::string& what) {
+    temp_file f(log);
+    try {
+        analyze_file(f.path, {});
+        FAIL("accepted: " << what);
+    } catch (const input_error& e) {
+        CHECK(e.line == line);
+        CHECK_THAT(std::string(e.what()), Catch::StartsWith(f.path + ":" + std::to_string(line) + ": " + what));
+    }
+    run_result r = run_gpumem("report --no-progress " + f.path);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(f.path + ":" + std::to_string(line) + ": " + what));
+}
+
+}  // namespace
+
+// tests/data/golden/pool_vmm_unmap.jsonl, by hand (2 MiB chunks, a 6 MiB GPU, one 12 MiB segment):
+//   A = [0, 1) MiB, B = [1, 7), C = [7, 8) fill 8 MiB; B is freed: free [1, 7) and [8, 12),
+//   fragmentation 1 - 6/10 = 40%.  The pool unmaps the whole chunks [2, 6) and [8, 12): reserved
+//   12 -> 8 -> 4 MiB; the free blocks are [1, 2) and [6, 7) (the holes are not free), 50%.
+//   A 3 MiB request then fails: 2 MiB free in segments + 2 MiB free on the GPU would hold it, but
+//   A and C each hold a chunk, and the request needs 2 chunks, 4 MiB > 2 MiB: "chunk rounding".
+//   Freeing A and C leaves [0, 2) and [6, 8) free: the hole [2, 6) between them does not merge.
+//   The segment goes back holding 4 MiB; the same address space taken again is 12 MiB reserved.
+TEST_CASE("segment_unmap: holes leave reserved and free space, and the OOM is chunk rounding", "[scenario][vmm]") {
+    process_report r = analyze_file(data_path("golden/pool_vmm_unmap.jsonl"), {});
+    REQUIRE(r.devices.size() == 1);
+    const device_report& d = r.devices[0];
+    CHECK(r.n_warnings == 0);  // the stats line's reserved (4 MiB, 1 segment) agrees with the rebuild
+    CHECK(r.pool_vmm == "on");
+    CHECK(d.n_segment_unmap == 2);
+    CHECK(d.unmapped.peak == 8 * MiB);
+    CHECK(d.unmapped.current == 0);  // the segments went back
+    CHECK(d.reserved.peak == 12 * MiB);
+    CHECK(d.reserved.current == 0);
+    CHECK(d.max_external_fragmentation == Approx(0.5));
+    CHECK(d.max_external_fragmentation_seq == 6);
+
+    REQUIRE(d.ooms.size() == 1);
+    const oom_report& o = d.ooms[0];
+    CHECK(o.verdict == "chunk rounding");
+    CHECK(o.reserved == 4 * MiB);
+    CHECK(o.free_in_segments == 2 * MiB);
+    CHECK(o.largest_free == MiB);
+    CHECK(o.gpu_free == 2 * MiB);
+    REQUIRE(o.map.valid);
+    CHECK(o.map.reserved == 4 * MiB);
+    CHECK(o.map.unmapped == 8 * MiB);
+    CHECK(o.map.free_blocks == 2);
+    CHECK(o.map.external_fragmentation == Approx(0.5));
+    REQUIRE(o.map.segment_map.size() == 1);
+    const segment_view& v = o.map.segment_map[0];
+    CHECK(v.blocks.size() == 2);  // A and C; the holes are listed apart
+    REQUIRE(v.holes.size() == 2);
+    CHECK(v.holes[0] == std::make_pair(v.base + 2 * MiB, 4 * MiB));
+    CHECK(v.holes[1] == std::make_pair(v.base + 8 * MiB, 4 * MiB));
+    const auto [used, largest] = v.measure();
+    CHECK(v.size - used == 2 * MiB);
+    CHECK(largest == MiB);
+    CHECK(o.map.free_block_sizes.count[20] == 2);  // two free blocks of 1 MiB, none for the holes
+    CHECK(o.map.free_block_sizes.count[22] == 0);
+
+    // Every event's point of the timeline (the stats line at seq 9 makes none), by its last value:
+    // reserved drops at each unmap, and comes back with a new segment over the same address space.
+    std::vector<uint64_t> reserved, seqs;
+    double frag_after_last_free = -1;
+    for (const time_point& p : d.timeline) {
+        reserved.push_back(p.reserved_last);
+        seqs.push_back(p.seq_last);
+        if (p.seq_last == 11) frag_after_last_free = p.frag_last;
+    }
+    CHECK(seqs == std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14});
+    CHECK(reserved == std::vector<uint64_t>{12 * MiB, 12 * MiB, 12 * MiB, 12 * MiB, 12 * MiB, 8 * MiB, 4 * MiB, 4 * MiB,
+                                            4 * MiB, 4 * MiB, 4 * MiB, 0, 12 * MiB, 0});
+    // After A and C are freed: two free blocks of 2 MiB with the hole between them.
+    CHECK(frag_after_last_free == Approx(0.5));
+}
+
+TEST_CASE("segment_unmap: the report JSON keeps the holes and reads them back", "[scenario][vmm]") {
+    run_result r = run_gpumem("report --no-progress --json " + data_path("golden/pool_vmm_unmap.jsonl"));
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Catch::Contains("\"verdict\": \"chunk rounding\""));
+    CHECK_THAT(r.out, Catch::Contains("\"unmapped_ranges\": [\n"));
+    CHECK_THAT(r.out, Catch::Contains("\"n_segment_unmap\": 2"));
+    CHECK_THAT(r.out, Catch::Contains("\"peak_unmapped_bytes\": 8388608"));
+}
+
+TEST_CASE("segment_unmap: a range that is not free is a log error with file:line", "[scenario][vmm]") {
+    const uint64_t seg = 0x40000000;
+    const std::string head = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                             pooled_line("alloc", 1, seg, MiB, MiB, seg);
+    SECTION("a live block") {
+        expect_rejected(head + unmap_line(2, seg, 2 * MiB, seg) + end_line(3, 1), 4,
+                        "segment_unmap of [0x40000000, +2097152) covers the live block [0x40000000, +1048576) allocated at line 3");
+    }
+    SECTION("a live block after the range's start") {
+        expect_rejected(head + pooled_line("alloc", 2, seg + 3 * MiB, MiB, MiB, seg) + unmap_line(3, seg + 2 * MiB, 2 * MiB, seg) +
+                            end_line(4, 2),
+                        5, "segment_unmap of [0x40200000, +2097152) covers the live block [0x40300000, +1048576) allocated at line 4");
+    }
+    SECTION("a range unmapped before") {
+        expect_rejected(head + unmap_line(2, seg + 4 * MiB, 2 * MiB, seg) + unmap_line(3, seg + 4 * MiB, 4 * MiB, seg) + end_line(4, 1),
+                        5, "segment_unmap of [0x40400000, +4194304) covers the range [0x40400000, +2097152) unmapped at line 4");
+    }
+    SECTION("a range outside its segment") {
+        expect_rejected(head + unmap_line(2, seg + 6 * MiB, 4 * MiB, seg) + end_line(3, 1), 4,
+                        "segment_unmap of [0x40600000, +4194304) lies outside segment [0x40000000, +8388608)");
+    }
+    SECTION("a segment that is not held") {
+        expect_rejected(head + unmap_line(2, 0x50000000, 2 * MiB, 0x50000000) + end_line(3, 1), 4,
+                        "segment_unmap of [0x50000000, +2097152) in segment 0x50000000, which is not a held segment");
+    }
+    SECTION("a block made in a hole") {
+        expect_rejected(head + unmap_line(2, seg + 4 * MiB, 2 * MiB, seg) + pooled_line("alloc", 3, seg + 4 * MiB, 512, 512, seg) +
+                            end_line(4, 2),
+                        5, "pooled block [0x40400000, +512) overlaps the range [0x40400000, +2097152) unmapped at line 4");
+    }
+}
+
+TEST_CASE("segment_unmap of a pending block is an error; after the pool_sync it is fine", "[scenario][vmm]") {
+    const uint64_t seg = 0x40000000;
+    std::string safe_header = k_header_on;
+    safe_header.replace(safe_header.find("\"pool\":\"on\""), 11, "\"pool\":\"on\",\"reuse\":\"safe\"");
+    const std::string head = safe_header + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                             pooled_line("alloc", 1, seg, 4 * MiB, 4 * MiB, seg) + pooled_line("free", 2, seg, 4 * MiB, 4 * MiB, seg);
+    expect_rejected(head + unmap_line(3, seg, 2 * MiB, seg) + end_line(4), 5,
+                    "segment_unmap of [0x40000000, +2097152) covers the pending block [0x40000000, +4194304)");
+    temp_file f(head + "{\"ev\":\"pool_sync\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"count\":1}\n" +
+                unmap_line(4, seg, 8 * MiB, seg) + seg_line("segment_free", 5, seg, 8 * MiB) + end_line(6));
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = r.devices[0];
+    CHECK(r.n_warnings == 0);
+    CHECK(d.reserved.current == 0);
+    CHECK(d.end_free_in_segments == 0);
+    CHECK(d.unmapped.peak == 8 * MiB);
+}
+
+TEST_CASE("OOM verdicts on a pool on virtual memory: capacity, chunk rounding, fragmentation", "[scenario][vmm]") {
+    // One 8 MiB segment holding a 1 MiB block at 0 and [1, 2) free (its chunk is shared), the rest
+    // unmapped; the GPU has `gpu_free` free.
+    const uint64_t seg = 0x40000000;
+    auto log = [&](uint64_t request, uint64_t gpu_free) {
+        return std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+               pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 6 * MiB, seg) +
+               "{\"ev\":\"oom\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" + std::to_string(request) +
+               ",\"reserved\":2097152,\"allocated\":1048576,\"requested\":1048576,\"largest_free\":1048576,\"free_blocks\":1,"
+               "\"segments\":1,\"gpu_free\":" + std::to_string(gpu_free) + ",\"gpu_total\":8388608}\n" + end_line(4, 1);
+    };
+    auto verdict = [&](uint64_t request, uint64_t gpu_free) {
+        temp_file f(log(request, gpu_free));
+        process_report r = analyze_file(f.path, {});
+        REQUIRE(r.devices[0].ooms.size() == 1);
+        return r.devices[0].ooms[0].verdict;
+    };
+    CHECK(verdict(4 * MiB, 2 * MiB) == "capacity");        // 4 MiB > 1 MiB free in segments + 2 MiB
+    CHECK(verdict(3 * MiB, 2 * MiB) == "chunk rounding");  // 3 MiB fits 1 + 2, but not in whole chunks
+    CHECK(verdict(2 * MiB + 1, 3 * MiB) == "chunk rounding");  // the request's own rounding: 2 chunks > 3 MiB
+    CHECK(verdict(MiB, 0) == "fragmentation");  // a free block was large enough: a pool limit refused it
+}
+
+// Logs of tests/emu/pool_app's fill/fragment/large program under GPUMEM_POOL_VMM=on on the
+// emulated device (600 MiB, 2 MiB chunks; tests/data/emu/README.md).  The device alone serves
+// 200 x 3 MiB then 6 x 60 MiB, and 100 x 6 MiB then 6 x 60 MiB.
+TEST_CASE("emulated device, pool on virtual memory: the rebuild agrees with the pool, and the OOMs are told apart", "[scenario][vmm]") {
+    SECTION("3 MiB blocks astride chunks: both OOMs are chunk rounding") {
+        process_report r = analyze_file(data_path("emu/vmm_fragment_3_60.jsonl"), {});
+        const device_report& d = r.devices.at(0);
+        CHECK(r.n_warnings == 0);  // incl. the pool's stats line against the rebuilt reserved bytes
+        CHECK(d.n_alloc == 198 + 5);
+        CHECK(d.n_segment_unmap == 96);
+        CHECK(d.reserved.peak == 600 * MiB);
+        // Reserved = the device less what the driver still has free (36 MiB at the end).
+        CHECK(d.reserved.current == 564 * MiB);
+        CHECK(d.unmapped.current == 384 * MiB);
+        REQUIRE(d.ooms.size() == 2);
+        // The 199th 3 MiB block: 594 MiB live in 600 MiB, but the last blocks took whole chunks.
+        CHECK(d.ooms[0].size == 3 * MiB);
+        CHECK(d.ooms[0].verdict == "chunk rounding");
+        CHECK(d.ooms[0].free_in_segments == 0);
+        CHECK(d.ooms[0].gpu_free == 0);
+        // The 6th 60 MiB block: 64 MiB free in chunks shared with live 3 MiB blocks + 36 MiB on the GPU.
+        CHECK(d.ooms[1].size == 60 * MiB);
+        CHECK(d.ooms[1].verdict == "chunk rounding");
+        CHECK(d.ooms[1].free_in_segments == 64 * MiB);
+        CHECK(d.ooms[1].largest_free == MiB);
+        CHECK(d.ooms[1].gpu_free == 36 * MiB);
+    }
+    SECTION("6 MiB blocks on chunk boundaries: both OOMs are capacity, as for the device alone") {
+        process_report r = analyze_file(data_path("emu/vmm_fragment_6_60.jsonl"), {});
+        const device_report& d = r.devices.at(0);
+        CHECK(r.n_warnings == 0);
+        CHECK(d.n_alloc == 100 + 6);
+        CHECK(d.reserved.current == 564 * MiB);
+        CHECK(d.requested.current == 564 * MiB);  // 34 x 6 MiB + 6 x 60 MiB: nothing lost to rounding
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].verdict == "capacity");
+        CHECK(d.ooms[1].verdict == "capacity");
+        CHECK(d.ooms[1].free_in_segments == 0);
+    }
+}
