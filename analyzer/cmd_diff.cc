@@ -17,6 +17,7 @@
 #include "diagnostics.h"
 #include "format_util.h"
 #include "report_measures.h"
+#include "report_sites.h"
 
 namespace gpumem::analysis {
 
@@ -113,6 +114,44 @@ void leak_changes(const std::vector<block_view>& la, const std::vector<block_vie
     }
 }
 
+// Call sites matched by their frames (stack ids differ between logs): which grew, which shrank.
+void print_sites(const char* title, const process_report& pa, const std::vector<site_row>& ra, uint64_t ta,
+                 const process_report& pb, const std::vector<site_row>& rb, uint64_t tb, size_t top) {
+    if (ra.empty() && rb.empty()) return;
+    if (ra.empty() || rb.empty()) {
+        std::printf("  %s: only in %s (the other run's log has no stacks, or nothing was live)\n", title, ra.empty() ? "B" : "A");
+        return;
+    }
+    std::vector<site_change> ch = diff_sites(pa, ra, ta, pb, rb, tb);
+    size_t grew = 0, shrank = 0, same = 0, unknown = 0;
+    for (const site_change& c : ch) {
+        if (!c.a_known || !c.b_known) ++unknown;
+        else if (c.b_bytes > c.a_bytes) ++grew;
+        else if (c.b_bytes < c.a_bytes) ++shrank;
+        else ++same;
+    }
+    std::printf("  %s: %zu grew, %zu shrank, %zu unchanged", title, grew, shrank, same);
+    if (unknown) std::printf(", %zu listed on one side only", unknown);
+    std::printf("\n");
+    auto side = [](bool known, uint64_t bytes, uint64_t count, uint64_t bound) {
+        if (!known) return "< " + fmt_bytes(bound) + " (not listed)";
+        return fmt_bytes(bytes) + " in " + fmt_counted(count, "allocation", "allocations");
+    };
+    size_t shown = 0;
+    for (const site_change& c : ch) {
+        if (c.a_known && c.b_known && c.a_bytes == c.b_bytes) break;  // the unchanged ones come last
+        if (shown == top) {
+            std::printf("    ... %zu more (--top N)\n", grew + shrank + unknown - shown);
+            break;
+        }
+        ++shown;
+        std::string delta = !c.a_known || !c.b_known ? "?" : fmt_change(measure_unit::bytes, double(c.a_bytes), double(c.b_bytes));
+        const char* sign = !c.a_known || !c.b_known ? "?" : c.b_bytes > c.a_bytes ? "+" : "-";
+        std::printf("    %s %s  %s\n        A %s -> B %s\n", sign, visible(c.name).c_str(), delta.c_str(),
+                    side(c.a_known, c.a_bytes, c.a_count, c.a_bound).c_str(), side(c.b_known, c.b_bytes, c.b_count, c.b_bound).c_str());
+    }
+}
+
 void print_device(const run_input& ra, const device_ref* a, const run_input& rb, const device_ref* b, size_t top) {
     static const device_report k_none;
     const device_report& da = a ? ra.dev(*a) : k_none;
@@ -128,6 +167,11 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
                     !b ? "-" : hb ? fmt_unit(r.unit, vb).c_str() : "?", (ha && hb) ? fmt_change(r.unit, va, vb).c_str() : "");
     }
     if (!a || !b) return;
+    // Every site live at the peak when the input was a log; the top ones of a report JSON.
+    const process_report &pa = ra.proc(*a), &pb = rb.proc(*b);
+    print_sites("call sites at the peak of requested memory", pa, da.peak_sites.empty() ? da.top_sites : da.peak_sites,
+                da.requested.peak, pb, db.peak_sites.empty() ? db.top_sites : db.peak_sites, db.requested.peak, top);
+    print_sites("leaks by call site", pa, da.leak_sites, da.leaked_bytes, pb, db.leak_sites, db.leaked_bytes, top);
     std::vector<change> changes;
     usage_changes(da.by_api, db.by_api, "api", changes);
     usage_changes(da.by_kind, db.by_kind, "kind", changes);
@@ -198,8 +242,9 @@ command add_diff(CLI::App& top) {
         "       gpumem diff A B1 B2 ...    one run (a report of all ranks) against several logs\n"
         "       gpumem diff A1 A2 ... -- B1 B2 ...   several inputs on each side\n"
         "GPUs are matched by rank and device ordinal, as `gpumem check` matches them.  Prints peaks,\n"
-        "fragmentation and counts side by side, then the largest changes by API, by allocation size\n"
-        "class and in leaks.\n"
+        "fragmentation and counts side by side; when the logs have call stacks, the call sites that grew\n"
+        "or shrank at the peak and in leaks (matched by their frames); then the largest changes by API,\n"
+        "by allocation size class and in leaks.\n"
         "\n"
         "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.");
     app->add_option("INPUT", a->inputs, "logs or report JSON files");

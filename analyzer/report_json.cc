@@ -141,7 +141,7 @@ ojson device_json(const process_report& p, const device_report& d, const output_
     for (const block_view& b : d.leaks) leaks.push_back(block_json(b));
     j["leaks"] = leaks;
     // Call sites only for logs with stack records, so a log without them reads as before.
-    if (p.stacks.size()) {
+    if (p.stacks.any()) {
         j["top_sites"] = sites_json(p, d.top_sites);
         j["leak_sites"] = sites_json(p, d.leak_sites);
     }
@@ -169,7 +169,7 @@ ojson device_json(const process_report& p, const device_report& d, const output_
         x["verdict"] = o.verdict;
         x["explanation"] = o.explanation;
         x["map"] = o.map.valid ? snapshot_json(o.map) : ojson(nullptr);  // only for the first few OOMs
-        if (p.stacks.size()) x["sites"] = sites_json(p, o.sites);
+        if (p.stacks.any()) x["sites"] = sites_json(p, o.sites);
         ooms.push_back(x);
     }
     j["ooms"] = ooms;

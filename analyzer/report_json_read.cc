@@ -188,7 +188,36 @@ void read_snapshot(const json& j, state_snapshot& s) {
         if (b.is_object()) s.largest_live.push_back(read_block(b));
 }
 
-void read_device(const json& j, device_report& d, device_fields_present& present) {
+// SITE rows (report_sites.h, sites_json); each stack's frames go into `stacks` under the row's id,
+// the first time the id is seen (top_sites, leak_sites and the OOMs repeat a stack).
+void read_sites(const json& a, stack_store& stacks, std::vector<site_row>& rows) {
+    for (const json& j : a) {
+        if (!j.is_object()) continue;
+        site_row r;
+        get(j, "bytes", r.bytes);
+        get(j, "count", r.count);
+        uint64_t id = 0;
+        if (get(j, "stack", id) && id <= UINT32_MAX) r.stack = uint32_t(id);
+        if (r.stack && !stacks.find(r.stack)) {
+            std::vector<frame_view> frames;
+            for (const json& f : array_of(j, "frames")) {
+                if (!f.is_object()) continue;
+                frame_view v;
+                get(f, "function", v.function);
+                get(f, "file", v.file);
+                get(f, "line", v.line);
+                get(f, "module", v.module);
+                get_hex(f, "address", v.address);
+                frames.push_back(std::move(v));
+            }
+            // An id no log would use (stack_store refuses ids far past the others) reads as no stack.
+            if (!stacks.add(r.stack, std::move(frames))) r.stack = 0;
+        }
+        rows.push_back(r);
+    }
+}
+
+void read_device(const json& j, device_report& d, device_fields_present& present, stack_store& stacks) {
     get(j, "name", d.name);
     // The scalars, each marked present only when it is there with a usable type.
 #define GPUMEM_X(name, member, type) present[size_t(device_field::name)] = get(j, #name, d.member);
@@ -204,6 +233,9 @@ void read_device(const json& j, device_report& d, device_fields_present& present
     }
     for (const json& b : array_of(j, "leaks"))
         if (b.is_object()) d.leaks.push_back(read_block(b));
+    if (auto it = j.find("top_sites"); it != j.end() && it->is_array()) stacks.mark_listed();
+    read_sites(array_of(j, "top_sites"), stacks, d.top_sites);
+    read_sites(array_of(j, "leak_sites"), stacks, d.leak_sites);
     read_usage(array_of(j, "by_kind"), d.by_kind);
     read_usage(array_of(j, "by_api"), d.by_api);
     read_histogram(array_of(j, "alloc_size_histogram"), d.alloc_sizes);
@@ -229,6 +261,7 @@ void read_device(const json& j, device_report& d, device_fields_present& present
         get(x, "verdict", o.verdict);
         get(x, "explanation", o.explanation);
         if (auto m = x.find("map"); m != x.end()) read_snapshot(*m, o.map);
+        read_sites(array_of(x, "sites"), stacks, o.sites);
         d.ooms.push_back(std::move(o));
     }
     get(j, "timeline_events_per_point", d.timeline_events_per_point);
@@ -300,7 +333,7 @@ process_report read_process(const json& j, const std::string& path, std::vector<
         device_report d;
         d.dev = dev;
         device_fields_present pr;
-        read_device(dj, d, pr);
+        read_device(dj, d, pr, p.stacks);
         p.devices.push_back(std::move(d));
         present.push_back(pr);
     }

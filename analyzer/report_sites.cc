@@ -3,6 +3,10 @@
 
 #include "format_util.h"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
+
 namespace gpumem::analysis {
 
 bool in_library(const std::string& file) {
@@ -55,6 +59,76 @@ nlohmann::ordered_json sites_json(const process_report& p, const std::vector<sit
         a.push_back(s);
     }
     return a;
+}
+
+std::string site_key(const std::vector<frame_view>* frames) {
+    std::string k;
+    if (!frames) return k;
+    for (const frame_view& f : *frames) {
+        k += f.function + '\x1f' + f.file + '\x1f' + std::to_string(f.line) + '\x1f' + f.module + '\x1f';
+        if (f.function.empty()) k += fmt_hex(f.address);
+        k += '\x1e';
+    }
+    return k;
+}
+
+std::string site_name(const std::vector<frame_view>* frames) {
+    if (!frames || frames->empty()) return "(no stack)";
+    size_t u = user_frame(*frames);
+    std::string s = frame_text((*frames)[u]);
+    if (u + 1 < frames->size()) s += " <- " + frame_text((*frames)[u + 1]);
+    if (u > 0) s += " (inside " + frame_text((*frames)[0]) + ")";
+    return s;
+}
+
+std::vector<site_change> diff_sites(const process_report& pa, const std::vector<site_row>& rows_a, uint64_t total_a,
+                                    const process_report& pb, const std::vector<site_row>& rows_b, uint64_t total_b) {
+    auto sum = [](const std::vector<site_row>& rows, uint64_t& smallest) {
+        uint64_t n = 0;
+        for (const site_row& r : rows) {
+            n = r.bytes > UINT64_MAX - n ? UINT64_MAX : n + r.bytes;
+            smallest = std::min(smallest, r.bytes);
+        }
+        return n;
+    };
+    uint64_t small_a = UINT64_MAX, small_b = UINT64_MAX;
+    const bool all_a = sum(rows_a, small_a) >= total_a, all_b = sum(rows_b, small_b) >= total_b;
+    std::map<std::string, site_change> by_key;  // ordered: ties come out the same on every run
+    for (const site_row& r : rows_a) {
+        const auto* fr = pa.stacks.find(r.stack);
+        site_change& c = by_key[site_key(fr)];
+        if (c.name.empty()) c.name = site_name(fr);
+        c.a_bytes += r.bytes;
+        c.a_count += r.count;
+    }
+    for (const site_row& r : rows_b) {
+        const auto* fr = pb.stacks.find(r.stack);
+        site_change& c = by_key[site_key(fr)];
+        if (c.name.empty()) c.name = site_name(fr);
+        c.b_bytes += r.bytes;
+        c.b_count += r.count;
+    }
+    std::vector<site_change> out;
+    for (auto& [key, c] : by_key) {
+        c.key = key;
+        // Listed on one side only: on the other it is 0 when that side lists every site, else below
+        // the smallest it lists.
+        if (!c.a_count && !c.a_bytes && !all_a) {
+            c.a_known = false;
+            c.a_bound = small_a;
+        }
+        if (!c.b_count && !c.b_bytes && !all_b) {
+            c.b_known = false;
+            c.b_bound = small_b;
+        }
+        out.push_back(std::move(c));
+    }
+    auto rank = [](const site_change& c) { return !c.a_known || !c.b_known ? 1 : c.a_bytes == c.b_bytes ? 2 : 0; };
+    std::stable_sort(out.begin(), out.end(), [&](const site_change& x, const site_change& y) {
+        if (rank(x) != rank(y)) return rank(x) < rank(y);
+        return std::fabs(x.delta()) > std::fabs(y.delta());
+    });
+    return out;
 }
 
 void write_sites_text(std::ostream& os, const process_report& p, const std::vector<site_row>& rows,

@@ -31,4 +31,28 @@ std::string frame_text(const frame_view& f);
 void write_sites_text(std::ostream& os, const process_report& p, const std::vector<site_row>& rows,
                       const std::string& title);
 
+// A site's identity across runs: its frames (function, file, line, module; an unnamed native frame
+// also by address), since stack ids are numbered per log.  "" for no stack.
+std::string site_key(const std::vector<frame_view>* frames);
+
+// "load_weights (train.py:12) <- <module> (train.py:40)": the user frame and its caller, and
+// "(inside ...)" the innermost frame when that is another; "(no stack)" when there is none.
+std::string site_name(const std::vector<frame_view>* frames);
+
+// One site in two runs (`gpumem diff`).  A side's value is known when the site is listed there or
+// that side lists every site (then an unlisted one has 0 bytes); otherwise it is below `bound`,
+// the smallest bytes that side lists.
+struct site_change {
+    std::string key, name;
+    uint64_t a_bytes = 0, b_bytes = 0, a_count = 0, b_count = 0;
+    bool a_known = true, b_known = true;
+    uint64_t a_bound = 0, b_bound = 0;
+    double delta() const { return double(b_bytes) - double(a_bytes); }
+};
+// The sites of rows_a (of process pa) and rows_b (of pb) matched by site_key, the changed ones
+// first by the size of the change (unknown changes last), then the unchanged ones.  `total_*`: the
+// bytes the rows are part of (the peak, the leaked bytes), to tell whether a side lists them all.
+std::vector<site_change> diff_sites(const process_report& pa, const std::vector<site_row>& rows_a, uint64_t total_a,
+                                    const process_report& pb, const std::vector<site_row>& rows_b, uint64_t total_b);
+
 }  // namespace gpumem::analysis

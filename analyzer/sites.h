@@ -40,11 +40,16 @@ class stack_store {
     bool add(uint32_t id, std::vector<frame_view> frames);
     const std::vector<frame_view>* find(uint32_t id) const;
     size_t size() const { return count_; }
+    // Whether the log had stack records, so the report has site tables (possibly of stack 0 only).
+    // A report JSON read back has them when it has top_sites, whatever stacks its rows name.
+    bool any() const { return count_ > 0 || listed_; }
+    void mark_listed() { listed_ = true; }
 
   private:
     std::vector<std::vector<frame_view>> by_id_;  // index id - 1
     std::vector<bool> defined_;
     size_t count_ = 0;
+    bool listed_ = false;
 };
 
 // Every successful allocation's lifetime and stack, so the live bytes per stack can be summed at

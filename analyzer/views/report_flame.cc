@@ -268,7 +268,7 @@ void sites_table(std::ostream& o, const process_report& p, const std::vector<sit
 }  // namespace
 
 std::string call_sites_html(const process_report& p, const device_report& d) {
-    if (!p.stacks.size() || d.top_sites.empty() || d.requested.peak == 0) return "";
+    if (!p.stacks.any() || d.top_sites.empty() || d.requested.peak == 0) return "";
     std::ostringstream o;
     o << "<h3>Call stacks at the peak of requested memory — " << fmt_bytes(d.requested.peak) << " at "
       << fmt_time(d.requested.peak_t) << ", seq " << d.requested.peak_seq << "</h3>\n";

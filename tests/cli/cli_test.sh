@@ -387,6 +387,7 @@ auto pool_auto.jsonl
 kinds pool_off_kinds.jsonl
 killed killed_truncated.jsonl
 ranks rank0.jsonl rank1.jsonl
+stacks stacks.jsonl
 EOF2
   # A log and a report together; --at on a report JSON is refused (the log is needed).
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json" "$g/rank1.jsonl"

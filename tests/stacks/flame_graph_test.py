@@ -82,6 +82,19 @@ with tempfile.TemporaryDirectory() as d:
     check(not any("evaluate" in t for t in p.titles), "a frame under the threshold with no sibling to merge is left out")
     check(p.titles.count(p.titles[0]) >= 1 and len(re.findall(rb"<svg[^>]*flame graph", raw)) == 2, "one graph per device")
 
+    # From a report JSON that lists only two sites: the rest of the peak is one "(other stacks)" root.
+    import json
+    j = json.loads(subprocess.run([gpumem, "report", "--no-progress", "--json", os.path.join(data, "golden", "stacks.jsonl")],
+                                  capture_output=True, text=True).stdout)
+    dev = j["processes"][0]["devices"][0]
+    dev["top_sites"] = dev["top_sites"][:2]
+    jp = os.path.join(d, "top2.json")
+    json.dump(j, open(jp, "w"))
+    raw, p = report_html(jp, d)
+    other = [t for t in p.titles if t.startswith("stacks not listed")]
+    check(len(other) == 1 and "29.16 MiB (15.4% of the peak)" in other[0], f"(other stacks) from a report JSON: {other}")
+    check(b"which lists only the top 2 sites" in raw, "the page says the graph is drawn from the listed sites")
+
     # No stacks in the log: no section.
     raw, p = report_html(os.path.join(data, "golden", "pool_off_basic.jsonl"), d)
     check(b"Call stacks" not in raw and b"flame graph" not in raw, "no flame graph without stacks")
