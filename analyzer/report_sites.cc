@@ -132,11 +132,12 @@ std::vector<site_change> diff_sites(const process_report& pa, const std::vector<
 }
 
 void write_sites_text(std::ostream& os, const process_report& p, const std::vector<site_row>& rows,
-                      const std::string& title) {
+                      const std::string& title, size_t indent) {
     if (rows.empty()) return;
-    os << "\n  " << title << "\n";
+    const std::string in(indent, ' '), row = in + "  ", sub = in + "      ";
+    os << "\n" << in << title << "\n";
     for (const site_row& r : rows) {
-        os << "    " << fmt_bytes(r.bytes) << " in " << fmt_counted(r.count, "allocation", "allocations") << "  ";
+        os << row << fmt_bytes(r.bytes) << " in " << fmt_counted(r.count, "allocation", "allocations") << "  ";
         const auto* fr = p.stacks.find(r.stack);
         if (!fr || fr->empty()) {
             os << "(no stack: a thread with no Python frames, such as the autograd engine's)\n";
@@ -147,10 +148,10 @@ void write_sites_text(std::ostream& os, const process_report& p, const std::vect
         // The callers above it, up to three, then how many more the JSON report lists.
         size_t shown = 0;
         for (size_t i = u + 1; i < fr->size() && shown < 3; ++i, ++shown)
-            os << "        called from " << frame_text((*fr)[i]) << "\n";
+            os << sub << "called from " << frame_text((*fr)[i]) << "\n";
         if (u + 1 + shown < fr->size())
-            os << "        ... " << fr->size() - (u + 1 + shown) << " more frames in --json\n";
-        if (u > 0) os << "        (inside " << frame_text((*fr)[0]) << ")\n";
+            os << sub << "... " << fr->size() - (u + 1 + shown) << " more frames in --json\n";
+        if (u > 0) os << sub << "(inside " << frame_text((*fr)[0]) << ")\n";
     }
 }
 

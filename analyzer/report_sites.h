@@ -27,9 +27,10 @@ size_t user_frame(const std::vector<frame_view>& frames);
 // "load_weights (train.py:29)" for a Python frame; "f (lib.so+0x1a2b)" for an unnamed native one.
 std::string frame_text(const frame_view& f);
 
-// The text table of `rows` under `title`, each row with its user frame and the callers above it.
+// The text table of `rows` under `title` (indented by `indent`), each row with its user frame and
+// the callers above it.
 void write_sites_text(std::ostream& os, const process_report& p, const std::vector<site_row>& rows,
-                      const std::string& title);
+                      const std::string& title, size_t indent = 2);
 
 // A site's identity across runs: its frames (function, file, line, module; an unnamed native frame
 // also by address), since stack ids are numbered per log.  "" for no stack.

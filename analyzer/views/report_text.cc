@@ -284,7 +284,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
            << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded")) << "\n";
         os << "    verdict: " << o.verdict << ": " << o.explanation << "\n";
         if (o.map.valid) write_map(os, o.map);
-        write_sites_text(os, p, o.sites, "  call sites live at this OOM:");
+        write_sites_text(os, p, o.sites, "call sites live at this OOM:", 4);
         if (i + 1 == 20 && d.ooms.size() > 20) {
             os << "\n  ... " << d.ooms.size() - 20 << " more OOMs\n";
             break;

@@ -11,6 +11,7 @@ set(cases
   "pool_off_kinds|pool_off_kinds.jsonl"
   "killed_truncated|killed_truncated.jsonl"
   "ranks|rank0.jsonl|rank1.jsonl"
+  "stacks|stacks.jsonl"
 )
 cmake_policy(SET CMP0007 NEW)
 set(src ${DATA}/golden)
