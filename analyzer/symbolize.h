@@ -2,7 +2,8 @@
 //
 // libdw (elfutils) reads the ELF symbol tables and DWARF line tables, and finds separate debug
 // files (build-id, .gnu_debuglink) the way gdb does; a hand-written ELF reader would get none of
-// that.  Modules are opened lazily and kept for the whole run.
+// that.  Modules are opened lazily and kept for the whole run; each module's function symbols are
+// read once and searched by address (docs/benchmarks.md, "Symbolizing native stacks").
 #pragma once
 
 #include <cstdint>
