@@ -1,11 +1,9 @@
 // `gpumem replay`: replays the allocation requests of logs through simulated allocators (analyzer/simulate/) and reports what each would have reserved.
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +13,7 @@
 #include "commands.h"
 #include "format_util.h"
 #include "log_reader.h"
+#include "parallel.h"
 #include "simulate/policy.h"
 #include "simulate/pytorch_config.h"
 #include "simulate/replay.h"
@@ -104,19 +103,6 @@ struct task {
     std::string name;
     sim::policy_spec spec;
 };
-
-template <typename F>
-void parallel_for(size_t n, unsigned jobs, F&& f) {
-    unsigned workers = std::max(1u, std::min<unsigned>(jobs, unsigned(n)));
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-        for (size_t i; (i = next.fetch_add(1)) < n;) f(i);
-    };
-    std::vector<std::thread> ts;
-    for (unsigned w = 1; w < workers; ++w) ts.emplace_back(work);
-    work();
-    for (auto& t : ts) t.join();
-}
 
 std::string moment(uint64_t seq, uint64_t t) { return "#" + std::to_string(seq) + " at " + fmt_time(t); }
 
@@ -254,7 +240,7 @@ int run_replay(replay_args& a) {
             pos = c + 1;
         }
     }
-    unsigned jobs = a.jobs ? a.jobs : std::max(1u, std::thread::hardware_concurrency());
+    unsigned jobs = jobs_or_cores(a.jobs);
 
     // Read the logs, one per thread.
     std::vector<sim::trace> traces(a.logs.size());

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "diagnostics.h"
 #include "log_reader.h"
+#include "parallel.h"
 #include "report_json_read.h"
 #include "report_output.h"
 #include "views/pickle_writer.h"
@@ -31,6 +32,7 @@ struct report_args {
     bool json = false, progress = false, no_progress = false;
     std::string html_path, perfetto_path, torch_path, at;
     std::vector<std::string> logs;
+    unsigned jobs = 0;  // threads; 0: all cores
 };
 
 template <typename F>
@@ -121,51 +123,78 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");
 
-    std::vector<process_report> procs;
-    int rc = k_exit_ok;
-    for (const std::string& path : logs) {
+    // Each log is analyzed on its own thread (all cores, or -j), into its own slot; what it has to
+    // say is kept with it and said afterwards in the order of the logs, so the output is the same
+    // byte for byte whatever the thread count.
+    struct log_slot {
+        std::vector<process_report> procs;
+        std::vector<std::pair<spdlog::level::level_enum, std::string>> messages;
+        bool failed = false, show_at = false;
+        void say(spdlog::level::level_enum l, std::string m) { messages.emplace_back(l, std::move(m)); }
+    };
+    std::vector<log_slot> slots(logs.size());
+    const bool want_at = oopt.show_at;
+    parallel_for(logs.size(), jobs_or_cores(a.jobs), [&](size_t i) {
+        const std::string& path = logs[i];
+        log_slot& out = slots[i];
         try {
             if (!a.torch_path.empty() && looks_like_report_json(path)) {
-                spdlog::error("{}: --torch-snapshot needs the event log; a report JSON holds no events", path);
-                rc = k_exit_input;
-                continue;
+                out.say(spdlog::level::err, path + ": --torch-snapshot needs the event log; a report JSON holds no events");
+                out.failed = true;
+                return;
             }
             if (looks_like_report_json(path)) {
                 // A `gpumem report --json` file: the same report again (or with other outputs),
                 // without the log.  --at needs the log: the report holds only the moments it had.
-                spdlog::debug("{}: reading as a `gpumem report --json` file", path);
-                if (oopt.show_at) {
-                    spdlog::error("{}: --at needs the event log; a report JSON holds only the moments it was made with", path);
-                    rc = k_exit_input;
-                    continue;
+                out.say(spdlog::level::debug, path + ": reading as a `gpumem report --json` file");
+                if (want_at) {
+                    out.say(spdlog::level::err,
+                            path + ": --at needs the event log; a report JSON holds only the moments it was made with");
+                    out.failed = true;
+                    return;
                 }
                 report_file r = read_report_json(path);
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.
-                    for (const device_report& d : p.devices) oopt.show_at |= d.at_request.valid;
-                    for (const std::string& w : p.warnings) spdlog::warn("{}", w);
+                    for (const device_report& d : p.devices) out.show_at |= d.at_request.valid;
+                    for (const std::string& w : p.warnings) out.say(spdlog::level::warn, w);
                     if (p.n_warnings > p.warnings.size())
-                        spdlog::warn("{}: {} more warnings not shown", p.file, p.n_warnings - p.warnings.size());
-                    procs.push_back(std::move(p));
+                        out.say(spdlog::level::warn, p.file + ": " + std::to_string(p.n_warnings - p.warnings.size()) +
+                                                         " more warnings not shown");
+                    out.procs.push_back(std::move(p));
                 }
-                continue;
+                return;
             }
-            procs.push_back(analyze_file(path, aopt));
+            out.procs.push_back(analyze_file(path, aopt));
         } catch (const input_error& e) {
-            spdlog::error("{}", e.what());
-            rc = k_exit_input;
-            continue;
+            out.say(spdlog::level::err, e.what());
+            out.failed = true;
+            return;
         } catch (const std::bad_alloc&) {
-            spdlog::error("{}: out of memory while analyzing", path);
-            rc = k_exit_input;
-            continue;
+            out.say(spdlog::level::err, path + ": out of memory while analyzing");
+            out.failed = true;
+            return;
+        } catch (const std::exception& e) {  // nothing may leave a worker thread
+            out.say(spdlog::level::err, path + ": " + e.what());
+            out.failed = true;
+            return;
         }
-        const process_report& p = procs.back();
-        spdlog::debug("{}: {} lines, {} events, {} device(s), {} warning(s)", path, p.lines, p.events, p.devices.size(),
-                      p.n_warnings);
-        for (const std::string& w : p.warnings) spdlog::warn("{}", w);
+        const process_report& p = out.procs.back();
+        out.say(spdlog::level::debug, path + ": " + std::to_string(p.lines) + " lines, " + std::to_string(p.events) +
+                                          " events, " + std::to_string(p.devices.size()) + " device(s), " +
+                                          std::to_string(p.n_warnings) + " warning(s)");
+        for (const std::string& w : p.warnings) out.say(spdlog::level::warn, w);
         if (p.n_warnings > p.warnings.size())
-            spdlog::warn("{}: {} more warnings not shown", path, p.n_warnings - p.warnings.size());
+            out.say(spdlog::level::warn, path + ": " + std::to_string(p.n_warnings - p.warnings.size()) +
+                                             " more warnings not shown");
+    });
+    std::vector<process_report> procs;
+    int rc = k_exit_ok;
+    for (log_slot& s : slots) {
+        for (const auto& [level, m] : s.messages) spdlog::log(level, "{}", m);
+        if (s.failed) rc = k_exit_input;
+        oopt.show_at |= s.show_at;
+        for (process_report& p : s.procs) procs.push_back(std::move(p));
     }
     // One unusable log makes the whole job's report untrustworthy (a rank would be missing).
     if (rc != k_exit_ok) return rc;
@@ -215,6 +244,8 @@ command add_report(CLI::App& top) {
                     "also show the free-block map at MOMENT: an event seq (1234 or #1234) or a time since the "
                     "recorder started (2.5s, 150ms, 20us, 900ns)")
         ->type_name("MOMENT");
+    app->add_option("-j,--jobs", a->jobs, "threads, one log each (default: all cores); the output is the same for any N")
+        ->type_name("N");
     auto* progress = app->add_flag("--progress", a->progress, "print progress on stderr every 2 s (default when stderr is a terminal)");
     app->add_flag("--no-progress", a->no_progress, "never print progress")->excludes(progress);
     command c;
