@@ -108,5 +108,29 @@ for line in open(sys.argv[2]):
 sys.exit(bad or seen == 0)
 PY
 done
+# Rank 0's miss, pinned down: its log differs from rank 1's by where one 96,573,480-byte buffer
+# (allocated on the main thread at seq 563) is freed: on the autograd thread at seq 762 in rank 0's
+# no-caching run, on the main thread before seq 679 in rank 1's, whichever thread dropped its last
+# reference first.  With that one free moved to rank 1's place, the unchanged model predicts rank
+# 0's measured default run exactly, so that run freed it early too (docs/benchmarks.md).
+python3 - "$W/ddp-nocache-0.jsonl" "$W/ddp0-moved.jsonl" <<'PY' || fail "ddp rank 0: cannot move the free"
+import json, sys
+objs = [json.loads(l) for l in open(sys.argv[1])]
+src = [k for k, j in enumerate(objs) if j["ev"] == "free" and j.get("size") == 96573480]
+assert len(src) == 2 and objs[src[-1]]["seq"] == 762, [objs[k]["seq"] for k in src]
+moved = objs.pop(src[-1])
+dst = next(k for k, j in enumerate(objs) if j.get("seq") == 679)
+objs.insert(dst, moved)
+seq = objs[1]["seq"]
+with open(sys.argv[2], "w") as out:
+    for j in objs:
+        if "seq" in j and j["ev"] != "header":
+            j["seq"] = seq
+            seq += 1
+        out.write(json.dumps(j, separators=(",", ":")) + "\n")
+PY
+"$GPUMEM" replay "$W/ddp0-moved.jsonl" --api cudaMalloc --json --policy pytorch > "$W/ddp0-moved.json" || fail "ddp rank 0 moved: replay exit $?"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert (p["peak_reserved_bytes"], p["segments"]) == (1356857344, 39), p' "$W/ddp0-moved.json" || fail "ddp rank 0 with the free moved: not the measured 1356857344 / 39"
+
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"
 exit $((fails > 0))
