@@ -17,7 +17,7 @@
 #include "diagnostics.h"
 #include "format_util.h"
 #include "report_measures.h"
-#include "report_sites.h"
+#include "views/report_sites.h"
 
 namespace gpumem::analysis {
 

@@ -4,7 +4,7 @@
 #include "format_util.h"
 #include "report_fields.h"
 #include "report_output.h"
-#include "report_sites.h"
+#include "views/report_sites.h"
 
 namespace gpumem::analysis {
 

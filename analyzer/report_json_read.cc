@@ -188,7 +188,7 @@ void read_snapshot(const json& j, state_snapshot& s) {
         if (b.is_object()) s.largest_live.push_back(read_block(b));
 }
 
-// SITE rows (report_sites.h, sites_json); each stack's frames go into `stacks` under the row's id,
+// SITE rows (views/report_sites.h, sites_json); each stack's frames go into `stacks` under the row's id,
 // the first time the id is seen (top_sites, leak_sites and the OOMs repeat a stack).
 void read_sites(const json& a, stack_store& stacks, std::vector<site_row>& rows) {
     for (const json& j : a) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "event_schema.h"
-#include "sites.h"
+#include "metrics/sites.h"
 
 namespace gpumem::analysis {
 

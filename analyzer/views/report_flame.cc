@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "format_util.h"
-#include "report_sites.h"
+#include "views/report_sites.h"
 
 namespace gpumem::analysis {
 

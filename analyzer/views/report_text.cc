@@ -1,6 +1,6 @@
 // The text report on stdout, laid out like torch.cuda.memory_summary(): one framed table per device.
 #include "report_output.h"
-#include "report_sites.h"
+#include "views/report_sites.h"
 
 #include <algorithm>
 #include <cstdio>

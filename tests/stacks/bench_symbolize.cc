@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "log_reader.h"
-#include "sites.h"
+#include "metrics/sites.h"
 #include "symbolize.h"
 
 using namespace gpumem::analysis;

@@ -1,5 +1,5 @@
 // Call-site views shared by the report writers (report_sites.h).
-#include "report_sites.h"
+#include "views/report_sites.h"
 
 #include "format_util.h"
 

@@ -1,5 +1,5 @@
 // Call sites: a log's stacks by id, and live bytes per stack at any moment (sites.h).
-#include "sites.h"
+#include "metrics/sites.h"
 
 #include "log_reader.h"
 #include "report_model.h"
