@@ -2,6 +2,8 @@
 // parses their size and ratio arguments.
 #include "cli_input.h"
 
+#include "format_util.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -58,20 +60,6 @@ bool parse_percent_arg(const std::string& text, double& out) {
     return true;
 }
 
-std::string printable(const std::string& s) {
-    std::string out;
-    for (unsigned char c : s) {
-        if (c < 0x20 || c == 0x7f) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\x%02x", c);
-            out += buf;
-        } else {
-            out += char(c);
-        }
-    }
-    return out;
-}
-
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error) {
     try {
         for (const std::string& path : paths) {
@@ -109,7 +97,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
                 r.process = i;
                 r.device = d;
                 r.key = proc_key + " dev " + std::to_string(p.devices[d].dev);
-                r.where = printable(r.key + " (pid " + std::to_string(p.pid) + ", " + p.file + ")");
+                r.where = visible(r.key + " (pid " + std::to_string(p.pid) + ", " + p.file + ")");
                 out.devices.push_back(std::move(r));
             }
         }

@@ -42,10 +42,6 @@ struct run_input {
     bool has(const device_ref& r, device_field f) const { return present[r.process][r.device][size_t(f)]; }
 };
 
-// `s` with control characters (which a rank or file name may hold) written as \xNN, for terminals
-// and XML alike.
-std::string printable(const std::string& s);
-
 // Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file.  On failure returns
 // false with a message naming the file; never throws.
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error);

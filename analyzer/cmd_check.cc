@@ -50,13 +50,14 @@ std::string junit_class(const std::string& key) {
     size_t d = k.rfind(" dev ");
     if (d != std::string::npos) k.replace(d, 1, ".");
     std::string c = "gpumem.";
-    for (char ch : printable(k)) c += (ch == ' ' || ch == '#') ? '_' : ch;
+    for (char ch : visible(k)) c += (ch == ' ' || ch == '#') ? '_' : ch;
     return c;
 }
 
 // XML 1.0 allows no control characters but tab, newline and carriage return, not even as character
-// references; a rank or file name can hold any byte, so they are written as "\xNN" text.
-std::string xml_text(const std::string& s) { return html_escape(printable(s)); }
+// references; a rank or file name can hold any byte, so they are shown as the text report shows
+// them ("^[" for ESC: format_util.h visible), newlines included.
+std::string xml_text(const std::string& s) { return html_escape(visible(s)); }
 
 bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -243,7 +244,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         for (const auto& [key, b] : base_by_key) {
             outcome o;
             o.name = "baseline device present";
-            o.where = printable(key);
+            o.where = visible(key);
             o.classname = junit_class(key);
             o.passed = false;
             o.message = "in the baseline (" + b->where + ") but not in this run";

@@ -156,7 +156,7 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     static const device_report k_none;
     const device_report& da = a ? ra.dev(*a) : k_none;
     const device_report& db = b ? rb.dev(*b) : k_none;
-    std::printf("\n%s\n", (a ? a->key : b->key).c_str());
+    std::printf("\n%s\n", visible(a ? a->key : b->key).c_str());
     std::printf("  A: %s\n  B: %s\n", a ? a->where.c_str() : "(not in A)", b ? b->where.c_str() : "(not in B)");
     std::printf("  %-28s %14s %14s   %s\n", "", "A", "B", "change");
     for (const measure& r : k_diff_rows) {

@@ -207,9 +207,13 @@ PY
   # Control characters in a rank or file name: well-formed XML, and no raw escapes on the terminal.
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/bad/report_control_chars.json" --max-peak 1KiB --junit "$W/ctl.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; ET.parse(sys.argv[1])" "$W/ctl.xml" || fail "JUnit XML with control characters is not well-formed"
-  expect_in "$W/ctl.xml" 'classname="gpumem.rank_0\x02\x00.dev_0"'
-  expect_in "$W/out" 'FAIL rank 0\x02\x00 dev 0 (pid 2002, after\x01\x1b[31m.jsonl)'
+  expect_in "$W/ctl.xml" 'classname="gpumem.rank_0^B^@.dev_0"'
+  expect_in "$W/out" 'FAIL rank 0^B^@ dev 0 (pid 2002, after^A^[[31m.jsonl)'
   ! grep -q $'\x1b' "$W/out" || fail "an escape character reached the terminal"
+  # diff names the GPU by the same key.
+  expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/bad/report_control_chars.json" "$SRC/tests/data/bad/report_control_chars.json"
+  grep -Fxq 'rank 0^B^@ dev 0' "$W/out" || fail "diff: the GPU's heading does not show the rank's control characters as ^B^@"
+  ! grep -q $'\x1b' "$W/out" || fail "diff: an escape character reached the terminal"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 8MiB --junit "$W/pass.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; r=ET.parse(sys.argv[1]).getroot(); assert r.get('failures')=='0' and len(r.findall('.//testcase'))==1" "$W/pass.xml" || fail "passing JUnit"
   ;;
