@@ -97,6 +97,25 @@ with tempfile.TemporaryDirectory() as d:
     check("  call sites at the peak of requested memory: only in A (the other run's log has no stacks, or nothing was live)\n"
           in out_off, f"one side without stacks:\n{out_off}")
 
+# A log whose only stacked allocation is freed before the peak: its sites are all "no stack", yet
+# the report has site tables, and a report JSON of it round-trips with them.
+with tempfile.TemporaryDirectory() as d:
+    lines = [json.loads(l) for l in open(a)]
+    log = os.path.join(d, "early.jsonl")
+    with open(log, "w") as f:
+        for e in lines:
+            if e["ev"] == "stack" and e["id"] != 5:
+                continue
+            if e["ev"] == "alloc" and e.get("stack") != 5:
+                e.pop("stack", None)
+            f.write(json.dumps(e, separators=(",", ":")) + "\n")
+    j1 = run("report", "--no-progress", "--json", log)
+    dev = json.loads(j1)["processes"][0]["devices"][0]
+    check([s["stack"] for s in dev["top_sites"]] == [0], f"only the no-stack site at the peak: {dev.get('top_sites')}")
+    p1 = os.path.join(d, "early.json")
+    open(p1, "w").write(j1)
+    check(run("report", "--no-progress", "--json", p1) == j1, "a report JSON whose sites are all stack 0 round-trips")
+
 if failures:
     print(f"{len(failures)} failed")
     sys.exit(1)
