@@ -23,22 +23,6 @@ std::string num(double v) {
     return b;
 }
 
-// At most `n` characters (code points) of `s`, with "…" when cut; never splits a UTF-8 sequence.
-std::string shorten(const std::string& s, size_t n) {
-    size_t chars = 0, i = 0;
-    while (i < s.size()) {
-        size_t len = 1;
-        unsigned char c = static_cast<unsigned char>(s[i]);
-        if (c >= 0xf0) len = 4;
-        else if (c >= 0xe0) len = 3;
-        else if (c >= 0xc0) len = 2;
-        if (chars + 1 == n && i + len < s.size()) return s.substr(0, i) + "…";
-        i += len;
-        ++chars;
-    }
-    return s;
-}
-
 // A colour from a small palette, the same for the same function: Python frames of the program warm,
 // of installed packages and the standard library pale, native frames blue; grey for what is no frame.
 const char* colour_of(const frame_view& f) {
@@ -245,9 +229,12 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
     return note.str() + o.str();
 }
 
-void sites_table(std::ostream& o, const process_report& p, const std::vector<site_row>& rows, uint64_t peak) {
-    o << "<table><tr><th>site (the program's innermost frame)</th><th>bytes</th><th>of the peak</th><th>allocations</th>"
-         "<th style='text-align:left'>called from</th></tr>\n";
+// share_of: the heading of the share column (of `total`); nullptr for none.
+void sites_table(std::ostream& o, const process_report& p, const std::vector<site_row>& rows, uint64_t total,
+                 const char* share_of) {
+    o << "<table><tr><th>site (the program's innermost frame)</th><th>bytes</th>";
+    if (share_of) o << "<th>" << share_of << "</th>";
+    o << "<th>allocations</th><th style='text-align:left'>called from</th></tr>\n";
     for (const site_row& r : rows) {
         const auto* fr = p.stacks.find(r.stack);
         std::string site = "(no stack)", callers;
@@ -258,9 +245,10 @@ void sites_table(std::ostream& o, const process_report& p, const std::vector<sit
             for (size_t i = u + 1; i < fr->size() && i < u + 4; ++i) callers += (callers.empty() ? "" : " ← ") + frame_text((*fr)[i]);
             if (u + 4 < fr->size()) callers += " ← …";
         }
-        o << "<tr><td><code>" << html_escape(site) << "</code></td><td style='white-space:nowrap'>" << fmt_bytes(r.bytes) << "</td><td>"
-          << fmt_pct(peak ? double(r.bytes) / double(peak) : 0.0) << "</td><td>" << fmt_count(r.count) << "</td><td style='text-align:left'><code>"
-          << html_escape(callers) << "</code></td></tr>\n";
+        o << "<tr><td><code>" << html_escape(site) << "</code></td><td style='white-space:nowrap'>" << fmt_bytes(r.bytes) << "</td>";
+        if (share_of) o << "<td>" << fmt_pct(total ? double(r.bytes) / double(total) : 0.0) << "</td>";
+        o << "<td>" << fmt_count(r.count) << "</td><td style='text-align:left'><code>" << html_escape(callers)
+          << "</code></td></tr>\n";
     }
     o << "</table>\n";
 }
@@ -274,7 +262,16 @@ std::string call_sites_html(const process_report& p, const device_report& d) {
       << fmt_time(d.requested.peak_t) << ", seq " << d.requested.peak_seq << "</h3>\n";
     o << flame_svg(p, d, d.peak_sites.empty());
     o << "<p class=meta>Top call sites at the peak (every frame of each is in <code>--json</code>, <code>top_sites</code>):</p>\n";
-    sites_table(o, p, d.top_sites, d.requested.peak);
+    sites_table(o, p, d.top_sites, d.requested.peak, "of the peak");
+    return o.str();
+}
+
+std::string sites_table_html(const process_report& p, const std::vector<site_row>& rows, const std::string& caption,
+                             const char* share_of, uint64_t total) {
+    if (!p.stacks.any() || rows.empty()) return "";
+    std::ostringstream o;
+    o << "<p class=meta>" << html_escape(caption) << ":</p>\n";
+    sites_table(o, p, rows, total, share_of);
     return o.str();
 }
 

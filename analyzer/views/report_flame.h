@@ -21,4 +21,10 @@ inline constexpr size_t k_flame_max_depth = 256;
 // has no stacks or nothing was live at the peak.
 std::string call_sites_html(const process_report& p, const device_report& d);
 
+// A table of `rows` (the leaks by site, the sites live at an OOM) under a caption; with `share_of`
+// (a column heading) each row's bytes also as a share of `total`.  "" when the log has no stacks or
+// `rows` is empty.
+std::string sites_table_html(const process_report& p, const std::vector<site_row>& rows, const std::string& caption,
+                             const char* share_of = nullptr, uint64_t total = 0);
+
 }  // namespace gpumem::analysis

@@ -376,6 +376,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
           << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b><br>verdict: <span class='verdict-"
           << css_class(x.verdict) << "'>" << x.verdict << "</span> — " << html_escape(x.explanation) << "</p>\n";
         if (x.map.valid) o << segment_map_svg(x.map);
+        o << sites_table_html(p, x.sites, "Call sites live at this OOM");
     }
     o << "<h3>Size histograms</h3>\n<div style='display:flex;flex-wrap:wrap;gap:12px'>"
       << histogram_svg(d.alloc_sizes, "allocation request sizes (whole run)", k_allocated_color)
@@ -388,6 +389,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<h3>" << (p.has_end ? "Leaks: never freed" : "Live when the log stops") << " — " << fmt_counted(d.n_leaks, "allocation", "allocations") << ", "
           << fmt_bytes(d.leaked_bytes) << "</h3>\n";
         blocks_table(o, d.leaks);
+        o << sites_table_html(p, d.leak_sites, "Leaks by call site", "of the leaked bytes", d.leaked_bytes);
     }
 }
 

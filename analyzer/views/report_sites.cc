@@ -27,10 +27,25 @@ size_t user_frame(const std::vector<frame_view>& frames) {
     return 0;
 }
 
+std::string shorten(const std::string& s, size_t n) {
+    size_t chars = 0, i = 0;
+    while (i < s.size()) {
+        size_t len = 1;
+        unsigned char c = static_cast<unsigned char>(s[i]);
+        if (c >= 0xf0) len = 4;
+        else if (c >= 0xe0) len = 3;
+        else if (c >= 0xc0) len = 2;
+        if (chars + 1 == n && i + len < s.size()) return s.substr(0, i) + "…";
+        i += len;
+        ++chars;
+    }
+    return s;
+}
+
 std::string frame_text(const frame_view& f) {
-    std::string name = f.function.empty() ? "?" : f.function;
-    if (!f.file.empty()) return name + " (" + base_name(f.file) + ":" + std::to_string(f.line) + ")";
-    if (f.native()) return name + " (" + base_name(f.module) + "+" + fmt_hex(f.address) + ")";
+    std::string name = f.function.empty() ? "?" : shorten(f.function, k_name_chars);
+    if (!f.file.empty()) return name + " (" + shorten(base_name(f.file), k_file_chars) + ":" + std::to_string(f.line) + ")";
+    if (f.native()) return name + " (" + shorten(base_name(f.module), k_file_chars) + "+" + fmt_hex(f.address) + ")";
     return name;
 }
 

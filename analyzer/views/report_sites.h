@@ -25,7 +25,13 @@ bool in_library(const std::string& file);
 size_t user_frame(const std::vector<frame_view>& frames);
 
 // "load_weights (train.py:29)" for a Python frame; "f (lib.so+0x1a2b)" for an unnamed native one.
+// A function name past k_name_chars characters (a C++ template's can run to thousands) and a file
+// name past k_file_chars are cut with "…"; the JSON report and the HTML hover titles keep them whole.
+inline constexpr size_t k_name_chars = 120, k_file_chars = 80;
 std::string frame_text(const frame_view& f);
+
+// At most `n` characters (code points) of `s`, with "…" when cut; never splits a UTF-8 sequence.
+std::string shorten(const std::string& s, size_t n);
 
 // The text table of `rows` under `title` (indented by `indent`), each row with its user frame and
 // the callers above it.

@@ -113,6 +113,12 @@ with tempfile.TemporaryDirectory() as d:
     # Labels of a 5000-character name are cut to the box, on a character boundary (valid UTF-8).
     raw.decode("utf-8")
     check(all(len(t) < 20000 for t in p.titles), "titles bounded")
+    # The text report cuts a 5000-character function name to 120 characters (119 and "…"), the
+    # JSON keeps it whole.
+    text = subprocess.run([gpumem, "report", "--no-progress", log], capture_output=True).stdout.decode()
+    check("  " + "é" * 119 + "… (" + "ü" * 79 + "…:7)\n" in text, "long names cut in the text report")
+    js = subprocess.run([gpumem, "report", "--no-progress", "--json", log], capture_output=True).stdout.decode()
+    check("é" * 5000 in js, "the JSON report keeps the whole name")
     for args in (["--json"], []):
         r = subprocess.run([gpumem, "report", "--no-progress", log] + args, capture_output=True)
         check(r.returncode == 0 and b"\x1b" not in r.stdout, f"report {args} on hostile stacks: exit {r.returncode}")
