@@ -226,3 +226,32 @@ TEST_CASE("emulated device, pool on virtual memory: the rebuild agrees with the 
         CHECK(d.ooms[1].free_in_segments == 0);
     }
 }
+
+TEST_CASE("segment_unmap: a context reset or a segment_free with live blocks drops the holes with the segment", "[scenario][vmm]") {
+    const uint64_t seg = 0x40000000;
+    const std::string head = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                             pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 4 * MiB, seg);
+    SECTION("context reset") {
+        temp_file f(head + "{\"ev\":\"context_reset\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"count\":0}\n" +
+                    seg_line("segment_alloc", 4, seg, 8 * MiB) + end_line(5));
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = r.devices[0];
+        CHECK(d.reserved.peak == 8 * MiB);
+        CHECK(d.reserved.current == 8 * MiB);  // the new segment, whole: no hole survives the reset
+        CHECK(d.unmapped.current == 0);
+        CHECK(d.end_free_in_segments == 8 * MiB);
+        CHECK(d.end_free_blocks == 1);
+    }
+    SECTION("segment_free with a live block") {
+        temp_file f(head + seg_line("segment_free", 3, seg, 8 * MiB) + end_line(4));
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = r.devices[0];
+        CHECK(r.n_warnings == 1);
+        CHECK_THAT(r.warnings.at(0), Catch::Contains("returned to the driver with 1 live and 0 pending block(s)"));
+        CHECK(d.reserved.current == 0);
+        CHECK(d.unmapped.current == 0);
+        CHECK(d.end_free_in_segments == 0);
+        CHECK(d.end_free_blocks == 0);
+        CHECK(d.allocated.current == 0);
+    }
+}
