@@ -55,8 +55,14 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
     return "";
 }
 
+// The physical chunk of a replayed pool on virtual memory (pool_vmm=on): the log does not say the
+// device's granularity; 2 MiB is the H200's and the emulated device's (docs/pool.md).
+constexpr uint64_t k_replay_chunk = 2ull << 20;
+
 gpumem_pool_policy::gpumem_pool_policy(const pool_config& cfg, uint64_t capacity)
-    : backend_(capacity), pool_(cfg, backend_, nullptr, 0) {}
+    : backend_(capacity), pool_(cfg, backend_, nullptr, 0) {
+    if (cfg.vmm) backend_.inner.set_vmm(k_replay_chunk);
+}
 
 bool gpumem_pool_policy::allocate(uint32_t id, uint64_t size, uint16_t) {
     uint64_t ptr = 0;

@@ -132,5 +132,18 @@ PY
 "$GPUMEM" replay "$W/ddp0-moved.jsonl" --api cudaMalloc --json --policy pytorch > "$W/ddp0-moved.json" || fail "ddp rank 0 moved: replay exit $?"
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert (p["peak_reserved_bytes"], p["segments"]) == (1356857344, 39), p' "$W/ddp0-moved.json" || fail "ddp rank 0 with the free moved: not the measured 1356857344 / 39"
 
+# gpumem's pool on virtual memory (the header's pool_vmm "on"): the emulated run of
+# tests/data/emu/vmm_fragment_3_60.jsonl served every one of these requests in 600 MiB, and so does
+# its replay, holding the whole device at the peak; the same pool on cuMemAlloc segments cannot
+# give back the free chunks between live blocks and fails.
+"$GPUMEM" replay "$DATA/../emu/vmm_fragment_3_60.jsonl" --capacity 600MiB --json --policy gpumem,gpumem:pool_vmm=off > "$W/vmm.json" || fail "vmm replay: exit $?"
+python3 - "$W/vmm.json" <<'PY' || fail "vmm replay: the pool on virtual memory must fit where the run did, the plain one must not"
+import json, sys
+p = {r["policy"]: r for r in json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]}
+vmm, plain = p["gpumem"], p["gpumem:pool_vmm=off"]
+assert vmm["fits"] and vmm["peak_reserved_bytes"] == 600 << 20, vmm
+assert not plain["fits"] and plain["failure"]["reason"] == "fragmentation", plain
+PY
+
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"
 exit $((fails > 0))
