@@ -191,6 +191,7 @@ enum event_flags : uint8_t {
     ef_has_stream = 1 << 0,  // write "stream" (async calls)
     ef_size_unknown = 1 << 1, // free of a pointer the recorder never saw allocated
     ef_pooled = 1 << 2,      // served by gpumem's pool (alloc/free)
+    ef_fence = 1 << 3,       // pool_sync: released by fences (events), not a context synchronize
 };
 
 }  // namespace gpumem

@@ -1,4 +1,4 @@
-// The pool's device seam over the real CUDA driver: segments, VMM chunks, context syncs, capture checks, memory info.
+// The pool's device seam over the real CUDA driver: segments, VMM chunks, context syncs, events, capture checks, memory info.
 #include "driver_backend.h"
 
 #include "gpumem_preload.h"
@@ -167,6 +167,33 @@ int driver_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const 
         if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = int(r);
     }
     return first;
+}
+
+// Events for the fences.  Created in the pool's context; recorded on streams of that context.  The
+// event functions work on any thread once the event exists (no context needed for query/sync).
+int driver_backend::event_create(uint64_t* ev) noexcept {
+    auto create = GPUMEM_REAL(cuEventCreate);
+    if (!create) return CUDA_ERROR_NOT_SUPPORTED;
+    CUevent e = nullptr;
+    int r = in_context([&] { return create(&e, CU_EVENT_DISABLE_TIMING); });
+    if (r == CUDA_SUCCESS) *ev = uint64_t(uintptr_t(e));
+    return r;
+}
+
+int driver_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
+    auto record = GPUMEM_REAL(cuEventRecord);
+    if (!record) return CUDA_ERROR_NOT_SUPPORTED;
+    return in_context([&] { return record(CUevent(uintptr_t(ev)), CUstream(uintptr_t(stream))); });
+}
+
+int driver_backend::event_query(uint64_t ev) noexcept {
+    auto query = GPUMEM_REAL(cuEventQuery);
+    return query ? int(query(CUevent(uintptr_t(ev)))) : int(CUDA_ERROR_NOT_SUPPORTED);
+}
+
+int driver_backend::event_synchronize(uint64_t ev) noexcept {
+    auto sync = GPUMEM_REAL(cuEventSynchronize);
+    return sync ? int(sync(CUevent(uintptr_t(ev)))) : int(CUDA_ERROR_NOT_SUPPORTED);
 }
 
 }  // namespace gpumem

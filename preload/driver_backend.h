@@ -34,6 +34,10 @@ class driver_backend final : public pool_backend {
     int va_free(uint64_t base, uint64_t bytes) noexcept override;
     int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override;
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int event_create(uint64_t* ev) noexcept override;
+    int event_record(uint64_t ev, uint64_t stream) noexcept override;
+    int event_query(uint64_t ev) noexcept override;
+    int event_synchronize(uint64_t ev) noexcept override;
 
     CUcontext context() const noexcept { return ctx_.load(std::memory_order_acquire); }
     int device() const noexcept { return device_; }

@@ -31,7 +31,7 @@ namespace gpumem {
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamEndCapture_ptsz) X(cuStreamCreate) X(cuStreamCreateWithPriority)          \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
-    X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 // Every other libcuda function gpumem itself calls (pool backend, contexts, device facts).  Not
 // wrapped: the program's calls to them go straight to the driver.  One table with the hooks
@@ -41,7 +41,8 @@ namespace gpumem {
     X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuStreamIsCapturing)                       \
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
-    X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)
+    X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
+    X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,
@@ -146,5 +147,10 @@ bool pool_owns(uint64_t ptr) noexcept;
 // The program created a stream (api says how).  GPUMEM_REUSE=auto pools switch to safe reuse at the
 // first non-blocking stream or the second blocking one (docs/pool.md).
 void pool_stream_created(api_id api, bool non_blocking) noexcept;
+// The fences' view of streams (pool_hooks.cc): a stream made in the current context, one destroyed,
+// and a green context (whose work no fence of the primary context's pool covers).
+void pool_stream_made(CUstream s, bool non_blocking) noexcept;
+void pool_stream_destroyed(CUstream s) noexcept;
+void pool_green_context_made() noexcept;
 
 }  // namespace gpumem

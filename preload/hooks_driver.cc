@@ -370,7 +370,10 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreate(CUstream* s, unsigned int fla
     auto f = real<CUresult (*)(CUstream*, unsigned int)>(drv::cuStreamCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, flags);
-    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuStreamCreate, (flags & CU_STREAM_NON_BLOCKING) != 0);
+    if (r == CUDA_SUCCESS && s) {
+        pool_stream_made(*s, (flags & CU_STREAM_NON_BLOCKING) != 0);
+        pool_stream_created(api_id::cuStreamCreate, (flags & CU_STREAM_NON_BLOCKING) != 0);
+    }
     return r;
 }
 
@@ -378,7 +381,10 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamCreateWithPriority(CUstream* s, unsi
     auto f = real<CUresult (*)(CUstream*, unsigned int, int)>(drv::cuStreamCreateWithPriority);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, flags, priority);
-    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuStreamCreateWithPriority, (flags & CU_STREAM_NON_BLOCKING) != 0);
+    if (r == CUDA_SUCCESS && s) {
+        pool_stream_made(*s, (flags & CU_STREAM_NON_BLOCKING) != 0);
+        pool_stream_created(api_id::cuStreamCreateWithPriority, (flags & CU_STREAM_NON_BLOCKING) != 0);
+    }
     return r;
 }
 
@@ -386,7 +392,10 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenC
     auto f = real<CUresult (*)(CUstream*, CUgreenCtx, unsigned int, int)>(drv::cuGreenCtxStreamCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, g, flags, priority);
-    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuGreenCtxStreamCreate, true);  // green streams must be non-blocking
+    if (r == CUDA_SUCCESS) {
+        pool_green_context_made();  // its stream belongs to the green context, not the pool's
+        pool_stream_created(api_id::cuGreenCtxStreamCreate, true);  // green streams must be non-blocking
+    }
     return r;
 }
 
@@ -396,8 +405,20 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourc
     auto f = real<CUresult (*)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int)>(drv::cuGreenCtxCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(g, desc, dev, flags);
-    if (r == CUDA_SUCCESS) pool_stream_created(api_id::cuGreenCtxCreate, true);
+    if (r == CUDA_SUCCESS) {
+        pool_green_context_made();
+        pool_stream_created(api_id::cuGreenCtxCreate, true);
+    }
     return r;
+}
+
+// Stream destruction: the fences stop recording on the stream (an event cannot be recorded on a
+// destroyed stream).  Its queued work still runs; the pool covers it by one synchronize.
+extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
+    auto f = real<CUresult (*)(CUstream)>(drv::cuStreamDestroy_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    pool_stream_destroyed(s);  // before: a handle the driver reuses must not be mistaken for this one
+    return f(s);
 }
 
 // Launches, watched for one thing only: the handle CU_STREAM_PER_THREAD (see per_thread.cc).
@@ -461,6 +482,7 @@ GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned 
 GPUMEM_EXPORT_HOOK(cuGreenCtxCreate, (CUgreenCtx* a, CUdevResourceDesc b, CUdevice c, unsigned int d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuLaunchKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
 GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuStreamDestroy_v2, (CUstream a), (a))
 
 // The table of every libcuda function gpumem wraps or calls.  Order and names come from
 // GPUMEM_DRIVER_HOOKS and GPUMEM_DRIVER_CALLS.

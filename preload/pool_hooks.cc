@@ -16,6 +16,7 @@
 #include "core/pool/pool_config.h"
 #include "core/pool/pool_registry.h"
 #include "core/pool/reuse_switch.h"
+#include "core/pool/stream_set.h"
 #include "driver_backend.h"
 #include "gpumem_preload.h"
 
@@ -67,6 +68,14 @@ pool_registry& registry() noexcept {
 reuse_switch& auto_switch() noexcept {
     alignas(reuse_switch) static unsigned char storage[sizeof(reuse_switch)];
     static reuse_switch* s = new (storage) reuse_switch(registry());
+    return *s;
+}
+
+// The streams the fences cover.  Fed from the first stream creation on, before the log or any pool
+// exists: a stream made before the first allocation is still covered.
+stream_set& streams() noexcept {
+    alignas(stream_set) static unsigned char storage[sizeof(stream_set)];
+    static stream_set* s = new (storage) stream_set();
     return *s;
 }
 
@@ -130,7 +139,10 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
             g_pool_cfg->reuse = reuse_mode::safe;
             GPUMEM_WARN("GPUMEM_ROUTES leaves ways in unwatched: GPUMEM_REUSE=auto runs as safe");
         }
-        registry().configure(g_pool_cfg, &sink());
+        // Fences need to see every stream, as auto does; with ways in unwatched only a
+        // synchronize covers them all.
+        if (!(route_on(route_a) && route_on(route_b) && route_on(route_c) && route_on(route_d))) streams().give_up();
+        registry().configure(g_pool_cfg, &sink(), &streams());
         std::string s;
         g_pool_cfg->append_config_json(s);
         if (!s.empty() && s.back() == ',') s.pop_back();
@@ -146,11 +158,20 @@ void pool_stream_created(api_id api, bool non_blocking) noexcept {
     auto_switch().stream_created(api, non_blocking, guard::active());
 }
 
+void pool_stream_made(CUstream s, bool non_blocking) noexcept {
+    streams().created(current_context(), uint64_t(uintptr_t(s)), non_blocking);
+}
+
+void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }
+
+void pool_green_context_made() noexcept { streams().give_up(); }
+
 void pool_after_fork() noexcept {
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
     registry().reset_after_fork();
     auto_switch().reset_after_fork();
+    streams().reset_after_fork();
     g_captures.store(0);
 }
 

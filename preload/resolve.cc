@@ -97,7 +97,7 @@ static bool is_hooked_base(const char* s) noexcept {
         "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
         "cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate", "cuGreenCtxCreate",
-        "cuLaunchKernel", "cuLaunchKernelEx", "cuGetProcAddress"};
+        "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamDestroy", "cuGetProcAddress"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
     return false;

@@ -376,15 +376,32 @@ void address_space::on_segment_unmap(device_state& d, const log_event& e, uint64
     if (&sd != &d) obs_.changed(sd, e.t, e.seq);
 }
 
-// Every pending block of the device becomes free and merges with its free neighbours.
+// A context synchronize: every pending block of the device becomes free and merges with its
+// free neighbours.  A release by fences ("fence"): the first `count` pending blocks, in free
+// order (the pool fences its frees in that order).
 void address_space::on_pool_sync(device_state& d, const log_event& e, uint64_t line) {
-    if (e.has(fd_count) && pends(d) && e.count != d.pending.size() && !checks_.lenient())
+    const bool prefix = e.fence && e.has(fd_count) && e.count <= d.pending.size();
+    if (!prefix && e.has(fd_count) && pends(d) && e.count != d.pending.size() && !checks_.lenient())
         checks_.warn(line, "pool_sync releases " + std::to_string(e.count) + " frees; the reconstruction has " +
                                std::to_string(d.pending.size()) + " pending");
-    for (const auto& [seg, ptr] : d.pending)
-        if (auto* const* sit = segment_at_.find(seg)) unplace_block((*sit)->second, (*sit)->first, ptr);
-    d.pending.clear();
-    obs_.pending_cleared(d);
+    if (!prefix) {
+        for (const auto& [seg, ptr] : d.pending)
+            if (auto* const* sit = segment_at_.find(seg)) unplace_block((*sit)->second, (*sit)->first, ptr);
+        d.pending.clear();
+        obs_.pending_cleared(d);
+        return;
+    }
+    const size_t n = size_t(e.count);
+    for (size_t i = 0; i < n; ++i) {
+        const auto& [seg, ptr] = d.pending[i];
+        if (auto* const* sit = segment_at_.find(seg)) {
+            auto b = (*sit)->second.blocks.find(ptr);
+            if (b != (*sit)->second.blocks.end()) obs_.pending_removed(d, b->second);
+            unplace_block((*sit)->second, (*sit)->first, ptr);
+        }
+    }
+    d.pending.erase(d.pending.begin(), d.pending.begin() + ptrdiff_t(n));
+    if (d.pending.empty()) obs_.pending_cleared(d);
 }
 
 // "auto": from this event on the device's pooled frees pend until a pool_sync.  The pool logs

@@ -320,11 +320,15 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // grows with reserved.  "Twice" and not "once": a loop of one large size then syncs every
     // other pair instead of every pair, for the same peak on the GPT-2 trace (3986 vs 3982 MiB).
     if (pending_bytes_[i] != 0 && can_sync()) {
+        // Fences already reached cost one cuEventQuery each to cash in: always worth a look.
+        if (!fences_.empty() && poll_fences(api) == k_cuda_success && (b = find_free(p, asize))) return b;
         const uint64_t budget = sync_budget();
         const uint64_t pend = pending_bytes_[i];
         if (pend >= budget || (seg_size >= budget && pend >= asize) ||
             (asize >= cfg_.min_large_alloc && pend >= 2 * asize)) {
-            if (sync_release(api) && (b = find_free(p, asize))) return b;
+            // With fences, block only when memory is short: twice the budget waits, so reserved
+            // memory stays within about two budgets of the live peak while the GPU runs behind.
+            if (reclaim(api, pend >= 2 * budget) && (b = find_free(p, asize))) return b;
         }
     }
 
@@ -335,18 +339,20 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         return nullptr;
     }
 
-    // OOM: first the pending frees of both pools, then the cached free segments, then (virtual
-    // memory) every whole chunk inside a free range, then retry in fresh address space with a
-    // segment of just the request, rounded to chunks.  With VMM this makes the pool's limit the
-    // driver's: it fails only when the chunks holding live blocks plus the request do not fit
-    // (docs/pool.md).  Unmapping needs every earlier free's work done: sync first if any free
-    // came since the last sync (cuMemUnmap does not wait, unlike cuMemFree).
+    // OOM: first the pending frees of both pools (waiting on their fences), then the cached free
+    // segments, then (virtual memory) every whole chunk inside a free range, then retry in fresh
+    // address space with a segment of just the request, rounded to chunks.  With VMM this makes
+    // the pool's limit the driver's: it fails only when the chunks holding live blocks plus the
+    // request do not fit (docs/pool.md).  Unmapping needs every earlier free's work done
+    // (cuMemUnmap does not wait, unlike cuMemFree): a block freed for immediate reuse since the
+    // last sync may still have its last owner's work queued, so wait for every stream first.
     if (can_sync()) {
-        if ((pending_bytes_[0] | pending_bytes_[1]) != 0 || (chunk_ && frees_since_sync_)) {
-            if (sync_release(api) && (b = find_free(p, asize))) return b;
+        if ((pending_bytes_[0] | pending_bytes_[1]) != 0) {
+            if (reclaim(api, true) && (b = find_free(p, asize))) return b;
         }
+        if (chunk_ && unsettled_frees_) settle_frees(api);
         release_free_segments(api);
-        if (chunk_) unmap_free_chunks(api);
+        if (chunk_ && !unsettled_frees_) unmap_free_chunks(api);
     }
     rc = new_segment(p, chunk_ ? round_up(asize, chunk_) : seg_size, api, &b);
     if (rc != k_cuda_oom) {
@@ -428,7 +434,7 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
                 // the live peak without this check.  "Less than half" rather than a closer fit: on
                 // that trace it needs 29% fewer syncs for 1% more peak (docs/benchmarks.md).
                 auto tighter = pending_large_.lower_bound(asize);
-                if (tighter != pending_large_.end() && *tighter < b->size && can_sync() && sync_release(api))
+                if (tighter != pending_large_.end() && *tighter < b->size && can_sync() && reclaim(api, false))
                     b = find_free(p, asize);
             }
             if (!b) b = grow(p, asize, api, &err);
@@ -514,8 +520,8 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         // Pending: device work enqueued before this free may still use the block, so it waits for
         // the next synchronize (sync_release) before anyone can get it again.  A poisoned pool
         // leaves it pending for ever (leaked).  push_back first: it is the only step that can fail.
-        ++frees_since_sync_;
         const bool pend = poisoned_ || !immediate_;
+        if (!pend) ++unsettled_frees_;
         if (pend) pending_.push_back(b);
         allocated_ -= b->size;
         requested_ -= b->requested;
@@ -523,6 +529,11 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             if (b->seg->pool == pool_id::large) pending_large_.insert(b->size);
             b->state = block_state::pending;
             pending_bytes_[pool_index(b->seg->pool)] += b->size;
+            // One fence per batch of frees, recorded now so that it has usually been reached by
+            // the time the memory is wanted.  An eighth of the sync budget: a few records per
+            // budget, each a few microseconds.
+            unfenced_bytes_ += b->size;
+            if (!poisoned_ && streams_ && unfenced_bytes_ >= sync_budget() / 8 && can_sync()) record_fence();
         } else {
             make_free(b);
         }
@@ -537,7 +548,12 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
 bool block_pool::sync_release(api_id api) {
     ++syncs_;
     if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
-    frees_since_sync_ = 0;
+    unsettled_frees_ = 0;
+    // Every fence is reached now, and destroyed streams' work has finished.
+    for (fence& f : fences_) recycle_events(f.events);
+    fences_.clear();
+    unfenced_bytes_ = 0;
+    if (streams_) streams_->forget_destroyed(ctx_);
     const size_t n = pending_.size();
     for (block* b : pending_) {
         pending_bytes_[pool_index(b->seg->pool)] -= b->size;
@@ -551,8 +567,192 @@ bool block_pool::sync_release(api_id api) {
 
 // Returns every segment that holds no allocated or pending block: a cuMemAlloc segment that is
 // one free block, a VMM segment of free and unmapped blocks.
+// ---- fences ---------------------------------------------------------------------------------
+
+void block_pool::set_streams(stream_set* streams, uint64_t ctx) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    streams_ = streams;
+    ctx_ = ctx;
+}
+
+bool block_pool::fences_usable() noexcept {
+    if (!streams_ || events_state_ < 0 || !streams_->usable()) return false;
+    if (events_state_ == 0) {
+        // Asked once: a backend (or driver) without events keeps the synchronize path for good.
+        uint64_t ev = 0;
+        if (backend_.event_create(&ev) != k_cuda_success) {
+            events_state_ = -1;
+            return false;
+        }
+        events_state_ = 1;
+        try {
+            spare_events_.push_back(ev);
+        } catch (...) {
+        }
+    }
+    return true;
+}
+
+bool block_pool::take_event(uint64_t* ev) noexcept {
+    if (!spare_events_.empty()) {
+        *ev = spare_events_.back();
+        spare_events_.pop_back();
+        return true;
+    }
+    return backend_.event_create(ev) == k_cuda_success;
+}
+
+void block_pool::recycle_events(std::vector<uint64_t>& evs) noexcept {
+    for (uint64_t ev : evs) {
+        try {
+            spare_events_.push_back(ev);
+        } catch (...) {
+            // Leaked: a handful of events, once, when host memory ran out.
+        }
+    }
+    evs.clear();
+}
+
+bool block_pool::record_fence() noexcept {
+    if (fenced_end() == pending_.size()) return true;
+    if (!fences_usable() || !can_sync()) return false;
+    if (!streams_->fence_streams(ctx_, fence_streams_)) return false;
+    fence f;
+    try {
+        f.events.reserve(fence_streams_.size() + 1);
+        fences_.emplace_back();
+    } catch (...) {
+        return false;
+    }
+    // The legacy stream first: its event covers it and every blocking stream; then one event on
+    // each non-blocking stream.
+    bool ok = true;
+    for (size_t i = 0; ok && i <= fence_streams_.size(); ++i) {
+        uint64_t ev = 0;
+        ok = take_event(&ev);
+        if (!ok) break;
+        f.events.push_back(ev);  // reserved: cannot throw
+        ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
+    }
+    if (!ok) {
+        recycle_events(f.events);
+        fences_.pop_back();
+        return false;
+    }
+    f.end = pending_.size();
+    fences_.back() = std::move(f);
+    unfenced_bytes_ = 0;
+    return true;
+}
+
+int block_pool::poll_fences(api_id api) {
+    size_t n = 0;
+    int rc = k_cuda_success;
+    while (!fences_.empty()) {
+        fence& f = fences_.front();
+        for (uint64_t ev : f.events) {
+            rc = backend_.event_query(ev);
+            if (rc != k_cuda_success) break;
+        }
+        if (rc != k_cuda_success) break;
+        n = f.end;
+        recycle_events(f.events);
+        fences_.pop_front();
+    }
+    if (n) release_prefix(n, api, true);
+    return rc == k_cuda_not_ready ? k_cuda_success : rc;
+}
+
+// The first n pending frees (in free order) become free; the fences after them now count from 0.
+void block_pool::release_prefix(size_t n, api_id api, bool by_fence) {
+    for (size_t k = 0; k < n; ++k) {
+        block* b = pending_[k];
+        pending_bytes_[pool_index(b->seg->pool)] -= b->size;
+        if (b->seg->pool == pool_id::large) {
+            auto it = pending_large_.find(b->size);
+            if (it != pending_large_.end()) pending_large_.erase(it);
+        }
+        make_free(b);
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + ptrdiff_t(n));
+    for (fence& f : fences_) f.end -= n;
+    if (sink_) {
+        event e{};
+        e.ev = ev_kind::pool_sync;
+        e.dev = device_;
+        e.api = api;
+        e.c.count = n;
+        if (by_fence) e.flags = ef_fence;
+        sink_->emit(e);
+    }
+}
+
+bool block_pool::reclaim(api_id api, bool wait) {
+    if (!fences_usable() || !record_fence()) return sync_release(api);
+    const size_t before = pending_.size();
+    if (poll_fences(api) != k_cuda_success) return sync_release(api);  // a broken event: the old way
+    if (wait && !fences_.empty()) {
+        // Memory is short: wait for the newest fence (it was recorded after every other), on
+        // those streams only; the rest of the device runs on.
+        ++fence_waits_;
+        for (uint64_t ev : fences_.back().events)
+            if (backend_.event_synchronize(ev) != k_cuda_success) return sync_release(api);
+        if (poll_fences(api) != k_cuda_success) return sync_release(api);
+    }
+    return pending_.size() < before;
+}
+
+// Waits, on events, for all work enqueued so far on every stream of the context: the legacy
+// stream (its event waits for every blocking stream, per-thread default streams included) and,
+// unless legacy_only, each non-blocking stream.  What a cuCtxSynchronize would wait for, but only
+// on those streams: other contexts run on.  False when fences cannot cover the context now (a
+// destroyed stream, a green context, no events); the caller then synchronizes.
+bool block_pool::wait_all_streams(bool legacy_only) noexcept {
+    if (!fences_usable() || !can_sync() || !streams_->fence_streams(ctx_, fence_streams_)) return false;
+    fence f;  // scratch: every event is recorded first, then all are waited on
+    try {
+        f.events.reserve(fence_streams_.size() + 1);
+    } catch (...) {
+        return false;
+    }
+    const size_t n = legacy_only ? 1 : fence_streams_.size() + 1;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; ++i) {
+        uint64_t ev = 0;
+        ok = take_event(&ev);
+        if (!ok) break;
+        f.events.push_back(ev);  // reserved: cannot throw
+        ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
+    }
+    for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;
+    recycle_events(f.events);
+    if (!ok) return false;
+    ++fence_waits_;
+    return true;
+}
+
+bool block_pool::drain_by_fence(api_id api) {
+    // Before the switch all work of the context ran in one issue order: the legacy stream and at
+    // most one blocking stream (the stream that ends it is new and has no work yet).  An event on
+    // the legacy stream waits for all of it.  A context that lost a stream takes the sync.
+    if (!wait_all_streams(true)) return false;
+    unsettled_frees_ = 0;
+    release_prefix(0, api, true);  // the drain's pool_sync, count 0
+    return true;
+}
+
+// The frees made for immediate reuse since the last sync must have no work left before their
+// chunks are unmapped.  auto before its switch has one issue order: the legacy stream's event
+// covers it; immediate reuse (the program's own choice) may run on any stream.
+bool block_pool::settle_frees(api_id api) {
+    if (wait_all_streams(immediate_ && cfg_.reuse == reuse_mode::automatic)) {
+        unsettled_frees_ = 0;
+        return true;
+    }
+    return sync_release(api);
+}
+
 void block_pool::release_free_segments(api_id api) {
-    bool synced_for_vmm = frees_since_sync_ == 0;
     for (auto it = segments_.begin(); it != segments_.end();) {
         segment* s = it->second;
         bool idle = true;
@@ -562,12 +762,9 @@ void block_pool::release_free_segments(api_id api) {
             ++it;
             continue;
         }
-        if (s->vmm() && !synced_for_vmm) {
-            // Unmapping does not wait for device work, as cuMemFree does: a free block's last
-            // owner may still have work queued.
-            if (!sync_release(api)) return;
-            synced_for_vmm = true;
-        }
+        // Unmapping does not wait for device work, as cuMemFree does: a block freed for immediate
+        // reuse may still have its last owner's work queued.
+        if (s->vmm() && unsettled_frees_ && !settle_frees(api)) return;
         // Logged before the driver call, so a reuse of the address by anyone else is logged after.
         // If the driver refuses, the context is broken: the segment is forgotten (leaked) anyway,
         // which keeps the pool and its log in agreement.
@@ -592,7 +789,8 @@ void block_pool::release_free_segments(api_id api) {
 // Memory is short: give back every physical chunk that lies wholly inside a free block, in every
 // VMM segment, including segments that still hold live blocks.  The free block is cut into a free
 // head, an unmapped middle and a free tail (heads and tails share a chunk with a live block).
-// The caller has synchronized since the last free.
+// The caller has made sure no work on a free block is left (unsettled_frees_ == 0: a sync, fences or
+// a wait for every stream since the last free made for immediate reuse).
 void block_pool::unmap_free_chunks(api_id api) {
     for (auto& [base, s] : segments_) {
         if (!s->vmm() || s->mapped == 0) continue;
@@ -660,7 +858,7 @@ void block_pool::release_cached() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     try {
         if (!can_sync()) return;
-        if (!pending_.empty() && !poisoned_) sync_release(api_id::none);
+        if (!pending_.empty() && !poisoned_) reclaim(api_id::none, true);
         release_free_segments(api_id::none);
     } catch (...) {
         poisoned_ = true;
@@ -685,6 +883,10 @@ void block_pool::forget_all() noexcept {
     free_[1].clear();
     pending_.clear();
     pending_large_.clear();
+    fences_.clear();          // the events went with the context (or the process is ending)
+    spare_events_.clear();
+    events_state_ = 0;
+    unfenced_bytes_ = 0;
     reserved_ = allocated_ = requested_ = free_bytes_ = 0;
     pending_bytes_[0] = pending_bytes_[1] = 0;
     poisoned_ = false;
@@ -715,7 +917,8 @@ void block_pool::enter_safe_reuse(api_id api) noexcept {
 void block_pool::drain_if_owed(api_id api) noexcept {
     if (!drain_owed_ || !can_sync()) return;
     try {
-        if (sync_release(api)) drain_owed_ = false;  // a failed sync (broken context) stays owed
+        // A failed sync (broken context) stays owed.
+        if (drain_by_fence(api) || sync_release(api)) drain_owed_ = false;
     } catch (...) {
         poisoned_ = true;
     }
@@ -784,6 +987,11 @@ uint64_t block_pool::pending_bytes() const noexcept {
 uint64_t block_pool::chunk_size() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return chunk_;
+}
+
+uint64_t block_pool::fence_wait_count() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return fence_waits_;
 }
 
 uint64_t block_pool::sync_count() const noexcept {
@@ -897,6 +1105,11 @@ bool block_pool::validate_locked(std::string* why) const {
             if (b->state != block_state::free || pool_index(b->seg->pool) != i) return fail("free set holds a wrong block", b->addr);
     }
     if (pending_.size() != n_pending) return fail("pending list size differs from pending block count", 0);
+    size_t last_end = 0;
+    for (const fence& f : fences_) {
+        if (f.end < last_end || f.end > pending_.size() || f.events.empty()) return fail("fence list out of order", 0);
+        last_end = f.end;
+    }
     if (!poisoned_ && immediate_ && n_pending) return fail("pending block in immediate mode", 0);
     std::unordered_set<const block*> seen;
     for (const block* b : pending_)

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -13,6 +14,7 @@
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_backend.h"
 #include "core/pool/pool_config.h"
+#include "core/pool/stream_set.h"
 
 namespace gpumem {
 
@@ -52,11 +54,19 @@ class block_pool {
     pool_state snapshot() const noexcept;
     // Bytes freed by the program but not yet reusable (safe mode).
     uint64_t pending_bytes() const noexcept;
-    // Number of backend synchronize() calls made.
+    // Number of backend synchronize() calls made (device-wide syncs).
     uint64_t sync_count() const noexcept;
     // The physical chunk size of this pool's virtual-memory segments; 0 while it takes segments
     // from segment_alloc (no VMM on the device, GPUMEM_POOL_VMM=off, or no segment yet).
     uint64_t chunk_size() const noexcept;
+    // Number of times the pool blocked on a fence (event_synchronize) because memory was short.
+    uint64_t fence_wait_count() const noexcept;
+
+    // Fences (docs/pool.md, "safe: fences"): with a stream set and a backend that has events,
+    // pending frees are released by events recorded on the legacy stream and on every
+    // non-blocking stream of ctx, instead of a synchronize of the context.  Without (the default),
+    // or whenever a fence cannot be made, by synchronize() as before.
+    void set_streams(stream_set* streams, uint64_t ctx) noexcept;
 
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
@@ -139,6 +149,20 @@ class block_pool {
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
     bool sync_release(api_id api);
+    // Releases pending frees whose fences have completed: by fences when they can cover the
+    // context (recording one for the frees not yet fenced, blocking on it only when `wait`), else
+    // by one synchronize.  True if anything was released or the sync succeeded.
+    bool reclaim(api_id api, bool wait);
+    bool fences_usable() noexcept;
+    bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
+    int poll_fences(api_id api);           // releases completed fences' frees; 0 or an error
+    void release_prefix(size_t n, api_id api, bool by_fence);
+    bool drain_by_fence(api_id api);       // enter_safe_reuse's drain without a context sync
+    bool wait_all_streams(bool legacy_only) noexcept;  // events on the streams, waited on; false: not covered
+    bool settle_frees(api_id api);         // unsettled_frees_ to 0: wait_all_streams, else a sync
+    size_t fenced_end() const noexcept { return fences_.empty() ? 0 : fences_.back().end; }
+    bool take_event(uint64_t* ev) noexcept;
+    void recycle_events(std::vector<uint64_t>& evs) noexcept;
     void drain_if_owed(api_id api) noexcept;  // the owed drain of enter_safe_reuse, if a sync is allowed
     void release_free_segments(api_id api);
     void forget_all() noexcept;
@@ -176,9 +200,26 @@ class block_pool {
     uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
     uint64_t pending_bytes_[2] = {0, 0};
     uint64_t syncs_ = 0;
-    uint64_t frees_since_sync_ = 0;  // frees since the last successful sync: unmapping needs a sync first
+    // Frees made reusable at once (immediate reuse) since the last sync or wait for all streams:
+    // their last owner's work may still be queued, so their chunks cannot be unmapped yet.
+    uint64_t unsettled_frees_ = 0;
     uint64_t chunk_ = 0;             // VMM chunk size, 0 = cuMemAlloc segments
     bool vmm_decided_ = false;
+    uint64_t fence_waits_ = 0;
+
+    // A fence: events recorded on the legacy stream and on every non-blocking stream of the
+    // context after pending_[0, end) were freed.  Oldest first.
+    struct fence {
+        std::vector<uint64_t> events;
+        size_t end = 0;
+    };
+    std::deque<fence> fences_;
+    std::vector<uint64_t> spare_events_;   // reached events, reused for the next fence
+    std::vector<uint64_t> fence_streams_;  // scratch: the streams of the fence being made
+    stream_set* streams_ = nullptr;
+    uint64_t ctx_ = 0;
+    int events_state_ = 0;             // 0: not tried, 1: the backend has events, -1: it has none
+    uint64_t unfenced_bytes_ = 0;      // freed since the last fence
     bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls

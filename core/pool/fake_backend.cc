@@ -44,7 +44,110 @@ int fake_backend::segment_free(uint64_t base) noexcept {
 int fake_backend::synchronize() noexcept {
     ++sync_calls_;
     if (capturing_) ++bad_calls_;
+    if (sync_result_ == k_cuda_success) complete_all();
     return sync_result_;
+}
+
+int fake_backend::event_create(uint64_t* ev) noexcept {
+    if (!events_on_) return k_cuda_not_supported;
+    std::lock_guard<std::mutex> lk(mu_);
+    try {
+        events_.emplace(next_event_, 0);
+    } catch (...) {
+        return k_cuda_oom;
+    }
+    *ev = next_event_++;
+    return k_cuda_success;
+}
+
+int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
+    if (!events_on_) return k_cuda_not_supported;
+    ++records_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing_) ++bad_calls_;  // a record into a capture is a graph node, not a fence
+    auto it = events_.find(ev);
+    if (it == events_.end() || stream == 0) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    if (fail_records_ > 0) {
+        --fail_records_;
+        return k_cuda_invalid_value;
+    }
+    it->second = ++ticket_;
+    if (auto_complete_) done_ = ticket_;
+    try {
+        ++records_by_stream_[stream];
+    } catch (...) {
+    }
+    return k_cuda_success;
+}
+
+int fake_backend::event_query(uint64_t ev) noexcept {
+    ++queries_;
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = events_.find(ev);
+    if (it == events_.end()) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    return it->second <= done_ ? k_cuda_success : k_cuda_not_ready;
+}
+
+int fake_backend::event_synchronize(uint64_t ev) noexcept {
+    ++event_syncs_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing_) ++bad_calls_;
+    auto it = events_.find(ev);
+    if (it == events_.end()) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    if (it->second > done_) done_ = it->second;  // the device works up to the event
+    return k_cuda_success;
+}
+
+void fake_backend::set_auto_complete(bool on) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto_complete_ = on;
+}
+
+void fake_backend::complete_all() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = ticket_;
+}
+
+uint64_t fake_backend::last_ticket() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ticket_;
+}
+
+void fake_backend::complete_through(uint64_t t) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (t > done_) done_ = t;
+}
+
+uint64_t fake_backend::enqueue_work() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++ticket_;
+    if (auto_complete_) done_ = ticket_;
+    return ticket_;
+}
+
+uint64_t fake_backend::completed() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return done_;
+}
+
+void fake_backend::fail_next_records(int n) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    fail_records_ = n;
+}
+
+uint64_t fake_backend::records_on(uint64_t stream) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = records_by_stream_.find(stream);
+    return it == records_by_stream_.end() ? 0 : it->second;
 }
 
 void fake_backend::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {

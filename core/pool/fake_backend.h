@@ -32,8 +32,29 @@ class fake_backend final : public pool_backend {
     int va_free(uint64_t base, uint64_t bytes) noexcept override;
     int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override;
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int event_create(uint64_t* ev) noexcept override;
+    int event_record(uint64_t ev, uint64_t stream) noexcept override;
+    int event_query(uint64_t ev) noexcept override;
+    int event_synchronize(uint64_t ev) noexcept override;
 
-    // Knobs.
+    // Events, off until enable_events(): the pool then releases by synchronize() as with a driver
+    // without them.  The completion model: the device is a clock of work done.  Each record
+    // takes the next ticket; an event is reached once the clock passes its ticket.  With
+    // auto_complete (the default) the device is idle and every record is reached at once; without
+    // it, nothing is reached until complete_all()/complete_through() (the test plays the GPU).
+    // event_synchronize() and synchronize() run the clock up to everything recorded.
+    void enable_events(bool on) noexcept { events_on_ = on; }
+    void set_auto_complete(bool on) noexcept;
+    void complete_all() noexcept;
+    uint64_t last_ticket() const noexcept;  // the ticket of the latest record
+    void complete_through(uint64_t ticket) noexcept;
+    void fail_next_records(int n) noexcept;  // the next n event_record calls fail (error 1)
+    // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like
+    // an event's.  Returns the ticket.  completed(): the ticket the device has reached.
+    uint64_t enqueue_work() noexcept;
+    uint64_t completed() const noexcept;
+
+    // Counters and state.
     void set_capacity(uint64_t bytes) noexcept;
     // The next n segment_alloc / map_chunks calls fail (a map_chunks call fails at its last chunk,
     // after mapping the others, so its unwinding is exercised).
@@ -54,6 +75,10 @@ class fake_backend final : public pool_backend {
     uint64_t unmap_calls() const noexcept { return unmap_calls_; }
     uint64_t mapped_chunks() const noexcept;   // chunks mapped now
     uint64_t reservations() const noexcept;    // reservations held now
+    uint64_t records() const noexcept { return records_; }
+    uint64_t queries() const noexcept { return queries_; }
+    uint64_t event_syncs() const noexcept { return event_syncs_; }
+    uint64_t records_on(uint64_t stream) const noexcept;  // how many records named this stream
     uint64_t in_use() const noexcept;
     uint64_t live_segments() const noexcept;
     bool is_live(uint64_t base) const noexcept;
@@ -77,6 +102,14 @@ class fake_backend final : public pool_backend {
 
     bool in_reservation(uint64_t addr, uint64_t bytes) const noexcept;  // mu_ held
     void unmap_one(uint64_t addr) noexcept;                              // mu_ held
+    // Events: handle -> ticket (0: created, never recorded).
+    std::atomic<bool> events_on_{false};
+    bool auto_complete_ = true;
+    std::map<uint64_t, uint64_t> events_;
+    std::map<uint64_t, uint64_t> records_by_stream_;
+    uint64_t next_event_ = 0x100, ticket_ = 0, done_ = 0;
+    int fail_records_ = 0;
+    std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0};
 };
 
 }  // namespace gpumem

@@ -1,4 +1,4 @@
-// The pool's only seam to a device: segments, virtual-memory chunks, synchronize and memory info.
+// The pool's only seam to a device: segments, virtual-memory chunks, synchronize, events and memory info.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +13,12 @@ inline constexpr int k_cuda_invalid_value = 1;  // CUDA_ERROR_INVALID_VALUE
 inline constexpr int k_cuda_oom = 2;            // CUDA_ERROR_OUT_OF_MEMORY
 inline constexpr int k_cuda_deinitialized = 4;  // CUDA_ERROR_DEINITIALIZED
 inline constexpr int k_cuda_not_supported = 801;  // CUDA_ERROR_NOT_SUPPORTED
+inline constexpr int k_cuda_not_ready = 600;    // CUDA_ERROR_NOT_READY (an event not reached yet)
+
+// A stream handle as the driver spells it; k_stream_legacy is CU_STREAM_LEGACY, the legacy default
+// stream (every blocking stream of the context, per-thread default streams included, waits for it
+// and it for them).
+inline constexpr uint64_t k_stream_legacy = 0x1;
 
 // One device+context's access to real memory.  The preload implements it with the real driver
 // (with the context made current around each call), fake_backend with made-up addresses.
@@ -65,6 +71,33 @@ struct pool_backend {
     // it only when may_synchronize() is true.  Returns the first error, after trying every chunk.
     virtual int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
         (void)addr, (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
+
+    // ---- Events: the fences of safe reuse (docs/pool.md, "fences").  Optional: a backend that
+    // keeps these defaults makes the pool release pending frees with synchronize(), as before.
+    // Event handles are the driver's (never 0); the pool recycles them and destroys none.
+    // cuEventCreate(CU_EVENT_DISABLE_TIMING) in the backend's context.
+    virtual int event_create(uint64_t* ev) noexcept {
+        (void)ev;
+        return k_cuda_not_supported;
+    }
+    // cuEventRecord of ev on `stream` (a handle the program made in this context, or
+    // k_stream_legacy).  Only called when may_synchronize() is true: a record into a capturing
+    // stream would become a graph node instead of a fence.
+    virtual int event_record(uint64_t ev, uint64_t stream) noexcept {
+        (void)ev, (void)stream;
+        return k_cuda_not_supported;
+    }
+    // cuEventQuery: 0 once all work before the record has finished, k_cuda_not_ready before; never
+    // blocks.  Any other value is an error (the pool then falls back to synchronize()).
+    virtual int event_query(uint64_t ev) noexcept {
+        (void)ev;
+        return k_cuda_not_supported;
+    }
+    // cuEventSynchronize: blocks until the event is reached.  Only when may_synchronize() is true.
+    virtual int event_synchronize(uint64_t ev) noexcept {
+        (void)ev;
         return k_cuda_not_supported;
     }
 };

@@ -34,6 +34,7 @@ pool_registry::slot* pool_registry::find_or_create(uint64_t ctx, bool* full) noe
         slot& s = slots_[i];
         if (s.ctx.load(std::memory_order_relaxed) == 0 && s.device == dev) {
             factory_.rebind(*s.backend, ctx);
+            s.pool->set_streams(streams_, ctx);
             s.ctx.store(ctx, std::memory_order_release);
             return &s;
         }
@@ -50,6 +51,7 @@ pool_registry::slot* pool_registry::find_or_create(uint64_t ctx, bool* full) noe
     }
     // Read under the lock the switch holds: either the switch walked the table before this slot
     // existed and left safe_api_ set, or it will walk this slot.
+    p->set_streams(streams_, ctx);
     if (int v = safe_api_.load(std::memory_order_relaxed)) p->enter_safe_reuse(api_id(v - 1));
     slot& s = slots_[n];
     s.device = dev;

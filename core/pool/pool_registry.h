@@ -9,6 +9,7 @@
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_backend.h"
 #include "core/pool/pool_config.h"
+#include "core/pool/stream_set.h"
 
 namespace gpumem {
 
@@ -42,10 +43,12 @@ class pool_registry {
 
     explicit pool_registry(backend_factory& f) noexcept : factory_(f) {}
 
-    // Settings and event sink of the pools made from now on (both must outlive the registry).
-    void configure(const pool_config* cfg, event_sink* sink) noexcept {
+    // Settings, event sink and stream set of the pools made from now on (all must outlive the
+    // registry).  Without a stream set, pools release pending frees by synchronize only.
+    void configure(const pool_config* cfg, event_sink* sink, stream_set* streams = nullptr) noexcept {
         cfg_ = cfg;
         sink_ = sink;
+        streams_ = streams;
     }
 
     // The live slot of ctx, or nullptr.  Lock-free.
@@ -93,6 +96,7 @@ class pool_registry {
     backend_factory& factory_;
     const pool_config* cfg_ = nullptr;
     event_sink* sink_ = nullptr;
+    stream_set* streams_ = nullptr;
     slot slots_[k_max_pools];
     std::atomic<int> count_{0};  // slots [0, count_) are filled; published with release
     std::atomic_flag create_lock_ = ATOMIC_FLAG_INIT;

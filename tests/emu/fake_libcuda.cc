@@ -95,6 +95,9 @@ counter g_counters[] = {
     {"cuCtxSynchronize_in_capture", {0}},  // syncs refused because a capture was open (a bug in any caller)
     {"cuLaunchKernel", {0}}, {"cuLaunchKernel_ptsz", {0}}, {"cuLaunchKernelEx", {0}}, {"launch_on_per_thread_handle", {0}},
     {"cuMemSetAccess", {0}}, {"cuMemGetAllocationGranularity", {0}}, {"cuDeviceGetAttribute", {0}},
+    {"cuEventCreate", {0}}, {"cuEventRecord", {0}}, {"cuEventQuery", {0}}, {"cuEventSynchronize", {0}},
+    {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
+    {"cuStreamDestroy_v2", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -317,7 +320,42 @@ EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) {
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamCreateWithPriority(CUstream* s, unsigned int flags, int) { return cuStreamCreate(s, flags); }
-EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) { return CUDA_SUCCESS; }
+EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) {
+    bump("cuStreamDestroy_v2");
+    return CUDA_SUCCESS;
+}
+// Events.  The emulated device runs nothing, so every event is reached the moment it is recorded:
+// queries say done and a synchronize returns at once (each counted, so tests see who blocks).
+EMU_EXPORT CUresult cuEventCreate(CUevent* e, unsigned int) {
+    static std::atomic<uintptr_t> next{0x9000};
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (current_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    bump("cuEventCreate");
+    *e = reinterpret_cast<CUevent>(next.fetch_add(0x10));
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (st().capturing.load()) {
+        bump("cuEventRecord_in_capture");
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
+    bump("cuEventRecord");
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuEventQuery(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    bump("cuEventQuery");
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    // GPUMEM_EMU_SYNC_MS: as for cuCtxSynchronize, a device that takes this long to get there.
+    static const long sync_ms = getenv("GPUMEM_EMU_SYNC_MS") ? atol(getenv("GPUMEM_EMU_SYNC_MS")) : 0;
+    if (sync_ms > 0) usleep(useconds_t(sync_ms) * 1000);
+    bump("cuEventSynchronize");
+    return CUDA_SUCCESS;
+}
 // Launches run nothing.  They check that every argument arrived as the test program passed it
 // (grid 11 12 13, block 14 15 16, 17 bytes, params 0x1234, extra 0x5678), which a thunk or
 // wrapper between the two must not disturb, and count the stream kinds they saw.
@@ -642,6 +680,7 @@ const fn_entry k_functions[] = {
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
     E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuGetProcAddress), E(cuGetProcAddress_v2),
+    E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize),
 };
 #undef E
 struct v2_rule {

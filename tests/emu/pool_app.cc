@@ -37,11 +37,16 @@ unsigned long long driver_count(const char* name) {
 }
 
 // A pool segment is a cuMemAlloc allocation or (virtual memory) a cuMemAddressReserve range.
+// driver_sync: every blocking sync (a context synchronize or a wait on an event); ctx_sync: the
+// device-wide ones only; fence_record: events recorded (the pool's fences).
 void print_counts(const char* prefix) {
     printf("%sdriver_alloc=%llu\n%sdriver_free=%llu\n%sdriver_sync=%llu\n%sdriver_sync_in_capture=%llu\n", prefix,
            driver_count("cuMemAlloc_v2") + driver_count("cuMemAddressReserve"), prefix,
-           driver_count("cuMemFree_v2") + driver_count("cuMemAddressFree"), prefix, driver_count("cuCtxSynchronize"),
-           prefix, driver_count("cuCtxSynchronize_in_capture"));
+           driver_count("cuMemFree_v2") + driver_count("cuMemAddressFree"), prefix,
+           driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"), prefix,
+           driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture"));
+    printf("%sctx_sync=%llu\n%sfence_record=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
+           driver_count("cuEventRecord"));
 }
 
 CUcontext setup() {
@@ -55,6 +60,21 @@ CUcontext setup() {
 // n alloc/free pairs of `size` bytes, each freed at once.
 void loop(long n, size_t size) {
     setup();
+    for (long i = 0; i < n; ++i) {
+        CUdeviceptr p;
+        CHECK(cuMemAlloc(&p, size));
+        CHECK(cuMemFree(p));
+    }
+    printf("pairs=%ld\n", n);
+    print_counts("");
+}
+
+// One non-blocking stream, then n alloc/free pairs of `size` bytes (issue 12: 9,999 blocking syncs
+// for 100k pairs when safe reuse synchronized the context).
+void stream_loop(long n, size_t size) {
+    setup();
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     for (long i = 0; i < n; ++i) {
         CUdeviceptr p;
         CHECK(cuMemAlloc(&p, size));
@@ -277,7 +297,7 @@ void switch_race() {
         usleep(5000);  // well inside the first thread's drain
         CUstream s;
         CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-        printf("second_saw_syncs=%llu\n", driver_count("cuCtxSynchronize"));
+        printf("second_saw_syncs=%llu\n", driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"));
     });
     t1.join();
     t2.join();
@@ -340,10 +360,11 @@ int main(int argc, char** argv) {
     else if (s == "query") query();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
+    else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -19,6 +20,23 @@
 #include <vector>
 
 using json = nlohmann::json;
+
+// Every run directory of this test process, removed when it exits (a 100k-pair run leaves a log of
+// hundreds of MB; thousands were left in /tmp until the disk was full).  GPUMEM_IT_KEEP=1 keeps
+// them for a post-mortem.
+inline std::vector<std::string>& run_dirs() {
+    static std::vector<std::string>* dirs = [] {
+        auto* v = new std::vector<std::string>();  // leaked: still alive when atexit runs
+        std::atexit([] {
+            const char* keep = std::getenv("GPUMEM_IT_KEEP");
+            if (keep && *keep && std::string(keep) != "0") return;
+            std::error_code ec;
+            for (const auto& d : run_dirs()) std::filesystem::remove_all(d, ec);
+        });
+        return v;
+    }();
+    return *dirs;
+}
 
 struct run_result {
     int status = 0;         // raw wait status
@@ -46,6 +64,7 @@ inline run_result run(std::vector<std::string> argv, std::map<std::string, std::
         return bad;
     }
     const std::string dir = tmpl;
+    run_dirs().push_back(dir);
     pid_t pid = fork();
     if (pid == 0) {
         if (chdir(dir.c_str()) != 0) _exit(126);

@@ -336,6 +336,7 @@ namespace {
 std::string fresh_dir() {
     char tmpl[] = "/tmp/gpumem-it-XXXXXX";
     REQUIRE(mkdtemp(tmpl));
+    run_dirs().push_back(tmpl);
     return tmpl;
 }
 

@@ -39,7 +39,8 @@ struct layout_rebuild {
     std::map<uint64_t, blk> blocks;                  // addr -> block, all segments
     uint64_t unmapped_bytes = 0;                     // VMM chunks given back inside held segments
     std::string error;
-    uint64_t n_alloc = 0, n_free = 0, n_sync = 0, n_reuse_safe = 0;
+    uint64_t n_alloc = 0, n_free = 0, n_sync = 0, n_fence = 0, n_reuse_safe = 0;
+    std::vector<uint64_t> pending_order;  // pending blocks in free order
     bool immediate = false;
 
     uint64_t segment_of(uint64_t a) const {
@@ -129,8 +130,10 @@ struct layout_rebuild {
             auto it = blocks.find(p);
             if (it == blocks.end() || it->second.st != allocated || it->second.size != j.value("asize", j["size"].get<uint64_t>()))
                 error = "free of no allocated block of that size: " + j.dump();
-            else if (!immediate)
+            else if (!immediate) {
                 it->second.st = pending;
+                pending_order.push_back(p);
+            }
             else {
                 it->second.st = free_b;
                 merge_around(p);
@@ -138,15 +141,28 @@ struct layout_rebuild {
         } else if (ev == "pool_sync") {
             ++n_sync;
             // One at a time, as the pool does: each released block merges with its free neighbours.
+            // A context sync releases every pending block; a fence the first `count`, in free order.
             std::vector<uint64_t> released;
-            for (auto& [a, b] : blocks)
-                if (b.st == pending) released.push_back(a);
+            if (j.value("fence", false)) {
+                ++n_fence;
+                const uint64_t c = j["count"].get<uint64_t>();
+                if (c > pending_order.size()) error = "fence releases more frees than are pending: " + j.dump();
+                released.assign(pending_order.begin(), pending_order.begin() + std::min<size_t>(c, pending_order.size()));
+                pending_order.erase(pending_order.begin(), pending_order.begin() + released.size());
+                for (uint64_t a : released)
+                    if (blocks.count(a) == 0 || blocks[a].st != pending) error = "fence releases a block that is not pending: " + j.dump();
+            } else {
+                for (auto& [a, b] : blocks)
+                    if (b.st == pending) released.push_back(a);
+                pending_order.clear();
+            }
             if (released.size() != j["count"].get<uint64_t>()) error = "pool_sync count differs from pending blocks: " + j.dump();
             for (uint64_t a : released) {
                 blocks[a].st = free_b;
                 merge_around(a);
             }
         } else if (ev == "context_reset") {
+            pending_order.clear();
             blocks.clear();
             segments.clear();
         }
@@ -213,12 +229,14 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
         std::vector<json> ls;
         check_complete(r, &ls);
         auto v = values(r.out);
-        // Freed blocks wait for a sync, which comes once 32 MiB (the sync budget) is pending:
-        // until then the pool takes 2 MiB segments.  So at most 16 + 1 segments, whatever n.
+        // Freed blocks wait for a fence, recorded once 4 MiB (an eighth of the sync budget) is
+        // pending and reached at once on the idle emulated device: until then the pool takes
+        // 2 MiB segments.  No blocking sync at all, device-wide or on a fence.
         CHECK(num(v, "driver_alloc") <= 17);
         CHECK(num(v, "driver_free") == 0);
-        CHECK(num(v, "driver_sync") >= 1);
-        CHECK(num(v, "driver_sync") <= 3);  // 20000 x 4 KiB = 78 MiB freed: about two sync budgets
+        CHECK(num(v, "driver_sync") == 0);
+        CHECK(num(v, "ctx_sync") == 0);
+        CHECK(num(v, "fence_record") >= 1);
         const json& cfg = ls.front()["config"];
         CHECK(cfg["pool"] == "on");
         CHECK(cfg["reuse"] == "safe");
@@ -227,7 +245,9 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
         CHECK(count_ev(ls, "alloc") == size_t(n));
         CHECK(count_ev(ls, "free") == size_t(n));
         CHECK(count_ev(ls, "segment_alloc") == num(v, "driver_alloc"));
-        CHECK(count_ev(ls, "pool_sync") == num(v, "driver_sync"));
+        CHECK(count_ev(ls, "pool_sync") >= 1);
+        for (auto& j : ls)
+            if (j["ev"] == "pool_sync") CHECK(j.value("fence", false));  // released by fences, never a sync
         CHECK(count_ev(ls, "stats") >= 1);
         for (auto& j : ls) {
             if (j["ev"] != "alloc" && j["ev"] != "free") continue;
@@ -263,9 +283,14 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the 
         CHECK(num(v, "before_driver_sync") == 0);
         CHECK(num(v, "reused_after_blocking") == 1);  // one blocking stream: still one issue order
         CHECK(num(v, "blocking_driver_sync") == 0);
-        CHECK(num(v, "stream_driver_sync") == 1);      // the drain, before the stream reached the program
-        CHECK(num(v, "reused_after_stream") == 0);    // now a freed block waits for a sync
-        CHECK(num(v, "after_driver_sync") == 2);       // 40 MiB pending covers a 20 MiB request twice
+        CHECK(num(v, "stream_driver_sync") == 1);      // the drain (one event on the legacy stream), before the stream reached the program
+        CHECK(num(v, "stream_ctx_sync") == 0);         // ... and no device-wide sync
+        // Now a freed block waits for its fence; the idle emulated device reaches it at once, so
+        // the next allocation gets it back, without blocking.
+        CHECK(num(v, "reused_after_stream") == 1);
+        CHECK(num(v, "after_driver_sync") == 1);       // still only the drain
+        CHECK(num(v, "after_ctx_sync") == 0);
+        CHECK(num(v, "after_fence_record") >= num(v, "stream_fence_record") + 2 * (std::string(second) == "nonblocking" ? 2 : 1));
         REQUIRE(count_ev(ls, "reuse_safe") == 1);
         size_t i = 0;
         while (ls[i]["ev"] != "reuse_safe") ++i;
@@ -273,6 +298,15 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the 
         CHECK(ls[i]["dev"] == 0);
         CHECK(ls[i + 1]["ev"] == "pool_sync");
         CHECK(ls[i + 1]["count"] == 0);
+        CHECK(ls[i + 1]["fence"] == true);
+        // The reuse after the stream came only after a fence released the free.
+        size_t free_c = i + 2;
+        while (free_c < ls.size() && ls[free_c]["ev"] != "free") ++free_c;
+        REQUIRE(free_c + 2 < ls.size());
+        CHECK(ls[free_c + 1]["ev"] == "pool_sync");
+        CHECK(ls[free_c + 1]["fence"] == true);
+        CHECK(ls[free_c + 1]["count"] == 1);
+        CHECK(ls[free_c + 2]["ev"] == "alloc");
         layout_rebuild lr;
         check_rebuild(ls, &lr);
         CHECK(lr.n_reuse_safe == 1);
@@ -285,7 +319,10 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the 
             auto v2 = values(r2.out);
             CHECK(count_ev(ls2, "reuse_safe") == 0);
             CHECK(num(v2, "stream_driver_sync") == num(v2, "blocking_driver_sync"));
-            CHECK(num(v2, "reused_before_stream") == (std::string(mode) == "immediate" ? 1u : 0u));
+            // safe: the freed block came back after its fence (reached at once on the emulated device).
+            CHECK(num(v2, "reused_before_stream") == 1);
+            CHECK(num(v2, "before_driver_sync") == 0);
+            CHECK(num(v2, "before_fence_record") == (std::string(mode) == "immediate" ? 0u : 1u));
             check_rebuild(ls2);
         }
     }
@@ -455,7 +492,8 @@ TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs r
     CHECK(num(v, "after_driver_sync_in_capture") == 0);
     CHECK(num(v, "during_driver_sync") == num(v, "before_driver_sync"));
     CHECK(num(v, "during_driver_alloc") > num(v, "before_driver_alloc"));  // segments instead of syncs
-    CHECK(num(v, "after_driver_sync") > num(v, "during_driver_sync"));
+    CHECK(num(v, "during_fence_record") == num(v, "before_fence_record"));  // no event into a capture
+    CHECK(num(v, "after_fence_record") > num(v, "during_fence_record"));    // fences resume after it
     check_rebuild(ls);
 }
 
@@ -579,10 +617,39 @@ TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 M
     CHECK(num(v, "small_served") == num(va, "small_served"));
     CHECK(num(v, "big_served") == num(va, "big_served"));
     CHECK(num(v, "driver_unmap") > 0);
-    CHECK(num(v, "driver_sync") >= 1);  // before unmapping freed bytes (cuMemUnmap does not wait)
+    // Before unmapping freed bytes (cuMemUnmap does not wait): a wait on events on every stream,
+    // no device-wide sync.
+    CHECK(num(v, "driver_sync") >= 1);
+    CHECK(num(v, "ctx_sync") == 0);
     CHECK(count_ev(ls, "segment_unmap") > 0);
     check_rebuild(ls);
     // cuMemAlloc segments keep the freed thirds behind live blocks.
     auto off = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_VMM", "off"}});
     CHECK(num(values(off.out), "big_served") < num(va, "big_served"));
+}
+
+TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blocking sync, fences only") {
+    // Issue 12: safe reuse synchronized the context once per 10 pairs here (9,999 blocking syncs).
+    // Now frees are released by fences (events on the legacy stream and on the stream), which the
+    // idle emulated device has reached by the time the memory is wanted.
+    auto r = run({EMU_POOL_APP, "stream-loop", "100000", "4096"});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "pairs") == 100000);
+    CHECK(num(v, "driver_sync") == 0);  // neither cuCtxSynchronize nor cuEventSynchronize
+    CHECK(num(v, "ctx_sync") == 0);
+    CHECK(num(v, "driver_sync_in_capture") == 0);
+    CHECK(num(v, "fence_record") >= 2);           // each fence: the legacy stream and the program's stream
+    CHECK(num(v, "fence_record") % 2 == 0);
+    CHECK(num(v, "driver_alloc") <= 4);            // the pool still reuses: a few 2 MiB segments
+    REQUIRE(count_ev(ls, "reuse_safe") == 1);
+    size_t n_fence = 0;
+    for (auto& j : ls)
+        if (j["ev"] == "pool_sync") {
+            CHECK(j.value("fence", false));
+            ++n_fence;
+        }
+    CHECK(n_fence >= 1);
+    check_rebuild(ls);
 }

@@ -1,0 +1,61 @@
+// The streams a fence must cover: every non-blocking stream the program made through the hooks, by context.
+#include "core/pool/stream_set.h"
+
+#include <algorithm>
+#include <new>
+
+namespace gpumem {
+
+void stream_set::created(uint64_t ctx, uint64_t stream, bool non_blocking) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    try {
+        live_.push_back({ctx, stream, non_blocking});
+    } catch (...) {
+        give_up();  // a stream nobody knows: only a synchronize covers it
+    }
+}
+
+void stream_set::destroyed(uint64_t ctx, uint64_t stream) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find_if(live_.begin(), live_.end(), [&](const entry& e) { return e.stream == stream; });
+    if (it == live_.end()) return;  // not one of ours (made before gpumem saw it, or twice destroyed)
+    const uint64_t c = it->ctx ? it->ctx : ctx;
+    const bool nb = it->non_blocking;
+    live_.erase(it);
+    // A blocking stream's work is covered by the legacy stream's event even after its destruction.
+    if (!nb) return;
+    try {
+        if (std::find(destroyed_in_.begin(), destroyed_in_.end(), c) == destroyed_in_.end()) destroyed_in_.push_back(c);
+    } catch (...) {
+        give_up();
+    }
+}
+
+bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out) const noexcept {
+    out.clear();
+    if (!usable()) return false;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (std::find(destroyed_in_.begin(), destroyed_in_.end(), ctx) != destroyed_in_.end()) return false;
+    try {
+        for (const entry& e : live_)
+            if (e.ctx == ctx && e.non_blocking) out.push_back(e.stream);
+    } catch (...) {
+        return false;
+    }
+    return true;
+}
+
+void stream_set::forget_destroyed(uint64_t ctx) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    destroyed_in_.erase(std::remove(destroyed_in_.begin(), destroyed_in_.end(), ctx), destroyed_in_.end());
+}
+
+void stream_set::reset_after_fork() noexcept {
+    // The child has one thread; a mutex held by a vanished parent thread is re-made in place.
+    new (&mu_) std::mutex();
+    live_.clear();
+    destroyed_in_.clear();
+    broken_.store(false);
+}
+
+}  // namespace gpumem

@@ -1,0 +1,52 @@
+// The streams a fence must cover: every non-blocking stream the program made through the hooks, by context.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace gpumem {
+
+// The hook layer reports stream creations and destructions (every route that reaches
+// cuStreamCreate*), the pools ask which streams of their context a fence must cover.  Blocking
+// streams are counted but need no event of their own: the fence's event on the legacy stream
+// waits for all earlier work on every blocking stream of the context (per-thread default streams
+// included), as the legacy stream's implicit synchronization makes every legacy-stream operation do.
+// Thread-safe; contexts are opaque keys (a CUcontext's value).
+class stream_set {
+  public:
+    // A stream made in ctx.
+    void created(uint64_t ctx, uint64_t stream, bool non_blocking) noexcept;
+    // A stream destroyed: its queued work still runs, but no event can be recorded on it any
+    // more, so the next release of ctx's pending frees falls back to one synchronize (which waits
+    // for it), after which the destruction is forgotten.
+    void destroyed(uint64_t ctx, uint64_t stream) noexcept;
+    // Something no fence can cover appeared (a green context, whose work runs on streams of
+    // another context; a stream made while the set had no memory; ways in gpumem does not watch):
+    // from now on every pool releases by synchronize.
+    void give_up() noexcept { broken_.store(true, std::memory_order_release); }
+    bool usable() const noexcept { return !broken_.load(std::memory_order_acquire); }
+
+    // The non-blocking streams of ctx, into out (cleared first).  False when fences cannot cover
+    // ctx now: give_up() was called, or a stream of ctx was destroyed since the last
+    // forget_destroyed(ctx).  Never throws; false as well when out cannot grow.
+    bool fence_streams(uint64_t ctx, std::vector<uint64_t>& out) const noexcept;
+    // A synchronize of ctx has returned: destroyed streams' work has finished.
+    void forget_destroyed(uint64_t ctx) noexcept;
+
+    // A fork child: the parent's streams do not exist in it.
+    void reset_after_fork() noexcept;
+
+  private:
+    struct entry {
+        uint64_t ctx, stream;
+        bool non_blocking;
+    };
+    mutable std::mutex mu_;
+    std::vector<entry> live_;
+    std::vector<uint64_t> destroyed_in_;  // contexts that lost a stream since their last sync
+    std::atomic<bool> broken_{false};
+};
+
+}  // namespace gpumem

@@ -1,0 +1,261 @@
+// Safe reuse by fences on fake_backend: no block comes back before its fence is reached, and no context synchronize.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "pool_test_util.h"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+constexpr uint64_t k_ctx = 0xc0;
+constexpr uint64_t k_stream = 0x5000;
+
+// Records events, and for each segment_unmap the ticket the device had reached when the pool
+// decided to unmap (the pool emits it before the driver call).
+struct clock_sink final : event_sink {
+    recording_sink all;
+    fake_backend* dev = nullptr;
+    std::vector<std::pair<event, uint64_t>> unmaps;  // the event, the ticket reached then
+    void emit(event& e) noexcept override {
+        if (e.ev == ev_kind::segment_unmap) unmaps.emplace_back(e, dev->completed());
+        all.emit(e);
+    }
+};
+
+struct fenced {
+    fake_backend dev;
+    clock_sink csink;
+    recording_sink& sink = csink.all;
+    stream_set streams;
+    block_pool pool;
+    explicit fenced(pool_config cfg = safe_config(), uint64_t capacity = 1ull << 40, uint64_t chunk = 0)
+        : dev(capacity), pool(cfg, dev, &csink, 0) {
+        csink.dev = &dev;
+        dev.set_vmm(chunk);
+        dev.enable_events(true);
+        dev.set_auto_complete(false);  // the GPU runs behind until the test says otherwise
+        streams.created(k_ctx, k_stream, true);
+        pool.set_streams(&streams, k_ctx);
+    }
+    uint64_t alloc(uint64_t size) {
+        uint64_t p = 0;
+        REQUIRE(pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        return p;
+    }
+    void free(uint64_t p) {
+        int rc = -1;
+        REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+        REQUIRE(rc == k_cuda_success);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("fences: a block freed while its fence is pending comes back only once the fence is reached", "[fence]") {
+    fenced f;
+    const uint64_t mb8 = 8 * MiB;
+    const uint64_t a = f.alloc(mb8);
+    f.dev.enqueue_work();  // a kernel reads a
+    f.free(a);
+    // One fence, recorded at the free (8 MiB is more than an eighth of the budget): an event on
+    // the legacy stream and one on the program's non-blocking stream.
+    CHECK(f.dev.records_on(k_stream_legacy) == 1);
+    CHECK(f.dev.records_on(k_stream) == 1);
+    CHECK(f.pool.pending_bytes() == mb8);
+
+    const uint64_t b = f.alloc(mb8);  // the fence is not reached: a new block, no wait
+    CHECK(b != a);
+    CHECK(f.dev.event_syncs() == 0);
+    CHECK(f.pool.pending_bytes() == mb8);
+
+    f.dev.complete_all();  // the GPU catches up
+    const uint64_t c = f.alloc(mb8);
+    CHECK(c == a);  // released by the fence, without blocking
+    CHECK(f.pool.pending_bytes() == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.event_syncs() == 0);
+    auto syncs = f.sink.of(ev_kind::pool_sync);
+    REQUIRE(syncs.size() == 1);
+    CHECK((syncs[0].flags & ef_fence) != 0);
+    CHECK(syncs[0].c.count == 1);
+    std::string why;
+    CHECK(f.pool.validate(&why));
+}
+
+TEST_CASE("fences: only the frees before a reached fence come back, oldest first", "[fence]") {
+    fenced f;
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    f.free(a);  // fence 1
+    const uint64_t t1 = f.dev.last_ticket();
+    f.free(b);  // fence 2
+    f.dev.complete_through(t1);  // fence 1 reached, fence 2 not
+    const uint64_t c = f.alloc(8 * MiB);
+    CHECK(c == a);
+    CHECK(f.pool.pending_bytes() == 8 * MiB);  // b still waits
+    const uint64_t d = f.alloc(8 * MiB);
+    CHECK(d != b);
+    CHECK(f.dev.sync_calls() == 0);
+}
+
+TEST_CASE("fences: when memory is short the pool blocks on a fence, never on the context", "[fence]") {
+    fenced f(safe_config(), 24 * MiB);  // room for one 20 MiB segment
+    const uint64_t a = f.alloc(8 * MiB);
+    f.dev.enqueue_work();
+    f.free(a);
+    f.alloc(8 * MiB);
+    // The third 8 MiB fits only in a's block: the segment is full and the device has no room.
+    const uint64_t w = f.dev.last_ticket();
+    const uint64_t c = f.alloc(8 * MiB);
+    CHECK(c == a);
+    CHECK(f.dev.event_syncs() >= 1);
+    CHECK(f.dev.completed() >= w);  // the wait let the device reach the fence
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.pool.fence_wait_count() >= 1);
+}
+
+TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]") {
+    fenced f;
+    f.dev.set_capturing(true);
+    const uint64_t a = f.alloc(8 * MiB);
+    f.free(a);
+    CHECK(f.dev.records() == 0);
+    const uint64_t b = f.alloc(8 * MiB);
+    CHECK(b != a);  // pending through the capture: a new block instead
+    CHECK(f.dev.bad_calls() == 0);
+    f.dev.set_capturing(false);
+    f.free(b);  // fenced now, with a
+    CHECK(f.dev.records() == 2);
+    f.dev.complete_all();
+    CHECK(f.alloc(8 * MiB) == a);
+    CHECK(f.dev.sync_calls() == 0);
+}
+
+TEST_CASE("fences: what no fence covers falls back to one context synchronize", "[fence]") {
+    SECTION("a destroyed stream's work") {
+        fenced f;
+        f.streams.destroyed(k_ctx, k_stream);
+        const uint64_t a = f.alloc(40 * MiB);
+        f.free(a);
+        CHECK(f.dev.records() == 0);
+        CHECK(f.alloc(40 * MiB) == a);  // 40 MiB pending is over the budget: one sync releases it
+        CHECK(f.dev.sync_calls() == 1);
+        // After the sync the destroyed stream is forgotten: fences again.
+        f.free(a);
+        CHECK(f.dev.records() == 1);  // the legacy stream only: the program has no stream left
+    }
+    SECTION("a green context, or a backend without events") {
+        fenced f;
+        f.streams.give_up();
+        const uint64_t a = f.alloc(40 * MiB);
+        f.free(a);
+        CHECK(f.alloc(40 * MiB) == a);
+        CHECK(f.dev.records() == 0);
+        CHECK(f.dev.sync_calls() == 1);
+    }
+    SECTION("a record that fails leaves the free unfenced, to be fenced at the next try") {
+        fenced f;
+        f.dev.fail_next_records(1);
+        const uint64_t a = f.alloc(40 * MiB);
+        f.free(a);
+        CHECK(f.alloc(40 * MiB) != a);  // fenced now, not reached yet
+        f.dev.complete_all();
+        CHECK(f.alloc(40 * MiB) == a);
+        CHECK(f.dev.sync_calls() == 0);
+    }
+}
+
+namespace {
+
+// A random program on fake_backend's work clock.  Checks, after every allocation: no block handed
+// out over a freed range whose earlier work may still run (unless the pool reuses at once by
+// design: immediate, or auto before `switch_at`), and no chunk unmapped under such a range, ever.
+// Never a device-wide sync.
+void run_property(reuse_mode mode, uint64_t chunk, int switch_at) {
+    for (uint64_t seed : {1u, 2u, 3u, 4u}) {
+        INFO("seed " << seed);
+        pool_config cfg;
+        cfg.reuse = mode;
+        cfg.vmm = chunk != 0;
+        fenced f(cfg, 96 * MiB, chunk);  // tight enough that the pool must sometimes wait (and unmap)
+        std::mt19937_64 rng(seed);
+        std::map<uint64_t, uint64_t> live;  // addr -> size
+        struct freed {
+            uint64_t size, ticket;
+        };
+        std::map<uint64_t, freed> unsafe;  // freed ranges whose earlier work may still run
+        size_t unmaps_seen = 0;
+        bool reuse_checked = mode == reuse_mode::safe;
+        const uint64_t sizes[] = {512, 4096, 100000, MiB, 3 * MiB, 9 * MiB};
+        for (int op = 0; op < 20000; ++op) {
+            if (op == switch_at) {
+                f.pool.enter_safe_reuse(api_id::cuStreamCreate);  // auto: the program made a stream
+                reuse_checked = mode == reuse_mode::automatic;
+            }
+            const uint64_t done = f.dev.completed();
+            for (auto it = unsafe.begin(); it != unsafe.end();) it = it->second.ticket <= done ? unsafe.erase(it) : std::next(it);
+            const int r = int(rng() % 100);
+            if (r < 45 || live.empty()) {
+                const uint64_t size = sizes[rng() % 6];
+                uint64_t p = 0;
+                const int rc = f.pool.allocate(size, api_id::cuMemAlloc_v2, &p);
+                // Chunks unmapped during the call: no freed range inside them may have work left.
+                for (; unmaps_seen < f.csink.unmaps.size(); ++unmaps_seen) {
+                    const auto& [e, reached] = f.csink.unmaps[unmaps_seen];
+                    for (const auto& [a, fr] : unsafe) {
+                        if (a < e.b.ptr + e.b.size && e.b.ptr < a + fr.size) {
+                            INFO("unmapped " << std::hex << e.b.ptr << " over " << a << " before ticket " << std::dec
+                                             << fr.ticket << " done " << reached);
+                            REQUIRE(fr.ticket <= reached);
+                        }
+                    }
+                }
+                if (rc != k_cuda_success) continue;
+                // Every freed range this block overlaps must have had its earlier work finish.
+                const uint64_t now_done = f.dev.completed();
+                for (const auto& [a, fr] : unsafe) {
+                    if (reuse_checked && a < p + size && p < a + fr.size) {
+                        INFO("reused " << std::hex << a << " before ticket " << std::dec << fr.ticket << " done " << now_done);
+                        REQUIRE(fr.ticket <= now_done);
+                    }
+                }
+                live[p] = size;
+                f.dev.enqueue_work();  // the new owner's kernel
+            } else if (r < 85) {
+                auto it = live.begin();
+                std::advance(it, rng() % live.size());
+                const uint64_t p = it->first, size = it->second;
+                live.erase(it);
+                const uint64_t t = f.dev.enqueue_work();  // the last kernel that read it, then the free
+                f.free(p);
+                auto& u = unsafe[p];
+                u = {std::max(u.size, size), std::max(u.ticket, t)};
+            } else if (r < 98) {
+                const uint64_t last = f.dev.last_ticket();
+                if (last) f.dev.complete_through(f.dev.completed() + rng() % (last - f.dev.completed() + 1));
+            } else {
+                f.dev.complete_all();
+            }
+        }
+        std::string why;
+        CHECK(f.pool.validate(&why));
+        CHECK(f.dev.sync_calls() == 0);  // never a device-wide sync
+        CHECK(f.dev.bad_calls() == 0);
+        if (mode != reuse_mode::immediate) CHECK(f.sink.count(ev_kind::pool_sync) > 0);
+        if (chunk) CHECK(!f.csink.unmaps.empty());  // the test reached the unmapping path
+    }
+}
+
+}  // namespace
+
+TEST_CASE("fences, property: no reuse before the work enqueued before the free is done; no context sync", "[fence]") {
+    SECTION("safe, cuMemAlloc segments") { run_property(reuse_mode::safe, 0, -1); }
+    SECTION("safe, virtual memory (chunks unmapped only once their work is done)") { run_property(reuse_mode::safe, 2 * MiB, -1); }
+    SECTION("auto, switching mid-run, virtual memory") { run_property(reuse_mode::automatic, 2 * MiB, 5000); }
+    SECTION("immediate, virtual memory: unmapping still waits for the work") { run_property(reuse_mode::immediate, 2 * MiB, -1); }
+}
