@@ -255,3 +255,27 @@ TEST_CASE("segment_unmap: a context reset or a segment_free with live blocks dro
         CHECK(d.allocated.current == 0);
     }
 }
+
+TEST_CASE("a stats line is checked against the rebuilt free blocks, holes left out", "[scenario][vmm]") {
+    const uint64_t seg = 0x40000000;
+    auto stats = [](uint64_t free_blocks, uint64_t largest) {
+        return "{\"ev\":\"stats\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"reserved\":4194304,\"allocated\":1048576,"
+               "\"requested\":1048576,\"largest_free\":" + std::to_string(largest) + ",\"free_blocks\":" +
+               std::to_string(free_blocks) + ",\"segments\":1,\"gpu_free\":0,\"gpu_total\":0}\n";
+    };
+    // One 1 MiB block at the start of an 8 MiB segment, [2, 6) MiB unmapped: free [1, 2) and [6, 8).
+    const std::string head = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                             pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 4 * MiB, seg);
+    {
+        temp_file f(head + stats(2, 2 * MiB) + end_line(4, 1));
+        CHECK(analyze_file(f.path, {}).n_warnings == 0);
+    }
+    {
+        // What the pool would say if the hole were free: one block of 7 MiB.
+        temp_file f(head + stats(1, 7 * MiB) + end_line(4, 1));
+        process_report r = analyze_file(f.path, {});
+        REQUIRE(r.n_warnings == 1);
+        CHECK_THAT(r.warnings[0], Catch::Contains(":5: the pool reports 1 free blocks, the largest 7340032 bytes; "
+                                                  "the reconstruction has 2, the largest 2097152"));
+    }
+}
