@@ -1,9 +1,12 @@
 // Benchmark: median ns of one alloc+free pair served from the pool's cache, event included.
 //
-// Usage: pool_benchmark [safe|immediate|both]   (default both)
+// Usage: pool_benchmark [safe|fences|immediate|both|all] [vmm]   (default both: safe and immediate)
 // Each size is warmed up first (segments taken, steady state reached), then timed in batches of
-// 256 pairs; the median batch average is printed.  In safe mode the steady state includes the
-// amortized synchronize (free on the fake device) and the occasional new segment.
+// 256 pairs; the median batch average is printed.  safe: the synchronize fallback (a backend
+// without events; the amortized synchronize is free on the fake device).  fences: safe with events
+// and one non-blocking stream, as after auto's switch in a real program: the steady state
+// includes recording a fence (2 events) per eighth of the budget and polling fences at a miss;
+// the fake device reaches every event at once.  vmm: segments on virtual memory (2 MiB chunks).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,6 +16,7 @@
 
 #include "core/pool/block_pool.h"
 #include "core/pool/fake_backend.h"
+#include "core/pool/stream_set.h"
 
 using namespace gpumem;
 
@@ -28,12 +32,20 @@ struct counting_sink final : event_sink {
     }
 };
 
-double median_pair_ns(reuse_mode mode, uint64_t size) {
+double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size) {
     fake_backend dev;
     counting_sink sink;
     pool_config cfg;
     cfg.reuse = mode;
+    cfg.vmm = vmm;
+    if (vmm) dev.set_vmm(2 << 20);
     block_pool pool(cfg, dev, &sink, 0);
+    stream_set streams;
+    if (fences) {
+        dev.enable_events(true);
+        streams.created(0xc0, 0x5000, true);
+        pool.set_streams(&streams, 0xc0);
+    }
     // A few long-lived neighbours, so the pair is not alone in its segment.
     uint64_t keep[4];
     for (auto& k : keep) pool.allocate(size, api_id::cuMemAlloc_v2, &k);
@@ -54,10 +66,10 @@ double median_pair_ns(reuse_mode mode, uint64_t size) {
         per_pair.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / k_batch);
     }
     std::nth_element(per_pair.begin(), per_pair.begin() + k_batches / 2, per_pair.end());
-    std::printf("  %-9s %10llu B  %7.1f ns/pair   (syncs %llu, segments taken %llu, events %llu)\n",
-                mode == reuse_mode::safe ? "safe" : "immediate", (unsigned long long)size, per_pair[k_batches / 2],
-                (unsigned long long)dev.sync_calls(), (unsigned long long)dev.alloc_calls(),
-                (unsigned long long)sink.n.load());
+    std::printf("  %-9s %10llu B  %7.1f ns/pair   (syncs %llu, event records %llu, segments taken %llu, events %llu)\n",
+                mode == reuse_mode::safe ? (fences ? "fences" : "safe") : "immediate", (unsigned long long)size,
+                per_pair[k_batches / 2], (unsigned long long)dev.sync_calls(), (unsigned long long)dev.records(),
+                (unsigned long long)(dev.alloc_calls() + dev.map_calls()), (unsigned long long)sink.n.load());
     return per_pair[k_batches / 2];
 }
 
@@ -65,11 +77,17 @@ double median_pair_ns(reuse_mode mode, uint64_t size) {
 
 int main(int argc, char** argv) {
     const char* which = argc > 1 ? argv[1] : "both";
+    const bool vmm = argc > 2 && !std::strcmp(argv[2], "vmm");
     const uint64_t sizes[] = {512, 4096, 64 << 10, 1 << 20, 2 << 20, 8 << 20, 20 << 20};
-    std::printf("pool hit: median ns per alloc+free pair (fake device, counting sink)\n");
-    for (reuse_mode m : {reuse_mode::safe, reuse_mode::immediate}) {
-        if (std::strcmp(which, "both") && std::strcmp(which, m == reuse_mode::safe ? "safe" : "immediate")) continue;
-        for (uint64_t s : sizes) median_pair_ns(m, s);
+    std::printf("pool hit: median ns per alloc+free pair (fake device, counting sink%s)\n", vmm ? ", virtual memory" : "");
+    const bool all = !std::strcmp(which, "all");
+    const bool both = !std::strcmp(which, "both");
+    struct { const char* name; reuse_mode mode; bool fences, in_both; } modes[] = {
+        {"safe", reuse_mode::safe, false, true}, {"fences", reuse_mode::safe, true, false},
+        {"immediate", reuse_mode::immediate, false, true}};
+    for (const auto& m : modes) {
+        if (!all && !(both && m.in_both) && std::strcmp(which, m.name)) continue;
+        for (uint64_t s : sizes) median_pair_ns(m.mode, m.fences, vmm, s);
     }
     return 0;
 }
