@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Issue 12's "Performance" benchmark of gpumem's pool on a GPU, every mode in alternating rounds of one run.
+
+Usage: pool_bench.py OUTDIR [ROUNDS]        (the driver: spawns the workers, prints and writes results)
+       pool_bench.py worker WHAT ARGS...    (one workload in this process; prints one JSON line)
+Environment: LIB = path of libgpumem.so (default build/preload/libgpumem.so), APP = the static-cudart
+program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/static_cudart_app).
+
+(a) fragment: fill the GPU with 6 MiB tensors, free two of every three, then ask for 1 GiB tensors
+    until OOM.  Raw PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the driver alone) against gpumem's pool with
+    GPUMEM_POOL_VMM=on and =off.  Gate: the VMM pool serves every request the driver serves.
+(b) transformer: a small GPT-2 trained on varying sequence lengths, under bf16 autocast.  PyTorch's
+    own caching allocator and expandable_segments against NO_CACHING under the pool (VMM on; default
+    reuse, and GPUMEM_REUSE=safe, which fences from the start).  Step time, device-wide syncs (from
+    the log), fence releases, peak reserved (torch's for PyTorch, the pool's from the log) and peak
+    requested bytes (from the log).
+(c) race: a freed tensor that a side stream has yet to read, refilled on the main stream: sums must
+    equal raw NO_CACHING's; GPUMEM_REUSE=immediate is the control that must differ.
+(d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
+    gpumem, with the pool (auto: no stream, no events) and with GPUMEM_REUSE=safe (a fence per batch).
+Results: OUTDIR/pool-bench.md (Markdown) and OUTDIR/pool-bench.json; the logs in POOL_BENCH_LOGS (a
+fresh /tmp directory by default).  Exit 1 if a correctness gate
+fails ((a) and (c)); the time and memory targets are printed, not gated (they are what is measured).
+"""
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+# ---- workers (run inside the measured process) ----------------------------------------------
+
+def w_fragment():
+    import torch
+    small, big = [], []
+    mb6 = 6 << 20
+    try:
+        while True:
+            small.append(torch.empty(mb6, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        pass
+    n_small = len(small)
+    for i in range(len(small)):
+        if i % 3:
+            small[i] = None  # free two of every three
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    try:
+        while True:
+            big.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        pass
+    return {"small_served": n_small, "big_served": len(big), "big_s": time.perf_counter() - t0,
+            "freed_gib": (n_small - (n_small + 2) // 3) * mb6 / 2**30}
+
+
+def w_transformer(steps):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=8, n_embd=768, n_head=12, vocab_size=16384, n_positions=1024)
+    model = GPT2LMHeadModel(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    losses, times = [], []
+    for i in range(steps):
+        seq = int(torch.randint(64, 1025, (1,), generator=gen).item())  # varying sequence lengths
+        batch = max(1, 16384 // seq)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=ids, labels=ids)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        losses.append(float(out.loss.item()))  # syncs
+        times.append(time.perf_counter() - t0)
+    warm = times[5:]
+    return {"ms_per_step": 1e3 * statistics.mean(warm), "median_ms": 1e3 * statistics.median(warm),
+            "steps": steps, "losses": losses[-3:],
+            "torch_max_reserved": torch.cuda.max_memory_reserved(),
+            "torch_max_allocated": torch.cuda.max_memory_allocated()}
+
+
+def w_race(iters):
+    import torch
+    side = torch.cuda.Stream()
+    n = 1 << 20
+    sums = []
+    for i in range(iters):
+        x = torch.full((n,), float(i + 1), device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # the read of x comes late
+            y = x * 2
+        del x  # freed while the side stream has yet to read it
+        z = torch.zeros(n, device="cuda")  # may land on x's memory
+        torch.cuda.current_stream().wait_stream(side)
+        sums.append(float(y.sum().item()))
+        del y, z
+    return {"sums": sums}
+
+
+# ---- driver -----------------------------------------------------------------------------------
+
+LIB = os.environ.get("LIB", os.path.join(ROOT, "build/preload/libgpumem.so"))
+APP = os.environ.get("APP", os.path.join(ROOT, "build/gpu/static_cudart_app"))
+LOGS = None
+
+MODES = {
+    # name: (environment, under gpumem)
+    "native": ({}, False),
+    "expandable": ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, False),
+    "raw": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, False),
+    "gpumem-vmm": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on"}, True),
+    "gpumem-vmm-safe": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "safe"}, True),
+    "gpumem-novmm": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "off"}, True),
+    "gpumem-vmm-immediate": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "immediate"}, True),
+}
+
+
+def spawn(outdir, name, mode, argv, timeout=600):
+    env_add, preload = MODES[mode]
+    env = dict(os.environ)
+    for k in ("LD_PRELOAD", "GPUMEM_OUT", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+              "GPUMEM_POOL_VMM", "GPUMEM_REUSE"):
+        env.pop(k, None)
+    env.update(env_add)
+    if preload:
+        env["LD_PRELOAD"] = LIB
+        env["GPUMEM_OUT"] = f"{LOGS}/{name}.%p.jsonl"
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        out, err, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, rc = e.stdout or "", (e.stderr or "") + "\nTIMEOUT", -9
+        out = out.decode() if isinstance(out, bytes) else out
+        err = err.decode() if isinstance(err, bytes) else err
+    with open(f"{LOGS}/{name}.stderr", "w") as f:
+        f.write(err)
+    res = {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1)}
+    last = [l for l in out.splitlines() if l.startswith("{")]
+    if last:
+        try:
+            res.update(json.loads(last[-1]))
+        except ValueError:
+            pass
+    elif out:
+        res["stdout"] = out[-2000:]
+    if rc != 0:
+        res["stderr_tail"] = err[-600:]
+    print(f"== {name} [{mode}] rc={rc} {res.get('wall_s')} s: {json.dumps({k: v for k, v in res.items() if k not in ('stderr_tail', 'sums', 'stdout')})[:300]}", flush=True)
+    return res
+
+
+def log_facts(outdir, name):
+    """Device-wide syncs, fence releases, peaks of reserved and requested bytes, from the pool's log."""
+    files = sorted(glob.glob(f"{LOGS}/{name}.*.jsonl"), key=os.path.getsize, reverse=True)
+    if not files:
+        return {}
+    syncs = fences = n = oom = unmap = 0
+    reserved = peak_res = requested = peak_req = 0
+    seg_unmapped = {}
+    live_req = {}
+    reuse_safe = None
+    with open(files[0]) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            e = json.loads(line)
+            n += 1
+            ev = e.get("ev")
+            if ev == "pool_sync":
+                if e.get("fence"):
+                    fences += 1
+                else:
+                    syncs += 1
+            elif ev == "segment_alloc":
+                reserved += e["size"]
+            elif ev == "segment_unmap":
+                reserved -= e["size"]
+                unmap += 1
+                seg_unmapped[e["seg"]] = seg_unmapped.get(e["seg"], 0) + e["size"]
+            elif ev == "segment_free":
+                reserved -= e["size"] - seg_unmapped.pop(e["ptr"], 0)
+            elif ev == "alloc" and e.get("pooled"):
+                live_req[e["ptr"]] = e["size"]
+                requested += e["size"]
+            elif ev == "free" and e.get("pooled"):
+                requested -= live_req.pop(e["ptr"], 0)
+            elif ev == "oom":
+                oom += 1
+            elif ev == "reuse_safe" and reuse_safe is None:
+                reuse_safe = e.get("api")
+            peak_res = max(peak_res, reserved)
+            peak_req = max(peak_req, requested)
+    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "peak_reserved": peak_res,
+            "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "reuse_safe": reuse_safe}
+
+
+def main():
+    global LOGS
+    outdir = os.path.abspath(sys.argv[1])
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    os.makedirs(outdir, exist_ok=True)
+    # The logs (tens of MB each) stay out of OUTDIR, whose files come back from the GPU machine.
+    LOGS = os.environ.get("POOL_BENCH_LOGS") or tempfile.mkdtemp(prefix="gpumem-pool-bench.")
+    os.makedirs(LOGS, exist_ok=True)
+    me = [sys.executable, os.path.abspath(__file__), "worker"]
+    R = {"a": {}, "b": {}, "c": {}, "d": {}}
+    fails = []
+
+    # (a) one run each: filling a 141 GB GPU takes seconds, and the result is a count.
+    for m in ("raw", "gpumem-vmm", "gpumem-novmm"):
+        r = spawn(outdir, f"frag-{m}", m, me + ["fragment"])
+        r.update(log_facts(outdir, f"frag-{m}"))
+        R["a"][m] = r
+
+    # (b) alternating rounds.
+    b_modes = ("native", "expandable", "gpumem-vmm", "gpumem-vmm-safe")
+    steps = int(os.environ.get("POOL_BENCH_STEPS", "40"))
+    for rd in range(1, rounds + 1):
+        for m in b_modes:
+            r = spawn(outdir, f"tf-{m}-{rd}", m, me + ["transformer", str(steps)])
+            r.update(log_facts(outdir, f"tf-{m}-{rd}"))
+            R["b"].setdefault(m, []).append(r)
+
+    # (c)
+    for m in ("raw", "gpumem-vmm", "gpumem-vmm-safe", "gpumem-vmm-immediate"):
+        r = spawn(outdir, f"race-{m}", m, me + ["race", "10"])
+        r.update(log_facts(outdir, f"race-{m}"))
+        R["c"][m] = r
+
+    # (d) alternating rounds of the static-cudart program.
+    d_modes = {"no gpumem": {}, "pool, auto (no stream: no events)": {"GPUMEM_REUSE": "auto"},
+               "pool, GPUMEM_REUSE=safe (fences)": {"GPUMEM_REUSE": "safe"},
+               "pool, VMM, safe (fences)": {"GPUMEM_REUSE": "safe", "GPUMEM_POOL_VMM": "on"}}
+    if os.path.exists(APP):
+        for rd in range(1, rounds + 2):
+            for label, extra in d_modes.items():
+                env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUMEM_REUSE", "GPUMEM_POOL_VMM")}
+                env.update(extra)
+                if extra or label != "no gpumem":
+                    env["LD_PRELOAD"] = LIB
+                    env["GPUMEM_OUT"] = f"{LOGS}/hit-{rd}-%p.jsonl"
+                p = subprocess.run([APP, "bench"], env=env, capture_output=True, text=True, timeout=300)
+                for line in p.stdout.splitlines():
+                    if line.startswith("bench "):
+                        kv = dict(x.split("=") for x in line.split()[1:])
+                        R["d"].setdefault(label, {}).setdefault(kv["size"], []).append(float(kv["median_us"]))
+                print(f"== hit {rd} {label}: rc={p.returncode} {p.stdout.strip().splitlines()[-3:] if p.stdout else p.stderr[-300:]}", flush=True)
+    else:
+        print(f"no {APP}: (d) skipped", flush=True)
+
+    # ---- report ----
+    md = ["## pool-bench (issue 12) " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), ""]
+    try:
+        md.append("GPU: " + subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip())
+    except OSError:
+        pass
+    md += ["", "### (a) fill with 6 MiB, free two of three, then 1 GiB requests", "",
+           "| mode | 6 MiB served | 1 GiB served | segment_unmap | syncs | s for the 1 GiB phase |", "|---|---|---|---|---|---|"]
+    for m, r in R["a"].items():
+        md.append(f"| {m} | {r.get('small_served')} | {r.get('big_served')} | {r.get('unmaps', '-')} | {r.get('device_syncs', '-')} | {r.get('big_s', 0):.1f} |")
+    ra, rv = R["a"].get("raw", {}), R["a"].get("gpumem-vmm", {})
+    ok_a = ra.get("big_served") is not None and rv.get("big_served") is not None and rv["big_served"] >= ra["big_served"]
+    md.append(f"\nGate (a): the VMM pool serves every 1 GiB request the driver serves: {'PASS' if ok_a else 'FAIL'}")
+    if not ok_a:
+        fails.append("a")
+
+    md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds", "",
+           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
+           "|---|---|---|---|---|---|---|---|"]
+    nat = R["b"].get("native", [])
+    for m, rs in R["b"].items():
+        ms = [r.get("ms_per_step") for r in rs]
+        ratio = [a / b for a, b in zip(ms, [r.get("ms_per_step") for r in nat]) if a and b]
+        if MODES[m][1]:
+            res = [r.get("peak_reserved", 0) for r in rs]
+            req = [r.get("peak_requested", 0) for r in rs]
+            sy = [r.get("device_syncs") for r in rs]
+            fe = [r.get("fence_releases") for r in rs]
+        else:
+            res = [r.get("torch_max_reserved", 0) for r in rs]
+            req = [r.get("torch_max_allocated", 0) for r in rs]
+            sy = fe = ["-"] * len(rs)
+        md.append(f"| {m} | {' / '.join(f'{x:.1f}' if x else '?' for x in ms)} | {' / '.join(f'{x:.3f}' for x in ratio)} | "
+                  f"{'/'.join(map(str, sy))} | {'/'.join(map(str, fe))} | {' / '.join(f'{x / 2**20:.0f}' for x in res)} | "
+                  f"{' / '.join(f'{x / 2**20:.0f}' for x in req)} | {' / '.join(f'{a / b:.3f}' if b else '?' for a, b in zip(res, req))} |")
+    md.append("\n(peak requested: the log's live requested bytes for gpumem; torch.cuda.max_memory_allocated for PyTorch's allocators.)")
+
+    md += ["", "### (c) free while a side stream has yet to read, refill on the main stream", "",
+           "| mode | sums equal raw NO_CACHING's | device-wide syncs | fence releases | reuse_safe |", "|---|---|---|---|---|"]
+    raw_sums = R["c"].get("raw", {}).get("sums")
+    for m, r in R["c"].items():
+        eq = r.get("sums") == raw_sums and raw_sums is not None
+        md.append(f"| {m} | {'yes' if eq else 'NO'} ({sum(1 for x, y in zip(r.get('sums') or [], raw_sums or []) if x != y)} differ) | "
+                  f"{r.get('device_syncs', '-')} | {r.get('fence_releases', '-')} | {r.get('reuse_safe', '-')} |")
+    ok_c = all(R["c"].get(m, {}).get("sums") == raw_sums for m in ("gpumem-vmm", "gpumem-vmm-safe")) and raw_sums is not None
+    ctrl = R["c"].get("gpumem-vmm-immediate", {}).get("sums")
+    md.append(f"\nGate (c): {'PASS' if ok_c else 'FAIL'}; control (immediate must differ): "
+              f"{'differs: the check can fail' if ctrl and ctrl != raw_sums else 'WEAK: no difference'}")
+    if not ok_c:
+        fails.append("c")
+
+    md += ["", "### (d) pool hit: median µs of one cudaMalloc+cudaFree pair (static cudart, 2000 pairs), per round", "",
+           "| mode | 512 B | 1 MiB | 20 MiB |", "|---|---|---|---|"]
+    for label, by in R["d"].items():
+        md.append(f"| {label} | " + " | ".join(" / ".join(f"{x:.2f}" for x in by.get(s, [])) for s in ("512", "1048576", "20971520")) + " |")
+
+    text = "\n".join(md) + "\n"
+    print(text)
+    with open(f"{outdir}/pool-bench.md", "w") as f:
+        f.write(text)
+    with open(f"{outdir}/pool-bench.json", "w") as f:
+        json.dump(R, f, indent=1)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "worker":
+        what = sys.argv[2]
+        args = [int(x) for x in sys.argv[3:]]
+        fn = {"fragment": w_fragment, "transformer": w_transformer, "race": w_race}[what]
+        print(json.dumps(fn(*args)), flush=True)
+    elif len(sys.argv) > 1 and sys.argv[1] != "worker":
+        sys.exit(main())
+    else:
+        print(__doc__)
+        sys.exit(2)
