@@ -19,28 +19,7 @@ for pool in off on; do
   for log in "$LOGS"/nccl-$pool-*.jsonl; do
     r=$(basename "$log" | sed 's/.*-\([0-9]*\)\.[0-9]*\.jsonl/\1/')
     sum_ok=$(grep -c "rank $r: .* ok=True" "$LOGS/nccl-$pool.out")
-    python3 - "$log" "$pool" "$r" "$sum_ok" "$rc" <<'PY' || fails=$((fails + 1))
-import json, sys
-sys.path.insert(0, "tests/gpu")
-from check_log import load, summarize
-log, pool, rank, sum_ok, rc = sys.argv[1:]
-lines = load(log)
-s = summarize(lines)
-a = s["apis"]
-e = s["end"] or {}
-pooled = sum(1 for x in lines if x["ev"] == "alloc" and x.get("pooled"))
-problems = []
-if sum_ok != "1" or rc != "0": problems.append(f"all-reduce wrong or torchrun exit {rc}")
-if not e: problems.append("no end line")
-elif e.get("lost") or e.get("unmatched"): problems.append(f"lost={e.get('lost')} unmatched={e.get('unmatched')}")
-if s["seq_gaps"]: problems.append("seq gaps")
-if a.get("alloc:cuMemCreate", 0) == 0: problems.append("NCCL's cuMemCreate not seen")
-if pool == "on" and pooled == 0: problems.append("nothing pooled")
-verdict = "PASS" if not problems else "FAIL: " + "; ".join(problems)
-print(f"| nccl pool {pool} | {rank} | {'right' if sum_ok == '1' else 'WRONG'} | {a.get('alloc:cuMemCreate', 0)} | {a.get('map:cuMemMap', 0)} | "
-      f"{a.get('alloc:cudaMalloc', 0)} | {pooled} | {e.get('reason')} | {verdict} |")
-sys.exit(1 if problems else 0)
-PY
+    python3 tests/gpu/nccl_checks.py "$log" "$pool" "$r" "$sum_ok" "$rc" || fails=$((fails + 1))
   done
 done
 echo "nccl failures: $fails"

@@ -49,20 +49,12 @@ gpumem report --json "$cd_logs"/main/*.jsonl > "$cd_logs/baseline.json"
 EXPECT_LINE='limits? on'
 expect check-own-baseline 0 gpumem check "$cd_logs"/main/*.jsonl --baseline "$cd_logs/baseline.json"
 expect check-mr-vs-main 0 gpumem check "$cd_logs"/mr/*.jsonl --baseline "$cd_logs/baseline.json" --tolerance 5% --junit "$cd_logs/check.xml"
-peak=$(python3 -c 'import json,sys; print(max(d["peak_allocated_bytes"] for p in json.load(open(sys.argv[1]))["processes"] for d in p["devices"] if d["dev"] >= 0))' "$cd_logs/baseline.json")
+peak=$(python3 tests/gpu/halve_baseline.py --peak "$cd_logs/baseline.json")
 tight=$((peak / 2))
 EXPECT_LINE='FAIL'
 expect check-tightened 1 gpumem check "$cd_logs"/mr/*.jsonl --max-peak "$tight"
 # A tightened baseline: the same report with every peak halved.
-python3 - "$cd_logs/baseline.json" "$cd_logs/tight-baseline.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for p in r["processes"]:
-    for d in p["devices"]:
-        for k in ("peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes"):
-            d[k] //= 2
-json.dump(r, open(sys.argv[2], "w"))
-PY
+python3 tests/gpu/halve_baseline.py "$cd_logs/baseline.json" "$cd_logs/tight-baseline.json"
 expect check-tight-baseline 1 gpumem check "$cd_logs"/mr/*.jsonl --baseline "$cd_logs/tight-baseline.json"
 EXPECT_LINE='peak allocated'
 expect diff-main-mr 0 gpumem diff "$cd_logs/baseline.json" "$cd_logs"/mr/*.jsonl
