@@ -7,6 +7,12 @@
 namespace gpumem {
 
 void stream_set::created(uint64_t ctx, uint64_t stream, bool non_blocking) noexcept {
+    // A non-blocking stream of no known context (the context could not be read): no pool's fence
+    // would name it, so only a synchronize covers its work.
+    if (ctx == 0 && non_blocking) {
+        give_up();
+        return;
+    }
     std::lock_guard<std::mutex> lk(mu_);
     try {
         live_.push_back({ctx, stream, non_blocking});

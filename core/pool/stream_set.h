@@ -23,7 +23,8 @@ class stream_set {
     // for it), after which the destruction is forgotten.
     void destroyed(uint64_t ctx, uint64_t stream) noexcept;
     // Something no fence can cover appeared (a green context, whose work runs on streams of
-    // another context; a stream made while the set had no memory; ways in gpumem does not watch):
+    // another context; a stream made while the set had no memory, or in no readable context; ways
+    // in gpumem does not watch):
     // from now on every pool releases by synchronize.
     void give_up() noexcept { broken_.store(true, std::memory_order_release); }
     bool usable() const noexcept { return !broken_.load(std::memory_order_acquire); }

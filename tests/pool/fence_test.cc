@@ -259,3 +259,15 @@ TEST_CASE("fences, property: no reuse before the work enqueued before the free i
     SECTION("auto, switching mid-run, virtual memory") { run_property(reuse_mode::automatic, 2 * MiB, 5000); }
     SECTION("immediate, virtual memory: unmapping still waits for the work") { run_property(reuse_mode::immediate, 2 * MiB, -1); }
 }
+
+TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
+    stream_set st;
+    std::vector<uint64_t> out;
+    st.created(0xc0, 0x10, false);
+    st.created(0, 0x20, false);  // blocking: the legacy stream's event covers it wherever it is
+    CHECK(st.fence_streams(0xc0, out));
+    CHECK(out.empty());
+    st.created(0, 0x30, true);
+    CHECK_FALSE(st.usable());
+    CHECK_FALSE(st.fence_streams(0xc0, out));
+}
