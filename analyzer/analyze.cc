@@ -1,9 +1,6 @@
 // Drives one log through the reader and the rebuilder, with header validation and progress output.
 #include "analyze.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "input_spool.h"
 #include "log_fields.h"
 #include "log_reader.h"
 
@@ -124,74 +122,12 @@ private:
     bool printed_ = false;
 };
 
-// A log that is not a regular file (a pipe, /dev/stdin) cannot be read twice, and a second pass
-// may be needed: it is copied first into an unlinked temporary file, read as /proc/self/fd/N.
-class spooled_input {
-public:
-    explicit spooled_input(const std::string& path) {
-        struct stat st {};
-        if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;  // read in place
-        int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (in < 0) return;  // line_source says why
-        const char* dir = std::getenv("TMPDIR");
-        std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/gpumem-spool-XXXXXX";
-        fd_ = ::mkstemp(tmpl.data());
-        if (fd_ < 0) {
-            ::close(in);
-            throw input_error(path, 0, "cannot spool the input to " + tmpl + ": " + std::strerror(errno) +
-                                           " (it is not a regular file, and a second pass may read it again)");
-        }
-        ::unlink(tmpl.c_str());
-        // Copied up to the end, or to the first line longer than the reader takes (/dev/zero has
-        // no end): the reader then stops at that line with its usual message.
-        constexpr uint64_t k_line_limit = uint64_t{64} << 20;
-        std::vector<char> buf(1 << 20);
-        uint64_t since_newline = 0;
-        for (;;) {
-            ssize_t n = ::read(in, buf.data(), buf.size());
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            if (!write_all(buf.data(), size_t(n))) {
-                int err = errno;
-                ::close(in);
-                throw input_error(path, 0, std::string("cannot spool the input to a temporary file: ") + std::strerror(err));
-            }
-            const char* nl = static_cast<const char*>(::memrchr(buf.data(), '\n', size_t(n)));
-            since_newline = nl ? uint64_t(buf.data() + n - nl - 1) : since_newline + uint64_t(n);
-            if (since_newline > k_line_limit) break;
-        }
-        ::close(in);
-        source_ = "/proc/self/fd/" + std::to_string(fd_);
-    }
-    ~spooled_input() {
-        if (fd_ >= 0) ::close(fd_);
-    }
-    spooled_input(const spooled_input&) = delete;
-    spooled_input& operator=(const spooled_input&) = delete;
-    // What to open: the spool, or "" for the path itself.
-    const std::string& source() const { return source_; }
-
-private:
-    bool write_all(const char* p, size_t n) {
-        while (n) {
-            ssize_t w = ::write(fd_, p, n);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) return false;
-            p += w;
-            n -= size_t(w);
-        }
-        return true;
-    }
-    int fd_ = -1;
-    std::string source_;
-};
-
-// One pass over the file, opened as `source` (the spool) when not empty; the caller asks the
-// rebuilder about a second pass.
+// One pass over the file, opened as `source` (the spool of a pipe, or the path itself); the
+// caller asks the rebuilder about a second pass.
 void run_pass_from(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
                    line_parser& parser, const analyze_options& opt, const char* pass_name, bool first_pass,
                    site_tracker* sites) {
-    line_source src(source.empty() ? path : source);
+    line_source src(source);
     progress_meter meter(opt, path, pass_name);
     std::string_view line;
     bool complete = true;
@@ -273,7 +209,7 @@ void run_pass(const std::string& path, const std::string& source, process_report
 
 }  // namespace
 
-process_report analyze_file(const std::string& path, const analyze_options& opt) {
+process_report analyze_file(const std::string& path, const analyze_options& opt, const std::string& open_path) {
     process_report rep;
     rep.file = path;
     line_parser parser;
@@ -284,8 +220,8 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
     ro.max_listed_leaks = opt.max_listed_leaks;
     rebuilder rp(rep, parser, ro);
     site_tracker sites;
-    spooled_input spool(path);
-    run_pass(path, spool.source(), rep, rp, parser, opt, "", true, &sites);
+    input_spool spool(open_path.empty() ? path : open_path);
+    run_pass(path, spool.path(), rep, rp, parser, opt, "", true, &sites);
     if (!rep.has_end)
         rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
                    "the last flush interval of events may be missing", true);
@@ -297,7 +233,7 @@ process_report analyze_file(const std::string& path, const analyze_options& opt)
         rebuild_options r2;
         r2.peak_snapshot_seq = rp.peak_seqs();
         rebuilder rp2(again, p2, r2);
-        run_pass(path, spool.source(), again, rp2, p2, opt, " (peak pass)", false, nullptr);
+        run_pass(path, spool.path(), again, rp2, p2, opt, " (peak pass)", false, nullptr);
         auto snaps = rp2.take_peak_snapshots();
         for (device_report& d : rep.devices) {
             auto it = snaps.find(d.dev);

@@ -23,7 +23,9 @@ struct analyze_options {
 };
 
 // Reads and analyzes one log.  Throws input_error (exit code 2) when the log cannot be used.
-process_report analyze_file(const std::string& path, const analyze_options& options);
+// `open_path`: what to read in place of `path` (input_spool::path() of an input the caller has
+// spooled already); messages name `path`.  Without it, a pipe is spooled here.
+process_report analyze_file(const std::string& path, const analyze_options& options, const std::string& open_path = {});
 
 // Peak per rank/device and the imbalance between them.
 combined_report combine(const std::vector<process_report>& processes);

@@ -17,6 +17,7 @@
 #include "analyze.h"
 #include "config.h"
 #include "diagnostics.h"
+#include "input_spool.h"
 #include "log_reader.h"
 #include "report_json_read.h"
 
@@ -63,9 +64,10 @@ bool parse_percent_arg(const std::string& text, double& out) {
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error) {
     try {
         for (const std::string& path : paths) {
-            if (looks_like_report_json(path)) {
+            input_spool in(path);  // a pipe is read once, into a file both reads below can open
+            if (looks_like_report_json(in.path())) {
                 spdlog::debug("{}: reading as a `gpumem report --json` file", path);
-                report_file r = read_report_json(path);
+                report_file r = read_report_json(path, in.path());
                 for (size_t i = 0; i < r.processes.size(); ++i) {
                     out.processes.push_back(std::move(r.processes[i]));
                     out.present.push_back(std::move(r.present[i]));
@@ -74,7 +76,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
                 continue;
             }
             spdlog::debug("{}: reading as an event log", path);
-            out.processes.push_back(analyze_file(path, analyze_options{}));
+            out.processes.push_back(analyze_file(path, analyze_options{}, in.path()));
             out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());
             out.source.push_back(path);
         }

@@ -17,6 +17,7 @@
 #include "analyze.h"
 #include "commands.h"
 #include "diagnostics.h"
+#include "input_spool.h"
 #include "log_reader.h"
 #include "parallel.h"
 #include "report_json_read.h"
@@ -133,17 +134,22 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         void say(spdlog::level::level_enum l, std::string m) { messages.emplace_back(l, std::move(m)); }
     };
     std::vector<log_slot> slots(logs.size());
+    // Kept to the end: --torch-snapshot reads its log once more.
+    std::vector<std::unique_ptr<input_spool>> spools(logs.size());
     const bool want_at = oopt.show_at;
     parallel_for(logs.size(), jobs_or_cores(a.jobs), [&](size_t i) {
         const std::string& path = logs[i];
         log_slot& out = slots[i];
         try {
-            if (!a.torch_path.empty() && looks_like_report_json(path)) {
+            // A pipe is read once, into a file that the reads below (and --torch-snapshot's) can open.
+            spools[i] = std::make_unique<input_spool>(path);
+            const input_spool& in = *spools[i];
+            if (!a.torch_path.empty() && looks_like_report_json(in.path())) {
                 out.say(spdlog::level::err, path + ": --torch-snapshot needs the event log; a report JSON holds no events");
                 out.failed = true;
                 return;
             }
-            if (looks_like_report_json(path)) {
+            if (looks_like_report_json(in.path())) {
                 // A `gpumem report --json` file: the same report again (or with other outputs),
                 // without the log.  --at needs the log: the report holds only the moments it had.
                 out.say(spdlog::level::debug, path + ": reading as a `gpumem report --json` file");
@@ -153,7 +159,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                     out.failed = true;
                     return;
                 }
-                report_file r = read_report_json(path);
+                report_file r = read_report_json(path, in.path());
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.
                     for (const device_report& d : p.devices) out.show_at |= d.at_request.valid;
@@ -165,7 +171,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                 }
                 return;
             }
-            out.procs.push_back(analyze_file(path, aopt));
+            out.procs.push_back(analyze_file(path, aopt, in.path()));
         } catch (const input_error& e) {
             out.say(spdlog::level::err, e.what());
             out.failed = true;
@@ -211,7 +217,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
             return k_exit_input;
         if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, [&](std::ostream& o) { write_perfetto(o, procs); }))
             return k_exit_input;
-        if (!a.torch_path.empty() && !write_torch_file(a.torch_path, logs[0], procs[0])) return k_exit_input;
+        if (!a.torch_path.empty() && !write_torch_file(a.torch_path, spools[0] && spools[0]->spooled() ? spools[0]->path() : logs[0], procs[0])) return k_exit_input;
     } catch (const std::exception& e) {
         std::cout.flush();
         spdlog::error("cannot write the report from these inputs: {}", e.what());

@@ -26,7 +26,6 @@ input_error::input_error(const std::string& f, uint64_t l, const std::string& ms
 
 namespace {
 constexpr size_t k_chunk = size_t{4} << 20;        // bytes per read(); large reads amortize syscalls
-constexpr size_t k_max_line = size_t{64} << 20;    // a longer line is corruption, not a log line
 }  // namespace
 
 line_source::line_source(const std::string& path) : path_(path) {

@@ -22,6 +22,10 @@ public:
     std::string message;
 };
 
+// A longer line is corruption, not a log line: the reader refuses it, and a spooled pipe
+// (input_spool.h) stops there, so /dev/zero ends.
+constexpr size_t k_max_line = size_t{64} << 20;
+
 // Reads lines of one file without holding more than one chunk (plus the longest line) in memory.
 // The buffer keeps simdjson's padding after its end, so any line handed out can be parsed in place.
 class line_source {

@@ -358,8 +358,8 @@ bool looks_like_report_json(const std::string& path) {
     return n - i >= std::streamsize(sizeof k_key - 1) && std::memcmp(buf + i, k_key, sizeof k_key - 1) == 0;
 }
 
-report_file read_report_json(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
+report_file read_report_json(const std::string& path, const std::string& open_path) {
+    std::ifstream f(open_path.empty() ? path : open_path, std::ios::binary);
     if (!f) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
     json j = json::parse(f, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw input_error(path, 0, "neither a gpumem log nor a `gpumem report --json` file");

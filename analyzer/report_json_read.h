@@ -24,6 +24,7 @@ bool looks_like_report_json(const std::string& path);
 
 // Reads the whole file.  Throws input_error naming the file (and what is wrong) when it is not a
 // report of the schema version this gpumem writes; members of unexpected types read as missing.
-report_file read_report_json(const std::string& path);
+// `open_path`: what to read in place of `path` (input_spool::path() of a pipe).
+report_file read_report_json(const std::string& path, const std::string& open_path = {});
 
 }  // namespace gpumem::analysis

@@ -12,7 +12,8 @@ set -euo pipefail
 # libdw-dev, pkg-config: the analyzer names native call-stack frames with libdw (elfutils).
 packages=(cmake make g++ binutils dpkg-dev pkg-config libspdlog-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libdw-dev)
 if [ "${GPUMEM_WITH_TESTS:-1}" = 1 ]; then
-  packages+=(catch2 python3)   # python3: the CLI tests read JSON reports and parse JUnit XML with it
+  packages+=(catch2 python3 strace)   # python3: the CLI tests read JSON reports and parse JUnit XML with it;
+  # strace: cli_pipes checks that a piped log is read twice from its spool
 fi
 if [ "${GPUMEM_WITH_BROWSER:-1}" = 1 ]; then
   packages+=(chromium)   # headless screenshot test of the HTML report

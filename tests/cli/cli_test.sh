@@ -403,6 +403,121 @@ EOF2
   expect_rc 2 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_segment_size_zero.json"
   expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json: process 0: a segment of \"segment_list\" has no \"size_bytes\""
   ;;
+hostile_values)
+  # Issue 14 #12, #13, #16, #17: logs with values no program produces, through the binary.
+  B=$SRC/tests/data/bad
+  # #12: two 2^63-byte allocations plus 100 B wrapped to "At end 100 B"; the totals now stop at
+  # 2^64 - 1 and the log gets a warning (kept past the cap on listed warnings).
+  expect_rc 0 "$GPUMEM" report --no-progress "$B/sum_overflow.jsonl"
+  expect_in "$W/err" "sum_overflow.jsonl:3: the byte totals pass 2^64 - 1 here"
+  grep -qE "^\| Requested memory +100 B" "$W/out" && fail "the overflowing sum wrapped to 100 B"
+  expect_in "$W/out" "| Requested memory                 16.00 EiB"
+  expect_rc 0 "$GPUMEM" report --no-progress --json "$B/sum_overflow.jsonl"
+  [ "$(json "$W/out" 'd["processes"][0]["devices"][0]["end_requested_bytes"]')" = 18446744073709551615 ] || fail "#12: JSON end_requested_bytes is not 2^64 - 1"
+  # #13: two live allocations whose ranges overlap (not the same pointer) are named.
+  expect_rc 0 "$GPUMEM" report --no-progress "$B/overlapping_ranges.jsonl"
+  expect_in "$W/err" "overlapping_ranges.jsonl:3: allocation [0x1080, +256) overlaps the live allocation [0x1000, +256) from line 2"
+  # ... and allocations side by side are not.
+  expect_rc 0 "$GPUMEM" report --no-progress "$DATA/before.jsonl"
+  expect_not_in "$W/err" "overlaps"
+  # #16: a lost record is not an event of the end line's count: no "the end line counts 2 events;
+  # the log has 3", only the loss.
+  expect_rc 0 "$GPUMEM" report --no-progress "$B/lost_record_end_count.jsonl"
+  expect_in "$W/err" "lost_record_end_count.jsonl:3: 4 event(s) were lost by the recorder"
+  expect_not_in "$W/err" "the end line counts"
+  expect_rc 0 "$GPUMEM" report --no-progress --json "$B/lost_record_end_count.jsonl"
+  [ "$(json "$W/out" 'd["processes"][0]["n_warnings"]')" = 1 ] || fail "#16: more warnings than the loss"
+  # #17: 60 blank lines (60 warnings, past the 50 listed) and no end line: "no end line" is shown,
+  # not hidden behind "N more warnings not shown".
+  expect_rc 0 "$GPUMEM" report --no-progress "$B/many_warnings_no_end.jsonl"
+  expect_in "$W/err" "many_warnings_no_end.jsonl: no end line: the process was killed"
+  expect_in "$W/err" "more warnings not shown"
+  expect_rc 0 "$GPUMEM" report --no-progress --json "$B/many_warnings_no_end.jsonl"
+  python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['processes'][0]['warnings']; assert any('no end line' in x for x in w), w[-3:]" "$W/out" || fail "#17: no end line missing from the JSON warnings"
+  ;;
+pipes)
+  # Issue 14 #11: a log or report read from a pipe, /dev/stdin, a FIFO or <(process substitution).
+  # Each input is sniffed (log or report JSON?) and a log may be read twice (the peak pass), so a
+  # pipe is copied once to an unlinked file in $TMPDIR; before, report said "empty file".
+  export TMPDIR=$W/tmp && mkdir -p "$TMPDIR"
+  g=$SRC/tests/data/golden
+  # A log whose peak moves too often to copy the state at each new peak: 3000 live blocks, then
+  # 2000 times a new peak freed at once.  The analyzer rebuilds the peak map in a second pass.
+  python3 - > "$W/peaks.jsonl" <<'PY'
+print('{"ev":"header","format":"gpumem-events","version":2,"pid":7,"ppid":1,"host":"h","rank":"0","cmdline":["peaks"],'
+      '"start_unix_ns":0,"start_time":"1970-01-01T00:00:00Z","devices":[],"config":{"pool":"off"},"gpumem_version":"0.1.0"}')
+seq = 0
+def ev(kind, ptr, size):
+    global seq
+    api = "cudaMalloc" if kind == "alloc" else "cudaFree"
+    print('{"ev":"%s","seq":%d,"t":%d,"tid":7,"dev":0,"api":"%s","kind":"device","ptr":"0x%x","size":%d}'
+          % (kind, seq, seq * 10, api, ptr, size))
+    seq += 1
+for i in range(3000): ev("alloc", 0x100000000 + i * 0x1000, 4096)
+for k in range(2000):
+    ev("alloc", 0x900000000, 4096 + k)
+    ev("free", 0x900000000, 4096 + k)
+print('{"ev":"end","seq":%d,"t":%d,"tid":7,"reason":"exit","events":%d}' % (seq, seq * 10, seq))
+PY
+  for log in "$W/peaks.jsonl" "$g/pool_fragmentation.jsonl"; do
+    name=$(basename "$log" .jsonl)
+    expect_rc 0 "$GPUMEM" report --no-progress "$log"
+    sed "s|$log|/dev/stdin|" "$W/out" > "$W/$name.file.txt"
+    cp "$W/err" "$W/$name.file.err"
+    "$GPUMEM" report --no-progress --json "$log" | sed "s|$log|/dev/stdin|" > "$W/$name.file.json"
+    # report: text and JSON through a real pipe are what the file gives.
+    expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress /dev/stdin' "$GPUMEM" "$log"
+    cmp -s "$W/out" "$W/$name.file.txt" || { fail "$name: report from a pipe differs"; diff "$W/$name.file.txt" "$W/out" | head; }
+    expect_not_in "$W/err" "empty file"
+    expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress --json /dev/stdin' "$GPUMEM" "$log"
+    cmp -s "$W/out" "$W/$name.file.json" || fail "$name: report --json from a pipe differs"
+    # A FIFO and process substitution.
+    rm -f "$W/fifo" && mkfifo "$W/fifo"
+    # (timeouts: the old code opened the FIFO twice and waited for a second writer for ever)
+    timeout 60 cat "$log" > "$W/fifo" &
+    expect_rc 0 timeout 60 "$GPUMEM" report --no-progress --json "$W/fifo"
+    wait
+    sed "s|$W/fifo|/dev/stdin|" "$W/out" | cmp -s - "$W/$name.file.json" || fail "$name: report from a FIFO differs"
+    expect_rc 0 bash -c '"$0" report --no-progress --json <(cat "$1")' "$GPUMEM" "$log"
+    expect_in "$W/out" '"requested_bytes"'
+    # --torch-snapshot reads its log once more: from the spool, the same pickle as from the file.
+    expect_rc 0 "$GPUMEM" report --no-progress "$log" --torch-snapshot "$W/$name.file.pickle"
+    expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress /dev/stdin --torch-snapshot "$2"' "$GPUMEM" "$log" "$W/$name.pipe.pickle"
+    cmp -s "$W/$name.file.pickle" "$W/$name.pipe.pickle" || fail "$name: --torch-snapshot from a pipe differs"
+    # check, diff and replay.
+    expect_rc 0 bash -c 'cat "$1" | "$0" check /dev/stdin --max-peak 1GiB' "$GPUMEM" "$log"
+    expect_in "$W/out" "1 limit on 1 GPU of 1 process: 0 broken"
+    expect_rc 1 bash -c 'cat "$1" | "$0" check /dev/stdin --max-peak 1KiB' "$GPUMEM" "$log"
+    expect_rc 0 bash -c 'cat "$1" | "$0" diff /dev/stdin "$1"' "$GPUMEM" "$log"
+    expect_in "$W/out" "no change by API, kind, size class or leak"
+    expect_rc 0 bash -c 'cat "$1" | "$0" replay /dev/stdin' "$GPUMEM" "$log"
+    expect_in "$W/out" "== /dev/stdin: device 0"
+  done
+  # The peak pass did happen on the big log, and read the spool: the spool is opened for the sniff
+  # and twice by the log reader (strace, when installed; scripts/setup.sh installs it).
+  if command -v strace > /dev/null; then
+    expect_rc 0 bash -c 'cat "$1" | strace -f -e trace=openat -o "$2" "$0" report --no-progress /dev/stdin' "$GPUMEM" "$W/peaks.jsonl" "$W/strace.txt"
+    n=$(grep -c '"/proc/self/fd/[0-9]*", O_RDONLY|O_CLOEXEC' "$W/strace.txt")
+    [ "$n" = 2 ] || fail "expected the log reader to open the spool twice (first and peak pass), got $n"
+  else
+    echo "strace not installed: the peak pass over the spool is not traced"
+  fi
+  # A report JSON piped into check and diff.
+  "$GPUMEM" report --json "$DATA/after.jsonl" > "$W/after.json"
+  expect_rc 1 bash -c 'cat "$1" | "$0" check /dev/stdin --max-peak 3MiB' "$GPUMEM" "$W/after.json"
+  expect_in "$W/out" "peak requested 7.00 MiB > limit 3.00 MiB"
+  expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress /dev/stdin' "$GPUMEM" "$W/after.json"
+  expect_in "$W/out" "gpumem report"
+  # Unusable input from a pipe still names the pipe, and nothing stays in $TMPDIR.
+  expect_rc 2 bash -c 'printf "not a log\n" | "$0" report --no-progress /dev/stdin' "$GPUMEM"
+  expect_in "$W/err" "gpumem: error: /dev/stdin:1: "
+  expect_rc 2 bash -c ': | "$0" check /dev/stdin --max-peak 1GiB' "$GPUMEM"
+  expect_in "$W/err" "gpumem: error: /dev/stdin: empty file"
+  [ -z "$(ls -A "$TMPDIR")" ] || fail "spool files left in \$TMPDIR: $(ls -A "$TMPDIR")"
+  # A spool that cannot be created is named as the reason.
+  expect_rc 2 bash -c 'cat "$1" | TMPDIR=/nonexistent "$0" report --no-progress /dev/stdin' "$GPUMEM" "$W/peaks.jsonl"
+  expect_in "$W/err" "gpumem: error: /dev/stdin: cannot spool the input to /nonexistent/gpumem-spool-"
+  ;;
 docs_guide)
   # The commands of docs/guide.md outside its GPU sections, as written there, with the emulated
   # device's program in place of `python train.py` (scripts/gpu-e2e-run.sh runs them on PyTorch).

@@ -182,8 +182,12 @@ with tempfile.TemporaryDirectory() as d:
     r = export(bad, out)
     check(r.returncode == 2 and f"{bad}:2:".encode() in r.stderr and not os.path.exists(out),
           f"an unusable log: exit 2 with file:line, no file: {r.returncode} {r.stderr!r}")
+    # A pipe: read from the analyzer's spool of it (issue 14 #11), the same snapshot as from the file.
+    ref = os.path.join(d, "ref.pickle")
+    export(log, ref)
     r = subprocess.run(f"cat '{log}' | '{gpumem}' report /dev/stdin --torch-snapshot '{out}'", shell=True, capture_output=True)
-    check(r.returncode == 2 and not os.path.exists(out), f"a pipe: exit 2: {r.stderr!r}")
+    check(r.returncode == 0 and open(out, "rb").read() == open(ref, "rb").read(), f"a pipe: the file's snapshot: {r.stderr!r}")
+    os.remove(out)
     r = export(log, out, log)
     check(r.returncode == 2 and b"exactly one log" in r.stderr, f"two logs: exit 2: {r.stderr!r}")
     rj = subprocess.run([gpumem, "report", "--json", log], capture_output=True)
