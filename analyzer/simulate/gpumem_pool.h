@@ -26,6 +26,7 @@ public:
     uint64_t largest_free() const override { return snap_.largest_free; }
     uint64_t driver_allocs() const override { return backend_.allocs; }
     uint64_t driver_frees() const override { return backend_.frees; }
+    bool unmaps_free_chunks() const override { return pool_.chunk_size() != 0; }
 
 private:
     // Counts the driver calls that succeeded; the fake device counts every call.  A segment on

@@ -27,6 +27,9 @@ public:
     // Driver calls: allocations (cudaMalloc, or cuMemMap of new pages) and frees.
     virtual uint64_t driver_allocs() const = 0;
     virtual uint64_t driver_frees() const = 0;
+    // True for an allocator that gives back every whole free chunk of physical memory before it
+    // fails (gpumem's pool on virtual memory): its failures can be "chunk rounding".
+    virtual bool unmaps_free_chunks() const { return false; }
 };
 
 // What a policy name selects; see make_policy for the names.

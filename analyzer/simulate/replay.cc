@@ -1,6 +1,9 @@
 // Replays one device's requests through one policy and measures what the allocator would have done.
 #include "replay.h"
 
+#include <utility>
+#include <vector>
+
 namespace gpumem::simulate {
 
 namespace {
@@ -12,15 +15,25 @@ constexpr uint64_t k_max_request = 1ull << 56;
 replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity) {
     replay_result r;
     r.policy = name;
+    // The requested bytes, for the chunk-rounding verdict.
+    std::vector<uint64_t> live_size(tr.n_ids, 0);
+    uint64_t requested = 0;
     for (const request& q : tr.ops) {
         if (q.is_free) {
             p.release(q.id);
+            if (q.id < live_size.size()) requested -= std::exchange(live_size[q.id], 0);
         } else if (q.size > k_max_request || !p.allocate(q.id, q.size, q.stream)) {
             // The verdict of docs/metrics.md: capacity when even all free bytes in one piece plus
-            // the device's untouched memory could not hold the request.
-            uint64_t res = p.reserved(), free_in = res - p.allocated();
+            // the device's untouched memory could not hold the request (for an allocator that
+            // unmaps free chunks: plus its rounding, allocated - requested); for such an
+            // allocator, chunk rounding when no free block holds it; else fragmentation.
+            const bool chunked = p.unmaps_free_chunks();  // decided by the pool at its first segment
+            uint64_t res = p.reserved(), alloc = p.allocated(), free_in = res - alloc;
             uint64_t gpu_free = capacity > res ? capacity - res : 0;
-            r.failure = q.size > free_in + gpu_free ? failure_reason::capacity : failure_reason::fragmentation;
+            uint64_t rounding = chunked && alloc > requested ? alloc - requested : 0;
+            if (q.size > free_in + gpu_free + rounding) r.failure = failure_reason::capacity;
+            else if (chunked && p.largest_free() < q.size) r.failure = failure_reason::chunk_rounding;
+            else r.failure = failure_reason::fragmentation;
             r.fail_seq = q.seq;
             r.fail_t = q.t;
             r.fail_size = q.size;
@@ -30,6 +43,7 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
             break;
         }
         ++r.events;
+        if (!q.is_free && q.id < live_size.size()) requested += live_size[q.id] = q.size;
         uint64_t res = p.reserved(), alloc = p.allocated();
         if (res > r.peak_reserved) {
             r.peak_reserved = res;

@@ -10,8 +10,8 @@
 namespace gpumem::simulate {
 
 // Why a run fails at an event (docs/metrics.md, OOM diagnosis).
-enum class failure_reason : uint8_t { none, capacity, fragmentation };
-inline constexpr const char* k_failure_reason_names[] = {"none", "capacity", "fragmentation"};
+enum class failure_reason : uint8_t { none, capacity, fragmentation, chunk_rounding };
+inline constexpr const char* k_failure_reason_names[] = {"none", "capacity", "fragmentation", "chunk rounding"};
 
 struct replay_result {
     std::string policy;

@@ -144,6 +144,13 @@ vmm, plain = p["gpumem"], p["gpumem:pool_vmm=off"]
 assert vmm["fits"] and vmm["peak_reserved_bytes"] == 600 << 20, vmm
 assert not plain["fits"] and plain["failure"]["reason"] == "fragmentation", plain
 PY
+# With 2 MiB less the pool on virtual memory fails too: for chunk rounding with 3 MiB blocks (each
+# made of two whole chunks once memory is short), for capacity with 6 MiB ones (whole chunks).
+for spec in 3_60:598MiB:"chunk rounding" 6_60:596MiB:capacity; do
+  IFS=: read -r log cap reason <<< "$spec"
+  "$GPUMEM" replay "$DATA/../emu/vmm_fragment_$log.jsonl" --capacity $cap --json --policy gpumem > "$W/vmm_$log.json" || fail "vmm replay $log: exit $?"
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert not p["fits"] and p["failure"]["reason"] == sys.argv[2], p' "$W/vmm_$log.json" "$reason" || fail "vmm replay $log at $cap: not $reason"
+done
 
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"
 exit $((fails > 0))
