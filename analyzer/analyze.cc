@@ -167,9 +167,24 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
             if (!first_pass) continue;
             uint32_t id = 0;
             std::vector<frame_view> frames;
-            if (!parse_stack_record(line, id, frames, err)) rp.warn(ln, err + "; its allocations are shown without a stack");
-            else if (!rep.stacks.add(id, std::move(frames)))
+            if (!parse_stack_record(line, id, frames, err)) {
+                rp.warn(ln, err + "; its allocations are shown without a stack");
+                continue;
+            }
+            if (rep.stacks.find(id)) {
                 rp.warn(ln, "stack " + std::to_string(id) + " is defined twice; the first record is kept");
+                continue;
+            }
+            // A recorder writes at most 256 frames; far more is a hostile log, bounded here so that
+            // its records cannot take memory without end.
+            if (frames.size() > k_max_stack_frames) {
+                rp.warn(ln, "stack " + std::to_string(id) + " has " + std::to_string(frames.size()) + " frames; the innermost " +
+                                std::to_string(k_max_stack_frames) + " are kept");
+                frames.resize(k_max_stack_frames);
+            }
+            if (!rep.stacks.add(id, std::move(frames)))
+                rp.warn(ln, "stack " + std::to_string(id) + " is far beyond the " + std::to_string(rep.stacks.size()) +
+                                " stacks defined so far (ids count up from 1); ignored");
             continue;
         }
         if (e.known_kind && (line_parser::required_members(e) & ~e.present)) {
@@ -181,9 +196,9 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
         if (sites && e.known_kind) {
             bool vmm = e.kind == mem_kind::vmm;
             if (e.ev == ev_kind::alloc && e.ptr) {
-                uint32_t stack = e.has(fd_stack) ? uint32_t(e.stack) : 0;
-                if (stack && !rep.stacks.find(stack)) {
-                    rp.warn(ln, "allocation names stack " + std::to_string(stack) + ", which no earlier stack record defines");
+                uint32_t stack = e.has(fd_stack) && e.stack <= UINT32_MAX ? uint32_t(e.stack) : 0;
+                if (e.has(fd_stack) && e.stack && !rep.stacks.find(stack)) {
+                    rp.warn(ln, "allocation names stack " + std::to_string(e.stack) + ", which no earlier stack record defines");
                     stack = 0;
                 }
                 sites->on_alloc(e.seq, e.dev, e.ptr, vmm, e.size, stack);

@@ -3,6 +3,7 @@
 
 #include "log_reader.h"
 #include "report_model.h"
+#include "stacks/stack_table.h"
 #include "symbolize.h"
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,8 @@
 #include <limits>
 
 namespace gpumem::analysis {
+
+static_assert(k_max_stack_frames >= gpumem::stacks::stack_table::k_max_depth, "the reader keeps what a recorder writes");
 
 bool stack_store::add(uint32_t id, std::vector<frame_view> frames) {
     if (id == 0) return false;
@@ -73,6 +76,7 @@ std::vector<site_row> site_tracker::live_at(int dev, uint64_t seq, size_t top) c
 bool parse_stack_record(std::string_view line, uint32_t& id, std::vector<frame_view>& frames, std::string& error) {
     using json = nlohmann::json;
     json j = json::parse(line.begin(), line.end(), nullptr, false);
+    if (j.is_discarded()) return error = "stack record is not valid JSON (an escape such as a lone \\ud800 surrogate?)", false;
     if (!j.is_object()) return error = "stack record is not a JSON object", false;
     auto it = j.find("id");
     if (it == j.end() || !it->is_number_unsigned() || it->get<uint64_t>() == 0 || it->get<uint64_t>() > UINT32_MAX)

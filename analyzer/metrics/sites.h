@@ -27,6 +27,10 @@ struct site_row {
     uint64_t bytes = 0, count = 0;
 };
 
+// Frames kept per stack record: 4x what a recorder writes at most (core/stacks/stack_table.h,
+// k_max_depth), so that another writer's deeper stacks still show, and a hostile record's memory is bounded.
+inline constexpr size_t k_max_stack_frames = 1024;
+
 // The stacks of one log, by id.
 class stack_store {
   public:

@@ -1,5 +1,8 @@
-// libFuzzer target: arbitrary bytes as a log, through the line parser and the whole analysis.
+// libFuzzer target: arbitrary bytes as a log, through the line parser, the stack-record reader, the
+// whole analysis, every report writer and the PyTorch snapshot export.
 // Build with -DGPUMEM_FUZZ=ON and clang; run: fuzz_parser -max_total_time=60 CORPUS_DIR
+// tests/data/fuzz_seeds (stack records: Python, native, bad ids, duplicates, references before
+// definition, a pooled log with segment_unmap) and tests/data/golden are good seeds.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,9 +12,14 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+
 #include "analyze.h"
 #include "log_reader.h"
 #include "report_output.h"
+#include "sites.h"
+#include "views/pickle_writer.h"
+#include "views/torch_snapshot.h"
 
 using namespace gpumem::analysis;
 
@@ -41,6 +49,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                             e.segments == ej.segments && e.gpu_free == ej.gpu_free && e.gpu_total == ej.gpu_total &&
                             e.reason == ej.reason && e.signal == ej.signal;
                 if (!same) __builtin_trap();  // the two paths disagree on this line
+                // A stack record: read it alone too, and hold what it yields to the reader's rules.
+                if (st == parse_status::ok && e.known_kind && e.ev == gpumem::ev_kind::stack) {
+                    uint32_t id = 0;
+                    std::vector<frame_view> frames;
+                    std::string why;
+                    if (parse_stack_record(std::string_view(buf.data() + start, i - start), id, frames, why)) {
+                        if (id == 0) __builtin_trap();  // id 0 means "no stack" and must be refused
+                        for (const frame_view& f : frames)
+                            if (f.function.empty() && f.file.empty() && f.module.empty()) __builtin_trap();
+                    } else if (why.empty()) {
+                        __builtin_trap();  // a refusal must say why
+                    }
+                }
                 start = i + 1;
             }
         }
@@ -67,6 +88,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         write_html(sink, ps, c, oo);
         write_perfetto(sink, ps);
         sink << to_json(ps, c, oo).dump();
+        // The PyTorch snapshot reads the log again: into /dev/null, only that it never crashes.
+        int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (null_fd >= 0) {
+            pickle_writer w(null_fd);
+            try {
+                (void)write_torch_snapshot(path, ps[0], w);
+            } catch (const input_error&) {
+            }
+            w.flush();
+            close(null_fd);
+        }
     } catch (const input_error&) {
     }
     close(fd);
