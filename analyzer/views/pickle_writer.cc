@@ -121,13 +121,35 @@ void pickle_writer::end_list() {
     value_done();
 }
 
-void pickle_writer::end_list_memo(uint32_t id) {
-    byte(k_appends);
-    // Before value_done: a batch boundary there would leave a MARK, and the memo takes the top of
-    // the stack, which must still be this list.
+// Each store comes before value_done: a batch boundary there would leave a MARK, and the memo
+// takes the top of the stack, which must still be the value just made.
+uint32_t pickle_writer::put() {
     byte(k_long_binput);
-    le(id, 4);
+    le(next_memo_, 4);
+    return next_memo_++;
+}
+
+uint32_t pickle_writer::end_list_memo() {
+    byte(k_appends);
+    uint32_t id = put();
     if (!open_.empty()) open_.pop_back();
+    value_done();
+    return id;
+}
+
+uint32_t pickle_writer::end_dict_memo() {
+    byte(k_setitems);
+    uint32_t id = put();
+    if (!open_.empty()) open_.pop_back();
+    value_done();
+    return id;
+}
+
+void pickle_writer::str_memo(std::string_view s) {
+    auto it = str_memo_.find(std::string(s));
+    if (it != str_memo_.end()) return get(it->second);
+    write_str(s);
+    str_memo_.emplace(std::string(s), put());
     value_done();
 }
 
@@ -140,6 +162,11 @@ void pickle_writer::int_pair(int64_t a, int64_t b) {
 }
 
 void pickle_writer::str(std::string_view s) {
+    write_str(s);
+    value_done();
+}
+
+void pickle_writer::write_str(std::string_view s) {
     // Fast check: plain ASCII needs no copy.
     bool ascii = true;
     for (char c : s)
@@ -161,7 +188,6 @@ void pickle_writer::str(std::string_view s) {
         le(s.size(), 4);
     }
     raw(s.data(), s.size());
-    value_done();
 }
 
 void pickle_writer::integer(int64_t v) {
@@ -224,6 +250,7 @@ void pickle_writer::none() {
 }
 
 void pickle_writer::get(uint32_t id) {
+    // LONG_BINGET, not BINGET: MemoryViz.js reads both, and one opcode keeps this simple.
     byte(k_long_binget);
     le(id, 4);
     value_done();

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace gpumem::analysis {
@@ -43,10 +44,14 @@ class pickle_writer {
     void boolean(bool v);
     void none();
 
-    // The memo: end_list_memo(id) closes a list as end_list() does and stores it under `id`;
-    // get(id) writes that list again (read back, both are one object).
-    void end_list_memo(uint32_t id);
+    // The memo, numbered 0, 1, 2, ... in the order values are stored: end_list_memo() and
+    // end_dict_memo() close a container as end_list()/end_dict() do and store it; get(id) writes a
+    // stored value again (read back, both are one object).  str_memo() writes a string that
+    // repeats (a key, an action name) once and refers to it after that.
+    uint32_t end_list_memo();
+    uint32_t end_dict_memo();
     void get(uint32_t id);
+    void str_memo(std::string_view s);
 
     void flush();  // writes the buffer out now
     bool failed() const { return err_ != 0; }
@@ -73,6 +78,10 @@ class pickle_writer {
     };
     std::vector<open_container> open_;
     std::string scratch_;               // a string made valid UTF-8
+    uint32_t next_memo_ = 0;
+    std::unordered_map<std::string, uint32_t> str_memo_;
+    void write_str(std::string_view s);  // the opcode and bytes only
+    uint32_t put();                      // LONG_BINPUT of the next id
 };
 
 // `s` as valid UTF-8: each byte that is not part of a well-formed sequence (overlong forms and

@@ -55,11 +55,18 @@ struct whole {
     uint32_t stack;
 };
 
+// What the pickle's memo holds, shared by every device's pass: stack id -> its frame list, and each
+// frame (file, line, name) -> its dict.
+struct frame_memo {
+    std::unordered_map<uint32_t, uint32_t> stacks;
+    std::unordered_map<std::string, uint32_t> frames;
+};
+
 class device_export {
   public:
-    device_export(int dev, const process_report& rep, pickle_writer& w, std::vector<bool>& frames_written,
-                  torch_device_summary& sum, torch_snapshot_summary& all)
-        : dev_(dev), rep_(rep), w_(w), frames_written_(frames_written), sum_(sum), all_(all) {
+    device_export(int dev, const process_report& rep, pickle_writer& w, frame_memo& memo, torch_device_summary& sum,
+                  torch_snapshot_summary& all)
+        : dev_(dev), rep_(rep), w_(w), memo_(memo), sum_(sum), all_(all) {
         time_base_us_ = rep.start_unix_ns / 1000;
     }
 
@@ -176,40 +183,46 @@ class device_export {
             w_.end_list();
             return;
         }
-        if (stack < frames_written_.size() && frames_written_[stack]) {
-            w_.get(stack);
-            return;
-        }
+        // Each stack's list, and each frame, is written once and referred to after that: stacks
+        // repeat across allocations and frames across stacks (a 200,000-allocation log with native
+        // stacks: 235 MB without, docs/benchmarks.md).
+        if (auto m = memo_.stacks.find(stack); m != memo_.stacks.end()) return w_.get(m->second);
         w_.begin_list();
+        std::string key;
         for (const frame_view& f : *fr) {
-            w_.begin_dict();
-            w_.key("filename");
-            w_.str(!f.file.empty() ? f.file : f.module);
-            w_.key("line");
-            w_.uinteger(f.line);
-            w_.key("name");
+            const std::string& file = !f.file.empty() ? f.file : f.module;
             // An unnamed native frame is its address in the module, as PyTorch shows one.
-            w_.str(!f.function.empty() ? f.function : f.native() ? fmt_hex(f.address) : std::string("??"));
-            w_.end_dict();
+            std::string name = !f.function.empty() ? f.function : f.native() ? fmt_hex(f.address) : std::string("??");
+            key.assign(file).append(1, '\0').append(std::to_string(f.line)).append(1, '\0').append(name);
+            if (auto m = memo_.frames.find(key); m != memo_.frames.end()) {
+                w_.get(m->second);
+                continue;
+            }
+            w_.begin_dict();
+            w_.str_memo("filename");
+            w_.str(file);
+            w_.str_memo("line");
+            w_.uinteger(f.line);
+            w_.str_memo("name");
+            w_.str(name);
+            memo_.frames.emplace(key, w_.end_dict_memo());
         }
-        w_.end_list_memo(stack);
-        if (stack >= frames_written_.size()) frames_written_.resize(size_t(stack) + 1, false);
-        frames_written_[stack] = true;
+        memo_.stacks.emplace(stack, w_.end_list_memo());
     }
 
     void entry(torch_action a, uint64_t addr, uint64_t size, uint64_t stream, uint64_t t, uint32_t stack) {
         w_.begin_dict();
-        w_.key("action");
-        w_.str(k_torch_action_names[size_t(a)]);
-        w_.key("addr");
+        w_.str_memo("action");
+        w_.str_memo(k_torch_action_names[size_t(a)]);
+        w_.str_memo("addr");
         w_.uinteger(addr);
-        w_.key("size");
+        w_.str_memo("size");
         w_.uinteger(size);
-        w_.key("stream");
+        w_.str_memo("stream");
         w_.uinteger(stream);
-        w_.key("time_us");
+        w_.str_memo("time_us");
         w_.uinteger(time_us(t));
-        w_.key("frames");
+        w_.str_memo("frames");
         frames(stack);
         w_.end_dict();
         ++sum_.actions[size_t(a)];
@@ -218,17 +231,17 @@ class device_export {
     void oom_entry(uint64_t size, uint64_t device_free, uint64_t t) {
         // PyTorch's oom entry has the device's free bytes where others have "addr".
         w_.begin_dict();
-        w_.key("action");
-        w_.str("oom");
-        w_.key("size");
+        w_.str_memo("action");
+        w_.str_memo("oom");
+        w_.str_memo("size");
         w_.uinteger(size);
-        w_.key("device_free");
+        w_.str_memo("device_free");
         w_.uinteger(device_free);
-        w_.key("stream");
+        w_.str_memo("stream");
         w_.uinteger(0);
-        w_.key("time_us");
+        w_.str_memo("time_us");
         w_.uinteger(time_us(t));
-        w_.key("frames");
+        w_.str_memo("frames");
         frames(0);
         w_.end_dict();
         ++sum_.actions[size_t(torch_action::oom)];
@@ -356,41 +369,41 @@ class device_export {
 
     void segment_head(uint64_t addr, uint64_t size, uint64_t allocated, uint64_t active, uint64_t requested,
                       uint64_t stream, const char* type, bool expandable, uint32_t stack) {
-        w_.key("device");
+        w_.str_memo("device");
         w_.integer(dev_);
-        w_.key("address");
+        w_.str_memo("address");
         w_.uinteger(addr);
-        w_.key("total_size");
+        w_.str_memo("total_size");
         w_.uinteger(size);
-        w_.key("allocated_size");
+        w_.str_memo("allocated_size");
         w_.uinteger(allocated);
-        w_.key("active_size");
+        w_.str_memo("active_size");
         w_.uinteger(active);
-        w_.key("requested_size");
+        w_.str_memo("requested_size");
         w_.uinteger(requested);
-        w_.key("stream");
+        w_.str_memo("stream");
         w_.uinteger(stream);
-        w_.key("segment_type");
-        w_.str(type);
-        w_.key("segment_pool_id");
+        w_.str_memo("segment_type");
+        w_.str_memo(type);
+        w_.str_memo("segment_pool_id");
         w_.int_pair(0, 0);
-        w_.key("is_expandable");
+        w_.str_memo("is_expandable");
         w_.boolean(expandable);
-        w_.key("frames");
+        w_.str_memo("frames");
         frames(stack);
     }
 
     void block_dict(uint64_t addr, uint64_t size, uint64_t requested, const char* state, uint32_t stack) {
         w_.begin_dict();
-        w_.key("address");
+        w_.str_memo("address");
         w_.uinteger(addr);
-        w_.key("size");
+        w_.str_memo("size");
         w_.uinteger(size);
-        w_.key("requested_size");
+        w_.str_memo("requested_size");
         w_.uinteger(requested);
-        w_.key("state");
-        w_.str(state);
-        w_.key("frames");
+        w_.str_memo("state");
+        w_.str_memo(state);
+        w_.str_memo("frames");
         frames(stack);
         w_.end_dict();
     }
@@ -414,7 +427,7 @@ class device_export {
         w_.begin_dict();
         segment_head(a, end - a, allocated, active, requested, 0, s.pool == pool_id::small ? "small" : "large",
                      !s.holes.empty(), 0);
-        w_.key("blocks");
+        w_.str_memo("blocks");
         w_.begin_list();
         cur = a;
         for (const auto& [p, k] : in) {
@@ -434,7 +447,7 @@ class device_export {
         uint64_t requested = std::min(x.requested, x.size);
         w_.begin_dict();
         segment_head(addr, x.size, x.size, x.size, requested, x.stream, "large", false, x.stack);
-        w_.key("blocks");
+        w_.str_memo("blocks");
         w_.begin_list();
         block_dict(addr, x.size, requested, "active_allocated", x.stack);
         w_.end_list();
@@ -446,7 +459,7 @@ class device_export {
     int dev_;
     const process_report& rep_;
     pickle_writer& w_;
-    std::vector<bool>& frames_written_;
+    frame_memo& memo_;
     torch_device_summary& sum_;
     torch_snapshot_summary& all_;
     uint64_t time_base_us_ = 0;
@@ -501,24 +514,24 @@ torch_snapshot_summary write_torch_snapshot(const std::string& path, const proce
         throw input_error(path, 0, "device " + std::to_string(max_dev) + " is past the " + std::to_string(k_max_device) +
                                        " devices a PyTorch snapshot is written for");
 
-    std::vector<bool> frames_written;
+    frame_memo memo;
     std::vector<std::unique_ptr<device_export>> exports;
     w.begin();
     w.begin_dict();
-    w.key("device_traces");
+    w.str_memo("device_traces");
     w.begin_list();
     for (int d = 0; d <= max_dev; ++d) {
         bool has = std::any_of(rep.devices.begin(), rep.devices.end(), [&](const device_report& r) { return r.dev == d; });
         w.begin_list();
         if (has) {
             torch_device_summary& ds = sum.devices[d];
-            exports.push_back(std::make_unique<device_export>(d, rep, w, frames_written, ds, sum));
+            exports.push_back(std::make_unique<device_export>(d, rep, w, memo, ds, sum));
             run_device_pass(path, *exports.back());
         }
         w.end_list();
     }
     w.end_list();
-    w.key("segments");
+    w.str_memo("segments");
     w.begin_list();
     for (auto& x : exports) x->write_segments();
     w.end_list();

@@ -79,9 +79,11 @@ TEST_CASE("strings, floats, constants and the memo") {
           }) == bytes({0x88, 0x89, 'N'}));
     CHECK(pickled([](pickle_writer& w) {
               w.begin_list();
-              w.end_list_memo(7);
-              w.get(7);
-          }) == bytes({']', '(', 'e', 'r', 7, 0, 0, 0, 'j', 7, 0, 0, 0}));
+              CHECK(w.end_list_memo() == 0);
+              w.get(0);
+              w.str_memo("ab");
+              w.str_memo("ab");
+          }) == bytes({']', '(', 'e', 'r', 0, 0, 0, 0, 'j', 0, 0, 0, 0, 0x8c, 2, 'a', 'b', 'r', 1, 0, 0, 0, 'j', 1, 0, 0, 0}));
 }
 
 TEST_CASE("bytes that are not UTF-8 become U+FFFD, well-formed text passes") {
@@ -116,29 +118,37 @@ TEST_CASE("a large nested value reads back in python3 exactly") {
         w.uinteger(UINT64_MAX);
         w.uinteger(uint64_t(1) << 63);
         w.end_list();
-        w.key("many");  // 2500 items: three APPENDS batches, dicts inside
+        w.key("many");  // 2500 items: three APPENDS batches, dicts inside, memoized keys
+        uint32_t shared = 0;
         w.begin_list();
         for (int i = 0; i < 2500; ++i) {
             w.begin_dict();
-            w.key("i");
+            w.str_memo("i");
             w.integer(i);
-            w.key("frames");
+            w.str_memo("frames");
             if (i == 0) {
                 w.begin_list();
                 w.str("shared");
-                w.end_list_memo(1);
+                shared = w.end_list_memo();
             } else {
-                w.get(1);
+                w.get(shared);
             }
             w.end_dict();
         }
         w.end_list();
-        w.key("nested");  // 1001 lists inside a list: the batch boundary right after a list
-        w.begin_list();
+        w.key("nested");  // 1001 memoized lists, then memoized strings, in a list: batch boundaries
+        w.begin_list();  // fall right after each kind of stored value
         for (int i = 0; i < 1001; ++i) {
             w.begin_list();
             w.integer(i);
-            w.end_list_memo(uint32_t(100 + i));
+            (void)w.end_list_memo();
+        }
+        for (int i = 0; i < 1000; ++i) w.str_memo(i % 2 ? "odd" : "even");
+        for (int i = 0; i < 1000; ++i) {
+            w.begin_dict();
+            w.str_memo("k");
+            w.integer(i);
+            (void)w.end_dict_memo();
         }
         w.end_list();
         w.key("strs");
@@ -167,7 +177,7 @@ TEST_CASE("a large nested value reads back in python3 exactly") {
         "assert d['ints']==[0,255,256,65535,65536,-1,-2**31,2**31-1,2**31,-2**31-1,2**63-1,-2**63,-256,-129,-128,2**64-1,2**63], d['ints']\n"
         "assert [x['i'] for x in d['many']]==list(range(2500))\n"
         "assert all(x['frames'] is d['many'][0]['frames'] for x in d['many']) and d['many'][0]['frames']==['shared']\n"
-        "assert d['nested']==[[i] for i in range(1001)]\n"
+        "assert d['nested']==[[i] for i in range(1001)]+[('odd' if i%2 else 'even') for i in range(1000)]+[{'k':i} for i in range(1000)]\n"
         "assert d['strs']==['', 'y'*300, 'caf\\u00e9 \"q\" \\\\ \\n\\t', 'bad \\ufffd\\ufffd end'], d['strs']\n"
         "assert d['pair']==(0,7) and d['f']==-2.25 and d['t'] is True and d['n'] is None\n"
         "print('ok')\n";
