@@ -17,7 +17,7 @@
 #include "analyze.h"
 #include "log_reader.h"
 #include "report_output.h"
-#include "sites.h"
+#include "metrics/sites.h"
 #include "views/pickle_writer.h"
 #include "views/torch_snapshot.h"
 
