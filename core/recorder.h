@@ -44,12 +44,13 @@ class recorder {
     void vmm(ev_kind ev, const call_info& c, uint64_t ptr, uint64_t size, uint64_t handle = 0,
              uint64_t offset = 0) noexcept;
 
-    // Events built elsewhere (the pool's), published as they are; the pool's block allocations get
-    // the caller's stack here, since the pool serves them on the caller's thread.
-    void emit(event& e) noexcept {
-        if (e.ev == ev_kind::alloc && stacks_) e.b.stack = stacks_->capture();
-        log_.record(e);
-    }
+    // Events built elsewhere (the pool's), published as they are.
+    void emit(event& e) noexcept { log_.record(e); }
+
+    // The calling thread's interned stack (0 with GPUMEM_STACKS=off), for the pool's allocations:
+    // the hook captures it before entering the pool, so that walking the stack (which may take the
+    // loader's lock for native frames) never happens under the pool's lock.
+    uint32_t capture_stack() noexcept { return stacks_ ? stacks_->capture() : 0; }
 
     event_log& log() noexcept { return log_; }
 

@@ -185,11 +185,12 @@ void pool_at_exit() noexcept {
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept {
     // The log (and pool_configure) starts on the first allocation.  Without a running log the
     // pool stays off, so its events never wait on a ring that nobody drains.
-    if (!recorder_or_null() || !g_enabled.load(std::memory_order_acquire)) return false;
+    recorder* rec = recorder_or_null();
+    if (!rec || !g_enabled.load(std::memory_order_acquire)) return false;
     auto_switch().settle_deferred();
     pool_registry::slot* s = current_slot();
     if (!s) return false;
-    *result = s->pool->allocate(bytes, api, ptr);
+    *result = s->pool->allocate(bytes, api, ptr, rec->capture_stack());
     s->pool->maybe_emit_stats(monotonic_ns());
     return true;
 }

@@ -127,7 +127,8 @@ void block_pool::free_erase(block* b) noexcept {
 
 // ---- events ---------------------------------------------------------------------------------
 
-void block_pool::emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err) noexcept {
+void block_pool::emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err,
+                            uint32_t stack) noexcept {
     if (!sink_) return;
     event e{};
     e.ev = ev;
@@ -137,6 +138,7 @@ void block_pool::emit_block(ev_kind ev, api_id api, const block* b, uint64_t req
     e.flags = ef_pooled;
     e.err = err;
     e.b.size = requested;
+    e.b.stack = stack;
     if (b) {
         e.pool = b->seg->pool;
         e.b.ptr = b->addr;
@@ -415,7 +417,7 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
     requested_ += requested;
 }
 
-int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
+int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack) noexcept {
     if (!out) return k_cuda_invalid_value;
     std::lock_guard<std::mutex> lk(mu_);
     if (drain_owed_) drain_if_owed(api);
@@ -441,7 +443,7 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out) noexcept {
             if (b) {
                 take(b, asize, size);
                 *out = b->addr;
-                emit_block(ev_kind::alloc, api, b, size, 0);
+                emit_block(ev_kind::alloc, api, b, size, 0, stack);
                 check_after_op();
                 return k_cuda_success;
             }

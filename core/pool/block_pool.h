@@ -31,7 +31,9 @@ class block_pool {
     // cuMemAlloc semantics.  Returns a CUresult; on success *out is the block address (aligned to
     // cfg.round).  Emits segment_alloc/segment_free/pool_sync as it works, then alloc, or oom (on
     // OOM) and alloc_fail (on any error).  size 0 -> k_cuda_invalid_value, like the driver.
-    int allocate(uint64_t size, api_id api, uint64_t* out) noexcept;
+    // `stack` is the caller's interned call stack, captured before the call so that walking the
+    // stack never happens under the pool's lock; the alloc event carries it.
+    int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0) noexcept;
 
     // cuMemFree semantics.  Returns false, with nothing done or logged, when ptr lies outside every
     // segment of this pool: the caller passes the call to the driver.  Otherwise returns true with
@@ -179,7 +181,7 @@ class block_pool {
     void free_insert(block* b);
     void free_erase(block* b) noexcept;
 
-    void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err) noexcept;
+    void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err, uint32_t stack = 0) noexcept;
     void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
     void emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes) noexcept;
     void emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept;
