@@ -37,6 +37,13 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # ---- workers (run inside the measured process) ----------------------------------------------
 
+def is_oom(e):
+    # Under PYTORCH_NO_CUDA_MEMORY_CACHING=1 a failed cudaMalloc surfaces as torch.AcceleratorError
+    # ("CUDA error: out of memory"), not torch.OutOfMemoryError: the caching allocator's OOM path
+    # is not involved.
+    return "out of memory" in str(e)
+
+
 def w_fragment():
     import torch
     small, big = [], []
@@ -44,8 +51,9 @@ def w_fragment():
     try:
         while True:
             small.append(torch.empty(mb6, dtype=torch.uint8, device="cuda"))
-    except torch.OutOfMemoryError:
-        pass
+    except Exception as e:  # torch.OutOfMemoryError or torch.AcceleratorError (see is_oom)
+        if not is_oom(e):
+            raise
     n_small = len(small)
     for i in range(len(small)):
         if i % 3:
@@ -55,8 +63,9 @@ def w_fragment():
     try:
         while True:
             big.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
-    except torch.OutOfMemoryError:
-        pass
+    except Exception as e:
+        if not is_oom(e):
+            raise
     return {"small_served": n_small, "big_served": len(big), "big_s": time.perf_counter() - t0,
             "freed_gib": (n_small - (n_small + 2) // 3) * mb6 / 2**30}
 
@@ -123,6 +132,8 @@ MODES = {
     "gpumem-vmm": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on"}, True),
     "gpumem-vmm-safe": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "safe"}, True),
     "gpumem-novmm": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "off"}, True),
+    # The pool's cost apart from the call stacks': step time without GPUMEM_STACKS's capture.
+    "gpumem-vmm-nostacks": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_STACKS": "off"}, True),
     "gpumem-vmm-immediate": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "immediate"}, True),
 }
 
@@ -131,7 +142,7 @@ def spawn(outdir, name, mode, argv, timeout=600):
     env_add, preload = MODES[mode]
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "GPUMEM_OUT", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-              "GPUMEM_POOL_VMM", "GPUMEM_REUSE"):
+              "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS"):
         env.pop(k, None)
     env.update(env_add)
     if preload:
@@ -226,7 +237,7 @@ def main():
         R["a"][m] = r
 
     # (b) alternating rounds.
-    b_modes = ("native", "expandable", "gpumem-vmm", "gpumem-vmm-safe")
+    b_modes = ("native", "expandable", "gpumem-vmm", "gpumem-vmm-safe", "gpumem-vmm-nostacks", "gpumem-novmm")
     steps = int(os.environ.get("POOL_BENCH_STEPS", "40"))
     for rd in range(1, rounds + 1):
         for m in b_modes:
