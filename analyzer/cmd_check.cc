@@ -23,7 +23,7 @@ namespace gpumem::analysis {
 namespace {
 
 std::string fmt_value(const measure& m, double v) {
-    return m.unit == measure_unit::ratio ? fmt_pct(v) : fmt_bytes(uint64_t(v));
+    return m.unit == measure_unit::ratio ? fmt_pct(v) : fmt_bytes(clamp_to_u64(v));  // v may be 2^64: out of range
 }
 
 // "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation.

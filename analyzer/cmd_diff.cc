@@ -25,9 +25,9 @@ namespace {
 
 std::string fmt_unit(measure_unit u, double v) {
     switch (u) {
-        case measure_unit::bytes: return fmt_bytes(uint64_t(std::max(0.0, v)));
+        case measure_unit::bytes: return fmt_bytes(clamp_to_u64(v));  // v may be 2^64 or NaN: out of range
         case measure_unit::ratio: return fmt_pct(v);
-        case measure_unit::count: return fmt_count(uint64_t(std::max(0.0, v)));
+        case measure_unit::count: return fmt_count(clamp_to_u64(v));
     }
     return "";
 }
@@ -87,7 +87,7 @@ void size_class_changes(const size_histogram& ha, const size_histogram& hb, std:
         change c;
         c.what = "size class " + fmt_bytes(min) + "-" + max + ": " + fmt_count(ca) + " -> " + fmt_count(cb) + " allocations";
         c.delta_bytes = bb - ba;
-        c.detail = "bytes allocated over the run " + fmt_bytes(uint64_t(ba)) + " -> " + fmt_bytes(uint64_t(bb));
+        c.detail = "bytes allocated over the run " + fmt_bytes(clamp_to_u64(ba)) + " -> " + fmt_bytes(clamp_to_u64(bb));
         out.push_back(std::move(c));
     }
 }
@@ -107,7 +107,7 @@ void leak_changes(const std::vector<block_view>& la, const std::vector<block_vie
     for (const auto& [api, ab] : by_api) {
         if (ab.first == ab.second) continue;
         change c;
-        c.what = "leaks from " + api + ": " + fmt_bytes(uint64_t(ab.first)) + " -> " + fmt_bytes(uint64_t(ab.second));
+        c.what = "leaks from " + api + ": " + fmt_bytes(clamp_to_u64(ab.first)) + " -> " + fmt_bytes(clamp_to_u64(ab.second));
         c.delta_bytes = ab.second - ab.first;
         c.detail = "listed blocks " + fmt_count(counts[api].first) + " -> " + fmt_count(counts[api].second);
         out.push_back(std::move(c));
@@ -186,7 +186,7 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     std::printf("  top changes (by bytes)\n");
     for (size_t i = 0; i < changes.size() && i < top; ++i)
         std::printf("    %s%s  [%s%s; %s]\n", changes[i].delta_bytes >= 0 ? "+ " : "- ", changes[i].what.c_str(),
-                    changes[i].delta_bytes >= 0 ? "+" : "-", fmt_bytes(uint64_t(std::fabs(changes[i].delta_bytes))).c_str(),
+                    changes[i].delta_bytes >= 0 ? "+" : "-", fmt_bytes(clamp_to_u64(std::fabs(changes[i].delta_bytes))).c_str(),
                     changes[i].detail.c_str());
     if (changes.size() > top) std::printf("    ... %zu more (--top N)\n", changes.size() - top);
 }

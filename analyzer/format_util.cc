@@ -132,7 +132,7 @@ bool events_bunched(const device_report& d) {
         return t1;
     };
     uint64_t a = time_of(total / 10), b = time_of(total - total / 10);
-    return b >= a && (b - a) * 5 < t1 - t0;
+    return b >= a && (b - a) < (t1 - t0) / 5;  // not (b - a) * 5: it wraps when times span near 2^64
 }
 
 }  // namespace gpumem::analysis

@@ -9,6 +9,15 @@
 
 namespace gpumem::analysis {
 
+// A double as an integer for a label, a bar width or a row index: NaN and values <= 0 give 0,
+// values at or past `hi` give `hi`.  Converting an out-of-range double is undefined behaviour, and
+// absurd logs (sizes near 2^64, times that wrap, a hand-edited report JSON) produce such doubles.
+inline uint64_t clamp_to_u64(double v, uint64_t hi = UINT64_MAX) {
+    if (!(v > 0)) return 0;
+    if (v >= double(hi)) return hi;  // double(UINT64_MAX) is 2^64: still out of range, so >=
+    return uint64_t(v);
+}
+
 std::string fmt_bytes(uint64_t n);         // "0 B", "512 B", "1.50 KiB", "2.00 MiB"
 std::string fmt_time(uint64_t ns);         // "950 ns", "12.50 us", "3.20 ms", "1.234 s"
 std::string fmt_pct(double ratio);         // 0.1234 -> "12.3%"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set-up plus all tests: installs missing packages, builds, runs ctest, then the ThreadSanitizer build of the core.
+# Set-up plus all tests: installs missing packages, builds, runs ctest, then the ThreadSanitizer build of
+# the core, the ASan+UBSan analyzer over the bad-input corpus, and 60 s of libFuzzer (with clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,4 +47,46 @@ for t in "${tsan_targets[@]:1}"; do
   bin=$(find build-tsan/tests -type f -name "$t" -perm -u+x | head -1)
   "$bin"
 done
+# The analyzer reads hostile input (issue 14): an ASan+UBSan build of it alone (libgpumem.so is never
+# sanitized) runs the bad-input corpus and every log under tests/data through each command and
+# output.  ccache, when installed, makes a rebuild of unchanged sources cheap.
+launcher=()
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+echo "== AddressSanitizer+UBSan build of the analyzer: the bad-input corpus and the logs under tests/data"
+t_asan=$SECONDS
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_ASAN=ON -DGPUMEM_BUILD_TESTS=OFF \
+  -DCUDAToolkit_ROOT="$cuda_root" "${launcher[@]}" >/dev/null
+cmake --build build-asan -j"$jobs" --target gpumem
+tests/cli/sanitizer_corpus.sh build-asan/analyzer/gpumem "$(pwd)" build-asan/corpus-run
+echo "(ASan+UBSan build and corpus: $((SECONDS - t_asan)) s)"
+
+# libFuzzer on the log parser and the whole analysis (tests/analyzer/fuzz_parser.cc) for 60 s, when
+# clang is installed; seeded with every log under tests/data, and the corpus it grows is kept in
+# build-fuzz/corpus for the next run.  A crash fails the script; its input stays in build-fuzz/crashes/.
+if command -v clang++ > /dev/null; then
+  echo "== libFuzzer: the analyzer's parser for ${GPUMEM_FUZZ_SECONDS:-60} s"
+  t_fuzz=$SECONDS
+  cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_C_COMPILER=clang -DCUDAToolkit_ROOT="$cuda_root" "${launcher[@]}" >/dev/null
+  cmake --build build-fuzz -j"$jobs" --target fuzz_parser
+  mkdir -p build-fuzz/corpus build-fuzz/seeds build-fuzz/crashes
+  cp tests/data/bad/* tests/data/golden/*.jsonl tests/data/cli/*.jsonl tests/data/h200/*.jsonl build-fuzz/seeds/
+  for z in tests/data/replay/*.jsonl.gz; do zcat "$z" | head -c 65536 > "build-fuzz/seeds/$(basename "$z" .gz)"; done
+  fuzz_bin=$(find build-fuzz/tests -type f -name fuzz_parser -perm -u+x | head -1)
+  if ! "$fuzz_bin" -max_total_time="${GPUMEM_FUZZ_SECONDS:-60}" -timeout=20 -max_len=65536 -print_final_stats=1 \
+       -artifact_prefix=build-fuzz/crashes/ build-fuzz/corpus build-fuzz/seeds > build-fuzz/fuzz.log 2>&1; then
+    tail -60 build-fuzz/fuzz.log
+    echo "test: libFuzzer found a failing input; kept in $(pwd)/build-fuzz/crashes/:" >&2
+    for c in build-fuzz/crashes/*; do
+      [ -f "$c" ] || continue
+      echo "  $c ($(stat -c %s "$c") bytes), base64:" >&2
+      head -c 4096 "$c" | base64 >&2
+    done
+    exit 1
+  fi
+  grep -E "^stat::(number_of_executed_units|peak_rss_mb)|^Done" build-fuzz/fuzz.log || true
+  echo "(libFuzzer build and run: $((SECONDS - t_fuzz)) s)"
+else
+  echo "== clang++ not installed: the libFuzzer run is skipped"
+fi
 echo "== all tests passed"

@@ -91,10 +91,10 @@ std::string line_chart(std::vector<series> ss, bool percent, const std::string& 
         double y = Y(v);
         o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << num(y) << "' y2='" << num(y) << "' stroke='#e2e2e2'/>"
           << "<text x='" << L - 6 << "' y='" << num(y + 4) << "' font-size='11' text-anchor='end'>"
-          << (percent ? fmt_pct(v) : fmt_bytes(uint64_t(v))) << "</text>\n";
+          << (percent ? fmt_pct(v) : fmt_bytes(clamp_to_u64(v))) << "</text>\n";
     }
     for (int i = 0; i <= 5; ++i) {
-        uint64_t t = t0 + uint64_t(double(t1 - t0) * i / 5);
+        uint64_t t = t0 + clamp_to_u64(double(t1 - t0) * i / 5, t1 - t0);  // double(t1 - t0) may round up past it
         o << "<text x='" << num(X(t)) << "' y='" << H - B + 16 << "' font-size='11' text-anchor='middle'>" << ax.label(t)
           << "</text>\n";
     }
@@ -261,7 +261,7 @@ std::string histogram_svg(const size_histogram& h, const std::string& title, con
         double x = L + (i - lo) * bw;
         o << "<rect x='" << num(x + 1) << "' y='" << num(H - B - bh) << "' width='" << num(std::max(1.0, bw - 2))
           << "' height='" << num(bh) << "' fill='" << color << "'><title>" << fmt_bytes(i ? uint64_t(1) << i : 0) << " – "
-          << fmt_bytes((uint64_t(1) << (i + 1)) - 1) << ": " << c << "</title></rect>\n";
+          << fmt_bytes(i == 63 ? UINT64_MAX : (uint64_t(1) << (i + 1)) - 1) << ": " << c << "</title></rect>\n";
         if (n <= 16 || (i - lo) % ((n + 15) / 16) == 0)
             o << "<text x='" << num(x + bw / 2) << "' y='" << H - B + 14 << "' font-size='10' text-anchor='middle'>"
               << short_bytes(i ? uint64_t(1) << i : 0) << "</text>\n";
@@ -412,7 +412,7 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
               << "</td><td>" << r.dev << "</td><td>" << fmt_bytes(r.peak_requested) << "</td><td>" << fmt_bytes(r.peak_allocated)
               << "</td><td>" << fmt_bytes(r.peak_reserved) << "</td></tr>\n";
         o << "</table><p>peak reserved: max " << fmt_bytes(combined.max_peak_reserved) << ", mean "
-          << fmt_bytes(uint64_t(combined.mean_peak_reserved)) << "; imbalance (max/mean − 1) <b>" << fmt_pct(combined.imbalance)
+          << fmt_bytes(clamp_to_u64(combined.mean_peak_reserved)) << "; imbalance (max/mean − 1) <b>" << fmt_pct(combined.imbalance)
           << "</b></p>\n";
     }
     for (const process_report& p : procs) {

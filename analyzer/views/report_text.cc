@@ -50,8 +50,8 @@ std::string segment_bar(const segment_view& s, size_t width) {
     auto cover = [&](const std::vector<std::pair<uint64_t, uint64_t>>& blocks, std::vector<double>& acc) {
         for (const auto& [p, a] : blocks) {
             double lo = double(p - s.base), hi = lo + double(a);
-            size_t c0 = std::min(width - 1, size_t(lo / per_cell));
-            size_t c1 = std::min(width - 1, size_t(hi / per_cell));
+            size_t c0 = size_t(clamp_to_u64(lo / per_cell, width - 1));
+            size_t c1 = size_t(clamp_to_u64(hi / per_cell, width - 1));
             for (size_t c = c0; c <= c1; ++c) {
                 double cl = double(c) * per_cell, ch = cl + per_cell;
                 double ov = std::min(hi, ch) - std::max(lo, cl);
@@ -95,7 +95,7 @@ void write_map(std::ostream& os, const state_snapshot& s) {
             os << "    ... " << s.segment_map.size() - k_max_map_rows << " more segments\n";
             break;
         }
-        size_t w = std::max<size_t>(1, size_t(double(k_map_width) * double(v.size) / double(biggest) + 0.5));
+        size_t w = std::max<size_t>(1, size_t(clamp_to_u64(double(k_map_width) * double(v.size) / double(biggest) + 0.5, k_map_width)));
         const auto [used, largest] = v.measure();
         os << "    " << pad(fmt_hex(v.base), 16) << pad(fmt_bytes(v.size), 11, true) << ' '
            << pad(pool_name(v.pool), 5) << " |" << pad(segment_bar(v, w), k_map_width) << "| "
@@ -135,8 +135,10 @@ void write_timeline(std::ostream& os, const device_report& d) {
     uint64_t total = 0, before = 0;
     for (const time_point& p : d.timeline) total += p.events;
     for (const time_point& p : d.timeline) {
-        size_t r = by_event ? std::min(rows - 1, size_t(double(before) * double(rows) / double(total)))
-                 : t1 > t0  ? std::min(rows - 1, size_t(double(p.t_first - t0) * double(rows) / double(t1 - t0 + 1)))
+        // Clamped: a report JSON can hold 0 events (0/0) or times out of order, and t1 - t0 + 1 wraps
+        // to 0 when the times span 2^64 - 1.
+        size_t r = by_event ? size_t(clamp_to_u64(double(before) * double(rows) / double(total), rows - 1))
+                 : t1 > t0  ? size_t(clamp_to_u64(double(p.t_first - t0) * double(rows) / (double(t1 - t0) + 1.0), rows - 1))
                             : 0;
         before += p.events;
         time_point& o = out[r];
@@ -160,10 +162,9 @@ void write_timeline(std::ostream& os, const device_report& d) {
     for (size_t r = 0; r < rows; ++r) {
         if (!used[r]) continue;
         const time_point& p = out[r];
-        size_t wa = size_t(30.0 * double(p.allocated_max) / double(top) + 0.5);
-        size_t wr = size_t(30.0 * double(p.reserved_max) / double(top) + 0.5);
-        wa = std::min<size_t>(wa, 30);
-        wr = std::min<size_t>(std::max(wr, wa), 30);
+        size_t wa = size_t(clamp_to_u64(30.0 * double(p.allocated_max) / double(top) + 0.5, 30));
+        size_t wr = size_t(clamp_to_u64(30.0 * double(p.reserved_max) / double(top) + 0.5, 30));
+        wr = std::max(wr, wa);
         os << "    " << pad(fmt_time(p.t_first), 12) << pad(fmt_bytes(p.requested_max), 12, true)
            << pad(fmt_bytes(p.allocated_max), 12, true) << pad(fmt_bytes(p.reserved_max), 12, true)
            << (pooled ? pad(fmt_pct(p.frag_max), 8, true) : "") << "  |" << std::string(wa, '=') << std::string(wr - wa, '-')
@@ -353,7 +354,7 @@ void write_text_unfiltered(std::ostream& os, const std::vector<process_report>& 
         }
         if (!combined.rows.empty())
             os << "  peak reserved: max " << fmt_bytes(combined.max_peak_reserved) << ", min "
-               << fmt_bytes(combined.min_peak_reserved) << ", mean " << fmt_bytes(uint64_t(combined.mean_peak_reserved))
+               << fmt_bytes(combined.min_peak_reserved) << ", mean " << fmt_bytes(clamp_to_u64(combined.mean_peak_reserved))
                << "; imbalance (max/mean - 1) " << fmt_pct(combined.imbalance) << "\n";
     }
 }

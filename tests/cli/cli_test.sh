@@ -434,6 +434,18 @@ hostile_values)
   expect_in "$W/err" "more warnings not shown"
   expect_rc 0 "$GPUMEM" report --no-progress --json "$B/many_warnings_no_end.jsonl"
   python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['processes'][0]['warnings']; assert any('no end line' in x for x in w), w[-3:]" "$W/out" || fail "#17: no end line missing from the JSON warnings"
+  # #21: undefined behaviour on absurd values gave garbled labels (scripts/test.sh also runs these
+  # under UBSan).  The size histogram's last bucket shifted by 64 ("8.00 EiB – 0 B"); a chart label
+  # of 2^64 bytes was converted to an integer out of range.
+  expect_rc 0 "$GPUMEM" report --no-progress "$B/sum_overflow.jsonl" --html "$W/overflow.html"
+  expect_in "$W/overflow.html" "<title>8.00 EiB – 16.00 EiB: 2</title>"
+  expect_in "$W/overflow.html" "text-anchor='end'>16.00 EiB</text>"
+  # Times from 0 to 2^64 - 1: the text timeline's row index was NaN (t1 - t0 + 1 wrapped to 0), the
+  # rows came out of order; and the "events bunched" test wrapped.
+  expect_rc 0 "$GPUMEM" report --no-progress "$B/time_span_2_64.jsonl"
+  sed -n '/Memory over time/,/^$/p' "$W/out" | awk 'NR > 2 && NF { print $1, $2 }' > "$W/rows.txt"
+  [ "$(head -1 "$W/rows.txt")" = "0 ns" ] && [ "$(wc -l < "$W/rows.txt")" = 5 ] || fail "#21: timeline rows: $(cat "$W/rows.txt")"
+  expect_not_in "$W/out" "rows of equal event count"
   ;;
 pipes)
   # Issue 14 #11: a log or report read from a pipe, /dev/stdin, a FIFO or <(process substitution).
