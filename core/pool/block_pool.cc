@@ -334,6 +334,17 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         }
     }
 
+    // Trim (virtual memory, GPUMEM_POOL_TRIM > 0): when growing would lift reserved memory more
+    // than `trim` above the live blocks plus this request, first give back the excess in whole free
+    // chunks.  Only with every free settled (fences, or no immediate reuse since the last sync), so
+    // it never waits.  Reserved memory then follows the live bytes rounded to chunks instead of a
+    // fragmented pool's high-water mark: 2x the live peak on a GPT-2 with varying sequence lengths
+    // (docs/benchmarks.md), as PyTorch's default allocator also reserves.
+    // Not during a capture (can_sync): cuMemUnmap does not wait, and a graph may still run there.
+    if (chunk_ && cfg_.trim && !unsettled_frees_ && can_sync() &&
+        reserved_ + seg_size > allocated_ + asize + cfg_.trim)
+        unmap_free_chunks(api, reserved_ + seg_size - (allocated_ + asize + cfg_.trim));
+
     int rc = new_segment(p, seg_size, api, &b);
     if (rc == k_cuda_success) return b;
     if (rc != k_cuda_oom) {
@@ -793,10 +804,12 @@ void block_pool::release_free_segments(api_id api) {
 // head, an unmapped middle and a free tail (heads and tails share a chunk with a live block).
 // The caller has made sure no work on a free block is left (unsettled_frees_ == 0: a sync, fences or
 // a wait for every stream since the last free made for immediate reuse).
-void block_pool::unmap_free_chunks(api_id api) {
+uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want) {
+    uint64_t given = 0;
     for (auto& [base, s] : segments_) {
         if (!s->vmm() || s->mapped == 0) continue;
         for (block* b = s->first; b; b = b->next) {
+            if (given >= want) return given;
             if (b->state != block_state::free) continue;
             const uint64_t lo = round_up(b->addr - s->base, chunk_);
             const uint64_t hi = (b->addr + b->size - s->base) / chunk_ * chunk_;
@@ -807,7 +820,7 @@ void block_pool::unmap_free_chunks(api_id api) {
             if (!mid || (hi < b->addr + b->size - s->base && !tail)) {
                 if (mid) recycle(mid);
                 if (tail) recycle(tail);
-                return;  // no host memory: keep the rest mapped
+                return given;  // no host memory: keep the rest mapped
             }
             const uint64_t end = b->addr + b->size;
             free_erase(b);
@@ -851,9 +864,11 @@ void block_pool::unmap_free_chunks(api_id api) {
             for (size_t k = i; k < i + n; ++k) s->chunks[k] = 0;
             s->mapped -= hi - lo;
             reserved_ -= hi - lo;
+            given += hi - lo;
             b = tail ? tail : cut;
         }
     }
+    return given;
 }
 
 void block_pool::release_cached() noexcept {

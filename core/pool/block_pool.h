@@ -146,7 +146,9 @@ class block_pool {
     int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain = false);
     bool use_vmm() noexcept;  // decides once, at the first segment, from the config and backend
     void backend_release(segment* s) noexcept;  // unmap + address free, or segment_free
-    void unmap_free_chunks(api_id api);  // OOM: every whole chunk inside a free block goes back
+    // Whole chunks inside free blocks go back to the driver, until `want` bytes have (all of them
+    // on OOM; GPUMEM_POOL_TRIM's excess before growing).  Returns the bytes given back.
+    uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX);
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set

@@ -34,6 +34,7 @@ constexpr size_knob k_size_knobs[] = {
     {"GPUMEM_SYNC_BUDGET", &pool_config::sync_budget, 0, false},
     {"GPUMEM_SYNC_BUDGET_DIV", &pool_config::sync_budget_div, 1, false},
     {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false},
+    {"GPUMEM_POOL_TRIM", &pool_config::trim, 0, false},
 };
 
 // Header key of an env var: drop "GPUMEM_", lower-case.
@@ -53,7 +54,7 @@ std::string pool_config::check() const {
     constexpr uint64_t k_max = 1ull << 48;
     if (!is_pow2(round) || round < 256) return "round must be a power of two >= 256";
     for (uint64_t v : {small_size, small_segment, large_segment, min_large_alloc, large_round,
-                       small_split, large_split, sync_budget})
+                       small_split, large_split, sync_budget, trim})
         if (v > k_max) return "sizes must be <= 2^48";
     if (small_segment % round || large_segment % round) return "segment sizes must be multiples of round";
     if (large_round % round) return "large_round must be a multiple of round";
@@ -104,6 +105,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
+            d.trim = c.trim;
             d.warnings = c.warnings + "pool sizes inconsistent (" + why + "); using the default sizes\n";
             if (!d.check().empty()) d = pool_config{};  // budget out of range too: all defaults
             return d;

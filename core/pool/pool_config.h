@@ -28,6 +28,11 @@ struct pool_config {
     uint64_t sync_budget = 32ull << 20;          // GPUMEM_SYNC_BUDGET: pending bytes that justify a sync (floor)
     uint64_t sync_budget_div = 16;               // GPUMEM_SYNC_BUDGET_DIV: budget = max(sync_budget, reserved / div)
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
+    // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
+    // reserved memory would pass the live blocks plus the request plus this much; 0 = only when the
+    // driver is out of memory.  32 MiB: the least peak of a sweep from 1 B to 1 GiB replayed over
+    // an H200 GPT-2 log (docs/benchmarks.md, "Trimming the pool on virtual memory").
+    uint64_t trim = 32ull << 20;
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory.  Off by default until it has run on a
     // GPU, and because legacy IPC (cuIpcGetMemHandle) cannot export VMM memory (docs/pool.md).
     bool vmm = false;

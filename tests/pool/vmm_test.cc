@@ -157,3 +157,50 @@ TEST_CASE("GPUMEM_POOL_VMM=off and a device without VMM keep cuMemAlloc segments
     CHECK(dev.alloc_calls() == 2);
     CHECK(dev.map_calls() == 0);
 }
+
+TEST_CASE("GPUMEM_POOL_TRIM: growing gives the excess back first, so reserved follows the live bytes", "[pool][vmm]") {
+    // Fragment 600 MiB of 6 MiB blocks (two of three freed), then ask for 60 MiB blocks, with memory
+    // to spare: without trim the pool grows past the freed holes; with it, reserved stays within
+    // trim + one new segment + chunk rounding of the live blocks.
+    auto run = [](uint64_t trim, recording_sink& sink, uint64_t* reserved, uint64_t* allocated) {
+        fake_backend dev(8ull << 30);
+        dev.set_vmm(2 * MiB);
+        pool_config cfg = vmm_config();
+        cfg.reuse = reuse_mode::safe;  // frees settle at a sync: the trim may unmap without waiting
+        cfg.trim = trim;
+        block_pool pool(cfg, dev, &sink, 0);
+        std::vector<uint64_t> small;
+        for (int i = 0; i < 100; ++i) {
+            uint64_t p = 0;
+            REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+            small.push_back(p);
+        }
+        for (size_t i = 0; i < small.size(); ++i) {
+            int rc = -1;
+            if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
+        }
+        for (int i = 0; i < 5; ++i) {
+            uint64_t p = 0;
+            REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        }
+        std::string why;
+        CHECK(pool.validate(&why));
+        CHECK(dev.bad_calls() == 0);
+        const pool_state s = pool.snapshot();
+        CHECK(s.reserved == dev.in_use());
+        *reserved = s.reserved;
+        *allocated = s.allocated;
+    };
+    recording_sink s_off, s_on;
+    uint64_t res_off = 0, res_on = 0, alloc_off = 0, alloc_on = 0;
+    run(0, s_off, &res_off, &alloc_off);
+    run(32 * MiB, s_on, &res_on, &alloc_on);
+    CHECK(alloc_on == alloc_off);
+    CHECK(s_off.count(ev_kind::segment_unmap) == 0);
+    CHECK(s_on.count(ev_kind::segment_unmap) > 0);
+    // Off: the 600 MiB of small segments stay mapped beside 300 MiB of new ones.
+    CHECK(res_off >= 600 * MiB + 300 * MiB);
+    // On: each 6 MiB live block keeps at most its own chunks plus a partly used one on each side.
+    CHECK(res_on <= alloc_on + 32 * MiB + 60 * MiB + 34 * 2 * (2 * MiB));
+    CHECK(res_on < res_off);
+}
