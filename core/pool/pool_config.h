@@ -30,9 +30,11 @@ struct pool_config {
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
     // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
     // reserved memory would pass the live blocks plus the request plus this much; 0 = only when the
-    // driver is out of memory.  32 MiB: the least peak of a sweep from 1 B to 1 GiB replayed over
-    // an H200 GPT-2 log (docs/benchmarks.md, "Trimming the pool on virtual memory").
-    uint64_t trim = 32ull << 20;
+    // driver is out of memory (the default).  32 MiB gave the least peak of a sweep replayed over an
+    // H200 GPT-2 log, 1.01x the live peak, but doubled its step time on the H200 (run 27: every
+    // step maps and unmaps thousands of 2 MiB chunks), so it is a choice for runs short of memory,
+    // not a default (docs/benchmarks.md, "Trimming the pool on virtual memory").
+    uint64_t trim = 0;
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory.  Off by default until it has run on a
     // GPU, and because legacy IPC (cuIpcGetMemHandle) cannot export VMM memory (docs/pool.md).
     bool vmm = false;

@@ -132,6 +132,8 @@ MODES = {
     "gpumem-vmm": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on"}, True),
     "gpumem-vmm-safe": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "safe"}, True),
     "gpumem-novmm": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "off"}, True),
+    # GPUMEM_POOL_TRIM (off by default): reserved near the live peak, at the cost of map/unmap calls.
+    "gpumem-vmm-trim": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_POOL_TRIM": "32MiB"}, True),
     # The pool's cost apart from the call stacks': step time without GPUMEM_STACKS's capture.
     "gpumem-vmm-nostacks": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_STACKS": "off"}, True),
     "gpumem-vmm-immediate": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "immediate"}, True),
@@ -142,7 +144,7 @@ def spawn(outdir, name, mode, argv, timeout=600):
     env_add, preload = MODES[mode]
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "GPUMEM_OUT", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-              "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS"):
+              "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS", "GPUMEM_POOL_TRIM"):
         env.pop(k, None)
     env.update(env_add)
     if preload:
@@ -237,7 +239,7 @@ def main():
         R["a"][m] = r
 
     # (b) alternating rounds.
-    b_modes = ("native", "expandable", "gpumem-vmm", "gpumem-vmm-safe", "gpumem-vmm-nostacks", "gpumem-novmm")
+    b_modes = ("native", "expandable", "gpumem-vmm", "gpumem-vmm-trim", "gpumem-vmm-nostacks", "gpumem-novmm")
     steps = int(os.environ.get("POOL_BENCH_STEPS", "40"))
     for rd in range(1, rounds + 1):
         for m in b_modes:

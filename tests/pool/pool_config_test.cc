@@ -122,7 +122,7 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"stats_ms\":1000,") != std::string::npos);
     CHECK(s.back() == ',');
     CHECK(s.find("\"pool_vmm\":\"off\",") != std::string::npos);
-    CHECK(s.find("\"pool_trim\":33554432,") != std::string::npos);
+    CHECK(s.find("\"pool_trim\":0,") != std::string::npos);
     // 2 string knobs + 12 numeric knobs, one comma each.
     CHECK(std::count(s.begin(), s.end(), ',') == 14);
 }
