@@ -318,7 +318,11 @@ void pool_context_gone(CUcontext ctx, int dev) noexcept {
         release(CUdevice(dev));  // retain+release of an active context changes nothing
         ctx = primary;
     }
-    if (ctx) registry().retire(uint64_t(uintptr_t(ctx)));
+    if (!ctx) return;
+    // Its streams died with it, without cuStreamDestroy: fences must not record on their handles,
+    // which new streams may reuse (the primary context keeps its handle across a reset).
+    streams().forget_context(uint64_t(uintptr_t(ctx)));
+    registry().retire(uint64_t(uintptr_t(ctx)));
 }
 
 void capture_begin() noexcept { g_captures.fetch_add(1, std::memory_order_acq_rel); }

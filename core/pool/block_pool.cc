@@ -560,13 +560,14 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
 // One synchronize releases every pending free: work enqueued before any of them has finished.
 bool block_pool::sync_release(api_id api) {
     ++syncs_;
+    const uint64_t destroys = streams_ ? streams_->destroy_count() : 0;  // before: see forget_destroyed
     if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
     unsettled_frees_ = 0;
     // Every fence is reached now, and destroyed streams' work has finished.
     for (fence& f : fences_) recycle_events(f.events);
     fences_.clear();
     unfenced_bytes_ = 0;
-    if (streams_) streams_->forget_destroyed(ctx_);
+    if (streams_) streams_->forget_destroyed(ctx_, destroys);
     const size_t n = pending_.size();
     for (block* b : pending_) {
         pending_bytes_[pool_index(b->seg->pool)] -= b->size;
@@ -629,7 +630,9 @@ void block_pool::recycle_events(std::vector<uint64_t>& evs) noexcept {
 bool block_pool::record_fence() noexcept {
     if (fenced_end() == pending_.size()) return true;
     if (!fences_usable() || !can_sync()) return false;
-    if (!streams_->fence_streams(ctx_, fence_streams_)) return false;
+    // The set stays locked until every event is recorded: no stream of the list dies meanwhile.
+    std::unique_lock<std::mutex> held = streams_->hold();
+    if (!streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     fence f;
     try {
         f.events.reserve(fence_streams_.size() + 1);
@@ -721,7 +724,9 @@ bool block_pool::reclaim(api_id api, bool wait) {
 // on those streams: other contexts run on.  False when fences cannot cover the context now (a
 // destroyed stream, a green context, no events); the caller then synchronizes.
 bool block_pool::wait_all_streams(bool legacy_only) noexcept {
-    if (!fences_usable() || !can_sync() || !streams_->fence_streams(ctx_, fence_streams_)) return false;
+    if (!fences_usable() || !can_sync()) return false;
+    std::unique_lock<std::mutex> held = streams_->hold();  // until the records are made (record_fence)
+    if (!streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     fence f;  // scratch: every event is recorded first, then all are waited on
     try {
         f.events.reserve(fence_streams_.size() + 1);
@@ -737,6 +742,7 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
         f.events.push_back(ev);  // reserved: cannot throw
         ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
     }
+    held.unlock();  // the waits below may be long: streams may come and go meanwhile
     for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;
     recycle_events(f.events);
     if (!ok) return false;

@@ -30,6 +30,7 @@ void stream_set::destroyed(uint64_t ctx, uint64_t stream) noexcept {
     live_.erase(it);
     // A blocking stream's work is covered by the legacy stream's event even after its destruction.
     if (!nb) return;
+    destroys_.fetch_add(1, std::memory_order_acq_rel);
     try {
         if (std::find(destroyed_in_.begin(), destroyed_in_.end(), c) == destroyed_in_.end()) destroyed_in_.push_back(c);
     } catch (...) {
@@ -37,10 +38,9 @@ void stream_set::destroyed(uint64_t ctx, uint64_t stream) noexcept {
     }
 }
 
-bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out) const noexcept {
+bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const std::unique_lock<std::mutex>& held) const noexcept {
     out.clear();
-    if (!usable()) return false;
-    std::lock_guard<std::mutex> lk(mu_);
+    if (!usable() || !held.owns_lock() || held.mutex() != &mu_) return false;
     if (std::find(destroyed_in_.begin(), destroyed_in_.end(), ctx) != destroyed_in_.end()) return false;
     try {
         for (const entry& e : live_)
@@ -51,8 +51,15 @@ bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out) const n
     return true;
 }
 
-void stream_set::forget_destroyed(uint64_t ctx) noexcept {
+void stream_set::forget_destroyed(uint64_t ctx, uint64_t seen) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    if (destroys_.load(std::memory_order_acquire) != seen) return;
+    destroyed_in_.erase(std::remove(destroyed_in_.begin(), destroyed_in_.end(), ctx), destroyed_in_.end());
+}
+
+void stream_set::forget_context(uint64_t ctx) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    live_.erase(std::remove_if(live_.begin(), live_.end(), [&](const entry& e) { return e.ctx == ctx; }), live_.end());
     destroyed_in_.erase(std::remove(destroyed_in_.begin(), destroyed_in_.end(), ctx), destroyed_in_.end());
 }
 

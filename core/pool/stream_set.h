@@ -29,12 +29,24 @@ class stream_set {
     void give_up() noexcept { broken_.store(true, std::memory_order_release); }
     bool usable() const noexcept { return !broken_.load(std::memory_order_acquire); }
 
-    // The non-blocking streams of ctx, into out (cleared first).  False when fences cannot cover
-    // ctx now: give_up() was called, or a stream of ctx was destroyed since the last
-    // forget_destroyed(ctx).  Never throws; false as well when out cannot grow.
-    bool fence_streams(uint64_t ctx, std::vector<uint64_t>& out) const noexcept;
-    // A synchronize of ctx has returned: destroyed streams' work has finished.
-    void forget_destroyed(uint64_t ctx) noexcept;
+    // Held by a pool from fence_streams() until its events are recorded: a stream destroyed in
+    // between would have an event recorded on a dead (or reused) handle.  The destroy hook waits
+    // on it before the driver destroys the stream.  Lock order: the pool's lock, then this one.
+    std::unique_lock<std::mutex> hold() const noexcept { return std::unique_lock<std::mutex>(mu_); }
+    // The non-blocking streams of ctx, into out (cleared first), under `held` (hold()).  False when
+    // fences cannot cover ctx now: give_up() was called, or a stream of ctx was destroyed since the
+    // last forget_destroyed(ctx).  Never throws; false as well when out cannot grow.
+    bool fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const std::unique_lock<std::mutex>& held) const noexcept;
+    // Counts destructions of non-blocking streams: read before a synchronize, passed to
+    // forget_destroyed after it.
+    uint64_t destroy_count() const noexcept { return destroys_.load(std::memory_order_acquire); }
+    // A synchronize of ctx, begun when destroy_count() was `seen`, has returned: the destroyed
+    // streams' work has finished.  A stream destroyed during the synchronize (another thread) may
+    // have work enqueued after it began, so then nothing is forgotten.
+    void forget_destroyed(uint64_t ctx, uint64_t seen) noexcept;
+    // ctx was destroyed or reset: its streams died with it, without cuStreamDestroy.  Their handles
+    // may come back as new streams (the primary context keeps its handle across a reset).
+    void forget_context(uint64_t ctx) noexcept;
 
     // A fork child: the parent's streams do not exist in it.
     void reset_after_fork() noexcept;
@@ -48,6 +60,7 @@ class stream_set {
     std::vector<entry> live_;
     std::vector<uint64_t> destroyed_in_;  // contexts that lost a stream since their last sync
     std::atomic<bool> broken_{false};
+    std::atomic<uint64_t> destroys_{0};  // non-blocking streams destroyed, ever
 };
 
 }  // namespace gpumem

@@ -265,9 +265,43 @@ TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool 
     std::vector<uint64_t> out;
     st.created(0xc0, 0x10, false);
     st.created(0, 0x20, false);  // blocking: the legacy stream's event covers it wherever it is
-    CHECK(st.fence_streams(0xc0, out));
+    CHECK(st.fence_streams(0xc0, out, st.hold()));
     CHECK(out.empty());
     st.created(0, 0x30, true);
     CHECK_FALSE(st.usable());
-    CHECK_FALSE(st.fence_streams(0xc0, out));
+    CHECK_FALSE(st.fence_streams(0xc0, out, st.hold()));
+}
+
+TEST_CASE("stream_set: a stream destroyed during a synchronize is not forgotten by it", "[fence]") {
+    stream_set st;
+    std::vector<uint64_t> out;
+    st.created(0xc0, 0x10, true);
+    st.created(0xc0, 0x11, true);
+    st.destroyed(0xc0, 0x10);
+    CHECK_FALSE(st.fence_streams(0xc0, out, st.hold()));  // 0x10's work: only a sync covers it
+    // A sync begins; meanwhile another thread destroys 0x11, whose work may postdate the sync's start.
+    const uint64_t seen = st.destroy_count();
+    st.destroyed(0xc0, 0x11);
+    st.forget_destroyed(0xc0, seen);
+    CHECK_FALSE(st.fence_streams(0xc0, out, st.hold()));  // still owed a sync
+    // The next sync, with no destruction during it, settles both.
+    st.forget_destroyed(0xc0, st.destroy_count());
+    CHECK(st.fence_streams(0xc0, out, st.hold()));
+    CHECK(out.empty());
+}
+
+TEST_CASE("stream_set: a destroyed or reset context takes its streams with it", "[fence]") {
+    stream_set st;
+    std::vector<uint64_t> out;
+    st.created(0xc0, 0x10, true);
+    st.created(0xc1, 0x20, true);
+    st.forget_context(0xc0);
+    CHECK(st.fence_streams(0xc0, out, st.hold()));
+    CHECK(out.empty());  // no event on a stream that died with its context
+    CHECK(st.fence_streams(0xc1, out, st.hold()));
+    CHECK(out == std::vector<uint64_t>{0x20});
+    // The handle comes back as a stream of the reset context, and its destruction is its own.
+    st.created(0xc0, 0x10, true);
+    st.destroyed(0xc0, 0x10);
+    CHECK_FALSE(st.fence_streams(0xc0, out, st.hold()));
 }
