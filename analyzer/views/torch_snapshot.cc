@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string_view>
@@ -108,7 +109,11 @@ class device_export {
             break;
         }
         case ev_kind::pool_sync:
-            if (e.dev == dev_) complete_pending(e.t);
+            // A release by fences frees the first `count` pending blocks, in free order (as the
+            // report's model reads it, analyzer/model/address_space.cc); a synchronize frees all.
+            if (e.dev == dev_)
+                complete_pending(e.t, e.fence && e.has(fd_count) && e.count <= pending_.size() ? size_t(e.count)
+                                                                                                : pending_.size());
             break;
         case ev_kind::context_reset:
             // As the report's model: a device's reset drops all its memory, a reset of no device
@@ -337,8 +342,11 @@ class device_export {
         }
     }
 
-    void complete_pending(uint64_t t) {
-        for (const auto& [base, ptr] : pending_) {
+    // The first n pending frees complete (all of them by default).
+    void complete_pending(uint64_t t, size_t n = SIZE_MAX) {
+        n = std::min(n, pending_.size());
+        for (size_t i = 0; i < n; ++i) {
+            const auto& [base, ptr] = pending_[i];
             auto s = segs_.find(base);
             if (s == segs_.end()) continue;
             auto b = s->second.blocks.find(ptr);
@@ -346,7 +354,7 @@ class device_export {
             entry(torch_action::free_completed, ptr, b->second.asize, b->second.stream, t, b->second.stack);
             s->second.blocks.erase(b);
         }
-        pending_.clear();
+        pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(n));
     }
 
     // A segment goes: whatever blocks it still holds end first (only a log missing events has

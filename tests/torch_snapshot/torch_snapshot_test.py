@@ -140,6 +140,29 @@ with tempfile.TemporaryDirectory() as d:
         snap = check_snapshot(log, os.path.join(d, "reset.pickle"), "reset")
         check([(s["address"], len(s["blocks"])) for s in snap["segments"]] == [(S1, 2)], "reset: only the new segment remains")
 
+    # A release by fences completes only the first `count` pending frees, in free order; the rest stay
+    # active_pending_free (a synchronize would complete them all).
+    fences = [
+        seg("segment_alloc", 0, S0, 20 * MiB),
+        pooled("alloc", 0, S0, 1024, S0),
+        pooled("alloc", 0, S0 + 1024, 1024, S0),
+        pooled("alloc", 0, S0 + 2048, 1024, S0),
+        pooled("free", 0, S0, 1024, S0),
+        pooled("free", 0, S0 + 2048, 1024, S0),
+        pooled("free", 0, S0 + 1024, 1024, S0),
+        {"ev": "pool_sync", "dev": 0, "count": 2, "fence": True},
+    ]
+    log = os.path.join(d, "fences.jsonl")
+    write_log(log, fences, devices=1)
+    r = export(log, os.path.join(d, "fences.pickle"))
+    check(r.returncode == 0, f"fences: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+    if r.returncode == 0:
+        snap = check_snapshot(log, os.path.join(d, "fences.pickle"), "fences", expect_pending={0: 1})
+        done = [e["addr"] for e in snap["device_traces"][0] if e["action"] == "free_completed"]
+        check(done == [S0, S0 + 2048], f"fences: the first two frees complete, in free order: {done}")
+        pend = [b["address"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free"]
+        check(pend == [S0 + 1024], f"fences: the last free is still pending: {pend}")
+
     # Hostile output names: written exactly there, nothing else touched.
     log = os.path.join(d, "rules.jsonl")
     for name in ["sp ace.pickle", "new\nline.pickle", "quo'te\".pickle", "-dash.pickle", "bad\udcff.pickle",
