@@ -351,6 +351,21 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2)
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
 
+// A capture into an existing graph (CUDA 12.3+) opens a capture like the others: without this hook
+// the pool would record a fence, or synchronize, into it, which invalidates the program's capture.
+#define GPUMEM_CAPTURE_TO_GRAPH(NAME)                                                                   \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUgraph g, const CUgraphNode* deps,          \
+                                               const CUgraphEdgeData* data, size_t n, CUstreamCaptureMode mode) { \
+        auto f = real<CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t, \
+                                   CUstreamCaptureMode)>(drv::NAME);                                   \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        CUresult r = f(s, g, deps, data, n, mode);                                                     \
+        if (r == CUDA_SUCCESS) capture_begin();                                                        \
+        return r;                                                                                      \
+    }
+GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph)
+GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph_ptsz)
+
 #define GPUMEM_CAPTURE_END(NAME)                                                         \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUgraph* g) {                  \
         auto f = real<CUresult (*)(CUstream, CUgraph*)>(drv::NAME);                      \
@@ -474,6 +489,12 @@ GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream a, CUstreamCaptureMode b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamBeginCaptureToGraph,
+                   (CUstream a, CUgraph b, const CUgraphNode* c, const CUgraphEdgeData* d, size_t e, CUstreamCaptureMode m),
+                   (a, b, c, d, e, m))
+GPUMEM_EXPORT_HOOK(cuStreamBeginCaptureToGraph_ptsz,
+                   (CUstream a, CUgraph b, const CUgraphNode* c, const CUgraphEdgeData* d, size_t e, CUstreamCaptureMode m),
+                   (a, b, c, d, e, m))
 GPUMEM_EXPORT_HOOK(cuStreamEndCapture, (CUstream a, CUgraph* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamEndCapture_ptsz, (CUstream a, CUgraph* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamCreate, (CUstream* a, unsigned int b), (a, b))

@@ -385,6 +385,14 @@ EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode) {
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return cuStreamBeginCapture_v2(s, m); }
+EMU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
+                                                CUstreamCaptureMode m) {
+    return cuStreamBeginCapture_v2(s, m);
+}
+EMU_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode* d, const CUgraphEdgeData* e,
+                                                     size_t n, CUstreamCaptureMode m) {
+    return cuStreamBeginCaptureToGraph(s, g, d, e, n, m);
+}
 EMU_EXPORT CUresult cuStreamEndCapture(CUstream, CUgraph* g) {
     st().capturing.fetch_sub(1);
     if (g) *g = nullptr;
@@ -672,7 +680,8 @@ const fn_entry k_functions[] = {
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
-    E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz),
+    E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
+    E(cuStreamBeginCaptureToGraph_ptsz),
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),

@@ -161,7 +161,8 @@ void fragment(size_t small_mib = 6, size_t big_mib = 60) {
 }
 
 // Frees pile up during a capture: the pool must take segments rather than synchronize.
-void capture() {
+// to_graph: the capture is opened by cuStreamBeginCaptureToGraph (into an existing graph).
+void capture(bool to_graph) {
     setup();
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));  // as PyTorch's capture streams; switches auto to safe
@@ -175,7 +176,8 @@ void capture() {
     };
     pairs(4);
     print_counts("before_");
-    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    if (to_graph) CHECK(cuStreamBeginCaptureToGraph(s, nullptr, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    else CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     pairs(64);  // 256 MiB freed: far past the 32 MiB sync budget
     print_counts("during_");
     CUgraph g;
@@ -356,7 +358,7 @@ int main(int argc, char** argv) {
     else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? atol(argv[4]) : -1);
     else if (s == "oom") oom();
     else if (s == "fragment") fragment(argc > 2 ? size_t(atol(argv[2])) : 6, argc > 3 ? size_t(atol(argv[3])) : 60);
-    else if (s == "capture") capture();
+    else if (s == "capture") capture(argc > 2 && std::string(argv[2]) == "to-graph");
     else if (s == "query") query();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
@@ -364,7 +366,7 @@ int main(int argc, char** argv) {
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -484,7 +484,10 @@ TEST_CASE("pool: OOM releases pending frees and cached segments before failing, 
 }
 
 TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs resume after it") {
-    auto r = run({EMU_POOL_APP, "capture"});
+    // Both ways to open a capture: cuStreamBeginCapture and cuStreamBeginCaptureToGraph.
+    const char* how = GENERATE("", "to-graph");
+    INFO("capture " << how);
+    auto r = run({EMU_POOL_APP, "capture", how});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
