@@ -154,6 +154,7 @@ struct device_report {
     tracked_bytes pending;        // pooled blocks freed by the program, not yet released by a sync
     tracked_bytes unmapped;       // holes (segment_unmap) in held segments: address space without memory
     uint64_t n_pool_sync = 0;
+    uint64_t n_pool_wait = 0;  // pool_sync events with "waited": the program blocked on a fence
     // config.reuse "auto": the device's pool reuses frees at once until its reuse_safe event, and
     // holds them pending from then on.  reuse_safe: that event was seen; the rest describe it.
     bool reuse_safe = false;

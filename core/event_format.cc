@@ -80,6 +80,7 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::pool: v = uint64_t(e.pool); return true;
         case log_field::count: v = e.c.count; return true;
         case log_field::fence: v = 1; return e.flags & ef_fence;
+        case log_field::waited: v = 1; return e.flags & ef_waited;
         case log_field::reserved: v = e.p.reserved; return true;
         case log_field::allocated: v = e.p.allocated; return true;
         case log_field::requested: v = e.p.requested; return true;

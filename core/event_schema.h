@@ -192,6 +192,7 @@ enum event_flags : uint8_t {
     ef_size_unknown = 1 << 1, // free of a pointer the recorder never saw allocated
     ef_pooled = 1 << 2,      // served by gpumem's pool (alloc/free)
     ef_fence = 1 << 3,       // pool_sync: released by fences (events), not a context synchronize
+    ef_waited = 1 << 4,      // pool_sync: the program waited on a fence for it (memory was short)
 };
 
 }  // namespace gpumem

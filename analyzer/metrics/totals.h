@@ -104,7 +104,10 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
     case ev_kind::segment_alloc: ++ctx.model.dev(e.dev).rep.n_segment_alloc; break;
     case ev_kind::segment_free: ++ctx.model.dev(e.dev).rep.n_segment_free; break;
     case ev_kind::pool_sync:
-        if (e.fence) break;  // released by fences: no device-wide sync
+        if (e.fence) {  // released by fences: no device-wide sync, maybe a wait on one
+            if (e.waited && d) ++d->rep.n_pool_wait;
+            break;
+        }
         ++p.n_pool_sync;
         if (d) ++d->rep.n_pool_sync;
         break;

@@ -330,7 +330,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             (asize >= cfg_.min_large_alloc && pend >= 2 * asize)) {
             // With fences, block only when memory is short: twice the budget waits, so reserved
             // memory stays within about two budgets of the live peak while the GPU runs behind.
-            if (reclaim(api, pend >= 2 * budget) && (b = find_free(p, asize))) return b;
+            if (reclaim(api, pend >= 2 * budget, p, asize) && (b = find_free(p, asize))) return b;
         }
     }
 
@@ -361,7 +361,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // last sync may still have its last owner's work queued, so wait for every stream first.
     if (can_sync()) {
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) {
-            if (reclaim(api, true) && (b = find_free(p, asize))) return b;
+            if (reclaim(api, true, p, asize) && (b = find_free(p, asize))) return b;
         }
         if (chunk_ && unsettled_frees_) settle_frees(api);
         release_free_segments(api);
@@ -661,7 +661,7 @@ bool block_pool::record_fence() noexcept {
     return true;
 }
 
-int block_pool::poll_fences(api_id api) {
+int block_pool::poll_fences(api_id api, bool waited) {
     size_t n = 0;
     int rc = k_cuda_success;
     while (!fences_.empty()) {
@@ -675,12 +675,12 @@ int block_pool::poll_fences(api_id api) {
         recycle_events(f.events);
         fences_.pop_front();
     }
-    if (n) release_prefix(n, api, true);
+    if (n) release_prefix(n, api, true, waited);
     return rc == k_cuda_not_ready ? k_cuda_success : rc;
 }
 
 // The first n pending frees (in free order) become free; the fences after them now count from 0.
-void block_pool::release_prefix(size_t n, api_id api, bool by_fence) {
+void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited) {
     for (size_t k = 0; k < n; ++k) {
         block* b = pending_[k];
         pending_bytes_[pool_index(b->seg->pool)] -= b->size;
@@ -698,22 +698,26 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence) {
         e.dev = device_;
         e.api = api;
         e.c.count = n;
-        if (by_fence) e.flags = ef_fence;
+        if (by_fence) e.flags = uint8_t(ef_fence | (waited ? ef_waited : 0));
         sink_->emit(e);
     }
 }
 
-bool block_pool::reclaim(api_id api, bool wait) {
+bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
     if (!fences_usable() || !record_fence()) return sync_release(api);
     const size_t before = pending_.size();
     if (poll_fences(api) != k_cuda_success) return sync_release(api);  // a broken event: the old way
-    if (wait && !fences_.empty()) {
-        // Memory is short: wait for the newest fence (it was recorded after every other), on
-        // those streams only; the rest of the device runs on.
+    // Memory is short: wait for the oldest fence, then the next, until the request fits.  Waiting
+    // for the newest (recorded just now, after all the work the program has queued) would drain
+    // the GPU's queue: the device idles while the program queues its next kernels, and a
+    // training step under PYTORCH_NO_CUDA_MEMORY_CACHING pays that at every wait.
+    while (wait && !fences_.empty() && !(asize && find_free(p, asize))) {
         ++fence_waits_;
-        for (uint64_t ev : fences_.back().events)
+        for (uint64_t ev : fences_.front().events)
             if (backend_.event_synchronize(ev) != k_cuda_success) return sync_release(api);
-        if (poll_fences(api) != k_cuda_success) return sync_release(api);
+        const size_t left = fences_.size();
+        if (poll_fences(api, true) != k_cuda_success) return sync_release(api);
+        if (fences_.size() >= left) return sync_release(api);  // reached but not released: a broken event
     }
     return pending_.size() < before;
 }

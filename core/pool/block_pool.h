@@ -154,13 +154,16 @@ class block_pool {
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
     bool sync_release(api_id api);
     // Releases pending frees whose fences have completed: by fences when they can cover the
-    // context (recording one for the frees not yet fenced, blocking on it only when `wait`), else
-    // by one synchronize.  True if anything was released or the sync succeeded.
-    bool reclaim(api_id api, bool wait);
+    // context (recording one for the frees not yet fenced), else by one synchronize.  With `wait`,
+    // blocks on the oldest fences, one at a time, until a free block of `asize` fits in pool `p`
+    // (asize 0: until every fence is reached).  True if anything was released or the sync succeeded.
+    bool reclaim(api_id api, bool wait, pool_id p = pool_id::small, uint64_t asize = 0);
     bool fences_usable() noexcept;
     bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
-    int poll_fences(api_id api);           // releases completed fences' frees; 0 or an error
-    void release_prefix(size_t n, api_id api, bool by_fence);
+    // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
+    // oldest fence, which its pool_sync says.
+    int poll_fences(api_id api, bool waited = false);
+    void release_prefix(size_t n, api_id api, bool by_fence, bool waited = false);
     bool drain_by_fence(api_id api);       // enter_safe_reuse's drain without a context sync
     bool wait_all_streams(bool legacy_only) noexcept;  // events on the streams, waited on; false: not covered
     bool settle_frees(api_id api);         // unsettled_frees_ to 0: wait_all_streams, else a sync

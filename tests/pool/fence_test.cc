@@ -119,6 +119,36 @@ TEST_CASE("fences: when memory is short the pool blocks on a fence, never on the
     CHECK(f.pool.fence_wait_count() >= 1);
 }
 
+TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees enough, not for all queued work", "[fence]") {
+    // Waiting for the newest fence would let the device drain its whole queue: on a GPU it then
+    // idles while the program queues its next kernels.
+    fenced f(safe_config(), 24 * MiB);  // room for one 20 MiB segment
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    f.free(a);  // fence 1
+    const uint64_t w1 = f.dev.enqueue_work();
+    f.free(b);  // fence 2
+    const uint64_t w2 = f.dev.enqueue_work();
+    const uint64_t c = f.alloc(8 * MiB);  // fits only where a or b was; no room for a segment
+    CHECK(c == a);
+    CHECK(f.dev.completed() < w1);  // fence 1 alone was waited on
+    CHECK(f.dev.completed() < w2);
+    CHECK(f.pool.pending_bytes() == 8 * MiB);  // b still waits for its fence
+    CHECK(f.pool.fence_wait_count() == 1);
+    CHECK(f.dev.sync_calls() == 0);
+    // The log says the program waited: the release's pool_sync carries "waited".
+    auto syncs = f.sink.of(ev_kind::pool_sync);
+    REQUIRE(!syncs.empty());
+    CHECK((syncs.back().flags & ef_fence) != 0);
+    CHECK((syncs.back().flags & ef_waited) != 0);
+    // A release by a fence already reached is no wait.
+    f.dev.complete_all();
+    f.alloc(8 * MiB);
+    syncs = f.sink.of(ev_kind::pool_sync);
+    CHECK((syncs.back().flags & ef_waited) == 0);
+    CHECK(f.pool.fence_wait_count() == 1);
+}
+
 TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]") {
     fenced f;
     f.dev.set_capturing(true);
