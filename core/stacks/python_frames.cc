@@ -1,11 +1,12 @@
-// Reads the calling thread's Python stack in-process: finds CPython by its symbols, walks the
-// thread's frames at per-version offsets, and checks the layout once before trusting it.
+// Reads the calling thread's Python stack in-process: finds CPython (3.10 to 3.13) by its symbols,
+// walks the thread's frames at per-version offsets, and checks the layout once before trusting it.
 #include "python_frames.h"
 
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,26 +15,41 @@ namespace gpumem::stacks {
 namespace {
 
 // Per-version layout of the few interpreter structures the walk reads (x86-64 / aarch64 LP64).
-// Sources: CPython's Include/cpython/pystate.h (PyThreadState.cframe), Include/cpython/pystate.h
-// (_PyCFrame.current_frame) and Include/internal/pycore_frame.h (_PyInterpreterFrame).  The 3.11
-// numbers are checked against the 3.11 headers by tests/stacks; all of them are checked at run time
-// by check_layout() before the first stack is trusted.
-// str objects (Include/cpython/unicodeobject.h): PyASCIIObject lost its wstr member in 3.12.
+// Sources: CPython's Include/cpython/pystate.h (PyThreadState), Include/cpython/frameobject.h
+// (3.10's PyFrameObject), Include/internal/pycore_frame.h (_PyInterpreterFrame) and
+// Include/cpython/unicodeobject.h (str objects: PyASCIIObject lost its wstr member in 3.12).  Every
+// number below equals offsetof/sizeof on py-spy's bindgen bindings of those headers
+// (src/python_bindings/v3_1x_0.rs), computed with rustc's offset_of!.  3.11 and 3.12 have run
+// against real interpreters (tests/stacks, the H200 runs); 3.10 and 3.13 only against synthetic
+// images laid out from the same bindings (tests/stacks/python_layouts_test.cc).  All of them are
+// checked at run time by check_layout() before the first stack is trusted.
+constexpr size_t k_none = 0;
 struct layout {
     int minor;
-    size_t ts_cframe, cframe_current, fr_code, fr_previous, fr_instr, fr_owner;
+    py_walk walk;
+    // ts_frame: PyThreadState.frame (3.10), .cframe (3.11, 3.12), .current_frame (3.13).
+    // fr_code: f_code, or 3.13's f_executable; fr_instr: prev_instr, 3.13's instr_ptr, or 3.10's
+    // int f_lasti.  fr_owner: k_none where frames have no owner (3.10).
+    size_t ts_frame, cframe_current, fr_code, fr_previous, fr_instr, fr_owner;
     int owner_cstack;  // frames owned by the C stack are shims, not Python code (-1: none)
+    // PyCodeObject._co_firsttraceable (3.13: a frame before it has not started; k_none: unused).
+    size_t co_firsttraceable;
     size_t ascii_size, compact_size;
 };
 constexpr layout k_layouts[] = {
-    {11, 56, 8, 32, 48, 56, 69, -1, 48, 72},
-    {12, 56, 0, 0, 8, 56, 70, 3, 40, 56},
+    {10, py_walk::frame_object, 24, 0, 32, 24, 96, k_none, -1, k_none, 48, 72},
+    {11, py_walk::cframe, 56, 8, 32, 48, 56, 69, -1, k_none, 48, 72},
+    {12, py_walk::cframe, 56, 0, 0, 8, 56, 70, 3, k_none, 40, 56},
+    {13, py_walk::direct, 72, 0, 0, 8, 56, 70, 3, 184, 40, 56},
 };
-constexpr size_t k_str_state = 32;  // PyASCIIObject.state, after refcount, type, length and hash
+constexpr size_t k_str_state = 32;   // PyASCIIObject.state, after refcount, type, length and hash
+constexpr size_t k_str_length = 16;  // PyASCIIObject.length
+constexpr int k_owner_generator = 1;  // FRAME_OWNED_BY_GENERATOR (3.12, 3.13)
 
 // PyTypeObject members read to learn the code object's own layout (stable since CPython 3.0 in the
 // public, non-limited PyTypeObject): tp_basicsize is offsetof(PyCodeObject, co_code_adaptive) in
-// 3.11+, and tp_members lists the offsets of co_filename and co_qualname.
+// 3.11+ (sizeof(PyCodeObject) in 3.10, whose instructions are a separate bytes object), and
+// tp_members lists the offsets of co_filename, co_qualname (co_name in 3.10) and co_firstlineno.
 constexpr size_t k_ob_type = 8, k_tp_basicsize = 32, k_tp_members = 240;
 struct py_member_def {  // PyMemberDef
     const char* name;
@@ -42,6 +58,43 @@ struct py_member_def {  // PyMemberDef
     int flags;
     const char* doc;
 };
+
+// 3.13's _Py_DebugOffsets (Include/internal/pycore_runtime.h), at the start of _PyRuntime: what the
+// interpreter itself publishes for out-of-process debuggers.  Only the members up to
+// unicode_object are read; the static_asserts pin the offsets from the bindings.
+struct debug_offsets_313 {
+    char cookie[8];  // "xdebugpy"
+    uint64_t version;        // PY_VERSION_HEX
+    uint64_t free_threaded;  // a free-threaded build moves ob_type: not supported
+    struct { uint64_t size, finalizing, interpreters_head; } runtime_state;
+    struct {
+        uint64_t size, id, next, threads_head, gc, imports_modules, sysdict, builtins, ceval_gil,
+            gil_runtime_state, gil_runtime_state_enabled, gil_runtime_state_locked,
+            gil_runtime_state_holder;
+    } interpreter_state;
+    struct {
+        uint64_t size, prev, next, interp, current_frame, thread_id, native_thread_id,
+            datastack_chunk, status;
+    } thread_state;
+    struct { uint64_t size, previous, executable, instr_ptr, localsplus, owner; } interpreter_frame;
+    struct {
+        uint64_t size, filename, name, qualname, linetable, firstlineno, argcount, localsplusnames,
+            localspluskinds, co_code_adaptive;
+    } code_object;
+    struct { uint64_t size, ob_type; } pyobject;
+    struct { uint64_t size, tp_name, tp_repr, tp_flags; } type_object;
+    struct { uint64_t size, ob_item, ob_size; } tuple_object, list_object;
+    struct { uint64_t size, ma_keys, ma_values; } dict_object;
+    struct { uint64_t size, ob_fval; } float_object;
+    struct { uint64_t size, lv_tag, ob_digit; } long_object;
+    struct { uint64_t size, ob_size, ob_sval; } bytes_object;
+    struct { uint64_t size, state, length, asciiobject_size; } unicode_object;
+};
+static_assert(offsetof(debug_offsets_313, thread_state) == 152, "3.13 _Py_DebugOffsets");
+static_assert(offsetof(debug_offsets_313, interpreter_frame) == 224, "3.13 _Py_DebugOffsets");
+static_assert(offsetof(debug_offsets_313, code_object) == 272, "3.13 _Py_DebugOffsets");
+static_assert(offsetof(debug_offsets_313, pyobject) == 352, "3.13 _Py_DebugOffsets");
+static_assert(offsetof(debug_offsets_313, unicode_object) == 536, "3.13 _Py_DebugOffsets");
 
 template <typename T>
 T load(uint64_t addr) noexcept {
@@ -59,14 +112,13 @@ bool safe_read(uint64_t addr, void* out, size_t n) noexcept {
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == ssize_t(n);
 }
 
-// Which frames are checked before the layout is trusted: 0 not yet, 1 good, 2 bad (capture off).
-std::atomic<int> g_layout_state{0};
-
 }  // namespace
 
 bool python_frames::init(symbol_lookup lookup) noexcept {
     active_ = false;
+    debug_offsets_ = false;
     why_off_ = "";
+    layout_state_.store(0, std::memory_order_release);
     auto version = reinterpret_cast<const char* (*)()>(lookup("Py_GetVersion"));
     if (!version) return false;  // no interpreter in this process: nothing to say
     const char* v = version();
@@ -79,61 +131,159 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     for (const layout& l : k_layouts)
         if (l.minor == minor_) lay = &l;
     if (!lay) {
-        why_off_ = "Python stacks need CPython 3.11 or 3.12";
+        why_off_ = "Python stacks need CPython 3.10 to 3.13";
+        return false;
+    }
+    // A free-threaded build (3.13t) puts ob_type elsewhere in every object header.
+    if (std::strstr(v, "free-threading")) {
+        why_off_ = "Python stacks need a CPython build with the GIL (not free-threaded)";
         return false;
     }
     is_initialized_ = reinterpret_cast<int (*)()>(lookup("Py_IsInitialized"));
     tstate_get_ = reinterpret_cast<void* (*)()>(lookup("PyGILState_GetThisThreadState"));
     addr2line_ = reinterpret_cast<int (*)(void*, int)>(lookup("PyCode_Addr2Line"));
     code_type_ = lookup("PyCode_Type");
+    frame_type_ = lay->walk == py_walk::frame_object ? lookup("PyFrame_Type") : nullptr;
     if (!is_initialized_ || !tstate_get_ || !addr2line_ || !code_type_) {
         why_off_ = "the interpreter lacks a function gpumem needs";
         return false;
     }
-    ts_cframe_ = lay->ts_cframe;
+    walk_ = lay->walk;
+    ts_frame_ = lay->ts_frame;
     cframe_current_ = lay->cframe_current;
     fr_code_ = lay->fr_code;
     fr_previous_ = lay->fr_previous;
     fr_instr_ = lay->fr_instr;
     fr_owner_ = lay->fr_owner;
     owner_cstack_ = lay->owner_cstack;
+    co_firsttraceable_ = lay->co_firsttraceable;
     ascii_size_ = lay->ascii_size;
     compact_size_ = lay->compact_size;
 
     // The code object's layout, from the type itself.
     uint64_t type = reinterpret_cast<uint64_t>(code_type_);
-    co_code_ = size_t(load<long>(type + k_tp_basicsize));
+    size_t basicsize = size_t(load<long>(type + k_tp_basicsize));
+    co_code_ = walk_ == py_walk::frame_object ? 0 : basicsize;
     auto* members = load<const py_member_def*>(type + k_tp_members);
+    size_t qualname = 0, name = 0;
+    co_filename_ = co_firstlineno_ = 0;
     for (const py_member_def* m = members; m && m->name; ++m) {
         if (!std::strcmp(m->name, "co_filename")) co_filename_ = size_t(m->offset);
-        if (!std::strcmp(m->name, "co_qualname")) co_qualname_ = size_t(m->offset);
+        if (!std::strcmp(m->name, "co_qualname")) qualname = size_t(m->offset);
+        if (!std::strcmp(m->name, "co_name")) name = size_t(m->offset);
         if (!std::strcmp(m->name, "co_firstlineno")) co_firstlineno_ = size_t(m->offset);
     }
-    if (!co_filename_ || !co_qualname_ || !co_firstlineno_ || co_code_ < 64 || co_code_ > 1024) {
+    co_name_ = qualname ? qualname : minor_ < 11 ? name : 0;  // 3.10 has no co_qualname
+    // Every field read in the hot loop must lie inside the code object's fixed part.
+    if (!co_filename_ || !co_name_ || !co_firstlineno_ || basicsize < 64 || basicsize > 1024 ||
+        co_filename_ + 8 > basicsize || co_name_ + 8 > basicsize || co_firstlineno_ + 4 > basicsize ||
+        (co_firsttraceable_ && co_firsttraceable_ + 4 > basicsize)) {
         why_off_ = "unexpected code object layout";
         return false;
+    }
+    // 3.13 publishes its own offsets: prefer them to our table.  Without the symbol (an interpreter
+    // that does not export it) the table stands, still gated by check_layout().
+    if (minor_ == 13) {
+        void* runtime = lookup("_PyRuntime");
+        if (runtime && !apply_debug_offsets(runtime)) return false;
     }
     active_ = true;
     return true;
 }
 
-// Walks the current thread's frames once with faulting-safe reads and checks that every frame's
-// code object is a code object.  One good walk with frames turns the fast walk on.
-bool python_frames::check_layout() noexcept {
-    uint64_t ts = reinterpret_cast<uint64_t>(tstate_get_());
-    uint64_t cframe = 0, frame = 0;
-    if (!safe_read(ts + ts_cframe_, &cframe, 8) || !safe_read(cframe + cframe_current_, &frame, 8))
+// Takes 3.13's layout from _Py_DebugOffsets, after checking that they describe this interpreter
+// and agree with what PyCode_Type says of itself.  False (with why_off_) turns capture off.
+bool python_frames::apply_debug_offsets(const void* runtime) noexcept {
+    debug_offsets_313 d;
+    if (!safe_read(reinterpret_cast<uint64_t>(runtime), &d, sizeof d)) {
+        why_off_ = "_PyRuntime is unreadable";
         return false;
+    }
+    if (std::memcmp(d.cookie, "xdebugpy", 8) != 0) {
+        why_off_ = "_PyRuntime does not start with its debug offsets";
+        return false;
+    }
+    if ((d.version >> 16) != (0x0300u | unsigned(minor_))) {
+        why_off_ = "_PyRuntime's debug offsets are for another Python version";
+        return false;
+    }
+    if (d.free_threaded) {
+        why_off_ = "Python stacks need a CPython build with the GIL (not free-threaded)";
+        return false;
+    }
+    const auto& ts = d.thread_state;
+    const auto& fr = d.interpreter_frame;
+    const auto& co = d.code_object;
+    const auto& str = d.unicode_object;
+    // Bounds first: an offset is trusted only inside the structure it belongs to.
+    bool sane = ts.size <= 65536 && ts.current_frame + 8 <= ts.size && fr.size <= 1024 &&
+                fr.previous + 8 <= fr.size && fr.executable + 8 <= fr.size &&
+                fr.instr_ptr + 8 <= fr.size && fr.owner < fr.size &&
+                co.co_code_adaptive >= 64 && co.co_code_adaptive <= 1024 &&
+                d.pyobject.ob_type == k_ob_type && str.state == k_str_state &&
+                str.length == k_str_length && str.asciiobject_size > k_str_state &&
+                str.asciiobject_size <= 128;
+    // The code object's offsets must agree with PyCode_Type's own tp_members and tp_basicsize.
+    bool agree = co.filename == co_filename_ && co.qualname == co_name_ &&
+                 co.firstlineno == co_firstlineno_ && co.co_code_adaptive == co_code_;
+    if (!sane || !agree) {
+        why_off_ = sane ? "3.13 debug offsets disagree with PyCode_Type" : "unexpected 3.13 debug offsets";
+        return false;
+    }
+    ts_frame_ = size_t(ts.current_frame);
+    fr_code_ = size_t(fr.executable);
+    fr_previous_ = size_t(fr.previous);
+    fr_instr_ = size_t(fr.instr_ptr);
+    fr_owner_ = size_t(fr.owner);
+    // Not published, derived: PyCodeObject ends with int _co_firsttraceable, void* co_extra and
+    // co_code_adaptive, so the first sits 16 bytes before the instructions.
+    co_firsttraceable_ = co_code_ - 16;
+    ascii_size_ = size_t(str.asciiobject_size);
+    compact_size_ = ascii_size_ + 16;  // PyCompactUnicodeObject adds utf8_length and utf8 (3.12+)
+    debug_offsets_ = true;
+    return true;
+}
+
+// The thread's innermost frame, read faulting-safe (check_layout only).
+bool python_frames::first_frame(uint64_t ts, uint64_t& frame) const noexcept {
+    frame = 0;
+    if (walk_ != py_walk::cframe) return safe_read(ts + ts_frame_, &frame, 8);
+    uint64_t cframe = 0;
+    return safe_read(ts + ts_frame_, &cframe, 8) && safe_read(cframe + cframe_current_, &frame, 8);
+}
+
+// Walks the current thread's frames once with faulting-safe reads and checks that every frame's
+// code object is a code object (and, on 3.10, every frame a frame object).  One good walk with
+// frames turns the fast walk on.
+bool python_frames::check_layout(uint64_t ts) const noexcept {
+    uint64_t frame = 0;
+    if (!first_frame(ts, frame)) return false;
+    const uint64_t code_type = reinterpret_cast<uint64_t>(code_type_);
     int checked = 0;
     for (int depth = 0; frame && depth < 4096; ++depth) {
-        uint64_t code = 0, type = 0, prev = 0;
-        if (!safe_read(frame + fr_code_, &code, 8) || !safe_read(code + k_ob_type, &type, 8) ||
-            !safe_read(frame + fr_previous_, &prev, 8))
+        uint64_t code = 0, prev = 0, type = 0, instr = 0;
+        if (!safe_read(frame + fr_code_, &code, 8) || !safe_read(frame + fr_previous_, &prev, 8) ||
+            !safe_read(frame + fr_instr_, &instr, walk_ == py_walk::frame_object ? 4 : 8))
             return false;
         char owner = 0;
-        if (!safe_read(frame + fr_owner_, &owner, 1)) return false;
+        if (fr_owner_ != k_none && !safe_read(frame + fr_owner_, &owner, 1)) return false;
+        if (frame_type_) {
+            uint64_t ft = 0;
+            if (!safe_read(frame + k_ob_type, &ft, 8) || ft != reinterpret_cast<uint64_t>(frame_type_))
+                return false;
+        }
+        // C-stack shims need not hold a code object (3.13's entry frame holds None); every other
+        // frame must, in every version: CPython 3.13 gives only shims a non-code executable.
         if (owner != owner_cstack_) {
-            if (type != reinterpret_cast<uint64_t>(code_type_)) return false;
+            uint64_t names[2] = {0, 0};
+            if (!safe_read(code + k_ob_type, &type, 8) || type != code_type ||
+                !safe_read(code + co_filename_, &names[0], 8) || !safe_read(code + co_name_, &names[1], 8))
+                return false;
+            if (co_firsttraceable_ != k_none) {
+                int32_t first = -1;
+                if (!safe_read(code + co_firsttraceable_, &first, 4) || first < 0 || first > (1 << 24))
+                    return false;
+            }
             ++checked;
         }
         frame = prev;
@@ -141,27 +291,41 @@ bool python_frames::check_layout() noexcept {
     return checked > 0;
 }
 
+uint32_t python_frames::ident_of(uint64_t code) const noexcept {
+    uint64_t ident = load<uint64_t>(code + co_filename_) ^ (load<uint64_t>(code + co_name_) << 7) ^
+                     uint64_t(load<int32_t>(code + co_firstlineno_));
+    return uint32_t(ident ^ (ident >> 32));
+}
+
 size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
-    if (!active_ || max == 0 || !is_initialized_() || !tstate_get_()) return 0;
-    int state = g_layout_state.load(std::memory_order_acquire);
+    if (!active_ || max == 0 || !is_initialized_()) return 0;
+    uint64_t ts = reinterpret_cast<uint64_t>(tstate_get_());
+    if (!ts) return 0;
+    int state = layout_state_.load(std::memory_order_acquire);
     if (state == 2) return 0;
     if (state == 0) {
         // Several threads may check at once: the walk only reads, and every good walk says the same.
-        if (!const_cast<python_frames*>(this)->check_layout()) {
+        if (!check_layout(ts)) {
             // No frames yet is not a verdict (a thread in an extension's init): try again later,
             // unless the walk itself went wrong.
-            uint64_t ts = reinterpret_cast<uint64_t>(tstate_get_());
-            uint64_t cframe = 0, frame = 0;
-            bool empty = safe_read(ts + ts_cframe_, &cframe, 8) &&
-                         safe_read(cframe + cframe_current_, &frame, 8) && frame == 0;
-            if (!empty) g_layout_state.store(2, std::memory_order_release);
+            uint64_t frame = 0;
+            bool empty = first_frame(ts, frame) && frame == 0;
+            if (!empty) layout_state_.store(2, std::memory_order_release);
             return 0;
         }
-        g_layout_state.store(1, std::memory_order_release);
+        layout_state_.store(1, std::memory_order_release);
     }
-    uint64_t ts = reinterpret_cast<uint64_t>(tstate_get_());
-    if (!ts) return 0;
-    uint64_t cframe = load<uint64_t>(ts + ts_cframe_);
+    switch (walk_) {
+        case py_walk::cframe: return walk_cframe(ts, out, max);
+        case py_walk::direct: return walk_direct(ts, out, max);
+        case py_walk::frame_object: return walk_frame_objects(ts, out, max);
+    }
+    return 0;
+}
+
+// 3.11, 3.12: ts->cframe->current_frame, then _PyInterpreterFrame.previous.
+size_t python_frames::walk_cframe(uint64_t ts, py_frame* out, size_t max) const noexcept {
+    uint64_t cframe = load<uint64_t>(ts + ts_frame_);
     uint64_t frame = cframe ? load<uint64_t>(cframe + cframe_current_) : 0;
     size_t n = 0;
     for (int guard = 0; frame && n < max && guard < 100000; ++guard) {
@@ -171,12 +335,44 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
             int64_t off = int64_t(instr) - int64_t(code + co_code_);
             // A frame that has not run its first instruction yet (prev_instr before the code) is
             // incomplete: CPython itself leaves it out of tracebacks.
-            if (off >= 0) {
-                uint64_t ident = load<uint64_t>(code + co_filename_) ^ (load<uint64_t>(code + co_qualname_) << 7) ^
-                                 uint64_t(load<int32_t>(code + co_firstlineno_));
-                out[n++] = py_frame{code, int32_t(off), uint32_t(ident ^ (ident >> 32))};
-            }
+            if (off >= 0) out[n++] = py_frame{code, int32_t(off), ident_of(code)};
         }
+        frame = load<uint64_t>(frame + fr_previous_);
+    }
+    return n;
+}
+
+// 3.13: ts->current_frame, then previous.  f_executable is checked to be a code object on every
+// frame (one load and compare), and instr_ptr is the instruction running, not the last started.
+size_t python_frames::walk_direct(uint64_t ts, py_frame* out, size_t max) const noexcept {
+    const uint64_t code_type = reinterpret_cast<uint64_t>(code_type_);
+    uint64_t frame = load<uint64_t>(ts + ts_frame_);
+    size_t n = 0;
+    for (int guard = 0; frame && n < max && guard < 100000; ++guard) {
+        uint64_t code = load<uint64_t>(frame + fr_code_);
+        char owner = load<char>(frame + fr_owner_);
+        if (owner != owner_cstack_ && code && load<uint64_t>(code + k_ob_type) == code_type) {
+            int64_t off = int64_t(load<uint64_t>(frame + fr_instr_)) - int64_t(code + co_code_);
+            // As CPython's _PyFrame_IsIncomplete: a frame not yet past its prelude (before
+            // _co_firsttraceable, the first RESUME) has not started, unless a generator owns it.
+            int64_t first = owner == k_owner_generator ? 0 : 2 * int64_t(load<int32_t>(code + co_firsttraceable_));
+            if (off >= first && off < (int64_t(1) << 31))
+                out[n++] = py_frame{code, int32_t(off), ident_of(code)};
+        }
+        frame = load<uint64_t>(frame + fr_previous_);
+    }
+    return n;
+}
+
+// 3.10: ts->frame, then PyFrameObject.f_back; f_lasti counts 2-byte code units, -1 before the
+// frame's first instruction (CPython's own PyFrame_GetLineNumber passes f_lasti * 2).
+size_t python_frames::walk_frame_objects(uint64_t ts, py_frame* out, size_t max) const noexcept {
+    uint64_t frame = load<uint64_t>(ts + ts_frame_);
+    size_t n = 0;
+    for (int guard = 0; frame && n < max && guard < 100000; ++guard) {
+        uint64_t code = load<uint64_t>(frame + fr_code_);
+        int32_t lasti = load<int32_t>(frame + fr_instr_);
+        if (code && lasti >= 0 && lasti < (1 << 30)) out[n++] = py_frame{code, lasti * 2, ident_of(code)};
         frame = load<uint64_t>(frame + fr_previous_);
     }
     return n;
@@ -184,7 +380,8 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
 
 int python_frames::line_of(const py_frame& f) const noexcept {
     if (!active_) return 0;
-    // prev_instr points at the last instruction started, whose line is the one running.
+    // The offset is of the instruction running: 3.11/3.12's prev_instr (the last started), 3.13's
+    // instr_ptr, 3.10's f_lasti * 2.
     return addr2line_(reinterpret_cast<void*>(f.code), f.offset);
 }
 
@@ -194,7 +391,7 @@ bool python_frames::read_str(uint64_t obj, std::string& out) const noexcept {
     if (!obj) return false;
     uint32_t state = load<uint32_t>(obj + k_str_state);
     unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
-    int64_t len = load<int64_t>(obj + 16);
+    int64_t len = load<int64_t>(obj + k_str_length);
     if (!compact || len < 0 || len > 4096) return false;
     uint64_t data = obj + (ascii ? ascii_size_ : compact_size_);
     try {
@@ -219,7 +416,7 @@ bool python_frames::read_str(uint64_t obj, std::string& out) const noexcept {
 bool python_frames::describe_code(uint64_t code, py_code_info& out) const noexcept {
     if (!active_ || !code) return false;
     if (!read_str(load<uint64_t>(code + co_filename_), out.file)) out.file = "?";
-    if (!read_str(load<uint64_t>(code + co_qualname_), out.function)) out.function = "?";
+    if (!read_str(load<uint64_t>(code + co_name_), out.function)) out.function = "?";
     return true;
 }
 

@@ -8,10 +8,14 @@
 // matters: PyTorch releases the GIL around every operator it dispatches, so its allocations come
 // from threads that do not hold it.  Without the GIL the reader calls nothing in the interpreter
 // that allocates or touches reference counts: names are decoded from the string objects in place.
-// Frames are read at offsets fixed per CPython minor version (3.11, 3.12) and checked once with
+// Frames are read at offsets fixed per CPython minor version (3.10 to 3.13; 3.13's are taken from
+// the interpreter's own _Py_DebugOffsets when it publishes them) and checked once with
 // process_vm_readv, so a layout we got wrong turns capture off instead of crashing the program.
+// 3.11 and 3.12 have run against real interpreters; 3.10 and 3.13 follow their published layouts
+// and are tested only on synthetic frames (tests/stacks/python_layouts_test.cc).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,6 +31,13 @@ struct py_frame {
     // without the GIL no reference is taken, so a freed code object's address may come back as
     // another code object, and this tells the two apart.
     uint32_t ident;
+};
+
+// How a version's frames are chained, which decides the walk (python_frames.cc, k_layouts).
+enum class py_walk : uint8_t {
+    frame_object,  // 3.10: PyThreadState.frame, a chain of PyFrameObject; f_lasti in code units
+    cframe,        // 3.11, 3.12: PyThreadState.cframe->current_frame, a chain of _PyInterpreterFrame
+    direct,        // 3.13: PyThreadState.current_frame; f_executable may be a non-code object
 };
 
 // What a code object says about itself, computed once per code object.
@@ -46,6 +57,8 @@ class python_frames {
     bool init(symbol_lookup lookup) noexcept;
     bool active() const noexcept { return active_; }
     int minor_version() const noexcept { return minor_; }
+    // True when the 3.13 offsets came from the interpreter's _Py_DebugOffsets, not our table.
+    bool from_debug_offsets() const noexcept { return debug_offsets_; }
     // Why init() turned capture off (empty when active or when there is no interpreter at all).
     const char* why_off() const noexcept { return why_off_; }
 
@@ -59,25 +72,42 @@ class python_frames {
     bool describe_code(uint64_t code, py_code_info& out) const noexcept;
 
   private:
-    bool check_layout() noexcept;
+    bool check_layout(uint64_t ts) const noexcept;
+    bool first_frame(uint64_t ts, uint64_t& frame) const noexcept;
+    bool apply_debug_offsets(const void* runtime) noexcept;
+    // One walk per frame chain (py_walk), chosen once per capture so that no walk pays for another
+    // version's tests inside its loop.
+    size_t walk_frame_objects(uint64_t ts, py_frame* out, size_t max) const noexcept;
+    size_t walk_cframe(uint64_t ts, py_frame* out, size_t max) const noexcept;
+    size_t walk_direct(uint64_t ts, py_frame* out, size_t max) const noexcept;
+    uint32_t ident_of(uint64_t code) const noexcept;
 
     bool active_ = false;
+    bool debug_offsets_ = false;
     int minor_ = 0;
     const char* why_off_ = "";
+    py_walk walk_ = py_walk::cframe;
+    // Whether the layout was checked before being trusted: 0 not yet, 1 good, 2 bad (capture off).
+    // Per instance, reset by init(), so that another interpreter image (the tests') starts unchecked.
+    mutable std::atomic<int> layout_state_{0};
 
-    // Interpreter functions, all public API of CPython 3.11/3.12, none of which allocates or needs
-    // the GIL.
+    // Interpreter functions, all public API of CPython 3.10 to 3.13, none of which allocates or
+    // needs the GIL.
     int (*is_initialized_)() = nullptr;
     void* (*tstate_get_)() = nullptr;                 // PyGILState_GetThisThreadState
     int (*addr2line_)(void*, int) = nullptr;          // PyCode_Addr2Line
     void* code_type_ = nullptr;                       // &PyCode_Type
+    void* frame_type_ = nullptr;                      // &PyFrame_Type, checked on 3.10's frames
 
-    // Layout, per minor version (python_frames.cc says where each number comes from).
-    size_t ts_cframe_ = 0, cframe_current_ = 0, fr_code_ = 0, fr_previous_ = 0, fr_instr_ = 0,
-           fr_owner_ = 0, co_code_ = 0;
+    // Layout, per minor version (python_frames.cc says where each number comes from).  For 3.10,
+    // ts_frame_ is PyThreadState.frame and fr_instr_ is f_lasti; for 3.13, ts_frame_ is
+    // current_frame and fr_code_ is f_executable.
+    size_t ts_frame_ = 0, cframe_current_ = 0, fr_code_ = 0, fr_previous_ = 0, fr_instr_ = 0,
+           fr_owner_ = 0, co_code_ = 0, co_firsttraceable_ = 0;
     int owner_cstack_ = -1;
-    // Found at run time in PyCode_Type's member table, so no guess is needed for these.
-    size_t co_filename_ = 0, co_qualname_ = 0, co_firstlineno_ = 0;
+    // Found at run time in PyCode_Type's member table, so no guess is needed for these.  co_name_
+    // is co_qualname, or co_name on 3.10, which has no qualified name.
+    size_t co_filename_ = 0, co_name_ = 0, co_firstlineno_ = 0;
     // str objects: sizes of PyASCIIObject and PyCompactUnicodeObject, where the characters follow.
     size_t ascii_size_ = 0, compact_size_ = 0;
     bool read_str(uint64_t obj, std::string& out) const noexcept;
