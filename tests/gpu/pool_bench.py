@@ -13,7 +13,7 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
     own caching allocator and expandable_segments against NO_CACHING under the pool (VMM on; default
     reuse, and GPUMEM_REUSE=safe, which fences from the start).  Step time, device-wide syncs (from
     the log), fence releases, peak reserved (torch's for PyTorch, the pool's from the log) and peak
-    requested bytes (from the log).
+    requested bytes (from the log).  POOL_BENCH_MODES (comma-separated MODES names) picks the modes.
 (c) race: a freed tensor that a side stream has yet to read, refilled on the main stream: sums must
     equal raw NO_CACHING's; GPUMEM_REUSE=immediate is the control that must differ.
 (d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
@@ -180,7 +180,7 @@ def log_facts(outdir, name):
     files = sorted(glob.glob(f"{LOGS}/{name}.*.jsonl"), key=os.path.getsize, reverse=True)
     if not files:
         return {}
-    syncs = fences = n = oom = unmap = 0
+    syncs = fences = waits = n = oom = unmap = 0
     reserved = peak_res = requested = peak_req = 0
     seg_unmapped = {}
     live_req = {}
@@ -195,6 +195,7 @@ def log_facts(outdir, name):
             if ev == "pool_sync":
                 if e.get("fence"):
                     fences += 1
+                    waits += bool(e.get("waited"))
                 else:
                     syncs += 1
             elif ev == "segment_alloc":
@@ -216,7 +217,7 @@ def log_facts(outdir, name):
                 reuse_safe = e.get("api")
             peak_res = max(peak_res, reserved)
             peak_req = max(peak_req, requested)
-    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "peak_reserved": peak_res,
+    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "peak_reserved": peak_res,
             "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "reuse_safe": reuse_safe}
 
 
@@ -239,7 +240,11 @@ def main():
         R["a"][m] = r
 
     # (b) alternating rounds.
-    b_modes = ("native", "expandable", "gpumem-vmm", "gpumem-vmm-trim", "gpumem-vmm-nostacks", "gpumem-novmm")
+    # gpumem-vmm-immediate drops the reuse promise: it is here to split the fences' cost from the
+    # rest of gpumem's (hooks, log, stacks), not as a choice.  The trim (2x step time, run 27) is in
+    # POOL_BENCH_MODES's reach but not in the default list.
+    b_modes = tuple(os.environ.get("POOL_BENCH_MODES", "native,expandable,gpumem-vmm,gpumem-vmm-immediate,"
+                                   "gpumem-vmm-nostacks,gpumem-novmm").split(","))
     steps = int(os.environ.get("POOL_BENCH_STEPS", "40"))
     for rd in range(1, rounds + 1):
         for m in b_modes:
@@ -292,7 +297,7 @@ def main():
         fails.append("a")
 
     md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds", "",
-           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
+           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits) | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|"]
     nat = R["b"].get("native", [])
     for m, rs in R["b"].items():
@@ -302,7 +307,7 @@ def main():
             res = [r.get("peak_reserved", 0) for r in rs]
             req = [r.get("peak_requested", 0) for r in rs]
             sy = [r.get("device_syncs") for r in rs]
-            fe = [r.get("fence_releases") for r in rs]
+            fe = [f"{r.get('fence_releases')} ({r.get('fence_waits')})" for r in rs]
         else:
             res = [r.get("torch_max_reserved", 0) for r in rs]
             req = [r.get("torch_max_allocated", 0) for r in rs]
