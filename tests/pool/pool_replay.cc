@@ -2,15 +2,22 @@
 //
 // Usage: pool_replay LOG [LOG...]   (pool settings from the usual GPUMEM_* variables)
 // Used to tune the pool's policies on real allocation traces recorded on a GPU, without a GPU.
+// POOL_REPLAY_LAG_US=L: fences instead of syncs (events on, one non-blocking stream), and a GPU
+// that runs L microseconds of the log's time behind the program: the work enqueued at log time t
+// is done at t + L.  It prints the pool's driver calls per allocation (event records, queries,
+// waits), the host-side cost that safe reuse adds.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <string>
 #include <unordered_map>
 
 #include "core/pool/block_pool.h"
 #include "core/pool/fake_backend.h"
+#include "core/pool/stream_set.h"
 
 using namespace gpumem;
 
@@ -41,6 +48,17 @@ int main(int argc, char** argv) {
         fake_backend dev;
         peak_sink sink;
         block_pool pool(cfg, dev, &sink, 0);
+        const char* lag_env = std::getenv("POOL_REPLAY_LAG_US");
+        const bool lagged = lag_env && *lag_env;
+        const uint64_t lag_ns = lagged ? std::strtoull(lag_env, nullptr, 10) * 1000 : 0;
+        stream_set streams;
+        std::deque<std::pair<uint64_t, uint64_t>> work;  // (log time, ticket) not yet done
+        if (lagged) {
+            dev.enable_events(true);
+            dev.set_auto_complete(false);
+            streams.created(1, 0x5, true);
+            pool.set_streams(&streams, 1);
+        }
         std::unordered_map<std::string, uint64_t> mine;  // logged ptr -> replayed ptr
         uint64_t live = 0, peak_live = 0, n = 0;
         std::string line;
@@ -51,6 +69,15 @@ int main(int argc, char** argv) {
             nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
             if (e.is_discarded()) continue;
             std::string ev = e["ev"];
+            if (lagged) {
+                // The program enqueues work at every call; the GPU finishes what is L old.
+                const uint64_t t = e.value("t", uint64_t{0});
+                while (!work.empty() && work.front().first + lag_ns <= t) {
+                    dev.complete_through(work.front().second);
+                    work.pop_front();
+                }
+                work.emplace_back(t, dev.enqueue_work());
+            }
             if (ev == "alloc") {
                 uint64_t p = 0;
                 if (pool.allocate(e["size"], api_id::cuMemAlloc_v2, &p) != 0) {
@@ -74,6 +101,11 @@ int main(int argc, char** argv) {
                argv[a], pool.reuse_is_immediate() ? "immediate" : "safe", (unsigned long long)n, peak_live / 1048576.0, sink.peak / 1048576.0,
                peak_live ? double(sink.peak) / double(peak_live) : 0.0, (unsigned long long)sink.segments,
                (unsigned long long)sink.syncs);
+        if (lagged)
+            printf("  GPU %llu us behind: per allocation %.3f event records, %.3f queries, %.4f waits (%llu waits, %llu context syncs)\n",
+                   (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),
+                   double(dev.queries()) / double(n ? n : 1), double(dev.event_syncs()) / double(n ? n : 1),
+                   (unsigned long long)dev.event_syncs(), (unsigned long long)dev.sync_calls());
     }
     return 0;
 }
