@@ -23,12 +23,10 @@ using namespace gpumem;
 
 namespace {
 struct peak_sink : event_sink {
-    uint64_t reserved = 0, peak = 0, syncs = 0, segments = 0;
+    uint64_t syncs = 0, segments = 0;
     void emit(event& e) noexcept override {
-        if (e.ev == ev_kind::segment_alloc) reserved += e.b.size, segments++;
-        if (e.ev == ev_kind::segment_free) reserved -= e.b.size;
+        if (e.ev == ev_kind::segment_alloc) segments++;
         if (e.ev == ev_kind::pool_sync) syncs++;
-        if (reserved > peak) peak = reserved;
     }
 };
 }  // namespace
@@ -47,6 +45,7 @@ int main(int argc, char** argv) {
         }
         fake_backend dev;
         peak_sink sink;
+        dev.set_vmm(2ull << 20);  // the H200's granularity; GPUMEM_POOL_VMM decides whether the pool uses it
         block_pool pool(cfg, dev, &sink, 0);
         const char* lag_env = std::getenv("POOL_REPLAY_LAG_US");
         const bool lagged = lag_env && *lag_env;
@@ -60,7 +59,7 @@ int main(int argc, char** argv) {
             pool.set_streams(&streams, 1);
         }
         std::unordered_map<std::string, uint64_t> mine;  // logged ptr -> replayed ptr
-        uint64_t live = 0, peak_live = 0, n = 0;
+        uint64_t live = 0, peak_live = 0, n = 0, peak_reserved = 0;
         std::string line;
         while (std::getline(in, line)) {
             // GPUMEM_REUSE=auto: the recorded program created a stream here, so the replay switches too.
@@ -85,6 +84,8 @@ int main(int argc, char** argv) {
                     return 1;
                 }
                 mine[e["ptr"]] = p;
+                // The pool's own count: segment_alloc/free alone miss VMM unmaps.
+                peak_reserved = std::max(peak_reserved, pool.snapshot().reserved);
                 live += e["size"].get<uint64_t>();
                 peak_live = std::max(peak_live, live);
                 n++;
@@ -98,9 +99,12 @@ int main(int argc, char** argv) {
             }
         }
         printf("%s: reuse %s at the end, %llu allocs, peak requested %.1f MiB, peak reserved %.1f MiB (x%.3f), %llu segments, %llu syncs\n",
-               argv[a], pool.reuse_is_immediate() ? "immediate" : "safe", (unsigned long long)n, peak_live / 1048576.0, sink.peak / 1048576.0,
-               peak_live ? double(sink.peak) / double(peak_live) : 0.0, (unsigned long long)sink.segments,
+               argv[a], pool.reuse_is_immediate() ? "immediate" : "safe", (unsigned long long)n, peak_live / 1048576.0, peak_reserved / 1048576.0,
+               peak_live ? double(peak_reserved) / double(peak_live) : 0.0, (unsigned long long)sink.segments,
                (unsigned long long)sink.syncs);
+        printf("  driver: %llu segment allocs, %llu segment frees, %llu chunk maps, %llu chunk unmaps\n",
+               (unsigned long long)dev.alloc_calls(), (unsigned long long)dev.free_calls(),
+               (unsigned long long)dev.map_calls(), (unsigned long long)dev.unmap_calls());
         if (lagged)
             printf("  GPU %llu us behind: per allocation %.3f event records, %.3f queries, %.4f waits (%llu waits, %llu context syncs)\n",
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),
