@@ -191,6 +191,11 @@ int driver_backend::event_query(uint64_t ev) noexcept {
     return query ? int(query(CUevent(uintptr_t(ev)))) : int(CUDA_ERROR_NOT_SUPPORTED);
 }
 
+int driver_backend::stream_query(uint64_t stream) noexcept {
+    auto query = GPUMEM_REAL(cuStreamQuery);
+    return query ? int(query(CUstream(uintptr_t(stream)))) : int(CUDA_ERROR_NOT_SUPPORTED);
+}
+
 int driver_backend::event_synchronize(uint64_t ev) noexcept {
     auto sync = GPUMEM_REAL(cuEventSynchronize);
     return sync ? int(sync(CUevent(uintptr_t(ev)))) : int(CUDA_ERROR_NOT_SUPPORTED);

@@ -43,7 +43,7 @@ namespace gpumem {
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
-    X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)
+    X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamQuery)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,

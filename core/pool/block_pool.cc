@@ -641,9 +641,10 @@ bool block_pool::record_fence() noexcept {
         return false;
     }
     // The legacy stream first: its event covers it and every blocking stream; then one event on
-    // each non-blocking stream.
+    // each non-blocking stream that still has work (an idle one has nothing before the fence).
     bool ok = true;
     for (size_t i = 0; ok && i <= fence_streams_.size(); ++i) {
+        if (i > 0 && backend_.stream_query(fence_streams_[i - 1]) == k_cuda_success) continue;
         uint64_t ev = 0;
         ok = take_event(&ev);
         if (!ok) break;
@@ -704,8 +705,18 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
 }
 
 bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
-    if (!fences_usable() || !record_fence()) return sync_release(api);
+    if (!fences_usable()) return sync_release(api);
     const size_t before = pending_.size();
+    if (!wait) {
+        // Not waiting: only a fence the GPU has reached helps now.  While an older fence is not
+        // reached, a new one cannot be either (each waits on the legacy stream after it), so it
+        // is recorded only when none is left: on an idle GPU it is reached at once.  Recording
+        // at every miss instead cost one event per stream each time (a fence per 4 allocations
+        // replaying the H200 GPT-2 log, docs/benchmarks.md).
+        if (poll_fences(api) != k_cuda_success) return sync_release(api);
+        if (!fences_.empty() || fenced_end() == pending_.size()) return pending_.size() < before;
+    }
+    if (!record_fence()) return sync_release(api);
     if (poll_fences(api) != k_cuda_success) return sync_release(api);  // a broken event: the old way
     // Memory is short: wait for the oldest fence, then the next, until the request fits.  Waiting
     // for the newest (recorded just now, after all the work the program has queued) would drain
@@ -740,6 +751,7 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
     const size_t n = legacy_only ? 1 : fence_streams_.size() + 1;
     bool ok = true;
     for (size_t i = 0; ok && i < n; ++i) {
+        if (i > 0 && backend_.stream_query(fence_streams_[i - 1]) == k_cuda_success) continue;  // idle
         uint64_t ev = 0;
         ok = take_event(&ev);
         if (!ok) break;

@@ -1,6 +1,7 @@
 // A fake device for tests and benchmarks: made-up addresses, a capacity, injectable failures, counters.
 #include "core/pool/fake_backend.h"
 
+#include <algorithm>
 #include <new>
 
 namespace gpumem {
@@ -129,9 +130,31 @@ void fake_backend::complete_through(uint64_t t) noexcept {
 
 uint64_t fake_backend::enqueue_work() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
-    ++ticket_;
+    any_work_ = ++ticket_;
     if (auto_complete_) done_ = ticket_;
     return ticket_;
+}
+
+uint64_t fake_backend::enqueue_work_on(uint64_t stream) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++ticket_;
+    try {
+        work_by_stream_[stream] = ticket_;
+    } catch (...) {
+        any_work_ = ticket_;  // no host memory: every stream busy, the safe answer
+    }
+    if (auto_complete_) done_ = ticket_;
+    return ticket_;
+}
+
+int fake_backend::stream_query(uint64_t stream) noexcept {
+    if (!events_on_) return k_cuda_not_supported;
+    ++stream_queries_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing_) ++bad_calls_;  // a query of a capturing stream would invalidate the capture
+    auto it = work_by_stream_.find(stream);
+    const uint64_t last = std::max(any_work_, it == work_by_stream_.end() ? 0 : it->second);
+    return last <= done_ ? k_cuda_success : k_cuda_not_ready;
 }
 
 uint64_t fake_backend::completed() const noexcept {

@@ -36,6 +36,7 @@ class fake_backend final : public pool_backend {
     int event_record(uint64_t ev, uint64_t stream) noexcept override;
     int event_query(uint64_t ev) noexcept override;
     int event_synchronize(uint64_t ev) noexcept override;
+    int stream_query(uint64_t stream) noexcept override;
 
     // Events, off until enable_events(): the pool then releases by synchronize() as with a driver
     // without them.  The completion model: the device is a clock of work done.  Each record
@@ -52,6 +53,9 @@ class fake_backend final : public pool_backend {
     // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like
     // an event's.  Returns the ticket.  completed(): the ticket the device has reached.
     uint64_t enqueue_work() noexcept;
+    // Work on one stream: stream_query() says that stream is busy until the clock passes it.
+    // Work of enqueue_work() (any stream) makes every stream busy until it is done.
+    uint64_t enqueue_work_on(uint64_t stream) noexcept;
     uint64_t completed() const noexcept;
 
     // Counters and state.
@@ -77,6 +81,7 @@ class fake_backend final : public pool_backend {
     uint64_t reservations() const noexcept;    // reservations held now
     uint64_t records() const noexcept { return records_; }
     uint64_t queries() const noexcept { return queries_; }
+    uint64_t stream_queries() const noexcept { return stream_queries_; }
     uint64_t event_syncs() const noexcept { return event_syncs_; }
     uint64_t records_on(uint64_t stream) const noexcept;  // how many records named this stream
     uint64_t in_use() const noexcept;
@@ -109,7 +114,9 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> records_by_stream_;
     uint64_t next_event_ = 0x100, ticket_ = 0, done_ = 0;
     int fail_records_ = 0;
-    std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0};
+    std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};
+    std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
+    uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()
 };
 
 }  // namespace gpumem

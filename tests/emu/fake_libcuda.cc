@@ -97,7 +97,8 @@ counter g_counters[] = {
     {"cuMemSetAccess", {0}}, {"cuMemGetAllocationGranularity", {0}}, {"cuDeviceGetAttribute", {0}},
     {"cuEventCreate", {0}}, {"cuEventRecord", {0}}, {"cuEventQuery", {0}}, {"cuEventSynchronize", {0}},
     {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
-    {"cuStreamDestroy_v2", {0}},
+    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}},
+    {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -346,6 +347,16 @@ EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
 EMU_EXPORT CUresult cuEventQuery(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     bump("cuEventQuery");
+    return CUDA_SUCCESS;
+}
+// The emulated device runs nothing: every stream is idle.  A query during a capture is counted as
+// misuse (on a real driver it invalidates the capture).
+EMU_EXPORT CUresult cuStreamQuery(CUstream) {
+    if (st().capturing.load()) {
+        bump("cuStreamQuery_in_capture");
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    bump("cuStreamQuery");
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
@@ -689,7 +700,7 @@ const fn_entry k_functions[] = {
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
     E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuGetProcAddress), E(cuGetProcAddress_v2),
-    E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize),
+    E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize), E(cuStreamQuery),
 };
 #undef E
 struct v2_rule {

@@ -38,15 +38,17 @@ unsigned long long driver_count(const char* name) {
 
 // A pool segment is a cuMemAlloc allocation or (virtual memory) a cuMemAddressReserve range.
 // driver_sync: every blocking sync (a context synchronize or a wait on an event); ctx_sync: the
-// device-wide ones only; fence_record: events recorded (the pool's fences).
+// device-wide ones only; fence_record: events recorded (the pool's fences); stream_query: streams
+// asked whether they are idle (an idle stream needs no event in a fence).
 void print_counts(const char* prefix) {
     printf("%sdriver_alloc=%llu\n%sdriver_free=%llu\n%sdriver_sync=%llu\n%sdriver_sync_in_capture=%llu\n", prefix,
            driver_count("cuMemAlloc_v2") + driver_count("cuMemAddressReserve"), prefix,
            driver_count("cuMemFree_v2") + driver_count("cuMemAddressFree"), prefix,
            driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"), prefix,
-           driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture"));
-    printf("%sctx_sync=%llu\n%sfence_record=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
-           driver_count("cuEventRecord"));
+           driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
+               driver_count("cuStreamQuery_in_capture"));
+    printf("%sctx_sync=%llu\n%sfence_record=%llu\n%sstream_query=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
+           driver_count("cuEventRecord"), prefix, driver_count("cuStreamQuery"));
 }
 
 CUcontext setup() {

@@ -159,6 +159,7 @@ TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]
     CHECK(b != a);  // pending through the capture: a new block instead
     CHECK(f.dev.bad_calls() == 0);
     f.dev.set_capturing(false);
+    f.dev.enqueue_work_on(k_stream);  // the program's stream has work: its fence needs its event
     f.free(b);  // fenced now, with a
     CHECK(f.dev.records() == 2);
     f.dev.complete_all();
@@ -334,4 +335,49 @@ TEST_CASE("stream_set: a destroyed or reset context takes its streams with it", 
     st.created(0xc0, 0x10, true);
     st.destroyed(0xc0, 0x10);
     CHECK_FALSE(st.fence_streams(0xc0, out, st.hold()));
+}
+
+TEST_CASE("fences: an idle non-blocking stream gets no event, a busy one does, and its work is waited for", "[fence]") {
+    // PyTorch makes 32 streams per priority at its first side stream; most never run anything.
+    fenced f;
+    std::vector<uint64_t> idle;
+    for (uint64_t s = 0x9000; s < 0x9000 + 64 * 0x10; s += 0x10) {
+        f.streams.created(k_ctx, s, true);
+        idle.push_back(s);
+    }
+    const uint64_t a = f.alloc(8 * MiB);
+    f.dev.enqueue_work_on(k_stream);  // only the program's stream is busy
+    f.free(a);
+    CHECK(f.dev.records() == 2);  // the legacy stream and the busy stream, not the 64 idle ones
+    CHECK(f.dev.records_on(k_stream) == 1);
+    for (uint64_t s : idle) CHECK(f.dev.records_on(s) == 0);
+    CHECK(f.dev.stream_queries() >= 65);
+    // The legacy stream's work is done, the busy stream's is not: a stays pending.
+    const uint64_t b = f.alloc(8 * MiB);
+    CHECK(b != a);
+    CHECK(f.pool.pending_bytes() == 8 * MiB);
+    f.dev.complete_all();
+    CHECK(f.alloc(8 * MiB) == a);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
+TEST_CASE("fences: a miss does not record a new fence while an older one is not reached", "[fence]") {
+    // A new fence cannot be reached before an older one (both wait on the legacy stream), so a
+    // record at every miss only costs events.
+    fenced f;
+    std::vector<uint64_t> live;
+    for (int i = 0; i < 6; ++i) live.push_back(f.alloc(8 * MiB));
+    for (uint64_t p : live) f.free(p);  // one fence per 8 MiB free (the budget's eighth is 4 MiB)
+    f.free(f.alloc(2 * MiB));           // under the eighth: not fenced yet
+    // 50 MiB pending: over the 32 MiB budget (a miss polls the fences) and under twice it (no wait).
+    const uint64_t fences = f.dev.records();
+    for (int i = 0; i < 20; ++i) f.alloc(8 * MiB);  // misses, nothing reached
+    CHECK(f.dev.records() == fences);
+    CHECK(f.pool.pending_bytes() == 50 * MiB);
+    CHECK(f.pool.fence_wait_count() == 0);
+    f.dev.complete_all();
+    CHECK(f.alloc(8 * MiB) == live[0]);  // a miss: the fences are reached, the 48 MiB come back
+    CHECK(f.pool.pending_bytes() <= 2 * MiB);
+    CHECK(f.dev.sync_calls() == 0);
 }

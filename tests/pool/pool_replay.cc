@@ -2,9 +2,10 @@
 //
 // Usage: pool_replay LOG [LOG...]   (pool settings from the usual GPUMEM_* variables)
 // Used to tune the pool's policies on real allocation traces recorded on a GPU, without a GPU.
-// POOL_REPLAY_LAG_US=L: fences instead of syncs (events on, one non-blocking stream), and a GPU
-// that runs L microseconds of the log's time behind the program: the work enqueued at log time t
-// is done at t + L.  It prints the pool's driver calls per allocation (event records, queries,
+// POOL_REPLAY_LAG_US=L: fences instead of syncs (events on), and a GPU that runs L microseconds of
+// the log's time behind the program: the work enqueued at log time t is done at t + L.  The work
+// runs on the legacy stream; POOL_REPLAY_STREAMS=N (default 1) idle non-blocking streams exist
+// besides (PyTorch makes 32 per priority at its first side stream).  It prints the pool's driver calls per allocation (event records, queries,
 // waits), the host-side cost that safe reuse adds.
 #include <nlohmann/json.hpp>
 
@@ -55,7 +56,9 @@ int main(int argc, char** argv) {
         if (lagged) {
             dev.enable_events(true);
             dev.set_auto_complete(false);
-            streams.created(1, 0x5, true);
+            const char* ns = std::getenv("POOL_REPLAY_STREAMS");
+            const uint64_t n_streams = ns && *ns ? std::strtoull(ns, nullptr, 10) : 1;
+            for (uint64_t k = 0; k < n_streams; ++k) streams.created(1, 0x5000 + 0x10 * k, true);
             pool.set_streams(&streams, 1);
         }
         std::unordered_map<std::string, uint64_t> mine;  // logged ptr -> replayed ptr
@@ -75,7 +78,7 @@ int main(int argc, char** argv) {
                     dev.complete_through(work.front().second);
                     work.pop_front();
                 }
-                work.emplace_back(t, dev.enqueue_work());
+                work.emplace_back(t, dev.enqueue_work_on(k_stream_legacy));
             }
             if (ev == "alloc") {
                 uint64_t p = 0;
@@ -106,9 +109,9 @@ int main(int argc, char** argv) {
                (unsigned long long)dev.alloc_calls(), (unsigned long long)dev.free_calls(),
                (unsigned long long)dev.map_calls(), (unsigned long long)dev.unmap_calls());
         if (lagged)
-            printf("  GPU %llu us behind: per allocation %.3f event records, %.3f queries, %.4f waits (%llu waits, %llu context syncs)\n",
+            printf("  GPU %llu us behind: per allocation %.3f event records, %.3f event queries, %.3f stream queries, %.4f waits (%llu waits, %llu context syncs)\n",
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),
-                   double(dev.queries()) / double(n ? n : 1), double(dev.event_syncs()) / double(n ? n : 1),
+                   double(dev.queries()) / double(n ? n : 1), double(dev.stream_queries()) / double(n ? n : 1), double(dev.event_syncs()) / double(n ? n : 1),
                    (unsigned long long)dev.event_syncs(), (unsigned long long)dev.sync_calls());
     }
     return 0;
