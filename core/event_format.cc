@@ -89,6 +89,7 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::segments: v = e.p.segments; return true;
         case log_field::gpu_free: v = e.p.gpu_free; return true;
         case log_field::gpu_total: v = e.p.gpu_total; return true;
+        case log_field::streams: v = e.p.streams; return true;
         case log_field::reason: v = uint64_t(e.x.reason); return true;
         case log_field::signal: v = uint64_t(int64_t(e.x.signal)); return e.x.reason == end_reason::signal;
         case log_field::events: v = e.x.events; return true;

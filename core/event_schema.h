@@ -131,6 +131,7 @@ struct pool_state {
     uint64_t segments;      // "segments": number of segments
     uint64_t gpu_free;      // "gpu_free": cuMemGetInfo free bytes (0 when not asked)
     uint64_t gpu_total;     // "gpu_total": cuMemGetInfo total bytes
+    uint64_t streams;       // "streams": live non-blocking streams of the pool's context (each fence covers them)
 };
 
 // Alloc/free, map/unmap/reserve/unreserve and segment events.

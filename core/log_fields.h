@@ -91,6 +91,7 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
     X(segments, "segments", u64, k_kinds_pool_state, 0)                                                   \
     X(gpu_free, "gpu_free", u64, k_kinds_pool_state, 0)                                                   \
     X(gpu_total, "gpu_total", u64, k_kinds_pool_state, 0)                                                 \
+    X(streams, "streams", u64, k_kinds_pool_state, 0)                                                     \
     X(reason, "reason", end_reason, GPUMEM_K(end), 0)                                                     \
     X(signal, "signal", i64, GPUMEM_K(end), 0)                                                            \
     X(events, "events", u64, GPUMEM_K(end), 0)                                                            \

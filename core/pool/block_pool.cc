@@ -196,6 +196,7 @@ void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
     e.p = snapshot_locked();
     e.p.size = size;
     if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    if (streams_) e.p.streams = streams_->count(ctx_);
     sink_->emit(e);
 }
 
@@ -1051,6 +1052,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     e.dev = device_;
     e.p = snapshot_locked();
     if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    if (streams_) e.p.streams = streams_->count(ctx_);
     sink_->emit(e);
 }
 

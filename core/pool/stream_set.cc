@@ -51,6 +51,13 @@ bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const s
     return true;
 }
 
+uint64_t stream_set::count(uint64_t ctx) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t n = 0;
+    for (const entry& e : live_) n += e.ctx == ctx && e.non_blocking;
+    return n;
+}
+
 void stream_set::forget_destroyed(uint64_t ctx, uint64_t seen) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     if (destroys_.load(std::memory_order_acquire) != seen) return;

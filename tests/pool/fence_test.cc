@@ -381,3 +381,15 @@ TEST_CASE("fences: a miss does not record a new fence while an older one is not 
     CHECK(f.pool.pending_bytes() <= 2 * MiB);
     CHECK(f.dev.sync_calls() == 0);
 }
+
+TEST_CASE("fences: oom events say how many non-blocking streams each fence covers", "[fence]") {
+    fenced f(safe_config(), 24 * MiB);
+    for (uint64_t s = 0x9000; s < 0x9030; s += 0x10) f.streams.created(k_ctx, s, true);
+    f.streams.created(k_ctx, 0xa000, false);  // a blocking stream: the legacy stream's event covers it
+    f.alloc(16 * MiB);
+    uint64_t p = 0;
+    CHECK(f.pool.allocate(16 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_oom);
+    auto ooms = f.sink.of(ev_kind::oom);
+    REQUIRE(ooms.size() == 1);
+    CHECK(ooms[0].p.streams == 4);  // k_stream and the three above
+}
