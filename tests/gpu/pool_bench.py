@@ -180,7 +180,7 @@ def log_facts(outdir, name):
     files = sorted(glob.glob(f"{LOGS}/{name}.*.jsonl"), key=os.path.getsize, reverse=True)
     if not files:
         return {}
-    syncs = fences = waits = n = oom = unmap = 0
+    syncs = fences = waits = n = oom = unmap = streams = 0
     reserved = peak_res = requested = peak_req = 0
     seg_unmapped = {}
     live_req = {}
@@ -213,11 +213,14 @@ def log_facts(outdir, name):
                 requested -= live_req.pop(e["ptr"], 0)
             elif ev == "oom":
                 oom += 1
+                streams = max(streams, e.get("streams", 0))
+            elif ev == "stats":
+                streams = max(streams, e.get("streams", 0))
             elif ev == "reuse_safe" and reuse_safe is None:
                 reuse_safe = e.get("api")
             peak_res = max(peak_res, reserved)
             peak_req = max(peak_req, requested)
-    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "peak_reserved": peak_res,
+    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "streams": streams, "peak_reserved": peak_res,
             "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "reuse_safe": reuse_safe}
 
 
