@@ -128,10 +128,10 @@ struct pool_state {
     uint64_t requested;     // "requested": bytes the program asked for, summed over live blocks
     uint64_t largest_free;  // "largest_free": biggest free block in any segment
     uint64_t free_blocks;   // "free_blocks": number of free blocks in all segments
-    uint64_t segments;      // "segments": number of segments
     uint64_t gpu_free;      // "gpu_free": cuMemGetInfo free bytes (0 when not asked)
     uint64_t gpu_total;     // "gpu_total": cuMemGetInfo total bytes
-    uint64_t streams;       // "streams": live non-blocking streams of the pool's context (each fence covers them)
+    uint32_t segments;      // "segments": number of segments (32 bits: keeps the event at 104 bytes)
+    uint32_t streams;       // "streams": live non-blocking streams of the pool's context (each fence covers them)
 };
 
 // Alloc/free, map/unmap/reserve/unreserve and segment events.
@@ -186,7 +186,7 @@ struct event {
         end_fields x;
     };
 };
-static_assert(sizeof(event) <= 112, "event should stay compact: it is copied on the hot path");
+static_assert(sizeof(event) <= 104, "event should stay compact: it is copied on the hot path");
 
 enum event_flags : uint8_t {
     ef_has_stream = 1 << 0,  // write "stream" (async calls)

@@ -292,6 +292,7 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept;
 void pool_context_gone(CUcontext ctx, int dev) noexcept;
 void capture_begin() noexcept;
+void capture_begin_failed() noexcept;
 void capture_end() noexcept;
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
@@ -344,8 +345,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUstreamCaptureMode mode) {    \
         auto f = real<CUresult (*)(CUstream, CUstreamCaptureMode)>(drv::NAME);           \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
+        capture_begin(); /* before: no fence may touch a stream once the capture opens */ \
         CUresult r = f(s, mode);                                                        \
-        if (r == CUDA_SUCCESS) capture_begin();                                         \
+        if (r != CUDA_SUCCESS) capture_begin_failed();                                  \
         return r;                                                                       \
     }
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2)
@@ -359,8 +361,9 @@ GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
         auto f = real<CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t, \
                                    CUstreamCaptureMode)>(drv::NAME);                                   \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        capture_begin();                                                                               \
         CUresult r = f(s, g, deps, data, n, mode);                                                     \
-        if (r == CUDA_SUCCESS) capture_begin();                                                        \
+        if (r != CUDA_SUCCESS) capture_begin_failed();                                                 \
         return r;                                                                                      \
     }
 GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph)

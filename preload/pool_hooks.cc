@@ -325,7 +325,18 @@ void pool_context_gone(CUcontext ctx, int dev) noexcept {
     registry().retire(uint64_t(uintptr_t(ctx)));
 }
 
-void capture_begin() noexcept { g_captures.fetch_add(1, std::memory_order_acq_rel); }
+// Called before the driver opens a capture, under the stream set's lock: a fence being recorded
+// holds that lock and checks capture_active() inside it, so it either finishes before the capture
+// opens or sees it and records, queries and synchronizes nothing (a cuStreamQuery or cuEventRecord
+// on a capturing stream would invalidate the program's capture).
+void capture_begin() noexcept {
+    std::unique_lock<std::mutex> held = streams().hold();
+    g_captures.fetch_add(1, std::memory_order_acq_rel);
+}
+// The driver refused to open it: no capture after all, and no drain owed by it.
+void capture_begin_failed() noexcept {
+    if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
+}
 void capture_end() noexcept {
     if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
     // A switch to safe reuse during the capture could not drain (no sync inside a capture); the

@@ -196,7 +196,7 @@ void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
     e.p = snapshot_locked();
     e.p.size = size;
     if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
-    if (streams_) e.p.streams = streams_->count(ctx_);
+    if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
     sink_->emit(e);
 }
 
@@ -560,6 +560,9 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
 
 // One synchronize releases every pending free: work enqueued before any of them has finished.
 bool block_pool::sync_release(api_id api) {
+    // Every caller checked can_sync(), but a capture may have opened since (on another thread): a
+    // synchronize now would invalidate it.  The frees stay pending.
+    if (!can_sync()) return false;
     ++syncs_;
     const uint64_t destroys = streams_ ? streams_->destroy_count() : 0;  // before: see forget_destroyed
     if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
@@ -633,7 +636,9 @@ bool block_pool::record_fence() noexcept {
     if (!fences_usable() || !can_sync()) return false;
     // The set stays locked until every event is recorded: no stream of the list dies meanwhile.
     std::unique_lock<std::mutex> held = streams_->hold();
-    if (!streams_->fence_streams(ctx_, fence_streams_, held)) return false;
+    // Again under the lock: a capture opened since can_sync() must see no record or query (the
+    // capture hooks count it under this lock before the driver opens it).
+    if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     fence f;
     try {
         f.events.reserve(fence_streams_.size() + 1);
@@ -742,7 +747,7 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
 bool block_pool::wait_all_streams(bool legacy_only) noexcept {
     if (!fences_usable() || !can_sync()) return false;
     std::unique_lock<std::mutex> held = streams_->hold();  // until the records are made (record_fence)
-    if (!streams_->fence_streams(ctx_, fence_streams_, held)) return false;
+    if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;  // as in record_fence
     fence f;  // scratch: every event is recorded first, then all are waited on
     try {
         f.events.reserve(fence_streams_.size() + 1);
@@ -1010,7 +1015,7 @@ pool_state block_pool::snapshot_locked() const noexcept {
         if (!fs.empty()) p.largest_free = std::max(p.largest_free, (*fs.rbegin())->size);
         p.free_blocks += fs.size();
     }
-    p.segments = segments_.size();
+    p.segments = uint32_t(std::min<size_t>(segments_.size(), UINT32_MAX));
     return p;
 }
 
@@ -1052,7 +1057,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     e.dev = device_;
     e.p = snapshot_locked();
     if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
-    if (streams_) e.p.streams = streams_->count(ctx_);
+    if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
     sink_->emit(e);
 }
 

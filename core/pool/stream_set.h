@@ -37,10 +37,10 @@ class stream_set {
     // fences cannot cover ctx now: give_up() was called, or a stream of ctx was destroyed since the
     // last forget_destroyed(ctx).  Never throws; false as well when out cannot grow.
     bool fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const std::unique_lock<std::mutex>& held) const noexcept;
-    // Counts destructions of non-blocking streams: read before a synchronize, passed to
-    // forget_destroyed after it.
     // Live non-blocking streams of ctx: what each fence of its pool asks (for the log's stats).
     uint64_t count(uint64_t ctx) const noexcept;
+    // Counts destructions of non-blocking streams: read before a synchronize, passed to
+    // forget_destroyed after it.
     uint64_t destroy_count() const noexcept { return destroys_.load(std::memory_order_acquire); }
     // A synchronize of ctx, begun when destroy_count() was `seen`, has returned: the destroyed
     // streams' work has finished.  A stream destroyed during the synchronize (another thread) may
