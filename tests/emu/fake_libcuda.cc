@@ -349,15 +349,17 @@ EMU_EXPORT CUresult cuEventQuery(CUevent e) {
     bump("cuEventQuery");
     return CUDA_SUCCESS;
 }
-// The emulated device runs nothing: every stream is idle.  A query during a capture is counted as
-// misuse (on a real driver it invalidates the capture).
+// The emulated device runs nothing: every stream is idle, unless GPUMEM_EMU_STREAMS_BUSY=1 says
+// every stream still has work (so fences need an event on each).  A query during a capture is
+// counted as misuse (on a real driver it invalidates the capture).
 EMU_EXPORT CUresult cuStreamQuery(CUstream) {
     if (st().capturing.load()) {
         bump("cuStreamQuery_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     bump("cuStreamQuery");
-    return CUDA_SUCCESS;
+    static const bool busy = getenv("GPUMEM_EMU_STREAMS_BUSY") && !strcmp(getenv("GPUMEM_EMU_STREAMS_BUSY"), "1");
+    return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
