@@ -70,7 +70,8 @@ if command -v clang++ > /dev/null; then
     -DCMAKE_C_COMPILER=clang -DCUDAToolkit_ROOT="$cuda_root" "${launcher[@]}" >/dev/null
   cmake --build build-fuzz -j"$jobs" --target fuzz_parser
   mkdir -p build-fuzz/corpus build-fuzz/seeds build-fuzz/crashes
-  cp tests/data/bad/* tests/data/golden/*.jsonl tests/data/cli/*.jsonl tests/data/h200/*.jsonl build-fuzz/seeds/
+  cp tests/data/bad/* tests/data/golden/*.jsonl tests/data/cli/*.jsonl tests/data/h200/*.jsonl tests/data/fuzz_seeds/*.jsonl \
+     build-fuzz/seeds/
   # The start of each gzipped log (head closes the pipe early: zcat's SIGPIPE is expected).
   for z in tests/data/replay/*.jsonl.gz; do zcat "$z" 2> /dev/null | head -c 65536 > "build-fuzz/seeds/$(basename "$z" .gz)" || true; done
   fuzz_bin=$(find build-fuzz/tests -type f -name fuzz_parser -perm -u+x | head -1)
