@@ -11,7 +11,7 @@
 namespace gpumem {
 
 inline constexpr const char* k_format_name = "gpumem-events";
-inline constexpr int k_format_version = 3;  // 2: config.reuse "auto" and reuse_safe; 3: stack records
+inline constexpr int k_format_version = 4;  // 2: config.reuse "auto" and reuse_safe; 3: stack records; 4: segment_map
 
 // "ev" values, named as written.  The numeric order is part of no file format; only the names are.
 #define GPUMEM_EV_KINDS(X)                                                                          \
@@ -27,6 +27,7 @@ inline constexpr int k_format_version = 3;  // 2: config.reuse "auto" and reuse_
     X(segment_alloc)  /* pool: a segment obtained from the driver */                                \
     X(segment_free)   /* pool: a segment returned to the driver */                                  \
     X(segment_unmap)  /* pool: physical chunks of a VMM segment returned (address space kept) */   \
+    X(segment_map)    /* pool: physical chunks mapped into a hole of a VMM segment (it grew) */     \
     X(oom)            /* pool: an allocation that failed after the pool released its cache */       \
     X(stats)          /* pool: periodic snapshot of one device's pool */                            \
     X(pool_sync)      /* pool: pending frees released by one synchronize */                         \

@@ -41,7 +41,8 @@ inline constexpr uint32_t k_kinds_ordered = k_kinds_events & ~GPUMEM_K(lost);  /
 inline constexpr uint32_t k_kinds_alloc_free =
     GPUMEM_K(alloc) | GPUMEM_K(alloc_fail) | GPUMEM_K(free) | GPUMEM_K(free_fail);
 inline constexpr uint32_t k_kinds_vm = GPUMEM_K(map) | GPUMEM_K(unmap) | GPUMEM_K(reserve) | GPUMEM_K(unreserve);
-inline constexpr uint32_t k_kinds_segment = GPUMEM_K(segment_alloc) | GPUMEM_K(segment_free) | GPUMEM_K(segment_unmap);
+inline constexpr uint32_t k_kinds_segment = GPUMEM_K(segment_alloc) | GPUMEM_K(segment_free) | GPUMEM_K(segment_unmap) |
+                                                 GPUMEM_K(segment_map);
 inline constexpr uint32_t k_kinds_pool_state = GPUMEM_K(oom) | GPUMEM_K(stats);
 inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(context_reset) | GPUMEM_K(lost);
 
@@ -69,8 +70,9 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
       GPUMEM_K(alloc) | GPUMEM_K(free) | GPUMEM_K(free_fail) | k_kinds_vm | k_kinds_segment)              \
     X(size, "size", u64, k_kinds_alloc_free | k_kinds_vm | k_kinds_segment | GPUMEM_K(oom),               \
       GPUMEM_K(alloc) | GPUMEM_K(free) | GPUMEM_K(alloc_fail) | k_kinds_vm | k_kinds_segment | GPUMEM_K(oom)) \
-    X(asize, "asize", u64, k_kinds_alloc_free, 0)                                                         \
-    X(seg, "seg", hex, k_kinds_alloc_free | GPUMEM_K(segment_unmap), GPUMEM_K(segment_unmap))              \
+    X(asize, "asize", u64, k_kinds_alloc_free | GPUMEM_K(segment_alloc), 0)                             \
+    X(seg, "seg", hex, k_kinds_alloc_free | GPUMEM_K(segment_unmap) | GPUMEM_K(segment_map),             \
+      GPUMEM_K(segment_unmap) | GPUMEM_K(segment_map))                                                   \
     X(pooled, "pooled", flag, k_kinds_alloc_free, 0)                                                      \
     X(mempool, "mempool", hex, k_kinds_alloc_free, 0)                                                     \
     X(stream, "stream", hex, k_kinds_alloc_free, 0)                                                       \

@@ -19,7 +19,7 @@ const bad_case k_cases[] = {
     {"not_json.jsonl", 3, "not JSON (or not a JSON object): this is not json"},
     {"missing_size.jsonl", 2, "\"alloc\" event without \"size\""},
     {"unknown_format.jsonl", 1, "unknown format \"heaptrack\" (expected \"gpumem-events\")"},
-    {"newer_version.jsonl", 1, "log format version 4 is newer than this analyzer reads (up to 3): use a newer gpumem"},
+    {"newer_version.jsonl", 1, "log format version 5 is newer than this analyzer reads (up to 4): use a newer gpumem"},
     {"no_header.jsonl", 1, "line 1 is not a header"},
     {"header_not_object.jsonl", 1, "line 1 is not a JSON object"},
     {"double_free.jsonl", 4, "double free of pointer 0x1000: it was already freed at line 3"},
