@@ -158,13 +158,15 @@ void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept
     e.pool = s->pool;
     e.b.ptr = s->base;
     e.b.size = s->size;
+    // An arena maps only its start at first: asize says how much (docs/log-format.md).
+    if (ev == ev_kind::segment_alloc && s->mapped != s->size) e.b.asize = s->mapped;
     sink_->emit(e);
 }
 
-void block_pool::emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes) noexcept {
+void block_pool::emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev) noexcept {
     if (!sink_) return;
     event e{};
-    e.ev = ev_kind::segment_unmap;
+    e.ev = ev;
     e.dev = device_;
     e.kind = mem_kind::device;
     e.api = api;
@@ -242,7 +244,7 @@ void block_pool::backend_release(segment* s) noexcept {
     backend_.va_free(s->base, s->size);
 }
 
-int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain) {
+int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain, uint64_t map_bytes) {
     if (exiting_) return k_cuda_deinitialized;
     uint64_t base = 0;
     segment* s = new (std::nothrow) segment{};
@@ -251,6 +253,7 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
         // Address space, then one physical chunk per granule: chunks that end up inside free
         // ranges can go back to the driver one by one (unmap_free_chunks).
         seg_size = round_up(seg_size, chunk_);
+        map_bytes = map_bytes ? std::min(round_up(map_bytes, chunk_), seg_size) : seg_size;
         try {
             s->chunks.assign(seg_size / chunk_, 0);
         } catch (...) {
@@ -259,7 +262,7 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
         }
         int rc = backend_.va_reserve(seg_size, &base);
         if (rc == k_cuda_success) {
-            rc = backend_.map_chunks(base, chunk_, s->chunks.size(), s->chunks.data());
+            rc = backend_.map_chunks(base, chunk_, map_bytes / chunk_, s->chunks.data());
             if (rc != k_cuda_success) backend_.va_free(base, seg_size);
         }
         if (rc != k_cuda_success) {
@@ -273,39 +276,131 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
             return rc;
         }
     }
+    const uint64_t mapped = s->vmm() ? map_bytes : seg_size;
     s->base = base;
     s->size = seg_size;
-    s->mapped = seg_size;
+    s->mapped = mapped;
     s->pool = p;
 
     block* b = new_block();
-    bool in_segments = false, in_blocks = false;
+    block* hole = mapped < seg_size ? new_block() : nullptr;
+    bool in_segments = false, in_blocks = false, hole_in_blocks = false, hole_in_holes = false;
     try {
-        if (!b) throw std::bad_alloc();
+        if (!b || (mapped < seg_size && !hole)) throw std::bad_alloc();
         s->first = b;
         b->addr = base;
-        b->size = seg_size;
+        b->size = mapped;
         b->seg = s;
         b->state = block_state::free;
         segments_.emplace(base, s);
         in_segments = true;
         addr_insert(b);
         in_blocks = true;
+        if (hole) {  // the arena's unmapped rest
+            hole->addr = base + mapped;
+            hole->size = seg_size - mapped;
+            hole->seg = s;
+            hole->state = block_state::unmapped;
+            hole->prev = b;
+            b->next = hole;
+            addr_insert(hole);
+            hole_in_blocks = true;
+            hole_insert(hole);
+            hole_in_holes = true;
+        }
         free_insert(b);
     } catch (...) {
         // Host memory ran out while recording the segment: hand it back (if allowed) and report OOM.
+        if (hole_in_holes) hole_erase(hole);
+        if (hole_in_blocks) addr_erase(hole);
         if (in_blocks) addr_erase(b);
         if (in_segments) segments_.erase(base);
         if (b) recycle(b);
+        if (hole) recycle(hole);
         if (can_sync()) backend_release(s);  // unused: no device work can touch it yet
         delete s;
         return k_cuda_oom;
     }
-    reserved_ += seg_size;
-    free_bytes_ += seg_size;
+    reserved_ += mapped;
+    free_bytes_ += mapped;
     emit_segment(ev_kind::segment_alloc, api, s);
     *out = b;
     return k_cuda_success;
+}
+
+// ---- arenas ---------------------------------------------------------------------------------
+
+void block_pool::hole_insert(block* u) { holes_[pool_index(u->seg->pool)].insert(u); }
+void block_pool::hole_erase(block* u) noexcept { holes_[pool_index(u->seg->pool)].erase(u); }
+
+bool block_pool::use_arenas() noexcept {
+    if (!use_vmm() || !cfg_.arenas) return false;
+    if (arena_size_ == 0) {
+        // Decided at the first growth.  Address space is cheap and holds no memory: PyTorch's
+        // expandable segments reserve the device's memory plus an eighth per stream and pool.
+        uint64_t a = cfg_.arena;
+        if (a == 0) {
+            uint64_t free_b = 0, total = 0;
+            backend_.mem_info(&free_b, &total);
+            a = total ? total + total / 8 : 256ull << 30;
+        }
+        arena_size_ = round_up(a, chunk_);
+    }
+    return true;
+}
+
+int block_pool::map_hole(block* u, uint64_t bytes, api_id api, block** out) {
+    segment* s = u->seg;
+    block* rest = bytes < u->size ? new_block() : nullptr;
+    if (bytes < u->size && !rest) return k_cuda_oom;
+    const size_t i = (u->addr - s->base) / chunk_;
+    const int rc = backend_.map_chunks(u->addr, chunk_, bytes / chunk_, &s->chunks[i]);
+    if (rc != k_cuda_success) {
+        // The backend made nothing; its handles must not look mapped.
+        std::fill(s->chunks.begin() + i, s->chunks.begin() + i + bytes / chunk_, 0);
+        if (rest) recycle(rest);
+        return rc;
+    }
+    emit_unmap(api, s, u->addr, bytes, ev_kind::segment_map);
+    s->mapped += bytes;
+    reserved_ += bytes;
+    hole_erase(u);
+    if (rest) {
+        rest->addr = u->addr + bytes;
+        rest->size = u->size - bytes;
+        rest->seg = s;
+        rest->state = block_state::unmapped;
+        rest->prev = u;
+        rest->next = u->next;
+        if (u->next) u->next->prev = rest;
+        u->next = rest;
+        u->size = bytes;
+        addr_insert(rest);  // may throw: the caller poisons the pool, as for any half-done update
+        hole_insert(rest);
+    }
+    block* joined = (u->prev && u->prev->state == block_state::free) ? u->prev : u;
+    make_free(u);
+    *out = joined;
+    return k_cuda_success;
+}
+
+int block_pool::arena_grow(pool_id p, uint64_t asize, api_id api, block** out) {
+    // The lowest hole that fits, counting the free blocks on either side that mapping joins to it:
+    // reusing address space keeps blocks together, so frees merge (PyTorch's expandable segments
+    // look in the same order).  Usually the only hole is each arena's unmapped end.
+    for (block* u : holes_[pool_index(p)]) {
+        const uint64_t before = u->prev && u->prev->state == block_state::free ? u->prev->size : 0;
+        const uint64_t after = u->next && u->next->state == block_state::free ? u->next->size : 0;
+        uint64_t bytes = 0;
+        if (before + u->size >= asize) bytes = round_up(asize - std::min(asize, before), chunk_);
+        else if (before + u->size + after >= asize) bytes = u->size;
+        if (bytes == 0) continue;
+        bytes = std::min(bytes, u->size);
+        return map_hole(u, bytes, api, out);
+    }
+    // A new arena: its address space, with the request's chunks mapped at its start.
+    const uint64_t first = round_up(std::max(asize, p == pool_id::small ? cfg_.small_segment : asize), chunk_);
+    return new_segment(p, std::max(arena_size_, first), api, out, false, first);
 }
 
 // The free lists missed.  Decides between releasing pending frees (one sync) and a new segment;
@@ -342,11 +437,13 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // fragmented pool's high-water mark: 2x the live peak on a GPT-2 with varying sequence lengths
     // (docs/benchmarks.md), as PyTorch's default allocator also reserves.
     // Not during a capture (can_sync): cuMemUnmap does not wait, and a graph may still run there.
+    const bool arenas = use_arenas();
+    const uint64_t grow_bytes = arenas ? round_up(asize, chunk_) : seg_size;
     if (chunk_ && cfg_.trim && !unsettled_frees_ && can_sync() &&
-        reserved_ + seg_size > allocated_ + asize + cfg_.trim)
-        unmap_free_chunks(api, reserved_ + seg_size - (allocated_ + asize + cfg_.trim));
+        reserved_ + grow_bytes > allocated_ + asize + cfg_.trim)
+        unmap_free_chunks(api, reserved_ + grow_bytes - (allocated_ + asize + cfg_.trim));
 
-    int rc = new_segment(p, seg_size, api, &b);
+    int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
     if (rc == k_cuda_success) return b;
     if (rc != k_cuda_oom) {
         *err = rc;  // e.g. a capture that forbids cuMemAlloc: return what the driver said
@@ -368,7 +465,9 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         release_free_segments(api);
         if (chunk_ && !unsettled_frees_) unmap_free_chunks(api);
     }
-    rc = new_segment(p, chunk_ ? round_up(asize, chunk_) : seg_size, api, &b);
+    // With arenas, first the holes just made (mapping into them joins their free neighbours).
+    rc = arenas ? arena_grow(p, asize, api, &b) : k_cuda_oom;
+    if (rc == k_cuda_oom) rc = new_segment(p, chunk_ ? round_up(asize, chunk_) : seg_size, api, &b);
     if (rc != k_cuda_oom) {
         if (rc == k_cuda_success) return b;
         *err = rc;
@@ -817,6 +916,7 @@ void block_pool::release_free_segments(api_id api) {
                 free_erase(b);
                 free_bytes_ -= b->size;
             }
+            if (b->state == block_state::unmapped) hole_erase(b);
             addr_erase(b);
             recycle(b);
             b = n;
@@ -872,6 +972,7 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want) {
             }
             cut->size = hi - lo;
             cut->state = block_state::unmapped;
+            hole_insert(cut);
             if (mid) recycle(mid);
             if (tail) {
                 tail->addr = s->base + hi;
@@ -893,6 +994,16 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want) {
             s->mapped -= hi - lo;
             reserved_ -= hi - lo;
             given += hi - lo;
+            // A hole next to a hole becomes one: an arena maps a hole as a whole range.
+            if (block* nx = cut->next; nx && nx->state == block_state::unmapped) {
+                hole_erase(nx);
+                absorb_next(cut);
+            }
+            if (block* pr = cut->prev; pr && pr->state == block_state::unmapped) {
+                hole_erase(cut);
+                absorb_next(pr);
+                cut = pr;
+            }
             b = tail ? tail : cut;
         }
     }
@@ -926,6 +1037,8 @@ void block_pool::forget_all() noexcept {
     blocks_.clear();
     free_[0].clear();
     free_[1].clear();
+    holes_[0].clear();
+    holes_[1].clear();
     pending_.clear();
     pending_large_.clear();
     fences_.clear();          // the events went with the context (or the process is ending)
@@ -1078,7 +1191,7 @@ bool block_pool::validate_locked(std::string* why) const {
         return false;
     };
     uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0}, unmapped = 0;
-    size_t n_free[2] = {0, 0}, n_blocks = 0, n_pending = 0;
+    size_t n_free[2] = {0, 0}, n_holes[2] = {0, 0}, n_blocks = 0, n_pending = 0;
     uint64_t prev_end = 0;
     for (const auto& [base, s] : segments_) {
         if (!s || s->base != base) return fail("segment keyed by wrong base", base);
@@ -1128,6 +1241,9 @@ bool block_pool::validate_locked(std::string* why) const {
                     if (!s->vmm() || (b->addr - s->base) % chunk_ || b->size % chunk_)
                         return fail("unmapped block not whole chunks of a VMM segment", b->addr);
                     if (free_[i].count(const_cast<block*>(b))) return fail("unmapped block in a free set", b->addr);
+                    if (!holes_[i].count(const_cast<block*>(b))) return fail("unmapped block not in its hole set", b->addr);
+                    if (b->prev && b->prev->state == block_state::unmapped) return fail("adjacent holes not merged", b->addr);
+                    ++n_holes[i];
                     unmapped += b->size;
                     break;
             }
@@ -1147,6 +1263,7 @@ bool block_pool::validate_locked(std::string* why) const {
     if (n_blocks != blocks_.size()) return fail("address map holds blocks of no segment", 0);
     for (int i = 0; i < 2; ++i) {
         if (free_[i].size() != n_free[i]) return fail("free set size differs from free block count", 0);
+        if (holes_[i].size() != n_holes[i]) return fail("hole set size differs from unmapped block count", 0);
         for (const block* b : free_[i])
             if (b->state != block_state::free || pool_index(b->seg->pool) != i) return fail("free set holds a wrong block", b->addr);
     }

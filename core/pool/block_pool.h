@@ -143,7 +143,19 @@ class block_pool {
     block* find_free(pool_id p, uint64_t asize) noexcept;
     block* grow(pool_id p, uint64_t asize, api_id api, int* err);
     // plain: from segment_alloc even when the pool is on virtual memory (the last-resort segment).
-    int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain = false);
+    // map_bytes (VMM only, 0 = all): map only the first map_bytes of the range; the rest starts
+    // as one unmapped block, a hole (an arena).
+    int new_segment(pool_id p, uint64_t seg_size, api_id api, block** out, bool plain = false, uint64_t map_bytes = 0);
+    // Arenas (GPUMEM_POOL_ARENA): serves a miss by mapping chunks into the lowest hole of pool p
+    // where a free neighbour plus the hole fit asize, else in a new arena.  Returns a CUresult; on
+    // success a free block of at least asize exists in pool p (*out).
+    int arena_grow(pool_id p, uint64_t asize, api_id api, block** out);
+    bool use_arenas() noexcept;
+    // Maps the first `bytes` (whole chunks) of unmapped block u; they become free, merged with a
+    // free block before u (and after, when u is mapped whole).  *out: the free block they joined.
+    int map_hole(block* u, uint64_t bytes, api_id api, block** out);
+    void hole_insert(block* u);
+    void hole_erase(block* u) noexcept;
     bool use_vmm() noexcept;  // decides once, at the first segment, from the config and backend
     void backend_release(segment* s) noexcept;  // unmap + address free, or segment_free
     // Whole chunks inside free blocks go back to the driver, until `want` bytes have (all of them
@@ -188,7 +200,7 @@ class block_pool {
 
     void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err, uint32_t stack = 0) noexcept;
     void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
-    void emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes) noexcept;
+    void emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev = ev_kind::segment_unmap) noexcept;
     void emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept;
     void emit_oom(api_id api, uint64_t size) noexcept;
 
@@ -201,6 +213,11 @@ class block_pool {
     std::map<uint64_t, segment*> segments_;  // by base
     addr_map blocks_;                        // every block of every segment, by address
     free_set free_[2];                       // reusable free blocks: [0] small pool, [1] large pool
+    struct by_addr {
+        bool operator()(const block* a, const block* b) const noexcept { return a->addr < b->addr; }
+    };
+    std::set<block*, by_addr> holes_[2];     // unmapped blocks by address (arenas map them again)
+    uint64_t arena_size_ = 0;                // address space of a new arena; 0 = no arenas (decided once)
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
 

@@ -85,6 +85,13 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.vmm = false;
             else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using off\n";
         }
+        if (const char* v = get("GPUMEM_POOL_ARENA"); v && *v) {
+            uint64_t x = 0;
+            if (!std::strcmp(v, "off")) c.arenas = false;
+            else if (!std::strcmp(v, "auto") || !std::strcmp(v, "on")) c.arena = 0;
+            else if (parse_size(v, &x) && x > 0 && x <= (1ull << 48)) c.arena = x;
+            else c.warnings += std::string("GPUMEM_POOL_ARENA=") + v + ": expected auto, off or a size; using auto\n";
+        }
         for (const size_knob& k : k_size_knobs) {
             const char* v = get(k.env);
             if (!v || !*v) continue;
@@ -102,6 +109,8 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             pool_config d;
             d.reuse = c.reuse;
             d.vmm = c.vmm;
+            d.arenas = c.arenas;
+            d.arena = c.arena;
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
@@ -125,6 +134,9 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += "\":";
         s += reuse == reuse_mode::immediate ? "\"immediate\"," : reuse == reuse_mode::safe ? "\"safe\"," : "\"auto\",";
         s += vmm ? "\"pool_vmm\":\"on\"," : "\"pool_vmm\":\"off\",";
+        s += "\"pool_arena\":";
+        s += !arenas ? std::string("\"off\"") : arena ? std::to_string(arena) : std::string("\"auto\"");
+        s += ',';
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);
             s += std::to_string(this->*k.field);

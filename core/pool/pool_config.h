@@ -38,6 +38,13 @@ struct pool_config {
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory.  Off by default until it has run on a
     // GPU, and because legacy IPC (cuIpcGetMemHandle) cannot export VMM memory (docs/pool.md).
     bool vmm = false;
+    // GPUMEM_POOL_ARENA = auto | off | SIZE (virtual memory only): each of the two pools grows in
+    // one reserved address range, an arena, mapping 2 MiB chunks at its end as it needs them, as
+    // PyTorch's expandable_segments does, instead of taking a segment per growth.  Freed blocks then
+    // merge across what would have been segment boundaries.  auto (0, the default): the device's
+    // memory plus an eighth of address space per arena (PyTorch's choice).  off: a segment per growth.
+    bool arenas = true;
+    uint64_t arena = 0;
                                                  // (cuMemCreate chunks) where the device supports it
 
     // Problems met while reading the environment ("GPUMEM_POOL_ROUND=3: not a power of two >= 256;

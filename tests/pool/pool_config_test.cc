@@ -123,8 +123,14 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.back() == ',');
     CHECK(s.find("\"pool_vmm\":\"off\",") != std::string::npos);
     CHECK(s.find("\"pool_trim\":0,") != std::string::npos);
-    // 2 string knobs + 12 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 14);
+    CHECK(s.find("\"pool_arena\":\"auto\",") != std::string::npos);
+    // 3 string knobs + 12 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 15);
+    std::string off = "{", sized = "{";
+    with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
+    with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);
+    CHECK(off.find("\"pool_arena\":\"off\",") != std::string::npos);
+    CHECK(sized.find("\"pool_arena\":68719476736,") != std::string::npos);
 }
 
 TEST_CASE("GPUMEM_POOL_VMM turns virtual-memory segments off, and warns on nonsense", "[pool][config]") {

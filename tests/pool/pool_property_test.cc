@@ -37,7 +37,34 @@ struct layout_replayer {
     }
     void apply(const event& e) {
         switch (e.ev) {
-            case ev_kind::segment_alloc: segs[e.b.ptr][e.b.ptr] = {e.b.size, free_b}; break;
+            case ev_kind::segment_alloc: {
+                // An arena maps only its first asize bytes; the rest is a hole.
+                const uint64_t mapped = e.b.asize ? e.b.asize : e.b.size;
+                if (mapped > e.b.size) error = "segment_alloc maps more than its range";
+                segs[e.b.ptr][e.b.ptr] = {mapped, free_b};
+                if (mapped < e.b.size) segs[e.b.ptr][e.b.ptr + mapped] = {e.b.size - mapped, unmapped_b};
+                break;
+            }
+            case ev_kind::segment_map: {
+                // Chunks mapped into one hole: that range becomes free and merges with free neighbours.
+                auto& m = segs[e.b.seg];
+                auto it = m.upper_bound(e.b.ptr);
+                if (it == m.begin()) {
+                    error = "segment_map outside every block";
+                    return;
+                }
+                --it;
+                const uint64_t a = it->first, end = a + it->second.size;
+                if (it->second.state != unmapped_b || e.b.ptr + e.b.size > end) {
+                    error = "segment_map of bytes that are not a hole";
+                    return;
+                }
+                if (a < e.b.ptr) it->second.size = e.b.ptr - a;
+                if (e.b.ptr + e.b.size < end) m[e.b.ptr + e.b.size] = {end - e.b.ptr - e.b.size, unmapped_b};
+                m[e.b.ptr] = {e.b.size, free_b};
+                merge_at(m, m.find(e.b.ptr));
+                break;
+            }
             case ev_kind::segment_free: {
                 auto& m = segs[e.b.ptr];
                 uint64_t total = 0;
@@ -66,6 +93,19 @@ struct layout_replayer {
                 if (a < e.b.ptr) it->second.size = e.b.ptr - a;
                 m[e.b.ptr] = {e.b.size, unmapped_b};
                 if (e.b.ptr + e.b.size < end) m[e.b.ptr + e.b.size] = {end - e.b.ptr - e.b.size, free_b};
+                // Holes next to holes are one hole (the pool maps a hole as one range).
+                auto h = m.find(e.b.ptr);
+                if (auto nx = std::next(h); nx != m.end() && nx->second.state == unmapped_b) {
+                    h->second.size += nx->second.size;
+                    m.erase(nx);
+                }
+                if (h != m.begin()) {
+                    auto pr = std::prev(h);
+                    if (pr->second.state == unmapped_b) {
+                        pr->second.size += h->second.size;
+                        m.erase(h);
+                    }
+                }
                 break;
             }
             case ev_kind::alloc: {

@@ -24,9 +24,10 @@ using namespace gpumem;
 
 namespace {
 struct peak_sink : event_sink {
-    uint64_t syncs = 0, segments = 0;
+    uint64_t syncs = 0, segments = 0, seg_bytes = 0, unmap_bytes = 0;
     void emit(event& e) noexcept override {
-        if (e.ev == ev_kind::segment_alloc) segments++;
+        if (e.ev == ev_kind::segment_alloc) segments++, seg_bytes += e.b.size;
+        if (e.ev == ev_kind::segment_unmap) unmap_bytes += e.b.size;
         if (e.ev == ev_kind::pool_sync) syncs++;
     }
 };
@@ -105,9 +106,11 @@ int main(int argc, char** argv) {
                argv[a], pool.reuse_is_immediate() ? "immediate" : "safe", (unsigned long long)n, peak_live / 1048576.0, peak_reserved / 1048576.0,
                peak_live ? double(peak_reserved) / double(peak_live) : 0.0, (unsigned long long)sink.segments,
                (unsigned long long)sink.syncs);
-        printf("  driver: %llu segment allocs, %llu segment frees, %llu chunk maps, %llu chunk unmaps\n",
+        printf("  driver: %llu segment allocs, %llu segment frees, %llu chunk maps, %llu chunk unmaps; "
+               "%.0f MiB in new segments, %.0f MiB unmapped\n",
                (unsigned long long)dev.alloc_calls(), (unsigned long long)dev.free_calls(),
-               (unsigned long long)dev.map_calls(), (unsigned long long)dev.unmap_calls());
+               (unsigned long long)dev.map_calls(), (unsigned long long)dev.unmap_calls(),
+               sink.seg_bytes / 1048576.0, sink.unmap_bytes / 1048576.0);
         if (lagged)
             printf("  GPU %llu us behind: per allocation %.3f event records, %.3f event queries, %.3f stream queries, %.4f waits (%llu waits, %llu context syncs)\n",
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),

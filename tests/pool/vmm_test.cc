@@ -1,6 +1,7 @@
 // The pool on virtual memory: chunks back segments, whole free chunks go back on OOM, the driver's limit holds.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <vector>
 
 #include "pool_test_util.h"
@@ -71,7 +72,9 @@ TEST_CASE("a segment on virtual memory is whole chunks, mapped at once, and unma
     fake_backend dev(64 * MiB);
     dev.set_vmm(2 * MiB);
     recording_sink sink;
-    block_pool pool(vmm_config(), dev, &sink, 0);
+    pool_config cfg = vmm_config();
+    cfg.arenas = false;  // GPUMEM_POOL_ARENA=off: a segment per growth, mapped whole
+    block_pool pool(cfg, dev, &sink, 0);
     uint64_t a = 0, b = 0, c = 0;
     REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);  // a 20 MiB segment
     CHECK(pool.chunk_size() == 2 * MiB);
@@ -118,7 +121,9 @@ TEST_CASE("virtual memory: a failing map leaves nothing behind, and a capture ge
     recording_sink sink;
     block_pool pool(vmm_config(), dev, &sink, 0);
     uint64_t a = 0;
-    dev.fail_next_allocs(3, k_cuda_oom);  // the first try, the retry, the last-resort cuMemAlloc segment
+    // The first try (a new arena), the retry after releasing (another arena), a segment of just
+    // the request, the last-resort cuMemAlloc segment.
+    dev.fail_next_allocs(4, k_cuda_oom);
     CHECK(pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_oom);
     CHECK(dev.mapped_chunks() == 0);
     CHECK(dev.reservations() == 0);
@@ -203,4 +208,110 @@ TEST_CASE("GPUMEM_POOL_TRIM: growing gives the excess back first, so reserved fo
     // On: each 6 MiB live block keeps at most its own chunks plus a partly used one on each side.
     CHECK(res_on <= alloc_on + 32 * MiB + 60 * MiB + 34 * 2 * (2 * MiB));
     CHECK(res_on < res_off);
+}
+
+TEST_CASE("arenas: one address range per pool, mapped as it grows, holes mapped again", "[pool][vmm][arena]") {
+    fake_backend dev(80 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);  // GPUMEM_POOL_ARENA=auto: 80 MiB + 1/8 of address space
+    uint64_t a = 0, b = 0, c = 0;
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);  // a 4 MiB block
+    // Only the request's chunks are mapped; the rest of the arena is a hole.
+    CHECK(dev.mapped_chunks() == 2);
+    const auto segs = sink.of(ev_kind::segment_alloc);
+    REQUIRE(segs.size() == 1);
+    CHECK(segs[0].b.size == 90 * MiB);
+    CHECK(segs[0].b.asize == 4 * MiB);
+    CHECK(pool.snapshot().reserved == 4 * MiB);
+    // The next request maps 8 MiB right after: no new segment.
+    REQUIRE(pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    CHECK(b == a + 4 * MiB);
+    CHECK(sink.count(ev_kind::segment_alloc) == 1);
+    auto maps = sink.of(ev_kind::segment_map);
+    REQUIRE(maps.size() == 1);
+    CHECK(maps[0].b.ptr == a + 4 * MiB);
+    CHECK(maps[0].b.size == 8 * MiB);
+    CHECK(maps[0].b.seg == a);
+    CHECK(pool.snapshot().reserved == 12 * MiB);
+    // Freed neighbours merge across what would have been two segments: 11 MiB fit with no map.
+    int rc = -1;
+    REQUIRE(pool.deallocate(a, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));
+    const uint64_t map_calls = dev.map_calls();
+    REQUIRE(pool.allocate(11 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+    CHECK(c == a);
+    CHECK(dev.map_calls() == map_calls);
+    // Short of memory: the whole free chunks go back, and later the hole they left is mapped again.
+    uint64_t x = 0, y = 0, z = 0;
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &x) == k_cuda_success);  // [12, 52) MiB
+    REQUIRE(pool.deallocate(c, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &y) == k_cuda_success);  // 82 MiB > 80 without the unmap
+    const auto unmaps = sink.of(ev_kind::segment_unmap);
+    REQUIRE(unmaps.size() == 1);
+    CHECK(unmaps[0].b.ptr == a);
+    CHECK(unmaps[0].b.size == 12 * MiB);
+    CHECK(y == a + 52 * MiB);
+    REQUIRE(pool.allocate(10 * MiB, api_id::cuMemAlloc_v2, &z) == k_cuda_success);  // the hole, the lowest
+    CHECK(z == a);
+    maps = sink.of(ev_kind::segment_map);
+    REQUIRE(!maps.empty());
+    CHECK(maps.back().b.ptr == a);
+    CHECK(maps.back().b.size == 10 * MiB);
+    CHECK(maps.back().seq > unmaps[0].seq);
+    CHECK(dev.in_use() == 80 * MiB);
+    CHECK(pool.snapshot().reserved == 80 * MiB);
+    std::string why;
+    CHECK(pool.validate(&why));
+    INFO(why);
+    for (uint64_t p : {x, y, z}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    pool.release_cached();
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.reservations() == 0);
+    CHECK(dev.bad_calls() == 0);
+}
+
+TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas off", "[pool][vmm][arena]") {
+    const char* env_size[][2] = {{"GPUMEM_POOL_ARENA", "32MiB"}, {nullptr, nullptr}};
+    static const char* (*table)[2];
+    table = env_size;
+    auto get = [](const char* n) -> const char* {
+        for (auto* r = table; (*r)[0]; ++r)
+            if (!std::strcmp((*r)[0], n)) return (*r)[1];
+        return nullptr;
+    };
+    pool_config cfg = pool_config::from_env(get);
+    CHECK(cfg.arenas);
+    CHECK(cfg.arena == 32 * MiB);
+    const char* env_off[][2] = {{"GPUMEM_POOL_ARENA", "off"}, {nullptr, nullptr}};
+    table = env_off;
+    CHECK_FALSE(pool_config::from_env(get).arenas);
+    const char* env_bad[][2] = {{"GPUMEM_POOL_ARENA", "lots"}, {nullptr, nullptr}};
+    table = env_bad;
+    const pool_config bad = pool_config::from_env(get);
+    CHECK(bad.arenas);
+    CHECK(bad.arena == 0);
+    CHECK_THAT(bad.warnings, Catch::Contains("GPUMEM_POOL_ARENA=lots"));
+
+    // A request bigger than the arena gets an arena of its own size; the next one a new arena.
+    fake_backend dev(256 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config c = vmm_config();
+    c.arena = 32 * MiB;
+    block_pool pool(c, dev, &sink, 0);
+    uint64_t x = 0, y = 0, z = 0;
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &x) == k_cuda_success);
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &y) == k_cuda_success);
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &z) == k_cuda_success);
+    const auto segs = sink.of(ev_kind::segment_alloc);
+    REQUIRE(segs.size() == 3);
+    CHECK(segs[0].b.size == 40 * MiB);
+    CHECK(segs[0].b.asize == 0);  // mapped whole: no asize
+    CHECK(segs[1].b.size == 32 * MiB);
+    CHECK(segs[1].b.asize == 20 * MiB);
+    CHECK(segs[2].b.size == 32 * MiB);  // 12 MiB left in the second arena: not enough
+    std::string why;
+    CHECK(pool.validate(&why));
+    CHECK(dev.bad_calls() == 0);
 }

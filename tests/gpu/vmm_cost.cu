@@ -1,0 +1,105 @@
+// What each virtual-memory call costs per 2 MiB chunk on the GPU, idle and while a kernel runs: the numbers the pool's trim and growth design rest on.
+//
+// Prints one line per measurement: "vmm op=NAME chunks=N us_per_chunk=X busy=0|1".  The busy
+// runs keep a spin kernel going on a separate non-blocking stream, to show whether a call waits
+// for device work it does not touch (a call that does would turn every trim into a stall).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#define CK(x)                                                                            \
+    do {                                                                                 \
+        CUresult r_ = (x);                                                               \
+        if (r_ != CUDA_SUCCESS) {                                                        \
+            const char* s_ = nullptr;                                                    \
+            cuGetErrorString(r_, &s_);                                                   \
+            fprintf(stderr, "%s failed: %s\n", #x, s_ ? s_ : "?");                       \
+            return 3;                                                                    \
+        }                                                                                \
+    } while (0)
+
+__global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+using clk = std::chrono::steady_clock;
+static double us_since(clk::time_point t0) {
+    return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+}
+
+static int run(int busy, CUdevice dev, cudaStream_t side) {
+    const int n = 256;
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUmemAccessDesc acc = {};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (busy) spin<<<1, 1, 0, side>>>(4LL * 1000 * 1000 * 1000);  // about 2 s at 2 GHz: outlasts the VMM calls
+    std::vector<CUmemGenericAllocationHandle> h(n);
+    auto t = clk::now();
+    for (int i = 0; i < n; ++i) CK(cuMemCreate(&h[i], gran, &prop, 0));
+    printf("vmm op=create chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    CUdeviceptr va = 0, va2 = 0;
+    t = clk::now();
+    CK(cuMemAddressReserve(&va, gran * n, 0, 0, 0));
+    printf("vmm op=reserve chunks=%d us_per_call=%.2f busy=%d\n", n, us_since(t), busy);
+    CK(cuMemAddressReserve(&va2, gran * n, 0, 0, 0));
+    t = clk::now();
+    for (int i = 0; i < n; ++i) CK(cuMemMap(va + i * gran, gran, 0, h[i], 0));
+    printf("vmm op=map chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    t = clk::now();
+    for (int i = 0; i < n; ++i) CK(cuMemSetAccess(va + i * gran, gran, &acc, 1));
+    printf("vmm op=set_access_each chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    t = clk::now();
+    CK(cuMemSetAccess(va, gran * n, &acc, 1));
+    printf("vmm op=set_access_range chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    t = clk::now();
+    for (int i = 0; i < n; ++i) CK(cuMemUnmap(va + i * gran, gran));
+    printf("vmm op=unmap_each chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    // Recycling: the same physical chunks mapped at another address (no create, no release).
+    t = clk::now();
+    for (int i = 0; i < n; ++i) CK(cuMemMap(va2 + i * gran, gran, 0, h[i], 0));
+    CK(cuMemSetAccess(va2, gran * n, &acc, 1));
+    printf("vmm op=remap_range chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    t = clk::now();
+    CK(cuMemUnmap(va2, gran * n));
+    printf("vmm op=unmap_range chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    t = clk::now();
+    for (int i = 0; i < n; ++i) CK(cuMemRelease(h[i]));
+    printf("vmm op=release chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
+    CK(cuMemAddressFree(va, gran * n));
+    CK(cuMemAddressFree(va2, gran * n));
+    if (busy) {
+        // Did the spin kernel survive all of the above without anyone waiting for it?
+        printf("vmm spin_still_running=%d\n", cudaStreamQuery(side) == cudaErrorNotReady ? 1 : 0);
+    }
+    // For scale: cuMemAlloc/cuMemFree of one chunk's size (cuMemFree may wait for the spin kernel).
+    t = clk::now();
+    for (int i = 0; i < 64; ++i) {
+        CUdeviceptr p;
+        CK(cuMemAlloc(&p, gran));
+        CK(cuMemFree(p));
+    }
+    printf("vmm op=memalloc_free_pair chunks=64 us_per_chunk=%.2f busy=%d\n", us_since(t) / 64, busy);
+    return 0;
+}
+
+int main() {
+    if (cudaFree(nullptr) != cudaSuccess) return 3;
+    CUdevice dev;
+    CK(cuCtxGetDevice(&dev));
+    cudaStream_t side;
+    if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return 3;
+    for (int busy = 0; busy < 2; ++busy)
+        if (int rc = run(busy, dev, side)) return rc;
+    return 0;
+}
