@@ -137,6 +137,11 @@ MODES = {
     # The pool's cost apart from the call stacks': step time without GPUMEM_STACKS's capture.
     "gpumem-vmm-nostacks": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_STACKS": "off"}, True),
     "gpumem-vmm-immediate": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_REUSE": "immediate"}, True),
+    # Virtual memory without arenas: a segment per growth (before arenas, the only way).
+    "gpumem-vmm-segments": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_POOL_ARENA": "off"}, True),
+    # Waits on fences sooner (at 2 x reserved/64 pending instead of 2 x reserved/16): less held by
+    # frees the GPU has not reached, for more waits.
+    "gpumem-vmm-div64": ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "GPUMEM_POOL_VMM": "on", "GPUMEM_SYNC_BUDGET_DIV": "64"}, True),
 }
 
 
@@ -144,7 +149,8 @@ def spawn(outdir, name, mode, argv, timeout=600):
     env_add, preload = MODES[mode]
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "GPUMEM_OUT", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-              "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS", "GPUMEM_POOL_TRIM"):
+              "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS", "GPUMEM_POOL_TRIM", "GPUMEM_POOL_ARENA",
+              "GPUMEM_SYNC_BUDGET_DIV"):
         env.pop(k, None)
     env.update(env_add)
     if preload:
@@ -180,9 +186,9 @@ def log_facts(outdir, name):
     files = sorted(glob.glob(f"{LOGS}/{name}.*.jsonl"), key=os.path.getsize, reverse=True)
     if not files:
         return {}
-    syncs = fences = waits = n = oom = unmap = streams = 0
+    syncs = fences = waits = n = oom = unmap = maps = streams = 0
     reserved = peak_res = requested = peak_req = 0
-    seg_unmapped = {}
+    seg_mapped = {}  # segment base -> bytes mapped now (an arena maps as it grows: asize, segment_map)
     live_req = {}
     reuse_safe = None
     with open(files[0]) as f:
@@ -199,13 +205,19 @@ def log_facts(outdir, name):
                 else:
                     syncs += 1
             elif ev == "segment_alloc":
+                m = e.get("asize") or e["size"]
+                reserved += m
+                seg_mapped[e["ptr"]] = m
+            elif ev == "segment_map":
                 reserved += e["size"]
+                maps += 1
+                seg_mapped[e["seg"]] = seg_mapped.get(e["seg"], 0) + e["size"]
             elif ev == "segment_unmap":
                 reserved -= e["size"]
                 unmap += 1
-                seg_unmapped[e["seg"]] = seg_unmapped.get(e["seg"], 0) + e["size"]
+                seg_mapped[e["seg"]] = seg_mapped.get(e["seg"], 0) - e["size"]
             elif ev == "segment_free":
-                reserved -= e["size"] - seg_unmapped.pop(e["ptr"], 0)
+                reserved -= seg_mapped.pop(e["ptr"], e["size"])
             elif ev == "alloc" and e.get("pooled"):
                 live_req[e["ptr"]] = e["size"]
                 requested += e["size"]
@@ -221,7 +233,7 @@ def log_facts(outdir, name):
             peak_res = max(peak_res, reserved)
             peak_req = max(peak_req, requested)
     return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "streams": streams, "peak_reserved": peak_res,
-            "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "reuse_safe": reuse_safe}
+            "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "maps": maps, "reuse_safe": reuse_safe}
 
 
 def main():
