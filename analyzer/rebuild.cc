@@ -87,14 +87,17 @@ struct rebuilder::impl final : model_observer {
         checker.freed(e, a, line);
         each([&](auto& m) { m.freed(d, e, a, line); });
     }
-    void segment_added(device_state& d, const log_event& e, uint64_t line) override {
-        each([&](auto& m) { m.segment_added(d, e, line); });
+    void segment_added(device_state& d, const log_event& e, uint64_t mapped, uint64_t line) override {
+        each([&](auto& m) { m.segment_added(d, e, mapped, line); });
     }
     void segment_removed(device_state& d, uint64_t size, uint64_t unmapped) override {
         each([&](auto& m) { m.segment_removed(d, size, unmapped); });
     }
     void segment_unmapped(device_state& d, const log_event& e, uint64_t line) override {
         each([&](auto& m) { m.segment_unmapped(d, e, line); });
+    }
+    void segment_mapped(device_state& d, const log_event& e, uint64_t line) override {
+        each([&](auto& m) { m.segment_mapped(d, e, line); });
     }
     void pending_added(device_state& d, uint64_t asize, const log_event& e, uint64_t line) override {
         each([&](auto& m) { m.pending_added(d, asize, e, line); });

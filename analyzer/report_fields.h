@@ -50,6 +50,7 @@ namespace gpumem::analysis {
     X(n_segment_alloc, n_segment_alloc, u64)                                                 \
     X(n_segment_free, n_segment_free, u64)                                                   \
     X(n_segment_unmap, n_segment_unmap, u64)                                                 \
+    X(n_segment_map, n_segment_map, u64)                                                     \
     X(end_unmapped_bytes, unmapped.current, u64)                                             \
     X(peak_unmapped_bytes, unmapped.peak, u64)                                               \
     X(n_map, n_map, u64)                                                                     \

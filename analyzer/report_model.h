@@ -77,8 +77,9 @@ struct segment_view {
     pool_id pool = pool_id::none;
     std::vector<std::pair<uint64_t, uint64_t>> blocks;   // (ptr, asize): every occupied block
     std::vector<std::pair<uint64_t, uint64_t>> pending;  // the subset freed but not yet reusable
-    // (ptr, size): ranges of a virtual-memory segment whose chunks went back (segment_unmap); no
-    // memory behind them, so neither occupied nor free.
+    // (ptr, size): ranges of a virtual-memory segment without chunks (given back by segment_unmap,
+    // or not mapped yet since segment_alloc's asize); no memory behind them, so neither occupied
+    // nor free.
     std::vector<std::pair<uint64_t, uint64_t>> holes;
 
     // Bytes not free (blocks and holes), and the largest gap between them (the segment's largest
@@ -111,7 +112,7 @@ struct state_snapshot {
     uint64_t free_in_segments = 0, largest_free = 0, free_blocks = 0, segments = 0;
     uint64_t live_allocs = 0;
     uint64_t pending = 0;  // bytes in pending blocks (freed, not reusable until a pool_sync)
-    uint64_t unmapped = 0; // bytes of holes in held segments (segment_unmap): not reserved, not free
+    uint64_t unmapped = 0; // bytes of holes in held segments (segment_unmap, asize): not reserved, not free
     double external_fragmentation = 0;
     std::vector<segment_view> segment_map;
     std::vector<block_view> largest_live;  // at most k_top_blocks, largest first
@@ -152,7 +153,7 @@ struct device_report {
     tracked_bytes segment_count;  // number of pool segments
     tracked_bytes mapped;         // cuMemMap bytes whose physical handle lives on this device
     tracked_bytes pending;        // pooled blocks freed by the program, not yet released by a sync
-    tracked_bytes unmapped;       // holes (segment_unmap) in held segments: address space without memory
+    tracked_bytes unmapped;       // holes (segment_unmap, segment_alloc's asize) in held segments: address space without memory
     uint64_t n_pool_sync = 0;
     uint64_t n_pool_wait = 0;  // pool_sync events with "waited": the program blocked on a fence
     // config.reuse "auto": the device's pool reuses frees at once until its reuse_safe event, and
@@ -163,7 +164,7 @@ struct device_report {
 
     uint64_t n_alloc = 0, n_free = 0, n_alloc_fail = 0, n_free_fail = 0, n_oom = 0;
     uint64_t n_unknown_free = 0;
-    uint64_t n_segment_alloc = 0, n_segment_free = 0, n_segment_unmap = 0;
+    uint64_t n_segment_alloc = 0, n_segment_free = 0, n_segment_unmap = 0, n_segment_map = 0;
     uint64_t n_map = 0, n_unmap = 0;
     uint64_t first_t = 0, last_t = 0;  // first and last event on this device
 

@@ -68,7 +68,9 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::ptr: v = b.ptr; return true;
         case log_field::size: v = e.ev == ev_kind::oom ? e.p.size : b.size; return true;
         case log_field::asize: v = b.asize; return b.asize && b.asize != b.size;
-        case log_field::seg: v = b.seg; return (e.flags & ef_pooled) || e.ev == ev_kind::segment_unmap || e.ev == ev_kind::segment_map;
+        case log_field::seg:  // a pooled block's segment, or the segment a segment_unmap/segment_map changes
+            v = b.seg;
+            return (e.flags & ef_pooled) || e.ev == ev_kind::segment_unmap || e.ev == ev_kind::segment_map;
         case log_field::pooled: v = 1; return e.flags & ef_pooled;
         case log_field::mempool: v = b.mempool; return b.mempool != 0;
         case log_field::stream: v = b.stream; return e.flags & ef_has_stream;

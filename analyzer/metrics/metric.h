@@ -73,9 +73,10 @@ struct metric {
     void placed(device_state&, const log_event&, const live_alloc&, uint64_t /*line*/) {}
     void released(device_state&, const live_alloc&, bool /*counted_free*/) {}
     void freed(device_state&, const log_event&, const live_alloc*, uint64_t /*line*/) {}
-    void segment_added(device_state&, const log_event&, uint64_t /*line*/) {}
+    void segment_added(device_state&, const log_event&, uint64_t /*mapped*/, uint64_t /*line*/) {}
     void segment_removed(device_state&, uint64_t /*size*/, uint64_t /*unmapped*/) {}
     void segment_unmapped(device_state&, const log_event&, uint64_t /*line*/) {}
+    void segment_mapped(device_state&, const log_event&, uint64_t /*line*/) {}
     void pending_added(device_state&, uint64_t /*asize*/, const log_event&, uint64_t /*line*/) {}
     void pending_removed(device_state&, uint64_t /*asize*/) {}
     void pending_cleared(device_state&) {}

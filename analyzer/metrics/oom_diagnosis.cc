@@ -45,8 +45,10 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     // it fails only when the live bytes rounded up to whole chunks, plus the request, exceed what
     // the driver gives.  What the rounding costs is the free bytes left in chunks that hold live
     // blocks plus the blocks' own rounding (allocated - requested: a block of whole chunks made for
-    // a request).  The header says the pool may use virtual memory; a segment_unmap shows it does.
-    bool vmm_pool = d.rep.n_segment_unmap != 0 || (ctx.proc.pool_vmm == "on" && d.rep.n_segment_alloc != 0);
+    // a request).  The header says the pool may use virtual memory; a hole shows it does (a
+    // segment_unmap, or an arena segment_alloc that mapped only part of its range).
+    bool vmm_pool = d.rep.n_segment_unmap != 0 || d.rep.unmapped.peak != 0 ||
+                    (ctx.proc.pool_vmm == "on" && d.rep.n_segment_alloc != 0);
     uint64_t rounding = d.rep.allocated.current > d.rep.requested.current ? d.rep.allocated.current - d.rep.requested.current : 0;
     if (vmm_pool ? o.size > sum(available, rounding) : o.size > available) {
         o.verdict = "capacity";

@@ -29,8 +29,10 @@ public:
         ++d.rep.n_free;
         if (e.unknown) ++d.rep.n_unknown_free;  // the allocation predates gpumem or bypassed it
     }
-    void segment_added(device_state& d, const log_event& e, uint64_t line) {
-        add_bytes(ctx, d.rep.reserved, e.size, e, line);
+    // Only the mapped part is reserved; an arena segment's unmapped rest is a hole from the start.
+    void segment_added(device_state& d, const log_event& e, uint64_t mapped, uint64_t line) {
+        add_bytes(ctx, d.rep.reserved, mapped, e, line);
+        if (e.size > mapped) add_bytes(ctx, d.rep.unmapped, e.size - mapped, e, line);
         d.rep.segment_count.add(1, e.t, e.seq, line);
     }
     void segment_removed(device_state& d, uint64_t size, uint64_t unmapped) {
@@ -43,6 +45,12 @@ public:
         d.rep.reserved.sub(e.size);
         ++d.rep.n_segment_unmap;
         add_bytes(ctx, d.rep.unmapped, e.size, e, line);
+    }
+    // The segment grew: the chunks mapped into the hole are memory held from the driver again.
+    void segment_mapped(device_state& d, const log_event& e, uint64_t line) {
+        add_bytes(ctx, d.rep.reserved, e.size, e, line);
+        ++d.rep.n_segment_map;
+        d.rep.unmapped.sub(e.size);
     }
     void pending_added(device_state& d, uint64_t asize, const log_event& e, uint64_t line) {
         add_bytes(ctx, d.rep.pending, asize, e, line);

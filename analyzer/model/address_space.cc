@@ -99,6 +99,9 @@ void address_space::apply(const log_event& e, uint64_t line) {
     case ev_kind::segment_unmap:
         if (d) on_segment_unmap(*d, e, line);  // dev is a required member
         break;
+    case ev_kind::segment_map:
+        if (d) on_segment_map(*d, e, line);  // dev is a required member
+        break;
     case ev_kind::pool_sync:
         if (d) on_pool_sync(*d, e, line);
         break;
@@ -257,8 +260,17 @@ void address_space::on_free(const log_event& e, uint64_t line) {
     if (&ad != &d) obs_.changed(ad, e.t, e.seq);
 }
 
+// docs/log-format.md, 1: a new segment; only [ptr, ptr+asize) is mapped when asize is below size
+// (an arena segment that grows by segment_map), and the rest starts as a hole.
 void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
     device_state& d = dev(e.dev);
+    uint64_t mapped = e.set_aside();
+    if (mapped > e.size) {
+        // The pool cannot map more than it reserved: the recorder and this reader disagree.
+        checks_.inconsistent(line, "segment_alloc of [" + hex(e.ptr) + ", +" + std::to_string(e.size) + ") maps " +
+                                       std::to_string(mapped) + " bytes (asize), more than the segment");
+        mapped = e.size;  // lenient (a log missing events): taken as wholly mapped
+    }
     if (e.size == 0) return;
     auto next = segments_.lower_bound(e.ptr);
     bool overlap = (next != segments_.end() && next->first < e.ptr + e.size);
@@ -273,10 +285,19 @@ void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
     }
     auto added = segments_.emplace(e.ptr, segment{e.size, e.dev, e.pool, {}, {}, 0}).first;
     segment_at_.insert_or_assign(e.ptr, &*added);
-    d.gaps.add(e.size);
-    d.segment_bytes += e.size;
+    if (mapped < e.size) {
+        // The unmapped tail is a hole like one a segment_unmap cut: in `blocks`, so the gaps
+        // between entries stay exactly the free blocks.
+        segment& s = added->second;
+        s.blocks.emplace(e.ptr + mapped, e.size - mapped);
+        s.holes.emplace(e.ptr + mapped, hole{e.size - mapped, line, true});
+        s.unmapped = e.size - mapped;
+    }
+    d.gaps.add(mapped);
+    d.segment_bytes += mapped;
+    d.unmapped_bytes += e.size - mapped;
     ++d.n_segments;
-    obs_.segment_added(d, e, line);
+    obs_.segment_added(d, e, mapped, line);
 }
 
 void address_space::on_segment_free(const log_event& e, uint64_t line) {
@@ -323,8 +344,9 @@ std::string address_space::occupant(const segment& s, uint64_t base, uint64_t p)
     uint64_t n = b == s.blocks.end() ? 0 : b->second;
     std::string range = "[" + hex(p) + ", +" + std::to_string(n) + ")";
     if (auto h = s.holes.find(p); h != s.holes.end())
-        return "the range " + range + " unmapped at line " + std::to_string(h->second.line) +
-               " (no block is made in a hole)";
+        return "the range " + range +
+               (h->second.initial ? " not mapped since its segment_alloc at line " : " unmapped at line ") +
+               std::to_string(h->second.line) + " (no block is made in a hole)";
     if (const live_alloc* l = live_.find(p); l && l->pooled && l->seg == base)
         return "the live block " + range + " allocated at line " + std::to_string(l->line);
     return "the pending block " + range + " (freed, not yet released by a pool_sync)";
@@ -333,8 +355,8 @@ std::string address_space::occupant(const segment& s, uint64_t base, uint64_t p)
 // docs/log-format.md, 5a: the pool gave back the physical chunks of [ptr, ptr+size), which must
 // lie inside one free block of segment `seg`.  The range becomes a hole: neither free (it cannot
 // serve a request, so it is no fragmentation) nor reserved (its memory is the driver's again).
-// The pool never maps a hole again; the address space goes back with the segment's segment_free,
-// and a later segment_alloc over it is a new segment, wholly reserved.
+// A segment_map may fill it again (5b); else the address space goes back with the segment's
+// segment_free.
 void address_space::on_segment_unmap(device_state& d, const log_event& e, uint64_t line) {
     auto* const* found = segment_at_.find(e.seg);
     auto* sit = found ? *found : nullptr;
@@ -363,16 +385,97 @@ void address_space::on_segment_unmap(device_state& d, const log_event& e, uint64
                                        " in segment " + hex(base) + ": only free bytes can be unmapped");
         return;
     }
-    d.gaps.remove(next_start - prev_end);
-    d.gaps.add(e.ptr - prev_end);
-    d.gaps.add(next_start - (e.ptr + e.size));
-    s.blocks.emplace_hint(at, e.ptr, e.size);
-    s.holes.emplace(e.ptr, hole{e.size, line});
-    s.unmapped += e.size;
+    // The segment's device holds its gaps (the event's dev names the same one in any sane log).
     device_state& sd = dev(s.dev);
+    sd.gaps.remove(next_start - prev_end);
+    sd.gaps.add(e.ptr - prev_end);
+    sd.gaps.add(next_start - (e.ptr + e.size));
+    s.blocks.emplace_hint(at, e.ptr, e.size);
+    s.holes.emplace(e.ptr, hole{e.size, line, false});
+    s.unmapped += e.size;
     sd.segment_bytes -= e.size;
     sd.unmapped_bytes += e.size;
     obs_.segment_unmapped(sd, e, line);
+    if (&sd != &d) obs_.changed(sd, e.t, e.seq);
+}
+
+// docs/log-format.md, 5b: the pool mapped physical chunks over [ptr, ptr+size), which must lie in
+// a hole of segment `seg` (holes that touch count as one: no byte between them is memory).  The
+// range becomes free space and merges with the free blocks on either side; what is left of the
+// hole before and after it stays a hole.  Its bytes are reserved again.
+void address_space::on_segment_map(device_state& d, const log_event& e, uint64_t line) {
+    auto* const* found = segment_at_.find(e.seg);
+    auto* sit = found ? *found : nullptr;
+    const std::string range = "[" + hex(e.ptr) + ", +" + std::to_string(e.size) + ")";
+    if (!sit) {
+        checks_.inconsistent(line, "segment_map of " + range + " in segment " + hex(e.seg) +
+                                       ", which is not a held segment");
+        return;
+    }
+    const uint64_t base = sit->first;
+    segment& s = sit->second;
+    const uint64_t end = base + s.size;
+    if (e.size == 0 || e.ptr < base || e.ptr > end || e.size > end - e.ptr) {
+        checks_.inconsistent(line, "segment_map of " + range + " lies outside segment [" + hex(base) + ", +" +
+                                       std::to_string(s.size) + ")");
+        return;
+    }
+    const uint64_t p = e.ptr, q = e.ptr + e.size;
+    // Mapping over memory that is already there (free, or a block) would mean the pool lost track
+    // of its chunks: only address space without memory can be mapped.
+    auto not_a_hole = [&](std::string what) {
+        checks_.inconsistent(line, "segment_map of " + range + " covers " + what + " in segment " + hex(base) +
+                                       ": only a hole can be mapped");
+    };
+    auto free_bytes = [&](uint64_t from, uint64_t to) {
+        return "the free bytes [" + hex(from) + ", +" + std::to_string(std::min(to, q) - from) + ")";
+    };
+    // The entry holding p, then the entries after it, each starting where the one before ends,
+    // until the range is covered: every one of them must be a hole.
+    auto first = s.blocks.upper_bound(p);
+    if (first == s.blocks.begin() || std::prev(first)->first + std::prev(first)->second <= p) {
+        uint64_t gap_end = first == s.blocks.end() ? end : first->first;
+        return not_a_hole(free_bytes(p, gap_end));
+    }
+    --first;
+    auto it = first;
+    uint64_t cur = p;
+    while (true) {
+        if (!s.holes.count(it->first)) return not_a_hole(occupant(s, base, it->first));
+        cur = it->first + it->second;
+        ++it;
+        if (cur >= q) break;
+        if (it == s.blocks.end() || it->first != cur)
+            return not_a_hole(free_bytes(cur, it == s.blocks.end() ? end : it->first));
+    }
+    // [first, it) are the holes; h0 and h1 their outer ends.
+    const auto last = std::prev(it);
+    const uint64_t h0 = first->first, h1 = last->first + last->second;
+    const hole head = s.holes.at(h0), tail = s.holes.at(last->first);
+    const uint64_t prev_end = first == s.blocks.begin() ? base : std::prev(first)->first + std::prev(first)->second;
+    const uint64_t next_start = it == s.blocks.end() ? end : it->first;
+    device_state& sd = dev(s.dev);
+    sd.gaps.remove(h0 - prev_end);
+    sd.gaps.remove(next_start - h1);
+    for (auto h = first; h != it; ++h) s.holes.erase(h->first);
+    s.blocks.erase(first, it);
+    if (h0 < p) {
+        s.blocks.emplace(h0, p - h0);
+        s.holes.emplace(h0, hole{p - h0, head.line, head.initial});
+        sd.gaps.add(h0 - prev_end);  // the free block before the hole stays as it was
+    }
+    if (q < h1) {
+        s.blocks.emplace(q, h1 - q);
+        s.holes.emplace(q, hole{h1 - q, tail.line, tail.initial});
+        sd.gaps.add(next_start - h1);
+    }
+    // The mapped range, merged with the free block before it when no hole is left between them,
+    // and with the one after it likewise.
+    sd.gaps.add((q < h1 ? q : next_start) - (h0 < p ? p : prev_end));
+    s.unmapped -= e.size;
+    sd.segment_bytes += e.size;
+    sd.unmapped_bytes -= e.size;
+    obs_.segment_mapped(sd, e, line);
     if (&sd != &d) obs_.changed(sd, e.t, e.seq);
 }
 

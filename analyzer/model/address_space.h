@@ -27,9 +27,12 @@ struct live_alloc {
     bool pooled;
 };
 
-// A range of a virtual-memory segment whose physical chunks the pool gave back (segment_unmap).
+// A range of a virtual-memory segment with no physical chunks behind it: given back by a
+// segment_unmap, or not mapped yet when the segment was taken (segment_alloc's asize below its
+// size).  segment_map turns (part of) it into free space again.
 struct hole {
-    uint64_t size, line;
+    uint64_t size, line;  // line: the segment_unmap's, or the segment_alloc's for an initial hole
+    bool initial;         // from segment_alloc's asize: never mapped yet (for messages)
 };
 
 struct segment {
@@ -79,12 +82,15 @@ public:
     // A free event is done; `a` is what it freed (null: NULL, "unknown", or not live).  counted_on
     // is the device the free counts on: the allocation's, else the event's.
     virtual void freed(device_state& counted_on, const log_event& e, const live_alloc* a, uint64_t line) = 0;
-    virtual void segment_added(device_state& d, const log_event& e, uint64_t line) = 0;
+    // mapped: the bytes mapped at once (asize, else size); the rest of [e.ptr, e.ptr + e.size) is a hole.
+    virtual void segment_added(device_state& d, const log_event& e, uint64_t mapped, uint64_t line) = 0;
     // size: the bytes the segment still held (its holes were subtracted by segment_unmapped);
     // unmapped: the bytes of its holes.
     virtual void segment_removed(device_state& d, uint64_t size, uint64_t unmapped) = 0;
     // A segment_unmap cut the hole [e.ptr, e.ptr + e.size) out of a free block.
     virtual void segment_unmapped(device_state& d, const log_event& e, uint64_t line) = 0;
+    // A segment_map made [e.ptr, e.ptr + e.size), a hole until now, free space.
+    virtual void segment_mapped(device_state& d, const log_event& e, uint64_t line) = 0;
     virtual void pending_added(device_state& d, uint64_t asize, const log_event& e, uint64_t line) = 0;
     virtual void pending_removed(device_state& d, uint64_t asize) = 0;
     virtual void pending_cleared(device_state& d) = 0;
@@ -161,6 +167,7 @@ private:
     void on_segment_alloc(const log_event& e, uint64_t line);
     void on_segment_free(const log_event& e, uint64_t line);
     void on_segment_unmap(device_state& d, const log_event& e, uint64_t line);
+    void on_segment_map(device_state& d, const log_event& e, uint64_t line);
     std::string occupant(const segment& s, uint64_t base, uint64_t p) const;
     void on_pool_sync(device_state& d, const log_event& e, uint64_t line);
     void on_reuse_safe(device_state& d, const log_event& e, uint64_t line);

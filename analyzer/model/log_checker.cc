@@ -90,7 +90,8 @@ void log_checker::after_event_slow(address_space& model, const log_event& e, uin
             warn(line, "the pool reports " + std::to_string(e.reserved) + " bytes reserved in " +
                            std::to_string(e.segments) + " segments; the reconstruction has " +
                            std::to_string(d.segment_bytes) + " in " + std::to_string(d.n_segments));
-        // Its free blocks too: holes (segment_unmap) and pending blocks are in neither count.
+        // Its free blocks too: holes (segment_unmap, an arena segment_alloc's unmapped rest) and pending
+        // blocks are in neither count.
         bool blocks_ok = !e.has(fd_free_blocks) || e.free_blocks == d.n_gaps();
         bool largest_ok = !e.has(fd_largest_free) || e.largest_free == d.largest_free();
         if (seg_ok && res_ok && (!blocks_ok || !largest_ok) && stats_mismatch_warnings_++ < 3)

@@ -224,6 +224,12 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.n_segment_unmap)
         framed(os, pad("Chunks given back (unmaps)", 28) + pad(std::to_string(d.n_segment_unmap), 14, true) +
                        "   unmapped now " + fmt_bytes(d.unmapped.current) + ", peak " + fmt_bytes(d.unmapped.peak));
+    // Arena segments grow by maps; their holes are said here when no unmap row said them already.
+    if (d.n_segment_map || (d.unmapped.peak && !d.n_segment_unmap))
+        framed(os, pad("Chunks mapped later (maps)", 28) + pad(std::to_string(d.n_segment_map), 14, true) +
+                       (d.n_segment_unmap ? std::string()
+                                          : "   unmapped now " + fmt_bytes(d.unmapped.current) + ", peak " +
+                                                fmt_bytes(d.unmapped.peak)));
     // Under "auto" the mode is per device and changes once; "safe"/"immediate" hold for the whole log.
     if (p.reuse_mode == "auto" && (d.n_segment_alloc || d.reuse_safe))
         framed(os, pad("Reuse", 28) + "auto, " +

@@ -9,8 +9,11 @@
 //   - memory PyTorch cannot see as blocks (cudaMalloc/cuMemAlloc without the pool, NCCL, cuBLAS,
 //     cuMemMap'd ranges of JAX or PyTorch's expandable segments) is a segment of one block:
 //     segment_alloc + alloc, and free_requested + free_completed + segment_free;
-//   - segment_unmap (the pool gave back chunks of a virtual-memory segment) is PyTorch's own
-//     segment_unmap; at the end such a segment is listed as its mapped pieces;
+//   - segment_unmap (the pool gave back chunks of a virtual-memory segment) and segment_map (it
+//     mapped chunks into a hole: an arena segment grew) are PyTorch's own segment_unmap and
+//     segment_map, as its expandable segments write them; an arena segment's segment_alloc
+//     covers only what it mapped at first (asize).  At the end a segment with holes is listed
+//     as its mapped pieces, which memory_viz splits and joins again as it replays those two;
 //   - an "oom" line, or an alloc_fail with the out-of-memory code and no "oom" line before it, is
 //     "oom" (the rule of the report's OOM list, metrics/oom_diagnosis.cc).
 // Frames are the allocation's stack, innermost first, as PyTorch lists them; a free carries the
@@ -47,7 +50,8 @@ struct pool_segment {
     uint64_t size;
     pool_id pool;
     std::map<uint64_t, block> blocks;       // ptr -> block
-    std::map<uint64_t, uint64_t> holes;     // segment_unmap'd ranges: start -> size
+    std::map<uint64_t, uint64_t> holes;     // ranges without chunks (segment_unmap, asize): start -> size
+    bool had_holes;                         // ever: an expandable segment to PyTorch
 };
 
 // An allocation outside the pool, or a mapped range: a segment holding one block.
@@ -88,12 +92,17 @@ class device_export {
         case ev_kind::unmap:
             if (maps_.count(e.ptr)) close_whole(maps_, e.ptr, e.t);
             break;
-        case ev_kind::segment_alloc:
+        case ev_kind::segment_alloc: {
             if (e.dev != dev_) break;
             if (segs_.count(e.ptr)) drop_segment(e.ptr, e.t);
-            segs_[e.ptr] = pool_segment{e.size, e.pool, {}, {}};
-            entry(torch_action::segment_alloc, e.ptr, e.size, 0, e.t, 0);
+            // An arena segment starts with its first asize bytes mapped (the report rejects more).
+            const uint64_t mapped = std::min(e.set_aside(), e.size);
+            pool_segment& s = segs_[e.ptr] = pool_segment{e.size, e.pool, {}, {}, mapped < e.size};
+            if (mapped < e.size) s.holes[e.ptr + mapped] = e.size - mapped;
+            // Nothing mapped yet: no segment to draw until its first segment_map.
+            if (mapped) entry(torch_action::segment_alloc, e.ptr, mapped, 0, e.t, 0);
             break;
+        }
         case ev_kind::segment_free:
             if (e.dev == dev_ && segs_.count(e.ptr)) drop_segment(e.ptr, e.t);
             break;
@@ -105,7 +114,18 @@ class device_export {
                 break;
             }
             s->second.holes[e.ptr] = e.size;
+            s->second.had_holes = true;
             entry(torch_action::segment_unmap, e.ptr, e.size, 0, e.t, 0);
+            break;
+        }
+        case ev_kind::segment_map: {
+            if (e.dev != dev_) break;
+            auto s = segs_.find(e.seg);
+            if (s == segs_.end() || !fill_holes(s->second, e.ptr, e.size)) {
+                ++all_.unplaced;
+                break;
+            }
+            entry(torch_action::segment_map, e.ptr, e.size, 0, e.t, 0);
             break;
         }
         case ev_kind::pool_sync:
@@ -173,6 +193,30 @@ class device_export {
     }
 
   private:
+    // Takes [p, p+n) out of the segment's holes, which must cover it (touching holes count as one,
+    // as in the report's model); false, and nothing changed, when they do not.
+    static bool fill_holes(pool_segment& s, uint64_t p, uint64_t n) {
+        if (n == 0 || p > UINT64_MAX - n) return false;
+        const uint64_t q = p + n;
+        auto first = s.holes.upper_bound(p);
+        if (first == s.holes.begin()) return false;
+        --first;
+        auto it = first;
+        uint64_t cur = first->first;
+        while (it != s.holes.end() && it->first == cur && cur < q) {
+            cur += it->second;
+            ++it;
+        }
+        if (p >= first->first + first->second || cur < q) return false;
+        const uint64_t h0 = first->first;
+        const auto last = std::prev(it);
+        const uint64_t h1 = last->first + last->second;
+        s.holes.erase(first, it);
+        if (h0 < p) s.holes[h0] = p - h0;
+        if (q < h1) s.holes[q] = h1 - q;
+        return true;
+    }
+
     bool pends() const {
         if (rep_.reuse_mode == "immediate") return false;
         if (rep_.reuse_mode == "auto") return reuse_safe_;
@@ -434,7 +478,7 @@ class device_export {
         }
         w_.begin_dict();
         segment_head(a, end - a, allocated, active, requested, 0, s.pool == pool_id::small ? "small" : "large",
-                     !s.holes.empty(), 0);
+                     s.had_holes, 0);
         w_.str_memo("blocks");
         w_.begin_list();
         cur = a;

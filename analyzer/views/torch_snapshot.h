@@ -13,9 +13,12 @@
 namespace gpumem::analysis {
 
 // The trace actions written (PyTorch's TraceEntry names).
-enum class torch_action : uint8_t { alloc, free_requested, free_completed, segment_alloc, segment_free, segment_unmap, oom, count_ };
+enum class torch_action : uint8_t {
+    alloc, free_requested, free_completed, segment_alloc, segment_free, segment_unmap, segment_map, oom, count_
+};
 inline constexpr const char* k_torch_action_names[] = {"alloc", "free_requested", "free_completed", "segment_alloc",
-                                                       "segment_free", "segment_unmap", "oom"};
+                                                       "segment_free", "segment_unmap", "segment_map", "oom"};
+static_assert(sizeof(k_torch_action_names) / sizeof(k_torch_action_names[0]) == size_t(torch_action::count_));
 
 // What was written, per device, for the caller's summary and for tests.
 struct torch_device_summary {

@@ -2,7 +2,8 @@
 // whole analysis, every report writer and the PyTorch snapshot export.
 // Build with -DGPUMEM_FUZZ=ON and clang; run: fuzz_parser -max_total_time=60 CORPUS_DIR
 // tests/data/fuzz_seeds (stack records: Python, native, bad ids, duplicates, references before
-// definition, a pooled log with segment_unmap) and tests/data/golden are good seeds.
+// definition, a pooled log with segment_unmap, an arena segment with asize and segment_map) and
+// tests/data/golden are good seeds.
 #include <sys/mman.h>
 #include <unistd.h>
 

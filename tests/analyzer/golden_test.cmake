@@ -8,6 +8,7 @@ set(cases
   "pool_fragmentation_at|pool_fragmentation.jsonl|--at|5"
   "pool_auto|pool_auto.jsonl"
   "pool_vmm_unmap|pool_vmm_unmap.jsonl"
+  "pool_vmm_map|pool_vmm_map.jsonl"
   "pool_off_kinds|pool_off_kinds.jsonl"
   "killed_truncated|killed_truncated.jsonl"
   "ranks|rank0.jsonl|rank1.jsonl"

@@ -418,6 +418,57 @@ TEST_CASE("the end line is an event: its members come from the table") {
     CHECK_FALSE(format(e).contains("signal"));
 }
 
+TEST_CASE("formatter: an arena segment's asize, and the seg of segment_unmap and segment_map") {
+    event a{};
+    a.ev = ev_kind::segment_alloc;
+    a.pool = pool_id::large;
+    a.b.ptr = 0x40000000;
+    a.b.size = 64 << 20;
+    a.b.asize = 2 << 20;  // only the first chunk mapped
+    json j = format(a);
+    CHECK(j["size"] == 64 << 20);
+    CHECK(j["asize"] == 2 << 20);
+    a.b.asize = a.b.size;  // wholly mapped: written as before, without asize
+    CHECK_FALSE(format(a).contains("asize"));
+
+    for (ev_kind k : {ev_kind::segment_unmap, ev_kind::segment_map}) {
+        event m{};
+        m.ev = k;
+        m.pool = pool_id::large;
+        m.b.ptr = 0x40200000;
+        m.b.size = 2 << 20;
+        m.b.seg = 0x40000000;
+        j = format(m);
+        INFO(j.dump());
+        CHECK(j["seg"] == "0x40000000");  // a required member: a reader rejects the line without it
+        CHECK(j["ptr"] == "0x40200000");
+        CHECK(j["size"] == 2 << 20);
+        CHECK(j["pool"] == "large");
+    }
+}
+
+// Every member a kind requires (core/log_fields.h) is written for it, so a reader never rejects
+// a line of the recorder's.  "size" on a free excused by "unknown" is not at stake here.
+TEST_CASE("formatter writes every member each kind requires") {
+    for (size_t k = size_t(ev_kind::alloc); k <= size_t(ev_kind::lost); ++k) {
+        event e{};
+        e.ev = ev_kind(k);
+        e.b.ptr = 0x1000;
+        e.b.size = 4096;
+        e.b.seg = 0x1000;
+        e.b.handle = 0x7;
+        if (e.ev == ev_kind::oom || e.ev == ev_kind::stats) e.p.size = 4096;
+        if (e.ev == ev_kind::pool_sync || e.ev == ev_kind::context_reset || e.ev == ev_kind::lost) e.c.count = 1;
+        json j = format(e);
+        INFO(j.dump());
+        for (const log_field_info& f : k_log_fields)
+            if (f.required_by & kind_bit(e.ev)) {
+                INFO(f.name);
+                CHECK(j.contains(f.name));
+            }
+    }
+}
+
 TEST_CASE("docs/log-format.md names every member of the schema table") {
     std::ifstream in(GPUMEM_SOURCE_DIR "/docs/log-format.md");
     REQUIRE(in);

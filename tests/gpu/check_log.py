@@ -56,15 +56,26 @@ if __name__ == "__main__":
 
 
 def peak_reserved(lines):
-    """Largest total of pool segments plus pass-through device allocations at any moment, in bytes."""
+    """Largest total of pool segments plus pass-through device allocations at any moment, in bytes.
+    A segment counts only its mapped chunks: an arena segment_alloc maps `asize` of its `size`, and
+    segment_unmap / segment_map take chunks away and put them back (docs/log-format.md)."""
     cur = peak = 0
     sizes = {}
+    holes = {}  # segment base -> bytes of it not mapped
     for e in lines[1:]:
         ev = e["ev"]
         if ev == "segment_alloc":
-            cur += e["size"]
-        elif ev == "segment_free":
+            mapped = min(e.get("asize", e["size"]), e["size"])
+            cur += mapped
+            holes[e["ptr"]] = e["size"] - mapped
+        elif ev == "segment_unmap":
             cur -= e["size"]
+            holes[e["seg"]] = holes.get(e["seg"], 0) + e["size"]
+        elif ev == "segment_map":
+            cur += e["size"]
+            holes[e["seg"]] = holes.get(e["seg"], 0) - e["size"]
+        elif ev == "segment_free":
+            cur -= e["size"] - holes.pop(e["ptr"], 0)
         elif ev == "alloc" and not e.get("pooled") and e["kind"] in ("device", "vmm"):
             sizes[(e["kind"], e["ptr"])] = e["size"]
             cur += e["size"]

@@ -78,10 +78,16 @@ struct layout_rebuild {
             immediate = false;
             ++n_reuse_safe;
         } else if (ev == "segment_alloc") {
-            uint64_t b = hex(j["ptr"]), s = j["size"].get<uint64_t>();
+            // An arena segment maps only its first asize bytes: the rest starts unmapped.
+            uint64_t b = hex(j["ptr"]), s = j["size"].get<uint64_t>(), m = j.value("asize", s);
             if (segment_of(b) || segment_of(b + s - 1)) error = "segment overlaps another: " + j.dump();
+            if (m > s) error = "segment_alloc maps more than its size: " + j.dump();
             segments[b] = s;
-            blocks[b] = {s, free_b};
+            if (m) blocks[b] = {m, free_b};
+            if (m < s) {
+                blocks[b + m] = {s - m, unmapped};
+                unmapped_bytes += s - m;
+            }
         } else if (ev == "segment_free") {
             // A segment of free blocks and (virtual memory) unmapped ranges only.
             uint64_t b = hex(j["ptr"]);
@@ -111,6 +117,32 @@ struct layout_rebuild {
             blocks[p] = {n, unmapped};
             if (p + n < end) blocks[p + n] = {end - p - n, free_b};
             unmapped_bytes += n;
+        } else if (ev == "segment_map") {
+            // Chunks mapped into unmapped ranges of a held segment (touching ones count as one):
+            // unmapped head, free (merged with free neighbours), unmapped tail.
+            uint64_t p = hex(j["ptr"]), n = j["size"].get<uint64_t>(), seg = hex(j["seg"]);
+            auto it = blocks.upper_bound(p);
+            if (it == blocks.begin() || n == 0 || segment_of(p) != seg || segment_of(p + n - 1) != seg) {
+                error = "segment_map outside its segment: " + j.dump();
+                return;
+            }
+            --it;
+            std::vector<std::pair<uint64_t, blk>> cover;  // the unmapped ranges under [p, p+n)
+            for (uint64_t cur = p; cur < p + n; ++it) {
+                if (it == blocks.end() || it->first > cur || it->second.st != unmapped || it->first + it->second.size <= cur) {
+                    error = "segment_map of bytes that are not unmapped: " + j.dump();
+                    return;
+                }
+                cover.push_back(*it);
+                cur = it->first + it->second.size;
+            }
+            for (auto& [a, b] : cover) blocks.erase(a);
+            const uint64_t h0 = cover.front().first, h1 = cover.back().first + cover.back().second.size;
+            if (h0 < p) blocks[h0] = {p - h0, unmapped};
+            if (p + n < h1) blocks[p + n] = {h1 - p - n, unmapped};
+            blocks[p] = {n, free_b};
+            merge_around(p);
+            unmapped_bytes -= n;
         } else if (ev == "alloc" && j.value("pooled", false)) {
             ++n_alloc;
             uint64_t p = hex(j["ptr"]), seg = hex(j["seg"]);
@@ -165,6 +197,7 @@ struct layout_rebuild {
             pending_order.clear();
             blocks.clear();
             segments.clear();
+            unmapped_bytes = 0;  // the holes went with their segments
         }
     }
     uint64_t reserved() const {
@@ -204,6 +237,53 @@ void check_complete(const run_result& r, std::vector<json>* ls_out) {
 }
 
 }  // namespace
+
+// The rebuild itself, on lines written by hand: an arena segment (asize), its growth by
+// segment_map, a hole unmapped and mapped again, and the maps it must refuse.
+TEST_CASE("layout rebuild: arena segments grow by segment_map, only into unmapped ranges") {
+    const uint64_t M = 1 << 20, S = 0x40000000;
+    auto line = [&](const std::string& ev, uint64_t off, uint64_t size, const std::string& extra = "") {
+        std::ostringstream o;
+        o << "{\"ev\":\"" << ev << "\",\"ptr\":\"0x" << std::hex << S + off << std::dec << "\",\"size\":" << size << extra
+          << "}";
+        return json::parse(o.str());
+    };
+    const std::string in_seg = ",\"seg\":\"0x40000000\"";
+    auto run_lines = [&](const std::vector<json>& ls) {
+        layout_rebuild lr;
+        lr.apply(json::parse(R"({"ev":"header","config":{"reuse":"immediate"}})"));
+        for (auto& j : ls) lr.apply(j);
+        return lr;
+    };
+    // 8 MiB of address space, [0, 2) mapped; a 1 MiB block; [2, 4) mapped: free [1, 4), reserved 4.
+    std::vector<json> ls = {line("segment_alloc", 0, 8 * M, ",\"asize\":" + std::to_string(2 * M)),
+                            line("alloc", 0, M, in_seg + ",\"pooled\":true"), line("segment_map", 2 * M, 2 * M, in_seg)};
+    layout_rebuild lr = run_lines(ls);
+    INFO(lr.error);
+    CHECK(lr.error.empty());
+    CHECK(lr.reserved() == 4 * M);
+    CHECK(lr.blocks.at(S + M).size == 3 * M);  // the mapped chunks joined the free tail
+    CHECK(lr.blocks.at(S + M).st == layout_rebuild::free_b);
+    // Unmap [2, 4) and map [2, 6): across two touching unmapped ranges.
+    ls.push_back(line("segment_unmap", 2 * M, 2 * M, in_seg));
+    ls.push_back(line("segment_map", 2 * M, 4 * M, in_seg));
+    lr = run_lines(ls);
+    INFO(lr.error);
+    CHECK(lr.error.empty());
+    CHECK(lr.reserved() == 6 * M);
+    CHECK(lr.blocks.at(S + M).size == 5 * M);
+    CHECK(lr.blocks.at(S + 6 * M).st == layout_rebuild::unmapped);
+    // What it refuses: free bytes, a range past the segment, asize above size.
+    auto bad = [&](std::vector<json> more) {
+        std::vector<json> v = ls;
+        v.insert(v.end(), more.begin(), more.end());
+        return run_lines(v).error;
+    };
+    CHECK_THAT(bad({line("segment_map", 4 * M, 2 * M, in_seg)}), Catch::StartsWith("segment_map of bytes that are not unmapped"));
+    CHECK_THAT(bad({line("segment_map", 6 * M, 4 * M, in_seg)}), Catch::StartsWith("segment_map outside its segment"));
+    CHECK_THAT(run_lines({line("segment_alloc", 0, 2 * M, ",\"asize\":" + std::to_string(4 * M))}).error,
+               Catch::StartsWith("segment_alloc maps more than its size"));
+}
 
 TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, all logged") {
     const long n = 20000;

@@ -43,12 +43,36 @@ def same_frames(got, want):
     return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
 
 
+def pieces(base, size, holes):
+    """How many mapped pieces a pool segment [base, base+size) with these holes is listed as."""
+    cur, n = base, 0
+    for hs, hn in sorted(holes):
+        n += hs > cur
+        cur = max(cur, hs + hn)
+    return n + (base + size > cur)
+
+
+def fill(holes, p, n):
+    """The holes after a segment_map of [p, p+n): that range is taken out of them."""
+    out = []
+    for hs, hn in holes:
+        he = hs + hn
+        if he <= p or hs >= p + n:
+            out.append((hs, hn))
+            continue
+        if hs < p:
+            out.append((hs, p - hs))
+        if he > p + n:
+            out.append((p + n, he - p - n))
+    return out
+
+
 def expected(header, stacks, events, dev):
     """The trace actions of `dev` by the mapping rules (views/torch_snapshot.cc), counted from the log,
     and the frames of each allocation in order.  free_completed is left to the replay."""
     c = Counter()
     frames = []
-    handles, maps, holes = {}, {}, {}
+    handles, maps, holes, seg_size = {}, {}, {}, {}
     live_pooled, live_plain = set(), set()
     oom_pending = None
     for e in events:
@@ -80,24 +104,27 @@ def expected(header, stacks, events, dev):
             c["free_completed"] += 1
             c["segment_free"] += 1
         elif ev == "segment_alloc" and d == dev:
-            c["segment_alloc"] += 1
-            holes[ptr] = []
+            # An arena segment is drawn from what it mapped at first (asize); the rest is a hole.
+            mapped = min(e.get("asize", e["size"]), e["size"])
+            c["segment_alloc"] += mapped > 0
+            holes[ptr] = [(ptr + mapped, e["size"] - mapped)] if mapped < e["size"] else []
+            seg_size[ptr] = e["size"]
         elif ev == "segment_unmap" and d == dev:
             c["segment_unmap"] += 1
             holes[int(e["seg"], 16)].append((ptr, e["size"]))
+        elif ev == "segment_map" and d == dev:
+            c["segment_map"] += 1
+            holes[int(e["seg"], 16)] = fill(holes[int(e["seg"], 16)], ptr, e["size"])
         elif ev == "context_reset" and d == dev:
-            # Every block and segment of the device ends: live blocks are freed first.
+            # Every block and segment of the device ends: live blocks are freed first, and each
+            # pool segment piece by piece.
             c["free_requested"] += len(live_pooled) + len(live_plain)
             c["free_completed"] += len(live_plain)
-            c["segment_free"] += len(live_plain) + len(holes)
+            c["segment_free"] += len(live_plain) + sum(pieces(b, seg_size[b], h) for b, h in holes.items())
             live_pooled, live_plain, holes = set(), set(), {}
         elif ev == "segment_free" and d == dev:
             # One segment_free per mapped piece left between the holes.
-            cur, end, n = ptr, ptr + e["size"], 0
-            for hs, hn in sorted(holes.pop(ptr, [])):
-                n += hs > cur
-                cur = max(cur, hs + hn)
-            c["segment_free"] += n + (end > cur)
+            c["segment_free"] += pieces(ptr, e["size"], holes.pop(ptr, []))
         elif ev == "oom" and d == dev:
             c["oom"] += 1
             oom_pending = e["size"]
@@ -140,6 +167,17 @@ def replay(trace, where):
                     segs[s] = addr - s
                 if end > addr + size:
                     segs[addr + size] = end - addr - size
+        elif a == "segment_map":
+            # As memory_viz: a new piece, joined with the pieces it touches (one stream here).
+            check(all(addr + size <= s or s + n <= addr for s, n in segs.items()), w + " maps over a segment")
+            start, end = addr, addr + size
+            before = next((s for s, n in segs.items() if s + n == start), None)
+            if before is not None:
+                start = before
+                segs.pop(before)
+            if end in segs:
+                end += segs.pop(end)
+            segs[start] = end - start
         elif a == "alloc":
             check(seg_of(addr, size) is not None, w + " is in no segment")
             check(not any(b < addr + size and addr < b + n for b, (n, _) in blocks.items()), w + " overlaps a block")

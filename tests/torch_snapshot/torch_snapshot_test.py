@@ -26,8 +26,8 @@ def export(log, out, *extra):
 
 
 # --- a log written here: every mapping rule --------------------------------------------------------
-def write_log(path, body, reuse="safe", devices=2):
-    hdr = {"ev": "header", "format": "gpumem-events", "version": 3, "pid": 7, "ppid": 1, "host": "h", "rank": "0",
+def write_log(path, body, reuse="safe", devices=2, version=3):
+    hdr = {"ev": "header", "format": "gpumem-events", "version": version, "pid": 7, "ppid": 1, "host": "h", "rank": "0",
            "cmdline": ["x"], "start_unix_ns": 1_000_000_000, "start_time": "1970-01-01T00:00:01Z",
            "devices": [{"index": i, "name": "emu", "total": 80 << 30} for i in range(devices)],
            "config": {"pool": "on", "reuse": reuse}, "gpumem_version": "0"}
@@ -162,6 +162,42 @@ with tempfile.TemporaryDirectory() as d:
         check(done == [S0, S0 + 2048], f"fences: the first two frees complete, in free order: {done}")
         pend = [b["address"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free"]
         check(pend == [S0 + 1024], f"fences: the last free is still pending: {pend}")
+
+    # Arena segments (log format 4): a segment_alloc that maps only its first asize bytes, grown by
+    # segment_map into its hole, a hole unmapped and mapped again, and a segment that mapped nothing
+    # at first.  Each map is PyTorch's segment_map, joined to the pieces it touches; at the end the
+    # segment is its mapped pieces.
+    def chunks(ev, ptr, size, base):
+        return {"ev": ev, "dev": 0, "api": "cudaMalloc", "ptr": hex(ptr), "size": size, "seg": hex(base), "pool": "large"}
+    arena = [
+        dict(seg("segment_alloc", 0, S0, 16 * MiB), asize=4 * MiB),  # [0, 4) mapped of 16 MiB
+        pooled("alloc", 0, S0, 3 * MiB, S0),
+        chunks("segment_map", S0 + 4 * MiB, 4 * MiB, S0),              # joins [0, 4): one piece [0, 8)
+        pooled("alloc", 0, S0 + 3 * MiB, 4 * MiB, S0),
+        pooled("free", 0, S0, 3 * MiB, S0),
+        chunks("segment_unmap", S0, 2 * MiB, S0),                       # pieces [2, 8)
+        chunks("segment_map", S0, 2 * MiB, S0),                         # [0, 8) again
+        chunks("segment_map", S0 + 8 * MiB, 2 * MiB, S0),               # [0, 10); [10, 16) stays a hole
+        pooled("alloc", 0, S0 + 8 * MiB, MiB, S0),                      # live at the end
+        dict(seg("segment_alloc", 0, S1, 8 * MiB), asize=0),           # nothing mapped yet: no segment_alloc
+        chunks("segment_map", S1 + 2 * MiB, 2 * MiB, S1),
+        seg("segment_free", 0, S1, 8 * MiB),                            # its one piece
+    ]
+    log = os.path.join(d, "arena.jsonl")
+    write_log(log, arena, reuse="immediate", devices=1, version=4)
+    out = os.path.join(d, "arena.pickle")
+    r = export(log, out)
+    check(r.returncode == 0, f"arena: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+    if r.returncode == 0:
+        snap = check_snapshot(log, out, "arena")
+        t0 = snap["device_traces"][0]
+        acts = [(e["action"], e["addr"], e["size"]) for e in t0 if e["action"].startswith("segment")]
+        check(acts == [("segment_alloc", S0, 4 * MiB), ("segment_map", S0 + 4 * MiB, 4 * MiB),
+                       ("segment_unmap", S0, 2 * MiB), ("segment_map", S0, 2 * MiB),
+                       ("segment_map", S0 + 8 * MiB, 2 * MiB), ("segment_map", S1 + 2 * MiB, 2 * MiB),
+                       ("segment_free", S1 + 2 * MiB, 2 * MiB)], f"arena: segment actions {acts}")
+        check([(s["address"], s["total_size"], s["is_expandable"]) for s in snap["segments"]] == [(S0, 10 * MiB, True)],
+              f"arena: the segment is its mapped piece: {[(hex(s['address']), s['total_size']) for s in snap['segments']]}")
 
     # Hostile output names: written exactly there, nothing else touched.
     log = os.path.join(d, "rules.jsonl")
