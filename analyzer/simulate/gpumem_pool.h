@@ -29,8 +29,10 @@ public:
     bool unmaps_free_chunks() const override { return pool_.chunk_size() != 0; }
 
 private:
-    // Counts the driver calls that succeeded; the fake device counts every call.  A segment on
-    // virtual memory counts as one driver allocation (its address reservation), as in the log.
+    // Counts the driver calls that succeeded; the fake device counts every call.  On virtual
+    // memory each mapping of physical chunks is one driver allocation and each unmapping one free,
+    // as PyTorch's expandable segments count theirs: a segment maps once, an arena at its start
+    // and at every segment_map.
     struct counting_backend final : pool_backend {
         explicit counting_backend(uint64_t capacity) : inner(capacity ? capacity : 1ull << 50) {}
         int segment_alloc(uint64_t bytes, uint64_t* base) noexcept override {
@@ -47,21 +49,17 @@ private:
         bool may_synchronize() noexcept override { return inner.may_synchronize(); }
         void mem_info(uint64_t* f, uint64_t* t) noexcept override { inner.mem_info(f, t); }
         uint64_t vmm_granularity() noexcept override { return inner.vmm_granularity(); }
-        int va_reserve(uint64_t bytes, uint64_t* base) noexcept override {
-            int r = inner.va_reserve(bytes, base);
+        int va_reserve(uint64_t bytes, uint64_t* base) noexcept override { return inner.va_reserve(bytes, base); }
+        int va_free(uint64_t base, uint64_t bytes) noexcept override { return inner.va_free(base, bytes); }
+        int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override {
+            int r = inner.map_chunks(addr, chunk, n, handles);
             allocs += r == k_cuda_success;
             return r;
         }
-        int va_free(uint64_t base, uint64_t bytes) noexcept override {
-            int r = inner.va_free(base, bytes);
+        int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override {
+            int r = inner.unmap_chunks(addr, chunk, n, handles);
             frees += r == k_cuda_success;
             return r;
-        }
-        int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override {
-            return inner.map_chunks(addr, chunk, n, handles);
-        }
-        int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override {
-            return inner.unmap_chunks(addr, chunk, n, handles);
         }
         fake_backend inner;
         uint64_t allocs = 0, frees = 0;

@@ -344,68 +344,129 @@ bool block_pool::use_arenas() noexcept {
             backend_.mem_info(&free_b, &total);
             a = total ? total + total / 8 : 256ull << 30;
         }
-        arena_size_ = round_up(a, chunk_);
+        // At most 1 TiB: the arena keeps one handle slot per chunk (4 MiB of host memory for
+        // 1 TiB of 2 MiB chunks), and a replay's fake device may claim petabytes.
+        arena_size_ = round_up(std::min<uint64_t>(a, 1ull << 40), chunk_);
     }
     return true;
 }
 
 int block_pool::map_hole(block* u, uint64_t bytes, api_id api, block** out) {
     segment* s = u->seg;
-    block* rest = bytes < u->size ? new_block() : nullptr;
-    if (bytes < u->size && !rest) return k_cuda_oom;
+    // Host bookkeeping first, so nothing can fail once the chunks are mapped: the unmapped rest
+    // as its own hole, and a spare node for the free set (make_free inserts one).
+    block* rest = nullptr;
+    if (bytes < u->size) {
+        rest = new_block();
+        if (!rest) return k_cuda_oom;  // nothing changed yet: the program gets an OOM, the pool lives on
+        rest->addr = u->addr + bytes;
+        rest->size = u->size - bytes;
+        rest->seg = s;
+        rest->state = block_state::unmapped;
+        try {
+            addr_insert(rest);
+        } catch (...) {
+            recycle(rest);
+            throw;
+        }
+        try {
+            hole_insert(rest);
+        } catch (...) {
+            addr_erase(rest);
+            recycle(rest);
+            throw;
+        }
+        rest->prev = u;
+        rest->next = u->next;
+        if (u->next) u->next->prev = rest;
+        u->next = rest;
+        u->size = bytes;
+    }
+    auto unsplit = [&] {  // the map failed: the hole is one again
+        if (!rest) return;
+        hole_erase(rest);
+        absorb_next(u);
+    };
+    if (spare_free_nodes_.empty()) {
+        try {
+            free_set& fs = free_[pool_index(s->pool)];
+            auto it = fs.insert(u).first;  // u is no free block: taken out again at once
+            spare_free_nodes_.push_back(fs.extract(it));  // capacity reserved: cannot throw
+        } catch (...) {
+            unsplit();
+            throw;
+        }
+    }
     const size_t i = (u->addr - s->base) / chunk_;
     const int rc = backend_.map_chunks(u->addr, chunk_, bytes / chunk_, &s->chunks[i]);
     if (rc != k_cuda_success) {
         // The backend made nothing; its handles must not look mapped.
         std::fill(s->chunks.begin() + i, s->chunks.begin() + i + bytes / chunk_, 0);
-        if (rest) recycle(rest);
+        unsplit();
         return rc;
     }
     emit_unmap(api, s, u->addr, bytes, ev_kind::segment_map);
     s->mapped += bytes;
     reserved_ += bytes;
     hole_erase(u);
-    if (rest) {
-        rest->addr = u->addr + bytes;
-        rest->size = u->size - bytes;
-        rest->seg = s;
-        rest->state = block_state::unmapped;
-        rest->prev = u;
-        rest->next = u->next;
-        if (u->next) u->next->prev = rest;
-        u->next = rest;
-        u->size = bytes;
-        addr_insert(rest);  // may throw: the caller poisons the pool, as for any half-done update
-        hole_insert(rest);
-    }
     block* joined = (u->prev && u->prev->state == block_state::free) ? u->prev : u;
     make_free(u);
     *out = joined;
     return k_cuda_success;
 }
 
-int block_pool::arena_grow(pool_id p, uint64_t asize, api_id api, block** out) {
-    // The lowest hole that fits, counting the free blocks on either side that mapping joins to it:
-    // reusing address space keeps blocks together, so frees merge (PyTorch's expandable segments
-    // look in the same order).  Usually the only hole is each arena's unmapped end.
+// The lowest hole where asize fits, counting the free blocks on either side that mapping joins
+// to it: reusing address space keeps blocks together, so frees merge (PyTorch's expandable
+// segments look in the same order).  Usually the only hole is each arena's unmapped end.  *bytes:
+// what to map at the hole's start.  nullptr when none fits.
+block_pool::block* block_pool::find_hole(pool_id p, uint64_t asize, uint64_t* bytes) noexcept {
     for (block* u : holes_[pool_index(p)]) {
         const uint64_t before = u->prev && u->prev->state == block_state::free ? u->prev->size : 0;
         const uint64_t after = u->next && u->next->state == block_state::free ? u->next->size : 0;
-        uint64_t bytes = 0;
-        if (before + u->size >= asize) bytes = round_up(asize - std::min(asize, before), chunk_);
-        else if (before + u->size + after >= asize) bytes = u->size;
-        if (bytes == 0) continue;
-        bytes = std::min(bytes, u->size);
-        return map_hole(u, bytes, api, out);
+        if (before + u->size >= asize) {
+            *bytes = std::min(round_up(asize - std::min(asize, before), chunk_), u->size);
+            return u;
+        }
+        if (before + u->size + after >= asize) {
+            *bytes = u->size;
+            return u;
+        }
     }
-    // A new arena: its address space, with the request's chunks mapped at its start.
-    const uint64_t first = round_up(std::max(asize, p == pool_id::small ? cfg_.small_segment : asize), chunk_);
-    return new_segment(p, std::max(arena_size_, first), api, out, false, first);
+    return nullptr;
+}
+
+uint64_t block_pool::arena_unit(pool_id p, uint64_t asize) const noexcept {
+    // The large pool maps just the request's chunks (take() splits off the rest before a hole,
+    // however small, so the next growth joins it).  On the H200 GPT-2 log, growing by whole
+    // 20 MiB segments for requests under 10 MiB reserved 0.6% more (docs/benchmarks.md, "Arenas").
+    return p == pool_id::small ? std::max(asize, cfg_.small_segment) : asize;
+}
+
+int block_pool::arena_grow(pool_id p, uint64_t asize, api_id api, block** out) {
+    // A segment's worth first; when the device cannot give that, just the request's chunks.
+    const uint64_t unit = arena_unit(p, asize);
+    for (uint64_t want : {unit, asize}) {
+        uint64_t bytes = 0;
+        int rc;
+        if (block* u = find_hole(p, want, &bytes)) {
+            rc = map_hole(u, bytes, api, out);
+        } else {
+            // A new arena: its address space, with the chunks wanted mapped at its start.
+            const uint64_t first = round_up(want, chunk_);
+            rc = new_segment(p, std::max(arena_size_, first), api, out, false, first);
+        }
+        if (rc != k_cuda_oom || want == asize) return rc;
+    }
+    return k_cuda_oom;
 }
 
 // The free lists missed.  Decides between releasing pending frees (one sync) and a new segment;
 // on OOM releases everything it can and retries once.
 block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* err) {
+    if (exiting_) {  // the driver may be gone: no backend call at all (docs/pool.md, lifecycle)
+        *err = k_cuda_deinitialized;
+        return nullptr;
+    }
     const uint64_t seg_size = segment_size_for(p, asize);
     const int i = pool_index(p);
     block* b = nullptr;
@@ -438,12 +499,23 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // (docs/benchmarks.md), as PyTorch's default allocator also reserves.
     // Not during a capture (can_sync): cuMemUnmap does not wait, and a graph may still run there.
     const bool arenas = use_arenas();
-    const uint64_t grow_bytes = arenas ? round_up(asize, chunk_) : seg_size;
-    if (chunk_ && cfg_.trim && !unsettled_frees_ && can_sync() &&
-        reserved_ + grow_bytes > allocated_ + asize + cfg_.trim)
-        unmap_free_chunks(api, reserved_ + grow_bytes - (allocated_ + asize + cfg_.trim));
+    if (chunk_ && cfg_.trim && !unsettled_frees_ && can_sync()) {
+        // With arenas the growth maps only what the hole it will use lacks; the free blocks
+        // beside that hole are kept, or the trim would unmap what the growth maps straight back.
+        uint64_t grow_bytes = seg_size;
+        const block* keep = nullptr;
+        if (arenas) {
+            const uint64_t unit = arena_unit(p, asize);
+            keep = find_hole(p, unit, &grow_bytes);
+            if (!keep) grow_bytes = round_up(unit, chunk_);
+        }
+        if (reserved_ + grow_bytes > allocated_ + asize + cfg_.trim)
+            unmap_free_chunks(api, reserved_ + grow_bytes - (allocated_ + asize + cfg_.trim), keep);
+    }
 
     int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
+    // An arena the driver would not reserve for another reason than memory (its size): a segment.
+    if (arenas && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b);
     if (rc == k_cuda_success) return b;
     if (rc != k_cuda_oom) {
         *err = rc;  // e.g. a capture that forbids cuMemAlloc: return what the driver said
@@ -490,7 +562,10 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
     free_erase(b);  // leaves a spare node, which the remainder's free_insert reuses
     free_bytes_ -= b->size;
     const uint64_t rem = b->size - asize;
-    if (rem != 0 && should_split(b->seg->pool, rem)) {
+    // Before a hole (an arena's growth edge) any rest splits off: kept inside the block, a 1 MiB
+    // rest of a 3 MiB request in 4 MiB of chunks would be lost for good; split, the next growth
+    // joins it.
+    if (rem != 0 && (should_split(b->seg->pool, rem) || (b->next && b->next->state == block_state::unmapped))) {
         if (block* r = new_block()) {
             r->addr = b->addr + asize;
             r->size = rem;
@@ -932,13 +1007,14 @@ void block_pool::release_free_segments(api_id api) {
 // head, an unmapped middle and a free tail (heads and tails share a chunk with a live block).
 // The caller has made sure no work on a free block is left (unsettled_frees_ == 0: a sync, fences or
 // a wait for every stream since the last free made for immediate reuse).
-uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want) {
+uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* keep) {
     uint64_t given = 0;
     for (auto& [base, s] : segments_) {
         if (!s->vmm() || s->mapped == 0) continue;
         for (block* b = s->first; b; b = b->next) {
             if (given >= want) return given;
             if (b->state != block_state::free) continue;
+            if (keep && (b == keep->prev || b == keep->next)) continue;
             const uint64_t lo = round_up(b->addr - s->base, chunk_);
             const uint64_t hi = (b->addr + b->size - s->base) / chunk_ * chunk_;
             if (hi <= lo) continue;
@@ -951,6 +1027,19 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want) {
                 return given;  // no host memory: keep the rest mapped
             }
             const uint64_t end = b->addr + b->size;
+            // The hole joins the hole set before anything changes (the insert can fail).
+            block* const hole = b->addr < s->base + lo ? mid : b;
+            if (hole == mid) {
+                mid->addr = s->base + lo;
+                mid->seg = s;
+            }
+            try {
+                hole_insert(hole);
+            } catch (...) {
+                recycle(mid);
+                if (tail) recycle(tail);
+                throw;
+            }
             free_erase(b);
             free_bytes_ -= b->size;
             block* head = nullptr;
@@ -972,7 +1061,6 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want) {
             }
             cut->size = hi - lo;
             cut->state = block_state::unmapped;
-            hole_insert(cut);
             if (mid) recycle(mid);
             if (tail) {
                 tail->addr = s->base + hi;

@@ -150,6 +150,8 @@ class block_pool {
     // where a free neighbour plus the hole fit asize, else in a new arena.  Returns a CUresult; on
     // success a free block of at least asize exists in pool p (*out).
     int arena_grow(pool_id p, uint64_t asize, api_id api, block** out);
+    block* find_hole(pool_id p, uint64_t asize, uint64_t* bytes) noexcept;
+    uint64_t arena_unit(pool_id p, uint64_t asize) const noexcept;  // what a miss maps when it can
     bool use_arenas() noexcept;
     // Maps the first `bytes` (whole chunks) of unmapped block u; they become free, merged with a
     // free block before u (and after, when u is mapped whole).  *out: the free block they joined.
@@ -160,7 +162,8 @@ class block_pool {
     void backend_release(segment* s) noexcept;  // unmap + address free, or segment_free
     // Whole chunks inside free blocks go back to the driver, until `want` bytes have (all of them
     // on OOM; GPUMEM_POOL_TRIM's excess before growing).  Returns the bytes given back.
-    uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX);
+    // keep: a hole whose free neighbours stay mapped (the trim before an arena maps into it).
+    uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX, const block* keep = nullptr);
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set

@@ -682,14 +682,21 @@ TEST_CASE("pool: fork child forgets the parent's pools and pools its own allocat
 
 // issue 12: the pool must never fail a request the driver alone would serve.
 TEST_CASE("pool on virtual memory: a training loop that fits the device alone also fits under gpumem") {
-    for (const char* vmm : {"on", "off"}) {
-        INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_RT_SHARED_APP, "train", "200"}, {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(count_ev(ls, "oom") == 0);
-        if (std::string(vmm) == "on") CHECK(count_ev(ls, "segment_unmap") > 0);
-        check_rebuild(ls);
+    // Segments on virtual memory fit by giving back chunks inside free ranges (segment_unmap);
+    // arenas (the default with virtual memory) fit by mapping only what misses need (segment_map).
+    for (const char* arena : {"auto", "off"}) {
+        for (const char* vmm : {"on", "off"}) {
+            INFO("GPUMEM_POOL_VMM=" << vmm << " GPUMEM_POOL_ARENA=" << arena);
+            auto r = run({EMU_RT_SHARED_APP, "train", "200"},
+                         {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_VMM", vmm}, {"GPUMEM_POOL_ARENA", arena}});
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            CHECK(count_ev(ls, "oom") == 0);
+            if (std::string(vmm) == "on" && std::string(arena) == "off") CHECK(count_ev(ls, "segment_unmap") > 0);
+            if (std::string(vmm) == "on" && std::string(arena) == "auto") CHECK(count_ev(ls, "segment_map") > 0);
+            if (std::string(vmm) == "off") CHECK(count_ev(ls, "segment_map") + count_ev(ls, "segment_unmap") == 0);
+            check_rebuild(ls);
+        }
     }
 }
 

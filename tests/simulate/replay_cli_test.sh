@@ -134,39 +134,45 @@ python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"
 
 # gpumem's pool on virtual memory (the header's pool_vmm "on"): the emulated run of
 # tests/data/emu/vmm_fragment_3_60.jsonl served every one of these requests in 600 MiB, and so does
-# its replay, holding the whole device at the peak; the same pool on cuMemAlloc segments cannot
-# give back the free chunks between live blocks and fails.
-"$GPUMEM" replay "$DATA/../emu/vmm_fragment_3_60.jsonl" --capacity 600MiB --json --policy gpumem,gpumem:pool_vmm=off > "$W/vmm.json" || fail "vmm replay: exit $?"
+# its replay; with segments (GPUMEM_POOL_ARENA=off) it holds the whole device at the peak, with
+# arenas (the default) 594 MiB, as each 3 MiB block shares chunks with its neighbours. The same pool
+# on cuMemAlloc segments cannot give back the free chunks between live blocks and fails.
+"$GPUMEM" replay "$DATA/../emu/vmm_fragment_3_60.jsonl" --capacity 600MiB --json --policy gpumem,gpumem:pool_arena=off,gpumem:pool_vmm=off > "$W/vmm.json" || fail "vmm replay: exit $?"
 python3 - "$W/vmm.json" <<'PY' || fail "vmm replay: the pool on virtual memory must fit where the run did, the plain one must not"
 import json, sys
 p = {r["policy"]: r for r in json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]}
-vmm, plain = p["gpumem"], p["gpumem:pool_vmm=off"]
-assert vmm["fits"] and vmm["peak_reserved_bytes"] == 600 << 20, vmm
+arenas, segments, plain = p["gpumem"], p["gpumem:pool_arena=off"], p["gpumem:pool_vmm=off"]
+assert arenas["fits"] and arenas["peak_reserved_bytes"] == 594 << 20, arenas
+assert segments["fits"] and segments["peak_reserved_bytes"] == 600 << 20, segments
 assert not plain["fits"] and plain["failure"]["reason"] == "fragmentation", plain
 PY
-# With 2 MiB less the pool on virtual memory fails too: for chunk rounding with 3 MiB blocks (each
-# made of two whole chunks once memory is short), for capacity with 6 MiB ones (whole chunks).
-for spec in 3_60:598MiB:"chunk rounding" 6_60:596MiB:capacity; do
-  IFS=: read -r log cap reason <<< "$spec"
-  "$GPUMEM" replay "$DATA/../emu/vmm_fragment_$log.jsonl" --capacity $cap --json --policy gpumem > "$W/vmm_$log.json" || fail "vmm replay $log: exit $?"
-  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert not p["fits"] and p["failure"]["reason"] == sys.argv[2], p' "$W/vmm_$log.json" "$reason" || fail "vmm replay $log at $cap: not $reason"
+# With less memory the pool on virtual memory fails too: with segments at 598 MiB for chunk
+# rounding with 3 MiB blocks (each made of two whole chunks once memory is short); at 596 MiB for
+# capacity with 6 MiB ones (whole chunks), arenas or not.
+for spec in 3_60:598MiB:"chunk rounding":pool_arena=off 6_60:596MiB:capacity:pool_arena=off 6_60:596MiB:capacity:pool_arena=auto; do
+  IFS=: read -r log cap reason knob <<< "$spec"
+  "$GPUMEM" replay "$DATA/../emu/vmm_fragment_$log.jsonl" --capacity $cap --json --policy gpumem:$knob > "$W/vmm_$log.json" || fail "vmm replay $log: exit $?"
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert not p["fits"] and p["failure"]["reason"] == sys.argv[2], p' "$W/vmm_$log.json" "$reason" || fail "vmm replay $log at $cap ($knob): not $reason"
 done
 
-# GPUMEM_POOL_TRIM on the H200 log of a GPT-2 with varying sequence lengths (gpt2-varlen-vmm, run 27's
-# workload under GPUMEM_POOL_VMM=on, stack records left out): the pool that trims 32 MiB before
-# growing reserves within 5% of the live peak and less than expandable_segments; without the trim
-# (the default) it reserves twice the live peak, as PyTorch's default allocator does
-# (docs/benchmarks.md).
+# The H200 log of a GPT-2 with varying sequence lengths (gpt2-varlen-vmm, run 27's workload under
+# GPUMEM_POOL_VMM=on, stack records left out), replayed with every free settled (no GPU lag):
+# arenas (the default) reserve within 1% of expandable_segments; the pool that trims 32 MiB before
+# growing stays within 5% of the live peak; segments (GPUMEM_POOL_ARENA=off) without the trim
+# reserve twice the live peak, as PyTorch's default allocator does (docs/benchmarks.md).
 gzip -dc "$DATA/gpt2-varlen-vmm.jsonl.gz" > "$W/gpt2.jsonl" || fail "gpt2: cannot unpack"
-"$GPUMEM" replay "$W/gpt2.jsonl" --json --policy ideal,pytorch-expandable,gpumem:pool_vmm=on,reuse=safe,pool_trim=32MiB,gpumem:pool_vmm=on,reuse=safe > "$W/gpt2.json" || fail "gpt2 replay: exit $?"
-python3 - "$W/gpt2.json" <<'PY' || fail "gpt2 replay: the trimming pool must stay within 1.05x the live peak and under expandable_segments"
+"$GPUMEM" replay "$W/gpt2.jsonl" --json --policy ideal,pytorch-expandable,gpumem:pool_vmm=on,reuse=safe,pool_trim=32MiB,gpumem:pool_vmm=on,reuse=safe,gpumem:pool_vmm=on,reuse=safe,pool_arena=off > "$W/gpt2.json" || fail "gpt2 replay: exit $?"
+python3 - "$W/gpt2.json" <<'PY' || fail "gpt2 replay: arenas must stay within 1% of expandable_segments, the trim within 1.05x the live peak"
 import json, sys
 p = {r["policy"]: r["peak_reserved_bytes"] for r in json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]}
 ideal, exp = p["ideal"], p["pytorch-expandable"]
-trim, untrimmed = p["gpumem:pool_vmm=on,reuse=safe,pool_trim=32MiB"], p["gpumem:pool_vmm=on,reuse=safe"]
-print(f"gpt2: ideal {ideal}, expandable {exp} ({exp/ideal:.3f}x), trim {trim} ({trim/ideal:.3f}x), no trim {untrimmed} ({untrimmed/ideal:.3f}x)")
+trim, arenas = p["gpumem:pool_vmm=on,reuse=safe,pool_trim=32MiB"], p["gpumem:pool_vmm=on,reuse=safe"]
+segments = p["gpumem:pool_vmm=on,reuse=safe,pool_arena=off"]
+print(f"gpt2: ideal {ideal}, expandable {exp} ({exp/ideal:.3f}x), trim {trim} ({trim/ideal:.3f}x), "
+      f"arenas {arenas} ({arenas/ideal:.3f}x), segments {segments} ({segments/ideal:.3f}x)")
 assert trim <= 1.05 * ideal and trim < exp, p
-assert untrimmed > 1.5 * ideal, p  # the control: the trim is what makes the difference
+assert arenas <= 1.01 * exp, p
+assert segments > 1.5 * ideal, p  # the control: arenas (or the trim) are what makes the difference
 PY
 
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"

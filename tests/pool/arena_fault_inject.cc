@@ -1,0 +1,85 @@
+// Host memory failing at every allocation of an arena's growth and unmapping: validate() must hold after each (the pool poisons itself, never breaks).
+// Standalone (links gpumem_pool, no invariant abort), global operator new fails on the k-th call once armed.
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "core/pool/block_pool.h"
+#include "core/pool/fake_backend.h"
+
+using namespace gpumem;
+
+static long g_countdown = -1;  // <0: off; 0: fail this one
+static bool should_fail() {
+    if (g_countdown < 0) return false;
+    if (g_countdown-- == 0) return true;
+    return false;
+}
+void* operator new(std::size_t n) {
+    if (should_fail()) throw std::bad_alloc();
+    if (void* p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+    if (should_fail()) return nullptr;
+    return std::malloc(n ? n : 1);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+constexpr uint64_t MiB = 1 << 20;
+
+// scenario 0: arena growth into the tail hole (map_hole).  1: OOM path unmap_free_chunks + remap.
+// 2: baseline, arenas off (segments per growth) with the same ops as 1.
+static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint64_t* leaked) {
+    fake_backend dev(scenario == 0 ? (1ull << 30) : 80 * MiB);
+    dev.set_vmm(2 * MiB);
+    pool_config cfg;
+    cfg.reuse = reuse_mode::immediate;
+    cfg.vmm = true;
+    cfg.arenas = scenario != 2;
+    int fails = 0;
+    {
+        block_pool pool(cfg, dev, nullptr, 0);
+        uint64_t a = 0, b = 0, c = 0, x = 0, y = 0;
+        int rc = 0;
+        if (scenario == 0) {
+            pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &a);
+            g_countdown = k;
+            if (pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b)) ++fails;
+            g_countdown = -1;
+        } else {
+            pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &c);
+            pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &x);
+            pool.deallocate(c, api_id::cuMemFree_v2, &rc);
+            g_countdown = k;
+            if (pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &y)) ++fails;  // OOM path: unmap, then map
+            g_countdown = -1;
+        }
+        const bool ok = pool.validate(why);
+        // After a failure the pool is poisoned (allocate returns OOM); see whether it still leaks on teardown.
+        uint64_t p = 0;
+        *poisoned_like = pool.allocate(512, api_id::cuMemAlloc_v2, &p) != 0;
+        if (!ok) return 1;
+    }
+    *leaked = dev.in_use();
+    (void)fails;
+    return 0;
+}
+
+int main() {
+    for (int sc = 0; sc < 3; ++sc) {
+        int broken = 0;
+        for (long k = 0; k < 60; ++k) {
+            std::string why;
+            bool pz = false;
+            uint64_t leaked = 0;
+            if (run(sc, k, &why, &pz, &leaked)) {
+                ++broken;
+                std::printf("scenario %d: failing allocation #%ld -> invariant broken: %s (poisoned: %d)\n", sc, k, why.c_str(), pz);
+            }
+        }
+        std::printf("scenario %d: %d of 60 injection points break validate()\n", sc, broken);
+    }
+}
