@@ -101,6 +101,20 @@ struct segment_view {
         if (base + size > cur) u.largest_free = std::max(u.largest_free, base + size - cur);
         return u;
     }
+    // What a free-block map draws: the segment without a hole at its end.  An arena reserves the
+    // device's memory in address space and maps its start as it grows: drawn whole, its memory
+    // would be a sliver of a bar of unmapped space.  The hole cut off is tail_unmapped.
+    segment_view drawn() const {
+        segment_view v = *this;
+        // Holes that touch count as one (a given-back range next to the never-mapped end).
+        while (!v.holes.empty() && v.holes.back().first + v.holes.back().second == base + v.size &&
+               v.holes.back().first > base) {
+            v.size = v.holes.back().first - base;
+            v.holes.pop_back();
+        }
+        return v;
+    }
+    uint64_t tail_unmapped() const { return size - drawn().size; }
 };
 
 // The device's state at one moment: totals, the free-block map and the largest live blocks.

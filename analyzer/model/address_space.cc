@@ -415,7 +415,11 @@ void address_space::on_segment_map(device_state& d, const log_event& e, uint64_t
     const uint64_t base = sit->first;
     segment& s = sit->second;
     const uint64_t end = base + s.size;
-    if (e.size == 0 || e.ptr < base || e.ptr > end || e.size > end - e.ptr) {
+    if (e.size == 0) {
+        checks_.inconsistent(line, "segment_map of " + range + " maps nothing (size 0)");
+        return;
+    }
+    if (e.ptr < base || e.ptr > end || e.size > end - e.ptr) {
         checks_.inconsistent(line, "segment_map of " + range + " lies outside segment [" + hex(base) + ", +" +
                                        std::to_string(s.size) + ")");
         return;

@@ -167,8 +167,8 @@ std::string segment_map_svg(const state_snapshot& s) {
                "allocation, so there is no free space inside reserved memory to map.</p>\n";
     const double W = 980, label = 230, bar_w = W - label - 10, row = 16;
     const size_t max_rows = 48;
-    uint64_t biggest = 0;
-    for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.size);
+    uint64_t biggest = 0;  // arenas to their mapped end (segment_view::drawn)
+    for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.drawn().size);
     size_t rows = std::min(max_rows, s.segment_map.size());
     double H = double(rows) * row + 24;
     std::ostringstream o;
@@ -182,26 +182,29 @@ std::string segment_map_svg(const state_snapshot& s) {
       << "</text>\n";
     double px_per_byte = bar_w / double(biggest);
     for (size_t i = 0; i < rows; ++i) {
-        const segment_view& v = s.segment_map[i];
+        const segment_view v = s.segment_map[i].drawn();
+        const uint64_t tail = s.segment_map[i].size - v.size;
         double y = 20 + double(i) * row;
         double w = std::max(1.0, double(v.size) * px_per_byte);
         const auto [used, largest] = v.measure();
         o << "<g><title>" << fmt_hex(v.base) << ": " << fmt_bytes(v.size) << " (" << pool_name(v.pool) << "), "
           << fmt_counted(v.blocks.size(), "block", "blocks") << ", " << fmt_bytes(v.size - used) << " free, largest free " << fmt_bytes(largest)
-          << "</title>\n";
+          << (tail ? ", then " + fmt_bytes(tail) + " of address space not mapped" : std::string()) << "</title>\n";
         o << "<text x='0' y='" << num(y + 11) << "' font-size='11'>" << fmt_hex(v.base) << " " << fmt_bytes(v.size) << "</text>";
         o << "<rect x='" << label << "' y='" << num(y) << "' width='" << num(w) << "' height='" << row - 3
           << "' fill='#e3e3e3' stroke='#999' stroke-width='0.5'/>\n";
         // Merge blocks closer than half a pixel into one run, so a segment of thousands of small
         // blocks stays a handful of rectangles.
         double run_x0 = -1, run_x1 = -1;
-        const char* fill = k_allocated_color;
+        // Holes first (white), then blocks over them, then pending frees over blocks: a block is
+        // never hidden under the white of a hole it touches within half a pixel.
+        const char* fill = "#ffffff";
         auto flush = [&] {
             if (run_x0 < 0) return;
             o << "<rect x='" << num(label + run_x0) << "' y='" << num(y) << "' width='" << num(std::max(0.6, run_x1 - run_x0))
               << "' height='" << row - 3 << "' fill='" << fill << "'/>";
         };
-        for (const auto* list : {&v.blocks, &v.pending, &v.holes}) {
+        for (const auto* list : {&v.holes, &v.blocks, &v.pending}) {
             run_x0 = run_x1 = -1;
             for (const auto& [p, a] : *list) {
                 double x0 = double(p - v.base) * px_per_byte, x1 = double(p + a - v.base) * px_per_byte;
@@ -214,8 +217,7 @@ std::string segment_map_svg(const state_snapshot& s) {
                 run_x1 = x1;
             }
             flush();
-            // pending frees are drawn over the blue of occupied blocks; holes (unmapped) in white
-            fill = fill == k_allocated_color ? k_pending_color : "#ffffff";
+            fill = fill == k_allocated_color ? k_pending_color : k_allocated_color;
         }
         o << "</g>\n";
     }

@@ -83,24 +83,27 @@ void write_map(std::ostream& os, const state_snapshot& s) {
               "    driver allocation, so there is no free space to map.\n";
         return;
     }
+    // Arenas are drawn to their mapped end (segment_view::drawn), so their memory stays visible.
     uint64_t biggest = 0;
-    for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.size);
+    for (const segment_view& v : s.segment_map) biggest = std::max(biggest, v.drawn().size);
     os << "    each segment to scale (widest = " << fmt_bytes(biggest) << "); '#' allocated, 'p' pending free, '+' partly, '.' free"
        << (std::any_of(s.segment_map.begin(), s.segment_map.end(), [](const segment_view& v) { return !v.holes.empty(); })
                ? ", '_' unmapped\n"
                : "\n");
     size_t n = 0;
-    for (const segment_view& v : s.segment_map) {
+    for (const segment_view& whole : s.segment_map) {
         if (n++ == k_max_map_rows) {
             os << "    ... " << s.segment_map.size() - k_max_map_rows << " more segments\n";
             break;
         }
+        const segment_view v = whole.drawn();
         size_t w = std::max<size_t>(1, size_t(clamp_to_u64(double(k_map_width) * double(v.size) / double(biggest) + 0.5, k_map_width)));
         const auto [used, largest] = v.measure();
+        const uint64_t tail = whole.size - v.size;
         os << "    " << pad(fmt_hex(v.base), 16) << pad(fmt_bytes(v.size), 11, true) << ' '
            << pad(pool_name(v.pool), 5) << " |" << pad(segment_bar(v, w), k_map_width) << "| "
            << fmt_counted(v.blocks.size(), "block", "blocks") << ", " << fmt_bytes(v.size - used) << " free, largest "
-           << fmt_bytes(largest) << "\n";
+           << fmt_bytes(largest) << (tail ? ", then " + fmt_bytes(tail) + " not mapped" : std::string()) << "\n";
     }
 }
 
@@ -221,15 +224,16 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.n_segment_alloc || d.n_segment_free)
         framed(os, pad("Segments taken / returned", 28) + pad(std::to_string(d.n_segment_alloc), 14, true) + " / " +
                        std::to_string(d.n_segment_free));
+    // Holes are address space without memory (given back, or an arena's not yet mapped): said
+    // once, on the unmap row when there is one.
+    // An arena's peak is merely the address space it reserved, so the peak is said for unmaps only.
+    const std::string holes = "   holes (no memory) " + fmt_bytes(d.unmapped.current);
     if (d.n_segment_unmap)
-        framed(os, pad("Chunks given back (unmaps)", 28) + pad(std::to_string(d.n_segment_unmap), 14, true) +
-                       "   unmapped now " + fmt_bytes(d.unmapped.current) + ", peak " + fmt_bytes(d.unmapped.peak));
-    // Arena segments grow by maps; their holes are said here when no unmap row said them already.
+        framed(os, pad("Chunks given back (unmaps)", 28) + pad(std::to_string(d.n_segment_unmap), 14, true) + holes +
+                       (d.n_segment_map ? std::string() : ", peak " + fmt_bytes(d.unmapped.peak)));
     if (d.n_segment_map || (d.unmapped.peak && !d.n_segment_unmap))
         framed(os, pad("Chunks mapped later (maps)", 28) + pad(std::to_string(d.n_segment_map), 14, true) +
-                       (d.n_segment_unmap ? std::string()
-                                          : "   unmapped now " + fmt_bytes(d.unmapped.current) + ", peak " +
-                                                fmt_bytes(d.unmapped.peak)));
+                       (d.n_segment_unmap ? std::string() : holes));
     // Under "auto" the mode is per device and changes once; "safe"/"immediate" hold for the whole log.
     if (p.reuse_mode == "auto" && (d.n_segment_alloc || d.reuse_safe))
         framed(os, pad("Reuse", 28) + "auto, " +

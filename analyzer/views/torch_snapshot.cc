@@ -11,9 +11,10 @@
 //     segment_alloc + alloc, and free_requested + free_completed + segment_free;
 //   - segment_unmap (the pool gave back chunks of a virtual-memory segment) and segment_map (it
 //     mapped chunks into a hole: an arena segment grew) are PyTorch's own segment_unmap and
-//     segment_map, as its expandable segments write them; an arena segment's segment_alloc
-//     covers only what it mapped at first (asize).  At the end a segment with holes is listed
-//     as its mapped pieces, which memory_viz splits and joins again as it replays those two;
+//     segment_map, as its expandable segments write them.  An arena is such a segment all through:
+//     what it mapped at first (asize) is a segment_map, and its segment_free a segment_unmap per
+//     mapped piece.  At the end a segment with holes is listed as its mapped pieces, which
+//     memory_viz splits and joins again as it replays those two;
 //   - an "oom" line, or an alloc_fail with the out-of-memory code and no "oom" line before it, is
 //     "oom" (the rule of the report's OOM list, metrics/oom_diagnosis.cc).
 // Frames are the allocation's stack, innermost first, as PyTorch lists them; a free carries the
@@ -52,6 +53,7 @@ struct pool_segment {
     std::map<uint64_t, block> blocks;       // ptr -> block
     std::map<uint64_t, uint64_t> holes;     // ranges without chunks (segment_unmap, asize): start -> size
     bool had_holes;                         // ever: an expandable segment to PyTorch
+    bool arena = false;                     // mapped as it grew: only segment_map/segment_unmap, as PyTorch's
 };
 
 // An allocation outside the pool, or a mapped range: a segment holding one block.
@@ -97,10 +99,12 @@ class device_export {
             if (segs_.count(e.ptr)) drop_segment(e.ptr, e.t);
             // An arena segment starts with its first asize bytes mapped (the report rejects more).
             const uint64_t mapped = std::min(e.set_aside(), e.size);
-            pool_segment& s = segs_[e.ptr] = pool_segment{e.size, e.pool, {}, {}, mapped < e.size};
+            pool_segment& s = segs_[e.ptr] = pool_segment{e.size, e.pool, {}, {}, mapped < e.size, mapped < e.size};
             if (mapped < e.size) s.holes[e.ptr + mapped] = e.size - mapped;
-            // Nothing mapped yet: no segment to draw until its first segment_map.
-            if (mapped) entry(torch_action::segment_alloc, e.ptr, mapped, 0, e.t, 0);
+            // An arena is PyTorch's expandable segment, which never writes segment_alloc: its first
+            // chunks are a segment_map, so memory_viz's segment timeline counts them (it pairs
+            // segment_alloc with segment_free only).  Nothing mapped yet: nothing to write.
+            if (mapped) entry(s.arena ? torch_action::segment_map : torch_action::segment_alloc, e.ptr, mapped, 0, e.t, 0);
             break;
         }
         case ev_kind::segment_free:
@@ -411,11 +415,12 @@ class device_export {
             entry(torch_action::free_completed, ptr, b.asize, b.stream, t, b.stack);
         }
         uint64_t cur = base;
+        const torch_action gone = s.arena ? torch_action::segment_unmap : torch_action::segment_free;
         for (const auto& [hs, hn] : s.holes) {
-            if (hs > cur) entry(torch_action::segment_free, cur, hs - cur, 0, t, 0);
+            if (hs > cur) entry(gone, cur, hs - cur, 0, t, 0);
             cur = std::max(cur, hs + hn);
         }
-        if (base + s.size > cur) entry(torch_action::segment_free, cur, base + s.size - cur, 0, t, 0);
+        if (base + s.size > cur) entry(gone, cur, base + s.size - cur, 0, t, 0);
         segs_.erase(it);
     }
 

@@ -72,7 +72,7 @@ def expected(header, stacks, events, dev):
     and the frames of each allocation in order.  free_completed is left to the replay."""
     c = Counter()
     frames = []
-    handles, maps, holes, seg_size = {}, {}, {}, {}
+    handles, maps, holes, seg_size, arena = {}, {}, {}, {}, {}
     live_pooled, live_plain = set(), set()
     oom_pending = None
     for e in events:
@@ -106,7 +106,9 @@ def expected(header, stacks, events, dev):
         elif ev == "segment_alloc" and d == dev:
             # An arena segment is drawn from what it mapped at first (asize); the rest is a hole.
             mapped = min(e.get("asize", e["size"]), e["size"])
-            c["segment_alloc"] += mapped > 0
+            # An arena is PyTorch's expandable segment: segment_map and segment_unmap only.
+            arena[ptr] = mapped < e["size"]
+            c["segment_map" if arena[ptr] else "segment_alloc"] += mapped > 0
             holes[ptr] = [(ptr + mapped, e["size"] - mapped)] if mapped < e["size"] else []
             seg_size[ptr] = e["size"]
         elif ev == "segment_unmap" and d == dev:
@@ -120,11 +122,12 @@ def expected(header, stacks, events, dev):
             # pool segment piece by piece.
             c["free_requested"] += len(live_pooled) + len(live_plain)
             c["free_completed"] += len(live_plain)
-            c["segment_free"] += len(live_plain) + sum(pieces(b, seg_size[b], h) for b, h in holes.items())
-            live_pooled, live_plain, holes = set(), set(), {}
+            c["segment_free"] += len(live_plain) + sum(pieces(b, seg_size[b], h) for b, h in holes.items() if not arena.get(b))
+            c["segment_unmap"] += sum(pieces(b, seg_size[b], h) for b, h in holes.items() if arena.get(b))
+            live_pooled, live_plain, holes, arena = set(), set(), {}, {}
         elif ev == "segment_free" and d == dev:
             # One segment_free per mapped piece left between the holes.
-            c["segment_free"] += pieces(ptr, e["size"], holes.pop(ptr, []))
+            c["segment_unmap" if arena.pop(ptr, False) else "segment_free"] += pieces(ptr, e["size"], holes.pop(ptr, []))
         elif ev == "oom" and d == dev:
             c["oom"] += 1
             oom_pending = e["size"]
