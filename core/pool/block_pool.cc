@@ -481,6 +481,8 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     if (pending_bytes_[i] != 0 && can_sync()) {
         // Fences already reached cost one cuEventQuery each to cash in: always worth a look.
         if (!fences_.empty() && poll_fences(api) == k_cuda_success && (b = find_free(p, asize))) return b;
+        // An old pending block that fits: wait for its fence rather than grow (see wait_for_old_fit).
+        if (wait_for_old_fit(api, p, asize) && (b = find_free(p, asize))) return b;
         const uint64_t budget = sync_budget();
         const uint64_t pend = pending_bytes_[i];
         if (pend >= budget || (seg_size >= budget && pend >= asize) ||
@@ -620,9 +622,13 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
                 // a sync.  Cutting large blocks for want of a sync is what fragments the large pool:
                 // replaying an H200 GPT-2 trace (tests/pool/pool_replay) put peak reserved at 2.3x
                 // the live peak without this check.  "Less than half" rather than a closer fit: on
-                // that trace it needs 29% fewer syncs for 1% more peak (docs/benchmarks.md).
+                // that trace it needs 29% fewer syncs for 1% more peak (docs/benchmarks.md).  With
+                // fences and the GPU behind, no fence is reached yet: then an old pending block's
+                // fence is waited for (wait_for_old_fit).  Without that wait the replay with the GPU
+                // 100 ms behind reserved 2.67x the live peak, with it 1.19x (docs/benchmarks.md).
                 auto tighter = pending_large_.lower_bound(asize);
-                if (tighter != pending_large_.end() && *tighter < b->size && can_sync() && reclaim(api, false))
+                if (tighter != pending_large_.end() && *tighter < b->size && can_sync() &&
+                    (reclaim(api, false) || wait_for_old_fit(api, p, asize)))
                     b = find_free(p, asize);
             }
             if (!b) b = grow(p, asize, api, &err);
@@ -711,6 +717,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         const bool pend = poisoned_ || !immediate_;
         if (!pend) ++unsettled_frees_;
         if (pend) pending_.push_back(b);
+        b->seq = next_seq_++;  // pending_[k]->seq == pending_[0]->seq + k (wait_for_old_fit)
         allocated_ -= b->size;
         requested_ -= b->requested;
         if (pend) {
@@ -911,6 +918,67 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
         if (fences_.size() >= left) return sync_release(api);  // reached but not released: a broken event
     }
     return pending_.size() < before;
+}
+
+// A program under PYTORCH_NO_CUDA_MEMORY_CACHING runs far ahead of the GPU: on the H200 GPT-2 run
+// the frees the GPU had not yet passed peaked at 12.5 GiB against a live peak of 13.3 GiB, and a
+// pool that grows (or cuts a larger free block) whenever no reached free fits reserved 1.47x the
+// live peak (docs/benchmarks.md, run 33).  Waiting for the fence of a block freed long ago costs
+// the GPU little: the work queued after that fence keeps it busy while the program waits.
+// Waiting for one freed just now would drain its queue.  So the wait is for the oldest pending
+// block of pool p that serves asize, with the free and old pending blocks around it, among those
+// with at least a quarter of the sync budget of frees after them; a request only a recent free
+// would serve grows the pool, as before.  A quarter: replaying the H200 GPT-2 log with the GPU
+// 2-100 ms behind, peak reserved was 1.22-1.24x the live peak with the whole budget, 1.16-1.19x
+// with a quarter, 1.14-1.17x with a sixteenth, whose waits come nearer the tail of the GPU's
+// queue (the GPU keeping up: 1.135x; immediate reuse: 1.104x).  On the H200 (runs 34-35):
+// 1.14-1.22x.  True if it waited and the run it found is free now.
+bool block_pool::wait_for_old_fit(api_id api, pool_id p, uint64_t asize) {
+    if (pending_bytes_[pool_index(p)] < asize || !fences_usable()) return false;
+    // pending_[0, old) have at least `window` bytes freed after them.
+    const uint64_t window = sync_budget() / 4;
+    uint64_t newer = 0;
+    size_t old = pending_.size();
+    while (old > 0 && newer < window) newer += pending_[--old]->size;
+    if (newer < window) return false;
+    old = std::min(old, fenced_end());  // a block no fence covers yet cannot be waited for
+    if (old == 0) return false;
+    // The run of free and old pending blocks around each old pending block of pool p, oldest
+    // first, until one run serves asize: need = the frees to release, oldest first, to free it.
+    // Bounded (the oldest 1024 frees, 64 neighbours a side) so that a miss stays O(1) however
+    // many small frees wait; what lies beyond grows the pool as before.
+    const uint64_t base = pending_[0]->seq, limit = base + old;
+    auto usable = [&](const block* x) {
+        return x && (x->state == block_state::free || (x->state == block_state::pending && x->seq < limit));
+    };
+    size_t need = 0;
+    for (size_t k = 0; k < std::min<size_t>(old, 1024) && !need; ++k) {
+        const block* b = pending_[k];
+        if (b->seg->pool != p) continue;
+        uint64_t room = b->size, last = b->seq;
+        int steps = 0;
+        for (const block* x = b->prev; room < asize && steps < 64 && usable(x); x = x->prev, ++steps) {
+            room += x->size;
+            if (x->state == block_state::pending) last = std::max(last, x->seq);
+        }
+        steps = 0;
+        for (const block* x = b->next; room < asize && steps < 64 && usable(x); x = x->next, ++steps) {
+            room += x->size;
+            if (x->state == block_state::pending) last = std::max(last, x->seq);
+        }
+        if (room >= asize) need = size_t(last - base) + 1;
+    }
+    if (!need) return false;
+    const size_t before = pending_.size();
+    while (before - pending_.size() < need && !fences_.empty()) {
+        ++fence_waits_;
+        for (uint64_t ev : fences_.front().events)
+            if (backend_.event_synchronize(ev) != k_cuda_success) return sync_release(api);
+        const size_t left = fences_.size();
+        if (poll_fences(api, true) != k_cuda_success) return sync_release(api);
+        if (fences_.size() >= left) return sync_release(api);  // reached but not released: a broken event
+    }
+    return before - pending_.size() >= need;
 }
 
 // Waits, on events, for all work enqueued so far on every stream of the context: the legacy

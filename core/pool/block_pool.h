@@ -115,6 +115,7 @@ class block_pool {
         block* prev = nullptr;  // neighbours within the segment, by address
         block* next = nullptr;
         block_state state = block_state::free;
+        uint64_t seq = 0;  // pending blocks: the order of their frees (pending_ is sorted by it)
     };
     struct segment {
         uint64_t base = 0, size = 0;  // size: the whole range (reserved address space for VMM)
@@ -173,6 +174,7 @@ class block_pool {
     // blocks on the oldest fences, one at a time, until a free block of `asize` fits in pool `p`
     // (asize 0: until every fence is reached).  True if anything was released or the sync succeeded.
     bool reclaim(api_id api, bool wait, pool_id p = pool_id::small, uint64_t asize = 0);
+    bool wait_for_old_fit(api_id api, pool_id p, uint64_t asize);  // grow()'s wait instead of growing
     bool fences_usable() noexcept;
     bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
     // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
@@ -223,6 +225,7 @@ class block_pool {
     uint64_t arena_size_ = 0;                // address space of a new arena; 0 = no arenas (decided once)
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
+    uint64_t next_seq_ = 0;                  // the next pending block's seq
 
     uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
     uint64_t pending_bytes_[2] = {0, 0};

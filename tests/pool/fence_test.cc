@@ -370,9 +370,10 @@ TEST_CASE("fences: a miss does not record a new fence while an older one is not 
     for (int i = 0; i < 6; ++i) live.push_back(f.alloc(8 * MiB));
     for (uint64_t p : live) f.free(p);  // one fence per 8 MiB free (the budget's eighth is 4 MiB)
     f.free(f.alloc(2 * MiB));           // under the eighth: not fenced yet
-    // 50 MiB pending: over the 32 MiB budget (a miss polls the fences) and under twice it (no wait).
+    // 50 MiB pending: over the 32 MiB budget (a miss polls the fences) and under twice it (no wait
+    // for the budget); requests over the 50 MiB pending, so no old pending block serves them either.
     const uint64_t fences = f.dev.records();
-    for (int i = 0; i < 20; ++i) f.alloc(8 * MiB);  // misses, nothing reached
+    for (int i = 0; i < 20; ++i) f.alloc(64 * MiB);  // misses, nothing reached
     CHECK(f.dev.records() == fences);
     CHECK(f.pool.pending_bytes() == 50 * MiB);
     CHECK(f.pool.fence_wait_count() == 0);
@@ -392,4 +393,53 @@ TEST_CASE("fences: oom events say how many non-blocking streams each fence cover
     auto ooms = f.sink.of(ev_kind::oom);
     REQUIRE(ooms.size() == 1);
     CHECK(ooms[0].p.streams == 4);  // k_stream and the three above
+}
+
+TEST_CASE("fences: a miss waits for an old pending block's fence rather than grow, never for a recent one", "[fence]") {
+    // The GPU runs behind.  Blocks freed long ago (a quarter budget, 8 MiB, of frees after them)
+    // are worth a wait: the work queued after their fence keeps the GPU busy meanwhile.
+    fenced f;
+    const uint64_t a = f.alloc(16 * MiB), b = f.alloc(16 * MiB), c = f.alloc(16 * MiB);
+    f.dev.enqueue_work();  // kernels read a, b and c
+    f.free(a);
+    f.dev.enqueue_work();
+    f.free(b);
+    f.dev.enqueue_work();
+    f.free(c);
+    const uint64_t reserved = f.pool.snapshot().reserved;
+    CHECK(f.alloc(16 * MiB) == a);  // a's fence waited for: no growth
+    CHECK(f.pool.snapshot().reserved == reserved);
+    CHECK(f.pool.fence_wait_count() == 1);
+    CHECK(f.pool.pending_bytes() == 32 * MiB);  // b and c: the GPU did not run to the end
+    CHECK(f.dev.completed() < f.dev.last_ticket());
+    CHECK(f.dev.sync_calls() == 0);
+
+    // Only the newest free (x, 24 MiB) serves a 24 MiB request: waiting for it would drain the
+    // GPU's queue, so the pool grows instead.
+    const uint64_t x = f.alloc(24 * MiB);
+    f.dev.enqueue_work();
+    f.free(x);
+    const uint64_t waits = f.pool.fence_wait_count();
+    CHECK(f.alloc(24 * MiB) != x);
+    CHECK(f.pool.fence_wait_count() == waits);
+}
+
+TEST_CASE("fences: a hit that would cut a large free block waits for an old tighter pending block instead", "[fence]") {
+    // auto: frees are immediate until the stream appears, so x is free, not pending.
+    pool_config cfg;
+    cfg.reuse = reuse_mode::automatic;
+    fenced f(cfg);
+    const uint64_t x = f.alloc(100 * MiB), a = f.alloc(16 * MiB), b = f.alloc(16 * MiB), c = f.alloc(16 * MiB);
+    f.free(x);
+    f.pool.enter_safe_reuse(api_id::cuStreamCreate);
+    f.dev.enqueue_work();  // kernels read a, b and c
+    f.free(a);
+    f.free(b);
+    f.free(c);
+    const uint64_t reserved = f.pool.snapshot().reserved;
+    CHECK(f.alloc(16 * MiB) == a);  // not the front of x
+    CHECK(f.pool.fence_wait_count() >= 1);
+    CHECK(f.alloc(100 * MiB) == x);  // x is still whole
+    CHECK(f.pool.snapshot().reserved == reserved);
+    CHECK(f.dev.sync_calls() == 0);
 }
