@@ -163,7 +163,7 @@ void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept
     sink_->emit(e);
 }
 
-void block_pool::emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev) noexcept {
+void block_pool::emit_chunks(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev) noexcept {
     if (!sink_) return;
     event e{};
     e.ev = ev;
@@ -405,7 +405,7 @@ int block_pool::map_hole(block* u, uint64_t bytes, api_id api, block** out) {
         unsplit();
         return rc;
     }
-    emit_unmap(api, s, u->addr, bytes, ev_kind::segment_map);
+    emit_chunks(api, s, u->addr, bytes, ev_kind::segment_map);
     s->mapped += bytes;
     reserved_ += bytes;
     hole_erase(u);
@@ -1143,7 +1143,7 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* k
                 free_insert(tail);
                 free_bytes_ += tail->size;
             }
-            emit_unmap(api, s, s->base + lo, hi - lo);
+            emit_chunks(api, s, s->base + lo, hi - lo);
             const size_t i = lo / chunk_, n = (hi - lo) / chunk_;
             backend_.unmap_chunks(s->base + lo, chunk_, n, &s->chunks[i]);
             for (size_t k = i; k < i + n; ++k) s->chunks[k] = 0;

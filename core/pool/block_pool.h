@@ -205,7 +205,8 @@ class block_pool {
 
     void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err, uint32_t stack = 0) noexcept;
     void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
-    void emit_unmap(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev = ev_kind::segment_unmap) noexcept;
+    // segment_unmap (chunks given back) or segment_map (chunks mapped into a hole) of [addr, +bytes).
+    void emit_chunks(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev = ev_kind::segment_unmap) noexcept;
     void emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept;
     void emit_oom(api_id api, uint64_t size) noexcept;
 

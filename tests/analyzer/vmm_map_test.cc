@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "analyze.h"
+#include "expect_rejected.h"
 #include "log_reader.h"
 #include "report_output.h"
 #include "test_util.h"
@@ -52,22 +53,6 @@ std::string header_vmm() {
     std::string h = header_reuse("immediate");
     h.replace(h.find("\"reuse\":\"immediate\""), 19, "\"reuse\":\"immediate\",\"pool_vmm\":\"on\"");
     return h;
-}
-
-// Expects analyze_file to reject the log at `line` with a message starting with `what`, and the
-// binary to exit 2 naming file:line.
-void expect_rejected(const std::string& log, uint64_t line, const std::string& what) {
-    temp_file f(log);
-    try {
-        analyze_file(f.path, {});
-        FAIL("accepted: " << what);
-    } catch (const input_error& e) {
-        CHECK(e.line == line);
-        CHECK_THAT(std::string(e.what()), Catch::StartsWith(f.path + ":" + std::to_string(line) + ": " + what));
-    }
-    run_result r = run_gpumem("report --no-progress " + f.path);
-    CHECK(r.rc == 2);
-    CHECK_THAT(r.err, Catch::Contains(f.path + ":" + std::to_string(line) + ": " + what));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "analyze.h"
+#include "expect_rejected.h"
 #include "log_reader.h"
 #include "report_output.h"
 #include "test_util.h"
@@ -22,22 +23,6 @@ std::string unmap_line(uint64_t seq, uint64_t ptr, uint64_t size, uint64_t seg) 
                   (unsigned long long)seq, (unsigned long long)(seq * 100 + 100), (unsigned long long)ptr,
                   (unsigned long long)size, (unsigned long long)seg);
     return b;
-}
-
-// Expects analyze_file to reject the log at `line` with a message starting with `what`, and the
-// binary to exit 2 naming file:line.
-void expect_rejected(const std::string& log, uint64_t line, const std::string& what) {
-    temp_file f(log);
-    try {
-        analyze_file(f.path, {});
-        FAIL("accepted: " << what);
-    } catch (const input_error& e) {
-        CHECK(e.line == line);
-        CHECK_THAT(std::string(e.what()), Catch::StartsWith(f.path + ":" + std::to_string(line) + ": " + what));
-    }
-    run_result r = run_gpumem("report --no-progress " + f.path);
-    CHECK(r.rc == 2);
-    CHECK_THAT(r.err, Catch::Contains(f.path + ":" + std::to_string(line) + ": " + what));
 }
 
 }  // namespace
