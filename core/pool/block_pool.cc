@@ -2,6 +2,7 @@
 #include "core/pool/block_pool.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -627,9 +628,12 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
                 // fence is waited for (wait_for_old_fit).  Without that wait the replay with the GPU
                 // 100 ms behind reserved 2.67x the live peak, with it 1.19x (docs/benchmarks.md).
                 auto tighter = pending_large_.lower_bound(asize);
-                if (tighter != pending_large_.end() && *tighter < b->size && can_sync() &&
-                    (reclaim(api, false) || wait_for_old_fit(api, p, asize)))
+                if (tighter != pending_large_.end() && *tighter < b->size && can_sync()) {
+                    // Either may release frees, and a release may merge b away, even when it then
+                    // fails: b is looked up again whatever they return.
+                    if (!reclaim(api, false)) wait_for_old_fit(api, p, asize);
                     b = find_free(p, asize);
+                }
             }
             if (!b) b = grow(p, asize, api, &err);
             if (b) {
@@ -716,8 +720,13 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         // leaves it pending for ever (leaked).  push_back first: it is the only step that can fail.
         const bool pend = poisoned_ || !immediate_;
         if (!pend) ++unsettled_frees_;
-        if (pend) pending_.push_back(b);
-        b->seq = next_seq_++;  // pending_[k]->seq == pending_[0]->seq + k (wait_for_old_fit)
+        if (pend) {
+            pending_.push_back(b);
+            // Free order, for wait_for_old_fit: pending_[k]->seq == pending_[0]->seq + k, and
+            // cum grows with the bytes the program has freed (validate_locked checks both).
+            b->seq = next_seq_++;
+            b->cum = pending_cum_ += b->size;
+        }
         allocated_ -= b->size;
         requested_ -= b->requested;
         if (pend) {
@@ -932,45 +941,51 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
 // 2-100 ms behind, peak reserved was 1.22-1.24x the live peak with the whole budget, 1.16-1.19x
 // with a quarter, 1.14-1.17x with a sixteenth, whose waits come nearer the tail of the GPU's
 // queue (the GPU keeping up: 1.135x; immediate reuse: 1.104x).  On the H200 (runs 34-35):
-// 1.14-1.22x.  True if it waited and the run it found is free now.
+// 1.14-1.22x.  Variants that looked sounder did worse on average over nine lags of that replay
+// (1.21x against 1.18x), the layout being chaotic in the policy: the fit needing the fewest
+// releases instead of the oldest, only runs tighter than the block a hit would cut, and old
+// counted from the fence instead of the free.  True if it waited and the run it found is free
+// now; it may also have released frees when it returns false.
 bool block_pool::wait_for_old_fit(api_id api, pool_id p, uint64_t asize) {
-    if (pending_bytes_[pool_index(p)] < asize || !fences_usable()) return false;
-    // pending_[0, old) have at least `window` bytes freed after them.
-    const uint64_t window = sync_budget() / 4;
-    uint64_t newer = 0;
-    size_t old = pending_.size();
-    while (old > 0 && newer < window) newer += pending_[--old]->size;
-    if (newer < window) return false;
+    if (pending_bytes_[pool_index(p)] == 0 || !fences_usable() || !can_sync()) return false;
+    // pending_[0, old): frees with at least `window` bytes freed after them (cum grows along
+    // pending_, so a binary search).
+    const uint64_t window = sync_budget() / 4, newest = pending_.back()->cum;
+    size_t old = size_t(std::partition_point(pending_.begin(), pending_.end(),
+                                             [&](const block* x) { return newest - x->cum >= window; }) -
+                        pending_.begin());
     old = std::min(old, fenced_end());  // a block no fence covers yet cannot be waited for
     if (old == 0) return false;
     // The run of free and old pending blocks around each old pending block of pool p, oldest
     // first, until one run serves asize: need = the frees to release, oldest first, to free it.
-    // Bounded (the oldest 1024 frees, 64 neighbours a side) so that a miss stays O(1) however
-    // many small frees wait; what lies beyond grows the pool as before.
+    // Bounded (the oldest 256 frees, 16 neighbours a side: at most 8,192 steps) so that a miss
+    // stays cheap however many small frees wait; what lies beyond grows the pool as before.
     const uint64_t base = pending_[0]->seq, limit = base + old;
     auto usable = [&](const block* x) {
         return x && (x->state == block_state::free || (x->state == block_state::pending && x->seq < limit));
     };
-    size_t need = 0;
-    for (size_t k = 0; k < std::min<size_t>(old, 1024) && !need; ++k) {
+    size_t need = SIZE_MAX;
+    for (size_t k = 0; k < std::min<size_t>(old, 256) && need == SIZE_MAX; ++k) {
         const block* b = pending_[k];
         if (b->seg->pool != p) continue;
         uint64_t room = b->size, last = b->seq;
         int steps = 0;
-        for (const block* x = b->prev; room < asize && steps < 64 && usable(x); x = x->prev, ++steps) {
+        for (const block* x = b->prev; room < asize && steps < 16 && usable(x); x = x->prev, ++steps) {
             room += x->size;
             if (x->state == block_state::pending) last = std::max(last, x->seq);
         }
         steps = 0;
-        for (const block* x = b->next; room < asize && steps < 64 && usable(x); x = x->next, ++steps) {
+        for (const block* x = b->next; room < asize && steps < 16 && usable(x); x = x->next, ++steps) {
             room += x->size;
             if (x->state == block_state::pending) last = std::max(last, x->seq);
         }
         if (room >= asize) need = size_t(last - base) + 1;
     }
-    if (!need) return false;
+    if (need == SIZE_MAX) return false;
     const size_t before = pending_.size();
     while (before - pending_.size() < need && !fences_.empty()) {
+        // A capture opened on another thread since the caller looked must see no wait.
+        if (!can_sync()) return false;
         ++fence_waits_;
         for (uint64_t ev : fences_.front().events)
             if (backend_.event_synchronize(ev) != k_cuda_success) return sync_release(api);
@@ -1431,8 +1446,12 @@ bool block_pool::validate_locked(std::string* why) const {
     }
     if (!poisoned_ && immediate_ && n_pending) return fail("pending block in immediate mode", 0);
     std::unordered_set<const block*> seen;
-    for (const block* b : pending_)
+    for (size_t k = 0; k < pending_.size(); ++k) {
+        const block* b = pending_[k];
         if (b->state != block_state::pending || !seen.insert(b).second) return fail("pending list holds a wrong block", b->addr);
+        if (b->seq != pending_[0]->seq + k || (k && b->cum <= pending_[k - 1]->cum))
+            return fail("pending list out of free order", b->addr);
+    }
     (void)unmapped;
     if (reserved != reserved_) return fail("reserved counter wrong", reserved_);
     if (allocated != allocated_) return fail("allocated counter wrong", allocated_);

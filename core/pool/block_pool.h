@@ -116,6 +116,7 @@ class block_pool {
         block* next = nullptr;
         block_state state = block_state::free;
         uint64_t seq = 0;  // pending blocks: the order of their frees (pending_ is sorted by it)
+        uint64_t cum = 0;  // pending blocks: bytes freed into pending_ so far, this block's included
     };
     struct segment {
         uint64_t base = 0, size = 0;  // size: the whole range (reserved address space for VMM)
@@ -174,7 +175,8 @@ class block_pool {
     // blocks on the oldest fences, one at a time, until a free block of `asize` fits in pool `p`
     // (asize 0: until every fence is reached).  True if anything was released or the sync succeeded.
     bool reclaim(api_id api, bool wait, pool_id p = pool_id::small, uint64_t asize = 0);
-    bool wait_for_old_fit(api_id api, pool_id p, uint64_t asize);  // grow()'s wait instead of growing
+    // The wait for an old pending block instead of a growth or of a cut of a larger free block.
+    bool wait_for_old_fit(api_id api, pool_id p, uint64_t asize);
     bool fences_usable() noexcept;
     bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
     // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
@@ -227,6 +229,7 @@ class block_pool {
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
     uint64_t next_seq_ = 0;                  // the next pending block's seq
+    uint64_t pending_cum_ = 0;               // bytes ever freed into pending_ (block::cum)
 
     uint64_t reserved_ = 0, allocated_ = 0, requested_ = 0, free_bytes_ = 0;
     uint64_t pending_bytes_[2] = {0, 0};

@@ -92,6 +92,8 @@ int fake_backend::event_query(uint64_t ev) noexcept {
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
+    if (ok_queries_left_ == 0) return k_cuda_invalid_value;  // a broken context (fail_queries_after)
+    if (ok_queries_left_ > 0) --ok_queries_left_;
     return it->second <= done_ ? k_cuda_success : k_cuda_not_ready;
 }
 
@@ -160,6 +162,11 @@ int fake_backend::stream_query(uint64_t stream) noexcept {
 uint64_t fake_backend::completed() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return done_;
+}
+
+void fake_backend::fail_queries_after(int n) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    ok_queries_left_ = n;
 }
 
 void fake_backend::fail_next_records(int n) noexcept {

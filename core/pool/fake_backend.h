@@ -50,6 +50,7 @@ class fake_backend final : public pool_backend {
     uint64_t last_ticket() const noexcept;  // the ticket of the latest record
     void complete_through(uint64_t ticket) noexcept;
     void fail_next_records(int n) noexcept;  // the next n event_record calls fail (error 1)
+    void fail_queries_after(int n) noexcept;  // n more event_query calls answer, then all fail (error 1)
     // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like
     // an event's.  Returns the ticket.  completed(): the ticket the device has reached.
     uint64_t enqueue_work() noexcept;
@@ -114,6 +115,7 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> records_by_stream_;
     uint64_t next_event_ = 0x100, ticket_ = 0, done_ = 0;
     int fail_records_ = 0;
+    int ok_queries_left_ = -1;  // -1: queries never fail
     std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};
     std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
     uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()

@@ -432,14 +432,44 @@ TEST_CASE("fences: a hit that would cut a large free block waits for an old tigh
     const uint64_t x = f.alloc(100 * MiB), a = f.alloc(16 * MiB), b = f.alloc(16 * MiB), c = f.alloc(16 * MiB);
     f.free(x);
     f.pool.enter_safe_reuse(api_id::cuStreamCreate);
+    const uint64_t waits = f.pool.fence_wait_count();  // the switch's drain
     f.dev.enqueue_work();  // kernels read a, b and c
     f.free(a);
     f.free(b);
     f.free(c);
     const uint64_t reserved = f.pool.snapshot().reserved;
     CHECK(f.alloc(16 * MiB) == a);  // not the front of x
-    CHECK(f.pool.fence_wait_count() >= 1);
+    CHECK(f.pool.fence_wait_count() == waits + 1);
+    CHECK(f.pool.pending_bytes() == 32 * MiB);  // b and c still wait
     CHECK(f.alloc(100 * MiB) == x);  // x is still whole
     CHECK(f.pool.snapshot().reserved == reserved);
     CHECK(f.dev.sync_calls() == 0);
+}
+
+TEST_CASE("fences: a release that merges the block a hit found, then fails, does not leave the hit a stale block", "[fence]") {
+    // The hit would cut b (56 MiB free, beside c); a tighter block waits.  The pool's look for it
+    // releases c by a reached fence, which merges b into c's block, then the next query fails and
+    // so does the synchronize (a broken context): the hit must look again, not take b.
+    pool_config cfg;
+    cfg.reuse = reuse_mode::automatic;
+    fenced f(cfg);
+    const uint64_t d = f.alloc(12 * MiB), e = f.alloc(12 * MiB);  // segments of their own
+    f.free(f.alloc(80 * MiB));                                     // free: one 80 MiB segment
+    const uint64_t a = f.alloc(12 * MiB), c = f.alloc(12 * MiB);   // its front; b is the rest
+    REQUIRE(c == a + 12 * MiB);
+    f.pool.enter_safe_reuse(api_id::cuStreamCreate);
+    f.free(c);  // fence 1
+    f.dev.complete_all();
+    f.dev.enqueue_work();
+    f.free(d);  // fence 2, not reached
+    f.free(e);
+    f.dev.fail_queries_after(1);  // fence 1 answers, fence 2's query fails
+    f.dev.set_sync_result(999);
+    uint64_t p = 0;
+    const int rc = f.pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &p);
+    std::string why;
+    CHECK(f.pool.validate(&why));
+    INFO(why);
+    CHECK(rc == k_cuda_success);
+    CHECK(p == c);  // the front of the merged block
 }
