@@ -53,6 +53,12 @@ std::string fmt_rate(uint64_t n, uint64_t duration_ns) {
     return b;
 }
 
+std::string svg_num(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", v);
+    return b;
+}
+
 std::string fmt_count(uint64_t n) {
     std::string s = std::to_string(n), out;
     int k = 0;

@@ -25,6 +25,7 @@ std::string fmt_hex(uint64_t v);           // "0x7f3a40000000"
 std::string fmt_rate(uint64_t n, uint64_t duration_ns);  // "12.5/s", "450,281/s", "-" for an instant run
 std::string fmt_count(uint64_t n);         // "1,234,567"
 std::string fmt_counted(uint64_t n, const char* one, const char* many);  // "1 block", "1,024 blocks"
+std::string svg_num(double v);             // an SVG coordinate: "12.5" (one decimal is a tenth of a pixel)
 // Control characters from a log shown, never sent to a terminal or browser: ^[ for ESC, ^? for DEL
 // (as less and git do), <U+009B> for C1 controls; "\n" passes when keep_newlines.
 std::string visible(std::string_view s, bool keep_newlines = false);

@@ -17,12 +17,6 @@ namespace {
 
 constexpr double k_width = 980, k_row = 17, k_top = 4;
 
-std::string num(double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.1f", v);
-    return b;
-}
-
 // A colour from a small palette, the same for the same function: Python frames of the program warm,
 // of installed packages and the standard library pale, native frames blue; grey for what is no frame.
 const char* colour_of(const frame_view& f) {
@@ -203,12 +197,12 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
       << ' ' << H << "' role='img' aria-label='flame graph of the bytes live at the peak by call stack'>\n";
     for (const flame_box& b : lay.boxes) {
         double y = k_top + double(b.depth) * k_row;
-        o << "<g><title>" << html_escape(b.title) << "</title><rect x='" << num(b.x) << "' y='" << num(y) << "' width='"
-          << num(std::max(0.5, b.w - 0.5)) << "' height='" << k_row - 1 << "' fill='" << b.fill << "'/>";
+        o << "<g><title>" << html_escape(b.title) << "</title><rect x='" << svg_num(b.x) << "' y='" << svg_num(y) << "' width='"
+          << svg_num(std::max(0.5, b.w - 0.5)) << "' height='" << k_row - 1 << "' fill='" << b.fill << "'/>";
         // About 6.2 px per character at 11 px: a label only where at least three characters fit.
         size_t fit = b.w > 6 ? size_t((b.w - 6) / 6.2) : 0;
         if (fit >= 3)
-            o << "<text x='" << num(b.x + 3) << "' y='" << num(y + 12) << "' font-size='11'>" << html_escape(shorten(b.label, fit))
+            o << "<text x='" << svg_num(b.x + 3) << "' y='" << svg_num(y + 12) << "' font-size='11'>" << html_escape(shorten(b.label, fit))
               << "</text>";
         o << "</g>\n";
     }

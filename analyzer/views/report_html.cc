@@ -30,12 +30,6 @@ const char* k_reserved_color = "#ff7f0e";
 const char* k_frag_color = "#d62728";
 const char* k_pending_color = "#e6a700";
 
-std::string num(double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.1f", v);
-    return b;
-}
-
 struct series {
     std::string name, color;
     std::vector<std::pair<uint64_t, double>> pts;  // (x, value); x is t in ns, or an event index
@@ -89,20 +83,20 @@ std::string line_chart(std::vector<series> ss, bool percent, const std::string& 
     for (int i = 0; i <= 4; ++i) {
         double v = ymax / 1.05 * i / 4;
         double y = Y(v);
-        o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << num(y) << "' y2='" << num(y) << "' stroke='#e2e2e2'/>"
-          << "<text x='" << L - 6 << "' y='" << num(y + 4) << "' font-size='11' text-anchor='end'>"
+        o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << svg_num(y) << "' y2='" << svg_num(y) << "' stroke='#e2e2e2'/>"
+          << "<text x='" << L - 6 << "' y='" << svg_num(y + 4) << "' font-size='11' text-anchor='end'>"
           << (percent ? fmt_pct(v) : fmt_bytes(clamp_to_u64(v))) << "</text>\n";
     }
     for (int i = 0; i <= 5; ++i) {
         uint64_t t = t0 + clamp_to_u64(double(t1 - t0) * i / 5, t1 - t0);  // double(t1 - t0) may round up past it
-        o << "<text x='" << num(X(t)) << "' y='" << H - B + 16 << "' font-size='11' text-anchor='middle'>" << ax.label(t)
+        o << "<text x='" << svg_num(X(t)) << "' y='" << H - B + 16 << "' font-size='11' text-anchor='middle'>" << ax.label(t)
           << "</text>\n";
     }
     o << "<text x='" << L << "' y='18' font-size='13' font-weight='600'>" << html_escape(title) << "</text>\n";
     double lx = W - R - 10;
     for (auto it = ss.rbegin(); it != ss.rend(); ++it) {  // legend, right-aligned
         lx -= 8 + 7.0 * double(it->name.size()) + 18;
-        o << "<rect x='" << num(lx) << "' y='9' width='12' height='12' fill='" << it->color << "'/><text x='" << num(lx + 16)
+        o << "<rect x='" << svg_num(lx) << "' y='9' width='12' height='12' fill='" << it->color << "'/><text x='" << svg_num(lx + 16)
           << "' y='19' font-size='12'>" << html_escape(it->name) << "</text>\n";
     }
     // Drawn first = widest: where lines run together (allocated = requested between two spikes) each
@@ -110,16 +104,16 @@ std::string line_chart(std::vector<series> ss, bool percent, const std::string& 
     for (size_t i = 0; i < ss.size(); ++i) {
         const series& s = ss[i];
         if (s.pts.empty()) continue;
-        o << "<polyline fill='none' stroke='" << s.color << "' stroke-width='" << num(1.6 + 1.5 * double(ss.size() - 1 - i))
+        o << "<polyline fill='none' stroke='" << s.color << "' stroke-width='" << svg_num(1.6 + 1.5 * double(ss.size() - 1 - i))
           << "' points='";
         double prev_y = Y(0);
-        o << num(X(s.pts.front().first)) << ',' << num(prev_y) << ' ';
+        o << svg_num(X(s.pts.front().first)) << ',' << svg_num(prev_y) << ' ';
         for (const auto& [t, v] : s.pts) {
             double x = X(t), y = Y(v);
-            o << num(x) << ',' << num(prev_y) << ' ' << num(x) << ',' << num(y) << ' ';
+            o << svg_num(x) << ',' << svg_num(prev_y) << ' ' << svg_num(x) << ',' << svg_num(y) << ' ';
             prev_y = y;
         }
-        o << num(X(t1)) << ',' << num(prev_y) << "'/>\n";
+        o << svg_num(X(t1)) << ',' << svg_num(prev_y) << "'/>\n";
     }
     o << "</svg>\n";
     return o.str();
@@ -190,8 +184,8 @@ std::string segment_map_svg(const state_snapshot& s) {
         o << "<g><title>" << fmt_hex(v.base) << ": " << fmt_bytes(v.size) << " (" << pool_name(v.pool) << "), "
           << fmt_counted(v.blocks.size(), "block", "blocks") << ", " << fmt_bytes(v.size - used) << " free, largest free " << fmt_bytes(largest)
           << (tail ? ", then " + fmt_bytes(tail) + " of address space not mapped" : std::string()) << "</title>\n";
-        o << "<text x='0' y='" << num(y + 11) << "' font-size='11'>" << fmt_hex(v.base) << " " << fmt_bytes(v.size) << "</text>";
-        o << "<rect x='" << label << "' y='" << num(y) << "' width='" << num(w) << "' height='" << row - 3
+        o << "<text x='0' y='" << svg_num(y + 11) << "' font-size='11'>" << fmt_hex(v.base) << " " << fmt_bytes(v.size) << "</text>";
+        o << "<rect x='" << label << "' y='" << svg_num(y) << "' width='" << svg_num(w) << "' height='" << row - 3
           << "' fill='#e3e3e3' stroke='#999' stroke-width='0.5'/>\n";
         // Merge blocks closer than half a pixel into one run, so a segment of thousands of small
         // blocks stays a handful of rectangles.
@@ -201,7 +195,7 @@ std::string segment_map_svg(const state_snapshot& s) {
         const char* fill = "#ffffff";
         auto flush = [&] {
             if (run_x0 < 0) return;
-            o << "<rect x='" << num(label + run_x0) << "' y='" << num(y) << "' width='" << num(std::max(0.6, run_x1 - run_x0))
+            o << "<rect x='" << svg_num(label + run_x0) << "' y='" << svg_num(y) << "' width='" << svg_num(std::max(0.6, run_x1 - run_x0))
               << "' height='" << row - 3 << "' fill='" << fill << "'/>";
         };
         for (const auto* list : {&v.holes, &v.blocks, &v.pending}) {
@@ -261,11 +255,11 @@ std::string histogram_svg(const size_histogram& h, const std::string& title, con
         uint64_t c = h.count[size_t(i)];
         double bh = (H - T - B) * double(c) / double(top);
         double x = L + (i - lo) * bw;
-        o << "<rect x='" << num(x + 1) << "' y='" << num(H - B - bh) << "' width='" << num(std::max(1.0, bw - 2))
-          << "' height='" << num(bh) << "' fill='" << color << "'><title>" << fmt_bytes(i ? uint64_t(1) << i : 0) << " – "
+        o << "<rect x='" << svg_num(x + 1) << "' y='" << svg_num(H - B - bh) << "' width='" << svg_num(std::max(1.0, bw - 2))
+          << "' height='" << svg_num(bh) << "' fill='" << color << "'><title>" << fmt_bytes(i ? uint64_t(1) << i : 0) << " – "
           << fmt_bytes(i == 63 ? UINT64_MAX : (uint64_t(1) << (i + 1)) - 1) << ": " << c << "</title></rect>\n";
         if (n <= 16 || (i - lo) % ((n + 15) / 16) == 0)
-            o << "<text x='" << num(x + bw / 2) << "' y='" << H - B + 14 << "' font-size='10' text-anchor='middle'>"
+            o << "<text x='" << svg_num(x + bw / 2) << "' y='" << H - B + 14 << "' font-size='10' text-anchor='middle'>"
               << short_bytes(i ? uint64_t(1) << i : 0) << "</text>\n";
     }
     o << "<text x='" << L << "' y='" << H - 6 << "' font-size='10' fill='#555'>size bucket (lower bound, powers of two)</text>\n";
