@@ -918,15 +918,18 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
     // for the newest (recorded just now, after all the work the program has queued) would drain
     // the GPU's queue: the device idles while the program queues its next kernels, and a
     // training step under PYTORCH_NO_CUDA_MEMORY_CACHING pays that at every wait.
-    while (wait && !fences_.empty() && !(asize && find_free(p, asize))) {
-        ++fence_waits_;
-        for (uint64_t ev : fences_.front().events)
-            if (backend_.event_synchronize(ev) != k_cuda_success) return sync_release(api);
-        const size_t left = fences_.size();
-        if (poll_fences(api, true) != k_cuda_success) return sync_release(api);
-        if (fences_.size() >= left) return sync_release(api);  // reached but not released: a broken event
-    }
+    while (wait && !fences_.empty() && !(asize && find_free(p, asize)))
+        if (!wait_oldest_fence(api)) return sync_release(api);
     return pending_.size() < before;
+}
+
+bool block_pool::wait_oldest_fence(api_id api) {
+    ++fence_waits_;
+    for (uint64_t ev : fences_.front().events)
+        if (backend_.event_synchronize(ev) != k_cuda_success) return false;
+    const size_t left = fences_.size();
+    if (poll_fences(api, true) != k_cuda_success) return false;
+    return fences_.size() < left;  // reached but not released: a broken event
 }
 
 // A program under PYTORCH_NO_CUDA_MEMORY_CACHING runs far ahead of the GPU: on the H200 GPT-2 run
@@ -986,12 +989,7 @@ bool block_pool::wait_for_old_fit(api_id api, pool_id p, uint64_t asize) {
     while (before - pending_.size() < need && !fences_.empty()) {
         // A capture opened on another thread since the caller looked must see no wait.
         if (!can_sync()) return false;
-        ++fence_waits_;
-        for (uint64_t ev : fences_.front().events)
-            if (backend_.event_synchronize(ev) != k_cuda_success) return sync_release(api);
-        const size_t left = fences_.size();
-        if (poll_fences(api, true) != k_cuda_success) return sync_release(api);
-        if (fences_.size() >= left) return sync_release(api);  // reached but not released: a broken event
+        if (!wait_oldest_fence(api)) return sync_release(api);
     }
     return before - pending_.size() >= need;
 }

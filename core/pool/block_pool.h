@@ -177,6 +177,9 @@ class block_pool {
     bool reclaim(api_id api, bool wait, pool_id p = pool_id::small, uint64_t asize = 0);
     // The wait for an old pending block instead of a growth or of a cut of a larger free block.
     bool wait_for_old_fit(api_id api, pool_id p, uint64_t asize);
+    // Blocks on the oldest fence (fences_ not empty) and releases its frees; false when an event
+    // broke, and the caller then falls back to sync_release().
+    bool wait_oldest_fence(api_id api);
     bool fences_usable() noexcept;
     bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
     // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
