@@ -7,13 +7,15 @@ namespace gpumem {
 
 namespace {
 
-// Pinned memory on the backend's device, no shareable handle type: legacy IPC cannot export it
-// anyway (docs/pool.md, "Sharing memory between processes").
-CUmemAllocationProp chunk_prop(int device) noexcept {
+// Pinned memory on the backend's device; exportable as a file descriptor when `shareable`, the only
+// way to share cuMemCreate memory with another process (legacy IPC cannot; docs/pool.md, "Sharing
+// memory between processes").
+CUmemAllocationProp chunk_prop(int device, bool shareable) noexcept {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
+    if (shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return prop;
 }
 
@@ -99,7 +101,11 @@ uint64_t driver_backend::vmm_granularity() noexcept {
             CUDA_SUCCESS ||
         !supported)
         return 0;
-    const CUmemAllocationProp prop = chunk_prop(device_);
+    int fd_ok = 0;
+    shareable_.store(get_attribute(&fd_ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                   CUdevice(device_)) == CUDA_SUCCESS &&
+                     fd_ok);
+    const CUmemAllocationProp prop = chunk_prop(device_, shareable_.load());
     size_t g = 0;
     if (granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
     granularity_ = g;
@@ -127,13 +133,20 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
     auto release = GPUMEM_REAL(cuMemRelease);
     auto set_access = GPUMEM_REAL(cuMemSetAccess);
     if (!create || !map || !release || !set_access) return CUDA_ERROR_NOT_SUPPORTED;
-    const CUmemAllocationProp prop = chunk_prop(device_);
+    CUmemAllocationProp prop = chunk_prop(device_, shareable_.load(std::memory_order_relaxed));
     return in_context([&]() -> CUresult {
         size_t done = 0;
         CUresult r = CUDA_SUCCESS;
         for (; done < n; ++done) {
             CUmemGenericAllocationHandle h = 0;
             r = create(&h, size_t(chunk), &prop, 0);
+            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.requestedHandleTypes) {
+                // A driver (or a container) that says it can export but will not: chunks without a
+                // handle type serve the program; only sharing them is lost.
+                shareable_.store(false, std::memory_order_relaxed);
+                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+                r = create(&h, size_t(chunk), &prop, 0);
+            }
             if (r != CUDA_SUCCESS) break;
             r = map(CUdeviceptr(addr + done * chunk), size_t(chunk), 0, h, 0);
             if (r != CUDA_SUCCESS) {

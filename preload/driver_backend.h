@@ -53,6 +53,10 @@ class driver_backend final : public pool_backend {
     std::atomic<CUcontext> ctx_;
     const int device_;
     uint64_t granularity_ = 0;  // vmm_granularity's answer (the pool asks once, under its lock)
+    // Chunks are made exportable as POSIX file descriptors, so that a pooled block can be shared
+    // with another process (ipc_share.cc): set where the device supports it, cleared for good the
+    // first time the driver refuses such a chunk for any reason but memory.
+    std::atomic<bool> shareable_{false};
 };
 
 }  // namespace gpumem

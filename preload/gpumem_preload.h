@@ -27,7 +27,8 @@ namespace gpumem {
     X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemAddressReserve)     \
     X(cuMemAddressFree) X(cuMemHostAlloc) X(cuMemAllocHost_v2) X(cuMemFreeHost)         \
     X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)       \
-    X(cuIpcGetMemHandle) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)              \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                \
+    X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)                                    \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)                  \
     X(cuStreamEndCapture_ptsz) X(cuStreamCreate) X(cuStreamCreateWithPriority)          \
@@ -43,7 +44,8 @@ namespace gpumem {
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
-    X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamQuery)
+    X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamQuery) \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)
 
 enum class drv : int {
 #define GPUMEM_X(n) n,

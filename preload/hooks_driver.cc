@@ -290,6 +290,8 @@ CUresult pool_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p, 
 CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept;
+CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool* handled) noexcept;
+CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept;
 void pool_context_gone(CUcontext ctx, int dev) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
@@ -325,6 +327,28 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuIpcGetMemHandle(CUipcMemHandle* h, CUdevic
     bool handled = false;
     CUresult r = pool_ipc_handle(h, p, &handled);
     return handled ? r : f(h, p);
+}
+
+// A gpumem handle (a pooled block another process exported, ipc_share.cc) is opened by gpumem;
+// every other handle, and every pointer gpumem did not open, is the driver's.
+extern "C" GPUMEM_HIDDEN CUresult w_cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) {
+    auto f = real<CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int)>(drv::cuIpcOpenMemHandle_v2);
+    if (guard::active()) return f ? f(p, h, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    guard g;
+    bool handled = false;
+    CUresult r = ipc_open(p, h, flags, &handled);
+    if (handled) return r;
+    return f ? f(p, h, flags) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuIpcCloseMemHandle(CUdeviceptr p) {
+    auto f = real<CUresult (*)(CUdeviceptr)>(drv::cuIpcCloseMemHandle);
+    if (guard::active()) return f ? f(p) : CUDA_ERROR_NOT_INITIALIZED;
+    guard g;
+    bool handled = false;
+    CUresult r = ipc_close(p, &handled);
+    if (handled) return r;
+    return f ? f(p) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
@@ -488,6 +512,8 @@ GPUMEM_EXPORT_HOOK(cuMemGetAddressRange_v2, (CUdeviceptr* a, size_t* b, CUdevice
 GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))
+GPUMEM_EXPORT_HOOK(cuIpcOpenMemHandle_v2, (CUdeviceptr* a, CUipcMemHandle b, unsigned int c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuIpcCloseMemHandle, (CUdeviceptr a), (a))
 GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))

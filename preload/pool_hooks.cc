@@ -22,6 +22,11 @@
 
 namespace gpumem {
 
+// ipc_share.cc: pooled blocks shared with other processes.
+CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, const block_pool::block_info& bi) noexcept;
+void ipc_block_freed(uint64_t block) noexcept;
+void ipc_after_fork() noexcept;
+
 namespace {
 
 // The pool's events go to the recorder, which numbers and publishes them like any other.  The
@@ -170,6 +175,7 @@ void pool_after_fork() noexcept {
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
     registry().reset_after_fork();
+    ipc_after_fork();
     auto_switch().reset_after_fork();
     streams().reset_after_fork();
     g_captures.store(0);
@@ -202,6 +208,9 @@ bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
     auto_switch().settle_deferred();
     // Most frees come from the allocating context; any pool may own the block, though (another
     // thread, another context current).
+    // An export names a live block by its start, so it ends here, before the block can be handed
+    // out (and exported) again.
+    ipc_block_freed(ptr);
     pool_registry::slot* first = reg.find(current_context());
     if (first && first->pool->deallocate(ptr, api, result)) return true;
     for (int i = 0; i < n; ++i) {
@@ -279,23 +288,21 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
 }
 
 // An IPC handle names a whole driver allocation, and the importer's cuIpcOpenMemHandle returns
-// that allocation's base.  For a block at offset 0 of its segment the base *is* the block, so the
-// real handle is right (the importer maps the rest of the segment too, unseen).  For any other
-// block the importer would get the segment's base, a silently wrong pointer, while this process's
-// cuMemGetAddressRange says the block starts elsewhere: refuse instead, loudly.  A block of a
-// virtual-memory segment has no legacy IPC handle at all (cuMemCreate memory), so it is refused too.
+// that allocation's base.  For a block at offset 0 of a cuMemAlloc segment the base *is* the
+// block, so the real handle is right (the importer maps the rest of the segment too, unseen), and
+// an importer without gpumem can open it.  Any other pooled block has no handle of its own (a
+// virtual-memory block has no legacy handle at all): ipc_share.cc hands out a gpumem handle,
+// which an importer under gpumem opens.
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept {
-    static std::atomic<bool> said{false};
     block_pool::block_info bi{};
-    if (!lookup_any(uint64_t(p), &bi) || (bi.allocated && bi.block == bi.segment && !bi.vmm)) {
+    pool_registry::slot* s = lookup_any(uint64_t(p), &bi);
+    if (!s || (bi.allocated && bi.block == bi.segment && !bi.vmm)) {
         *handled = false;
         return CUDA_SUCCESS;
     }
     *handled = true;
-    if (bi.allocated)
-        say_once(said, "cuIpcGetMemHandle on a pooled block returns CUDA_ERROR_INVALID_VALUE (its segment is "
-                       "shared or on virtual memory); run with GPUMEM_POOL=off to share memory between processes");
-    return CUDA_ERROR_INVALID_VALUE;
+    if (!bi.allocated || !h) return CUDA_ERROR_INVALID_VALUE;  // free memory inside a segment: no allocation
+    return ipc_export(h, *s->pool, CUcontext(uintptr_t(s->ctx.load(std::memory_order_acquire))), bi);
 }
 
 // ---------------------------------------------------------------------------------------------

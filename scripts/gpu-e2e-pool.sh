@@ -40,3 +40,29 @@ python3 tests/gpu/pool_checks.py "$LOGS" "$ROUNDS" >> "$RESULTS"
   echo "with gpumem, pool on, GPUMEM_REUSE=immediate:"; GPUMEM_REUSE=immediate GPUMEM_OUT="$LOGS/bench-pool-imm.%p.jsonl" LD_PRELOAD="$LIB" "$APP" bench | grep bench
   echo '```'
 } >> "$RESULTS" 2>&1
+
+# Legacy IPC of pooled blocks (docs/pool.md, "Sharing memory between processes"): a child process
+# opens the parent's buffers, checks and changes them.  gpumem must give the outcome the program
+# has without it, on virtual memory (the default) and on cuMemAlloc segments.
+ipc_run() {  # ipc_run WORKLOAD NAME ENV...: prints "ok" or "FAIL", the JSON line goes to the log dir
+  local w=$1 name=$2; shift 2
+  env "$@" timeout 600 python3 tests/gpu/ipc_share.py "$w" > "$LOGS/ipc-$w-$name.json" 2> "$LOGS/ipc-$w-$name.stderr"
+  if grep -q '"ok": true' "$LOGS/ipc-$w-$name.json"; then echo ok; else echo FAIL; fi
+}
+{
+  echo
+  echo "### Device memory shared between processes (legacy IPC): the same outcome with and without gpumem"
+  echo '| workload | allocator | without gpumem | gpumem pool (VMM) | gpumem pool, GPUMEM_POOL_VMM=off | verdict |'
+  echo '|---|---|---|---|---|---|'
+  for spec in "torch caching" "torch no-caching" "cupy cudaMalloc"; do
+    read -r w alloc <<< "$spec"
+    nc=()
+    [ "$alloc" = no-caching ] && nc=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    base=$(ipc_run "$w" "$alloc-native" "${nc[@]}")
+    vmm=$(ipc_run "$w" "$alloc-gpumem" "${nc[@]}" GPUMEM_OUT="$LOGS/ipc-$w-$alloc.%p.jsonl" LD_PRELOAD="$LIB")
+    novmm=$(ipc_run "$w" "$alloc-gpumem-novmm" "${nc[@]}" GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/ipc-$w-$alloc-novmm.%p.jsonl" LD_PRELOAD="$LIB")
+    verdict=PASS
+    if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ]; then verdict=FAIL; fails=$((fails + 1)); fi
+    echo "| $w | $alloc | $base | $vmm | $novmm | $verdict |"
+  done
+} >> "$RESULTS" 2>&1

@@ -30,11 +30,14 @@ const char* lookup(const char* name) {
 std::string gpumem_pool_config(const std::string& log_config_json, const std::string& overrides, pool_config& out) {
     std::map<std::string, std::string> env;
     auto cfg = nlohmann::json::parse(log_config_json, nullptr, false);
-    if (cfg.is_object())
+    if (cfg.is_object()) {
         for (auto& [k, v] : cfg.items()) {
             if (v.is_string()) env[k] = v.get<std::string>();
             else if (v.is_number_unsigned()) env[k] = std::to_string(v.get<uint64_t>());
         }
+        // A pooled run whose header has no pool_vmm predates the knob: its segments were cuMemAlloc's.
+        if (env.count("pool") && env["pool"] == "on" && !env.count("pool_vmm")) env["pool_vmm"] = "off";
+    }
     size_t pos = 0;
     while (pos < overrides.size()) {
         size_t comma = overrides.find(',', pos);

@@ -1288,6 +1288,26 @@ bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
     return true;
 }
 
+bool block_pool::visit_block_chunks(uint64_t addr, size_t from, size_t max, chunk_view* view, chunk_visitor visit,
+                                    void* ctx) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = blocks_.find(addr);
+    if (it == blocks_.end()) return false;
+    const block* b = it->second;
+    const segment* s = b->seg;
+    if (b->state != block_state::allocated || !s->vmm() || !chunk_) return false;
+    const uint64_t lo = (b->addr - s->base) / chunk_;
+    const uint64_t hi = (b->addr + std::max<uint64_t>(b->requested, 1) - s->base + chunk_ - 1) / chunk_;
+    view->chunk = chunk_;
+    view->offset = b->addr - (s->base + lo * chunk_);
+    view->count = hi - lo;
+    if (from >= view->count) return false;
+    const size_t n = size_t(std::min<uint64_t>(max, view->count - from));
+    for (size_t k = 0; k < n; ++k)
+        if (!s->chunks[lo + from + k]) return false;  // an allocated block's chunks are mapped; never trust it blindly
+    return visit(ctx, &s->chunks[lo + from], n);
+}
+
 pool_state block_pool::snapshot_locked() const noexcept {
     pool_state p{};
     p.reserved = reserved_;

@@ -52,6 +52,20 @@ class block_pool {
     // range instead of the segment's, and step aside (e.g. cuIpcGetMemHandle) for pooled blocks.
     bool lookup(uint64_t addr, block_info* out) const noexcept;
 
+    // Sharing a block with another process (docs/pool.md, "Sharing memory between processes"):
+    // the physical chunks under [addr, addr + requested) of the allocated block that starts at
+    // addr in a virtual-memory segment.  Under the pool's lock, so that no free can release them
+    // meanwhile, calls visit(ctx, handles, n) with chunks [from, from + n) of them, n <= max, and
+    // fills *view.  False, with visit not called, for any other address or when visit says so.
+    struct chunk_view {
+        uint64_t chunk;   // bytes per chunk
+        uint64_t offset;  // addr minus the first chunk's address
+        uint64_t count;   // chunks under the block
+    };
+    using chunk_visitor = bool (*)(void* ctx, const uint64_t* handles, size_t n);
+    bool visit_block_chunks(uint64_t addr, size_t from, size_t max, chunk_view* view, chunk_visitor visit,
+                            void* ctx) const noexcept;
+
     // The schema's pool_state; size, gpu_free and gpu_total are left 0.
     pool_state snapshot() const noexcept;
     // Bytes freed by the program but not yet reusable (safe mode).

@@ -83,7 +83,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
         if (const char* v = get("GPUMEM_POOL_VMM"); v && *v) {
             if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) c.vmm = true;
             else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.vmm = false;
-            else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using off\n";
+            else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
         }
         if (const char* v = get("GPUMEM_POOL_ARENA"); v && *v) {
             uint64_t x = 0;

@@ -35,9 +35,11 @@ struct pool_config {
     // step maps and unmaps thousands of 2 MiB chunks), so it is a choice for runs short of memory,
     // not a default (docs/benchmarks.md, "Trimming the pool on virtual memory").
     uint64_t trim = 0;
-    // GPUMEM_POOL_VMM = on | off: segments on virtual memory.  Off by default until it has run on a
-    // GPU, and because legacy IPC (cuIpcGetMemHandle) cannot export VMM memory (docs/pool.md).
-    bool vmm = false;
+    // GPUMEM_POOL_VMM = on | off: segments on virtual memory (cuMemCreate chunks) where the device
+    // supports it, so that the pool can give back every whole free chunk and never fails a request
+    // the driver alone would serve (docs/pool.md).  On by default since legacy IPC of pooled blocks
+    // has a fallback (preload/ipc_share.cc); off: cuMemAlloc segments, as on devices without VMM.
+    bool vmm = true;
     // GPUMEM_POOL_ARENA = auto | off | SIZE (virtual memory only): each of the two pools grows in
     // one reserved address range, an arena, mapping 2 MiB chunks at its end as it needs them, as
     // PyTorch's expandable_segments does, instead of taking a segment per growth.  Freed blocks then
@@ -45,7 +47,6 @@ struct pool_config {
     // memory plus an eighth of address space per arena (PyTorch's choice).  off: a segment per growth.
     bool arenas = true;
     uint64_t arena = 0;
-                                                 // (cuMemCreate chunks) where the device supports it
 
     // Problems met while reading the environment ("GPUMEM_POOL_ROUND=3: not a power of two >= 256;
     // using 512"), empty when none.  The caller may print or log them; from_env never does.

@@ -1,4 +1,4 @@
-// The emulated CUDA driver: a stand-in libcuda.so.1 with made-up device addresses, a capacity, real OOM codes and call counters.
+// The emulated CUDA driver: a stand-in libcuda.so.1 with made-up device addresses, a capacity, real OOM codes, IPC between processes and call counters.
 //
 // It is what gpumem's tests and demo run against on machines with no GPU.  Device memory is never
 // backed (addresses are only numbers, as the tests never touch device memory); pinned host memory is
@@ -8,14 +8,29 @@
 //   GPUMEM_EMU_LATENCY_NS busy-wait added to every allocation and free (to mimic a real driver)
 //   GPUMEM_EMU_VMM        0: a driver without virtual memory management (the VMM calls answer
 //                         CUDA_ERROR_NOT_SUPPORTED, the device attribute says 0); default 1
+//   GPUMEM_EMU_IPC_FD     0: chunks cannot be exported as POSIX file descriptors (the device
+//                         attribute says 0, cuMemCreate refuses to make exportable chunks), as on a
+//                         driver or container without them; any other value or unset: they can,
+//                         when GPUMEM_EMU_VMM is on
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
 // cuMemAlloc; a map must lie inside a reservation and over no other mapping; an unmap must cover
 // whole mappings; a released handle's memory is freed once its last mapping goes; access must be
 // set on mapped bytes only.
+//
+// IPC works between real processes, though no memory is shared: what crosses is the name of the
+// exporter's memory, so that a test can ask (gpumem_emu_backing) which process's allocation, and
+// where in it, an importer's pointer lands.  A chunk made exportable is exported as a real memfd
+// holding {pid, handle, size, device}; a legacy IPC handle holds {base, size, pid}.  Imported and
+// opened memory belongs to the exporter and is not charged to the importer's capacity.
 #include <cuda.h>
 #undef cuGetProcAddress
+#undef cuIpcOpenMemHandle  // the header renames it to _v2; the driver exports both names
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <chrono>
@@ -32,7 +47,7 @@ namespace {
 struct allocation {
     uint64_t size;
     int dev;
-    int kind;  // 0 device, 1 managed, 2 vmm handle
+    int kind;  // 0 device, 1 managed, 2 vmm handle, 3 opened legacy IPC memory
 };
 
 struct vmm_handle {
@@ -40,6 +55,26 @@ struct vmm_handle {
     int dev;
     int mappings;   // live mappings of it
     bool released;  // cuMemRelease was called: freed when mappings reaches 0
+    bool exportable = false;     // made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (or imported)
+    bool imported = false;       // another handle's memory, maybe another process's: never charged here
+    int origin_pid = 0;          // whose chunk it is: this process and this handle for a local one,
+    uint64_t origin_handle = 0;  // the first exporter's for an imported one (re-exports keep it)
+};
+
+struct vmm_mapping {
+    uint64_t size;
+    uint64_t handle;
+    uint64_t offset;  // into the handle's chunk (cuMemMap's offset)
+};
+
+// Another process's cuMemAlloc allocation, opened here by cuIpcOpenMemHandle.  Opening the same
+// allocation again returns the same address and counts a reference, as the driver does.
+struct opened_ipc {
+    uint64_t size;
+    int dev;
+    int refs;
+    int origin_pid;
+    uint64_t origin_base;
 };
 
 struct emu_state {
@@ -47,8 +82,10 @@ struct emu_state {
     std::map<uint64_t, allocation> device_allocs;     // base -> allocation
     std::map<uint64_t, vmm_handle> handles;           // VMM handle -> physical allocation
     std::map<uint64_t, uint64_t> reservations;        // VA base -> size
-    std::map<uint64_t, std::pair<uint64_t, uint64_t>> mappings;  // VA -> (size, handle)
+    std::map<uint64_t, vmm_mapping> mappings;         // VA -> mapping
+    std::map<uint64_t, opened_ipc> opened;            // VA base -> another process's allocation
     uint64_t next_reserve_va = 0x600000000000ull;     // reservations: below every device's cuMemAlloc range
+    uint64_t next_opened_va = 0x500000000000ull;      // opened IPC memory: below the reservations
     uint64_t used[16] = {};
     uint64_t next_va[16] = {};
     uint64_t next_handle = 0x1000;
@@ -57,6 +94,7 @@ struct emu_state {
     uint64_t latency_ns = 0;
     bool initialized = false;
     bool vmm = true;
+    bool ipc_fd = true;
     std::atomic<int> capturing{0};
 };
 
@@ -74,6 +112,7 @@ emu_state& st() {
         if (const char* d = getenv("GPUMEM_EMU_DEVICES")) e->devices = std::max(1, std::min(16, atoi(d)));
         if (const char* l = getenv("GPUMEM_EMU_LATENCY_NS")) e->latency_ns = strtoull(l, nullptr, 10);
         if (const char* v = getenv("GPUMEM_EMU_VMM")) e->vmm = atoi(v) != 0;
+        if (const char* f = getenv("GPUMEM_EMU_IPC_FD")) e->ipc_fd = strcmp(f, "0") != 0;
         for (int i = 0; i < 16; ++i) e->next_va[i] = 0x7f0000000000ull + uint64_t(i) * 0x10000000000ull;
         return e;
     }();
@@ -99,6 +138,9 @@ counter g_counters[] = {
     {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
     {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}},
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
+    {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
+    {"cuIpcOpenMemHandle_v2", {0}},  // both names, cuIpcOpenMemHandle and _v2
+    {"cuIpcCloseMemHandle", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -157,7 +199,8 @@ CUresult device_free(CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 
-// The allocation containing p, if any: a cuMemAlloc allocation or (with_vmm) a VMM mapping.
+// The allocation containing p, if any: a cuMemAlloc allocation or (with_vmm) a VMM mapping or
+// opened IPC memory.
 bool find_alloc(uint64_t p, uint64_t* base, allocation* out, bool with_vmm = true) {
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
@@ -171,13 +214,22 @@ bool find_alloc(uint64_t p, uint64_t* base, allocation* out, bool with_vmm = tru
         }
     }
     if (!with_vmm) return false;
+    auto o = s.opened.upper_bound(p);
+    if (o != s.opened.begin()) {
+        --o;
+        if (p < o->first + o->second.size) {
+            *base = o->first;
+            *out = allocation{o->second.size, o->second.dev, 3};
+            return true;
+        }
+    }
     auto m = s.mappings.upper_bound(p);
     if (m == s.mappings.begin()) return false;
     --m;
-    if (p >= m->first + m->second.first) return false;
-    auto h = s.handles.find(m->second.second);
+    if (p >= m->first + m->second.size) return false;
+    auto h = s.handles.find(m->second.handle);
     *base = m->first;
-    *out = allocation{m->second.first, h != s.handles.end() ? h->second.dev : 0, 2};
+    *out = allocation{m->second.size, h != s.handles.end() ? h->second.dev : 0, 2};
     return true;
 }
 
@@ -203,6 +255,7 @@ EMU_EXPORT uint64_t gpumem_emu_live_vmm(const char* what) {
     if (!strcmp(what, "handles")) return st().handles.size();
     if (!strcmp(what, "mappings")) return st().mappings.size();
     if (!strcmp(what, "reservations")) return st().reservations.size();
+    if (!strcmp(what, "ipc_opened")) return st().opened.size();  // opened legacy IPC memory not yet closed
     return 0;
 }
 
@@ -244,6 +297,7 @@ EMU_EXPORT CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice 
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     switch (a) {
         case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = st().vmm ? 1 : 0; break;
+        case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *v = st().vmm && st().ipc_fd ? 1 : 0; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
         case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
@@ -293,7 +347,8 @@ EMU_EXPORT CUresult cuStreamSynchronize(CUstream) {
     bump("cuStreamSynchronize");
     return CUDA_SUCCESS;
 }
-// Context teardown frees the context's memory, as the real driver does.
+// Context teardown frees the context's memory and closes the IPC memory opened in it, as the real
+// driver does.
 static void drop_device_memory(int dev) {
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
@@ -305,6 +360,7 @@ static void drop_device_memory(int dev) {
             ++it;
         }
     }
+    for (auto it = s.opened.begin(); it != s.opened.end();) it = it->second.dev == dev ? s.opened.erase(it) : std::next(it);
 }
 EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
@@ -513,16 +569,69 @@ EMU_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* attr
     }
     return CUDA_SUCCESS;
 }
-// An IPC handle names the whole cuMemAlloc allocation holding p; the emulated one stores its base
-// and size.  Legacy IPC does not cover cuMemCreate memory: the driver refuses it, and so does this.
+// An IPC handle names the whole cuMemAlloc allocation holding p.  The emulated one holds, in
+// `reserved`: [0,8) its base, [8,16) its size, [16,20) the exporter's pid, [20,28) a magic, so that
+// a handle of zeros or garbage is refused; the rest zero.  Legacy IPC does not cover cuMemCreate
+// memory, nor memory opened from another process: the driver refuses them, and so does this.
+namespace {
+constexpr uint64_t k_ipc_magic = 0x4350494d454d5047ull;  // "GPMEMIPC" read little-endian
+}
 EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
     bump("cuIpcGetMemHandle");
     uint64_t b;
     allocation a;
     if (!h || !find_alloc(uint64_t(p), &b, &a, false)) return CUDA_ERROR_INVALID_VALUE;
+    const int32_t pid = int32_t(getpid());
     memset(h, 0, sizeof *h);
     memcpy(h->reserved, &b, sizeof b);
     memcpy(h->reserved + 8, &a.size, sizeof a.size);
+    memcpy(h->reserved + 16, &pid, sizeof pid);
+    memcpy(h->reserved + 20, &k_ipc_magic, sizeof k_ipc_magic);
+    return CUDA_SUCCESS;
+}
+// Maps another process's allocation into this context, at a fresh address: no memory is charged
+// here (it is the exporter's).  The same allocation opened twice gives the same address and needs
+// two closes, as with the driver.  A handle of this very process is refused, as the driver does.
+static CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags) {
+    bump("cuIpcOpenMemHandle_v2");
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!p || (flags & ~unsigned(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) return CUDA_ERROR_INVALID_VALUE;
+    const int dev = current_dev();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t base, size, magic;
+    int32_t pid;
+    memcpy(&base, h.reserved, sizeof base);
+    memcpy(&size, h.reserved + 8, sizeof size);
+    memcpy(&pid, h.reserved + 16, sizeof pid);
+    memcpy(&magic, h.reserved + 20, sizeof magic);
+    if (magic != k_ipc_magic || base == 0 || size == 0 || pid <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (pid == int32_t(getpid())) return CUDA_ERROR_INVALID_VALUE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    for (auto& [va, o] : s.opened) {
+        if (o.origin_pid == pid && o.origin_base == base && o.dev == dev) {
+            ++o.refs;
+            *p = CUdeviceptr(va);
+            return CUDA_SUCCESS;
+        }
+    }
+    const uint64_t va = align_up(s.next_opened_va, 2u << 20);
+    s.next_opened_va = va + align_up(size, 2u << 20) + (2u << 20);  // a gap: opened ranges never touch
+    s.opened[va] = opened_ipc{size, dev, 1, pid, base};
+    *p = CUdeviceptr(va);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) { return ipc_open(p, h, flags); }
+// The name before CUDA 11 (then with a 32-bit-era CUdeviceptr; the same ABI on 64-bit hosts).
+EMU_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) { return ipc_open(p, h, flags); }
+// Only an address cuIpcOpenMemHandle returned; the last close unmaps it.
+EMU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    bump("cuIpcCloseMemHandle");
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.opened.find(uint64_t(p));
+    if (it == s.opened.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (--it->second.refs == 0) s.opened.erase(it);
     return CUDA_SUCCESS;
 }
 
@@ -538,12 +647,24 @@ CUresult check_prop(const CUmemAllocationProp* prop) {
     return CUDA_SUCCESS;
 }
 
-// Frees a handle's memory once it is released and unmapped everywhere (s.mu held).
+// Frees a handle's memory once it is released and unmapped everywhere (s.mu held).  An imported
+// handle was never charged here: only the handle goes.
 void maybe_free_handle(emu_state& s, std::map<uint64_t, vmm_handle>::iterator it) {
     if (!it->second.released || it->second.mappings > 0) return;
-    s.used[it->second.dev] -= it->second.size;
+    if (!it->second.imported) s.used[it->second.dev] -= it->second.size;
     s.handles.erase(it);
 }
+
+// What an exported chunk's memfd holds: the chunk's first owner, so that an importer (and whoever
+// it exports to again) names the same memory.
+struct fd_record {
+    uint64_t magic;
+    int32_t pid;
+    int32_t dev;
+    uint64_t handle;
+    uint64_t size;
+};
+constexpr uint64_t k_fd_magic = 0x4b4e4843554d4547ull;  // "GEMUCHNK" read little-endian
 }  // namespace
 
 EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp* prop,
@@ -563,6 +684,11 @@ EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, co
     if (!h || flags != 0 || size == 0 || size % k_granularity) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_prop(prop)) return r;
     if (!st().vmm) return CUDA_ERROR_NOT_SUPPORTED;
+    // The one exportable kind emulated is a POSIX file descriptor, and only where the device
+    // attribute says so (as a driver does, which refuses types its platform lacks).
+    const auto types = prop->requestedHandleTypes;
+    if (types != CU_MEM_HANDLE_TYPE_NONE && (types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !st().ipc_fd))
+        return CUDA_ERROR_NOT_SUPPORTED;
     spin_latency();
     int dev = prop->location.id;
     emu_state& s = st();
@@ -570,7 +696,63 @@ EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, co
     if (s.used[dev] + size > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
     s.used[dev] += size;
     uint64_t handle = s.next_handle++;
-    s.handles[handle] = vmm_handle{size, dev, 0, false};
+    vmm_handle vh{size, dev, 0, false};
+    vh.exportable = types == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    vh.origin_pid = int(getpid());
+    vh.origin_handle = handle;
+    s.handles[handle] = vh;
+    *h = handle;
+    return CUDA_SUCCESS;
+}
+// A real file descriptor (a memfd) naming the chunk's first owner; the caller owns and closes it.
+// A handle released but still mapped is still in the table, and is exported too (kept simple).
+EMU_EXPORT CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle h,
+                                                 CUmemAllocationHandleType type, unsigned long long flags) {
+    bump("cuMemExportToShareableHandle");
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shareable || flags != 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    fd_record rec{};
+    {
+        emu_state& s = st();
+        std::lock_guard<std::mutex> g(s.mu);
+        auto it = s.handles.find(h);
+        if (it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+        if (!it->second.exportable) return CUDA_ERROR_NOT_PERMITTED;
+        rec = fd_record{k_fd_magic, int32_t(it->second.origin_pid), int32_t(it->second.dev), it->second.origin_handle,
+                        it->second.size};
+    }
+    const int fd = memfd_create("gpumem-emu-chunk", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    if (pwrite(fd, &rec, sizeof rec, 0) != ssize_t(sizeof rec)) {
+        close(fd);
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    *static_cast<int*>(shareable) = fd;
+    return CUDA_SUCCESS;
+}
+// A new handle here for the chunk the descriptor names; the descriptor stays open (the caller's to
+// close, as with the driver).  It is mapped and released like a local one, but its memory is the
+// exporter's: never charged against this process's capacity.
+EMU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h, void* os_handle,
+                                                   CUmemAllocationHandleType type) {
+    bump("cuMemImportFromShareableHandle");
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!st().vmm) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    const int fd = int(reinterpret_cast<uintptr_t>(os_handle));
+    fd_record rec{};
+    if (pread(fd, &rec, sizeof rec, 0) != ssize_t(sizeof rec) || rec.magic != k_fd_magic) return CUDA_ERROR_INVALID_VALUE;
+    if (rec.size == 0 || rec.size % k_granularity || rec.pid <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (rec.dev < 0 || rec.dev >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    uint64_t handle = s.next_handle++;
+    vmm_handle vh{rec.size, int(rec.dev), 0, false};
+    vh.exportable = true;
+    vh.imported = true;
+    vh.origin_pid = int(rec.pid);
+    vh.origin_handle = rec.handle;
+    s.handles[handle] = vh;
     *h = handle;
     return CUDA_SUCCESS;
 }
@@ -625,8 +807,8 @@ EMU_EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGen
     if (a + size > r->first + r->second) return CUDA_ERROR_INVALID_VALUE;  // outside every reservation
     auto m = s.mappings.upper_bound(a);
     if (m != s.mappings.end() && m->first < a + size) return CUDA_ERROR_INVALID_VALUE;
-    if (m != s.mappings.begin() && std::prev(m)->first + std::prev(m)->second.first > a) return CUDA_ERROR_INVALID_VALUE;
-    s.mappings[a] = {size, h};
+    if (m != s.mappings.begin() && std::prev(m)->first + std::prev(m)->second.size > a) return CUDA_ERROR_INVALID_VALUE;
+    s.mappings[a] = vmm_mapping{size, h, uint64_t(offset)};
     ++hit->second.mappings;
     return CUDA_SUCCESS;
 }
@@ -640,11 +822,11 @@ EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     if (m == s.mappings.end() || size == 0) return CUDA_ERROR_INVALID_VALUE;
     uint64_t at = a;
     for (auto it = m; at < a + size; ++it) {
-        if (it == s.mappings.end() || it->first != at || at + it->second.first > a + size) return CUDA_ERROR_INVALID_VALUE;
-        at += it->second.first;
+        if (it == s.mappings.end() || it->first != at || at + it->second.size > a + size) return CUDA_ERROR_INVALID_VALUE;
+        at += it->second.size;
     }
     while (m != s.mappings.end() && m->first < a + size) {
-        auto h = s.handles.find(m->second.second);
+        auto h = s.handles.find(m->second.handle);
         if (h != s.handles.end()) {
             --h->second.mappings;
             maybe_free_handle(s, h);
@@ -668,10 +850,46 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccess
     --m;
     uint64_t at = a;
     for (; at < a + size; ++m) {
-        if (m == s.mappings.end() || m->first > at || m->first + m->second.first <= at) return CUDA_ERROR_INVALID_VALUE;
-        at = m->first + m->second.first;
+        if (m == s.mappings.end() || m->first > at || m->first + m->second.size <= at) return CUDA_ERROR_INVALID_VALUE;
+        at = m->first + m->second.size;
     }
     return CUDA_SUCCESS;
+}
+
+// ---- Test queries --------------------------------------------------------------------------------
+// Whose memory p lands on: the process that owns it (pid), its allocation there (origin: a chunk's
+// handle for virtual memory, a cuMemAlloc allocation's base otherwise) and p's offset in it.  For a
+// VMM mapping it is the mapped chunk's first owner, through any export and import; for opened IPC
+// memory the exporter's allocation; for this process's own cuMemAlloc memory itself.  0, or 1 when
+// p is not mapped.  Null out-pointers are skipped.
+EMU_EXPORT int gpumem_emu_backing(CUdeviceptr p, int* pid, unsigned long long* origin, unsigned long long* offset) {
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    const uint64_t a = uint64_t(p);
+    auto answer = [&](int who, uint64_t from, uint64_t off) {
+        if (pid) *pid = who;
+        if (origin) *origin = from;
+        if (offset) *offset = off;
+        return 0;
+    };
+    auto m = s.mappings.upper_bound(a);
+    if (m != s.mappings.begin() && a < std::prev(m)->first + std::prev(m)->second.size) {
+        --m;
+        auto h = s.handles.find(m->second.handle);  // a mapped handle is always in the table
+        if (h == s.handles.end()) return 1;
+        return answer(h->second.origin_pid, h->second.origin_handle, m->second.offset + (a - m->first));
+    }
+    auto o = s.opened.upper_bound(a);
+    if (o != s.opened.begin() && a < std::prev(o)->first + std::prev(o)->second.size) {
+        --o;
+        return answer(o->second.origin_pid, o->second.origin_base, a - o->first);
+    }
+    auto d = s.device_allocs.upper_bound(a);
+    if (d != s.device_allocs.begin() && a < std::prev(d)->first + std::prev(d)->second.size) {
+        --d;
+        return answer(int(getpid()), d->first, a - d->first);
+    }
+    return 1;
 }
 
 // ---- The resolver --------------------------------------------------------------------------------
@@ -700,10 +918,15 @@ const fn_entry k_functions[] = {
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
     E(cuMemAllocFromPoolAsync_ptsz), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
+    E(cuIpcOpenMemHandle_v2), E(cuIpcCloseMemHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
-    E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuGetProcAddress), E(cuGetProcAddress_v2),
+    E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuMemExportToShareableHandle), E(cuMemImportFromShareableHandle),
+    E(cuGetProcAddress), E(cuGetProcAddress_v2),
     E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize), E(cuStreamQuery),
 };
+// The plain cuIpcOpenMemHandle is exported for programs that link or dlsym that name, but the
+// resolver never hands it out: asked for "cuIpcOpenMemHandle" it gives the _v2 (k_v2 below), as
+// for every renamed function here.
 #undef E
 struct v2_rule {
     const char* base;
@@ -713,7 +936,7 @@ const v2_rule k_v2[] = {
     {"cuMemAlloc", 3020}, {"cuMemFree", 3020}, {"cuMemAllocPitch", 3020}, {"cuMemAllocHost", 3020},
     {"cuMemGetInfo", 3020}, {"cuMemGetAddressRange", 3020}, {"cuDeviceTotalMem", 3020}, {"cuCtxDestroy", 4000},
     {"cuDevicePrimaryCtxReset", 11000}, {"cuDevicePrimaryCtxRelease", 11000}, {"cuStreamBeginCapture", 10010},
-    {"cuStreamDestroy", 4000}, {"cuGetProcAddress", 12000},
+    {"cuStreamDestroy", 4000}, {"cuGetProcAddress", 12000}, {"cuIpcOpenMemHandle", 11000},
 };
 
 void* lookup(const std::string& name) {

@@ -1,4 +1,4 @@
-// Workload program for the pool under LD_PRELOAD: alloc/free loops, OOM, capture, pointer queries and context resets on the emulated driver.
+// Workload program for the pool under LD_PRELOAD: alloc/free loops, OOM, capture, pointer queries, IPC and context resets on the emulated driver.
 //
 // Linked against the emulated libcuda.so.1 (way a).  Each scenario prints `key=value` lines,
 // including the emulated driver's own call counters, which the integration tests compare with the
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,10 +37,24 @@ unsigned long long driver_count(const char* name) {
     return f(name);
 }
 
+// Where the emulated driver says p lands: whose allocation (pid), which (origin: a cuMemAlloc base
+// or a chunk's handle) and where in it.  Printed as `<prefix>pid=`, `<prefix>origin=` and
+// `<prefix>offset=` (pid -1 when p is not mapped at all).
+void print_backing(const char* prefix, CUdeviceptr p, bool with_pid = true) {
+    using fn = int (*)(CUdeviceptr, int*, unsigned long long*, unsigned long long*);
+    static fn f = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_backing"));
+    if (!f) fail("dlsym gpumem_emu_backing", -1);
+    int pid = -1;
+    unsigned long long origin = 0, offset = 0;
+    if (f(p, &pid, &origin, &offset) != 0) pid = -1, origin = 0, offset = 0;
+    if (with_pid) printf("%spid=%d\n", prefix, pid);
+    printf("%sorigin=%llu\n%soffset=%llu\n", prefix, origin, prefix, offset);
+}
+
 // A pool segment is a cuMemAlloc allocation or (virtual memory) a cuMemAddressReserve range.
 // driver_sync: every blocking sync (a context synchronize or a wait on an event); ctx_sync: the
 // device-wide ones only; fence_record: events recorded (the pool's fences); stream_query: streams
-// asked whether they are idle (an idle stream needs no event in a fence).
+// asked whether they are idle (an idle stream needs no event in a fence); driver_map: chunks mapped.
 void print_counts(const char* prefix) {
     printf("%sdriver_alloc=%llu\n%sdriver_free=%llu\n%sdriver_sync=%llu\n%sdriver_sync_in_capture=%llu\n", prefix,
            driver_count("cuMemAlloc_v2") + driver_count("cuMemAddressReserve"), prefix,
@@ -49,6 +64,7 @@ void print_counts(const char* prefix) {
                driver_count("cuStreamQuery_in_capture"));
     printf("%sctx_sync=%llu\n%sfence_record=%llu\n%sstream_query=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
            driver_count("cuEventRecord"), prefix, driver_count("cuStreamQuery"));
+    printf("%sdriver_map=%llu\n", prefix, driver_count("cuMemMap"));  // chunks mapped (an arena grows by these)
 }
 
 CUcontext setup() {
@@ -225,6 +241,60 @@ void query() {
     CHECK(cuMemFree(a));
 }
 
+// The exporting half of a two-process IPC test: n blocks of `size` bytes, kept, and the last one's
+// IPC handle (128 hex digits) with where its first and last bytes lie.  Then it waits for a line on
+// stdin (the importer is done: the memory must stay alive until then) and frees everything.
+void ipc_export(long n, size_t size) {
+    setup();
+    if (n < 1 || size < 1) fail("ipc-export arguments", -1);
+    std::vector<CUdeviceptr> blocks;
+    for (long i = 0; i < n; ++i) {
+        CUdeviceptr p;
+        CHECK(cuMemAlloc(&p, size));
+        blocks.push_back(p);
+    }
+    const CUdeviceptr last = blocks.back();
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    printf("ipc_result=%d\nhandle=", int(cuIpcGetMemHandle(&h, last)));
+    for (size_t i = 0; i < sizeof h.reserved; ++i) printf("%02x", unsigned(static_cast<unsigned char>(h.reserved[i])));
+    printf("\n");
+    print_backing("backing_", last);
+    print_backing("backing_last_", last + size - 1, false);
+    fflush(stdout);
+    char line[256];
+    const bool got_line = fgets(line, sizeof line, stdin) != nullptr;
+    (void)got_line;  // a line or the end of input: either ends the wait
+    int freed = 0;
+    for (CUdeviceptr p : blocks) {
+        int r = int(cuMemFree(p));
+        if (r != 0 && freed == 0) freed = r;
+    }
+    printf("free_result=%d\n", freed);
+}
+
+// The importing half: opens the exporter's handle (`hex`, as ipc-export printed it) and says where
+// its first and last bytes (of `size`) land, then closes it.  A refused open is a result, not a
+// failure: open_result tells.
+void ipc_import(const std::string& hex, size_t size) {
+    setup();
+    CUipcMemHandle h;
+    if (hex.size() != 2 * sizeof h.reserved) fail("ipc-import handle length", int(hex.size()));
+    auto nibble = [&](size_t at) {
+        const unsigned char c = static_cast<unsigned char>(hex[at]);
+        if (!isxdigit(c)) fail("ipc-import handle digits", int(at));
+        return unsigned(isdigit(c) ? c - '0' : tolower(c) - 'a' + 10);
+    };
+    for (size_t i = 0; i < sizeof h.reserved; ++i) h.reserved[i] = char(nibble(2 * i) << 4 | nibble(2 * i + 1));
+    CUdeviceptr p = 0;
+    int r = int(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    printf("open_result=%d\n", r);
+    if (r != 0) return;
+    print_backing("backing_", p);
+    print_backing("backing_last_", p + size - 1, false);
+    printf("close_result=%d\n", int(cuIpcCloseMemHandle(p)));
+}
+
 // The primary context is reset, then destroyed: each time the pool forgets that context's memory
 // (the driver freed it) and starts afresh.
 void reset() {
@@ -367,8 +437,10 @@ int main(int argc, char** argv) {
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
+    else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
+    else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000);
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE]\n", argv[0]);
         return 2;
     }
     return 0;

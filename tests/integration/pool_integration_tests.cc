@@ -305,7 +305,8 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
         CHECK(lr.n_alloc == uint64_t(n));
     }
     SECTION("GPUMEM_REUSE=safe: frees wait for a sync, once per sync budget") {
-        auto r = run({EMU_POOL_APP, "loop", std::to_string(n), "4096"}, {{"GPUMEM_REUSE", "safe"}});
+        // cuMemAlloc segments (GPUMEM_POOL_VMM=off): one driver allocation per 2 MiB segment.
+        auto r = run({EMU_POOL_APP, "loop", std::to_string(n), "4096"}, {{"GPUMEM_REUSE", "safe"}, {"GPUMEM_POOL_VMM", "off"}});
         std::vector<json> ls;
         check_complete(r, &ls);
         auto v = values(r.out);
@@ -578,13 +579,15 @@ TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs r
     CHECK(num(v, "during_driver_sync_in_capture") == 0);
     CHECK(num(v, "after_driver_sync_in_capture") == 0);
     CHECK(num(v, "during_driver_sync") == num(v, "before_driver_sync"));
-    CHECK(num(v, "during_driver_alloc") > num(v, "before_driver_alloc"));  // segments instead of syncs
+    // Growth instead of syncs: new chunks mapped into the arena (or segments, without one).
+    CHECK(num(v, "during_driver_alloc") + num(v, "during_driver_map") >
+          num(v, "before_driver_alloc") + num(v, "before_driver_map"));
     CHECK(num(v, "during_fence_record") == num(v, "before_fence_record"));  // no event into a capture
     CHECK(num(v, "after_fence_record") > num(v, "during_fence_record"));    // fences resume after it
     check_rebuild(ls);
 }
 
-TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segments, bad frees fail like the driver's") {
+TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
     auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;
     check_complete(r, &ls);
@@ -599,8 +602,7 @@ TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segme
     CHECK(num(v, "attrs_size") == 1000);
     CHECK(num(v, "attrs_ordinal") == 0);
     CHECK(num(v, "ipc_a_result") == 0);  // a starts its segment: the real handle is right
-    CHECK(num(v, "ipc_b_result") == 1);  // CUDA_ERROR_INVALID_VALUE, never the segment's handle
-    CHECK(r.err.find("cuIpcGetMemHandle on a pooled block") != std::string::npos);
+    CHECK(num(v, "ipc_b_result") == 0);  // a gpumem handle, never the segment's (the test above opens one)
     CHECK(num(v, "free_interior_result") == 1);
     CHECK(num(v, "range_after_free_result") == 500);  // CUDA_ERROR_NOT_FOUND
     CHECK(num(v, "double_free_result") == 1);
@@ -614,17 +616,77 @@ TEST_CASE("pool: pointer queries see the block, IPC steps aside for shared segme
     auto off = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL", "off"}});
     CHECK(values(off.out)["ipc_b_result"] == "0");  // pass-through: b is its own driver allocation
 
-    // Virtual-memory segments: pointer queries are the same; no block has a legacy IPC handle.
+    // Virtual-memory segments: pointer queries are the same; every block gets a gpumem handle.
     auto vm = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "on"}});
     check_complete(vm, &ls);
     auto vv = values(vm.out);
     CHECK(num(vv, "range_base_is_b") == 1);
     CHECK(num(vv, "attr_size") == 5000);
     CHECK(num(vv, "attrs_start_is_a") == 1);
-    CHECK(num(vv, "ipc_a_result") == 1);
-    CHECK(num(vv, "ipc_b_result") == 1);
-    CHECK(vm.err.find("cuIpcGetMemHandle on a pooled block") != std::string::npos);
+    CHECK(num(vv, "ipc_a_result") == 0);
+    CHECK(num(vv, "ipc_b_result") == 0);
+    // A driver that cannot export chunks: the pool makes plain ones, and sharing fails loudly.
+    auto nofd = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "on"}, {"GPUMEM_EMU_IPC_FD", "0"}});
+    auto nv = values(nofd.out);
+    CHECK(num(nv, "ipc_a_result") == 1);
+    CHECK(num(nv, "ipc_b_result") == 1);
+    CHECK(nofd.err.find("cannot export") != std::string::npos);
     check_rebuild(ls);
+}
+
+// Two processes under gpumem: the exporter allocates three 5000 B blocks (the third lies inside a
+// shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
+// emulated driver says where each process's pointer lands: the importer's must land on the
+// exporter's memory (its chunk, or its cuMemAlloc segment), at the block's offset, first and last byte.
+std::string ipc_script(const std::string& importer_env = "") {
+    const std::string app = EMU_POOL_APP;
+    return "mkfifo go; (" + app + " ipc-export 3 5000 < go > export.txt; echo exit=$? >> export.txt) & "
+           "exec 3> go; "
+           "for i in $(seq 1 400); do grep -q '^backing_last_offset=' export.txt 2>/dev/null && break; sleep 0.05; done; "
+           "h=$(sed -n 's/^handle=//p' export.txt); " +
+           importer_env + " " + app + " ipc-import \"$h\" 5000 > import.txt; echo exit=$? >> import.txt; "
+           "echo done >&3; exec 3>&-; wait; "
+           "sed 's/^/export_/' export.txt; sed 's/^/import_/' import.txt";
+}
+
+void check_shared(const std::map<std::string, std::string>& v) {
+    CHECK(num(v, "export_ipc_result") == 0);
+    CHECK(num(v, "import_open_result") == 0);
+    CHECK(v.at("import_backing_pid") == v.at("export_backing_pid"));  // the exporter's memory
+    CHECK(num(v, "import_backing_origin") == num(v, "export_backing_origin"));
+    CHECK(num(v, "import_backing_offset") == num(v, "export_backing_offset"));
+    CHECK(num(v, "import_backing_last_origin") == num(v, "export_backing_last_origin"));
+    CHECK(num(v, "import_backing_last_offset") == num(v, "export_backing_last_offset"));
+    CHECK(num(v, "import_close_result") == 0);
+    CHECK(num(v, "export_free_result") == 0);
+    CHECK(num(v, "export_exit") == 0);
+    CHECK(num(v, "import_exit") == 0);
+}
+
+TEST_CASE("pool: a pooled block shared through legacy IPC opens in another process under gpumem") {
+    SECTION("virtual memory (the default): the chunks under the block, exported as descriptors") {
+        auto r = run({"/bin/sh", "-c", ipc_script()});
+        INFO(r.out << r.err);
+        auto v = values(r.out);
+        check_shared(v);
+        CHECK(num(v, "export_backing_offset") > 0);  // not at its chunk's start: the offset is carried
+        CHECK(r.err.find("cannot") == std::string::npos);
+    }
+    SECTION("cuMemAlloc segments: the segment's real handle plus the block's offset") {
+        auto r = run({"/bin/sh", "-c", ipc_script()}, {{"GPUMEM_POOL_VMM", "off"}});
+        INFO(r.out << r.err);
+        auto v = values(r.out);
+        check_shared(v);
+        CHECK(num(v, "export_backing_offset") > 0);  // inside its segment: the real handle alone would be wrong
+    }
+    SECTION("an importer without gpumem gets the driver's error, never a wrong pointer") {
+        auto r = run({"/bin/sh", "-c", ipc_script("env -u LD_PRELOAD")});
+        INFO(r.out << r.err);
+        auto v = values(r.out);
+        CHECK(num(v, "export_ipc_result") == 0);
+        CHECK(num(v, "import_open_result") == 1);  // CUDA_ERROR_INVALID_VALUE
+        CHECK(num(v, "export_exit") == 0);
+    }
 }
 
 TEST_CASE("pool: context reset and destroy drop that context's pool, and a new context starts afresh") {

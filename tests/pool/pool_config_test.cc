@@ -121,7 +121,7 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"sync_budget\":33554432,") != std::string::npos);
     CHECK(s.find("\"stats_ms\":1000,") != std::string::npos);
     CHECK(s.back() == ',');
-    CHECK(s.find("\"pool_vmm\":\"off\",") != std::string::npos);
+    CHECK(s.find("\"pool_vmm\":\"on\",") != std::string::npos);
     CHECK(s.find("\"pool_trim\":0,") != std::string::npos);
     CHECK(s.find("\"pool_arena\":\"auto\",") != std::string::npos);
     // 3 string knobs + 12 numeric knobs, one comma each.
@@ -134,10 +134,10 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
 }
 
 TEST_CASE("GPUMEM_POOL_VMM turns virtual-memory segments off, and warns on nonsense", "[pool][config]") {
-    CHECK_FALSE(pool_config{}.vmm);  // opt-in
+    CHECK(pool_config{}.vmm);  // the default, where the device supports it
     CHECK_FALSE(with({{"GPUMEM_POOL_VMM", "off"}}).vmm);
     CHECK(with({{"GPUMEM_POOL_VMM", "on"}}).vmm);
     const pool_config c = with({{"GPUMEM_POOL_VMM", "maybe"}});
-    CHECK_FALSE(c.vmm);
+    CHECK(c.vmm);
     CHECK(c.warnings.find("GPUMEM_POOL_VMM=maybe") != std::string::npos);
 }

@@ -205,15 +205,24 @@ TEST_CASE("ideal: the peak of live requested bytes, failing only past the capaci
 
 TEST_CASE("gpumem policy: the pool's own segments, knobs from the header and the command line") {
     gpumem::pool_config cfg;
+    // A log of a run without the pool: the pool's defaults, on virtual memory with arenas.  Each
+    // pool maps only what its first request needs: a 2 MiB small segment, 4 MiB for 3 MiB.
     REQUIRE(gpumem_pool_config("{\"pool\":\"off\"}", "", cfg) == "");
+    CHECK(cfg.vmm);
     gpumem_pool_policy p(cfg, 0);
     REQUIRE(p.allocate(0, 1000, 0));
     REQUIRE(p.allocate(1, 3 * MiB, 0));
-    CHECK(p.reserved() == 22 * MiB);  // a 2 MiB small segment and a 20 MiB large one, as PyTorch
-    CHECK(p.driver_allocs() == 2);
+    CHECK(p.reserved() == 6 * MiB);
     p.release(0);
     p.release(1);
     CHECK(p.allocated() == 0);
+    // A log written with cuMemAlloc segments says so in its header.
+    REQUIRE(gpumem_pool_config("{\"pool\":\"on\",\"pool_vmm\":\"off\"}", "", cfg) == "");
+    gpumem_pool_policy q(cfg, 0);
+    REQUIRE(q.allocate(0, 1000, 0));
+    REQUIRE(q.allocate(1, 3 * MiB, 0));
+    CHECK(q.reserved() == 22 * MiB);  // a 2 MiB small segment and a 20 MiB large one, as PyTorch
+    CHECK(q.driver_allocs() == 2);
     REQUIRE(gpumem_pool_config("{\"pool_large_segment\":20971520}", "pool_large_segment=64MiB", cfg) == "");
     CHECK(cfg.large_segment == 64 * MiB);
     CHECK(gpumem_pool_config("{}", "nonsense", cfg) != "");

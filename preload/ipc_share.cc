@@ -1,0 +1,597 @@
+// Legacy IPC for pooled blocks: cuIpcGetMemHandle hands out a gpumem handle, and an importer under gpumem opens it through a unix socket the exporter serves.
+//
+// Why: a pooled block is not a driver allocation of its own.  On virtual memory it has no legacy
+// handle at all (cuMemCreate memory), and in a shared cuMemAlloc segment the real handle names the
+// segment, whose base the importer would get.  So PyTorch multiprocessing with CUDA tensors, or
+// CUDA-aware MPI, would fail under the pool where they run without it.  The fallback (docs/pool.md,
+// "Sharing memory between processes"):
+// - export: the 64-byte handle carries a magic, the exporter's pid and random token (its socket's
+//   name) and a random export id; the block is remembered until the program frees it;
+// - the exporter's server thread (started at the first export, never before) answers a request
+//   for that id from a process of the same user: for a virtual-memory block, every chunk under it
+//   exported as a file descriptor (cuMemExportToShareableHandle) and passed with SCM_RIGHTS, in
+//   batches made under the pool's lock so that no free releases a chunk meanwhile; for a block in
+//   a cuMemAlloc segment, the segment's real legacy handle and the block's offset;
+// - import (cuIpcOpenMemHandle in a process that also runs under gpumem): the chunks mapped into
+//   fresh address space (cuMemImportFromShareableHandle, cuMemMap, cuMemSetAccess), or the real
+//   handle opened, and the block's address returned; cuIpcCloseMemHandle undoes it.
+// A handle that is not gpumem's passes through both ways untouched.  An importer without gpumem
+// gets the driver's error for an invalid handle.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "core/pool/block_pool.h"
+#include "diag.h"
+#include "gpumem_preload.h"
+
+namespace gpumem {
+
+namespace {
+
+constexpr char k_magic[8] = {'g', 'p', 'u', 'm', 'e', 'm', 'I', 'P'};
+constexpr uint32_t k_version = 1;
+constexpr size_t k_batch = 64;  // chunk descriptors per message (SCM_RIGHTS carries at most 253)
+
+// The 64 bytes of a CUipcMemHandle that gpumem hands out.
+struct wire_handle {
+    char magic[8];
+    uint32_t version;
+    uint32_t pid;    // the exporter
+    uint64_t token;  // the exporter's random token, part of its socket's name
+    uint64_t id;     // the export, a random number (a capability: guessing it is the only way in)
+    uint64_t size;   // the block's size as the program asked for it
+    uint8_t unused[24];
+};
+static_assert(sizeof(wire_handle) == sizeof(CUipcMemHandle), "a gpumem handle is a CUipcMemHandle");
+
+enum : uint32_t { kind_chunks = 1, kind_legacy = 2 };
+
+// The server's answer: one head, then (kind_chunks) batches of descriptors until `count`.
+struct reply_head {
+    uint32_t status;  // a CUresult: 0, or why the export cannot be opened
+    uint32_t kind;
+    uint64_t chunk;   // kind_chunks: bytes per chunk
+    uint64_t offset;  // the block's offset in the first chunk, or in the segment (kind_legacy)
+    uint64_t count;   // kind_chunks: chunks under the block
+    CUipcMemHandle legacy;  // kind_legacy: the segment's real handle
+};
+struct reply_batch {
+    uint32_t status;
+    uint32_t n;  // descriptors attached
+};
+
+struct export_rec {
+    uint64_t id, block, size;
+    uint32_t kind;
+    uint64_t offset;  // kind_legacy
+    CUipcMemHandle legacy;
+    const block_pool* pool;
+    CUcontext ctx;  // the pool's: the server thread makes it current to export the chunks
+};
+
+struct import_rec {
+    uint64_t ptr, base, bytes, chunk;
+    uint32_t kind;
+};
+
+// Exporter state.  Leaked, never destroyed: a free from a late destructor must find it.
+struct exporter_state {
+    std::mutex mu;
+    std::unordered_map<uint64_t, export_rec> exports;  // by block address
+    std::atomic<int> live{0};  // exports.size(), read without the lock by every pooled free
+    pid_t server_pid = 0;      // the process whose thread serves `listen_fd`
+    int listen_fd = -1;
+    uint64_t token = 0;
+};
+exporter_state& ex() noexcept {
+    alignas(exporter_state) static unsigned char storage[sizeof(exporter_state)];
+    static exporter_state* s = new (storage) exporter_state();
+    return *s;
+}
+
+struct importer_state {
+    std::mutex mu;
+    std::vector<import_rec> opened;
+    std::atomic<int> live{0};
+};
+importer_state& im() noexcept {
+    alignas(importer_state) static unsigned char storage[sizeof(importer_state)];
+    static importer_state* s = new (storage) importer_state();
+    return *s;
+}
+
+uint64_t random_u64() noexcept {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != ssize_t(sizeof v)) {
+        struct timespec ts{};
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        v = (uint64_t(ts.tv_nsec) << 32) ^ uint64_t(ts.tv_sec) ^ (uint64_t(getpid()) << 48) ^ uint64_t(uintptr_t(&v));
+    }
+    return v ? v : 1;
+}
+
+// The abstract socket name of exporter (pid, token): nothing on the file system to clean up.
+socklen_t socket_name(sockaddr_un* a, uint32_t pid, uint64_t token) noexcept {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "gpumem-ipc/%u/%016llx", pid,
+                     static_cast<unsigned long long>(token));
+    return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + size_t(n));
+}
+
+void set_timeouts(int fd, int seconds) noexcept {
+    timeval tv{};
+    tv.tv_sec = seconds;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+bool send_msg(int sock, const void* data, size_t n, const int* fds, size_t nfds) noexcept {
+    iovec iov{const_cast<void*>(data), n};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * k_batch)];
+    if (nfds) {
+        m.msg_control = ctl;
+        m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+        cmsghdr* c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+    }
+    ssize_t r;
+    do r = sendmsg(sock, &m, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == ssize_t(n);
+}
+
+// Receives one message of exactly n bytes; its descriptors (at most k_batch) go to fds/nfds.
+bool recv_msg(int sock, void* data, size_t n, int* fds, size_t* nfds) noexcept {
+    iovec iov{data, n};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * k_batch)];
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    ssize_t r;
+    do r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    size_t got = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; ++i) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            if (fds && got < k_batch) fds[got++] = fd;
+            else close(fd);
+        }
+    }
+    if (nfds) *nfds = got;
+    return r == ssize_t(n) && !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The exporter's server.
+
+struct batch_ctx {
+    int fds[k_batch];
+    size_t n = 0;
+    CUresult err = CUDA_SUCCESS;
+};
+
+// Runs under the owning pool's lock: the chunks cannot be released while they are exported.
+bool export_batch(void* ctx, const uint64_t* handles, size_t n) {
+    auto* b = static_cast<batch_ctx*>(ctx);
+    auto exp = GPUMEM_REAL(cuMemExportToShareableHandle);
+    if (!exp) {
+        b->err = CUDA_ERROR_NOT_SUPPORTED;
+        return false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        int fd = -1;
+        CUresult r = exp(&fd, CUmemGenericAllocationHandle(handles[i]), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r != CUDA_SUCCESS) {
+            b->err = r;
+            for (size_t k = 0; k < b->n; ++k) close(b->fds[k]);
+            b->n = 0;
+            return false;
+        }
+        b->fds[b->n++] = fd;
+    }
+    return true;
+}
+
+void serve_one(int c) noexcept {
+    set_timeouts(c, 10);  // a stuck importer must not stop the server for good
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
+    if (cred.uid != geteuid() && cred.uid != 0) return;  // only the program's own user (or root)
+    uint64_t id = 0;
+    if (!recv_msg(c, &id, sizeof id, nullptr, nullptr)) return;
+    export_rec rec{};
+    bool found = false;
+    {
+        std::lock_guard<std::mutex> lk(ex().mu);
+        for (const auto& [block, e] : ex().exports)
+            if (e.id == id) {
+                rec = e;
+                found = true;
+                break;
+            }
+    }
+    reply_head head{};
+    if (!found) {
+        head.status = CUDA_ERROR_INVALID_VALUE;  // freed since, or never exported
+        send_msg(c, &head, sizeof head, nullptr, 0);
+        return;
+    }
+    head.kind = rec.kind;
+    if (rec.kind == kind_legacy) {
+        head.offset = rec.offset;
+        head.legacy = rec.legacy;
+        send_msg(c, &head, sizeof head, nullptr, 0);
+        return;
+    }
+    // The pool's context, current on this thread while it exports (pushed, popped at the end).
+    auto push = GPUMEM_REAL(cuCtxPushCurrent_v2);
+    auto pop = GPUMEM_REAL(cuCtxPopCurrent_v2);
+    const bool pushed = push && pop && rec.ctx && push(rec.ctx) == CUDA_SUCCESS;
+    struct popper {
+        bool on;
+        decltype(pop) f;
+        ~popper() {
+            CUcontext c = nullptr;
+            if (on) f(&c);
+        }
+    } pop_at_end{pushed, pop};
+    block_pool::chunk_view view{};
+    for (size_t from = 0;; ) {
+        batch_ctx b;
+        const bool ok = rec.pool->visit_block_chunks(rec.block, from, k_batch, &view, export_batch, &b);
+        if (from == 0) {
+            head.status = ok ? CUDA_SUCCESS : (b.err ? b.err : CUDA_ERROR_INVALID_VALUE);
+            head.chunk = view.chunk;
+            head.offset = view.offset;
+            head.count = view.count;
+            if (!send_msg(c, &head, sizeof head, nullptr, 0) || !ok) {
+                for (size_t k = 0; k < b.n; ++k) close(b.fds[k]);
+                return;
+            }
+        }
+        reply_batch rb{ok ? 0u : uint32_t(b.err ? b.err : CUDA_ERROR_INVALID_VALUE), uint32_t(b.n)};
+        const bool sent = send_msg(c, &rb, sizeof rb, b.fds, b.n);
+        for (size_t k = 0; k < b.n; ++k) close(b.fds[k]);  // the importer holds its own copies now
+        if (!sent || !ok) return;
+        from += b.n;
+        if (from >= view.count) return;
+    }
+}
+
+void* serve(void* arg) {
+    const int lfd = int(reinterpret_cast<intptr_t>(arg));
+    for (;;) {
+        int c = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK) return nullptr;  // closed (after fork)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(10000);
+            continue;
+        }
+        serve_one(c);
+        close(c);
+    }
+}
+
+// Starts this process's server if it has none (a fork child inherits the flag, not the thread).
+// ex().mu held.
+bool ensure_server() noexcept {
+    exporter_state& s = ex();
+    if (s.server_pid == getpid() && s.listen_fd >= 0) return true;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    const uint64_t token = random_u64();
+    sockaddr_un a;
+    socklen_t alen = socket_name(&a, uint32_t(getpid()), token);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), alen) != 0 || listen(fd, 64) != 0) {
+        close(fd);
+        return false;
+    }
+    // The thread takes no signal meant for the program: it blocks all of them.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 << 10);
+    pthread_t t;
+    const int rc = pthread_create(&t, &attr, serve, reinterpret_cast<void*>(intptr_t(fd)));
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (rc != 0) {
+        close(fd);
+        return false;
+    }
+    s.listen_fd = fd;
+    s.server_pid = getpid();
+    s.token = token;
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The importer.
+
+int connect_to(const wire_handle& w) noexcept {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    set_timeouts(fd, 30);
+    sockaddr_un a;
+    socklen_t alen = socket_name(&a, w.pid, w.token);
+    int r;
+    do r = connect(fd, reinterpret_cast<sockaddr*>(&a), alen);
+    while (r < 0 && errno == EINTR);
+    if (r != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Unmaps chunks [0, mapped) of an imported range and frees its address space.
+void unmap_import(uint64_t base, uint64_t chunk, uint64_t mapped, uint64_t reserved) noexcept {
+    auto unmap = GPUMEM_REAL(cuMemUnmap);
+    auto va_free = GPUMEM_REAL(cuMemAddressFree);
+    for (uint64_t i = 0; unmap && i < mapped; ++i) unmap(CUdeviceptr(base + i * chunk), size_t(chunk));
+    if (va_free && reserved) va_free(CUdeviceptr(base), size_t(reserved));
+}
+
+// Maps the exported chunks, batch by batch as they arrive.  0 and *base, or a CUresult.
+CUresult import_chunks(int sock, const reply_head& head, uint64_t* base_out) noexcept {
+    auto reserve = GPUMEM_REAL(cuMemAddressReserve);
+    auto import_fd = GPUMEM_REAL(cuMemImportFromShareableHandle);
+    auto map = GPUMEM_REAL(cuMemMap);
+    auto release = GPUMEM_REAL(cuMemRelease);
+    auto set_access = GPUMEM_REAL(cuMemSetAccess);
+    auto get_device = GPUMEM_REAL(cuCtxGetDevice);
+    if (!reserve || !import_fd || !map || !release || !set_access || !get_device) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!head.chunk || !head.count || head.count > (uint64_t(1) << 40) / head.chunk) return CUDA_ERROR_INVALID_VALUE;
+    CUdevice dev = 0;
+    if (CUresult r = get_device(&dev)) return r;
+    const uint64_t bytes = head.count * head.chunk;
+    CUdeviceptr base = 0;
+    if (CUresult r = reserve(&base, size_t(bytes), size_t(head.chunk), 0, 0)) return r;
+    uint64_t mapped = 0;
+    CUresult err = CUDA_SUCCESS;
+    while (mapped < head.count && err == CUDA_SUCCESS) {
+        reply_batch rb{};
+        int fds[k_batch];
+        size_t nfds = 0;
+        if (!recv_msg(sock, &rb, sizeof rb, fds, &nfds) || rb.status != 0 || rb.n != nfds || nfds == 0 ||
+            mapped + nfds > head.count) {
+            err = rb.status ? CUresult(rb.status) : CUDA_ERROR_INVALID_VALUE;
+            for (size_t k = 0; k < nfds; ++k) close(fds[k]);
+            break;
+        }
+        for (size_t k = 0; k < nfds; ++k) {
+            if (err == CUDA_SUCCESS) {
+                CUmemGenericAllocationHandle h = 0;
+                err = import_fd(&h, reinterpret_cast<void*>(uintptr_t(fds[k])), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                if (err == CUDA_SUCCESS) {
+                    err = map(base + mapped * head.chunk, size_t(head.chunk), 0, h, 0);
+                    release(h);  // the mapping keeps the memory; nothing else needs the handle
+                    if (err == CUDA_SUCCESS) ++mapped;
+                }
+            }
+            close(fds[k]);
+        }
+    }
+    if (err == CUDA_SUCCESS) {
+        CUmemAccessDesc access{};
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = int(dev);
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        err = set_access(base, size_t(bytes), &access, 1);
+    }
+    if (err != CUDA_SUCCESS) {
+        unmap_import(uint64_t(base), head.chunk, mapped, bytes);
+        return err;
+    }
+    *base_out = uint64_t(base);
+    return CUDA_SUCCESS;
+}
+
+void say_once(std::atomic<bool>& said, const char* msg, int detail) noexcept {
+    if (!said.exchange(true)) GPUMEM_WARN("{} ({})", msg, detail);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Called by pool_hooks.cc.
+
+// cuIpcGetMemHandle of an allocated pooled block (any address inside it names it, as a driver
+// allocation's does) that the real handle cannot name.
+CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, const block_pool::block_info& bi) noexcept {
+    static std::atomic<bool> said{false};
+    export_rec rec{};
+    rec.block = bi.block;
+    rec.size = bi.requested;
+    rec.pool = &pool;
+    rec.ctx = ctx;
+    if (bi.vmm) {
+        // Only chunks made with a shareable handle type can be exported: try the first one now, so
+        // the program learns at once, from this call, when the device or driver cannot share.
+        block_pool::chunk_view view{};
+        batch_ctx b;
+        if (!pool.visit_block_chunks(bi.block, 0, 1, &view, export_batch, &b)) {
+            say_once(said, "cuIpcGetMemHandle on a pooled block of virtual memory: the driver cannot export its "
+                           "chunks; run with GPUMEM_POOL_VMM=off to share memory between processes",
+                     int(b.err));
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        for (size_t k = 0; k < b.n; ++k) close(b.fds[k]);
+        rec.kind = kind_chunks;
+    } else {
+        auto get = GPUMEM_REAL(cuIpcGetMemHandle);
+        if (!get) return CUDA_ERROR_NOT_INITIALIZED;
+        if (CUresult r = get(&rec.legacy, CUdeviceptr(bi.segment))) return r;
+        rec.kind = kind_legacy;
+        rec.offset = bi.block - bi.segment;
+    }
+    exporter_state& s = ex();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (!ensure_server()) {
+        say_once(said, "cuIpcGetMemHandle on a pooled block: no socket to share it through", errno);
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    const export_rec* known = nullptr;
+    if (auto it = s.exports.find(rec.block); it != s.exports.end()) known = &it->second;  // the same handle again
+    if (!known) {
+        rec.id = random_u64();
+        try {
+            known = &s.exports.emplace(rec.block, rec).first->second;
+        } catch (...) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        s.live.store(int(s.exports.size()), std::memory_order_release);
+    }
+    wire_handle w{};
+    memcpy(w.magic, k_magic, sizeof k_magic);
+    w.version = k_version;
+    w.pid = uint32_t(getpid());
+    w.token = s.token;
+    w.id = known->id;
+    w.size = known->size;
+    memcpy(h, &w, sizeof w);
+    return CUDA_SUCCESS;
+}
+
+// A pooled block was freed: its export, if any, ends (an importer that asks later gets an error).
+void ipc_block_freed(uint64_t block) noexcept {
+    exporter_state& s = ex();
+    if (s.live.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.exports.erase(block);
+    s.live.store(int(s.exports.size()), std::memory_order_release);
+}
+
+// cuIpcOpenMemHandle.  *handled false: not a gpumem handle, the driver's call.
+CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool* handled) noexcept {
+    static std::atomic<bool> said{false};
+    wire_handle w;
+    memcpy(&w, &h, sizeof w);
+    *handled = memcmp(w.magic, k_magic, sizeof k_magic) == 0;
+    if (!*handled) return CUDA_SUCCESS;
+    if (!p || w.version != k_version) return CUDA_ERROR_INVALID_VALUE;
+    const int sock = connect_to(w);
+    if (sock < 0) {
+        say_once(said, "cuIpcOpenMemHandle of a gpumem handle: its exporter cannot be reached (exited?)", errno);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    reply_head head{};
+    CUresult r = CUDA_SUCCESS;
+    if (!send_msg(sock, &w.id, sizeof w.id, nullptr, 0) || !recv_msg(sock, &head, sizeof head, nullptr, nullptr))
+        r = CUDA_ERROR_INVALID_VALUE;
+    else if (head.status)
+        r = CUresult(head.status);
+    import_rec rec{};
+    rec.kind = head.kind;
+    if (r == CUDA_SUCCESS && head.kind == kind_legacy) {
+        auto open = GPUMEM_REAL(cuIpcOpenMemHandle_v2);
+        CUdeviceptr base = 0;
+        r = open ? open(&base, head.legacy, flags) : CUDA_ERROR_NOT_SUPPORTED;
+        rec.base = uint64_t(base);
+        rec.ptr = rec.base + head.offset;
+    } else if (r == CUDA_SUCCESS && head.kind == kind_chunks) {
+        r = import_chunks(sock, head, &rec.base);
+        rec.ptr = rec.base + head.offset;
+        rec.bytes = head.count * head.chunk;
+        rec.chunk = head.chunk;
+    } else if (r == CUDA_SUCCESS) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    close(sock);
+    if (r != CUDA_SUCCESS) {
+        say_once(said, "cuIpcOpenMemHandle of a gpumem handle failed", int(r));
+        return r;
+    }
+    importer_state& s = im();
+    std::lock_guard<std::mutex> lk(s.mu);
+    try {
+        s.opened.push_back(rec);
+    } catch (...) {
+        // Without a record the close could not undo it: undo it now.
+        if (rec.kind == kind_chunks) unmap_import(rec.base, rec.chunk, rec.bytes / rec.chunk, rec.bytes);
+        else if (auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle)) close_fn(CUdeviceptr(rec.base));
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s.live.store(int(s.opened.size()), std::memory_order_release);
+    *p = CUdeviceptr(rec.ptr);
+    return CUDA_SUCCESS;
+}
+
+// cuIpcCloseMemHandle.  *handled false: not a pointer ipc_open returned.
+CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
+    importer_state& s = im();
+    *handled = false;
+    if (s.live.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
+    import_rec rec{};
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        for (size_t i = 0; i < s.opened.size(); ++i)
+            if (s.opened[i].ptr == uint64_t(p)) {
+                rec = s.opened[i];
+                s.opened[i] = s.opened.back();
+                s.opened.pop_back();
+                *handled = true;
+                break;
+            }
+        s.live.store(int(s.opened.size()), std::memory_order_release);
+    }
+    if (!*handled) return CUDA_SUCCESS;
+    if (rec.kind == kind_legacy) {
+        auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle);
+        return close_fn ? close_fn(CUdeviceptr(rec.base)) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    // cuMemUnmap does not wait for device work, as the driver's close of a legacy mapping does:
+    // work this process queued on the memory finishes first.
+    if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
+    unmap_import(rec.base, rec.chunk, rec.bytes / rec.chunk, rec.bytes);
+    return CUDA_SUCCESS;
+}
+
+// A fork child: the server thread is the parent's, and so are the exports (the child's pool
+// forgets the parent's blocks).  The child starts its own server at its first export.
+void ipc_after_fork() noexcept {
+    exporter_state& s = ex();
+    new (&s.mu) std::mutex();  // a parent thread may have held it at the fork
+    if (s.listen_fd >= 0) close(s.listen_fd);
+    s.listen_fd = -1;
+    s.server_pid = 0;
+    s.exports.clear();
+    s.live.store(0);
+    importer_state& i = im();  // the parent's mappings are not the child's
+    new (&i.mu) std::mutex();
+    i.opened.clear();
+    i.live.store(0);
+}
+
+}  // namespace gpumem
