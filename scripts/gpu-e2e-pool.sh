@@ -46,16 +46,20 @@ python3 tests/gpu/pool_checks.py "$LOGS" "$ROUNDS" >> "$RESULTS"
 # has without it, on virtual memory (the default) and on cuMemAlloc segments.
 ipc_run() {  # ipc_run WORKLOAD NAME ENV...: prints "ok" or "FAIL", the JSON line goes to the log dir
   local w=$1 name=$2; shift 2
-  env "$@" timeout 600 python3 tests/gpu/ipc_share.py "$w" > "$LOGS/ipc-$w-$name.json" 2> "$LOGS/ipc-$w-$name.stderr"
+  env "$@" timeout 300 python3 tests/gpu/ipc_share.py "$w" > "$LOGS/ipc-$w-$name.json" 2> "$LOGS/ipc-$w-$name.stderr"
   if grep -q '"ok": true' "$LOGS/ipc-$w-$name.json"; then echo ok; else echo FAIL; fi
+  # Why, for the record: the JSON line (or the exit) and the last error line, to stderr.
+  grep -q '"ok": true' "$LOGS/ipc-$w-$name.json" ||
+    echo "ipc $w $name: $(cut -c1-400 "$LOGS/ipc-$w-$name.json") $(grep -E 'Error|error' "$LOGS/ipc-$w-$name.stderr" | tail -1 | cut -c1-300)" >&2
 }
 {
   echo
   echo "### Device memory shared between processes (legacy IPC): the same outcome with and without gpumem"
   echo '| workload | allocator | without gpumem | gpumem pool (VMM) | gpumem pool, GPUMEM_POOL_VMM=off | verdict |'
   echo '|---|---|---|---|---|---|'
-  for spec in "torch caching" "torch no-caching" "cupy cudaMalloc"; do
-    read -r w alloc <<< "$spec"
+  # IPC_SPECS="torch:no-caching cupy:cudaMalloc" runs only those.
+  for spec in ${IPC_SPECS:-torch:caching torch:no-caching cupy:cudaMalloc}; do
+    w=${spec%%:*} alloc=${spec#*:}
     nc=()
     [ "$alloc" = no-caching ] && nc=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     base=$(ipc_run "$w" "$alloc-native" "${nc[@]}")

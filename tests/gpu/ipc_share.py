@@ -21,7 +21,7 @@ SIZES = [1000, 5000, 300_000, 3_000_000, 40_000_000]  # int32 elements: 4 KB to 
 def torch_child(q, done):
     import torch
     try:
-        ts = q.get(timeout=120)
+        ts = q.get(timeout=60)
         sums = [int(t.sum().item()) for t in ts]
         for t in ts:
             t.add_(1)
@@ -39,11 +39,13 @@ def run_torch():
     pad = [torch.empty(n, device="cuda", dtype=torch.int8) for n in (123, 4567, 777_777)]
     ts = [torch.arange(n, device="cuda", dtype=torch.int32) % 7 for n in SIZES]
     expect = [int(t.sum().item()) for t in ts]
+    for t in ts:  # what pickling does in the queue's feeder thread, where an error would only hang the test
+        t.untyped_storage()._share_cuda_()
     q, done = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=torch_child, args=(q, done))
     p.start()
     q.put(ts)
-    got = done.get(timeout=300)
+    got = done.get(timeout=120)
     after = [int(t.sum().item()) for t in ts] if "sums" in got else []
     q.put("done")
     p.join(120)
@@ -93,7 +95,7 @@ def run_cupy():
     done, hold = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=cupy_child, args=(handles, done, hold))
     p.start()
-    got = done.get(timeout=300)
+    got = done.get(timeout=120)
     after = [int(a.sum()) for a in arrays] if "sums" in got else []
     hold.put("done")
     closed = done.get(timeout=120) if "sums" in got else {}
