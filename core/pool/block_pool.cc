@@ -536,9 +536,12 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) {
             if (reclaim(api, true, p, asize) && (b = find_free(p, asize))) return b;
         }
-        if (chunk_ && unsettled_frees_) settle_frees(api);
-        release_free_segments(api);
-        if (chunk_ && !unsettled_frees_) unmap_free_chunks(api);
+        // Again: a capture opened on another thread during the waits forbids the frees below.
+        if (can_sync()) {
+            if (chunk_ && unsettled_frees_) settle_frees(api);
+            release_free_segments(api);
+            if (chunk_ && !unsettled_frees_) unmap_free_chunks(api);
+        }
     }
     // With arenas, first the holes just made (mapping into them joins their free neighbours).
     rc = arenas ? arena_grow(p, asize, api, &b) : k_cuda_oom;
@@ -918,8 +921,12 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
     // for the newest (recorded just now, after all the work the program has queued) would drain
     // the GPU's queue: the device idles while the program queues its next kernels, and a
     // training step under PYTORCH_NO_CUDA_MEMORY_CACHING pays that at every wait.
-    while (wait && !fences_.empty() && !(asize && find_free(p, asize)))
+    while (wait && !fences_.empty() && !(asize && find_free(p, asize))) {
+        // A capture opened on another thread since the last wait: no more waits (each would
+        // invalidate it), and no fallback sync either; the frees stay pending through it.
+        if (!can_sync()) break;
         if (!wait_oldest_fence(api)) return sync_release(api);
+    }
     return pending_.size() < before;
 }
 

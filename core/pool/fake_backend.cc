@@ -107,7 +107,13 @@ int fake_backend::event_synchronize(uint64_t ev) noexcept {
         return k_cuda_invalid_value;
     }
     if (it->second > done_) done_ = it->second;  // the device works up to the event
+    if (syncs_before_capture_ > 0 && --syncs_before_capture_ == 0) capturing_ = true;
     return k_cuda_success;
+}
+
+void fake_backend::capture_after_event_syncs(int n) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    syncs_before_capture_ = n;
 }
 
 void fake_backend::set_auto_complete(bool on) noexcept {

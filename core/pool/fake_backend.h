@@ -51,6 +51,9 @@ class fake_backend final : public pool_backend {
     void complete_through(uint64_t ticket) noexcept;
     void fail_next_records(int n) noexcept;  // the next n event_record calls fail (error 1)
     void fail_queries_after(int n) noexcept;  // n more event_query calls answer, then all fail (error 1)
+    // Another thread opens a stream capture right after the next n event_synchronize calls
+    // (may_synchronize() turns false then): the pool must notice it between two waits.
+    void capture_after_event_syncs(int n) noexcept;
     // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like
     // an event's.  Returns the ticket.  completed(): the ticket the device has reached.
     uint64_t enqueue_work() noexcept;
@@ -116,6 +119,7 @@ class fake_backend final : public pool_backend {
     uint64_t next_event_ = 0x100, ticket_ = 0, done_ = 0;
     int fail_records_ = 0;
     int ok_queries_left_ = -1;  // -1: queries never fail
+    int syncs_before_capture_ = -1;  // -1: no capture opens by itself
     std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};
     std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
     uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()

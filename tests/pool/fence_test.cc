@@ -167,6 +167,29 @@ TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]
     CHECK(f.dev.sync_calls() == 0);
 }
 
+TEST_CASE("fences: a capture opened during an OOM's waits stops them before the next wait", "[fence]") {
+    // Three 20 MiB segments, freed under three fences the GPU has not reached; a 40 MiB request
+    // fits in none of them, so memory runs short and the pool waits on the fences oldest first.
+    // Another thread opens a capture right after the first wait: a second cuEventSynchronize
+    // would invalidate it (and a segment free or a context sync would too).
+    fenced f(safe_config(), 64 * MiB);
+    const uint64_t a = f.alloc(20 * MiB), b = f.alloc(20 * MiB), c = f.alloc(20 * MiB);
+    f.free(a);
+    f.free(b);
+    f.free(c);
+    REQUIRE(f.dev.event_syncs() == 0);
+    f.dev.capture_after_event_syncs(1);
+    uint64_t p = 0;
+    CHECK(f.pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_oom);
+    CHECK(f.dev.event_syncs() == 1);
+    CHECK(f.dev.bad_calls() == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    // Once the capture ends, the same request is served: the waits resume.
+    f.dev.set_capturing(false);
+    CHECK(f.pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: what no fence covers falls back to one context synchronize", "[fence]") {
     SECTION("a destroyed stream's work") {
         fenced f;
