@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -36,9 +37,12 @@
 
 #include "core/pool/block_pool.h"
 #include "diag.h"
+#include "driver_backend.h"
 #include "gpumem_preload.h"
 
 namespace gpumem {
+
+bool pool_exiting() noexcept;  // pool_hooks.cc: process exit has begun, the driver may be going away
 
 namespace {
 
@@ -103,15 +107,93 @@ exporter_state& ex() noexcept {
     return *s;
 }
 
+bool export_alive(uint64_t block, uint64_t id) noexcept {
+    std::lock_guard<std::mutex> lk(ex().mu);
+    auto it = ex().exports.find(block);
+    return it != ex().exports.end() && it->second.id == id;
+}
+
+// A real legacy handle open in this process, counted by who opened it: every inner block of one
+// cuMemAlloc segment carries the segment's handle, and so may the program itself (for the
+// segment's first block), but the driver opens a handle once per context.
+struct real_open {
+    CUipcMemHandle handle;
+    uint64_t base;
+    int gpumem_refs;   // gpumem handles opened on it
+    int program_refs;  // the program's own opens of it
+};
+
 struct importer_state {
     std::mutex mu;
     std::vector<import_rec> opened;
-    std::atomic<int> live{0};
+    std::vector<real_open> reals;
+    std::atomic<int> live{0};  // opened.size() + reals.size()
 };
 importer_state& im() noexcept {
     alignas(importer_state) static unsigned char storage[sizeof(importer_state)];
     static importer_state* s = new (storage) importer_state();
     return *s;
+}
+void count_live(importer_state& s) noexcept { s.live.store(int(s.opened.size() + s.reals.size()), std::memory_order_release); }
+
+// Opens a real legacy handle, sharing an open that exists already when gpumem is party to it.
+// im().mu held.
+CUresult open_real(const CUipcMemHandle& h, unsigned flags, bool by_program, uint64_t* base) noexcept {
+    importer_state& s = im();
+    for (real_open& r : s.reals)
+        if (!memcmp(&r.handle, &h, sizeof h) && (r.gpumem_refs > 0 || !by_program)) {
+            ++(by_program ? r.program_refs : r.gpumem_refs);
+            *base = r.base;
+            return CUDA_SUCCESS;
+        }
+    auto open = GPUMEM_REAL(cuIpcOpenMemHandle_v2);
+    if (!open) return CUDA_ERROR_NOT_INITIALIZED;
+    CUdeviceptr p = 0;
+    CUresult rc = open(&p, h, flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    *base = uint64_t(p);
+    for (real_open& r : s.reals)
+        if (r.base == *base) {  // the driver counted a second open of the program's itself
+            ++(by_program ? r.program_refs : r.gpumem_refs);
+            return rc;
+        }
+    try {
+        s.reals.push_back(real_open{h, *base, by_program ? 0 : 1, by_program ? 1 : 0});
+    } catch (...) {
+        if (!by_program) {  // without a record the close could not find it
+            if (auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle)) close_fn(p);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    count_live(s);
+    return rc;
+}
+
+// Closes one open of real handle `base`; the driver's close once nobody holds it.  False when no
+// open of it is known (the caller passes the call through).  im().mu held.
+bool close_real(uint64_t base, bool by_program, CUresult* rc) noexcept {
+    importer_state& s = im();
+    for (size_t i = 0; i < s.reals.size(); ++i) {
+        real_open& r = s.reals[i];
+        if (r.base != base) continue;
+        int& mine = by_program ? r.program_refs : r.gpumem_refs;
+        if (mine == 0) return false;
+        --mine;
+        *rc = CUDA_SUCCESS;
+        // The program's own opens are the driver's to count, unless gpumem shares the mapping.
+        const bool last = r.gpumem_refs == 0 && r.program_refs == 0;
+        if (last || (by_program && r.gpumem_refs == 0)) {
+            auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle);
+            *rc = close_fn ? close_fn(CUdeviceptr(base)) : CUDA_ERROR_NOT_INITIALIZED;
+        }
+        if (last) {
+            s.reals[i] = s.reals.back();
+            s.reals.pop_back();
+        }
+        count_live(s);
+        return true;
+    }
+    return false;
 }
 
 uint64_t random_u64() noexcept {
@@ -168,12 +250,17 @@ bool recv_msg(int sock, void* data, size_t n, int* fds, size_t* nfds) noexcept {
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
     alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * k_batch)];
+    memset(ctl, 0, sizeof ctl);
     m.msg_control = ctl;
     m.msg_controllen = sizeof ctl;
     ssize_t r;
     do r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
     while (r < 0 && errno == EINTR);
     size_t got = 0;
+    if (nfds) *nfds = 0;
+    // On an error (a timeout, a reset) the kernel writes neither the control length nor the
+    // flags: parsing then would read stale bytes as descriptors, and close someone else's.
+    if (r < 0) return false;
     for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -195,11 +282,21 @@ struct batch_ctx {
     int fds[k_batch];
     size_t n = 0;
     CUresult err = CUDA_SUCCESS;
+    uint64_t id = 0;  // the export being served (0: ipc_export's own probe)
+    uint64_t block = 0;
 };
+
+bool export_alive(uint64_t block, uint64_t id) noexcept;
 
 // Runs under the owning pool's lock: the chunks cannot be released while they are exported.
 bool export_batch(void* ctx, const uint64_t* handles, size_t n) {
     auto* b = static_cast<batch_ctx*>(ctx);
+    // The export must still be the one asked for: a free ends it before the pool can hand the
+    // address out again, and the pool's lock, held here, keeps it so for this batch.
+    if (b->id && !export_alive(b->block, b->id)) {
+        b->err = CUDA_ERROR_INVALID_VALUE;
+        return false;
+    }
     auto exp = GPUMEM_REAL(cuMemExportToShareableHandle);
     if (!exp) {
         b->err = CUDA_ERROR_NOT_SUPPORTED;
@@ -214,6 +311,7 @@ bool export_batch(void* ctx, const uint64_t* handles, size_t n) {
             b->n = 0;
             return false;
         }
+        fcntl(fd, F_SETFD, FD_CLOEXEC);  // an exec meanwhile must not carry GPU memory away
         b->fds[b->n++] = fd;
     }
     return true;
@@ -229,6 +327,7 @@ void serve_one(int c) noexcept {
     if (!recv_msg(c, &id, sizeof id, nullptr, nullptr)) return;
     export_rec rec{};
     bool found = false;
+    if (pool_exiting()) return;  // the driver may be going away: no call into it now
     {
         std::lock_guard<std::mutex> lk(ex().mu);
         for (const auto& [block, e] : ex().exports)
@@ -266,7 +365,9 @@ void serve_one(int c) noexcept {
     block_pool::chunk_view view{};
     for (size_t from = 0;; ) {
         batch_ctx b;
-        const bool ok = rec.pool->visit_block_chunks(rec.block, from, k_batch, &view, export_batch, &b);
+        b.id = rec.id;
+        b.block = rec.block;
+        const bool ok = !pool_exiting() && rec.pool->visit_block_chunks(rec.block, from, k_batch, &view, export_batch, &b);
         if (from == 0) {
             head.status = ok ? CUDA_SUCCESS : (b.err ? b.err : CUDA_ERROR_INVALID_VALUE);
             head.chunk = view.chunk;
@@ -437,17 +538,23 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
     rec.pool = &pool;
     rec.ctx = ctx;
     if (bi.vmm) {
-        // Only chunks made with a shareable handle type can be exported: try the first one now, so
-        // the program learns at once, from this call, when the device or driver cannot share.
+        // Only chunks made with a shareable handle type can be exported (a driver that refused
+        // the type once gets plain chunks from then on): try every chunk under the block now, so
+        // the program learns from this call, not from the importer's, when it cannot be shared.
         block_pool::chunk_view view{};
-        batch_ctx b;
-        if (!pool.visit_block_chunks(bi.block, 0, 1, &view, export_batch, &b)) {
-            say_once(said, "cuIpcGetMemHandle on a pooled block of virtual memory: the driver cannot export its "
-                           "chunks; run with GPUMEM_POOL_VMM=off to share memory between processes",
-                     int(b.err));
-            return CUDA_ERROR_INVALID_VALUE;
+        for (size_t from = 0;;) {
+            batch_ctx b;
+            const bool ok = pool.visit_block_chunks(bi.block, from, k_batch, &view, export_batch, &b);
+            for (size_t k = 0; k < b.n; ++k) close(b.fds[k]);
+            if (!ok) {
+                say_once(said, "cuIpcGetMemHandle on a pooled block of virtual memory: the driver cannot export "
+                               "its chunks; run with GPUMEM_POOL_VMM=off to share memory between processes",
+                         int(b.err));
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            from += b.n;
+            if (from >= view.count) break;
         }
-        for (size_t k = 0; k < b.n; ++k) close(b.fds[k]);
         rec.kind = kind_chunks;
     } else {
         auto get = GPUMEM_REAL(cuIpcGetMemHandle);
@@ -498,8 +605,17 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
     static std::atomic<bool> said{false};
     wire_handle w;
     memcpy(&w, &h, sizeof w);
-    *handled = memcmp(w.magic, k_magic, sizeof k_magic) == 0;
-    if (!*handled) return CUDA_SUCCESS;
+    *handled = true;
+    if (memcmp(w.magic, k_magic, sizeof k_magic) != 0) {
+        // The driver's own handle: the driver's open, counted only so that a gpumem handle naming
+        // the same segment later shares it.
+        if (!p) return CUDA_ERROR_INVALID_VALUE;
+        std::lock_guard<std::mutex> lk(im().mu);
+        uint64_t base = 0;
+        CUresult rc = open_real(h, flags, true, &base);
+        if (rc == CUDA_SUCCESS) *p = CUdeviceptr(base);
+        return rc;
+    }
     if (!p || w.version != k_version) return CUDA_ERROR_INVALID_VALUE;
     const int sock = connect_to(w);
     if (sock < 0) {
@@ -515,10 +631,8 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
     import_rec rec{};
     rec.kind = head.kind;
     if (r == CUDA_SUCCESS && head.kind == kind_legacy) {
-        auto open = GPUMEM_REAL(cuIpcOpenMemHandle_v2);
-        CUdeviceptr base = 0;
-        r = open ? open(&base, head.legacy, flags) : CUDA_ERROR_NOT_SUPPORTED;
-        rec.base = uint64_t(base);
+        std::lock_guard<std::mutex> lk(im().mu);
+        r = open_real(head.legacy, flags, false, &rec.base);
         rec.ptr = rec.base + head.offset;
     } else if (r == CUDA_SUCCESS && head.kind == kind_chunks) {
         r = import_chunks(sock, head, &rec.base);
@@ -539,38 +653,49 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
         s.opened.push_back(rec);
     } catch (...) {
         // Without a record the close could not undo it: undo it now.
+        CUresult ignored;
         if (rec.kind == kind_chunks) unmap_import(rec.base, rec.chunk, rec.bytes / rec.chunk, rec.bytes);
-        else if (auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle)) close_fn(CUdeviceptr(rec.base));
+        else close_real(rec.base, false, &ignored);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    s.live.store(int(s.opened.size()), std::memory_order_release);
+    count_live(s);
     *p = CUdeviceptr(rec.ptr);
     return CUDA_SUCCESS;
 }
 
-// cuIpcCloseMemHandle.  *handled false: not a pointer ipc_open returned.
+// cuIpcCloseMemHandle.  *handled false: not a pointer gpumem opened or counted, the driver's call.
 CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
     importer_state& s = im();
     *handled = false;
     if (s.live.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
+    std::unique_lock<std::mutex> lk(s.mu);
     import_rec rec{};
-    {
-        std::lock_guard<std::mutex> lk(s.mu);
-        for (size_t i = 0; i < s.opened.size(); ++i)
-            if (s.opened[i].ptr == uint64_t(p)) {
-                rec = s.opened[i];
-                s.opened[i] = s.opened.back();
-                s.opened.pop_back();
+    for (size_t i = 0; i < s.opened.size(); ++i)
+        if (s.opened[i].ptr == uint64_t(p)) {
+            rec = s.opened[i];
+            if (rec.kind == kind_chunks && capture_active()) {
+                // The unmap must wait for this process's work first, which a capture forbids.
                 *handled = true;
-                break;
+                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
             }
-        s.live.store(int(s.opened.size()), std::memory_order_release);
+            s.opened[i] = s.opened.back();
+            s.opened.pop_back();
+            *handled = true;
+            break;
+        }
+    CUresult rc = CUDA_SUCCESS;
+    if (!*handled) {
+        *handled = close_real(uint64_t(p), true, &rc);  // the program's own open of a real handle
+        count_live(s);
+        return rc;
     }
-    if (!*handled) return CUDA_SUCCESS;
     if (rec.kind == kind_legacy) {
-        auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle);
-        return close_fn ? close_fn(CUdeviceptr(rec.base)) : CUDA_ERROR_NOT_INITIALIZED;
+        if (!close_real(rec.base, false, &rc)) rc = CUDA_ERROR_INVALID_VALUE;
+        count_live(s);
+        return rc;
     }
+    count_live(s);
+    lk.unlock();
     // cuMemUnmap does not wait for device work, as the driver's close of a legacy mapping does:
     // work this process queued on the memory finishes first.
     if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
@@ -578,19 +703,33 @@ CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
     return CUDA_SUCCESS;
 }
 
+// The pool of a context that died: its blocks' exports end with it (a later block at the same
+// address is another allocation).
+void ipc_pool_dropped(const block_pool* pool) noexcept {
+    exporter_state& s = ex();
+    if (s.live.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (auto it = s.exports.begin(); it != s.exports.end();)
+        it = it->second.pool == pool ? s.exports.erase(it) : std::next(it);
+    s.live.store(int(s.exports.size()), std::memory_order_release);
+}
+
 // A fork child: the server thread is the parent's, and so are the exports (the child's pool
 // forgets the parent's blocks).  The child starts its own server at its first export.
 void ipc_after_fork() noexcept {
+    // A parent thread may have held a lock, or been inside a container, at the fork: fresh locks
+    // and fresh containers, the old ones leaked rather than walked.
     exporter_state& s = ex();
-    new (&s.mu) std::mutex();  // a parent thread may have held it at the fork
+    new (&s.mu) std::mutex();
     if (s.listen_fd >= 0) close(s.listen_fd);
     s.listen_fd = -1;
     s.server_pid = 0;
-    s.exports.clear();
+    new (&s.exports) std::unordered_map<uint64_t, export_rec>();
     s.live.store(0);
     importer_state& i = im();  // the parent's mappings are not the child's
     new (&i.mu) std::mutex();
-    i.opened.clear();
+    new (&i.opened) std::vector<import_rec>();
+    new (&i.reals) std::vector<real_open>();
     i.live.store(0);
 }
 

@@ -25,6 +25,7 @@ namespace gpumem {
 // ipc_share.cc: pooled blocks shared with other processes.
 CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, const block_pool::block_info& bi) noexcept;
 void ipc_block_freed(uint64_t block) noexcept;
+void ipc_pool_dropped(const block_pool* pool) noexcept;
 void ipc_after_fork() noexcept;
 
 namespace {
@@ -120,6 +121,7 @@ pool_registry::slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexc
 }  // namespace
 
 bool capture_active() noexcept { return g_captures.load(std::memory_order_acquire) > 0; }
+bool pool_exiting() noexcept { return g_exiting.load(std::memory_order_acquire); }
 
 void pool_configure(const config& cfg, recorder* rec, std::string* config_json) noexcept {
     sink().set(rec);
@@ -329,6 +331,7 @@ void pool_context_gone(CUcontext ctx, int dev) noexcept {
     // Its streams died with it, without cuStreamDestroy: fences must not record on their handles,
     // which new streams may reuse (the primary context keeps its handle across a reset).
     streams().forget_context(uint64_t(uintptr_t(ctx)));
+    if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(ctx)))) ipc_pool_dropped(s->pool);
     registry().retire(uint64_t(uintptr_t(ctx)));
 }
 

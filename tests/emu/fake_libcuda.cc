@@ -608,13 +608,10 @@ static CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags
     if (pid == int32_t(getpid())) return CUDA_ERROR_INVALID_VALUE;
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
-    for (auto& [va, o] : s.opened) {
-        if (o.origin_pid == pid && o.origin_base == base && o.dev == dev) {
-            ++o.refs;
-            *p = CUdeviceptr(va);
-            return CUDA_SUCCESS;
-        }
-    }
+    // The driver opens a handle once per context: a second open is refused, not counted (UCX and
+    // numba met CUDA_ERROR_ALREADY_MAPPED there), so a caller that shares one must count itself.
+    for (auto& [va, o] : s.opened)
+        if (o.origin_pid == pid && o.origin_base == base && o.dev == dev) return CUDA_ERROR_ALREADY_MAPPED;
     const uint64_t va = align_up(s.next_opened_va, 2u << 20);
     s.next_opened_va = va + align_up(size, 2u << 20) + (2u << 20);  // a gap: opened ranges never touch
     s.opened[va] = opened_ipc{size, dev, 1, pid, base};
@@ -624,7 +621,7 @@ static CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags
 EMU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) { return ipc_open(p, h, flags); }
 // The name before CUDA 11 (then with a 32-bit-era CUdeviceptr; the same ABI on 64-bit hosts).
 EMU_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) { return ipc_open(p, h, flags); }
-// Only an address cuIpcOpenMemHandle returned; the last close unmaps it.
+// Only an address cuIpcOpenMemHandle returned; the close unmaps it.
 EMU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     bump("cuIpcCloseMemHandle");
     emu_state& s = st();

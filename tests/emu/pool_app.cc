@@ -253,14 +253,19 @@ void ipc_export(long n, size_t size) {
         CHECK(cuMemAlloc(&p, size));
         blocks.push_back(p);
     }
-    const CUdeviceptr last = blocks.back();
-    CUipcMemHandle h;
-    memset(&h, 0, sizeof h);
-    printf("ipc_result=%d\nhandle=", int(cuIpcGetMemHandle(&h, last)));
-    for (size_t i = 0; i < sizeof h.reserved; ++i) printf("%02x", unsigned(static_cast<unsigned char>(h.reserved[i])));
-    printf("\n");
-    print_backing("backing_", last);
-    print_backing("backing_last_", last + size - 1, false);
+    // The last block, and (keys with a 2) the one before it: with n >= 3 both lie inside one
+    // segment, whose single real handle both must share.
+    for (int k = 0; k < (n >= 2 ? 2 : 1); ++k) {
+        const CUdeviceptr b = blocks[blocks.size() - 1 - size_t(k)];
+        const std::string sfx = k ? "2" : "";
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        printf("ipc%s_result=%d\nhandle%s=", sfx.c_str(), int(cuIpcGetMemHandle(&h, b)), sfx.c_str());
+        for (size_t i = 0; i < sizeof h.reserved; ++i) printf("%02x", unsigned(static_cast<unsigned char>(h.reserved[i])));
+        printf("\n");
+        print_backing(("backing" + sfx + "_").c_str(), b);
+        print_backing(("backing" + sfx + "_last_").c_str(), b + size - 1, false);
+    }
     fflush(stdout);
     char line[256];
     const bool got_line = fgets(line, sizeof line, stdin) != nullptr;
@@ -276,8 +281,7 @@ void ipc_export(long n, size_t size) {
 // The importing half: opens the exporter's handle (`hex`, as ipc-export printed it) and says where
 // its first and last bytes (of `size`) land, then closes it.  A refused open is a result, not a
 // failure: open_result tells.
-void ipc_import(const std::string& hex, size_t size) {
-    setup();
+CUipcMemHandle parse_handle(const std::string& hex) {
     CUipcMemHandle h;
     if (hex.size() != 2 * sizeof h.reserved) fail("ipc-import handle length", int(hex.size()));
     auto nibble = [&](size_t at) {
@@ -286,13 +290,33 @@ void ipc_import(const std::string& hex, size_t size) {
         return unsigned(isdigit(c) ? c - '0' : tolower(c) - 'a' + 10);
     };
     for (size_t i = 0; i < sizeof h.reserved; ++i) h.reserved[i] = char(nibble(2 * i) << 4 | nibble(2 * i + 1));
-    CUdeviceptr p = 0;
-    int r = int(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    return h;
+}
+
+// With `hex2` (ipc-export's handle2) both are open at once before either closes: keys with a 2.
+void ipc_import(const std::string& hex, size_t size, const std::string& hex2) {
+    setup();
+    CUdeviceptr p = 0, p2 = 0;
+    int r = int(cuIpcOpenMemHandle(&p, parse_handle(hex), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     printf("open_result=%d\n", r);
-    if (r != 0) return;
-    print_backing("backing_", p);
-    print_backing("backing_last_", p + size - 1, false);
-    printf("close_result=%d\n", int(cuIpcCloseMemHandle(p)));
+    int r2 = -1;
+    if (!hex2.empty()) {
+        r2 = int(cuIpcOpenMemHandle(&p2, parse_handle(hex2), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+        printf("open2_result=%d\n", r2);
+    }
+    if (r == 0) {
+        print_backing("backing_", p);
+        print_backing("backing_last_", p + size - 1, false);
+    }
+    if (r2 == 0) {
+        print_backing("backing2_", p2);
+        print_backing("backing2_last_", p2 + size - 1, false);
+    }
+    if (r == 0) printf("close_result=%d\n", int(cuIpcCloseMemHandle(p)));
+    if (r2 == 0) {
+        print_backing("backing2_after_close_", p2);  // still mapped: the other open holds it
+        printf("close2_result=%d\n", int(cuIpcCloseMemHandle(p2)));
+    }
 }
 
 // The primary context is reset, then destroyed: each time the pool forgets that context's memory
@@ -438,9 +462,9 @@ int main(int argc, char** argv) {
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
-    else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000);
+    else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2]]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -643,21 +643,28 @@ std::string ipc_script(const std::string& importer_env = "") {
     return "mkfifo go; (" + app + " ipc-export 3 5000 < go > export.txt; echo exit=$? >> export.txt) & "
            "exec 3> go; "
            "for i in $(seq 1 400); do grep -q '^backing_last_offset=' export.txt 2>/dev/null && break; sleep 0.05; done; "
-           "h=$(sed -n 's/^handle=//p' export.txt); " +
-           importer_env + " " + app + " ipc-import \"$h\" 5000 > import.txt; echo exit=$? >> import.txt; "
+           "h=$(sed -n 's/^handle=//p' export.txt); h2=$(sed -n 's/^handle2=//p' export.txt); " +
+           importer_env + " " + app + " ipc-import \"$h\" 5000 \"$h2\" > import.txt; echo exit=$? >> import.txt; "
            "echo done >&3; exec 3>&-; wait; "
            "sed 's/^/export_/' export.txt; sed 's/^/import_/' import.txt";
 }
 
 void check_shared(const std::map<std::string, std::string>& v) {
-    CHECK(num(v, "export_ipc_result") == 0);
-    CHECK(num(v, "import_open_result") == 0);
-    CHECK(v.at("import_backing_pid") == v.at("export_backing_pid"));  // the exporter's memory
-    CHECK(num(v, "import_backing_origin") == num(v, "export_backing_origin"));
-    CHECK(num(v, "import_backing_offset") == num(v, "export_backing_offset"));
-    CHECK(num(v, "import_backing_last_origin") == num(v, "export_backing_last_origin"));
-    CHECK(num(v, "import_backing_last_offset") == num(v, "export_backing_last_offset"));
-    CHECK(num(v, "import_close_result") == 0);
+    // Both blocks (the last, and with a 2 the one before it) open at once and land right.
+    for (std::string k : {"", "2"}) {
+        INFO("block " << (k.empty() ? "last" : "before last"));
+        CHECK(num(v, "export_ipc" + k + "_result") == 0);
+        CHECK(num(v, "import_open" + k + "_result") == 0);
+        CHECK(v.at("import_backing" + k + "_pid") == v.at("export_backing" + k + "_pid"));  // the exporter's memory
+        CHECK(num(v, "import_backing" + k + "_origin") == num(v, "export_backing" + k + "_origin"));
+        CHECK(num(v, "import_backing" + k + "_offset") == num(v, "export_backing" + k + "_offset"));
+        CHECK(num(v, "import_backing" + k + "_last_origin") == num(v, "export_backing" + k + "_last_origin"));
+        CHECK(num(v, "import_backing" + k + "_last_offset") == num(v, "export_backing" + k + "_last_offset"));
+        CHECK(num(v, "import_close" + k + "_result") == 0);
+    }
+    // Closing the first open leaves the second's mapping in place (one shared real handle, or
+    // chunks mapped twice).
+    CHECK(num(v, "import_backing2_after_close_origin") == num(v, "export_backing2_origin"));
     CHECK(num(v, "export_free_result") == 0);
     CHECK(num(v, "export_exit") == 0);
     CHECK(num(v, "import_exit") == 0);
@@ -678,6 +685,7 @@ TEST_CASE("pool: a pooled block shared through legacy IPC opens in another proce
         auto v = values(r.out);
         check_shared(v);
         CHECK(num(v, "export_backing_offset") > 0);  // inside its segment: the real handle alone would be wrong
+        CHECK(num(v, "export_backing_origin") == num(v, "export_backing2_origin"));  // one segment, one real handle
     }
     SECTION("an importer without gpumem gets the driver's error, never a wrong pointer") {
         auto r = run({"/bin/sh", "-c", ipc_script("env -u LD_PRELOAD")});
