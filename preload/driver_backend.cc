@@ -10,12 +10,15 @@ namespace {
 // Pinned memory on the backend's device; exportable as a file descriptor when `shareable`, the only
 // way to share cuMemCreate memory with another process (legacy IPC cannot; docs/pool.md, "Sharing
 // memory between processes").
-CUmemAllocationProp chunk_prop(int device, bool shareable) noexcept {
+// `rdma`: usable by GPUDirect RDMA (an InfiniBand card registering it), as cudaMalloc memory is
+// where the device supports that for virtual memory.
+CUmemAllocationProp chunk_prop(int device, bool shareable, bool rdma) noexcept {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
     if (shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if (rdma) prop.allocFlags.gpuDirectRDMACapable = 1;
     return prop;
 }
 
@@ -105,7 +108,11 @@ uint64_t driver_backend::vmm_granularity() noexcept {
     shareable_.store(get_attribute(&fd_ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                    CUdevice(device_)) == CUDA_SUCCESS &&
                      fd_ok);
-    const CUmemAllocationProp prop = chunk_prop(device_, shareable_.load());
+    int rdma_ok = 0;
+    rdma_ = get_attribute(&rdma_ok, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, CUdevice(device_)) ==
+                CUDA_SUCCESS &&
+            rdma_ok;
+    const CUmemAllocationProp prop = chunk_prop(device_, shareable_.load(), rdma_);
     size_t g = 0;
     if (granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
     granularity_ = g;
@@ -133,18 +140,21 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
     auto release = GPUMEM_REAL(cuMemRelease);
     auto set_access = GPUMEM_REAL(cuMemSetAccess);
     if (!create || !map || !release || !set_access) return CUDA_ERROR_NOT_SUPPORTED;
-    CUmemAllocationProp prop = chunk_prop(device_, shareable_.load(std::memory_order_relaxed));
+    CUmemAllocationProp prop = chunk_prop(device_, shareable_.load(std::memory_order_relaxed), rdma_);
     return in_context([&]() -> CUresult {
         size_t done = 0;
         CUresult r = CUDA_SUCCESS;
         for (; done < n; ++done) {
             CUmemGenericAllocationHandle h = 0;
             r = create(&h, size_t(chunk), &prop, 0);
-            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.requestedHandleTypes) {
-                // A driver (or a container) that says it can export but will not: chunks without a
-                // handle type serve the program; only sharing them is lost.
+            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY &&
+                (prop.requestedHandleTypes || prop.allocFlags.gpuDirectRDMACapable)) {
+                // A driver (or a container) that says it can export, or serve RDMA, but will not:
+                // plain chunks serve the program; only sharing them (or RDMA on them) is lost.
                 shareable_.store(false, std::memory_order_relaxed);
+                rdma_ = false;
                 prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+                prop.allocFlags.gpuDirectRDMACapable = 0;
                 r = create(&h, size_t(chunk), &prop, 0);
             }
             if (r != CUDA_SUCCESS) break;
@@ -156,11 +166,14 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
             handles[done] = uint64_t(h);
         }
         if (r == CUDA_SUCCESS) {
-            CUmemAccessDesc access{};
-            access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            access.location.id = device_;
-            access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            r = set_access(CUdeviceptr(addr), size_t(n * chunk), &access, 1);  // one call for the whole range
+            // One call for the whole range: this device, and every peer granted access so far.
+            CUmemAccessDesc access[1 + k_max_peers] = {};
+            for (int i = 0; i <= n_peers_; ++i) {
+                access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                access[i].location.id = i == 0 ? device_ : peers_[i - 1];
+                access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            }
+            r = set_access(CUdeviceptr(addr), size_t(n * chunk), access, size_t(1 + n_peers_));
             if (r == CUDA_SUCCESS) return r;
         }
         unmap_chunks(addr, chunk, done, handles);  // all or nothing
@@ -180,6 +193,22 @@ int driver_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const 
         if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = int(r);
     }
     return first;
+}
+
+void driver_backend::add_peer(int device) noexcept {
+    for (int i = 0; i < n_peers_; ++i)
+        if (peers_[i] == device) return;
+    if (device != device_ && n_peers_ < k_max_peers) peers_[n_peers_++] = device;
+}
+
+int driver_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {
+    auto set_access = GPUMEM_REAL(cuMemSetAccess);
+    if (!set_access) return CUDA_ERROR_NOT_SUPPORTED;
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return in_context([&] { return set_access(CUdeviceptr(addr), size_t(bytes), &access, 1); });
 }
 
 // Events for the fences.  Created in the pool's context; recorded on streams of that context.  The

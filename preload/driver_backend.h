@@ -34,6 +34,8 @@ class driver_backend final : public pool_backend {
     int va_free(uint64_t base, uint64_t bytes) noexcept override;
     int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override;
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    void add_peer(int device) noexcept override;
+    int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
     int event_create(uint64_t* ev) noexcept override;
     int event_record(uint64_t ev, uint64_t stream) noexcept override;
     int event_query(uint64_t ev) noexcept override;
@@ -57,6 +59,12 @@ class driver_backend final : public pool_backend {
     // with another process (ipc_share.cc): set where the device supports it, cleared for good the
     // first time the driver refuses such a chunk for any reason but memory.
     std::atomic<bool> shareable_{false};
+    bool rdma_ = false;  // chunks flagged gpuDirectRDMACapable, as cudaMalloc memory is, where supported
+    // Devices granted access to every chunk besides device_ (peer access enabled to this context).
+    // Only touched under the pool's lock, as every backend call is.
+    static constexpr int k_max_peers = 16;
+    int peers_[k_max_peers] = {};
+    int n_peers_ = 0;
 };
 
 }  // namespace gpumem

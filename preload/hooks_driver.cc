@@ -292,6 +292,8 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept;
 CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool* handled) noexcept;
 CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept;
+CUresult pool_retain_handle(void* addr, bool* handled) noexcept;
+void pool_peer_enabled(CUcontext peer) noexcept;
 void pool_context_gone(CUcontext ctx, int dev) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
@@ -349,6 +351,27 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuIpcCloseMemHandle(CUdeviceptr p) {
     CUresult r = ipc_close(p, &handled);
     if (handled) return r;
     return f ? f(p) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h, void* addr) {
+    auto f = real<CUresult (*)(CUmemGenericAllocationHandle*, void*)>(drv::cuMemRetainAllocationHandle);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    bool handled = false;
+    CUresult r = pool_retain_handle(addr, &handled);
+    return handled ? r : f(h, addr);
+}
+
+// Peer access opens the peer context's memory to this context's device: the pool's chunks of
+// that context need the same (pool_hooks.cc).
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+    auto f = real<CUresult (*)(CUcontext, unsigned int)>(drv::cuCtxEnablePeerAccess);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(peer, flags);
+    if ((r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) && !guard::active()) {
+        guard g;
+        pool_peer_enabled(peer);
+    }
+    return r;
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
@@ -514,6 +537,8 @@ GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, 
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))
 GPUMEM_EXPORT_HOOK(cuIpcOpenMemHandle_v2, (CUdeviceptr* a, CUipcMemHandle b, unsigned int c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuIpcCloseMemHandle, (CUdeviceptr a), (a))
+GPUMEM_EXPORT_HOOK(cuCtxEnablePeerAccess, (CUcontext a, unsigned int b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle* a, void* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))

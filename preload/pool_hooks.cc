@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -27,6 +28,8 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
 void ipc_block_freed(uint64_t block) noexcept;
 void ipc_pool_dropped(const block_pool* pool) noexcept;
 void ipc_after_fork() noexcept;
+
+void apply_peer_grants(pool_registry::slot* s) noexcept;  // below: peer access enabled before a pool existed
 
 namespace {
 
@@ -111,6 +114,7 @@ pool_registry::slot* current_slot() noexcept {
     bool full = false;
     pool_registry::slot* s = registry().find_or_create(ctx, &full);
     if (full) say_once(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
+    if (s) apply_peer_grants(s);  // peer access enabled to this context before its first allocation
     return s;
 }
 
@@ -247,6 +251,14 @@ CUresult pool_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p, 
     return CUDA_SUCCESS;
 }
 
+// Every allocated block can be shared through legacy IPC (ipc_share.cc), as cudaMalloc memory can,
+// though the driver says no for a chunk of virtual memory.  The driver has written 0 in the
+// attribute's whole width (its docs say a boolean, callers read it into ints), so a 1 in the
+// first byte reads as 1 at any width.
+void say_ipc_capable(void* data) noexcept {
+    if (data) *static_cast<unsigned char*>(data) = 1;
+}
+
 CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p, bool* handled) noexcept {
     *handled = false;
     if (a != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && a != CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
@@ -255,6 +267,13 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
         if (lookup_any(uint64_t(p), &bi) && !bi.allocated) {
             *handled = true;
             return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && bi.allocated && bi.vmm) {
+            auto f = real<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>(drv::cuPointerGetAttribute);
+            *handled = true;
+            CUresult r = f ? f(data, a, p) : CUDA_ERROR_NOT_INITIALIZED;
+            if (r == CUDA_SUCCESS) say_ipc_capable(data);
+            return r;
         }
         return CUDA_SUCCESS;
     }
@@ -285,8 +304,57 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
         if (!data[i]) continue;
         if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data[i]) = CUdeviceptr(bi.block);
         if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data[i]) = size_t(bi.requested);
+        if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && bi.vmm) say_ipc_capable(data[i]);
     }
     return r;
+}
+
+// cuMemRetainAllocationHandle names the cuMemCreate allocation under an address.  The program
+// allocated a pooled block with cudaMalloc/cuMemAlloc, whose memory has no such handle: it gets
+// the driver's answer for that memory, never one of the pool's 2 MiB chunks (a caller mapping
+// "the allocation" elsewhere would map one chunk of it).
+CUresult pool_retain_handle(void* addr, bool* handled) noexcept {
+    *handled = pool_owns(uint64_t(uintptr_t(addr)));
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+// cuCtxEnablePeerAccess(peer) succeeded on the current context: its device may now use the
+// peer context's memory, which for the pool's chunks takes cuMemSetAccess (block_pool::grant_peer).
+// Remembered for a pool the peer context makes later, too.
+namespace {
+struct peer_grant {
+    uint64_t ctx;
+    int device;
+};
+std::mutex g_peer_mu;
+peer_grant g_peer_grants[64];
+int g_n_peer_grants = 0;
+}  // namespace
+
+void pool_peer_enabled(CUcontext peer) noexcept {
+    auto get_device = GPUMEM_REAL(cuCtxGetDevice);
+    CUdevice dev = 0;
+    if (!peer || !get_device || get_device(&dev) != CUDA_SUCCESS) return;
+    const uint64_t ctx = uint64_t(uintptr_t(peer));
+    {
+        std::lock_guard<std::mutex> lk(g_peer_mu);
+        bool known = false;
+        for (int i = 0; i < g_n_peer_grants; ++i) known |= g_peer_grants[i].ctx == ctx && g_peer_grants[i].device == int(dev);
+        if (!known && g_n_peer_grants < 64) g_peer_grants[g_n_peer_grants++] = {ctx, int(dev)};
+    }
+    if (pool_registry::slot* s = registry().find(ctx)) s->pool->grant_peer(int(dev));
+}
+
+void apply_peer_grants(pool_registry::slot* s) noexcept {
+    const uint64_t ctx = s->ctx.load(std::memory_order_acquire);
+    int devs[64];
+    int n = 0;
+    {
+        std::lock_guard<std::mutex> lk(g_peer_mu);
+        for (int i = 0; i < g_n_peer_grants; ++i)
+            if (g_peer_grants[i].ctx == ctx) devs[n++] = g_peer_grants[i].device;
+    }
+    for (int i = 0; i < n; ++i) s->pool->grant_peer(devs[i]);
 }
 
 // An IPC handle names a whole driver allocation, and the importer's cuIpcOpenMemHandle returns

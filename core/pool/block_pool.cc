@@ -1295,6 +1295,26 @@ bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
     return true;
 }
 
+void block_pool::grant_peer(int device) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (device == device_ || exiting_) return;
+    backend_.add_peer(device);  // under the lock: no map can fall between this and the walk below
+    if (!chunk_) return;
+    for (const auto& [base, s] : segments_) {
+        if (!s->vmm()) continue;
+        for (size_t i = 0; i < s->chunks.size();) {  // each run of mapped chunks, one call
+            if (!s->chunks[i]) {
+                ++i;
+                continue;
+            }
+            size_t j = i;
+            while (j < s->chunks.size() && s->chunks[j]) ++j;
+            backend_.set_peer_access(s->base + i * chunk_, (j - i) * chunk_, device);
+            i = j;
+        }
+    }
+}
+
 bool block_pool::visit_block_chunks(uint64_t addr, size_t from, size_t max, chunk_view* view, chunk_visitor visit,
                                     void* ctx) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);

@@ -84,6 +84,11 @@ class block_pool {
     // or whenever a fence cannot be made, by synchronize() as before.
     void set_streams(stream_set* streams, uint64_t ctx) noexcept;
 
+    // Peer access (cuCtxEnablePeerAccess from a context of `device` to this pool's): `device` may
+    // use this pool's memory from now on, as it may the driver's cuMemAlloc memory.  Every chunk
+    // mapped so far gets access for it, and every later one too.  No-op for cuMemAlloc segments.
+    void grant_peer(int device) noexcept;
+
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;

@@ -243,6 +243,7 @@ bool fake_backend::in_reservation(uint64_t addr, uint64_t bytes) const noexcept 
 }
 
 void fake_backend::unmap_one(uint64_t addr) noexcept {
+    access_.erase(addr);
     auto it = chunks_.find(addr);
     auto sz = chunk_size_.find(it->second);
     in_use_ -= sz->second;
@@ -292,6 +293,12 @@ int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* 
         }
         in_use_ += chunk;
         handles[done] = next_handle_++;
+        if (!peers_.empty()) {
+            try {
+                access_[a] = peers_;
+            } catch (...) {
+            }
+        }
     }
     if (rc != k_cuda_success) {
         for (size_t i = 0; i < done; ++i) unmap_one(addr + i * chunk);  // all or nothing
@@ -341,6 +348,49 @@ uint64_t fake_backend::live_segments() const noexcept {
 bool fake_backend::is_live(uint64_t base) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return live_.count(base) != 0;
+}
+
+}  // namespace gpumem
+
+namespace gpumem {
+
+void fake_backend::add_peer(int device) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    try {
+        peers_.push_back(device);
+    } catch (...) {
+    }
+}
+
+int fake_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t g = granularity_.load();
+    if (!g || addr % g || bytes % g || !bytes) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    for (uint64_t a = addr; a < addr + bytes; a += g)
+        if (!chunks_.count(a)) {  // cuMemSetAccess wants every byte mapped
+            ++bad_calls_;
+            return k_cuda_invalid_value;
+        }
+    try {
+        for (uint64_t a = addr; a < addr + bytes; a += g) access_[a].push_back(device);
+    } catch (...) {
+        return k_cuda_oom;
+    }
+    return k_cuda_success;
+}
+
+bool fake_backend::peer_can_access(uint64_t addr, int device) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t g = granularity_.load();
+    if (!g) return false;
+    auto it = access_.find(addr / g * g);
+    if (it == access_.end()) return false;
+    for (int d : it->second)
+        if (d == device) return true;
+    return false;
 }
 
 }  // namespace gpumem

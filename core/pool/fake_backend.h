@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <vector>
 #include <mutex>
 
 #include "core/pool/pool_backend.h"
@@ -54,6 +55,11 @@ class fake_backend final : public pool_backend {
     // Another thread opens a stream capture right after the next n event_synchronize calls
     // (may_synchronize() turns false then): the pool must notice it between two waits.
     void capture_after_event_syncs(int n) noexcept;
+
+    // Peer access: devices granted on every chunk mapped from now on, and a query per chunk.
+    void add_peer(int device) noexcept override;
+    int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
+    bool peer_can_access(uint64_t addr, int device) const noexcept;  // the chunk holding addr
     // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like
     // an event's.  Returns the ticket.  completed(): the ticket the device has reached.
     uint64_t enqueue_work() noexcept;
@@ -120,6 +126,8 @@ class fake_backend final : public pool_backend {
     int fail_records_ = 0;
     int ok_queries_left_ = -1;  // -1: queries never fail
     int syncs_before_capture_ = -1;  // -1: no capture opens by itself
+    std::vector<int> peers_;                        // add_peer's devices
+    std::map<uint64_t, std::vector<int>> access_;   // mapped chunk address -> devices granted
     std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};
     std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
     uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()

@@ -74,6 +74,17 @@ struct pool_backend {
         return k_cuda_not_supported;
     }
 
+    // ---- Peer access.  cuCtxEnablePeerAccess makes a context's cuMemAlloc memory usable from
+    // another device; cuMemCreate chunks need cuMemSetAccess for that device instead (PyTorch's
+    // expandable segments do the same).  Optional: the defaults do nothing.
+    // From now on map_chunks grants `device` read/write access too.
+    virtual void add_peer(int device) noexcept { (void)device; }
+    // cuMemSetAccess read/write for `device` over [addr, addr + bytes), whole mapped chunks.
+    virtual int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {
+        (void)addr, (void)bytes, (void)device;
+        return k_cuda_not_supported;
+    }
+
     // ---- Events: the fences of safe reuse (docs/pool.md, "fences").  Optional: a backend that
     // keeps these defaults makes the pool release pending frees with synchronize(), as before.
     // Event handles are the driver's (never 0); the pool recycles them and destroys none.

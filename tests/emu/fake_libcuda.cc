@@ -65,6 +65,7 @@ struct vmm_mapping {
     uint64_t size;
     uint64_t handle;
     uint64_t offset;  // into the handle's chunk (cuMemMap's offset)
+    uint32_t access = 0;  // devices granted read/write by cuMemSetAccess, one bit each
 };
 
 // Another process's cuMemAlloc allocation, opened here by cuIpcOpenMemHandle.  Opening the same
@@ -84,6 +85,7 @@ struct emu_state {
     std::map<uint64_t, uint64_t> reservations;        // VA base -> size
     std::map<uint64_t, vmm_mapping> mappings;         // VA -> mapping
     std::map<uint64_t, opened_ipc> opened;            // VA base -> another process's allocation
+    uint32_t peer_access[16] = {};                    // [dev]: devices whose contexts enabled peer access to dev's
     uint64_t next_reserve_va = 0x600000000000ull;     // reservations: below every device's cuMemAlloc range
     uint64_t next_opened_va = 0x500000000000ull;      // opened IPC memory: below the reservations
     uint64_t used[16] = {};
@@ -136,7 +138,8 @@ counter g_counters[] = {
     {"cuMemSetAccess", {0}}, {"cuMemGetAllocationGranularity", {0}}, {"cuDeviceGetAttribute", {0}},
     {"cuEventCreate", {0}}, {"cuEventRecord", {0}}, {"cuEventQuery", {0}}, {"cuEventSynchronize", {0}},
     {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
-    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}},
+    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}}, {"cuCtxEnablePeerAccess", {0}},
+    {"cuMemRetainAllocationHandle", {0}},
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
     {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
     {"cuIpcOpenMemHandle_v2", {0}},  // both names, cuIpcOpenMemHandle and _v2
@@ -319,6 +322,22 @@ EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
         int expected = -1;
         g_default_dev.compare_exchange_strong(expected, dev_of(c));
     }
+    return CUDA_SUCCESS;
+}
+// The context stack: push makes c current and remembers the one before; pop restores it.
+thread_local int t_ctx_stack[16];
+thread_local int t_ctx_depth = 0;
+EMU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    t_ctx_stack[t_ctx_depth++] = t_ctx_dev;
+    t_ctx_dev = dev_of(c);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* c) {
+    if (t_ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c) *c = t_ctx_dev >= 0 ? ctx_of(t_ctx_dev) : nullptr;
+    t_ctx_dev = t_ctx_stack[--t_ctx_depth];
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* c) {
@@ -846,14 +865,75 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccess
     if (m == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
     --m;
     uint64_t at = a;
+    auto first = m;
     for (; at < a + size; ++m) {
         if (m == s.mappings.end() || m->first > at || m->first + m->second.size <= at) return CUDA_ERROR_INVALID_VALUE;
         at = m->first + m->second.size;
     }
+    for (m = first; m != s.mappings.end() && m->first < a + size; ++m)
+        for (size_t i = 0; i < count; ++i) {
+            const uint32_t bit = 1u << desc[i].location.id;
+            if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) m->second.access |= bit;
+            else m->second.access &= ~bit;
+        }
+    return CUDA_SUCCESS;
+}
+
+// Peer access from the current context's device to `peer`'s: cuMemAlloc memory of the peer's
+// device becomes usable from this device (cuMemCreate memory does not: that takes cuMemSetAccess).
+EMU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+    bump("cuCtxEnablePeerAccess");
+    const int dev = current_dev();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!peer || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    const int owner = dev_of(peer);
+    if (owner < 0 || owner >= st().devices || owner == dev) return CUDA_ERROR_INVALID_DEVICE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.peer_access[owner] & (1u << dev)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    s.peer_access[owner] |= 1u << dev;
+    return CUDA_SUCCESS;
+}
+
+// The cuMemCreate handle mapped at addr (a new reference); CUDA_ERROR_INVALID_VALUE for memory
+// that is not mapped from one, cuMemAlloc memory included.
+EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h, void* addr) {
+    bump("cuMemRetainAllocationHandle");
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    const uint64_t a = uint64_t(uintptr_t(addr));
+    auto m = s.mappings.upper_bound(a);
+    if (m == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --m;
+    if (a - m->first >= m->second.size) return CUDA_ERROR_INVALID_VALUE;
+    *h = CUmemGenericAllocationHandle(m->second.handle);
     return CUDA_SUCCESS;
 }
 
 // ---- Test queries --------------------------------------------------------------------------------
+// May a kernel of device `dev` touch p?  A VMM mapping: if cuMemSetAccess granted dev; a cuMemAlloc
+// allocation: on its own device, or once dev's context enabled peer access to it.  1 yes, 0 no,
+// -1 when p is not mapped.
+EMU_EXPORT int gpumem_emu_access(CUdeviceptr p, int dev) {
+    emu_state& s = st();
+    if (dev < 0 || dev >= s.devices) return -1;
+    std::lock_guard<std::mutex> g(s.mu);
+    const uint64_t a = uint64_t(p);
+    auto m = s.mappings.upper_bound(a);
+    if (m != s.mappings.begin()) {
+        --m;
+        if (a - m->first < m->second.size) return (m->second.access >> dev) & 1;
+    }
+    auto d = s.device_allocs.upper_bound(a);
+    if (d != s.device_allocs.begin()) {
+        --d;
+        if (a - d->first < d->second.size && d->second.kind == 0)
+            return d->second.dev == dev || ((s.peer_access[d->second.dev] >> dev) & 1) ? 1 : 0;
+    }
+    return -1;
+}
+
 // Whose memory p lands on: the process that owns it (pid), its allocation there (origin: a chunk's
 // handle for virtual memory, a cuMemAlloc allocation's base otherwise) and p's offset in it.  For a
 // VMM mapping it is the mapped chunk's first owner, through any export and import; for opened IPC
@@ -906,6 +986,7 @@ struct fn_entry {
 const fn_entry k_functions[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGetAttribute), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
+    E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
@@ -915,7 +996,7 @@ const fn_entry k_functions[] = {
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
     E(cuMemAllocFromPoolAsync_ptsz), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
-    E(cuIpcOpenMemHandle_v2), E(cuIpcCloseMemHandle),
+    E(cuIpcOpenMemHandle_v2), E(cuIpcCloseMemHandle), E(cuCtxEnablePeerAccess), E(cuMemRetainAllocationHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
     E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuMemExportToShareableHandle), E(cuMemImportFromShareableHandle),
     E(cuGetProcAddress), E(cuGetProcAddress_v2),

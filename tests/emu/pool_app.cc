@@ -319,6 +319,38 @@ void ipc_import(const std::string& hex, size_t size, const std::string& hex2) {
     }
 }
 
+// Whether a kernel of device `dev` may touch p, as the emulated driver says (1, 0, -1 unmapped).
+int emu_access(CUdeviceptr p, int dev) {
+    using fn = int (*)(CUdeviceptr, int);
+    static fn f = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_access"));
+    if (!f) fail("dlsym gpumem_emu_access", -1);
+    return f(p, dev);
+}
+
+// Peer access (needs GPUMEM_EMU_DEVICES=2): device 1's context enables access to device 0's, which
+// opens device 0's cudaMalloc memory to device 1.  A block device 0 allocated before the enable,
+// and one after, must be usable from device 1 then, pooled or not.  And the memory is no
+// cuMemCreate allocation to the program: cuMemRetainAllocationHandle refuses it.
+void peer() {
+    CUcontext c0 = setup();
+    CUdeviceptr a, big;
+    const size_t big_size = size_t(64) << 20;
+    CHECK(cuMemAlloc(&a, 5000));
+    CUcontext c1;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
+    printf("before_access=%d\n", emu_access(a, 1));
+    CHECK(cuCtxSetCurrent(c1));
+    printf("enable_result=%d\n", int(cuCtxEnablePeerAccess(c0, 0)));
+    CHECK(cuCtxSetCurrent(c0));
+    CHECK(cuMemAlloc(&big, big_size));
+    printf("access_a=%d\naccess_big=%d\naccess_big_last=%d\n", emu_access(a, 1), emu_access(big, 1),
+           emu_access(big + big_size - 1, 1));
+    CUmemGenericAllocationHandle h = 0;
+    printf("retain_result=%d\n", int(cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(uintptr_t(a)))));
+    CHECK(cuMemFree(a));
+    CHECK(cuMemFree(big));
+}
+
 // The primary context is reset, then destroyed: each time the pool forgets that context's memory
 // (the driver freed it) and starts afresh.
 void reset() {
@@ -461,10 +493,11 @@ int main(int argc, char** argv) {
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
+    else if (s == "peer") peer();
     else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2]]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2]] | peer\n", argv[0]);
         return 2;
     }
     return 0;

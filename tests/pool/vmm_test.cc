@@ -349,3 +349,42 @@ TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas o
     CHECK(pool.validate(&why));
     CHECK(dev.bad_calls() == 0);
 }
+
+TEST_CASE("peer access: a device granted access reaches every chunk mapped before and after", "[pool][vmm]") {
+    // cuCtxEnablePeerAccess opens a context's cuMemAlloc memory to another device; chunks need
+    // cuMemSetAccess for it, or a kernel of that device faults where it would not without gpumem.
+    fake_backend dev(256 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    uint64_t a = 0, b = 0, c = 0;
+    REQUIRE(pool.allocate(5000, api_id::cuMemAlloc_v2, &a) == k_cuda_success);          // small arena
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);      // large arena
+    CHECK_FALSE(dev.peer_can_access(a, 1));
+    pool.grant_peer(0);  // its own device: nothing to do
+    pool.grant_peer(1);
+    CHECK(dev.peer_can_access(a, 1));
+    CHECK(dev.peer_can_access(b, 1));
+    CHECK(dev.peer_can_access(b + 30 * MiB - 1, 1));
+    CHECK_FALSE(dev.peer_can_access(b, 2));
+    // Growth after the grant: the new chunks are granted as they are mapped.
+    REQUIRE(pool.allocate(50 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+    CHECK(dev.peer_can_access(c, 1));
+    CHECK(dev.peer_can_access(c + 50 * MiB - 1, 1));
+    // Chunks given back, then mapped again: b's chunks go back at the OOM of a 180 MiB request
+    // (82 MiB mapped + 180 > 256), and a later 20 MiB request maps part of that hole again.
+    int rc = -1;
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));
+    uint64_t big = 0, again = 0;
+    REQUIRE(pool.allocate(180 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    CHECK(sink.count(ev_kind::segment_unmap) > 0);
+    CHECK(dev.peer_can_access(big, 1));
+    CHECK(dev.peer_can_access(big + 180 * MiB - 1, 1));
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);
+    CHECK(again < c);  // in b's old place
+    CHECK(dev.peer_can_access(again, 1));
+    CHECK(dev.peer_can_access(again + 20 * MiB - 1, 1));
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
