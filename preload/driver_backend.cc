@@ -147,14 +147,17 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
         for (; done < n; ++done) {
             CUmemGenericAllocationHandle h = 0;
             r = create(&h, size_t(chunk), &prop, 0);
-            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY &&
-                (prop.requestedHandleTypes || prop.allocFlags.gpuDirectRDMACapable)) {
-                // A driver (or a container) that says it can export, or serve RDMA, but will not:
-                // plain chunks serve the program; only sharing them (or RDMA on them) is lost.
-                shareable_.store(false, std::memory_order_relaxed);
+            // A driver (or a container) that says it serves RDMA, or can export, but will not:
+            // drop the RDMA flag, then the handle type, for good; plain chunks serve the program,
+            // and only RDMA on them (or sharing them) is lost.
+            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.allocFlags.gpuDirectRDMACapable) {
                 rdma_ = false;
-                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
                 prop.allocFlags.gpuDirectRDMACapable = 0;
+                r = create(&h, size_t(chunk), &prop, 0);
+            }
+            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.requestedHandleTypes) {
+                shareable_.store(false, std::memory_order_relaxed);
+                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
                 r = create(&h, size_t(chunk), &prop, 0);
             }
             if (r != CUDA_SUCCESS) break;
