@@ -1,6 +1,8 @@
 // The pool's device seam over the real CUDA driver: segments, VMM chunks, context syncs, events, capture checks, memory info.
 #include "driver_backend.h"
 
+#include "diag.h"
+
 #include "gpumem_preload.h"
 
 namespace gpumem {
@@ -147,18 +149,22 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
         for (; done < n; ++done) {
             CUmemGenericAllocationHandle h = 0;
             r = create(&h, size_t(chunk), &prop, 0);
-            // A driver (or a container) that says it serves RDMA, or can export, but will not:
-            // drop the RDMA flag, then the handle type, for good; plain chunks serve the program,
-            // and only RDMA on them (or sharing them) is lost.
-            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.allocFlags.gpuDirectRDMACapable) {
-                rdma_ = false;
-                prop.allocFlags.gpuDirectRDMACapable = 0;
-                r = create(&h, size_t(chunk), &prop, 0);
-            }
-            if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.requestedHandleTypes) {
-                shareable_.store(false, std::memory_order_relaxed);
-                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-                r = create(&h, size_t(chunk), &prop, 0);
+            // A driver (or a container) that says it serves RDMA, or can export, but will not: try
+            // without the RDMA flag, then without the handle type, then without both, and keep
+            // the first that works for good.  Plain chunks serve the program; only RDMA on them
+            // (or sharing them) is lost.  When none works, the error was not the flags': keep them.
+            const bool had_rdma = prop.allocFlags.gpuDirectRDMACapable, had_type = prop.requestedHandleTypes != 0;
+            for (int drop = 1; r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && drop <= 3; ++drop) {
+                const bool no_rdma = drop & 1, no_type = drop & 2;
+                if ((no_rdma && !had_rdma) || (no_type && !had_type)) continue;
+                CUmemAllocationProp p2 = prop;
+                if (no_rdma) p2.allocFlags.gpuDirectRDMACapable = 0;
+                if (no_type) p2.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+                r = create(&h, size_t(chunk), &p2, 0);
+                if (r != CUDA_SUCCESS) continue;
+                prop = p2;
+                if (no_rdma) rdma_ = false;
+                if (no_type) shareable_.store(false, std::memory_order_relaxed);
             }
             if (r != CUDA_SUCCESS) break;
             r = map(CUdeviceptr(addr + done * chunk), size_t(chunk), 0, h, 0);
@@ -177,6 +183,16 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
                 access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             }
             r = set_access(CUdeviceptr(addr), size_t(n * chunk), access, size_t(1 + n_peers_));
+            if (r != CUDA_SUCCESS && n_peers_ > 0 && set_access(CUdeviceptr(addr), size_t(n * chunk), access, 1) ==
+                                                         CUDA_SUCCESS) {
+                // A peer the driver will not map these chunks for: the program's own device must
+                // never lose memory over it.  Peers are dropped for chunks mapped from now on.
+                GPUMEM_WARN("cuMemSetAccess refused a peer device ({}): new pool chunks of device {} are mapped "
+                            "for it alone",
+                            int(r), device_);
+                n_peers_ = 0;
+                r = CUDA_SUCCESS;
+            }
             if (r == CUDA_SUCCESS) return r;
         }
         unmap_chunks(addr, chunk, done, handles);  // all or nothing
@@ -201,7 +217,10 @@ int driver_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const 
 void driver_backend::add_peer(int device) noexcept {
     for (int i = 0; i < n_peers_; ++i)
         if (peers_[i] == device) return;
-    if (device != device_ && n_peers_ < k_max_peers) peers_[n_peers_++] = device;
+    if (device == device_) return;
+    if (n_peers_ < k_max_peers) peers_[n_peers_++] = device;
+    else GPUMEM_WARN("more than {} peer devices of device {}: chunks mapped from now on are not granted to device {}",
+                     int(k_max_peers), device_, device);
 }
 
 int driver_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {

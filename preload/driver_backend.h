@@ -43,6 +43,8 @@ class driver_backend final : public pool_backend {
     int event_synchronize(uint64_t ev) noexcept override;
 
     CUcontext context() const noexcept { return ctx_.load(std::memory_order_acquire); }
+    // Chunks are made exportable (legacy IPC of pooled blocks works through ipc_share.cc).
+    bool shareable() const noexcept { return shareable_.load(std::memory_order_relaxed); }
     int device() const noexcept { return device_; }
     // A context handle the driver reused for a new context of the same device (pool_hooks.cc).
     void set_context(CUcontext c) noexcept { ctx_.store(c, std::memory_order_release); }

@@ -118,30 +118,49 @@ bool export_alive(uint64_t block, uint64_t id) noexcept {
 // segment's first block), but the driver opens a handle once per context.
 struct real_open {
     CUipcMemHandle handle;
+    CUcontext ctx;     // the driver opens a handle once per context: records are per context
+    int device;
     uint64_t base;
     int gpumem_refs;   // gpumem handles opened on it
     int program_refs;  // the program's own opens of it
 };
 
+// The current context and its device (nullptr, -1 when there is none).
+CUcontext current_ctx(int* device) noexcept {
+    CUcontext c = nullptr;
+    auto get = GPUMEM_REAL(cuCtxGetCurrent);
+    auto get_device = GPUMEM_REAL(cuCtxGetDevice);
+    CUdevice d = -1;
+    if (!get || get(&c) != CUDA_SUCCESS) c = nullptr;
+    if (!c || !get_device || get_device(&d) != CUDA_SUCCESS) d = -1;
+    *device = int(d);
+    return c;
+}
+
 struct importer_state {
     std::mutex mu;
     std::vector<import_rec> opened;
     std::vector<real_open> reals;
-    std::atomic<int> live{0};  // opened.size() + reals.size()
+    std::vector<import_rec> closing;  // closed during a stream capture: unmapped once it ends
+    std::atomic<int> live{0};  // opened.size() + reals.size() + closing.size()
 };
 importer_state& im() noexcept {
     alignas(importer_state) static unsigned char storage[sizeof(importer_state)];
     static importer_state* s = new (storage) importer_state();
     return *s;
 }
-void count_live(importer_state& s) noexcept { s.live.store(int(s.opened.size() + s.reals.size()), std::memory_order_release); }
+void count_live(importer_state& s) noexcept {
+    s.live.store(int(s.opened.size() + s.reals.size() + s.closing.size()), std::memory_order_release);
+}
 
 // Opens a real legacy handle, sharing an open that exists already when gpumem is party to it.
 // im().mu held.
 CUresult open_real(const CUipcMemHandle& h, unsigned flags, bool by_program, uint64_t* base) noexcept {
     importer_state& s = im();
+    int device = -1;
+    const CUcontext ctx = current_ctx(&device);
     for (real_open& r : s.reals)
-        if (!memcmp(&r.handle, &h, sizeof h) && (r.gpumem_refs > 0 || !by_program)) {
+        if (r.ctx == ctx && !memcmp(&r.handle, &h, sizeof h) && (r.gpumem_refs > 0 || !by_program)) {
             ++(by_program ? r.program_refs : r.gpumem_refs);
             *base = r.base;
             return CUDA_SUCCESS;
@@ -153,12 +172,12 @@ CUresult open_real(const CUipcMemHandle& h, unsigned flags, bool by_program, uin
     if (rc != CUDA_SUCCESS) return rc;
     *base = uint64_t(p);
     for (real_open& r : s.reals)
-        if (r.base == *base) {  // the driver counted a second open of the program's itself
+        if (r.ctx == ctx && r.base == *base) {  // the driver counted a second open of the program's itself
             ++(by_program ? r.program_refs : r.gpumem_refs);
             return rc;
         }
     try {
-        s.reals.push_back(real_open{h, *base, by_program ? 0 : 1, by_program ? 1 : 0});
+        s.reals.push_back(real_open{h, ctx, device, *base, by_program ? 0 : 1, by_program ? 1 : 0});
     } catch (...) {
         if (!by_program) {  // without a record the close could not find it
             if (auto close_fn = GPUMEM_REAL(cuIpcCloseMemHandle)) close_fn(p);
@@ -537,6 +556,26 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
     rec.size = bi.requested;
     rec.pool = &pool;
     rec.ctx = ctx;
+    exporter_state& s = ex();
+    auto fill = [&](const export_rec& e) {
+        wire_handle w{};
+        memcpy(w.magic, k_magic, sizeof k_magic);
+        w.version = k_version;
+        w.pid = uint32_t(getpid());
+        w.token = s.token;
+        w.id = e.id;
+        w.size = e.size;
+        memcpy(h, &w, sizeof w);
+    };
+    {
+        // Exported before (PyTorch asks at every send): the same handle, without trying the chunks again.
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.exports.find(rec.block);
+        if (it != s.exports.end() && it->second.size == rec.size && s.server_pid == getpid()) {
+            fill(it->second);
+            return CUDA_SUCCESS;
+        }
+    }
     if (bi.vmm) {
         // Only chunks made with a shareable handle type can be exported (a driver that refused
         // the type once gets plain chunks from then on): try every chunk under the block now, so
@@ -563,7 +602,6 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
         rec.kind = kind_legacy;
         rec.offset = bi.block - bi.segment;
     }
-    exporter_state& s = ex();
     std::lock_guard<std::mutex> lk(s.mu);
     if (!ensure_server()) {
         say_once(said, "cuIpcGetMemHandle on a pooled block: no socket to share it through", errno);
@@ -580,14 +618,7 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
         }
         s.live.store(int(s.exports.size()), std::memory_order_release);
     }
-    wire_handle w{};
-    memcpy(w.magic, k_magic, sizeof k_magic);
-    w.version = k_version;
-    w.pid = uint32_t(getpid());
-    w.token = s.token;
-    w.id = known->id;
-    w.size = known->size;
-    memcpy(h, &w, sizeof w);
+    fill(*known);
     return CUDA_SUCCESS;
 }
 
@@ -673,14 +704,22 @@ CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
     for (size_t i = 0; i < s.opened.size(); ++i)
         if (s.opened[i].ptr == uint64_t(p)) {
             rec = s.opened[i];
-            if (rec.kind == kind_chunks && capture_active()) {
-                // The unmap must wait for this process's work first, which a capture forbids.
-                *handled = true;
-                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-            }
             s.opened[i] = s.opened.back();
             s.opened.pop_back();
             *handled = true;
+            if (rec.kind == kind_chunks && capture_active()) {
+                // The unmap must wait for this process's work first, which a capture forbids: it
+                // happens when the capture ends (ipc_capture_ended).  The mapping stays until then.
+                try {
+                    s.closing.push_back(rec);
+                } catch (...) {
+                    s.opened.push_back(rec);  // capacity it had a moment ago: cannot throw
+                    count_live(s);
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+                count_live(s);
+                return CUDA_SUCCESS;
+            }
             break;
         }
     CUresult rc = CUDA_SUCCESS;
@@ -701,6 +740,45 @@ CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
     if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
     unmap_import(rec.base, rec.chunk, rec.bytes / rec.chunk, rec.bytes);
     return CUDA_SUCCESS;
+}
+
+// The last capture ended: the unmaps of closes made during it.
+void ipc_capture_ended() noexcept {
+    importer_state& s = im();
+    if (s.live.load(std::memory_order_acquire) == 0) return;
+    std::vector<import_rec> todo;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (s.closing.empty() || capture_active()) return;
+        todo.swap(s.closing);
+        count_live(s);
+    }
+    if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
+    for (const import_rec& r : todo) unmap_import(r.base, r.chunk, r.bytes / r.chunk, r.bytes);
+}
+
+// A context died (ctx), or a device's primary context was reset (ctx null, device): what was
+// opened in it went with it.  Forgotten, never closed: the driver has already let go.
+void ipc_context_gone(CUcontext ctx, int device) noexcept {
+    importer_state& s = im();
+    if (s.live.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (size_t i = 0; i < s.reals.size();)
+        if (ctx ? s.reals[i].ctx == ctx : s.reals[i].device == device) {
+            const uint64_t base = s.reals[i].base;
+            for (size_t k = 0; k < s.opened.size();)  // gpumem handles opened on that real handle
+                if (s.opened[k].kind == kind_legacy && s.opened[k].base == base) {
+                    s.opened[k] = s.opened.back();
+                    s.opened.pop_back();
+                } else {
+                    ++k;
+                }
+            s.reals[i] = s.reals.back();
+            s.reals.pop_back();
+        } else {
+            ++i;
+        }
+    count_live(s);
 }
 
 // The pool of a context that died: its blocks' exports end with it (a later block at the same
@@ -730,6 +808,7 @@ void ipc_after_fork() noexcept {
     new (&i.mu) std::mutex();
     new (&i.opened) std::vector<import_rec>();
     new (&i.reals) std::vector<real_open>();
+    new (&i.closing) std::vector<import_rec>();
     i.live.store(0);
 }
 

@@ -28,6 +28,8 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
 void ipc_block_freed(uint64_t block) noexcept;
 void ipc_pool_dropped(const block_pool* pool) noexcept;
 void ipc_after_fork() noexcept;
+void ipc_capture_ended() noexcept;
+void ipc_context_gone(CUcontext ctx, int device) noexcept;
 
 void apply_peer_grants(pool_registry::slot* s) noexcept;  // below: peer access enabled before a pool existed
 
@@ -264,11 +266,13 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
     if (a != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && a != CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
         // Free or pending memory inside a segment is no allocation of the program's.
         block_pool::block_info bi{};
-        if (lookup_any(uint64_t(p), &bi) && !bi.allocated) {
+        pool_registry::slot* owner = lookup_any(uint64_t(p), &bi);
+        if (owner && !bi.allocated) {
             *handled = true;
             return CUDA_ERROR_INVALID_VALUE;
         }
-        if (a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && bi.allocated && bi.vmm) {
+        if (a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && owner && bi.vmm &&
+            static_cast<driver_backend*>(owner->backend)->shareable()) {
             auto f = real<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>(drv::cuPointerGetAttribute);
             *handled = true;
             CUresult r = f ? f(data, a, p) : CUDA_ERROR_NOT_INITIALIZED;
@@ -288,11 +292,13 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
 
 CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p, bool* handled) noexcept {
     block_pool::block_info bi{};
-    if (!a || !data || !lookup_any(uint64_t(p), &bi)) {
+    pool_registry::slot* owner = a && data ? lookup_any(uint64_t(p), &bi) : nullptr;
+    if (!owner) {
         *handled = false;
         return CUDA_SUCCESS;
     }
     *handled = true;
+    const bool ipc_capable = bi.vmm && static_cast<driver_backend*>(owner->backend)->shareable();
     auto f = real<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>(drv::cuPointerGetAttributes);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     // Not an allocation of the program's: the driver's answer for a pointer it does not know
@@ -304,7 +310,7 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
         if (!data[i]) continue;
         if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data[i]) = CUdeviceptr(bi.block);
         if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data[i]) = size_t(bi.requested);
-        if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && bi.vmm) say_ipc_capable(data[i]);
+        if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && ipc_capable) say_ipc_capable(data[i]);
     }
     return r;
 }
@@ -341,6 +347,8 @@ void pool_peer_enabled(CUcontext peer) noexcept {
         bool known = false;
         for (int i = 0; i < g_n_peer_grants; ++i) known |= g_peer_grants[i].ctx == ctx && g_peer_grants[i].device == int(dev);
         if (!known && g_n_peer_grants < 64) g_peer_grants[g_n_peer_grants++] = {ctx, int(dev)};
+        else if (!known) GPUMEM_WARN("more than 64 peer-access pairs: a pool made later for context {} will not grant device {}",
+                                     static_cast<const void*>(peer), int(dev));
     }
     if (pool_registry::slot* s = registry().find(ctx)) s->pool->grant_peer(int(dev));
 }
@@ -379,6 +387,7 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 // Contexts and captures.
 
 void pool_context_gone(CUcontext ctx, int dev) noexcept {
+    ipc_context_gone(ctx, dev);  // IPC memory opened in it, pool or no pool
     if (registry().count() == 0) return;
     if (!ctx && dev >= 0) {
         // cuDevicePrimaryCtxReset names a device: find its primary context's handle, if the
@@ -419,8 +428,10 @@ void capture_end() noexcept {
     if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
     // A switch to safe reuse during the capture could not drain (no sync inside a capture); the
     // drain it owes comes now, before the program can launch the graph or anything else.
-    if (g_captures.load(std::memory_order_acquire) == 0)
+    if (g_captures.load(std::memory_order_acquire) == 0) {
         registry().for_each([](pool_registry::slot& s) { s.pool->settle_owed_drain(); });
+        ipc_capture_ended();
+    }
 }
 
 }  // namespace gpumem

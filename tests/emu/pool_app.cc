@@ -331,17 +331,21 @@ int emu_access(CUdeviceptr p, int dev) {
 // opens device 0's cudaMalloc memory to device 1.  A block device 0 allocated before the enable,
 // and one after, must be usable from device 1 then, pooled or not.  And the memory is no
 // cuMemCreate allocation to the program: cuMemRetainAllocationHandle refuses it.
-void peer() {
+// With `early`, the enable comes before device 0's first allocation (before its pool exists).
+void peer(bool early) {
     CUcontext c0 = setup();
     CUdeviceptr a, big;
     const size_t big_size = size_t(64) << 20;
-    CHECK(cuMemAlloc(&a, 5000));
     CUcontext c1;
     CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
-    printf("before_access=%d\n", emu_access(a, 1));
+    if (!early) {
+        CHECK(cuMemAlloc(&a, 5000));
+        printf("before_access=%d\n", emu_access(a, 1));
+    }
     CHECK(cuCtxSetCurrent(c1));
     printf("enable_result=%d\n", int(cuCtxEnablePeerAccess(c0, 0)));
     CHECK(cuCtxSetCurrent(c0));
+    if (early) CHECK(cuMemAlloc(&a, 5000));
     CHECK(cuMemAlloc(&big, big_size));
     printf("access_a=%d\naccess_big=%d\naccess_big_last=%d\n", emu_access(a, 1), emu_access(big, 1),
            emu_access(big + big_size - 1, 1));
@@ -493,11 +497,11 @@ int main(int argc, char** argv) {
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
-    else if (s == "peer") peer();
+    else if (s == "peer") peer(argc > 2 && std::string(argv[2]) == "early");
     else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2]] | peer\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

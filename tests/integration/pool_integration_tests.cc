@@ -700,12 +700,14 @@ TEST_CASE("pool: a pooled block shared through legacy IPC opens in another proce
 TEST_CASE("pool: peer access reaches pooled blocks as it reaches cudaMalloc memory, and they have no cuMemCreate handle") {
     // GPUMEM_POOL=off is the driver alone; the default pool is on virtual memory, whose chunks
     // need cuMemSetAccess for the peer (a kernel on device 1 would fault otherwise).
-    for (const char* pool : {"off", "on"}) {
-        INFO("GPUMEM_POOL=" << pool);
-        auto r = run({EMU_POOL_APP, "peer"}, {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_POOL", pool}});
+    // "early": the enable comes before device 0's first allocation, when its pool does not exist yet.
+    for (const char* pool : {"off", "on"})
+    for (const char* when : {"late", "early"}) {
+        INFO("GPUMEM_POOL=" << pool << ", enable " << when);
+        auto r = run({EMU_POOL_APP, "peer", when}, {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_POOL", pool}});
         INFO(r.out << r.err);
         auto v = values(r.out);
-        CHECK(num(v, "before_access") == 0);
+        if (std::string(when) == "late") CHECK(num(v, "before_access") == 0);
         CHECK(num(v, "enable_result") == 0);
         CHECK(num(v, "access_a") == 1);  // allocated before the enable
         CHECK(num(v, "access_big") == 1);  // after: chunks mapped since
