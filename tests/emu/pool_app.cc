@@ -294,7 +294,8 @@ CUipcMemHandle parse_handle(const std::string& hex) {
 }
 
 // With `hex2` (ipc-export's handle2) both are open at once before either closes: keys with a 2.
-void ipc_import(const std::string& hex, size_t size, const std::string& hex2) {
+// With `in_capture`, the first close happens inside a stream capture.
+void ipc_import(const std::string& hex, size_t size, const std::string& hex2, bool in_capture) {
     setup();
     CUdeviceptr p = 0, p2 = 0;
     int r = int(cuIpcOpenMemHandle(&p, parse_handle(hex), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
@@ -312,7 +313,21 @@ void ipc_import(const std::string& hex, size_t size, const std::string& hex2) {
         print_backing("backing2_", p2);
         print_backing("backing2_last_", p2 + size - 1, false);
     }
-    if (r == 0) printf("close_result=%d\n", int(cuIpcCloseMemHandle(p)));
+    if (r == 0 && in_capture) {
+        // Closed while a stream capture is open: no sync and no unmap may happen in it, and the
+        // close must still succeed; the mapping goes once the capture ends.
+        CUstream st;
+        CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+        CHECK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        printf("close_result=%d\n", int(cuIpcCloseMemHandle(p)));
+        print_backing("during_capture_", p);
+        printf("sync_in_capture=%llu\n", driver_count("cuCtxSynchronize_in_capture"));
+        CUgraph g;
+        CHECK(cuStreamEndCapture(st, &g));
+        print_backing("after_capture_", p);
+    } else if (r == 0) {
+        printf("close_result=%d\n", int(cuIpcCloseMemHandle(p)));
+    }
     if (r2 == 0) {
         print_backing("backing2_after_close_", p2);  // still mapped: the other open holds it
         printf("close2_result=%d\n", int(cuIpcCloseMemHandle(p2)));
@@ -499,9 +514,10 @@ int main(int argc, char** argv) {
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else if (s == "peer") peer(argc > 2 && std::string(argv[2]) == "early");
     else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
-    else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "");
+    else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
+                                                         argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

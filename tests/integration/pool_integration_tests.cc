@@ -638,13 +638,13 @@ TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem han
 // shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
 // emulated driver says where each process's pointer lands: the importer's must land on the
 // exporter's memory (its chunk, or its cuMemAlloc segment), at the block's offset, first and last byte.
-std::string ipc_script(const std::string& importer_env = "") {
+std::string ipc_script(const std::string& importer_env = "", const std::string& importer_extra = "") {
     const std::string app = EMU_POOL_APP;
     return "mkfifo go; (" + app + " ipc-export 3 5000 < go > export.txt; echo exit=$? >> export.txt) & "
            "exec 3> go; "
            "for i in $(seq 1 400); do grep -q '^backing_last_offset=' export.txt 2>/dev/null && break; sleep 0.05; done; "
            "h=$(sed -n 's/^handle=//p' export.txt); h2=$(sed -n 's/^handle2=//p' export.txt); " +
-           importer_env + " " + app + " ipc-import \"$h\" 5000 \"$h2\" > import.txt; echo exit=$? >> import.txt; "
+           importer_env + " " + app + " ipc-import \"$h\" 5000 \"$h2\" " + importer_extra + " > import.txt; echo exit=$? >> import.txt; "
            "echo done >&3; exec 3>&-; wait; "
            "sed 's/^/export_/' export.txt; sed 's/^/import_/' import.txt";
 }
@@ -686,6 +686,15 @@ TEST_CASE("pool: a pooled block shared through legacy IPC opens in another proce
         check_shared(v);
         CHECK(num(v, "export_backing_offset") > 0);  // inside its segment: the real handle alone would be wrong
         CHECK(num(v, "export_backing_origin") == num(v, "export_backing2_origin"));  // one segment, one real handle
+    }
+    SECTION("a close inside a stream capture succeeds, and unmaps once the capture ends") {
+        auto r = run({"/bin/sh", "-c", ipc_script("", "capture")});
+        INFO(r.out << r.err);
+        auto v = values(r.out);
+        check_shared(v);
+        CHECK(v.at("import_during_capture_pid") == v.at("export_backing_pid"));  // still mapped in it
+        CHECK(num(v, "import_sync_in_capture") == 0);
+        CHECK(v.at("import_after_capture_pid") == "-1");  // unmapped after it
     }
     SECTION("an importer without gpumem gets the driver's error, never a wrong pointer") {
         auto r = run({"/bin/sh", "-c", ipc_script("env -u LD_PRELOAD")});
