@@ -578,6 +578,8 @@ EMU_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, 
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a.dev; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = ctx_of(a.dev); return CUDA_SUCCESS;
+        // A boolean: cuMemAlloc memory can be shared through legacy IPC, cuMemCreate chunks cannot.
+        case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<bool*>(data) = a.kind == 0; return CUDA_SUCCESS;
         default: return CUDA_ERROR_NOT_SUPPORTED;
     }
 }
@@ -609,8 +611,8 @@ EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 // Maps another process's allocation into this context, at a fresh address: no memory is charged
-// here (it is the exporter's).  The same allocation opened twice gives the same address and needs
-// two closes, as with the driver.  A handle of this very process is refused, as the driver does.
+// here (it is the exporter's).  A second open of the same allocation is refused
+// (CUDA_ERROR_ALREADY_MAPPED), and so is a handle of this very process, as the driver does.
 static CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags) {
     bump("cuIpcOpenMemHandle_v2");
     if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;

@@ -229,6 +229,9 @@ void query() {
     void* data[] = {&start, &rsize, &ordinal};
     CHECK(cuPointerGetAttributes(3, attrs, data, a + 1));
     printf("attrs_start_is_a=%d\nattrs_size=%zu\nattrs_ordinal=%d\n", start == a, rsize, ordinal);
+    int capable_b = 0;  // the driver writes a boolean: the rest of the int stays 0
+    printf("ipc_capable_result=%d\n", int(cuPointerGetAttribute(&capable_b, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, b)));
+    printf("ipc_capable_b=%d\n", capable_b);
     CUipcMemHandle h;
     printf("ipc_a_result=%d\n", int(cuIpcGetMemHandle(&h, a)));
     printf("ipc_b_result=%d\n", int(cuIpcGetMemHandle(&h, b)));

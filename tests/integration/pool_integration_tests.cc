@@ -601,6 +601,7 @@ TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem han
     CHECK(num(v, "attrs_start_is_a") == 1);
     CHECK(num(v, "attrs_size") == 1000);
     CHECK(num(v, "attrs_ordinal") == 0);
+    CHECK(num(v, "ipc_capable_b") == 1);  // cuMemAlloc segments: the driver's own answer
     CHECK(num(v, "ipc_a_result") == 0);  // a starts its segment: the real handle is right
     CHECK(num(v, "ipc_b_result") == 0);  // a gpumem handle, never the segment's (the test above opens one)
     CHECK(num(v, "free_interior_result") == 1);
@@ -625,11 +626,13 @@ TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem han
     CHECK(num(vv, "attrs_start_is_a") == 1);
     CHECK(num(vv, "ipc_a_result") == 0);
     CHECK(num(vv, "ipc_b_result") == 0);
+    CHECK(num(vv, "ipc_capable_b") == 1);  // as for cudaMalloc memory, though the driver says 0 for a chunk
     // A driver that cannot export chunks: the pool makes plain ones, and sharing fails loudly.
     auto nofd = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "on"}, {"GPUMEM_EMU_IPC_FD", "0"}});
     auto nv = values(nofd.out);
     CHECK(num(nv, "ipc_a_result") == 1);
     CHECK(num(nv, "ipc_b_result") == 1);
+    CHECK(num(nv, "ipc_capable_b") == 0);  // and says so
     CHECK(nofd.err.find("cannot export") != std::string::npos);
     check_rebuild(ls);
 }
