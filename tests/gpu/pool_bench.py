@@ -8,14 +8,16 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
 
 (a) fragment: fill the GPU with 6 MiB tensors, free two of every three, then ask for 1 GiB tensors
     until OOM.  Raw PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the driver alone) against gpumem's pool with
-    GPUMEM_POOL_VMM=on and =off.  Gate: the VMM pool serves every request the driver serves.
+    its defaults (on virtual memory) and GPUMEM_POOL_VMM=off.  Gate: the default pool serves every
+    request the driver serves.
 (b) transformer: a small GPT-2 trained on varying sequence lengths, under bf16 autocast.  PyTorch's
-    own caching allocator and expandable_segments against NO_CACHING under the pool (VMM on; default
-    reuse, and GPUMEM_REUSE=safe, which fences from the start).  Step time, device-wide syncs (from
+    own caching allocator and expandable_segments against NO_CACHING under the pool (`gpumem`: the
+    defaults, virtual memory and GPUMEM_REUSE=auto; the other modes change one setting).  Step time, device-wide syncs (from
     the log), fence releases, peak reserved (torch's for PyTorch, the pool's from the log) and peak
     requested bytes (from the log).  POOL_BENCH_MODES (comma-separated MODES names) picks the modes.
 (c) race: a freed tensor that a side stream has yet to read, refilled on the main stream: sums must
-    equal raw NO_CACHING's; GPUMEM_REUSE=immediate is the control that must differ.
+    equal raw NO_CACHING's under the defaults and GPUMEM_REUSE=safe; GPUMEM_REUSE=immediate is the
+    control that must differ.
 (d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
     gpumem, with the pool (auto: no stream, no events) and with GPUMEM_REUSE=safe (a fence per batch).
 Results: OUTDIR/pool-bench.md (Markdown) and OUTDIR/pool-bench.json; the logs in POOL_BENCH_LOGS (a
