@@ -49,6 +49,10 @@ void log(level l, fmt::format_string<A...> f, A&&... a) noexcept {
 }
 }  // namespace gpumem::diag
 
+// A warning said once per `said` flag (a static at the call site), however often its cause recurs.
+#define GPUMEM_WARN_ONCE(said, ...) \
+    do { if (!(said).exchange(true)) GPUMEM_WARN(__VA_ARGS__); } while (0)
+
 // Arguments are evaluated only when the level is on.
 #define GPUMEM_WARN(...) \
     do { if (::gpumem::diag::enabled(::gpumem::diag::warn)) ::gpumem::diag::log(::gpumem::diag::warn, __VA_ARGS__); } while (0)

@@ -177,11 +177,7 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
         if (r == CUDA_SUCCESS) {
             // One call for the whole range: this device, and every peer granted access so far.
             CUmemAccessDesc access[1 + k_max_peers] = {};
-            for (int i = 0; i <= n_peers_; ++i) {
-                access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-                access[i].location.id = i == 0 ? device_ : peers_[i - 1];
-                access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            }
+            for (int i = 0; i <= n_peers_; ++i) access[i] = rw_access(i == 0 ? device_ : peers_[i - 1]);
             r = set_access(CUdeviceptr(addr), size_t(n * chunk), access, size_t(1 + n_peers_));
             if (r != CUDA_SUCCESS && n_peers_ > 0 && set_access(CUdeviceptr(addr), size_t(n * chunk), access, 1) ==
                                                          CUDA_SUCCESS) {
@@ -226,10 +222,7 @@ void driver_backend::add_peer(int device) noexcept {
 int driver_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {
     auto set_access = GPUMEM_REAL(cuMemSetAccess);
     if (!set_access) return CUDA_ERROR_NOT_SUPPORTED;
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUmemAccessDesc access = rw_access(device);
     return in_context([&] { return set_access(CUdeviceptr(addr), size_t(bytes), &access, 1); });
 }
 

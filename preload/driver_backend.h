@@ -16,6 +16,16 @@ namespace gpumem {
 // needs the stream and the pool never knows which stream a later kernel used.
 bool capture_active() noexcept;
 
+// Read/write access for `device`, as cuMemSetAccess takes it: the pool's chunks, the peers granted
+// them, and chunks an importer maps (ipc_share.cc).
+inline CUmemAccessDesc rw_access(int device) noexcept {
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return a;
+}
+
 // Every call goes straight to libcuda's own function (never through gpumem's wrappers, which
 // would record the segment as a program allocation and ask the pool again), with the backend's
 // context current: the pool may be driven from a thread whose current context differs (a late

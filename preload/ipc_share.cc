@@ -305,8 +305,6 @@ struct batch_ctx {
     uint64_t block = 0;
 };
 
-bool export_alive(uint64_t block, uint64_t id) noexcept;
-
 // Runs under the owning pool's lock: the chunks cannot be released while they are exported.
 bool export_batch(void* ctx, const uint64_t* handles, size_t n) {
     auto* b = static_cast<batch_ctx*>(ctx);
@@ -524,10 +522,7 @@ CUresult import_chunks(int sock, const reply_head& head, uint64_t* base_out) noe
         }
     }
     if (err == CUDA_SUCCESS) {
-        CUmemAccessDesc access{};
-        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        access.location.id = int(dev);
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        const CUmemAccessDesc access = rw_access(int(dev));
         err = set_access(base, size_t(bytes), &access, 1);
     }
     if (err != CUDA_SUCCESS) {
@@ -538,8 +533,12 @@ CUresult import_chunks(int sock, const reply_head& head, uint64_t* base_out) noe
     return CUDA_SUCCESS;
 }
 
-void say_once(std::atomic<bool>& said, const char* msg, int detail) noexcept {
-    if (!said.exchange(true)) GPUMEM_WARN("{} ({})", msg, detail);
+// Closes imported chunk mappings for good.  cuMemUnmap does not wait for device work, as the
+// driver's close of a legacy mapping does: the work this process queued on them finishes first.
+void unmap_imports(const import_rec* recs, size_t n) noexcept {
+    if (n == 0) return;
+    if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
+    for (size_t i = 0; i < n; ++i) unmap_import(recs[i].base, recs[i].chunk, recs[i].bytes / recs[i].chunk, recs[i].bytes);
 }
 
 }  // namespace
@@ -586,9 +585,9 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
             const bool ok = pool.visit_block_chunks(bi.block, from, k_batch, &view, export_batch, &b);
             for (size_t k = 0; k < b.n; ++k) close(b.fds[k]);
             if (!ok) {
-                say_once(said, "cuIpcGetMemHandle on a pooled block of virtual memory: the driver cannot export "
-                               "its chunks; run with GPUMEM_POOL_VMM=off to share memory between processes",
-                         int(b.err));
+                GPUMEM_WARN_ONCE(said, "cuIpcGetMemHandle on a pooled block of virtual memory: the driver cannot export "
+                                "its chunks ({}); run with GPUMEM_POOL_VMM=off to share memory between processes",
+                          int(b.err));
                 return CUDA_ERROR_INVALID_VALUE;
             }
             from += b.n;
@@ -604,7 +603,7 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
     }
     std::lock_guard<std::mutex> lk(s.mu);
     if (!ensure_server()) {
-        say_once(said, "cuIpcGetMemHandle on a pooled block: no socket to share it through", errno);
+        GPUMEM_WARN_ONCE(said, "cuIpcGetMemHandle on a pooled block: no socket to share it through ({})", errno);
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
     const export_rec* known = nullptr;
@@ -650,7 +649,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
     if (!p || w.version != k_version) return CUDA_ERROR_INVALID_VALUE;
     const int sock = connect_to(w);
     if (sock < 0) {
-        say_once(said, "cuIpcOpenMemHandle of a gpumem handle: its exporter cannot be reached (exited?)", errno);
+        GPUMEM_WARN_ONCE(said, "cuIpcOpenMemHandle of a gpumem handle: its exporter cannot be reached, exited? ({})", errno);
         return CUDA_ERROR_INVALID_VALUE;
     }
     reply_head head{};
@@ -675,7 +674,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
     }
     close(sock);
     if (r != CUDA_SUCCESS) {
-        say_once(said, "cuIpcOpenMemHandle of a gpumem handle failed", int(r));
+        GPUMEM_WARN_ONCE(said, "cuIpcOpenMemHandle of a gpumem handle failed ({})", int(r));
         return r;
     }
     importer_state& s = im();
@@ -735,10 +734,7 @@ CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
     }
     count_live(s);
     lk.unlock();
-    // cuMemUnmap does not wait for device work, as the driver's close of a legacy mapping does:
-    // work this process queued on the memory finishes first.
-    if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
-    unmap_import(rec.base, rec.chunk, rec.bytes / rec.chunk, rec.bytes);
+    unmap_imports(&rec, 1);
     return CUDA_SUCCESS;
 }
 
@@ -753,8 +749,7 @@ void ipc_capture_ended() noexcept {
         todo.swap(s.closing);
         count_live(s);
     }
-    if (auto sync = GPUMEM_REAL(cuCtxSynchronize)) sync();
-    for (const import_rec& r : todo) unmap_import(r.base, r.chunk, r.bytes / r.chunk, r.bytes);
+    unmap_imports(todo.data(), todo.size());
 }
 
 // A context died (ctx), or a device's primary context was reset (ctx null, device): what was

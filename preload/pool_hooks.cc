@@ -95,9 +95,6 @@ std::atomic<bool> g_exiting{false};
 std::atomic<int> g_captures{0};
 pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
 
-void say_once(std::atomic<bool>& said, const char* msg) noexcept {
-    if (!said.exchange(true)) GPUMEM_WARN("{}", msg);
-}
 
 uint64_t current_context() noexcept {
     auto get = GPUMEM_REAL(cuCtxGetCurrent);
@@ -115,7 +112,7 @@ pool_registry::slot* current_slot() noexcept {
     if (g_exiting.load()) return nullptr;
     bool full = false;
     pool_registry::slot* s = registry().find_or_create(ctx, &full);
-    if (full) say_once(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
+    if (full) GPUMEM_WARN_ONCE(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
     if (s) apply_peer_grants(s);  // peer access enabled to this context before its first allocation
     return s;
 }
@@ -260,6 +257,10 @@ CUresult pool_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p, 
 void say_ipc_capable(void* data) noexcept {
     if (data) *static_cast<unsigned char*>(data) = 1;
 }
+// A block whose answer gpumem changes: on virtual memory, with chunks the driver can export.
+bool ipc_capable(const pool_registry::slot* owner, const block_pool::block_info& bi) noexcept {
+    return owner && bi.allocated && bi.vmm && static_cast<const driver_backend*>(owner->backend)->shareable();
+}
 
 CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p, bool* handled) noexcept {
     *handled = false;
@@ -271,8 +272,7 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
             *handled = true;
             return CUDA_ERROR_INVALID_VALUE;
         }
-        if (a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && owner && bi.vmm &&
-            static_cast<driver_backend*>(owner->backend)->shareable()) {
+        if (a == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && ipc_capable(owner, bi)) {
             auto f = real<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>(drv::cuPointerGetAttribute);
             *handled = true;
             CUresult r = f ? f(data, a, p) : CUDA_ERROR_NOT_INITIALIZED;
@@ -298,7 +298,7 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
         return CUDA_SUCCESS;
     }
     *handled = true;
-    const bool ipc_capable = bi.vmm && static_cast<driver_backend*>(owner->backend)->shareable();
+    const bool capable = ipc_capable(owner, bi);
     auto f = real<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>(drv::cuPointerGetAttributes);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     // Not an allocation of the program's: the driver's answer for a pointer it does not know
@@ -310,7 +310,7 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
         if (!data[i]) continue;
         if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data[i]) = CUdeviceptr(bi.block);
         if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data[i]) = size_t(bi.requested);
-        if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && ipc_capable) say_ipc_capable(data[i]);
+        if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && capable) say_ipc_capable(data[i]);
     }
     return r;
 }

@@ -224,24 +224,33 @@ bool block_pool::use_vmm() noexcept {
     return chunk_ != 0;
 }
 
+// Calls f(first, n) for each maximal run [first, first + n) of mapped chunks (non-zero handles):
+// one backend call per run rather than per chunk.
+template <class F>
+static void for_each_mapped_run(const std::vector<uint64_t>& chunks, F&& f) {
+    const size_t n = chunks.size();
+    for (size_t i = 0; i < n;) {
+        if (!chunks[i]) {
+            ++i;
+            continue;
+        }
+        size_t j = i;
+        while (j < n && chunks[j]) ++j;
+        f(i, j - i);
+        i = j;
+    }
+}
+
 void block_pool::backend_release(segment* s) noexcept {
     if (!s->vmm()) {
         backend_.segment_free(s->base);
         return;
     }
-    // One backend call per run of mapped chunks (the unmapped ones went back earlier).
-    const size_t n = s->chunks.size();
-    for (size_t i = 0; i < n;) {
-        if (!s->chunks[i]) {
-            ++i;
-            continue;
-        }
-        size_t j = i;
-        while (j < n && s->chunks[j]) ++j;
-        backend_.unmap_chunks(s->base + i * chunk_, chunk_, j - i, &s->chunks[i]);
-        for (size_t k = i; k < j; ++k) s->chunks[k] = 0;
-        i = j;
-    }
+    // The mapped chunks (the unmapped ones went back earlier), then the address space.
+    for_each_mapped_run(s->chunks, [&](size_t i, size_t n) {
+        backend_.unmap_chunks(s->base + i * chunk_, chunk_, n, &s->chunks[i]);
+        for (size_t k = i; k < i + n; ++k) s->chunks[k] = 0;
+    });
     backend_.va_free(s->base, s->size);
 }
 
@@ -1300,19 +1309,10 @@ void block_pool::grant_peer(int device) noexcept {
     if (device == device_ || exiting_) return;
     backend_.add_peer(device);  // under the lock: no map can fall between this and the walk below
     if (!chunk_) return;
-    for (const auto& [base, s] : segments_) {
-        if (!s->vmm()) continue;
-        for (size_t i = 0; i < s->chunks.size();) {  // each run of mapped chunks, one call
-            if (!s->chunks[i]) {
-                ++i;
-                continue;
-            }
-            size_t j = i;
-            while (j < s->chunks.size() && s->chunks[j]) ++j;
-            backend_.set_peer_access(s->base + i * chunk_, (j - i) * chunk_, device);
-            i = j;
-        }
-    }
+    for (const auto& [base, s] : segments_)
+        for_each_mapped_run(s->chunks, [&](size_t i, size_t n) {
+            backend_.set_peer_access(s->base + i * chunk_, n * chunk_, device);
+        });
 }
 
 bool block_pool::visit_block_chunks(uint64_t addr, size_t from, size_t max, chunk_view* view, chunk_visitor visit,
