@@ -6,7 +6,8 @@
 // the log's time behind the program: the work enqueued at log time t is done at t + L.  The work
 // runs on the legacy stream; POOL_REPLAY_STREAMS=N (default 1) idle non-blocking streams exist
 // besides (PyTorch makes 32 per priority at its first side stream).  It prints the pool's driver calls per allocation (event records, queries,
-// waits), the host-side cost that safe reuse adds.
+// waits), the host-side cost that safe reuse adds, and what the peak is made of (allocated,
+// pending and free bytes, and the request that made it).
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
         }
         std::unordered_map<std::string, uint64_t> mine;  // logged ptr -> replayed ptr
         uint64_t live = 0, peak_live = 0, n = 0, peak_reserved = 0;
+        pool_state at_peak{};
+        uint64_t at_peak_pending = 0, at_peak_request = 0;
         std::string line;
         while (std::getline(in, line)) {
             // GPUMEM_REUSE=auto: the recorded program created a stream here, so the replay switches too.
@@ -88,8 +91,15 @@ int main(int argc, char** argv) {
                     return 1;
                 }
                 mine[e["ptr"]] = p;
-                // The pool's own count: segment_alloc/free alone miss VMM unmaps.
-                peak_reserved = std::max(peak_reserved, pool.snapshot().reserved);
+                // The pool's own count: segment_alloc/free alone miss VMM unmaps.  At each new peak,
+                // what it is made of: where a policy change would have to save.
+                const pool_state st = pool.snapshot();
+                if (st.reserved > peak_reserved) {
+                    at_peak = st;
+                    at_peak_pending = pool.pending_bytes();
+                    at_peak_request = e["size"].get<uint64_t>();
+                }
+                peak_reserved = std::max(peak_reserved, st.reserved);
                 live += e["size"].get<uint64_t>();
                 peak_live = std::max(peak_live, live);
                 n++;
@@ -106,6 +116,12 @@ int main(int argc, char** argv) {
                argv[a], pool.reuse_is_immediate() ? "immediate" : "safe", (unsigned long long)n, peak_live / 1048576.0, peak_reserved / 1048576.0,
                peak_live ? double(peak_reserved) / double(peak_live) : 0.0, (unsigned long long)sink.segments,
                (unsigned long long)sink.syncs);
+        const double M = 1048576.0;
+        printf("  at the peak: %.0f MiB allocated (requested %.0f, the request that made the peak %.0f), %.0f MiB pending, "
+               "%.0f MiB free in %llu blocks (largest %.0f MiB)\n",
+               at_peak.allocated / M, at_peak.requested / M, at_peak_request / M, at_peak_pending / M,
+               (at_peak.reserved - at_peak.allocated - at_peak_pending) / M, (unsigned long long)at_peak.free_blocks,
+               at_peak.largest_free / M);
         printf("  driver: %llu segment allocs, %llu segment frees, %llu chunk maps, %llu chunk unmaps; "
                "%.0f MiB in new segments, %.0f MiB unmapped\n",
                (unsigned long long)dev.alloc_calls(), (unsigned long long)dev.free_calls(),
