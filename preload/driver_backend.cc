@@ -250,10 +250,7 @@ int driver_backend::event_query(uint64_t ev) noexcept {
 
 int driver_backend::stream_query(uint64_t stream) noexcept {
     auto query = GPUMEM_REAL(cuStreamQuery);
-    if (!query) return CUDA_ERROR_NOT_SUPPORTED;
-    // The legacy handle names the current context's legacy stream: the pool's, as for its events.
-    if (stream == k_stream_legacy) return in_context([&] { return query(CU_STREAM_LEGACY); });
-    return int(query(CUstream(uintptr_t(stream))));
+    return query ? int(query(CUstream(uintptr_t(stream)))) : int(CUDA_ERROR_NOT_SUPPORTED);
 }
 
 int driver_backend::event_synchronize(uint64_t ev) noexcept {

@@ -152,11 +152,9 @@ bool pool_owns(uint64_t ptr) noexcept;
 // first non-blocking stream or the second blocking one (docs/pool.md).
 void pool_stream_created(api_id api, bool non_blocking) noexcept;
 // The fences' view of streams (pool_hooks.cc): a stream made in the current context, one destroyed,
-// a per-thread default stream used (a query of the legacy stream no longer sees all blocking-side
-// work), and a green context (whose work no fence of the primary context's pool covers).
+// and a green context (whose work no fence of the primary context's pool covers).
 void pool_stream_made(CUstream s, bool non_blocking) noexcept;
 void pool_stream_destroyed(CUstream s) noexcept;
-void pool_per_thread_used() noexcept;
 void pool_green_context_made() noexcept;
 
 }  // namespace gpumem

@@ -38,7 +38,6 @@ void note_per_thread_stream() noexcept {
     // without knowing how many threads use theirs, this counts as a stream that ends the single
     // issue order.
     pool_stream_created(api_id::per_thread_stream, true);
-    pool_per_thread_used();
 }
 
 // Called by a thunk on its first use, with every argument register saved around the call.

@@ -172,8 +172,6 @@ void pool_stream_made(CUstream s, bool non_blocking) noexcept {
     streams().created(current_context(), uint64_t(uintptr_t(s)), non_blocking);
 }
 
-void pool_per_thread_used() noexcept { streams().per_thread_used(); }
-
 void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }
 
 void pool_green_context_made() noexcept { streams().give_up(); }

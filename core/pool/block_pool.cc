@@ -749,7 +749,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             // the time the memory is wanted.  An eighth of the sync budget: a few records per
             // budget, each a few microseconds.
             unfenced_bytes_ += b->size;
-            if (!poisoned_ && streams_ && unfenced_bytes_ >= sync_budget() / 8 && can_sync()) record_fence(api);
+            if (!poisoned_ && streams_ && unfenced_bytes_ >= sync_budget() / 8 && can_sync()) record_fence();
         } else {
             make_free(b);
         }
@@ -833,7 +833,7 @@ void block_pool::recycle_events(std::vector<uint64_t>& evs) noexcept {
     evs.clear();
 }
 
-bool block_pool::record_fence(api_id api) {
+bool block_pool::record_fence() noexcept {
     if (fenced_end() == pending_.size()) return true;
     if (!fences_usable() || !can_sync()) return false;
     // The set stays locked until every event is recorded: no stream of the list dies meanwhile.
@@ -841,26 +841,6 @@ bool block_pool::record_fence(api_id api) {
     // Again under the lock: a capture opened since can_sync() must see no record or query (the
     // capture hooks count it under this lock before the driver opens it).
     if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
-    // Only a non-blocking stream that still has work needs an event: an idle one has nothing
-    // left from before the frees.
-    size_t busy = 0;
-    for (uint64_t st : fence_streams_)
-        if (backend_.stream_query(st) != k_cuda_success) fence_streams_[busy++] = st;
-    fence_streams_.resize(busy);
-    // A context with no work left at all (the legacy stream idle too, and no blocking or
-    // per-thread stream that its query would not see): all work enqueued before every pending
-    // free has finished, so they are free now, with no event to record and ask later.  A program
-    // that frees and allocates large blocks on an idle GPU then pays one query per free instead
-    // of an event record and a query (docs/benchmarks.md, pool hit at 20 MiB).
-    if (busy == 0 && streams_->legacy_alone(ctx_, held) && backend_.stream_query(k_stream_legacy) == k_cuda_success) {
-        held.unlock();
-        for (fence& f : fences_) recycle_events(f.events);
-        fences_.clear();
-        unfenced_bytes_ = 0;
-        unsettled_frees_ = 0;  // no block handed out at once can still have its last owner's work queued
-        release_prefix(pending_.size(), api, true);
-        return true;
-    }
     fence f;
     try {
         f.events.reserve(fence_streams_.size() + 1);
@@ -868,10 +848,11 @@ bool block_pool::record_fence(api_id api) {
     } catch (...) {
         return false;
     }
-    // The legacy stream's event covers it and every blocking stream; then one on each busy
-    // non-blocking stream.
+    // The legacy stream first: its event covers it and every blocking stream; then one event on
+    // each non-blocking stream that still has work (an idle one has nothing before the fence).
     bool ok = true;
     for (size_t i = 0; ok && i <= fence_streams_.size(); ++i) {
+        if (i > 0 && backend_.stream_query(fence_streams_[i - 1]) == k_cuda_success) continue;
         uint64_t ev = 0;
         ok = take_event(&ev);
         if (!ok) break;
@@ -943,7 +924,7 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
         if (poll_fences(api) != k_cuda_success) return sync_release(api);
         if (!fences_.empty() || fenced_end() == pending_.size()) return pending_.size() < before;
     }
-    if (!record_fence(api)) return sync_release(api);
+    if (!record_fence()) return sync_release(api);
     if (poll_fences(api) != k_cuda_success) return sync_release(api);  // a broken event: the old way
     // Memory is short: wait for the oldest fence, then the next, until the request fits.  Waiting
     // for the newest (recorded just now, after all the work the program has queued) would drain

@@ -200,9 +200,7 @@ class block_pool {
     // broke, and the caller then falls back to sync_release().
     bool wait_oldest_fence(api_id api);
     bool fences_usable() noexcept;
-    // Fences pending_[fenced_end(), size), or releases every pending free when the context has no
-    // work left; false if it cannot (the caller then synchronizes).
-    bool record_fence(api_id api);
+    bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
     // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
     // oldest fence, which its pool_sync says.
     int poll_fences(api_id api, bool waited = false);

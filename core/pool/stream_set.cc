@@ -16,8 +16,6 @@ void stream_set::created(uint64_t ctx, uint64_t stream, bool non_blocking) noexc
     std::lock_guard<std::mutex> lk(mu_);
     try {
         live_.push_back({ctx, stream, non_blocking});
-        if (!non_blocking && std::find(blocking_in_.begin(), blocking_in_.end(), ctx) == blocking_in_.end())
-            blocking_in_.push_back(ctx);
     } catch (...) {
         give_up();  // a stream nobody knows: only a synchronize covers it
     }
@@ -53,14 +51,6 @@ bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const s
     return true;
 }
 
-bool stream_set::legacy_alone(uint64_t ctx, const std::unique_lock<std::mutex>& held) const noexcept {
-    if (!held.owns_lock() || held.mutex() != &mu_ || per_thread_.load(std::memory_order_acquire)) return false;
-    // A blocking stream of no readable context (0) may be any context's.
-    for (uint64_t c : blocking_in_)
-        if (c == ctx || c == 0) return false;
-    return true;
-}
-
 uint64_t stream_set::count(uint64_t ctx) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     uint64_t n = 0;
@@ -77,7 +67,6 @@ void stream_set::forget_destroyed(uint64_t ctx, uint64_t seen) noexcept {
 void stream_set::forget_context(uint64_t ctx) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     live_.erase(std::remove_if(live_.begin(), live_.end(), [&](const entry& e) { return e.ctx == ctx; }), live_.end());
-    blocking_in_.erase(std::remove(blocking_in_.begin(), blocking_in_.end(), ctx), blocking_in_.end());
     destroyed_in_.erase(std::remove(destroyed_in_.begin(), destroyed_in_.end(), ctx), destroyed_in_.end());
 }
 
@@ -86,7 +75,6 @@ void stream_set::reset_after_fork() noexcept {
     new (&mu_) std::mutex();
     live_.clear();
     destroyed_in_.clear();
-    blocking_in_.clear();
     broken_.store(false);
 }
 

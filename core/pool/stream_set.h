@@ -37,13 +37,6 @@ class stream_set {
     // fences cannot cover ctx now: give_up() was called, or a stream of ctx was destroyed since the
     // last forget_destroyed(ctx).  Never throws; false as well when out cannot grow.
     bool fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const std::unique_lock<std::mutex>& held) const noexcept;
-    // Under `held`: whether a query of ctx's legacy stream alone says that no blocking-side work is
-    // left, as the legacy stream's event says by waiting for it.  True unless ctx ever had a
-    // blocking stream (a destroyed one's queued work still runs) or a per-thread default stream
-    // was used (another thread's cannot be queried from this one).
-    bool legacy_alone(uint64_t ctx, const std::unique_lock<std::mutex>& held) const noexcept;
-    // The program used a per-thread default stream (any context).
-    void per_thread_used() noexcept { per_thread_.store(true, std::memory_order_release); }
     // Live non-blocking streams of ctx: what each fence of its pool asks (for the log's stats).
     uint64_t count(uint64_t ctx) const noexcept;
     // Counts destructions of non-blocking streams: read before a synchronize, passed to
@@ -68,8 +61,6 @@ class stream_set {
     mutable std::mutex mu_;
     std::vector<entry> live_;
     std::vector<uint64_t> destroyed_in_;  // contexts that lost a stream since their last sync
-    std::vector<uint64_t> blocking_in_;   // contexts that ever had a blocking stream
-    std::atomic<bool> per_thread_{false};
     std::atomic<bool> broken_{false};
     std::atomic<uint64_t> destroys_{0};  // non-blocking streams destroyed, ever
 };

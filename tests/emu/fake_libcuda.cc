@@ -425,20 +425,16 @@ EMU_EXPORT CUresult cuEventQuery(CUevent e) {
     return CUDA_SUCCESS;
 }
 // The emulated device runs nothing: every stream is idle, unless GPUMEM_EMU_STREAMS_BUSY=1 says
-// every stream still has work (so fences need an event on each), or =legacy says the legacy
-// default stream alone has (so a fence needs its event, and no other).  A query during a capture
-// is counted as misuse (on a real driver it invalidates the capture).
-EMU_EXPORT CUresult cuStreamQuery(CUstream s) {
+// every stream still has work (so fences need an event on each).  A query during a capture is
+// counted as misuse (on a real driver it invalidates the capture).
+EMU_EXPORT CUresult cuStreamQuery(CUstream) {
     if (st().capturing.load()) {
         bump("cuStreamQuery_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     bump("cuStreamQuery");
-    static const char* busy = getenv("GPUMEM_EMU_STREAMS_BUSY");
-    if (!busy) return CUDA_SUCCESS;
-    if (!strcmp(busy, "1")) return CUDA_ERROR_NOT_READY;
-    const bool legacy = s == nullptr || s == CU_STREAM_LEGACY;
-    return !strcmp(busy, "legacy") && legacy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    static const bool busy = getenv("GPUMEM_EMU_STREAMS_BUSY") && !strcmp(getenv("GPUMEM_EMU_STREAMS_BUSY"), "1");
+    return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;

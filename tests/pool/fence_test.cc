@@ -39,7 +39,6 @@ struct fenced {
         dev.set_vmm(chunk);
         dev.enable_events(true);
         dev.set_auto_complete(false);  // the GPU runs behind until the test says otherwise
-        dev.enqueue_work_on(k_stream_legacy);  // and is busy: a kernel queued before the test's first call
         streams.created(k_ctx, k_stream, true);
         pool.set_streams(&streams, k_ctx);
     }
@@ -201,7 +200,6 @@ TEST_CASE("fences: what no fence covers falls back to one context synchronize", 
         CHECK(f.alloc(40 * MiB) == a);  // 40 MiB pending is over the budget: one sync releases it
         CHECK(f.dev.sync_calls() == 1);
         // After the sync the destroyed stream is forgotten: fences again.
-        f.dev.enqueue_work_on(k_stream_legacy);
         f.free(a);
         CHECK(f.dev.records() == 1);  // the legacy stream only: the program has no stream left
     }
@@ -497,73 +495,4 @@ TEST_CASE("fences: a release that merges the block a hit found, then fails, does
     INFO(why);
     CHECK(rc == k_cuda_success);
     CHECK(p == c);  // the front of the merged block
-}
-
-TEST_CASE("fences: a context with no work left releases the frees at once, with no event", "[fence]") {
-    // A program that frees and allocates large blocks on an idle GPU: each free would otherwise
-    // cost an event record, and the next allocation a query of it.
-    SECTION("idle: released at the free, reused by the next allocation") {
-        fenced f;
-        const uint64_t a = f.alloc(8 * MiB);
-        f.dev.complete_all();  // the kernel that used a has finished
-        f.free(a);
-        CHECK(f.dev.records() == 0);
-        CHECK(f.pool.pending_bytes() == 0);
-        CHECK(f.alloc(8 * MiB) == a);
-        auto syncs = f.sink.of(ev_kind::pool_sync);
-        REQUIRE(syncs.size() == 1);
-        CHECK((syncs[0].flags & ef_fence) != 0);
-        CHECK((syncs[0].flags & ef_waited) == 0);
-        CHECK(f.dev.sync_calls() == 0);
-        CHECK(f.dev.event_syncs() == 0);
-        std::string why;
-        CHECK(f.pool.validate(&why));
-    }
-    SECTION("idle: older fences not yet asked go too") {
-        fenced f;
-        const uint64_t a = f.alloc(8 * MiB), b = f.alloc(8 * MiB);
-        f.free(a);  // the legacy stream is busy: a fence with an event
-        CHECK(f.dev.records() == 1);
-        f.dev.complete_all();
-        f.free(b);  // idle now: a and b both
-        CHECK(f.dev.records() == 1);
-        CHECK(f.pool.pending_bytes() == 0);
-    }
-    // Each case below leaves a stream the legacy stream's query cannot see or that is busy: the
-    // free records its fence and the block stays pending until the fence is reached.
-    auto refused = [](fenced& f) {
-        const uint64_t a = f.alloc(8 * MiB);
-        f.alloc(8 * MiB);  // 4 MiB of the 20 MiB segment left: the next 8 MiB needs a
-        f.free(a);
-        CHECK(f.dev.records() >= 1);
-        CHECK(f.pool.pending_bytes() == 8 * MiB);
-        f.dev.complete_all();
-        CHECK(f.alloc(8 * MiB) == a);  // by the fence, reached
-        CHECK(f.dev.sync_calls() == 0);
-    };
-    SECTION("the legacy stream is busy") {
-        fenced f;
-        f.dev.enqueue_work_on(k_stream_legacy);
-        f.dev.complete_through(0);
-        refused(f);
-    }
-    SECTION("a non-blocking stream is busy") {
-        fenced f;
-        f.dev.complete_all();
-        f.dev.enqueue_work_on(k_stream);
-        refused(f);
-        CHECK(f.dev.records_on(k_stream) == 1);
-    }
-    SECTION("the context has a blocking stream (idle now, but a destroyed one's work would not show)") {
-        fenced f;
-        f.streams.created(k_ctx, 0x7000, false);
-        f.dev.complete_all();
-        refused(f);
-    }
-    SECTION("a per-thread default stream was used") {
-        fenced f;
-        f.streams.per_thread_used();
-        f.dev.complete_all();
-        refused(f);
-    }
 }
