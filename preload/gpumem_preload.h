@@ -156,5 +156,8 @@ void pool_stream_created(api_id api, bool non_blocking) noexcept;
 void pool_stream_made(CUstream s, bool non_blocking) noexcept;
 void pool_stream_destroyed(CUstream s) noexcept;
 void pool_green_context_made() noexcept;
+// A resolved pointer of a stream-making, -destroying or launching function could not be wrapped:
+// streams may come and go unseen, so fences give way to synchronizes and auto switches to safe.
+void pool_stream_route_unseen() noexcept;
 
 }  // namespace gpumem

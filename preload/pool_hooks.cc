@@ -176,6 +176,14 @@ void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_co
 
 void pool_green_context_made() noexcept { streams().give_up(); }
 
+void pool_stream_route_unseen() noexcept {
+    // Called from a resolve, perhaps inside dlsym: no CUDA call and no pool lock here.  Fences
+    // give way to synchronizes, and auto's switch is left to the next pool call (reentrant), whose
+    // drain then waits for whatever the unseen streams queued meanwhile.
+    streams().give_up();
+    auto_switch().stream_created(api_id::cuStreamCreate, true, true);
+}
+
 void pool_after_fork() noexcept {
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.

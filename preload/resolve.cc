@@ -91,16 +91,25 @@ uint64_t unmatched_count() noexcept { return g_unmatched.load(std::memory_order_
 
 // Base names whose variants we wrap; a resolved pointer for one of these that matches no wrapper is
 // a hole in our coverage, and is counted on the end line rather than passed over silently.
+// The hooked bases through which the pool learns of streams (creation, destruction, green
+// contexts, per-thread launches).
+static bool is_stream_base(const char* s) noexcept {
+    static const char* const bases[] = {"cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate",
+                                        "cuGreenCtxCreate", "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamDestroy"};
+    for (const char* b : bases)
+        if (!strcmp(s, b)) return true;
+    return false;
+}
+
 static bool is_hooked_base(const char* s) noexcept {
     static const char* const bases[] = {
         "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
         "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
-        "cuStreamCreate", "cuStreamCreateWithPriority", "cuGreenCtxStreamCreate", "cuGreenCtxCreate",
-        "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamDestroy", "cuGetProcAddress"};
+        "cuGetProcAddress"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
-    return false;
+    return is_stream_base(s);
 }
 
 void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexcept {
@@ -121,6 +130,9 @@ void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexce
             // Possibly on a dlsym path while the process starts: before diag::init this is one write(2).
             GPUMEM_WARN("cannot wrap the resolved pointer for {}; its calls go unrecorded", symbol);
         }
+        // Streams made, destroyed or launched on through this pointer are unseen: no fence could
+        // cover their work and GPUMEM_REUSE=auto could not see them end the single issue order.
+        if (is_stream_base(symbol)) pool_stream_route_unseen();
     }
     return fn;
 }

@@ -138,7 +138,7 @@ counter g_counters[] = {
     {"cuMemSetAccess", {0}}, {"cuMemGetAllocationGranularity", {0}}, {"cuDeviceGetAttribute", {0}},
     {"cuEventCreate", {0}}, {"cuEventRecord", {0}}, {"cuEventQuery", {0}}, {"cuEventSynchronize", {0}},
     {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
-    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}}, {"cuCtxEnablePeerAccess", {0}},
+    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}}, {"cuCtxEnablePeerAccess", {0}}, {"unknown_stream_create", {0}},
     {"cuMemRetainAllocationHandle", {0}},
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
     {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
@@ -390,12 +390,19 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     drop_device_memory(d);
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) {
+static CUresult make_stream(CUstream* s) {
     static std::atomic<uintptr_t> next{0x5000};
     *s = reinterpret_cast<CUstream>(next.fetch_add(0x10));
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuStreamCreateWithPriority(CUstream* s, unsigned int flags, int) { return cuStreamCreate(s, flags); }
+EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) { return make_stream(s); }
+EMU_EXPORT CUresult cuStreamCreateWithPriority(CUstream* s, unsigned int, int) { return make_stream(s); }
+// What the resolver hands out for cuStreamCreateWithPriority under GPUMEM_EMU_UNKNOWN_STREAM_FN=1:
+// a function the interposer has never seen (a newer driver's variant), so it cannot wrap it.
+static CUresult unknown_stream_create_with_priority(CUstream* s, unsigned int, int) {
+    bump("unknown_stream_create");
+    return make_stream(s);
+}
 EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) {
     bump("cuStreamDestroy_v2");
     return CUDA_SUCCESS;
@@ -1041,6 +1048,8 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, 
     void* fn = nullptr;
     if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) fn = lookup(name + "_ptsz");
     if (!fn) fn = lookup(name);
+    static const bool unknown = getenv("GPUMEM_EMU_UNKNOWN_STREAM_FN") && !strcmp(getenv("GPUMEM_EMU_UNKNOWN_STREAM_FN"), "1");
+    if (unknown && name == "cuStreamCreateWithPriority") fn = reinterpret_cast<void*>(&unknown_stream_create_with_priority);
     *pfn = fn;
     if (status) *status = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

@@ -65,6 +65,7 @@ void print_counts(const char* prefix) {
     printf("%sctx_sync=%llu\n%sfence_record=%llu\n%sstream_query=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
            driver_count("cuEventRecord"), prefix, driver_count("cuStreamQuery"));
     printf("%sdriver_map=%llu\n", prefix, driver_count("cuMemMap"));  // chunks mapped (an arena grows by these)
+    printf("%sunknown_stream_create=%llu\n", prefix, driver_count("unknown_stream_create"));  // GPUMEM_EMU_UNKNOWN_STREAM_FN
 }
 
 CUcontext setup() {

@@ -413,6 +413,27 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the 
     }
 }
 
+TEST_CASE("pool: a stream-making function the interposer cannot wrap switches auto to safe and fences to synchronizes") {
+    // The resolver hands out a cuStreamCreateWithPriority gpumem has never seen (as a newer
+    // driver's variant would be): the non-blocking stream made through it is unseen, so no fence
+    // could cover its work and auto could not tell the single issue order ended.
+    auto r = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_EMU_UNKNOWN_STREAM_FN", "1"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "after_unknown_stream_create") == 1);  // the program's stream came from it
+    CHECK(ls.back()["unmatched"] == 1);                  // and the end line counts the hole
+    CHECK(r.err.find("cannot wrap the resolved pointer for cuStreamCreateWithPriority") != std::string::npos);
+    // The switch, left to the next pool call (the resolve may be inside dlsym): its drain waits
+    // for all work by a context synchronize (no fence covers an unseen stream), and the freed
+    // block no longer comes back at once.
+    REQUIRE(count_ev(ls, "reuse_safe") == 1);
+    CHECK(num(v, "reused_after_stream") == 0);
+    CHECK(num(v, "after_ctx_sync") >= 1);
+    CHECK(num(v, "after_fence_record") == 0);
+    check_rebuild(ls);
+}
+
 TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it") {
     auto r = run({EMU_POOL_APP, "switch-race"}, {{"GPUMEM_EMU_SYNC_MS", "100"}});
     std::vector<json> ls;
