@@ -128,6 +128,19 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocManaged(CUdeviceptr* dptr, size_t 
     return r;
 }
 
+// A call that puts work on (or captures) a per-thread default stream: the handle
+// CU_STREAM_PER_THREAD anywhere, or the null stream in a _ptsz variant.  Noted before the call
+// reaches the driver, as for launches (per_thread.cc).
+template <bool PTSZ>
+inline void note_if_per_thread(CUstream s) noexcept {
+    if (s == CU_STREAM_PER_THREAD || (PTSZ && s == nullptr)) note_per_thread_stream();
+}
+constexpr bool is_ptsz(const char* n) noexcept {
+    size_t k = 0;
+    while (n[k]) ++k;
+    return k > 5 && n[k - 5] == '_' && n[k - 4] == 'p' && n[k - 3] == 't' && n[k - 2] == 's' && n[k - 1] == 'z';
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stream-ordered allocations: the driver's own pools serve them; gpumem records, never pools them.
 
@@ -135,6 +148,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocManaged(CUdeviceptr* dptr, size_t 
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr* dptr, size_t bytes, CUstream s) {          \
         auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(drv::NAME);                         \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         if (guard::active() || !dptr) return f(dptr, bytes, s);                                        \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
@@ -150,6 +164,7 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) { \
         auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)>(drv::NAME);           \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         if (guard::active() || !dptr) return f(dptr, bytes, pool, s);                                  \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
@@ -165,6 +180,7 @@ GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr p, CUstream s) {                            \
         auto f = real<CUresult (*)(CUdeviceptr, CUstream)>(drv::NAME);                                  \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         if (guard::active()) return f(p, s);                                                           \
         guard g;                                                                                       \
         return recorded_free(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \
@@ -392,6 +408,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUstreamCaptureMode mode) {    \
         auto f = real<CUresult (*)(CUstream, CUstreamCaptureMode)>(drv::NAME);           \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                          \
         capture_begin(); /* before: no fence may touch a stream once the capture opens */ \
         CUresult r = f(s, mode);                                                        \
         if (r != CUDA_SUCCESS) capture_begin_failed();                                  \
@@ -408,6 +425,7 @@ GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
         auto f = real<CUresult (*)(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t, \
                                    CUstreamCaptureMode)>(drv::NAME);                                   \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         capture_begin();                                                                               \
         CUresult r = f(s, g, deps, data, n, mode);                                                     \
         if (r != CUDA_SUCCESS) capture_begin_failed();                                                 \
@@ -492,14 +510,14 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx
                                                    CUstream s, void** params, void** extra) {
     auto fn = real<decltype(&w_cuLaunchKernel)>(drv::cuLaunchKernel);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
-    if (s == CU_STREAM_PER_THREAD) note_per_thread_stream();
+    note_if_per_thread<false>(s);
     return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
     auto fn = real<decltype(&w_cuLaunchKernelEx)>(drv::cuLaunchKernelEx);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
-    if (config && config->hStream == CU_STREAM_PER_THREAD) note_per_thread_stream();
+    if (config) note_if_per_thread<false>(config->hStream);
     return fn(config, f, params, extra);
 }
 

@@ -494,7 +494,9 @@ void per_thread_race() {
 // Per-thread default streams: resolving the per-thread variants (as every runtime does at start-up)
 // changes nothing; using one switches auto to safe before the call reaches the driver.  `how`:
 // thunk (call the resolved cuLaunchKernel_ptsz), dlsym (the same found by dlsym), handle
-// (cuLaunchKernel on CU_STREAM_PER_THREAD), ex (cuLaunchKernelEx on it), legacy (stream 0: no switch).
+// (cuLaunchKernel on CU_STREAM_PER_THREAD), ex (cuLaunchKernelEx on it), alloc-async-ptsz (the
+// resolved cuMemAllocAsync_ptsz on the null stream), free-async-handle (cuMemFreeAsync on
+// CU_STREAM_PER_THREAD), legacy (stream 0: no switch).
 void per_thread(const std::string& how) {
     setup();
     const size_t mb = 1u << 20;
@@ -521,6 +523,15 @@ void per_thread(const std::string& how) {
         r = f(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
     } else if (how == "handle" || how == "legacy") {
         r = cuLaunchKernel(nullptr, 11, 12, 13, 14, 15, 16, 17, how == "handle" ? CU_STREAM_PER_THREAD : nullptr, params, extra);
+    } else if (how == "alloc-async-ptsz") {  // the null stream of a _ptsz variant is the per-thread one
+        void* af = nullptr;
+        CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &af, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        CUdeviceptr x;
+        r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096, nullptr);
+    } else if (how == "free-async-handle") {  // the handle, on a call other than a launch
+        CUdeviceptr x;
+        CHECK(cuMemAllocAsync(&x, 4096, nullptr));
+        r = cuMemFreeAsync(x, CU_STREAM_PER_THREAD);
     } else if (how == "ex") {
         CUlaunchConfig cfg{};
         cfg.gridDimX = 11, cfg.gridDimY = 12, cfg.gridDimZ = 13, cfg.blockDimX = 14, cfg.blockDimY = 15, cfg.blockDimZ = 16;

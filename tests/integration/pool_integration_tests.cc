@@ -458,7 +458,7 @@ TEST_CASE("pool, auto reuse: a second thread's first per-thread call waits for t
 }
 
 TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe, and resolving one does not") {
-    for (const char* how : {"thunk", "dlsym", "handle", "ex"}) {
+    for (const char* how : {"thunk", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle"}) {
         INFO("way: " << how);
         auto r = run({EMU_POOL_APP, "per-thread", how});
         std::vector<json> ls;
