@@ -93,7 +93,6 @@ void* wrap_resolved(void* real_fn, const char* symbol, bool per_thread_lookup = 
 
 // per_thread.cc: per-thread default stream use switches auto pools to safe reuse.
 void note_per_thread_stream() noexcept;
-void per_thread_after_fork() noexcept;  // a fork child: a switch begun by a vanished thread is undone
 bool is_per_thread_symbol(const char* name) noexcept;
 // fn itself, or a thunk that notes the first call, if fn is one of libcuda's per-thread variants.
 void* watch_per_thread(void* fn) noexcept;

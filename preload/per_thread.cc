@@ -9,8 +9,6 @@
 // register untouched, whatever the function's signature.  The other way in, the handle
 // CU_STREAM_PER_THREAD passed to an ordinary launch, is checked by the cuLaunchKernel(Ex) hooks.
 #include <dlfcn.h>
-#include <pthread.h>
-#include <sched.h>
 
 #include <atomic>
 #include <cstring>
@@ -34,36 +32,12 @@ void gpumem_pt_thunk_0();
 static std::atomic<int> g_thunks_used{0};
 static std::atomic_flag g_thunk_lock = ATOMIC_FLAG_INIT;
 
-// Set by the one thread that switches the pools at the first per-thread call; gpumem_pt_seen is
-// set only once that switch is done.
-static std::atomic<bool> g_pt_claimed{false};
-static std::atomic<pthread_t> g_pt_switcher{};
-
 void note_per_thread_stream() noexcept {
-    if (__atomic_load_n(&gpumem_pt_seen, __ATOMIC_ACQUIRE)) return;
-    if (g_pt_claimed.exchange(true, std::memory_order_acq_rel)) {
-        // Another thread is switching the pools: this thread's per-thread work must not go ahead
-        // of that switch's drain, or a block freed before the switch could be reused beside it.
-        // The wait is one drain long, once per process (as for a second stream made meanwhile).
-        // The switching thread itself, back here through a chained interposer, goes on.
-        while (!__atomic_load_n(&gpumem_pt_seen, __ATOMIC_ACQUIRE)) {
-            if (pthread_equal(g_pt_switcher.load(std::memory_order_acquire), pthread_self())) return;
-            sched_yield();
-        }
-        return;
-    }
-    g_pt_switcher.store(pthread_self(), std::memory_order_release);
+    if (__atomic_exchange_n(&gpumem_pt_seen, 1, __ATOMIC_ACQ_REL)) return;
     // A per-thread stream behaves as a blocking stream, but another thread's is another stream;
     // without knowing how many threads use theirs, this counts as a stream that ends the single
     // issue order.
     pool_stream_created(api_id::per_thread_stream, true);
-    __atomic_store_n(&gpumem_pt_seen, 1, __ATOMIC_RELEASE);
-}
-
-void per_thread_after_fork() noexcept {
-    // The switching thread may have been another thread of the parent: the child's first
-    // per-thread call switches its own pools rather than wait for it for ever.
-    if (!__atomic_load_n(&gpumem_pt_seen, __ATOMIC_ACQUIRE)) g_pt_claimed.store(false);
 }
 
 // Called by a thunk on its first use, with every argument register saved around the call.

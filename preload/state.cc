@@ -276,7 +276,6 @@ void after_fork_child() {
     }
     stack_table().unlock_after_fork();
     pool_after_fork();
-    per_thread_after_fork();
     st.starter_tid.store(0);
     st.phase.store(st.rec ? not_started : disabled);
     GPUMEM_DEBUG("fork: process {} of parent {} writes its own log from its first allocation", long(getpid()),

@@ -457,40 +457,6 @@ void switch_race() {
     print_counts("");
 }
 
-// Two threads make their first per-thread call at once (run with GPUMEM_EMU_SYNC_MS, a slow
-// drain): the one that loses the race must not reach the driver before the winner's switch has
-// drained, or its per-thread work could run beside a block the pool still hands out at once.
-void per_thread_race() {
-    CUcontext ctx = setup();
-    CUdeviceptr a;
-    CHECK(cuMemAlloc(&a, 1 << 20));  // the pool holds memory, so the switch drains
-    using launch_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                   CUstream, void**, void**);
-    void* fn = nullptr;
-    CUdriverProcAddressQueryResult q;
-    CHECK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
-    auto launch = reinterpret_cast<launch_fn>(fn);
-    void** params = reinterpret_cast<void**>(0x1234);
-    void** extra = reinterpret_cast<void**>(0x5678);
-    std::atomic<int> first_started{0};
-    std::thread t1([&] {
-        cuCtxSetCurrent(ctx);
-        first_started = 1;
-        CHECK(launch(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra));
-    });
-    std::thread t2([&] {
-        cuCtxSetCurrent(ctx);
-        while (!first_started) std::this_thread::yield();
-        usleep(5000);  // well inside the first thread's drain
-        CHECK(launch(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra));
-        printf("second_saw_syncs=%llu\n", driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"));
-    });
-    t1.join();
-    t2.join();
-    printf("ptsz_calls=%llu\n", driver_count("cuLaunchKernel_ptsz"));
-    print_counts("");
-}
-
 // Per-thread default streams: resolving the per-thread variants (as every runtime does at start-up)
 // changes nothing; using one switches auto to safe before the call reaches the driver.  `how`:
 // thunk (call the resolved cuLaunchKernel_ptsz), dlsym (the same found by dlsym), handle
@@ -558,7 +524,6 @@ int main(int argc, char** argv) {
     else if (s == "query") query();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
-    else if (s == "per-thread-race") per_thread_race();
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");

@@ -445,18 +445,6 @@ TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it"
     check_rebuild(ls);
 }
 
-TEST_CASE("pool, auto reuse: a second thread's first per-thread call waits for the first thread's switch") {
-    auto r = run({EMU_POOL_APP, "per-thread-race"}, {{"GPUMEM_EMU_SYNC_MS", "100"}});
-    std::vector<json> ls;
-    check_complete(r, &ls);
-    auto v = values(r.out);
-    CHECK(num(v, "second_saw_syncs") == 1);  // returned only after the drain had finished
-    CHECK(num(v, "driver_sync") == 1);       // one drain
-    CHECK(num(v, "ptsz_calls") == 2);
-    CHECK(count_ev(ls, "reuse_safe") == 1);
-    check_rebuild(ls);
-}
-
 TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe, and resolving one does not") {
     for (const char* how : {"thunk", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle"}) {
         INFO("way: " << how);
