@@ -89,7 +89,8 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", none) \
     X(cuGreenCtxStreamCreate, "cuGreenCtxStreamCreate", none)    \
     X(cuGreenCtxCreate, "cuGreenCtxCreate", none)                \
-    X(per_thread_stream, "CU_STREAM_PER_THREAD", none)
+    X(per_thread_stream, "CU_STREAM_PER_THREAD", none)           \
+    X(cuGetProcAddress, "cuGetProcAddress", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

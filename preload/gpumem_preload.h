@@ -94,8 +94,9 @@ void* wrap_resolved(void* real_fn, const char* symbol, bool per_thread_lookup = 
 // per_thread.cc: per-thread default stream use switches auto pools to safe reuse.
 void note_per_thread_stream() noexcept;
 bool is_per_thread_symbol(const char* name) noexcept;
-// fn itself, or a thunk that notes the first call, if fn is one of libcuda's per-thread variants.
-void* watch_per_thread(void* fn) noexcept;
+// fn itself, or a thunk that notes the first call, if fn is one of libcuda's per-thread variants;
+// *handled says whether it is one (watched, or seen already), so the caller need not wrap it.
+void* watch_per_thread(void* fn, bool* handled) noexcept;
 uint64_t unmatched_count() noexcept;
 
 // Process state.  recorder_or_null() starts the log on first use (lazily: no CUDA before the

@@ -113,11 +113,14 @@ bool is_per_thread_symbol(const char* s) noexcept {
     return n > 5 && (!strcmp(s + n - 5, "_ptsz") || !strcmp(s + n - 5, "_ptds"));
 }
 
-void* watch_per_thread(void* fn) noexcept {
-    if (!fn || __atomic_load_n(&gpumem_pt_seen, __ATOMIC_ACQUIRE)) return fn;  // nothing left to watch
+void* watch_per_thread(void* fn, bool* handled) noexcept {
+    *handled = false;
+    if (!fn) return fn;
     // Only libcuda's exported per-thread variants: the pointer must be exactly such a symbol.
     Dl_info info;
     if (!dladdr(fn, &info) || info.dli_saddr != fn || !is_per_thread_symbol(info.dli_sname)) return fn;
+    *handled = true;
+    if (__atomic_load_n(&gpumem_pt_seen, __ATOMIC_ACQUIRE)) return fn;  // seen already: nothing left to watch
     while (g_thunk_lock.test_and_set(std::memory_order_acquire)) {
     }
     const int n = g_thunks_used.load(std::memory_order_relaxed);

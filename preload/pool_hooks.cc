@@ -177,11 +177,13 @@ void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_co
 void pool_green_context_made() noexcept { streams().give_up(); }
 
 void pool_stream_route_unseen() noexcept {
-    // Called from a resolve, perhaps inside dlsym: no CUDA call and no pool lock here.  Fences
-    // give way to synchronizes, and auto's switch is left to the next pool call (reentrant), whose
-    // drain then waits for whatever the unseen streams queued meanwhile.
+    // Called from a resolver hook (cuGetProcAddress, cudaGetDriverEntryPoint), perhaps during a
+    // runtime's own initialisation: no CUDA call and no pool lock here.  Fences give way to
+    // synchronizes at once; auto's switch is left to the next pool call (as for a reentrant
+    // stream creation), whose drain waits for whatever the unseen streams queued meanwhile.  A
+    // pool call already past that point on another thread may still hand out one block at once.
     streams().give_up();
-    auto_switch().stream_created(api_id::cuStreamCreate, true, true);
+    auto_switch().stream_created(api_id::cuGetProcAddress, true, true);
 }
 
 void pool_after_fork() noexcept {

@@ -121,8 +121,11 @@ void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexce
         if (real_driver(drv(i)) == fn) return hooks[i].wrapper;
     }
     if (per_thread_lookup || is_per_thread_symbol(symbol)) {
-        void* w = watch_per_thread(fn);
-        if (w != fn) return w;
+        // Once a per-thread stream was used, libcuda's per-thread variants come back unwatched:
+        // still known, not a hole (a runtime that starts later resolves them all).
+        bool handled = false;
+        void* w = watch_per_thread(fn, &handled);
+        if (handled) return w;
     }
     if (symbol && is_hooked_base(symbol)) {
         uint64_t n = g_unmatched.fetch_add(1, std::memory_order_relaxed);
@@ -156,7 +159,8 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
     if (is_per_thread_symbol(name)) {
         // A per-thread variant: watched through a thunk, when it is libcuda's.
         void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver_by_name(name) : real_dlsym(handle, name);
-        void* w = watch_per_thread(found);
+        bool handled = false;
+        void* w = watch_per_thread(found, &handled);
         return w != found ? w : nullptr;
     }
     return nullptr;

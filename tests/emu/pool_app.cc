@@ -510,6 +510,15 @@ void per_thread(const std::string& how) {
     CHECK(cuMemFree(b));
     CHECK(cuMemAlloc(&c, mb));
     printf("reused_after=%d\n", b == c);
+    // A runtime that starts now resolves the per-thread variants again: known, not a hole, so the
+    // fences stay (a 40 MiB free then allocation, over the sync budget, is released by one).
+    void* late = nullptr;
+    CHECK(cuGetProcAddress_v2("cuLaunchKernel", &late, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+    CUdeviceptr big;
+    CHECK(cuMemAlloc(&big, 40 * mb));
+    CHECK(cuMemFree(big));
+    CHECK(cuMemAlloc(&big, 40 * mb));
+    print_counts("end_");
 }
 
 }  // namespace

@@ -428,6 +428,9 @@ TEST_CASE("pool: a stream-making function the interposer cannot wrap switches au
     // for all work by a context synchronize (no fence covers an unseen stream), and the freed
     // block no longer comes back at once.
     REQUIRE(count_ev(ls, "reuse_safe") == 1);
+    for (auto& j : ls)
+        if (j["ev"] == "reuse_safe") CHECK(j["api"] == "cuGetProcAddress");
+    CHECK(num(v, "stream_ctx_sync") == 0);  // nothing synchronized inside the resolve itself
     CHECK(num(v, "reused_after_stream") == 0);
     CHECK(num(v, "after_ctx_sync") >= 1);
     CHECK(num(v, "after_fence_record") == 0);
@@ -461,6 +464,10 @@ TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe
         for (auto& j : ls)
             if (j["ev"] == "reuse_safe") CHECK(j["api"] == "CU_STREAM_PER_THREAD");
         if (std::string(how) == "thunk") CHECK(num(v, "ptsz_calls") == 2);  // both calls went through
+        // The late resolve of a per-thread variant is no hole: nothing unmatched, fences kept.
+        CHECK(ls.back()["unmatched"] == 0);
+        CHECK(num(v, "end_ctx_sync") == 0);
+        CHECK(num(v, "end_fence_record") > num(v, "launched_fence_record"));
         check_rebuild(ls);
     }
     SECTION("a launch on the legacy stream changes nothing") {
