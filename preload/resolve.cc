@@ -89,8 +89,6 @@ bool route_on(route r) noexcept {
 static std::atomic<uint64_t> g_unmatched{0};
 uint64_t unmatched_count() noexcept { return g_unmatched.load(std::memory_order_relaxed); }
 
-// Base names whose variants we wrap; a resolved pointer for one of these that matches no wrapper is
-// a hole in our coverage, and is counted on the end line rather than passed over silently.
 // The hooked bases through which the pool learns of streams (creation, destruction, green
 // contexts, per-thread launches).
 static bool is_stream_base(const char* s) noexcept {
@@ -101,6 +99,8 @@ static bool is_stream_base(const char* s) noexcept {
     return false;
 }
 
+// Base names whose variants we wrap; a resolved pointer for one of these that matches no wrapper is
+// a hole in our coverage, and is counted on the end line rather than passed over silently.
 static bool is_hooked_base(const char* s) noexcept {
     static const char* const bases[] = {
         "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
