@@ -462,7 +462,8 @@ void switch_race() {
 // thunk (call the resolved cuLaunchKernel_ptsz), dlsym (the same found by dlsym), handle
 // (cuLaunchKernel on CU_STREAM_PER_THREAD), ex (cuLaunchKernelEx on it), alloc-async-ptsz (the
 // resolved cuMemAllocAsync_ptsz on the null stream), free-async-handle (cuMemFreeAsync on
-// CU_STREAM_PER_THREAD), legacy (stream 0: no switch).
+// CU_STREAM_PER_THREAD), legacy (stream 0: no switch), alloc-async-ptsz-legacy (the _ptsz
+// variant on CU_STREAM_LEGACY: no switch).
 void per_thread(const std::string& how) {
     setup();
     const size_t mb = 1u << 20;
@@ -494,6 +495,11 @@ void per_thread(const std::string& how) {
         CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &af, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
         CUdeviceptr x;
         r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096, nullptr);
+    } else if (how == "alloc-async-ptsz-legacy") {  // a _ptsz variant on a named stream: no per-thread use
+        void* af = nullptr;
+        CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &af, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        CUdeviceptr x;
+        r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096, CU_STREAM_LEGACY);
     } else if (how == "free-async-handle") {  // the handle, on a call other than a launch
         CUdeviceptr x;
         CHECK(cuMemAllocAsync(&x, 4096, nullptr));

@@ -470,7 +470,15 @@ TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe
         CHECK(num(v, "end_fence_record") > num(v, "launched_fence_record"));
         check_rebuild(ls);
     }
-    SECTION("a launch on the legacy stream changes nothing") {
+    SECTION("a launch on the legacy stream changes nothing, nor does a _ptsz variant on a named stream") {
+        auto n = run({EMU_POOL_APP, "per-thread", "alloc-async-ptsz-legacy"});
+        std::vector<json> ln;
+        check_complete(n, &ln);
+        auto vn = values(n.out);
+        CHECK(num(vn, "launch_result") == 0);
+        CHECK(num(vn, "launched_driver_sync") == 0);
+        CHECK(num(vn, "reused_after") == 1);
+        CHECK(count_ev(ln, "reuse_safe") == 0);
         auto r = run({EMU_POOL_APP, "per-thread", "legacy"});
         std::vector<json> ls;
         check_complete(r, &ls);
