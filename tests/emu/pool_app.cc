@@ -462,8 +462,9 @@ void switch_race() {
 // thunk (call the resolved cuLaunchKernel_ptsz), dlsym (the same found by dlsym), handle
 // (cuLaunchKernel on CU_STREAM_PER_THREAD), ex (cuLaunchKernelEx on it), alloc-async-ptsz (the
 // resolved cuMemAllocAsync_ptsz on the null stream), free-async-handle (cuMemFreeAsync on
-// CU_STREAM_PER_THREAD), legacy (stream 0: no switch), alloc-async-ptsz-legacy (the _ptsz
-// variant on CU_STREAM_LEGACY: no switch).
+// CU_STREAM_PER_THREAD), capture-ptsz (a capture of the null stream through the _ptsz
+// variants), legacy (stream 0: no switch), alloc-async-ptsz-legacy (the _ptsz variant on
+// CU_STREAM_LEGACY: no switch).
 void per_thread(const std::string& how) {
     setup();
     const size_t mb = 1u << 20;
@@ -500,6 +501,14 @@ void per_thread(const std::string& how) {
         CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &af, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
         CUdeviceptr x;
         r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096, CU_STREAM_LEGACY);
+    } else if (how == "capture-ptsz") {  // a capture of the per-thread stream (the null stream, _ptsz)
+        void* begin = nullptr;
+        void* end = nullptr;
+        CHECK(cuGetProcAddress_v2("cuStreamBeginCapture", &begin, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        CHECK(cuGetProcAddress_v2("cuStreamEndCapture", &end, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        r = reinterpret_cast<CUresult (*)(CUstream, CUstreamCaptureMode)>(begin)(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        CUgraph g = nullptr;
+        CHECK(reinterpret_cast<CUresult (*)(CUstream, CUgraph*)>(end)(nullptr, &g));
     } else if (how == "free-async-handle") {  // the handle, on a call other than a launch
         CUdeviceptr x;
         CHECK(cuMemAllocAsync(&x, 4096, nullptr));

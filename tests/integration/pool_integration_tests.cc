@@ -449,7 +449,7 @@ TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it"
 }
 
 TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe, and resolving one does not") {
-    for (const char* how : {"thunk", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle"}) {
+    for (const char* how : {"thunk", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle", "capture-ptsz"}) {
         INFO("way: " << how);
         auto r = run({EMU_POOL_APP, "per-thread", how});
         std::vector<json> ls;
