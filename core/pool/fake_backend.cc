@@ -350,10 +350,6 @@ bool fake_backend::is_live(uint64_t base) const noexcept {
     return live_.count(base) != 0;
 }
 
-}  // namespace gpumem
-
-namespace gpumem {
-
 void fake_backend::add_peer(int device) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     try {

@@ -491,16 +491,13 @@ void per_thread(const std::string& how) {
         r = f(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
     } else if (how == "handle" || how == "legacy") {
         r = cuLaunchKernel(nullptr, 11, 12, 13, 14, 15, 16, 17, how == "handle" ? CU_STREAM_PER_THREAD : nullptr, params, extra);
-    } else if (how == "alloc-async-ptsz") {  // the null stream of a _ptsz variant is the per-thread one
+    } else if (how == "alloc-async-ptsz" || how == "alloc-async-ptsz-legacy") {
+        // The null stream of a _ptsz variant is the per-thread one; a named stream is not.
         void* af = nullptr;
         CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &af, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
         CUdeviceptr x;
-        r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096, nullptr);
-    } else if (how == "alloc-async-ptsz-legacy") {  // a _ptsz variant on a named stream: no per-thread use
-        void* af = nullptr;
-        CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &af, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
-        CUdeviceptr x;
-        r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096, CU_STREAM_LEGACY);
+        r = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(af)(&x, 4096,
+                                                                               how == "alloc-async-ptsz" ? nullptr : CU_STREAM_LEGACY);
     } else if (how == "capture-ptsz") {  // a capture of the per-thread stream (the null stream, _ptsz)
         void* begin = nullptr;
         void* end = nullptr;
@@ -556,7 +553,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

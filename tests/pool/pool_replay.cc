@@ -95,11 +95,11 @@ int main(int argc, char** argv) {
                 // what it is made of: where a policy change would have to save.
                 const pool_state st = pool.snapshot();
                 if (st.reserved > peak_reserved) {
+                    peak_reserved = st.reserved;
                     at_peak = st;
                     at_peak_pending = pool.pending_bytes();
                     at_peak_request = e["size"].get<uint64_t>();
                 }
-                peak_reserved = std::max(peak_reserved, st.reserved);
                 live += e["size"].get<uint64_t>();
                 peak_live = std::max(peak_live, live);
                 n++;
