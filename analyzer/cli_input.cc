@@ -61,6 +61,13 @@ bool parse_percent_arg(const std::string& text, double& out) {
     return true;
 }
 
+std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
+    std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
+    if (p.n_warnings > p.warnings.size())
+        lines.push_back(path + ": " + std::to_string(p.n_warnings - p.warnings.size()) + " more warnings not shown");
+    return lines;
+}
+
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error) {
     try {
         for (const std::string& path : paths) {
@@ -69,6 +76,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
                 spdlog::debug("{}: reading as a `gpumem report --json` file", path);
                 report_file r = read_report_json(path, in.path());
                 for (size_t i = 0; i < r.processes.size(); ++i) {
+                    for (const std::string& w : warning_lines(r.processes[i], r.processes[i].file)) spdlog::warn("{}", w);
                     out.processes.push_back(std::move(r.processes[i]));
                     out.present.push_back(std::move(r.present[i]));
                     out.source.push_back(path);
@@ -77,6 +85,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             }
             spdlog::debug("{}: reading as an event log", path);
             out.processes.push_back(analyze_file(path, analyze_options{}, in.path()));
+            for (const std::string& w : warning_lines(out.processes.back(), path)) spdlog::warn("{}", w);
             out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());
             out.source.push_back(path);
         }

@@ -42,8 +42,14 @@ struct run_input {
     bool has(const device_ref& r, device_field f) const { return present[r.process][r.device][size_t(f)]; }
 };
 
-// Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file.  On failure returns
-// false with a message naming the file; never throws.
+// The warnings of one analyzed input as they are shown: every listed warning (file:line: what),
+// then "N more warnings not shown" when the report kept fewer than it counted.  Shown by report,
+// check and diff alike: a gate must not pass quietly on a log that lost events or was cut short.
+std::vector<std::string> warning_lines(const process_report& p, const std::string& path);
+
+// Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file, and shows each one's
+// warnings (warning_lines) on stderr.  On failure returns false with a message naming the file;
+// never throws.
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error);
 
 }  // namespace gpumem::analysis

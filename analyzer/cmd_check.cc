@@ -175,6 +175,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         spdlog::error("no GPU memory activity in {}", logs.size() == 1 ? logs[0] : std::string("the logs"));
         return k_exit_input;
     }
+    if (!baseline_path.empty() && base.devices.empty()) {
+        // The same rule for the baseline: with no GPU in it there is nothing to compare against,
+        // and every baseline limit would silently vanish (0 limits, exit 0).
+        spdlog::error("baseline {}: no GPU memory activity to compare against", baseline_path);
+        return k_exit_input;
+    }
     std::vector<const measure*> needed;
     for (const limit& l : limits)
         if (l.set) needed.push_back(l.m);

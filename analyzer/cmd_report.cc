@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "analyze.h"
+#include "cli_input.h"
 #include "commands.h"
 #include "diagnostics.h"
 #include "input_spool.h"
@@ -163,10 +164,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.
                     for (const device_report& d : p.devices) out.show_at |= d.at_request.valid;
-                    for (const std::string& w : p.warnings) out.say(spdlog::level::warn, w);
-                    if (p.n_warnings > p.warnings.size())
-                        out.say(spdlog::level::warn, p.file + ": " + std::to_string(p.n_warnings - p.warnings.size()) +
-                                                         " more warnings not shown");
+                    for (const std::string& w : warning_lines(p, p.file)) out.say(spdlog::level::warn, w);
                     out.procs.push_back(std::move(p));
                 }
                 return;
@@ -189,10 +187,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         out.say(spdlog::level::debug, path + ": " + std::to_string(p.lines) + " lines, " + std::to_string(p.events) +
                                           " events, " + std::to_string(p.devices.size()) + " device(s), " +
                                           std::to_string(p.n_warnings) + " warning(s)");
-        for (const std::string& w : p.warnings) out.say(spdlog::level::warn, w);
-        if (p.n_warnings > p.warnings.size())
-            out.say(spdlog::level::warn, path + ": " + std::to_string(p.n_warnings - p.warnings.size()) +
-                                             " more warnings not shown");
+        for (const std::string& w : warning_lines(p, path)) out.say(spdlog::level::warn, w);
     });
     std::vector<process_report> procs;
     int rc = k_exit_ok;

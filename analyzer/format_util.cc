@@ -80,6 +80,22 @@ void caret(std::string& o, unsigned char c) {
     o.push_back('^');
     o.push_back(c == 0x7f ? '?' : char(c + 0x40));
 }
+
+// Length of the well-formed UTF-8 sequence at s[i] (Unicode's table 3-7: no overlong forms, no
+// surrogates, nothing past U+10FFFF), or 0 when the bytes there are not one.
+size_t utf8_length(std::string_view s, size_t i) {
+    auto at = [&](size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
+    const unsigned c = at(0);
+    auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xbf) { return at(k) >= lo && at(k) <= hi; };
+    if (c >= 0xc2 && c <= 0xdf) return cont(1) ? 2 : 0;
+    if (c == 0xe0) return cont(1, 0xa0) && cont(2) ? 3 : 0;
+    if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) return cont(1) && cont(2) ? 3 : 0;
+    if (c == 0xed) return cont(1, 0x80, 0x9f) && cont(2) ? 3 : 0;
+    if (c == 0xf0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
+    if (c >= 0xf1 && c <= 0xf3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+    if (c == 0xf4) return cont(1, 0x80, 0x8f) && cont(2) && cont(3) ? 4 : 0;
+    return 0;
+}
 }  // namespace
 
 std::string visible(std::string_view s, bool keep_newlines) {
@@ -95,8 +111,17 @@ std::string visible(std::string_view s, bool keep_newlines) {
             char b[12];
             std::snprintf(b, sizeof b, "<U+%04X>", unsigned(static_cast<unsigned char>(s[++i])));
             o += b;
-        } else {
+        } else if (c < 0x80) {
             o.push_back(char(c));
+        } else if (size_t n = utf8_length(s, i)) {
+            o.append(s.substr(i, n));
+            i += n - 1;
+        } else {
+            // Not UTF-8 (a Latin-1 file name, a cut sequence): shown as \xNN, so that the text stays
+            // valid UTF-8 (JUnit XML parsers reject the raw byte) and the byte can still be read.
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02X", c);
+            o += b;
         }
     }
     return o;

@@ -27,7 +27,8 @@ std::string fmt_count(uint64_t n);         // "1,234,567"
 std::string fmt_counted(uint64_t n, const char* one, const char* many);  // "1 block", "1,024 blocks"
 std::string svg_num(double v);             // an SVG coordinate: "12.5" (one decimal is a tenth of a pixel)
 // Control characters from a log shown, never sent to a terminal or browser: ^[ for ESC, ^? for DEL
-// (as less and git do), <U+009B> for C1 controls; "\n" passes when keep_newlines.
+// (as less and git do), <U+009B> for C1 controls, \xFF for a byte that is not UTF-8 (so the result
+// is always valid UTF-8); "\n" passes when keep_newlines.
 std::string visible(std::string_view s, bool keep_newlines = false);
 std::string html_escape(const std::string& s);  // also visible(s, true)
 const char* pool_name(pool_id p);

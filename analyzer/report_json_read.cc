@@ -346,16 +346,21 @@ bool looks_like_report_json(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     char buf[4096];
     f.read(buf, sizeof buf);
-    std::streamsize n = f.gcount();
-    std::streamsize i = 0;
-    while (i < n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r' || buf[i] == '\n')) ++i;
-    if (i >= n || buf[i] != '{') return false;
-    // A log's header line begins {"ev":"header"; a report begins {"schema" or a newline (pretty).
-    for (++i; i < n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r'); ++i) {
+    const std::string head(buf, size_t(f.gcount()));
+    size_t i = head.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;  // a UTF-8 byte order mark
+    while (i < head.size() && (head[i] == ' ' || head[i] == '\t' || head[i] == '\r' || head[i] == '\n')) ++i;
+    if (i >= head.size() || head[i] != '{') return false;
+    // A report is one object: pretty (a newline after the brace) or with "schema" first, as gpumem
+    // writes it.  A log's first line is its header, {"ev":"header", ...}.  Anything else (a report
+    // re-serialized with sorted keys, a header with its keys reordered) is told apart by the
+    // header's "ev" member, which no report carries.
+    for (++i; i < head.size() && (head[i] == ' ' || head[i] == '\t' || head[i] == '\r'); ++i) {
     }
-    if (i < n && buf[i] == '\n') return true;
-    static const char k_key[] = "\"schema\"";
-    return n - i >= std::streamsize(sizeof k_key - 1) && std::memcmp(buf + i, k_key, sizeof k_key - 1) == 0;
+    if (i < head.size() && head[i] == '\n') return true;
+    if (head.compare(i, 8, "\"schema\"") == 0) return true;
+    if (head.compare(i, 4, "\"ev\"") == 0) return false;
+    const std::string first_line = head.substr(0, head.find('\n'));
+    return first_line.find("\"ev\":\"header\"") == std::string::npos && first_line.find("\"ev\": \"header\"") == std::string::npos;
 }
 
 report_file read_report_json(const std::string& path, const std::string& open_path) {

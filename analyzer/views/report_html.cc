@@ -148,10 +148,15 @@ void timeline_series(const device_report& d, std::vector<series>& mem, std::vect
     frag = {fr};
 }
 
-// A verdict as a CSS class name: "chunk rounding" -> "chunk-rounding".
+// A class name from a verdict: only letters, digits and '-' survive, because a report JSON read back
+// (`gpumem report r.json --html`) may carry any string there.
 std::string css_class(std::string v) {
-    std::replace(v.begin(), v.end(), ' ', '-');
-    return v;
+    std::string out;
+    for (char c : v) {
+        if (c == ' ') out += '-';
+        else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-') out += c;
+    }
+    return out;
 }
 
 // Segments as bars to scale; allocated runs in blue over a grey free background.
@@ -370,7 +375,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<p>requested <b>" << fmt_bytes(x.size) << "</b> · free in segments <b>" << fmt_bytes(x.free_in_segments)
           << "</b> · largest free block <b>" << fmt_bytes(x.largest_free) << "</b> · free on GPU <b>"
           << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b><br>verdict: <span class='verdict-"
-          << css_class(x.verdict) << "'>" << x.verdict << "</span> — " << html_escape(x.explanation) << "</p>\n";
+          << css_class(x.verdict) << "'>" << html_escape(x.verdict) << "</span> — " << html_escape(x.explanation) << "</p>\n";
         if (x.map.valid) o << segment_map_svg(x.map);
         o << sites_table_html(p, x.sites, "Call sites live at this OOM");
     }

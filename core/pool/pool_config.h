@@ -9,7 +9,7 @@ namespace gpumem {
 // When a freed block may be handed out again.  docs/pool.md states the guarantee of each mode.
 enum class reuse_mode : uint8_t {
     automatic,  // "auto" (default): immediate until the program creates a stream, then safe
-    safe,       // after one synchronize() that follows its free
+    safe,       // once the work enqueued before its free is done: fences (events), else one synchronize()
     immediate,  // at once: only correct for programs whose device work is on one stream
 };
 

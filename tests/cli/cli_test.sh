@@ -185,6 +185,18 @@ check_baseline)
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance 0%
   # A report JSON is accepted in place of a log.
   expect_rc 1 "$GPUMEM" check "$W/ranks.json" --max-peak 1GiB
+  # ... also re-serialized with sorted keys (its first key is then "processes") or after a UTF-8
+  # byte order mark: it was read as a log and refused ("line 1 is not a header").
+  python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1])), sort_keys=True, separators=(',', ':')))" "$W/baseline.json" > "$W/sorted.json"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/sorted.json"
+  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  { printf '\xef\xbb\xbf'; cat "$W/baseline.json"; } > "$W/bom.json"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/bom.json"
+  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  # A baseline with no GPU in it compares nothing: unusable (it passed with "0 limits").
+  printf '{"schema": "gpumem-report", "schema_version": 1, "processes": []}' > "$W/nogpu.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/nogpu.json"
+  expect_in "$W/err" "baseline $W/nogpu.json: no GPU memory activity to compare against"
   ;;
 check_junit)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json"
@@ -214,6 +226,12 @@ PY
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/bad/report_control_chars.json" "$SRC/tests/data/bad/report_control_chars.json"
   grep -Fxq 'rank 0^B^@ dev 0' "$W/out" || fail "diff: the GPU's heading does not show the rank's control characters as ^B^@"
   ! grep -q $'\x1b' "$W/out" || fail "diff: an escape character reached the terminal"
+  # A file name that is not UTF-8 (byte 0xff): the XML stays well-formed, the byte shows as \xFF.
+  badname=$W/$(printf 'after\xff.jsonl')
+  cp "$DATA/after.jsonl" "$badname"
+  expect_rc 1 "$GPUMEM" check "$badname" --max-peak 1KiB --junit "$W/badname.xml"
+  python3 -c "import sys,xml.etree.ElementTree as ET; ET.parse(sys.argv[1])" "$W/badname.xml" || fail "JUnit XML with a non-UTF-8 file name is not well-formed"
+  expect_in "$W/out" 'after\xFF.jsonl)'
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 8MiB --junit "$W/pass.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; r=ET.parse(sys.argv[1]).getroot(); assert r.get('failures')=='0' and len(r.findall('.//testcase'))==1" "$W/pass.xml" || fail "passing JUnit"
   ;;
@@ -230,6 +248,11 @@ check_bad_input)
   expect_rc 2 "$GPUMEM" check "$W/missing.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/not_json.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/empty.jsonl" --max-peak 1GiB
+  # A gate shows what report shows about a log that lost events (the peak may be understated).
+  expect_rc 0 "$GPUMEM" check "$SRC/tests/data/bad/lost_record_end_count.jsonl" --max-peak 1GiB
+  expect_in "$W/err" "lost_record_end_count.jsonl:3: 4 event(s) were lost by the recorder"
+  expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/bad/lost_record_end_count.jsonl" "$DATA/before.jsonl"
+  expect_in "$W/err" "lost_record_end_count.jsonl:3: 4 event(s) were lost by the recorder"
   # Issue 14 #2: a log whose file name is not UTF-8 (byte 0xff) still gives valid report JSON.
   badname=$W/$(printf 'log\xff.jsonl')
   cp "$SRC/tests/data/golden/rank1.jsonl" "$badname"
@@ -446,6 +469,17 @@ hostile_values)
   sed -n '/Memory over time/,/^$/p' "$W/out" | awk 'NR > 2 && NF { print $1, $2 }' > "$W/rows.txt"
   [ "$(head -1 "$W/rows.txt")" = "0 ns" ] && [ "$(wc -l < "$W/rows.txt")" = 5 ] || fail "#21: timeline rows: $(cat "$W/rows.txt")"
   expect_not_in "$W/out" "rows of equal event count"
+  # A report JSON read back may carry any verdict: escaped in the HTML, and no markup in its class.
+  "$GPUMEM" report --no-progress --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/frag.json" || fail "report --json"
+  python3 - "$W/frag.json" <<'PY' || fail "no OOM to rewrite in pool_fragmentation's report"
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["processes"][0]["devices"][0]["ooms"][0]["verdict"] = "x'></span><script>alert(1)</script>"
+json.dump(d, open(sys.argv[1], "w"))
+PY
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/frag.json" --html "$W/verdict.html"
+  expect_not_in "$W/verdict.html" "<script>alert"
+  expect_in "$W/verdict.html" "class='verdict-xspanscriptalert1script'>x&#39;&gt;&lt;/span&gt;&lt;script&gt;"
   ;;
 pipes)
   # Issue 14 #11: a log or report read from a pipe, /dev/stdin, a FIFO or <(process substitution).
