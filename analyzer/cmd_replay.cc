@@ -1,8 +1,10 @@
 // `gpumem replay`: replays the allocation requests of logs through simulated allocators (analyzer/simulate/) and reports what each would have reserved.
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -254,6 +256,12 @@ int run_replay(replay_args& a) {
             errors[i] = e.what();
         } catch (const std::bad_alloc&) {
             errors[i] = a.logs[i] + ": out of memory while reading";
+        } catch (const std::exception& e) {
+            // Any other exception is a reader defect met on this input; parallel_for's threads must
+            // not throw (std::terminate), so it becomes this file's input error, exit 2.
+            errors[i] = a.logs[i] + ": cannot read: " + e.what();
+        } catch (...) {
+            errors[i] = a.logs[i] + ": cannot read: unknown error";
         }
     });
     int rc = k_exit_ok;
@@ -287,13 +295,22 @@ int run_replay(replay_args& a) {
         const sim::trace& tr = traces[t.job->log];
         std::string err;
         uint64_t total = t.job->dev->total_bytes;
-        auto p = sim::make_policy(t.spec, capacity, total, tr.config_json, &err);
-        if (!p) {
-            task_errors[i] = tr.file + ": " + err;
-            return;
+        // As for reading: an exception must not leave the thread (std::terminate); it fails this file.
+        try {
+            auto p = sim::make_policy(t.spec, capacity, total, tr.config_json, &err);
+            if (!p) {
+                task_errors[i] = tr.file + ": " + err;
+                return;
+            }
+            sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity);
+            (t.grid ? t.job->grid[t.index] : t.job->results[t.index]) = std::move(r);
+        } catch (const std::bad_alloc&) {
+            task_errors[i] = tr.file + ": " + t.name + ": out of memory while replaying";
+        } catch (const std::exception& e) {
+            task_errors[i] = tr.file + ": " + t.name + ": cannot replay: " + e.what();
+        } catch (...) {
+            task_errors[i] = tr.file + ": " + t.name + ": cannot replay: unknown error";
         }
-        sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity);
-        (t.grid ? t.job->grid[t.index] : t.job->results[t.index]) = std::move(r);
     });
     for (const std::string& e : task_errors)
         if (!e.empty()) {

@@ -64,6 +64,14 @@ printf '{"ev":"header","format":"gpumem-events","version":2}\n{"ev":"alloc","seq
 "$GPUMEM" replay "$W/bad.jsonl" 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] || fail "bad log: exit $rc"
 grep -q "bad.jsonl:2" "$W/err" || fail "bad log: no file:line in $(cat "$W/err")"
+# A header member of the wrong type ("ev" a number, "format" a number) is the file's error at line 1,
+# not an uncaught JSON type_error (abort, exit 134).
+printf '{"ev":5,"format":"gpumem-events","version":1}\n' > "$W/hdr_ev.jsonl"
+printf '{"ev":"header","format":1,"version":1}\n' > "$W/hdr_format.jsonl"
+for h in hdr_ev hdr_format; do
+  "$GPUMEM" replay "$W/$h.jsonl" 2> "$W/err" >/dev/null; rc=$?
+  [ $rc = 2 ] && grep -q "$h.jsonl:1: " "$W/err" || fail "$h: exit $rc, $(cat "$W/err")"
+done
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
