@@ -271,6 +271,19 @@ int run_replay(replay_args& a) {
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;
+    // An --api name no allocation of the log used (a typo, the wrong case) would otherwise replay
+    // nothing of that API and print nothing about it, exit 0: a silent empty answer.
+    for (const sim::trace& tr : traces)
+        for (const std::string& api : apis) {
+            if (std::find(tr.apis.begin(), tr.apis.end(), api) != tr.apis.end()) continue;
+            std::string used;
+            for (const std::string& u : tr.log_apis) used += (used.empty() ? "" : ", ") + u;
+            std::fprintf(stderr, "gpumem: error: %s: --api %s: no device allocation in the log was made through %s; %s\n",
+                         tr.file.c_str(), api.c_str(), api.c_str(),
+                         used.empty() ? "the log has no device allocations" : ("the log's APIs are " + used).c_str());
+            rc = k_exit_input;
+        }
+    if (rc != k_exit_ok) return rc;
 
     // Every (log, device, policy) replay is a task; all cores take them.
     std::vector<device_job> djobs;
@@ -365,7 +378,8 @@ void add_options(CLI::App* app, replay_args& a) {
                     "syntax), pytorch-expandable, gpumem, gpumem:KNOB=VALUE (default: ideal,pytorch,pytorch-expandable,gpumem)")
         ->type_name("P,...");
     app->add_option("--api", a.apis,
-                    "replay only allocations made through these APIs (default: every device allocation); "
+                    "replay only allocations made through these APIs (default: every device allocation; a name "
+                    "no allocation of the log used is an error); "
                     "--api cudaMalloc is what PyTorch's allocator sees under PYTORCH_NO_CUDA_MEMORY_CACHING=1")
         ->type_name("NAME,...");
     app->add_option("--capacity", a.capacity_text, "device memory: say whether and where each policy runs out")

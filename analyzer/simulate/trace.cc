@@ -71,6 +71,9 @@ trace load_trace(const std::string& path, const trace_options& opt) {
         int8_t& w = api_ok[e.api];
         if (w < 0) {
             const std::string& name = parser.api_name(e.api);
+            // First sight of this API: kept for the message when --api names none of the log's.
+            if (std::find(out.log_apis.begin(), out.log_apis.end(), name) == out.log_apis.end())
+                out.log_apis.push_back(name);
             if (opt.apis.empty()) w = 1;
             else w = std::find(opt.apis.begin(), opt.apis.end(), name) != opt.apis.end();
         }

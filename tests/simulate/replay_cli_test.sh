@@ -72,6 +72,11 @@ for h in hdr_ev hdr_format; do
   "$GPUMEM" replay "$W/$h.jsonl" 2> "$W/err" >/dev/null; rc=$?
   [ $rc = 2 ] && grep -q "$h.jsonl:1: " "$W/err" || fail "$h: exit $rc, $(cat "$W/err")"
 done
+# An --api name that no allocation of the log used (here the wrong case) is an error listing the
+# log's APIs, not an empty replay with exit 0.
+"$GPUMEM" replay "$W/frag.jsonl" --api cudamalloc 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 2 ] && grep -q "no device allocation in the log was made through cudamalloc; the log's APIs are cudaMalloc, cuMemAlloc_v2" "$W/err" \
+  && [ ! -s "$W/out" ] || fail "--api cudamalloc: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
