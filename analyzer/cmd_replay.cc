@@ -120,17 +120,17 @@ ojson result_json(const sim::replay_result& r, uint64_t capacity) {
     j["peak_fragmentation"] = r.peak_fragmentation;
     j["peak_fragmentation_seq"] = r.frag_seq;
     j["events"] = r.events;
-    if (capacity) {
-        j["fits"] = r.failure == sim::failure_reason::none;
-        if (r.failure != sim::failure_reason::none) {
-            j["failure"] = {{"seq", r.fail_seq},
-                            {"t_ns", r.fail_t},
-                            {"size", r.fail_size},
-                            {"reason", sim::k_failure_reason_names[size_t(r.failure)]},
-                            {"reserved_bytes", r.fail_reserved},
-                            {"free_in_segments_bytes", r.fail_free_in_segments},
-                            {"largest_free_bytes", r.fail_largest_free}};
-        }
+    if (capacity) j["fits"] = r.failure == sim::failure_reason::none;
+    // In every mode: a replay that stopped early (a request larger than any device stops it even
+    // without --capacity) must not read as a complete one.
+    if (r.failure != sim::failure_reason::none) {
+        j["failure"] = {{"seq", r.fail_seq},
+                        {"t_ns", r.fail_t},
+                        {"size", r.fail_size},
+                        {"reason", sim::k_failure_reason_names[size_t(r.failure)]},
+                        {"reserved_bytes", r.fail_reserved},
+                        {"free_in_segments_bytes", r.fail_free_in_segments},
+                        {"largest_free_bytes", r.fail_largest_free}};
     }
     return j;
 }
@@ -178,7 +178,14 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             std::printf("   %-34s %-26s %-24s %-14s %s\n", r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
                         r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());
-            if (capacity && r.failure != sim::failure_reason::none)
+            // Every stop is printed, with or without --capacity: the numbers above cover only the
+            // requests before it.
+            if (r.failure == sim::failure_reason::too_large)
+                std::printf("   %-34s ^ stopped at %s: the request of %s (%llu bytes) is larger than any device "
+                            "(above 2^48 bytes); the replay ends there\n",
+                            "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
+                            (unsigned long long)r.fail_size);
+            else if (r.failure != sim::failure_reason::none)
                 std::printf("   %-34s ^ would fail at %s: %s of %s (%s reserved, %s free in segments, largest free %s)\n",
                             "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],
                             fmt_bytes(r.fail_size).c_str(), fmt_bytes(r.fail_reserved).c_str(),
@@ -206,6 +213,10 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                             def.peak_reserved ? ("-" + fmt_pct(1.0 - double(best.peak_reserved) / double(def.peak_reserved))).c_str() : "-");
             if (capacity && best.failure != sim::failure_reason::none)
                 std::printf("     no setting fits in %s\n", fmt_bytes(capacity).c_str());
+            else if (best.failure != sim::failure_reason::none)
+                std::printf("     no setting replays the whole log: this one stops at %s (%s)\n",
+                            moment(best.fail_seq, best.fail_t).c_str(),
+                            sim::k_failure_reason_names[size_t(best.failure)]);
             for (const sim::replay_result& r : d.results)
                 if (r.policy.rfind("gpumem", 0) == 0 || r.policy == "ideal")
                     std::printf("     %s: peak reserved %s, %llu driver allocations\n", r.policy.c_str(),
