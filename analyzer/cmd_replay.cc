@@ -1,8 +1,10 @@
 // `gpumem replay`: replays the allocation requests of logs through simulated allocators (analyzer/simulate/) and reports what each would have reserved.
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -118,17 +120,17 @@ ojson result_json(const sim::replay_result& r, uint64_t capacity) {
     j["peak_fragmentation"] = r.peak_fragmentation;
     j["peak_fragmentation_seq"] = r.frag_seq;
     j["events"] = r.events;
-    if (capacity) {
-        j["fits"] = r.failure == sim::failure_reason::none;
-        if (r.failure != sim::failure_reason::none) {
-            j["failure"] = {{"seq", r.fail_seq},
-                            {"t_ns", r.fail_t},
-                            {"size", r.fail_size},
-                            {"reason", sim::k_failure_reason_names[size_t(r.failure)]},
-                            {"reserved_bytes", r.fail_reserved},
-                            {"free_in_segments_bytes", r.fail_free_in_segments},
-                            {"largest_free_bytes", r.fail_largest_free}};
-        }
+    if (capacity) j["fits"] = r.failure == sim::failure_reason::none;
+    // In every mode: a replay that stopped early (a request larger than any device stops it even
+    // without --capacity) must not read as a complete one.
+    if (r.failure != sim::failure_reason::none) {
+        j["failure"] = {{"seq", r.fail_seq},
+                        {"t_ns", r.fail_t},
+                        {"size", r.fail_size},
+                        {"reason", sim::k_failure_reason_names[size_t(r.failure)]},
+                        {"reserved_bytes", r.fail_reserved},
+                        {"free_in_segments_bytes", r.fail_free_in_segments},
+                        {"largest_free_bytes", r.fail_largest_free}};
     }
     return j;
 }
@@ -176,7 +178,14 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             std::printf("   %-34s %-26s %-24s %-14s %s\n", r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
                         r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());
-            if (capacity && r.failure != sim::failure_reason::none)
+            // Every stop is printed, with or without --capacity: the numbers above cover only the
+            // requests before it.
+            if (r.failure == sim::failure_reason::too_large)
+                std::printf("   %-34s ^ stopped at %s: the request of %s (%llu bytes) is larger than any device "
+                            "(above 2^48 bytes); the replay ends there\n",
+                            "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
+                            (unsigned long long)r.fail_size);
+            else if (r.failure != sim::failure_reason::none)
                 std::printf("   %-34s ^ would fail at %s: %s of %s (%s reserved, %s free in segments, largest free %s)\n",
                             "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],
                             fmt_bytes(r.fail_size).c_str(), fmt_bytes(r.fail_reserved).c_str(),
@@ -204,6 +213,10 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                             def.peak_reserved ? ("-" + fmt_pct(1.0 - double(best.peak_reserved) / double(def.peak_reserved))).c_str() : "-");
             if (capacity && best.failure != sim::failure_reason::none)
                 std::printf("     no setting fits in %s\n", fmt_bytes(capacity).c_str());
+            else if (best.failure != sim::failure_reason::none)
+                std::printf("     no setting replays the whole log: this one stops at %s (%s)\n",
+                            moment(best.fail_seq, best.fail_t).c_str(),
+                            sim::k_failure_reason_names[size_t(best.failure)]);
             for (const sim::replay_result& r : d.results)
                 if (r.policy.rfind("gpumem", 0) == 0 || r.policy == "ideal")
                     std::printf("     %s: peak reserved %s, %llu driver allocations\n", r.policy.c_str(),
@@ -254,12 +267,31 @@ int run_replay(replay_args& a) {
             errors[i] = e.what();
         } catch (const std::bad_alloc&) {
             errors[i] = a.logs[i] + ": out of memory while reading";
+        } catch (const std::exception& e) {
+            // Any other exception is a reader defect met on this input; parallel_for's threads must
+            // not throw (std::terminate), so it becomes this file's input error, exit 2.
+            errors[i] = a.logs[i] + ": cannot read: " + e.what();
+        } catch (...) {
+            errors[i] = a.logs[i] + ": cannot read: unknown error";
         }
     });
     int rc = k_exit_ok;
     for (const std::string& e : errors)
         if (!e.empty()) {
             std::fprintf(stderr, "gpumem: error: %s\n", e.c_str());
+            rc = k_exit_input;
+        }
+    if (rc != k_exit_ok) return rc;
+    // An --api name no allocation of the log used (a typo, the wrong case) would otherwise replay
+    // nothing of that API and print nothing about it, exit 0: a silent empty answer.
+    for (const sim::trace& tr : traces)
+        for (const std::string& api : apis) {
+            if (std::find(tr.apis.begin(), tr.apis.end(), api) != tr.apis.end()) continue;
+            std::string used;
+            for (const std::string& u : tr.log_apis) used += (used.empty() ? "" : ", ") + u;
+            std::fprintf(stderr, "gpumem: error: %s: --api %s: no device allocation in the log was made through %s; %s\n",
+                         tr.file.c_str(), api.c_str(), api.c_str(),
+                         used.empty() ? "the log has no device allocations" : ("the log's APIs are " + used).c_str());
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;
@@ -287,13 +319,22 @@ int run_replay(replay_args& a) {
         const sim::trace& tr = traces[t.job->log];
         std::string err;
         uint64_t total = t.job->dev->total_bytes;
-        auto p = sim::make_policy(t.spec, capacity, total, tr.config_json, &err);
-        if (!p) {
-            task_errors[i] = tr.file + ": " + err;
-            return;
+        // As for reading: an exception must not leave the thread (std::terminate); it fails this file.
+        try {
+            auto p = sim::make_policy(t.spec, capacity, total, tr.config_json, &err);
+            if (!p) {
+                task_errors[i] = tr.file + ": " + err;
+                return;
+            }
+            sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity);
+            (t.grid ? t.job->grid[t.index] : t.job->results[t.index]) = std::move(r);
+        } catch (const std::bad_alloc&) {
+            task_errors[i] = tr.file + ": " + t.name + ": out of memory while replaying";
+        } catch (const std::exception& e) {
+            task_errors[i] = tr.file + ": " + t.name + ": cannot replay: " + e.what();
+        } catch (...) {
+            task_errors[i] = tr.file + ": " + t.name + ": cannot replay: unknown error";
         }
-        sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity);
-        (t.grid ? t.job->grid[t.index] : t.job->results[t.index]) = std::move(r);
     });
     for (const std::string& e : task_errors)
         if (!e.empty()) {
@@ -348,7 +389,8 @@ void add_options(CLI::App* app, replay_args& a) {
                     "syntax), pytorch-expandable, gpumem, gpumem:KNOB=VALUE (default: ideal,pytorch,pytorch-expandable,gpumem)")
         ->type_name("P,...");
     app->add_option("--api", a.apis,
-                    "replay only allocations made through these APIs (default: every device allocation); "
+                    "replay only allocations made through these APIs (default: every device allocation; a name "
+                    "no allocation of the log used is an error); "
                     "--api cudaMalloc is what PyTorch's allocator sees under PYTORCH_NO_CUDA_MEMORY_CACHING=1")
         ->type_name("NAME,...");
     app->add_option("--capacity", a.capacity_text, "device memory: say whether and where each policy runs out")

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,13 @@ const char* lookup(const char* name) {
     return it == t_env->end() ? nullptr : it->second.c_str();
 }
 
+// The header key of a pool env var: GPUMEM_POOL_ROUND -> pool_round.
+std::string header_key_of(const std::string& env_name) {
+    std::string key = env_name.rfind("GPUMEM_", 0) == 0 ? env_name.substr(7) : env_name;
+    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    return key;
+}
+
 }  // namespace
 
 std::string gpumem_pool_config(const std::string& log_config_json, const std::string& overrides, pool_config& out) {
@@ -38,6 +46,11 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
         // A pooled run whose header has no pool_vmm predates the knob: its segments were cuMemAlloc's.
         if (env.count("pool") && env["pool"] == "on" && !env.count("pool_vmm")) env["pool_vmm"] = "off";
     }
+    // The knobs an override may set: the pool's env vars as header keys (GPUMEM_POOL_ROUND ->
+    // pool_round).  Any other name would be read by nothing, and the replay would quietly run
+    // the defaults under a name that says otherwise.
+    std::vector<std::string> knobs;
+    for (const std::string& env_name : pool_config::knob_env_names()) knobs.push_back(header_key_of(env_name));
     size_t pos = 0;
     while (pos < overrides.size()) {
         size_t comma = overrides.find(',', pos);
@@ -49,13 +62,33 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
         std::string key = kv.substr(0, eq);
         std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return char(std::tolower(c)); });
         if (key.rfind("gpumem_", 0) == 0) key = key.substr(7);
+        if (std::find(knobs.begin(), knobs.end(), key) == knobs.end()) {
+            std::string known;
+            for (const std::string& k : knobs) known += (known.empty() ? "" : ", ") + k;
+            return "gpumem: unknown knob " + kv.substr(0, eq) + " (known: " + known + ")";
+        }
         env[key] = kv.substr(eq + 1);
     }
     t_env = &env;
     out = pool_config::from_env(&lookup);
     t_env = nullptr;
-    if (!out.warnings.empty()) return "gpumem pool settings: " + out.warnings;
-    return "";
+    if (out.warnings.empty()) return "";
+    // from_env's warnings say what a running program does instead ("GPUMEM_POOL_ROUND=0: not a
+    // valid value; using 512"); a replay refuses the setting, so each is cut before its "; using"
+    // and names the knob as it is written here.
+    std::string why;
+    size_t at = 0;
+    while (at < out.warnings.size()) {
+        size_t nl = out.warnings.find('\n', at);
+        std::string w = out.warnings.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+        at = nl == std::string::npos ? out.warnings.size() : nl + 1;
+        if (w.empty()) continue;
+        if (size_t cut = w.rfind("; using "); cut != std::string::npos) w.resize(cut);
+        if (size_t eq = w.find('='); w.rfind("GPUMEM_", 0) == 0 && eq != std::string::npos)
+            w = header_key_of(w.substr(0, eq)) + w.substr(eq);
+        why += (why.empty() ? "" : "; ") + w;
+    }
+    return "gpumem pool settings rejected: " + why;
 }
 
 // The physical chunk of a replayed pool on virtual memory (pool_vmm=on): the log does not say the

@@ -6,12 +6,6 @@
 
 namespace gpumem::simulate {
 
-namespace {
-// No device holds 2^56 bytes (64 PiB); refusing larger requests keeps every policy's size
-// arithmetic (rounding up, adding to reserved) far from overflow on hostile logs.
-constexpr uint64_t k_max_request = 1ull << 56;
-}  // namespace
-
 replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity) {
     replay_result r;
     r.policy = name;
@@ -26,12 +20,14 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
             // The verdict of docs/metrics.md: capacity when even all free bytes in one piece plus
             // the device's untouched memory could not hold the request (for an allocator that
             // unmaps free chunks: plus its rounding, allocated - requested); for such an
-            // allocator, chunk rounding when no free block holds it; else fragmentation.
+            // allocator, chunk rounding when no free block holds it; else fragmentation.  A
+            // request no device could hold is not offered to the policy at all.
             const bool chunked = p.unmaps_free_chunks();  // decided by the pool at its first segment
             uint64_t res = p.reserved(), alloc = p.allocated(), free_in = res - alloc;
             uint64_t gpu_free = capacity > res ? capacity - res : 0;
             uint64_t rounding = chunked && alloc > requested ? alloc - requested : 0;
-            if (q.size > free_in + gpu_free + rounding) r.failure = failure_reason::capacity;
+            if (q.size > k_max_request) r.failure = failure_reason::too_large;
+            else if (q.size > free_in + gpu_free + rounding) r.failure = failure_reason::capacity;
             else if (chunked && p.largest_free() < q.size) r.failure = failure_reason::chunk_rounding;
             else r.failure = failure_reason::fragmentation;
             r.fail_seq = q.seq;

@@ -9,9 +9,17 @@
 
 namespace gpumem::simulate {
 
-// Why a run fails at an event (docs/metrics.md, OOM diagnosis).
-enum class failure_reason : uint8_t { none, capacity, fragmentation, chunk_rounding };
-inline constexpr const char* k_failure_reason_names[] = {"none", "capacity", "fragmentation", "chunk rounding"};
+// Why a run fails at an event (docs/metrics.md, OOM diagnosis); too_large: the request is above
+// k_max_request, which no device could serve, so every policy stops there, with or without a capacity.
+enum class failure_reason : uint8_t { none, capacity, fragmentation, chunk_rounding, too_large };
+inline constexpr const char* k_failure_reason_names[] = {"none", "capacity", "fragmentation", "chunk rounding",
+                                                         "larger than any device"};
+
+// The largest request a replay serves: gpumem's pool refuses larger ones (core/pool/block_pool.cc),
+// no device has 2^48 bytes (256 TiB), and the limit keeps every policy's size arithmetic (rounding
+// up, adding to reserved) far from overflow on hostile logs.  One limit for all policies, so they
+// all stop at the same request.
+inline constexpr uint64_t k_max_request = 1ull << 48;
 
 struct replay_result {
     std::string policy;
@@ -21,7 +29,8 @@ struct replay_result {
     double peak_fragmentation = 0;  // max over events of 1 - largest free / free in segments
     uint64_t frag_seq = 0, frag_t = 0;
     uint64_t events = 0;            // requests replayed (up to the failure, if any)
-    // With a capacity: the first request the allocator could not serve.
+    // The first request the allocator could not serve, where the replay stopped: with a capacity,
+    // for want of memory; in every mode, a request above k_max_request.
     failure_reason failure = failure_reason::none;
     uint64_t fail_seq = 0, fail_t = 0, fail_size = 0;
     uint64_t fail_reserved = 0, fail_free_in_segments = 0, fail_largest_free = 0;

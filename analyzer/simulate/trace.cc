@@ -20,10 +20,16 @@ namespace {
 void read_header(std::string_view line, const std::string& path, trace& out,
                  std::map<int, uint64_t>& totals) {
     auto h = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
-    if (h.is_discarded() || !h.is_object() || h.value("ev", std::string()) != k_ev_names[0])
+    // Each member's type is tested before its value is read: json::value() throws type_error on a
+    // member of another type ("ev":5), and a hostile header must be an input error, not an abort.
+    auto ev = h.is_object() ? h.find("ev") : h.end();
+    if (h.is_discarded() || !h.is_object() || ev == h.end() || !ev->is_string() ||
+        ev->get_ref<const std::string&>() != k_ev_names[0])
         throw input_error(path, 1, "line 1 is not a gpumem header: not a gpumem log, or its start is missing");
-    if (h.value("format", std::string()) != k_format_name)
-        throw input_error(path, 1, "unknown format (expected \"" + std::string(k_format_name) + "\")");
+    auto fmt = h.find("format");
+    if (fmt == h.end() || !fmt->is_string() || fmt->get_ref<const std::string&>() != k_format_name)
+        throw input_error(path, 1, "unknown format " + (fmt == h.end() ? std::string("(none)") : fmt->dump()) +
+                                       " (expected \"" + std::string(k_format_name) + "\")");
     auto ver = h.find("version");
     if (ver == h.end() || !ver->is_number_integer() || ver->get<int64_t>() < 1 ||
         ver->get<int64_t>() > k_format_version)
@@ -65,6 +71,9 @@ trace load_trace(const std::string& path, const trace_options& opt) {
         int8_t& w = api_ok[e.api];
         if (w < 0) {
             const std::string& name = parser.api_name(e.api);
+            // First sight of this API: kept for the message when --api names none of the log's.
+            if (std::find(out.log_apis.begin(), out.log_apis.end(), name) == out.log_apis.end())
+                out.log_apis.push_back(name);
             if (opt.apis.empty()) w = 1;
             else w = std::find(opt.apis.begin(), opt.apis.end(), name) != opt.apis.end();
         }

@@ -32,6 +32,7 @@ struct trace {
     std::string file;
     std::vector<device_trace> devices;  // by ascending device ordinal
     std::vector<std::string> apis;      // the allocation APIs that were replayed, as seen
+    std::vector<std::string> log_apis;  // every API of the log's device allocations, replayed or not, as seen
     uint64_t skipped_allocs = 0;        // allocations the --api filter left out (and their frees)
     std::string config_json;            // the header's "config" object, as JSON text ("{}" when absent)
 };

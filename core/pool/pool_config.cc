@@ -37,6 +37,11 @@ constexpr size_knob k_size_knobs[] = {
     {"GPUMEM_POOL_TRIM", &pool_config::trim, 0, false},
 };
 
+// The knobs from_env reads by hand, before the table's: knob_env_names() lists them with it.
+constexpr const char* k_reuse_env = "GPUMEM_REUSE";
+constexpr const char* k_vmm_env = "GPUMEM_POOL_VMM";
+constexpr const char* k_arena_env = "GPUMEM_POOL_ARENA";
+
 // Header key of an env var: drop "GPUMEM_", lower-case.
 void append_key(std::string& out, const char* env) {
     out += '"';
@@ -45,6 +50,12 @@ void append_key(std::string& out, const char* env) {
 }
 
 }  // namespace
+
+std::vector<std::string> pool_config::knob_env_names() {
+    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env};
+    for (const size_knob& k : k_size_knobs) names.push_back(k.env);
+    return names;
+}
 
 std::string pool_config::check() const {
     // Sizes must be multiples of `round` so every block start stays aligned, the small pool's
@@ -70,7 +81,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
     pool_config c;
     if (!get) get = [](const char* n) -> const char* { return std::getenv(n); };
     try {
-        if (const char* v = get("GPUMEM_REUSE"); v && *v) {
+        if (const char* v = get(k_reuse_env); v && *v) {
             if (!std::strcmp(v, "auto")) c.reuse = reuse_mode::automatic;
             else if (!std::strcmp(v, "safe")) c.reuse = reuse_mode::safe;
             else if (!std::strcmp(v, "immediate")) c.reuse = reuse_mode::immediate;
@@ -80,12 +91,12 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
                 c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected auto, safe or immediate; using safe\n";
             }
         }
-        if (const char* v = get("GPUMEM_POOL_VMM"); v && *v) {
+        if (const char* v = get(k_vmm_env); v && *v) {
             if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) c.vmm = true;
             else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.vmm = false;
             else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
         }
-        if (const char* v = get("GPUMEM_POOL_ARENA"); v && *v) {
+        if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
             if (!std::strcmp(v, "off")) c.arenas = false;
             else if (!std::strcmp(v, "auto") || !std::strcmp(v, "on")) c.arena = 0;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gpumem {
 
@@ -56,6 +57,10 @@ struct pool_config {
     // Reads every knob through `get` (getenv by default, a table in tests).  Never throws: a bad
     // value keeps the default and adds a warning; an inconsistent set of sizes resets all sizes.
     static pool_config from_env(env_lookup get = nullptr) noexcept;
+
+    // The env var of every knob from_env reads ("GPUMEM_REUSE", "GPUMEM_POOL_ROUND", ...), for
+    // callers that take knobs by name and must refuse one it does not know (`gpumem replay`).
+    static std::vector<std::string> knob_env_names();
 
     // Checks the relations between sizes the allocator relies on.  Empty string when consistent.
     std::string check() const;

@@ -59,13 +59,57 @@ echo "$out" | grep -q "suggestion" || fail "--suggest printed no suggestion: $ou
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]; assert d["streams"]==2 and d["policies"][0]["segments"]==2, d' "$W/streams.json" || fail "streams: per-stream pools"
 "$GPUMEM" replay "$W/streams.jsonl" | grep -q "streams: 2, each with its own free blocks" || fail "streams: text note"
 
+# A request no device could hold (2^63 bytes) stops every policy there, and the replay says so in
+# every mode, not only with --capacity: a truncated replay must not read as a complete one.
+{
+  head -1 "$DATA/../golden/pool_off_basic.jsonl"
+  echo '{"ev":"alloc","seq":0,"t":81234,"tid":4242,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x7f3a40000000","size":9223372036854775808}'
+} > "$W/huge.jsonl"
+for cap in "" "--capacity 80GiB"; do
+  "$GPUMEM" replay "$W/huge.jsonl" $cap > "$W/out" 2> "$W/err" || fail "huge $cap: exit $?, $(cat "$W/err")"
+  n=$(grep -c "\^ stopped at #0 at .*: the request of 8.00 EiB (9223372036854775808 bytes) is larger than any device" "$W/out")
+  [ "$n" = 4 ] || fail "huge $cap: $n of the 4 policies say where they stopped: $(cat "$W/out")"
+  "$GPUMEM" replay "$W/huge.jsonl" $cap --json > "$W/huge.json" || fail "huge $cap --json: exit $?"
+  python3 - "$W/huge.json" "$cap" <<'PY' || fail "huge $cap --json: every policy must carry the failure"
+import json, sys
+pols = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]
+assert len(pols) == 4, pols
+for p in pols:
+    f = p["failure"]
+    assert f["reason"] == "larger than any device" and f["seq"] == 0 and f["size"] == 2**63, p
+    assert p["events"] == 0, p
+    assert ("fits" in p) == bool(sys.argv[2]) and p.get("fits") in (None, False), p
+PY
+done
+
 # Input errors: exit 2, naming the file and line.
 printf '{"ev":"header","format":"gpumem-events","version":2}\n{"ev":"alloc","seq":0\n' > "$W/bad.jsonl"
 "$GPUMEM" replay "$W/bad.jsonl" 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] || fail "bad log: exit $rc"
 grep -q "bad.jsonl:2" "$W/err" || fail "bad log: no file:line in $(cat "$W/err")"
+# A header member of the wrong type ("ev" a number, "format" a number) is the file's error at line 1,
+# not an uncaught JSON type_error (abort, exit 134).
+printf '{"ev":5,"format":"gpumem-events","version":1}\n' > "$W/hdr_ev.jsonl"
+printf '{"ev":"header","format":1,"version":1}\n' > "$W/hdr_format.jsonl"
+for h in hdr_ev hdr_format; do
+  "$GPUMEM" replay "$W/$h.jsonl" 2> "$W/err" >/dev/null; rc=$?
+  [ $rc = 2 ] && grep -q "$h.jsonl:1: " "$W/err" || fail "$h: exit $rc, $(cat "$W/err")"
+done
+# An --api name that no allocation of the log used (here the wrong case) is an error listing the
+# log's APIs, not an empty replay with exit 0.
+"$GPUMEM" replay "$W/frag.jsonl" --api cudamalloc 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 2 ] && grep -q "no device allocation in the log was made through cudamalloc; the log's APIs are cudaMalloc, cuMemAlloc_v2" "$W/err" \
+  && [ ! -s "$W/out" ] || fail "--api cudamalloc: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
+# gpumem's knobs: an unknown one is refused with the list of known ones (not ignored); a value the
+# pool would replace in a run is refused too, and the message does not claim a replacement.
+"$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:bogus=1 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 2 ] && grep -q "unknown knob bogus (known: reuse, pool_vmm, pool_arena, pool_round, .*pool_trim)" "$W/err" \
+  && [ ! -s "$W/out" ] || fail "gpumem:bogus=1: exit $rc, $(cat "$W/err")"
+"$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:pool_round=0 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -q "rejected: pool_round=0: not a valid value" "$W/err" && ! grep -q "using" "$W/err" \
+  || fail "gpumem:pool_round=0: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
 

@@ -273,15 +273,21 @@ TEST_CASE("streams: a block freed on one stream is never handed to another") {
     CHECK(p.driver_allocs() == 2);
 }
 
-TEST_CASE("a request no device could hold fails as capacity, in every policy, without overflow") {
-    auto t = steps({A(0, 1000), A(1, ~uint64_t(0) - 10)});
-    for (const char* name : {"ideal", "pytorch", "pytorch-expandable", "gpumem"}) {
-        std::string err;
-        auto p = make_policy(parse_policy_name(name), 0, 0, "{}", &err);
-        REQUIRE(p);
-        replay_result r = replay(t, *p, name, 0);
-        CHECK(r.failure == failure_reason::capacity);
-        CHECK(r.fail_seq == 1);
-        CHECK(r.events == 1);
+TEST_CASE("a request no device could hold stops every policy, with or without a capacity, without overflow") {
+    // Just above gpumem's pool limit and near 2^64: the same verdict for every policy, so none
+    // replays past a request another one refused.
+    for (uint64_t big : {k_max_request + 1, ~uint64_t(0) - 10}) {
+        auto t = steps({A(0, 1000), A(1, big)});
+        for (uint64_t capacity : {uint64_t(0), uint64_t(80) << 30})
+            for (const char* name : {"ideal", "pytorch", "pytorch-expandable", "gpumem"}) {
+                std::string err;
+                auto p = make_policy(parse_policy_name(name), capacity, 0, "{}", &err);
+                REQUIRE(p);
+                replay_result r = replay(t, *p, name, capacity);
+                CHECK(r.failure == failure_reason::too_large);
+                CHECK(r.fail_seq == 1);
+                CHECK(r.fail_size == big);
+                CHECK(r.events == 1);
+            }
     }
 }
