@@ -140,8 +140,7 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
     auto create = GPUMEM_REAL(cuMemCreate);
     auto map = GPUMEM_REAL(cuMemMap);
     auto release = GPUMEM_REAL(cuMemRelease);
-    auto set_access = GPUMEM_REAL(cuMemSetAccess);
-    if (!create || !map || !release || !set_access) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!create || !map || !release) return CUDA_ERROR_NOT_SUPPORTED;
     CUmemAllocationProp prop = chunk_prop(device_, shareable_.load(std::memory_order_relaxed), rdma_);
     return in_context([&]() -> CUresult {
         size_t done = 0;
@@ -174,26 +173,60 @@ int driver_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t
             }
             handles[done] = uint64_t(h);
         }
-        if (r == CUDA_SUCCESS) {
-            // One call for the whole range: this device, and every peer granted access so far.
-            CUmemAccessDesc access[1 + k_max_peers] = {};
-            for (int i = 0; i <= n_peers_; ++i) access[i] = rw_access(i == 0 ? device_ : peers_[i - 1]);
-            r = set_access(CUdeviceptr(addr), size_t(n * chunk), access, size_t(1 + n_peers_));
-            if (r != CUDA_SUCCESS && n_peers_ > 0 && set_access(CUdeviceptr(addr), size_t(n * chunk), access, 1) ==
-                                                         CUDA_SUCCESS) {
-                // A peer the driver will not map these chunks for: the program's own device must
-                // never lose memory over it.  Peers are dropped for chunks mapped from now on.
-                GPUMEM_WARN("cuMemSetAccess refused a peer device ({}): new pool chunks of device {} are mapped "
-                            "for it alone",
-                            int(r), device_);
-                n_peers_ = 0;
-                r = CUDA_SUCCESS;
-            }
-            if (r == CUDA_SUCCESS) return r;
-        }
+        if (r == CUDA_SUCCESS && (r = grant_access(addr, n * chunk)) == CUDA_SUCCESS) return r;
         unmap_chunks(addr, chunk, done, handles);  // all or nothing
         return r;
     });
+}
+
+// Read/write access over a newly mapped range, in one call: this device, and every peer granted
+// access so far.  The context is current (the caller's in_context).
+CUresult driver_backend::grant_access(uint64_t addr, uint64_t bytes) noexcept {
+    auto set_access = GPUMEM_REAL(cuMemSetAccess);
+    if (!set_access) return CUDA_ERROR_NOT_SUPPORTED;
+    CUmemAccessDesc access[1 + k_max_peers] = {};
+    for (int i = 0; i <= n_peers_; ++i) access[i] = rw_access(i == 0 ? device_ : peers_[i - 1]);
+    CUresult r = set_access(CUdeviceptr(addr), size_t(bytes), access, size_t(1 + n_peers_));
+    if (r != CUDA_SUCCESS && n_peers_ > 0 && set_access(CUdeviceptr(addr), size_t(bytes), access, 1) == CUDA_SUCCESS) {
+        // A peer the driver will not map these chunks for: the program's own device must
+        // never lose memory over it.  Peers are dropped for chunks mapped from now on.
+        GPUMEM_WARN("cuMemSetAccess refused a peer device ({}): new pool chunks of device {} are mapped "
+                    "for it alone",
+                    int(r), device_);
+        n_peers_ = 0;
+        r = CUDA_SUCCESS;
+    }
+    return r;
+}
+
+// Stitching: the chunks are the pool's own, already mapped once; a second cuMemMap of a handle is
+// allowed and takes no memory.
+int driver_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    auto map = GPUMEM_REAL(cuMemMap);
+    auto unmap = GPUMEM_REAL(cuMemUnmap);
+    if (!map || !unmap) return CUDA_ERROR_NOT_SUPPORTED;
+    return in_context([&]() -> CUresult {
+        size_t done = 0;
+        CUresult r = CUDA_SUCCESS;
+        for (; done < n && r == CUDA_SUCCESS; ++done) {
+            r = map(CUdeviceptr(addr + done * chunk), size_t(chunk), 0, CUmemGenericAllocationHandle(handles[done]), 0);
+            if (r != CUDA_SUCCESS) break;
+        }
+        if (r == CUDA_SUCCESS && (r = grant_access(addr, n * chunk)) == CUDA_SUCCESS) return r;
+        for (size_t i = 0; i < done; ++i) unmap(CUdeviceptr(addr + i * chunk), size_t(chunk));  // all or nothing
+        return r;
+    });
+}
+
+int driver_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept {
+    auto unmap = GPUMEM_REAL(cuMemUnmap);
+    if (!unmap) return CUDA_ERROR_NOT_SUPPORTED;
+    int first = CUDA_SUCCESS;
+    for (size_t i = 0; i < n; ++i) {  // one mapping per chunk, as in unmap_chunks
+        CUresult r = unmap(CUdeviceptr(addr + i * chunk), size_t(chunk));
+        if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = int(r);
+    }
+    return first;
 }
 
 int driver_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {

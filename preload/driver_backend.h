@@ -44,6 +44,8 @@ class driver_backend final : public pool_backend {
     int va_free(uint64_t base, uint64_t bytes) noexcept override;
     int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override;
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept override;
     void add_peer(int device) noexcept override;
     int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
     int event_create(uint64_t* ev) noexcept override;
@@ -63,6 +65,8 @@ class driver_backend final : public pool_backend {
     // Runs f() with ctx_ current on this thread, pushing and popping only when it is not already.
     template <class F>
     int in_context(F&& f) noexcept;
+    // cuMemSetAccess read/write over a range just mapped, for device_ and its peers (current context).
+    CUresult grant_access(uint64_t addr, uint64_t bytes) noexcept;
 
     std::atomic<CUcontext> ctx_;
     const int device_;

@@ -470,6 +470,191 @@ int block_pool::arena_grow(pool_id p, uint64_t asize, api_id api, block** out) {
     return k_cuda_oom;
 }
 
+// ---- stitching ------------------------------------------------------------------------------
+
+block_pool::block* block_pool::carve(block* b, uint64_t lo, uint64_t hi, block_state st) {
+    // Host bookkeeping first (it can fail), before b changes.
+    block* mid = b->addr < lo ? new_block() : nullptr;
+    block* tail = hi < b->addr + b->size ? new_block() : nullptr;
+    if ((b->addr < lo && !mid) || (hi < b->addr + b->size && !tail)) {
+        if (mid) recycle(mid);
+        if (tail) recycle(tail);
+        throw std::bad_alloc();
+    }
+    const uint64_t end = b->addr + b->size;
+    free_erase(b);
+    free_bytes_ -= b->size;
+    block* cut = b;
+    if (mid) {  // b keeps the head, still free
+        b->size = lo - b->addr;
+        mid->addr = lo;
+        mid->seg = b->seg;
+        mid->prev = b;
+        mid->next = b->next;
+        if (b->next) b->next->prev = mid;
+        b->next = mid;
+        addr_insert(mid);
+        free_insert(b);
+        free_bytes_ += b->size;
+        cut = mid;
+    }
+    cut->size = hi - lo;
+    cut->state = st;
+    if (tail) {
+        tail->addr = hi;
+        tail->size = end - hi;
+        tail->seg = b->seg;
+        tail->state = block_state::free;
+        tail->prev = cut;
+        tail->next = cut->next;
+        if (cut->next) cut->next->prev = tail;
+        cut->next = tail;
+        addr_insert(tail);
+        free_insert(tail);
+        free_bytes_ += tail->size;
+    }
+    return cut;
+}
+
+// GMLake (ASPLOS'24) serves a request that no free block fits from the free physical chunks that
+// lie scattered between live blocks, mapped once more into one new virtual range; the chunks stay
+// mapped where they were (their old range is only marked lent), so a stitch costs a map per chunk
+// and no cuMemCreate/cuMemRelease, and the stitched segment stays, serving later requests as any
+// segment does, until memory is short or its chunks are wanted for a bigger stitch.
+block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
+    const uint64_t need = round_up(asize, chunk_);
+    const size_t n = need / chunk_;
+    // The free blocks with whole chunks, smallest first: the pieces no request fits are the ones
+    // worth lending; a larger free block left whole may still serve one.
+    auto gather = [&](std::vector<std::pair<block*, uint64_t>>& from) {
+        from.clear();
+        uint64_t have = 0;
+        block key;
+        key.size = chunk_;
+        for (auto it = free_[pool_index(p)].lower_bound(&key); it != free_[pool_index(p)].end() && have < need; ++it) {
+            block* b = *it;
+            segment* s = b->seg;
+            if (!s->vmm() || s->stitched()) continue;
+            const uint64_t lo = s->base + round_up(b->addr - s->base, chunk_);
+            const uint64_t hi = s->base + (b->addr + b->size - s->base) / chunk_ * chunk_;
+            if (hi <= lo) continue;
+            const uint64_t take = std::min(hi - lo, need - have);
+            from.emplace_back(b, take);
+            have += take;
+        }
+        return have;
+    };
+    std::vector<std::pair<block*, uint64_t>> from;
+    uint64_t have = gather(from);
+    // Too few: the chunks of wholly free stitched segments go back to their lenders first.
+    if (have < need && dissolve_free_stitched(api)) have = gather(from);
+    if (have < need) return nullptr;
+
+    segment* st = new (std::nothrow) segment{};
+    if (!st) return nullptr;
+    uint64_t base = 0;
+    try {
+        st->chunks.reserve(n);
+        st->lent.reserve(from.size());
+    } catch (...) {
+        delete st;
+        return nullptr;
+    }
+    if (backend_.va_reserve(need, &base) != k_cuda_success) {
+        delete st;
+        return nullptr;
+    }
+    // Lend the chunks: each source's whole chunks from its low end.  The blocks' first mapping
+    // stays; only the pool's view changes, so undoing it needs no backend call.
+    for (auto& [b, take] : from) {
+        segment* s = b->seg;
+        const uint64_t lo = s->base + round_up(b->addr - s->base, chunk_);
+        block* l = carve(b, lo, lo + take, block_state::lent);
+        st->lent.push_back(l);  // reserved: cannot throw
+        for (uint64_t a = lo; a < lo + take; a += chunk_) st->chunks.push_back(s->chunks[(a - s->base) / chunk_]);
+    }
+    auto unlend = [&] {
+        for (block* l : st->lent) make_free(l);
+        backend_.va_free(base, need);
+        delete st;
+    };
+    block* b = new_block();
+    if (!b || backend_.map_alias(base, chunk_, n, st->chunks.data()) != k_cuda_success) {
+        if (b) recycle(b);
+        unlend();
+        return nullptr;
+    }
+    st->base = base;
+    st->size = need;
+    st->mapped = need;
+    st->pool = p;
+    st->first = b;
+    b->addr = base;
+    b->size = need;
+    b->seg = st;
+    b->state = block_state::free;
+    try {
+        segments_.emplace(base, st);
+    } catch (...) {
+        backend_.unmap_alias(base, chunk_, n);
+        recycle(b);
+        unlend();
+        return nullptr;
+    }
+    addr_insert(b);
+    free_insert(b);
+    free_bytes_ += need;
+    // Logged as a move: the lent ranges leave (segment_unmap), the stitched range arrives
+    // (segment_alloc), so the log's reserved bytes stay the physical ones (docs/log-format.md).
+    for (block* l : st->lent) emit_chunks(api, l->seg, l->addr, l->size);
+    emit_segment(ev_kind::segment_alloc, api, st);
+    ++stitches_;
+    ++n_stitched_;
+    stitched_chunks_ += n;
+    return b;
+}
+
+void block_pool::dissolve(segment* st, api_id api) {
+    // Logged first: after the unmap the range may be anyone's.
+    emit_segment(ev_kind::segment_free, api, st);
+    backend_.unmap_alias(st->base, chunk_, st->chunks.size());
+    backend_.va_free(st->base, st->size);
+    block* b = st->first;  // wholly free: one block
+    free_erase(b);
+    free_bytes_ -= b->size;
+    addr_erase(b);
+    recycle(b);
+    segments_.erase(st->base);
+    for (block* l : st->lent) {
+        emit_chunks(api, l->seg, l->addr, l->size, ev_kind::segment_map);
+        make_free(l);
+    }
+    delete st;
+    --n_stitched_;
+    ++dissolves_;
+}
+
+bool block_pool::dissolve_free_stitched(api_id api) {
+    // Unmapping does not wait for device work: only with every free settled, outside a capture.
+    if (!n_stitched_ || unsettled_frees_ || !can_sync()) return false;
+    std::vector<segment*> idle;
+    try {
+        for (auto& [base, s] : segments_)
+            if (s->stitched() && s->first->state == block_state::free && !s->first->next) idle.push_back(s);
+    } catch (...) {
+        return false;  // no host memory for the list: they stay, as they may
+    }
+    for (segment* s : idle) dissolve(s, api);
+    return !idle.empty();
+}
+
+void block_pool::stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (made) *made = stitches_;
+    if (chunks) *chunks = stitched_chunks_;
+    if (dissolved) *dissolved = dissolves_;
+}
+
 // The free lists missed.  Decides between releasing pending frees (one sync) and a new segment;
 // on OOM releases everything it can and retries once.
 block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* err) {
@@ -525,6 +710,15 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             unmap_free_chunks(api, reserved_ + grow_bytes - (allocated_ + asize + cfg_.trim), keep);
     }
 
+    // Stitching (GPUMEM_POOL_STITCH): a large request whose growth would set a new high-water mark
+    // takes scattered free chunks instead, when there are enough.
+    if (arenas && cfg_.stitch && p == pool_id::large) {
+        uint64_t grow_bytes = 0;
+        if (!find_hole(p, asize, &grow_bytes)) grow_bytes = round_up(asize, chunk_);
+        static const char* xs = getenv("XSLACK");
+        static const uint64_t slack = xs ? strtoull(xs, nullptr, 10) << 20 : 0;
+        if (reserved_ + grow_bytes > hwm_ + slack && (b = stitch(p, asize, api))) return b;
+    }
     int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
     // An arena the driver would not reserve for another reason than memory (its size): a segment.
     if (arenas && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b);
@@ -548,6 +742,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         // Again: a capture opened on another thread during the waits forbids the frees below.
         if (can_sync()) {
             if (chunk_ && unsettled_frees_) settle_frees(api);
+            dissolve_free_stitched(api);
             release_free_segments(api);
             if (chunk_ && !unsettled_frees_) unmap_free_chunks(api);
         }
@@ -580,7 +775,10 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
     // Before a hole (an arena's growth edge) any rest splits off: kept inside the block, a 1 MiB
     // rest of a 3 MiB request in 4 MiB of chunks would be lost for good; split, the next growth
     // joins it.
-    if (rem != 0 && (should_split(b->seg->pool, rem) || (b->next && b->next->state == block_state::unmapped))) {
+    // A stitched segment holds its one block (a rest under a chunk): then it is wholly free, and
+    // dissolved, as soon as that block comes back.
+    if (rem != 0 && !b->seg->stitched() &&
+        (should_split(b->seg->pool, rem) || (b->next && b->next->state == block_state::unmapped))) {
         if (block* r = new_block()) {
             r->addr = b->addr + asize;
             r->size = rem;
@@ -648,6 +846,7 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
                 }
             }
             if (!b) b = grow(p, asize, api, &err);
+            if (reserved_ > hwm_) hwm_ = reserved_;
             if (b) {
                 take(b, asize, size);
                 *out = b->addr;
@@ -782,6 +981,7 @@ bool block_pool::sync_release(api_id api) {
     pending_.clear();
     pending_large_.clear();
     emit_simple(ev_kind::pool_sync, api, n);
+    if (n_stitched_) dissolve_free_stitched(api);
     return true;
 }
 
@@ -910,6 +1110,10 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
         if (by_fence) e.flags = uint8_t(ef_fence | (waited ? ef_waited : 0));
         sink_->emit(e);
     }
+    // A stitched segment whose block came back goes back to its lenders at once (after the
+    // pool_sync line, which frees its block in the log): kept, it would hold its lenders' chunks
+    // from every other request (docs/benchmarks.md, "Stitching").
+    if (n_stitched_) dissolve_free_stitched(api);
 }
 
 bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
@@ -1067,6 +1271,10 @@ bool block_pool::settle_frees(api_id api) {
 void block_pool::release_free_segments(api_id api) {
     for (auto it = segments_.begin(); it != segments_.end();) {
         segment* s = it->second;
+        if (s->stitched()) {  // its chunks are its lenders': dissolved (OOM path), never released here
+            ++it;
+            continue;
+        }
         bool idle = true;
         for (const block* b = s->first; b && idle; b = b->next)
             idle = b->state == block_state::free || b->state == block_state::unmapped;
@@ -1107,7 +1315,7 @@ void block_pool::release_free_segments(api_id api) {
 uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* keep) {
     uint64_t given = 0;
     for (auto& [base, s] : segments_) {
-        if (!s->vmm() || s->mapped == 0) continue;
+        if (!s->vmm() || s->mapped == 0 || s->stitched()) continue;  // a stitched segment's chunks are lent to it
         for (block* b = s->first; b; b = b->next) {
             if (given >= want) return given;
             if (b->state != block_state::free) continue;
@@ -1200,6 +1408,8 @@ void block_pool::release_cached() noexcept {
     try {
         if (!can_sync()) return;
         if (!pending_.empty() && !poisoned_) reclaim(api_id::none, true);
+        if (n_stitched_ && unsettled_frees_) settle_frees(api_id::none);
+        dissolve_free_stitched(api_id::none);  // their lenders' segments may then be wholly free
         release_free_segments(api_id::none);
     } catch (...) {
         poisoned_ = true;
@@ -1232,6 +1442,8 @@ void block_pool::forget_all() noexcept {
     unfenced_bytes_ = 0;
     reserved_ = allocated_ = requested_ = free_bytes_ = 0;
     pending_bytes_[0] = pending_bytes_[1] = 0;
+    n_stitched_ = 0;
+    hwm_ = 0;
     poisoned_ = false;
 }
 
@@ -1406,7 +1618,7 @@ bool block_pool::validate_locked(std::string* why) const {
         }
         return false;
     };
-    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0}, unmapped = 0;
+    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0}, unmapped = 0, lent = 0, stitched = 0;
     size_t n_free[2] = {0, 0}, n_holes[2] = {0, 0}, n_blocks = 0, n_pending = 0;
     uint64_t prev_end = 0;
     for (const auto& [base, s] : segments_) {
@@ -1424,7 +1636,17 @@ bool block_pool::validate_locked(std::string* why) const {
         } else if (s->mapped != s->size) {
             return fail("cuMemAlloc segment not wholly mapped", base);
         }
-        reserved += s->mapped;
+        if (s->stitched()) {
+            uint64_t l = 0;
+            for (const block* b : s->lent) {
+                if (b->state != block_state::lent || b->seg->stitched()) return fail("stitched segment's lender not lent", base);
+                l += b->size;
+            }
+            if (l != s->size || s->mapped != s->size) return fail("stitched segment's size differs from its lent chunks", base);
+            stitched += s->size;
+        } else {
+            reserved += s->mapped;  // a stitched segment's bytes are its lenders'
+        }
         const int i = pool_index(s->pool);
         uint64_t at = s->base;
         const block* prev = nullptr;
@@ -1452,6 +1674,11 @@ bool block_pool::validate_locked(std::string* why) const {
                 case block_state::pending:
                     pend[i] += b->size;
                     ++n_pending;
+                    break;
+                case block_state::lent:
+                    if (!s->vmm() || s->stitched() || (b->addr - s->base) % chunk_ || b->size % chunk_)
+                        return fail("lent block not whole chunks of a VMM segment", b->addr);
+                    lent += b->size;
                     break;
                 case block_state::unmapped:
                     if (!s->vmm() || (b->addr - s->base) % chunk_ || b->size % chunk_)
@@ -1498,6 +1725,7 @@ bool block_pool::validate_locked(std::string* why) const {
             return fail("pending list out of free order", b->addr);
     }
     (void)unmapped;
+    if (lent != stitched) return fail("lent bytes differ from stitched ones", 0);
     if (reserved != reserved_) return fail("reserved counter wrong", reserved_);
     if (allocated != allocated_) return fail("allocated counter wrong", allocated_);
     if (requested != requested_) return fail("requested counter wrong", requested_);

@@ -77,6 +77,8 @@ class block_pool {
     uint64_t chunk_size() const noexcept;
     // Number of times the pool blocked on a fence (event_synchronize) because memory was short.
     uint64_t fence_wait_count() const noexcept;
+    // Stitched segments made, chunks mapped into them, and stitched segments dissolved, so far.
+    void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept;
 
     // Fences (docs/pool.md, "safe: fences"): with a stream set and a backend that has events,
     // pending frees are released by events recorded on the legacy stream and on every
@@ -126,7 +128,9 @@ class block_pool {
  private:
     // unmapped: address space of a VMM segment whose physical chunks went back to the driver;
     // never handed out, never merged with free neighbours (its bytes do not count as reserved).
-    enum class block_state : uint8_t { free, allocated, pending, unmapped };
+    // lent: whole chunks of a segment that are also mapped into a stitched segment, which uses
+    // them (docs/pool.md, "Stitching"); neither free nor handed out here until it is dissolved.
+    enum class block_state : uint8_t { free, allocated, pending, unmapped, lent };
     struct segment;
     struct block {
         uint64_t addr = 0, size = 0, requested = 0;
@@ -144,6 +148,10 @@ class block_pool {
         // VMM segments only: the handle of each chunk of the range, 0 where unmapped.
         std::vector<uint64_t> chunks;
         uint64_t mapped = 0;  // bytes of mapped chunks (== size for a cuMemAlloc segment)
+        // Stitched: a second mapping of other segments' chunks (their `lent` blocks, in order),
+        // so its bytes are not reserved again and its chunks are not its own to release.
+        std::vector<block*> lent;
+        bool stitched() const noexcept { return !lent.empty(); }
         bool vmm() const noexcept { return !chunks.empty(); }
     };
     struct by_size_addr {  // best fit: smallest size, then lowest address
@@ -177,6 +185,18 @@ class block_pool {
     // Maps the first `bytes` (whole chunks) of unmapped block u; they become free, merged with a
     // free block before u (and after, when u is mapped whole).  *out: the free block they joined.
     int map_hole(block* u, uint64_t bytes, api_id api, block** out);
+    // Stitching: serves a large miss that would lift reserved memory over its high-water mark by
+    // mapping whole free chunks of the pool, wherever they lie, a second time into fresh address
+    // space.  The free block made there, or nullptr (nothing changed) when the free chunks are too
+    // few or the backend cannot.
+    block* stitch(pool_id p, uint64_t asize, api_id api);
+    // Returns a wholly free stitched segment's chunks to their lenders (unmap of the second
+    // mapping, no release).  Only with every free settled and no capture open (the caller checks).
+    void dissolve(segment* s, api_id api);
+    // Dissolves every wholly free stitched segment; true if any was.
+    bool dissolve_free_stitched(api_id api);
+    // Splits [lo, hi) (inside free block b) off as a block of state st; returns it.
+    block* carve(block* b, uint64_t lo, uint64_t hi, block_state st);
     void hole_insert(block* u);
     void hole_erase(block* u) noexcept;
     bool use_vmm() noexcept;  // decides once, at the first segment, from the config and backend
@@ -262,6 +282,9 @@ class block_pool {
     uint64_t chunk_ = 0;             // VMM chunk size, 0 = cuMemAlloc segments
     bool vmm_decided_ = false;
     uint64_t fence_waits_ = 0;
+    uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it
+    uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0;
+    size_t n_stitched_ = 0;          // stitched segments now
 
     // A fence: events recorded on the legacy stream and on every non-blocking stream of the
     // context after pending_[0, end) were freed.  Oldest first.

@@ -227,7 +227,8 @@ int fake_backend::va_free(uint64_t base, uint64_t bytes) noexcept {
         return k_cuda_invalid_value;
     }
     auto c = chunks_.lower_bound(base);
-    if (c != chunks_.end() && c->first < base + bytes) {
+    auto a = aliases_.lower_bound(base);
+    if ((c != chunks_.end() && c->first < base + bytes) || (a != aliases_.end() && a->first < base + bytes)) {
         ++bad_calls_;  // the driver refuses to free address space that is still mapped
         return k_cuda_invalid_value;
     }
@@ -270,7 +271,7 @@ int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* 
             rc = fail_code_;
             break;
         }
-        if (chunks_.count(a)) {
+        if (chunks_.count(a) || aliases_.count(a)) {
             ++bad_calls_;
             rc = k_cuda_invalid_value;
             break;
@@ -320,9 +321,75 @@ int fake_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const ui
             rc = k_cuda_invalid_value;
             continue;
         }
+        // Releasing a chunk that is still mapped a second time: its memory would live on there
+        // (the driver frees it only at the last unmap), but the pool would have counted it gone.
+        if (alias_count_.count(handles[i])) ++bad_calls_;
         unmap_one(addr + i * chunk);
     }
     return rc;
+}
+
+int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    ++map_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t g = granularity_.load();
+    if (g == 0) return k_cuda_not_supported;
+    if (n == 0 || chunk == 0 || chunk % g || addr % g || !handles) return k_cuda_invalid_value;
+    if (!in_reservation(addr, chunk * n)) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const uint64_t a = addr + i * chunk;
+        auto sz = chunk_size_.find(handles[i]);
+        if (sz == chunk_size_.end() || sz->second != chunk || chunks_.count(a) || aliases_.count(a)) {
+            ++bad_calls_;
+            return k_cuda_invalid_value;
+        }
+    }
+    if (fail_n_ > 0) {  // an injected failure, before anything is mapped (all or nothing)
+        --fail_n_;
+        return fail_code_;
+    }
+    size_t done = 0;
+    try {
+        for (; done < n; ++done) {
+            aliases_.emplace(addr + done * chunk, handles[done]);
+            ++alias_count_[handles[done]];
+        }
+    } catch (...) {
+        for (size_t i = 0; i < done; ++i) {
+            aliases_.erase(addr + i * chunk);
+            if (--alias_count_[handles[i]] == 0) alias_count_.erase(handles[i]);
+        }
+        return k_cuda_oom;
+    }
+    alias_chunks_ += n;
+    return k_cuda_success;
+}
+
+int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept {
+    ++unmap_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing_) ++bad_calls_;  // as unmap_chunks: cuMemUnmap does not wait for device work
+    int rc = k_cuda_success;
+    for (size_t i = 0; i < n; ++i) {
+        auto it = aliases_.find(addr + i * chunk);
+        if (it == aliases_.end()) {
+            ++bad_calls_;
+            rc = k_cuda_invalid_value;
+            continue;
+        }
+        auto c = alias_count_.find(it->second);
+        if (c != alias_count_.end() && --c->second == 0) alias_count_.erase(c);
+        aliases_.erase(it);
+    }
+    return rc;
+}
+
+uint64_t fake_backend::aliases() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return aliases_.size();
 }
 
 uint64_t fake_backend::mapped_chunks() const noexcept {

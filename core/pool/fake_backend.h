@@ -33,6 +33,8 @@ class fake_backend final : public pool_backend {
     int va_free(uint64_t base, uint64_t bytes) noexcept override;
     int map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept override;
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept override;
     int event_create(uint64_t* ev) noexcept override;
     int event_record(uint64_t ev, uint64_t stream) noexcept override;
     int event_query(uint64_t ev) noexcept override;
@@ -88,6 +90,8 @@ class fake_backend final : public pool_backend {
     uint64_t map_calls() const noexcept { return map_calls_; }
     uint64_t unmap_calls() const noexcept { return unmap_calls_; }
     uint64_t mapped_chunks() const noexcept;   // chunks mapped now
+    uint64_t alias_chunks() const noexcept { return alias_chunks_; }  // chunks map_alias mapped, ever
+    uint64_t aliases() const noexcept;         // second mappings held now
     uint64_t reservations() const noexcept;    // reservations held now
     uint64_t records() const noexcept { return records_; }
     uint64_t queries() const noexcept { return queries_; }
@@ -104,6 +108,9 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> reserved_;  // VA reservations: base -> bytes
     std::map<uint64_t, uint64_t> chunks_;    // mapped chunks: address -> handle
     std::map<uint64_t, uint64_t> chunk_size_;  // handle -> bytes
+    std::map<uint64_t, uint64_t> aliases_;     // second mappings (map_alias): address -> handle
+    std::map<uint64_t, uint64_t> alias_count_; // handle -> its second mappings
+    std::atomic<uint64_t> alias_chunks_{0};
     uint64_t next_handle_ = 1;
     std::atomic<uint64_t> granularity_{0};
     uint64_t capacity_;

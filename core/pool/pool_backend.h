@@ -74,6 +74,21 @@ struct pool_backend {
         return k_cuda_not_supported;
     }
 
+    // ---- Stitching (docs/pool.md, "Stitching").  Optional: a backend that keeps these defaults
+    // never stitches.  Maps n chunks the pool made with map_chunks, still mapped where they were,
+    // a second time at [addr, addr + n * chunk) of a reservation (cuMemMap of each handle, then one
+    // cuMemSetAccess over the range, peers included).  All or nothing.
+    virtual int map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+        (void)addr, (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
+    // cuMemUnmap of such a second mapping, without releasing the chunks (their first mapping keeps
+    // them).  Does not wait for device work: the same rules as unmap_chunks.
+    virtual int unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept {
+        (void)addr, (void)chunk, (void)n;
+        return k_cuda_not_supported;
+    }
+
     // ---- Peer access.  cuCtxEnablePeerAccess makes a context's cuMemAlloc memory usable from
     // another device; cuMemCreate chunks need cuMemSetAccess for that device instead (PyTorch's
     // expandable segments do the same).  Optional: the defaults do nothing.

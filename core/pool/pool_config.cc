@@ -41,6 +41,7 @@ constexpr size_knob k_size_knobs[] = {
 constexpr const char* k_reuse_env = "GPUMEM_REUSE";
 constexpr const char* k_vmm_env = "GPUMEM_POOL_VMM";
 constexpr const char* k_arena_env = "GPUMEM_POOL_ARENA";
+constexpr const char* k_stitch_env = "GPUMEM_POOL_STITCH";
 
 // Header key of an env var: drop "GPUMEM_", lower-case.
 void append_key(std::string& out, const char* env) {
@@ -52,7 +53,7 @@ void append_key(std::string& out, const char* env) {
 }  // namespace
 
 std::vector<std::string> pool_config::knob_env_names() {
-    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env};
+    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env, k_stitch_env};
     for (const size_knob& k : k_size_knobs) names.push_back(k.env);
     return names;
 }
@@ -96,6 +97,11 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.vmm = false;
             else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
         }
+        if (const char* v = get(k_stitch_env); v && *v) {
+            if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) c.stitch = true;
+            else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.stitch = false;
+            else c.warnings += std::string("GPUMEM_POOL_STITCH=") + v + ": expected on or off; using off\n";
+        }
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
             if (!std::strcmp(v, "off")) c.arenas = false;
@@ -122,6 +128,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.vmm = c.vmm;
             d.arenas = c.arenas;
             d.arena = c.arena;
+            d.stitch = c.stitch;
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
@@ -147,7 +154,7 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += vmm ? "\"pool_vmm\":\"on\"," : "\"pool_vmm\":\"off\",";
         s += "\"pool_arena\":";
         s += !arenas ? std::string("\"off\"") : arena ? std::to_string(arena) : std::string("\"auto\"");
-        s += ',';
+        s += stitch ? ",\"pool_stitch\":\"on\"," : ",\"pool_stitch\":\"off\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);
             s += std::to_string(this->*k.field);

@@ -855,6 +855,31 @@ TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 M
     CHECK(num(values(off.out), "big_served") < num(va, "big_served"));
 }
 
+TEST_CASE("pool with stitching: the training loop and the fill/fragment program run as without gpumem") {
+    // GPUMEM_POOL_STITCH=on through the real driver seam (the emulated cuMemMap maps a handle a
+    // second time, as the driver does): a stitch is logged as a move of chunks, which the analyzer
+    // rebuilds, and the guarantee holds.
+    auto r = run({EMU_RT_SHARED_APP, "train", "200"}, {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_STITCH", "on"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    CHECK(count_ev(ls, "oom") == 0);
+    check_rebuild(ls);
+    auto f = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_STITCH", "on"}});
+    std::vector<json> fl;
+    check_complete(f, &fl);
+    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});
+    CHECK(num(values(f.out), "big_served") == num(values(alone.out), "big_served"));
+    CHECK(num(values(f.out), "small_served") == num(values(alone.out), "small_served"));
+    check_rebuild(fl);
+    // The 60 MiB requests were stitched from the freed 6 MiB blocks' chunks: a segment_alloc of a
+    // whole stitched range right after the segment_unmap lines of its lenders.
+    bool stitched = false;
+    for (size_t i = 1; i < fl.size(); ++i)
+        stitched |= fl[i].value("ev", "") == "segment_alloc" && fl[i - 1].value("ev", "") == "segment_unmap" &&
+                    fl[i].value("size", uint64_t(0)) == 60 * (1ull << 20);
+    CHECK(stitched);
+}
+
 TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blocking sync, fences only") {
     // Issue 12: safe reuse synchronized the context once per 10 pairs here (9,999 blocking syncs).
     // Now frees are released by fences, which the idle emulated device has reached by the time the

@@ -124,13 +124,21 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"pool_vmm\":\"on\",") != std::string::npos);
     CHECK(s.find("\"pool_trim\":0,") != std::string::npos);
     CHECK(s.find("\"pool_arena\":\"auto\",") != std::string::npos);
-    // 3 string knobs + 12 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 15);
+    CHECK(s.find("\"pool_stitch\":\"off\",") != std::string::npos);
+    // 4 string knobs + 12 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 16);
     std::string off = "{", sized = "{";
     with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
     with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);
     CHECK(off.find("\"pool_arena\":\"off\",") != std::string::npos);
     CHECK(sized.find("\"pool_arena\":68719476736,") != std::string::npos);
+    std::string st = "{";
+    pool_config stitched = with({{"GPUMEM_POOL_STITCH", "on"}});
+    stitched.append_config_json(st);
+    CHECK(stitched.stitch);
+    CHECK(st.find("\"pool_stitch\":\"on\",") != std::string::npos);
+    CHECK_FALSE(with({{"GPUMEM_POOL_STITCH", "maybe"}}).stitch);
+    CHECK(with({{"GPUMEM_POOL_STITCH", "maybe"}}).warnings.find("GPUMEM_POOL_STITCH=maybe") != std::string::npos);
 }
 
 TEST_CASE("GPUMEM_POOL_VMM turns virtual-memory segments off, and warns on nonsense", "[pool][config]") {

@@ -190,8 +190,8 @@ uint64_t chunks_touched(const std::map<uint64_t, live_block>& live, uint64_t chu
 
 // vmm_chunk != 0: the device offers virtual memory with that granularity, and every OOM outside a
 // capture must respect the guarantee: chunks holding live bytes + the request's chunks > capacity.
-void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0) {
-    INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk);
+void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0, bool stitch = false) {
+    INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk << " stitch " << stitch);
     std::mt19937_64 rng(seed);
     const uint64_t capacity = 320 * MiB;
     fake_backend dev(capacity);  // tight enough that OOM and cache release happen
@@ -201,6 +201,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0)
     cfg.reuse = mode;
     cfg.sync_budget = 16 * MiB;
     cfg.vmm = vmm_chunk != 0;  // opt-in (GPUMEM_POOL_VMM=on)
+    cfg.stitch = stitch;
     block_pool pool(cfg, dev, &sink, 0);
     layout_replayer replay;
     replay.immediate = mode != reuse_mode::safe;
@@ -347,6 +348,16 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0)
     if (vmm_chunk) CHECK(dev.reservations() == 0);
     if (safe_now) CHECK(sink.count(ev_kind::pool_sync) > 0);
     if (mode == reuse_mode::automatic) CHECK(sink.count(ev_kind::reuse_safe) == 1);
+    uint64_t stitched = 0, dissolved = 0;
+    pool.stitch_counts(&stitched, nullptr, &dissolved);
+    if (stitch) {
+        // Stitching ran, and every stitched segment went back to its lenders by the end.
+        CHECK(stitched > 0);
+        CHECK(dissolved == stitched);
+        CHECK(dev.aliases() == 0);
+    } else {
+        CHECK(stitched == 0);
+    }
 }
 
 }  // namespace
@@ -368,6 +379,12 @@ TEST_CASE("random operations on virtual memory keep every promise and the driver
     for (uint32_t seed : {14u, 15u}) run_random(seed, reuse_mode::immediate, 3000, 2 * MiB);
     run_random(16u, reuse_mode::automatic, 3000, 2 * MiB);
     run_random(17u, reuse_mode::immediate, 3000, 4 * MiB);  // a coarser granularity
+}
+
+TEST_CASE("random operations with stitching keep every promise and the driver's limit", "[pool][property][vmm]") {
+    for (uint32_t seed : {21u, 22u, 23u}) run_random(seed, reuse_mode::safe, 3000, 2 * MiB, true);
+    for (uint32_t seed : {24u, 25u}) run_random(seed, reuse_mode::immediate, 3000, 2 * MiB, true);
+    run_random(26u, reuse_mode::automatic, 3000, 2 * MiB, true);
 }
 
 // The replayer itself, on events made by hand: it must accept an arena segment's growth and

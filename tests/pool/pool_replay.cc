@@ -127,6 +127,11 @@ int main(int argc, char** argv) {
                (unsigned long long)dev.alloc_calls(), (unsigned long long)dev.free_calls(),
                (unsigned long long)dev.map_calls(), (unsigned long long)dev.unmap_calls(),
                sink.seg_bytes / 1048576.0, sink.unmap_bytes / 1048576.0);
+        uint64_t made = 0, stitched = 0, dissolved = 0;
+        pool.stitch_counts(&made, &stitched, &dissolved);
+        if (made)
+            printf("  stitching: %llu stitched segments of %llu chunks in all (%.0f MiB), %llu dissolved\n",
+                   (unsigned long long)made, (unsigned long long)stitched, stitched * 2.0, (unsigned long long)dissolved);
         if (lagged)
             printf("  GPU %llu us behind: per allocation %.3f event records, %.3f event queries, %.3f stream queries, %.4f waits (%llu waits, %llu context syncs)\n",
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),

@@ -388,3 +388,72 @@ TEST_CASE("peer access: a device granted access reaches every chunk mapped befor
     std::string why;
     CHECK(pool.validate(&why));
 }
+
+TEST_CASE("stitching: a request past the high-water mark takes scattered free chunks, given back at its free", "[pool][vmm][stitch]") {
+    // 100 blocks of 6 MiB, two of three freed: 400 MiB free in 12 MiB pieces between live blocks.
+    // A 60 MiB request fits no piece; growing would lift reserved memory over its high-water mark.
+    auto run = [](bool stitch, fake_backend& dev, recording_sink& sink) {
+        dev.set_vmm(2 * MiB);
+        pool_config cfg = vmm_config();
+        cfg.reuse = reuse_mode::safe;
+        cfg.stitch = stitch;
+        block_pool pool(cfg, dev, &sink, 0);
+        std::vector<uint64_t> small;
+        for (int i = 0; i < 100; ++i) {
+            uint64_t p = 0;
+            REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+            small.push_back(p);
+        }
+        for (size_t i = 0; i < small.size(); ++i) {
+            int rc = -1;
+            if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
+        }
+        pool.release_cached();  // the frees settle (one sync); the arena keeps its live blocks
+        const uint64_t before = dev.in_use();
+        uint64_t big = 0;
+        REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+        block_pool::block_info bi{};
+        REQUIRE(pool.lookup(big + 60 * MiB - 1, &bi));
+        CHECK(bi.allocated);
+        CHECK(bi.block == big);
+        std::string why;
+        CHECK(pool.validate(&why));
+        INFO(why);
+        const uint64_t grown = dev.in_use() - before;
+        // Its free and a settle: a stitched segment goes back to its lenders at once.
+        int rc = -1;
+        REQUIRE(pool.deallocate(big, api_id::cuMemFree_v2, &rc));
+        pool.release_cached();
+        CHECK(pool.validate(&why));
+        CHECK(dev.bad_calls() == 0);
+        CHECK(dev.aliases() == 0);
+        CHECK(pool.snapshot().reserved == dev.in_use());
+        // The lenders are free blocks again: 60 MiB of 6 MiB requests fit without growing.
+        const uint64_t settled = dev.in_use();
+        for (int i = 0; i < 10; ++i) {
+            uint64_t p = 0;
+            REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        }
+        CHECK(dev.in_use() == settled);
+        uint64_t made = 0, chunks = 0, dissolved = 0;
+        pool.stitch_counts(&made, &chunks, &dissolved);
+        CHECK(made == dissolved);
+        return std::make_pair(grown, chunks);
+    };
+    fake_backend on(8ull << 30), off(8ull << 30);
+    recording_sink s_on, s_off;
+    const auto [grown_on, chunks_on] = run(true, on, s_on);
+    const auto [grown_off, chunks_off] = run(false, off, s_off);
+    CHECK(grown_off == 60 * MiB);  // without stitching the arena grows by the request
+    CHECK(grown_on == 0);          // with it, no new memory: 30 chunks mapped a second time
+    CHECK(chunks_on == 30);
+    CHECK(chunks_off == 0);
+    CHECK(on.alias_chunks() == 30);
+    // Logged as a move: the lenders leave (segment_unmap), the stitched range arrives
+    // (segment_alloc) and goes (segment_free), the lenders come back (segment_map).
+    // Without stitching, one more map (the growth); with it, one map back per lender.
+    CHECK(s_on.count(ev_kind::segment_map) == s_off.count(ev_kind::segment_map) - 1 + s_on.count(ev_kind::segment_unmap));
+    CHECK(s_on.count(ev_kind::segment_unmap) >= 5);  // 12 MiB pieces: at least 5 lenders
+    CHECK(s_on.count(ev_kind::segment_free) == 1);
+    CHECK(s_off.count(ev_kind::segment_unmap) == 0);
+}
