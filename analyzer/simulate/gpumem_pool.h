@@ -61,6 +61,18 @@ private:
             frees += r == k_cuda_success;
             return r;
         }
+        // Stitching (pool_stitch=on): a second mapping of chunks counts as a mapping, its unmap
+        // as an unmapping.
+        int map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override {
+            int r = inner.map_alias(addr, chunk, n, handles);
+            allocs += r == k_cuda_success;
+            return r;
+        }
+        int unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept override {
+            int r = inner.unmap_alias(addr, chunk, n);
+            frees += r == k_cuda_success;
+            return r;
+        }
         fake_backend inner;
         uint64_t allocs = 0, frees = 0;
     };

@@ -211,6 +211,9 @@ block_pool::block* block_pool::find_free(pool_id p, uint64_t asize) noexcept {
     key.addr = 0;
     free_set& fs = free_[pool_index(p)];
     auto it = fs.lower_bound(&key);
+    // A stitched segment's one block is never split (take): it serves only a request that needs
+    // all its chunks, or a small request would hold them all.
+    while (n_stitched_ && it != fs.end() && (*it)->seg->stitched() && round_up(asize, chunk_) != (*it)->size) ++it;
     return it == fs.end() ? nullptr : *it;
 }
 
@@ -473,44 +476,62 @@ int block_pool::arena_grow(pool_id p, uint64_t asize, api_id api, block** out) {
 // ---- stitching ------------------------------------------------------------------------------
 
 block_pool::block* block_pool::carve(block* b, uint64_t lo, uint64_t hi, block_state st) {
-    // Host bookkeeping first (it can fail), before b changes.
+    // Everything that can throw comes first, so that a throw leaves b as it was: the new blocks,
+    // their address-map entries, and a spare free-set node for the tail (b's own node, freed by
+    // free_erase below, serves the head).
+    const uint64_t end = b->addr + b->size;
     block* mid = b->addr < lo ? new_block() : nullptr;
-    block* tail = hi < b->addr + b->size ? new_block() : nullptr;
-    if ((b->addr < lo && !mid) || (hi < b->addr + b->size && !tail)) {
+    block* tail = hi < end ? new_block() : nullptr;
+    bool mid_in = false, tail_in = false;
+    try {
+        if ((b->addr < lo && !mid) || (hi < end && !tail)) throw std::bad_alloc();
+        if (mid) {
+            mid->addr = lo;
+            mid->seg = b->seg;
+            addr_insert(mid);
+            mid_in = true;
+        }
+        if (tail) {
+            tail->addr = hi;
+            tail->size = end - hi;
+            tail->seg = b->seg;
+            tail->state = block_state::free;
+            addr_insert(tail);
+            tail_in = true;
+            if (spare_free_nodes_.empty()) {
+                free_set& fs = free_[pool_index(b->seg->pool)];
+                auto it = fs.insert(tail).first;  // taken out again at once: a node for later
+                spare_free_nodes_.push_back(fs.extract(it));  // capacity reserved: cannot throw
+            }
+        }
+    } catch (...) {
+        if (mid_in) addr_erase(mid);
+        if (tail_in) addr_erase(tail);
         if (mid) recycle(mid);
         if (tail) recycle(tail);
-        throw std::bad_alloc();
+        throw;
     }
-    const uint64_t end = b->addr + b->size;
     free_erase(b);
     free_bytes_ -= b->size;
     block* cut = b;
     if (mid) {  // b keeps the head, still free
         b->size = lo - b->addr;
-        mid->addr = lo;
-        mid->seg = b->seg;
         mid->prev = b;
         mid->next = b->next;
         if (b->next) b->next->prev = mid;
         b->next = mid;
-        addr_insert(mid);
-        free_insert(b);
+        free_insert(b);  // b's own node, spare since free_erase: cannot throw
         free_bytes_ += b->size;
         cut = mid;
     }
     cut->size = hi - lo;
     cut->state = st;
     if (tail) {
-        tail->addr = hi;
-        tail->size = end - hi;
-        tail->seg = b->seg;
-        tail->state = block_state::free;
         tail->prev = cut;
         tail->next = cut->next;
         if (cut->next) cut->next->prev = tail;
         cut->next = tail;
-        addr_insert(tail);
-        free_insert(tail);
+        free_insert(tail);  // a spare node: cannot throw
         free_bytes_ += tail->size;
     }
     return cut;
@@ -545,9 +566,20 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
         return have;
     };
     std::vector<std::pair<block*, uint64_t>> from;
-    uint64_t have = gather(from);
+    uint64_t have = 0;
+    try {
+        have = gather(from);
+    } catch (...) {
+        return nullptr;  // no host memory for the list: nothing changed, grow instead
+    }
     // Too few: the chunks of wholly free stitched segments go back to their lenders first.
-    if (have < need && dissolve_free_stitched(api)) have = gather(from);
+    if (have < need && dissolve_free_stitched(api)) {
+        try {
+            have = gather(from);
+        } catch (...) {
+            return nullptr;
+        }
+    }
     if (have < need) return nullptr;
 
     segment* st = new (std::nothrow) segment{};
@@ -566,18 +598,23 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
     }
     // Lend the chunks: each source's whole chunks from its low end.  The blocks' first mapping
     // stays; only the pool's view changes, so undoing it needs no backend call.
-    for (auto& [b, take] : from) {
-        segment* s = b->seg;
-        const uint64_t lo = s->base + round_up(b->addr - s->base, chunk_);
-        block* l = carve(b, lo, lo + take, block_state::lent);
-        st->lent.push_back(l);  // reserved: cannot throw
-        for (uint64_t a = lo; a < lo + take; a += chunk_) st->chunks.push_back(s->chunks[(a - s->base) / chunk_]);
-    }
-    auto unlend = [&] {
+    auto unlend = [&] {  // back to the free blocks they were (make_free merges them again)
         for (block* l : st->lent) make_free(l);
         backend_.va_free(base, need);
         delete st;
     };
+    try {
+        for (auto& [b, take] : from) {
+            segment* s = b->seg;
+            const uint64_t lo = s->base + round_up(b->addr - s->base, chunk_);
+            block* l = carve(b, lo, lo + take, block_state::lent);  // b unchanged if it throws
+            st->lent.push_back(l);  // reserved: cannot throw
+            for (uint64_t a = lo; a < lo + take; a += chunk_) st->chunks.push_back(s->chunks[(a - s->base) / chunk_]);
+        }
+    } catch (...) {
+        unlend();  // no host memory halfway: what was lent goes back, and the request grows instead
+        return nullptr;
+    }
     block* b = new_block();
     if (!b || backend_.map_alias(base, chunk_, n, st->chunks.data()) != k_cuda_success) {
         if (b) recycle(b);
@@ -593,16 +630,21 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
     b->size = need;
     b->seg = st;
     b->state = block_state::free;
+    bool in_segments = false, in_blocks = false;
     try {
         segments_.emplace(base, st);
+        in_segments = true;
+        addr_insert(b);
+        in_blocks = true;
+        free_insert(b);
     } catch (...) {
+        if (in_blocks) addr_erase(b);
+        if (in_segments) segments_.erase(base);
         backend_.unmap_alias(base, chunk_, n);
         recycle(b);
         unlend();
         return nullptr;
     }
-    addr_insert(b);
-    free_insert(b);
     free_bytes_ += need;
     // Logged as a move: the lent ranges leave (segment_unmap), the stitched range arrives
     // (segment_alloc), so the log's reserved bytes stay the physical ones (docs/log-format.md).
@@ -711,13 +753,14 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     }
 
     // Stitching (GPUMEM_POOL_STITCH): a large request whose growth would set a new high-water mark
-    // takes scattered free chunks instead, when there are enough.
-    if (arenas && cfg_.stitch && p == pool_id::large) {
+    // takes scattered free chunks instead, when there are enough.  Only while frees wait for
+    // their fences: under immediate reuse a freed stitched block is settled only by a wait on the
+    // device, so its segment (and its lenders' chunks) would stay until memory ran short
+    // (replayed on one stream: 23.1 GiB reserved against 14.7 without stitching).
+    if (arenas && cfg_.stitch && p == pool_id::large && !immediate_) {
         uint64_t grow_bytes = 0;
         if (!find_hole(p, asize, &grow_bytes)) grow_bytes = round_up(asize, chunk_);
-        static const char* xs = getenv("XSLACK");
-        static const uint64_t slack = xs ? strtoull(xs, nullptr, 10) << 20 : 0;
-        if (reserved_ + grow_bytes > hwm_ + slack && (b = stitch(p, asize, api))) return b;
+        if (reserved_ + grow_bytes > hwm_ && (b = stitch(p, asize, api))) return b;
     }
     int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
     // An arena the driver would not reserve for another reason than memory (its size): a segment.

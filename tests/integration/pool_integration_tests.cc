@@ -858,13 +858,16 @@ TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 M
 TEST_CASE("pool with stitching: the training loop and the fill/fragment program run as without gpumem") {
     // GPUMEM_POOL_STITCH=on through the real driver seam (the emulated cuMemMap maps a handle a
     // second time, as the driver does): a stitch is logged as a move of chunks, which the analyzer
-    // rebuilds, and the guarantee holds.
-    auto r = run({EMU_RT_SHARED_APP, "train", "200"}, {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_STITCH", "on"}});
+    // rebuilds, and the guarantee holds.  GPUMEM_REUSE=safe: stitching waits for fenced frees
+    // (these programs make no stream, so auto would stay immediate and never stitch).
+    auto r = run({EMU_RT_SHARED_APP, "train", "200"},
+                 {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "safe"}});
     std::vector<json> ls;
     check_complete(r, &ls);
     CHECK(count_ev(ls, "oom") == 0);
     check_rebuild(ls);
-    auto f = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_STITCH", "on"}});
+    auto f = run({EMU_POOL_APP, "fragment"},
+                 {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "safe"}});
     std::vector<json> fl;
     check_complete(f, &fl);
     auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});

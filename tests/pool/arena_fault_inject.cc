@@ -31,14 +31,16 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 constexpr uint64_t MiB = 1 << 20;
 
 // scenario 0: arena growth into the tail hole (map_hole).  1: OOM path unmap_free_chunks + remap.
-// 2: baseline, arenas off (segments per growth) with the same ops as 1.
+// 2: baseline, arenas off (segments per growth) with the same ops as 1.  3: a stitch
+// (GPUMEM_POOL_STITCH) of a 30 MiB request from the free chunks between live 7 MiB blocks.
 static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint64_t* leaked) {
-    fake_backend dev(scenario == 0 ? (1ull << 30) : 80 * MiB);
+    fake_backend dev(scenario == 0 || scenario == 3 ? (1ull << 30) : 80 * MiB);
     dev.set_vmm(2 * MiB);
     pool_config cfg;
-    cfg.reuse = reuse_mode::immediate;
+    cfg.reuse = scenario == 3 ? reuse_mode::safe : reuse_mode::immediate;
     cfg.vmm = true;
     cfg.arenas = scenario != 2;
+    cfg.stitch = scenario == 3;
     int fails = 0;
     {
         block_pool pool(cfg, dev, nullptr, 0);
@@ -49,6 +51,20 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
             g_countdown = k;
             if (pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b)) ++fails;
             g_countdown = -1;
+        } else if (scenario == 3) {
+            uint64_t blocks[20] = {};
+            for (uint64_t& q : blocks) pool.allocate(7 * MiB, api_id::cuMemAlloc_v2, &q);
+            for (int i = 0; i < 20; i += 2) pool.deallocate(blocks[i], api_id::cuMemFree_v2, &rc);
+            pool.release_cached();  // the frees settle; the stitch needs free chunks
+            g_countdown = k;
+            if (pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &y)) ++fails;
+            g_countdown = -1;
+            uint64_t made = 0;
+            pool.stitch_counts(&made, nullptr, nullptr);
+            if (k == 59 && made == 0) {  // the last point is past every allocation: it must stitch
+                *why = "the scenario did not stitch";
+                return 1;
+            }
         } else {
             pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &c);
             pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &x);
@@ -69,7 +85,8 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
 }
 
 int main() {
-    for (int sc = 0; sc < 3; ++sc) {
+    int total = 0;
+    for (int sc = 0; sc < 4; ++sc) {
         int broken = 0;
         for (long k = 0; k < 60; ++k) {
             std::string why;
@@ -81,5 +98,7 @@ int main() {
             }
         }
         std::printf("scenario %d: %d of 60 injection points break validate()\n", sc, broken);
+        total += broken;
     }
+    return total != 0;  // a broken invariant fails the test
 }

@@ -392,10 +392,10 @@ TEST_CASE("peer access: a device granted access reaches every chunk mapped befor
 TEST_CASE("stitching: a request past the high-water mark takes scattered free chunks, given back at its free", "[pool][vmm][stitch]") {
     // 100 blocks of 6 MiB, two of three freed: 400 MiB free in 12 MiB pieces between live blocks.
     // A 60 MiB request fits no piece; growing would lift reserved memory over its high-water mark.
-    auto run = [](bool stitch, fake_backend& dev, recording_sink& sink) {
+    auto run = [](bool stitch, fake_backend& dev, recording_sink& sink, reuse_mode reuse = reuse_mode::safe) {
         dev.set_vmm(2 * MiB);
         pool_config cfg = vmm_config();
-        cfg.reuse = reuse_mode::safe;
+        cfg.reuse = reuse;
         cfg.stitch = stitch;
         block_pool pool(cfg, dev, &sink, 0);
         std::vector<uint64_t> small;
@@ -456,4 +456,11 @@ TEST_CASE("stitching: a request past the high-water mark takes scattered free ch
     CHECK(s_on.count(ev_kind::segment_unmap) >= 5);  // 12 MiB pieces: at least 5 lenders
     CHECK(s_on.count(ev_kind::segment_free) == 1);
     CHECK(s_off.count(ev_kind::segment_unmap) == 0);
+    // Under immediate reuse nothing is stitched (a freed stitched block could settle only by a
+    // wait on the device): the arena grows, as without stitching.
+    fake_backend imm(8ull << 30);
+    recording_sink s_imm;
+    const auto [grown_imm, chunks_imm] = run(true, imm, s_imm, reuse_mode::immediate);
+    CHECK(grown_imm == 60 * MiB);
+    CHECK(chunks_imm == 0);
 }
