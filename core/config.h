@@ -34,7 +34,8 @@ std::string rank_from_env();
 // case, or 0-6 in that order (spdlog's levels).  False, leaving *out, for anything else.  No allocation.
 bool parse_log_level(const char* s, int* out) noexcept;
 
-// Parses "on"/"off"/"1"/"0"/"true"/"false"; returns false for anything else.
+// Parses "on"/"off"/"1"/"0"/"true"/"false"/"yes"/"no" (letters in any case); returns false, leaving
+// *out, for anything else.  Every GPUMEM_* switch reads this way (GPUMEM_POOL, GPUMEM_POOL_VMM, ...).
 bool parse_bool(const char* s, bool* out) noexcept;
 
 

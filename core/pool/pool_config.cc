@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/config.h"
 #include "core/log_fields.h"
 #include "core/size_parse.h"
 
@@ -92,16 +93,11 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
                 c.warnings += std::string("GPUMEM_REUSE=") + v + ": expected auto, safe or immediate; using safe\n";
             }
         }
-        if (const char* v = get(k_vmm_env); v && *v) {
-            if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) c.vmm = true;
-            else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.vmm = false;
-            else c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
-        }
-        if (const char* v = get(k_stitch_env); v && *v) {
-            if (!std::strcmp(v, "on") || !std::strcmp(v, "1")) c.stitch = true;
-            else if (!std::strcmp(v, "off") || !std::strcmp(v, "0")) c.stitch = false;
-            else c.warnings += std::string("GPUMEM_POOL_STITCH=") + v + ": expected on or off; using off\n";
-        }
+        // Switches read as GPUMEM_POOL is (core/config.h parse_bool): on/off, 1/0, true/false, yes/no.
+        if (const char* v = get(k_vmm_env); v && *v && !parse_bool(v, &c.vmm))
+            c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
+        if (const char* v = get(k_stitch_env); v && *v && !parse_bool(v, &c.stitch))
+            c.warnings += std::string("GPUMEM_POOL_STITCH=") + v + ": expected on or off; using off\n";
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
             if (!std::strcmp(v, "off")) c.arenas = false;

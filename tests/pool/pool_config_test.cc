@@ -138,6 +138,10 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(stitched.stitch);
     CHECK(st.find("\"pool_stitch\":\"on\",") != std::string::npos);
     CHECK_FALSE(with({{"GPUMEM_POOL_STITCH", "maybe"}}).stitch);
+    // Switches read as GPUMEM_POOL does: any case, true/false and yes/no too.
+    CHECK(with({{"GPUMEM_POOL_STITCH", "YES"}}).stitch);
+    CHECK_FALSE(with({{"GPUMEM_POOL_VMM", "Off"}}).vmm);
+    CHECK(with({{"GPUMEM_POOL_VMM", "Off"}}).warnings.empty());
     CHECK(with({{"GPUMEM_POOL_STITCH", "maybe"}}).warnings.find("GPUMEM_POOL_STITCH=maybe") != std::string::npos);
 }
 
