@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/pool/block_pool.h"
 #include "policy.h"
 #include "trace.h"
 
@@ -15,11 +16,9 @@ enum class failure_reason : uint8_t { none, capacity, fragmentation, chunk_round
 inline constexpr const char* k_failure_reason_names[] = {"none", "capacity", "fragmentation", "chunk rounding",
                                                          "larger than any device"};
 
-// The largest request a replay serves: gpumem's pool refuses larger ones (core/pool/block_pool.cc),
-// no device has 2^48 bytes (256 TiB), and the limit keeps every policy's size arithmetic (rounding
-// up, adding to reserved) far from overflow on hostile logs.  One limit for all policies, so they
-// all stop at the same request.
-inline constexpr uint64_t k_max_request = 1ull << 48;
+// The largest request a replay serves is gpumem's pool's, k_max_request (core/pool/block_pool.h):
+// one limit for all policies, so they all stop at the same request, and it keeps every policy's
+// size arithmetic (rounding up, adding to reserved) far from overflow on hostile logs.
 
 struct replay_result {
     std::string policy;

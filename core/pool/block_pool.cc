@@ -11,9 +11,6 @@
 namespace gpumem {
 namespace {
 
-// Requests above this fail with OOM before any arithmetic: no device has 2^48 bytes, and it keeps
-// every rounding below far from overflow.
-constexpr uint64_t k_max_request = 1ull << 48;
 constexpr size_t k_spare_nodes = 64;
 constexpr size_t k_spare_blocks = 1024;
 
@@ -657,17 +654,35 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
 }
 
 void block_pool::dissolve(segment* st, api_id api) {
-    // Logged first: after the unmap the range may be anyone's.
-    emit_segment(ev_kind::segment_free, api, st);
-    backend_.unmap_alias(st->base, chunk_, st->chunks.size());
-    backend_.va_free(st->base, st->size);
+    // Free-set nodes for the lenders first: the only step below that could throw, and nothing has
+    // changed yet if it does.
+    free_set& fs = free_[pool_index(st->pool)];
+    std::vector<free_set::node_type> nodes;
+    nodes.reserve(st->lent.size());
+    for (block* l : st->lent) nodes.push_back(fs.extract(fs.insert(l).first));  // l is in no free set
     block* b = st->first;  // wholly free: one block
+    // The second mapping goes before any lender is free again.  A driver that refuses has a broken
+    // context: the stitched segment stays out of service (its block lent, never handed out) and
+    // its lenders stay lent, so no chunk is released while it may still be mapped twice.
+    if (backend_.unmap_alias(st->base, chunk_, st->chunks.size()) != k_cuda_success) {
+        free_erase(b);
+        free_bytes_ -= b->size;
+        b->state = block_state::lent;
+        return;
+    }
+    // Logged before the address space goes back: after va_free the range may be anyone's.
+    emit_segment(ev_kind::segment_free, api, st);
+    backend_.va_free(st->base, st->size);
     free_erase(b);
     free_bytes_ -= b->size;
     addr_erase(b);
     recycle(b);
     segments_.erase(st->base);
     for (block* l : st->lent) {
+        if (spare_free_nodes_.empty() && !nodes.empty()) {  // make_free's insert then cannot throw
+            spare_free_nodes_.push_back(std::move(nodes.back()));
+            nodes.pop_back();
+        }
         emit_chunks(api, l->seg, l->addr, l->size, ev_kind::segment_map);
         make_free(l);
     }
@@ -971,11 +986,20 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
     try {
         // Pending: device work enqueued before this free may still use the block, so it waits for
         // the next synchronize (sync_release) before anyone can get it again.  A poisoned pool
-        // leaves it pending for ever (leaked).  push_back first: it is the only step that can fail.
+        // leaves it pending for ever (leaked).  The two inserts first: they are the only steps
+        // that can fail, and a failure leaves the block as it was.
         const bool pend = poisoned_ || !immediate_;
         if (!pend) ++unsettled_frees_;
         if (pend) {
-            pending_.push_back(b);
+            const bool large = b->seg->pool == pool_id::large;
+            std::multiset<uint64_t>::iterator sized;
+            if (large) sized = pending_large_.insert(b->size);
+            try {
+                pending_.push_back(b);
+            } catch (...) {
+                if (large) pending_large_.erase(sized);
+                throw;
+            }
             // Free order, for wait_for_old_fit: pending_[k]->seq == pending_[0]->seq + k, and
             // cum grows with the bytes the program has freed (validate_locked checks both).
             b->seq = next_seq_++;
@@ -984,7 +1008,6 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         allocated_ -= b->size;
         requested_ -= b->requested;
         if (pend) {
-            if (b->seg->pool == pool_id::large) pending_large_.insert(b->size);
             b->state = block_state::pending;
             pending_bytes_[pool_index(b->seg->pool)] += b->size;
             // One fence per batch of frees, recorded now so that it has usually been reached by
@@ -1661,7 +1684,8 @@ bool block_pool::validate_locked(std::string* why) const {
         }
         return false;
     };
-    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0}, unmapped = 0, lent = 0, stitched = 0;
+    uint64_t reserved = 0, allocated = 0, requested = 0, free_b = 0, pend[2] = {0, 0}, unmapped = 0, lent = 0, stitched = 0,
+             dead = 0;
     size_t n_free[2] = {0, 0}, n_holes[2] = {0, 0}, n_blocks = 0, n_pending = 0;
     uint64_t prev_end = 0;
     for (const auto& [base, s] : segments_) {
@@ -1686,7 +1710,10 @@ bool block_pool::validate_locked(std::string* why) const {
                 l += b->size;
             }
             if (l != s->size || s->mapped != s->size) return fail("stitched segment's size differs from its lent chunks", base);
+            if (!s->first || s->first->next) return fail("stitched segment not one block", base);
             stitched += s->size;
+            // Out of service after a refused unmap (dissolve): its block lent, in no count.
+            if (s->first->state == block_state::lent) dead += s->size;
         } else {
             reserved += s->mapped;  // a stitched segment's bytes are its lenders'
         }
@@ -1719,9 +1746,9 @@ bool block_pool::validate_locked(std::string* why) const {
                     ++n_pending;
                     break;
                 case block_state::lent:
-                    if (!s->vmm() || s->stitched() || (b->addr - s->base) % chunk_ || b->size % chunk_)
+                    if (!s->vmm() || (b->addr - s->base) % chunk_ || b->size % chunk_)
                         return fail("lent block not whole chunks of a VMM segment", b->addr);
-                    lent += b->size;
+                    if (!s->stitched()) lent += b->size;  // in a stitched segment: out of service
                     break;
                 case block_state::unmapped:
                     if (!s->vmm() || (b->addr - s->base) % chunk_ || b->size % chunk_)
@@ -1774,7 +1801,7 @@ bool block_pool::validate_locked(std::string* why) const {
     if (requested != requested_) return fail("requested counter wrong", requested_);
     if (free_b != free_bytes_) return fail("free counter wrong", free_bytes_);
     if (pend[0] != pending_bytes_[0] || pend[1] != pending_bytes_[1]) return fail("pending counter wrong", 0);
-    if (reserved != allocated + free_b + pend[0] + pend[1]) return fail("bytes do not add up", 0);
+    if (reserved != allocated + free_b + pend[0] + pend[1] + dead) return fail("bytes do not add up", 0);
     return true;
 }
 

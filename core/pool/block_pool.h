@@ -18,6 +18,10 @@
 
 namespace gpumem {
 
+// Requests above this fail with OOM before any arithmetic: no device has 2^48 bytes (256 TiB), and
+// it keeps every rounding far from overflow.  `gpumem replay` stops every policy there too.
+inline constexpr uint64_t k_max_request = 1ull << 48;
+
 // A block_pool serves device allocations from segments it takes from a pool_backend, and logs
 // every state change to an event_sink.  docs/pool.md is its design and guarantee.  All public
 // functions are thread-safe (one mutex) and, except validate(), noexcept.
@@ -192,6 +196,7 @@ class block_pool {
     block* stitch(pool_id p, uint64_t asize, api_id api);
     // Returns a wholly free stitched segment's chunks to their lenders (unmap of the second
     // mapping, no release).  Only with every free settled and no capture open (the caller checks).
+    // If the driver refuses the unmap, the segment stays out of service and its lenders lent.
     void dissolve(segment* s, api_id api);
     // Dissolves every wholly free stitched segment; true if any was.
     bool dissolve_free_stitched(api_id api);

@@ -370,6 +370,7 @@ int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint6
 
 int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept {
     ++unmap_calls_;
+    if (fail_unmap_alias_) return k_cuda_invalid_value;  // refused before anything is unmapped
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing_) ++bad_calls_;  // as unmap_chunks: cuMemUnmap does not wait for device work
     int rc = k_cuda_success;

@@ -98,6 +98,9 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
         if (const char* v = get(k_stitch_env); v && *v && !parse_bool(v, &c.stitch))
             c.warnings += std::string("GPUMEM_POOL_STITCH=") + v + ": expected on or off; using off\n";
+        // Stitching waits for fenced frees (docs/pool.md): with immediate reuse it never runs.
+        if (c.stitch && c.reuse == reuse_mode::immediate)
+            c.warnings += "GPUMEM_POOL_STITCH=on has no effect with GPUMEM_REUSE=immediate (stitching needs fenced frees)\n";
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
             if (!std::strcmp(v, "off")) c.arenas = false;

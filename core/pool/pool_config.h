@@ -48,7 +48,8 @@ struct pool_config {
     // memory plus an eighth of address space per arena (PyTorch's choice).  off: a segment per growth.
     bool arenas = true;
     uint64_t arena = 0;
-    // GPUMEM_POOL_STITCH = on | off (virtual memory with arenas only): a large request that no free
+    // GPUMEM_POOL_STITCH = on | off (virtual memory with arenas only, and only while frees wait for
+    // fences: not under immediate reuse): a large request that no free
     // block fits, and whose growth would lift reserved memory over its high-water mark, is served
     // by mapping whole free chunks, wherever they lie, a second time into one fresh range
     // (GMLake's stitching; docs/pool.md, "Stitching").

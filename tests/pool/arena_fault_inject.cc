@@ -32,15 +32,17 @@ constexpr uint64_t MiB = 1 << 20;
 
 // scenario 0: arena growth into the tail hole (map_hole).  1: OOM path unmap_free_chunks + remap.
 // 2: baseline, arenas off (segments per growth) with the same ops as 1.  3: a stitch
-// (GPUMEM_POOL_STITCH) of a 30 MiB request from the free chunks between live 7 MiB blocks.
+// (GPUMEM_POOL_STITCH) of a 30 MiB request from the free chunks between live 7 MiB blocks.  4: the
+// same stitch made, then its block freed and the stitched segment dissolved (the lenders free again).
 static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint64_t* leaked) {
-    fake_backend dev(scenario == 0 || scenario == 3 ? (1ull << 30) : 80 * MiB);
+    const bool stitching = scenario == 3 || scenario == 4;
+    fake_backend dev(scenario == 0 || stitching ? (1ull << 30) : 80 * MiB);
     dev.set_vmm(2 * MiB);
     pool_config cfg;
-    cfg.reuse = scenario == 3 ? reuse_mode::safe : reuse_mode::immediate;
+    cfg.reuse = stitching ? reuse_mode::safe : reuse_mode::immediate;
     cfg.vmm = true;
     cfg.arenas = scenario != 2;
-    cfg.stitch = scenario == 3;
+    cfg.stitch = stitching;
     int fails = 0;
     {
         block_pool pool(cfg, dev, nullptr, 0);
@@ -51,19 +53,30 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
             g_countdown = k;
             if (pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b)) ++fails;
             g_countdown = -1;
-        } else if (scenario == 3) {
+        } else if (stitching) {
             uint64_t blocks[20] = {};
             for (uint64_t& q : blocks) pool.allocate(7 * MiB, api_id::cuMemAlloc_v2, &q);
             for (int i = 0; i < 20; i += 2) pool.deallocate(blocks[i], api_id::cuMemFree_v2, &rc);
             pool.release_cached();  // the frees settle; the stitch needs free chunks
-            g_countdown = k;
+            if (scenario == 3) g_countdown = k;
             if (pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &y)) ++fails;
             g_countdown = -1;
-            uint64_t made = 0;
+            uint64_t made = 0, dissolved = 0;
             pool.stitch_counts(&made, nullptr, nullptr);
             if (k == 59 && made == 0) {  // the last point is past every allocation: it must stitch
                 *why = "the scenario did not stitch";
                 return 1;
+            }
+            if (scenario == 4) {
+                g_countdown = k;
+                pool.deallocate(y, api_id::cuMemFree_v2, &rc);
+                pool.release_cached();  // the block's release, then the dissolve
+                g_countdown = -1;
+                pool.stitch_counts(nullptr, nullptr, &dissolved);
+                if (k == 59 && dissolved == 0) {
+                    *why = "the scenario did not dissolve";
+                    return 1;
+                }
             }
         } else {
             pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &c);
@@ -86,7 +99,7 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
 
 int main() {
     int total = 0;
-    for (int sc = 0; sc < 4; ++sc) {
+    for (int sc = 0; sc < 5; ++sc) {
         int broken = 0;
         for (long k = 0; k < 60; ++k) {
             std::string why;

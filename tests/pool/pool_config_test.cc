@@ -142,6 +142,8 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(with({{"GPUMEM_POOL_STITCH", "YES"}}).stitch);
     CHECK_FALSE(with({{"GPUMEM_POOL_VMM", "Off"}}).vmm);
     CHECK(with({{"GPUMEM_POOL_VMM", "Off"}}).warnings.empty());
+    CHECK(with({{"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "immediate"}}).warnings.find("no effect") != std::string::npos);
+    CHECK(with({{"GPUMEM_POOL_STITCH", "on"}}).warnings.empty());
     CHECK(with({{"GPUMEM_POOL_STITCH", "maybe"}}).warnings.find("GPUMEM_POOL_STITCH=maybe") != std::string::npos);
 }
 

@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
         pool.stitch_counts(&made, &stitched, &dissolved);
         if (made)
             printf("  stitching: %llu stitched segments of %llu chunks in all (%.0f MiB), %llu dissolved\n",
-                   (unsigned long long)made, (unsigned long long)stitched, stitched * 2.0, (unsigned long long)dissolved);
+                   (unsigned long long)made, (unsigned long long)stitched, double(stitched * pool.chunk_size()) / 1048576.0,
+                   (unsigned long long)dissolved);
         if (lagged)
             printf("  GPU %llu us behind: per allocation %.3f event records, %.3f event queries, %.3f stream queries, %.4f waits (%llu waits, %llu context syncs)\n",
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),

@@ -224,11 +224,12 @@ print(f"gpt2: stitching {stitch} ({stitch/ideal:.3f}x)")
 assert stitch < exp and stitch < 0.95 * arenas, p
 PY
 # The guide's command for a pool short of memory ("When gpumem's own pool is short of memory").
-"$GPUMEM" replay "$W/gpt2.jsonl" --policy gpumem:reuse=safe,gpumem:reuse=safe,pool_stitch=on > "$W/gpt2-guide.txt" || fail "gpt2 guide replay: exit $?"
+"$GPUMEM" replay "$W/gpt2.jsonl" --policy gpumem:reuse=safe,gpumem:reuse=safe,pool_stitch=on,gpumem:reuse=safe,pool_trim=32MiB > "$W/gpt2-guide.txt" || fail "gpt2 guide replay: exit $?"
 python3 - "$W/gpt2-guide.txt" <<'PY' || fail "gpt2 guide replay: stitching must reserve less than the same pool without it"
 import re, sys
 peak = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s+(gpumem\S*)\s+\S+ \S+ \((\d+)\)", open(sys.argv[1]).read(), re.M)}
 assert peak["gpumem:reuse=safe,pool_stitch=on"] < peak["gpumem:reuse=safe"], peak
+assert peak["gpumem:reuse=safe,pool_trim=32MiB"] < peak["gpumem:reuse=safe"], peak
 PY
 
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"

@@ -276,7 +276,7 @@ TEST_CASE("streams: a block freed on one stream is never handed to another") {
 TEST_CASE("a request no device could hold stops every policy, with or without a capacity, without overflow") {
     // Just above gpumem's pool limit and near 2^64: the same verdict for every policy, so none
     // replays past a request another one refused.
-    for (uint64_t big : {k_max_request + 1, ~uint64_t(0) - 10}) {
+    for (uint64_t big : {gpumem::k_max_request + 1, ~uint64_t(0) - 10}) {
         auto t = steps({A(0, 1000), A(1, big)});
         for (uint64_t capacity : {uint64_t(0), uint64_t(80) << 30})
             for (const char* name : {"ideal", "pytorch", "pytorch-expandable", "gpumem"}) {
