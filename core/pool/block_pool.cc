@@ -452,6 +452,14 @@ uint64_t block_pool::arena_unit(pool_id p, uint64_t asize) const noexcept {
     return p == pool_id::small ? std::max(asize, cfg_.small_segment) : asize;
 }
 
+uint64_t block_pool::arena_growth(pool_id p, uint64_t asize, const block** hole) noexcept {
+    const uint64_t unit = arena_unit(p, asize);
+    uint64_t bytes = 0;
+    const block* u = find_hole(p, unit, &bytes);
+    if (hole) *hole = u;
+    return u ? bytes : round_up(unit, chunk_);
+}
+
 int block_pool::arena_grow(pool_id p, uint64_t asize, api_id api, block** out) {
     // A segment's worth first; when the device cannot give that, just the request's chunks.
     const uint64_t unit = arena_unit(p, asize);
@@ -758,11 +766,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         // beside that hole are kept, or the trim would unmap what the growth maps straight back.
         uint64_t grow_bytes = seg_size;
         const block* keep = nullptr;
-        if (arenas) {
-            const uint64_t unit = arena_unit(p, asize);
-            keep = find_hole(p, unit, &grow_bytes);
-            if (!keep) grow_bytes = round_up(unit, chunk_);
-        }
+        if (arenas) grow_bytes = arena_growth(p, asize, &keep);
         if (reserved_ + grow_bytes > allocated_ + asize + cfg_.trim)
             unmap_free_chunks(api, reserved_ + grow_bytes - (allocated_ + asize + cfg_.trim), keep);
     }
@@ -771,12 +775,11 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // takes scattered free chunks instead, when there are enough.  Only while frees wait for
     // their fences: under immediate reuse a freed stitched block is settled only by a wait on the
     // device, so its segment (and its lenders' chunks) would stay until memory ran short
-    // (replayed on one stream: 23.1 GiB reserved against 14.7 without stitching).
-    if (arenas && cfg_.stitch && p == pool_id::large && !immediate_) {
-        uint64_t grow_bytes = 0;
-        if (!find_hole(p, asize, &grow_bytes)) grow_bytes = round_up(asize, chunk_);
-        if (reserved_ + grow_bytes > hwm_ && (b = stitch(p, asize, api))) return b;
-    }
+    // (the first cut, replayed on one stream, reserved 23.08 GiB against 14.69 without stitching:
+    // docs/benchmarks.md, "Stitching").
+    if (arenas && cfg_.stitch && p == pool_id::large && !immediate_ &&
+        reserved_ + arena_growth(p, asize, nullptr) > hwm_ && (b = stitch(p, asize, api)))
+        return b;
     int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
     // An arena the driver would not reserve for another reason than memory (its size): a segment.
     if (arenas && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b);

@@ -185,6 +185,9 @@ class block_pool {
     int arena_grow(pool_id p, uint64_t asize, api_id api, block** out);
     block* find_hole(pool_id p, uint64_t asize, uint64_t* bytes) noexcept;
     uint64_t arena_unit(pool_id p, uint64_t asize) const noexcept;  // what a miss maps when it can
+    // The bytes arena_grow would map for asize first (its unit), and the hole it would map into
+    // (*hole, nullptr for a new arena): what a growth would add to reserved memory.
+    uint64_t arena_growth(pool_id p, uint64_t asize, const block** hole) noexcept;
     bool use_arenas() noexcept;
     // Maps the first `bytes` (whole chunks) of unmapped block u; they become free, merged with a
     // free block before u (and after, when u is mapped whole).  *out: the free block they joined.

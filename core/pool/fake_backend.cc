@@ -252,9 +252,7 @@ void fake_backend::unmap_one(uint64_t addr) noexcept {
     chunks_.erase(it);
 }
 
-int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept {
-    ++map_calls_;
-    std::lock_guard<std::mutex> lk(mu_);
+int fake_backend::check_map(uint64_t addr, uint64_t chunk, size_t n, const void* handles) noexcept {
     const uint64_t g = granularity_.load();
     if (g == 0) return k_cuda_not_supported;
     if (n == 0 || chunk == 0 || chunk % g || addr % g || !handles) return k_cuda_invalid_value;
@@ -262,6 +260,13 @@ int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* 
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
+    return k_cuda_success;
+}
+
+int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept {
+    ++map_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (int bad = check_map(addr, chunk, n, handles)) return bad;
     int rc = k_cuda_success;
     size_t done = 0;
     for (; done < n; ++done) {
@@ -332,13 +337,7 @@ int fake_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const ui
 int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
     ++map_calls_;
     std::lock_guard<std::mutex> lk(mu_);
-    const uint64_t g = granularity_.load();
-    if (g == 0) return k_cuda_not_supported;
-    if (n == 0 || chunk == 0 || chunk % g || addr % g || !handles) return k_cuda_invalid_value;
-    if (!in_reservation(addr, chunk * n)) {
-        ++bad_calls_;
-        return k_cuda_invalid_value;
-    }
+    if (int bad = check_map(addr, chunk, n, handles)) return bad;
     for (size_t i = 0; i < n; ++i) {
         const uint64_t a = addr + i * chunk;
         auto sz = chunk_size_.find(handles[i]);

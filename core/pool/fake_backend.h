@@ -125,6 +125,8 @@ class fake_backend final : public pool_backend {
     std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0};
 
     bool in_reservation(uint64_t addr, uint64_t bytes) const noexcept;  // mu_ held
+    // map_chunks' and map_alias's arguments: granularity, alignment, inside a reservation (mu_ held).
+    int check_map(uint64_t addr, uint64_t chunk, size_t n, const void* handles) noexcept;
     void unmap_one(uint64_t addr) noexcept;                              // mu_ held
     // Events: handle -> ticket (0: created, never recorded).
     std::atomic<bool> events_on_{false};

@@ -20,6 +20,22 @@ pool_config vmm_config() {
     return cfg;
 }
 
+// n blocks of 6 MiB, then two of every three freed (those whose index is not a multiple of 3): the
+// fragmented pool several tests start from.  Returns every block's address, freed ones included.
+std::vector<uint64_t> fragment_6mib(block_pool& pool, int n) {
+    std::vector<uint64_t> small;
+    for (int i = 0; i < n; ++i) {
+        uint64_t p = 0;
+        REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        small.push_back(p);
+    }
+    for (size_t i = 0; i < small.size(); ++i) {
+        int rc = -1;
+        if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
+    }
+    return small;
+}
+
 size_t fill_fragment_large(bool vmm, uint64_t capacity, uint64_t big, fake_backend& dev, recording_sink& sink) {
     dev.set_vmm(2 * MiB);
     pool_config cfg = immediate_config();
@@ -174,16 +190,7 @@ TEST_CASE("GPUMEM_POOL_TRIM: growing gives the excess back first, so reserved fo
         cfg.reuse = reuse_mode::safe;  // frees settle at a sync: the trim may unmap without waiting
         cfg.trim = trim;
         block_pool pool(cfg, dev, &sink, 0);
-        std::vector<uint64_t> small;
-        for (int i = 0; i < 100; ++i) {
-            uint64_t p = 0;
-            REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
-            small.push_back(p);
-        }
-        for (size_t i = 0; i < small.size(); ++i) {
-            int rc = -1;
-            if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
-        }
+        fragment_6mib(pool, 100);
         for (int i = 0; i < 5; ++i) {
             uint64_t p = 0;
             REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
@@ -398,16 +405,7 @@ TEST_CASE("stitching: a request past the high-water mark takes scattered free ch
         cfg.reuse = reuse;
         cfg.stitch = stitch;
         block_pool pool(cfg, dev, &sink, 0);
-        std::vector<uint64_t> small;
-        for (int i = 0; i < 100; ++i) {
-            uint64_t p = 0;
-            REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
-            small.push_back(p);
-        }
-        for (size_t i = 0; i < small.size(); ++i) {
-            int rc = -1;
-            if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
-        }
+        fragment_6mib(pool, 100);
         pool.release_cached();  // the frees settle (one sync); the arena keeps its live blocks
         const uint64_t before = dev.in_use();
         const pool_state layout = pool.snapshot();
@@ -476,15 +474,8 @@ TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps th
     cfg.reuse = reuse_mode::safe;
     cfg.stitch = true;
     block_pool pool(cfg, dev, &sink, 0);
-    std::vector<uint64_t> small;
-    for (int i = 0; i < 30; ++i) {
-        uint64_t p = 0;
-        REQUIRE(pool.allocate(6 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
-        small.push_back(p);
-    }
+    const std::vector<uint64_t> small = fragment_6mib(pool, 30);
     int rc = -1;
-    for (size_t i = 0; i < small.size(); ++i)
-        if (i % 3 != 0) REQUIRE(pool.deallocate(small[i], api_id::cuMemFree_v2, &rc));
     pool.release_cached();
     uint64_t big = 0;
     REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
