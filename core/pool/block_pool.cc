@@ -1014,10 +1014,13 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             b->state = block_state::pending;
             pending_bytes_[pool_index(b->seg->pool)] += b->size;
             // One fence per batch of frees, recorded now so that it has usually been reached by
-            // the time the memory is wanted.  An eighth of the sync budget: a few records per
-            // budget, each a few microseconds.
+            // the time the memory is wanted.  A batch is an eighth of the sync budget and at least
+            // fence_batch frees, or the whole budget (pool_config::fence_batch says why).
             unfenced_bytes_ += b->size;
-            if (!poisoned_ && streams_ && unfenced_bytes_ >= sync_budget() / 8 && can_sync()) record_fence();
+            const uint64_t budget = sync_budget();
+            if (!poisoned_ && streams_ && unfenced_bytes_ >= budget / 8 &&
+                (pending_.size() - fenced_end() >= cfg_.fence_batch || unfenced_bytes_ >= budget) && can_sync())
+                record_fence();
         } else {
             make_free(b);
         }

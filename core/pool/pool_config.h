@@ -28,6 +28,10 @@ struct pool_config {
     uint64_t large_split = 1ull << 20;           // GPUMEM_POOL_LARGE_SPLIT: split a large block if remainder > this
     uint64_t sync_budget = 32ull << 20;          // GPUMEM_SYNC_BUDGET: pending bytes that justify a sync (floor)
     uint64_t sync_budget_div = 16;               // GPUMEM_SYNC_BUDGET_DIV: budget = max(sync_budget, reserved / div)
+    // GPUMEM_FENCE_BATCH: frees a fence covers at least, unless they reach the whole sync budget.
+    // A fence costs a driver call per live stream to record and one to ask; one per free over an
+    // eighth of the budget made a 20 MiB alloc+free pair pay both (docs/benchmarks.md, "Fence batches").
+    uint64_t fence_batch = 4;
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
     // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
     // reserved memory would pass the live blocks plus the request plus this much; 0 = only when the

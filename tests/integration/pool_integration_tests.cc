@@ -356,7 +356,9 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
 TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the next stream switches to safe after one drain") {
     for (const char* second : {"nonblocking", "blocking"}) {
         INFO("second stream: " << second);
-        auto r = run({EMU_POOL_APP, "auto", second});
+        // One fence per free (the default batch of 4 would leave this lone 20 MiB free unfenced,
+        // and the pool would grow instead: fence_test.cc covers that rule).
+        auto r = run({EMU_POOL_APP, "auto", second}, {{"GPUMEM_FENCE_BATCH", "1"}});
         std::vector<json> ls;
         check_complete(r, &ls);
         auto v = values(r.out);
@@ -398,7 +400,7 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the 
     }
     SECTION("GPUMEM_REUSE=safe and =immediate do not switch") {
         for (const char* mode : {"safe", "immediate"}) {
-            auto r2 = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_REUSE", mode}});
+            auto r2 = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_REUSE", mode}, {"GPUMEM_FENCE_BATCH", "1"}});
             std::vector<json> ls2;
             check_complete(r2, &ls2);
             auto v2 = values(r2.out);

@@ -27,13 +27,21 @@ struct clock_sink final : event_sink {
     }
 };
 
+// These tests follow single frees: one fence per free over an eighth of the budget
+// (GPUMEM_FENCE_BATCH=1).  The default batch of 4 has its own test below.
+pool_config fence_each() {
+    pool_config c = safe_config();
+    c.fence_batch = 1;
+    return c;
+}
+
 struct fenced {
     fake_backend dev;
     clock_sink csink;
     recording_sink& sink = csink.all;
     stream_set streams;
     block_pool pool;
-    explicit fenced(pool_config cfg = safe_config(), uint64_t capacity = 1ull << 40, uint64_t chunk = 0)
+    explicit fenced(pool_config cfg = fence_each(), uint64_t capacity = 1ull << 40, uint64_t chunk = 0)
         : dev(capacity), pool(cfg, dev, &csink, 0) {
         csink.dev = &dev;
         dev.set_vmm(chunk);
@@ -87,6 +95,37 @@ TEST_CASE("fences: a block freed while its fence is pending comes back only once
     CHECK(f.pool.validate(&why));
 }
 
+TEST_CASE("fences: by default a fence covers four frees, or one that reaches the whole budget", "[fence]") {
+    fenced f(safe_config());  // GPUMEM_FENCE_BATCH=4; the budget is 32 MiB, an eighth 4 MiB
+    uint64_t p[5];
+    for (auto& x : p) x = f.alloc(8 * MiB);
+    f.dev.enqueue_work();
+    for (int i = 0; i < 3; ++i) f.free(p[i]);
+    CHECK(f.dev.records_on(k_stream_legacy) == 0);  // three frees, 24 MiB: no fence yet
+    f.free(p[3]);
+    CHECK(f.dev.records_on(k_stream_legacy) == 1);  // the fourth: one fence over all four
+    f.free(p[4]);
+    CHECK(f.dev.records_on(k_stream_legacy) == 1);
+    const uint64_t big = f.alloc(40 * MiB);
+    f.free(big);  // 8 + 40 MiB unfenced: over the whole budget, fenced at once
+    CHECK(f.dev.records_on(k_stream_legacy) == 2);
+    f.dev.complete_all();
+    CHECK(f.alloc(48 * MiB) != 0);
+    std::string why;
+    CHECK(f.pool.validate(&why));
+
+    // A loop of 20 MiB pairs on an idle GPU: a fence every other free, and the pool holds one
+    // block more than the loop needs instead of recording and asking an event at every pair.
+    fenced g(safe_config());
+    g.dev.set_auto_complete(true);
+    const uint64_t reserved0 = g.pool.snapshot().reserved;
+    for (int i = 0; i < 100; ++i) g.free(g.alloc(20 * MiB));
+    CHECK(g.dev.records_on(k_stream_legacy) <= 51);
+    CHECK(g.dev.records_on(k_stream_legacy) >= 49);
+    CHECK(g.pool.snapshot().reserved <= reserved0 + 60 * MiB);
+    CHECK(g.dev.sync_calls() == 0);
+}
+
 TEST_CASE("fences: only the frees before a reached fence come back, oldest first", "[fence]") {
     fenced f;
     const uint64_t a = f.alloc(8 * MiB);
@@ -104,7 +143,7 @@ TEST_CASE("fences: only the frees before a reached fence come back, oldest first
 }
 
 TEST_CASE("fences: when memory is short the pool blocks on a fence, never on the context", "[fence]") {
-    fenced f(safe_config(), 24 * MiB);  // room for one 20 MiB segment
+    fenced f(fence_each(), 24 * MiB);  // room for one 20 MiB segment
     const uint64_t a = f.alloc(8 * MiB);
     f.dev.enqueue_work();
     f.free(a);
@@ -122,7 +161,7 @@ TEST_CASE("fences: when memory is short the pool blocks on a fence, never on the
 TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees enough, not for all queued work", "[fence]") {
     // Waiting for the newest fence would let the device drain its whole queue: on a GPU it then
     // idles while the program queues its next kernels.
-    fenced f(safe_config(), 24 * MiB);  // room for one 20 MiB segment
+    fenced f(fence_each(), 24 * MiB);  // room for one 20 MiB segment
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
     f.free(a);  // fence 1
@@ -172,7 +211,7 @@ TEST_CASE("fences: a capture opened during an OOM's waits stops them before the 
     // fits in none of them, so memory runs short and the pool waits on the fences oldest first.
     // Another thread opens a capture right after the first wait: a second cuEventSynchronize
     // would invalidate it (and a segment free or a context sync would too).
-    fenced f(safe_config(), 64 * MiB);
+    fenced f(fence_each(), 64 * MiB);
     const uint64_t a = f.alloc(20 * MiB), b = f.alloc(20 * MiB), c = f.alloc(20 * MiB);
     f.free(a);
     f.free(b);
@@ -407,7 +446,7 @@ TEST_CASE("fences: a miss does not record a new fence while an older one is not 
 }
 
 TEST_CASE("fences: oom events say how many non-blocking streams each fence covers", "[fence]") {
-    fenced f(safe_config(), 24 * MiB);
+    fenced f(fence_each(), 24 * MiB);
     for (uint64_t s = 0x9000; s < 0x9030; s += 0x10) f.streams.created(k_ctx, s, true);
     f.streams.created(k_ctx, 0xa000, false);  // a blocking stream: the legacy stream's event covers it
     f.alloc(16 * MiB);
@@ -449,7 +488,7 @@ TEST_CASE("fences: a miss waits for an old pending block's fence rather than gro
 
 TEST_CASE("fences: a hit that would cut a large free block waits for an old tighter pending block instead", "[fence]") {
     // auto: frees are immediate until the stream appears, so x is free, not pending.
-    pool_config cfg;
+    pool_config cfg = fence_each();
     cfg.reuse = reuse_mode::automatic;
     fenced f(cfg);
     const uint64_t x = f.alloc(100 * MiB), a = f.alloc(16 * MiB), b = f.alloc(16 * MiB), c = f.alloc(16 * MiB);
@@ -473,7 +512,7 @@ TEST_CASE("fences: a release that merges the block a hit found, then fails, does
     // The hit would cut b (56 MiB free, beside c); a tighter block waits.  The pool's look for it
     // releases c by a reached fence, which merges b into c's block, then the next query fails and
     // so does the synchronize (a broken context): the hit must look again, not take b.
-    pool_config cfg;
+    pool_config cfg = fence_each();
     cfg.reuse = reuse_mode::automatic;
     fenced f(cfg);
     const uint64_t d = f.alloc(12 * MiB), e = f.alloc(12 * MiB);  // segments of their own

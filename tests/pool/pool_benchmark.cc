@@ -26,8 +26,10 @@ namespace {
 struct counting_sink final : event_sink {
     std::atomic<uint64_t> n{0};
     uint64_t sum = 0;
+    uint64_t by_kind[size_t(ev_kind::count_)] = {};
     void emit(event& e) noexcept override {
         e.seq = n.fetch_add(1, std::memory_order_relaxed);
+        ++by_kind[size_t(e.ev)];
         sum += e.b.ptr ^ e.b.size;
     }
 };
@@ -66,10 +68,11 @@ double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size) {
         per_pair.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / k_batch);
     }
     std::nth_element(per_pair.begin(), per_pair.begin() + k_batches / 2, per_pair.end());
-    std::printf("  %-9s %10llu B  %7.1f ns/pair   (syncs %llu, event records %llu, segments taken %llu, events %llu)\n",
+    std::printf("  %-9s %10llu B  %7.1f ns/pair   (syncs %llu, event records %llu, segments taken %llu, events %llu, pool_sync %llu)\n",
                 mode == reuse_mode::safe ? (fences ? "fences" : "safe") : "immediate", (unsigned long long)size,
                 per_pair[k_batches / 2], (unsigned long long)dev.sync_calls(), (unsigned long long)dev.records(),
-                (unsigned long long)(dev.alloc_calls() + dev.map_calls()), (unsigned long long)sink.n.load());
+                (unsigned long long)(dev.alloc_calls() + dev.map_calls()), (unsigned long long)sink.n.load(),
+                (unsigned long long)sink.by_kind[size_t(ev_kind::pool_sync)]);
     return per_pair[k_batches / 2];
 }
 

@@ -35,6 +35,7 @@ TEST_CASE("config defaults are the documented ones", "[pool][config]") {
     CHECK(c.large_split == 1u << 20);
     CHECK(c.sync_budget == 32u << 20);
     CHECK(c.sync_budget_div == 16);
+    CHECK(c.fence_batch == 4);
     CHECK(c.stats_ms == 1000);
     CHECK(c.warnings.empty());
     CHECK(c.check().empty());
@@ -125,8 +126,9 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"pool_trim\":0,") != std::string::npos);
     CHECK(s.find("\"pool_arena\":\"auto\",") != std::string::npos);
     CHECK(s.find("\"pool_stitch\":\"off\",") != std::string::npos);
-    // 4 string knobs + 12 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 16);
+    CHECK(s.find("\"fence_batch\":4,") != std::string::npos);
+    // 4 string knobs + 13 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 17);
     std::string off = "{", sized = "{";
     with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
     with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);
