@@ -19,7 +19,8 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
     equal raw NO_CACHING's under the defaults and GPUMEM_REUSE=safe; GPUMEM_REUSE=immediate is the
     control that must differ.
 (d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
-    gpumem, with the pool (auto: no stream, no events) and with GPUMEM_REUSE=safe (a fence per batch).
+    gpumem, with the pool (auto: no stream, no events), with GPUMEM_REUSE=safe (a fence per batch)
+    and, as the control, safe with a fence per free (GPUMEM_FENCE_BATCH=1, the rule before batches).
 Results: OUTDIR/pool-bench.md (Markdown) and OUTDIR/pool-bench.json; the logs in POOL_BENCH_LOGS (a
 fresh /tmp directory by default).  Exit 1 if a correctness gate
 fails ((a) and (c)); the time and memory targets are printed, not gated (they are what is measured).
@@ -297,13 +298,14 @@ def main():
     # (d) alternating rounds of the static-cudart program.
     d_modes = {"no gpumem": {}, "pool, auto (no stream: no events)": {"GPUMEM_REUSE": "auto"},
                "pool, GPUMEM_REUSE=safe (fences)": {"GPUMEM_REUSE": "safe"},
-               "pool, VMM, safe (fences)": {"GPUMEM_REUSE": "safe", "GPUMEM_POOL_VMM": "on"}}
+               # The fence rule before batches (a fence per free over an eighth of the budget), as a control.
+               "pool, safe, GPUMEM_FENCE_BATCH=1": {"GPUMEM_REUSE": "safe", "GPUMEM_FENCE_BATCH": "1"}}
     run_d = "d" in parts and os.path.exists(APP)
     if "d" in parts and not run_d:
         print(f"no {APP}: (d) skipped", flush=True)
     for rd in range(1, rounds + 2) if run_d else ():
         for label, extra in (list(d_modes.items()) if rd % 2 else list(d_modes.items())[::-1]):
-            env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUMEM_REUSE", "GPUMEM_POOL_VMM")}
+            env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUMEM_REUSE", "GPUMEM_POOL_VMM", "GPUMEM_FENCE_BATCH")}
             env.update(extra)
             if extra or label != "no gpumem":
                 env["LD_PRELOAD"] = LIB

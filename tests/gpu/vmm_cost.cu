@@ -1,6 +1,7 @@
-// What each virtual-memory call costs per 2 MiB chunk on the GPU, idle and while a kernel runs: the numbers the pool's trim and growth design rest on.
+// What each virtual-memory and fence call costs on the GPU, idle and while a kernel runs: the numbers the pool's trim, stitching and fence design rest on.
 //
-// Prints one line per measurement: "vmm op=NAME chunks=N us_per_chunk=X busy=0|1".  The busy
+// Prints one line per measurement: "vmm op=NAME chunks=N us_per_chunk=X busy=0|1" (per 2 MiB of
+// memory, also for the 20 MiB handles), and "fence op=NAME us_per_call=X busy=0|1".  The busy
 // runs keep a spin kernel going on a separate non-blocking stream, to show whether a call waits
 // for device work it does not touch (a call that does would turn every trim into a stall).
 #include <cuda.h>
@@ -78,6 +79,50 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
     printf("vmm op=release chunks=%d us_per_chunk=%.2f busy=%d\n", n, us_since(t) / n, busy);
     CK(cuMemAddressFree(va, gran * n));
     CK(cuMemAddressFree(va2, gran * n));
+    // Is a map's cost per handle or per byte?  The same memory in 20 MiB handles (PyTorch's page
+    // for expandable segments' large pool): a stitch or trim of fewer, larger handles.
+    {
+        const int big = 10, nb = n / big;
+        std::vector<CUmemGenericAllocationHandle> hb(nb);
+        t = clk::now();
+        for (int i = 0; i < nb; ++i) CK(cuMemCreate(&hb[i], gran * big, &prop, 0));
+        printf("vmm op=create_20mib_handles chunks=%d us_per_chunk=%.2f busy=%d\n", nb * big, us_since(t) / (nb * big), busy);
+        t = clk::now();
+        for (int i = 0; i < nb; ++i) CK(cuMemMap(va2 + size_t(i) * big * gran, gran * big, 0, hb[i], 0));
+        CK(cuMemSetAccess(va2, gran * big * nb, &acc, 1));
+        printf("vmm op=remap_range_20mib_handles chunks=%d us_per_chunk=%.2f busy=%d\n", nb * big, us_since(t) / (nb * big), busy);
+        t = clk::now();
+        CK(cuMemUnmap(va2, gran * big * nb));
+        printf("vmm op=unmap_range_20mib_handles chunks=%d us_per_chunk=%.2f busy=%d\n", nb * big, us_since(t) / (nb * big), busy);
+        for (int i = 0; i < nb; ++i) CK(cuMemRelease(hb[i]));
+    }
+    // A fence's calls (core/pool/block_pool.cc record_fence, poll_fences): an event recorded on the
+    // legacy stream, asked once reached, and an idle stream asked.  Mean over 20,000 calls.
+    {
+        const int k = 20000;
+        CUevent ev;
+        CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+        CUstream idle;
+        CK(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING));
+        t = clk::now();
+        for (int i = 0; i < k; ++i) CK(cuEventRecord(ev, CU_STREAM_LEGACY));
+        printf("fence op=event_record_legacy us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        CK(cuEventSynchronize(ev));
+        t = clk::now();
+        for (int i = 0; i < k; ++i) (void)cuEventQuery(ev);
+        printf("fence op=event_query_reached us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        t = clk::now();
+        for (int i = 0; i < k; ++i) (void)cuStreamQuery(idle);
+        printf("fence op=stream_query_idle us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        t = clk::now();
+        for (int i = 0; i < k; ++i) {
+            CK(cuEventRecord(ev, CU_STREAM_LEGACY));
+            (void)cuEventQuery(ev);
+        }
+        printf("fence op=record_then_query us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        CK(cuStreamDestroy(idle));
+        CK(cuEventDestroy(ev));
+    }
     if (busy) {
         // Did the spin kernel survive all of the above without anyone waiting for it?
         printf("vmm spin_still_running=%d\n", cudaStreamQuery(side) == cudaErrorNotReady ? 1 : 0);
