@@ -218,8 +218,9 @@ bool block_pool::use_vmm() noexcept {
     if (!vmm_decided_) {
         vmm_decided_ = true;
         const uint64_t g = cfg_.vmm ? backend_.vmm_granularity() : 0;
-        // Chunks must keep blocks 512 B-aligned and be a whole number of blocks.
-        chunk_ = g != 0 && g % cfg_.round == 0 ? g : 0;
+        // Chunks must keep blocks 512 B-aligned and be a whole number of blocks; GPUMEM_POOL_CHUNK
+        // asks for larger ones (a whole number of granules).
+        chunk_ = g != 0 && g % cfg_.round == 0 ? std::max(g, round_up(cfg_.chunk, g)) : 0;
     }
     return chunk_ != 0;
 }
@@ -1701,7 +1702,9 @@ bool block_pool::validate_locked(std::string* why) const {
         if (s->size == 0 || s->size % cfg_.round) return fail("segment size not a multiple of round", base);
         prev_end = s->base + s->size;
         if (s->vmm()) {
-            if (!chunk_ || s->size % chunk_ || s->base % chunk_ || s->chunks.size() != s->size / chunk_)
+            // (The base is aligned to the device's granularity, not to a GPUMEM_POOL_CHUNK larger
+            // than it: chunks are counted from the base.)
+            if (!chunk_ || s->size % chunk_ || s->chunks.size() != s->size / chunk_)
                 return fail("VMM segment not made of whole chunks", base);
             uint64_t m = 0;
             for (uint64_t h : s->chunks) m += h ? chunk_ : 0;

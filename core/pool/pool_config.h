@@ -40,6 +40,14 @@ struct pool_config {
     // step maps and unmaps thousands of 2 MiB chunks), so it is a choice for runs short of memory,
     // not a default (docs/benchmarks.md, "Trimming the pool on virtual memory").
     uint64_t trim = 0;
+    // GPUMEM_POOL_CHUNK (virtual memory only): the size of one physical chunk (cuMemCreate handle),
+    // rounded up to the device's granularity; 0 = the granularity (2 MiB on the H200), the default.
+    // Each map, access grant and unmap costs about the same per handle whatever its size (H200:
+    // 20 MiB handles remap at 3.5 us per 2 MiB against 33 us for 2 MiB handles, docs/benchmarks.md
+    // "What each virtual-memory call costs"), so larger chunks make stitching and trimming cheap;
+    // but the pool then gives back only whole larger chunks, and its promise rounds live bytes up
+    // to them (docs/pool.md).
+    uint64_t chunk = 0;
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory (cuMemCreate chunks) where the device
     // supports it, so that the pool can give back every whole free chunk and never fails a request
     // the driver alone would serve (docs/pool.md).  On by default since legacy IPC of pooled blocks

@@ -90,7 +90,7 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
         for (int i = 0; i < nb; ++i) CK(cuMemCreate(&hb[i], gran * big, &prop, 0));
         printf("vmm op=create_20mib_handles chunks=%d us_per_chunk=%.2f busy=%d\n", nb * big, us_since(t) / (nb * big), busy);
         CUdeviceptr vb = 0;
-        CK(cuMemAddressReserve(&vb, gran * big * nb, gran * big, 0, 0));
+        CK(cuMemAddressReserve(&vb, gran * big * nb, 0, 0, 0));
         t = clk::now();
         CUresult r = CUDA_SUCCESS;
         int mapped = 0;

@@ -127,8 +127,9 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"pool_arena\":\"auto\",") != std::string::npos);
     CHECK(s.find("\"pool_stitch\":\"off\",") != std::string::npos);
     CHECK(s.find("\"fence_batch\":4,") != std::string::npos);
-    // 4 string knobs + 13 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 17);
+    CHECK(s.find("\"pool_chunk\":0,") != std::string::npos);
+    // 4 string knobs + 14 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 18);
     std::string off = "{", sized = "{";
     with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
     with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);

@@ -131,6 +131,41 @@ TEST_CASE("a segment on virtual memory is whole chunks, mapped at once, and unma
     CHECK(pool.validate(&why));
 }
 
+TEST_CASE("GPUMEM_POOL_CHUNK: larger chunks, whole granules, given back only whole", "[pool][vmm]") {
+    fake_backend dev(100 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.chunk = 19 * MiB;  // rounded up to 20 MiB: ten granules
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, b = 0, c = 0;
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    CHECK(pool.chunk_size() == 20 * MiB);
+    CHECK(dev.mapped_chunks() == 1);  // one 20 MiB handle holds the 3 MiB block
+    CHECK(dev.in_use() == 20 * MiB);
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+    int rc = -1;
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));
+    // a [0, 3) and c [33, 36) MiB hold both 20 MiB chunks, and no free chunk is whole: nothing
+    // can go back.  60 MiB are left on the device: a request from c's end to 96 MiB fits them
+    // exactly, 65 MiB (the same, or a fresh 80 MiB of chunks) does not.
+    uint64_t d = 0;
+    CHECK(pool.allocate(65 * MiB, api_id::cuMemAlloc_v2, &d) == k_cuda_oom);
+    CHECK(sink.of(ev_kind::segment_unmap).empty());
+    CHECK(dev.in_use() == 40 * MiB);
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &d) == k_cuda_success);
+    CHECK(d == c + 3 * MiB);
+    CHECK(dev.in_use() == 100 * MiB);
+    CHECK(dev.mapped_chunks() == 5);
+    for (uint64_t p : {a, c, d}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    pool.release_cached();
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 TEST_CASE("virtual memory: a failing map leaves nothing behind, and a capture gets no unmap and no sync", "[pool][vmm]") {
     fake_backend dev(40 * MiB);
     dev.set_vmm(2 * MiB);
