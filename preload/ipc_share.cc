@@ -495,7 +495,11 @@ CUresult import_chunks(int sock, const reply_head& head, uint64_t* base_out) noe
     if (CUresult r = get_device(&dev)) return r;
     const uint64_t bytes = head.count * head.chunk;
     CUdeviceptr base = 0;
-    if (CUresult r = reserve(&base, size_t(bytes), size_t(head.chunk), 0, 0)) return r;
+    // Aligned to the largest power of two dividing the chunk: cuMemAddressReserve takes only a
+    // power of two, and a GPUMEM_POOL_CHUNK chunk is whole granules (20 MiB: ten), so this is
+    // still a multiple of the granularity that cuMemMap needs.
+    const uint64_t align = head.chunk & (~head.chunk + 1);
+    if (CUresult r = reserve(&base, size_t(bytes), size_t(align), 0, 0)) return r;
     uint64_t mapped = 0;
     CUresult err = CUDA_SUCCESS;
     while (mapped < head.count && err == CUDA_SUCCESS) {

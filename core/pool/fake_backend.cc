@@ -425,6 +425,14 @@ void fake_backend::add_peer(int device) noexcept {
     }
 }
 
+std::map<uint64_t, uint64_t>::const_iterator fake_backend::chunk_at(uint64_t addr) const noexcept {
+    auto it = chunks_.upper_bound(addr);
+    if (it == chunks_.begin()) return chunks_.end();
+    --it;
+    auto sz = chunk_size_.find(it->second);
+    return sz != chunk_size_.end() && addr - it->first < sz->second ? it : chunks_.end();
+}
+
 int fake_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     const uint64_t g = granularity_.load();
@@ -432,13 +440,20 @@ int fake_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noe
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
-    for (uint64_t a = addr; a < addr + bytes; a += g)
-        if (!chunks_.count(a)) {  // cuMemSetAccess wants every byte mapped
-            ++bad_calls_;
-            return k_cuda_invalid_value;
-        }
+    // Whole mappings only (a chunk may be several granules: GPUMEM_POOL_CHUNK), every byte mapped.
+    uint64_t a = addr;
+    while (a < addr + bytes) {
+        auto c = chunk_at(a);
+        if (c == chunks_.end() || c->first != a) break;
+        a += chunk_size_.find(c->second)->second;
+    }
+    if (a != addr + bytes) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
     try {
-        for (uint64_t a = addr; a < addr + bytes; a += g) access_[a].push_back(device);
+        for (a = addr; a < addr + bytes; a += chunk_size_.find(chunks_.find(a)->second)->second)
+            access_[a].push_back(device);
     } catch (...) {
         return k_cuda_oom;
     }
@@ -447,9 +462,9 @@ int fake_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noe
 
 bool fake_backend::peer_can_access(uint64_t addr, int device) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
-    const uint64_t g = granularity_.load();
-    if (!g) return false;
-    auto it = access_.find(addr / g * g);
+    auto c = chunk_at(addr);
+    if (c == chunks_.end()) return false;
+    auto it = access_.find(c->first);
     if (it == access_.end()) return false;
     for (int d : it->second)
         if (d == device) return true;

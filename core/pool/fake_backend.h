@@ -128,6 +128,8 @@ class fake_backend final : public pool_backend {
     // map_chunks' and map_alias's arguments: granularity, alignment, inside a reservation (mu_ held).
     int check_map(uint64_t addr, uint64_t chunk, size_t n, const void* handles) noexcept;
     void unmap_one(uint64_t addr) noexcept;                              // mu_ held
+    // The mapped chunk holding addr (a chunk may be several granules), or chunks_.end() (mu_ held).
+    std::map<uint64_t, uint64_t>::const_iterator chunk_at(uint64_t addr) const noexcept;
     // Events: handle -> ticket (0: created, never recorded).
     std::atomic<bool> events_on_{false};
     bool auto_complete_ = true;

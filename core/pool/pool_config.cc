@@ -133,6 +133,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
+            d.fence_batch = c.fence_batch;
             d.trim = c.trim;
             d.warnings = c.warnings + "pool sizes inconsistent (" + why + "); using the default sizes\n";
             if (!d.check().empty()) d = pool_config{};  // budget out of range too: all defaults

@@ -105,9 +105,10 @@ TEST_CASE("config keeps defaults for malformed values and says why", "[pool][con
 
 TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     // A small pool whose largest request cannot fit a small segment.
-    const pool_config c = with({{"GPUMEM_POOL_SMALL_SIZE", "4M"}, {"GPUMEM_STATS_MS", "250"}});
+    const pool_config c = with({{"GPUMEM_POOL_SMALL_SIZE", "4M"}, {"GPUMEM_STATS_MS", "250"}, {"GPUMEM_FENCE_BATCH", "1"}});
     CHECK(c.small_size == 1u << 20);
     CHECK(c.stats_ms == 250);  // not a size: kept
+    CHECK(c.fence_batch == 1);  // nor is this
     CHECK(c.warnings.find("inconsistent") != std::string::npos);
     CHECK(c.check().empty());
 }

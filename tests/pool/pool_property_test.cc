@@ -4,6 +4,7 @@
 
 #include <map>
 #include <random>
+#include <set>
 
 #include "pool_test_util.h"
 
@@ -190,8 +191,31 @@ uint64_t chunks_touched(const std::map<uint64_t, live_block>& live, uint64_t chu
 
 // vmm_chunk != 0: the device offers virtual memory with that granularity, and every OOM outside a
 // capture must respect the guarantee: chunks holding live bytes + the request's chunks > capacity.
-void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0, bool stitch = false) {
-    INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk << " stitch " << stitch);
+// Bytes the driver holds for live blocks: the chunks (of `chunk` bytes, counted from each
+// segment's base) that hold a live byte, and whole cuMemAlloc segments (the OOM path's last
+// resort, which a chunk larger than the granularity reaches: a request too small for a free chunk).
+uint64_t held_for_live(const std::map<uint64_t, live_block>& live, const block_pool& pool, uint64_t chunk) {
+    std::set<std::pair<uint64_t, uint64_t>> seen;
+    std::map<uint64_t, uint64_t> plain;
+    for (auto& [p, b] : live) {
+        block_pool::block_info bi{};
+        if (!pool.lookup(p, &bi)) continue;
+        if (!bi.vmm) {
+            plain[bi.segment] = bi.segment_size;
+            continue;
+        }
+        for (uint64_t k = (p - bi.segment) / chunk; k <= (p + b.asize - 1 - bi.segment) / chunk; ++k)
+            seen.insert({bi.segment, k});
+    }
+    uint64_t n = seen.size() * chunk;
+    for (auto& [base, size] : plain) n += size;
+    return n;
+}
+
+void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0, bool stitch = false,
+                uint64_t pool_chunk = 0) {
+    INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk << " stitch " << stitch
+                 << " pool chunk " << pool_chunk);
     std::mt19937_64 rng(seed);
     const uint64_t capacity = 320 * MiB;
     fake_backend dev(capacity);  // tight enough that OOM and cache release happen
@@ -202,6 +226,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
     cfg.sync_budget = 16 * MiB;
     cfg.vmm = vmm_chunk != 0;  // opt-in (GPUMEM_POOL_VMM=on)
     cfg.stitch = stitch;
+    cfg.chunk = pool_chunk;
     block_pool pool(cfg, dev, &sink, 0);
     layout_replayer replay;
     replay.immediate = mode != reuse_mode::safe;
@@ -236,10 +261,12 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
                 ++n_oom;
                 if (vmm_chunk) {
                     // The pool's limit is the driver's: this request could not have fitted.
-                    const uint64_t need = (chunks_touched(live, vmm_chunk) + (size + vmm_chunk - 1) / vmm_chunk) * vmm_chunk;
-                    INFO("size " << size << " live chunks " << chunks_touched(live, vmm_chunk));
+                    const uint64_t c = pool.chunk_size();
+                    const uint64_t held = c == vmm_chunk ? chunks_touched(live, c) * c : held_for_live(live, pool, c);
+                    const uint64_t need = held + (size + c - 1) / c * c;
+                    INFO("size " << size << " held for live blocks " << held);
                     CHECK(need > capacity);
-                    CHECK(dev.in_use() == chunks_touched(live, vmm_chunk) * vmm_chunk);
+                    CHECK(dev.in_use() == held);
                     ++n_oom_checked;
                 }
                 REQUIRE(sink.count(ev_kind::oom) == n_oom);
@@ -387,6 +414,13 @@ TEST_CASE("random operations with stitching keep every promise and the driver's 
     for (uint32_t seed : {21u, 22u, 23u}) run_random(seed, reuse_mode::safe, 3000, 2 * MiB, true);
     for (uint32_t seed : {24u, 25u}) run_random(seed, reuse_mode::immediate, 3000, 2 * MiB, true);
     run_random(26u, reuse_mode::automatic, 3000, 2 * MiB, true);
+}
+
+TEST_CASE("random operations with GPUMEM_POOL_CHUNK larger than the granularity keep every promise", "[pool][property][vmm]") {
+    run_random(31u, reuse_mode::safe, 3000, 2 * MiB, false, 6 * MiB);
+    run_random(32u, reuse_mode::safe, 3000, 2 * MiB, true, 6 * MiB);
+    run_random(33u, reuse_mode::immediate, 3000, 2 * MiB, false, 10 * MiB);
+    run_random(34u, reuse_mode::automatic, 3000, 2 * MiB, true, 4 * MiB);
 }
 
 // The replayer itself, on events made by hand: it must accept an arena segment's growth and

@@ -537,3 +537,22 @@ TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps th
     CHECK(dev.aliases() == 30);       // the second stitch dissolved, the first stays
     CHECK(dev.in_use() >= 60 * MiB);  // and so do its lenders' chunks
 }
+
+TEST_CASE("peer access with GPUMEM_POOL_CHUNK: every byte of a chunk larger than the granularity is granted", "[pool][vmm]") {
+    fake_backend dev(256 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.chunk = 20 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, b = 0;
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    pool.grant_peer(1);
+    CHECK(dev.peer_can_access(a, 1));
+    CHECK(dev.peer_can_access(a + 3 * MiB, 1));  // the chunk's second granule
+    CHECK(dev.peer_can_access(a + 30 * MiB - 1, 1));
+    REQUIRE(pool.allocate(50 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);  // mapped after the grant
+    CHECK(dev.peer_can_access(b + 5 * MiB, 1));
+    CHECK(dev.peer_can_access(b + 50 * MiB - 1, 1));
+    CHECK(dev.bad_calls() == 0);
+}
