@@ -78,6 +78,9 @@ std::string pool_config::check() const {
     if (large_segment < min_large_alloc) return "large_segment must be >= min_large_alloc";
     if (small_split == 0) return "small_split must be >= 1";
     if (sync_budget_div == 0) return "sync_budget_div must be >= 1";
+    // A chunk is the least the pool maps and gives back: larger than a device, every request would
+    // fail to map and fall through the whole OOM path to a plain cuMemAlloc (no caching at all).
+    if (chunk > (1ull << 30)) return "pool_chunk must be <= 1 GiB";
     return {};
 }
 

@@ -41,7 +41,7 @@ struct pool_config {
     // not a default (docs/benchmarks.md, "Trimming the pool on virtual memory").
     uint64_t trim = 0;
     // GPUMEM_POOL_CHUNK (virtual memory only): the size of one physical chunk (cuMemCreate handle),
-    // rounded up to the device's granularity; 0 = the granularity (2 MiB on the H200), the default.
+    // rounded up to the device's granularity, at most 1 GiB; 0 = the granularity (2 MiB on the H200), the default.
     // Each map, access grant and unmap costs about the same per handle whatever its size (H200:
     // 20 MiB handles remap at 3.5 us per 2 MiB against 33 us for 2 MiB handles, docs/benchmarks.md
     // "What each virtual-memory call costs"), so larger chunks make stitching and trimming cheap;

@@ -111,6 +111,11 @@ TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     CHECK(c.fence_batch == 1);  // nor is this
     CHECK(c.warnings.find("inconsistent") != std::string::npos);
     CHECK(c.check().empty());
+    // A chunk larger than any device would turn caching off: refused, and the default kept.
+    const pool_config huge = with({{"GPUMEM_POOL_CHUNK", "2GiB"}});
+    CHECK(huge.chunk == 0);
+    CHECK(huge.warnings.find("pool_chunk must be <= 1 GiB") != std::string::npos);
+    CHECK(with({{"GPUMEM_POOL_CHUNK", "20MiB"}}).chunk == 20u << 20);
 }
 
 TEST_CASE("config describes itself for the log header", "[pool][config]") {
