@@ -29,8 +29,10 @@ struct pool_config {
     uint64_t sync_budget = 32ull << 20;          // GPUMEM_SYNC_BUDGET: pending bytes that justify a sync (floor)
     uint64_t sync_budget_div = 16;               // GPUMEM_SYNC_BUDGET_DIV: budget = max(sync_budget, reserved / div)
     // GPUMEM_FENCE_BATCH: frees a fence covers at least, unless they reach the whole sync budget.
-    // A fence costs a driver call per live stream to record and one to ask; one per free over an
-    // eighth of the budget made a 20 MiB alloc+free pair pay both (docs/benchmarks.md, "Fence batches").
+    // A fence costs a driver call per live stream to record and one to ask (0.79 us on an idle
+    // H200); with an eighth of the budget alone every large free made its own.  Batches of 4 cut
+    // event records and stream queries per allocation by 40% on a replayed GPT-2 log, for the same
+    // peak; 8 and 16 held more memory (docs/benchmarks.md, "Fence batches").
     uint64_t fence_batch = 4;
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
     // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
@@ -40,13 +42,13 @@ struct pool_config {
     // step maps and unmaps thousands of 2 MiB chunks), so it is a choice for runs short of memory,
     // not a default (docs/benchmarks.md, "Trimming the pool on virtual memory").
     uint64_t trim = 0;
-    // GPUMEM_POOL_CHUNK (virtual memory only): the size of one physical chunk (cuMemCreate handle),
-    // rounded up to the device's granularity, at most 1 GiB; 0 = the granularity (2 MiB on the H200), the default.
-    // Each map, access grant and unmap costs about the same per handle whatever its size (H200:
-    // 20 MiB handles remap at 3.5 us per 2 MiB against 33 us for 2 MiB handles, docs/benchmarks.md
-    // "What each virtual-memory call costs"), so larger chunks make stitching and trimming cheap;
-    // but the pool then gives back only whole larger chunks, and its promise rounds live bytes up
-    // to them (docs/pool.md).
+    // GPUMEM_POOL_CHUNK (virtual memory only): the size of one physical chunk (cuMemCreate
+    // handle), rounded up to the device's granularity, at most 1 GiB; 0 (the default) = the
+    // granularity, 2 MiB on the H200.  Each map, access grant and unmap costs about the same per
+    // handle whatever its size (H200: 20 MiB handles remap at 3.5 us per 2 MiB against 33 us for
+    // 2 MiB handles, docs/benchmarks.md "Per handle, not per byte"), so larger chunks make
+    // stitching and trimming cheaper; but the pool then gives back only whole larger chunks, and
+    // its promise rounds live bytes up to them (docs/pool.md).
     uint64_t chunk = 0;
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory (cuMemCreate chunks) where the device
     // supports it, so that the pool can give back every whole free chunk and never fails a request
