@@ -177,20 +177,6 @@ struct layout_replayer {
 
 struct live_block { uint64_t size, asize; };
 
-// Chunks (of `chunk` bytes from `base`) holding at least one byte of a live block.
-uint64_t chunks_touched(const std::map<uint64_t, live_block>& live, uint64_t chunk) {
-    uint64_t n = 0, last = ~0ull;
-    for (auto& [p, b] : live) {
-        uint64_t first = p / chunk, end = (p + b.asize - 1) / chunk;
-        if (first == last) ++first;  // shared with the previous block
-        if (end >= first) n += end - first + 1;
-        last = end;
-    }
-    return n;
-}
-
-// vmm_chunk != 0: the device offers virtual memory with that granularity, and every OOM outside a
-// capture must respect the guarantee: chunks holding live bytes + the request's chunks > capacity.
 // Bytes the driver holds for live blocks: the chunks (of `chunk` bytes, counted from each
 // segment's base) that hold a live byte, and whole cuMemAlloc segments (the OOM path's last
 // resort, which a chunk larger than the granularity reaches: a request too small for a free chunk).
@@ -212,6 +198,8 @@ uint64_t held_for_live(const std::map<uint64_t, live_block>& live, const block_p
     return n;
 }
 
+// vmm_chunk != 0: the device offers virtual memory with that granularity, and every OOM outside a
+// capture must respect the guarantee: chunks holding live bytes + the request's chunks > capacity.
 void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0, bool stitch = false,
                 uint64_t pool_chunk = 0) {
     INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk << " stitch " << stitch
@@ -262,7 +250,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
                 if (vmm_chunk) {
                     // The pool's limit is the driver's: this request could not have fitted.
                     const uint64_t c = pool.chunk_size();
-                    const uint64_t held = c == vmm_chunk ? chunks_touched(live, c) * c : held_for_live(live, pool, c);
+                    const uint64_t held = held_for_live(live, pool, c);
                     const uint64_t need = held + (size + c - 1) / c * c;
                     INFO("size " << size << " held for live blocks " << held);
                     CHECK(need > capacity);
