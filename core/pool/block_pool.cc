@@ -1246,7 +1246,10 @@ bool block_pool::wait_for_old_fit(api_id api, pool_id p, uint64_t asize) {
     if (pending_bytes_[pool_index(p)] == 0 || !fences_usable() || !can_sync()) return false;
     // pending_[0, old): frees with at least `window` bytes freed after them (cum grows along
     // pending_, so a binary search).
-    const uint64_t window = sync_budget() / 4, newest = pending_.back()->cum;
+    // GPUMEM_FENCE_WAIT=any: the newest frees too, fenced now if no fence covers them yet.
+    const bool wait_any = cfg_.wait_any;
+    if (wait_any && fenced_end() < pending_.size()) record_fence();
+    const uint64_t window = wait_any ? 0 : sync_budget() / 4, newest = pending_.back()->cum;
     size_t old = size_t(std::partition_point(pending_.begin(), pending_.end(),
                                              [&](const block* x) { return newest - x->cum >= window; }) -
                         pending_.begin());

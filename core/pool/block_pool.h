@@ -222,7 +222,8 @@ class block_pool {
     // blocks on the oldest fences, one at a time, until a free block of `asize` fits in pool `p`
     // (asize 0: until every fence is reached).  True if anything was released or the sync succeeded.
     bool reclaim(api_id api, bool wait, pool_id p = pool_id::small, uint64_t asize = 0);
-    // The wait for an old pending block instead of a growth or of a cut of a larger free block.
+    // The wait for an old pending block instead of a growth or of a cut of a larger free block;
+    // GPUMEM_FENCE_WAIT says which blocks are old enough.
     bool wait_for_old_fit(api_id api, pool_id p, uint64_t asize);
     // Blocks on the oldest fence (fences_ not empty) and releases its frees; false when an event
     // broke, and the caller then falls back to sync_release().

@@ -45,6 +45,7 @@ constexpr const char* k_reuse_env = "GPUMEM_REUSE";
 constexpr const char* k_vmm_env = "GPUMEM_POOL_VMM";
 constexpr const char* k_arena_env = "GPUMEM_POOL_ARENA";
 constexpr const char* k_stitch_env = "GPUMEM_POOL_STITCH";
+constexpr const char* k_wait_env = "GPUMEM_FENCE_WAIT";
 
 // Header key of an env var: drop "GPUMEM_", lower-case.
 void append_key(std::string& out, const char* env) {
@@ -56,7 +57,7 @@ void append_key(std::string& out, const char* env) {
 }  // namespace
 
 std::vector<std::string> pool_config::knob_env_names() {
-    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env, k_stitch_env};
+    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env, k_stitch_env, k_wait_env};
     for (const size_knob& k : k_size_knobs) names.push_back(k.env);
     return names;
 }
@@ -106,6 +107,11 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
         // Stitching waits for fenced frees (docs/pool.md): with immediate reuse it never runs.
         if (c.stitch && c.reuse == reuse_mode::immediate)
             c.warnings += "GPUMEM_POOL_STITCH=on has no effect with GPUMEM_REUSE=immediate (stitching needs fenced frees)\n";
+        if (const char* v = get(k_wait_env); v && *v) {
+            if (!std::strcmp(v, "old")) c.wait_any = false;
+            else if (!std::strcmp(v, "any")) c.wait_any = true;
+            else c.warnings += std::string("GPUMEM_FENCE_WAIT=") + v + ": expected old or any; using old\n";
+        }
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
             if (!std::strcmp(v, "off")) c.arenas = false;
@@ -133,6 +139,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.arenas = c.arenas;
             d.arena = c.arena;
             d.stitch = c.stitch;
+            d.wait_any = c.wait_any;
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
@@ -160,6 +167,7 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += "\"pool_arena\":";
         s += !arenas ? std::string("\"off\"") : arena ? std::to_string(arena) : std::string("\"auto\"");
         s += stitch ? ",\"pool_stitch\":\"on\"," : ",\"pool_stitch\":\"off\",";
+        s += wait_any ? "\"fence_wait\":\"any\"," : "\"fence_wait\":\"old\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);
             s += std::to_string(this->*k.field);

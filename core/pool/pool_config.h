@@ -34,6 +34,14 @@ struct pool_config {
     // event records and stream queries per allocation by 40% on a replayed GPT-2 log, for the same
     // peak; 8 and 16 held more memory (docs/benchmarks.md, "Fence batches").
     uint64_t fence_batch = 4;
+    // GPUMEM_FENCE_WAIT = old | any: which pending blocks an allocation waits for rather than grow
+    // the pool or cut a larger free block.  old (false, the default): a block with a quarter of
+    // the sync budget freed after it, so that the GPU has work queued past its fence.  any (true):
+    // any pending block, the newest frees fenced first if they must be.  On the H200 (run 54) any
+    // reserved 1.118-1.134x the peak of requested bytes, as PyTorch's expandable_segments (1.119x),
+    // against 1.146-1.158x, but its steps took 1.105x native against 1.033x: each wait for a fresh
+    // fence lets the GPU run dry (docs/benchmarks.md, "Waiting for any fence").
+    bool wait_any = false;
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
     // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
     // reserved memory would pass the live blocks plus the request plus this much; 0 = only when the

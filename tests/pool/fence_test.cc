@@ -486,6 +486,24 @@ TEST_CASE("fences: a miss waits for an old pending block's fence rather than gro
     CHECK(f.pool.fence_wait_count() == waits);
 }
 
+TEST_CASE("fences: GPUMEM_FENCE_WAIT=any waits for the newest free too, fencing it first, rather than grow", "[fence]") {
+    // The second half of the test above, with any: the newest free's fence (recorded by the miss
+    // itself under the default batch of four frees) is waited for, and the pool does not grow.
+    pool_config cfg = safe_config();
+    cfg.wait_any = true;
+    fenced f(cfg);
+    const uint64_t x = f.alloc(24 * MiB);
+    f.dev.enqueue_work();  // a kernel reads x
+    f.free(x);
+    const uint64_t reserved = f.pool.snapshot().reserved, records = f.dev.records();
+    CHECK(f.alloc(24 * MiB) == x);
+    CHECK(f.dev.records() > records);  // the fence the free alone did not make
+    CHECK(f.pool.fence_wait_count() == 1);
+    CHECK(f.dev.completed() == f.dev.last_ticket());  // the wait let the GPU run to the free
+    CHECK(f.pool.snapshot().reserved == reserved);
+    CHECK(f.dev.sync_calls() == 0);
+}
+
 TEST_CASE("fences: a hit that would cut a large free block waits for an old tighter pending block instead", "[fence]") {
     // auto: frees are immediate until the stream appears, so x is free, not pending.
     pool_config cfg = fence_each();

@@ -105,10 +105,12 @@ TEST_CASE("config keeps defaults for malformed values and says why", "[pool][con
 
 TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     // A small pool whose largest request cannot fit a small segment.
-    const pool_config c = with({{"GPUMEM_POOL_SMALL_SIZE", "4M"}, {"GPUMEM_STATS_MS", "250"}, {"GPUMEM_FENCE_BATCH", "1"}});
+    const pool_config c = with({{"GPUMEM_POOL_SMALL_SIZE", "4M"}, {"GPUMEM_STATS_MS", "250"}, {"GPUMEM_FENCE_BATCH", "1"},
+                                {"GPUMEM_FENCE_WAIT", "any"}});
     CHECK(c.small_size == 1u << 20);
     CHECK(c.stats_ms == 250);  // not a size: kept
     CHECK(c.fence_batch == 1);  // nor is this
+    CHECK(c.wait_any);  // nor this
     CHECK(c.warnings.find("inconsistent") != std::string::npos);
     CHECK(c.check().empty());
     // A chunk larger than any device would turn caching off: refused, and the default kept.
@@ -134,8 +136,9 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"pool_stitch\":\"off\",") != std::string::npos);
     CHECK(s.find("\"fence_batch\":4,") != std::string::npos);
     CHECK(s.find("\"pool_chunk\":0,") != std::string::npos);
-    // 4 string knobs + 14 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 18);
+    CHECK(s.find("\"fence_wait\":\"old\",") != std::string::npos);
+    // 5 string knobs + 14 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 19);
     std::string off = "{", sized = "{";
     with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
     with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);
@@ -154,6 +157,13 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(with({{"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "immediate"}}).warnings.find("no effect") != std::string::npos);
     CHECK(with({{"GPUMEM_POOL_STITCH", "on"}}).warnings.empty());
     CHECK(with({{"GPUMEM_POOL_STITCH", "maybe"}}).warnings.find("GPUMEM_POOL_STITCH=maybe") != std::string::npos);
+    // GPUMEM_FENCE_WAIT: two words; anything else keeps the default with a warning.
+    CHECK_FALSE(pool_config{}.wait_any);
+    CHECK(with({{"GPUMEM_FENCE_WAIT", "any"}}).wait_any);
+    CHECK_FALSE(with({{"GPUMEM_FENCE_WAIT", "old"}}).wait_any);
+    const pool_config bad_wait = with({{"GPUMEM_FENCE_WAIT", "always"}});
+    CHECK_FALSE(bad_wait.wait_any);
+    CHECK(bad_wait.warnings.find("GPUMEM_FENCE_WAIT=always") != std::string::npos);
 }
 
 TEST_CASE("GPUMEM_POOL_VMM turns virtual-memory segments off, and warns on nonsense", "[pool][config]") {
