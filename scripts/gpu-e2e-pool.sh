@@ -43,7 +43,9 @@ python3 tests/gpu/pool_checks.py "$LOGS" "$ROUNDS" >> "$RESULTS"
 
 # Legacy IPC of pooled blocks (docs/pool.md, "Sharing memory between processes"): a child process
 # opens the parent's buffers, checks and changes them.  gpumem must give the outcome the program
-# has without it, on virtual memory (the default) and on cuMemAlloc segments.
+# has without it, on virtual memory (the default), with 20 MiB chunks (not a power of two: the
+# importer's reservation is aligned to the largest power of two dividing the chunk) and on
+# cuMemAlloc segments.
 ipc_run() {  # ipc_run WORKLOAD NAME ENV...: prints "ok" or "FAIL", the JSON line goes to the log dir
   local w=$1 name=$2; shift 2
   env "$@" timeout 300 python3 tests/gpu/ipc_share.py "$w" > "$LOGS/ipc-$w-$name.json" 2> "$LOGS/ipc-$w-$name.stderr"
@@ -55,8 +57,8 @@ ipc_run() {  # ipc_run WORKLOAD NAME ENV...: prints "ok" or "FAIL", the JSON lin
 {
   echo
   echo "### Device memory shared between processes (legacy IPC): the same outcome with and without gpumem"
-  echo '| workload | allocator | without gpumem | gpumem pool (VMM) | gpumem pool, GPUMEM_POOL_VMM=off | verdict |'
-  echo '|---|---|---|---|---|---|'
+  echo '| workload | allocator | without gpumem | gpumem pool (VMM) | gpumem pool, GPUMEM_POOL_CHUNK=20MiB | gpumem pool, GPUMEM_POOL_VMM=off | verdict |'
+  echo '|---|---|---|---|---|---|---|'
   # IPC_SPECS="torch:no-caching cupy:cudaMalloc" runs only those.
   for spec in ${IPC_SPECS:-torch:caching torch:no-caching cupy:cudaMalloc}; do
     w=${spec%%:*} alloc=${spec#*:}
@@ -64,9 +66,10 @@ ipc_run() {  # ipc_run WORKLOAD NAME ENV...: prints "ok" or "FAIL", the JSON lin
     [ "$alloc" = no-caching ] && nc=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     base=$(ipc_run "$w" "$alloc-native" "${nc[@]}")
     vmm=$(ipc_run "$w" "$alloc-gpumem" "${nc[@]}" GPUMEM_OUT="$LOGS/ipc-$w-$alloc.%p.jsonl" LD_PRELOAD="$LIB")
+    chunk=$(ipc_run "$w" "$alloc-gpumem-chunk20" "${nc[@]}" GPUMEM_POOL_CHUNK=20MiB GPUMEM_OUT="$LOGS/ipc-$w-$alloc-chunk20.%p.jsonl" LD_PRELOAD="$LIB")
     novmm=$(ipc_run "$w" "$alloc-gpumem-novmm" "${nc[@]}" GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/ipc-$w-$alloc-novmm.%p.jsonl" LD_PRELOAD="$LIB")
     verdict=PASS
-    if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ]; then verdict=FAIL; fails=$((fails + 1)); fi
-    echo "| $w | $alloc | $base | $vmm | $novmm | $verdict |"
+    if [ "$vmm" != "$base" ] || [ "$chunk" != "$base" ] || [ "$novmm" != "$base" ]; then verdict=FAIL; fails=$((fails + 1)); fi
+    echo "| $w | $alloc | $base | $vmm | $chunk | $novmm | $verdict |"
   done
 } >> "$RESULTS" 2>&1
