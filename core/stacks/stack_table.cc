@@ -32,12 +32,14 @@ void stack_table::init(python_frames::symbol_lookup lookup, stack_mode mode, siz
 
 uint32_t stack_table::capture() noexcept {
     if (!ready_.load(std::memory_order_acquire) || mode_ == stack_mode::off) return 0;
+    // Python stacks in a process without a usable interpreter (a CUDA C++ program): nothing to walk.
+    if (mode_ == stack_mode::python && !py_.active()) return 0;
     raw_frame buf[k_max_depth];  // 4 KiB of the caller's stack: fine for any thread that calls CUDA
     size_t n = 0;
     if (mode_ == stack_mode::native || mode_ == stack_mode::all) {
         uint64_t pcs[k_max_depth];
         size_t m = capture_native(pcs, depth_);
-        for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pcs[i], -1};
+        for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pcs[i], -1, 0};
     }
     if ((mode_ == stack_mode::python || mode_ == stack_mode::all) && py_.active() && n < depth_) {
         py_frame pf[k_max_depth];

@@ -50,10 +50,12 @@ class stack_table {
   private:
     // A frame as captured.  Python: the code object, the byte offset of its instruction and the
     // code object's identity (py_frame::ident).  Native: the return address, with offset -1.
+    // No default member initializers: capture() keeps k_max_depth of them on its stack, and an
+    // initializer made every capture zero 4 KiB first (a 256-step loop on every allocation).
     struct raw_frame {
         uint64_t addr;
         int32_t offset;
-        uint32_t ident = 0;
+        uint32_t ident;
         bool native() const { return offset < 0; }
     };
     // A frame as described.  Python: `text` indexes codes_ and `line` is set.  Native: `text`
