@@ -80,6 +80,9 @@ bool driver_backend::may_synchronize() noexcept {
     return r != CUDA_SUCCESS || st == CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// The captures gpumem's hooks counted: no driver call.
+bool driver_backend::may_synchronize_again() noexcept { return !capture_active(); }
+
 void driver_backend::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {
     *free_b = *total_b = 0;
     auto mem_get_info = GPUMEM_REAL(cuMemGetInfo_v2);

@@ -38,6 +38,7 @@ class driver_backend final : public pool_backend {
     int segment_free(uint64_t base) noexcept override;
     int synchronize() noexcept override;
     bool may_synchronize() noexcept override;
+    bool may_synchronize_again() noexcept override;
     void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept override;
     uint64_t vmm_granularity() noexcept override;
     int va_reserve(uint64_t bytes, uint64_t* base) noexcept override;

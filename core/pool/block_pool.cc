@@ -63,7 +63,18 @@ uint64_t block_pool::sync_budget() const noexcept {
     return std::max(cfg_.sync_budget, reserved_ / cfg_.sync_budget_div);
 }
 
-bool block_pool::can_sync() noexcept { return !exiting_ && backend_.may_synchronize(); }
+// The driver's answer (a capture no hook of gpumem saw, on the legacy stream) once per operation,
+// the backend's own count of captures at every later check of that operation: a 20 MiB pair
+// with fences asked the driver three times (cuCtxGetCurrent and cuStreamIsCapturing each), and a
+// capture begun by an unseen route between two checks of one operation is no more caught by the
+// second than by the first.  After a blocking wait, though, the driver is asked again: a wait can
+// last milliseconds.
+bool block_pool::can_sync() noexcept {
+    if (exiting_) return false;
+    if (capture_checked_) return backend_.may_synchronize_again();
+    capture_checked_ = backend_.may_synchronize();
+    return capture_checked_;
+}
 
 // ---- node recycling -------------------------------------------------------------------------
 
@@ -881,6 +892,7 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
 int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack) noexcept {
     if (!out) return k_cuda_invalid_value;
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     if (drain_owed_) drain_if_owed(api);
     int err = k_cuda_oom;
     if (size == 0) {
@@ -961,6 +973,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
     int dummy = 0;
     if (!result) result = &dummy;
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     auto it = blocks_.find(ptr);
     if (it == blocks_.end() || it->second->state != block_state::allocated) {
         bool ours = it != blocks_.end();
@@ -1040,6 +1053,7 @@ bool block_pool::sync_release(api_id api) {
     ++syncs_;
     const uint64_t destroys = streams_ ? streams_->destroy_count() : 0;  // before: see forget_destroyed
     if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
+    capture_checked_ = false;  // a wait: another thread may have begun a capture meanwhile (can_sync)
     unsettled_frees_ = 0;
     // Every fence is reached now, and destroyed streams' work has finished.
     for (fence& f : fences_) recycle_events(f.events);
@@ -1064,6 +1078,7 @@ bool block_pool::sync_release(api_id api) {
 
 void block_pool::set_streams(stream_set* streams, uint64_t ctx) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     streams_ = streams;
     ctx_ = ctx;
 }
@@ -1218,6 +1233,7 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
 
 bool block_pool::wait_oldest_fence(api_id api) {
     ++fence_waits_;
+    capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     for (uint64_t ev : fences_.front().events)
         if (backend_.event_synchronize(ev) != k_cuda_success) return false;
     const size_t left = fences_.size();
@@ -1317,6 +1333,7 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
     }
     held.unlock();  // the waits below may be long: streams may come and go meanwhile
     for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;
+    capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     recycle_events(f.events);
     if (!ok) return false;
     ++fence_waits_;
@@ -1481,6 +1498,7 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* k
 
 void block_pool::release_cached() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     try {
         if (!can_sync()) return;
         if (!pending_.empty() && !poisoned_) reclaim(api_id::none, true);
@@ -1525,6 +1543,7 @@ void block_pool::forget_all() noexcept {
 
 void block_pool::drop_all() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     forget_all();
     emit_simple(ev_kind::context_reset, api_id::none, 0);
     check_after_op();
@@ -1532,6 +1551,7 @@ void block_pool::drop_all() noexcept {
 
 void block_pool::enter_safe_reuse(api_id api) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     if (!immediate_ || cfg_.reuse != reuse_mode::automatic) return;
     immediate_ = false;
     emit_simple(ev_kind::reuse_safe, api, 0);
@@ -1557,6 +1577,7 @@ void block_pool::drain_if_owed(api_id api) noexcept {
 
 void block_pool::settle_owed_drain() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     if (!drain_owed_) return;
     drain_if_owed(api_id::none);
     check_after_op();
@@ -1569,6 +1590,7 @@ bool block_pool::reuse_is_immediate() const noexcept {
 
 void block_pool::release_all_at_exit() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     exiting_ = true;
 }
 
@@ -1594,6 +1616,7 @@ bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
 
 void block_pool::grant_peer(int device) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     if (device == device_ || exiting_) return;
     backend_.add_peer(device);  // under the lock: no map can fall between this and the walk below
     if (!chunk_) return;
@@ -1669,6 +1692,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     if (!next_stats_ns_.compare_exchange_strong(due, now_ns + cfg_.stats_ms * 1000000ull, std::memory_order_relaxed))
         return;
     std::lock_guard<std::mutex> lk(mu_);
+    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
     event e{};
     e.ev = ev_kind::stats;
     e.dev = device_;

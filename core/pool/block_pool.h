@@ -311,6 +311,7 @@ class block_pool {
     bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
+    bool capture_checked_ = false;  // this operation's may_synchronize() said true (can_sync)
     bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
 
     std::vector<addr_map::node_type> spare_addr_nodes_;

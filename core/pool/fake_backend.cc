@@ -33,7 +33,7 @@ int fake_backend::segment_free(uint64_t base) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = live_.find(base);
     // A real cuMemFree synchronizes: calling it during a capture is a pool bug, counted as such.
-    if (it == live_.end() || capturing_) {
+    if (it == live_.end() || capturing()) {
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
@@ -44,7 +44,7 @@ int fake_backend::segment_free(uint64_t base) noexcept {
 
 int fake_backend::synchronize() noexcept {
     ++sync_calls_;
-    if (capturing_) ++bad_calls_;
+    if (capturing()) ++bad_calls_;
     if (sync_result_ == k_cuda_success) complete_all();
     return sync_result_;
 }
@@ -65,7 +65,7 @@ int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
     if (!events_on_) return k_cuda_not_supported;
     ++records_;
     std::lock_guard<std::mutex> lk(mu_);
-    if (capturing_) ++bad_calls_;  // a record into a capture is a graph node, not a fence
+    if (capturing()) ++bad_calls_;  // a record into a capture is a graph node, not a fence
     auto it = events_.find(ev);
     if (it == events_.end() || stream == 0) {
         ++bad_calls_;
@@ -100,20 +100,21 @@ int fake_backend::event_query(uint64_t ev) noexcept {
 int fake_backend::event_synchronize(uint64_t ev) noexcept {
     ++event_syncs_;
     std::lock_guard<std::mutex> lk(mu_);
-    if (capturing_) ++bad_calls_;
+    if (capturing()) ++bad_calls_;
     auto it = events_.find(ev);
     if (it == events_.end()) {
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
     if (it->second > done_) done_ = it->second;  // the device works up to the event
-    if (syncs_before_capture_ > 0 && --syncs_before_capture_ == 0) capturing_ = true;
+    if (syncs_before_capture_ > 0 && --syncs_before_capture_ == 0) (capture_unseen_next_ ? capturing_unseen_ : capturing_) = true;
     return k_cuda_success;
 }
 
-void fake_backend::capture_after_event_syncs(int n) noexcept {
+void fake_backend::capture_after_event_syncs(int n, bool unseen) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     syncs_before_capture_ = n;
+    capture_unseen_next_ = unseen;
 }
 
 void fake_backend::set_auto_complete(bool on) noexcept {
@@ -159,7 +160,7 @@ int fake_backend::stream_query(uint64_t stream) noexcept {
     if (!events_on_) return k_cuda_not_supported;
     ++stream_queries_;
     std::lock_guard<std::mutex> lk(mu_);
-    if (capturing_) ++bad_calls_;  // a query of a capturing stream would invalidate the capture
+    if (capturing()) ++bad_calls_;  // a query of a capturing stream would invalidate the capture
     auto it = work_by_stream_.find(stream);
     const uint64_t last = std::max(any_work_, it == work_by_stream_.end() ? 0 : it->second);
     return last <= done_ ? k_cuda_success : k_cuda_not_ready;
@@ -317,7 +318,7 @@ int fake_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const ui
     ++unmap_calls_;
     std::lock_guard<std::mutex> lk(mu_);
     // cuMemUnmap does not wait for device work: unmapping during a capture is a pool bug.
-    if (capturing_) ++bad_calls_;
+    if (capturing()) ++bad_calls_;
     int rc = k_cuda_success;
     for (size_t i = 0; i < n; ++i) {
         auto it = chunks_.find(addr + i * chunk);
@@ -371,7 +372,7 @@ int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept 
     ++unmap_calls_;
     if (fail_unmap_alias_) return k_cuda_invalid_value;  // refused before anything is unmapped
     std::lock_guard<std::mutex> lk(mu_);
-    if (capturing_) ++bad_calls_;  // as unmap_chunks: cuMemUnmap does not wait for device work
+    if (capturing()) ++bad_calls_;  // as unmap_chunks: cuMemUnmap does not wait for device work
     int rc = k_cuda_success;
     for (size_t i = 0; i < n; ++i) {
         auto it = aliases_.find(addr + i * chunk);

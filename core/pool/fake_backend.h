@@ -26,7 +26,12 @@ class fake_backend final : public pool_backend {
     int segment_alloc(uint64_t bytes, uint64_t* base) noexcept override;
     int segment_free(uint64_t base) noexcept override;
     int synchronize() noexcept override;
-    bool may_synchronize() noexcept override { return !capturing_.load(); }
+    bool may_synchronize() noexcept override {
+        ++capture_asks_;
+        return !capturing_.load() && !capturing_unseen_.load();
+    }
+    // Only the captures a hook would have counted (set_capturing), as the preload's answer is.
+    bool may_synchronize_again() noexcept override { return !capturing_.load(); }
     void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept override;
     uint64_t vmm_granularity() noexcept override { return granularity_.load(); }
     int va_reserve(uint64_t bytes, uint64_t* base) noexcept override;
@@ -55,8 +60,9 @@ class fake_backend final : public pool_backend {
     void fail_next_records(int n) noexcept;  // the next n event_record calls fail (error 1)
     void fail_queries_after(int n) noexcept;  // n more event_query calls answer, then all fail (error 1)
     // Another thread opens a stream capture right after the next n event_synchronize calls
-    // (may_synchronize() turns false then): the pool must notice it between two waits.
-    void capture_after_event_syncs(int n) noexcept;
+    // (may_synchronize() turns false then): the pool must notice it between two waits.  unseen:
+    // by a route no hook sees (set_capturing_unseen), so only may_synchronize() knows.
+    void capture_after_event_syncs(int n, bool unseen = false) noexcept;
 
     // Peer access: devices granted on every chunk mapped from now on, and a query per chunk.
     void add_peer(int device) noexcept override;
@@ -77,6 +83,9 @@ class fake_backend final : public pool_backend {
     void fail_next_allocs(int n, int code = k_cuda_oom) noexcept;
     void set_vmm(uint64_t granularity) noexcept { granularity_ = granularity; }  // 0: no VMM
     void set_capturing(bool on) noexcept { capturing_ = on; }      // may_synchronize() returns !on
+    // A capture begun by a route no hook sees: only may_synchronize() (the driver's answer) knows.
+    void set_capturing_unseen(bool on) noexcept { capturing_unseen_ = on; }
+    uint64_t capture_asks() const noexcept { return capture_asks_.load(); }  // may_synchronize() calls
     void set_sync_result(int code) noexcept { sync_result_ = code; }
 
     // Counters and state.
@@ -120,6 +129,9 @@ class fake_backend final : public pool_backend {
     uint64_t next_ = k_base;
     int fail_n_ = 0, fail_code_ = k_cuda_oom;
     std::atomic<bool> capturing_{false};
+    std::atomic<bool> capturing_unseen_{false};
+    std::atomic<uint64_t> capture_asks_{0};
+    bool capturing() const noexcept { return capturing_ || capturing_unseen_; }  // for bad_calls_
     std::atomic<int> sync_result_{k_cuda_success};
     std::atomic<uint64_t> alloc_calls_{0}, free_calls_{0}, sync_calls_{0}, bad_calls_{0};
     std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0};
@@ -139,6 +151,7 @@ class fake_backend final : public pool_backend {
     int fail_records_ = 0;
     int ok_queries_left_ = -1;  // -1: queries never fail
     int syncs_before_capture_ = -1;  // -1: no capture opens by itself
+    bool capture_unseen_next_ = false;  // the capture it opens is an unseen one
     std::vector<int> peers_;                        // add_peer's devices
     std::map<uint64_t, std::vector<int>> access_;   // mapped chunk address -> devices granted
     std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};

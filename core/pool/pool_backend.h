@@ -37,6 +37,11 @@ struct pool_backend {
     // False while a stream capture is active on the context: the pool then never synchronizes
     // and never frees a segment.
     virtual bool may_synchronize() noexcept = 0;
+    // The same question again within one pool operation, after may_synchronize() said true: false
+    // when a capture the backend sees without a driver call (the preload: one its hooks counted)
+    // has opened since.  The pool asks may_synchronize() once per operation and this at every
+    // later check of it.  By default, may_synchronize() again.
+    virtual bool may_synchronize_again() noexcept { return may_synchronize(); }
     // cuMemGetInfo; both 0 if unknown.  Used for oom and stats events only.
     virtual void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept = 0;
 

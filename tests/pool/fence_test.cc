@@ -206,18 +206,51 @@ TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]
     CHECK(f.dev.sync_calls() == 0);
 }
 
+TEST_CASE("fences: a capture no hook saw stops records and waits too; the driver is asked once per operation", "[fence]") {
+    // The preload's may_synchronize() asks the driver (cuStreamIsCapturing) for captures begun by a
+    // route gpumem does not see; later checks within one operation use the hooks' count only.
+    fenced f;
+    f.dev.set_capturing_unseen(true);
+    const uint64_t a = f.alloc(8 * MiB);
+    f.free(a);
+    CHECK(f.alloc(8 * MiB) != a);  // pending through the capture
+    CHECK(f.dev.records() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    f.dev.set_capturing_unseen(false);
+
+    // A 20 MiB pair loop (the static-cudart program's pool hit): each pair fences its free and asks
+    // the fence, one question to the driver per pair, not one per check (three before).
+    fenced g(safe_config());
+    const uint64_t big = g.alloc(256 * MiB);
+    g.free(big);
+    g.dev.complete_all();
+    g.free(g.alloc(20 * MiB));  // warm: the 256 MiB block is free again, and cut once
+    const uint64_t asks = g.dev.capture_asks(), records = g.dev.records();
+    for (int i = 0; i < 100; ++i) {
+        g.free(g.alloc(20 * MiB));
+        g.dev.complete_all();
+    }
+    CHECK(g.dev.records() - records >= 50);  // the fences this test is about
+    CHECK(g.dev.capture_asks() - asks <= 100);
+    CHECK(g.dev.sync_calls() == 0);
+}
+
 TEST_CASE("fences: a capture opened during an OOM's waits stops them before the next wait", "[fence]") {
     // Three 20 MiB segments, freed under three fences the GPU has not reached; a 40 MiB request
     // fits in none of them, so memory runs short and the pool waits on the fences oldest first.
     // Another thread opens a capture right after the first wait: a second cuEventSynchronize
-    // would invalidate it (and a segment free or a context sync would too).
+    // would invalidate it (and a segment free or a context sync would too).  Opened by a route
+    // gpumem's hooks see, or by one they do not (only the driver's answer knows: the pool asks it
+    // again after every wait).
+    const bool unseen = GENERATE(false, true);
+    CAPTURE(unseen);
     fenced f(fence_each(), 64 * MiB);
     const uint64_t a = f.alloc(20 * MiB), b = f.alloc(20 * MiB), c = f.alloc(20 * MiB);
     f.free(a);
     f.free(b);
     f.free(c);
     REQUIRE(f.dev.event_syncs() == 0);
-    f.dev.capture_after_event_syncs(1);
+    f.dev.capture_after_event_syncs(1, unseen);
     uint64_t p = 0;
     CHECK(f.pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_oom);
     CHECK(f.dev.event_syncs() == 1);
@@ -225,6 +258,7 @@ TEST_CASE("fences: a capture opened during an OOM's waits stops them before the 
     CHECK(f.dev.sync_calls() == 0);
     // Once the capture ends, the same request is served: the waits resume.
     f.dev.set_capturing(false);
+    f.dev.set_capturing_unseen(false);
     CHECK(f.pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
     CHECK(f.dev.bad_calls() == 0);
 }
