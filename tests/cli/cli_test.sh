@@ -302,6 +302,11 @@ diff)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/before.json"
   expect_rc 0 "$GPUMEM" diff "$W/before.json" "$DATA/before.jsonl"
   expect_in "$W/out" "no change by API, kind, size class or leak"
+  # A ratio the report JSON rounded to 6 decimals (33.3%) is still "=" against its own log.
+  "$GPUMEM" report --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/frag.json"
+  expect_rc 0 "$GPUMEM" diff "$W/frag.json" "$SRC/tests/data/golden/pool_fragmentation.jsonl"
+  grep -qE "max external fragmentation +33.3% +33.3% +=$" "$W/out" || fail "diff of a report against its log: $(grep fragmentation "$W/out")"
+  expect_not_in "$W/out" "0.0 points"
   # A GPU only on one side.
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank1.jsonl" "$DATA/before.jsonl"
   expect_in "$W/out" "A: rank 1 dev 1 (pid 8001"
