@@ -272,6 +272,12 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
+  # A baseline cut short (a full disk, a killed job) is named with the line where the JSON stops.
+  "$GPUMEM" report --json "$DATA/before.jsonl" | head -n 20 > "$W/cut.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/cut.json"
+  expect_in "$W/err" "gpumem: error: baseline: $W/cut.json:21: not valid JSON (syntax error"
+  expect_rc 2 "$GPUMEM" report "$W/cut.json"
+  expect_in "$W/err" "gpumem: error: $W/cut.json:21: not valid JSON"
   printf '{"schema": "gpumem-report", "schema_version": 99, "processes": []}' > "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
