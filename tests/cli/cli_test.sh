@@ -272,6 +272,12 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
+  # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it.
+  gz=$SRC/tests/data/replay/mlp-nocache.jsonl.gz
+  expect_rc 2 "$GPUMEM" check "$gz" --max-peak 1GiB
+  expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat FILE | gpumem COMMAND /dev/stdin)"
+  expect_rc 2 "$GPUMEM" report "$gz"
+  expect_in "$W/err" "$gz:1: the file is gzip-compressed"
   # A baseline cut short (a full disk, a killed job) is named with the line where the JSON stops.
   "$GPUMEM" report --json "$DATA/before.jsonl" | head -n 20 > "$W/cut.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/cut.json"

@@ -100,6 +100,10 @@ done
 "$GPUMEM" replay "$W/frag.jsonl" --api cudamalloc 2> "$W/err" > "$W/out"; rc=$?
 [ $rc = 2 ] && grep -q "no device allocation in the log was made through cudamalloc; the log's APIs are cudaMalloc, cuMemAlloc_v2" "$W/err" \
   && [ ! -s "$W/out" ] || fail "--api cudamalloc: exit $rc, $(cat "$W/err")"
+# A compressed log, as this folder keeps them: said, with the pipe that reads it.
+"$GPUMEM" replay "$DATA/mlp-nocache.jsonl.gz" 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -q "mlp-nocache.jsonl.gz:1: the file is gzip-compressed: .*zcat FILE | gpumem replay /dev/stdin" "$W/err" \
+  || fail "gzip log: exit $rc, $(cat "$W/err")"
 # A log with no device allocation (cuMemCreate only, as JAX's default allocator makes) is an error
 # that says why, not an empty output with exit 0; beside a log that replays, a warning.
 {
