@@ -406,6 +406,14 @@ run_arguments)
   mkdir -p "$W/bin" && printf '#!/bin/sh\necho "fake report $*"\n' > "$W/bin/report" && chmod +x "$W/bin/report"
   expect_rc 0 env PATH="$W/bin:$PATH" "$GPUMEM" run -- report --json
   expect_in "$W/out" "fake report --json"
+  # -o into a folder that is a file: refused before the command runs (the library would write to
+  # /tmp, and run would then say that no log was written).
+  touch "$W/afile"
+  expect_rc 2 "$GPUMEM" run -o "$W/afile/" -- sh -c 'echo ran'
+  expect_in "$W/err" "gpumem: error: cannot create $W/afile: Not a directory"
+  expect_not_in "$W/out" "ran"
+  expect_rc 2 "$GPUMEM" run -o "$W/afile/sub/x-%p.jsonl" -- true
+  expect_in "$W/err" "gpumem: error: cannot create $W/afile/sub: Not a directory"
   ;;
 report_from_json)
   # gpumem report on a report JSON prints the same text, HTML, Perfetto trace and warnings as on the
