@@ -32,8 +32,11 @@ std::string fmt_unit(measure_unit u, double v) {
     return "";
 }
 
-// "+1.50 MiB (+12.0%)", "-3", "+4.1 points", "=" when equal.
+// "+1.50 MiB (+12.0%)", "-3", "+4.1 points", "=" when equal.  Ratios are compared at the 6 decimals
+// a report JSON keeps (report_json.cc), so a baseline report against its own logs shows "=", not
+// "+0.0 points".
 std::string fmt_change(measure_unit u, double a, double b) {
+    if (u == measure_unit::ratio && std::round(a * 1e6) == std::round(b * 1e6)) return "=";
     if (a == b) return "=";
     const char* sign = b > a ? "+" : "-";
     double d = std::fabs(b - a);

@@ -295,6 +295,19 @@ int run_replay(replay_args& a) {
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;
+    // A log with no device allocation (cuMemCreate only, as JAX's default allocator and PyTorch's
+    // expandable segments make; managed or host memory only; no events) would print nothing and
+    // exit 0: said for each such log, and an error when no log has anything to replay, as `check`
+    // treats a run with no GPU activity.
+    size_t empty = 0;
+    for (const sim::trace& tr : traces) empty += tr.devices.empty();
+    for (const sim::trace& tr : traces)
+        if (tr.devices.empty())
+            std::fprintf(stderr,
+                         "gpumem: %s: %s: no device allocation to replay (replay takes allocations of kind "
+                         "\"device\"; cuMemCreate, managed and host memory are left out)\n",
+                         empty == traces.size() ? "error" : "warning", tr.file.c_str());
+    if (empty == traces.size()) return k_exit_input;
 
     // Every (log, device, policy) replay is a task; all cores take them.
     std::vector<device_job> djobs;

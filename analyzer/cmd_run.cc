@@ -142,10 +142,16 @@ std::map<std::string, file_stamp> list_matching(const std::string& pattern) {
     return out;
 }
 
+// False with errno set when DIR cannot be made or is something else (a file named like it): the
+// library would then write to /tmp (log-format.md, "Fallback"), where run would not find the log.
 bool make_dirs(const std::string& dir) {
     if (dir.empty() || is_dir(dir)) return true;
     if (!make_dirs(dir_of(dir))) return false;
-    return ::mkdir(dir.c_str(), 0777) == 0 || errno == EEXIST;
+    if (::mkdir(dir.c_str(), 0777) == 0) return true;
+    if (errno != EEXIST) return false;
+    if (is_dir(dir)) return true;  // made by someone else meanwhile
+    errno = ENOTDIR;
+    return false;
 }
 
 volatile sig_atomic_t g_child = 0;

@@ -113,6 +113,12 @@ bool line_source::next(std::string_view& line, bool& complete) {
 // ---------------------------------------------------------------------------------------------
 // line_parser
 
+const char* compression_of(std::string_view l) {
+    if (l.size() >= 2 && l[0] == '\x1f' && l[1] == '\x8b') return "gzip";
+    if (l.size() >= 4 && l.substr(0, 4) == std::string_view("\x28\xb5\x2f\xfd", 4)) return "zstd";
+    return nullptr;
+}
+
 bool parse_hex(std::string_view s, uint64_t& out) {
     if (s.size() < 3 || s.size() > 18 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return false;
     uint64_t v = 0;

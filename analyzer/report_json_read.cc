@@ -2,10 +2,12 @@
 // the writer's (report_json.cc), the device scalars through report_fields.h.
 #include "report_json_read.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -366,8 +368,21 @@ bool looks_like_report_json(const std::string& path) {
 report_file read_report_json(const std::string& path, const std::string& open_path) {
     std::ifstream f(open_path.empty() ? path : open_path, std::ios::binary);
     if (!f) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
-    json j = json::parse(f, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw input_error(path, 0, "neither a gpumem log nor a `gpumem report --json` file");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::parse_error& e) {
+        // It starts like a report (looks_like_report_json), so say where it stops being JSON: a
+        // baseline cut short by a full disk or broken by an edit is found by its line.
+        size_t end = std::min<size_t>(e.byte ? e.byte - 1 : 0, text.size());
+        uint64_t line = 1 + uint64_t(std::count(text.begin(), text.begin() + std::ptrdiff_t(end), '\n'));
+        std::string why = e.what();
+        size_t colon = why.find(": ", why.find("column"));
+        if (colon != std::string::npos) why = why.substr(colon + 2);  // drop "[json.exception...] at line L, column C"
+        throw input_error(path, line, "not valid JSON (" + why + "): neither a gpumem log nor a complete `gpumem report --json` file");
+    }
+    if (!j.is_object()) throw input_error(path, 0, "neither a gpumem log nor a `gpumem report --json` file");
     std::string schema;
     if (!get(j, "schema", schema) || schema != "gpumem-report")
         throw input_error(path, 0, "not a `gpumem report --json` file (no \"schema\": \"gpumem-report\")");

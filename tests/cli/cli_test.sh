@@ -272,6 +272,18 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
+  # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it.
+  gz=$SRC/tests/data/replay/mlp-nocache.jsonl.gz
+  expect_rc 2 "$GPUMEM" check "$gz" --max-peak 1GiB
+  expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat FILE | gpumem COMMAND /dev/stdin)"
+  expect_rc 2 "$GPUMEM" report "$gz"
+  expect_in "$W/err" "$gz:1: the file is gzip-compressed"
+  # A baseline cut short (a full disk, a killed job) is named with the line where the JSON stops.
+  "$GPUMEM" report --json "$DATA/before.jsonl" | head -n 20 > "$W/cut.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/cut.json"
+  expect_in "$W/err" "gpumem: error: baseline: $W/cut.json:21: not valid JSON (syntax error"
+  expect_rc 2 "$GPUMEM" report "$W/cut.json"
+  expect_in "$W/err" "gpumem: error: $W/cut.json:21: not valid JSON"
   printf '{"schema": "gpumem-report", "schema_version": 99, "processes": []}' > "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
@@ -302,6 +314,11 @@ diff)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/before.json"
   expect_rc 0 "$GPUMEM" diff "$W/before.json" "$DATA/before.jsonl"
   expect_in "$W/out" "no change by API, kind, size class or leak"
+  # A ratio the report JSON rounded to 6 decimals (33.3%) is still "=" against its own log.
+  "$GPUMEM" report --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/frag.json"
+  expect_rc 0 "$GPUMEM" diff "$W/frag.json" "$SRC/tests/data/golden/pool_fragmentation.jsonl"
+  grep -qE "max external fragmentation +33.3% +33.3% +=$" "$W/out" || fail "diff of a report against its log: $(grep fragmentation "$W/out")"
+  expect_not_in "$W/out" "0.0 points"
   # A GPU only on one side.
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank1.jsonl" "$DATA/before.jsonl"
   expect_in "$W/out" "A: rank 1 dev 1 (pid 8001"
@@ -389,6 +406,14 @@ run_arguments)
   mkdir -p "$W/bin" && printf '#!/bin/sh\necho "fake report $*"\n' > "$W/bin/report" && chmod +x "$W/bin/report"
   expect_rc 0 env PATH="$W/bin:$PATH" "$GPUMEM" run -- report --json
   expect_in "$W/out" "fake report --json"
+  # -o into a folder that is a file: refused before the command runs (the library would write to
+  # /tmp, and run would then say that no log was written).
+  touch "$W/afile"
+  expect_rc 2 "$GPUMEM" run -o "$W/afile/" -- sh -c 'echo ran'
+  expect_in "$W/err" "gpumem: error: cannot create $W/afile: Not a directory"
+  expect_not_in "$W/out" "ran"
+  expect_rc 2 "$GPUMEM" run -o "$W/afile/sub/x-%p.jsonl" -- true
+  expect_in "$W/err" "gpumem: error: cannot create $W/afile/sub: Not a directory"
   ;;
 report_from_json)
   # gpumem report on a report JSON prints the same text, HTML, Perfetto trace and warnings as on the

@@ -100,6 +100,22 @@ done
 "$GPUMEM" replay "$W/frag.jsonl" --api cudamalloc 2> "$W/err" > "$W/out"; rc=$?
 [ $rc = 2 ] && grep -q "no device allocation in the log was made through cudamalloc; the log's APIs are cudaMalloc, cuMemAlloc_v2" "$W/err" \
   && [ ! -s "$W/out" ] || fail "--api cudamalloc: exit $rc, $(cat "$W/err")"
+# A compressed log, as this folder keeps them: said, with the pipe that reads it.
+"$GPUMEM" replay "$DATA/mlp-nocache.jsonl.gz" 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -q "mlp-nocache.jsonl.gz:1: the file is gzip-compressed: .*zcat FILE | gpumem replay /dev/stdin" "$W/err" \
+  || fail "gzip log: exit $rc, $(cat "$W/err")"
+# A log with no device allocation (cuMemCreate only, as JAX's default allocator makes) is an error
+# that says why, not an empty output with exit 0; beside a log that replays, a warning.
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{}}'
+  echo '{"ev":"alloc","seq":0,"t":0,"tid":1,"dev":0,"api":"cuMemCreate","kind":"vmm","ptr":"0x1000","size":2097152}'
+} > "$W/vmm_only.jsonl"
+"$GPUMEM" replay "$W/vmm_only.jsonl" 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 2 ] && grep -q "error: $W/vmm_only.jsonl: no device allocation to replay" "$W/err" \
+  || fail "vmm-only log: exit $rc, $(cat "$W/err")"
+"$GPUMEM" replay "$W/vmm_only.jsonl" "$W/frag.jsonl" 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 0 ] && grep -q "warning: $W/vmm_only.jsonl: no device allocation to replay" "$W/err" && grep -q "== $W/frag.jsonl: device 0" "$W/out" \
+  || fail "vmm-only log beside another: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
 # gpumem's knobs: an unknown one is refused with the list of known ones (not ignored); a value the
