@@ -11,8 +11,14 @@
 namespace gpumem {
 namespace {
 
-constexpr size_t k_spare_nodes = 64;
-constexpr size_t k_spare_blocks = 1024;
+// Spare tree nodes and block objects kept for reuse.  Safe reuse releases pending frees in
+// batches (a fence covers an eighth of the sync budget: 8,192 frees of 512 B), and each release
+// merges blocks back, erasing their nodes; with 64 spares kept the next batch of splits called
+// malloc for almost every block again (callgrind on the emulated device, 512 B pairs: 850 more
+// instructions per pair than immediate reuse).  A kept node costs about 48 bytes, a block 80.
+constexpr size_t k_spare_nodes = 8192;
+constexpr size_t k_spare_blocks = 8192;
+constexpr size_t k_spare_fences = 64;  // fences waiting at once, and their event lists kept
 
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
@@ -25,6 +31,9 @@ block_pool::block_pool(const pool_config& cfg, pool_backend& backend, event_sink
         // allocate (they run inside noexcept paths that must not fail halfway).
         spare_addr_nodes_.reserve(k_spare_nodes);
         spare_free_nodes_.reserve(k_spare_nodes);
+        spare_large_nodes_.reserve(k_spare_nodes);
+        fences_.reserve(k_spare_fences);
+        spare_fence_events_.reserve(k_spare_fences);
         pending_.reserve(256);
     } catch (...) {
         // No spares: every insert allocates; still correct.
@@ -114,6 +123,11 @@ void block_pool::addr_insert(block* b) {
 void block_pool::addr_erase(block* b) noexcept {
     addr_map::node_type nh = blocks_.extract(b->addr);
     if (nh && spare_addr_nodes_.size() < spare_addr_nodes_.capacity()) spare_addr_nodes_.push_back(std::move(nh));
+}
+
+void block_pool::pending_large_erase(std::multiset<uint64_t>::iterator it) noexcept {
+    std::multiset<uint64_t>::node_type nh = pending_large_.extract(it);
+    if (spare_large_nodes_.size() < spare_large_nodes_.capacity()) spare_large_nodes_.push_back(std::move(nh));
 }
 
 void block_pool::free_insert(block* b) {
@@ -1010,11 +1024,20 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         if (pend) {
             const bool large = b->seg->pool == pool_id::large;
             std::multiset<uint64_t>::iterator sized;
-            if (large) sized = pending_large_.insert(b->size);
+            if (large) {
+                if (!spare_large_nodes_.empty()) {  // a kept node: no allocation
+                    std::multiset<uint64_t>::node_type nh = std::move(spare_large_nodes_.back());
+                    spare_large_nodes_.pop_back();
+                    nh.value() = b->size;
+                    sized = pending_large_.insert(std::move(nh));
+                } else {
+                    sized = pending_large_.insert(b->size);
+                }
+            }
             try {
                 pending_.push_back(b);
             } catch (...) {
-                if (large) pending_large_.erase(sized);
+                if (large) pending_large_erase(sized);
                 throw;
             }
             // Free order, for wait_for_old_fit: pending_[k]->seq == pending_[0]->seq + k, and
@@ -1130,6 +1153,10 @@ bool block_pool::record_fence() noexcept {
     // capture hooks count it under this lock before the driver opens it).
     if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     fence f;
+    if (!spare_fence_events_.empty()) {  // an emptied list with its capacity: no allocation
+        f.events = std::move(spare_fence_events_.back());
+        spare_fence_events_.pop_back();
+    }
     try {
         f.events.reserve(fence_streams_.size() + 1);
         fences_.emplace_back();
@@ -1170,7 +1197,9 @@ int block_pool::poll_fences(api_id api, bool waited) {
         if (rc != k_cuda_success) break;
         n = f.end;
         recycle_events(f.events);
-        fences_.pop_front();
+        if (spare_fence_events_.size() < spare_fence_events_.capacity())
+            spare_fence_events_.push_back(std::move(f.events));  // cannot throw: within capacity
+        fences_.erase(fences_.begin());
     }
     if (n) release_prefix(n, api, true, waited);
     return rc == k_cuda_not_ready ? k_cuda_success : rc;
@@ -1183,7 +1212,7 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
         pending_bytes_[pool_index(b->seg->pool)] -= b->size;
         if (b->seg->pool == pool_id::large) {
             auto it = pending_large_.find(b->size);
-            if (it != pending_large_.end()) pending_large_.erase(it);
+            if (it != pending_large_.end()) pending_large_erase(it);
         }
         make_free(b);
     }

@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -255,6 +254,7 @@ class block_pool {
     void addr_erase(block* b) noexcept;
     void free_insert(block* b);
     void free_erase(block* b) noexcept;
+    void pending_large_erase(std::multiset<uint64_t>::iterator it) noexcept;  // keeps the node
 
     void emit_block(ev_kind ev, api_id api, const block* b, uint64_t requested, int err, uint32_t stack = 0) noexcept;
     void emit_segment(ev_kind ev, api_id api, const segment* s) noexcept;
@@ -279,6 +279,7 @@ class block_pool {
     uint64_t arena_size_ = 0;                // address space of a new arena; 0 = no arenas (decided once)
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
+    std::vector<std::multiset<uint64_t>::node_type> spare_large_nodes_;  // for its inserts
     uint64_t next_seq_ = 0;                  // the next pending block's seq
     uint64_t pending_cum_ = 0;               // bytes ever freed into pending_ (block::cum)
 
@@ -301,7 +302,10 @@ class block_pool {
         std::vector<uint64_t> events;
         size_t end = 0;
     };
-    std::deque<fence> fences_;
+    // Oldest first.  A vector, popped at the front: rarely more than a few fences wait, and a deque
+    // would allocate and free a node buffer every 16 fences of a steady loop.
+    std::vector<fence> fences_;
+    std::vector<std::vector<uint64_t>> spare_fence_events_;  // released fences' event lists, emptied
     std::vector<uint64_t> spare_events_;   // reached events, reused for the next fence
     std::vector<uint64_t> fence_streams_;  // scratch: the streams of the fence being made
     stream_set* streams_ = nullptr;
