@@ -263,6 +263,33 @@ TEST_CASE("fences: a capture opened during an OOM's waits stops them before the 
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no segment freed or unmapped", "[fence]") {
+    // Immediate reuse on virtual memory: a freed 40 MiB segment is wholly free, but its last
+    // owner's work may still run, so the OOM path waits for every stream before unmapping it.
+    // Another thread opens a capture right after that wait: the segment must stay (cuMemUnmap
+    // and cuMemFree during a capture are what the pool never does), whichever route opened it.
+    const bool unseen = GENERATE(false, true);
+    CAPTURE(unseen);
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    cfg.arenas = false;
+    fenced f(cfg, 64 * MiB, 2 * MiB);
+    f.free(f.alloc(40 * MiB));
+    f.dev.capture_after_event_syncs(1, unseen);
+    uint64_t p = 0;
+    const uint64_t unmaps = f.dev.unmap_calls();
+    CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_oom);
+    CHECK(f.dev.event_syncs() == 1);  // the wait for the streams
+    CHECK(f.dev.unmap_calls() == unmaps);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    // Once the capture ends, the segment goes back and the request is served.
+    f.dev.set_capturing(false);
+    f.dev.set_capturing_unseen(false);
+    CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: what no fence covers falls back to one context synchronize", "[fence]") {
     SECTION("a destroyed stream's work") {
         fenced f;
