@@ -831,7 +831,8 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             if (chunk_ && unsettled_frees_) settle_frees(api);
             dissolve_free_stitched(api);
             release_free_segments(api);
-            if (chunk_ && !unsettled_frees_) unmap_free_chunks(api);
+            // Again: settle_frees may have waited (a capture opened meanwhile forbids unmapping).
+            if (chunk_ && !unsettled_frees_ && can_sync()) unmap_free_chunks(api);
         }
     }
     // With arenas, first the holes just made (mapping into them joins their free neighbours).
@@ -1407,6 +1408,9 @@ void block_pool::release_free_segments(api_id api) {
         // Unmapping does not wait for device work, as cuMemFree does: a block freed for immediate
         // reuse may still have its last owner's work queued.
         if (s->vmm() && unsettled_frees_ && !settle_frees(api)) return;
+        // A capture opened on another thread during that wait (or a caller's): no unmap and no
+        // cuMemFree now; the segment stays cached until the next chance.
+        if (!can_sync()) return;
         // Logged before the driver call, so a reuse of the address by anyone else is logged after.
         // If the driver refuses, the context is broken: the segment is forgotten (leaked) anyway,
         // which keeps the pool and its log in agreement.

@@ -235,6 +235,44 @@ TEST_CASE("fences: a capture no hook saw stops records and waits too; the driver
     CHECK(g.dev.sync_calls() == 0);
 }
 
+TEST_CASE("fences: each operation asks the driver afresh; an answer kept from the one before would miss a capture opened between them", "[fence]") {
+    // The operation before leaves its "no capture" behind (capture_checked_); then a capture no
+    // hook sees opens.  Each public operation that may record, wait or sync must ask again.
+    const int op = GENERATE(0, 1, 2, 3, 4);
+    const char* const names[] = {"deallocate", "allocate", "release_cached", "enter_safe_reuse", "settle_owed_drain"};
+    CAPTURE(names[op]);
+    pool_config cfg = fence_each();
+    if (op >= 3) cfg.reuse = reuse_mode::automatic;  // the switch and its owed drain
+    fenced f(cfg);
+    const uint64_t a = f.alloc(8 * MiB), b = f.alloc(8 * MiB);
+    if (op == 4) {  // a drain owed: the switch came during a capture the hooks saw
+        f.dev.set_capturing(true);
+        f.pool.enter_safe_reuse(api_id::cuStreamCreate);
+        f.dev.set_capturing(false);
+    }
+    if (op <= 2) {
+        f.free(a);  // asks the driver (no capture), records a fence
+        if (op == 1) f.free(b);
+    } else {
+        f.pool.release_cached();  // asks the driver (no capture); nothing to give back
+    }
+    const uint64_t records = f.dev.records(), waits = f.dev.event_syncs();
+    f.dev.set_capturing_unseen(true);
+    uint64_t p = 0;
+    switch (op) {
+        case 0: f.free(b); break;  // over an eighth of the budget: would fence it
+        case 1: CHECK(f.pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success); break;  // would wait for a's fence
+        case 2: f.pool.release_cached(); break;  // would wait for a's fence
+        case 3: f.pool.enter_safe_reuse(api_id::cuStreamCreate); break;  // would drain by fence
+        case 4: f.pool.settle_owed_drain(); break;  // would drain by fence
+    }
+    CHECK(f.dev.records() == records);
+    CHECK(f.dev.event_syncs() == waits);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    f.dev.set_capturing_unseen(false);
+}
+
 TEST_CASE("fences: a capture opened during an OOM's waits stops them before the next wait", "[fence]") {
     // Three 20 MiB segments, freed under three fences the GPU has not reached; a 40 MiB request
     // fits in none of them, so memory runs short and the pool waits on the fences oldest first.
@@ -260,6 +298,33 @@ TEST_CASE("fences: a capture opened during an OOM's waits stops them before the 
     f.dev.set_capturing(false);
     f.dev.set_capturing_unseen(false);
     CHECK(f.pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
+TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no segment freed or unmapped", "[fence]") {
+    // Immediate reuse on virtual memory: a freed 40 MiB segment is wholly free, but its last
+    // owner's work may still run, so the OOM path waits for every stream before unmapping it.
+    // Another thread opens a capture right after that wait: the segment must stay (cuMemUnmap
+    // and cuMemFree during a capture are what the pool never does), whichever route opened it.
+    const bool unseen = GENERATE(false, true);
+    CAPTURE(unseen);
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    cfg.arenas = false;
+    fenced f(cfg, 64 * MiB, 2 * MiB);
+    f.free(f.alloc(40 * MiB));
+    f.dev.capture_after_event_syncs(1, unseen);
+    uint64_t p = 0;
+    const uint64_t unmaps = f.dev.unmap_calls();
+    CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_oom);
+    CHECK(f.dev.event_syncs() == 1);  // the wait for the streams
+    CHECK(f.dev.unmap_calls() == unmaps);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    // Once the capture ends, the segment goes back and the request is served.
+    f.dev.set_capturing(false);
+    f.dev.set_capturing_unseen(false);
+    CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
     CHECK(f.dev.bad_calls() == 0);
 }
 
