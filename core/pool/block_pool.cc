@@ -1076,8 +1076,9 @@ bool block_pool::sync_release(api_id api) {
     if (!can_sync()) return false;
     ++syncs_;
     const uint64_t destroys = streams_ ? streams_->destroy_count() : 0;  // before: see forget_destroyed
-    if (backend_.synchronize() != k_cuda_success) return false;  // a broken context: keep them pending
-    capture_checked_ = false;  // a wait: another thread may have begun a capture meanwhile (can_sync)
+    const int rc = backend_.synchronize();
+    capture_checked_ = false;  // a wait, even a failed one: a capture may have begun meanwhile (can_sync)
+    if (rc != k_cuda_success) return false;  // a broken context: keep them pending
     unsettled_frees_ = 0;
     // Every fence is reached now, and destroyed streams' work has finished.
     for (fence& f : fences_) recycle_events(f.events);
