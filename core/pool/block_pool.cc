@@ -906,8 +906,7 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
 
 int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack) noexcept {
     if (!out) return k_cuda_invalid_value;
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     if (drain_owed_) drain_if_owed(api);
     int err = k_cuda_oom;
     if (size == 0) {
@@ -987,8 +986,7 @@ void block_pool::make_free(block* b) {
 bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
     int dummy = 0;
     if (!result) result = &dummy;
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     auto it = blocks_.find(ptr);
     if (it == blocks_.end() || it->second->state != block_state::allocated) {
         bool ours = it != blocks_.end();
@@ -1102,8 +1100,7 @@ bool block_pool::sync_release(api_id api) {
 // ---- fences ---------------------------------------------------------------------------------
 
 void block_pool::set_streams(stream_set* streams, uint64_t ctx) noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     streams_ = streams;
     ctx_ = ctx;
 }
@@ -1531,8 +1528,7 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* k
 }
 
 void block_pool::release_cached() noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     try {
         if (!can_sync()) return;
         if (!pending_.empty() && !poisoned_) reclaim(api_id::none, true);
@@ -1576,16 +1572,14 @@ void block_pool::forget_all() noexcept {
 }
 
 void block_pool::drop_all() noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     forget_all();
     emit_simple(ev_kind::context_reset, api_id::none, 0);
     check_after_op();
 }
 
 void block_pool::enter_safe_reuse(api_id api) noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     if (!immediate_ || cfg_.reuse != reuse_mode::automatic) return;
     immediate_ = false;
     emit_simple(ev_kind::reuse_safe, api, 0);
@@ -1610,8 +1604,7 @@ void block_pool::drain_if_owed(api_id api) noexcept {
 }
 
 void block_pool::settle_owed_drain() noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     if (!drain_owed_) return;
     drain_if_owed(api_id::none);
     check_after_op();
@@ -1623,8 +1616,7 @@ bool block_pool::reuse_is_immediate() const noexcept {
 }
 
 void block_pool::release_all_at_exit() noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     exiting_ = true;
 }
 
@@ -1649,8 +1641,7 @@ bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
 }
 
 void block_pool::grant_peer(int device) noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     if (device == device_ || exiting_) return;
     backend_.add_peer(device);  // under the lock: no map can fall between this and the walk below
     if (!chunk_) return;
@@ -1725,8 +1716,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     // One caller per interval wins; the others return at once.
     if (!next_stats_ns_.compare_exchange_strong(due, now_ns + cfg_.stats_ms * 1000000ull, std::memory_order_relaxed))
         return;
-    std::lock_guard<std::mutex> lk(mu_);
-    capture_checked_ = false;  // a new operation asks the driver again (can_sync)
+    op_lock lk(*this);
     event e{};
     e.ev = ev_kind::stats;
     e.dev = device_;

@@ -165,6 +165,13 @@ class block_pool {
     using free_set = std::set<block*, by_size_addr>;
     using addr_map = std::map<uint64_t, block*>;
 
+    // The lock of one state-changing operation.  It also makes the operation's first capture check
+    // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.
+    struct op_lock {
+        std::lock_guard<std::mutex> lk;
+        explicit op_lock(block_pool& p) : lk(p.mu_) { p.capture_checked_ = false; }
+    };
+
     static int pool_index(pool_id p) noexcept { return p == pool_id::small ? 0 : 1; }
     pool_id pool_for(uint64_t size) const noexcept;
     uint64_t segment_size_for(pool_id p, uint64_t asize) const noexcept;

@@ -85,6 +85,7 @@ class fake_backend final : public pool_backend {
     void set_capturing(bool on) noexcept { capturing_ = on; }      // may_synchronize() returns !on
     // A capture begun by a route no hook sees: only may_synchronize() (the driver's answer) knows.
     void set_capturing_unseen(bool on) noexcept { capturing_unseen_ = on; }
+    void end_captures() noexcept { capturing_ = capturing_unseen_ = false; }  // both kinds end
     uint64_t capture_asks() const noexcept { return capture_asks_.load(); }  // may_synchronize() calls
     void set_sync_result(int code) noexcept { sync_result_ = code; }
 

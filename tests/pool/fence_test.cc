@@ -295,8 +295,7 @@ TEST_CASE("fences: a capture opened during an OOM's waits stops them before the 
     CHECK(f.dev.bad_calls() == 0);
     CHECK(f.dev.sync_calls() == 0);
     // Once the capture ends, the same request is served: the waits resume.
-    f.dev.set_capturing(false);
-    f.dev.set_capturing_unseen(false);
+    f.dev.end_captures();
     CHECK(f.pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
     CHECK(f.dev.bad_calls() == 0);
 }
@@ -322,8 +321,7 @@ TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no
     CHECK(f.dev.sync_calls() == 0);
     CHECK(f.dev.bad_calls() == 0);
     // Once the capture ends, the segment goes back and the request is served.
-    f.dev.set_capturing(false);
-    f.dev.set_capturing_unseen(false);
+    f.dev.end_captures();
     CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
     CHECK(f.dev.bad_calls() == 0);
 }
