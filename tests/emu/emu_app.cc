@@ -285,8 +285,10 @@ void crash(const char* how, int n) {
         pause();
     }
     if (!strcmp(how, "kill")) {
-        // Give the writer a few flush intervals for the first n, then n more that may be lost.
-        usleep(300000);
+        // Give the writer many flush intervals for the first n, then n more that may be lost.  One
+        // second, not 300 ms: on a dev machine running a CI and a ctest at once (load 5 on 2
+        // cores) the writer thread once went 300 ms without a turn.
+        usleep(1000000);
         for (int i = 0; i < n; ++i) {
             CUdeviceptr p;
             CHECK(a.alloc(&p, 8192 + size_t(i)));

@@ -1,8 +1,12 @@
 // A plain CUDA C++ program built with nvcc's default static cudart: the allocations gpumem must see through the resolver.
 //
-// Prints the sizes it allocated, then (with "bench") the mean, median and 90th percentile cost of
-// cudaMalloc+cudaFree pairs, each pair timed on its own, so
-// gpu-e2e.sh can compare the same binary with and without gpumem.
+// Prints the sizes it allocated, then (with "bench [HOLD_MIB]") the mean, median and 90th
+// percentile cost of cudaMalloc+cudaFree pairs, and of the driver's cuMemAlloc+cuMemFree pairs
+// (the same call gpumem serves, without cudart's own work around it), each pair timed on its own,
+// so gpu-e2e.sh and pool_bench.py can compare the same binary with and without gpumem.  HOLD_MIB
+// (default 0): live memory held in 64 MiB blocks during the loops, as a training program holds
+// its weights and activations while it allocates (a pool's fence batches scale with its size).
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +14,7 @@
 #include <numeric>
 #include <vector>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 __global__ void fill(char* p, size_t n) {
@@ -37,20 +42,51 @@ int main(int argc, char** argv) {
     CHECK(cudaDeviceSynchronize());
     for (int i = 0; i < 4; ++i) CHECK(cudaFree(ptrs[i]));
     if (argc > 1 && !strcmp(argv[1], "bench")) {
-        for (size_t size : {size_t(512), size_t(1) << 20, size_t(20) << 20}) {
-            const int n = 2000;
-            std::vector<double> us(n);
-            for (int i = 0; i < n; ++i) {
-                auto t0 = std::chrono::steady_clock::now();
-                char* p;
-                CHECK(cudaMalloc(&p, size));
-                CHECK(cudaFree(p));
-                us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-            }
-            double mean = std::accumulate(us.begin(), us.end(), 0.0) / n;
-            std::sort(us.begin(), us.end());
-            printf("bench size=%zu pair_us=%.2f median_us=%.2f p90_us=%.2f\n", size, mean, us[n / 2], us[n * 9 / 10]);
+        const size_t hold_mib = argc > 2 ? strtoull(argv[2], nullptr, 10) : 0;
+        std::vector<void*> held;
+        for (size_t m = 0; m < hold_mib; m += 64) {
+            void* h;
+            CHECK(cudaMalloc(&h, size_t(64) << 20));
+            held.push_back(h);
         }
+        // The driver's entry points through cudart, as a static-cudart program reaches them
+        // (cuGetProcAddress), so no -lcuda is needed.
+        using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
+        using free_fn = CUresult (*)(CUdeviceptr);
+        void *a = nullptr, *f = nullptr;
+        cudaDriverEntryPointQueryResult qa, qf;
+        CHECK(cudaGetDriverEntryPointByVersion("cuMemAlloc", &a, 3020, cudaEnableDefault, &qa));
+        CHECK(cudaGetDriverEntryPointByVersion("cuMemFree", &f, 3020, cudaEnableDefault, &qf));
+        if (qa != cudaDriverEntryPointSuccess || qf != cudaDriverEntryPointSuccess) {
+            fprintf(stderr, "no cuMemAlloc/cuMemFree entry point\n");
+            return 3;
+        }
+        for (int api = 0; api < 2; ++api) {
+            for (size_t size : {size_t(512), size_t(1) << 20, size_t(20) << 20}) {
+                const int n = 2000;
+                std::vector<double> us(n);
+                for (int i = 0; i < n; ++i) {
+                    auto t0 = std::chrono::steady_clock::now();
+                    if (api == 0) {
+                        char* p;
+                        CHECK(cudaMalloc(&p, size));
+                        CHECK(cudaFree(p));
+                    } else {
+                        CUdeviceptr p;
+                        if (alloc_fn(a)(&p, size) != CUDA_SUCCESS || free_fn(f)(p) != CUDA_SUCCESS) {
+                            fprintf(stderr, "cuMemAlloc/cuMemFree failed\n");
+                            return 3;
+                        }
+                    }
+                    us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+                }
+                double mean = std::accumulate(us.begin(), us.end(), 0.0) / n;
+                std::sort(us.begin(), us.end());
+                printf("bench api=%s hold_mib=%zu size=%zu pair_us=%.2f median_us=%.2f p90_us=%.2f\n",
+                       api == 0 ? "cudaMalloc" : "cuMemAlloc", hold_mib, size, mean, us[n / 2], us[n * 9 / 10]);
+            }
+        }
+        for (void* h : held) CHECK(cudaFree(h));
     }
     return 0;
 }
