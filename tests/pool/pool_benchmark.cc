@@ -42,7 +42,7 @@ struct counting_sink final : event_sink {
 double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size, uint64_t hold_mib) {
     fake_backend dev;
     counting_sink sink;
-    pool_config cfg;
+    pool_config cfg = pool_config::from_env();  // GPUMEM_SYNC_BUDGET, GPUMEM_FENCE_BATCH, ... apply here too
     cfg.reuse = mode;
     cfg.vmm = vmm;
     if (vmm) dev.set_vmm(2 << 20);
