@@ -1051,11 +1051,14 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             pending_bytes_[pool_index(b->seg->pool)] += b->size;
             // One fence per batch of frees, recorded now so that it has usually been reached by
             // the time the memory is wanted.  A batch is an eighth of the sync budget and at least
-            // fence_batch frees, or the whole budget (pool_config::fence_batch says why).
+            // fence_batch frees, or the whole budget (pool_config::fence_batch says why); a single
+            // free when the last fence had no non-blocking stream to ask, as batches amortize the
+            // per-stream calls and a lone legacy-stream event gains nothing by waiting.
             unfenced_bytes_ += b->size;
             const uint64_t budget = sync_budget();
+            const uint64_t batch = last_fence_streams_ ? cfg_.fence_batch : 1;
             if (!poisoned_ && streams_ && unfenced_bytes_ >= budget / 8 &&
-                (pending_.size() - fenced_end() >= cfg_.fence_batch || unfenced_bytes_ >= budget) && can_sync())
+                (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= budget) && can_sync())
                 record_fence();
         } else {
             make_free(b);
@@ -1181,6 +1184,7 @@ bool block_pool::record_fence() noexcept {
     f.end = pending_.size();
     fences_.back() = std::move(f);
     unfenced_bytes_ = 0;
+    last_fence_streams_ = fence_streams_.size();
     return true;
 }
 

@@ -315,6 +315,10 @@ class block_pool {
     std::vector<std::vector<uint64_t>> spare_fence_events_;  // released fences' event lists, emptied
     std::vector<uint64_t> spare_events_;   // reached events, reused for the next fence
     std::vector<uint64_t> fence_streams_;  // scratch: the streams of the fence being made
+    // Non-blocking streams the last fence had to ask (SIZE_MAX before the first): 0 when a fence
+    // is one event on the legacy stream, which a batch of frees does not amortize
+    // (pool_config::fence_batch).
+    size_t last_fence_streams_ = SIZE_MAX;
     stream_set* streams_ = nullptr;
     uint64_t ctx_ = 0;
     int events_state_ = 0;             // 0: not tried, 1: the backend has events, -1: it has none

@@ -32,7 +32,10 @@ struct pool_config {
     // A fence costs a driver call per live stream to record and one to ask (0.79 us on an idle
     // H200); with an eighth of the budget alone every large free made its own.  Batches of 4 cut
     // event records and stream queries per allocation by 40% on a replayed GPT-2 log, for the same
-    // peak; 8 and 16 held more memory (docs/benchmarks.md, "Fence batches").
+    // peak; 8 and 16 held more memory (docs/benchmarks.md, "Fence batches").  The batch applies
+    // while fences have non-blocking streams to ask; once a fence had none (GPUMEM_REUSE=safe, or
+    // auto switched by blocking streams), each free over an eighth is fenced alone: the 20 MiB pool
+    // hit with 4 GiB held fell from 1.97-2.32 to 1.26-1.55 us on the H200 (run 61).
     uint64_t fence_batch = 4;
     // GPUMEM_FENCE_WAIT = old | any: which pending blocks an allocation waits for rather than grow
     // the pool or cut a larger free block.  old (false, the default): a block with a quarter of
