@@ -1160,16 +1160,35 @@ bool block_pool::record_fence() noexcept {
         spare_fence_events_.pop_back();
     }
     try {
-        f.events.reserve(fence_streams_.size() + 1);
+        // Room for an event per stream at the record and another at the sweep.
+        f.events.reserve(2 * fence_streams_.size() + 1);
+        hot_scratch_.reserve(fence_streams_.size());
         fences_.emplace_back();
     } catch (...) {
         return false;
     }
-    // The legacy stream first: its event covers it and every blocking stream; then one event on
-    // each non-blocking stream that still has work (an idle one has nothing before the fence).
+    // The legacy stream first: its event covers it and every blocking stream.  Then each
+    // non-blocking stream that was busy at its last check: an event if it still has work (an idle
+    // one has nothing before the fence).  The others were idle at their last check; PyTorch makes
+    // 32 streams or more at its first side stream and runs work on one or two, and a cuStreamQuery
+    // costs 0.27-1.5 us on the H200 (docs/benchmarks.md), so they are asked once for all the fences
+    // recorded until a release needs them (sweep_streams), not at every fence.
     bool ok = true;
+    hot_scratch_.clear();
     for (size_t i = 0; ok && i <= fence_streams_.size(); ++i) {
-        if (i > 0 && backend_.stream_query(fence_streams_[i - 1]) == k_cuda_success) continue;
+        if (i > 0) {
+            const uint64_t st = fence_streams_[i - 1];
+            const hot_stream* h = find_hot(st);
+            if (!h) {
+                f.unswept = true;
+                continue;
+            }
+            if (backend_.stream_query(st) == k_cuda_success) {  // idle: nothing before this fence
+                if (h->idle + 1 < k_hot_checks) hot_scratch_.push_back({st, h->idle + 1});  // reserved
+                continue;  // else cold from the next fence on
+            }
+            hot_scratch_.push_back({st, 0});  // reserved: cannot throw
+        }
         uint64_t ev = 0;
         ok = take_event(&ev);
         if (!ok) break;
@@ -1181,6 +1200,7 @@ bool block_pool::record_fence() noexcept {
         fences_.pop_back();
         return false;
     }
+    hot_streams_.swap(hot_scratch_);
     f.end = pending_.size();
     fences_.back() = std::move(f);
     unfenced_bytes_ = 0;
@@ -1188,14 +1208,51 @@ bool block_pool::record_fence() noexcept {
     return true;
 }
 
+const block_pool::hot_stream* block_pool::find_hot(uint64_t stream) const noexcept {
+    for (const hot_stream& h : hot_streams_)
+        if (h.stream == stream) return &h;
+    return nullptr;
+}
+
+int block_pool::sweep_streams() noexcept {
+    if (!can_sync()) return k_cuda_not_ready;
+    std::unique_lock<std::mutex> held = streams_->hold();
+    if (!can_sync()) return k_cuda_not_ready;  // as in record_fence: a capture opened meanwhile
+    if (!streams_->fence_streams(ctx_, fence_streams_, held)) return k_cuda_not_supported;
+    for (uint64_t st : fence_streams_) {
+        if (backend_.stream_query(st) == k_cuda_success) continue;
+        // Busy: an event now, after everything it had before those frees, for each fence.
+        try {
+            if (!find_hot(st)) hot_streams_.push_back({st, 0});
+            for (fence& f : fences_) {
+                if (!f.unswept) continue;
+                uint64_t ev = 0;
+                if (!take_event(&ev)) return k_cuda_not_supported;
+                f.events.push_back(ev);  // within the record's reserve unless streams were added since
+                if (backend_.event_record(ev, st) != k_cuda_success) return k_cuda_not_supported;
+            }
+        } catch (...) {
+            return k_cuda_not_supported;
+        }
+    }
+    for (fence& f : fences_) f.unswept = false;
+    return k_cuda_success;
+}
+
 int block_pool::poll_fences(api_id api, bool waited) {
     size_t n = 0;
     int rc = k_cuda_success;
     while (!fences_.empty()) {
         fence& f = fences_.front();
-        for (uint64_t ev : f.events) {
-            rc = backend_.event_query(ev);
-            if (rc != k_cuda_success) break;
+        size_t from = 0;
+        for (;;) {
+            for (size_t k = from; k < f.events.size() && rc == k_cuda_success; ++k) rc = backend_.event_query(f.events[k]);
+            if (rc != k_cuda_success || !f.unswept) break;
+            // Its events are reached; the streams it did not ask are asked now, once for every
+            // fence so far (none is unswept after).  A busy one adds an event to each, which is
+            // asked next.  A capture leaves the fences waiting (k_cuda_not_ready: success below).
+            from = f.events.size();
+            rc = sweep_streams();
         }
         if (rc != k_cuda_success) break;
         n = f.end;
@@ -1264,6 +1321,10 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
 }
 
 bool block_pool::wait_oldest_fence(api_id api) {
+    // The streams it did not ask first, so that the wait covers them too.  Its callers checked
+    // can_sync(), so a refusal here is a capture opened meanwhile or a stream destroyed: both
+    // fall back as a broken event does (sync_release, which a capture also stops).
+    if (fences_.front().unswept && sweep_streams() != k_cuda_success) return false;
     ++fence_waits_;
     capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     for (uint64_t ev : fences_.front().events)
@@ -1565,6 +1626,7 @@ void block_pool::forget_all() noexcept {
     pending_.clear();
     pending_large_.clear();
     fences_.clear();          // the events went with the context (or the process is ending)
+    hot_streams_.clear();     // and its streams
     spare_events_.clear();
     events_state_ = 0;
     unfenced_bytes_ = 0;

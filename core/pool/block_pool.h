@@ -236,6 +236,12 @@ class block_pool {
     bool wait_oldest_fence(api_id api);
     bool fences_usable() noexcept;
     bool record_fence() noexcept;          // fences pending_[fenced_end(), size); false if it cannot
+    // Asks every non-blocking stream of the context once, for every unswept fence: an idle stream
+    // has finished all it had before their frees; a busy one gets an event per such fence.
+    // k_cuda_success; k_cuda_not_ready when no query is allowed now (a capture: the fences wait);
+    // another error when fences cannot cover the context (a stream destroyed since, a failed
+    // record: the caller falls back to a sync).
+    int sweep_streams() noexcept;
     // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
     // oldest fence, which its pool_sync says.
     int poll_fences(api_id api, bool waited = false);
@@ -305,9 +311,12 @@ class block_pool {
 
     // A fence: events recorded on the legacy stream and on every non-blocking stream of the
     // context after pending_[0, end) were freed.  Oldest first.
+    // unswept: some non-blocking stream was not asked at the record (it was idle at its last
+    // check); before the fence releases anything, one sweep asks every stream (sweep_streams).
     struct fence {
         std::vector<uint64_t> events;
         size_t end = 0;
+        bool unswept = false;
     };
     // Oldest first.  A vector, popped at the front: rarely more than a few fences wait, and a deque
     // would allocate and free a node buffer every 16 fences of a steady loop.
@@ -315,6 +324,17 @@ class block_pool {
     std::vector<std::vector<uint64_t>> spare_fence_events_;  // released fences' event lists, emptied
     std::vector<uint64_t> spare_events_;   // reached events, reused for the next fence
     std::vector<uint64_t> fence_streams_;  // scratch: the streams of the fence being made
+    // Non-blocking streams found busy at one of their last k_hot_checks checks: a fence asks these
+    // at its record and leaves the rest to the sweep (docs/pool.md, "`safe`: fences").  Rebuilt
+    // at each record.  The hysteresis keeps a stream that is busy now and then hot: a sweep that
+    // finds a cold stream busy cannot tell its work from work before the frees, and waits for it.
+    struct hot_stream {
+        uint64_t stream;
+        uint32_t idle;  // consecutive checks that found it idle
+    };
+    static constexpr uint32_t k_hot_checks = 8;
+    std::vector<hot_stream> hot_streams_, hot_scratch_;
+    const hot_stream* find_hot(uint64_t stream) const noexcept;
     // Non-blocking streams the last fence had to ask (SIZE_MAX before the first): 0 when a fence
     // is one event on the legacy stream, which a batch of frees does not amortize
     // (pool_config::fence_batch).

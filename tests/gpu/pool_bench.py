@@ -152,7 +152,9 @@ MODES = {
 
 def mode_env(mode):
     """MODES[mode], or for "BASE+KEY=VALUE+..." BASE's with those variables added: a setting tried
-    without a code change (POOL_BENCH_MODES=gpumem,gpumem+GPUMEM_POOL_TRIM=32MiB)."""
+    without a code change (POOL_BENCH_MODES=gpumem,gpumem+GPUMEM_POOL_TRIM=32MiB).  KEY LIB=NAME
+    preloads build/gpu/NAME/libgpumem.so instead, for an A/B of two builds in alternating rounds
+    (POOL_BENCH_MODES=native,gpumem,gpumem+LIB=before)."""
     base, *extra = mode.split("+")
     env_add, preload = MODES[base]
     env_add = dict(env_add)
@@ -170,9 +172,11 @@ def spawn(outdir, name, mode, argv, timeout=600):
               "GPUMEM_SYNC_BUDGET_DIV", "GPUMEM_POOL_STITCH", "GPUMEM_POOL_CHUNK", "GPUMEM_FENCE_BATCH",
               "GPUMEM_FENCE_WAIT"):
         env.pop(k, None)
+    other = env_add.pop("LIB", None)
+    lib = os.path.join(os.path.dirname(os.path.dirname(LIB)), "gpu", other, "libgpumem.so") if other else LIB
     env.update(env_add)
     if preload:
-        env["LD_PRELOAD"] = LIB
+        env["LD_PRELOAD"] = lib
         env["GPUMEM_OUT"] = f"{LOGS}/{name}.%p.jsonl"
     t0 = time.perf_counter()
     try:

@@ -71,9 +71,10 @@ TEST_CASE("fences: a block freed while its fence is pending comes back only once
     f.dev.enqueue_work();  // a kernel reads a
     f.free(a);
     // One fence, recorded at the free (8 MiB is more than an eighth of the budget): an event on
-    // the legacy stream and one on the program's non-blocking stream.
+    // the legacy stream; the program's non-blocking stream, not yet found busy, is asked when the
+    // fence releases (the sweep).
     CHECK(f.dev.records_on(k_stream_legacy) == 1);
-    CHECK(f.dev.records_on(k_stream) == 1);
+    CHECK(f.dev.records_on(k_stream) == 0);
     CHECK(f.pool.pending_bytes() == mb8);
 
     const uint64_t b = f.alloc(mb8);  // the fence is not reached: a new block, no wait
@@ -200,9 +201,9 @@ TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees 
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
     f.free(a);  // fence 1
-    const uint64_t w1 = f.dev.enqueue_work();
+    const uint64_t w1 = f.dev.enqueue_work_on(k_stream_legacy);
     f.free(b);  // fence 2
-    const uint64_t w2 = f.dev.enqueue_work();
+    const uint64_t w2 = f.dev.enqueue_work_on(k_stream_legacy);
     const uint64_t c = f.alloc(8 * MiB);  // fits only where a or b was; no room for a segment
     CHECK(c == a);
     CHECK(f.dev.completed() < w1);  // fence 1 alone was waited on
@@ -234,11 +235,14 @@ TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]
     CHECK(f.dev.bad_calls() == 0);
     f.dev.set_capturing(false);
     f.dev.enqueue_work_on(k_stream);  // the program's stream has work: its fence needs its event
-    f.free(b);  // fenced now, with a
-    CHECK(f.dev.records() == 2);
+    f.free(b);  // fenced now, with a: the legacy stream's event; the side stream is asked at the release
+    CHECK(f.dev.records() == 1);
+    CHECK(f.dev.stream_queries() == 0);
     f.dev.complete_all();
     CHECK(f.alloc(8 * MiB) == a);
+    CHECK(f.dev.stream_queries() == 1);
     CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
 }
 
 TEST_CASE("fences: a capture no hook saw stops records and waits too; the driver is asked once per operation", "[fence]") {
@@ -541,17 +545,53 @@ TEST_CASE("fences: an idle non-blocking stream gets no event, a busy one does, a
     }
     const uint64_t a = f.alloc(8 * MiB);
     f.dev.enqueue_work_on(k_stream);  // only the program's stream is busy
+    const uint64_t t_work = f.dev.last_ticket();
     f.free(a);
-    CHECK(f.dev.records() == 2);  // the legacy stream and the busy stream, not the 64 idle ones
+    // No stream was busy at a check yet: the fence is the legacy stream's event, and the 65
+    // non-blocking streams are asked once, when a release needs them.
+    CHECK(f.dev.records() == 1);
+    CHECK(f.dev.stream_queries() == 0);
+    const uint64_t b = f.alloc(8 * MiB);  // the legacy event is not reached: a stays pending
+    CHECK(b != a);
+    CHECK(f.dev.stream_queries() == 0);
+    // The legacy event is reached; the side stream's work, enqueued before it, too: the sweep asks
+    // every stream once and finds all idle.
+    f.dev.complete_all();
+    CHECK(t_work <= f.dev.completed());
+    CHECK(f.alloc(8 * MiB) == a);
+    CHECK(f.dev.stream_queries() == 65);
+    for (uint64_t s : idle) CHECK(f.dev.records_on(s) == 0);
+
+    // Work on the side stream after a free whose legacy event is reached: the sweep cannot tell it
+    // from work before the free, so it records an event there and the block waits for it.
+    f.free(b);
+    f.dev.complete_all();
+    f.dev.enqueue_work_on(k_stream);
+    const uint64_t c = f.alloc(8 * MiB);
+    CHECK(c != b);
     CHECK(f.dev.records_on(k_stream) == 1);
     for (uint64_t s : idle) CHECK(f.dev.records_on(s) == 0);
-    CHECK(f.dev.stream_queries() >= 65);
-    // The legacy stream's work is done, the busy stream's is not: a stays pending.
-    const uint64_t b = f.alloc(8 * MiB);
-    CHECK(b != a);
     CHECK(f.pool.pending_bytes() == 8 * MiB);
+    // Busy at its last check, the stream is asked at the next fences: an event at once.
+    f.free(c);
+    CHECK(f.dev.records_on(k_stream) == 2);
+    const uint64_t queries = f.dev.stream_queries();
     f.dev.complete_all();
-    CHECK(f.alloc(8 * MiB) == a);
+    f.alloc(64 * MiB);  // a miss: both fences are reached, and c's sweeps the 64 others
+    CHECK(f.pool.pending_bytes() == 0);
+    CHECK(f.dev.stream_queries() == queries + 65);
+    // Idle at 8 checks in a row, it is cold again: asked by the sweeps only.
+    for (int i = 0; i < 8; ++i) {
+        const uint64_t before = f.dev.stream_queries();
+        f.free(f.alloc(8 * MiB));
+        CHECK(f.dev.stream_queries() == before + 1);  // asked at the record (the sweep comes later)
+        f.dev.complete_all();
+        f.alloc(64 * MiB);  // release it
+    }
+    const uint64_t before = f.dev.stream_queries();
+    f.free(f.alloc(8 * MiB));
+    CHECK(f.dev.stream_queries() == before);
+    CHECK(f.dev.records_on(k_stream) == 2);
     CHECK(f.dev.sync_calls() == 0);
     CHECK(f.dev.bad_calls() == 0);
 }
@@ -672,7 +712,7 @@ TEST_CASE("fences: a release that merges the block a hit found, then fails, does
     f.pool.enter_safe_reuse(api_id::cuStreamCreate);
     f.free(c);  // fence 1
     f.dev.complete_all();
-    f.dev.enqueue_work();
+    f.dev.enqueue_work_on(k_stream_legacy);  // the side stream stays idle: its sweep adds no event
     f.free(d);  // fence 2, not reached
     f.free(e);
     f.dev.fail_queries_after(1);  // fence 1 answers, fence 2's query fails
