@@ -1167,9 +1167,9 @@ bool block_pool::record_fence() noexcept {
     } catch (...) {
         return false;
     }
-    // The legacy stream first: its event covers it and every blocking stream.  Then each
-    // non-blocking stream that was busy at its last check: an event if it still has work (an idle
-    // one has nothing before the fence).  The others were idle at their last check; PyTorch makes
+    // The legacy stream first: its event covers it and every blocking stream.  Then each hot
+    // non-blocking stream (found busy before): an event if it still has work (an idle one has
+    // nothing before the fence).  The others never ran anything the pool saw; PyTorch makes
     // 32 streams or more at its first side stream and runs work on one or two, and a cuStreamQuery
     // costs 0.27-1.5 us on the H200 (docs/benchmarks.md), so they are asked once for all the fences
     // recorded until a release needs them (sweep_streams), not at every fence.
@@ -1178,16 +1178,12 @@ bool block_pool::record_fence() noexcept {
     for (size_t i = 0; ok && i <= fence_streams_.size(); ++i) {
         if (i > 0) {
             const uint64_t st = fence_streams_[i - 1];
-            const hot_stream* h = find_hot(st);
-            if (!h) {
+            if (!is_hot(st)) {
                 f.unswept = true;
                 continue;
             }
-            if (backend_.stream_query(st) == k_cuda_success) {  // idle: nothing before this fence
-                if (h->idle + 1 < k_hot_checks) hot_scratch_.push_back({st, h->idle + 1});  // reserved
-                continue;  // else cold from the next fence on
-            }
-            hot_scratch_.push_back({st, 0});  // reserved: cannot throw
+            hot_scratch_.push_back(st);  // reserved: cannot throw
+            if (backend_.stream_query(st) == k_cuda_success) continue;  // idle: nothing before this fence
         }
         uint64_t ev = 0;
         ok = take_event(&ev);
@@ -1208,10 +1204,8 @@ bool block_pool::record_fence() noexcept {
     return true;
 }
 
-const block_pool::hot_stream* block_pool::find_hot(uint64_t stream) const noexcept {
-    for (const hot_stream& h : hot_streams_)
-        if (h.stream == stream) return &h;
-    return nullptr;
+bool block_pool::is_hot(uint64_t stream) const noexcept {
+    return std::find(hot_streams_.begin(), hot_streams_.end(), stream) != hot_streams_.end();
 }
 
 int block_pool::sweep_streams() noexcept {
@@ -1223,7 +1217,7 @@ int block_pool::sweep_streams() noexcept {
         if (backend_.stream_query(st) == k_cuda_success) continue;
         // Busy: an event now, after everything it had before those frees, for each fence.
         try {
-            if (!find_hot(st)) hot_streams_.push_back({st, 0});
+            if (!is_hot(st)) hot_streams_.push_back(st);
             for (fence& f : fences_) {
                 if (!f.unswept) continue;
                 uint64_t ev = 0;

@@ -324,17 +324,14 @@ class block_pool {
     std::vector<std::vector<uint64_t>> spare_fence_events_;  // released fences' event lists, emptied
     std::vector<uint64_t> spare_events_;   // reached events, reused for the next fence
     std::vector<uint64_t> fence_streams_;  // scratch: the streams of the fence being made
-    // Non-blocking streams found busy at one of their last k_hot_checks checks: a fence asks these
-    // at its record and leaves the rest to the sweep (docs/pool.md, "`safe`: fences").  Rebuilt
-    // at each record.  The hysteresis keeps a stream that is busy now and then hot: a sweep that
-    // finds a cold stream busy cannot tell its work from work before the frees, and waits for it.
-    struct hot_stream {
-        uint64_t stream;
-        uint32_t idle;  // consecutive checks that found it idle
-    };
-    static constexpr uint32_t k_hot_checks = 8;
-    std::vector<hot_stream> hot_streams_, hot_scratch_;
-    const hot_stream* find_hot(uint64_t stream) const noexcept;
+    // Non-blocking streams ever found busy (hot): a fence asks these at its record and leaves the
+    // others, which never ran anything the pool saw, to the sweep (docs/pool.md, "`safe`: fences").
+    // A hot stream stays hot: a sweep that finds a cold stream busy cannot tell its work from work
+    // before the frees and waits for all of it (H200 run 62: demoted after 8 idle checks, the
+    // streams of a transformer step flipped, and the pool waited 35% more often).  Rebuilt at each
+    // record from the live streams, so a destroyed one leaves.
+    std::vector<uint64_t> hot_streams_, hot_scratch_;
+    bool is_hot(uint64_t stream) const noexcept;
     // Non-blocking streams the last fence had to ask (SIZE_MAX before the first): 0 when a fence
     // is one event on the legacy stream, which a batch of frees does not amortize
     // (pool_config::fence_batch).
