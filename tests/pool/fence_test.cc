@@ -599,6 +599,48 @@ TEST_CASE("fences: an idle non-blocking stream gets no event, a busy one does, a
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: a sweep that cannot cover a stream releases nothing; the release falls back to a synchronize", "[fence]") {
+    // fake_backend's clock reaches the legacy stream's event only after all earlier work on every
+    // stream, so the side stream's work here comes after it: work a sweep cannot date, which it
+    // must treat as work before the free (a real legacy event does not wait for that stream).
+    // 40 MiB: a 20 MiB segment and a 16 MiB one, then no room to grow.
+    SECTION("the cold stream is destroyed between the fence and its sweep") {
+        fenced f(fence_each(), 40 * MiB);
+        const uint64_t a = f.alloc(8 * MiB);
+        f.free(a);  // the legacy stream's event; k_stream, cold, is left to the sweep
+        REQUIRE(f.dev.records() == 1);
+        f.dev.complete_all();  // the legacy event is reached
+        const uint64_t t = f.dev.enqueue_work_on(k_stream);
+        f.streams.destroyed(k_ctx, k_stream);  // its work still runs; nothing can be asked of it
+        CHECK(f.alloc(16 * MiB) != a);  // a miss polls the fence: its sweep fails, a segment instead
+        CHECK(f.pool.pending_bytes() == 8 * MiB);
+        CHECK(f.dev.sync_calls() == 0);
+        CHECK(f.alloc(8 * MiB) != a);  // a hit in the first segment's tail
+        CHECK(f.dev.completed() < t);
+        CHECK(f.alloc(8 * MiB) == a);  // no room to grow: one synchronize releases a
+        CHECK(f.dev.sync_calls() == 1);
+        CHECK(f.dev.completed() >= t);
+        CHECK(f.dev.bad_calls() == 0);
+    }
+    SECTION("the sweep's record on the busy cold stream fails") {
+        fenced f(fence_each(), 40 * MiB);
+        const uint64_t a = f.alloc(8 * MiB);
+        f.free(a);
+        REQUIRE(f.dev.records() == 1);
+        f.dev.complete_all();
+        const uint64_t t = f.dev.enqueue_work_on(k_stream);
+        f.dev.fail_next_records(1);  // the sweep finds k_stream busy; its event there fails
+        CHECK(f.alloc(16 * MiB) != a);
+        CHECK(f.dev.stream_queries() == 1);  // the sweep ran
+        CHECK(f.pool.pending_bytes() == 8 * MiB);
+        CHECK(f.alloc(8 * MiB) != a);
+        CHECK(f.dev.completed() < t);
+        CHECK(f.alloc(8 * MiB) == a);  // no room to grow: a sweep that records, or a sync, first
+        CHECK(f.dev.completed() >= t);
+        CHECK(f.dev.bad_calls() == 0);
+    }
+}
+
 TEST_CASE("fences: a miss does not record a new fence while an older one is not reached", "[fence]") {
     // A new fence cannot be reached before an older one (both wait on the legacy stream), so a
     // record at every miss only costs events.
