@@ -1220,9 +1220,10 @@ int block_pool::sweep_streams() noexcept {
             if (!is_hot(st)) hot_streams_.push_back(st);
             for (fence& f : fences_) {
                 if (!f.unswept) continue;
+                f.events.reserve(f.events.size() + 1);  // within the record's reserve unless streams were added since
                 uint64_t ev = 0;
                 if (!take_event(&ev)) return k_cuda_not_supported;
-                f.events.push_back(ev);  // within the record's reserve unless streams were added since
+                f.events.push_back(ev);  // reserved: cannot throw, so the event is never lost
                 if (backend_.event_record(ev, st) != k_cuda_success) return k_cuda_not_supported;
             }
         } catch (...) {

@@ -200,6 +200,8 @@ TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees 
     fenced f(fence_each(), 24 * MiB);  // room for one 20 MiB segment
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
+    // The work is the legacy stream's: a cold side stream found busy by the sweep before this wait
+    // would extend it to that stream's whole queue (docs/pool.md, "`safe`: fences", the price).
     f.free(a);  // fence 1
     const uint64_t w1 = f.dev.enqueue_work_on(k_stream_legacy);
     f.free(b);  // fence 2
@@ -590,8 +592,8 @@ TEST_CASE("fences: an idle non-blocking stream gets no event, a busy one does, a
         f.alloc(64 * MiB);  // release it
     }
     CHECK(f.dev.records_on(k_stream) == 2);
-    // Destroyed, it leaves the hot set with the next fence; the one after it sends the release to
-    // a synchronize (a stream destroyed since the last one), as before sweeps.
+    // Destroyed: the next fence cannot be recorded (a stream destroyed since the last sync), so
+    // nothing is recorded on it; the next test follows such frees to their synchronize.
     f.streams.destroyed(k_ctx, k_stream);
     f.free(f.alloc(8 * MiB));
     CHECK(f.dev.records_on(k_stream) == 2);
