@@ -45,8 +45,25 @@ int fake_backend::segment_free(uint64_t base) noexcept {
 int fake_backend::synchronize() noexcept {
     ++sync_calls_;
     if (capturing()) ++bad_calls_;
-    if (sync_result_ == k_cuda_success) complete_all();
+    if (sync_result_ == k_cuda_success) {
+        complete_all();
+        std::lock_guard<std::mutex> lk(mu_);
+        stalled_.clear();  // the context's work, stalled streams' too, is done
+    }
     return sync_result_;
+}
+
+void fake_backend::stall_stream(uint64_t stream) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    try {
+        stalled_.push_back(stream);
+    } catch (...) {
+    }
+}
+
+void fake_backend::resume_stream(uint64_t stream) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    stalled_.erase(std::remove(stalled_.begin(), stalled_.end(), stream), stalled_.end());
 }
 
 int fake_backend::event_create(uint64_t* ev) noexcept {
@@ -79,6 +96,7 @@ int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
     if (auto_complete_) done_ = ticket_;
     try {
         ++records_by_stream_[stream];
+        event_stream_[ev] = stream;
     } catch (...) {
     }
     return k_cuda_success;
@@ -94,6 +112,9 @@ int fake_backend::event_query(uint64_t ev) noexcept {
     }
     if (ok_queries_left_ == 0) return k_cuda_invalid_value;  // a broken context (fail_queries_after)
     if (ok_queries_left_ > 0) --ok_queries_left_;
+    auto st = event_stream_.find(ev);
+    if (st != event_stream_.end() && std::find(stalled_.begin(), stalled_.end(), st->second) != stalled_.end())
+        return k_cuda_not_ready;
     return it->second <= done_ ? k_cuda_success : k_cuda_not_ready;
 }
 
@@ -107,6 +128,9 @@ int fake_backend::event_synchronize(uint64_t ev) noexcept {
         return k_cuda_invalid_value;
     }
     if (it->second > done_) done_ = it->second;  // the device works up to the event
+    auto st = event_stream_.find(ev);  // and its stream's stalled work finishes meanwhile
+    if (st != event_stream_.end())
+        stalled_.erase(std::remove(stalled_.begin(), stalled_.end(), st->second), stalled_.end());
     if (syncs_before_capture_ > 0 && --syncs_before_capture_ == 0) (capture_unseen_next_ ? capturing_unseen_ : capturing_) = true;
     return k_cuda_success;
 }
@@ -161,6 +185,7 @@ int fake_backend::stream_query(uint64_t stream) noexcept {
     ++stream_queries_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a query of a capturing stream would invalidate the capture
+    if (std::find(stalled_.begin(), stalled_.end(), stream) != stalled_.end()) return k_cuda_not_ready;
     auto it = work_by_stream_.find(stream);
     const uint64_t last = std::max(any_work_, it == work_by_stream_.end() ? 0 : it->second);
     return last <= done_ ? k_cuda_success : k_cuda_not_ready;

@@ -75,6 +75,12 @@ class fake_backend final : public pool_backend {
     // Work of enqueue_work() (any stream) makes every stream busy until it is done.
     uint64_t enqueue_work_on(uint64_t stream) noexcept;
     uint64_t completed() const noexcept;
+    // A non-blocking stream whose work runs long (a copy on a side stream): until resume_stream()
+    // (or a synchronize, or a wait on one of its events) it is busy and no event recorded on it is
+    // reached, whatever the clock, while the legacy stream's events are (they do not wait for
+    // it).  The one clock cannot say that otherwise.
+    void stall_stream(uint64_t stream) noexcept;
+    void resume_stream(uint64_t stream) noexcept;
 
     // Counters and state.
     void set_capacity(uint64_t bytes) noexcept;
@@ -157,6 +163,8 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, std::vector<int>> access_;   // mapped chunk address -> devices granted
     std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};
     std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
+    std::map<uint64_t, uint64_t> event_stream_;    // event -> the stream of its last record
+    std::vector<uint64_t> stalled_;                // stall_stream()'s streams
     uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()
 };
 

@@ -601,6 +601,33 @@ TEST_CASE("fences: an idle non-blocking stream gets no event, a busy one does, a
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: a cold stream still running work from before the free holds the block past the legacy stream's event", "[fence]") {
+    // The hazard sweeps must cover: the fence skipped the side stream (never found busy), its
+    // legacy event is reached, and the side stream is still reading the block.
+    fenced f;
+    const uint64_t a = f.alloc(8 * MiB);
+    f.dev.stall_stream(k_stream);  // a long copy from a on the side stream, enqueued before the free
+    f.free(a);
+    CHECK(f.dev.records_on(k_stream) == 0);  // cold: not asked at the fence
+    f.dev.complete_all();                    // the legacy stream's event is reached
+    f.alloc(64 * MiB);                       // a miss polls the fence: its sweep finds the side stream busy
+    CHECK(f.dev.records_on(k_stream) == 1);
+    CHECK(f.pool.pending_bytes() == 8 * MiB);  // a waits for that event
+    CHECK(f.alloc(8 * MiB) != a);
+    const uint64_t c = f.alloc(8 * MiB);
+    f.free(c);                               // a later fence asks it at once: it is hot now
+    CHECK(f.dev.records_on(k_stream) == 2);
+    f.dev.complete_all();
+    f.alloc(64 * MiB);
+    CHECK(f.pool.pending_bytes() == 16 * MiB);  // still copying: neither comes back
+    f.dev.resume_stream(k_stream);           // the copy ends
+    f.alloc(64 * MiB);                       // a miss polls the fences: a and c come back
+    CHECK(f.pool.pending_bytes() == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.event_syncs() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: a sweep that cannot cover a stream releases nothing; the release falls back to a synchronize", "[fence]") {
     // fake_backend's clock reaches the legacy stream's event only after all earlier work on every
     // stream, so the side stream's work here comes after it: work a sweep cannot date, which it
