@@ -332,9 +332,9 @@ class block_pool {
     // record from the live streams, so a destroyed one leaves.
     std::vector<uint64_t> hot_streams_, hot_scratch_;
     bool is_hot(uint64_t stream) const noexcept;
-    // Non-blocking streams the last fence had to ask (SIZE_MAX before the first): 0 when a fence
-    // is one event on the legacy stream, which a batch of frees does not amortize
-    // (pool_config::fence_batch).
+    // Live non-blocking streams at the last fence, which it or its sweep asks (SIZE_MAX before the
+    // first): 0 when a fence is one event on the legacy stream, which a batch of frees does not
+    // amortize (pool_config::fence_batch).
     size_t last_fence_streams_ = SIZE_MAX;
     stream_set* streams_ = nullptr;
     uint64_t ctx_ = 0;

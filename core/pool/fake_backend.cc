@@ -63,6 +63,14 @@ void fake_backend::stall_stream(uint64_t stream) noexcept {
 
 void fake_backend::resume_stream(uint64_t stream) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    unstall(stream);
+}
+
+bool fake_backend::stalled(uint64_t stream) const noexcept {
+    return std::find(stalled_.begin(), stalled_.end(), stream) != stalled_.end();
+}
+
+void fake_backend::unstall(uint64_t stream) noexcept {
     stalled_.erase(std::remove(stalled_.begin(), stalled_.end(), stream), stalled_.end());
 }
 
@@ -113,8 +121,7 @@ int fake_backend::event_query(uint64_t ev) noexcept {
     if (ok_queries_left_ == 0) return k_cuda_invalid_value;  // a broken context (fail_queries_after)
     if (ok_queries_left_ > 0) --ok_queries_left_;
     auto st = event_stream_.find(ev);
-    if (st != event_stream_.end() && std::find(stalled_.begin(), stalled_.end(), st->second) != stalled_.end())
-        return k_cuda_not_ready;
+    if (st != event_stream_.end() && stalled(st->second)) return k_cuda_not_ready;
     return it->second <= done_ ? k_cuda_success : k_cuda_not_ready;
 }
 
@@ -129,8 +136,7 @@ int fake_backend::event_synchronize(uint64_t ev) noexcept {
     }
     if (it->second > done_) done_ = it->second;  // the device works up to the event
     auto st = event_stream_.find(ev);  // and its stream's stalled work finishes meanwhile
-    if (st != event_stream_.end())
-        stalled_.erase(std::remove(stalled_.begin(), stalled_.end(), st->second), stalled_.end());
+    if (st != event_stream_.end()) unstall(st->second);
     if (syncs_before_capture_ > 0 && --syncs_before_capture_ == 0) (capture_unseen_next_ ? capturing_unseen_ : capturing_) = true;
     return k_cuda_success;
 }
@@ -185,7 +191,7 @@ int fake_backend::stream_query(uint64_t stream) noexcept {
     ++stream_queries_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a query of a capturing stream would invalidate the capture
-    if (std::find(stalled_.begin(), stalled_.end(), stream) != stalled_.end()) return k_cuda_not_ready;
+    if (stalled(stream)) return k_cuda_not_ready;
     auto it = work_by_stream_.find(stream);
     const uint64_t last = std::max(any_work_, it == work_by_stream_.end() ? 0 : it->second);
     return last <= done_ ? k_cuda_success : k_cuda_not_ready;

@@ -165,6 +165,8 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
     std::map<uint64_t, uint64_t> event_stream_;    // event -> the stream of its last record
     std::vector<uint64_t> stalled_;                // stall_stream()'s streams
+    bool stalled(uint64_t stream) const noexcept;  // mu_ held
+    void unstall(uint64_t stream) noexcept;        // mu_ held
     uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()
 };
 
