@@ -4,11 +4,18 @@
 // memory, also for the 20 MiB handles), and "fence op=NAME us_per_call=X busy=0|1".  The busy
 // runs keep a spin kernel going on a separate non-blocking stream, to show whether a call waits
 // for device work it does not touch (a call that does would turn every trim into a stall).
+// "stall mode=NAME ..." lines (argument "stall", or no argument) ask the other half of that
+// question: whether remaps slow down device work that is queued or running, which host timings
+// cannot show (stitching cost more step time than its calls' CPU time, docs/benchmarks.md run 52).
+// "parallel threads=N ..." lines (argument "parallel", or no argument): whether remaps from
+// several threads overlap.  No argument runs everything; "stall" or "parallel" runs just that.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <thread>
 #include <vector>
 
 #define CK(x)                                                                            \
@@ -26,6 +33,11 @@ __global__ void spin(long long cycles) {
     long long t0 = clock64();
     while (clock64() - t0 < cycles) {
     }
+}
+
+// Memory traffic, so that a TLB invalidation or a stalled memory system would show in its time.
+__global__ void touch(float* p, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] += 1.f;
 }
 
 using clk = std::chrono::steady_clock;
@@ -133,6 +145,59 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
             (void)cuEventQuery(ev);
         }
         printf("fence op=record_then_query us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        // How soon is a fence recorded on an idle legacy stream seen reached?  Share of first
+        // queries that say so, and µs until one does.
+        {
+            int first = 0;
+            double wait_us = 0, worst = 0;
+            const int m = 2000;
+            for (int i = 0; i < m; ++i) {
+                CK(cuEventRecord(ev, CU_STREAM_LEGACY));
+                auto t0 = clk::now();
+                if (cuEventQuery(ev) == CUDA_SUCCESS) ++first;
+                else
+                    while (cuEventQuery(ev) != CUDA_SUCCESS) {
+                    }
+                const double w = us_since(t0);
+                wait_us += w;
+                if (w > worst) worst = w;
+            }
+            printf("fence op=event_reached first_query_share=%.3f us_until_reached=%.3f worst_us=%.1f busy=%d\n", double(first) / m,
+                   wait_us / m, worst, busy);
+        }
+        // The other way to say "reached": the stream writes a sequence number into pinned host
+        // memory (cuStreamWriteValue32 after the work), and the pool reads the word, no driver call.
+        {
+            unsigned* word = nullptr;
+            CUdeviceptr dword = 0;
+            CK(cuMemHostAlloc((void**)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+            CK(cuMemHostGetDevicePointer(&dword, word, 0));
+            *(volatile unsigned*)word = 0;
+            t = clk::now();
+            for (int i = 1; i <= k; ++i) CK(cuStreamWriteValue32(CU_STREAM_LEGACY, dword, unsigned(i), 0));
+            printf("fence op=write_value_legacy us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+            CK(cuCtxSynchronize());
+            const int m = 2000;
+            int first = 0;
+            double wait_us = 0, worst = 0;
+            for (int i = 1; i <= m; ++i) {
+                const unsigned v = unsigned(k + i);
+                auto t0 = clk::now();
+                CK(cuStreamWriteValue32(CU_STREAM_LEGACY, dword, v, 0));
+                auto t1 = clk::now();
+                if (*(volatile unsigned*)word == v) ++first;
+                else
+                    while (*(volatile unsigned*)word != v) {
+                    }
+                const double w = std::chrono::duration<double, std::micro>(clk::now() - t1).count();
+                wait_us += w;
+                if (w > worst) worst = w;
+                (void)t0;
+            }
+            printf("fence op=write_value_reached first_read_share=%.3f us_until_seen=%.3f worst_us=%.1f busy=%d\n", double(first) / m,
+                   wait_us / m, worst, busy);
+            CK(cuMemFreeHost(word));
+        }
         CK(cuStreamDestroy(idle));
         CK(cuEventDestroy(ev));
     }
@@ -151,13 +216,154 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
     return 0;
 }
 
-int main() {
+// Does remapping slow the device down?  A chain of memory-bound kernels (1 GiB read and written
+// each) runs on `side` while the host (a) only waits, (b) remaps kept handles over and over, as a
+// stitch and its return do (map each handle into a fresh range, one access grant, one unmap over
+// the range), or (c) the same with 20 MiB handles.  The chain's time between two events says
+// whether the device paid for the host's remaps; the host's count says how many it made meanwhile.
+// Then "interleave": the host launches one kernel, remaps once, and so on, as a program whose
+// allocation path stitches between launches; wall time of the whole against launches alone.
+static int stall(CUdevice dev, cudaStream_t side) {
+    const size_t n_floats = size_t(256) << 20;  // 1 GiB
+    float* buf = nullptr;
+    if (cudaMalloc(&buf, n_floats * sizeof(float)) != cudaSuccess) return 3;
+    cudaMemset(buf, 0, n_floats * sizeof(float));
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUmemAccessDesc acc = {};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    // 64 MiB per remap cycle: 32 handles of 2 MiB, or 4 of 16 MiB (a multiple of the granularity
+    // that divides 64 MiB; the 20 MiB handles above would not).
+    const int small_n = 32, big_n = 4, big_mult = 8;
+    std::vector<CUmemGenericAllocationHandle> hs(small_n), hb(big_n);
+    for (auto& h : hs) CK(cuMemCreate(&h, gran, &prop, 0));
+    for (auto& h : hb) CK(cuMemCreate(&h, gran * big_mult, &prop, 0));
+    const size_t cycle_bytes = gran * small_n;
+    CUdeviceptr va = 0;
+    CK(cuMemAddressReserve(&va, cycle_bytes, 0, 0, 0));
+    auto remap = [&](int mode) -> CUresult {
+        const auto& h = mode == 1 ? hs : hb;
+        const size_t sz = mode == 1 ? gran : gran * big_mult;
+        for (size_t i = 0; i < h.size(); ++i)
+            if (CUresult r = cuMemMap(va + i * sz, sz, 0, h[i], 0)) return r;
+        if (CUresult r = cuMemSetAccess(va, cycle_bytes, &acc, 1)) return r;
+        return cuMemUnmap(va, cycle_bytes);
+    };
+    const int kernels = 120;
+    const char* names[] = {"wait", "remap_2mib", "remap_16mib"};
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int round = 0; round < 3; ++round) {
+        for (int mode = 0; mode < 3; ++mode) {
+            cudaEventRecord(e0, side);
+            for (int k = 0; k < kernels; ++k) touch<<<1056, 512, 0, side>>>(buf, n_floats);
+            cudaEventRecord(e1, side);
+            int cycles = 0;
+            auto t = clk::now();
+            while (cudaEventQuery(e1) == cudaErrorNotReady) {
+                if (mode == 0) continue;
+                CK(remap(mode));
+                ++cycles;
+            }
+            double host_us = us_since(t);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            printf("stall mode=%s round=%d gpu_ms=%.2f remaps=%d host_us_per_remap=%.1f\n", names[mode], round, ms, cycles,
+                   cycles ? host_us / cycles : 0.0);
+        }
+        for (int mode = 0; mode < 3; ++mode) {
+            cudaDeviceSynchronize();
+            auto t = clk::now();
+            cudaEventRecord(e0, side);
+            for (int k = 0; k < kernels; ++k) {
+                touch<<<1056, 512, 0, side>>>(buf, n_floats);
+                if (mode) CK(remap(mode));
+            }
+            cudaEventRecord(e1, side);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            printf("interleave mode=%s round=%d wall_ms=%.2f gpu_ms=%.2f remaps=%d\n", names[mode], round, us_since(t) / 1000, ms,
+                   mode ? kernels : 0);
+        }
+    }
+    CK(cuMemAddressFree(va, cycle_bytes));
+    for (auto& h : hs) CK(cuMemRelease(h));
+    for (auto& h : hb) CK(cuMemRelease(h));
+    cudaFree(buf);
+    return 0;
+}
+
+// Do remaps from several host threads overlap, or does the driver serialize them?  The same 64
+// handles of 2 MiB remapped 40 times (map each into its slice of one range, one access grant over
+// the slice, one unmap of the slice) by 1, 2, 4 and 8 threads, each with its own slice.  A stitch
+// of 1 GiB is 512 such handles (about 25 ms from one thread, run 65).
+static int parallel(CUdevice dev, CUcontext ctx) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUmemAccessDesc acc = {};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const int n = 64, cycles = 40;
+    std::vector<CUmemGenericAllocationHandle> h(n);
+    for (auto& x : h) CK(cuMemCreate(&x, gran, &prop, 0));
+    CUdeviceptr va = 0;
+    CK(cuMemAddressReserve(&va, gran * n, 0, 0, 0));
+    for (int round = 0; round < 2; ++round) {
+        for (int threads : {1, 2, 4, 8}) {
+            std::vector<std::thread> pool;
+            std::vector<int> rc(threads, 0);
+            const int per = n / threads;
+            auto t = clk::now();
+            for (int k = 0; k < threads; ++k) {
+                pool.emplace_back([&, k] {
+                    if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) { rc[k] = 1; return; }
+                    const CUdeviceptr base = va + size_t(k) * per * gran;
+                    for (int c = 0; c < cycles && !rc[k]; ++c) {
+                        for (int i = 0; i < per && !rc[k]; ++i)
+                            if (cuMemMap(base + size_t(i) * gran, gran, 0, h[k * per + i], 0)) rc[k] = 2;
+                        if (!rc[k] && cuMemSetAccess(base, per * gran, &acc, 1)) rc[k] = 3;
+                        if (!rc[k] && cuMemUnmap(base, per * gran)) rc[k] = 4;
+                    }
+                });
+            }
+            for (auto& th : pool) th.join();
+            int bad = 0;
+            for (int r : rc) bad = bad ? bad : r;
+            const double us = us_since(t);
+            printf("parallel threads=%d round=%d handles=%d wall_us_per_handle=%.2f failed=%d\n", threads, round, n * cycles,
+                   us / (n * cycles), bad);
+        }
+    }
+    CK(cuMemAddressFree(va, gran * n));
+    for (auto& x : h) CK(cuMemRelease(x));
+    return 0;
+}
+
+int main(int argc, char** argv) {
     if (cudaFree(nullptr) != cudaSuccess) return 3;
     CUdevice dev;
     CK(cuCtxGetDevice(&dev));
     cudaStream_t side;
     if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return 3;
-    for (int busy = 0; busy < 2; ++busy)
-        if (int rc = run(busy, dev, side)) return rc;
+    const std::string only = argc > 1 ? argv[1] : "";
+    if (only.empty())
+        for (int busy = 0; busy < 2; ++busy)
+            if (int rc = run(busy, dev, side)) return rc;
+    if (only.empty() || only == "stall")
+        if (int rc = stall(dev, side)) return rc;
+    CUcontext ctx;
+    CK(cuCtxGetCurrent(&ctx));
+    if (only.empty() || only == "parallel") return parallel(dev, ctx);
     return 0;
 }
