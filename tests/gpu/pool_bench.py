@@ -21,6 +21,7 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
 (d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
     gpumem, with the pool (auto: no stream, no events), with GPUMEM_REUSE=safe (a fence per batch)
     and, as the control, safe with a fence per free (GPUMEM_FENCE_BATCH=1, the rule before batches).
+POOL_BENCH_CPUS (e.g. 0-7) pins every spawned process to those CPUs.
 Results: OUTDIR/pool-bench.md (Markdown) and OUTDIR/pool-bench.json; the logs in POOL_BENCH_LOGS (a
 fresh /tmp directory by default).  Exit 1 if a correctness gate
 fails ((a) and (c)); the time and memory targets are printed, not gated (they are what is measured).
@@ -97,7 +98,7 @@ def w_transformer(steps):
         times.append(time.perf_counter() - t0)
     warm = times[5:]
     return {"ms_per_step": 1e3 * statistics.mean(warm), "median_ms": 1e3 * statistics.median(warm),
-            "steps": steps, "losses": losses[-3:],
+            "step_ms": [round(1e3 * t, 2) for t in times], "steps": steps, "losses": losses[-3:],
             "torch_max_reserved": torch.cuda.max_memory_reserved(),
             "torch_max_allocated": torch.cuda.max_memory_allocated()}
 
@@ -164,6 +165,25 @@ def mode_env(mode):
     return env_add, preload
 
 
+def cpu_list(text):
+    """"0-7,12" -> {0, ..., 7, 12}; empty -> None."""
+    cpus = set()
+    for part in filter(None, text.replace(" ", "").split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus or None
+
+
+PIN = cpu_list(os.environ.get("POOL_BENCH_CPUS", ""))
+
+
+def pin_cpus():
+    # In the child before exec: every mode on the same cores, so that where the scheduler put a
+    # process is not one more difference between modes.
+    if PIN:
+        os.sched_setaffinity(0, PIN)
+
+
 def spawn(outdir, name, mode, argv, timeout=600):
     env_add, preload = mode_env(mode)
     env = dict(os.environ)
@@ -180,7 +200,7 @@ def spawn(outdir, name, mode, argv, timeout=600):
         env["GPUMEM_OUT"] = f"{LOGS}/{name}.%p.jsonl"
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=pin_cpus)
         out, err, rc = p.stdout, p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         out, err, rc = e.stdout or "", (e.stderr or "") + "\nTIMEOUT", -9
@@ -368,6 +388,17 @@ def main():
                   f"{'/'.join(map(str, sy))} | {'/'.join(map(str, fe))} | {' / '.join(um)} | {' / '.join(f'{x / 2**20:.0f}' for x in res)} | "
                   f"{' / '.join(f'{x / 2**20:.0f}' for x in req)} | {' / '.join(f'{a / b:.3f}' if b else '?' for a, b in zip(res, req))} |")
     md.append("\n(peak requested: the log's live requested bytes for gpumem; torch.cuda.max_memory_allocated for PyTorch's allocators.)")
+    # Step i has the same sequence length in every mode (one seed), so the median over steps 6+ of
+    # step i's time against native's step i in the same round is a second estimate, which no one
+    # slow step moves.
+    for m, rs in R["b"].items():
+        per = []
+        for r, n in zip(rs, nat):
+            a, b = r.get("step_ms") or [], n.get("step_ms") or []
+            q = [x / y for x, y in zip(a[5:], b[5:]) if x and y]
+            per.append(statistics.median(q) if q else None)
+        if m != "native" and any(per):
+            md.append(f"- {m}: median of per-step ratios to native, per round: {' / '.join(f'{x:.3f}' if x else '?' for x in per)}")
     # One figure per mode over the rounds: the geometric mean of its per-round ratios, with the range.
     for m, rs in R["b"].items():
         ratio = [r.get("ms_per_step") / n.get("ms_per_step") for r, n in zip(rs, nat) if r.get("ms_per_step") and n.get("ms_per_step")]
