@@ -151,7 +151,8 @@ struct block_fields {
 
 // pool_sync, context_reset and lost.
 struct count_fields {
-    uint64_t count;  // "count": frees released (pool_sync), 0 (context_reset), events lost (lost)
+    uint64_t count;    // "count": frees released (pool_sync), 0 (context_reset), events lost (lost)
+    uint64_t wait_ns;  // "wait_ns" (pool_sync): ns the program blocked in the pool's waits since the previous pool_sync
 };
 
 // The end line (event_log::finish).

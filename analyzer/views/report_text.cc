@@ -242,7 +242,8 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.pending.peak)
         framed(os, pad("Pending frees (until sync)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
                        fmt_bytes(d.pending.peak) + ", " + std::to_string(d.n_pool_sync) + " pool syncs" +
-                       (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()));
+                       (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()) +
+                       (d.pool_wait_ns ? ", " + fmt_time(d.pool_wait_ns) + " blocked in the pool's waits" : std::string()));
     if (d.n_map || d.n_unmap)
         framed(os, pad("Maps / unmaps", 28) + pad(std::to_string(d.n_map), 14, true) + " / " +
                        std::to_string(d.n_unmap) + ", mapped now " + fmt_bytes(d.mapped.current) + ", peak " +

@@ -2,6 +2,7 @@
 #include "core/pool/block_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
@@ -201,13 +202,24 @@ void block_pool::emit_chunks(api_id api, const segment* s, uint64_t addr, uint64
 }
 
 void block_pool::emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept {
-    if (!sink_) return;
     event e{};
+    if (ev == ev_kind::pool_sync) std::swap(e.c.wait_ns, wait_ns_unlogged_);
+    if (!sink_) return;
     e.ev = ev;
     e.dev = device_;
     e.api = api;
     e.c.count = count;
     sink_->emit(e);
+}
+
+static uint64_t steady_ns() noexcept {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+void block_pool::note_wait(uint64_t t0_ns) noexcept {
+    const uint64_t d = steady_ns() - t0_ns;
+    wait_ns_unlogged_ += d;
+    wait_ns_total_ += d;
 }
 
 void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
@@ -1077,7 +1089,9 @@ bool block_pool::sync_release(api_id api) {
     if (!can_sync()) return false;
     ++syncs_;
     const uint64_t destroys = streams_ ? streams_->destroy_count() : 0;  // before: see forget_destroyed
+    const uint64_t t0 = steady_ns();
     const int rc = backend_.synchronize();
+    note_wait(t0);
     capture_checked_ = false;  // a wait, even a failed one: a capture may have begun meanwhile (can_sync)
     if (rc != k_cuda_success) return false;  // a broken context: keep them pending
     unsettled_frees_ = 0;
@@ -1279,6 +1293,7 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
         e.dev = device_;
         e.api = api;
         e.c.count = n;
+        std::swap(e.c.wait_ns, wait_ns_unlogged_);
         if (by_fence) e.flags = uint8_t(ef_fence | (waited ? ef_waited : 0));
         sink_->emit(e);
     }
@@ -1322,8 +1337,13 @@ bool block_pool::wait_oldest_fence(api_id api) {
     if (fences_.front().unswept && sweep_streams() != k_cuda_success) return false;
     ++fence_waits_;
     capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
+    const uint64_t t0 = steady_ns();
     for (uint64_t ev : fences_.front().events)
-        if (backend_.event_synchronize(ev) != k_cuda_success) return false;
+        if (backend_.event_synchronize(ev) != k_cuda_success) {
+            note_wait(t0);
+            return false;
+        }
+    note_wait(t0);
     const size_t left = fences_.size();
     if (poll_fences(api, true) != k_cuda_success) return false;
     return fences_.size() < left;  // reached but not released: a broken event
@@ -1420,7 +1440,9 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
         ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
     }
     held.unlock();  // the waits below may be long: streams may come and go meanwhile
+    const uint64_t t0 = steady_ns();
     for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;
+    note_wait(t0);
     capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     recycle_events(f.events);
     if (!ok) return false;
@@ -1763,6 +1785,11 @@ uint64_t block_pool::chunk_size() const noexcept {
 uint64_t block_pool::fence_wait_count() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return fence_waits_;
+}
+
+uint64_t block_pool::wait_ns() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return wait_ns_total_;
 }
 
 uint64_t block_pool::sync_count() const noexcept {

@@ -80,6 +80,7 @@ class block_pool {
     uint64_t chunk_size() const noexcept;
     // Number of times the pool blocked on a fence (event_synchronize) because memory was short.
     uint64_t fence_wait_count() const noexcept;
+    uint64_t wait_ns() const noexcept;  // ns blocked in the pool's waits, all told
     // Stitched segments made, chunks mapped into them, and stitched segments dissolved, so far.
     void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept;
 
@@ -305,6 +306,10 @@ class block_pool {
     uint64_t chunk_ = 0;             // VMM chunk size, 0 = cuMemAlloc segments
     bool vmm_decided_ = false;
     uint64_t fence_waits_ = 0;
+    // ns blocked in waits (fences, a drain, a synchronize) not yet written: the next pool_sync
+    // line carries them ("wait_ns"), so the log says how long the pool held the program up.
+    uint64_t wait_ns_unlogged_ = 0, wait_ns_total_ = 0;
+    void note_wait(uint64_t t0_ns) noexcept;
     uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it
     uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0;
     size_t n_stitched_ = 0;          // stitched segments now

@@ -2,6 +2,8 @@
 #include "core/pool/fake_backend.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <new>
 
 namespace gpumem {
@@ -42,8 +44,13 @@ int fake_backend::segment_free(uint64_t base) noexcept {
     return k_cuda_success;
 }
 
+void fake_backend::wait_sleep() const noexcept {
+    if (const uint64_t ns = wait_sleep_ns_.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+}
+
 int fake_backend::synchronize() noexcept {
     ++sync_calls_;
+    wait_sleep();
     if (capturing()) ++bad_calls_;
     if (sync_result_ == k_cuda_success) {
         complete_all();
@@ -127,6 +134,7 @@ int fake_backend::event_query(uint64_t ev) noexcept {
 
 int fake_backend::event_synchronize(uint64_t ev) noexcept {
     ++event_syncs_;
+    wait_sleep();
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;
     auto it = events_.find(ev);

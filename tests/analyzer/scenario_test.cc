@@ -287,18 +287,19 @@ TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
 
 // docs/pool.md, safe reuse (the default): a freed block stays "pending" in its segment, neither
 // allocated nor free, until a pool_sync releases it and it merges with its free neighbours.
-TEST_CASE("fence releases are not device-wide syncs; the ones the program waited for are counted", "[scenario]") {
+TEST_CASE("fence releases are not device-wide syncs; the ones the program waited for are counted, with the time blocked", "[scenario]") {
     const uint64_t seg = 0x200000;
     std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 4096) +
                       pooled_line("alloc", 1, seg, 1000, 1024, seg) + pooled_line("alloc", 2, seg + 1024, 1000, 1024, seg) +
                       pooled_line("free", 3, seg, 1000, 1024, seg) + pooled_line("free", 4, seg + 1024, 1000, 1024, seg) +
-                      "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":500,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true}\n" +
+                      "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":500,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true,\"wait_ns\":1500000}\n" +
                       "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":600,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true}\n" + end_line(7, 0);
     temp_file f(log);
     process_report r = analyze_file(f.path, analyze_options{});
     const device_report& d = r.devices[0];
     CHECK(d.n_pool_sync == 0);
     CHECK(d.n_pool_wait == 1);
+    CHECK(d.pool_wait_ns == 1500000);  // the line without "wait_ns" adds nothing (reset per line)
     CHECK(d.pending.current == 0);
     CHECK(r.n_warnings == 0);
 }

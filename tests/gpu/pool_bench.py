@@ -228,7 +228,7 @@ def log_facts(outdir, name):
     files = sorted(glob.glob(f"{LOGS}/{name}.*.jsonl"), key=os.path.getsize, reverse=True)
     if not files:
         return {}
-    syncs = fences = waits = n = oom = unmap = maps = streams = unmap_bytes = 0
+    syncs = fences = waits = n = oom = unmap = maps = streams = unmap_bytes = wait_ns = 0
     reserved = peak_res = requested = peak_req = 0
     seg_mapped = {}  # segment base -> bytes mapped now (an arena maps as it grows: asize, segment_map)
     live_req = {}
@@ -241,6 +241,7 @@ def log_facts(outdir, name):
             n += 1
             ev = e.get("ev")
             if ev == "pool_sync":
+                wait_ns += e.get("wait_ns", 0)  # how long the pool's waits held the program up
                 if e.get("fence"):
                     fences += 1
                     waits += bool(e.get("waited"))
@@ -275,7 +276,7 @@ def log_facts(outdir, name):
                 reuse_safe = e.get("api")
             peak_res = max(peak_res, reserved)
             peak_req = max(peak_req, requested)
-    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "streams": streams, "peak_reserved": peak_res,
+    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "wait_ms": round(wait_ns / 1e6, 1), "streams": streams, "peak_reserved": peak_res,
             "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "maps": maps, "unmapped_bytes": unmap_bytes, "reuse_safe": reuse_safe}
 
 
@@ -368,7 +369,7 @@ def main():
         fails.append("a")
 
     md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds", "",
-           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
+           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|---|"]
     nat = R["b"].get("native", [])
     for m, rs in R["b"].items():
@@ -378,7 +379,7 @@ def main():
             res = [r.get("peak_reserved", 0) for r in rs]
             req = [r.get("peak_requested", 0) for r in rs]
             sy = [r.get("device_syncs") for r in rs]
-            fe = [f"{r.get('fence_releases')} ({r.get('fence_waits')})" for r in rs]
+            fe = [f"{r.get('fence_releases')} ({r.get('fence_waits')}, {r.get('wait_ms')})" for r in rs]
             um = [f"{r.get('unmapped_bytes', 0) / 2**20:.0f}" for r in rs]
         else:
             res = [r.get("torch_max_reserved", 0) for r in rs]

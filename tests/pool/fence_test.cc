@@ -198,6 +198,7 @@ TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees 
     // Waiting for the newest fence would let the device drain its whole queue: on a GPU it then
     // idles while the program queues its next kernels.
     fenced f(fence_each(), 24 * MiB);  // room for one 20 MiB segment
+    f.dev.set_wait_sleep_ns(2000000);  // each wait takes 2 ms: the log must say so
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
     // The work is the legacy stream's: a cold side stream found busy by the sweep before this wait
@@ -218,11 +219,15 @@ TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees 
     REQUIRE(!syncs.empty());
     CHECK((syncs.back().flags & ef_fence) != 0);
     CHECK((syncs.back().flags & ef_waited) != 0);
-    // A release by a fence already reached is no wait.
+    // ... and how long it blocked ("wait_ns"), which the pool also counts in all.
+    CHECK(syncs.back().c.wait_ns >= 2000000);
+    CHECK(f.pool.wait_ns() == syncs.back().c.wait_ns);
+    // A release by a fence already reached is no wait, and carries no time.
     f.dev.complete_all();
     f.alloc(8 * MiB);
     syncs = f.sink.of(ev_kind::pool_sync);
     CHECK((syncs.back().flags & ef_waited) == 0);
+    CHECK(syncs.back().c.wait_ns == 0);
     CHECK(f.pool.fence_wait_count() == 1);
 }
 
@@ -383,11 +388,16 @@ TEST_CASE("fences: what no fence covers falls back to one context synchronize", 
     SECTION("a green context, or a backend without events") {
         fenced f;
         f.streams.give_up();
+        f.dev.set_wait_sleep_ns(1000000);
         const uint64_t a = f.alloc(40 * MiB);
         f.free(a);
         CHECK(f.alloc(40 * MiB) == a);
         CHECK(f.dev.records() == 0);
         CHECK(f.dev.sync_calls() == 1);
+        // The synchronize's pool_sync says how long it held the program (1 ms here).
+        auto syncs = f.sink.of(ev_kind::pool_sync);
+        REQUIRE(syncs.size() == 1);
+        CHECK(syncs[0].c.wait_ns >= 1000000);
     }
     SECTION("a record that fails leaves the free unfenced, to be fenced at the next try") {
         fenced f;
