@@ -242,8 +242,16 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.pending.peak)
         framed(os, pad("Pending frees (until sync)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
                        fmt_bytes(d.pending.peak) + ", " + std::to_string(d.n_pool_sync) + " pool syncs" +
-                       (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()) +
-                       (d.pool_wait_ns ? ", " + fmt_time(d.pool_wait_ns) + " blocked in the pool's waits" : std::string()));
+                       (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()));
+    // What the waits cost the program, against the time the log covers on this device: the
+    // share a user weighs against GPUMEM_REUSE=immediate (one-stream programs) or more memory.
+    if (d.pool_wait_ns) {
+        const uint64_t span = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
+        framed(os, pad("Blocked in pool waits", 28) + pad(fmt_time(d.pool_wait_ns), 14, true) +
+                       (span ? "   " + fmt_pct(double(d.pool_wait_ns) / double(span)) + " of the " + fmt_time(span) +
+                                   " this device's events span"
+                             : std::string()));
+    }
     if (d.n_map || d.n_unmap)
         framed(os, pad("Maps / unmaps", 28) + pad(std::to_string(d.n_map), 14, true) + " / " +
                        std::to_string(d.n_unmap) + ", mapped now " + fmt_bytes(d.mapped.current) + ", peak " +

@@ -292,8 +292,8 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
     std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 4096) +
                       pooled_line("alloc", 1, seg, 1000, 1024, seg) + pooled_line("alloc", 2, seg + 1024, 1000, 1024, seg) +
                       pooled_line("free", 3, seg, 1000, 1024, seg) + pooled_line("free", 4, seg + 1024, 1000, 1024, seg) +
-                      "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":500,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true,\"wait_ns\":1500000}\n" +
-                      "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":600,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true}\n" + end_line(7, 0);
+                      "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":3000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true,\"wait_ns\":1500000}\n" +
+                      "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":6000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true}\n" + end_line(7, 0);
     temp_file f(log);
     process_report r = analyze_file(f.path, analyze_options{});
     const device_report& d = r.devices[0];
@@ -302,6 +302,17 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
     CHECK(d.pool_wait_ns == 1500000);  // the line without "wait_ns" adds nothing (reset per line)
     CHECK(d.pending.current == 0);
     CHECK(r.n_warnings == 0);
+    // The text report gives the time blocked and its share of the device's span of events.
+    std::vector<process_report> ps{r};
+    std::ostringstream o;
+    write_text(o, ps, combine(ps), {});
+    const std::string t = o.str();
+    const size_t row = t.find("Blocked in pool waits");
+    REQUIRE(row != std::string::npos);
+    const std::string line = t.substr(row, t.find('\n', row) - row);
+    INFO(line);
+    CHECK_THAT(line, Catch::Contains("1.50 ms"));
+    CHECK_THAT(line, Catch::Contains("25.0% of the 6.00 ms"));  // events from t=100 ns to 6,000,100 ns
 }
 
 TEST_CASE("pending frees are not free space until pool_sync", "[scenario]") {
