@@ -340,7 +340,7 @@ def main():
             # fences every other pair); 4096: 4 GiB held live, as a training program holds its
             # weights, where the budget is 256 MiB and frees fence in batches of four.
             for hold in ("0", "4096"):
-                p = subprocess.run([APP, "bench", hold], env=env, capture_output=True, text=True, timeout=300)
+                p = subprocess.run([APP, "bench", hold], env=env, capture_output=True, text=True, timeout=300, preexec_fn=pin_cpus)
                 for line in p.stdout.splitlines():
                     if line.startswith("bench "):
                         kv = dict(x.split("=") for x in line.split()[1:])
