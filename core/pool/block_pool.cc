@@ -1274,6 +1274,20 @@ int block_pool::poll_fences(api_id api, bool waited) {
     return rc == k_cuda_not_ready ? k_cuda_success : rc;
 }
 
+// The pool_sync line of a release by fences (or of a wait on every stream, n = 0), with the time
+// the pool's waits held the program since the previous pool_sync line.
+void block_pool::emit_release(api_id api, size_t n, bool by_fence, bool waited) noexcept {
+    event e{};
+    std::swap(e.c.wait_ns, wait_ns_unlogged_);
+    if (!sink_) return;
+    e.ev = ev_kind::pool_sync;
+    e.dev = device_;
+    e.api = api;
+    e.c.count = n;
+    if (by_fence) e.flags = uint8_t(ef_fence | (waited ? ef_waited : 0));
+    sink_->emit(e);
+}
+
 // The first n pending frees (in free order) become free; the fences after them now count from 0.
 void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited) {
     for (size_t k = 0; k < n; ++k) {
@@ -1287,16 +1301,7 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
     }
     pending_.erase(pending_.begin(), pending_.begin() + ptrdiff_t(n));
     for (fence& f : fences_) f.end -= n;
-    if (sink_) {
-        event e{};
-        e.ev = ev_kind::pool_sync;
-        e.dev = device_;
-        e.api = api;
-        e.c.count = n;
-        std::swap(e.c.wait_ns, wait_ns_unlogged_);
-        if (by_fence) e.flags = uint8_t(ef_fence | (waited ? ef_waited : 0));
-        sink_->emit(e);
-    }
+    emit_release(api, n, by_fence, waited);
     // A stitched segment whose block came back goes back to its lenders at once (after the
     // pool_sync line, which frees its block in the log): kept, it would hold its lenders' chunks
     // from every other request (docs/benchmarks.md, "Stitching").
@@ -1466,6 +1471,9 @@ bool block_pool::drain_by_fence(api_id api) {
 bool block_pool::settle_frees(api_id api) {
     if (wait_all_streams(immediate_ && cfg_.reuse == reuse_mode::automatic)) {
         unsettled_frees_ = 0;
+        // Logged as the drain is (a release of nothing by fences), so that its wait_ns is written
+        // now: under immediate reuse no other pool_sync may ever follow to carry it.
+        emit_release(api, 0, true, false);
         return true;
     }
     return sync_release(api);

@@ -247,6 +247,7 @@ class block_pool {
     // oldest fence, which its pool_sync says.
     int poll_fences(api_id api, bool waited = false);
     void release_prefix(size_t n, api_id api, bool by_fence, bool waited = false);
+    void emit_release(api_id api, size_t n, bool by_fence, bool waited) noexcept;
     bool drain_by_fence(api_id api);       // enter_safe_reuse's drain without a context sync
     bool wait_all_streams(bool legacy_only) noexcept;  // events on the streams, waited on; false: not covered
     bool settle_frees(api_id api);         // unsettled_frees_ to 0: wait_all_streams, else a sync

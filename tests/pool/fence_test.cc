@@ -372,6 +372,28 @@ TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: the wait on every stream before unmapping immediate frees is logged with its time", "[fence]") {
+    // Immediate reuse: no frees pend, so no release follows to carry the wait's time; its own
+    // pool_sync (count 0, by fences, like the drain) must say how long it held the program.
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    cfg.arenas = false;
+    fenced f(cfg, 64 * MiB, 2 * MiB);
+    f.dev.set_wait_sleep_ns(1000000);
+    f.free(f.alloc(40 * MiB));
+    uint64_t p = 0;
+    CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.event_syncs() == 1);  // the wait for the streams
+    CHECK(f.dev.sync_calls() == 0);
+    auto syncs = f.sink.of(ev_kind::pool_sync);
+    REQUIRE(syncs.size() == 1);
+    CHECK(syncs[0].c.count == 0);
+    CHECK((syncs[0].flags & ef_fence) != 0);
+    CHECK((syncs[0].flags & ef_waited) == 0);
+    CHECK(syncs[0].c.wait_ns >= 1000000);
+    CHECK(f.pool.wait_ns() == syncs[0].c.wait_ns);
+}
+
 TEST_CASE("fences: what no fence covers falls back to one context synchronize", "[fence]") {
     SECTION("a destroyed stream's work") {
         fenced f;
