@@ -154,10 +154,11 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
             for (int i = 0; i < m; ++i) {
                 CK(cuEventRecord(ev, CU_STREAM_LEGACY));
                 auto t0 = clk::now();
-                if (cuEventQuery(ev) == CUDA_SUCCESS) ++first;
+                CUresult q = cuEventQuery(ev);
+                if (q == CUDA_SUCCESS) ++first;
                 else
-                    while (cuEventQuery(ev) != CUDA_SUCCESS) {
-                    }
+                    while (q == CUDA_ERROR_NOT_READY) q = cuEventQuery(ev);
+                CK(q);  // an error would otherwise spin for ever
                 const double w = us_since(t0);
                 wait_us += w;
                 if (w > worst) worst = w;
@@ -176,7 +177,9 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
             t = clk::now();
             for (int i = 1; i <= k; ++i) CK(cuStreamWriteValue32(CU_STREAM_LEGACY, dword, unsigned(i), 0));
             printf("fence op=write_value_legacy us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
-            CK(cuCtxSynchronize());
+            // The legacy stream only: a cuCtxSynchronize would wait for the spin kernel on the
+            // non-blocking side stream, and every busy=1 line after this one would run idle.
+            CK(cuStreamSynchronize(CU_STREAM_LEGACY));
             const int m = 2000;
             int first = 0;
             double wait_us = 0, worst = 0;
