@@ -248,8 +248,8 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.pool_wait_ns) {
         const uint64_t span = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
         framed(os, pad("Blocked in pool waits", 28) + pad(fmt_time(d.pool_wait_ns), 14, true) +
-                       (span ? "   " + fmt_pct(double(d.pool_wait_ns) / double(span)) + " of the " + fmt_time(span) +
-                                   " this device's events span"
+                       (span ? "   " + fmt_pct(double(d.pool_wait_ns) / double(span)) + " of the device's " + fmt_time(span) +
+                                   " of events"
                              : std::string()));
     }
     if (d.n_map || d.n_unmap)
