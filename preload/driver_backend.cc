@@ -289,6 +289,12 @@ int driver_backend::stream_query(uint64_t stream) noexcept {
     return query ? int(query(CUstream(uintptr_t(stream)))) : int(CUDA_ERROR_NOT_SUPPORTED);
 }
 
+int driver_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
+    auto wait = GPUMEM_REAL(cuStreamWaitEvent);
+    if (!wait) return CUDA_ERROR_NOT_SUPPORTED;
+    return in_context([&] { return wait(CUstream(uintptr_t(stream)), CUevent(uintptr_t(ev)), 0); });
+}
+
 int driver_backend::event_synchronize(uint64_t ev) noexcept {
     auto sync = GPUMEM_REAL(cuEventSynchronize);
     return sync ? int(sync(CUevent(uintptr_t(ev)))) : int(CUDA_ERROR_NOT_SUPPORTED);

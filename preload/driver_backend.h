@@ -53,6 +53,7 @@ class driver_backend final : public pool_backend {
     int event_record(uint64_t ev, uint64_t stream) noexcept override;
     int event_query(uint64_t ev) noexcept override;
     int stream_query(uint64_t stream) noexcept override;
+    int stream_wait_event(uint64_t stream, uint64_t ev) noexcept override;
     int event_synchronize(uint64_t ev) noexcept override;
 
     CUcontext context() const noexcept { return ctx_.load(std::memory_order_acquire); }

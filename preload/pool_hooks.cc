@@ -169,7 +169,13 @@ void pool_stream_created(api_id api, bool non_blocking) noexcept {
 }
 
 void pool_stream_made(CUstream s, bool non_blocking) noexcept {
-    streams().created(current_context(), uint64_t(uintptr_t(s)), non_blocking);
+    const uint64_t ctx = current_context();
+    streams().created(ctx, uint64_t(uintptr_t(s)), non_blocking);
+    // GPUMEM_FENCE_WAIT=order: blocks handed out before their last owners' work ended must not
+    // meet a stream that runs ahead of that work (block_pool::order_new_stream).  After the set
+    // knows the stream, so an ordered release from now on covers it too.
+    if (non_blocking)
+        if (pool_registry::slot* sl = registry().find(ctx)) sl->pool->order_new_stream(uint64_t(uintptr_t(s)));
 }
 
 void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }

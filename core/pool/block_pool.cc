@@ -1310,6 +1310,7 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
 
 bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
     if (!fences_usable()) return sync_release(api);
+    if (wait && order_release(api)) return true;  // GPUMEM_FENCE_WAIT=order: no wait
     const size_t before = pending_.size();
     if (!wait) {
         // Not waiting: only a fence the GPU has reached helps now.  While an older fence is not
@@ -1333,6 +1334,89 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
         if (!wait_oldest_fence(api)) return sync_release(api);
     }
     return pending_.size() < before;
+}
+
+// Ordered release (GPUMEM_FENCE_WAIT=order; docs/pool.md, "Ordered release").  Instead of the host
+// waiting until the GPU reaches a fence, every pending free is handed out now and the device is
+// made to order any later use after the work before the frees: the legacy stream waits for the
+// work each busy non-blocking stream has queued, then an event E on the legacy stream marks all
+// of it, and every non-blocking stream waits for E.  A new owner's work then follows the old
+// owner's on whichever stream it runs: on the legacy stream by its order, on a blocking stream by
+// its implicit wait for the legacy stream, on a non-blocking stream by its wait for E, on a stream
+// made later by order_new_stream.  The price is the device's: each release serializes the
+// program's streams, which costs nothing while they idle (PyTorch's 32 pooled streams) and
+// would take away the overlap of a stream the program runs beside the legacy one (NCCL).  So a
+// stream found busy with E of the last release already reached (its busyness is the program's,
+// not a wait of ours) stops ordered releases for good, and the pool waits as before.  False when
+// it released nothing; the caller then waits as before.
+bool block_pool::order_release(api_id api) {
+    if (!cfg_.order || order_off_ || pending_.empty() || immediate_ || !fences_usable() || !can_sync()) return false;
+    std::unique_lock<std::mutex> held = streams_->hold();  // no stream dies between the list and the waits
+    if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
+    if ((!order_scratch_ && !take_event(&order_scratch_)) || (!order_event_ && !take_event(&order_event_))) return false;
+    const bool last_reached = ordered_releases_ == 0 || backend_.event_query(order_event_) == k_cuda_success;
+    bool ok = true;
+    for (uint64_t st : fence_streams_) {
+        if (backend_.stream_query(st) == k_cuda_success) continue;  // idle: nothing to wait for
+        if (last_reached && !cfg_.order_beside_busy) {  // busy with the program's own work: leave it its overlap
+            order_off_ = true;
+            return false;
+        }
+        // Busy, maybe only with our last wait: the legacy stream waits for whatever it has.
+        // (A failure here leaves extra waits at most: the program's work is only delayed.)
+        ok = backend_.event_record(order_scratch_, st) == k_cuda_success &&
+             backend_.stream_wait_event(k_stream_legacy, order_scratch_) == k_cuda_success;
+        if (!ok) break;
+    }
+    ok = ok && backend_.event_record(order_event_, k_stream_legacy) == k_cuda_success;
+    for (size_t i = 0; ok && i < fence_streams_.size(); ++i)
+        ok = backend_.stream_wait_event(fence_streams_[i], order_event_) == k_cuda_success;
+    if (!ok) {
+        // Some streams may wait for E and others not: nothing is handed out early.  Waits from now on.
+        order_off_ = true;
+        return false;
+    }
+    held.unlock();
+    ++ordered_releases_;
+    // Every fence is covered now: its events are recycled, as after a synchronize.
+    for (fence& f : fences_) recycle_events(f.events);
+    fences_.clear();
+    unfenced_bytes_ = 0;
+    // Their last owners' work may still run: no chunk of theirs is unmapped before a wait on every
+    // stream (settle_frees), as for frees under immediate reuse.
+    const size_t n = pending_.size();
+    unsettled_frees_ += n;
+    release_prefix(n, api, true);
+    return true;
+}
+
+void block_pool::order_new_stream(uint64_t stream) noexcept {
+    op_lock lk(*this);
+    // A stream made while a capture is open gets no wait (none may be enqueued during a capture
+    // on the capturing streams, and this one is not known not to be one); ordered releases stop.
+    if (!cfg_.order || ordered_releases_ == 0) return;
+    if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
+    // During a capture nothing is enqueued (a limit: docs/pool.md); ordered releases stop.
+    if (!can_sync()) {
+        order_off_ = true;
+        return;
+    }
+    if (backend_.stream_wait_event(stream, order_event_) == k_cuda_success) return;
+    // The stream cannot be made to wait: the host waits for the work instead, once.
+    order_off_ = true;
+    const uint64_t t0 = steady_ns();
+    (void)backend_.event_synchronize(order_event_);
+    note_wait(t0);
+}
+
+uint64_t block_pool::ordered_releases() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ordered_releases_;
+}
+
+bool block_pool::order_stopped() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return order_off_;
 }
 
 bool block_pool::wait_oldest_fence(api_id api) {
@@ -1373,6 +1457,8 @@ bool block_pool::wait_oldest_fence(api_id api) {
 // now; it may also have released frees when it returns false.
 bool block_pool::wait_for_old_fit(api_id api, pool_id p, uint64_t asize) {
     if (pending_bytes_[pool_index(p)] == 0 || !fences_usable() || !can_sync()) return false;
+    // GPUMEM_FENCE_WAIT=order: every pending free at once (or, where that cannot be, the waits).
+    if (order_release(api)) return true;
     // pending_[0, old): frees with at least `window` bytes freed after them (cum grows along
     // pending_, so a binary search).
     // GPUMEM_FENCE_WAIT=any: the newest frees too, fenced now if no fence covers them yet.

@@ -80,6 +80,12 @@ class block_pool {
     uint64_t chunk_size() const noexcept;
     // Number of times the pool blocked on a fence (event_synchronize) because memory was short.
     uint64_t fence_wait_count() const noexcept;
+    // GPUMEM_FENCE_WAIT=order: a non-blocking stream just made in this pool's context starts
+    // after the last ordered release's event (docs/pool.md, "Ordered release").  The hook calls
+    // it before the program gets the stream.
+    void order_new_stream(uint64_t stream) noexcept;
+    uint64_t ordered_releases() const noexcept;  // how many ordered releases ran
+    bool order_stopped() const noexcept;         // ordered release gave way to waits for good
     uint64_t wait_ns() const noexcept;  // ns blocked in the pool's waits, all told
     // Stitched segments made, chunks mapped into them, and stitched segments dissolved, so far.
     void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept;
@@ -311,6 +317,11 @@ class block_pool {
     // line carries them ("wait_ns"), so the log says how long the pool held the program up.
     uint64_t wait_ns_unlogged_ = 0, wait_ns_total_ = 0;
     void note_wait(uint64_t t0_ns) noexcept;
+    // Ordered release (GPUMEM_FENCE_WAIT=order): order_event_ is the legacy-stream event of the
+    // last one (0: none yet), order_scratch_ an event each busy stream's work is marked with.
+    bool order_release(api_id api);
+    uint64_t order_event_ = 0, order_scratch_ = 0, ordered_releases_ = 0;
+    bool order_off_ = false;  // a stream ran the program's own work beside it, or a call failed
     uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it
     uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0;
     size_t n_stitched_ = 0;          // stitched segments now

@@ -112,9 +112,50 @@ int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
     try {
         ++records_by_stream_[stream];
         event_stream_[ev] = stream;
+        event_vc_[ev] = vc_[stream];  // what the event's wait will order after
     } catch (...) {
     }
     return k_cuda_success;
+}
+
+int fake_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
+    if (!events_on_) return k_cuda_not_supported;
+    ++stream_waits_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing()) ++bad_calls_;  // a wait on an outside event inside a capture
+    auto it = events_.find(ev);
+    if (it == events_.end() || stream == 0) {
+        ++bad_calls_;
+        return k_cuda_invalid_value;
+    }
+    if (fail_stream_waits_ > 0) {
+        --fail_stream_waits_;
+        return k_cuda_invalid_value;
+    }
+    try {
+        auto& mine = vc_[stream];
+        for (const auto& [s, t] : event_vc_[ev]) mine[s] = std::max(mine[s], t);
+        // The stream is busy until the event is reached, as a real stream waiting on it is.
+        uint64_t& w = work_by_stream_[stream];
+        w = std::max(w, it->second);
+    } catch (...) {
+        return k_cuda_oom;  // no host memory for the clocks
+    }
+    return k_cuda_success;
+}
+
+bool fake_backend::ordered_after(uint64_t stream, uint64_t on, uint64_t ticket) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (ticket <= done_ && !stalled(on)) return true;
+    auto it = vc_.find(stream);
+    if (it == vc_.end()) return false;
+    auto t = it->second.find(on);
+    return t != it->second.end() && t->second >= ticket;
+}
+
+void fake_backend::fail_next_stream_waits(int n) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    fail_stream_waits_ = n;
 }
 
 int fake_backend::event_query(uint64_t ev) noexcept {
@@ -187,6 +228,7 @@ uint64_t fake_backend::enqueue_work_on(uint64_t stream) noexcept {
     ++ticket_;
     try {
         work_by_stream_[stream] = ticket_;
+        vc_[stream][stream] = ticket_;
     } catch (...) {
         any_work_ = ticket_;  // no host memory: every stream busy, the safe answer
     }

@@ -84,6 +84,14 @@ class fake_backend final : public pool_backend {
     // it).  The one clock cannot say that otherwise.
     void stall_stream(uint64_t stream) noexcept;
     void resume_stream(uint64_t stream) noexcept;
+    // Stream order, beside the one clock: work enqueued on `stream` now would start after the
+    // work with ticket `ticket` on stream `on` (the same stream, or ordered by event waits:
+    // stream_wait_event), or that work is done.  What a block handed out before its last owner's
+    // work finished relies on (GPUMEM_FENCE_WAIT=order).  Vector clocks: each stream knows the
+    // latest ticket of every stream its next work must follow.
+    bool ordered_after(uint64_t stream, uint64_t on, uint64_t ticket) const noexcept;
+    uint64_t stream_waits() const noexcept { return stream_waits_; }
+    void fail_next_stream_waits(int n) noexcept;  // the next n stream_wait_event calls fail (error 1)
 
     // Counters and state.
     void set_capacity(uint64_t bytes) noexcept;
@@ -173,6 +181,15 @@ class fake_backend final : public pool_backend {
     bool stalled(uint64_t stream) const noexcept;  // mu_ held
     void unstall(uint64_t stream) noexcept;        // mu_ held
     uint64_t any_work_ = 0;                        // ticket of the latest enqueue_work()
+    // ordered_after's vector clocks: stream -> (stream -> latest ticket its next work follows);
+    // event -> the clock of the stream it was last recorded on, at the record.
+    std::map<uint64_t, std::map<uint64_t, uint64_t>> vc_;
+    std::map<uint64_t, std::map<uint64_t, uint64_t>> event_vc_;
+    std::atomic<uint64_t> stream_waits_{0};
+    int fail_stream_waits_ = 0;
+
+ public:
+    int stream_wait_event(uint64_t stream, uint64_t ev) noexcept override;
 };
 
 }  // namespace gpumem

@@ -140,6 +140,14 @@ struct pool_backend {
         (void)stream;
         return k_cuda_not_supported;
     }
+    // cuStreamWaitEvent: work enqueued on `stream` (a non-blocking stream the program made, or
+    // k_stream_legacy) from now on starts only after ev's record is reached; the host does not
+    // wait.  For GPUMEM_FENCE_WAIT=order (docs/pool.md).  Only when may_synchronize() is true (a
+    // wait in a capturing stream would become a graph node on an event outside the graph).
+    virtual int stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
+        (void)stream, (void)ev;
+        return k_cuda_not_supported;
+    }
 };
 
 }  // namespace gpumem

@@ -110,7 +110,8 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
         if (const char* v = get(k_wait_env); v && *v) {
             if (!std::strcmp(v, "old")) c.wait_any = false;
             else if (!std::strcmp(v, "any")) c.wait_any = true;
-            else c.warnings += std::string("GPUMEM_FENCE_WAIT=") + v + ": expected old or any; using old\n";
+            else if (!std::strcmp(v, "order")) c.order = true;
+            else c.warnings += std::string("GPUMEM_FENCE_WAIT=") + v + ": expected old, any or order; using old\n";
         }
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
@@ -140,6 +141,8 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.arena = c.arena;
             d.stitch = c.stitch;
             d.wait_any = c.wait_any;
+            d.order = c.order;
+            d.order_beside_busy = c.order_beside_busy;
             d.stats_ms = c.stats_ms;
             d.sync_budget = c.sync_budget;
             d.sync_budget_div = c.sync_budget_div;
@@ -167,7 +170,7 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += "\"pool_arena\":";
         s += !arenas ? std::string("\"off\"") : arena ? std::to_string(arena) : std::string("\"auto\"");
         s += stitch ? ",\"pool_stitch\":\"on\"," : ",\"pool_stitch\":\"off\",";
-        s += wait_any ? "\"fence_wait\":\"any\"," : "\"fence_wait\":\"old\",";
+        s += order ? "\"fence_wait\":\"order\"," : wait_any ? "\"fence_wait\":\"any\"," : "\"fence_wait\":\"old\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);
             s += std::to_string(this->*k.field);

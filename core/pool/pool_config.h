@@ -45,6 +45,14 @@ struct pool_config {
     // against 1.146-1.158x, but its steps took 1.105x native against 1.033x: each wait for a fresh
     // fence lets the GPU run dry (docs/benchmarks.md, "Waiting for any fence").
     bool wait_any = false;
+    // GPUMEM_FENCE_WAIT = order (opt-in, not measured on a GPU yet): where a wait would come, no
+    // wait; every pending free is handed out at once and the program's streams are ordered after
+    // their work on the device instead (docs/pool.md, "Ordered release").  Run 70: the defaults'
+    // waits held a transformer step about 15 ms; immediate reuse ran 0.86-0.90x native.
+    bool order = false;
+    // Not a knob (no env var): ordered releases go on beside a stream busy with the program's own
+    // work, which they would serialize.  For the tests of their correctness with such streams.
+    bool order_beside_busy = false;
     uint64_t stats_ms = 1000;                    // GPUMEM_STATS_MS: stats event interval, 0 = never
     // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
     // reserved memory would pass the live blocks plus the request plus this much; 0 = only when the

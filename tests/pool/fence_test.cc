@@ -523,6 +523,164 @@ TEST_CASE("fences, property: no reuse before the work enqueued before the free i
     SECTION("immediate, virtual memory: unmapping still waits for the work") { run_property(reuse_mode::immediate, 2 * MiB, -1); }
 }
 
+// GPUMEM_FENCE_WAIT=order: a random program whose kernels run on three streams.  After every
+// allocation the new owner's kernel goes to a random stream, which must start after every earlier
+// kernel on the block's memory (fake_backend::ordered_after: stream order, event waits, or done),
+// and no chunk is unmapped under work not done.  No device-wide sync.
+void run_order_property(uint64_t chunk) {
+    const uint64_t k_stream2 = 0x6000;
+    const uint64_t streams[] = {k_stream_legacy, k_stream, k_stream2};
+    for (uint64_t seed : {1u, 2u, 3u}) {
+        INFO("seed " << seed);
+        pool_config cfg = safe_config();
+        cfg.order = true;
+        cfg.order_beside_busy = true;  // the side streams run random work: keep ordering regardless
+        cfg.vmm = chunk != 0;
+        fenced f(cfg, 96 * MiB, chunk);
+        f.streams.created(k_ctx, k_stream2, true);
+        std::mt19937_64 rng(seed);
+        std::map<uint64_t, uint64_t> live;  // addr -> size
+        struct work {
+            uint64_t addr, size, stream, ticket;
+        };
+        std::vector<work> earlier;  // kernels on memory freed since
+        size_t unmaps_seen = 0;
+        const uint64_t sizes[] = {512, 4096, 100000, MiB, 3 * MiB, 9 * MiB};
+        for (int op = 0; op < 8000; ++op) {
+            const uint64_t done = f.dev.completed();
+            earlier.erase(std::remove_if(earlier.begin(), earlier.end(), [&](const work& w) { return w.ticket <= done; }),
+                          earlier.end());
+            const int r = int(rng() % 100);
+            if (r < 45 || live.empty()) {
+                const uint64_t size = sizes[rng() % 6];
+                uint64_t p = 0;
+                const int rc = f.pool.allocate(size, api_id::cuMemAlloc_v2, &p);
+                for (; unmaps_seen < f.csink.unmaps.size(); ++unmaps_seen) {
+                    const auto& [e, reached] = f.csink.unmaps[unmaps_seen];
+                    for (const work& w : earlier)
+                        if (w.addr < e.b.ptr + e.b.size && e.b.ptr < w.addr + w.size) REQUIRE(w.ticket <= reached);
+                }
+                if (rc != k_cuda_success) continue;
+                const uint64_t st = streams[rng() % 3];
+                for (const work& w : earlier) {
+                    if (w.addr < p + size && p < w.addr + w.size) {
+                        INFO("reused " << std::hex << w.addr << " on stream " << st << " before ticket " << std::dec << w.ticket
+                                       << " of stream " << std::hex << w.stream);
+                        REQUIRE(f.dev.ordered_after(st, w.stream, w.ticket));
+                    }
+                }
+                live[p] = size;
+                f.dev.enqueue_work_on(st);  // the new owner's kernel
+            } else if (r < 85) {
+                auto it = live.begin();
+                std::advance(it, rng() % live.size());
+                const uint64_t p = it->first, size = it->second;
+                live.erase(it);
+                const uint64_t st = streams[rng() % 3];
+                earlier.push_back({p, size, st, f.dev.enqueue_work_on(st)});  // the last kernel on it, then the free
+                f.free(p);
+            } else if (r < 98) {
+                const uint64_t last = f.dev.last_ticket();
+                if (last) f.dev.complete_through(f.dev.completed() + rng() % (last - f.dev.completed() + 1));
+            } else {
+                f.dev.complete_all();
+            }
+        }
+        std::string why;
+        CHECK(f.pool.validate(&why));
+        CHECK(f.dev.sync_calls() == 0);
+        CHECK(f.dev.bad_calls() == 0);
+        CHECK(f.pool.ordered_releases() > 0);  // the test reached ordered releases
+        if (chunk) CHECK(!f.csink.unmaps.empty());
+    }
+}
+
+TEST_CASE("fences, property: GPUMEM_FENCE_WAIT=order hands blocks out early only where every stream's next work follows their last owners'", "[fence]") {
+    SECTION("cuMemAlloc segments") { run_order_property(0); }
+    SECTION("virtual memory (chunks unmapped only once their work is done)") { run_order_property(2 * MiB); }
+}
+
+TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wait, each stream ordered after its last owner", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 24 * MiB);  // room for one 20 MiB segment
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    const uint64_t w_legacy = f.dev.enqueue_work_on(k_stream_legacy);  // reads a
+    f.free(a);
+    CHECK(f.alloc(8 * MiB) == a);  // fits only in a's block: no room for a segment
+    CHECK(f.dev.completed() < w_legacy);  // the old work has not run yet...
+    CHECK(f.dev.ordered_after(k_stream, k_stream_legacy, w_legacy));  // ...but the side stream's next work follows it
+    // The side stream, still held by that release's wait, gets work on b; b is freed and wanted.
+    const uint64_t w_side = f.dev.enqueue_work_on(k_stream);
+    f.free(b);
+    CHECK(f.alloc(8 * MiB) == b);
+    CHECK(f.dev.event_syncs() == 0);  // the host never waited
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.completed() < w_side);
+    CHECK(f.dev.ordered_after(k_stream_legacy, k_stream, w_side));  // the legacy stream waits for the side stream's work
+    // A stream made now is ordered too (the hook calls order_new_stream before the program has it).
+    const uint64_t made_later = 0x7000;
+    f.streams.created(k_ctx, made_later, true);
+    f.pool.order_new_stream(made_later);
+    CHECK(f.dev.ordered_after(made_later, k_stream, w_side));
+    CHECK(f.dev.ordered_after(made_later, k_stream_legacy, w_legacy));
+    CHECK(f.pool.ordered_releases() == 2);
+    auto syncs = f.sink.of(ev_kind::pool_sync);
+    REQUIRE(!syncs.empty());
+    CHECK((syncs.back().flags & ef_fence) != 0);
+    CHECK((syncs.back().flags & ef_waited) == 0);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
+TEST_CASE("fences: GPUMEM_FENCE_WAIT=order gives way to waits for a stream busy with the program's own work, a failed wait or a capture", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    SECTION("a side stream still running work after the last ordered release's event is reached") {
+        fenced f(cfg, 24 * MiB);
+        const uint64_t a = f.alloc(8 * MiB);
+        const uint64_t b = f.alloc(8 * MiB);
+        f.dev.enqueue_work_on(k_stream_legacy);
+        f.free(a);
+        CHECK(f.alloc(8 * MiB) == a);  // ordered release 1
+        REQUIRE(f.pool.ordered_releases() == 1);
+        f.dev.complete_all();  // its event is reached: from now on a busy stream is the program's
+        const uint64_t w = f.dev.enqueue_work_on(k_stream);  // overlapping work the program wants to keep
+        f.free(b);
+        CHECK(f.alloc(8 * MiB) == b);  // by a wait this time
+        CHECK(f.pool.order_stopped());
+        CHECK(f.pool.ordered_releases() == 1);
+        CHECK(f.dev.event_syncs() >= 1);
+        CHECK(f.dev.completed() >= w);
+    }
+    SECTION("a stream wait that fails hands nothing out early") {
+        fenced f(cfg, 24 * MiB);
+        const uint64_t a = f.alloc(8 * MiB);
+        f.alloc(8 * MiB);
+        const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);
+        f.free(a);
+        f.dev.fail_next_stream_waits(1);
+        CHECK(f.alloc(8 * MiB) == a);
+        CHECK(f.pool.order_stopped());
+        CHECK(f.pool.ordered_releases() == 0);
+        CHECK(f.dev.completed() >= w);  // waited for, as without ordered release
+    }
+    SECTION("during a capture nothing is recorded, waited for or released early") {
+        fenced f(cfg, 24 * MiB);
+        const uint64_t a = f.alloc(8 * MiB);
+        f.alloc(8 * MiB);
+        f.dev.enqueue_work_on(k_stream_legacy);
+        f.free(a);
+        f.dev.set_capturing(true);
+        uint64_t p = 0;
+        (void)f.pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &p);
+        CHECK(p != a);  // a stays pending through the capture (the miss goes to the driver)
+        CHECK(f.dev.stream_waits() == 0);
+        CHECK(f.dev.bad_calls() == 0);
+        f.dev.end_captures();
+    }
+}
+
 TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
     stream_set st;
     std::vector<uint64_t> out;

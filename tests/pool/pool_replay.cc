@@ -138,6 +138,10 @@ int main(int argc, char** argv) {
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),
                    double(dev.queries()) / double(n ? n : 1), double(dev.stream_queries()) / double(n ? n : 1), double(dev.event_syncs()) / double(n ? n : 1),
                    (unsigned long long)dev.event_syncs(), (unsigned long long)dev.sync_calls());
+        if (pool.ordered_releases() || pool.order_stopped())
+            printf("  ordered releases (GPUMEM_FENCE_WAIT=order): %llu, %llu stream waits (%.3f per allocation)%s\n",
+                   (unsigned long long)pool.ordered_releases(), (unsigned long long)dev.stream_waits(),
+                   double(dev.stream_waits()) / double(n ? n : 1), pool.order_stopped() ? "; stopped (a stream busy with the program's work, or a failed call)" : "");
     }
     return 0;
 }
