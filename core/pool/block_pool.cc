@@ -1740,6 +1740,10 @@ void block_pool::forget_all() noexcept {
     hot_streams_.clear();     // and its streams
     spare_events_.clear();
     events_state_ = 0;
+    // The ordered release's events went with the context too: a stream made in a new context of
+    // the same handle must not wait on them (order_new_stream), nor a later release reuse them.
+    order_event_ = order_scratch_ = 0;
+    ordered_releases_ = 0;
     unfenced_bytes_ = 0;
     reserved_ = allocated_ = requested_ = free_bytes_ = 0;
     pending_bytes_[0] = pending_bytes_[1] = 0;

@@ -631,6 +631,12 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wai
     CHECK((syncs.back().flags & ef_fence) != 0);
     CHECK((syncs.back().flags & ef_waited) == 0);
     CHECK(f.dev.bad_calls() == 0);
+    // The context dies (its events with it): a stream made in its successor waits on nothing.
+    f.pool.drop_all();
+    const uint64_t waits = f.dev.stream_waits();
+    f.pool.order_new_stream(0x8000);
+    CHECK(f.dev.stream_waits() == waits);
+    CHECK(f.pool.ordered_releases() == 0);
 }
 
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order gives way to waits for a stream busy with the program's own work, a failed wait or a capture", "[fence]") {
