@@ -1391,10 +1391,9 @@ bool block_pool::order_release(api_id api) {
 }
 
 void block_pool::order_new_stream(uint64_t stream) noexcept {
+    if (!cfg_.order) return;  // the default: stream creation does not touch the pool (cfg_ is const)
     op_lock lk(*this);
-    // A stream made while a capture is open gets no wait (none may be enqueued during a capture
-    // on the capturing streams, and this one is not known not to be one); ordered releases stop.
-    if (!cfg_.order || ordered_releases_ == 0) return;
+    if (ordered_releases_ == 0) return;
     if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
     // During a capture nothing is enqueued (a limit: docs/pool.md); ordered releases stop.
     if (!can_sync()) {
