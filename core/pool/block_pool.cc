@@ -1393,14 +1393,21 @@ bool block_pool::order_release(api_id api) {
 void block_pool::order_new_stream(uint64_t stream) noexcept {
     if (!cfg_.order) return;  // the default: stream creation does not touch the pool (cfg_ is const)
     op_lock lk(*this);
-    if (ordered_releases_ == 0) return;
-    if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
-    // During a capture nothing is enqueued (a limit: docs/pool.md); ordered releases stop.
+    if (ordered_releases_ == 0 || !streams_) return;
+    // Under the stream set's lock, as a fence's records and queries are: a capture cannot open
+    // between the check and the calls (capture_begin counts it under this lock).
+    std::unique_lock<std::mutex> held = streams_->hold();
+    // A stream made while a capture is open (or at exit) gets no wait and no query either: a
+    // cuEventQuery on any thread invalidates a global-mode capture, and at exit the driver may
+    // be gone.  Whether the last release's work is done cannot be asked, so ordered releases
+    // stop (a limit: docs/pool.md).
     if (!can_sync()) {
         order_off_ = true;
         return;
     }
+    if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
     if (backend_.stream_wait_event(stream, order_event_) == k_cuda_success) return;
+    held.unlock();  // the wait below may be long: streams may come and go meanwhile
     // The stream cannot be made to wait: the host waits for the work instead, once.
     order_off_ = true;
     const uint64_t t0 = steady_ns();

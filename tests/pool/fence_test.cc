@@ -687,6 +687,36 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order gives way to waits for a stream busy 
     }
 }
 
+TEST_CASE("fences: GPUMEM_FENCE_WAIT=order asks the driver nothing for a stream made during a capture or at exit", "[fence]") {
+    // A stream made on another thread while a capture is open (or made by a static destructor
+    // at exit) after an ordered release whose event is not reached: order_new_stream must not
+    // query that event.  A cuEventQuery on any thread invalidates a global-mode capture (what
+    // PyTorch's NCCL watchdog ran into), and at exit the driver may be gone.
+    const bool at_exit = GENERATE(false, true);
+    CAPTURE(at_exit);
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 24 * MiB);
+    const uint64_t a = f.alloc(8 * MiB);
+    f.alloc(8 * MiB);
+    f.dev.enqueue_work_on(k_stream_legacy);  // reads a, not done
+    f.free(a);
+    CHECK(f.alloc(8 * MiB) == a);  // an ordered release: its event is not reached
+    REQUIRE(f.pool.ordered_releases() == 1);
+    if (at_exit) f.pool.release_all_at_exit();
+    else f.dev.set_capturing(true);
+    const uint64_t queries = f.dev.queries(), waits = f.dev.stream_waits(), syncs = f.dev.event_syncs();
+    const uint64_t made = 0x9000;
+    f.streams.created(k_ctx, made, true);
+    f.pool.order_new_stream(made);
+    CHECK(f.dev.queries() == queries);
+    CHECK(f.dev.stream_waits() == waits);
+    CHECK(f.dev.event_syncs() == syncs);
+    CHECK(f.dev.bad_calls() == 0);
+    CHECK(f.pool.order_stopped());
+    f.dev.end_captures();
+}
+
 TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
     stream_set st;
     std::vector<uint64_t> out;
