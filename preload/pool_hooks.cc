@@ -180,7 +180,14 @@ void pool_stream_made(CUstream s, bool non_blocking) noexcept {
 
 void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }
 
-void pool_green_context_made() noexcept { streams().give_up(); }
+void pool_green_context_made() noexcept {
+    streams().give_up();
+    // GPUMEM_FENCE_WAIT=order: a block handed out before its last owner's work ended relies on
+    // every stream that can touch it waiting for that work, and a green context's streams (its
+    // own default stream included) run beside this context's, unordered: the host waits for the
+    // work before the program has the green context or its stream.
+    registry().for_each([](pool_registry::slot& s) { s.pool->order_settle(); });
+}
 
 void pool_stream_route_unseen() noexcept {
     // Called from a resolver hook (cuGetProcAddress, cudaGetDriverEntryPoint), perhaps during a

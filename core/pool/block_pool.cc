@@ -1415,6 +1415,22 @@ void block_pool::order_new_stream(uint64_t stream) noexcept {
     note_wait(t0);
 }
 
+void block_pool::order_settle() noexcept {
+    op_lock lk(*this);
+    if (!cfg_.order || ordered_releases_ == 0 || !streams_) return;
+    std::unique_lock<std::mutex> held = streams_->hold();  // as in order_new_stream
+    if (!can_sync()) {
+        order_off_ = true;  // a capture: nothing may be asked or waited for (a limit)
+        return;
+    }
+    if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
+    held.unlock();
+    order_off_ = true;
+    const uint64_t t0 = steady_ns();
+    (void)backend_.event_synchronize(order_event_);
+    note_wait(t0);
+}
+
 uint64_t block_pool::ordered_releases() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return ordered_releases_;

@@ -84,6 +84,10 @@ class block_pool {
     // after the last ordered release's event (docs/pool.md, "Ordered release").  The hook calls
     // it before the program gets the stream.
     void order_new_stream(uint64_t stream) noexcept;
+    // GPUMEM_FENCE_WAIT=order: streams appeared that no wait can order (a green context's run
+    // beside this context's): the host waits for the last ordered release's work, once, before
+    // the program has them.  The green-context hooks call it.
+    void order_settle() noexcept;
     uint64_t ordered_releases() const noexcept;  // how many ordered releases ran
     bool order_stopped() const noexcept;         // ordered release gave way to waits for good
     uint64_t wait_ns() const noexcept;  // ns blocked in the pool's waits, all told

@@ -717,6 +717,40 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order asks the driver nothing for a stream 
     f.dev.end_captures();
 }
 
+TEST_CASE("fences: GPUMEM_FENCE_WAIT=order waits for the last release's work when a green context appears", "[fence]") {
+    // A green context's streams run beside the pool's context and no stream wait orders them:
+    // a block handed out early must not meet them before its last owner's work is done.
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 24 * MiB);
+    const uint64_t a = f.alloc(8 * MiB);
+    f.alloc(8 * MiB);
+    f.pool.order_settle();  // no ordered release yet: nothing to wait for
+    CHECK(f.dev.queries() == 0);
+    const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);  // reads a
+    f.free(a);
+    CHECK(f.alloc(8 * MiB) == a);  // handed out early
+    REQUIRE(f.dev.completed() < w);
+    SECTION("the host waits, once") {
+        f.pool.order_settle();
+        CHECK(f.dev.completed() >= w);
+        CHECK(f.dev.event_syncs() == 1);
+        CHECK(f.pool.order_stopped());
+        f.pool.order_settle();
+        CHECK(f.dev.event_syncs() == 1);
+    }
+    SECTION("during a capture nothing is asked") {
+        f.dev.set_capturing(true);
+        const uint64_t q = f.dev.queries();
+        f.pool.order_settle();
+        CHECK(f.dev.queries() == q);
+        CHECK(f.dev.event_syncs() == 0);
+        CHECK(f.pool.order_stopped());
+        f.dev.end_captures();
+    }
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
     stream_set st;
     std::vector<uint64_t> out;
