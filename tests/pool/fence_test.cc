@@ -529,9 +529,10 @@ TEST_CASE("fences, property: no reuse before the work enqueued before the free i
 // and no chunk is unmapped under work not done.  No device-wide sync.
 void run_order_property(uint64_t chunk) {
     const uint64_t k_stream2 = 0x6000;
-    const uint64_t streams[] = {k_stream_legacy, k_stream, k_stream2};
     for (uint64_t seed : {1u, 2u, 3u}) {
         INFO("seed " << seed);
+        // Streams made during the run come in through the creation hook (order_new_stream).
+        std::vector<uint64_t> streams = {k_stream_legacy, k_stream, k_stream2};
         pool_config cfg = safe_config();
         cfg.order = true;
         cfg.order_beside_busy = true;  // the side streams run random work: keep ordering regardless
@@ -539,10 +540,16 @@ void run_order_property(uint64_t chunk) {
         fenced f(cfg, 96 * MiB, chunk);
         f.streams.created(k_ctx, k_stream2, true);
         std::mt19937_64 rng(seed);
-        std::map<uint64_t, uint64_t> live;  // addr -> size
         struct work {
             uint64_t addr, size, stream, ticket;
         };
+        // addr -> size and every kernel its owner ran on it (on any of the streams): all of them
+        // come before its free, not only the last.
+        struct owned {
+            uint64_t size;
+            std::vector<work> kernels;
+        };
+        std::map<uint64_t, owned> live;
         std::vector<work> earlier;  // kernels on memory freed since
         size_t unmaps_seen = 0;
         const uint64_t sizes[] = {512, 4096, 100000, MiB, 3 * MiB, 9 * MiB};
@@ -561,7 +568,7 @@ void run_order_property(uint64_t chunk) {
                         if (w.addr < e.b.ptr + e.b.size && e.b.ptr < w.addr + w.size) REQUIRE(w.ticket <= reached);
                 }
                 if (rc != k_cuda_success) continue;
-                const uint64_t st = streams[rng() % 3];
+                const uint64_t st = streams[rng() % streams.size()];
                 for (const work& w : earlier) {
                     if (w.addr < p + size && p < w.addr + w.size) {
                         INFO("reused " << std::hex << w.addr << " on stream " << st << " before ticket " << std::dec << w.ticket
@@ -569,19 +576,24 @@ void run_order_property(uint64_t chunk) {
                         REQUIRE(f.dev.ordered_after(st, w.stream, w.ticket));
                     }
                 }
-                live[p] = size;
-                f.dev.enqueue_work_on(st);  // the new owner's kernel
+                live[p] = owned{size, {{p, size, st, f.dev.enqueue_work_on(st)}}};  // the new owner's kernel
             } else if (r < 85) {
                 auto it = live.begin();
                 std::advance(it, rng() % live.size());
-                const uint64_t p = it->first, size = it->second;
+                const uint64_t p = it->first, size = it->second.size;
+                const uint64_t st = streams[rng() % streams.size()];
+                it->second.kernels.push_back({p, size, st, f.dev.enqueue_work_on(st)});  // a last kernel on it, then the free
+                earlier.insert(earlier.end(), it->second.kernels.begin(), it->second.kernels.end());
                 live.erase(it);
-                const uint64_t st = streams[rng() % 3];
-                earlier.push_back({p, size, st, f.dev.enqueue_work_on(st)});  // the last kernel on it, then the free
                 f.free(p);
-            } else if (r < 98) {
+            } else if (r < 97) {
                 const uint64_t last = f.dev.last_ticket();
                 if (last) f.dev.complete_through(f.dev.completed() + rng() % (last - f.dev.completed() + 1));
+            } else if (r == 97 && streams.size() < 12) {
+                const uint64_t made = 0x7000 + streams.size();  // as the creation hook reports it
+                f.streams.created(k_ctx, made, true);
+                f.pool.order_new_stream(made);
+                streams.push_back(made);
             } else {
                 f.dev.complete_all();
             }
@@ -591,6 +603,7 @@ void run_order_property(uint64_t chunk) {
         CHECK(f.dev.sync_calls() == 0);
         CHECK(f.dev.bad_calls() == 0);
         CHECK(f.pool.ordered_releases() > 0);  // the test reached ordered releases
+        CHECK(streams.size() > 3);             // and made streams after some
         if (chunk) CHECK(!f.csink.unmaps.empty());
     }
 }
