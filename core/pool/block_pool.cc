@@ -739,7 +739,7 @@ void block_pool::dissolve(segment* st, api_id api) {
 
 bool block_pool::dissolve_free_stitched(api_id api) {
     // Unmapping does not wait for device work: only with every free settled, outside a capture.
-    if (!n_stitched_ || unsettled_frees_ || !can_sync()) return false;
+    if (!n_stitched_ || !can_sync() || !ordered_frees_settled()) return false;
     std::vector<segment*> idle;
     try {
         for (auto& [base, s] : segments_)
@@ -799,7 +799,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // (docs/benchmarks.md), as PyTorch's default allocator also reserves.
     // Not during a capture (can_sync): cuMemUnmap does not wait, and a graph may still run there.
     const bool arenas = use_arenas();
-    if (chunk_ && cfg_.trim && !unsettled_frees_ && can_sync()) {
+    if (chunk_ && cfg_.trim && can_sync() && ordered_frees_settled()) {
         // With arenas the growth maps only what the hole it will use lacks; the free blocks
         // beside that hole are kept, or the trim would unmap what the growth maps straight back.
         uint64_t grow_bytes = seg_size;
@@ -1388,6 +1388,18 @@ bool block_pool::order_release(api_id api) {
     unsettled_frees_ += n;
     release_prefix(n, api, true);
     return true;
+}
+
+// The frees ordered releases handed out count as unsettled (their last owners' work may still run,
+// so no chunk of theirs is unmapped).  Once the last release's event is reached, all work enqueued
+// before any of them is done: they are settled without a wait, so trimming and stitching's
+// dissolves go on as under fences.  (Frees made for immediate reuse before auto's switch came
+// before the first ordered release, whose event covers them too.)  True when no free is unsettled.
+// Only where can_sync() holds: an event query may not run during a capture.
+bool block_pool::ordered_frees_settled() noexcept {
+    if (unsettled_frees_ && ordered_releases_ && !immediate_ && backend_.event_query(order_event_) == k_cuda_success)
+        unsettled_frees_ = 0;
+    return unsettled_frees_ == 0;
 }
 
 void block_pool::order_new_stream(uint64_t stream) noexcept {

@@ -324,6 +324,7 @@ class block_pool {
     // Ordered release (GPUMEM_FENCE_WAIT=order): order_event_ is the legacy-stream event of the
     // last one (0: none yet), order_scratch_ an event each busy stream's work is marked with.
     bool order_release(api_id api);
+    bool ordered_frees_settled() noexcept;
     uint64_t order_event_ = 0, order_scratch_ = 0, ordered_releases_ = 0;
     bool order_off_ = false;  // a stream ran the program's own work beside it, or a call failed
     uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it

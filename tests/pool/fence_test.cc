@@ -764,6 +764,26 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order waits for the last release's work whe
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: frees of an ordered release count as settled once its event is reached (trimming goes on)", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    cfg.vmm = true;
+    cfg.trim = 2 * MiB;
+    fenced f(cfg, 1ull << 40, 2 * MiB);
+    const uint64_t x = f.alloc(8 * MiB);
+    f.alloc(8 * MiB);
+    const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);
+    f.free(x);
+    CHECK(f.alloc(4 * MiB) == x);  // an ordered release: x's front, its rest free but unsettled
+    REQUIRE(f.pool.ordered_releases() == 1);
+    f.dev.complete_all();  // the release's event is reached: x's last work is done
+    f.alloc(20 * MiB);     // a growth past live + request + trim: the trim gives x's free chunks back
+    REQUIRE(!f.csink.unmaps.empty());
+    for (const auto& [e, reached] : f.csink.unmaps) CHECK(reached >= w);
+    CHECK(f.dev.event_syncs() == 0);  // settled by a query, not a wait
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
     stream_set st;
     std::vector<uint64_t> out;
