@@ -185,9 +185,8 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
             double wait_us = 0, worst = 0;
             for (int i = 1; i <= m; ++i) {
                 const unsigned v = unsigned(k + i);
-                auto t0 = clk::now();
                 CK(cuStreamWriteValue32(CU_STREAM_LEGACY, dword, v, 0));
-                auto t1 = clk::now();
+                auto t1 = clk::now();  // seen how long after the call returned
                 if (*(volatile unsigned*)word == v) ++first;
                 else
                     while (*(volatile unsigned*)word != v) {
@@ -195,7 +194,6 @@ static int run(int busy, CUdevice dev, cudaStream_t side) {
                 const double w = std::chrono::duration<double, std::micro>(clk::now() - t1).count();
                 wait_us += w;
                 if (w > worst) worst = w;
-                (void)t0;
             }
             printf("fence op=write_value_reached first_read_share=%.3f us_until_seen=%.3f worst_us=%.1f busy=%d\n", double(first) / m,
                    wait_us / m, worst, busy);
@@ -299,6 +297,8 @@ static int stall(CUdevice dev, cudaStream_t side) {
     CK(cuMemAddressFree(va, cycle_bytes));
     for (auto& h : hs) CK(cuMemRelease(h));
     for (auto& h : hb) CK(cuMemRelease(h));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
     cudaFree(buf);
     return 0;
 }
