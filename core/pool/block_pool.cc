@@ -1096,9 +1096,7 @@ bool block_pool::sync_release(api_id api) {
     if (rc != k_cuda_success) return false;  // a broken context: keep them pending
     unsettled_frees_ = 0;
     // Every fence is reached now, and destroyed streams' work has finished.
-    for (fence& f : fences_) recycle_events(f.events);
-    fences_.clear();
-    unfenced_bytes_ = 0;
+    forget_fences();
     if (streams_) streams_->forget_destroyed(ctx_, destroys);
     const size_t n = pending_.size();
     for (block* b : pending_) {
@@ -1110,6 +1108,12 @@ bool block_pool::sync_release(api_id api) {
     emit_simple(ev_kind::pool_sync, api, n);
     if (n_stitched_) dissolve_free_stitched(api);
     return true;
+}
+
+void block_pool::forget_fences() noexcept {
+    for (fence& f : fences_) recycle_events(f.events);
+    fences_.clear();
+    unfenced_bytes_ = 0;
 }
 
 // Returns every segment that holds no allocated or pending block: a cuMemAlloc segment that is
@@ -1378,10 +1382,7 @@ bool block_pool::order_release(api_id api) {
     }
     held.unlock();
     ++ordered_releases_;
-    // Every fence is covered now: its events are recycled, as after a synchronize.
-    for (fence& f : fences_) recycle_events(f.events);
-    fences_.clear();
-    unfenced_bytes_ = 0;
+    forget_fences();  // every fence is covered now, as after a synchronize
     // Their last owners' work may still run: no chunk of theirs is unmapped before a wait on every
     // stream (settle_frees), as for frees under immediate reuse.
     const size_t n = pending_.size();
@@ -1402,45 +1403,47 @@ bool block_pool::ordered_frees_settled() noexcept {
     return unsettled_frees_ == 0;
 }
 
-void block_pool::order_new_stream(uint64_t stream) noexcept {
-    if (!cfg_.order) return;  // the default: stream creation does not touch the pool (cfg_ is const)
-    op_lock lk(*this);
-    if (ordered_releases_ == 0 || !streams_) return;
-    // Under the stream set's lock, as a fence's records and queries are: a capture cannot open
-    // between the check and the calls (capture_begin counts it under this lock).
-    std::unique_lock<std::mutex> held = streams_->hold();
-    // A stream made while a capture is open (or at exit) gets no wait and no query either: a
-    // cuEventQuery on any thread invalidates a global-mode capture, and at exit the driver may
-    // be gone.  Whether the last release's work is done cannot be asked, so ordered releases
-    // stop (a limit: docs/pool.md).
+// Whether the last ordered release's work may still run, for a stream or green context the
+// program is about to get; `held` gets the stream set's lock, as a fence's records and queries
+// hold it (a capture cannot open between the check and the calls: capture_begin counts it under
+// this lock).  False when there was none or it is done, and when a capture is open (or at exit):
+// then nothing may be asked, a cuEventQuery on any thread invalidating a global-mode capture and
+// the driver perhaps gone, so ordered releases stop (a limit: docs/pool.md).
+bool block_pool::order_work_pending(std::unique_lock<std::mutex>& held) noexcept {
+    if (ordered_releases_ == 0 || !streams_) return false;
+    held = streams_->hold();
     if (!can_sync()) {
         order_off_ = true;
-        return;
+        return false;
     }
-    if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
-    if (backend_.stream_wait_event(stream, order_event_) == k_cuda_success) return;
-    held.unlock();  // the wait below may be long: streams may come and go meanwhile
-    // The stream cannot be made to wait: the host waits for the work instead, once.
+    return backend_.event_query(order_event_) != k_cuda_success;
+}
+
+// What cannot be ordered on the device is waited for by the host, once; ordered releases stop.
+void block_pool::order_host_wait(std::unique_lock<std::mutex>& held) noexcept {
+    held.unlock();  // the wait may be long: streams may come and go meanwhile
     order_off_ = true;
     const uint64_t t0 = steady_ns();
     (void)backend_.event_synchronize(order_event_);
     note_wait(t0);
 }
 
-void block_pool::order_settle() noexcept {
+void block_pool::order_new_stream(uint64_t stream) noexcept {
+    if (!cfg_.order) return;  // the default: stream creation does not touch the pool (cfg_ is const)
     op_lock lk(*this);
-    if (!cfg_.order || ordered_releases_ == 0 || !streams_) return;
-    std::unique_lock<std::mutex> held = streams_->hold();  // as in order_new_stream
-    if (!can_sync()) {
-        order_off_ = true;  // a capture: nothing may be asked or waited for (a limit)
-        return;
-    }
-    if (backend_.event_query(order_event_) == k_cuda_success) return;  // the work is done already
-    held.unlock();
-    order_off_ = true;
-    const uint64_t t0 = steady_ns();
-    (void)backend_.event_synchronize(order_event_);
-    note_wait(t0);
+    std::unique_lock<std::mutex> held;
+    if (!order_work_pending(held)) return;
+    if (backend_.stream_wait_event(stream, order_event_) == k_cuda_success) return;
+    order_host_wait(held);  // the stream cannot be made to wait
+}
+
+// A green context (or green stream) runs beside the context's streams, and no wait orders it:
+// the host waits for the last ordered release's work before the program gets it.
+void block_pool::order_settle() noexcept {
+    if (!cfg_.order) return;
+    op_lock lk(*this);
+    std::unique_lock<std::mutex> held;
+    if (order_work_pending(held)) order_host_wait(held);
 }
 
 uint64_t block_pool::ordered_releases() const noexcept {

@@ -325,6 +325,9 @@ class block_pool {
     // last one (0: none yet), order_scratch_ an event each busy stream's work is marked with.
     bool order_release(api_id api);
     bool ordered_frees_settled() noexcept;
+    bool order_work_pending(std::unique_lock<std::mutex>& held) noexcept;
+    void order_host_wait(std::unique_lock<std::mutex>& held) noexcept;
+    void forget_fences() noexcept;  // every fence covered (a synchronize, an ordered release): events back
     uint64_t order_event_ = 0, order_scratch_ = 0, ordered_releases_ = 0;
     bool order_off_ = false;  // a stream ran the program's own work beside it, or a call failed
     uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it
