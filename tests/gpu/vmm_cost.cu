@@ -45,17 +45,29 @@ static double us_since(clk::time_point t0) {
     return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
 }
 
+// Pinned device chunks as the pool makes them (plain, no export), the device's minimum
+// granularity, and read/write access for the device: what every measurement below maps.
+struct chunk_kind {
+    CUmemAllocationProp prop = {};
+    CUmemAccessDesc acc = {};
+    size_t gran = 0;
+    CUresult init(CUdevice dev) {
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        acc.location = prop.location;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        return cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    }
+};
+
 static int run(int busy, CUdevice dev, cudaStream_t side) {
     const int n = 256;
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    size_t gran = 0;
-    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CUmemAccessDesc acc = {};
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    chunk_kind ck;
+    CK(ck.init(dev));
+    const CUmemAllocationProp& prop = ck.prop;
+    const CUmemAccessDesc& acc = ck.acc;
+    const size_t gran = ck.gran;
     if (busy) spin<<<1, 1, 0, side>>>(4LL * 1000 * 1000 * 1000);  // about 2 s at 2 GHz: outlasts the VMM calls
     std::vector<CUmemGenericAllocationHandle> h(n);
     auto t = clk::now();
@@ -229,15 +241,11 @@ static int stall(CUdevice dev, cudaStream_t side) {
     float* buf = nullptr;
     if (cudaMalloc(&buf, n_floats * sizeof(float)) != cudaSuccess) return 3;
     cudaMemset(buf, 0, n_floats * sizeof(float));
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    size_t gran = 0;
-    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CUmemAccessDesc acc = {};
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    chunk_kind ck;
+    CK(ck.init(dev));
+    const CUmemAllocationProp& prop = ck.prop;
+    const CUmemAccessDesc& acc = ck.acc;
+    const size_t gran = ck.gran;
     // 64 MiB per remap cycle: 32 handles of 2 MiB, or 4 of 16 MiB (a multiple of the granularity
     // that divides 64 MiB; the 20 MiB handles above would not).
     const int small_n = 32, big_n = 4, big_mult = 8;
@@ -308,15 +316,11 @@ static int stall(CUdevice dev, cudaStream_t side) {
 // the slice, one unmap of the slice) by 1, 2, 4 and 8 threads, each with its own slice.  A stitch
 // of 1 GiB is 512 such handles (about 25 ms from one thread, run 65).
 static int parallel(CUdevice dev, CUcontext ctx) {
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    size_t gran = 0;
-    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CUmemAccessDesc acc = {};
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    chunk_kind ck;
+    CK(ck.init(dev));
+    const CUmemAllocationProp& prop = ck.prop;
+    const CUmemAccessDesc& acc = ck.acc;
+    const size_t gran = ck.gran;
     const int n = 64, cycles = 40;
     std::vector<CUmemGenericAllocationHandle> h(n);
     for (auto& x : h) CK(cuMemCreate(&x, gran, &prop, 0));
