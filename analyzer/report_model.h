@@ -170,6 +170,7 @@ struct device_report {
     tracked_bytes unmapped;       // holes (segment_unmap, segment_alloc's asize) in held segments: address space without memory
     uint64_t n_pool_sync = 0;
     uint64_t n_pool_wait = 0;  // pool_sync events with "waited": the program blocked on a fence
+    uint64_t n_pool_ordered = 0;  // pool_sync events with "ordered": ordered releases (no wait)
     uint64_t pool_wait_ns = 0;  // sum of pool_sync "wait_ns": how long the pool's waits held the program
     // config.reuse "auto": the device's pool reuses frees at once until its reuse_safe event, and
     // holds them pending from then on.  reuse_safe: that event was seen; the rest describe it.

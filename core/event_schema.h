@@ -197,6 +197,7 @@ enum event_flags : uint8_t {
     ef_pooled = 1 << 2,      // served by gpumem's pool (alloc/free)
     ef_fence = 1 << 3,       // pool_sync: released by fences (events), not a context synchronize
     ef_waited = 1 << 4,      // pool_sync: the program waited on a fence for it (memory was short)
+    ef_ordered = 1 << 5,     // pool_sync: handed out by an ordered release (GPUMEM_FENCE_WAIT=order), no wait
 };
 
 }  // namespace gpumem

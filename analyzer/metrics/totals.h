@@ -115,6 +115,7 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
         if (d) d->rep.pool_wait_ns += e.wait_ns;
         if (e.fence) {  // released by fences: no device-wide sync, maybe a wait on one
             if (e.waited && d) ++d->rep.n_pool_wait;
+            if (e.ordered && d) ++d->rep.n_pool_ordered;
             break;
         }
         ++p.n_pool_sync;

@@ -243,6 +243,10 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         framed(os, pad("Pending frees (until sync)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
                        fmt_bytes(d.pending.peak) + ", " + std::to_string(d.n_pool_sync) + " pool syncs" +
                        (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()));
+    // Releases that ordered the streams instead of waiting (GPUMEM_FENCE_WAIT=order): a row of
+    // their own, as the pending row is full.
+    if (d.n_pool_ordered)
+        framed(os, pad("Ordered releases (no wait)", 28) + pad(std::to_string(d.n_pool_ordered), 14, true));
     // What the waits cost the program, against the time the log covers on this device: the
     // share a user weighs against GPUMEM_REUSE=immediate (one-stream programs) or more memory.
     if (d.pool_wait_ns) {

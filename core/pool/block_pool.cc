@@ -1274,13 +1274,13 @@ int block_pool::poll_fences(api_id api, bool waited) {
             spare_fence_events_.push_back(std::move(f.events));  // cannot throw: within capacity
         fences_.erase(fences_.begin());
     }
-    if (n) release_prefix(n, api, true, waited);
+    if (n) release_prefix(n, api, uint8_t(ef_fence | (waited ? ef_waited : 0)));
     return rc == k_cuda_not_ready ? k_cuda_success : rc;
 }
 
 // The pool_sync line of a release by fences (or of a wait on every stream, n = 0), with the time
 // the pool's waits held the program since the previous pool_sync line.
-void block_pool::emit_release(api_id api, size_t n, bool by_fence, bool waited) noexcept {
+void block_pool::emit_release(api_id api, size_t n, uint8_t flags) noexcept {
     event e{};
     std::swap(e.c.wait_ns, wait_ns_unlogged_);
     if (!sink_) return;
@@ -1288,12 +1288,12 @@ void block_pool::emit_release(api_id api, size_t n, bool by_fence, bool waited) 
     e.dev = device_;
     e.api = api;
     e.c.count = n;
-    if (by_fence) e.flags = uint8_t(ef_fence | (waited ? ef_waited : 0));
+    e.flags = flags;
     sink_->emit(e);
 }
 
 // The first n pending frees (in free order) become free; the fences after them now count from 0.
-void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited) {
+void block_pool::release_prefix(size_t n, api_id api, uint8_t flags) {
     for (size_t k = 0; k < n; ++k) {
         block* b = pending_[k];
         pending_bytes_[pool_index(b->seg->pool)] -= b->size;
@@ -1305,7 +1305,7 @@ void block_pool::release_prefix(size_t n, api_id api, bool by_fence, bool waited
     }
     pending_.erase(pending_.begin(), pending_.begin() + ptrdiff_t(n));
     for (fence& f : fences_) f.end -= n;
-    emit_release(api, n, by_fence, waited);
+    emit_release(api, n, flags);
     // A stitched segment whose block came back goes back to its lenders at once (after the
     // pool_sync line, which frees its block in the log): kept, it would hold its lenders' chunks
     // from every other request (docs/benchmarks.md, "Stitching").
@@ -1387,7 +1387,7 @@ bool block_pool::order_release(api_id api) {
     // stream (settle_frees), as for frees under immediate reuse.
     const size_t n = pending_.size();
     unsettled_frees_ += n;
-    release_prefix(n, api, true);
+    release_prefix(n, api, uint8_t(ef_fence | ef_ordered));  // its line says "ordered"
     return true;
 }
 
@@ -1584,7 +1584,7 @@ bool block_pool::drain_by_fence(api_id api) {
     // the legacy stream waits for all of it.  A context that lost a stream takes the sync.
     if (!wait_all_streams(true)) return false;
     unsettled_frees_ = 0;
-    release_prefix(0, api, true);  // the drain's pool_sync, count 0
+    release_prefix(0, api, ef_fence);  // the drain's pool_sync, count 0
     return true;
 }
 
@@ -1596,7 +1596,7 @@ bool block_pool::settle_frees(api_id api) {
         unsettled_frees_ = 0;
         // Logged as the drain is (a release of nothing by fences), so that its wait_ns is written
         // now: under immediate reuse no other pool_sync may ever follow to carry it.
-        emit_release(api, 0, true, false);
+        emit_release(api, 0, ef_fence);
         return true;
     }
     return sync_release(api);

@@ -256,8 +256,9 @@ class block_pool {
     // Releases completed fences' frees; 0 or an error.  `waited`: the pool just blocked on the
     // oldest fence, which its pool_sync says.
     int poll_fences(api_id api, bool waited = false);
-    void release_prefix(size_t n, api_id api, bool by_fence, bool waited = false);
-    void emit_release(api_id api, size_t n, bool by_fence, bool waited) noexcept;
+    // flags: the pool_sync line's event_flags (ef_fence, with ef_waited or ef_ordered).
+    void release_prefix(size_t n, api_id api, uint8_t flags);
+    void emit_release(api_id api, size_t n, uint8_t flags) noexcept;
     bool drain_by_fence(api_id api);       // enter_safe_reuse's drain without a context sync
     bool wait_all_streams(bool legacy_only) noexcept;  // events on the streams, waited on; false: not covered
     bool settle_frees(api_id api);         // unsettled_frees_ to 0: wait_all_streams, else a sync

@@ -293,12 +293,13 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
                       pooled_line("alloc", 1, seg, 1000, 1024, seg) + pooled_line("alloc", 2, seg + 1024, 1000, 1024, seg) +
                       pooled_line("free", 3, seg, 1000, 1024, seg) + pooled_line("free", 4, seg + 1024, 1000, 1024, seg) +
                       "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":60000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true,\"wait_ns\":15000000000}\n" +
-                      "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":120000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true}\n" + end_line(7, 0);
+                      "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":120000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"ordered\":true}\n" + end_line(7, 0);
     temp_file f(log);
     process_report r = analyze_file(f.path, analyze_options{});
     const device_report& d = r.devices[0];
     CHECK(d.n_pool_sync == 0);
     CHECK(d.n_pool_wait == 1);
+    CHECK(d.n_pool_ordered == 1);  // "ordered" is read
     CHECK(d.pool_wait_ns == 15000000000);  // the line without "wait_ns" adds nothing (reset per line)
     CHECK(d.pending.current == 0);
     CHECK(r.n_warnings == 0);
@@ -314,6 +315,9 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
     CHECK_THAT(line, Catch::Contains("15.000 s"));
     CHECK_THAT(line, Catch::Contains("12.5% of the device's 120.000 s of events"));  // events from t=100 ns to 120 s
     CHECK(line.size() <= 92);  // inside the frame (91 columns, then "|"), even for a two-minute log
+    const size_t ord = t.find("Ordered releases (no wait)");
+    REQUIRE(ord != std::string::npos);
+    CHECK_THAT(t.substr(ord, t.find('\n', ord) - ord), Catch::Matches(R"(Ordered releases \(no wait\) +1 +\|?)"));
 }
 
 TEST_CASE("pending frees are not free space until pool_sync", "[scenario]") {

@@ -16,8 +16,8 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
     the log), fence releases, peak reserved (torch's for PyTorch, the pool's from the log) and peak
     requested bytes (from the log).  POOL_BENCH_MODES (comma-separated MODES names) picks the modes.
 (c) race: a freed tensor that a side stream has yet to read, refilled on the main stream: sums must
-    equal raw NO_CACHING's under the defaults and GPUMEM_REUSE=safe; GPUMEM_REUSE=immediate is the
-    control that must differ.
+    equal raw NO_CACHING's under the defaults, GPUMEM_REUSE=safe and GPUMEM_FENCE_WAIT=order (C_MODES);
+    GPUMEM_REUSE=immediate is the control that must differ.
 (d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
     gpumem, with the pool (auto: no stream, no events), with GPUMEM_REUSE=safe (a fence per batch)
     and, as the control, safe with a fence per free (GPUMEM_FENCE_BATCH=1, the rule before batches).
@@ -151,6 +151,15 @@ MODES = {
 }
 
 
+# (c)'s modes: raw NO_CACHING is the truth, immediate reuse the control that must differ, and every
+# other mode must give raw's sums (ordered release hands frees out early, so it is judged too).
+# The tight variant (a 4 MiB sync budget) brings the pool to the point of a wait, where an ordered
+# release would come, at about every free: the side stream, busy with the program's own sleep, must
+# stop ordered releases (its "ordered" count says whether any ran) and the sums stay raw's.
+C_MODES = ("raw", "gpumem", "gpumem-vmm-safe", "gpumem+GPUMEM_FENCE_WAIT=order",
+           "gpumem+GPUMEM_FENCE_WAIT=order+GPUMEM_SYNC_BUDGET=4MiB+GPUMEM_SYNC_BUDGET_DIV=1000000", "gpumem-vmm-immediate")
+
+
 def mode_env(mode):
     """MODES[mode], or for "BASE+KEY=VALUE+..." BASE's with those variables added: a setting tried
     without a code change (POOL_BENCH_MODES=gpumem,gpumem+GPUMEM_POOL_TRIM=32MiB).  KEY LIB=NAME
@@ -229,6 +238,7 @@ def log_facts(outdir, name):
     if not files:
         return {}
     syncs = fences = waits = n = oom = unmap = maps = streams = unmap_bytes = wait_ns = 0
+    ordered = waits_after_ordered = 0  # ordered releases; waits after the last (they stopped)
     reserved = peak_res = requested = peak_req = 0
     seg_mapped = {}  # segment base -> bytes mapped now (an arena maps as it grows: asize, segment_map)
     live_req = {}
@@ -245,6 +255,11 @@ def log_facts(outdir, name):
                 if e.get("fence"):
                     fences += 1
                     waits += bool(e.get("waited"))
+                    if e.get("ordered"):
+                        ordered += 1
+                        waits_after_ordered = 0
+                    else:
+                        waits_after_ordered += bool(e.get("waited"))
                 else:
                     syncs += 1
             elif ev == "segment_alloc":
@@ -276,7 +291,8 @@ def log_facts(outdir, name):
                 reuse_safe = e.get("api")
             peak_res = max(peak_res, reserved)
             peak_req = max(peak_req, requested)
-    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "wait_ms": round(wait_ns / 1e6, 1), "streams": streams, "peak_reserved": peak_res,
+    return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "ordered": ordered,
+            "waits_after_ordered": waits_after_ordered if ordered else None, "wait_ms": round(wait_ns / 1e6, 1), "streams": streams, "peak_reserved": peak_res,
             "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "maps": maps, "unmapped_bytes": unmap_bytes, "reuse_safe": reuse_safe}
 
 
@@ -316,7 +332,7 @@ def main():
             R["b"].setdefault(m, []).append(r)
 
     # (c)
-    for m in ("raw", "gpumem", "gpumem-vmm-safe", "gpumem-vmm-immediate") if "c" in parts else ():
+    for m in C_MODES if "c" in parts else ():
         r = spawn(outdir, f"race-{m}", m, me + ["race", "10"])
         r.update(log_facts(outdir, f"race-{m}"))
         R["c"][m] = r
@@ -369,7 +385,7 @@ def main():
         fails.append("a")
 
     md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds", "",
-           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
+           "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run; ordered releases, waits after the last) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|---|"]
     nat = R["b"].get("native", [])
     for m, rs in R["b"].items():
@@ -379,7 +395,8 @@ def main():
             res = [r.get("peak_reserved", 0) for r in rs]
             req = [r.get("peak_requested", 0) for r in rs]
             sy = [r.get("device_syncs") for r in rs]
-            fe = [f"{r.get('fence_releases')} ({r.get('fence_waits')}, {r.get('wait_ms')})" for r in rs]
+            fe = [f"{r.get('fence_releases')} ({r.get('fence_waits')}, {r.get('wait_ms')}"
+                  + (f"; {r['ordered']} ordered, {r['waits_after_ordered']} waits after" if r.get("ordered") else "") + ")" for r in rs]
             um = [f"{r.get('unmapped_bytes', 0) / 2**20:.0f}" for r in rs]
         else:
             res = [r.get("torch_max_reserved", 0) for r in rs]
@@ -408,13 +425,13 @@ def main():
                       f"({min(ratio):.3f}-{max(ratio):.3f}); modes run in reverse order in even rounds.")
 
     md += ["", "### (c) free while a side stream has yet to read, refill on the main stream", "",
-           "| mode | sums equal raw NO_CACHING's | device-wide syncs | fence releases | reuse_safe |", "|---|---|---|---|---|"]
+           "| mode | sums equal raw NO_CACHING's | device-wide syncs | fence releases (waits, ordered) | reuse_safe |", "|---|---|---|---|---|"]
     raw_sums = R["c"].get("raw", {}).get("sums")
     for m, r in R["c"].items():
         eq = r.get("sums") == raw_sums and raw_sums is not None
         md.append(f"| {m} | {'yes' if eq else 'NO'} ({sum(1 for x, y in zip(r.get('sums') or [], raw_sums or []) if x != y)} differ) | "
-                  f"{r.get('device_syncs', '-')} | {r.get('fence_releases', '-')} | {r.get('reuse_safe', '-')} |")
-    ok_c = all(R["c"].get(m, {}).get("sums") == raw_sums for m in ("gpumem", "gpumem-vmm-safe")) and raw_sums is not None
+                  f"{r.get('device_syncs', '-')} | {r.get('fence_releases', '-')} ({r.get('fence_waits', '-')}, {r.get('ordered', '-')}) | {r.get('reuse_safe', '-')} |")
+    ok_c = all(R["c"].get(m, {}).get("sums") == raw_sums for m in C_MODES if m not in ("raw", "gpumem-vmm-immediate")) and raw_sums is not None
     ctrl = R["c"].get("gpumem-vmm-immediate", {}).get("sums")
     md.append(f"\nGate (c) (not run)" if "c" not in parts else
               f"\nGate (c): {'PASS' if ok_c else 'FAIL'}; control (immediate must differ): "

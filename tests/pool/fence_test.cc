@@ -643,6 +643,7 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wai
     REQUIRE(!syncs.empty());
     CHECK((syncs.back().flags & ef_fence) != 0);
     CHECK((syncs.back().flags & ef_waited) == 0);
+    CHECK((syncs.back().flags & ef_ordered) != 0);  // the log tells an ordered release from a fence's
     CHECK(f.dev.bad_calls() == 0);
     // The context dies (its events with it): a stream made in its successor waits on nothing.
     f.pool.drop_all();
