@@ -108,10 +108,10 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
         if (c.stitch && c.reuse == reuse_mode::immediate)
             c.warnings += "GPUMEM_POOL_STITCH=on has no effect with GPUMEM_REUSE=immediate (stitching needs fenced frees)\n";
         if (const char* v = get(k_wait_env); v && *v) {
-            if (!std::strcmp(v, "old")) c.wait_any = false;
-            else if (!std::strcmp(v, "any")) c.wait_any = true;
+            if (!std::strcmp(v, "old")) c.wait_any = c.order = false;
+            else if (!std::strcmp(v, "any")) c.wait_any = true, c.order = false;
             else if (!std::strcmp(v, "order")) c.order = true;
-            else c.warnings += std::string("GPUMEM_FENCE_WAIT=") + v + ": expected old, any or order; using old\n";
+            else c.warnings += std::string("GPUMEM_FENCE_WAIT=") + v + ": expected order, old or any; using order\n";
         }
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;

@@ -37,19 +37,21 @@ struct pool_config {
     // auto switched by blocking streams), each free over an eighth is fenced alone: the 20 MiB pool
     // hit with 4 GiB held fell from 1.97-2.32 to 1.26-1.55 us on the H200 (run 61).
     uint64_t fence_batch = 4;
-    // GPUMEM_FENCE_WAIT = old | any: which pending blocks an allocation waits for rather than grow
-    // the pool or cut a larger free block.  old (false, the default): a block with a quarter of
+    // GPUMEM_FENCE_WAIT = old | any (where ordered releases, below, are off or stop): which
+    // pending blocks an allocation waits for rather than grow the pool or cut a larger free
+    // block.  old (false): a block with a quarter of
     // the sync budget freed after it, so that the GPU has work queued past its fence.  any (true):
     // any pending block, the newest frees fenced first if they must be.  On the H200 (run 54) any
     // reserved 1.118-1.134x the peak of requested bytes, as PyTorch's expandable_segments (1.119x),
     // against 1.146-1.158x, but its steps took 1.105x native against 1.033x: each wait for a fresh
     // fence lets the GPU run dry (docs/benchmarks.md, "Waiting for any fence").
     bool wait_any = false;
-    // GPUMEM_FENCE_WAIT = order (opt-in, not measured on a GPU yet): where a wait would come, no
-    // wait; every pending free is handed out at once and the program's streams are ordered after
-    // their work on the device instead (docs/pool.md, "Ordered release").  Run 70: the defaults'
-    // waits held a transformer step about 15 ms; immediate reuse ran 0.86-0.90x native.
-    bool order = false;
+    // GPUMEM_FENCE_WAIT = order (the default since 2026-12-02): where a wait would come, no wait;
+    // every pending free is handed out at once and the program's streams are ordered after their
+    // work on the device instead (docs/pool.md, "Ordered release").  Run 71 (H200 transformer):
+    // steps 0.94-0.95x native as immediate reuse's, 1.121-1.131x the requested peak, no wait;
+    // old's waits held each step about 15 ms (run 70) and reserved 1.154-1.173x.
+    bool order = true;
     // Not a knob (no env var): ordered releases go on beside a stream busy with the program's own
     // work, which they would serialize.  For the tests of their correctness with such streams.
     bool order_beside_busy = false;

@@ -911,13 +911,28 @@ TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blockin
     CHECK(num(v, "fence_record") >= 1);
     CHECK(num(v, "stream_query") >= 1);  // each fence asks the program's stream, finds it idle
     CHECK(num(v, "fence_record") == num(v, "stream_query"));  // and records on the legacy stream only
-    // The same with the stream busy at every fence: each fence then records on it too.
-    auto busy = run({EMU_POOL_APP, "stream-loop", "100000", "4096"}, {{"GPUMEM_EMU_STREAMS_BUSY", "1"}});
+    // The same with the stream busy at every fence: each fence then records on it too.  (Waits as
+    // before ordered releases: under the default the first one would ask the busy stream once more
+    // and stop, as the next run checks.)
+    auto busy = run({EMU_POOL_APP, "stream-loop", "100000", "4096"},
+                    {{"GPUMEM_EMU_STREAMS_BUSY", "1"}, {"GPUMEM_FENCE_WAIT", "old"}});
     auto vb = values(busy.out);
     INFO("busy: fence_record " << num(vb, "fence_record") << ", stream_query " << num(vb, "stream_query"));
     CHECK(num(vb, "driver_sync") == 0);
     CHECK(num(vb, "stream_query") >= 1);
     CHECK(num(vb, "fence_record") == 2 * num(vb, "stream_query"));
+    // Under the default, a stream busy with the program's own work stops ordered releases at the
+    // first: none is logged, one stream query more, and the fences go on as above.
+    auto busy_order = run({EMU_POOL_APP, "stream-loop", "100000", "4096"}, {{"GPUMEM_EMU_STREAMS_BUSY", "1"}});
+    std::vector<json> lo;
+    check_complete(busy_order, &lo);
+    auto vo = values(busy_order.out);
+    CHECK(num(vo, "driver_sync") == 0);
+    CHECK(num(vo, "fence_record") == 2 * (num(vo, "stream_query") - 1));
+    size_t n_ordered = 0;
+    for (auto& j : lo)
+        if (j["ev"] == "pool_sync" && j.value("ordered", false)) ++n_ordered;
+    CHECK(n_ordered == 0);
     CHECK(num(v, "driver_alloc") <= 4);            // the pool still reuses: a few 2 MiB segments
     REQUIRE(count_ev(ls, "reuse_safe") == 1);
     size_t n_fence = 0;

@@ -28,10 +28,13 @@ struct clock_sink final : event_sink {
 };
 
 // These tests follow single frees: one fence per free over an eighth of the budget
-// (GPUMEM_FENCE_BATCH=1).  The default batch of 4 has its own test below.
+// (GPUMEM_FENCE_BATCH=1).  The default batch of 4 has its own test below.  They follow the waits
+// (GPUMEM_FENCE_WAIT=old), which ordered releases (the default) replace until they stop; the
+// tests of ordered releases set cfg.order.
 pool_config fence_each() {
     pool_config c = safe_config();
     c.fence_batch = 1;
+    c.order = false;
     return c;
 }
 
@@ -97,7 +100,9 @@ TEST_CASE("fences: a block freed while its fence is pending comes back only once
 }
 
 TEST_CASE("fences: by default a fence covers four frees, or one that reaches the whole budget", "[fence]") {
-    fenced f(safe_config());  // GPUMEM_FENCE_BATCH=4; the budget is 32 MiB, an eighth 4 MiB
+    pool_config waits = safe_config();  // GPUMEM_FENCE_BATCH=4; the budget is 32 MiB, an eighth 4 MiB
+    waits.order = false;                // the fences' own rule (ordered releases: below)
+    fenced f(waits);
     uint64_t p[5];
     for (auto& x : p) x = f.alloc(8 * MiB);
     f.dev.enqueue_work();
@@ -117,7 +122,7 @@ TEST_CASE("fences: by default a fence covers four frees, or one that reaches the
 
     // A loop of 20 MiB pairs on an idle GPU: a fence every other free, and the pool holds one
     // block more than the loop needs instead of recording and asking an event at every pair.
-    fenced g(safe_config());
+    fenced g(waits);
     g.dev.set_auto_complete(true);
     const uint64_t reserved0 = g.pool.snapshot().reserved;
     for (int i = 0; i < 100; ++i) g.free(g.alloc(20 * MiB));
@@ -125,6 +130,16 @@ TEST_CASE("fences: by default a fence covers four frees, or one that reaches the
     CHECK(g.dev.records_on(k_stream_legacy) >= 49);
     CHECK(g.pool.snapshot().reserved <= reserved0 + 60 * MiB);
     CHECK(g.dev.sync_calls() == 0);
+    // Under the default an unfenced free is handed out by an ordered release instead of growing
+    // the pool: one event a pair (no non-blocking stream to order), and no block more.
+    fenced o(safe_config());
+    o.dev.set_auto_complete(true);
+    for (int i = 0; i < 100; ++i) o.free(o.alloc(20 * MiB));
+    CHECK(o.pool.ordered_releases() >= 98);
+    CHECK(o.dev.records_on(k_stream_legacy) <= 100);
+    CHECK(o.pool.snapshot().reserved <= o.pool.snapshot().allocated + 20 * MiB + reserved0);
+    CHECK(o.dev.sync_calls() == 0);
+    CHECK(o.dev.event_syncs() == 0);
 }
 
 TEST_CASE("fences: with no non-blocking stream to ask, a fence covers a single free after the first", "[fence]") {

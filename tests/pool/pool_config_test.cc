@@ -136,7 +136,7 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"pool_stitch\":\"off\",") != std::string::npos);
     CHECK(s.find("\"fence_batch\":4,") != std::string::npos);
     CHECK(s.find("\"pool_chunk\":0,") != std::string::npos);
-    CHECK(s.find("\"fence_wait\":\"old\",") != std::string::npos);
+    CHECK(s.find("\"fence_wait\":\"order\",") != std::string::npos);
     // 5 string knobs + 14 numeric knobs, one comma each.
     CHECK(std::count(s.begin(), s.end(), ',') == 19);
     std::string off = "{", sized = "{";
@@ -157,12 +157,17 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(with({{"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "immediate"}}).warnings.find("no effect") != std::string::npos);
     CHECK(with({{"GPUMEM_POOL_STITCH", "on"}}).warnings.empty());
     CHECK(with({{"GPUMEM_POOL_STITCH", "maybe"}}).warnings.find("GPUMEM_POOL_STITCH=maybe") != std::string::npos);
-    // GPUMEM_FENCE_WAIT: two words; anything else keeps the default with a warning.
+    // GPUMEM_FENCE_WAIT: three words; anything else keeps the default (order) with a warning.
     CHECK_FALSE(pool_config{}.wait_any);
+    CHECK(pool_config{}.order);
     CHECK(with({{"GPUMEM_FENCE_WAIT", "any"}}).wait_any);
+    CHECK_FALSE(with({{"GPUMEM_FENCE_WAIT", "any"}}).order);
     CHECK_FALSE(with({{"GPUMEM_FENCE_WAIT", "old"}}).wait_any);
+    CHECK_FALSE(with({{"GPUMEM_FENCE_WAIT", "old"}}).order);
+    CHECK(with({{"GPUMEM_FENCE_WAIT", "order"}}).order);
     const pool_config bad_wait = with({{"GPUMEM_FENCE_WAIT", "always"}});
     CHECK_FALSE(bad_wait.wait_any);
+    CHECK(bad_wait.order);
     CHECK(bad_wait.warnings.find("GPUMEM_FENCE_WAIT=always") != std::string::npos);
 }
 
