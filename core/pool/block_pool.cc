@@ -738,12 +738,17 @@ void block_pool::dissolve(segment* st, api_id api) {
 }
 
 bool block_pool::dissolve_free_stitched(api_id api) {
-    // Unmapping does not wait for device work: only with every free settled, outside a capture.
-    if (!n_stitched_ || !can_sync() || !ordered_frees_settled()) return false;
+    // Unmapping does not wait for device work: only outside a capture, and only a segment whose
+    // blocks' work is done: every free settled, or the ordered release that last handed one of
+    // its blocks out reached (its settle_gen; 0 when fences or a sync released them all).
+    if (!n_stitched_ || !can_sync()) return false;
+    const bool all_settled = ordered_frees_settled();
+    const uint64_t reached = all_settled ? ordered_releases_ : order_reached();
     std::vector<segment*> idle;
     try {
         for (auto& [base, s] : segments_)
-            if (s->stitched() && s->first->state == block_state::free && !s->first->next) idle.push_back(s);
+            if (s->stitched() && s->first->state == block_state::free && !s->first->next && s->settle_gen <= reached)
+                idle.push_back(s);
     } catch (...) {
         return false;  // no host memory for the list: they stay, as they may
     }
@@ -1154,14 +1159,16 @@ bool block_pool::take_event(uint64_t* ev) noexcept {
 }
 
 void block_pool::recycle_events(std::vector<uint64_t>& evs) noexcept {
-    for (uint64_t ev : evs) {
-        try {
-            spare_events_.push_back(ev);
-        } catch (...) {
-            // Leaked: a handful of events, once, when host memory ran out.
-        }
-    }
+    for (uint64_t ev : evs) recycle_event(ev);
     evs.clear();
+}
+
+void block_pool::recycle_event(uint64_t ev) noexcept {
+    try {
+        spare_events_.push_back(ev);
+    } catch (...) {
+        // Leaked: a handful of events, once, when host memory ran out.
+    }
 }
 
 bool block_pool::record_fence() noexcept {
@@ -1358,7 +1365,7 @@ bool block_pool::order_release(api_id api) {
     std::unique_lock<std::mutex> held = streams_->hold();  // no stream dies between the list and the waits
     if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     if ((!order_scratch_ && !take_event(&order_scratch_)) || (!order_event_ && !take_event(&order_event_))) return false;
-    const bool last_reached = ordered_releases_ == 0 || backend_.event_query(order_event_) == k_cuda_success;
+    const bool last_reached = ordered_releases_ == 0 || order_reached() == ordered_releases_;
     bool ok = true;
     for (uint64_t st : fence_streams_) {
         if (backend_.stream_query(st) == k_cuda_success) continue;  // idle: nothing to wait for
@@ -1371,6 +1378,23 @@ bool block_pool::order_release(api_id api) {
         ok = backend_.event_record(order_scratch_, st) == k_cuda_success &&
              backend_.stream_wait_event(k_stream_legacy, order_scratch_) == k_cuda_success;
         if (!ok) break;
+    }
+    // The last release's event, if not reached yet, is kept to tell when its frees are done; this
+    // release gets a fresh one (or, with no event to spare, the same one, recorded again).
+    if (ok && ordered_releases_ > order_reached_) {
+        uint64_t fresh = 0;
+        if (take_event(&fresh)) {
+            try {
+                if (order_marks_.size() == k_order_marks) {
+                    recycle_event(order_marks_.front().second);
+                    order_marks_.erase(order_marks_.begin());
+                }
+                order_marks_.emplace_back(ordered_releases_, order_event_);
+                order_event_ = fresh;
+            } catch (...) {
+                recycle_event(fresh);  // no host memory for the mark: the last event is recorded again
+            }
+        }
     }
     ok = ok && backend_.event_record(order_event_, k_stream_legacy) == k_cuda_success;
     for (size_t i = 0; ok && i < fence_streams_.size(); ++i)
@@ -1387,6 +1411,8 @@ bool block_pool::order_release(api_id api) {
     // stream (settle_frees), as for frees under immediate reuse.
     const size_t n = pending_.size();
     unsettled_frees_ += n;
+    for (size_t k = 0; k < n; ++k)
+        if (pending_[k]->seg->stitched()) pending_[k]->seg->settle_gen = ordered_releases_;
     release_prefix(n, api, uint8_t(ef_fence | ef_ordered));  // its line says "ordered"
     return true;
 }
@@ -1398,9 +1424,24 @@ bool block_pool::order_release(api_id api) {
 // before the first ordered release, whose event covers them too.)  True when no free is unsettled.
 // Only where can_sync() holds: an event query may not run during a capture.
 bool block_pool::ordered_frees_settled() noexcept {
-    if (unsettled_frees_ && ordered_releases_ && !immediate_ && backend_.event_query(order_event_) == k_cuda_success)
+    if (unsettled_frees_ && ordered_releases_ && !immediate_ && order_reached() == ordered_releases_)
         unsettled_frees_ = 0;
     return unsettled_frees_ == 0;
+}
+
+// Asks the kept events oldest first, then the last release's, and stops at the first not reached
+// (one query while the GPU is behind).  Only where can_sync() holds, as every query.
+uint64_t block_pool::order_reached() noexcept {
+    size_t done = 0;
+    while (done < order_marks_.size() && backend_.event_query(order_marks_[done].second) == k_cuda_success) {
+        order_reached_ = order_marks_[done].first;
+        recycle_event(order_marks_[done].second);
+        ++done;
+    }
+    order_marks_.erase(order_marks_.begin(), order_marks_.begin() + ptrdiff_t(done));
+    if (order_marks_.empty() && order_reached_ < ordered_releases_ && backend_.event_query(order_event_) == k_cuda_success)
+        order_reached_ = ordered_releases_;
+    return order_reached_;
 }
 
 // Whether the last ordered release's work may still run, for a stream or green context the
@@ -1780,7 +1821,8 @@ void block_pool::forget_all() noexcept {
     // The ordered release's events went with the context too: a stream made in a new context of
     // the same handle must not wait on them (order_new_stream), nor a later release reuse them.
     order_event_ = order_scratch_ = 0;
-    ordered_releases_ = 0;
+    ordered_releases_ = order_reached_ = 0;
+    order_marks_.clear();
     unfenced_bytes_ = 0;
     reserved_ = allocated_ = requested_ = free_bytes_ = 0;
     pending_bytes_[0] = pending_bytes_[1] = 0;

@@ -156,7 +156,7 @@ MODES = {
 # The tight variant (a 4 MiB sync budget) brings the pool to the point of a wait, where an ordered
 # release would come, at about every free: the side stream, busy with the program's own sleep, must
 # stop ordered releases (its "ordered" count says whether any ran) and the sums stay raw's.
-C_MODES = ("raw", "gpumem", "gpumem-vmm-safe", "gpumem+GPUMEM_FENCE_WAIT=order",
+C_MODES = ("raw", "gpumem", "gpumem-vmm-safe", "gpumem+GPUMEM_FENCE_WAIT=order", "gpumem+GPUMEM_POOL_STITCH=on",
            "gpumem+GPUMEM_FENCE_WAIT=order+GPUMEM_SYNC_BUDGET=4MiB+GPUMEM_SYNC_BUDGET_DIV=1000000", "gpumem-vmm-immediate")
 
 

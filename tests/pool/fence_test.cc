@@ -1108,3 +1108,54 @@ TEST_CASE("fences: a release that merges the block a hit found, then fails, does
     CHECK(rc == k_cuda_success);
     CHECK(p == c);  // the front of the merged block
 }
+
+TEST_CASE("fences: under ordered release a freed stitched block goes back to its lenders once the release that handed it out is done, not the last", "[fence][stitch]") {
+    // With the GPU behind, a release comes every few ms and the last one's event is never reached
+    // when asked: the dissolve must wait only for the release that handed the block out.
+    pool_config cfg = safe_config();
+    cfg.order = true;
+    cfg.vmm = true;
+    cfg.stitch = true;
+    fenced f(cfg, 8ull << 30, 2 * MiB);
+    std::vector<uint64_t> six;
+    for (int i = 0; i < 100; ++i) six.push_back(f.alloc(6 * MiB));
+    uint64_t small[4];
+    for (auto& s : small) s = f.alloc(512 * 1024);  // one 2 MiB small segment, full
+    for (int i = 0; i < 100; ++i)
+        if (i % 3) f.free(six[i]);  // 400 MiB free in 12 MiB pieces between live blocks
+    f.dev.complete_all();
+    f.pool.release_cached();
+    const uint64_t big = f.alloc(60 * MiB);  // fits no piece: stitched from them
+    uint64_t made = 0, dissolved = 0;
+    f.pool.stitch_counts(&made, nullptr, &dissolved);
+    REQUIRE(made == 1);
+    const uint64_t w1 = f.dev.enqueue_work_on(k_stream_legacy);  // the last kernel on big
+    f.free(big);
+    const uint64_t r0 = f.pool.ordered_releases();  // releases so far (the set-up's)
+    // Each small miss with a small free pending is a release: every pending free, big's too.
+    auto release_via_small = [&](int k) {
+        f.free(small[k]);
+        small[k] = f.alloc(512 * 1024);
+    };
+    release_via_small(0);  // release 1 hands big out, after w1
+    REQUIRE(f.pool.ordered_releases() == r0 + 1);
+    f.pool.stitch_counts(nullptr, nullptr, &dissolved);
+    CHECK(dissolved == 0);  // w1 still runs on big's range
+    const uint64_t w2 = f.dev.enqueue_work_on(k_stream_legacy);
+    release_via_small(1);  // release 2, after w2
+    REQUIRE(f.pool.ordered_releases() == r0 + 2);
+    f.pool.stitch_counts(nullptr, nullptr, &dissolved);
+    CHECK(dissolved == 0);
+    f.dev.complete_through(w2 - 1);  // release 1's work is done, release 2's is not
+    REQUIRE(f.dev.completed() >= w1);
+    release_via_small(2);  // release 3: its dissolve looks at release 1's event
+    f.pool.stitch_counts(nullptr, nullptr, &dissolved);
+    CHECK(dissolved == 1);
+    CHECK(f.dev.completed() < w2);  // the last releases' work still runs
+    CHECK(f.dev.aliases() == 0);
+    CHECK(f.dev.event_syncs() == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    std::string why;
+    CHECK(f.pool.validate(&why));
+}
