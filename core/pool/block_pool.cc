@@ -1380,23 +1380,28 @@ bool block_pool::order_release(api_id api) {
         if (!ok) break;
     }
     // The last release's event, if not reached yet, is kept to tell when its frees are done; this
-    // release gets a fresh one (or, with no event to spare, the same one, recorded again).
-    if (ok && ordered_releases_ > order_reached_) {
-        uint64_t fresh = 0;
-        if (take_event(&fresh)) {
+    // release records a fresh one (or, with no event to spare, the same one again).  Only once the
+    // record succeeded does the fresh one become order_event_: a failed record leaves the last
+    // release's event as what new streams wait for (order_new_stream).
+    uint64_t ev = order_event_;
+    if (ok && ordered_releases_ > order_reached_ && !take_event(&ev)) ev = order_event_;
+    ok = ok && backend_.event_record(ev, k_stream_legacy) == k_cuda_success;
+    if (ev != order_event_) {
+        if (ok) {
             try {
                 if (order_marks_.size() == k_order_marks) {
                     recycle_event(order_marks_.front().second);
                     order_marks_.erase(order_marks_.begin());
                 }
                 order_marks_.emplace_back(ordered_releases_, order_event_);
-                order_event_ = fresh;
             } catch (...) {
-                recycle_event(fresh);  // no host memory for the mark: the last event is recorded again
+                recycle_event(order_event_);  // no host memory for the mark: a later release's says as much
             }
+            order_event_ = ev;
+        } else {
+            recycle_event(ev);
         }
     }
-    ok = ok && backend_.event_record(order_event_, k_stream_legacy) == k_cuda_success;
     for (size_t i = 0; ok && i < fence_streams_.size(); ++i)
         ok = backend_.stream_wait_event(fence_streams_[i], order_event_) == k_cuda_success;
     if (!ok) {
