@@ -328,7 +328,7 @@ TEST_CASE("an alloc's optional stack id is written after its other members and r
     CHECK(format(e).find("stack") == std::string::npos);
 }
 
-TEST_CASE("a pool_sync without wait_ns reads 0 after one with it, on either path", "[fastpath]") {
+TEST_CASE("a pool_sync without wait_ns or ordered reads 0 after one with them, on either path", "[fastpath]") {
     // The twins above start every line from a default event; the reader reuses one, so a member
     // the replay sums must be reset by each path (k_reset_fields, parse_json).
     event e;
@@ -336,7 +336,7 @@ TEST_CASE("a pool_sync without wait_ns reads 0 after one with it, on either path
     e.ev = ev_kind::pool_sync;
     e.seq = 1;
     e.c.count = 1;
-    e.flags = uint8_t(ef_fence | ef_waited);
+    e.flags = uint8_t(ef_fence | ef_waited | ef_ordered);
     e.c.wait_ns = 777;
     const std::string with = format(e);
     e.seq = 2;
@@ -344,6 +344,7 @@ TEST_CASE("a pool_sync without wait_ns reads 0 after one with it, on either path
     e.c.wait_ns = 0;
     const std::string without = format(e);
     REQUIRE(with.find("\"wait_ns\":777") != std::string::npos);
+    REQUIRE(with.find("\"ordered\":true") != std::string::npos);
     REQUIRE(without.find("wait_ns") == std::string::npos);
     for (bool fast : {true, false}) {
         CAPTURE(fast);
@@ -355,8 +356,11 @@ TEST_CASE("a pool_sync without wait_ns reads 0 after one with it, on either path
             if (fast) REQUIRE(p.parse_recorder_line(buf.data(), l->size(), buf.size(), out));
             else REQUIRE(p.parse_json(buf.data(), l->size(), buf.size(), out, err) == parse_status::ok);
             if (l == &with) CHECK(out.wait_ns == 777);
+            if (l == &with) CHECK(out.ordered);
         }
         CHECK(out.wait_ns == 0);
+        CHECK_FALSE(out.ordered);  // a flag is reset per line too
+        CHECK_FALSE(out.waited);
         CHECK_FALSE(out.has(fd_wait_ns));
     }
 }
