@@ -44,13 +44,15 @@ struct fenced {
     recording_sink& sink = csink.all;
     stream_set streams;
     block_pool pool;
-    explicit fenced(pool_config cfg = fence_each(), uint64_t capacity = 1ull << 40, uint64_t chunk = 0)
+    // side_stream: the program's non-blocking stream k_stream exists from the start.
+    explicit fenced(pool_config cfg = fence_each(), uint64_t capacity = 1ull << 40, uint64_t chunk = 0,
+                    bool side_stream = true)
         : dev(capacity), pool(cfg, dev, &csink, 0) {
         csink.dev = &dev;
         dev.set_vmm(chunk);
         dev.enable_events(true);
         dev.set_auto_complete(false);  // the GPU runs behind until the test says otherwise
-        streams.created(k_ctx, k_stream, true);
+        if (side_stream) streams.created(k_ctx, k_stream, true);
         pool.set_streams(&streams, k_ctx);
     }
     uint64_t alloc(uint64_t size) {
@@ -714,6 +716,35 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order gives way to waits for a stream busy 
         CHECK(f.dev.bad_calls() == 0);
         f.dev.end_captures();
     }
+}
+
+TEST_CASE("fences: GPUMEM_FENCE_WAIT=order whose event record fails still orders later streams after the last release's work", "[fence]") {
+    // Release 1 hands a out with its last work queued.  Release 2 fails at the record of its own
+    // (fresh) event and stops ordered releases; its miss grows the pool without a wait.  A stream
+    // made afterwards must still follow release 1's work: the unrecorded fresh event, which a
+    // query calls reached, must not stand in for release 1's.
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 1ull << 40, 0, false);  // no side stream: a release records only its event
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);  // reads a
+    f.free(a);
+    CHECK(f.alloc(8 * MiB) == a);  // ordered release 1, its event not reached
+    REQUIRE(f.pool.ordered_releases() == 1);
+    f.free(b);
+    f.dev.fail_next_records(1);  // release 2's event
+    CHECK(f.alloc(8 * MiB) != b);  // grown: no wait
+    CHECK(f.pool.order_stopped());
+    CHECK(f.pool.ordered_releases() == 1);
+    REQUIRE(f.dev.completed() < w);
+    const uint64_t made = 0x7000;
+    f.streams.created(k_ctx, made, true);
+    f.pool.order_new_stream(made);
+    CHECK((f.dev.ordered_after(made, k_stream_legacy, w) || f.dev.completed() >= w));
+    f.pool.order_settle();  // a green context: the host waits for release 1's work
+    CHECK(f.dev.completed() >= w);
+    CHECK(f.dev.bad_calls() == 0);
 }
 
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order asks the driver nothing for a stream made during a capture or at exit", "[fence]") {
