@@ -1475,7 +1475,7 @@ void block_pool::order_host_wait(std::unique_lock<std::mutex>& held) noexcept {
 }
 
 void block_pool::order_new_stream(uint64_t stream) noexcept {
-    if (!cfg_.order) return;  // the default: stream creation does not touch the pool (cfg_ is const)
+    if (!cfg_.order) return;  // GPUMEM_FENCE_WAIT=old|any: stream creation does not touch the pool (cfg_ is const)
     op_lock lk(*this);
     std::unique_lock<std::mutex> held;
     if (!order_work_pending(held)) return;
@@ -1828,6 +1828,9 @@ void block_pool::forget_all() noexcept {
     order_event_ = order_scratch_ = 0;
     ordered_releases_ = order_reached_ = 0;
     order_marks_.clear();
+    // Their blocks are gone too: nothing is unsettled (else ordered_frees_settled, which asks
+    // only after an ordered release, would keep trimming and dissolves off in the next context).
+    unsettled_frees_ = 0;
     unfenced_bytes_ = 0;
     reserved_ = allocated_ = requested_ = free_bytes_ = 0;
     pending_bytes_[0] = pending_bytes_[1] = 0;

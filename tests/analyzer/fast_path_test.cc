@@ -91,7 +91,7 @@ event random_event(std::mt19937_64& rng, bool full_range) {
     e.kind = mem_kind(rng() % (size_t(mem_kind::count_) + (full_range ? 1 : 0)));
     e.api = api_id(rng() % (size_t(api_id::count_) + 1));  // one past the table writes "unknown"
     e.pool = pool_id(rng() % size_t(pool_id::count_));
-    e.flags = uint8_t(rng() % 8);
+    e.flags = uint8_t(rng() % 64);  // every flag, the pool_sync ones (fence, waited, ordered) too
     if (e.ev == ev_kind::oom || e.ev == ev_kind::stats) {
         uint64_t* p = &e.p.size;
         for (int i = 0; i < 9; ++i) p[i] = any_u64(rng, full_range);

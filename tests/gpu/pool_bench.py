@@ -16,7 +16,8 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
     the log), fence releases, peak reserved (torch's for PyTorch, the pool's from the log) and peak
     requested bytes (from the log).  POOL_BENCH_MODES (comma-separated MODES names) picks the modes.
 (c) race: a freed tensor that a side stream has yet to read, refilled on the main stream: sums must
-    equal raw NO_CACHING's under the defaults, GPUMEM_REUSE=safe and GPUMEM_FENCE_WAIT=order (C_MODES);
+    equal raw NO_CACHING's under the defaults, GPUMEM_REUSE=safe, GPUMEM_FENCE_WAIT=order and
+    GPUMEM_POOL_STITCH=on (C_MODES);
     GPUMEM_REUSE=immediate is the control that must differ.
 (d) pool hit: median cudaMalloc+cudaFree pair latency of the static-cudart program, without
     gpumem, with the pool (auto: no stream, no events), with GPUMEM_REUSE=safe (a fence per batch)

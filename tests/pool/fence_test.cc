@@ -831,6 +831,31 @@ TEST_CASE("fences: frees of an ordered release count as settled once its event i
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: a context reset leaves no unsettled free behind (trimming goes on in the next context)", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    cfg.vmm = true;
+    cfg.trim = 2 * MiB;
+    fenced f(cfg, 1ull << 40, 2 * MiB);
+    const uint64_t x = f.alloc(8 * MiB);
+    f.alloc(8 * MiB);
+    f.dev.enqueue_work_on(k_stream_legacy);
+    f.free(x);
+    CHECK(f.alloc(4 * MiB) == x);  // an ordered release: x's rest free but unsettled
+    REQUIRE(f.pool.ordered_releases() == 1);
+    f.pool.drop_all();  // the context dies with the release's event unreached
+    f.dev.complete_all();
+    const size_t before = f.csink.unmaps.size();
+    const uint64_t y = f.alloc(8 * MiB);  // the next context: fences only, no ordered release
+    f.alloc(8 * MiB);
+    f.free(y);
+    f.dev.complete_all();
+    f.alloc(20 * MiB);  // releases y by its fence, then trims its chunks before growing
+    CHECK(f.pool.ordered_releases() == 0);
+    CHECK(f.csink.unmaps.size() > before);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
     stream_set st;
     std::vector<uint64_t> out;
