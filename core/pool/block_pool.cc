@@ -1462,7 +1462,7 @@ bool block_pool::order_work_pending(std::unique_lock<std::mutex>& held) noexcept
         order_off_ = true;
         return false;
     }
-    return backend_.event_query(order_event_) != k_cuda_success;
+    return order_reached() != ordered_releases_;  // no query when already known done
 }
 
 // What cannot be ordered on the device is waited for by the host, once; ordered releases stop.

@@ -811,18 +811,34 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order waits for the last release's work whe
     CHECK(f.dev.bad_calls() == 0);
 }
 
-TEST_CASE("fences: frees of an ordered release count as settled once its event is reached (trimming goes on)", "[fence]") {
+namespace {
+
+// Ordered releases on virtual memory with a 2 MiB trim: the two trimming tests below.
+pool_config order_trim_config() {
     pool_config cfg = fence_each();
     cfg.order = true;
     cfg.vmm = true;
     cfg.trim = 2 * MiB;
-    fenced f(cfg, 1ull << 40, 2 * MiB);
+    return cfg;
+}
+
+// One ordered release that leaves a block's rest free but unsettled: its last work, on the legacy
+// stream, still runs.  Returns that work's ticket.
+uint64_t release_unsettled(fenced& f) {
     const uint64_t x = f.alloc(8 * MiB);
     f.alloc(8 * MiB);
     const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);
     f.free(x);
     CHECK(f.alloc(4 * MiB) == x);  // an ordered release: x's front, its rest free but unsettled
     REQUIRE(f.pool.ordered_releases() == 1);
+    return w;
+}
+
+}  // namespace
+
+TEST_CASE("fences: frees of an ordered release count as settled once its event is reached (trimming goes on)", "[fence]") {
+    fenced f(order_trim_config(), 1ull << 40, 2 * MiB);
+    const uint64_t w = release_unsettled(f);
     f.dev.complete_all();  // the release's event is reached: x's last work is done
     f.alloc(20 * MiB);     // a growth past live + request + trim: the trim gives x's free chunks back
     REQUIRE(!f.csink.unmaps.empty());
@@ -832,17 +848,8 @@ TEST_CASE("fences: frees of an ordered release count as settled once its event i
 }
 
 TEST_CASE("fences: a context reset leaves no unsettled free behind (trimming goes on in the next context)", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;
-    cfg.vmm = true;
-    cfg.trim = 2 * MiB;
-    fenced f(cfg, 1ull << 40, 2 * MiB);
-    const uint64_t x = f.alloc(8 * MiB);
-    f.alloc(8 * MiB);
-    f.dev.enqueue_work_on(k_stream_legacy);
-    f.free(x);
-    CHECK(f.alloc(4 * MiB) == x);  // an ordered release: x's rest free but unsettled
-    REQUIRE(f.pool.ordered_releases() == 1);
+    fenced f(order_trim_config(), 1ull << 40, 2 * MiB);
+    release_unsettled(f);
     f.pool.drop_all();  // the context dies with the release's event unreached
     f.dev.complete_all();
     const size_t before = f.csink.unmaps.size();
