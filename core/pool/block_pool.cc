@@ -1073,9 +1073,12 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             // per-stream calls and a lone legacy-stream event gains nothing by waiting.
             unfenced_bytes_ += b->size;
             const uint64_t budget = sync_budget();
+            // None where ordered release stands in for fences (order_alone): the miss that wants
+            // the memory releases it with one event, and a fence here would be a second.
             const uint64_t batch = last_fence_streams_ ? cfg_.fence_batch : 1;
             if (!poisoned_ && streams_ && unfenced_bytes_ >= budget / 8 &&
-                (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= budget) && can_sync())
+                (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= budget) && !order_alone() &&
+                can_sync())
                 record_fence();
         } else {
             make_free(b);
@@ -1129,6 +1132,10 @@ void block_pool::set_streams(stream_set* streams, uint64_t ctx) noexcept {
     op_lock lk(*this);
     streams_ = streams;
     ctx_ = ctx;
+    try {
+        order_marks_.reserve(k_order_marks);  // ordered releases then never grow it
+    } catch (...) {
+    }
 }
 
 bool block_pool::fences_usable() noexcept {
@@ -1321,7 +1328,8 @@ void block_pool::release_prefix(size_t n, api_id api, uint8_t flags) {
 
 bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
     if (!fences_usable()) return sync_release(api);
-    if (wait && order_release(api)) return true;  // GPUMEM_FENCE_WAIT=order: no wait
+    // GPUMEM_FENCE_WAIT=order: no wait; and where it costs what a fence costs, no fence.
+    if ((wait || order_alone()) && order_release(api)) return true;
     const size_t before = pending_.size();
     if (!wait) {
         // Not waiting: only a fence the GPU has reached helps now.  While an older fence is not
@@ -1365,11 +1373,21 @@ bool block_pool::order_release(api_id api) {
     std::unique_lock<std::mutex> held = streams_->hold();  // no stream dies between the list and the waits
     if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     if ((!order_scratch_ && !take_event(&order_scratch_)) || (!order_event_ && !take_event(&order_event_))) return false;
-    const bool last_reached = ordered_releases_ == 0 || order_reached() == ordered_releases_;
+    // Whether the last release's work is done is asked only at the first busy stream (most
+    // releases find every stream idle: no query).  Asked after that stream's query, so a stream
+    // found busy then, unless E was known reached before, is asked again: busy after its wait
+    // for E is over, it is busy with the program's own work (asked before, it may have been busy
+    // only with that wait).
+    int last_reached = -1;  // -1: not asked yet
     bool ok = true;
     for (uint64_t st : fence_streams_) {
         if (backend_.stream_query(st) == k_cuda_success) continue;  // idle: nothing to wait for
-        if (last_reached && !cfg_.order_beside_busy) {  // busy with the program's own work: leave it its overlap
+        if (last_reached < 0) {
+            const bool known = order_reached_ == ordered_releases_;  // (none yet: nothing to wait for)
+            last_reached = known || order_reached() == ordered_releases_;
+            if (!known && last_reached && backend_.stream_query(st) == k_cuda_success) continue;
+        }
+        if (last_reached == 1 && !cfg_.order_beside_busy) {  // busy with the program's own work: leave it its overlap
             order_off_ = true;
             return false;
         }
@@ -1420,6 +1438,14 @@ bool block_pool::order_release(api_id api) {
         if (pending_[k]->seg->stitched()) pending_[k]->seg->settle_gen = ordered_releases_;
     release_prefix(n, api, uint8_t(ef_fence | ef_ordered));  // its line says "ordered"
     return true;
+}
+
+// Ordered release in place of fences: in a context without non-blocking streams a release is one
+// event record on the legacy stream (nothing to query, no stream to make wait), as a fence is, and
+// it needs no query of its own, while a fence must be asked before its frees serve.  The 20 MiB
+// pool hit (a free, then a miss) paid a record and a query a pair; now one record.
+bool block_pool::order_alone() noexcept {
+    return cfg_.order && !order_off_ && !immediate_ && streams_ && streams_->count(ctx_) == 0;
 }
 
 // The frees ordered releases handed out count as unsettled (their last owners' work may still run,

@@ -330,6 +330,7 @@ class block_pool {
     // last one (0: none yet), order_scratch_ an event each busy stream's work is marked with.
     bool order_release(api_id api);
     bool ordered_frees_settled() noexcept;
+    bool order_alone() noexcept;  // ordered release instead of fences: no non-blocking stream to order
     uint64_t order_reached() noexcept;  // the last ordered release known done (polls order_marks_)
     bool order_work_pending(std::unique_lock<std::mutex>& held) noexcept;
     void order_host_wait(std::unique_lock<std::mutex>& held) noexcept;

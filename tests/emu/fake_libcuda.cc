@@ -138,6 +138,7 @@ counter g_counters[] = {
     {"cuMemSetAccess", {0}}, {"cuMemGetAllocationGranularity", {0}}, {"cuDeviceGetAttribute", {0}},
     {"cuEventCreate", {0}}, {"cuEventRecord", {0}}, {"cuEventQuery", {0}}, {"cuEventSynchronize", {0}},
     {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
+    {"cuStreamWaitEvent", {0}}, {"cuStreamWaitEvent_in_capture", {0}},
     {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}}, {"cuCtxEnablePeerAccess", {0}}, {"unknown_stream_create", {0}},
     {"cuMemRetainAllocationHandle", {0}},
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
@@ -424,6 +425,17 @@ EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     }
     bump("cuEventRecord");
+    return CUDA_SUCCESS;
+}
+// A stream made to wait for an event (the pool's ordered release): every event is reached, so the
+// wait is over at once; counted so that tests see which streams were ordered.
+EMU_EXPORT CUresult cuStreamWaitEvent(CUstream, CUevent e, unsigned int) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (st().capturing.load()) {
+        bump("cuStreamWaitEvent_in_capture");
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
+    bump("cuStreamWaitEvent");
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuEventQuery(CUevent e) {
@@ -1010,6 +1022,7 @@ const fn_entry k_functions[] = {
     E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuMemExportToShareableHandle), E(cuMemImportFromShareableHandle),
     E(cuGetProcAddress), E(cuGetProcAddress_v2),
     E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize), E(cuStreamQuery),
+    E(cuStreamWaitEvent),
 };
 // The plain cuIpcOpenMemHandle is exported for programs that link or dlsym that name, but the
 // resolver never hands it out: asked for "cuIpcOpenMemHandle" it gives the _v2 (k_v2 below), as

@@ -103,6 +103,29 @@ void stream_loop(long n, size_t size) {
     print_counts("");
 }
 
+// Ordered release through the preload (run with GPUMEM_REUSE=safe): n pairs on the legacy stream
+// alone, then a non-blocking stream made, then n pairs more.  Prints the counts of each half
+// ("alone_", "streams_") and the stream waits the creation hook made ("made_").
+void order_loop(long n, size_t size) {
+    setup();
+    auto pairs = [&] {
+        for (long i = 0; i < n; ++i) {
+            CUdeviceptr p;
+            CHECK(cuMemAlloc(&p, size));
+            CHECK(cuMemFree(p));
+        }
+    };
+    pairs();
+    print_counts("alone_");
+    printf("alone_event_query=%llu\nalone_stream_wait=%llu\n", driver_count("cuEventQuery"), driver_count("cuStreamWaitEvent"));
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    printf("made_stream_wait=%llu\n", driver_count("cuStreamWaitEvent"));
+    pairs();
+    print_counts("streams_");
+    printf("streams_event_query=%llu\nstreams_stream_wait=%llu\n", driver_count("cuEventQuery"), driver_count("cuStreamWaitEvent"));
+}
+
 // Threads x pairs of alloc/free with sizes spread over both pools, some held across iterations.
 // With `stream_at` >= 0, thread 0 creates a stream after that many pairs while the others allocate
 // and free: the auto reuse switch happens under load.
@@ -546,6 +569,7 @@ int main(int argc, char** argv) {
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
+    else if (s == "order-loop") order_loop(argc > 2 ? atol(argv[2]) : 1000, argc > 3 ? size_t(atol(argv[3])) : 20u << 20);
     else if (s == "switch-race") switch_race();
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else if (s == "peer") peer(argc > 2 && std::string(argv[2]) == "early");
@@ -553,7 +577,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

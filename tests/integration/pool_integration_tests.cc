@@ -944,3 +944,32 @@ TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blockin
     CHECK(n_fence >= 1);
     check_rebuild(ls);
 }
+
+TEST_CASE("pool: ordered release through the preload: the legacy stream alone makes one event a release and asks nothing; a stream made later is ordered") {
+    // GPUMEM_REUSE=safe, 20 MiB pairs (each free over an eighth of the budget): with no
+    // non-blocking stream an ordered release is one record on the legacy stream and replaces
+    // fences (docs/pool.md, "Ordered release"), so the 20 MiB pool hit pays no cuEventQuery.
+    // Then a non-blocking stream: each release asks it and makes it wait for the legacy event
+    // (cuStreamWaitEvent), and no pair waits on the host.
+    auto r = run({EMU_POOL_APP, "order-loop", "1000", "20971520"}, {{"GPUMEM_REUSE", "safe"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    size_t n_ordered = 0, n_unordered = 0;
+    for (auto& j : ls)
+        if (j["ev"] == "pool_sync") ++(j.value("ordered", false) ? n_ordered : n_unordered);
+    INFO("alone: records " << num(v, "alone_fence_record") << ", ordered lines " << n_ordered);
+    CHECK(num(v, "alone_driver_sync") == 0);
+    CHECK(num(v, "alone_event_query") == 0);   // nothing asked...
+    CHECK(num(v, "alone_stream_query") == 0);
+    CHECK(num(v, "alone_fence_record") >= 990);  // ...one record a pair (the first pair has nothing pending)
+    CHECK(num(v, "alone_fence_record") <= 1000);
+    CHECK(num(v, "alone_driver_alloc") == 1);    // blocks came back: one arena, no growth per pair
+    CHECK(num(v, "streams_driver_sync") == 0);
+    CHECK(num(v, "streams_stream_wait") >= 990);  // the program's stream waits at each release
+    CHECK(num(v, "streams_stream_query") >= 990);
+    CHECK(num(v, "streams_driver_alloc") == 1);
+    CHECK(n_unordered == 0);  // every release was ordered, none by a fence or a sync
+    CHECK(n_ordered == num(v, "streams_fence_record"));  // one legacy record each (events counted over both halves)
+    check_rebuild(ls);
+}

@@ -151,7 +151,9 @@ TEST_CASE("fences: with no non-blocking stream to ask, a fence covers a single f
     fake_backend dev;
     recording_sink sink;
     stream_set streams;
-    block_pool pool(safe_config(), dev, &sink, 0);
+    pool_config c = safe_config();
+    c.order = false;  // fences (under the default, ordered release stands in for them here: below)
+    block_pool pool(c, dev, &sink, 0);
     dev.enable_events(true);
     dev.set_auto_complete(false);
     streams.created(k_ctx, 0x6000, false);  // blocking: covered by the legacy stream's event
@@ -544,18 +546,22 @@ TEST_CASE("fences, property: no reuse before the work enqueued before the free i
 // allocation the new owner's kernel goes to a random stream, which must start after every earlier
 // kernel on the block's memory (fake_backend::ordered_after: stream order, event waits, or done),
 // and no chunk is unmapped under work not done.  No device-wide sync.
-void run_order_property(uint64_t chunk) {
+// side_streams false: the program runs on the legacy stream alone for the first half, where
+// ordered release stands in for fences (order_alone), and makes its streams in the second.
+void run_order_property(uint64_t chunk, bool side_streams = true) {
     const uint64_t k_stream2 = 0x6000;
     for (uint64_t seed : {1u, 2u, 3u}) {
         INFO("seed " << seed);
         // Streams made during the run come in through the creation hook (order_new_stream).
-        std::vector<uint64_t> streams = {k_stream_legacy, k_stream, k_stream2};
+        std::vector<uint64_t> streams = {k_stream_legacy};
+        if (side_streams) streams = {k_stream_legacy, k_stream, k_stream2};
         pool_config cfg = safe_config();
         cfg.order = true;
         cfg.order_beside_busy = true;  // the side streams run random work: keep ordering regardless
         cfg.vmm = chunk != 0;
-        fenced f(cfg, 96 * MiB, chunk);
-        f.streams.created(k_ctx, k_stream2, true);
+        fenced f(cfg, 96 * MiB, chunk, side_streams);
+        if (side_streams) f.streams.created(k_ctx, k_stream2, true);
+        uint64_t alone_releases = 0, alone_queries = 0;
         std::mt19937_64 rng(seed);
         struct work {
             uint64_t addr, size, stream, ticket;
@@ -606,7 +612,11 @@ void run_order_property(uint64_t chunk) {
             } else if (r < 97) {
                 const uint64_t last = f.dev.last_ticket();
                 if (last) f.dev.complete_through(f.dev.completed() + rng() % (last - f.dev.completed() + 1));
-            } else if (r == 97 && streams.size() < 12) {
+            } else if (r == 97 && streams.size() < 12 && (side_streams || op >= 4000)) {
+                if (streams.size() == 1) {  // the legacy-only half ends
+                    alone_releases = f.pool.ordered_releases();
+                    alone_queries = f.dev.queries() + f.dev.stream_queries();
+                }
                 const uint64_t made = 0x7000 + streams.size();  // as the creation hook reports it
                 f.streams.created(k_ctx, made, true);
                 f.pool.order_new_stream(made);
@@ -621,6 +631,10 @@ void run_order_property(uint64_t chunk) {
         CHECK(f.dev.bad_calls() == 0);
         CHECK(f.pool.ordered_releases() > 0);  // the test reached ordered releases
         CHECK(streams.size() > 3);             // and made streams after some
+        if (!side_streams) {
+            CHECK(alone_releases > 0);  // the legacy-only half released by ordered releases...
+            CHECK(alone_queries == 0);  // ...that asked the driver nothing (unmaps aside: none then)
+        }
         if (chunk) CHECK(!f.csink.unmaps.empty());
     }
 }
@@ -628,6 +642,43 @@ void run_order_property(uint64_t chunk) {
 TEST_CASE("fences, property: GPUMEM_FENCE_WAIT=order hands blocks out early only where every stream's next work follows their last owners'", "[fence]") {
     SECTION("cuMemAlloc segments") { run_order_property(0); }
     SECTION("virtual memory (chunks unmapped only once their work is done)") { run_order_property(2 * MiB); }
+    SECTION("the legacy stream alone, then streams") { run_order_property(0, false); }
+}
+
+TEST_CASE("fences: with no non-blocking stream, ordered release stands in for fences: a free records nothing, a miss one event, no query", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;  // the default
+    fenced f(cfg, 24 * MiB, 0, false);  // room for one 20 MiB segment; no side stream
+    f.streams.created(k_ctx, 0x6000, false);  // a blocking stream: ordered by the legacy stream's event
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);  // reads a
+    f.free(a);
+    CHECK(f.dev.records() == 0);  // no fence: the miss that wants the memory orders it
+    CHECK(f.alloc(8 * MiB) == a);  // fits only in a's block
+    CHECK(f.dev.records() == 1);   // one event on the legacy stream...
+    CHECK(f.dev.records_on(k_stream_legacy) == 1);
+    CHECK(f.dev.queries() == 0);   // ...and nothing asked
+    CHECK(f.dev.stream_queries() == 0);
+    CHECK(f.dev.event_syncs() == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.completed() < w);  // handed out before the old work ran
+    CHECK(f.pool.ordered_releases() == 1);
+    auto syncs = f.sink.of(ev_kind::pool_sync);
+    REQUIRE(syncs.size() == 1);
+    CHECK((syncs[0].flags & ef_ordered) != 0);
+    // A non-blocking stream made now waits for that release's work, and fences come back: the
+    // free after it records one (a release would now ask and order every stream).
+    const uint64_t made = 0x7000;
+    f.streams.created(k_ctx, made, true);
+    f.pool.order_new_stream(made);
+    CHECK(f.dev.ordered_after(made, k_stream_legacy, w));
+    const uint64_t records = f.dev.records();
+    f.free(b);
+    CHECK(f.dev.records() > records);
+    CHECK(f.dev.bad_calls() == 0);
+    std::string why;
+    CHECK(f.pool.validate(&why));
 }
 
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wait, each stream ordered after its last owner", "[fence]") {
