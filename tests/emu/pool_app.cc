@@ -61,7 +61,7 @@ void print_counts(const char* prefix) {
            driver_count("cuMemFree_v2") + driver_count("cuMemAddressFree"), prefix,
            driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"), prefix,
            driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
-               driver_count("cuStreamQuery_in_capture"));
+               driver_count("cuStreamQuery_in_capture") + driver_count("cuStreamWaitEvent_in_capture"));
     printf("%sctx_sync=%llu\n%sfence_record=%llu\n%sstream_query=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
            driver_count("cuEventRecord"), prefix, driver_count("cuStreamQuery"));
     printf("%sdriver_map=%llu\n", prefix, driver_count("cuMemMap"));  // chunks mapped (an arena grows by these)

@@ -945,7 +945,7 @@ TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blockin
     check_rebuild(ls);
 }
 
-TEST_CASE("pool: ordered release through the preload: the legacy stream alone makes one event a release and asks nothing; a stream made later is ordered") {
+TEST_CASE("pool: ordered release through the preload: the legacy stream alone makes one event a release and asks nothing; then each release orders the program's stream") {
     // GPUMEM_REUSE=safe, 20 MiB pairs (each free over an eighth of the budget): with no
     // non-blocking stream an ordered release is one record on the legacy stream and replaces
     // fences (docs/pool.md, "Ordered release"), so the 20 MiB pool hit pays no cuEventQuery.
@@ -965,7 +965,12 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     CHECK(num(v, "alone_fence_record") >= 990);  // ...one record a pair (the first pair has nothing pending)
     CHECK(num(v, "alone_fence_record") <= 1000);
     CHECK(num(v, "alone_driver_alloc") == 1);    // blocks came back: one arena, no growth per pair
+    CHECK(num(v, "alone_stream_wait") == 0);
+    // The stream made then is asked whether the last release's work is done: the emulated device
+    // has done it (every event is reached at once), so it is not made to wait.
+    CHECK(num(v, "made_stream_wait") == 0);
     CHECK(num(v, "streams_driver_sync") == 0);
+    CHECK(num(v, "streams_driver_sync_in_capture") == 0);
     CHECK(num(v, "streams_stream_wait") >= 990);  // the program's stream waits at each release
     CHECK(num(v, "streams_stream_query") >= 990);
     CHECK(num(v, "streams_driver_alloc") == 1);

@@ -681,6 +681,75 @@ TEST_CASE("fences: with no non-blocking stream, ordered release stands in for fe
     CHECK(f.pool.validate(&why));
 }
 
+TEST_CASE("fences: with no non-blocking stream, a hit that would cut a larger block while a tighter one is pending releases it by one event, no query", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 1ull << 40, 0, false);
+    const uint64_t big = f.alloc(256 * MiB);
+    const uint64_t x = f.alloc(20 * MiB);
+    f.dev.enqueue_work_on(k_stream_legacy);
+    f.free(big);
+    const uint64_t y = f.alloc(20 * MiB);  // a miss: ordered release 1 frees big, y is cut from it
+    CHECK(f.pool.ordered_releases() == 1);
+    CHECK(y != x);
+    f.free(x);  // pending: the tighter block
+    const uint64_t z = f.alloc(20 * MiB);  // would cut big's rest: x's release instead
+    CHECK(z == x);
+    CHECK(f.pool.ordered_releases() == 2);
+    CHECK(f.dev.queries() == 0);  // a fence would have been asked (and, not reached, waited for)
+    CHECK(f.dev.event_syncs() == 0);
+    CHECK(f.dev.records() == 2);
+}
+
+TEST_CASE("fences: with no non-blocking stream, a failed record stops ordered releases and fences come back", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 24 * MiB, 0, false);
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);
+    f.free(a);
+    f.dev.fail_next_records(1);
+    CHECK(f.alloc(8 * MiB) == a);  // by a wait on a fence instead: nothing handed out early
+    CHECK(f.pool.order_stopped());
+    CHECK(f.pool.ordered_releases() == 0);
+    CHECK(f.dev.completed() >= w);
+    const uint64_t records = f.dev.records();
+    f.free(b);
+    CHECK(f.dev.records() == records + 1);  // the free makes its fence again
+}
+
+TEST_CASE("fences: the events of 64 unasked ordered releases are found reached with two queries, not 65", "[fence]") {
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 24 * MiB, 0, false);
+    uint64_t a = f.alloc(8 * MiB);
+    f.alloc(8 * MiB);
+    for (int i = 0; i < 100; ++i) {
+        f.dev.enqueue_work_on(k_stream_legacy);
+        f.free(a);
+        a = f.alloc(8 * MiB);  // no room for another: ordered release, nothing asked
+    }
+    REQUIRE(f.pool.ordered_releases() == 100);
+    REQUIRE(f.dev.queries() == 0);
+    f.dev.complete_all();
+    const uint64_t waits = f.dev.stream_waits();
+    const uint64_t made = 0x7000;
+    f.streams.created(k_ctx, made, true);
+    f.pool.order_new_stream(made);  // asks whether the last release's work is done
+    CHECK(f.dev.queries() == 2);      // the oldest kept event, then the last release's
+    CHECK(f.dev.stream_waits() == waits);  // done: the stream need not wait
+    // The GPU behind again: the oldest kept event is not reached, and one query says so.
+    f.free(a);
+    a = f.alloc(8 * MiB);
+    const uint64_t q = f.dev.queries(), waits2 = f.dev.stream_waits();
+    const uint64_t made2 = 0x7010;
+    f.streams.created(k_ctx, made2, true);
+    f.pool.order_new_stream(made2);
+    CHECK(f.dev.stream_waits() == waits2 + 1);  // not done: the new stream waits
+    CHECK(f.dev.queries() - q <= 1);
+}
+
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wait, each stream ordered after its last owner", "[fence]") {
     pool_config cfg = fence_each();
     cfg.order = true;
