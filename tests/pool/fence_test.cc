@@ -719,6 +719,31 @@ TEST_CASE("fences: with no non-blocking stream, a failed record stops ordered re
     CHECK(f.dev.records() == records + 1);  // the free makes its fence again
 }
 
+TEST_CASE("fences: an ordered release with the last one's work not done marks every stream without asking each", "[fence]") {
+    // Every stream still waits for the last release's event, so each would be found busy: one
+    // stream's query and one event query say so for all (a query costs 1.4 us while the GPU runs).
+    pool_config cfg = fence_each();
+    cfg.order = true;
+    fenced f(cfg, 24 * MiB);  // k_stream, and three more non-blocking streams
+    for (uint64_t st : {0x6000ull, 0x6010ull, 0x6020ull}) f.streams.created(k_ctx, st, true);
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    const uint64_t w = f.dev.enqueue_work_on(k_stream_legacy);  // the GPU stays behind
+    f.free(a);
+    CHECK(f.alloc(8 * MiB) == a);  // ordered release 1: the four streams wait for its event
+    REQUIRE(f.pool.ordered_releases() == 1);
+    const uint64_t q = f.dev.stream_queries(), waits = f.dev.stream_waits();
+    f.free(b);
+    const uint64_t q_free = f.dev.stream_queries() - q;  // the free's fence, if it asks any
+    CHECK(f.alloc(8 * MiB) == b);  // ordered release 2, its work not done
+    CHECK(f.pool.ordered_releases() == 2);
+    CHECK(f.dev.stream_queries() - q - q_free == 1);  // the first stream only
+    CHECK(f.dev.stream_waits() - waits == 8);  // the legacy stream on each of the four, each on the new event
+    CHECK(f.dev.completed() < w);
+    CHECK(!f.pool.order_stopped());
+    CHECK(f.dev.event_syncs() == 0);
+}
+
 TEST_CASE("fences: the events of 64 unasked ordered releases are found reached with two queries, not 65", "[fence]") {
     pool_config cfg = fence_each();
     cfg.order = true;
