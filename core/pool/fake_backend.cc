@@ -112,6 +112,7 @@ int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
     try {
         ++records_by_stream_[stream];
         event_stream_[ev] = stream;
+        join_implicit(stream);
         event_vc_[ev] = vc_[stream];  // what the event's wait will order after
     } catch (...) {
     }
@@ -133,6 +134,7 @@ int fake_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
         return k_cuda_invalid_value;
     }
     try {
+        join_implicit(stream);
         auto& mine = vc_[stream];
         for (const auto& [s, t] : event_vc_[ev]) mine[s] = std::max(mine[s], t);
         // The stream is busy until the event is reached, as a real stream waiting on it is.
@@ -144,13 +146,50 @@ int fake_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
     return k_cuda_success;
 }
 
+void fake_backend::set_blocking(uint64_t stream) noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    try {
+        blocking_.push_back(stream);
+    } catch (...) {
+    }
+}
+
+// Before an operation on `stream` takes its place: the legacy stream follows every blocking
+// stream's work so far, a blocking stream the legacy stream's (vector clocks merged).  May throw
+// (host memory): the callers' own try blocks take it.
+void fake_backend::join_implicit(uint64_t stream) {
+    auto join = [&](uint64_t into, uint64_t from) {
+        auto it = vc_.find(from);
+        if (it == vc_.end()) return;
+        auto& mine = vc_[into];
+        for (const auto& [s, t] : it->second) mine[s] = std::max(mine[s], t);
+    };
+    if (stream == k_stream_legacy) {
+        for (uint64_t b : blocking_) join(k_stream_legacy, b);
+    } else if (std::find(blocking_.begin(), blocking_.end(), stream) != blocking_.end()) {
+        join(stream, k_stream_legacy);
+    }
+}
+
 bool fake_backend::ordered_after(uint64_t stream, uint64_t on, uint64_t ticket) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     if (ticket <= done_ && !stalled(on)) return true;
-    auto it = vc_.find(stream);
-    if (it == vc_.end()) return false;
-    auto t = it->second.find(on);
-    return t != it->second.end() && t->second >= ticket;
+    // The clock work enqueued on `stream` now would get: its own, and what the implicit
+    // synchronization adds (join_implicit) when it is the legacy or a blocking stream.
+    auto follows = [&](uint64_t s) {
+        auto it = vc_.find(s);
+        if (it == vc_.end()) return false;
+        auto t = it->second.find(on);
+        return t != it->second.end() && t->second >= ticket;
+    };
+    if (follows(stream)) return true;
+    if (stream == k_stream_legacy) {
+        for (uint64_t b : blocking_)
+            if (follows(b)) return true;
+    } else if (std::find(blocking_.begin(), blocking_.end(), stream) != blocking_.end()) {
+        return follows(k_stream_legacy);
+    }
+    return false;
 }
 
 void fake_backend::fail_next_stream_waits(int n) noexcept {
@@ -228,6 +267,7 @@ uint64_t fake_backend::enqueue_work_on(uint64_t stream) noexcept {
     ++ticket_;
     try {
         work_by_stream_[stream] = ticket_;
+        join_implicit(stream);
         vc_[stream][stream] = ticket_;
     } catch (...) {
         any_work_ = ticket_;  // no host memory: every stream busy, the safe answer

@@ -90,6 +90,11 @@ class fake_backend final : public pool_backend {
     // work finished relies on (GPUMEM_FENCE_WAIT=order).  Vector clocks: each stream knows the
     // latest ticket of every stream its next work must follow.
     bool ordered_after(uint64_t stream, uint64_t on, uint64_t ticket) const noexcept;
+    // A blocking stream (cuStreamCreate without CU_STREAM_NON_BLOCKING, or a per-thread default
+    // stream): CUDA's implicit synchronization with the legacy stream.  Anything enqueued on the
+    // legacy stream (work, an event record, a wait) follows all earlier work of every blocking
+    // stream, and anything enqueued on a blocking stream follows all earlier legacy-stream work.
+    void set_blocking(uint64_t stream) noexcept;
     uint64_t stream_waits() const noexcept { return stream_waits_; }
     void fail_next_stream_waits(int n) noexcept;  // the next n stream_wait_event calls fail (error 1)
 
@@ -185,6 +190,8 @@ class fake_backend final : public pool_backend {
     // event -> the clock of the stream it was last recorded on, at the record.
     std::map<uint64_t, std::map<uint64_t, uint64_t>> vc_;
     std::map<uint64_t, std::map<uint64_t, uint64_t>> event_vc_;
+    std::vector<uint64_t> blocking_;  // set_blocking()'s streams
+    void join_implicit(uint64_t stream);  // under mu_: the legacy stream's implicit order, into vc_[stream]
     std::atomic<uint64_t> stream_waits_{0};
     int fail_stream_waits_ = 0;
 
