@@ -409,7 +409,8 @@ EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) {
     return CUDA_SUCCESS;
 }
 // Events.  The emulated device runs nothing, so every event is reached the moment it is recorded:
-// queries say done and a synchronize returns at once (each counted, so tests see who blocks).
+// queries say done (unless GPUMEM_EMU_EVENTS_PENDING=1, below) and a synchronize returns at once
+// (each counted, so tests see who blocks).
 EMU_EXPORT CUresult cuEventCreate(CUevent* e, unsigned int) {
     static std::atomic<uintptr_t> next{0x9000};
     if (!e) return CUDA_ERROR_INVALID_VALUE;
@@ -438,10 +439,14 @@ EMU_EXPORT CUresult cuStreamWaitEvent(CUstream, CUevent e, unsigned int) {
     bump("cuStreamWaitEvent");
     return CUDA_SUCCESS;
 }
+// GPUMEM_EMU_EVENTS_PENDING=1: a device that never catches up while the host only asks: every
+// query says not reached (a synchronize still returns, as the host then waited), so the pool's
+// ordered releases stay pending and a stream made after one must be made to wait.
 EMU_EXPORT CUresult cuEventQuery(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     bump("cuEventQuery");
-    return CUDA_SUCCESS;
+    static const bool pending = getenv("GPUMEM_EMU_EVENTS_PENDING") && !strcmp(getenv("GPUMEM_EMU_EVENTS_PENDING"), "1");
+    return pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 // The emulated device runs nothing: every stream is idle, unless GPUMEM_EMU_STREAMS_BUSY=1 says
 // every stream still has work (so fences need an event on each).  A query during a capture is

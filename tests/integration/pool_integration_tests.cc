@@ -977,4 +977,20 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     CHECK(n_unordered == 0);  // every release was ordered, none by a fence or a sync
     CHECK(n_ordered == num(v, "streams_fence_record"));  // one legacy record each (events counted over both halves)
     check_rebuild(ls);
+
+    // A device still behind when the stream is made (no event reached): the creation hook makes
+    // the new stream wait for the last release's event before the program has it, and the
+    // releases after it make it wait again, with no host wait anywhere.
+    auto behind = run({EMU_POOL_APP, "order-loop", "1000", "20971520"},
+                      {{"GPUMEM_REUSE", "safe"}, {"GPUMEM_EMU_EVENTS_PENDING", "1"}});
+    std::vector<json> lb;
+    check_complete(behind, &lb);
+    auto vb = values(behind.out);
+    CHECK(num(vb, "alone_event_query") == 0);
+    CHECK(num(vb, "alone_driver_sync") == 0);
+    CHECK(num(vb, "made_stream_wait") == 1);
+    CHECK(num(vb, "streams_driver_sync") == 0);
+    CHECK(num(vb, "streams_stream_wait") >= 990);
+    CHECK(num(vb, "streams_driver_alloc") == 1);
+    check_rebuild(lb);
 }
