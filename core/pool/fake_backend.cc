@@ -8,6 +8,24 @@
 
 namespace gpumem {
 
+namespace {
+// into[s] = max(into[s], from[s]) for every stream s: the later of two vector clocks.
+void merge_clock(std::map<uint64_t, uint64_t>& into, const std::map<uint64_t, uint64_t>& from) {
+    for (const auto& [s, t] : from) into[s] = std::max(into[s], t);
+}
+
+// Calls f for each stream whose earlier work an operation on `stream` follows by CUDA's implicit
+// synchronization: every blocking stream for the legacy stream, the legacy stream for a blocking one.
+template <class F>
+void for_each_implicit(const std::vector<uint64_t>& blocking, uint64_t stream, F f) {
+    if (stream == k_stream_legacy) {
+        for (uint64_t b : blocking) f(b);
+    } else if (std::find(blocking.begin(), blocking.end(), stream) != blocking.end()) {
+        f(k_stream_legacy);
+    }
+}
+}  // namespace
+
 int fake_backend::segment_alloc(uint64_t bytes, uint64_t* base) noexcept {
     ++alloc_calls_;
     std::lock_guard<std::mutex> lk(mu_);
@@ -135,8 +153,7 @@ int fake_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
     }
     try {
         join_implicit(stream);
-        auto& mine = vc_[stream];
-        for (const auto& [s, t] : event_vc_[ev]) mine[s] = std::max(mine[s], t);
+        merge_clock(vc_[stream], event_vc_[ev]);
         // The stream is busy until the event is reached, as a real stream waiting on it is.
         uint64_t& w = work_by_stream_[stream];
         w = std::max(w, it->second);
@@ -158,17 +175,10 @@ void fake_backend::set_blocking(uint64_t stream) noexcept {
 // stream's work so far, a blocking stream the legacy stream's (vector clocks merged).  May throw
 // (host memory): the callers' own try blocks take it.
 void fake_backend::join_implicit(uint64_t stream) {
-    auto join = [&](uint64_t into, uint64_t from) {
+    for_each_implicit(blocking_, stream, [&](uint64_t from) {
         auto it = vc_.find(from);
-        if (it == vc_.end()) return;
-        auto& mine = vc_[into];
-        for (const auto& [s, t] : it->second) mine[s] = std::max(mine[s], t);
-    };
-    if (stream == k_stream_legacy) {
-        for (uint64_t b : blocking_) join(k_stream_legacy, b);
-    } else if (std::find(blocking_.begin(), blocking_.end(), stream) != blocking_.end()) {
-        join(stream, k_stream_legacy);
-    }
+        if (it != vc_.end()) merge_clock(vc_[stream], it->second);
+    });
 }
 
 bool fake_backend::ordered_after(uint64_t stream, uint64_t on, uint64_t ticket) const noexcept {
@@ -182,14 +192,9 @@ bool fake_backend::ordered_after(uint64_t stream, uint64_t on, uint64_t ticket) 
         auto t = it->second.find(on);
         return t != it->second.end() && t->second >= ticket;
     };
-    if (follows(stream)) return true;
-    if (stream == k_stream_legacy) {
-        for (uint64_t b : blocking_)
-            if (follows(b)) return true;
-    } else if (std::find(blocking_.begin(), blocking_.end(), stream) != blocking_.end()) {
-        return follows(k_stream_legacy);
-    }
-    return false;
+    bool yes = follows(stream);
+    for_each_implicit(blocking_, stream, [&](uint64_t from) { yes = yes || follows(from); });
+    return yes;
 }
 
 void fake_backend::fail_next_stream_waits(int n) noexcept {

@@ -38,6 +38,13 @@ pool_config fence_each() {
     return c;
 }
 
+// The same under ordered release (GPUMEM_FENCE_WAIT=order, the default).
+pool_config order_each() {
+    pool_config c = fence_each();
+    c.order = true;
+    return c;
+}
+
 struct fenced {
     fake_backend dev;
     clock_sink csink;
@@ -656,8 +663,7 @@ TEST_CASE("fences, property: GPUMEM_FENCE_WAIT=order hands blocks out early only
 }
 
 TEST_CASE("fences: with no non-blocking stream, ordered release stands in for fences: a free records nothing, a miss one event, no query", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;  // the default
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB, 0, false);  // room for one 20 MiB segment; no side stream
     f.streams.created(k_ctx, 0x6000, false);  // a blocking stream: ordered by the legacy stream's event
     const uint64_t a = f.alloc(8 * MiB);
@@ -692,8 +698,7 @@ TEST_CASE("fences: with no non-blocking stream, ordered release stands in for fe
 }
 
 TEST_CASE("fences: with no non-blocking stream, a hit that would cut a larger block while a tighter one is pending releases it by one event, no query", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 1ull << 40, 0, false);
     const uint64_t big = f.alloc(256 * MiB);
     const uint64_t x = f.alloc(20 * MiB);
@@ -712,8 +717,7 @@ TEST_CASE("fences: with no non-blocking stream, a hit that would cut a larger bl
 }
 
 TEST_CASE("fences: with no non-blocking stream, a failed record stops ordered releases and fences come back", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB, 0, false);
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
@@ -732,8 +736,7 @@ TEST_CASE("fences: with no non-blocking stream, a failed record stops ordered re
 TEST_CASE("fences: an ordered release with the last one's work not done marks every stream without asking each", "[fence]") {
     // Every stream still waits for the last release's event, so each would be found busy: one
     // stream's query and one event query say so for all (a query costs 1.4 us while the GPU runs).
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB);  // k_stream, and three more non-blocking streams
     for (uint64_t st : {0x6000ull, 0x6010ull, 0x6020ull}) f.streams.created(k_ctx, st, true);
     const uint64_t a = f.alloc(8 * MiB);
@@ -755,8 +758,7 @@ TEST_CASE("fences: an ordered release with the last one's work not done marks ev
 }
 
 TEST_CASE("fences: the events of 64 unasked ordered releases are found reached with two queries, not 65", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB, 0, false);
     uint64_t a = f.alloc(8 * MiB);
     f.alloc(8 * MiB);
@@ -786,8 +788,7 @@ TEST_CASE("fences: the events of 64 unasked ordered releases are found reached w
 }
 
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wait, each stream ordered after its last owner", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB);  // room for one 20 MiB segment
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
@@ -826,8 +827,7 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wai
 }
 
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order gives way to waits for a stream busy with the program's own work, a failed wait or a capture", "[fence]") {
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     SECTION("a side stream still running work after the last ordered release's event is reached") {
         fenced f(cfg, 24 * MiB);
         const uint64_t a = f.alloc(8 * MiB);
@@ -878,8 +878,7 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order whose event record fails still orders
     // (fresh) event and stops ordered releases; its miss grows the pool without a wait.  A stream
     // made afterwards must still follow release 1's work: the unrecorded fresh event, which a
     // query calls reached, must not stand in for release 1's.
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 1ull << 40, 0, false);  // no side stream: a release records only its event
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
@@ -909,8 +908,7 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order asks the driver nothing for a stream 
     // PyTorch's NCCL watchdog ran into), and at exit the driver may be gone.
     const bool at_exit = GENERATE(false, true);
     CAPTURE(at_exit);
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB);
     const uint64_t a = f.alloc(8 * MiB);
     f.alloc(8 * MiB);
@@ -935,8 +933,7 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order asks the driver nothing for a stream 
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order waits for the last release's work when a green context appears", "[fence]") {
     // A green context's streams run beside the pool's context and no stream wait orders them:
     // a block handed out early must not meet them before its last owner's work is done.
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     fenced f(cfg, 24 * MiB);
     const uint64_t a = f.alloc(8 * MiB);
     f.alloc(8 * MiB);
@@ -970,8 +967,7 @@ namespace {
 
 // Ordered releases on virtual memory with a 2 MiB trim: the two trimming tests below.
 pool_config order_trim_config() {
-    pool_config cfg = fence_each();
-    cfg.order = true;
+    pool_config cfg = order_each();
     cfg.vmm = true;
     cfg.trim = 2 * MiB;
     return cfg;
