@@ -85,6 +85,7 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::waited: v = 1; return e.flags & ef_waited;
         case log_field::ordered: v = 1; return e.flags & ef_ordered;
         case log_field::wait_ns: v = e.c.wait_ns; return e.ev == ev_kind::pool_sync && e.c.wait_ns != 0;
+        case log_field::fence_ns: v = e.c.fence_ns; return e.ev == ev_kind::pool_sync && e.c.fence_ns != 0;
         case log_field::reserved: v = e.p.reserved; return true;
         case log_field::allocated: v = e.p.allocated; return true;
         case log_field::requested: v = e.p.requested; return true;

@@ -153,6 +153,7 @@ struct block_fields {
 struct count_fields {
     uint64_t count;    // "count": frees released (pool_sync), 0 (context_reset), events lost (lost)
     uint64_t wait_ns;  // "wait_ns" (pool_sync): ns the program blocked in the pool's waits since the previous pool_sync
+    uint64_t fence_ns;  // "fence_ns" (pool_sync): ns in the pool's event and stream calls that do not wait, since then
 };
 
 // The end line (event_log::finish).

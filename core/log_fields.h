@@ -87,6 +87,7 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
     X(waited, "waited", flag, GPUMEM_K(pool_sync), 0)                                                     \
     X(ordered, "ordered", flag, GPUMEM_K(pool_sync), 0)                                                   \
     X(wait_ns, "wait_ns", u64, GPUMEM_K(pool_sync), 0)                                                    \
+    X(fence_ns, "fence_ns", u64, GPUMEM_K(pool_sync), 0)                                                  \
     X(reserved, "reserved", u64, k_kinds_pool_state, 0)                                                   \
     X(allocated, "allocated", u64, k_kinds_pool_state, 0)                                                 \
     X(requested, "requested", u64, k_kinds_pool_state, 0)                                                 \

@@ -112,7 +112,10 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
     case ev_kind::segment_alloc: ++ctx.model.dev(e.dev).rep.n_segment_alloc; break;
     case ev_kind::segment_free: ++ctx.model.dev(e.dev).rep.n_segment_free; break;
     case ev_kind::pool_sync:
-        if (d) d->rep.pool_wait_ns += e.wait_ns;
+        if (d) {
+            d->rep.pool_wait_ns += e.wait_ns;
+            d->rep.pool_fence_ns += e.fence_ns;
+        }
         if (e.fence) {  // released by fences: no device-wide sync, maybe a wait on one
             if (e.waited && d) ++d->rep.n_pool_wait;
             if (e.ordered && d) ++d->rep.n_pool_ordered;

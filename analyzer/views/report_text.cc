@@ -249,13 +249,16 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         framed(os, pad("Ordered releases (no wait)", 28) + pad(std::to_string(d.n_pool_ordered), 14, true));
     // What the waits cost the program, against the time the log covers on this device: the
     // share a user weighs against GPUMEM_REUSE=immediate (one-stream programs) or more memory.
-    if (d.pool_wait_ns) {
-        const uint64_t span = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
-        framed(os, pad("Blocked in pool waits", 28) + pad(fmt_time(d.pool_wait_ns), 14, true) +
-                       (span ? "   " + fmt_pct(double(d.pool_wait_ns) / double(span)) + " of the device's " + fmt_time(span) +
-                                   " of events"
+    // The same for the calls that make reuse safe without a wait (events, stream queries and
+    // waits): the host time safe reuse costs besides its waits.
+    const uint64_t span = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
+    auto time_row = [&](const char* label, uint64_t ns) {
+        framed(os, pad(label, 28) + pad(fmt_time(ns), 14, true) +
+                       (span ? "   " + fmt_pct(double(ns) / double(span)) + " of the device's " + fmt_time(span) + " of events"
                              : std::string()));
-    }
+    };
+    if (d.pool_wait_ns) time_row("Blocked in pool waits", d.pool_wait_ns);
+    if (d.pool_fence_ns) time_row("In pool fence calls", d.pool_fence_ns);
     if (d.n_map || d.n_unmap)
         framed(os, pad("Maps / unmaps", 28) + pad(std::to_string(d.n_map), 14, true) + " / " +
                        std::to_string(d.n_unmap) + ", mapped now " + fmt_bytes(d.mapped.current) + ", peak " +

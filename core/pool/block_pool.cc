@@ -203,7 +203,10 @@ void block_pool::emit_chunks(api_id api, const segment* s, uint64_t addr, uint64
 
 void block_pool::emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept {
     event e{};
-    if (ev == ev_kind::pool_sync) std::swap(e.c.wait_ns, wait_ns_unlogged_);
+    if (ev == ev_kind::pool_sync) {
+        std::swap(e.c.wait_ns, wait_ns_unlogged_);
+        std::swap(e.c.fence_ns, fence_ns_unlogged_);
+    }
     if (!sink_) return;
     e.ev = ev;
     e.dev = device_;
@@ -220,6 +223,19 @@ void block_pool::note_wait(uint64_t t0_ns) noexcept {
     const uint64_t d = steady_ns() - t0_ns;
     wait_ns_unlogged_ += d;
     wait_ns_total_ += d;
+}
+
+block_pool::fence_timer::fence_timer(block_pool& p) noexcept : p_(p) {
+    if (p_.fence_depth_++ == 0) t0_ = steady_ns();
+}
+
+void block_pool::fence_timer::stop() noexcept {
+    if (!running_) return;
+    running_ = false;
+    if (--p_.fence_depth_ != 0) return;
+    const uint64_t d = steady_ns() - t0_;
+    p_.fence_ns_unlogged_ += d;
+    p_.fence_ns_total_ += d;
 }
 
 void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
@@ -1181,6 +1197,7 @@ void block_pool::recycle_event(uint64_t ev) noexcept {
 
 bool block_pool::record_fence() noexcept {
     if (fenced_end() == pending_.size()) return true;
+    fence_timer timed(*this);
     if (!fences_usable() || !can_sync()) return false;
     // The set stays locked until every event is recorded: no stream of the list dies meanwhile.
     std::unique_lock<std::mutex> held = streams_->hold();
@@ -1242,6 +1259,7 @@ bool block_pool::is_hot(uint64_t stream) const noexcept {
 }
 
 int block_pool::sweep_streams() noexcept {
+    fence_timer timed(*this);
     if (!can_sync()) return k_cuda_not_ready;
     std::unique_lock<std::mutex> held = streams_->hold();
     if (!can_sync()) return k_cuda_not_ready;  // as in record_fence: a capture opened meanwhile
@@ -1268,6 +1286,8 @@ int block_pool::sweep_streams() noexcept {
 }
 
 int block_pool::poll_fences(api_id api, bool waited) {
+    if (fences_.empty()) return k_cuda_success;
+    fence_timer timed(*this);
     size_t n = 0;
     int rc = k_cuda_success;
     while (!fences_.empty()) {
@@ -1289,6 +1309,7 @@ int block_pool::poll_fences(api_id api, bool waited) {
             spare_fence_events_.push_back(std::move(f.events));  // cannot throw: within capacity
         fences_.erase(fences_.begin());
     }
+    timed.stop();  // the queries belong to the release they make
     if (n) release_prefix(n, api, uint8_t(ef_fence | (waited ? ef_waited : 0)));
     return rc == k_cuda_not_ready ? k_cuda_success : rc;
 }
@@ -1298,6 +1319,7 @@ int block_pool::poll_fences(api_id api, bool waited) {
 void block_pool::emit_release(api_id api, size_t n, uint8_t flags) noexcept {
     event e{};
     std::swap(e.c.wait_ns, wait_ns_unlogged_);
+    std::swap(e.c.fence_ns, fence_ns_unlogged_);
     if (!sink_) return;
     e.ev = ev_kind::pool_sync;
     e.dev = device_;
@@ -1370,7 +1392,9 @@ bool block_pool::reclaim(api_id api, bool wait, pool_id p, uint64_t asize) {
 // not a wait of ours) stops ordered releases for good, and the pool waits as before.  False when
 // it released nothing; the caller then waits as before.
 bool block_pool::order_release(api_id api) {
-    if (!cfg_.order || order_off_ || pending_.empty() || immediate_ || !fences_usable() || !can_sync()) return false;
+    if (!cfg_.order || order_off_ || pending_.empty() || immediate_ || !fences_usable()) return false;
+    fence_timer timed(*this);
+    if (!can_sync()) return false;
     std::unique_lock<std::mutex> held = streams_->hold();  // no stream dies between the list and the waits
     if (!can_sync() || !streams_->fence_streams(ctx_, fence_streams_, held)) return false;
     if ((!order_scratch_ && !take_event(&order_scratch_)) || (!order_event_ && !take_event(&order_event_))) return false;
@@ -1442,6 +1466,7 @@ bool block_pool::order_release(api_id api) {
     unsettled_frees_ += n;
     for (size_t k = 0; k < n; ++k)
         if (pending_[k]->seg->stitched()) pending_[k]->seg->settle_gen = ordered_releases_;
+    timed.stop();  // its line carries its calls' time
     release_prefix(n, api, uint8_t(ef_fence | ef_ordered));  // its line says "ordered"
     return true;
 }
@@ -1473,6 +1498,8 @@ bool block_pool::ordered_frees_settled() noexcept {
 // context without non-blocking streams asks none at its releases, and keeps 64; one call asked
 // 65 events).  Only where can_sync() holds, as every query.
 uint64_t block_pool::order_reached() noexcept {
+    if (order_marks_.empty() && order_reached_ == ordered_releases_) return order_reached_;  // nothing to ask
+    fence_timer timed(*this);
     size_t done = 0;
     bool all = false;
     const bool long_list = order_marks_.size() >= k_order_marks / 2;
@@ -1525,8 +1552,10 @@ void block_pool::order_new_stream(uint64_t stream) noexcept {
     if (!cfg_.order) return;  // GPUMEM_FENCE_WAIT=old|any: stream creation does not touch the pool (cfg_ is const)
     op_lock lk(*this);
     std::unique_lock<std::mutex> held;
+    fence_timer timed(*this);
     if (!order_work_pending(held)) return;
     if (backend_.stream_wait_event(stream, order_event_) == k_cuda_success) return;
+    timed.stop();  // what follows is a wait (wait_ns)
     order_host_wait(held);  // the stream cannot be made to wait
 }
 
@@ -2022,6 +2051,11 @@ uint64_t block_pool::fence_wait_count() const noexcept {
 uint64_t block_pool::wait_ns() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return wait_ns_total_;
+}
+
+uint64_t block_pool::fence_ns() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    return fence_ns_total_;
 }
 
 uint64_t block_pool::sync_count() const noexcept {

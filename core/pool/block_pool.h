@@ -91,6 +91,7 @@ class block_pool {
     uint64_t ordered_releases() const noexcept;  // how many ordered releases ran
     bool order_stopped() const noexcept;         // ordered release gave way to waits for good
     uint64_t wait_ns() const noexcept;  // ns blocked in the pool's waits, all told
+    uint64_t fence_ns() const noexcept;  // ns in its event and stream calls that do not wait, all told
     // Stitched segments made, chunks mapped into them, and stitched segments dissolved, so far.
     void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept;
 
@@ -326,6 +327,25 @@ class block_pool {
     // line carries them ("wait_ns"), so the log says how long the pool held the program up.
     uint64_t wait_ns_unlogged_ = 0, wait_ns_total_ = 0;
     void note_wait(uint64_t t0_ns) noexcept;
+    // The same for the host time of the calls that make reuse safe without waiting (fence and
+    // ordered-release records, queries and stream waits: "fence_ns"), so a user sees what safe
+    // reuse costs the host, and a benchmark sees it per step, free of the machine's noise.  Timed
+    // by the outermost fence_timer of an operation only (they nest: a release asks order_reached).
+    uint64_t fence_ns_unlogged_ = 0, fence_ns_total_ = 0;
+    int fence_depth_ = 0;
+    class fence_timer {
+     public:
+        explicit fence_timer(block_pool& p) noexcept;
+        ~fence_timer() { stop(); }
+        void stop() noexcept;  // adds the time so far (once); before a release's own pool_sync line
+        fence_timer(const fence_timer&) = delete;
+        fence_timer& operator=(const fence_timer&) = delete;
+
+     private:
+        block_pool& p_;
+        uint64_t t0_ = 0;
+        bool running_ = true;
+    };
     // Ordered release (GPUMEM_FENCE_WAIT=order): order_event_ is the legacy-stream event of the
     // last one (0: none yet), order_scratch_ an event each busy stream's work is marked with.
     bool order_release(api_id api);

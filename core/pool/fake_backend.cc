@@ -66,6 +66,10 @@ void fake_backend::wait_sleep() const noexcept {
     if (const uint64_t ns = wait_sleep_ns_.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
 }
 
+void fake_backend::call_sleep() const noexcept {
+    if (const uint64_t ns = call_sleep_ns_.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+}
+
 int fake_backend::synchronize() noexcept {
     ++sync_calls_;
     wait_sleep();
@@ -113,6 +117,7 @@ int fake_backend::event_create(uint64_t* ev) noexcept {
 
 int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
     if (!events_on_) return k_cuda_not_supported;
+    call_sleep();
     ++records_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a record into a capture is a graph node, not a fence
@@ -139,6 +144,7 @@ int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
 
 int fake_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
     if (!events_on_) return k_cuda_not_supported;
+    call_sleep();
     ++stream_waits_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a wait on an outside event inside a capture
@@ -203,6 +209,7 @@ void fake_backend::fail_next_stream_waits(int n) noexcept {
 }
 
 int fake_backend::event_query(uint64_t ev) noexcept {
+    call_sleep();
     ++queries_;
     std::lock_guard<std::mutex> lk(mu_);
     auto it = events_.find(ev);
@@ -283,6 +290,7 @@ uint64_t fake_backend::enqueue_work_on(uint64_t stream) noexcept {
 
 int fake_backend::stream_query(uint64_t stream) noexcept {
     if (!events_on_) return k_cuda_not_supported;
+    call_sleep();
     ++stream_queries_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a query of a capturing stream would invalidate the capture

@@ -66,6 +66,9 @@ class fake_backend final : public pool_backend {
     // Each event_synchronize and synchronize takes this long (a device still working), so that
     // a test can see the pool report how long it held the program up.
     void set_wait_sleep_ns(uint64_t ns) noexcept { wait_sleep_ns_ = ns; }
+    // Each event_record, event_query, stream_query and stream_wait_event takes this long (a
+    // driver's call cost), so that a test can see the pool report its calls' time (fence_ns).
+    void set_call_sleep_ns(uint64_t ns) noexcept { call_sleep_ns_ = ns; }
 
     // Peer access: devices granted on every chunk mapped from now on, and a query per chunk.
     void add_peer(int device) noexcept override;
@@ -156,8 +159,9 @@ class fake_backend final : public pool_backend {
     std::atomic<uint64_t> capture_asks_{0};
     bool capturing() const noexcept { return capturing_ || capturing_unseen_; }  // for bad_calls_
     std::atomic<int> sync_result_{k_cuda_success};
-    std::atomic<uint64_t> wait_sleep_ns_{0};
+    std::atomic<uint64_t> wait_sleep_ns_{0}, call_sleep_ns_{0};
     void wait_sleep() const noexcept;
+    void call_sleep() const noexcept;
     std::atomic<uint64_t> alloc_calls_{0}, free_calls_{0}, sync_calls_{0}, bad_calls_{0};
     std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0};
 

@@ -98,6 +98,7 @@ event random_event(std::mt19937_64& rng, bool full_range) {
     } else if (e.ev == ev_kind::pool_sync || e.ev == ev_kind::context_reset || e.ev == ev_kind::lost) {
         e.c.count = any_u64(rng, full_range);
         e.c.wait_ns = rng() % 2 ? any_u64(rng, full_range) : 0;  // written for pool_sync only
+        e.c.fence_ns = rng() % 2 ? any_u64(rng, full_range) : 0;
     } else {
         e.b.ptr = any_u64(rng, true);  // hex: every 64-bit value is in range
         e.b.size = any_u64(rng, full_range);
@@ -328,7 +329,7 @@ TEST_CASE("an alloc's optional stack id is written after its other members and r
     CHECK(format(e).find("stack") == std::string::npos);
 }
 
-TEST_CASE("a pool_sync without wait_ns or ordered reads 0 after one with them, on either path", "[fastpath]") {
+TEST_CASE("a pool_sync without wait_ns, fence_ns or ordered reads 0 after one with them, on either path", "[fastpath]") {
     // The twins above start every line from a default event; the reader reuses one, so a member
     // the replay sums must be reset by each path (k_reset_fields, parse_json).
     event e;
@@ -338,12 +339,16 @@ TEST_CASE("a pool_sync without wait_ns or ordered reads 0 after one with them, o
     e.c.count = 1;
     e.flags = uint8_t(ef_fence | ef_waited | ef_ordered);
     e.c.wait_ns = 777;
+    e.c.fence_ns = 555;
     const std::string with = format(e);
     e.seq = 2;
     e.flags = ef_fence;
     e.c.wait_ns = 0;
+    e.c.fence_ns = 0;
     const std::string without = format(e);
     REQUIRE(with.find("\"wait_ns\":777") != std::string::npos);
+    REQUIRE(with.find("\"fence_ns\":555") != std::string::npos);
+    REQUIRE(without.find("fence_ns") == std::string::npos);
     REQUIRE(with.find("\"ordered\":true") != std::string::npos);
     REQUIRE(without.find("wait_ns") == std::string::npos);
     for (bool fast : {true, false}) {
@@ -356,9 +361,11 @@ TEST_CASE("a pool_sync without wait_ns or ordered reads 0 after one with them, o
             if (fast) REQUIRE(p.parse_recorder_line(buf.data(), l->size(), buf.size(), out));
             else REQUIRE(p.parse_json(buf.data(), l->size(), buf.size(), out, err) == parse_status::ok);
             if (l == &with) CHECK(out.wait_ns == 777);
+            if (l == &with) CHECK(out.fence_ns == 555);
             if (l == &with) CHECK(out.ordered);
         }
         CHECK(out.wait_ns == 0);
+        CHECK(out.fence_ns == 0);
         CHECK_FALSE(out.ordered);  // a flag is reset per line too
         CHECK_FALSE(out.waited);
         CHECK_FALSE(out.has(fd_wait_ns));

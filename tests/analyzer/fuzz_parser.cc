@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                             e.largest_free == ej.largest_free && e.free_blocks == ej.free_blocks &&
                             e.segments == ej.segments && e.gpu_free == ej.gpu_free && e.gpu_total == ej.gpu_total &&
                             e.streams == ej.streams && e.fence == ej.fence && e.waited == ej.waited &&
-                            e.ordered == ej.ordered && e.wait_ns == ej.wait_ns &&
+                            e.ordered == ej.ordered && e.wait_ns == ej.wait_ns && e.fence_ns == ej.fence_ns &&
                             e.reason == ej.reason && e.signal == ej.signal;
                 if (!same) __builtin_trap();  // the two paths disagree on this line
                 // A stack record: read it alone too, and hold what it yields to the reader's rules.

@@ -287,13 +287,13 @@ TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
 
 // docs/pool.md, safe reuse (the default): a freed block stays "pending" in its segment, neither
 // allocated nor free, until a pool_sync releases it and it merges with its free neighbours.
-TEST_CASE("fence releases are not device-wide syncs; the ones the program waited for are counted, with the time blocked", "[scenario]") {
+TEST_CASE("fence releases are not device-wide syncs; the ones the program waited for are counted, with the time blocked and the time in fence calls", "[scenario]") {
     const uint64_t seg = 0x200000;
     std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 4096) +
                       pooled_line("alloc", 1, seg, 1000, 1024, seg) + pooled_line("alloc", 2, seg + 1024, 1000, 1024, seg) +
                       pooled_line("free", 3, seg, 1000, 1024, seg) + pooled_line("free", 4, seg + 1024, 1000, 1024, seg) +
-                      "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":60000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true,\"wait_ns\":15000000000}\n" +
-                      "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":120000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"ordered\":true}\n" + end_line(7, 0);
+                      "{\"ev\":\"pool_sync\",\"seq\":5,\"t\":60000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"waited\":true,\"wait_ns\":15000000000,\"fence_ns\":1000000}\n" +
+                      "{\"ev\":\"pool_sync\",\"seq\":6,\"t\":120000000100,\"tid\":1,\"dev\":0,\"count\":1,\"fence\":true,\"ordered\":true,\"fence_ns\":2000000}\n" + end_line(7, 0);
     temp_file f(log);
     process_report r = analyze_file(f.path, analyze_options{});
     const device_report& d = r.devices[0];
@@ -301,6 +301,7 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
     CHECK(d.n_pool_wait == 1);
     CHECK(d.n_pool_ordered == 1);  // "ordered" is read
     CHECK(d.pool_wait_ns == 15000000000);  // the line without "wait_ns" adds nothing (reset per line)
+    CHECK(d.pool_fence_ns == 3000000);
     CHECK(d.pending.current == 0);
     CHECK(r.n_warnings == 0);
     // The text report gives the time blocked and its share of the device's span of events.
@@ -318,6 +319,13 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
     const size_t ord = t.find("Ordered releases (no wait)");
     REQUIRE(ord != std::string::npos);
     CHECK_THAT(t.substr(ord, t.find('\n', ord) - ord), Catch::Matches(R"(Ordered releases \(no wait\) +1 +\|?)"));
+    const size_t calls = t.find("In pool fence calls");
+    REQUIRE(calls != std::string::npos);
+    const std::string calls_line = t.substr(calls, t.find('\n', calls) - calls);
+    INFO(calls_line);
+    CHECK_THAT(calls_line, Catch::Contains("3.00 ms"));
+    CHECK(calls_line.size() <= 92);
+    CHECK_THAT(calls_line, Catch::Contains("of the device's 120.000 s of events"));
 }
 
 TEST_CASE("pending frees are not free space until pool_sync", "[scenario]") {

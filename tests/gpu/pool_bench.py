@@ -238,7 +238,7 @@ def log_facts(outdir, name):
     files = sorted(glob.glob(f"{LOGS}/{name}.*.jsonl"), key=os.path.getsize, reverse=True)
     if not files:
         return {}
-    syncs = fences = waits = n = oom = unmap = maps = streams = unmap_bytes = wait_ns = 0
+    syncs = fences = waits = n = oom = unmap = maps = streams = unmap_bytes = wait_ns = fence_ns = 0
     ordered = waits_after_ordered = 0  # ordered releases; waits after the last (they stopped)
     reserved = peak_res = requested = peak_req = 0
     seg_mapped = {}  # segment base -> bytes mapped now (an arena maps as it grows: asize, segment_map)
@@ -253,6 +253,7 @@ def log_facts(outdir, name):
             ev = e.get("ev")
             if ev == "pool_sync":
                 wait_ns += e.get("wait_ns", 0)  # how long the pool's waits held the program up
+                fence_ns += e.get("fence_ns", 0)  # the host time of its calls that do not wait
                 if e.get("fence"):
                     fences += 1
                     waits += bool(e.get("waited"))
@@ -293,7 +294,7 @@ def log_facts(outdir, name):
             peak_res = max(peak_res, reserved)
             peak_req = max(peak_req, requested)
     return {"events": n, "device_syncs": syncs, "fence_releases": fences, "fence_waits": waits, "ordered": ordered,
-            "waits_after_ordered": waits_after_ordered if ordered else None, "wait_ms": round(wait_ns / 1e6, 1), "streams": streams, "peak_reserved": peak_res,
+            "waits_after_ordered": waits_after_ordered if ordered else None, "wait_ms": round(wait_ns / 1e6, 1), "fence_ms": round(fence_ns / 1e6, 2), "streams": streams, "peak_reserved": peak_res,
             "peak_requested": peak_req, "ooms": oom, "unmaps": unmap, "maps": maps, "unmapped_bytes": unmap_bytes, "reuse_safe": reuse_safe}
 
 
@@ -418,6 +419,14 @@ def main():
             per.append(statistics.median(q) if q else None)
         if m != "native" and any(per):
             md.append(f"- {m}: median of per-step ratios to native, per round: {' / '.join(f'{x:.3f}' if x else '?' for x in per)}")
+    # What safe reuse costs the host without waiting (the pool_sync lines' fence_ns), per step of
+    # the whole log (start-up included): an upper bound on its share of the step that the
+    # machine's noise from one process to the next does not move.
+    for m, rs in R["b"].items():
+        fm = [(r.get("fence_ms"), r.get("ms_per_step")) for r in rs if r.get("fence_ms") is not None]
+        if fm:
+            md.append(f"- {m}: host time in the pool's fence calls (fence_ns), ms per step, per round: "
+                      + " / ".join(f"{f / steps:.2f}" + (f" ({100 * f / steps / s:.1f}% of the step)" if s else "") for f, s in fm))
     # One figure per mode over the rounds: the geometric mean of its per-round ratios, with the range.
     for m, rs in R["b"].items():
         ratio = [r.get("ms_per_step") / n.get("ms_per_step") for r, n in zip(rs, nat) if r.get("ms_per_step") and n.get("ms_per_step")]

@@ -826,6 +826,51 @@ TEST_CASE("fences: GPUMEM_FENCE_WAIT=order hands a pending block out with no wai
     CHECK(f.pool.ordered_releases() == 0);
 }
 
+TEST_CASE("fences: each release's pool_sync line carries the time of the event and stream calls before it (fence_ns), apart from waits", "[fence]") {
+    constexpr uint64_t call_ns = 200000;  // a slow driver: 0.2 ms a call
+    SECTION("an ordered release") {
+        pool_config cfg = order_each();
+        fenced f(cfg, 24 * MiB);  // room for one 20 MiB segment
+        const uint64_t a = f.alloc(8 * MiB);
+        f.alloc(8 * MiB);  // the rest of it
+        f.dev.enqueue_work_on(k_stream_legacy);  // the side stream idles: asked, then made to wait
+        f.free(a);
+        f.dev.set_call_sleep_ns(call_ns);
+        const uint64_t calls0 = f.dev.records() + f.dev.queries() + f.dev.stream_queries() + f.dev.stream_waits();
+        CHECK(f.alloc(8 * MiB) == a);
+        const uint64_t calls = f.dev.records() + f.dev.queries() + f.dev.stream_queries() + f.dev.stream_waits() - calls0;
+        REQUIRE(f.pool.ordered_releases() == 1);
+        CHECK(calls >= 3);  // the side stream's query, the legacy record, the side stream's wait
+        auto syncs = f.sink.of(ev_kind::pool_sync);
+        REQUIRE(syncs.size() == 1);
+        CHECK((syncs[0].flags & ef_ordered) != 0);
+        CHECK(syncs[0].c.fence_ns >= calls * call_ns);  // every call of the release, on its own line
+        CHECK(syncs[0].c.wait_ns == 0);  // and none of it counted as a wait
+        CHECK(f.pool.fence_ns() == syncs[0].c.fence_ns);
+    }
+    SECTION("fences: the records at the free and the query that releases") {
+        fenced f(fence_each(), 24 * MiB);  // each free records its fence
+        const uint64_t a = f.alloc(8 * MiB);
+        f.alloc(8 * MiB);
+        f.dev.enqueue_work_on(k_stream_legacy);
+        f.dev.set_call_sleep_ns(call_ns);
+        f.free(a);  // its fence's records
+        const uint64_t recorded = f.dev.records();
+        REQUIRE(recorded >= 1);
+        CHECK(f.pool.fence_ns() >= recorded * call_ns);
+        CHECK(f.sink.of(ev_kind::pool_sync).empty());  // no line yet: the time waits for one
+        f.dev.complete_all();
+        const uint64_t queries0 = f.dev.queries();
+        CHECK(f.alloc(8 * MiB) == a);  // the fence is asked, reached: released, no wait
+        auto syncs = f.sink.of(ev_kind::pool_sync);
+        REQUIRE(syncs.size() == 1);
+        CHECK((syncs[0].flags & ef_waited) == 0);
+        CHECK(syncs[0].c.wait_ns == 0);
+        CHECK(syncs[0].c.fence_ns >= (recorded + f.dev.queries() - queries0) * call_ns);
+        CHECK(syncs[0].c.fence_ns == f.pool.fence_ns());
+    }
+}
+
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=order gives way to waits for a stream busy with the program's own work, a failed wait or a capture", "[fence]") {
     pool_config cfg = order_each();
     SECTION("a side stream still running work after the last ordered release's event is reached") {
