@@ -11,6 +11,10 @@
 // several threads overlap.  No argument runs everything; "stall" or "parallel" runs just that.
 // "calls" (only by name): "call op=NAME us_per_call=X busy=0|1" for the driver calls of one pool
 // operation under safe reuse (the context and capture checks, an ordered release's record and wait).
+// "order" (only by name): "order variant=NAME streams=N gpu_us_per_iter=X host_us_per_iter=Y" for
+// what an ordered release costs the device, not the host: a chain of small kernels on the legacy
+// stream, alone or with a release's calls after each (each idle stream marked and made to wait, or
+// only made to wait), queued behind a long kernel so that the device runs the queue back to back.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -400,6 +404,60 @@ int calls(cudaStream_t side) {
     return 0;
 }
 
+// The device's side of an ordered release (block_pool::order_release) with PyTorch's 32 idle pooled
+// streams: legacy-stream waits for each stream's mark, an event, each stream's wait for it.
+static int order(cudaStream_t) {
+    constexpr int n_streams = 32, iters = 300;
+    std::vector<CUstream> st(n_streams);
+    std::vector<CUevent> mark(n_streams);
+    for (int i = 0; i < n_streams; ++i) {
+        CK(cuStreamCreate(&st[i], CU_STREAM_NON_BLOCKING));
+        CK(cuEventCreate(&mark[i], CU_EVENT_DISABLE_TIMING));
+    }
+    CUevent e, a, b;
+    CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    CK(cuEventCreate(&a, CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&b, CU_EVENT_DEFAULT));
+    const char* names[] = {"kernels_only", "release_wait_only", "release_marks_and_waits"};
+    for (int round = 0; round < 3; ++round) {
+        for (int v = 0; v < 3; ++v) {
+            CK(cuCtxSynchronize());
+            spin<<<1, 1>>>(200000000LL);  // about 100 ms: the host queues everything meanwhile
+            CK(cuEventRecord(a, CU_STREAM_LEGACY));
+            const auto t0 = clk::now();
+            for (int k = 0; k < iters; ++k) {
+                spin<<<1, 1>>>(1000);
+                if (v == 2)
+                    for (int i = 0; i < n_streams; ++i) {
+                        CK(cuEventRecord(mark[i], st[i]));
+                        CK(cuStreamWaitEvent(CU_STREAM_LEGACY, mark[i], 0));
+                    }
+                if (v >= 1) {
+                    CK(cuEventRecord(e, CU_STREAM_LEGACY));
+                    for (int i = 0; i < n_streams; ++i) CK(cuStreamWaitEvent(st[i], e, 0));
+                }
+            }
+            const double host = us_since(t0);
+            CK(cuEventRecord(b, CU_STREAM_LEGACY));
+            const bool queued_in_time = cuEventQuery(a) == CUDA_ERROR_NOT_READY;  // the host was done before the device began
+            CK(cuEventSynchronize(b));
+            float ms = 0;
+            CK(cuEventElapsedTime(&ms, a, b));
+            printf("order variant=%s streams=%d round=%d gpu_us_per_iter=%.3f host_us_per_iter=%.3f queued_in_time=%d\n",
+                   names[v], n_streams, round, 1000.0 * ms / iters, host / iters, int(queued_in_time));
+        }
+    }
+    CK(cuCtxSynchronize());
+    for (int i = 0; i < n_streams; ++i) {
+        CK(cuStreamDestroy(st[i]));
+        CK(cuEventDestroy(mark[i]));
+    }
+    CK(cuEventDestroy(e));
+    CK(cuEventDestroy(a));
+    CK(cuEventDestroy(b));
+    return 0;
+}
+
 int main(int argc, char** argv) {
     if (cudaFree(nullptr) != cudaSuccess) return 3;
     CUdevice dev;
@@ -408,6 +466,7 @@ int main(int argc, char** argv) {
     if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return 3;
     const std::string only = argc > 1 ? argv[1] : "";
     if (only == "calls") return calls(side);
+    if (only == "order") return order(side);
     if (only.empty())
         for (int busy = 0; busy < 2; ++busy)
             if (int rc = run(busy, dev, side)) return rc;
