@@ -1681,6 +1681,7 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
     }
     const size_t n = legacy_only ? 1 : fence_streams_.size() + 1;
     bool ok = true;
+    fence_timer timed(*this);  // the queries and records; the waits below are wait_ns
     for (size_t i = 0; ok && i < n; ++i) {
         if (i > 0 && backend_.stream_query(fence_streams_[i - 1]) == k_cuda_success) continue;  // idle
         uint64_t ev = 0;
@@ -1689,6 +1690,7 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
         f.events.push_back(ev);  // reserved: cannot throw
         ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
     }
+    timed.stop();
     held.unlock();  // the waits below may be long: streams may come and go meanwhile
     const uint64_t t0 = steady_ns();
     for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;

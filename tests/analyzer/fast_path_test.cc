@@ -369,5 +369,6 @@ TEST_CASE("a pool_sync without wait_ns, fence_ns or ordered reads 0 after one wi
         CHECK_FALSE(out.ordered);  // a flag is reset per line too
         CHECK_FALSE(out.waited);
         CHECK_FALSE(out.has(fd_wait_ns));
+        CHECK_FALSE(out.has(fd_fence_ns));
     }
 }

@@ -418,6 +418,9 @@ TEST_CASE("fences: the wait on every stream before unmapping immediate frees is 
     CHECK((syncs[0].flags & ef_waited) == 0);
     CHECK(syncs[0].c.wait_ns >= 1000000);
     CHECK(f.pool.wait_ns() == syncs[0].c.wait_ns);
+    // Its queries and records are fence_ns, the wait is not (no call here sleeps).
+    CHECK(f.pool.fence_ns() > 0);
+    CHECK(f.pool.fence_ns() < 1000000);
 }
 
 TEST_CASE("fences: what no fence covers falls back to one context synchronize", "[fence]") {
@@ -847,6 +850,25 @@ TEST_CASE("fences: each release's pool_sync line carries the time of the event a
         CHECK(syncs[0].c.fence_ns >= calls * call_ns);  // every call of the release, on its own line
         CHECK(syncs[0].c.wait_ns == 0);  // and none of it counted as a wait
         CHECK(f.pool.fence_ns() == syncs[0].c.fence_ns);
+    }
+    SECTION("a stream made after a release that the driver will not make wait: the host's wait is wait_ns, not fence_ns") {
+        pool_config cfg = order_each();
+        fenced f(cfg, 24 * MiB);
+        const uint64_t a = f.alloc(8 * MiB);
+        f.alloc(8 * MiB);
+        f.dev.enqueue_work_on(k_stream_legacy);
+        f.free(a);
+        CHECK(f.alloc(8 * MiB) == a);
+        REQUIRE(f.pool.ordered_releases() == 1);  // its work not done: a new stream must wait for it
+        constexpr uint64_t wait = 20000000;
+        f.dev.set_wait_sleep_ns(wait);
+        f.dev.fail_next_stream_waits(1);  // so the host waits for the release's event instead
+        const uint64_t w0 = f.pool.wait_ns(), n0 = f.pool.fence_ns();
+        f.streams.created(k_ctx, 0x7000, true);
+        f.pool.order_new_stream(0x7000);
+        CHECK(f.dev.event_syncs() == 1);
+        CHECK(f.pool.wait_ns() - w0 >= wait);
+        CHECK(f.pool.fence_ns() - n0 < wait);  // the failed call's time only
     }
     SECTION("fences: the records at the free and the query that releases") {
         fenced f(fence_each(), 24 * MiB);  // each free records its fence
