@@ -24,7 +24,7 @@ int lines_at(const std::string& text, const std::string& level) {
 }
 }  // namespace
 
-TEST_CASE("GPUMEM_LOG_LEVEL=debug traces the recorder on stderr; the default says nothing") {
+TEST_CASE("GPUMEM_LOG_LEVEL=debug traces the recorder on stderr, the default says nothing") {
     run_result quiet = run({EMU_DRIVER_APP, "basic"});
     REQUIRE(ran_ok(quiet));
     REQUIRE(quiet.logs.size() == 1);

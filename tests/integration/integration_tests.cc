@@ -482,7 +482,7 @@ TEST_CASE("#6 GPUMEM_OUT=/dev/full: stderr says so once and the log moves to /tm
     unlink(moved.c_str());
 }
 
-TEST_CASE("#7 a symlink planted at the output path is not followed; the log gets a new name, mode 0600") {
+TEST_CASE("#7 a symlink planted at the output path is not followed, the log gets a new name, mode 0600") {
     std::string dir = fresh_dir();
     std::string victim = plant(dir, dir + "/out.jsonl");
     auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", dir + "/out.jsonl"}});
@@ -555,7 +555,7 @@ TEST_CASE("#9 the /tmp fallback does not follow a planted symlink either") {
     unlink(used.c_str());
 }
 
-TEST_CASE("issue 10: a pattern without %p never interleaves; the second process adds .PID and says so once") {
+TEST_CASE("issue 10: a pattern without %p never interleaves, the second process adds .PID and says so once") {
     auto r = run({EMU_DRIVER_APP, "fork", "300"}, {{"GPUMEM_OUT", "single.jsonl"}});
     REQUIRE(WEXITSTATUS(r.status) == 0);
     std::string child = path_after(r.out, "child=");

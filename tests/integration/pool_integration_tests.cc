@@ -945,7 +945,7 @@ TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blockin
     check_rebuild(ls);
 }
 
-TEST_CASE("pool: ordered release through the preload: the legacy stream alone makes one event a release and asks nothing; then each release orders the program's stream") {
+TEST_CASE("pool: ordered release through the preload: the legacy stream alone makes one event a release and asks nothing, then each release orders the program's stream") {
     // GPUMEM_REUSE=safe, 20 MiB pairs (each free over an eighth of the budget): with no
     // non-blocking stream an ordered release is one record on the legacy stream and replaces
     // fences (docs/pool.md, "Ordered release"), so the 20 MiB pool hit pays no cuEventQuery.
@@ -955,9 +955,12 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
-    size_t n_ordered = 0, n_unordered = 0;
+    size_t n_ordered = 0, n_unordered = 0, n_timed = 0;
     for (auto& j : ls)
-        if (j["ev"] == "pool_sync") ++(j.value("ordered", false) ? n_ordered : n_unordered);
+        if (j["ev"] == "pool_sync") {
+            ++(j.value("ordered", false) ? n_ordered : n_unordered);
+            n_timed += j.value("fence_ns", uint64_t{0}) > 0;  // the release's own calls, on its line
+        }
     INFO("alone: records " << num(v, "alone_fence_record") << ", ordered lines " << n_ordered);
     CHECK(num(v, "alone_driver_sync") == 0);
     CHECK(num(v, "alone_event_query") == 0);   // nothing asked...
@@ -976,6 +979,7 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     CHECK(num(v, "streams_driver_alloc") == 1);
     CHECK(n_unordered == 0);  // every release was ordered, none by a fence or a sync
     CHECK(n_ordered == num(v, "streams_fence_record"));  // one legacy record each (events counted over both halves)
+    CHECK(n_timed == n_ordered);  // every release's line says how long its calls took (fence_ns)
     check_rebuild(ls);
 
     // A device still behind when the stream is made (no event reached): the creation hook makes

@@ -278,7 +278,7 @@ TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]
     CHECK(f.dev.bad_calls() == 0);
 }
 
-TEST_CASE("fences: a capture no hook saw stops records and waits too; the driver is asked once per operation", "[fence]") {
+TEST_CASE("fences: a capture no hook saw stops records and waits too, the driver is asked once per operation", "[fence]") {
     // The preload's may_synchronize() asks the driver (cuStreamIsCapturing) for captures begun by a
     // route gpumem does not see; later checks within one operation use the hooks' count only.
     fenced f;
@@ -307,7 +307,7 @@ TEST_CASE("fences: a capture no hook saw stops records and waits too; the driver
     CHECK(g.dev.sync_calls() == 0);
 }
 
-TEST_CASE("fences: each operation asks the driver afresh; an answer kept from the one before would miss a capture opened between them", "[fence]") {
+TEST_CASE("fences: each operation asks the driver afresh, an answer kept from the one before would miss a capture opened between them", "[fence]") {
     // The operation before leaves its "no capture" behind (capture_checked_); then a capture no
     // hook sees opens.  Each public operation that may record, wait or sync must ask again.
     const int op = GENERATE(0, 1, 2, 3, 4);
@@ -545,7 +545,7 @@ void run_property(reuse_mode mode, uint64_t chunk, int switch_at) {
 
 }  // namespace
 
-TEST_CASE("fences, property: no reuse before the work enqueued before the free is done; no context sync", "[fence]") {
+TEST_CASE("fences, property: no reuse before the work enqueued before the free is done, no context sync", "[fence]") {
     SECTION("safe, cuMemAlloc segments") { run_property(reuse_mode::safe, 0, -1); }
     SECTION("safe, virtual memory (chunks unmapped only once their work is done)") { run_property(reuse_mode::safe, 2 * MiB, -1); }
     SECTION("auto, switching mid-run, virtual memory") { run_property(reuse_mode::automatic, 2 * MiB, 5000); }
@@ -1218,7 +1218,7 @@ TEST_CASE("fences: a cold stream still running work from before the free holds t
     CHECK(f.dev.bad_calls() == 0);
 }
 
-TEST_CASE("fences: a sweep that cannot cover a stream releases nothing; the release falls back to a synchronize", "[fence]") {
+TEST_CASE("fences: a sweep that cannot cover a stream releases nothing, the release falls back to a synchronize", "[fence]") {
     // fake_backend's clock reaches the legacy stream's event only after all earlier work on every
     // stream, so the side stream's work here comes after it: work a sweep cannot date, which it
     // must treat as work before the free (a real legacy event does not wait for that stream).

@@ -110,7 +110,7 @@ TEST_CASE("registry: a retired context's slot stops matching and is reused for i
     CHECK(f.factory.made == 2);
 }
 
-TEST_CASE("registry: the table holds 64 contexts; the 65th passes through", "[registry]") {
+TEST_CASE("registry: the table holds 64 contexts, the 65th passes through", "[registry]") {
     fixture f;
     for (uint64_t i = 1; i <= pool_registry::k_max_pools; ++i) REQUIRE(f.reg->find_or_create(i << 12));
     bool full = false;
@@ -160,7 +160,7 @@ TEST_CASE("registry: the switch reaches present and future pools once, drains in
     CHECK_FALSE(f.reg->switched());
 }
 
-TEST_CASE("auto switch: one blocking stream keeps the order; a second, or any non-blocking one, ends it", "[registry]") {
+TEST_CASE("auto switch: one blocking stream keeps the order, a second, or any non-blocking one, ends it", "[registry]") {
     SECTION("blocking streams") {
         fixture f;
         reuse_switch sw(*f.reg);

@@ -317,7 +317,7 @@ TEST_CASE("arenas: one address range per pool, mapped as it grows, holes mapped 
     CHECK(dev.bad_calls() == 0);
 }
 
-TEST_CASE("arenas: the rest before a hole splits off, however small; after exit no backend call", "[pool][vmm][arena]") {
+TEST_CASE("arenas: the rest before a hole splits off, however small, after exit no backend call", "[pool][vmm][arena]") {
     fake_backend dev(64 * MiB);
     dev.set_vmm(2 * MiB);
     recording_sink sink;
