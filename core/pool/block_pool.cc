@@ -203,10 +203,6 @@ void block_pool::emit_chunks(api_id api, const segment* s, uint64_t addr, uint64
 
 void block_pool::emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept {
     event e{};
-    if (ev == ev_kind::pool_sync) {
-        std::swap(e.c.wait_ns, wait_ns_unlogged_);
-        std::swap(e.c.fence_ns, fence_ns_unlogged_);
-    }
     if (!sink_) return;
     e.ev = ev;
     e.dev = device_;
@@ -1130,7 +1126,7 @@ bool block_pool::sync_release(api_id api) {
     }
     pending_.clear();
     pending_large_.clear();
-    emit_simple(ev_kind::pool_sync, api, n);
+    emit_release(api, n, 0);
     if (n_stitched_) dissolve_free_stitched(api);
     return true;
 }
@@ -1314,8 +1310,9 @@ int block_pool::poll_fences(api_id api, bool waited) {
     return rc == k_cuda_not_ready ? k_cuda_success : rc;
 }
 
-// The pool_sync line of a release by fences (or of a wait on every stream, n = 0), with the time
-// the pool's waits held the program since the previous pool_sync line.
+// Every pool_sync line: a release by fences (or a wait on every stream, n = 0), or by a sync (flags
+// 0), with the time the pool's waits held the program and its fence calls took since the previous
+// pool_sync line.
 void block_pool::emit_release(api_id api, size_t n, uint8_t flags) noexcept {
     event e{};
     std::swap(e.c.wait_ns, wait_ns_unlogged_);

@@ -62,17 +62,13 @@ int fake_backend::segment_free(uint64_t base) noexcept {
     return k_cuda_success;
 }
 
-void fake_backend::wait_sleep() const noexcept {
-    if (const uint64_t ns = wait_sleep_ns_.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
-}
-
-void fake_backend::call_sleep() const noexcept {
-    if (const uint64_t ns = call_sleep_ns_.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+void fake_backend::nap(const std::atomic<uint64_t>& ns) noexcept {
+    if (const uint64_t n = ns.load()) std::this_thread::sleep_for(std::chrono::nanoseconds(n));
 }
 
 int fake_backend::synchronize() noexcept {
     ++sync_calls_;
-    wait_sleep();
+    nap(wait_sleep_ns_);
     if (capturing()) ++bad_calls_;
     if (sync_result_ == k_cuda_success) {
         complete_all();
@@ -117,7 +113,7 @@ int fake_backend::event_create(uint64_t* ev) noexcept {
 
 int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
     if (!events_on_) return k_cuda_not_supported;
-    call_sleep();
+    nap(call_sleep_ns_);
     ++records_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a record into a capture is a graph node, not a fence
@@ -144,7 +140,7 @@ int fake_backend::event_record(uint64_t ev, uint64_t stream) noexcept {
 
 int fake_backend::stream_wait_event(uint64_t stream, uint64_t ev) noexcept {
     if (!events_on_) return k_cuda_not_supported;
-    call_sleep();
+    nap(call_sleep_ns_);
     ++stream_waits_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a wait on an outside event inside a capture
@@ -209,7 +205,7 @@ void fake_backend::fail_next_stream_waits(int n) noexcept {
 }
 
 int fake_backend::event_query(uint64_t ev) noexcept {
-    call_sleep();
+    nap(call_sleep_ns_);
     ++queries_;
     std::lock_guard<std::mutex> lk(mu_);
     auto it = events_.find(ev);
@@ -226,7 +222,7 @@ int fake_backend::event_query(uint64_t ev) noexcept {
 
 int fake_backend::event_synchronize(uint64_t ev) noexcept {
     ++event_syncs_;
-    wait_sleep();
+    nap(wait_sleep_ns_);
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;
     auto it = events_.find(ev);
@@ -290,7 +286,7 @@ uint64_t fake_backend::enqueue_work_on(uint64_t stream) noexcept {
 
 int fake_backend::stream_query(uint64_t stream) noexcept {
     if (!events_on_) return k_cuda_not_supported;
-    call_sleep();
+    nap(call_sleep_ns_);
     ++stream_queries_;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // a query of a capturing stream would invalidate the capture

@@ -160,8 +160,7 @@ class fake_backend final : public pool_backend {
     bool capturing() const noexcept { return capturing_ || capturing_unseen_; }  // for bad_calls_
     std::atomic<int> sync_result_{k_cuda_success};
     std::atomic<uint64_t> wait_sleep_ns_{0}, call_sleep_ns_{0};
-    void wait_sleep() const noexcept;
-    void call_sleep() const noexcept;
+    static void nap(const std::atomic<uint64_t>& ns) noexcept;  // sleeps that long, if not 0
     std::atomic<uint64_t> alloc_calls_{0}, free_calls_{0}, sync_calls_{0}, bad_calls_{0};
     std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0};
 
