@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 
+#include <sys/stat.h>
+
 #include "analyze.h"
 #include "config.h"
 #include "diagnostics.h"
@@ -66,6 +68,32 @@ std::vector<std::string> warning_lines(const process_report& p, const std::strin
     if (p.n_warnings > p.warnings.size())
         lines.push_back(path + ": " + std::to_string(p.n_warnings - p.warnings.size()) + " more warnings not shown");
     return lines;
+}
+
+bool output_would_clobber(const std::string& out, const std::vector<std::string>& inputs, std::string& why) {
+    struct stat o {};
+    if (out.empty() || ::stat(out.c_str(), &o) != 0 || !S_ISREG(o.st_mode)) return false;  // new, or not a file
+    for (const std::string& in : inputs) {
+        struct stat i {};
+        if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
+            why = out + " is also an input";
+            return true;
+        }
+    }
+    std::ifstream f(out, std::ios::binary);
+    char buf[256];
+    f.read(buf, sizeof buf);
+    const std::string head(buf, size_t(f.gcount()));
+    const std::string first_line = head.substr(0, head.find('\n'));
+    const bool gz = head.size() >= 2 && uint8_t(head[0]) == 0x1f && uint8_t(head[1]) == 0x8b;
+    const bool log = first_line.find("\"ev\":\"header\"") != std::string::npos ||
+                     first_line.find(std::string("\"") + k_format_name + "\"") != std::string::npos;
+    const bool report = head.find("\"schema\": \"gpumem-report\"") != std::string::npos ||
+                        head.find("\"schema\":\"gpumem-report\"") != std::string::npos;
+    if (!gz && !log && !report) return false;
+    why = out + " holds a gpumem " + (report ? "report" : gz ? "log (gzipped?)" : "log") +
+          ", which the option would overwrite (did it take an input as its FILE?)";
+    return true;
 }
 
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error) {

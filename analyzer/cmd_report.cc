@@ -124,6 +124,10 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
 
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");
+    for (const std::string* out : {&a.html_path, &a.perfetto_path, &a.torch_path}) {
+        std::string why;
+        if (output_would_clobber(*out, logs, why)) return usage_error("report", why);
+    }
 
     // Each log is analyzed on its own thread (all cores, or -j), into its own slot; what it has to
     // say is kept with it and said afterwards in the order of the logs, so the output is the same

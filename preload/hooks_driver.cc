@@ -47,6 +47,19 @@ api_id alloc_api(api_id driver_api, uint64_t bytes) noexcept {
 
 }  // namespace
 
+// A free of a block the pool handed out ends in the pool, whichever free call the program used:
+// the driver never saw the block.  Recorded under the runtime's name when cudaFree or
+// cudaFreeAsync is the caller.  A stream-ordered free (cuMemFreeAsync) is safe as a pool free:
+// the block is reused only once the work enqueued before the free, on any stream, is done.
+static bool pooled_free(api_id api, CUdeviceptr p, CUresult* r) noexcept {
+    if (runtime_scope* s = runtime_scope::top; s && s->is_free && s->ptr == uint64_t(p)) api = s->api;
+    int pr = 0;
+    if (!pool_free(api, uint64_t(p), &pr)) return false;
+    if (runtime_scope* s = runtime_scope::for_free(uint64_t(p))) s->recorded = true;
+    *r = CUresult(pr);
+    return true;
+}
+
 // Runs a driver free with the free ordered before the real call (see recorder.h).
 template <class F>
 CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
@@ -93,13 +106,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemFree_v2(CUdeviceptr dptr) {
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     if (guard::active() || dptr == 0) return f(dptr);
     guard g;
-    api_id api = api_id::cuMemFree_v2;
-    if (runtime_scope* s = runtime_scope::top; s && s->is_free && s->ptr == uint64_t(dptr)) api = s->api;
-    int pr = 0;
-    if (pool_free(api, uint64_t(dptr), &pr)) {
-        if (runtime_scope* s = runtime_scope::for_free(uint64_t(dptr))) s->recorded = true;
-        return CUresult(pr);
-    }
+    CUresult pr = CUDA_SUCCESS;
+    if (pooled_free(api_id::cuMemFree_v2, dptr, &pr)) return pr;
     return recorded_free(api_id::cuMemFree_v2, mem_kind::device, uint64_t(dptr), false, 0, [&] { return f(dptr); });
 }
 
@@ -181,8 +189,10 @@ GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
         auto f = real<CUresult (*)(CUdeviceptr, CUstream)>(drv::NAME);                                  \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
-        if (guard::active()) return f(p, s);                                                           \
+        if (guard::active() || p == 0) return f(p, s);                                                 \
         guard g;                                                                                       \
+        CUresult pr = CUDA_SUCCESS;                                                                    \
+        if (pooled_free(api_id::NAME, p, &pr)) return pr;                                              \
         return recorded_free(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \
     }
 GPUMEM_FREE_ASYNC(cuMemFreeAsync)
@@ -434,12 +444,25 @@ GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
 GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph)
 GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph_ptsz)
 
+// Whether cuStreamEndCapture's answer r closed a capture.  A success does, and so does an
+// invalidated or unjoined one; a stream that was not capturing (ILLEGAL_STATE) or an end from the
+// wrong thread leaves the count as it was, and any other failure is asked of the stream.  The count
+// must follow the driver's: too low, a fence could touch a capturing stream; too high, the pool
+// would never release or unmap again.
+static bool capture_ended(CUresult r, CUstream s) noexcept {
+    if (r == CUDA_SUCCESS) return true;
+    if (r == CUDA_ERROR_ILLEGAL_STATE || r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) return false;
+    auto is_capturing = real<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(drv::cuStreamIsCapturing);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return !is_capturing || is_capturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
 #define GPUMEM_CAPTURE_END(NAME)                                                         \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUgraph* g) {                  \
         auto f = real<CUresult (*)(CUstream, CUgraph*)>(drv::NAME);                      \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
         CUresult r = f(s, g);                                                           \
-        capture_end(); /* a failed end also ends the capture */                          \
+        if (capture_ended(r, is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s)) capture_end(); \
         return r;                                                                       \
     }
 GPUMEM_CAPTURE_END(cuStreamEndCapture)
@@ -501,7 +524,11 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
     auto f = real<CUresult (*)(CUstream)>(drv::cuStreamDestroy_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     pool_stream_destroyed(s);  // before: a handle the driver reuses must not be mistaken for this one
-    return f(s);
+    CUresult r = f(s);
+    // Refused: the stream may live on, out of the set, so fences could no longer cover it; the
+    // pool treats it as a stream it cannot see (synchronizes instead of fences from now on).
+    if (r != CUDA_SUCCESS) pool_stream_route_unseen();
+    return r;
 }
 
 // Launches, watched for one thing only: the handle CU_STREAM_PER_THREAD (see per_thread.cc).

@@ -224,7 +224,9 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
     auto_switch().settle_deferred();
     pool_registry::slot* s = current_slot();
     if (!s) return false;
-    *result = s->pool->allocate(bytes, api, ptr, rec->capture_stack());
+    const int rc = s->pool->allocate(bytes, api, ptr, rec->capture_stack());
+    if (rc == k_pool_declined) return false;  // a poisoned pool: the driver serves, as without gpumem
+    *result = rc;
     s->pool->maybe_emit_stats(monotonic_ns());
     return true;
 }
@@ -285,9 +287,27 @@ bool ipc_capable(const pool_registry::slot* owner, const block_pool::block_info&
     return owner && bi.allocated && bi.vmm && static_cast<const driver_backend*>(owner->backend)->shareable();
 }
 
+// The attributes answered from the block: its range, and its mapping, which on virtual memory the
+// driver would give as the one 2 MiB chunk under the pointer (a caller registering a buffer by its
+// mapping would cover part of it).  The mapping is the block's bytes in the pool (the request
+// rounded up), as cudaMalloc memory's mapping holds at least the allocation.
+bool block_attribute(CUpointer_attribute a) noexcept {
+    return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
+           a == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR || a == CU_POINTER_ATTRIBUTE_MAPPING_SIZE;
+}
+void say_block_attribute(void* data, CUpointer_attribute a, const block_pool::block_info& bi) noexcept {
+    switch (a) {
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(bi.block); break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = size_t(bi.requested); break;
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *static_cast<void**>(data) = reinterpret_cast<void*>(uintptr_t(bi.block)); break;
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *static_cast<size_t*>(data) = size_t(bi.block_size); break;
+        default: break;
+    }
+}
+
 CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p, bool* handled) noexcept {
     *handled = false;
-    if (a != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && a != CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+    if (!block_attribute(a)) {
         // Free or pending memory inside a segment is no allocation of the program's.
         block_pool::block_info bi{};
         pool_registry::slot* owner = lookup_any(uint64_t(p), &bi);
@@ -308,8 +328,7 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
     if (!lookup_any(uint64_t(p), &bi)) return CUDA_SUCCESS;
     *handled = true;
     if (!bi.allocated || !data) return CUDA_ERROR_INVALID_VALUE;
-    if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = CUdeviceptr(bi.block);
-    else *static_cast<size_t*>(data) = size_t(bi.requested);
+    say_block_attribute(data, a, bi);
     return CUDA_SUCCESS;
 }
 
@@ -331,8 +350,7 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
     if (r != CUDA_SUCCESS) return r;
     for (unsigned i = 0; i < n; ++i) {
         if (!data[i]) continue;
-        if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data[i]) = CUdeviceptr(bi.block);
-        if (a[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data[i]) = size_t(bi.requested);
+        if (block_attribute(a[i])) say_block_attribute(data[i], a[i], bi);
         if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && capable) say_ipc_capable(data[i]);
     }
     return r;

@@ -838,6 +838,9 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
     // An arena the driver would not reserve for another reason than memory (its size): a segment.
     if (arenas && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b);
+    // Virtual memory refused for another reason than memory (a setting that forbids cuMemCreate or
+    // cuMemSetAccess, say): a cuMemAlloc segment, which is what the program would have got.
+    if (chunk_ && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b, true);
     if (rc == k_cuda_success) return b;
     if (rc != k_cuda_oom) {
         *err = rc;  // e.g. a capture that forbids cuMemAlloc: return what the driver said
@@ -868,8 +871,8 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // With arenas, first the holes just made (mapping into them joins their free neighbours).
     rc = arenas ? arena_grow(p, asize, api, &b) : k_cuda_oom;
     if (rc == k_cuda_oom) rc = new_segment(p, chunk_ ? round_up(asize, chunk_) : seg_size, api, &b);
-    if (rc != k_cuda_oom) {
-        if (rc == k_cuda_success) return b;
+    if (rc == k_cuda_success) return b;
+    if (rc != k_cuda_oom && !chunk_) {  // virtual memory refused otherwise: the cuMemAlloc below
         *err = rc;
         return nullptr;
     }
@@ -937,11 +940,12 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
 int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack) noexcept {
     if (!out) return k_cuda_invalid_value;
     op_lock lk(*this);
+    if (poisoned_ && size != 0) return k_pool_declined;  // an update half done: the driver serves it
     if (drain_owed_) drain_if_owed(api);
     int err = k_cuda_oom;
     if (size == 0) {
         err = k_cuda_invalid_value;
-    } else if (size <= k_max_request && !poisoned_) {
+    } else if (size <= k_max_request) {
         try {
             const pool_id p = pool_for(size);
             const uint64_t asize = round_up(size, cfg_.round);

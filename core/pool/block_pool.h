@@ -20,6 +20,7 @@ namespace gpumem {
 // Requests above this fail with OOM before any arithmetic: no device has 2^48 bytes (256 TiB), and
 // it keeps every rounding far from overflow.  `gpumem replay` stops every policy there too.
 inline constexpr uint64_t k_max_request = 1ull << 48;
+inline constexpr int k_pool_declined = -1;  // allocate: not served, ask the driver (never a CUresult)
 
 // A block_pool serves device allocations from segments it takes from a pool_backend, and logs
 // every state change to an event_sink.  docs/pool.md is its design and guarantee.  All public
@@ -36,6 +37,8 @@ class block_pool {
     // OOM) and alloc_fail (on any error).  size 0 -> k_cuda_invalid_value, like the driver.
     // `stack` is the caller's interned call stack, captured before the call so that walking the
     // stack never happens under the pool's lock; the alloc event carries it.
+    // A poisoned pool (host memory ran out mid-update) serves nothing more and returns
+    // k_pool_declined without an event: the caller passes the request to the driver.
     int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0) noexcept;
 
     // cuMemFree semantics.  Returns false, with nothing done or logged, when ptr lies outside every

@@ -383,6 +383,23 @@ conventions)
   expect_rc 0 "$GPUMEM" diff --top 2 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_rc 2 "$GPUMEM" diff --top=0 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_in "$W/err" "gpumem: error: --top"
+  # An output option that took a log as its FILE (a glob after --html) must not overwrite it: exit 2,
+  # the log intact.  The same for an input named twice, and for a report JSON in the way.
+  cp "$DATA/before.jsonl" "$DATA/after.jsonl" "$W/"
+  sum=$(md5sum < "$W/before.jsonl")
+  for opt in --html --perfetto --torch-snapshot; do
+    expect_rc 2 "$GPUMEM" report $opt "$W/before.jsonl" "$W/after.jsonl"
+    expect_in "$W/err" "before.jsonl holds a gpumem log, which the option would overwrite"
+  done
+  expect_rc 2 "$GPUMEM" check --junit "$W/before.jsonl" "$W/after.jsonl" --max-peak 10GiB
+  expect_in "$W/err" "before.jsonl holds a gpumem log"
+  expect_rc 2 "$GPUMEM" report --html "$W/before.json" "$DATA/before.jsonl"
+  expect_in "$W/err" "before.json holds a gpumem report"
+  ln -sf "$W/after.jsonl" "$W/again.jsonl"
+  expect_rc 2 "$GPUMEM" report --perfetto "$W/again.jsonl" "$W/after.jsonl"
+  expect_in "$W/err" "again.jsonl is also an input"
+  [ "$(md5sum < "$W/before.jsonl")" = "$sum" ] || fail "an output option overwrote an input log"
+  expect_rc 0 "$GPUMEM" report --html "$W/a.html" "$DATA/before.jsonl"  # an earlier report: replaced
   # Inputs after --, and options after the inputs.
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1KiB
   expect_rc 0 "$GPUMEM" report --no-progress -- "$DATA/before.jsonl"

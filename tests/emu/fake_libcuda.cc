@@ -97,7 +97,9 @@ struct emu_state {
     bool initialized = false;
     bool vmm = true;
     bool ipc_fd = true;
-    std::atomic<int> capturing{0};
+    std::atomic<int> capturing{0};  // open captures, process-wide (the driver's global mode)
+    std::mutex capture_mu;
+    std::map<CUstream, int> capturing_streams;  // which streams capture, as the driver refuses
 };
 
 emu_state& st() {
@@ -492,7 +494,9 @@ EMU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction, void**
     return emu_launch("cuLaunchKernelEx", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                       c->sharedMemBytes, c->hStream, params, extra);
 }
-EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode) {
+EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode) {
+    std::lock_guard<std::mutex> lk(st().capture_mu);
+    if (!st().capturing_streams.emplace(s, 1).second) return CUDA_ERROR_ILLEGAL_STATE;  // already capturing
     st().capturing.fetch_add(1);
     return CUDA_SUCCESS;
 }
@@ -505,7 +509,9 @@ EMU_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, cons
                                                      size_t n, CUstreamCaptureMode m) {
     return cuStreamBeginCaptureToGraph(s, g, d, e, n, m);
 }
-EMU_EXPORT CUresult cuStreamEndCapture(CUstream, CUgraph* g) {
+EMU_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
+    std::lock_guard<std::mutex> lk(st().capture_mu);
+    if (!st().capturing_streams.erase(s)) return CUDA_ERROR_ILLEGAL_STATE;  // not capturing: no capture ends
     st().capturing.fetch_sub(1);
     if (g) *g = nullptr;
     return CUDA_SUCCESS;
@@ -599,6 +605,9 @@ EMU_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, 
     switch (attr) {
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(b); return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = a.size; return CUDA_SUCCESS;
+        // The mapping: the allocation itself here (one cuMemAlloc, or one cuMemCreate chunk mapped).
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *static_cast<void**>(data) = reinterpret_cast<void*>(b); return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *static_cast<size_t*>(data) = a.size; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a.dev; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = ctx_of(a.dev); return CUDA_SUCCESS;

@@ -204,7 +204,9 @@ void fragment(size_t small_mib = 6, size_t big_mib = 60) {
 
 // Frees pile up during a capture: the pool must take segments rather than synchronize.
 // to_graph: the capture is opened by cuStreamBeginCaptureToGraph (into an existing graph).
-void capture(bool to_graph) {
+// stray_end: an end of a capture on a stream that is not capturing, while the real one is open
+// (the driver says CUDA_ERROR_ILLEGAL_STATE and the capture stays open).
+void capture(bool to_graph, bool stray_end) {
     setup();
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));  // as PyTorch's capture streams; switches auto to safe
@@ -218,8 +220,14 @@ void capture(bool to_graph) {
     };
     pairs(4);
     print_counts("before_");
+    CUstream other = nullptr;
+    if (stray_end) CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
     if (to_graph) CHECK(cuStreamBeginCaptureToGraph(s, nullptr, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
     else CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    if (stray_end) {
+        CUgraph none;
+        printf("stray_end_result=%d\n", int(cuStreamEndCapture(other, &none)));
+    }
     pairs(64);  // 256 MiB freed: far past the 32 MiB sync budget
     print_counts("during_");
     CUgraph g;
@@ -253,6 +261,18 @@ void query() {
     void* data[] = {&start, &rsize, &ordinal};
     CHECK(cuPointerGetAttributes(3, attrs, data, a + 1));
     printf("attrs_start_is_a=%d\nattrs_size=%zu\nattrs_ordinal=%d\n", start == a, rsize, ordinal);
+    // The mapping a registration would cover: the block, never its segment or one chunk.
+    void* map_base = nullptr;
+    size_t map_size = 0;
+    CHECK(cuPointerGetAttribute(&map_base, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, b + 10));
+    CHECK(cuPointerGetAttribute(&map_size, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, b + 10));
+    printf("mapping_base_is_b=%d\nmapping_size=%zu\n", map_base == reinterpret_cast<void*>(b), map_size);
+    CUpointer_attribute map_attrs[] = {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+    map_base = nullptr;
+    map_size = 0;
+    void* map_data[] = {&map_base, &map_size};
+    CHECK(cuPointerGetAttributes(2, map_attrs, map_data, a + 1));
+    printf("mappings_base_is_a=%d\nmappings_size=%zu\n", map_base == reinterpret_cast<void*>(a), map_size);
     int capable_b = 0;  // the driver writes a boolean: the rest of the int stays 0
     printf("ipc_capable_result=%d\n", int(cuPointerGetAttribute(&capable_b, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, b)));
     printf("ipc_capable_b=%d\n", capable_b);
@@ -556,6 +576,26 @@ void per_thread(const std::string& how) {
     print_counts("end_");
 }
 
+// cuMemFreeAsync of cuMemAlloc memory is legal CUDA (the programming guide's stream-ordered
+// allocator section).  a starts a segment, b lies after it in the same segment: what the driver
+// frees, and whether b is still the program's afterwards.
+void free_async() {
+    setup();
+    CUdeviceptr a, b;
+    CHECK(cuMemAlloc(&a, 1000));
+    CHECK(cuMemAlloc(&b, 5000));
+    using fn = uint64_t (*)();
+    static fn live = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_live_allocations"));
+    if (!live) fail("dlsym gpumem_emu_live_allocations", -1);
+    const uint64_t live_before = live();
+    printf("free_async_a_result=%d\n", int(cuMemFreeAsync(a, nullptr)));
+    printf("live_allocs_lost=%lld\n", (long long)live_before - (long long)live());
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    printf("range_b_after_result=%d\n", int(cuMemGetAddressRange(&base, &size, b)));
+    printf("free_b_result=%d\n", int(cuMemFree(b)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -564,8 +604,9 @@ int main(int argc, char** argv) {
     else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? atol(argv[4]) : -1);
     else if (s == "oom") oom();
     else if (s == "fragment") fragment(argc > 2 ? size_t(atol(argv[2])) : 6, argc > 3 ? size_t(atol(argv[3])) : 60);
-    else if (s == "capture") capture(argc > 2 && std::string(argv[2]) == "to-graph");
+    else if (s == "capture") capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end");
     else if (s == "query") query();
+    else if (s == "free-async") free_async();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);

@@ -603,13 +603,15 @@ TEST_CASE("pool: OOM releases pending frees and cached segments before failing, 
 }
 
 TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs resume after it") {
-    // Both ways to open a capture: cuStreamBeginCapture and cuStreamBeginCaptureToGraph.
-    const char* how = GENERATE("", "to-graph");
+    // Both ways to open a capture: cuStreamBeginCapture and cuStreamBeginCaptureToGraph; and an
+    // end refused for a stream that was not capturing, which must leave the capture counted.
+    const char* how = GENERATE("", "to-graph", "stray-end");
     INFO("capture " << how);
     auto r = run({EMU_POOL_APP, "capture", how});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
+    if (std::string(how) == "stray-end") CHECK(num(v, "stray_end_result") == 401);  // CUDA_ERROR_ILLEGAL_STATE
     CHECK(num(v, "during_driver_sync_in_capture") == 0);
     CHECK(num(v, "after_driver_sync_in_capture") == 0);
     CHECK(num(v, "during_driver_sync") == num(v, "before_driver_sync"));
@@ -632,6 +634,10 @@ TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem han
     CHECK(num(v, "attr_start_is_b") == 1);
     CHECK(num(v, "attr_size") == 5000);
     CHECK(num(v, "attr_ordinal") == 0);
+    CHECK(num(v, "mapping_base_is_b") == 1);  // the driver would say the segment's start
+    CHECK(num(v, "mapping_size") == 5120);    // 5000 B in the pool's 512 B rounding
+    CHECK(num(v, "mappings_base_is_a") == 1);
+    CHECK(num(v, "mappings_size") == 1024);
     CHECK(num(v, "attrs_start_is_a") == 1);
     CHECK(num(v, "attrs_size") == 1000);
     CHECK(num(v, "attrs_ordinal") == 0);
@@ -997,4 +1003,25 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     CHECK(num(vb, "streams_stream_wait") >= 990);
     CHECK(num(vb, "streams_driver_alloc") == 1);
     check_rebuild(lb);
+}
+
+// cuMemFreeAsync (and cudaFreeAsync above it) of a cuMemAlloc block is legal CUDA.  The pool's
+// block is unknown to the driver: passed through, the free fails (virtual memory) or frees the
+// whole segment under the other live blocks (cuMemAlloc segments).
+TEST_CASE("pool: cuMemFreeAsync of a pooled block ends in the pool, as cuMemFree does") {
+    auto off = values(run({EMU_POOL_APP, "free-async"}, {{"GPUMEM_POOL", "off"}}).out);
+    CHECK(off["free_async_a_result"] == "0");
+    CHECK(off["free_b_result"] == "0");
+    for (const char* vmm : {"off", "on"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "free-async"}, {{"GPUMEM_POOL_VMM", vmm}});
+        auto v = values(r.out);
+        CHECK(v["free_async_a_result"] == "0");
+        CHECK(v["live_allocs_lost"] == "0");
+        CHECK(v["range_b_after_result"] == "0");
+        CHECK(v["free_b_result"] == "0");
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        check_rebuild(ls);
+    }
 }

@@ -87,9 +87,16 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
             g_countdown = -1;
         }
         const bool ok = pool.validate(why);
-        // After a failure the pool is poisoned (allocate returns OOM); see whether it still leaks on teardown.
+        // After a failure mid-update the pool is poisoned: it declines every request, which the
+        // hook then passes to the driver (never an OOM of its own); see whether it still leaks on
+        // teardown.  A healthy pool serves 512 B from its 80 MiB at least.
         uint64_t p = 0;
-        *poisoned_like = pool.allocate(512, api_id::cuMemAlloc_v2, &p) != 0;
+        const int last = pool.allocate(512, api_id::cuMemAlloc_v2, &p);
+        *poisoned_like = last == k_pool_declined;
+        if (last != k_cuda_success && last != k_pool_declined) {
+            *why = "a 512 B request after the failure returned " + std::to_string(last);
+            return 1;
+        }
         if (!ok) return 1;
     }
     *leaked = dev.in_use();
@@ -98,14 +105,16 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
 }
 
 int main() {
-    int total = 0;
+    int total = 0, declined = 0;
     for (int sc = 0; sc < 5; ++sc) {
         int broken = 0;
         for (long k = 0; k < 60; ++k) {
             std::string why;
             bool pz = false;
             uint64_t leaked = 0;
-            if (run(sc, k, &why, &pz, &leaked)) {
+            if (run(sc, k, &why, &pz, &leaked) == 0) {
+                declined += pz;
+            } else {
                 ++broken;
                 std::printf("scenario %d: failing allocation #%ld -> invariant broken: %s (poisoned: %d)\n", sc, k, why.c_str(), pz);
             }
@@ -113,5 +122,6 @@ int main() {
         std::printf("scenario %d: %d of 60 injection points break validate()\n", sc, broken);
         total += broken;
     }
-    return total != 0;  // a broken invariant fails the test
+    std::printf("%d injection points left a poisoned pool, which declined the next request\n", declined);
+    return total != 0 || declined == 0;  // a broken invariant fails the test; so does a scan that poisons nothing
 }

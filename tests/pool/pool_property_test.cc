@@ -454,3 +454,63 @@ TEST_CASE("the layout replayer: arena segments, segment_map into unmapped bytes 
     CHECK(r.error.empty());
     CHECK(r.state().segments == 0);
 }
+
+// Random workloads mixing what the tests above take one at a time: stitching, fences or ordered
+// release in batches of 1-4, trimming, a GPU that runs behind, captures opened and closed, and
+// release_cached; validate() after every step, and no backend call the driver would refuse.
+TEST_CASE("random operations with stitching, fences or ordered release, a GPU behind and captures keep every invariant", "[pool][property][vmm]") {
+    for (int seed = 1; seed <= 300; ++seed) {
+        INFO("seed " << seed);
+        std::mt19937_64 rng(seed);
+        fake_backend dev(seed % 2 ? 256 * MiB : 1ull << 30);
+        dev.set_vmm(2 * MiB);
+        dev.enable_events(true);
+        dev.set_auto_complete(false);
+        recording_sink sink;
+        stream_set streams;
+        pool_config cfg = safe_config();
+        cfg.vmm = true;
+        cfg.stitch = true;
+        cfg.order = seed % 3 != 0;
+        cfg.fence_batch = 1 + seed % 4;
+        if (seed % 5 == 0) cfg.trim = 8 * MiB;
+        block_pool pool(cfg, dev, &sink, 0);
+        const uint64_t st = 0x5000;
+        if (seed % 2) streams.created(1, st, true);
+        pool.set_streams(&streams, 1);
+        std::vector<uint64_t> live;
+        bool capturing = false;
+        for (int op = 0; op < 3000; ++op) {
+            const int r = int(rng() % 100);
+            if (r < 45) {
+                static const uint64_t sizes[] = {512, 4096, 700 * KiB, 1 * MiB, 1536 * KiB, 3 * MiB, 5 * MiB,
+                                                 6 * MiB, 9 * MiB, 11 * MiB, 13 * MiB, 21 * MiB, 40 * MiB};
+                uint64_t sz = sizes[rng() % (sizeof sizes / sizeof *sizes)];
+                if (rng() % 3 == 0) sz += rng() % (512 * KiB);
+                uint64_t p = 0;
+                if (pool.allocate(sz, api_id::cuMemAlloc_v2, &p) == k_cuda_success) live.push_back(p);
+            } else if (r < 85) {
+                if (live.empty()) continue;
+                size_t i = rng() % live.size();
+                if (rng() % 2) dev.enqueue_work_on(rng() % 2 ? k_stream_legacy : st);
+                int rc = -1;
+                REQUIRE(pool.deallocate(live[i], api_id::cuMemFree_v2, &rc));
+                REQUIRE(rc == k_cuda_success);
+                live[i] = live.back();
+                live.pop_back();
+            } else if (r < 92) {
+                dev.complete_all();
+            } else if (r < 95) {
+                capturing = !capturing;
+                dev.set_capturing(capturing);
+            } else if (r < 97) {
+                pool.release_cached();
+            } else {
+                dev.complete_through(dev.last_ticket() > 3 ? dev.last_ticket() - 3 : 0);
+            }
+            std::string why;
+            REQUIRE(pool.validate(&why));
+            REQUIRE(dev.bad_calls() == 0);
+        }
+    }
+}

@@ -556,3 +556,28 @@ TEST_CASE("peer access with GPUMEM_POOL_CHUNK: every byte of a chunk larger than
     CHECK(dev.peer_can_access(b + 50 * MiB - 1, 1));
     CHECK(dev.bad_calls() == 0);
 }
+
+TEST_CASE("virtual memory refused for another reason than memory: a cuMemAlloc segment, as without gpumem", "[pool][vmm]") {
+    fake_backend dev;
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    block_pool pool(cfg, dev, &sink, 0);
+    // The arena and the segment after it both refused (cuMemCreate or cuMemSetAccess saying
+    // CUDA_ERROR_NOT_SUPPORTED); cuMemAlloc itself works.
+    dev.fail_next_allocs(2, k_cuda_not_supported);
+    uint64_t p = 0;
+    REQUIRE(pool.allocate(4 * KiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(dev.alloc_calls() == 1);  // the plain segment
+    int rc = -1;
+    REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    CHECK(rc == k_cuda_success);
+    // cuMemAlloc refusing too: its answer is the program's, not an OOM.
+    uint64_t q = 0;
+    dev.fail_next_allocs(3, k_cuda_not_supported);
+    CHECK(pool.allocate(64 * MiB, api_id::cuMemAlloc_v2, &q) == k_cuda_not_supported);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
