@@ -190,6 +190,10 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
                                 " stacks defined so far (ids count up from 1); ignored");
             continue;
         }
+        // A header here is a second log (header lines carry no seq or t): said as such, not as a
+        // header without the members events need.
+        if (e.known_kind && e.ev == ev_kind::header)
+            throw input_error(path, ln, "a second header line: two logs concatenated into one file? (give each log as its own input)");
         if (e.known_kind && (line_parser::required_members(e) & ~e.present)) {
             std::string missing = line_parser::missing_members(e);
             if (!missing.empty())

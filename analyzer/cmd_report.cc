@@ -18,6 +18,7 @@
 #include "cli_input.h"
 #include "commands.h"
 #include "diagnostics.h"
+#include "format_util.h"
 #include "input_spool.h"
 #include "log_reader.h"
 #include "parallel.h"
@@ -165,6 +166,22 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                     return;
                 }
                 report_file r = read_report_json(path, in.path());
+                // A member CI gates on that the file lacks (another tool wrote it, or it was
+                // edited) reads as 0 in the model: said, so a 0 shown (or written back by --json)
+                // is not taken for a measurement.
+                for (size_t i = 0; i < r.processes.size() && i < r.present.size(); ++i)
+                    for (size_t k = 0; k < r.processes[i].devices.size() && k < r.present[i].size(); ++k) {
+                        std::string missing;
+                        for (device_field f : {device_field::peak_requested_bytes, device_field::peak_allocated_bytes,
+                                               device_field::peak_reserved_bytes, device_field::end_requested_bytes,
+                                               device_field::max_external_fragmentation, device_field::n_alloc,
+                                               device_field::n_free, device_field::n_oom})
+                            if (!r.present[i][k][size_t(f)]) missing += std::string(missing.empty() ? "" : ", ") + "\"" + field_name(f) + "\"";
+                        if (!missing.empty())
+                            out.say(spdlog::level::warn, visible(path + ": process " + std::to_string(r.processes[i].pid) + " dev " +
+                                                                 std::to_string(r.processes[i].devices[k].dev) + " has no " + missing +
+                                                                 " (a number): shown as 0, which is no measurement"));
+                    }
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.
                     for (const device_report& d : p.devices) out.show_at |= d.at_request.valid;

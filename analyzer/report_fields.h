@@ -60,6 +60,7 @@ namespace gpumem::analysis {
     X(n_pool_sync, n_pool_sync, u64)                                                         \
     X(n_pool_wait, n_pool_wait, u64)                                                         \
     X(n_pool_ordered, n_pool_ordered, u64)                                                   \
+    X(n_pool_fenced, n_pool_fenced, u64)                                                     \
     X(pool_wait_ns, pool_wait_ns, u64)                                                       \
     X(pool_fence_ns, pool_fence_ns, u64)
 #define GPUMEM_REPORT_DEVICE_FIELDS_B(X)                                                    \

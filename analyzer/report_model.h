@@ -171,6 +171,7 @@ struct device_report {
     uint64_t n_pool_sync = 0;
     uint64_t n_pool_wait = 0;  // pool_sync events with "waited": the program blocked on a fence
     uint64_t n_pool_ordered = 0;  // pool_sync events with "ordered": ordered releases (no wait)
+    uint64_t n_pool_fenced = 0;   // pool_sync events with "fence": releases without a device-wide sync (ordered ones too)
     uint64_t pool_wait_ns = 0;  // sum of pool_sync "wait_ns": how long the pool's waits held the program
     uint64_t pool_fence_ns = 0;  // sum of pool_sync "fence_ns": host time of its event and stream calls that do not wait
     // config.reuse "auto": the device's pool reuses frees at once until its reuse_safe event, and

@@ -86,14 +86,29 @@ trace load_trace(const std::string& path, const trace_options& opt) {
     std::vector<std::string> seen_apis;
     log_event e;
     std::string err;
+    bool have_seq = false;
+    uint64_t last_seq = 0;
     while (src.next(line, complete)) {
         if (line.empty()) continue;
         auto st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
         if (st != analysis::parse_status::ok) {
-            if (!complete) break;  // a writer killed mid-line: the rest is gone
+            if (!complete) {  // a writer killed mid-line: the rest is gone
+                out.cut_line = src.line_number();
+                break;
+            }
             throw input_error(path, src.line_number(), err);
         }
         if (!e.known_kind) continue;
+        // The same rules as the report's (analyze.cc): one log per file, written in seq order.  A
+        // second header or a seq going back would pair one process's frees with another's blocks.
+        if (e.ev == ev_kind::header)
+            throw input_error(path, src.line_number(), "a second header line: two logs concatenated into one file? (give each log as its own input)");
+        if (e.present & analysis::bit(analysis::fd_seq)) {
+            if (have_seq && e.seq < last_seq)
+                throw input_error(path, src.line_number(), "events out of order: seq " + std::to_string(e.seq) + " follows seq " + std::to_string(last_seq));
+            have_seq = true;
+            last_seq = e.seq;
+        }
         if (e.ev != ev_kind::alloc && e.ev != ev_kind::free) continue;
         if (analysis::line_parser::required_members(e) & ~e.present)
             throw input_error(path, src.line_number(),
@@ -144,11 +159,6 @@ trace load_trace(const std::string& path, const trace_options& opt) {
         d.tr.n_streams = d.streams.size();
         auto it = totals.find(dev);
         if (it != totals.end()) d.tr.total_bytes = it->second;
-        // The log is written in seq order; a merged or hand-edited one may not be.
-        if (!std::is_sorted(d.tr.ops.begin(), d.tr.ops.end(),
-                            [](const request& a, const request& b) { return a.seq < b.seq; }))
-            std::stable_sort(d.tr.ops.begin(), d.tr.ops.end(),
-                             [](const request& a, const request& b) { return a.seq < b.seq; });
         out.devices.push_back(std::move(d.tr));
     }
     out.apis = std::move(seen_apis);

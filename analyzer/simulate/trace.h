@@ -35,6 +35,7 @@ struct trace {
     std::vector<std::string> log_apis;  // every API of the log's device allocations, replayed or not, as seen
     uint64_t skipped_allocs = 0;        // allocations the --api filter left out (and their frees)
     std::string config_json;            // the header's "config" object, as JSON text ("{}" when absent)
+    uint64_t cut_line = 0;              // the last line, cut short (a writer killed mid-line): not replayed
 };
 
 struct trace_options {

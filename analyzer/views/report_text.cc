@@ -240,8 +240,10 @@ void write_device(std::ostream& os, const process_report& p, const device_report
                        (d.reuse_safe ? "safe from seq " + std::to_string(d.reuse_safe_seq) + " (" + d.reuse_safe_api + ")"
                                      : std::string("immediate throughout")));
     if (d.pending.peak)
-        framed(os, pad("Pending frees (until sync)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
-                       fmt_bytes(d.pending.peak) + ", " + std::to_string(d.n_pool_sync) + " pool syncs" +
+        framed(os, pad("Pending frees (unreleased)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
+                       fmt_bytes(d.pending.peak) + ", " +
+                       (d.n_pool_fenced ? std::to_string(d.n_pool_fenced) + " fence releases, " + std::to_string(d.n_pool_sync) + " syncs"
+                                        : std::to_string(d.n_pool_sync) + " device-wide syncs") +
                        (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()));
     // Releases that ordered the streams instead of waiting (GPUMEM_FENCE_WAIT=order): a row of
     // their own, as the pending row is full.

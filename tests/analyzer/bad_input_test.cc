@@ -25,6 +25,7 @@ const bad_case k_cases[] = {
     {"double_free.jsonl", 4, "double free of pointer 0x1000: it was already freed at line 3"},
     {"unknown_free.jsonl", 3, "free of unknown pointer 0x2000: never allocated in this log and not marked \"unknown\":true"},
     {"out_of_order.jsonl", 4, "events out of order: seq 1 follows seq 2"},
+    {"concatenated.jsonl", 3, "a second header line: two logs concatenated into one file?"},
     {"bad_hex.jsonl", 2, "member \"ptr\" is \"1000\", expected a hex string like \"0x7f00\""},
     {"negative_size.jsonl", 2, "member \"size\" should be a non-negative integer"},
     {"two_objects.jsonl", 2, "not JSON (trailing characters after the object)"},

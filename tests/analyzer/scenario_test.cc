@@ -300,6 +300,7 @@ TEST_CASE("fence releases are not device-wide syncs; the ones the program waited
     CHECK(d.n_pool_sync == 0);
     CHECK(d.n_pool_wait == 1);
     CHECK(d.n_pool_ordered == 1);  // "ordered" is read
+    CHECK(d.n_pool_fenced == 2);   // both lines released by fences
     CHECK(d.pool_wait_ns == 15000000000);  // the line without "wait_ns" adds nothing (reset per line)
     CHECK(d.pool_fence_ns == 3000000);
     CHECK(d.pending.current == 0);

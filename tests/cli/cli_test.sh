@@ -467,6 +467,12 @@ EOF2
   # 0 bytes made the text writer abort).
   expect_rc 2 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_segment_size_zero.json"
   expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json: process 0: a segment of \"segment_list\" has no \"size_bytes\""
+  # A report JSON without a member CI gates on: shown as 0, with a warning naming it (report_no_peak
+  # lacks the peak of requested bytes).
+  expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_no_peak.json"
+  expect_in "$W/err" "has no \"peak_requested_bytes\", \"peak_allocated_bytes\", \"peak_reserved_bytes\" (a number): shown as 0, which is no measurement"
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json"
+  expect_not_in "$W/err" "which is no measurement"
   ;;
 hostile_values)
   # Issue 14 #12, #13, #16, #17: logs with values no program produces, through the binary.
