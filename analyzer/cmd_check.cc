@@ -303,7 +303,8 @@ command add_check(CLI::App& top) {
         ->type_name("F");
     a->limit_opt[3] = app->add_option("--max-leak", a->limit_text[3], "bytes still allocated when the log ends")->type_name("SIZE");
     app->add_option("--baseline", a->baseline_path,
-                    "an earlier run (report JSON or logs) that this one may not exceed by more than the tolerance")
+                    "an earlier run that this one may not exceed by more than the tolerance: one file, the report JSON of "
+                    "all its logs (gpumem report --json LOG... > FILE) or a single log")
         ->type_name("REPORT.json");
     app->add_option("--tolerance", a->tolerance_text, "allowed growth over the baseline")->type_name("P%")->default_str("5%");
     app->add_option("--junit", a->junit_path, "also write JUnit XML: one testcase per limit per process and device")

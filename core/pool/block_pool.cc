@@ -86,6 +86,17 @@ bool block_pool::can_sync() noexcept {
     return capture_checked_;
 }
 
+// Event queries and waits run under the stream set's lock, under which a capture is counted as it
+// opens (capture_begin): a capture opened on another thread after the caller's can_sync() and
+// before the calls would be invalidated by them (a cuEventQuery or cuEventSynchronize during a
+// global-mode capture), so it is asked again inside the lock.  False: a capture is open now, ask
+// nothing.  Without a stream set (no hooks: tests, replay) there is nothing to hold, but the
+// question is still asked.
+bool block_pool::capture_guard(std::unique_lock<std::mutex>& held) noexcept {
+    if (streams_) held = streams_->hold();
+    return can_sync();  // after a wait, the driver itself is asked again (captures no hook saw)
+}
+
 // ---- node recycling -------------------------------------------------------------------------
 
 block_pool::block* block_pool::new_block() noexcept {
@@ -1294,7 +1305,11 @@ int block_pool::poll_fences(api_id api, bool waited) {
         fence& f = fences_.front();
         size_t from = 0;
         for (;;) {
-            for (size_t k = from; k < f.events.size() && rc == k_cuda_success; ++k) rc = backend_.event_query(f.events[k]);
+            {
+                std::unique_lock<std::mutex> held;
+                if (!capture_guard(held)) rc = k_cuda_not_ready;  // a capture opened since the caller's check
+                for (size_t k = from; k < f.events.size() && rc == k_cuda_success; ++k) rc = backend_.event_query(f.events[k]);
+            }
             if (rc != k_cuda_success || !f.unswept) break;
             // Its events are reached; the streams it did not ask are asked now, once for every
             // fence so far (none is unswept after).  A busy one adds an event to each, which is
@@ -1414,7 +1429,7 @@ bool block_pool::order_release(api_id api) {
         if (!behind && backend_.stream_query(st) == k_cuda_success) continue;  // idle: nothing to wait for
         if (last_reached < 0) {
             const bool known = order_reached_ == ordered_releases_;  // (none yet: nothing to wait for)
-            last_reached = known || order_reached() == ordered_releases_;
+            last_reached = known || order_reached(true) == ordered_releases_;
             if (!known && last_reached && backend_.stream_query(st) == k_cuda_success) continue;
             behind = last_reached == 0;
         }
@@ -1498,9 +1513,11 @@ bool block_pool::ordered_frees_settled() noexcept {
 // stream are reached in order), which spares a query per mark where nothing asked for a while (a
 // context without non-blocking streams asks none at its releases, and keeps 64; one call asked
 // 65 events).  Only where can_sync() holds, as every query.
-uint64_t block_pool::order_reached() noexcept {
+uint64_t block_pool::order_reached(bool locked) noexcept {
     if (order_marks_.empty() && order_reached_ == ordered_releases_) return order_reached_;  // nothing to ask
     fence_timer timed(*this);
+    std::unique_lock<std::mutex> held;
+    if (!locked && !capture_guard(held)) return order_reached_;  // a capture opened since the caller's check
     size_t done = 0;
     bool all = false;
     const bool long_list = order_marks_.size() >= k_order_marks / 2;
@@ -1537,7 +1554,7 @@ bool block_pool::order_work_pending(std::unique_lock<std::mutex>& held) noexcept
         order_off_ = true;
         return false;
     }
-    return order_reached() != ordered_releases_;  // no query when already known done
+    return order_reached(true) != ordered_releases_;  // no query when already known done
 }
 
 // What cannot be ordered on the device is waited for by the host, once; ordered releases stop.
@@ -1584,15 +1601,23 @@ bool block_pool::wait_oldest_fence(api_id api) {
     // can_sync(), so a refusal here is a capture opened meanwhile or a stream destroyed: both
     // fall back as a broken event does (sync_release, which a capture also stops).
     if (fences_.front().unswept && sweep_streams() != k_cuda_success) return false;
-    ++fence_waits_;
-    capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     const uint64_t t0 = steady_ns();
-    for (uint64_t ev : fences_.front().events)
-        if (backend_.event_synchronize(ev) != k_cuda_success) {
-            note_wait(t0);
-            return false;
-        }
+    bool ok = true;
+    {
+        std::unique_lock<std::mutex> held;  // a capture opening waits for the wait (capture_guard)
+        if (!capture_guard(held)) return false;
+        ++fence_waits_;
+        for (uint64_t ev : fences_.front().events)
+            if (backend_.event_synchronize(ev) != k_cuda_success) {
+                ok = false;
+                break;
+            }
+    }
+    // A wait: the driver is asked again afterwards (can_sync), for a capture opened meanwhile by a
+    // route no hook sees.
+    capture_checked_ = false;
     note_wait(t0);
+    if (!ok) return false;
     const size_t left = fences_.size();
     if (poll_fences(api, true) != k_cuda_success) return false;
     return fences_.size() < left;  // reached but not released: a broken event
@@ -1692,9 +1717,11 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
         ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
     }
     timed.stop();
-    held.unlock();  // the waits below may be long: streams may come and go meanwhile
+    // The waits keep the lock, long as they may be: a capture opened meanwhile on another thread
+    // would be invalidated by them (capture_guard), so it opens after them instead.
     const uint64_t t0 = steady_ns();
     for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;
+    held.unlock();
     note_wait(t0);
     capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     recycle_events(f.events);

@@ -354,7 +354,10 @@ class block_pool {
     bool order_release(api_id api);
     bool ordered_frees_settled() noexcept;
     bool order_alone() noexcept;  // ordered release instead of fences: no non-blocking stream to order
-    uint64_t order_reached() noexcept;  // the last ordered release known done (polls order_marks_)
+    // The last ordered release known done (polls order_marks_).  locked: the caller holds the
+    // stream set's lock (capture_guard), else it is taken here.
+    uint64_t order_reached(bool locked = false) noexcept;
+    bool capture_guard(std::unique_lock<std::mutex>& held) noexcept;  // the lock for queries and waits
     bool order_work_pending(std::unique_lock<std::mutex>& held) noexcept;
     void order_host_wait(std::unique_lock<std::mutex>& held) noexcept;
     void forget_fences() noexcept;  // every fence covered (a synchronize, an ordered release): events back

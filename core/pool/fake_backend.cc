@@ -208,6 +208,7 @@ int fake_backend::event_query(uint64_t ev) noexcept {
     nap(call_sleep_ns_);
     ++queries_;
     std::lock_guard<std::mutex> lk(mu_);
+    if (capturing()) ++bad_calls_;  // during a global-mode capture a cuEventQuery invalidates it
     auto it = events_.find(ev);
     if (it == events_.end()) {
         ++bad_calls_;

@@ -28,7 +28,10 @@ class fake_backend final : public pool_backend {
     int synchronize() noexcept override;
     bool may_synchronize() noexcept override {
         ++capture_asks_;
-        return !capturing_.load() && !capturing_unseen_.load();
+        const bool may = !capturing_.load() && !capturing_unseen_.load();
+        // capture_after_asks: another thread opens a capture just after this answer.
+        if (may && asks_before_capture_.load() > 0 && --asks_before_capture_ == 0) capturing_ = true;
+        return may;
     }
     // Only the captures a hook would have counted (set_capturing), as the preload's answer is.
     bool may_synchronize_again() noexcept override { return !capturing_.load(); }
@@ -63,6 +66,9 @@ class fake_backend final : public pool_backend {
     // (may_synchronize() turns false then): the pool must notice it between two waits.  unseen:
     // by a route no hook sees (set_capturing_unseen), so only may_synchronize() knows.
     void capture_after_event_syncs(int n, bool unseen = false) noexcept;
+    // Another thread opens a stream capture (one a hook counts) just after the n-th next
+    // may_synchronize() has said yes: the pool's queries and waits after that check must see it.
+    void capture_after_asks(int n) noexcept { asks_before_capture_ = n; }
     // Each event_synchronize and synchronize takes this long (a device still working), so that
     // a test can see the pool report how long it held the program up.
     void set_wait_sleep_ns(uint64_t ns) noexcept { wait_sleep_ns_ = ns; }
@@ -179,6 +185,7 @@ class fake_backend final : public pool_backend {
     int fail_records_ = 0;
     int ok_queries_left_ = -1;  // -1: queries never fail
     int syncs_before_capture_ = -1;  // -1: no capture opens by itself
+    std::atomic<int> asks_before_capture_{-1};  // capture_after_asks; -1: none
     bool capture_unseen_next_ = false;  // the capture it opens is an unseen one
     std::vector<int> peers_;                        // add_peer's devices
     std::map<uint64_t, std::vector<int>> access_;   // mapped chunk address -> devices granted

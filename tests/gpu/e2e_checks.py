@@ -117,6 +117,19 @@ def main():
             n = sum(1 for e in lines if e["ev"] == "alloc" and e["size"] == size)
             if n != 1:
                 problems.append(f"size {size} recorded {n} times")
+        # cudaFreeAsync of a cudaMalloc block succeeds and is logged, with or without the pool; with
+        # it, the mapping of a 6 MiB block is the block (the driver would name one 2 MiB chunk).
+        if "free_async_rc" in stats:
+            facts.append(f"freeAsync rc={stats['free_async_rc']} mapping rc={stats['mapping_rc']} "
+                         f"base={'block' if stats['mapping_base'] == stats['block'] else hex(stats['mapping_base'])} "
+                         f"size={stats['mapping_size']}")
+            if stats["free_async_rc"] != 0:
+                problems.append(f"cudaFreeAsync of a cudaMalloc block returned {stats['free_async_rc']}")
+            if not any(e["ev"] == "free" and e["size"] == 6 * MiB for e in lines):
+                problems.append("the cudaFreeAsync'd block's free is missing")
+            if case.endswith("-pool") and (stats["mapping_rc"] != [0, 0] or stats["mapping_base"] != stats["block"] or
+                                           stats["mapping_size"] < 6 * MiB):
+                problems.append("the mapping of a pooled 6 MiB block is not the block")
     elif case.startswith("cuda-static"):
         problems += common(s, "exit")
         want = [1000, MiB, 3 * MiB + 5, 256 * MiB]

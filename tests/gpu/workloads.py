@@ -69,8 +69,27 @@ def cupy_mode(stats_path):
     freed = arrays.pop(1)
     del freed
     cp.cuda.Device().synchronize()
+    # Raw cudaMalloc blocks: the mapping the driver reports for a 6 MiB block (gpumem answers the
+    # block, not the 2 MiB chunk under the pointer), and cudaFreeAsync of cudaMalloc memory, which
+    # CUDA allows (under gpumem the pool must take it: the driver never saw the block).
+    import ctypes
+    rt = cp.cuda.runtime
+    cuda = ctypes.CDLL("libcuda.so.1")
+    a, b = rt.malloc(6 * 2**20), rt.malloc(2**20)
+    mapping_size, mapping_base = ctypes.c_size_t(0), ctypes.c_void_p(0)
+    rc_size = cuda.cuPointerGetAttribute(ctypes.byref(mapping_size), 18, ctypes.c_uint64(a + 4 * 2**20))  # MAPPING_SIZE
+    rc_base = cuda.cuPointerGetAttribute(ctypes.byref(mapping_base), 19, ctypes.c_uint64(a + 4 * 2**20))  # MAPPING_BASE_ADDR
+    try:
+        rt.freeAsync(a, 0)
+        free_async_rc = 0
+    except rt.CUDARuntimeError as e:
+        free_async_rc = e.status
+    rt.deviceSynchronize()
+    rt.free(b)
     with open(stats_path, "w") as f:
-        json.dump({"sizes": sizes, "live_sizes": [sizes[0], sizes[2]]}, f)
+        json.dump({"sizes": sizes, "live_sizes": [sizes[0], sizes[2]], "block": a, "mapping_rc": [rc_size, rc_base],
+                   "mapping_size": mapping_size.value, "mapping_base": mapping_base.value or 0,
+                   "free_async_rc": free_async_rc}, f)
     os._exit(0)
 
 

@@ -372,6 +372,33 @@ TEST_CASE("fences: a capture opened during an OOM's waits stops them before the 
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: a capture opened just after the pool's check gets no event query or wait", "[fence]") {
+    // Another thread opens a (hooked) capture right after the pool asked whether it may
+    // synchronize: the queries of the fences, and the waits on them, come after that answer and
+    // would invalidate the capture.  They run under the stream set's lock, under which a capture
+    // is counted as it opens, and ask again there (capture_guard).
+    const bool short_of_memory = GENERATE(false, true);
+    CAPTURE(short_of_memory);
+    fenced f(fence_each(), short_of_memory ? 64 * MiB : 1024 * MiB);
+    const uint64_t a = f.alloc(20 * MiB), b = f.alloc(20 * MiB), c = f.alloc(20 * MiB);
+    f.free(a);
+    f.free(b);
+    f.free(c);
+    const uint64_t queries = f.dev.queries(), waits = f.dev.event_syncs();
+    f.dev.capture_after_asks(1);
+    uint64_t p = 0;
+    // 8 MiB fits a pending block (a miss that polls the fences, then grows); 40 MiB in 64 MiB fits
+    // none (memory short: the waits).  Either way the capture keeps the frees pending.
+    const int rc = f.pool.allocate(short_of_memory ? 40 * MiB : 8 * MiB, api_id::cuMemAlloc_v2, &p);
+    CHECK(rc == (short_of_memory ? k_cuda_oom : k_cuda_success));
+    CHECK(f.dev.queries() == queries);
+    CHECK(f.dev.event_syncs() == waits);
+    CHECK(f.dev.bad_calls() == 0);
+    f.dev.end_captures();
+    CHECK(f.pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no segment freed or unmapped", "[fence]") {
     // Immediate reuse on virtual memory: a freed 40 MiB segment is wholly free, but its last
     // owner's work may still run, so the OOM path waits for every stream before unmapping it.
