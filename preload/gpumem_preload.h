@@ -155,7 +155,9 @@ void pool_stream_created(api_id api, bool non_blocking) noexcept;
 // The fences' view of streams (pool_hooks.cc): a stream made in the current context, one destroyed,
 // and a green context (whose work no fence of the primary context's pool covers).
 void pool_stream_made(CUstream s, bool non_blocking) noexcept;
-void pool_stream_destroyed(CUstream s) noexcept;
+bool pool_stream_destroyed(CUstream s) noexcept;  // true: the stream was in the pool's set
+// cuStreamDestroy refused a stream that left the set: fences give way to synchronizes from now on.
+void pool_stream_destroy_refused() noexcept;
 void pool_green_context_made() noexcept;
 // A resolved pointer of a stream-making, -destroying or launching function could not be wrapped:
 // streams may come and go unseen, so fences give way to synchronizes and auto switches to safe.

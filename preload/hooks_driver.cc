@@ -523,11 +523,11 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourc
 extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
     auto f = real<CUresult (*)(CUstream)>(drv::cuStreamDestroy_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    pool_stream_destroyed(s);  // before: a handle the driver reuses must not be mistaken for this one
+    const bool known = pool_stream_destroyed(s);  // before: a handle the driver reuses must not be mistaken for this one
     CUresult r = f(s);
-    // Refused: the stream may live on, out of the set, so fences could no longer cover it; the
-    // pool treats it as a stream it cannot see (synchronizes instead of fences from now on).
-    if (r != CUDA_SUCCESS) pool_stream_route_unseen();
+    // Refused: a stream that left the set may live on, where fences no longer cover it, so the
+    // pool synchronizes instead from now on.  (An unknown handle, a second destroy: nothing left.)
+    if (r != CUDA_SUCCESS && known) pool_stream_destroy_refused();
     return r;
 }
 

@@ -178,7 +178,8 @@ void pool_stream_made(CUstream s, bool non_blocking) noexcept {
         if (pool_registry::slot* sl = registry().find(ctx)) sl->pool->order_new_stream(uint64_t(uintptr_t(s)));
 }
 
-void pool_stream_destroyed(CUstream s) noexcept { streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }
+bool pool_stream_destroyed(CUstream s) noexcept { return streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }
+void pool_stream_destroy_refused() noexcept { streams().give_up(); }
 
 void pool_green_context_made() noexcept {
     streams().give_up();

@@ -175,8 +175,11 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
     bool user_handler = (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
                                                      : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
     if (user_handler) {
-        // The program handles this signal and may well go on: write what we have, no end line.
-        if (owns_log(st)) st.log->drain(true);
+        // The program handles this signal and may well go on (Python's SIGINT handler only sets a
+        // flag): nothing is written here.  A drain from a handler must treat the process as dying
+        // (no heap), and the events it wrote would never enter the live table, so a free after it
+        // read as unknown and the end line's totals were wrong.  The writer flushes within
+        // GPUMEM_FLUSH_MS as ever, and an exit through the program's handler writes the end line.
         if (old.sa_flags & SA_SIGINFO) old.sa_sigaction(sig, info, uctx);
         else old.sa_handler(sig);
         errno = saved_errno;
@@ -199,6 +202,9 @@ void install_signal_handlers() noexcept {
         struct sigaction old;
         if (sigaction(sig, nullptr, &old) != 0) continue;
         if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;  // ignored stays ignored
+        // Already ours (a forked child starting its own log inherits the parent's handlers): the
+        // program's handler saved then stays; saved again, on_signal would call itself for ever.
+        if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction == on_signal) continue;
         g_old_actions[sig] = old;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

@@ -117,7 +117,7 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
             d->rep.pool_fence_ns += e.fence_ns;
         }
         if (e.fence) {  // released by fences: no device-wide sync, maybe a wait on one
-            if (d) ++d->rep.n_pool_fenced;
+            if (d && e.count) ++d->rep.n_pool_fenced;  // a drain or settle line (count 0) frees nothing
             if (e.waited && d) ++d->rep.n_pool_wait;
             if (e.ordered && d) ++d->rep.n_pool_ordered;
             break;

@@ -86,10 +86,10 @@ bool block_pool::can_sync() noexcept {
     return capture_checked_;
 }
 
-// Event queries and waits run under the stream set's lock, under which a capture is counted as it
-// opens (capture_begin): a capture opened on another thread after the caller's can_sync() and
-// before the calls would be invalidated by them (a cuEventQuery or cuEventSynchronize during a
-// global-mode capture), so it is asked again inside the lock.  False: a capture is open now, ask
+// Event queries run under the stream set's lock, under which a capture is counted as it opens
+// (capture_begin): a capture opened on another thread after the caller's can_sync() and before
+// the queries would be invalidated by them (a cuEventQuery during a global-mode capture), so it is
+// asked again inside the lock.  Queries are short; waits do not hold the lock (wait_oldest_fence).  False: a capture is open now, ask
 // nothing.  Without a stream set (no hooks: tests, replay) there is nothing to hold, but the
 // question is still asked.
 bool block_pool::capture_guard(std::unique_lock<std::mutex>& held) noexcept {
@@ -1601,18 +1601,19 @@ bool block_pool::wait_oldest_fence(api_id api) {
     // can_sync(), so a refusal here is a capture opened meanwhile or a stream destroyed: both
     // fall back as a broken event does (sync_release, which a capture also stops).
     if (fences_.front().unswept && sweep_streams() != k_cuda_success) return false;
+    // Not under the stream set's lock, unlike queries: it is the whole process's, and a wait may
+    // last as long as the GPU's queue (another GPU's pool, or a thread that must launch the work
+    // waited for, would block on it).  So a capture opened on another thread in the moment
+    // between this check and the wait is not seen (docs/pool.md).
+    if (!can_sync()) return false;
     const uint64_t t0 = steady_ns();
     bool ok = true;
-    {
-        std::unique_lock<std::mutex> held;  // a capture opening waits for the wait (capture_guard)
-        if (!capture_guard(held)) return false;
-        ++fence_waits_;
-        for (uint64_t ev : fences_.front().events)
-            if (backend_.event_synchronize(ev) != k_cuda_success) {
-                ok = false;
-                break;
-            }
-    }
+    ++fence_waits_;
+    for (uint64_t ev : fences_.front().events)
+        if (backend_.event_synchronize(ev) != k_cuda_success) {
+            ok = false;
+            break;
+        }
     // A wait: the driver is asked again afterwards (can_sync), for a capture opened meanwhile by a
     // route no hook sees.
     capture_checked_ = false;
@@ -1717,11 +1718,9 @@ bool block_pool::wait_all_streams(bool legacy_only) noexcept {
         ok = backend_.event_record(ev, i == 0 ? k_stream_legacy : fence_streams_[i - 1]) == k_cuda_success;
     }
     timed.stop();
-    // The waits keep the lock, long as they may be: a capture opened meanwhile on another thread
-    // would be invalidated by them (capture_guard), so it opens after them instead.
+    held.unlock();  // the waits below may be long: streams may come and go meanwhile (wait_oldest_fence)
     const uint64_t t0 = steady_ns();
     for (size_t i = 0; ok && i < f.events.size(); ++i) ok = backend_.event_synchronize(f.events[i]) == k_cuda_success;
-    held.unlock();
     note_wait(t0);
     capture_checked_ = false;  // a wait: ask the driver again afterwards (can_sync)
     recycle_events(f.events);

@@ -21,21 +21,22 @@ void stream_set::created(uint64_t ctx, uint64_t stream, bool non_blocking) noexc
     }
 }
 
-void stream_set::destroyed(uint64_t ctx, uint64_t stream) noexcept {
+bool stream_set::destroyed(uint64_t ctx, uint64_t stream) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = std::find_if(live_.begin(), live_.end(), [&](const entry& e) { return e.stream == stream; });
-    if (it == live_.end()) return;  // not one of ours (made before gpumem saw it, or twice destroyed)
+    if (it == live_.end()) return false;  // not one of ours (made before gpumem saw it, or twice destroyed)
     const uint64_t c = it->ctx ? it->ctx : ctx;
     const bool nb = it->non_blocking;
     live_.erase(it);
     // A blocking stream's work is covered by the legacy stream's event even after its destruction.
-    if (!nb) return;
+    if (!nb) return true;
     destroys_.fetch_add(1, std::memory_order_acq_rel);
     try {
         if (std::find(destroyed_in_.begin(), destroyed_in_.end(), c) == destroyed_in_.end()) destroyed_in_.push_back(c);
     } catch (...) {
         give_up();
     }
+    return true;
 }
 
 bool stream_set::fence_streams(uint64_t ctx, std::vector<uint64_t>& out, const std::unique_lock<std::mutex>& held) const noexcept {

@@ -21,7 +21,7 @@ class stream_set {
     // A stream destroyed: its queued work still runs, but no event can be recorded on it any
     // more, so the next release of ctx's pending frees falls back to one synchronize (which waits
     // for it), after which the destruction is forgotten.
-    void destroyed(uint64_t ctx, uint64_t stream) noexcept;
+    bool destroyed(uint64_t ctx, uint64_t stream) noexcept;  // true: it was in the set
     // Something no fence can cover appeared (a green context, whose work runs on streams of
     // another context; a stream made while the set had no memory, or in no readable context; ways
     // in gpumem does not watch):

@@ -323,6 +323,41 @@ void fork_case(int n) {
     printf("child=%d\nchild_status=%d\n", int(child), status);
 }
 
+// A forked child that records raises SIGTERM: it must die of it, with its own log's end line
+// (gpumem's handler, inherited from the parent, was saved as the "program's" handler and called
+// itself until the stack overflowed).
+void fork_signal_case() {
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 1 << 20));
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr q;
+        CHECK(a.alloc(&q, 4096));  // the child's own log starts here
+        raise(SIGTERM);
+        _exit(7);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(a.free(p));
+    printf("child=%d\nchild_signaled=%d\nchild_termsig=%d\n", int(child), int(WIFSIGNALED(status)),
+           WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+}
+
+// A signal the program handles and goes on after (Python's SIGINT handler sets a flag): the
+// allocation before it and its free after it stay one live block, freed.
+void handled_signal_case() {
+    signal(SIGINT, [](int) {});
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 1 << 20));
+    raise(SIGINT);
+    CHECK(a.free(p));
+    printf("done=1\n");
+}
+
 // A vfork child shares the parent's memory and runs no fork handlers; Python's subprocess ends such
 // a child with _exit when exec fails.  The parent's log must not be ended by it.
 void vfork_case() {
@@ -433,6 +468,8 @@ int main(int argc, char** argv) {
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100);
     else if (s == "vfork") vfork_case();
+    else if (s == "fork-signal") fork_signal_case();
+    else if (s == "handled-signal") handled_signal_case();
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
     else if (s == "bench")

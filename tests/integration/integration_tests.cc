@@ -293,6 +293,36 @@ TEST_CASE("fork: the child writes its own complete file and ends with _exit") {
     }
 }
 
+TEST_CASE("fork: a recording child dies of its own signal, with its end line") {
+    auto r = run({EMU_DRIVER_APP, "fork-signal"}, {{"GPUMEM_POOL", "off"}});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("child_signaled=1\nchild_termsig=15") != std::string::npos);
+    REQUIRE(r.logs.size() == 2);
+    std::string child_pid = r.out.substr(r.out.find("child=") + 6);
+    child_pid = child_pid.substr(0, child_pid.find('\n'));
+    for (auto& path : r.logs) {
+        auto ls = lines_of(path);
+        if (path.find("gpumem-" + child_pid + ".jsonl") == std::string::npos) continue;
+        check_header_and_end(ls, "signal");
+        CHECK(ls.back()["signal"] == SIGTERM);
+    }
+}
+
+TEST_CASE("a signal the program handles leaves the log's accounting whole") {
+    auto r = run({EMU_DRIVER_APP, "handled-signal"}, {{"GPUMEM_POOL", "off"}});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls, "exit");
+    for (auto& j : ls)
+        if (j["ev"] == "free") {
+            CHECK(j["size"] == (1 << 20));  // not "unknown", size 0
+            CHECK_FALSE(j.contains("unknown"));
+        }
+    CHECK(ls.back()["live_allocs"] == 0);
+    CHECK(ls.back()["live_bytes"] == 0);
+}
+
 TEST_CASE("GPUMEM_OUT pattern: pid and rank") {
     auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", "run-r%r-%p.jsonl"}, {"RANK", "3"}});
     REQUIRE(r.logs.size() == 1);

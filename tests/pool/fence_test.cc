@@ -1125,7 +1125,9 @@ TEST_CASE("stream_set: a stream destroyed during a synchronize is not forgotten 
     std::vector<uint64_t> out;
     st.created(0xc0, 0x10, true);
     st.created(0xc0, 0x11, true);
-    st.destroyed(0xc0, 0x10);
+    CHECK(st.destroyed(0xc0, 0x10));
+    CHECK_FALSE(st.destroyed(0xc0, 0x10));  // twice: nothing left (the hook then gives up nothing)
+    CHECK_FALSE(st.destroyed(0xc0, 0x99));  // never made through a hook
     CHECK_FALSE(st.fence_streams(0xc0, out, st.hold()));  // 0x10's work: only a sync covers it
     // A sync begins; meanwhile another thread destroys 0x11, whose work may postdate the sync's start.
     const uint64_t seen = st.destroy_count();
