@@ -85,13 +85,13 @@ bool output_would_clobber(const std::string& out, const std::vector<std::string>
     f.read(buf, sizeof buf);
     const std::string head(buf, size_t(f.gcount()));
     const std::string first_line = head.substr(0, head.find('\n'));
-    const bool gz = head.size() >= 2 && uint8_t(head[0]) == 0x1f && uint8_t(head[1]) == 0x8b;
+    const char* packed = compression_of(head);  // a log kept compressed, as tests/data keeps them
     const bool log = first_line.find("\"ev\":\"header\"") != std::string::npos ||
                      first_line.find(std::string("\"") + k_format_name + "\"") != std::string::npos;
     const bool report = head.find("\"schema\": \"gpumem-report\"") != std::string::npos ||
                         head.find("\"schema\":\"gpumem-report\"") != std::string::npos;
-    if (!gz && !log && !report) return false;
-    why = out + " holds a gpumem " + (report ? "report" : gz ? "log (gzipped?)" : "log") +
+    if (!packed && !log && !report) return false;
+    why = out + " holds a gpumem " + (report ? "report" : packed ? std::string(packed) + "-compressed file (a log?)" : "log") +
           ", which the option would overwrite (did it take an input as its FILE?)";
     return true;
 }

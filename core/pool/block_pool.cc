@@ -89,9 +89,9 @@ bool block_pool::can_sync() noexcept {
 // Event queries run under the stream set's lock, under which a capture is counted as it opens
 // (capture_begin): a capture opened on another thread after the caller's can_sync() and before
 // the queries would be invalidated by them (a cuEventQuery during a global-mode capture), so it is
-// asked again inside the lock.  Queries are short; waits do not hold the lock (wait_oldest_fence).  False: a capture is open now, ask
-// nothing.  Without a stream set (no hooks: tests, replay) there is nothing to hold, but the
-// question is still asked.
+// asked again inside the lock.  False: a capture is open now, ask nothing.  Queries are short;
+// waits do not hold the lock (wait_oldest_fence).  Without a stream set (no hooks: tests, replay)
+// there is nothing to hold, but the question is still asked.
 bool block_pool::capture_guard(std::unique_lock<std::mutex>& held) noexcept {
     if (streams_) held = streams_->hold();
     return can_sync();  // after a wait, the driver itself is asked again (captures no hook saw)

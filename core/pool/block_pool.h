@@ -357,7 +357,7 @@ class block_pool {
     // The last ordered release known done (polls order_marks_).  locked: the caller holds the
     // stream set's lock (capture_guard), else it is taken here.
     uint64_t order_reached(bool locked = false) noexcept;
-    bool capture_guard(std::unique_lock<std::mutex>& held) noexcept;  // the lock for queries and waits
+    bool capture_guard(std::unique_lock<std::mutex>& held) noexcept;  // the lock for event queries
     bool order_work_pending(std::unique_lock<std::mutex>& held) noexcept;
     void order_host_wait(std::unique_lock<std::mutex>& held) noexcept;
     void forget_fences() noexcept;  // every fence covered (a synchronize, an ordered release): events back

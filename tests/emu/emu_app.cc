@@ -303,7 +303,11 @@ void crash(const char* how, int n) {
 
 // The parent allocates; a forked child allocates n and frees them, and ends with _exit as a
 // multiprocessing worker would.
-void fork_case(int n) {
+// The child allocates and frees n times, then ends with _exit, or with raise(SIGTERM) when
+// `signal`: a recording child must die of it, with its own log's end line (gpumem's handler,
+// inherited from the parent, was once saved as the "program's" handler and called itself until
+// the stack overflowed).
+void fork_case(int n, bool signal) {
     driver_api a = direct_api();
     setup(a);
     CUdeviceptr p;
@@ -315,34 +319,14 @@ void fork_case(int n) {
             CHECK(a.alloc(&q, 2048));
             CHECK(a.free(q));
         }
-        _exit(0);
+        if (signal) raise(SIGTERM);
+        _exit(signal ? 7 : 0);
     }
     int status = 0;
     waitpid(child, &status, 0);
     CHECK(a.free(p));
-    printf("child=%d\nchild_status=%d\n", int(child), status);
-}
-
-// A forked child that records raises SIGTERM: it must die of it, with its own log's end line
-// (gpumem's handler, inherited from the parent, was saved as the "program's" handler and called
-// itself until the stack overflowed).
-void fork_signal_case() {
-    driver_api a = direct_api();
-    setup(a);
-    CUdeviceptr p;
-    CHECK(a.alloc(&p, 1 << 20));
-    pid_t child = fork();
-    if (child == 0) {
-        CUdeviceptr q;
-        CHECK(a.alloc(&q, 4096));  // the child's own log starts here
-        raise(SIGTERM);
-        _exit(7);
-    }
-    int status = 0;
-    waitpid(child, &status, 0);
-    CHECK(a.free(p));
-    printf("child=%d\nchild_signaled=%d\nchild_termsig=%d\n", int(child), int(WIFSIGNALED(status)),
-           WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+    printf("child=%d\nchild_status=%d\nchild_signaled=%d\nchild_termsig=%d\n", int(child), status,
+           int(WIFSIGNALED(status)), WIFSIGNALED(status) ? WTERMSIG(status) : -1);
 }
 
 // A signal the program handles and goes on after (Python's SIGINT handler sets a flag): the
@@ -466,9 +450,9 @@ int main(int argc, char** argv) {
     else if (s == "vmm-dlsym") vmm_driver(dlsym_api());
     else if (s == "stress") stress(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 100000);
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
-    else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100);
+    else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100, false);
     else if (s == "vfork") vfork_case();
-    else if (s == "fork-signal") fork_signal_case();
+    else if (s == "fork-signal") fork_case(1, true);
     else if (s == "handled-signal") handled_signal_case();
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
