@@ -1,6 +1,7 @@
 // The event log: a lock-free ring that callers publish into, drained to a JSON Lines file by a writer thread.
 #include "event_log.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <csignal>
@@ -223,7 +224,7 @@ void* event_log::writer_main(void* self) noexcept {
         uint32_t w = log->wake_.load(std::memory_order_acquire);
         log->wake_pending_.store(false, std::memory_order_relaxed);
         if (log->lock_output(false)) {
-            if (!log->finished_.load(std::memory_order_acquire)) log->drain_locked(false);
+            if (!log->finished_.load(std::memory_order_acquire)) log->drain_locked();
             log->unlock_output();
         }
         timespec ts{log->opt_.flush_ms / 1000, long(log->opt_.flush_ms % 1000) * 1000000L};
@@ -314,7 +315,7 @@ void event_log::publish(event* e) noexcept {
         // A late event after the end line (a free from a static destructor that ran after ours):
         // write it now rather than lose it.
         if (lock_output(false)) {
-            drain_locked(false);
+            drain_locked();
             unlock_output();
         }
     }
@@ -495,16 +496,16 @@ void event_log::write_stack_record(event& e, bool from_signal) noexcept {
 void event_log::drain(bool from_signal) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
     if (!lock_output(from_signal)) return;
-    drain_locked(false, from_signal);
+    drain_locked(0, from_signal);
     unlock_output();
 }
 
-void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
+void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     // With no file left (write_all gave up) the events are still consumed, or the ring would stay
     // full and every producer would wait out its budget.
     if (!ring_ || !buf_) return;
+    if (n_abandoned_) release_abandoned();
     uint64_t t = tail_;
-    uint64_t head = head_.load(std::memory_order_acquire);
     uint64_t cap = mask_ + 1;
     buf_len_ = 0;
     note_losses();
@@ -512,10 +513,12 @@ void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
         slot& s = ring_[t & mask_];
         uint64_t st = s.state.load(std::memory_order_acquire) + (t & mask_);
         if (st != t + 1) {
-            if (!skip_gaps || t >= head) break;
-            // Claimed but never published (its thread is stuck or gone): count it, move on.
+            if (t >= skip_before) break;
+            // Claimed but never published (its thread is stuck or gone): count it, move on, and
+            // remember the slot so that it can serve again once its thread lets go of it.
             lost_.fetch_add(1, std::memory_order_relaxed);
             lost_reported_++;
+            if (n_abandoned_ < k_max_abandoned) abandoned_[n_abandoned_++] = t;
             continue;
         }
         account(s.e, from_signal);
@@ -536,6 +539,45 @@ void event_log::drain_locked(bool skip_gaps, bool from_signal) noexcept {
     buf_len_ = 0;
 }
 
+void event_log::release_abandoned() noexcept {
+    uint64_t cap = mask_ + 1;
+    int kept = 0;
+    for (int i = 0; i < n_abandoned_; ++i) {
+        uint64_t a = abandoned_[i];
+        slot& s = ring_[a & mask_];
+        // Published at last: its event was counted lost already (it cannot go out of seq order);
+        // the slot becomes free for the next lap, as drain_locked leaves every slot it consumes.
+        if (s.state.load(std::memory_order_acquire) + (a & mask_) == a + 1)
+            s.state.store(a + cap - (a & mask_), std::memory_order_release);
+        else
+            abandoned_[kept++] = a;
+    }
+    n_abandoned_ = kept;
+}
+
+bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wait_ms) noexcept {
+    // The end line takes a ring position like any event, so that one another thread claims after
+    // it (a thread still allocating while the process exits) gets a later seq and follows the end
+    // line in order, instead of sharing its seq (which the analyzer must refuse).
+    for (uint32_t i = 0; ring_; ++i) {
+        uint64_t p = head_.load(std::memory_order_acquire);
+        slot& s = ring_[p & mask_];
+        uint64_t st = s.state.load(std::memory_order_acquire) + (p & mask_);
+        if (st == p && head_.compare_exchange_strong(p, p + 1, std::memory_order_acq_rel)) {
+            *pos = p;
+            return true;
+        }
+        if (i >= wait_ms * 10 + 64) break;
+        // Full: the slot still holds an event a lap old, which only this consumer can free.
+        if (int64_t(st) - int64_t(p) < 0) {
+            drain_locked(0, from_signal);
+            sleep_ns(100000);
+        }
+    }
+    *pos = head_.load(std::memory_order_acquire);
+    return false;
+}
+
 void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
     bool from_signal = why == end_reason::signal;
@@ -544,14 +586,15 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
         unlock_output();
         return;
     }
-    drain_locked(false, from_signal);
+    drain_locked(0, from_signal);
+    uint64_t end_seq = 0;
+    end_pos_owned_ = claim_end_position(&end_seq, from_signal, in_flight_wait_ms);
     // Other threads may be between claim() and publish(), e.g. inside a real cuMemFree.
-    for (uint32_t i = 0; i < in_flight_wait_ms * 10 && tail_ < head_.load(std::memory_order_acquire); ++i) {
+    for (uint32_t i = 0; i < in_flight_wait_ms * 10 && tail_ < end_seq; ++i) {
         sleep_ns(100000);
-        drain_locked(false, from_signal);
+        drain_locked(0, from_signal);
     }
-    uint64_t end_seq = head_.load(std::memory_order_acquire);
-    drain_locked(true, from_signal);
+    drain_locked(end_seq, from_signal);
 
     // The end line is an event like the others: core/log_fields.h says what it carries.
     event e{};
@@ -572,19 +615,53 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     char line[k_max_event_line];
     size_t n = format_event(e, line, sizeof line);
     end_offset_ = fd_ >= 0 ? int64_t(written_) : -1;
+    end_len_ = int64_t(n);
+    end_pos_ = end_seq;
     write_all(line, n);
+    if (end_pos_owned_) {
+        // The end line's slot is consumed like an event's; events claimed after it go out now.
+        slot& s = ring_[end_seq & mask_];
+        s.state.store(end_seq + (mask_ + 1) - (end_seq & mask_), std::memory_order_release);
+        tail_ = end_seq + 1;
+        drain_locked(0, from_signal);
+    }
     unlock_output();
 }
 
 void event_log::resume_after_failed_exec() noexcept {
     if (!started_.load(std::memory_order_acquire) || !lock_output(false)) return;
     if (finished_.load(std::memory_order_acquire)) {
-        // Events published by other threads after the end line are cut with it: exec from one
-        // thread while others allocate is rare, and the exec itself would have ended them.
-        if (fd_ >= 0 && end_offset_ >= 0 && ftruncate(fd_, off_t(end_offset_)) == 0 &&
-            lseek(fd_, off_t(end_offset_), SEEK_SET) == off_t(end_offset_))
-            written_ = uint64_t(end_offset_);
+        drain_locked();
+        uint64_t cap = mask_ + 1;
+        if (end_pos_owned_ && tail_ == end_pos_ + 1) {
+            // No event came after the end line: its position goes back, so the log goes on with
+            // no gap in seq.  The slot is made free for that position before the head moves back.
+            slot& s = ring_[end_pos_ & mask_];
+            s.state.store(end_pos_ - (end_pos_ & mask_), std::memory_order_release);
+            uint64_t expect = end_pos_ + 1;
+            if (head_.compare_exchange_strong(expect, end_pos_, std::memory_order_acq_rel)) {
+                tail_ = end_pos_;
+            } else {
+                s.state.store(end_pos_ + cap - (end_pos_ & mask_), std::memory_order_release);
+            }
+        }
+        // The end line is cut out of the file.  Lines other threads wrote after it stay, moved up
+        // over it; the end line's seq is then a one-event gap, which the analyzer reports.
+        if (fd_ >= 0 && end_offset_ >= 0 && buf_) {
+            uint64_t from = uint64_t(end_offset_ + end_len_), to = uint64_t(end_offset_);
+            bool ok = true;
+            while (ok && from < written_) {
+                size_t n = size_t(std::min<uint64_t>(k_buf_size, written_ - from));
+                ssize_t r = pread(fd_, buf_, n, off_t(from));
+                ok = r > 0 && pwrite(fd_, buf_, size_t(r), off_t(to)) == r;
+                if (ok) from += uint64_t(r), to += uint64_t(r);
+            }
+            if (ok && ftruncate(fd_, off_t(to)) == 0 && lseek(fd_, off_t(to), SEEK_SET) == off_t(to))
+                written_ = to;
+        }
         end_offset_ = -1;
+        end_len_ = 0;
+        end_pos_owned_ = false;
         finished_.store(false, std::memory_order_release);
     }
     unlock_output();
@@ -617,6 +694,9 @@ void event_log::reset_after_fork() noexcept {
     lost_reported_ = 0;
     written_ = 0;
     end_offset_ = -1;
+    end_len_ = 0;
+    end_pos_owned_ = false;
+    n_abandoned_ = 0;
     write_failed_ = false;
     totals_ = log_totals{};
     // The parent's writer may have been inside these maps when fork() copied them: start new ones

@@ -92,8 +92,14 @@ class event_log {
     void wake_writer() noexcept;
     bool lock_output(bool from_signal) noexcept;
     void unlock_output() noexcept;
-    // Drains published slots in order; stops at the first unpublished one unless skip_gaps.
-    void drain_locked(bool skip_gaps, bool from_signal = false) noexcept;
+    // Drains published slots in order; stops at the first unpublished one, except that one claimed
+    // before `skip_before` (its thread stuck or gone) is counted lost and passed over.
+    void drain_locked(uint64_t skip_before = 0, bool from_signal = false) noexcept;
+    // Takes the ring position after every event drained so far for the end line (see finish()).
+    // Returns false when none could be taken; *pos is then the head, which the next event shares.
+    bool claim_end_position(uint64_t* pos, bool from_signal, uint32_t wait_ms) noexcept;
+    // Hands back slots passed over by drain_locked whose late event has since been published.
+    void release_abandoned() noexcept;
     void write_all(const char* p, size_t n) noexcept;
     // A write failed (disk full, /dev/full, I/O error): say so once and move to /tmp/<basename>,
     // carrying over what the first file holds.  Returns false when there is nowhere to write.
@@ -121,6 +127,15 @@ class event_log {
     int fd_ = -1;
     uint64_t written_ = 0;                      // bytes in fd_ so far (consumer only)
     int64_t end_offset_ = -1;                   // where the end line begins, for resume_after_failed_exec
+    int64_t end_len_ = 0;                       // its length
+    uint64_t end_pos_ = 0;                      // its ring position (its seq)
+    bool end_pos_owned_ = false;                // the end line took end_pos_ for itself
+    // Positions passed over while their slot was claimed but unpublished (consumer only).  The
+    // slot stays "claimed" until its thread publishes: until then the next lap cannot use it, and
+    // after that only the consumer can hand it back (release_abandoned), or the ring would jam there.
+    static constexpr int k_max_abandoned = 64;
+    uint64_t abandoned_[k_max_abandoned];
+    int n_abandoned_ = 0;
     bool write_failed_ = false;                 // the stderr note and the /tmp move happen once
     std::string path_;
     uint64_t t0_ = 0;

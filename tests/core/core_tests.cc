@@ -329,6 +329,102 @@ TEST_CASE("event log: a full ring with no writer and no waiting budget counts lo
     CHECK(log.lost() == 1500 - 1024);
 }
 
+namespace {
+event alloc_event(uint64_t ptr) {
+    event e{};
+    e.ev = ev_kind::alloc;
+    e.api = api_id::cuMemAlloc_v2;
+    e.b.ptr = ptr;
+    e.b.size = 512;
+    return e;
+}
+std::vector<uint64_t> seqs(const std::vector<json>& lines) {
+    std::vector<uint64_t> out;
+    for (const json& j : lines)
+        if (j.contains("seq")) out.push_back(j["seq"]);
+    return out;
+}
+}  // namespace
+
+TEST_CASE("event log: an event after the end line gets the next seq, not the end line's") {
+    // A thread still allocating while the process exits publishes after finish(): the report
+    // refuses a log where two lines share a seq, so the end line must own its position.
+    std::string path = temp_path("late");
+    event_log log(event_log::options{});
+    REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
+    log.record(alloc_event(0x1000));
+    log.finish(end_reason::exit, 0, 0, 0);
+    log.record(alloc_event(0x2000));
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[2]["ev"] == "end");
+    CHECK(lines[3]["ev"] == "alloc");
+    CHECK(seqs(lines) == std::vector<uint64_t>{0, 1, 2});
+    unlink(path.c_str());
+}
+
+TEST_CASE("event log: a failed exec takes the end line back with no gap, and keeps lines written after it") {
+    std::string path = temp_path("exec");
+    event_log log(event_log::options{});
+    REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
+    log.record(alloc_event(0x1000));
+    SECTION("nothing came after the end line: its seq serves again") {
+        log.finish(end_reason::exec, 0, 0, 0);
+        log.resume_after_failed_exec();
+        log.record(alloc_event(0x2000));
+        log.finish(end_reason::exit, 0, 0, 0);
+        auto lines = read_lines(path);
+        REQUIRE(lines.size() == 4);
+        CHECK(lines[2]["ev"] == "alloc");
+        CHECK(lines[3]["reason"] == "exit");
+        CHECK(seqs(lines) == std::vector<uint64_t>{0, 1, 2});
+    }
+    SECTION("another thread's event after the end line stays, after a one-seq gap") {
+        log.finish(end_reason::exec, 0, 0, 0);
+        log.record(alloc_event(0x2000));  // written at once, after the end line
+        log.resume_after_failed_exec();
+        log.record(alloc_event(0x3000));
+        log.finish(end_reason::exit, 0, 0, 0);
+        auto lines = read_lines(path);
+        REQUIRE(lines.size() == 5);
+        CHECK(lines[2]["ptr"] == "0x2000");
+        CHECK(lines[3]["ptr"] == "0x3000");
+        CHECK(lines[4]["reason"] == "exit");
+        CHECK(lines[4]["lost"] == 0);
+        CHECK(seqs(lines) == std::vector<uint64_t>{0, 2, 3, 4});
+    }
+    unlink(path.c_str());
+}
+
+TEST_CASE("event log: a slot passed over at the end serves again once its thread publishes") {
+    // An exec while another thread sits in a real cuMemFree between claim and publish: the end
+    // line counts that event lost and moves on.  When the exec fails and the thread publishes
+    // later, the slot must come back, or every producer would wait at it a lap later.
+    std::string path = temp_path("abandoned");
+    event_log::options o;
+    o.capacity = 1024;
+    o.wait_ms = 200;
+    event_log log(o);
+    REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
+    event* stuck = log.claim();
+    REQUIRE(stuck);
+    uint64_t stuck_seq = stuck->seq;
+    *stuck = alloc_event(0x1000);
+    stuck->seq = stuck_seq;
+    log.finish(end_reason::exec, 0, 0, 0);
+    CHECK(log.lost() == 1);
+    log.resume_after_failed_exec();
+    log.publish(stuck);  // late: already counted lost, never written out of order
+    for (int i = 0; i < 3000; ++i) log.record(alloc_event(0x100000 + uint64_t(i) * 512));
+    log.finish(end_reason::exit, 0, 0, 0);
+    CHECK(log.lost() == 1);
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() == 1 + 3000 + 1);
+    CHECK(lines.back()["lost"] == 1);
+    CHECK(lines[1]["ptr"] == "0x100000");
+    unlink(path.c_str());
+}
+
 TEST_CASE("recorder: failed free keeps the allocation live, and an unknown free is flagged") {
     std::string path = temp_path("recorder");
     event_log::options o;
