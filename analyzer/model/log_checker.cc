@@ -54,28 +54,13 @@ void log_checker::freed(const log_event& e, const live_alloc* a, uint64_t line) 
     freed_.insert_or_assign(e.ptr, line);
 }
 
-void log_checker::check_order_slow(const log_event& e, uint64_t line) {
-    if (e.has(fd_seq)) {  // every kind but "lost" has one
-        // Order: seq must grow by exactly one per event.
-        if (have_seq_) {
-            if (e.seq <= last_seq_)
-                fail(line, "events out of order: seq " + std::to_string(e.seq) + " follows seq " +
-                               std::to_string(last_seq_) + " (the file must be in seq order)");
-            if (e.seq != last_seq_ + 1) {
-                warn(line, "seq jumps from " + std::to_string(last_seq_) + " to " + std::to_string(e.seq) + ": " +
-                               std::to_string(e.seq - last_seq_ - 1) + " event(s) missing");
-                lenient_ = true;
-            }
-        } else if (e.seq != 0) {
-            warn(line, "the first event has seq " + std::to_string(e.seq) + ", not 0: earlier events are missing");
-            lenient_ = true;
-        }
-        have_seq_ = true;
-        last_seq_ = e.seq;
+void log_checker::check_order_slow(const order_finding& f, const log_event& e, uint64_t line) {
+    if (f.error()) fail(line, f.message());
+    if (f.what != order_finding::none) {  // a seq gap: events are missing from here on
+        warn(line, f.message());
+        lenient_ = true;
     }
-    if (!e.known_kind) return;  // a kind from a newer recorder: skipped by the version policy
-    if (after_end_) warn(line, "event after the end line");
-    if (e.ev == ev_kind::header) fail(line, "a second header line: two logs concatenated into one file?");
+    if (after_end_ && e.known_kind) warn(line, "event after the end line");
 }
 
 void log_checker::after_event_slow(address_space& model, const log_event& e, uint64_t line) {

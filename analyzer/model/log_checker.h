@@ -1,4 +1,4 @@
-// Validation of a log as it is read: seq order and gaps, events after the end line, frees of what
+// Validation of a log as it is read: seq order and gaps (the rules are log_order.h's), events after the end line, frees of what
 // is not live (double frees named from a bounded table of recent frees), counts the log states
 // about itself, and the lenient mode a log enters once it is known to miss events.
 #pragma once
@@ -8,6 +8,7 @@
 
 #include "log_event.h"
 #include "model/address_space.h"
+#include "model/log_order.h"
 #include "report_model.h"
 #include "u64_map.h"
 
@@ -20,13 +21,8 @@ public:
     // Before any event is applied, known kind or not.  Throws input_error for a log out of order.
     void check_order(const log_event& e, uint64_t line) {
         if (e.ev != ev_kind::lost || !e.known_kind) ++events_;
-        // The common case inline: the next seq of a known kind, before any end line.
-        if (have_seq_ && e.has(fd_seq) && e.seq == last_seq_ + 1 && e.known_kind && !after_end_ &&
-            e.ev != ev_kind::header) {
-            last_seq_ = e.seq;
-            return;
-        }
-        check_order_slow(e, line);
+        order_finding f = order_.next(e);
+        if (f.what != order_finding::none || (after_end_ && e.known_kind)) check_order_slow(f, e, line);
     }
     // After a known event was applied to `model`.
     void after_event(address_space& model, const log_event& e, uint64_t line) {
@@ -51,12 +47,11 @@ public:
     [[noreturn]] void fail(uint64_t line, const std::string& message);
 
 private:
-    void check_order_slow(const log_event& e, uint64_t line);
+    void check_order_slow(const order_finding& f, const log_event& e, uint64_t line);
     void after_event_slow(address_space& model, const log_event& e, uint64_t line);
 
     process_report& rep_;
-    bool have_seq_ = false;
-    uint64_t last_seq_ = 0;
+    log_order order_;
     // After lost events or a seq gap the log is known to be incomplete, so inconsistencies that
     // the missing events could explain become warnings instead of errors.
     bool lenient_ = false;

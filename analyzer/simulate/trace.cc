@@ -7,12 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "log_reader.h"
+#include "model/log_order.h"
 #include "u64_map.h"
 
 namespace gpumem::simulate {
 
 using analysis::input_error;
 using analysis::log_event;
+using analysis::order_finding;
 
 namespace {
 
@@ -86,8 +88,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
     std::vector<std::string> seen_apis;
     log_event e;
     std::string err;
-    bool have_seq = false;
-    uint64_t last_seq = 0;
+    analysis::log_order order;
     while (src.next(line, complete)) {
         if (line.empty()) continue;
         auto st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
@@ -98,17 +99,11 @@ trace load_trace(const std::string& path, const trace_options& opt) {
             }
             throw input_error(path, src.line_number(), err);
         }
+        // The report's order rules, from the same place (model/log_order.h), so both refuse the same
+        // logs with the same words: a second header or a seq not going forward would pair one
+        // process's frees with another's blocks.  Its warnings (events missing) are the report's to say.
+        if (order_finding f = order.next(e); f.error()) throw input_error(path, src.line_number(), f.message());
         if (!e.known_kind) continue;
-        // The same rules as the report's (analyze.cc): one log per file, written in seq order.  A
-        // second header or a seq going back would pair one process's frees with another's blocks.
-        if (e.ev == ev_kind::header)
-            throw input_error(path, src.line_number(), "a second header line: two logs concatenated into one file? (give each log as its own input)");
-        if (e.present & analysis::bit(analysis::fd_seq)) {
-            if (have_seq && e.seq < last_seq)
-                throw input_error(path, src.line_number(), "events out of order: seq " + std::to_string(e.seq) + " follows seq " + std::to_string(last_seq));
-            have_seq = true;
-            last_seq = e.seq;
-        }
         if (e.ev != ev_kind::alloc && e.ev != ev_kind::free) continue;
         if (analysis::line_parser::required_members(e) & ~e.present)
             throw input_error(path, src.line_number(),

@@ -25,6 +25,7 @@ const bad_case k_cases[] = {
     {"double_free.jsonl", 4, "double free of pointer 0x1000: it was already freed at line 3"},
     {"unknown_free.jsonl", 3, "free of unknown pointer 0x2000: never allocated in this log and not marked \"unknown\":true"},
     {"out_of_order.jsonl", 4, "events out of order: seq 1 follows seq 2"},
+    {"repeated_seq.jsonl", 4, "events out of order: seq 1 follows seq 1"},  // equal is out of order too
     {"concatenated.jsonl", 3, "a second header line: two logs concatenated into one file?"},
     {"bad_hex.jsonl", 2, "member \"ptr\" is \"1000\", expected a hex string like \"0x7f00\""},
     {"negative_size.jsonl", 2, "member \"size\" should be a non-negative integer"},
@@ -64,6 +65,27 @@ TEST_CASE("the gpumem binary exits 2 with the message on stderr", "[bad][cli]") 
         CHECK_THAT(r.err, Catch::Contains(std::string("gpumem: error: ") + path));
         CHECK_THAT(r.err, Catch::Contains(c.message));
     }
+}
+
+// `gpumem replay` reads a log by the report's order rules (model/log_order.h): the same logs are
+// refused, exit 2, with the same file:line and message, so the two never disagree about one file.
+TEST_CASE("report and replay refuse a second header or a seq not going forward alike", "[bad][cli]") {
+    int n = 0;
+    for (const bad_case& c : k_cases) {
+        std::string file = c.file;
+        if (file != "concatenated.jsonl" && file != "out_of_order.jsonl" && file != "repeated_seq.jsonl") continue;
+        INFO(file);
+        ++n;
+        std::string path = data_path("bad/" + file);
+        run_result report = run_gpumem("report --no-progress " + path);
+        run_result replay = run_gpumem("replay " + path);
+        CHECK(report.rc == 2);
+        CHECK(replay.rc == 2);
+        CHECK(replay.out.empty());
+        CHECK_THAT(replay.err, Catch::Contains(path + ":" + std::to_string(c.line) + ": " + c.message));
+        CHECK(replay.err == report.err);
+    }
+    CHECK(n == 3);
 }
 
 TEST_CASE("command-line mistakes exit 2 with usage", "[bad][cli]") {
