@@ -121,6 +121,7 @@ struct runtime_scope {
     uint64_t size;   // alloc: bytes asked for
     uint64_t ptr;    // free: the pointer
     bool recorded = false;
+    bool passed = false;  // free: a pooled block the driver hook passed to the driver (in a capture)
     runtime_scope* prev;
     static thread_local runtime_scope* top;
     runtime_scope(api_id a, bool f, uint64_t s, uint64_t p) noexcept : api(a), is_free(f), size(s), ptr(p), prev(top) {

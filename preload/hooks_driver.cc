@@ -50,7 +50,8 @@ api_id alloc_api(api_id driver_api, uint64_t bytes) noexcept {
 // A free of a block the pool handed out ends in the pool, whichever free call the program used:
 // the driver never saw the block.  Recorded under the runtime's name when cudaFree or
 // cudaFreeAsync is the caller.  A stream-ordered free (cuMemFreeAsync) is safe as a pool free:
-// the block is reused only once the work enqueued before the free, on any stream, is done.
+// the block is reused only once the work enqueued before the free, on any stream, is done.  (Not
+// during a capture of its stream: GPUMEM_FREE_ASYNC below.)
 static bool pooled_free(api_id api, CUdeviceptr p, CUresult* r) noexcept {
     if (runtime_scope* s = runtime_scope::top; s && s->is_free && s->ptr == uint64_t(p)) api = s->api;
     int pr = 0;
@@ -184,6 +185,36 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
 GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
 GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
 
+// Whether the driver says stream s is being captured.  There cuMemFreeAsync makes a free node, which
+// only a graph allocation may have (its documentation); a pooled block is a cuMemAlloc allocation to
+// the program, so such a free is the driver's to answer, and the block stays allocated.  Asked of
+// the driver at each stream-ordered free of a pooled block (about 0.05 us on the H200,
+// docs/benchmarks.md run 77), never at any other free: the hooks' capture count misses
+// captures opened by routes they do not see (the first cuStreamBeginCapture ABI, GPUMEM_ROUTES), so
+// a count of 0 proves nothing.  The legacy stream made unusable by a capture on a blocking stream
+// (STREAM_CAPTURE_IMPLICIT) is refused by the driver too.  Any other answer, errors included: the
+// pool frees, as before (passed through outside a capture, the free could release the whole
+// segment under a pooled block).
+static bool capturing(CUstream s) noexcept {
+    auto is_capturing = real<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(drv::cuStreamIsCapturing);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = is_capturing ? is_capturing(s, &st) : CUDA_ERROR_NOT_FOUND;
+    return r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+// A pooled block's free passed to the driver during a capture, logged with the driver's answer (a
+// refusal is a free_fail, which leaves the block live in the log, as it is in the pool).  Under
+// cudaFreeAsync the runtime wrapper logs it, with the runtime's code: it leaves pooled blocks to
+// the pool, so it is told here.
+template <class F>
+static CUresult captured_free(api_id api, CUdeviceptr p, CUstream s, F&& real_call) noexcept {
+    if (runtime_scope* rs = runtime_scope::for_free(uint64_t(p))) {
+        rs->passed = true;
+        return real_call();
+    }
+    return recorded_free(api, mem_kind::device, uint64_t(p), true, uint64_t(s), real_call);
+}
+
 #define GPUMEM_FREE_ASYNC(NAME)                                                                       \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr p, CUstream s) {                            \
         auto f = real<CUresult (*)(CUdeviceptr, CUstream)>(drv::NAME);                                  \
@@ -191,6 +222,8 @@ GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         if (guard::active() || p == 0) return f(p, s);                                                 \
         guard g;                                                                                       \
+        if (pool_owns(uint64_t(p)) && capturing(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s))       \
+            return captured_free(api_id::NAME, p, s, [&] { return f(p, s); });                         \
         CUresult pr = CUDA_SUCCESS;                                                                    \
         if (pooled_free(api_id::NAME, p, &pr)) return pr;                                              \
         return recorded_free(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \

@@ -22,18 +22,23 @@ F runtime_fn(std::atomic<void*>& slot, const char* name) noexcept {
 }
 
 // A runtime free: recorded here before the real call unless the pool owns the block (the pool
-// records it when the driver free underneath reaches it).
+// records it when the driver free underneath reaches it).  A pooled block the driver hook passed to
+// the driver instead (a cudaFreeAsync during a capture) is recorded here after the call, with the
+// runtime's answer; the block stays allocated in the pool, so no allocation of it can come between.
 template <class F>
 int runtime_free(api_id api, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
     recorder* rec = recorder_or_null();
     runtime_scope s(api, true, 0, ptr);
-    if (!rec || pool_owns(ptr)) return real_call();
+    if (!rec) return real_call();
+    const bool pooled = pool_owns(ptr);
     call_info c = make_call(api, -1);
     c.has_stream = has_stream;
     c.stream = stream;
-    recorder::free_ticket t = rec->free_begin(c, ptr);
+    recorder::free_ticket t;
+    if (!pooled) t = rec->free_begin(c, ptr);
     int r = real_call();
-    rec->free_end(t, r);
+    if (pooled && s.passed) t = rec->free_begin(c, ptr);
+    rec->free_end(t, r);  // no slot claimed: nothing
     return r;
 }
 }  // namespace

@@ -63,6 +63,8 @@ run_case torch-nocache off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- python3 $W torch 
 run_case torch-expandable off PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- python3 $W torch "$LOGS/torch-expandable.stats.json"
 run_case jax-default off -- python3 $W jax "$LOGS/jax-default.stats.json"
 run_case jax-platform off XLA_PYTHON_CLIENT_ALLOCATOR=platform -- python3 $W jax "$LOGS/jax-platform.stats.json"
+# CuPy without gpumem: the driver's own answers, which both cupy cases must match (e2e_checks.py).
+python3 $W cupy "$LOGS/cupy-bare.stats.json" > "$LOGS/cupy-bare.stdout" 2>&1
 run_case cupy off -- python3 $W cupy "$LOGS/cupy.stats.json"
 run_case cuda-static off -- "$APP"
 # The same programs with gpumem's pool serving cuMemAlloc/cudaMalloc (the default).

@@ -241,6 +241,30 @@ void vmm_runtime() {
     CHECK(cudaGetDriverEntryPointByVersion("cuMemUnmap", reinterpret_cast<void**>(&a.unmap), 12000, 0, &st));
     vmm_driver(a);
 }
+
+// cudaFreeAsync of a cudaMalloc block on a stream being captured: the driver refuses it (a free
+// node needs a graph allocation).  The stream and capture functions come from
+// cudaGetDriverEntryPointByVersion (the emulated runtime has no capture API).
+void free_async_capture_runtime() {
+    void* a;
+    void* b;
+    CHECK(cudaMalloc(&a, 5000));  // initialises the runtime
+    CUresult (*create)(CUstream*, unsigned);
+    CUresult (*begin)(CUstream, CUstreamCaptureMode);
+    CUresult (*end)(CUstream, CUgraph*);
+    int st;
+    CHECK(cudaGetDriverEntryPointByVersion("cuStreamCreate", reinterpret_cast<void**>(&create), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuStreamBeginCapture", reinterpret_cast<void**>(&begin), 12000, 0, &st));
+    CHECK(cudaGetDriverEntryPointByVersion("cuStreamEndCapture", reinterpret_cast<void**>(&end), 12000, 0, &st));
+    CUstream s;
+    CHECK(create(&s, CU_STREAM_DEFAULT));  // one blocking stream: auto reuse stays immediate
+    CHECK(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    printf("free_async_capture_result=%d\n", cudaFreeAsync(a, s));
+    CUgraph g = nullptr;
+    printf("end_capture_result=%d\n", int(end(s, &g)));
+    CHECK(cudaMalloc(&b, 5000));
+    printf("realloc_same=%d\na=0x%llx\n", a == b, (unsigned long long)uintptr_t(a));
+}
 #endif
 
 #ifdef EMU_APP_DRIVER
@@ -463,6 +487,7 @@ int main(int argc, char** argv) {
     if (s == "basic") basic_runtime();
     else if (s == "vmm") vmm_runtime();
     else if (s == "train") train_runtime(argc > 2 ? atoi(argv[2]) : 200);
+    else if (s == "free-async-capture") free_async_capture_runtime();
 #endif
     else {
         fprintf(stderr, "unknown scenario %s\n", s.c_str());

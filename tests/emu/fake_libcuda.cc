@@ -100,6 +100,7 @@ struct emu_state {
     std::atomic<int> capturing{0};  // open captures, process-wide (the driver's global mode)
     std::mutex capture_mu;
     std::map<CUstream, int> capturing_streams;  // which streams capture, as the driver refuses
+    std::map<uint64_t, int> graph_allocs;       // stream-ordered allocations made during a capture
 };
 
 emu_state& st() {
@@ -146,7 +147,7 @@ counter g_counters[] = {
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
     {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
     {"cuIpcOpenMemHandle_v2", {0}},  // both names, cuIpcOpenMemHandle and _v2
-    {"cuIpcCloseMemHandle", {0}},
+    {"cuIpcCloseMemHandle", {0}}, {"cuStreamIsCapturing", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -517,6 +518,19 @@ EMU_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return cuStreamEndCapture(s, g); }
+// Streams are keyed as the program passed them (no per-thread or legacy mapping, and no implicit
+// capture of the legacy stream): what the tests' scenarios need.
+EMU_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    bump("cuStreamIsCapturing");
+    std::lock_guard<std::mutex> lk(st().capture_mu);
+    *status = st().capturing_streams.count(s) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+static bool stream_capturing(CUstream s) {
+    std::lock_guard<std::mutex> lk(st().capture_mu);
+    return st().capturing_streams.count(s) != 0;
+}
 EMU_EXPORT CUresult cuGetErrorString(CUresult e, const char** s) {
     *s = e == CUDA_SUCCESS ? "no error" : e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "emulated error";
     return CUDA_SUCCESS;
@@ -554,19 +568,37 @@ EMU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t size, unsigned int)
     bump("cuMemAllocManaged");
     return device_alloc(p, size, 1);
 }
-EMU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t size, CUstream) {
+// A stream-ordered allocation on a capturing stream is a graph allocation, which the capture may free
+// (freed at once here: the emulated device launches no graph).
+static CUresult ordered_alloc(CUdeviceptr* p, size_t size, CUstream s) {
+    CUresult r = device_alloc(p, size, 0);
+    if (r == CUDA_SUCCESS && stream_capturing(s)) {
+        std::lock_guard<std::mutex> lk(st().capture_mu);
+        st().graph_allocs[uint64_t(*p)] = 1;
+    }
+    return r;
+}
+EMU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t size, CUstream s) {
     bump("cuMemAllocAsync");
-    return device_alloc(p, size, 0);
+    return ordered_alloc(p, size, s);
 }
 EMU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t size, CUstream s) { return cuMemAllocAsync(p, size, s); }
-EMU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) {
+// During a capture of its stream the free becomes a free node, which only a graph allocation may
+// have (cuMemFreeAsync's documentation): any other pointer is refused and nothing is freed.  The
+// real driver's code for this is unverified on a machine without a GPU: CUDA_ERROR_INVALID_VALUE
+// here, and the capture is not marked invalidated (the emulated captures have no such state).
+EMU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     bump("cuMemFreeAsync");
+    if (stream_capturing(s)) {
+        std::lock_guard<std::mutex> lk(st().capture_mu);
+        if (!st().graph_allocs.erase(uint64_t(p))) return CUDA_ERROR_INVALID_VALUE;
+    }
     return device_free(p);
 }
 EMU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
-EMU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t size, CUmemoryPool, CUstream) {
+EMU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t size, CUmemoryPool, CUstream s) {
     bump("cuMemAllocFromPoolAsync");
-    return device_alloc(p, size, 0);
+    return ordered_alloc(p, size, s);
 }
 EMU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, size_t size, CUmemoryPool pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, size, pool, s);
@@ -1026,7 +1058,7 @@ const fn_entry k_functions[] = {
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz),
-    E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
+    E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
     E(cuMemAllocFromPoolAsync_ptsz), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),

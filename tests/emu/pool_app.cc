@@ -596,6 +596,38 @@ void free_async() {
     printf("free_b_result=%d\n", int(cuMemFree(b)));
 }
 
+// cuMemFreeAsync of a pooled block on a stream being captured.  During a capture the driver makes
+// a free node, which only a graph allocation may have: it refuses a cuMemAlloc pointer, and the
+// block stays the program's.  `how`: "" (cuMemFreeAsync) or ptsz (the resolved _ptsz variant, on
+// the same named stream).  One blocking stream keeps auto reuse immediate, so a block the pool
+// took back would be handed out again by the next allocation of its size.
+void free_async_capture(const std::string& how) {
+    setup();
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+    using free_fn = CUresult (*)(CUdeviceptr, CUstream);
+    free_fn free_async = cuMemFreeAsync;
+    if (how == "ptsz") {
+        void* f = nullptr;
+        CUdriverProcAddressQueryResult q;
+        CHECK(cuGetProcAddress_v2("cuMemFreeAsync", &f, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        free_async = reinterpret_cast<free_fn>(f);
+    }
+    CUdeviceptr a, b;
+    CHECK(cuMemAlloc(&a, 5000));
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    printf("free_async_capture_result=%d\n", int(free_async(a, s)));
+    CUgraph g = nullptr;
+    printf("end_capture_result=%d\n", int(cuStreamEndCapture(s, &g)));
+    CHECK(cuMemAlloc(&b, 5000));
+    printf("realloc_same=%d\n", a == b);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const int range = int(cuMemGetAddressRange(&base, &size, a));
+    printf("range_a_result=%d\nrange_a_size=%zu\n", range, size);
+    printf("a=0x%llx\n", (unsigned long long)a);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -607,6 +639,7 @@ int main(int argc, char** argv) {
     else if (s == "capture") capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end");
     else if (s == "query") query();
     else if (s == "free-async") free_async();
+    else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -618,7 +651,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -4,6 +4,7 @@ Usage: python3 e2e_checks.py CASE LOG [STATS_JSON]
 Exit status 0 when every check of the case holds.
 """
 import json
+import os
 import sys
 
 from check_log import live_bytes, load, summarize
@@ -130,6 +131,28 @@ def main():
             if case.endswith("-pool") and (stats["mapping_rc"] != [0, 0] or stats["mapping_base"] != stats["block"] or
                                            stats["mapping_size"] < 6 * MiB):
                 problems.append("the mapping of a pooled 6 MiB block is not the block")
+        # cudaFreeAsync of a cudaMalloc block during a capture: the driver's answer without gpumem
+        # (cupy-bare, run by gpu-e2e.sh), the same under gpumem with or without the pool; a refused
+        # free is logged as free_fail, and the pool keeps the block.
+        if "capture_free_rc" in stats:
+            bare_path = os.path.join(os.path.dirname(sys.argv[3]), "cupy-bare.stats.json")
+            bare = json.load(open(bare_path)) if os.path.exists(bare_path) else {}
+            rc, end_rc = stats["capture_free_rc"], stats["capture_end_rc"]
+            facts.append(f"capture freeAsync rc={rc} (without gpumem {bare.get('capture_free_rc', '?')}) "
+                         f"end rc={end_rc} (without {bare.get('capture_end_rc', '?')}) "
+                         f"same block again={stats['capture_realloc_same']}")
+            if not bare:
+                problems.append("no cupy-bare.stats.json: nothing to compare the capture free with")
+            elif (rc, end_rc) != (bare["capture_free_rc"], bare["capture_end_rc"]):
+                problems.append("the capture free or its end answered otherwise than without gpumem")
+            blk = hex(stats["capture_block"])
+            if rc != 0:
+                if stats["capture_realloc_same"]:
+                    problems.append("the refused block was handed out again")
+                if any(e["ev"] == "free" and e["ptr"] == blk for e in lines):
+                    problems.append("the refused capture free is logged as a free")
+                if not any(e["ev"] == "free_fail" and e["ptr"] == blk for e in lines):
+                    problems.append("the refused capture free is not logged as free_fail")
     elif case.startswith("cuda-static"):
         problems += common(s, "exit")
         want = [1000, MiB, 3 * MiB + 5, 256 * MiB]

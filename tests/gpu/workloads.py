@@ -86,10 +86,32 @@ def cupy_mode(stats_path):
         free_async_rc = e.status
     rt.deviceSynchronize()
     rt.free(b)
+    # cudaFreeAsync of a cudaMalloc block on a stream being captured: a free node, which only a graph
+    # allocation may have (cuMemFreeAsync's documentation), so the driver should refuse it; the code
+    # is recorded, to be the same without gpumem, with it and with its pool (which must pass the call
+    # to the driver and keep the block: a second 5 MiB cudaMalloc must not get it back).
+    c = rt.malloc(5 * 2**20)
+    stream = cp.cuda.Stream()  # blocking, the only stream: auto reuse stays immediate
+    rt.streamBeginCapture(stream.ptr, 0)  # cudaStreamCaptureModeGlobal
+    try:
+        rt.freeAsync(c, stream.ptr)
+        capture_free_rc = 0
+    except rt.CUDARuntimeError as e:
+        capture_free_rc = e.status
+    try:
+        graph = rt.streamEndCapture(stream.ptr)
+        capture_end_rc = 0
+        if graph:
+            rt.graphDestroy(graph)  # never launched
+    except rt.CUDARuntimeError as e:
+        capture_end_rc = e.status
+    d = rt.malloc(5 * 2**20)
+    print(f"capture cudaFreeAsync rc={capture_free_rc} end capture rc={capture_end_rc} same block again={d == c}")
     with open(stats_path, "w") as f:
         json.dump({"sizes": sizes, "live_sizes": [sizes[0], sizes[2]], "block": a, "mapping_rc": [rc_size, rc_base],
                    "mapping_size": mapping_size.value, "mapping_base": mapping_base.value or 0,
-                   "free_async_rc": free_async_rc}, f)
+                   "free_async_rc": free_async_rc, "capture_block": c, "capture_free_rc": capture_free_rc,
+                   "capture_end_rc": capture_end_rc, "capture_realloc_same": d == c}, f)
     os._exit(0)
 
 

@@ -1025,3 +1025,76 @@ TEST_CASE("pool: cuMemFreeAsync of a pooled block ends in the pool, as cuMemFree
         check_rebuild(ls);
     }
 }
+
+namespace {
+// `gpumem report --json` on a log: the addresses of its devices' live blocks at the end.
+std::set<uint64_t> report_leaks(const std::string& log) {
+    std::string cmd = std::string(GPUMEM_CLI) + " report --json '" + log + "' 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    REQUIRE(pclose(p) == 0);
+    const json rep = json::parse(out);
+    std::set<uint64_t> live;
+    for (auto& d : rep["processes"][0]["devices"])
+        for (auto& b : d["leaks"]) live.insert(hex(b["ptr"]));
+    return live;
+}
+}  // namespace
+
+// A stream-ordered free during a capture of its stream makes a free node, which only a graph
+// allocation may have: the driver refuses a cuMemAlloc pointer, and the memory stays the
+// program's.  A pooled block taken back by the pool instead would be handed out again while the
+// captured graph, launched later, still uses it.
+TEST_CASE("pool: cuMemFreeAsync of a pooled block during a stream capture gets the driver's answer, and the block stays live") {
+    struct app {
+        const char* path;
+        const char* how;
+        const char* api;
+    };
+    for (const app& a : {app{EMU_POOL_APP, "", "cuMemFreeAsync"}, app{EMU_POOL_APP, "ptsz", "cuMemFreeAsync_ptsz"},
+                         app{EMU_RT_SHARED_APP, nullptr, "cudaFreeAsync"}, app{EMU_RT_STATIC_APP, nullptr, "cuMemFreeAsync"}}) {
+        std::vector<std::string> argv{a.path, "free-async-capture"};
+        if (a.how) argv.push_back(a.how);
+        INFO(a.path << " " << (a.how ? a.how : ""));
+        // Without gpumem, and with it but no pool: the emulated driver's refusal, the same both ways.
+        auto bare = values(run(argv, {}, false).out);
+        auto off = values(run(argv, {{"GPUMEM_POOL", "off"}}).out);
+        CHECK(bare["free_async_capture_result"] == "1");  // CUDA_ERROR_INVALID_VALUE / cudaErrorInvalidValue
+        CHECK(off["free_async_capture_result"] == bare["free_async_capture_result"]);
+        CHECK(off["realloc_same"] == "0");
+        for (const char* vmm : {"off", "on"}) {
+            INFO("GPUMEM_POOL_VMM=" << vmm);
+            auto r = run(argv, {{"GPUMEM_POOL_VMM", vmm}});
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            auto v = values(r.out);
+            CHECK(v["free_async_capture_result"] == bare["free_async_capture_result"]);
+            CHECK(v["end_capture_result"] == "0");
+            CHECK(v["realloc_same"] == "0");  // the block was not taken back
+            if (a.how) {
+                CHECK(v["range_a_result"] == "0");  // still the program's block
+                CHECK(v["range_a_size"] == "5000");
+            }
+            // Logged as the driver answered, under the call the program made; the block stays live.
+            const uint64_t blk = std::stoull(v["a"], nullptr, 16);
+            size_t fails = 0;
+            for (auto& j : ls) {
+                if (!j.contains("ptr") || hex(j["ptr"]) != blk) continue;
+                CHECK(j["ev"] != "free");
+                if (j["ev"] != "free_fail") continue;
+                ++fails;
+                CHECK(j["api"] == a.api);
+                CHECK(j["err"] == 1);
+                CHECK(j["size"] == 5000);
+                CHECK_FALSE(j.contains("pooled"));  // the driver's answer, not the pool's
+            }
+            CHECK(fails == 1);
+            CHECK(ls.back()["live_allocs"] == 2);
+            check_rebuild(ls);
+            CHECK(report_leaks(r.logs[0]).count(blk) == 1);
+        }
+    }
+}
