@@ -348,13 +348,22 @@ void event_log::write_all(const char* p, size_t n) noexcept {
 }
 
 bool event_log::switch_after_write_error(int err) noexcept {
-    // Async-signal-safe apart from the name strings (built once, and never from a signal handler in
-    // practice: the first write, the header's, happens in start()).
+    // Moving to a new file builds its name on the heap: not from a signal handler, which may have
+    // interrupted malloc.  There the log ends where the write failed, and stderr says so.
     int old = fd_;
     fd_ = -1;
     char msg[1024];
     if (write_failed_) {
         close(old);
+        return false;
+    }
+    if (in_signal_) {
+        write_failed_ = true;
+        close(old);
+        int n = snprintf(msg, sizeof msg,
+                         "gpumem: writing %s failed (errno %d) while the process ended on a signal; the log ends there\n",
+                         path_.c_str(), err);
+        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
         return false;
     }
     write_failed_ = true;
@@ -504,6 +513,7 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     // With no file left (write_all gave up) the events are still consumed, or the ring would stay
     // full and every producer would wait out its budget.
     if (!ring_ || !buf_) return;
+    in_signal_ = from_signal;
     if (n_abandoned_) release_abandoned();
     uint64_t t = tail_;
     uint64_t cap = mask_ + 1;

@@ -137,6 +137,7 @@ class event_log {
     uint64_t abandoned_[k_max_abandoned];
     int n_abandoned_ = 0;
     bool write_failed_ = false;                 // the stderr note and the /tmp move happen once
+    bool in_signal_ = false;                    // the current drain runs in a signal handler (no heap)
     std::string path_;
     uint64_t t0_ = 0;
     log_totals totals_;                         // consumer only

@@ -2,7 +2,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <cstdio>
@@ -423,6 +428,41 @@ TEST_CASE("event log: a slot passed over at the end serves again once its thread
     CHECK(lines.back()["lost"] == 1);
     CHECK(lines[1]["ptr"] == "0x100000");
     unlink(path.c_str());
+}
+
+TEST_CASE("event log: a write that fails inside a signal handler ends the log there, with no move to /tmp") {
+    // Moving to /tmp builds names on the heap, which a signal handler that interrupted malloc must
+    // not touch.  A file size limit makes the crash path's write fail (EFBIG); outside a signal the
+    // same failure moves the log to /tmp/<name>, as docs/log-format.md says.
+    for (bool from_signal : {true, false}) {
+        std::string name = "gpumem-core-test-fsize-" + std::to_string(getpid()) + (from_signal ? "-sig" : "-plain") + ".jsonl";
+        std::string dir = "/tmp/gpumem-core-test-dir-" + std::to_string(getpid());
+        mkdir(dir.c_str(), 0700);
+        std::string path = dir + "/" + name, moved = "/tmp/" + name;
+        unlink(moved.c_str());
+        pid_t child = fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            signal(SIGXFSZ, SIG_IGN);
+            event_log::options o;
+            event_log log(o);
+            if (!log.start(path, "{\"ev\":\"header\"}\n")) _exit(10);
+            rlimit lim{4096, RLIM_INFINITY};
+            if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(11);
+            for (int i = 0; i < 200; ++i) log.record(alloc_event(0x1000 + uint64_t(i) * 512));
+            log.finish(from_signal ? end_reason::signal : end_reason::exit, from_signal ? SIGTERM : 0, 0, 0);
+            _exit(0);
+        }
+        int status = 0;
+        REQUIRE(waitpid(child, &status, 0) == child);
+        REQUIRE(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+        struct stat st;
+        CHECK((stat(moved.c_str(), &st) == 0) == !from_signal);
+        unlink(moved.c_str());
+        unlink(path.c_str());
+        rmdir(dir.c_str());
+    }
 }
 
 TEST_CASE("recorder: failed free keeps the allocation live, and an unknown free is flagged") {
