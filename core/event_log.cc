@@ -547,6 +547,20 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     tail_ = t;
     write_all(buf_, buf_len_);
     buf_len_ = 0;
+    drained_to_.store(tail_, std::memory_order_release);
+}
+
+bool event_log::let_writer_drain(uint32_t wait_ms) noexcept {
+    if (!started_.load(std::memory_order_acquire) || finished_.load(std::memory_order_acquire)) return false;
+    uint64_t target = head_.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i <= wait_ms * 10; ++i) {
+        if (drained_to_.load(std::memory_order_acquire) >= target) return true;
+        if (!writer_running_.load(std::memory_order_acquire)) return false;
+        wake_pending_.store(false, std::memory_order_relaxed);  // this wake must reach the writer
+        wake_writer();
+        sleep_ns(100000);
+    }
+    return false;
 }
 
 void event_log::release_abandoned() noexcept {
@@ -590,7 +604,7 @@ bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wai
 
 void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
-    bool from_signal = why == end_reason::signal;
+    bool from_signal = why == end_reason::signal || why == end_reason::fast_exit;
     if (!lock_output(from_signal)) return;
     if (finished_.exchange(true, std::memory_order_acq_rel)) {
         unlock_output();
@@ -651,6 +665,7 @@ void event_log::resume_after_failed_exec() noexcept {
             uint64_t expect = end_pos_ + 1;
             if (head_.compare_exchange_strong(expect, end_pos_, std::memory_order_acq_rel)) {
                 tail_ = end_pos_;
+                drained_to_.store(end_pos_, std::memory_order_release);
             } else {
                 s.state.store(end_pos_ + cap - (end_pos_ & mask_), std::memory_order_release);
             }
@@ -693,6 +708,7 @@ void event_log::reset_after_fork() noexcept {
     if (old_buf) munmap(old_buf, k_buf_size);
     head_.store(0);
     tail_ = 0;
+    drained_to_.store(0);
     out_owner_.store(0);
     wake_.store(0);
     wake_pending_.store(false);

@@ -60,9 +60,17 @@ class event_log {
     // Writes every published event now (caller's thread).  Async-signal-safe when from_signal.
     void drain(bool from_signal = false) noexcept;
 
+    // Wakes the writer thread and waits up to wait_ms for it to write every event published so far.
+    // For _exit, which may be called from a signal handler: the writer, not the calling thread,
+    // then does the heap work (stack records), and finish() has little left.  False on a timeout
+    // or with no writer thread.
+    bool let_writer_drain(uint32_t wait_ms) noexcept;
+
     // Final drain + end line.  Idempotent: only the first call writes the end line.
     // `in_flight_wait_ms`: how long to wait for claimed-but-unpublished events (another thread inside
-    // a real cuMemFree, say) before counting them lost.  Async-signal-safe.
+    // a real cuMemFree, say) before counting them lost.  Async-signal-safe.  For end_reason::signal
+    // and end_reason::fast_exit (_exit, often called from a signal handler) it uses no heap: events
+    // it drains itself go out without their stack records, and a failed write ends the log.
     void finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept;
     bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
 
@@ -115,6 +123,7 @@ class event_log {
     uint64_t mask_ = 0;
     alignas(64) std::atomic<uint64_t> head_{0};
     alignas(64) uint64_t tail_ = 0;             // consumer only, under the output lock
+    std::atomic<uint64_t> drained_to_{0};       // tail_ after each drain, for let_writer_drain
     std::atomic<int> out_owner_{0};             // tid holding the output lock, 0 = free
     std::atomic<uint32_t> wake_{0};             // futex word the writer sleeps on
     std::atomic<bool> wake_pending_{false};

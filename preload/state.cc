@@ -37,6 +37,10 @@ void pool_at_exit() noexcept;
 
 namespace {
 
+// The real _exit, looked up when recording begins: _exit may run in a signal handler, where dlsym
+// may not (finish_and_exit below).
+std::atomic<void (*)(int)> g_real_exit{nullptr};
+
 enum phase_t : int { not_started = 0, starting = 1, recording = 2, disabled = 3 };
 
 struct process_state {
@@ -257,6 +261,7 @@ void start_recording(process_state& st) noexcept {
             return;
         }
         install_signal_handlers();
+        g_real_exit.store(reinterpret_cast<void (*)(int)>(real_dlsym(RTLD_NEXT, "_exit")), std::memory_order_release);
         st.owner_pid.store(long(getpid()));
         st.phase.store(recording, std::memory_order_release);
         GPUMEM_DEBUG("recording to {} (pool {}, ring of {} events, flush every {} ms)", st.log->path(),
@@ -339,13 +344,18 @@ int current_device() noexcept {
 }
 
 // _exit and _Exit skip atexit and destructors; multiprocessing workers end this way.  Finish the log
-// first, then exit for real.
+// first, then exit for real.  _exit is async-signal-safe and programs call it from signal handlers,
+// which may have interrupted malloc or the stack table's lock: so the writer thread writes what is
+// pending (it may take those locks; this thread waits at most 100 ms for it), finish() then uses no
+// heap (end_reason::fast_exit), and the real _exit was looked up when recording began.
 [[noreturn]] static void finish_and_exit(int status) noexcept {
     process_state& st = state();
-    if (owns_log(st)) st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
-    static auto real_exit = reinterpret_cast<void (*)(int)>(real_dlsym(RTLD_NEXT, "_exit"));
-    if (real_exit) real_exit(status);
-    for (;;) syscall(SYS_exit_group, status);
+    if (owns_log(st)) {
+        st.log->let_writer_drain(100);
+        st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
+    }
+    if (auto real_exit = g_real_exit.load(std::memory_order_acquire)) real_exit(status);
+    for (;;) syscall(SYS_exit_group, status);  // what glibc's _exit does
 }
 
 }  // namespace gpumem

@@ -465,6 +465,23 @@ TEST_CASE("event log: a write that fails inside a signal handler ends the log th
     }
 }
 
+TEST_CASE("event log: let_writer_drain has the writer write what is pending, long before its flush interval") {
+    // _exit asks this before its heap-free finish (tests/core/exit_heap_test.cc), so that stack
+    // records are still written by the writer thread.
+    std::string path = temp_path("let-drain");
+    event_log::options o;
+    o.flush_ms = 60000;
+    event_log log(o);
+    REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
+    {
+        for (int i = 0; i < 100; ++i) log.record(alloc_event(0x1000 + uint64_t(i) * 512));
+        CHECK(log.let_writer_drain(5000));
+        CHECK(read_lines(path).size() == 101);
+        log.finish(end_reason::exit, 0, 0, 0);
+    }
+    unlink(path.c_str());
+}
+
 TEST_CASE("recorder: failed free keeps the allocation live, and an unknown free is flagged") {
     std::string path = temp_path("recorder");
     event_log::options o;
