@@ -517,9 +517,14 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     if (n_abandoned_) release_abandoned();
     uint64_t t = tail_;
     uint64_t cap = mask_ + 1;
+    // At most up to the head seen now: with other threads publishing as fast as this loop writes,
+    // an unbounded drain could chase them for seconds (an exit took 1-16 s with two threads
+    // allocating without pause); what they publish meanwhile waits for the next drain.
+    uint64_t limit = head_.load(std::memory_order_acquire);
+    if (skip_before > limit) limit = skip_before;
     buf_len_ = 0;
     note_losses();
-    for (;; ++t) {
+    for (; t < limit; ++t) {
         slot& s = ring_[t & mask_];
         uint64_t st = s.state.load(std::memory_order_acquire) + (t & mask_);
         if (st != t + 1) {

@@ -417,7 +417,10 @@ void exec_case(const char* self, const char* how, int n) {
 
 // `threads` threads allocate and free without pause; after ms milliseconds the process SIGKILLs
 // itself, with the writer still behind.
-void sustain(int threads, int ms) {
+// `threads` threads allocate and free without pause; after `ms` the process is killed (SIGKILL)
+// or, with `end_by_exit`, calls exit() while they still allocate (their last events come after
+// the end line).
+void sustain(int threads, int ms, bool end_by_exit = false) {
     driver_api a = direct_api();
     setup(a);
     CUcontext ctx;
@@ -432,6 +435,7 @@ void sustain(int threads, int ms) {
         }).detach();
     }
     usleep(useconds_t(ms) * 1000);
+    if (end_by_exit) exit(0);
     kill(getpid(), SIGKILL);
     pause();
 }
@@ -480,6 +484,7 @@ int main(int argc, char** argv) {
     else if (s == "handled-signal") handled_signal_case();
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
+    else if (s == "sustain-exit") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000, true);
     else if (s == "bench")
         bench(argc > 2 ? atol(argv[2]) : 51, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? size_t(atol(argv[4])) : 4096,
               argc > 5 ? atol(argv[5]) : 0);
