@@ -223,7 +223,12 @@ void* event_log::writer_main(void* self) noexcept {
     while (!log->stop_.load(std::memory_order_acquire)) {
         uint32_t w = log->wake_.load(std::memory_order_acquire);
         log->wake_pending_.store(false, std::memory_order_relaxed);
-        if (log->lock_output(false)) {
+        // finish() is waiting for the lock: let it have it (it drains everything itself).
+        if (log->end_requested_.load(std::memory_order_acquire)) {
+            sleep_ns(100000);
+            continue;
+        }
+        if (log->lock_output(lock_wait::forever)) {
             if (!log->finished_.load(std::memory_order_acquire)) log->drain_locked();
             log->unlock_output();
         }
@@ -240,12 +245,12 @@ void event_log::wake_writer() noexcept {
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wake_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
 
-bool event_log::lock_output(bool from_signal) noexcept {
+bool event_log::lock_output(lock_wait how) noexcept {
     int me = current_tid();
     int expected = 0;
     if (out_owner_.compare_exchange_strong(expected, me, std::memory_order_acquire)) return true;
-    if (expected == me) return from_signal;  // a signal interrupted our own drain: go on, unlocked
-    if (!from_signal) {
+    if (expected == me) return how != lock_wait::forever;  // a signal interrupted our own drain: go on, unlocked
+    if (how == lock_wait::forever) {
         // Normal contention (writer vs. a caller draining inline): wait, it only formats and writes.
         for (;;) {
             expected = 0;
@@ -253,11 +258,20 @@ bool event_log::lock_output(bool from_signal) noexcept {
             sleep_ns(20000);
         }
     }
-    // Crash path: the holder is another thread that is still running; give it up to 500 ms.
-    for (int i = 0; i < 5000; ++i) {
+    // The holder is another thread that may be stuck: a crash gives it 500 ms; _exit waits while it
+    // makes progress (a slow disk), then 1 s.  Going on unlocked beside a live holder would mix
+    // both drains' lines, so it is the last resort.
+    uint64_t seen = progress_.load(std::memory_order_relaxed);
+    int idle_limit = how == lock_wait::crash ? 5000 : 10000;
+    for (int idle = 0; idle < idle_limit; ++idle) {
         expected = 0;
         if (out_owner_.compare_exchange_weak(expected, me, std::memory_order_acquire)) return true;
         sleep_ns(100000);
+        uint64_t now = progress_.load(std::memory_order_relaxed);
+        if (how == lock_wait::while_progress && now != seen) {
+            seen = now;
+            idle = 0;
+        }
     }
     return true;  // a stuck holder: a messy tail beats no tail
 }
@@ -314,7 +328,7 @@ void event_log::publish(event* e) noexcept {
     if (finished_.load(std::memory_order_acquire)) {
         // A late event after the end line (a free from a static destructor that ran after ours):
         // write it now rather than lose it.
-        if (lock_output(false)) {
+        if (lock_output(lock_wait::forever)) {
             drain_locked();
             unlock_output();
         }
@@ -344,6 +358,7 @@ void event_log::write_all(const char* p, size_t n) noexcept {
         p += w;
         n -= size_t(w);
         written_ += uint64_t(w);
+        progress_.store(progress_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
 }
 
@@ -504,7 +519,7 @@ void event_log::write_stack_record(event& e, bool from_signal) noexcept {
 
 void event_log::drain(bool from_signal) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
-    if (!lock_output(from_signal)) return;
+    if (!lock_output(from_signal ? lock_wait::crash : lock_wait::forever)) return;
     drain_locked(0, from_signal);
     unlock_output();
 }
@@ -514,7 +529,7 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     // full and every producer would wait out its budget.
     if (!ring_ || !buf_) return;
     in_signal_ = from_signal;
-    if (n_abandoned_) release_abandoned();
+    if (n_abandoned_ || abandoned_overflow_) release_abandoned();
     uint64_t t = tail_;
     uint64_t cap = mask_ + 1;
     // At most up to the head seen now: with other threads publishing as fast as this loop writes,
@@ -534,8 +549,10 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
             lost_.fetch_add(1, std::memory_order_relaxed);
             lost_reported_++;
             if (n_abandoned_ < k_max_abandoned) abandoned_[n_abandoned_++] = t;
+            else abandoned_overflow_ = true;
             continue;
         }
+        progress_.store(progress_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         account(s.e, from_signal);
         write_stack_record(s.e, from_signal);
         buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
@@ -568,26 +585,44 @@ bool event_log::let_writer_drain(uint32_t wait_ms) noexcept {
     return false;
 }
 
+void event_log::release_slot(uint64_t a) noexcept {
+    uint64_t cap = mask_ + 1, next = a + cap;
+    while (next < tail_) next += cap;
+    ring_[a & mask_].state.store(next - (a & mask_), std::memory_order_release);
+}
+
 void event_log::release_abandoned() noexcept {
-    uint64_t cap = mask_ + 1;
+    // A passed-over slot published at last: its event was counted lost already (it cannot go out
+    // of seq order); the slot serves again, as drain_locked leaves every slot it consumes.
     int kept = 0;
     for (int i = 0; i < n_abandoned_; ++i) {
         uint64_t a = abandoned_[i];
-        slot& s = ring_[a & mask_];
-        // Published at last: its event was counted lost already (it cannot go out of seq order);
-        // the slot becomes free for the next lap, as drain_locked leaves every slot it consumes.
-        if (s.state.load(std::memory_order_acquire) + (a & mask_) == a + 1)
-            s.state.store(a + cap - (a & mask_), std::memory_order_release);
+        if (ring_[a & mask_].state.load(std::memory_order_acquire) + (a & mask_) == a + 1)
+            release_slot(a);
         else
             abandoned_[kept++] = a;
     }
     n_abandoned_ = kept;
+    if (!abandoned_overflow_) return;
+    // More were passed over than the list holds: find them in the ring.  A slot's logical state is
+    // its position (free or claimed) or its position + 1 (published); one behind tail_ was passed.
+    bool stuck = false;
+    for (uint64_t i = 0; i <= mask_; ++i) {
+        uint64_t v = ring_[i].state.load(std::memory_order_acquire) + i;
+        bool published = ((v - i) & mask_) == 1 || mask_ == 0;
+        uint64_t pos = published ? v - 1 : v;
+        if (pos >= tail_) continue;
+        if (published) release_slot(pos);
+        else stuck = true;
+    }
+    abandoned_overflow_ = stuck;
 }
 
 bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wait_ms) noexcept {
     // The end line takes a ring position like any event, so that one another thread claims after
     // it (a thread still allocating while the process exits) gets a later seq and follows the end
     // line in order, instead of sharing its seq (which the analyzer must refuse).
+    end_pos_forced_ = false;
     for (uint32_t i = 0; ring_; ++i) {
         uint64_t p = head_.load(std::memory_order_acquire);
         slot& s = ring_[p & mask_];
@@ -596,12 +631,25 @@ bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wai
             *pos = p;
             return true;
         }
-        if (i >= wait_ms * 10 + 64) break;
+        if (int64_t(st) - int64_t(p) >= 0) continue;  // another thread took p: try the next
         // Full: the slot still holds an event a lap old, which only this consumer can free.
-        if (int64_t(st) - int64_t(p) < 0) {
+        if (i < wait_ms * 10) {
             drain_locked(0, from_signal);
             sleep_ns(100000);
+            continue;
         }
+        // Still full: the oldest slots are claimed by threads that do not publish (stuck in a
+        // driver call).  Pass over everything before p (counted lost), then take p even though
+        // its slot is such a claim: it stays passed-over, and serves again after its event.
+        drain_locked(p, from_signal);
+        uint64_t v = s.state.load(std::memory_order_acquire) + (p & mask_);
+        uint64_t held_for = (((v - (p & mask_)) & mask_) == 1 && mask_) ? v - 1 : v;
+        if (tail_ == p && held_for < p && head_.compare_exchange_strong(p, p + 1, std::memory_order_acq_rel)) {
+            *pos = p;
+            end_pos_forced_ = true;
+            return true;
+        }
+        if (i > wait_ms * 10 + 64) break;
     }
     *pos = head_.load(std::memory_order_acquire);
     return false;
@@ -610,8 +658,16 @@ bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wai
 void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
     bool from_signal = why == end_reason::signal || why == end_reason::fast_exit;
-    if (!lock_output(from_signal)) return;
+    end_requested_.store(true, std::memory_order_release);
+    lock_wait how = why == end_reason::signal      ? lock_wait::crash
+                    : why == end_reason::fast_exit ? lock_wait::while_progress
+                                                   : lock_wait::forever;
+    if (!lock_output(how)) {
+        end_requested_.store(false, std::memory_order_release);
+        return;
+    }
     if (finished_.exchange(true, std::memory_order_acq_rel)) {
+        end_requested_.store(false, std::memory_order_release);
         unlock_output();
         return;
     }
@@ -648,23 +704,46 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     end_pos_ = end_seq;
     write_all(line, n);
     if (end_pos_owned_) {
-        // The end line's slot is consumed like an event's; events claimed after it go out now.
-        slot& s = ring_[end_seq & mask_];
-        s.state.store(end_seq + (mask_ + 1) - (end_seq & mask_), std::memory_order_release);
+        // The end line's slot is consumed like an event's (unless a stuck claim still holds it:
+        // release_slot frees it past this position later); events claimed after it go out now.
+        if (!end_pos_forced_)
+            ring_[end_seq & mask_].state.store(end_seq + (mask_ + 1) - (end_seq & mask_), std::memory_order_release);
         tail_ = end_seq + 1;
         drain_locked(0, from_signal);
     }
+    end_requested_.store(false, std::memory_order_release);
     unlock_output();
 }
 
 void event_log::resume_after_failed_exec() noexcept {
-    if (!started_.load(std::memory_order_acquire) || !lock_output(false)) return;
+    if (!started_.load(std::memory_order_acquire) || !lock_output(lock_wait::forever)) return;
     if (finished_.load(std::memory_order_acquire)) {
         drain_locked();
-        uint64_t cap = mask_ + 1;
-        if (end_pos_owned_ && tail_ == end_pos_ + 1) {
+        // The end line is cut out of the file.  Lines other threads wrote after it stay, moved up
+        // over it; if they cannot be moved they are cut too, and counted lost.  A file that cannot
+        // be cut (a FIFO) keeps the end line, and the log goes on after it.
+        bool cut = false;
+        uint64_t late_lines = tail_ > end_pos_ + 1 ? tail_ - end_pos_ - 1 : 0;
+        if (fd_ >= 0 && end_offset_ >= 0 && buf_) {
+            uint64_t from = uint64_t(end_offset_ + end_len_), to = uint64_t(end_offset_);
+            bool moved = true;
+            while (moved && from < written_) {
+                size_t n = size_t(std::min<uint64_t>(k_buf_size, written_ - from));
+                ssize_t r = pread(fd_, buf_, n, off_t(from));
+                moved = r > 0 && pwrite(fd_, buf_, size_t(r), off_t(to)) == r;
+                if (moved) from += uint64_t(r), to += uint64_t(r);
+            }
+            if (!moved) to = uint64_t(end_offset_);
+            if (ftruncate(fd_, off_t(to)) == 0 && lseek(fd_, off_t(to), SEEK_SET) == off_t(to)) {
+                cut = true;
+                written_ = to;
+                if (!moved) lost_.fetch_add(late_lines, std::memory_order_relaxed);
+            }
+        }
+        if (cut && end_pos_owned_ && !end_pos_forced_ && late_lines == 0) {
             // No event came after the end line: its position goes back, so the log goes on with
             // no gap in seq.  The slot is made free for that position before the head moves back.
+            uint64_t cap = mask_ + 1;
             slot& s = ring_[end_pos_ & mask_];
             s.state.store(end_pos_ - (end_pos_ & mask_), std::memory_order_release);
             uint64_t expect = end_pos_ + 1;
@@ -675,23 +754,10 @@ void event_log::resume_after_failed_exec() noexcept {
                 s.state.store(end_pos_ + cap - (end_pos_ & mask_), std::memory_order_release);
             }
         }
-        // The end line is cut out of the file.  Lines other threads wrote after it stay, moved up
-        // over it; the end line's seq is then a one-event gap, which the analyzer reports.
-        if (fd_ >= 0 && end_offset_ >= 0 && buf_) {
-            uint64_t from = uint64_t(end_offset_ + end_len_), to = uint64_t(end_offset_);
-            bool ok = true;
-            while (ok && from < written_) {
-                size_t n = size_t(std::min<uint64_t>(k_buf_size, written_ - from));
-                ssize_t r = pread(fd_, buf_, n, off_t(from));
-                ok = r > 0 && pwrite(fd_, buf_, size_t(r), off_t(to)) == r;
-                if (ok) from += uint64_t(r), to += uint64_t(r);
-            }
-            if (ok && ftruncate(fd_, off_t(to)) == 0 && lseek(fd_, off_t(to), SEEK_SET) == off_t(to))
-                written_ = to;
-        }
         end_offset_ = -1;
         end_len_ = 0;
         end_pos_owned_ = false;
+        end_pos_forced_ = false;
         finished_.store(false, std::memory_order_release);
     }
     unlock_output();
@@ -728,6 +794,10 @@ void event_log::reset_after_fork() noexcept {
     end_len_ = 0;
     end_pos_owned_ = false;
     n_abandoned_ = 0;
+    abandoned_overflow_ = false;
+    end_pos_forced_ = false;
+    end_requested_.store(false);
+    progress_.store(0);
     write_failed_ = false;
     totals_ = log_totals{};
     // The parent's writer may have been inside these maps when fork() copied them: start new ones

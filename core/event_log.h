@@ -98,7 +98,13 @@ class event_log {
     };
     static void* writer_main(void* self) noexcept;
     void wake_writer() noexcept;
-    bool lock_output(bool from_signal) noexcept;
+    // How long to wait for another holder of the output lock: for ever (it only formats and
+    // writes), 500 ms (a crash: the holder may be stuck), or while it makes progress and then
+    // 1 s more (_exit: perhaps in a signal handler, with the holder blocked on a lock the
+    // interrupted thread holds).  A signal that interrupted this thread's own drain goes on
+    // unlocked in the last two.
+    enum class lock_wait { forever, crash, while_progress };
+    bool lock_output(lock_wait how) noexcept;
     void unlock_output() noexcept;
     // Drains published slots in order; stops at the first unpublished one, except that one claimed
     // before `skip_before` (its thread stuck or gone) is counted lost and passed over.
@@ -124,6 +130,8 @@ class event_log {
     alignas(64) std::atomic<uint64_t> head_{0};
     alignas(64) uint64_t tail_ = 0;             // consumer only, under the output lock
     std::atomic<uint64_t> drained_to_{0};       // tail_ after each drain, for let_writer_drain
+    std::atomic<uint64_t> progress_{0};         // bumped per event drained and per write (consumer)
+    std::atomic<bool> end_requested_{false};    // finish() waits for the lock: the writer holds off
     std::atomic<int> out_owner_{0};             // tid holding the output lock, 0 = free
     std::atomic<uint32_t> wake_{0};             // futex word the writer sleeps on
     std::atomic<bool> wake_pending_{false};
@@ -139,12 +147,17 @@ class event_log {
     int64_t end_len_ = 0;                       // its length
     uint64_t end_pos_ = 0;                      // its ring position (its seq)
     bool end_pos_owned_ = false;                // the end line took end_pos_ for itself
+    bool end_pos_forced_ = false;               // ... while its slot was held by a stuck claim
     // Positions passed over while their slot was claimed but unpublished (consumer only).  The
     // slot stays "claimed" until its thread publishes: until then the next lap cannot use it, and
     // after that only the consumer can hand it back (release_abandoned), or the ring would jam there.
     static constexpr int k_max_abandoned = 64;
     uint64_t abandoned_[k_max_abandoned];
     int n_abandoned_ = 0;
+    bool abandoned_overflow_ = false;           // more than the list holds: scan the ring instead
+    // Frees the slot of abandoned position a, whose event is published, for its next position
+    // not yet passed (the end line may have taken a + cap).
+    void release_slot(uint64_t a) noexcept;
     bool write_failed_ = false;                 // the stderr note and the /tmp move happen once
     bool in_signal_ = false;                    // the current drain runs in a signal handler (no heap)
     std::string path_;
