@@ -206,7 +206,10 @@ void fragment(size_t small_mib = 6, size_t big_mib = 60) {
 // to_graph: the capture is opened by cuStreamBeginCaptureToGraph (into an existing graph).
 // stray_end: an end of a capture on a stream that is not capturing, while the real one is open
 // (the driver says CUDA_ERROR_ILLEGAL_STATE and the capture stays open).
-void capture(bool to_graph, bool stray_end) {
+// wrong_thread: the capture is ended from another thread (the driver refuses with
+// CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD and ends it all the same, as on the H200), then by its own
+// thread (CUDA_ERROR_ILLEGAL_STATE: nothing left to end).
+void capture(bool to_graph, bool stray_end, bool wrong_thread = false) {
     setup();
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));  // as PyTorch's capture streams; switches auto to safe
@@ -231,7 +234,17 @@ void capture(bool to_graph, bool stray_end) {
     pairs(64);  // 256 MiB freed: far past the 32 MiB sync budget
     print_counts("during_");
     CUgraph g;
-    CHECK(cuStreamEndCapture(s, &g));
+    if (wrong_thread) {
+        std::thread([&] {
+            CUcontext ctx;
+            cuDevicePrimaryCtxRetain(&ctx, 0);
+            cuCtxSetCurrent(ctx);
+            printf("wrong_thread_end_result=%d\n", int(cuStreamEndCapture(s, &g)));
+        }).join();
+        printf("own_end_result=%d\n", int(cuStreamEndCapture(s, &g)));
+    } else {
+        CHECK(cuStreamEndCapture(s, &g));
+    }
     pairs(64);
     print_counts("after_");
 }
@@ -636,7 +649,9 @@ int main(int argc, char** argv) {
     else if (s == "threads") threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? atol(argv[4]) : -1);
     else if (s == "oom") oom();
     else if (s == "fragment") fragment(argc > 2 ? size_t(atol(argv[2])) : 6, argc > 3 ? size_t(atol(argv[3])) : 60);
-    else if (s == "capture") capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end");
+    else if (s == "capture")
+        capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end",
+                argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");

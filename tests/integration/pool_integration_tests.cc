@@ -604,14 +604,20 @@ TEST_CASE("pool: OOM releases pending frees and cached segments before failing, 
 
 TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs resume after it") {
     // Both ways to open a capture: cuStreamBeginCapture and cuStreamBeginCaptureToGraph; and an
-    // end refused for a stream that was not capturing, which must leave the capture counted.
-    const char* how = GENERATE("", "to-graph", "stray-end");
+    // end refused for a stream that was not capturing, which must leave the capture counted; and
+    // an end from another thread, refused but ending the capture (H200, tests/gpu/capture_end_check.py),
+    // which must not leave it counted (the pool would never fence or release again).
+    const char* how = GENERATE("", "to-graph", "stray-end", "wrong-thread-end");
     INFO("capture " << how);
     auto r = run({EMU_POOL_APP, "capture", how});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
     if (std::string(how) == "stray-end") CHECK(num(v, "stray_end_result") == 401);  // CUDA_ERROR_ILLEGAL_STATE
+    if (std::string(how) == "wrong-thread-end") {
+        CHECK(num(v, "wrong_thread_end_result") == 908);  // CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+        CHECK(num(v, "own_end_result") == 401);
+    }
     CHECK(num(v, "during_driver_sync_in_capture") == 0);
     CHECK(num(v, "after_driver_sync_in_capture") == 0);
     CHECK(num(v, "during_driver_sync") == num(v, "before_driver_sync"));
