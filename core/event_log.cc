@@ -376,7 +376,7 @@ bool event_log::switch_after_write_error(int err) noexcept {
         write_failed_ = true;
         close(old);
         int n = snprintf(msg, sizeof msg,
-                         "gpumem: writing %s failed (errno %d) while the process ended on a signal; the log ends there\n",
+                         "gpumem: writing %s failed (errno %d) while the process ended (a signal or _exit); the log ends there\n",
                          path_.c_str(), err);
         say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
         return false;
