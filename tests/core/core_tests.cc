@@ -544,7 +544,7 @@ TEST_CASE("event log: the end comes promptly and in order while three threads al
         for (size_t i = 1; i < q.size(); ++i) bad += q[i] <= q[i - 1];
         INFO((why == end_reason::exit ? "exit" : "_exit") << ": finish took " << s << " s, " << lines.size() << " lines");
         CHECK(bad == 0);
-        CHECK(s < 5.0);
+        CHECK(s < 30.0);  // a hang detector, not a timing: the tree before waited minutes (and TSan runs this)
         unlink(path.c_str());
     }
 }
