@@ -291,7 +291,7 @@ event* event_log::claim() noexcept {
     uint64_t waited_since = 0;
     for (;;) {
         slot& s = ring_[pos & mask_];
-        uint64_t st = s.state.load(std::memory_order_acquire) + (pos & mask_);
+        uint64_t st = state_of(pos);
         int64_t diff = int64_t(st) - int64_t(pos);
         if (diff == 0) {
             if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
@@ -323,8 +323,7 @@ event* event_log::claim() noexcept {
 }
 
 void event_log::publish(event* e) noexcept {
-    slot* s = reinterpret_cast<slot*>(reinterpret_cast<char*>(e) - offsetof(slot, e));
-    s->state.store(e->seq + 1 - (e->seq & mask_), std::memory_order_release);
+    mark_published(e->seq);  // e is the event of the slot of its seq
     if (finished_.load(std::memory_order_acquire)) {
         // A late event after the end line (a free from a static destructor that ran after ours):
         // write it now rather than lose it.
@@ -541,7 +540,7 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     note_losses();
     for (; t < limit; ++t) {
         slot& s = ring_[t & mask_];
-        uint64_t st = s.state.load(std::memory_order_acquire) + (t & mask_);
+        uint64_t st = state_of(t);
         if (st != t + 1) {
             if (t >= skip_before) break;
             // Claimed but never published (its thread is stuck or gone): count it, move on, and
@@ -556,7 +555,7 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
         account(s.e, from_signal);
         write_stack_record(s.e, from_signal);
         buf_len_ += format_event(s.e, buf_ + buf_len_, k_buf_size - buf_len_);
-        s.state.store(t + cap - (t & mask_), std::memory_order_release);
+        make_free_for(t + cap);
         if (k_buf_size - buf_len_ < 2 * k_max_event_line) {
             // Under sustained load this loop may never reach its end: report losses with every
             // buffer written, so a log cut by SIGKILL still states them.
@@ -588,7 +587,7 @@ bool event_log::let_writer_drain(uint32_t wait_ms) noexcept {
 void event_log::release_slot(uint64_t a) noexcept {
     uint64_t cap = mask_ + 1, next = a + cap;
     while (next < tail_) next += cap;
-    ring_[a & mask_].state.store(next - (a & mask_), std::memory_order_release);
+    make_free_for(next);
 }
 
 void event_log::release_abandoned() noexcept {
@@ -597,7 +596,7 @@ void event_log::release_abandoned() noexcept {
     int kept = 0;
     for (int i = 0; i < n_abandoned_; ++i) {
         uint64_t a = abandoned_[i];
-        if (ring_[a & mask_].state.load(std::memory_order_acquire) + (a & mask_) == a + 1)
+        if (state_of(a) == a + 1)
             release_slot(a);
         else
             abandoned_[kept++] = a;
@@ -608,9 +607,8 @@ void event_log::release_abandoned() noexcept {
     // its position (free or claimed) or its position + 1 (published); one behind tail_ was passed.
     bool stuck = false;
     for (uint64_t i = 0; i <= mask_; ++i) {
-        uint64_t v = ring_[i].state.load(std::memory_order_acquire) + i;
-        bool published = ((v - i) & mask_) == 1 || mask_ == 0;
-        uint64_t pos = published ? v - 1 : v;
+        bool published;
+        uint64_t pos = held_position(i, &published);
         if (pos >= tail_) continue;
         if (published) release_slot(pos);
         else stuck = true;
@@ -625,8 +623,7 @@ bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wai
     end_pos_forced_ = false;
     for (uint32_t i = 0; ring_; ++i) {
         uint64_t p = head_.load(std::memory_order_acquire);
-        slot& s = ring_[p & mask_];
-        uint64_t st = s.state.load(std::memory_order_acquire) + (p & mask_);
+        uint64_t st = state_of(p);
         if (st == p && head_.compare_exchange_strong(p, p + 1, std::memory_order_acq_rel)) {
             *pos = p;
             return true;
@@ -642,8 +639,8 @@ bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wai
         // driver call).  Pass over everything before p (counted lost), then take p even though
         // its slot is such a claim: it stays passed-over, and serves again after its event.
         drain_locked(p, from_signal);
-        uint64_t v = s.state.load(std::memory_order_acquire) + (p & mask_);
-        uint64_t held_for = (((v - (p & mask_)) & mask_) == 1 && mask_) ? v - 1 : v;
+        bool published;
+        uint64_t held_for = held_position(p & mask_, &published);
         if (tail_ == p && held_for < p && head_.compare_exchange_strong(p, p + 1, std::memory_order_acq_rel)) {
             *pos = p;
             end_pos_forced_ = true;
@@ -707,7 +704,7 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
         // The end line's slot is consumed like an event's (unless a stuck claim still holds it:
         // release_slot frees it past this position later); events claimed after it go out now.
         if (!end_pos_forced_)
-            ring_[end_seq & mask_].state.store(end_seq + (mask_ + 1) - (end_seq & mask_), std::memory_order_release);
+            make_free_for(end_seq + mask_ + 1);
         tail_ = end_seq + 1;
         drain_locked(0, from_signal);
     }
@@ -744,14 +741,13 @@ void event_log::resume_after_failed_exec() noexcept {
             // No event came after the end line: its position goes back, so the log goes on with
             // no gap in seq.  The slot is made free for that position before the head moves back.
             uint64_t cap = mask_ + 1;
-            slot& s = ring_[end_pos_ & mask_];
-            s.state.store(end_pos_ - (end_pos_ & mask_), std::memory_order_release);
+            make_free_for(end_pos_);
             uint64_t expect = end_pos_ + 1;
             if (head_.compare_exchange_strong(expect, end_pos_, std::memory_order_acq_rel)) {
                 tail_ = end_pos_;
                 drained_to_.store(end_pos_, std::memory_order_release);
             } else {
-                s.state.store(end_pos_ + cap - (end_pos_ & mask_), std::memory_order_release);
+                make_free_for(end_pos_ + cap);
             }
         }
         end_offset_ = -1;

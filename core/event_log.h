@@ -96,6 +96,23 @@ class event_log {
         std::atomic<uint64_t> state;
         event e;
     };
+    // The slot encoding, stated once.  The logical state of position pos's slot:
+    uint64_t state_of(uint64_t pos) const noexcept {
+        return ring_[pos & mask_].state.load(std::memory_order_acquire) + (pos & mask_);
+    }
+    // The slot of pos becomes free for (claimable at) pos, or holds pos's published event.
+    void make_free_for(uint64_t pos) noexcept {
+        ring_[pos & mask_].state.store(pos - (pos & mask_), std::memory_order_release);
+    }
+    void mark_published(uint64_t pos) noexcept {
+        ring_[pos & mask_].state.store(pos + 1 - (pos & mask_), std::memory_order_release);
+    }
+    // The position the slot at `index` stands for, free, claimed or (*published) published.
+    uint64_t held_position(uint64_t index, bool* published) const noexcept {
+        uint64_t v = state_of(index);
+        *published = mask_ != 0 && ((v - index) & mask_) == 1;
+        return *published ? v - 1 : v;
+    }
     static void* writer_main(void* self) noexcept;
     void wake_writer() noexcept;
     // How long to wait for another holder of the output lock: for ever (it only formats and

@@ -195,10 +195,16 @@ GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
 // (STREAM_CAPTURE_IMPLICIT) is refused by the driver too.  Any other answer, errors included: the
 // pool frees, as before (passed through outside a capture, the free could release the whole
 // segment under a pooled block).
-static bool capturing(CUstream s) noexcept {
+// The driver's cuStreamIsCapturing of s (CUDA_ERROR_NOT_FOUND without the entry point).
+static CUresult capture_status(CUstream s, CUstreamCaptureStatus* st) noexcept {
     auto is_capturing = real<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(drv::cuStreamIsCapturing);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = is_capturing ? is_capturing(s, &st) : CUDA_ERROR_NOT_FOUND;
+    *st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is_capturing ? is_capturing(s, st) : CUDA_ERROR_NOT_FOUND;
+}
+
+static bool capturing(CUstream s) noexcept {
+    CUstreamCaptureStatus st;
+    CUresult r = capture_status(s, &st);
     return r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
@@ -486,9 +492,8 @@ GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph_ptsz)
 static bool capture_ended(CUresult r, CUstream s) noexcept {
     if (r == CUDA_SUCCESS) return true;
     if (r == CUDA_ERROR_ILLEGAL_STATE) return false;
-    auto is_capturing = real<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(drv::cuStreamIsCapturing);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return !is_capturing || is_capturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CUstreamCaptureStatus st;
+    return capture_status(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
 #define GPUMEM_CAPTURE_END(NAME)                                                         \

@@ -346,6 +346,15 @@ event alloc_event(uint64_t ptr) {
     e.b.size = 512;
     return e;
 }
+// A claimed slot filled with an allocation, not yet published: a thread inside a long driver call.
+event* claim_unpublished(event_log& log, uint64_t ptr) {
+    event* e = log.claim();
+    if (!e) return nullptr;
+    uint64_t seq = e->seq;
+    *e = alloc_event(ptr);
+    e->seq = seq;
+    return e;
+}
 std::vector<uint64_t> seqs(const std::vector<json>& lines) {
     std::vector<uint64_t> out;
     for (const json& j : lines)
@@ -414,11 +423,8 @@ TEST_CASE("event log: a slot passed over at the end serves again once its thread
     o.wait_ms = 20;  // jammed, each of the 76 claims that reach the slot again would wait this long
     event_log log(o);
     REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
-    event* stuck = log.claim();
+    event* stuck = claim_unpublished(log, 0x1000);
     REQUIRE(stuck);
-    uint64_t stuck_seq = stuck->seq;
-    *stuck = alloc_event(0x1000);
-    stuck->seq = stuck_seq;
     log.finish(end_reason::exec, 0, 0, 0);
     CHECK(log.lost() == 1);
     log.resume_after_failed_exec();
@@ -442,12 +448,8 @@ TEST_CASE("event log: more slots passed over at the end than the list holds stil
     REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
     std::vector<event*> stuck;
     for (int i = 0; i < 100; ++i) {
-        event* e = log.claim();
-        REQUIRE(e);
-        uint64_t seq = e->seq;
-        *e = alloc_event(0x1000 + uint64_t(i) * 512);
-        e->seq = seq;
-        stuck.push_back(e);
+        stuck.push_back(claim_unpublished(log, 0x1000 + uint64_t(i) * 512));
+        REQUIRE(stuck.back());
     }
     log.finish(end_reason::exec, 0, 0, 0);
     CHECK(log.lost() == 100);
@@ -471,11 +473,8 @@ TEST_CASE("event log: a full ring behind a stuck claim at the end still gives th
     o.flush_ms = 60000;
     event_log log(o);
     REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
-    event* stuck = log.claim();
+    event* stuck = claim_unpublished(log, 0x1);
     REQUIRE(stuck);
-    uint64_t seq = stuck->seq;
-    *stuck = alloc_event(0x1);
-    stuck->seq = seq;
     for (int i = 0; i < 15; ++i) log.record(alloc_event(0x1000 + uint64_t(i) * 512));
     log.finish(end_reason::exit, 0, 0, 5);
     log.publish(stuck);  // the driver call returns: counted lost, not written
