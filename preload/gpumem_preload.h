@@ -32,7 +32,8 @@ namespace gpumem {
     X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)                                    \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)                  \
-    X(cuStreamEndCapture_ptsz) X(cuStreamCreate) X(cuStreamCreateWithPriority)          \
+    X(cuStreamEndCapture_ptsz) X(cuThreadExchangeStreamCaptureMode)                     \
+    X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
     X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
@@ -150,6 +151,9 @@ void* real_runtime(const char* name) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
+// Whether an open stream capture may make the driver refuse this thread's cuMemAlloc/cuMemFree
+// (core/pool/capture_table.h).  The pool does not serve such calls: the driver answers.
+bool capture_may_refuse() noexcept;
 // The program created a stream (api says how).  GPUMEM_REUSE=auto pools switch to safe reuse at the
 // first non-blocking stream or the second blocking one (docs/pool.md).
 void pool_stream_created(api_id api, bool non_blocking) noexcept;

@@ -82,6 +82,36 @@ CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream,
     return r;
 }
 
+// A pooled block's free answered by the driver during a capture, logged with the driver's answer (a
+// refusal is a free_fail, which leaves the block live in the log, as it is in the pool).  Under
+// cudaFree/cudaFreeAsync the runtime wrapper logs it, with the runtime's code: it leaves pooled
+// blocks to the pool, so it is told here.
+template <class F>
+static CUresult captured_free(api_id api, CUdeviceptr p, bool has_stream, CUstream s, F&& real_call) noexcept {
+    if (runtime_scope* rs = runtime_scope::for_free(uint64_t(p))) {
+        rs->passed = true;
+        return real_call();
+    }
+    return recorded_free(api, mem_kind::device, uint64_t(p), has_stream, uint64_t(s), real_call);
+}
+
+// Whether the driver refuses an unsafe call of this thread now, and with what code.  Asked by the
+// call that it would refuse the program's cuMemFree with (H200, run 93: cuMemAlloc and cuMemFree got
+// the same answer in all 36 cases): a real cuMemAlloc of 1 byte.  A refusal invalidates the capture
+// exactly as the program's free would have; a block it serves is freed at once (allowed then too).
+// Any other failure (memory) says nothing, and the pool frees the block, as before.
+static bool driver_refuses_unsafe_call(CUresult* code) noexcept {
+    auto alloc = real<CUresult (*)(CUdeviceptr*, size_t)>(drv::cuMemAlloc_v2);
+    auto free = real<CUresult (*)(CUdeviceptr)>(drv::cuMemFree_v2);
+    if (!alloc || !free) return false;
+    CUdeviceptr probe = 0;
+    CUresult r = alloc(&probe, 1);
+    if (r == CUDA_SUCCESS) r = free(probe);
+    if (r < CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r > CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) return false;
+    *code = r;
+    return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Synchronous device allocations: the pool may serve these.
 
@@ -93,7 +123,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byte
     api_id api = alloc_api(api_id::cuMemAlloc_v2, bytes);
     uint64_t p = 0;
     int pr = 0;
-    if (pool_alloc(api, bytes, &p, &pr)) {
+    // Inside a capture that may forbid this thread the call, the driver answers (and invalidates
+    // the capture where it refuses), as without gpumem; a block it serves is its own, not pooled.
+    if (!capture_may_refuse() && pool_alloc(api, bytes, &p, &pr)) {
         if (pr == 0) *dptr = CUdeviceptr(p);
         return CUresult(pr);
     }
@@ -107,6 +139,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemFree_v2(CUdeviceptr dptr) {
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     if (guard::active() || dptr == 0) return f(dptr);
     guard g;
+    CUresult refusal = CUDA_SUCCESS;
+    if (capture_may_refuse() && pool_owns(uint64_t(dptr)) && driver_refuses_unsafe_call(&refusal))
+        return captured_free(api_id::cuMemFree_v2, dptr, false, nullptr, [&] { return refusal; });
     CUresult pr = CUDA_SUCCESS;
     if (pooled_free(api_id::cuMemFree_v2, dptr, &pr)) return pr;
     return recorded_free(api_id::cuMemFree_v2, mem_kind::device, uint64_t(dptr), false, 0, [&] { return f(dptr); });
@@ -208,19 +243,6 @@ static bool capturing(CUstream s) noexcept {
     return r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
-// A pooled block's free passed to the driver during a capture, logged with the driver's answer (a
-// refusal is a free_fail, which leaves the block live in the log, as it is in the pool).  Under
-// cudaFreeAsync the runtime wrapper logs it, with the runtime's code: it leaves pooled blocks to
-// the pool, so it is told here.
-template <class F>
-static CUresult captured_free(api_id api, CUdeviceptr p, CUstream s, F&& real_call) noexcept {
-    if (runtime_scope* rs = runtime_scope::for_free(uint64_t(p))) {
-        rs->passed = true;
-        return real_call();
-    }
-    return recorded_free(api, mem_kind::device, uint64_t(p), true, uint64_t(s), real_call);
-}
-
 #define GPUMEM_FREE_ASYNC(NAME)                                                                       \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr p, CUstream s) {                            \
         auto f = real<CUresult (*)(CUdeviceptr, CUstream)>(drv::NAME);                                  \
@@ -229,7 +251,7 @@ static CUresult captured_free(api_id api, CUdeviceptr p, CUstream s, F&& real_ca
         if (guard::active() || p == 0) return f(p, s);                                                 \
         guard g;                                                                                       \
         if (pool_owns(uint64_t(p)) && capturing(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s))       \
-            return captured_free(api_id::NAME, p, s, [&] { return f(p, s); });                         \
+            return captured_free(api_id::NAME, p, true, s, [&] { return f(p, s); });                         \
         CUresult pr = CUDA_SUCCESS;                                                                    \
         if (pooled_free(api_id::NAME, p, &pr)) return pr;                                              \
         return recorded_free(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \
@@ -362,7 +384,9 @@ void pool_peer_enabled(CUcontext peer) noexcept;
 void pool_context_gone(CUcontext ctx, int dev) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
-void capture_end() noexcept;
+void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept;
+void capture_end(CUstream s) noexcept;
+void capture_thread_mode(CUstreamCaptureMode mode) noexcept;
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
     auto f = real<CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr)>(drv::cuMemGetAddressRange_v2);
@@ -461,6 +485,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
         capture_begin(); /* before: no fence may touch a stream once the capture opens */ \
         CUresult r = f(s, mode);                                                        \
         if (r != CUDA_SUCCESS) capture_begin_failed();                                  \
+        else capture_opened(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s, mode);      \
         return r;                                                                       \
     }
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2)
@@ -478,6 +503,7 @@ GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
         capture_begin();                                                                               \
         CUresult r = f(s, g, deps, data, n, mode);                                                     \
         if (r != CUDA_SUCCESS) capture_begin_failed();                                                 \
+        else capture_opened(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s, mode);                     \
         return r;                                                                                      \
     }
 GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph)
@@ -501,11 +527,26 @@ static bool capture_ended(CUresult r, CUstream s) noexcept {
         auto f = real<CUresult (*)(CUstream, CUgraph*)>(drv::NAME);                      \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
         CUresult r = f(s, g);                                                           \
-        if (capture_ended(r, is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s)) capture_end(); \
+        CUstream key = is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s;                  \
+        if (capture_ended(r, key)) capture_end(key);                                    \
         return r;                                                                       \
     }
 GPUMEM_CAPTURE_END(cuStreamEndCapture)
 GPUMEM_CAPTURE_END(cuStreamEndCapture_ptsz)
+
+// The calling thread's capture mode, which decides with the open captures whether the driver
+// refuses its cuMemAlloc/cuMemFree (core/pool/capture_table.h).  The runtime's
+// cudaThreadExchangeStreamCaptureMode sets the same mode (H200, tests/gpu/capture_mode_check.py);
+// PyTorch switches to relaxed around its own cudaMalloc calls.
+extern "C" GPUMEM_HIDDEN CUresult w_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+    auto f = real<CUresult (*)(CUstreamCaptureMode*)>(drv::cuThreadExchangeStreamCaptureMode);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!mode) return f(mode);
+    const CUstreamCaptureMode want = *mode;
+    CUresult r = f(mode);
+    if (r == CUDA_SUCCESS) capture_thread_mode(want);
+    return r;
+}
 
 // Stream creation.  Watched, never changed: under GPUMEM_REUSE=auto the pool reuses freed blocks at
 // once only while all device work runs in one issue order: the legacy default stream plus at most
@@ -635,6 +676,7 @@ GPUMEM_EXPORT_HOOK(cuStreamBeginCaptureToGraph_ptsz,
                    (a, b, c, d, e, m))
 GPUMEM_EXPORT_HOOK(cuStreamEndCapture, (CUstream a, CUgraph* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamEndCapture_ptsz, (CUstream a, CUgraph* b), (a, b))
+GPUMEM_EXPORT_HOOK(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamCreate, (CUstream* a, unsigned int b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamCreateWithPriority, (CUstream* a, unsigned int b, int c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned int c, int d), (a, b, c, d))

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "diag.h"
 #include "core/pool/block_pool.h"
+#include "core/pool/capture_table.h"
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_config.h"
 #include "core/pool/pool_registry.h"
@@ -93,6 +94,13 @@ stream_set& streams() noexcept {
 std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
 std::atomic<bool> g_exiting{false};
 std::atomic<int> g_captures{0};
+thread_local int t_capture_mode = capture_table::k_global;  // cuThreadExchangeStreamCaptureMode's, per thread
+
+capture_table& captures() noexcept {
+    alignas(capture_table) static unsigned char storage[sizeof(capture_table)];
+    static capture_table* t = new (storage) capture_table();
+    return *t;
+}
 pool_config* g_pool_cfg = nullptr;     // read once; leaked, like every pool (see pool_at_exit)
 
 
@@ -208,6 +216,7 @@ void pool_after_fork() noexcept {
     auto_switch().reset_after_fork();
     streams().reset_after_fork();
     g_captures.store(0);
+    captures().clear();
 }
 
 void pool_at_exit() noexcept {
@@ -466,7 +475,18 @@ void capture_begin() noexcept {
 void capture_begin_failed() noexcept {
     if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
 }
-void capture_end() noexcept {
+// The driver opened it: its mode and thread decide which threads' cuMemAlloc/cuMemFree it refuses.
+void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept {
+    captures().opened(uint64_t(uintptr_t(s)), current_tid(), int(mode));
+}
+void capture_thread_mode(CUstreamCaptureMode mode) noexcept { t_capture_mode = int(mode); }
+
+bool capture_may_refuse() noexcept {
+    return capture_active() && captures().may_refuse(current_tid(), t_capture_mode);
+}
+
+void capture_end(CUstream s) noexcept {
+    captures().closed(uint64_t(uintptr_t(s)), current_tid());
     if (g_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) g_captures.store(0);
     // A switch to safe reuse during the capture could not drain (no sync inside a capture); the
     // drain it owes comes now, before the program can launch the graph or anything else.

@@ -100,7 +100,12 @@ struct emu_state {
     bool ipc_fd = true;
     std::atomic<int> capturing{0};  // open captures, process-wide (the driver's global mode)
     std::mutex capture_mu;
-    std::map<CUstream, long> capturing_streams;  // which streams capture (and the thread that began it)
+    struct capture_rec {
+        long tid;  // the thread that began it
+        int mode;  // CUstreamCaptureMode
+        bool invalidated;
+    };
+    std::map<CUstream, capture_rec> capturing_streams;  // which streams capture
     std::map<uint64_t, int> graph_allocs;       // stream-ordered allocations made during a capture
 };
 
@@ -149,6 +154,7 @@ counter g_counters[] = {
     {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
     {"cuIpcOpenMemHandle_v2", {0}},  // both names, cuIpcOpenMemHandle and _v2
     {"cuIpcCloseMemHandle", {0}}, {"cuStreamIsCapturing", {0}},
+    {"unsafe_call_in_capture", {0}},  // cuMemAlloc/cuMemFree refused inside a capture (900)
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -496,9 +502,10 @@ EMU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction, void**
     return emu_launch("cuLaunchKernelEx", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                       c->sharedMemBytes, c->hStream, params, extra);
 }
-EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode) {
+EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     std::lock_guard<std::mutex> lk(st().capture_mu);
-    if (!st().capturing_streams.emplace(s, long(syscall(SYS_gettid))).second) return CUDA_ERROR_ILLEGAL_STATE;  // already capturing
+    if (!st().capturing_streams.emplace(s, emu_state::capture_rec{long(syscall(SYS_gettid)), int(mode), false}).second)
+        return CUDA_ERROR_ILLEGAL_STATE;  // already capturing
     st().capturing.fetch_add(1);
     return CUDA_SUCCESS;
 }
@@ -515,7 +522,8 @@ EMU_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
     std::lock_guard<std::mutex> lk(st().capture_mu);
     auto it = st().capturing_streams.find(s);
     if (it == st().capturing_streams.end()) return CUDA_ERROR_ILLEGAL_STATE;  // not capturing: no capture ends
-    bool wrong_thread = it->second != long(syscall(SYS_gettid));
+    bool wrong_thread = it->second.tid != long(syscall(SYS_gettid));
+    bool invalidated = it->second.invalidated;
     st().capturing_streams.erase(it);
     st().capturing.fetch_sub(1);
     // An end from another thread than the one that began the capture is refused, and the capture
@@ -523,7 +531,7 @@ EMU_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
     // thread that began it then gets CUDA_ERROR_ILLEGAL_STATE).
     if (wrong_thread) return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     if (g) *g = nullptr;
-    return CUDA_SUCCESS;
+    return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) { return cuStreamEndCapture(s, g); }
 // Streams are keyed as the program passed them (no per-thread or legacy mapping, and no implicit
@@ -532,8 +540,38 @@ EMU_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* statu
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     bump("cuStreamIsCapturing");
     std::lock_guard<std::mutex> lk(st().capture_mu);
-    *status = st().capturing_streams.count(s) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    auto it = st().capturing_streams.find(s);
+    *status = it == st().capturing_streams.end() ? CU_STREAM_CAPTURE_STATUS_NONE
+              : it->second.invalidated           ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                                 : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
+}
+// The calling thread's capture mode (cuThreadExchangeStreamCaptureMode; global by default).
+static thread_local int t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+EMU_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    int old = t_capture_mode;
+    t_capture_mode = int(*mode);
+    *mode = CUstreamCaptureMode(old);
+    return CUDA_SUCCESS;
+}
+// cuMemAlloc and cuMemFree are "potentially unsafe" inside a capture: refused with
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures that forbid them, for a thread
+// not in relaxed mode whose own capture is not relaxed, or in global mode while any thread has a
+// global capture open (the H200's answers, tests/gpu/capture_mode_check.py, run 93).
+static bool unsafe_call_refused() {
+    if (!st().capturing.load() || t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
+    const long me = long(syscall(SYS_gettid));
+    std::lock_guard<std::mutex> lk(st().capture_mu);
+    bool refused = false;
+    for (auto& [stream, c] : st().capturing_streams) {
+        const bool forbids = c.tid == me ? c.mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                                         : t_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                               c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (forbids) refused = c.invalidated = true;
+    }
+    if (refused) bump("unsafe_call_in_capture");
+    return refused;
 }
 static bool stream_capturing(CUstream s) {
     std::lock_guard<std::mutex> lk(st().capture_mu);
@@ -560,10 +598,12 @@ EMU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
 }
 EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
     bump("cuMemAlloc_v2");
+    if (unsafe_call_refused()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return device_alloc(p, size, 0);
 }
 EMU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     bump("cuMemFree_v2");
+    if (unsafe_call_refused()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return device_free(p);
 }
 EMU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int) {
@@ -1066,7 +1106,7 @@ const fn_entry k_functions[] = {
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz),
-    E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
+    E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
     E(cuMemAllocFromPoolAsync_ptsz), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),

@@ -202,7 +202,9 @@ void fragment(size_t small_mib = 6, size_t big_mib = 60) {
     print_counts("");
 }
 
-// Frees pile up during a capture: the pool must take segments rather than synchronize.
+// Frees pile up during a capture: the pool must take segments rather than synchronize.  The
+// capture is relaxed, as PyTorch makes its own cudaMalloc calls inside one (a global capture
+// forbids them: capture_modes below).
 // to_graph: the capture is opened by cuStreamBeginCaptureToGraph (into an existing graph).
 // stray_end: an end of a capture on a stream that is not capturing, while the real one is open
 // (the driver says CUDA_ERROR_ILLEGAL_STATE and the capture stays open).
@@ -225,8 +227,8 @@ void capture(bool to_graph, bool stray_end, bool wrong_thread = false) {
     print_counts("before_");
     CUstream other = nullptr;
     if (stray_end) CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-    if (to_graph) CHECK(cuStreamBeginCaptureToGraph(s, nullptr, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    else CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    if (to_graph) CHECK(cuStreamBeginCaptureToGraph(s, nullptr, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_RELAXED));
+    else CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
     if (stray_end) {
         CUgraph none;
         printf("stray_end_result=%d\n", int(cuStreamEndCapture(other, &none)));
@@ -247,6 +249,47 @@ void capture(bool to_graph, bool stray_end, bool wrong_thread = false) {
     }
     pairs(64);
     print_counts("after_");
+}
+
+// cuMemAlloc and cuMemFree inside a capture, for every capture mode, from the thread that began it
+// or another, in each thread mode (tests/gpu/capture_mode_check.py on the H200): the answer, the
+// capture's status after the call and its end's answer, `<op>_<capture>_<thread>_<mode>_{rc,status,end}`.
+// Where the driver refuses, it must refuse with gpumem too (and the capture be invalidated); where
+// it allows, the pool serves.
+void capture_modes() {
+    CUcontext ctx = setup();
+    const char* mode_names[] = {"global", "thread_local", "relaxed"};
+    for (int cm : {0, 1, 2})
+        for (bool same : {true, false})
+            for (int tm : {-1, 1, 2})
+                for (bool alloc : {true, false}) {
+                    CUstream s;
+                    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+                    CUdeviceptr pre = 0, got = 0;
+                    if (!alloc) CHECK(cuMemAlloc(&pre, 5000));
+                    CHECK(cuStreamBeginCapture(s, CUstreamCaptureMode(cm)));
+                    int rc = -1;
+                    auto act = [&] {
+                        if (!same) cuCtxSetCurrent(ctx);
+                        CUstreamCaptureMode old = CUstreamCaptureMode(tm);
+                        if (tm >= 0) CHECK(cuThreadExchangeStreamCaptureMode(&old));
+                        rc = int(alloc ? cuMemAlloc(&got, 5000) : cuMemFree(pre));
+                        if (tm >= 0) CHECK(cuThreadExchangeStreamCaptureMode(&old));
+                    };
+                    if (same) act();
+                    else std::thread(act).join();
+                    CUstreamCaptureStatus status;
+                    CHECK(cuStreamIsCapturing(s, &status));
+                    CUgraph g;
+                    const int end = int(cuStreamEndCapture(s, &g));
+                    const std::string key = std::string(alloc ? "alloc_" : "free_") + mode_names[cm] +
+                                            (same ? "_same_" : "_other_") + (tm < 0 ? "default" : mode_names[tm]);
+                    printf("%s_rc=%d\n%s_status=%d\n%s_end=%d\n", key.c_str(), rc, key.c_str(), int(status), key.c_str(), end);
+                    if (alloc && rc == 0) CHECK(cuMemFree(got));
+                    if (!alloc && rc != 0) CHECK(cuMemFree(pre));  // still the program's block
+                    CHECK(cuStreamDestroy(s));
+                }
+    printf("refused=%llu\ndriver_cuMemAlloc=%llu\n", driver_count("unsafe_call_in_capture"), driver_count("cuMemAlloc_v2"));
 }
 
 // Pointer queries, IPC and bad frees on pooled blocks.
@@ -655,6 +698,7 @@ int main(int argc, char** argv) {
     else if (s == "query") query();
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
+    else if (s == "capture-modes") capture_modes();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -666,7 +710,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

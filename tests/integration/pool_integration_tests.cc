@@ -629,6 +629,36 @@ TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs r
     check_rebuild(ls);
 }
 
+TEST_CASE("pool: cuMemAlloc and cuMemFree inside a capture get the driver's answer in every capture and thread mode") {
+    // Without gpumem: the emulated driver's rule, the H200's (tests/gpu/capture_mode_check.py, run 93).
+    auto bare = values(run({EMU_POOL_APP, "capture-modes"}, {}, false).out);
+    REQUIRE(num(bare, "refused") == 10);  // alloc and free: global or thread-local capture, same thread unless
+                                          // relaxed; another thread's global capture in global mode
+    CHECK(bare["alloc_global_same_default_rc"] == "900");
+    CHECK(bare["alloc_global_same_default_end"] == "901");  // invalidated
+    CHECK(bare["free_global_other_default_rc"] == "900");
+    CHECK(bare["alloc_global_other_thread_local_rc"] == "0");
+    CHECK(bare["free_relaxed_same_default_rc"] == "0");
+    auto off = values(run({EMU_POOL_APP, "capture-modes"}, {{"GPUMEM_POOL", "off"}}).out);
+    CHECK(off == bare);
+    for (const char* vmm : {"off", "on"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "capture-modes"}, {{"GPUMEM_POOL_VMM", vmm}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        for (const auto& [k, val] : bare) {
+            if (k == "driver_cuMemAlloc") continue;
+            INFO(k);
+            CHECK(v[k] == val);
+        }
+        // The driver answered the ten calls it refuses (five allocations, and five frees by the
+        // 1-byte allocation that asks it) and saw none of the others: the pool served those.
+        if (std::string(vmm) == "on") CHECK(num(v, "driver_cuMemAlloc") == 10);
+        check_rebuild(ls);
+    }
+}
+
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
     auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;

@@ -1,0 +1,81 @@
+// Unit tests of capture_table: the driver's rule for cuMemAlloc/cuMemFree inside stream captures, case by case as measured on the H200 (run 93).
+#include <catch2/catch.hpp>
+
+#include "core/pool/capture_table.h"
+
+using namespace gpumem;
+
+namespace {
+constexpr int G = capture_table::k_global, T = capture_table::k_thread_local, R = capture_table::k_relaxed;
+constexpr int me = 100, other = 200;
+constexpr uint64_t s1 = 0x1000, s2 = 0x2000, per_thread = 0x2;
+}  // namespace
+
+TEST_CASE("capture table: the 36 cases of tests/gpu/capture_mode_check.py, as the H200 answered them") {
+    // capture mode x calling thread (the one that began it, or another) x that thread's mode:
+    // refused (900) exactly where the H200 refused both cuMemAlloc and cuMemFree.
+    struct row {
+        int capture, caller, thread_mode;
+        bool refused;
+    };
+    const row rows[] = {
+        {G, me, G, true},     {G, me, T, true},     {G, me, R, false},
+        {G, other, G, true},  {G, other, T, false}, {G, other, R, false},
+        {T, me, G, true},     {T, me, T, true},     {T, me, R, false},
+        {T, other, G, false}, {T, other, T, false}, {T, other, R, false},
+        {R, me, G, false},    {R, me, T, false},    {R, me, R, false},
+        {R, other, G, false}, {R, other, T, false}, {R, other, R, false},
+    };
+    for (const row& r : rows) {
+        INFO("capture mode " << r.capture << ", caller " << (r.caller == me ? "same" : "other") << ", thread mode "
+                             << r.thread_mode);
+        capture_table t;
+        CHECK_FALSE(t.may_refuse(r.caller, r.thread_mode));  // no capture: never
+        t.opened(s1, me, r.capture);
+        CHECK(t.may_refuse(r.caller, r.thread_mode) == r.refused);
+        t.closed(s1, me);
+        CHECK_FALSE(t.may_refuse(r.caller, r.thread_mode));
+    }
+}
+
+TEST_CASE("capture table: ends from any thread, several captures, the per-thread stream, overflow, fork") {
+    capture_table t;
+    SECTION("an end from another thread closes the capture (the driver ends it, refusing the call)") {
+        t.opened(s1, me, G);
+        t.closed(s1, other);
+        CHECK_FALSE(t.may_refuse(me, G));
+    }
+    SECTION("two captures: each counts until its own end") {
+        t.opened(s1, me, R);
+        t.opened(s2, other, G);
+        CHECK(t.may_refuse(me, G));        // another thread's global capture
+        CHECK_FALSE(t.may_refuse(me, T));  // ... ignored in thread-local mode
+        t.closed(s2, other);
+        CHECK_FALSE(t.may_refuse(me, G));  // only my relaxed one is left
+        t.closed(s1, me);
+    }
+    SECTION("per-thread streams share one handle: an end closes the ending thread's capture") {
+        t.opened(per_thread, me, T);
+        t.opened(per_thread, other, T);
+        t.closed(per_thread, other);
+        CHECK(t.may_refuse(me, G));  // mine is still open
+        CHECK_FALSE(t.may_refuse(other, G));
+        t.closed(per_thread, me);
+        CHECK_FALSE(t.may_refuse(me, G));
+    }
+    SECTION("more captures than slots: unsure, so the driver is asked, until as many ends") {
+        for (int i = 0; i < capture_table::k_slots + 2; ++i) t.opened(0x10000 + uint64_t(i), me, R);
+        CHECK(t.may_refuse(other, G));      // two captures of unknown mode
+        CHECK_FALSE(t.may_refuse(me, R));   // relaxed threads are never refused
+        t.closed(0x10000, me);              // a held one: still unsure
+        CHECK(t.may_refuse(other, G));
+        t.closed(0x99999, me);
+        t.closed(0x99998, me);              // the two it could not hold
+        CHECK_FALSE(t.may_refuse(other, G));
+    }
+    SECTION("a fork child starts with none") {
+        t.opened(s1, me, G);
+        t.clear();
+        CHECK_FALSE(t.may_refuse(me, G));
+    }
+}
