@@ -22,9 +22,10 @@ F runtime_fn(std::atomic<void*>& slot, const char* name) noexcept {
 }
 
 // A runtime free: recorded here before the real call unless the pool owns the block (the pool
-// records it when the driver free underneath reaches it).  A pooled block the driver hook passed to
-// the driver instead (a cudaFreeAsync during a capture) is recorded here after the call, with the
-// runtime's answer; the block stays allocated in the pool, so no allocation of it can come between.
+// records it when the driver free underneath reaches it).  A pooled block's free the driver hook left
+// to the driver's answer instead (a cudaFreeAsync during a capture of its stream, a cudaFree the
+// capture rules forbid) is recorded here after the call, with the runtime's answer; the block
+// stays allocated in the pool, so no allocation of it can come between.
 template <class F>
 int runtime_free(api_id api, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
     recorder* rec = recorder_or_null();

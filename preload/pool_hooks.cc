@@ -216,7 +216,7 @@ void pool_after_fork() noexcept {
     auto_switch().reset_after_fork();
     streams().reset_after_fork();
     g_captures.store(0);
-    captures().clear();
+    captures().clear_after_fork();
 }
 
 void pool_at_exit() noexcept {
@@ -481,9 +481,9 @@ void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept {
 }
 void capture_thread_mode(CUstreamCaptureMode mode) noexcept { t_capture_mode = int(mode); }
 
-bool capture_may_refuse() noexcept {
-    return capture_active() && captures().may_refuse(current_tid(), t_capture_mode);
-}
+// The table's own count, not g_captures: an end of a capture begun unseen brings that one down
+// while a capture the table holds is still open.
+bool capture_may_refuse() noexcept { return captures().may_refuse(current_tid(), t_capture_mode); }
 
 void capture_end(CUstream s) noexcept {
     captures().closed(uint64_t(uintptr_t(s)), current_tid());

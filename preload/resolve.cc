@@ -106,7 +106,9 @@ static bool is_hooked_base(const char* s) noexcept {
         "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
         "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
-        "cuGetProcAddress"};
+        "cuGetProcAddress",
+        // Captures and capture modes: unseen, the pool could answer a call the driver refuses.
+        "cuStreamBeginCapture", "cuStreamBeginCaptureToGraph", "cuStreamEndCapture", "cuThreadExchangeStreamCaptureMode"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
     return is_stream_base(s);

@@ -1,37 +1,51 @@
 // The stream captures open in the process and the driver's rule for unsafe calls inside them (see capture_table.h).
 #include "core/pool/capture_table.h"
 
+#include <new>
+
 namespace gpumem {
 
 namespace {
 // CU_STREAM_PER_THREAD: each thread's own stream behind one handle, so its capture is the thread's.
 constexpr uint64_t k_per_thread_stream = 0x2;
+
+bool same_capture(uint64_t a_stream, int a_tid, uint64_t b_stream, int b_tid) noexcept {
+    return a_stream == b_stream && (a_stream != k_per_thread_stream || a_tid == b_tid);
+}
 }  // namespace
 
 void capture_table::opened(uint64_t stream, int tid, int mode) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    entry* free_slot = nullptr;
     for (entry& e : slots_) {
-        if (!e.used) {
+        if (e.used && same_capture(e.stream, e.tid, stream, tid)) {
             e = entry{stream, tid, mode, true};
             return;
         }
+        if (!e.used && !free_slot) free_slot = &e;
     }
-    ++overflow_;
+    if (free_slot) *free_slot = entry{stream, tid, mode, true};
+    else ++overflow_;
+    open_.fetch_add(1, std::memory_order_release);
 }
 
 void capture_table::closed(uint64_t stream, int tid) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     for (entry& e : slots_) {
-        if (e.used && e.stream == stream && (stream != k_per_thread_stream || e.tid == tid)) {
+        if (e.used && same_capture(e.stream, e.tid, stream, tid)) {
             e.used = false;
+            open_.fetch_sub(1, std::memory_order_release);
             return;
         }
     }
-    if (overflow_ > 0) --overflow_;  // one the table could not hold
+    if (overflow_ > 0) {  // perhaps one the table could not hold
+        --overflow_;
+        open_.fetch_sub(1, std::memory_order_release);
+    }
 }
 
 bool capture_table::may_refuse(int tid, int thread_mode) const noexcept {
-    if (thread_mode == k_relaxed) return false;
+    if (thread_mode == k_relaxed || open_.load(std::memory_order_acquire) == 0) return false;
     std::lock_guard<std::mutex> lk(mu_);
     if (overflow_ > 0) return true;
     for (const entry& e : slots_) {
@@ -41,10 +55,11 @@ bool capture_table::may_refuse(int tid, int thread_mode) const noexcept {
     return false;
 }
 
-void capture_table::clear() noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+void capture_table::clear_after_fork() noexcept {
+    new (&mu_) std::mutex();
     for (entry& e : slots_) e.used = false;
     overflow_ = 0;
+    open_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace gpumem

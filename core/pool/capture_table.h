@@ -1,6 +1,7 @@
 // The stream captures open in the process, with their modes and threads: which threads the driver would refuse a cuMemAlloc/cuMemFree.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -21,15 +22,22 @@ class capture_table {
     static constexpr int k_slots = 64;
 
     // A capture the driver opened: on `stream` (the per-thread stream's handle for the null stream
-    // of a _ptsz call), begun by thread `tid` in `mode`.
+    // of a _ptsz call), begun by thread `tid` in `mode`.  It replaces an entry of the same stream
+    // (the driver opens no second capture on a capturing stream, so that one ended unseen).
     void opened(uint64_t stream, int tid, int mode) noexcept;
     // A capture on `stream` ended (for the per-thread stream: the one `tid` began).  A capture the
-    // table could not hold (more than k_slots open) leaves it unsure until that many ends are seen.
+    // table could not hold (more than k_slots open) leaves it unsure until as many ends of streams
+    // it does not hold are seen (an end of a capture begun unseen counts too: over 64 open
+    // captures, the table may forget one too early).
     void closed(uint64_t stream, int tid) noexcept;
     // Whether the driver may refuse an unsafe call from thread `tid` in mode `thread_mode` now.
-    // Unsure (a capture the table could not hold): true, so the driver is asked.
+    // Unsure (a capture the table could not hold): true, so the driver is asked.  No lock while
+    // the table is empty, the common case.
     bool may_refuse(int tid, int thread_mode) const noexcept;
-    void clear() noexcept;  // fork child: the parent's captures are not its own
+    // Fork child: the parent's captures are not its own.  Takes no lock (another thread of the
+    // parent may have held it at the fork, and it has no owner in the child).
+    void clear_after_fork() noexcept;
+    std::mutex& mutex_for_test() noexcept { return mu_; }  // a fork with another thread holding it
 
   private:
     struct entry {
@@ -40,7 +48,8 @@ class capture_table {
     };
     mutable std::mutex mu_;
     entry slots_[k_slots] = {};
-    int overflow_ = 0;  // captures opened while every slot was taken
+    int overflow_ = 0;              // captures opened while every slot was taken
+    std::atomic<int> open_{0};      // used slots + overflow_, read without the lock
 };
 
 }  // namespace gpumem

@@ -522,7 +522,8 @@ EMU_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
     std::lock_guard<std::mutex> lk(st().capture_mu);
     auto it = st().capturing_streams.find(s);
     if (it == st().capturing_streams.end()) return CUDA_ERROR_ILLEGAL_STATE;  // not capturing: no capture ends
-    bool wrong_thread = it->second.tid != long(syscall(SYS_gettid));
+    // (A relaxed capture may be ended by any thread, says the CUDA documentation.)
+    bool wrong_thread = it->second.tid != long(syscall(SYS_gettid)) && it->second.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
     bool invalidated = it->second.invalidated;
     st().capturing_streams.erase(it);
     st().capturing.fetch_sub(1);

@@ -203,8 +203,8 @@ void fragment(size_t small_mib = 6, size_t big_mib = 60) {
 }
 
 // Frees pile up during a capture: the pool must take segments rather than synchronize.  The
-// capture is relaxed, as PyTorch makes its own cudaMalloc calls inside one (a global capture
-// forbids them: capture_modes below).
+// capture is global and the thread relaxed around its allocations, as PyTorch's torch.cuda.graph
+// and its caching allocator do (in global mode the driver forbids them: capture_modes below).
 // to_graph: the capture is opened by cuStreamBeginCaptureToGraph (into an existing graph).
 // stray_end: an end of a capture on a stream that is not capturing, while the real one is open
 // (the driver says CUDA_ERROR_ILLEGAL_STATE and the capture stays open).
@@ -227,13 +227,16 @@ void capture(bool to_graph, bool stray_end, bool wrong_thread = false) {
     print_counts("before_");
     CUstream other = nullptr;
     if (stray_end) CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-    if (to_graph) CHECK(cuStreamBeginCaptureToGraph(s, nullptr, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_RELAXED));
-    else CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    if (to_graph) CHECK(cuStreamBeginCaptureToGraph(s, nullptr, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    else CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     if (stray_end) {
         CUgraph none;
         printf("stray_end_result=%d\n", int(cuStreamEndCapture(other, &none)));
     }
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode));
     pairs(64);  // 256 MiB freed: far past the 32 MiB sync budget
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode));
     print_counts("during_");
     CUgraph g;
     if (wrong_thread) {

@@ -4,8 +4,8 @@ The hooks count captures so that the pool never records, waits or unmaps inside 
 cuStreamEndCapture leaves the count as it was for CUDA_ERROR_ILLEGAL_STATE (no capture on that
 stream) and asks the stream for any other error.  This checks, on the real driver through CuPy's
 runtime (which reaches cuStreamEndCapture), that those answers say what happened; run it with and
-without gpumem and compare the JSON lines (they differ where the pool serves a cudaMalloc that the
-driver would refuse inside a capture: "malloc_in_capture").
+without gpumem and compare the JSON lines (identical since 22a8860; before it the pool served the
+cudaMalloc that the driver refuses inside a global capture: "malloc_in_capture").
 Usage: python3 capture_end_check.py   (prints one JSON object; exit 1 when an assumption fails)
 """
 import json

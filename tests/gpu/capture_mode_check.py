@@ -135,6 +135,60 @@ if libs:
     if seen != RELAXED:
         problems.append(f"the runtime's exchange did not reach the driver's mode: {out['runtime_exchange']}")
 
+    # The same mode, set by the runtime, as PyTorch sets it around its cudaMalloc inside a capture:
+    # the driver allows the allocation.  Under gpumem the hooks must see the mode too, or the pool
+    # leaves the call to the driver: its log then has this size (3 MiB + 4 KiB) without "pooled".
+    s = cp.cuda.Stream(non_blocking=True)
+    cu.cuStreamBeginCapture_v2(ctypes.c_void_p(s.ptr), GLOBAL)
+    m = ctypes.c_int(RELAXED)
+    crt.cudaThreadExchangeStreamCaptureMode(ctypes.byref(m))
+    rc, p = alloc(3 * MiB + 4096)
+    crt.cudaThreadExchangeStreamCaptureMode(ctypes.byref(m))
+    out["runtime_relaxed_alloc"] = {"rc": rc, "end": end(s.ptr)}
+    if rc == 0:
+        free(p)
+    if rc != 0 or out["runtime_relaxed_alloc"]["end"] != 0:
+        problems.append(f"an allocation in relaxed mode set by the runtime was refused: {out['runtime_relaxed_alloc']}")
+
+
+def ended_elsewhere(mode):
+    """A capture of `mode` ended from another thread: that end's answer, the stream's status after it,
+    and the beginning thread's end then."""
+    s = cp.cuda.Stream(non_blocking=True)
+    cu.cuStreamBeginCapture_v2(ctypes.c_void_p(s.ptr), mode)
+    res = {}
+
+    def other():
+        cu.cuCtxSetCurrent(ctx)
+        res["other_end"] = end(s.ptr)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    res["status_after"] = status(s.ptr)
+    res["own_end"] = end(s.ptr)
+    return res
+
+
+for cname, cmode in MODES.items():
+    out[f"end_from_other_thread:{cname}"] = ended_elsewhere(cmode)
+
+
+def bogus_free(capture_mode, address):
+    """cuMemFree of an address that was never allocated, inside a capture of this thread: does the
+    driver check the capture rule first (900, capture invalidated) or the pointer (1)?"""
+    s = cp.cuda.Stream(non_blocking=True)
+    cu.cuStreamBeginCapture_v2(ctypes.c_void_p(s.ptr), capture_mode)
+    rc = free(address)
+    res = {"rc": rc, "status_in": status(s.ptr), "end": end(s.ptr)}
+    return res
+
+
+for cname in ("global", "relaxed"):
+    for address in (0, 0x1000):
+        out[f"bogus_free:{cname}:{address:#x}"] = bogus_free(MODES[cname], address)
+out["bogus_free:no_capture:0x1000"] = {"rc": free(0x1000)}
+
 out["problems"] = problems
 print(json.dumps(out, indent=1))
 sys.exit(1 if problems else 0)

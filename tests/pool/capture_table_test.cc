@@ -3,6 +3,9 @@
 
 #include "core/pool/capture_table.h"
 
+#include <mutex>
+#include <thread>
+
 using namespace gpumem;
 
 namespace {
@@ -73,9 +76,24 @@ TEST_CASE("capture table: ends from any thread, several captures, the per-thread
         t.closed(0x99998, me);              // the two it could not hold
         CHECK_FALSE(t.may_refuse(other, G));
     }
-    SECTION("a fork child starts with none") {
+    SECTION("a fork child starts with none, even with the lock held in the parent at the fork") {
         t.opened(s1, me, G);
-        t.clear();
+        std::thread([&] {
+            // Another thread in may_refuse at the moment of the fork: its lock is copied held.
+            t.mutex_for_test().lock();
+        }).join();
+        t.clear_after_fork();
+        CHECK_FALSE(t.may_refuse(me, G));
+        t.opened(s1, me, G);  // and the table works again
+        CHECK(t.may_refuse(me, G));
+    }
+    SECTION("a second begin on a stream replaces its entry: the first capture ended unseen") {
+        t.opened(s1, me, G);
+        t.opened(s1, other, R);
+        CHECK_FALSE(t.may_refuse(me, G));  // only other's relaxed capture is open
+        t.closed(s1, other);
+        CHECK_FALSE(t.may_refuse(other, G));
+        t.closed(s1, other);  // one end too many: nothing to close, nothing changes
         CHECK_FALSE(t.may_refuse(me, G));
     }
 }
