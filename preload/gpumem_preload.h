@@ -6,6 +6,10 @@
 
 #include <cuda.h>
 #undef cuGetProcAddress  // cuda.h renames it to cuGetProcAddress_v2; we define both ABIs
+#undef cuStreamBeginCapture  // likewise (to _v2); the first ABI, without a mode, is wrapped too
+#undef cuStreamBeginCapture_ptsz
+extern "C" CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
+extern "C" CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 
 #include <atomic>
 #include <cstdint>
@@ -31,6 +35,7 @@ namespace gpumem {
     X(cuCtxEnablePeerAccess) X(cuMemRetainAllocationHandle)                             \
     X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)                                    \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
+    X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz)                                \
     X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)                  \
     X(cuStreamEndCapture_ptsz) X(cuThreadExchangeStreamCaptureMode)                     \
     X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \

@@ -95,18 +95,16 @@ static CUresult captured_free(api_id api, CUdeviceptr p, bool has_stream, CUstre
     return recorded_free(api, mem_kind::device, uint64_t(p), has_stream, uint64_t(s), real_call);
 }
 
-// Whether the driver refuses an unsafe call of this thread now, and with what code.  Asked by the
-// call that it would refuse the program's cuMemFree with (H200, run 93: cuMemAlloc and cuMemFree got
-// the same answer in all 36 cases): a real cuMemAlloc of 1 byte.  A refusal invalidates the capture
-// exactly as the program's free would have; a block it serves is freed at once (allowed then too).
-// Any other failure (memory) says nothing, and the pool frees the block, as before.
+// Whether the driver refuses an unsafe call of this thread now, and with what code.  Asked by a
+// real cuMemFree(0): inside a capture that forbids the thread such calls the driver refuses it
+// with 900 and invalidates the capture, exactly as the program's free would have; elsewhere it is
+// a no-op that succeeds (H200, run 94, tests/gpu/capture_mode_check.py "bogus_free"; cuMemAlloc
+// and cuMemFree got the same answers in all 36 cases of run 93).  No memory, nothing to undo.
+// Any other answer says nothing, and the pool frees the block, as before.
 static bool driver_refuses_unsafe_call(CUresult* code) noexcept {
-    auto alloc = real<CUresult (*)(CUdeviceptr*, size_t)>(drv::cuMemAlloc_v2);
     auto free = real<CUresult (*)(CUdeviceptr)>(drv::cuMemFree_v2);
-    if (!alloc || !free) return false;
-    CUdeviceptr probe = 0;
-    CUresult r = alloc(&probe, 1);
-    if (r == CUDA_SUCCESS) r = free(probe);
+    if (!free) return false;
+    const CUresult r = free(0);
     if (r < CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || r > CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) return false;
     *code = r;
     return true;
@@ -225,7 +223,7 @@ GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
 // the program, so such a free is the driver's to answer, and the block stays allocated.  Asked of
 // the driver at each stream-ordered free of a pooled block (about 0.05 us on the H200,
 // docs/benchmarks.md run 77), never at any other free: the hooks' capture count misses
-// captures opened by routes they do not see (the first cuStreamBeginCapture ABI, GPUMEM_ROUTES), so
+// captures opened by routes they do not see (GPUMEM_ROUTES, a resolved pointer gpumem cannot wrap), so
 // a count of 0 proves nothing.  The legacy stream made unusable by a capture on a blocking stream
 // (STREAM_CAPTURE_IMPLICIT) is refused by the driver too.  Any other answer, errors included: the
 // pool frees, as before (passed through outside a capture, the free could release the whole
@@ -491,6 +489,23 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2)
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
 
+// The first ABI (CUDA 10.0), without a mode: the runtime resolves it too (H200, run 94).  Its
+// capture is counted as global, the mode that forbids the most: where that is too strict, the
+// calls the table then leaves to the driver get the driver's own answer.
+#define GPUMEM_CAPTURE_BEGIN_V1(NAME)                                                    \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s) {                              \
+        auto f = real<CUresult (*)(CUstream)>(drv::NAME);                                \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                          \
+        capture_begin();                                                                \
+        CUresult r = f(s);                                                              \
+        if (r != CUDA_SUCCESS) capture_begin_failed();                                  \
+        else capture_opened(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s, CU_STREAM_CAPTURE_MODE_GLOBAL); \
+        return r;                                                                       \
+    }
+GPUMEM_CAPTURE_BEGIN_V1(cuStreamBeginCapture)
+GPUMEM_CAPTURE_BEGIN_V1(cuStreamBeginCapture_ptsz)
+
 // A capture into an existing graph (CUDA 12.3+) opens a capture like the others: without this hook
 // the pool would record a fence, or synchronize, into it, which invalidates the program's capture.
 #define GPUMEM_CAPTURE_TO_GRAPH(NAME)                                                                   \
@@ -668,6 +683,8 @@ GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream a, CUstreamCaptureMode b), (a, b))
+GPUMEM_EXPORT_HOOK(cuStreamBeginCapture, (CUstream a), (a))
+GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_ptsz, (CUstream a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCaptureToGraph,
                    (CUstream a, CUgraph b, const CUgraphNode* c, const CUgraphEdgeData* d, size_t e, CUstreamCaptureMode m),
                    (a, b, c, d, e, m))

@@ -510,6 +510,9 @@ EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return cuStreamBeginCapture_v2(s, m); }
+// The first ABI, without a mode (CUDA 10.0): a global capture here.
+EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
+EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) { return cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }
 EMU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
                                                 CUstreamCaptureMode m) {
     return cuStreamBeginCapture_v2(s, m);
@@ -1106,7 +1109,7 @@ const fn_entry k_functions[] = {
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
-    E(cuStreamBeginCaptureToGraph_ptsz),
+    E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),

@@ -292,6 +292,17 @@ void capture_modes() {
                     if (!alloc && rc != 0) CHECK(cuMemFree(pre));  // still the program's block
                     CHECK(cuStreamDestroy(s));
                 }
+    // A capture begun by the first ABI (no mode; global), found by name as an old program would.
+    using begin_v1 = CUresult (*)(CUstream);
+    auto v1 = reinterpret_cast<begin_v1>(dlsym(RTLD_DEFAULT, "cuStreamBeginCapture"));
+    if (!v1) fail("dlsym cuStreamBeginCapture", -1);
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(v1(s));
+    CUdeviceptr got = 0;
+    printf("v1_alloc_rc=%d\n", int(cuMemAlloc(&got, 5000)));
+    CUgraph g;
+    printf("v1_end=%d\n", int(cuStreamEndCapture(s, &g)));
     printf("refused=%llu\ndriver_cuMemAlloc=%llu\n", driver_count("unsafe_call_in_capture"), driver_count("cuMemAlloc_v2"));
 }
 

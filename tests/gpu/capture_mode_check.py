@@ -189,6 +189,35 @@ for cname in ("global", "relaxed"):
         out[f"bogus_free:{cname}:{address:#x}"] = bogus_free(MODES[cname], address)
 out["bogus_free:no_capture:0x1000"] = {"rc": free(0x1000)}
 
+
+def v1_capture(same_thread):
+    """The first cuStreamBeginCapture ABI (CUDA 10.0, no mode), which runtimes still resolve: which
+    mode does it capture in?  An allocation from the same thread and from another (global mode)."""
+    s = cp.cuda.Stream(non_blocking=True)
+    res = {"begin": cu.cuStreamBeginCapture(ctypes.c_void_p(s.ptr))}
+
+    def act():
+        cu.cuCtxSetCurrent(ctx)
+        res["rc"], p = alloc()
+        if res["rc"] == 0:
+            res["p"] = p
+
+    if same_thread:
+        act()
+    else:
+        t = threading.Thread(target=act)
+        t.start()
+        t.join()
+    res["status_in"] = status(s.ptr)
+    res["end"] = end(s.ptr)
+    if "p" in res:
+        free(res.pop("p"))
+    return res
+
+
+out["v1_capture:same"] = v1_capture(True)
+out["v1_capture:other"] = v1_capture(False)
+
 out["problems"] = problems
 print(json.dumps(out, indent=1))
 sys.exit(1 if problems else 0)
