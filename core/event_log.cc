@@ -655,16 +655,18 @@ bool event_log::claim_end_position(uint64_t* pos, bool from_signal, uint32_t wai
 void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_flight_wait_ms) noexcept {
     if (!started_.load(std::memory_order_acquire)) return;
     bool from_signal = why == end_reason::signal || why == end_reason::fast_exit;
-    end_requested_.store(true, std::memory_order_release);
+    // The writer holds off while an end is requested, so that this call gets the output lock; it
+    // may go on once this call returns, whichever way.
+    struct end_request {
+        std::atomic<bool>& flag;
+        explicit end_request(std::atomic<bool>& f) noexcept : flag(f) { flag.store(true, std::memory_order_release); }
+        ~end_request() { flag.store(false, std::memory_order_release); }
+    } requested(end_requested_);
     lock_wait how = why == end_reason::signal      ? lock_wait::crash
                     : why == end_reason::fast_exit ? lock_wait::while_progress
                                                    : lock_wait::forever;
-    if (!lock_output(how)) {
-        end_requested_.store(false, std::memory_order_release);
-        return;
-    }
+    if (!lock_output(how)) return;
     if (finished_.exchange(true, std::memory_order_acq_rel)) {
-        end_requested_.store(false, std::memory_order_release);
         unlock_output();
         return;
     }
@@ -708,7 +710,6 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
         tail_ = end_seq + 1;
         drain_locked(0, from_signal);
     }
-    end_requested_.store(false, std::memory_order_release);
     unlock_output();
 }
 
