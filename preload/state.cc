@@ -300,8 +300,11 @@ __attribute__((constructor)) void gpumem_init() {
 }
 
 __attribute__((destructor)) void gpumem_fini() {
-    // Runs late in exit, after the program's and most libraries' destructors (we were initialised
-    // first, as a preload), so their last frees are in the log before the end line.
+    // Runs late in exit: after the program's own destructors and atexit handlers, and after those
+    // of libraries loaded after us (a framework's modules, dlopen'd), so their last frees are in the
+    // log before the end line.  Libraries the program links directly are initialised before a
+    // preload and finalised after it: their frees follow the end line (event_log::publish writes
+    // them; tests: GPUMEM_EMU_LATE_ALLOC).
     process_state& st = state();
     pool_at_exit();
     if (owns_log(st)) {

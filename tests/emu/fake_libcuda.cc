@@ -12,6 +12,7 @@
 //                         attribute says 0, cuMemCreate refuses to make exportable chunks), as on a
 //                         driver or container without them; any other value or unset: they can,
 //                         when GPUMEM_EMU_VMM is on
+//   GPUMEM_EMU_LATE_ALLOC N alloc/free pairs made by this library's destructor at exit (below)
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
@@ -25,6 +26,7 @@
 // holding {pid, handle, size, device}; a legacy IPC handle holds {base, size, pid}.  Imported and
 // opened memory belongs to the exporter and is not charged to the importer's capacity.
 #include <cuda.h>
+#include <dlfcn.h>
 #undef cuGetProcAddress
 #undef cuIpcOpenMemHandle  // the header renames it to _v2; the driver exports both names
 #include <sys/mman.h>
@@ -274,6 +276,25 @@ EMU_EXPORT uint64_t gpumem_emu_live_vmm(const char* what) {
 }
 
 // ---- Initialisation, devices, contexts ------------------------------------------------------------
+// GPUMEM_EMU_LATE_ALLOC=N: N alloc/free pairs of 4 KiB from this library's destructor, through the
+// cuMemAlloc_v2/cuMemFree_v2 the process finds first (gpumem's, under LD_PRELOAD), in the current
+// context.  A library the program links is initialised before a preloaded one and finalised after
+// it, so these calls come after gpumem's end line, as a framework's static destructors freeing
+// device memory at exit do.
+__attribute__((destructor)) static void late_alloc_at_exit() {
+    const char* n = getenv("GPUMEM_EMU_LATE_ALLOC");
+    if (!n) return;
+    using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
+    using free_fn = CUresult (*)(CUdeviceptr);
+    auto alloc = reinterpret_cast<alloc_fn>(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+    auto release = reinterpret_cast<free_fn>(dlsym(RTLD_DEFAULT, "cuMemFree_v2"));
+    if (!alloc || !release) return;
+    for (int i = 0, k = atoi(n); i < k; ++i) {
+        CUdeviceptr p = 0;
+        if (alloc(&p, 4096) == CUDA_SUCCESS) release(p);
+    }
+}
+
 EMU_EXPORT CUresult cuInit(unsigned int) {
     st().initialized = true;
     return CUDA_SUCCESS;
