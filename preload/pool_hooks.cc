@@ -483,7 +483,13 @@ void capture_thread_mode(CUstreamCaptureMode mode) noexcept { t_capture_mode = i
 
 // The table's own count, not g_captures: an end of a capture begun unseen brings that one down
 // while a capture the table holds is still open.
-bool capture_may_refuse() noexcept { return captures().may_refuse(current_tid(), t_capture_mode); }
+// Asked at every cuMemAlloc/cuMemFree: without an open capture it costs one load (the thread's id
+// and mode are thread-locals, which a preloaded library reaches through __tls_get_addr: about
+// 15 ns a call on the emulated device, measured before this check came first).
+bool capture_may_refuse() noexcept {
+    capture_table& t = captures();
+    return t.any_open() && t.may_refuse(current_tid(), t_capture_mode);
+}
 
 void capture_end(CUstream s) noexcept {
     captures().closed(uint64_t(uintptr_t(s)), current_tid());

@@ -34,6 +34,9 @@ class capture_table {
     // Unsure (a capture the table could not hold): true, so the driver is asked.  No lock while
     // the table is empty, the common case.
     bool may_refuse(int tid, int thread_mode) const noexcept;
+    // Whether any capture is open: the hot path's question, one load, before the thread's id and
+    // mode are looked up.
+    bool any_open() const noexcept { return open_.load(std::memory_order_acquire) != 0; }
     // Fork child: the parent's captures are not its own.  Takes no lock (another thread of the
     // parent may have held it at the fork, and it has no owner in the child).
     void clear_after_fork() noexcept;
