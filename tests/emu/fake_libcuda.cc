@@ -531,9 +531,9 @@ EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return cuStreamBeginCapture_v2(s, m); }
-// The first ABI, without a mode (CUDA 10.0): a global capture here.
+// The first ABI, without a mode (CUDA 10.0): a relaxed capture, as on the H200 (run 95).
 EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
-EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) { return cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) { return cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED); }
 EMU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
                                                 CUstreamCaptureMode m) {
     return cuStreamBeginCapture_v2(s, m);

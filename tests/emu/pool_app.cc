@@ -292,15 +292,24 @@ void capture_modes() {
                     if (!alloc && rc != 0) CHECK(cuMemFree(pre));  // still the program's block
                     CHECK(cuStreamDestroy(s));
                 }
-    // A capture begun by the first ABI (no mode; global), found by name as an old program would.
+    // A capture begun by the first ABI (no mode: relaxed), found by name as an old program would:
+    // allocations are allowed, and the pool must know the capture is open (no sync, event record
+    // or query inside it, however many frees pile up).
     using begin_v1 = CUresult (*)(CUstream);
     auto v1 = reinterpret_cast<begin_v1>(dlsym(RTLD_DEFAULT, "cuStreamBeginCapture"));
     if (!v1) fail("dlsym cuStreamBeginCapture", -1);
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CHECK(v1(s));
-    CUdeviceptr got = 0;
-    printf("v1_alloc_rc=%d\n", int(cuMemAlloc(&got, 5000)));
+    int v1_rc = 0;
+    for (int i = 0; i < 64 && v1_rc == 0; ++i) {  // 256 MiB freed: far past the 32 MiB sync budget
+        CUdeviceptr got = 0;
+        v1_rc = int(cuMemAlloc(&got, 4u << 20));
+        if (v1_rc == 0) v1_rc = int(cuMemFree(got));
+    }
+    printf("v1_alloc_rc=%d\n", v1_rc);
+    printf("v1_sync_in_capture=%llu\n", driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
+                                            driver_count("cuStreamQuery_in_capture") + driver_count("cuStreamWaitEvent_in_capture"));
     CUgraph g;
     printf("v1_end=%d\n", int(cuStreamEndCapture(s, &g)));
     printf("refused=%llu\ndriver_cuMemAlloc=%llu\n", driver_count("unsafe_call_in_capture"), driver_count("cuMemAlloc_v2"));
