@@ -300,11 +300,12 @@ __attribute__((constructor)) void gpumem_init() {
 }
 
 __attribute__((destructor)) void gpumem_fini() {
-    // Runs late in exit: after the program's own destructors and atexit handlers, and after those
-    // of libraries loaded after us (a framework's modules, dlopen'd), so their last frees are in the
-    // log before the end line.  Libraries the program links directly are initialised before a
-    // preload and finalised after it: their frees follow the end line (event_log::publish writes
-    // them; tests: GPUMEM_EMU_LATE_ALLOC).
+    // Runs late in exit: after the program's atexit handlers and every C++ static object's
+    // destructor registered after startup (a dlopen'd framework module's included), so their last
+    // frees are in the log before the end line.  Libraries the program links directly are
+    // initialised before a preload and finalised after it, and with glibc before 2.39 so are the
+    // ELF destructor functions of dlopen'd modules: their frees follow the end line
+    // (event_log::publish writes them; tests: GPUMEM_EMU_LATE_ALLOC).
     process_state& st = state();
     pool_at_exit();
     if (owns_log(st)) {

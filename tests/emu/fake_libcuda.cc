@@ -534,6 +534,8 @@ EMU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode
 // The first ABI, without a mode (CUDA 10.0): a relaxed capture, as on the H200 (run 95).
 EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
 EMU_EXPORT CUresult cuStreamBeginCapture_v1(CUstream s) { return cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED); }
+EMU_EXPORT CUresult cuStreamBeginCapture_v1_ptsz(CUstream s) __asm__("cuStreamBeginCapture_ptsz");
+EMU_EXPORT CUresult cuStreamBeginCapture_v1_ptsz(CUstream s) { return cuStreamBeginCapture_v1(s); }
 EMU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,
                                                 CUstreamCaptureMode m) {
     return cuStreamBeginCapture_v2(s, m);
@@ -1131,6 +1133,7 @@ const fn_entry k_functions[] = {
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
+    {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
@@ -1170,6 +1173,7 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, 
     std::string name = symbol;
     for (const auto& r : k_v2) {
         if (name != r.base) continue;
+        if (version < r.since && name == "cuStreamBeginCapture") break;  // the first ABI is still there
         if (version < r.since) {
             *pfn = nullptr;
             if (status) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;

@@ -292,26 +292,32 @@ void capture_modes() {
                     if (!alloc && rc != 0) CHECK(cuMemFree(pre));  // still the program's block
                     CHECK(cuStreamDestroy(s));
                 }
-    // A capture begun by the first ABI (no mode: relaxed), found by name as an old program would:
-    // allocations are allowed, and the pool must know the capture is open (no sync, event record
-    // or query inside it, however many frees pile up).
+    // Captures begun by the first ABI (no mode: relaxed), found as an old program (dlsym) or a
+    // runtime asking for an old version (cuGetProcAddress, plain and per-thread) would: allocations
+    // are allowed, and the pool must know each capture is open (no sync, event record or query
+    // inside it, however many frees pile up).
     using begin_v1 = CUresult (*)(CUstream);
-    auto v1 = reinterpret_cast<begin_v1>(dlsym(RTLD_DEFAULT, "cuStreamBeginCapture"));
-    if (!v1) fail("dlsym cuStreamBeginCapture", -1);
-    CUstream s;
-    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    CHECK(v1(s));
-    int v1_rc = 0;
-    for (int i = 0; i < 64 && v1_rc == 0; ++i) {  // 256 MiB freed: far past the 32 MiB sync budget
-        CUdeviceptr got = 0;
-        v1_rc = int(cuMemAlloc(&got, 4u << 20));
-        if (v1_rc == 0) v1_rc = int(cuMemFree(got));
+    begin_v1 routes[3] = {reinterpret_cast<begin_v1>(dlsym(RTLD_DEFAULT, "cuStreamBeginCapture")), nullptr, nullptr};
+    CHECK(cuGetProcAddress_v2("cuStreamBeginCapture", reinterpret_cast<void**>(&routes[1]), 10000, 0, nullptr));
+    CHECK(cuGetProcAddress_v2("cuStreamBeginCapture", reinterpret_cast<void**>(&routes[2]), 10000,
+                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, nullptr));
+    int v1_rc = 0, v1_end = 0;
+    for (begin_v1 v1 : routes) {
+        if (!v1) fail("the first cuStreamBeginCapture ABI", -1);
+        CUstream s;
+        CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CHECK(v1(s));
+        for (int i = 0; i < 64 && v1_rc == 0; ++i) {  // 256 MiB freed: far past the 32 MiB sync budget
+            CUdeviceptr got = 0;
+            v1_rc = int(cuMemAlloc(&got, 4u << 20));
+            if (v1_rc == 0) v1_rc = int(cuMemFree(got));
+        }
+        CUgraph g;
+        if (int e = int(cuStreamEndCapture(s, &g))) v1_end = e;
     }
-    printf("v1_alloc_rc=%d\n", v1_rc);
+    printf("v1_alloc_rc=%d\nv1_end=%d\n", v1_rc, v1_end);
     printf("v1_sync_in_capture=%llu\n", driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
                                             driver_count("cuStreamQuery_in_capture") + driver_count("cuStreamWaitEvent_in_capture"));
-    CUgraph g;
-    printf("v1_end=%d\n", int(cuStreamEndCapture(s, &g)));
     printf("refused=%llu\ndriver_cuMemAlloc=%llu\n", driver_count("unsafe_call_in_capture"), driver_count("cuMemAlloc_v2"));
 }
 

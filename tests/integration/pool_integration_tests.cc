@@ -657,7 +657,9 @@ TEST_CASE("pool: cuMemAlloc and cuMemFree inside a capture get the driver's answ
         // The driver answered the five allocations it refuses (the frees it refuses are asked by a
         // cuMemFree(0)) and saw none of the others: the pool served those.
         if (std::string(vmm) == "on") CHECK(num(v, "driver_cuMemAlloc") == 5);
-        CHECK(num(v, "v1_sync_in_capture") == 0);  // the first ABI's capture was counted
+        CHECK(num(v, "v1_sync_in_capture") == 0);  // the first ABI's captures were counted, by every route
+        CHECK(ls.back()["ev"] == "end");
+        CHECK(ls.back().value("unmatched", -1) == 0);   // and its resolved pointers wrapped
         check_rebuild(ls);
     }
 }
