@@ -177,6 +177,11 @@ template <bool PTSZ>
 inline void note_if_per_thread(CUstream s) noexcept {
     if (s == CU_STREAM_PER_THREAD || (PTSZ && s == nullptr)) note_per_thread_stream();
 }
+// The stream a call names: in a _ptsz variant the null stream is the calling thread's own.
+template <bool PTSZ>
+inline CUstream named_stream(CUstream s) noexcept {
+    return PTSZ && !s ? CU_STREAM_PER_THREAD : s;
+}
 constexpr bool is_ptsz(const char* n) noexcept {
     size_t k = 0;
     while (n[k]) ++k;
@@ -248,7 +253,7 @@ static bool capturing(CUstream s) noexcept {
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         if (guard::active() || p == 0) return f(p, s);                                                 \
         guard g;                                                                                       \
-        if (pool_owns(uint64_t(p)) && capturing(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s))       \
+        if (pool_owns(uint64_t(p)) && capturing(named_stream<is_ptsz(#NAME)>(s)))                        \
             return captured_free(api_id::NAME, p, true, s, [&] { return f(p, s); });                         \
         CUresult pr = CUDA_SUCCESS;                                                                    \
         if (pooled_free(api_id::NAME, p, &pr)) return pr;                                              \
@@ -475,16 +480,23 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     return f(dev);
 }
 
+// Every capture opener: counted before the driver opens it (no fence may touch a stream once the
+// capture opens), uncounted if the driver refuses, else entered in the table with its mode.
+template <class F>
+static CUresult counted_begin(CUstream key, CUstreamCaptureMode mode, F&& real_call) noexcept {
+    capture_begin();
+    CUresult r = real_call();
+    if (r != CUDA_SUCCESS) capture_begin_failed();
+    else capture_opened(key, mode);
+    return r;
+}
+
 #define GPUMEM_CAPTURE_BEGIN(NAME)                                                       \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUstream s, CUstreamCaptureMode mode) {    \
         auto f = real<CUresult (*)(CUstream, CUstreamCaptureMode)>(drv::NAME);           \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                          \
-        capture_begin(); /* before: no fence may touch a stream once the capture opens */ \
-        CUresult r = f(s, mode);                                                        \
-        if (r != CUDA_SUCCESS) capture_begin_failed();                                  \
-        else capture_opened(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s, mode);      \
-        return r;                                                                       \
+        return counted_begin(named_stream<is_ptsz(#NAME)>(s), mode, [&] { return f(s, mode); }); \
     }
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2)
 GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
@@ -497,11 +509,7 @@ GPUMEM_CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz)
         auto f = real<CUresult (*)(CUstream)>(drv::NAME);                                \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                          \
-        capture_begin();                                                                \
-        CUresult r = f(s);                                                              \
-        if (r != CUDA_SUCCESS) capture_begin_failed();                                  \
-        else capture_opened(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s, CU_STREAM_CAPTURE_MODE_RELAXED); \
-        return r;                                                                       \
+        return counted_begin(named_stream<is_ptsz(#NAME)>(s), CU_STREAM_CAPTURE_MODE_RELAXED, [&] { return f(s); }); \
     }
 GPUMEM_CAPTURE_BEGIN_V1(cuStreamBeginCapture)
 GPUMEM_CAPTURE_BEGIN_V1(cuStreamBeginCapture_ptsz)
@@ -515,11 +523,7 @@ GPUMEM_CAPTURE_BEGIN_V1(cuStreamBeginCapture_ptsz)
                                    CUstreamCaptureMode)>(drv::NAME);                                   \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
-        capture_begin();                                                                               \
-        CUresult r = f(s, g, deps, data, n, mode);                                                     \
-        if (r != CUDA_SUCCESS) capture_begin_failed();                                                 \
-        else capture_opened(is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s, mode);                     \
-        return r;                                                                                      \
+        return counted_begin(named_stream<is_ptsz(#NAME)>(s), mode, [&] { return f(s, g, deps, data, n, mode); }); \
     }
 GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph)
 GPUMEM_CAPTURE_TO_GRAPH(cuStreamBeginCaptureToGraph_ptsz)
@@ -542,7 +546,7 @@ static bool capture_ended(CUresult r, CUstream s) noexcept {
         auto f = real<CUresult (*)(CUstream, CUgraph*)>(drv::NAME);                      \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                      \
         CUresult r = f(s, g);                                                           \
-        CUstream key = is_ptsz(#NAME) && !s ? CU_STREAM_PER_THREAD : s;                  \
+        CUstream key = named_stream<is_ptsz(#NAME)>(s);                                 \
         if (capture_ended(r, key)) capture_end(key);                                    \
         return r;                                                                       \
     }

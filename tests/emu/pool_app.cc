@@ -55,13 +55,17 @@ void print_backing(const char* prefix, CUdeviceptr p, bool with_pid = true) {
 // driver_sync: every blocking sync (a context synchronize or a wait on an event); ctx_sync: the
 // device-wide ones only; fence_record: events recorded (the pool's fences); stream_query: streams
 // asked whether they are idle (an idle stream needs no event in a fence); driver_map: chunks mapped.
+// Syncs, event records, queries and waits the emulated driver saw inside a capture (each a bug).
+unsigned long long calls_in_capture() {
+    return driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
+           driver_count("cuStreamQuery_in_capture") + driver_count("cuStreamWaitEvent_in_capture");
+}
+
 void print_counts(const char* prefix) {
     printf("%sdriver_alloc=%llu\n%sdriver_free=%llu\n%sdriver_sync=%llu\n%sdriver_sync_in_capture=%llu\n", prefix,
            driver_count("cuMemAlloc_v2") + driver_count("cuMemAddressReserve"), prefix,
            driver_count("cuMemFree_v2") + driver_count("cuMemAddressFree"), prefix,
-           driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"), prefix,
-           driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
-               driver_count("cuStreamQuery_in_capture") + driver_count("cuStreamWaitEvent_in_capture"));
+           driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize"), prefix, calls_in_capture());
     printf("%sctx_sync=%llu\n%sfence_record=%llu\n%sstream_query=%llu\n", prefix, driver_count("cuCtxSynchronize"), prefix,
            driver_count("cuEventRecord"), prefix, driver_count("cuStreamQuery"));
     printf("%sdriver_map=%llu\n", prefix, driver_count("cuMemMap"));  // chunks mapped (an arena grows by these)
@@ -316,8 +320,7 @@ void capture_modes() {
         if (int e = int(cuStreamEndCapture(s, &g))) v1_end = e;
     }
     printf("v1_alloc_rc=%d\nv1_end=%d\n", v1_rc, v1_end);
-    printf("v1_sync_in_capture=%llu\n", driver_count("cuCtxSynchronize_in_capture") + driver_count("cuEventRecord_in_capture") +
-                                            driver_count("cuStreamQuery_in_capture") + driver_count("cuStreamWaitEvent_in_capture"));
+    printf("v1_sync_in_capture=%llu\n", calls_in_capture());
     printf("refused=%llu\ndriver_cuMemAlloc=%llu\n", driver_count("unsafe_call_in_capture"), driver_count("cuMemAlloc_v2"));
 }
 

@@ -54,6 +54,21 @@ def end(stream_ptr):
     return r
 
 
+def run_on(same_thread, fn):
+    """fn() on this thread, or on a new thread with this thread's context current (a new thread has none)."""
+    if same_thread:
+        fn()
+        return
+
+    def body():
+        cu.cuCtxSetCurrent(ctx)
+        fn()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+
+
 def forbidden(capture_mode, same_thread, thread_mode):
     """The rule of the CUDA documentation (cudaStreamCaptureMode), which the pool models."""
     if thread_mode == RELAXED:
@@ -73,7 +88,6 @@ def case(capture_mode, same_thread, thread_mode, op):
     res = {}
 
     def act():
-        cu.cuCtxSetCurrent(ctx)  # a new thread has no current context
         old = None
         if thread_mode is not None:
             _, old = exchange(thread_mode)
@@ -84,12 +98,7 @@ def case(capture_mode, same_thread, thread_mode, op):
         if old is not None:
             exchange(old)
 
-    if same_thread:
-        act()
-    else:
-        t = threading.Thread(target=act)
-        t.start()
-        t.join()
+    run_on(same_thread, act)
     res["status_in"] = status(s.ptr)
     res["end"] = end(s.ptr)
     # Clean up after the capture: what the call left allocated.
@@ -157,14 +166,7 @@ def ended_elsewhere(mode):
     s = cp.cuda.Stream(non_blocking=True)
     cu.cuStreamBeginCapture_v2(ctypes.c_void_p(s.ptr), mode)
     res = {}
-
-    def other():
-        cu.cuCtxSetCurrent(ctx)
-        res["other_end"] = end(s.ptr)
-
-    t = threading.Thread(target=other)
-    t.start()
-    t.join()
+    run_on(False, lambda: res.update(other_end=end(s.ptr)))
     res["status_after"] = status(s.ptr)
     res["own_end"] = end(s.ptr)
     return res
@@ -197,17 +199,11 @@ def v1_capture(same_thread):
     res = {"begin": cu.cuStreamBeginCapture(ctypes.c_void_p(s.ptr))}
 
     def act():
-        cu.cuCtxSetCurrent(ctx)
         res["rc"], p = alloc()
         if res["rc"] == 0:
             res["p"] = p
 
-    if same_thread:
-        act()
-    else:
-        t = threading.Thread(target=act)
-        t.start()
-        t.join()
+    run_on(same_thread, act)
     res["status_in"] = status(s.ptr)
     res["end"] = end(s.ptr)
     if "p" in res:
