@@ -233,6 +233,10 @@ GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
 // (STREAM_CAPTURE_IMPLICIT) is refused by the driver too.  Any other answer, errors included: the
 // pool frees, as before (passed through outside a capture, the free could release the whole
 // segment under a pooled block).
+// On a stream no capture holds, the free is still a "potentially unsafe" call: where a capture
+// forbids this thread such calls, the driver refuses it with 900 and invalidates the capture, in
+// the cases where it refuses cuMemFree (H200, run 97, capture_mode_check.py's free_async cases),
+// so the pool asks the driver as cuMemFree's hook does before it frees.
 // The driver's cuStreamIsCapturing of s (CUDA_ERROR_NOT_FOUND without the entry point).
 static CUresult capture_status(CUstream s, CUstreamCaptureStatus* st) noexcept {
     auto is_capturing = real<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(drv::cuStreamIsCapturing);
@@ -255,6 +259,9 @@ static bool capturing(CUstream s) noexcept {
         guard g;                                                                                       \
         if (pool_owns(uint64_t(p)) && capturing(named_stream<is_ptsz(#NAME)>(s)))                        \
             return captured_free(api_id::NAME, p, true, s, [&] { return f(p, s); });                         \
+        CUresult refusal = CUDA_SUCCESS;                                                               \
+        if (capture_may_refuse() && pool_owns(uint64_t(p)) && driver_refuses_unsafe_call(&refusal))    \
+            return captured_free(api_id::NAME, p, true, s, [&] { return refusal; });                   \
         CUresult pr = CUDA_SUCCESS;                                                                    \
         if (pooled_free(api_id::NAME, p, &pr)) return pr;                                              \
         return recorded_free(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \

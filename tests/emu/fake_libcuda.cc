@@ -582,10 +582,11 @@ EMU_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode)
     *mode = CUstreamCaptureMode(old);
     return CUDA_SUCCESS;
 }
-// cuMemAlloc and cuMemFree are "potentially unsafe" inside a capture: refused with
+// cuMemAlloc, cuMemFree and cuMemFreeAsync on a stream not captured are "potentially unsafe"
+// inside a capture: refused with
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures that forbid them, for a thread
 // not in relaxed mode whose own capture is not relaxed, or in global mode while any thread has a
-// global capture open (the H200's answers, tests/gpu/capture_mode_check.py, run 93).
+// global capture open (the H200's answers, tests/gpu/capture_mode_check.py, runs 93 and 97).
 static bool unsafe_call_refused() {
     if (!st().capturing.load() || t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
     const long me = long(syscall(SYS_gettid));
@@ -667,6 +668,8 @@ EMU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     if (stream_capturing(s)) {
         std::lock_guard<std::mutex> lk(st().capture_mu);
         if (!st().graph_allocs.erase(uint64_t(p))) return CUDA_ERROR_INVALID_VALUE;
+    } else if (unsafe_call_refused()) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // on a stream no capture holds: as cuMemFree (H200, run 97)
     }
     return device_free(p);
 }

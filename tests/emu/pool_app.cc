@@ -258,20 +258,24 @@ void capture(bool to_graph, bool stray_end, bool wrong_thread = false) {
     print_counts("after_");
 }
 
-// cuMemAlloc and cuMemFree inside a capture, for every capture mode, from the thread that began it
-// or another, in each thread mode (tests/gpu/capture_mode_check.py on the H200): the answer, the
-// capture's status after the call and its end's answer, `<op>_<capture>_<thread>_<mode>_{rc,status,end}`.
+// cuMemAlloc, cuMemFree and cuMemFreeAsync on a stream no capture holds, inside a capture, for
+// every capture mode, from the thread that began it or another, in each thread mode
+// (tests/gpu/capture_mode_check.py on the H200): the answer, the capture's status after the call
+// and its end's answer, `<op>_<capture>_<thread>_<mode>_{rc,status,end}`.
 // Where the driver refuses, it must refuse with gpumem too (and the capture be invalidated); where
 // it allows, the pool serves.
 void capture_modes() {
     CUcontext ctx = setup();
     const char* mode_names[] = {"global", "thread_local", "relaxed"};
+    const char* op_names[] = {"alloc_", "free_", "freeasync_"};
     for (int cm : {0, 1, 2})
         for (bool same : {true, false})
             for (int tm : {-1, 1, 2})
-                for (bool alloc : {true, false}) {
-                    CUstream s;
+                for (int op : {0, 1, 2}) {  // cuMemAlloc, cuMemFree, cuMemFreeAsync
+                    const bool alloc = op == 0;
+                    CUstream s, other;  // other: freeasync's stream, never captured
                     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+                    CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
                     CUdeviceptr pre = 0, got = 0;
                     if (!alloc) CHECK(cuMemAlloc(&pre, 5000));
                     CHECK(cuStreamBeginCapture(s, CUstreamCaptureMode(cm)));
@@ -280,7 +284,7 @@ void capture_modes() {
                         if (!same) cuCtxSetCurrent(ctx);
                         CUstreamCaptureMode old = CUstreamCaptureMode(tm);
                         if (tm >= 0) CHECK(cuThreadExchangeStreamCaptureMode(&old));
-                        rc = int(alloc ? cuMemAlloc(&got, 5000) : cuMemFree(pre));
+                        rc = int(alloc ? cuMemAlloc(&got, 5000) : op == 1 ? cuMemFree(pre) : cuMemFreeAsync(pre, other));
                         if (tm >= 0) CHECK(cuThreadExchangeStreamCaptureMode(&old));
                     };
                     if (same) act();
@@ -289,11 +293,13 @@ void capture_modes() {
                     CHECK(cuStreamIsCapturing(s, &status));
                     CUgraph g;
                     const int end = int(cuStreamEndCapture(s, &g));
-                    const std::string key = std::string(alloc ? "alloc_" : "free_") + mode_names[cm] +
+                    const std::string key = std::string(op_names[op]) + mode_names[cm] +
                                             (same ? "_same_" : "_other_") + (tm < 0 ? "default" : mode_names[tm]);
                     printf("%s_rc=%d\n%s_status=%d\n%s_end=%d\n", key.c_str(), rc, key.c_str(), int(status), key.c_str(), end);
                     if (alloc && rc == 0) CHECK(cuMemFree(got));
                     if (!alloc && rc != 0) CHECK(cuMemFree(pre));  // still the program's block
+                    CHECK(cuStreamSynchronize(other));
+                    CHECK(cuStreamDestroy(other));
                     CHECK(cuStreamDestroy(s));
                 }
     // Captures begun by the first ABI (no mode: relaxed), found as an old program (dlsym) or a

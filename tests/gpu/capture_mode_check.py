@@ -4,7 +4,8 @@ Inside a capture the driver refuses "potentially unsafe" calls, cuMemAlloc and c
 them, from some threads and not others, depending on the capture's mode (cuStreamBeginCapture's
 argument) and the calling thread's mode (cuThreadExchangeStreamCaptureMode); a refusal
 (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900) also invalidates the capture.  The pool must answer
-the same way (docs/pool.md, "Contexts, captures, fork and exit").  This runs the whole matrix on
+the same way (docs/pool.md, "Contexts, captures, fork and exit").  cuMemFreeAsync on another stream,
+one not being captured, is such a call too (run 97): the matrix asks it as a third operation.  This runs the whole matrix on
 the real driver through ctypes (so under gpumem it reaches the hooks by dlsym) and prints one JSON
 object: run it with and without gpumem and compare.  It also checks that the runtime's
 cudaThreadExchangeStreamCaptureMode sets the driver's mode (the hooks watch the driver's).
@@ -80,8 +81,9 @@ def forbidden(capture_mode, same_thread, thread_mode):
 
 def case(capture_mode, same_thread, thread_mode, op):
     s = cp.cuda.Stream(non_blocking=True)
+    other = cp.cuda.Stream(non_blocking=True)  # free_async's stream: never captured
     pre = None
-    if op == "free":
+    if op != "alloc":
         r, pre = alloc()
         assert r == 0, r
     cu.cuStreamBeginCapture_v2(ctypes.c_void_p(s.ptr), capture_mode)
@@ -93,8 +95,10 @@ def case(capture_mode, same_thread, thread_mode, op):
             _, old = exchange(thread_mode)
         if op == "alloc":
             res["rc"], res["ptr"] = alloc()
-        else:
+        elif op == "free":
             res["rc"] = free(pre)
+        else:
+            res["rc"] = cu.cuMemFreeAsync(ctypes.c_uint64(pre), ctypes.c_void_p(other.ptr))
         if old is not None:
             exchange(old)
 
@@ -105,8 +109,9 @@ def case(capture_mode, same_thread, thread_mode, op):
     if op == "alloc" and res["rc"] == 0:
         free(res.pop("ptr"))
     res.pop("ptr", None)
-    if op == "free" and res["rc"] != 0:
+    if op != "alloc" and res["rc"] != 0:
         res["free_after"] = free(pre)
+    other.synchronize()
     s.synchronize()
     return res
 
@@ -120,7 +125,7 @@ cu.cuCtxGetCurrent(ctypes.byref(ctx))
 for cname, cmode in MODES.items():
     for same in (True, False):
         for tname, tmode in (("default", None), ("thread_local", THREAD_LOCAL), ("relaxed", RELAXED)):
-            for op in ("alloc", "free"):
+            for op in ("alloc", "free", "free_async"):
                 key = f"{op}:{cname}:{'same' if same else 'other'}:{tname}"
                 r = case(cmode, same, tmode, op)
                 out[key] = r

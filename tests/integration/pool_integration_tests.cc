@@ -629,11 +629,12 @@ TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs r
     check_rebuild(ls);
 }
 
-TEST_CASE("pool: cuMemAlloc and cuMemFree inside a capture get the driver's answer in every capture and thread mode") {
-    // Without gpumem: the emulated driver's rule, the H200's (tests/gpu/capture_mode_check.py, run 93).
+TEST_CASE("pool: cuMemAlloc, cuMemFree and cuMemFreeAsync inside a capture get the driver's answer in every capture and thread mode") {
+    // Without gpumem: the emulated driver's rule, the H200's (tests/gpu/capture_mode_check.py, runs 93, 97).
     auto bare = values(run({EMU_POOL_APP, "capture-modes"}, {}, false).out);
-    REQUIRE(num(bare, "refused") == 10);  // alloc and free: global or thread-local capture, same thread unless
-                                          // relaxed; another thread's global capture in global mode
+    REQUIRE(num(bare, "refused") == 15);  // alloc, free and freeasync on another stream: global or thread-local
+                                          // capture, same thread unless relaxed; another thread's global
+                                          // capture in global mode
     CHECK(bare["v1_alloc_rc"] == "0");    // the first ABI's capture is relaxed
     CHECK(bare["v1_end"] == "0");
     CHECK(bare["alloc_global_same_default_rc"] == "900");
@@ -641,6 +642,9 @@ TEST_CASE("pool: cuMemAlloc and cuMemFree inside a capture get the driver's answ
     CHECK(bare["free_global_other_default_rc"] == "900");
     CHECK(bare["alloc_global_other_thread_local_rc"] == "0");
     CHECK(bare["free_relaxed_same_default_rc"] == "0");
+    CHECK(bare["freeasync_global_same_default_rc"] == "900");
+    CHECK(bare["freeasync_global_same_default_end"] == "901");
+    CHECK(bare["freeasync_global_same_relaxed_rc"] == "0");
     auto off = values(run({EMU_POOL_APP, "capture-modes"}, {{"GPUMEM_POOL", "off"}}).out);
     CHECK(off == bare);
     for (const char* vmm : {"off", "on"}) {
@@ -654,8 +658,8 @@ TEST_CASE("pool: cuMemAlloc and cuMemFree inside a capture get the driver's answ
             INFO(k);
             CHECK(v[k] == val);
         }
-        // The driver answered the five allocations it refuses (the frees it refuses are asked by a
-        // cuMemFree(0)) and saw none of the others: the pool served those.
+        // The driver answered the five allocations it refuses (the frees it refuses, stream-ordered
+        // or not, are asked by a cuMemFree(0)) and saw none of the others: the pool served those.
         if (std::string(vmm) == "on") CHECK(num(v, "driver_cuMemAlloc") == 5);
         CHECK(num(v, "v1_sync_in_capture") == 0);  // the first ABI's captures were counted, by every route
         CHECK(ls.back()["ev"] == "end");
