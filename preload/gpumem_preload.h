@@ -31,6 +31,7 @@ namespace gpumem {
     X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemAddressReserve)     \
     X(cuMemAddressFree) X(cuMemHostAlloc) X(cuMemAllocHost_v2) X(cuMemFreeHost)         \
     X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)       \
+    X(cuMemGetInfo_v2)                                                                  \
     X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                \
     X(cuCtxEnablePeerAccess) X(cuMemRetainAllocationHandle)                             \
     X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)                                    \
@@ -47,7 +48,7 @@ namespace gpumem {
 // above, so every libcuda entry point the library calls is found and cached in one place.
 #define GPUMEM_DRIVER_CALLS(X)                                                           \
     X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
-    X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuStreamIsCapturing)                       \
+    X(cuCtxSynchronize) X(cuStreamIsCapturing)                                          \
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
@@ -156,6 +157,12 @@ void* real_runtime(const char* name) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
+// An allocation the pools do not serve ran out of memory: every pool of `device` (-1: of the
+// current context's device) gives back the memory it holds free (block_pool::give_back).
+// Returns the bytes given back, 0 when none was (then a retry would fail the same way).
+uint64_t pool_give_back(api_id api, int device) noexcept;
+// What pool_give_back could return now (block_pool::giveable_bytes), without a driver call.
+uint64_t pool_giveable(int device) noexcept;
 // Whether an open stream capture may make the driver refuse this thread's cuMemAlloc/cuMemFree
 // (core/pool/capture_table.h).  The pool does not serve such calls: the driver answers.
 bool capture_may_refuse() noexcept;

@@ -110,6 +110,17 @@ static bool driver_refuses_unsafe_call(CUresult* code) noexcept {
     return true;
 }
 
+// An allocation the pool does not serve that ran out of memory is made once more after the pools
+// of its device gave back what they hold free.  Without gpumem the program's frees would have
+// returned that memory to the driver, so another of its allocators (NCCL's cuMemCreate buffers,
+// cudaMallocAsync's pool, managed memory) could fail under gpumem where it runs without.
+template <class F>
+static CUresult retry_after_give_back(api_id api, int device, F&& call) noexcept {
+    CUresult r = call();
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && pool_give_back(api, device) != 0) r = call();
+    return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Synchronous device allocations: the pool may serve these.
 
@@ -152,7 +163,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t
     if (guard::active() || !dptr || !pitch) return f(dptr, pitch, width, height, elem);
     guard g;
     api_id api = alloc_api(api_id::cuMemAllocPitch_v2, uint64_t(width) * height);
-    CUresult r = f(dptr, pitch, width, height, elem);
+    CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, pitch, width, height, elem); });
     uint64_t asize = r == CUDA_SUCCESS ? uint64_t(*pitch) * height : 0;
     record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, uint64_t(width) * height,
                  asize, false, 0, 0);
@@ -165,7 +176,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocManaged(CUdeviceptr* dptr, size_t 
     if (guard::active() || !dptr) return f(dptr, bytes, flags);
     guard g;
     api_id api = alloc_api(api_id::cuMemAllocManaged, bytes);
-    CUresult r = f(dptr, bytes, flags);
+    CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, bytes, flags); });
     record_alloc(api, mem_kind::managed, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, false, 0, 0);
     return r;
 }
@@ -199,7 +210,7 @@ constexpr bool is_ptsz(const char* n) noexcept {
         if (guard::active() || !dptr) return f(dptr, bytes, s);                                        \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
-        CUresult r = f(dptr, bytes, s);                                                                \
+        CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, bytes, s); });                \
         record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
                      uint64_t(s), 0);                                                                  \
         return r;                                                                                      \
@@ -215,7 +226,7 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         if (guard::active() || !dptr) return f(dptr, bytes, pool, s);                                  \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
-        CUresult r = f(dptr, bytes, pool, s);                                                          \
+        CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, bytes, pool, s); });          \
         record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
                      uint64_t(s), uint64_t(pool));                                                     \
         return r;                                                                                      \
@@ -279,11 +290,14 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemCreate(CUmemGenericAllocationHandle* h,
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     if (guard::active() || !h) return f(h, size, prop, flags);
     guard g;
-    CUresult r = f(h, size, prop, flags);
+    const int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
+    // Host memory (a host location) is not what the pools hold: no retry for it.
+    CUresult r = dev >= 0 ? retry_after_give_back(api_id::cuMemCreate, dev, [&] { return f(h, size, prop, flags); })
+                          : f(h, size, prop, flags);
     recorder* rec = recorder_or_null();
     if (rec) {
         call_info c = make_call(api_id::cuMemCreate, -1);
-        if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) c.dev = prop->location.id;
+        if (dev >= 0) c.dev = dev;
         rec->alloc(c, int(r), r == CUDA_SUCCESS ? uint64_t(*h) : 0, size);
     }
     return r;
@@ -404,6 +418,20 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetAddressRange_v2(CUdeviceptr* base, s
     bool handled = false;
     CUresult r = pool_get_address_range(base, size, p, &handled);
     return handled ? r : f(base, size, p);
+}
+
+// Free memory as the program would see it without gpumem: the driver's free plus what the pools of
+// the current device hold free and would give back on demand (whole chunks, idle segments).
+// Without gpumem those frees had gone back to the driver, and a program that sizes its work by
+// cudaMemGetInfo (vLLM's KV cache, a batch size search) would size it smaller under gpumem.
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
+    auto f = real<CUresult (*)(size_t*, size_t*)>(drv::cuMemGetInfo_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult r = f(free_b, total_b);
+    if (r != CUDA_SUCCESS || guard::active() || !free_b || !total_b) return r;
+    guard g;
+    *free_b = size_t(std::min<uint64_t>(uint64_t(*free_b) + pool_giveable(-1), *total_b));
+    return r;
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuPointerGetAttribute(void* data, CUpointer_attribute a, CUdeviceptr p) {
@@ -683,6 +711,7 @@ GPUMEM_EXPORT_HOOK(cuMemHostAlloc, (void** a, size_t b, unsigned int c), (a, b, 
 GPUMEM_EXPORT_HOOK(cuMemAllocHost_v2, (void** a, size_t b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemFreeHost, (void* a), (a))
 GPUMEM_EXPORT_HOOK(cuMemGetAddressRange_v2, (CUdeviceptr* a, size_t* b, CUdeviceptr c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuMemGetInfo_v2, (size_t* a, size_t* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))

@@ -1905,6 +1905,59 @@ void block_pool::release_cached() noexcept {
     check_after_op();
 }
 
+uint64_t block_pool::give_back(api_id api) noexcept {
+    op_lock lk(*this);
+    const uint64_t before = reserved_;
+    try {
+        // The steps of grow()'s OOM path, in its order and with its capture checks.
+        if (exiting_ || poisoned_ || !can_sync()) return 0;
+        if ((pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
+        if (can_sync()) {
+            if (chunk_ && !ordered_frees_settled()) settle_frees(api);
+            dissolve_free_stitched(api);
+            release_free_segments(api);
+            if (chunk_ && !unsettled_frees_ && can_sync()) unmap_free_chunks(api);
+        }
+    } catch (...) {
+        poisoned_ = true;
+    }
+    check_after_op();
+    return before > reserved_ ? before - reserved_ : 0;
+}
+
+uint64_t block_pool::giveable_bytes() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (exiting_ || poisoned_) return 0;
+    auto idle = [](const block* b) { return b->state == block_state::free || b->state == block_state::pending; };
+    uint64_t n = 0;
+    for (const auto& [base, s] : segments_) {
+        if (s->stitched()) {  // its chunks are its lenders': they count once it is dissolvable
+            if (idle(s->first))
+                for (const block* l : s->lent) n += l->size;
+            continue;
+        }
+        if (!s->vmm()) {  // a cuMemAlloc segment goes back whole or not at all
+            bool all = true;
+            for (const block* b = s->first; b && all; b = b->next) all = idle(b);
+            if (all) n += s->size;
+            continue;
+        }
+        // Runs of neighbouring idle blocks: pending blocks merge with their neighbours once released.
+        for (const block* b = s->first; b;) {
+            if (!idle(b)) {
+                b = b->next;
+                continue;
+            }
+            const uint64_t from = b->addr;
+            uint64_t to = b->addr + b->size;
+            for (b = b->next; b && idle(b); b = b->next) to = b->addr + b->size;
+            const uint64_t lo = round_up(from - s->base, chunk_), hi = (to - s->base) / chunk_ * chunk_;
+            if (hi > lo) n += hi - lo;
+        }
+    }
+    return n;
+}
+
 // ---- lifecycle ------------------------------------------------------------------------------
 
 void block_pool::forget_all() noexcept {

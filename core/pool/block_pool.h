@@ -109,6 +109,18 @@ class block_pool {
     // mapped so far gets access for it, and every later one too.  No-op for cuMemAlloc segments.
     void grant_peer(int device) noexcept;
 
+    // An allocation the pool does not serve (cuMemCreate, the stream-ordered pools, managed or
+    // pitched memory) ran out of memory: gives back what the pool's own OOM path would (pending
+    // frees once their work is done, idle stitched segments, empty segments, and on virtual memory
+    // every whole chunk inside free memory), so that the pool holds no memory the driver alone
+    // would have had free.  Returns the reserved bytes given back; 0 during a stream capture, which
+    // forbids the waits and unmaps.  Segment events carry `api`, the call that ran out.
+    uint64_t give_back(api_id api) noexcept;
+    // What give_back could return now, without a backend call: on virtual memory the whole chunks
+    // inside runs of free and pending blocks, and the lenders of idle stitched segments; the
+    // cuMemAlloc segments whose every block is free or pending.  cuMemGetInfo adds it to the
+    // driver's free.
+    uint64_t giveable_bytes() const noexcept;
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;

@@ -182,6 +182,49 @@ void oom() {
     print_counts("");
 }
 
+// Memory the program freed, then asked for again by an allocator the pool does not serve: 48 blocks
+// of 4 MiB through cuMemAlloc (pooled) filled and freed before each of cuMemAllocAsync,
+// cuMemCreate, cuMemAllocManaged and cuMemAllocPitch asks for 192 MiB
+// (of a 256 MiB device).  Without gpumem each is served; the pool must give the freed memory back.
+// cuMemGetInfo's free before and after the first 192 MiB are freed: the same without gpumem.
+void other_allocators() {
+    setup();
+    const size_t mb4 = 4u << 20, big = 192u << 20;
+    auto fill_and_free = [&] {
+        std::vector<CUdeviceptr> ps(48);
+        for (auto& p : ps) CHECK(cuMemAlloc(&p, mb4));
+        for (auto p : ps) CHECK(cuMemFree(p));
+    };
+    CUdeviceptr p = 0;
+    size_t free0 = 0, free1 = 0, total = 0;
+    CHECK(cuMemGetInfo(&free0, &total));
+    fill_and_free();
+    CHECK(cuMemGetInfo(&free1, &total));
+    printf("free_drop_mib=%lld\n", (static_cast<long long>(free0) - static_cast<long long>(free1)) >> 20);
+    int rc = int(cuMemAllocAsync(&p, big, nullptr));
+    printf("async_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemFreeAsync(p, nullptr));
+    fill_and_free();
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h = 0;
+    rc = int(cuMemCreate(&h, big, &prop, 0));
+    printf("create_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemRelease(h));
+    fill_and_free();
+    rc = int(cuMemAllocManaged(&p, big, CU_MEM_ATTACH_GLOBAL));
+    printf("managed_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemFree(p));
+    fill_and_free();
+    size_t pitch = 0;
+    rc = int(cuMemAllocPitch(&p, &pitch, 1u << 20, 192, 4));
+    printf("pitch_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemFree(p));
+    print_counts("");
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -737,6 +780,7 @@ int main(int argc, char** argv) {
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
     else if (s == "capture-modes") capture_modes();
+    else if (s == "other-allocators") other_allocators();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -748,7 +792,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

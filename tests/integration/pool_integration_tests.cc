@@ -668,6 +668,36 @@ TEST_CASE("pool: cuMemAlloc, cuMemFree and cuMemFreeAsync inside a capture get t
     }
 }
 
+TEST_CASE("pool: an allocator the pool does not serve gets the memory the program freed into the pool, and cuMemGetInfo counts it free") {
+    // 192 MiB freed through cuMemFree, then asked for by cuMemAllocAsync, cuMemCreate,
+    // cuMemAllocManaged and cuMemAllocPitch on a 256 MiB device: served without gpumem.
+    const std::vector<std::string> keys = {"async_rc", "create_rc", "managed_rc", "pitch_rc"};
+    auto bare = values(run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}}, false).out);
+    for (const auto& k : keys) CHECK(bare[k] == "0");
+    CHECK(bare["free_drop_mib"] == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_POOL_VMM", vmm}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        for (const auto& k : keys) {
+            INFO(k);
+            CHECK(v[k] == "0");  // the pool's copy held it out of reach before give_back
+        }
+        CHECK(v["free_drop_mib"] == "0");  // cuMemGetInfo counts what the pool would give back as free
+        // The pool gave its free memory back for each of them, logged with the call that ran out.
+        std::set<std::string> by;
+        for (const auto& e : ls)
+            if (e["ev"] == "segment_free" || e["ev"] == "segment_unmap") by.insert(e.value("api", ""));
+        for (const char* api : {"cuMemAllocAsync", "cuMemCreate", "cuMemAllocManaged", "cuMemAllocPitch_v2"}) {
+            INFO(api);
+            CHECK(by.count(api) == 1);
+        }
+        check_rebuild(ls);
+    }
+}
+
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
     auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;

@@ -581,3 +581,57 @@ TEST_CASE("virtual memory refused for another reason than memory: a cuMemAlloc s
     std::string why;
     CHECK(pool.validate(&why));
 }
+
+TEST_CASE("give_back: an allocator the pool does not serve gets back every whole free chunk, pending ones included, and giveable_bytes says how much", "[pool][vmm]") {
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;  // frees stay pending until the pool syncs or fences
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps(8);
+    for (auto& p : ps) REQUIRE(pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    int rc = -1;
+    for (size_t i = 1; i < ps.size(); ++i) REQUIRE(pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.pending_bytes() > 0);
+    const uint64_t held = dev.in_use();
+    // What it can give back, pending blocks merged with their neighbours: all but the live block's chunks.
+    CHECK(pool.giveable_bytes() == held - 6 * MiB);
+    // During a capture nothing may be waited for or unmapped.
+    dev.set_capturing(true);
+    CHECK(pool.give_back(api_id::cuMemCreate) == 0);
+    CHECK(dev.in_use() == held);
+    dev.set_capturing(false);
+    const uint64_t back = pool.give_back(api_id::cuMemCreate);
+    CHECK(back == held - dev.in_use());
+    // The one live 5 MiB block keeps its 3 chunks (6 MiB); every other chunk went back.
+    CHECK(dev.in_use() == 6 * MiB);
+    CHECK(pool.pending_bytes() == 0);
+    bool logged = false;
+    for (const auto& e : sink.events)
+        if ((e.ev == ev_kind::segment_unmap || e.ev == ev_kind::segment_free) && e.api == api_id::cuMemCreate) logged = true;
+    CHECK(logged);
+    CHECK(pool.give_back(api_id::cuMemCreate) == 0);  // nothing left to give
+    CHECK(pool.giveable_bytes() == 0);
+    REQUIRE(pool.deallocate(ps[0], api_id::cuMemFree_v2, &rc));
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("giveable_bytes: a cuMemAlloc segment counts only when every block in it is free or pending", "[pool][vmm]") {
+    fake_backend dev(256 * MiB);
+    recording_sink sink;
+    block_pool pool(immediate_config(), dev, &sink, 0);  // no VMM on this device: cuMemAlloc segments
+    uint64_t a = 0, b = 0;
+    REQUIRE(pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    REQUIRE(pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    const uint64_t held = dev.in_use();  // one large segment holds both
+    int rc = -1;
+    REQUIRE(pool.deallocate(a, api_id::cuMemFree_v2, &rc));
+    CHECK(pool.giveable_bytes() == 0);
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));
+    CHECK(pool.giveable_bytes() == held);
+    CHECK(pool.give_back(api_id::cuMemAllocAsync) == held);
+    CHECK(dev.in_use() == 0);
+}
