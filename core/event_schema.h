@@ -90,7 +90,9 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuGreenCtxStreamCreate, "cuGreenCtxStreamCreate", none)    \
     X(cuGreenCtxCreate, "cuGreenCtxCreate", none)                \
     X(per_thread_stream, "CU_STREAM_PER_THREAD", none)           \
-    X(cuGetProcAddress, "cuGetProcAddress", none)
+    X(cuGetProcAddress, "cuGetProcAddress", none)                 \
+    X(cuLaunchKernel, "cuLaunchKernel", none)                     \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

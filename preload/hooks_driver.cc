@@ -113,12 +113,19 @@ static bool driver_refuses_unsafe_call(CUresult* code) noexcept {
 // An allocation the pool does not serve that ran out of memory is made once more after the pools
 // of its device gave back what they hold free.  Without gpumem the program's frees would have
 // returned that memory to the driver, so another of its allocators (NCCL's cuMemCreate buffers,
-// cudaMallocAsync's pool, managed memory) could fail under gpumem where it runs without.
+// cudaMallocAsync's pool, managed memory) could fail under gpumem where it runs without.  So can a
+// kernel launch: the first launch of a lazily loaded module needs device memory for it (a cuSOLVER
+// call failed so under gpumem with the pool holding the freed GPU, H200 run 99).  A call that
+// fails with OUT_OF_MEMORY did nothing, so making it again is what a retrying program would do.
+// r: the call's first answer.
 template <class F>
-static CUresult retry_after_give_back(api_id api, int device, F&& call) noexcept {
-    CUresult r = call();
+static CUresult retry_if_oom(api_id api, int device, CUresult r, F&& call) noexcept {
     if (r == CUDA_ERROR_OUT_OF_MEMORY && pool_give_back(api, device) != 0) r = call();
     return r;
+}
+template <class F>
+static CUresult retry_after_give_back(api_id api, int device, F&& call) noexcept {
+    return retry_if_oom(api, device, call(), call);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,14 +679,20 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx
     auto fn = real<decltype(&w_cuLaunchKernel)>(drv::cuLaunchKernel);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
     note_if_per_thread<false>(s);
-    return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
+    const CUresult r = fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;  // the hot path: one compare
+    guard g;
+    return retry_if_oom(api_id::cuLaunchKernel, -1, r, [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); });
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
     auto fn = real<decltype(&w_cuLaunchKernelEx)>(drv::cuLaunchKernelEx);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
     if (config) note_if_per_thread<false>(config->hStream);
-    return fn(config, f, params, extra);
+    const CUresult r = fn(config, f, params, extra);
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;
+    guard g;
+    return retry_if_oom(api_id::cuLaunchKernelEx, -1, r, [&] { return fn(config, f, params, extra); });
 }
 
 // ---------------------------------------------------------------------------------------------

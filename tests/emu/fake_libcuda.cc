@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 
@@ -502,25 +503,42 @@ EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
 // Launches run nothing.  They check that every argument arrived as the test program passed it
 // (grid 11 12 13, block 14 15 16, 17 bytes, params 0x1234, extra 0x5678), which a thunk or
 // wrapper between the two must not disturb, and count the stream kinds they saw.
-static CUresult emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                           unsigned smem, CUstream s, void** params, void** extra) {
+// Lazy loading (CUDA_MODULE_LOADING=LAZY, the default): the first launch of a function loads its
+// module, which takes device memory; with too little left the launch fails with OUT_OF_MEMORY and
+// launches nothing.  GPUMEM_EMU_MODULE_BYTES (default 0: no memory) is each module's size.
+static CUresult load_module_of(CUfunction f) {
+    static const uint64_t bytes = getenv("GPUMEM_EMU_MODULE_BYTES") ? strtoull(getenv("GPUMEM_EMU_MODULE_BYTES"), nullptr, 10) : 0;
+    static std::mutex mu;
+    static std::set<CUfunction> loaded;
+    if (bytes == 0) return CUDA_SUCCESS;
+    std::lock_guard<std::mutex> lk(mu);
+    if (loaded.count(f)) return CUDA_SUCCESS;
+    CUdeviceptr code = 0;
+    if (CUresult r = device_alloc(&code, bytes, 0)) return r;  // kept: the module stays loaded
+    bump("module_loaded");
+    loaded.insert(f);
+    return CUDA_SUCCESS;
+}
+static CUresult emu_launch(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                           unsigned bz, unsigned smem, CUstream s, void** params, void** extra) {
     bump(name);
     if (s == CU_STREAM_PER_THREAD) bump("launch_on_per_thread_handle");
     const bool ok = gx == 11 && gy == 12 && gz == 13 && bx == 14 && by == 15 && bz == 16 && smem == 17 &&
                     params == reinterpret_cast<void**>(0x1234) && extra == reinterpret_cast<void**>(0x5678);
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    return load_module_of(f);
 }
-EMU_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+EMU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                    unsigned smem, CUstream s, void** params, void** extra) {
-    return emu_launch("cuLaunchKernel", gx, gy, gz, bx, by, bz, smem, s, params, extra);
+    return emu_launch("cuLaunchKernel", f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
-EMU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+EMU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                         unsigned bz, unsigned smem, CUstream s, void** params, void** extra) {
-    return emu_launch("cuLaunchKernel_ptsz", gx, gy, gz, bx, by, bz, smem, s, params, extra);
+    return emu_launch("cuLaunchKernel_ptsz", f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
-EMU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction, void** params, void** extra) {
+EMU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return emu_launch("cuLaunchKernelEx", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+    return emu_launch("cuLaunchKernelEx", f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                       c->sharedMemBytes, c->hStream, params, extra);
 }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {

@@ -182,17 +182,19 @@ void oom() {
     print_counts("");
 }
 
-// Memory the program freed, then asked for again by an allocator the pool does not serve: 48 blocks
-// of 4 MiB through cuMemAlloc (pooled) filled and freed before each of cuMemAllocAsync,
-// cuMemCreate, cuMemAllocManaged and cuMemAllocPitch asks for 192 MiB
+// Memory the program freed, then asked for again by an allocator the pool does not serve: blocks of
+// 4 MiB through cuMemAlloc (pooled) fill the device and are freed before each of cuMemAllocAsync,
+// cuMemCreate, cuMemAllocManaged and cuMemAllocPitch asks for 192 MiB, and each of cuLaunchKernel
+// and cuLaunchKernelEx launches a function whose module needs GPUMEM_EMU_MODULE_BYTES
 // (of a 256 MiB device).  Without gpumem each is served; the pool must give the freed memory back.
 // cuMemGetInfo's free before and after the first 192 MiB are freed: the same without gpumem.
 void other_allocators() {
     setup();
     const size_t mb4 = 4u << 20, big = 192u << 20;
-    auto fill_and_free = [&] {
-        std::vector<CUdeviceptr> ps(48);
-        for (auto& p : ps) CHECK(cuMemAlloc(&p, mb4));
+    auto fill_and_free = [&] {  // 4 MiB blocks until the device is full (at least 48), all freed
+        std::vector<CUdeviceptr> ps;
+        for (CUdeviceptr p; cuMemAlloc(&p, mb4) == CUDA_SUCCESS;) ps.push_back(p);
+        if (ps.size() < 48) fail("filling 192 MiB", int(ps.size()));
         for (auto p : ps) CHECK(cuMemFree(p));
     };
     CUdeviceptr p = 0;
@@ -222,6 +224,18 @@ void other_allocators() {
     rc = int(cuMemAllocPitch(&p, &pitch, 1u << 20, 192, 4));
     printf("pitch_rc=%d\n", rc);
     if (rc == 0) CHECK(cuMemFree(p));
+    // A first launch whose lazily loaded module needs memory (GPUMEM_EMU_MODULE_BYTES), by both
+    // launch calls: two functions, two modules.
+    auto params = reinterpret_cast<void**>(0x1234), extra = reinterpret_cast<void**>(0x5678);
+    fill_and_free();
+    rc = int(cuLaunchKernel(reinterpret_cast<CUfunction>(0x100), 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra));
+    printf("launch_rc=%d\n", rc);
+    fill_and_free();
+    CUlaunchConfig lc = {};
+    lc.gridDimX = 11, lc.gridDimY = 12, lc.gridDimZ = 13, lc.blockDimX = 14, lc.blockDimY = 15, lc.blockDimZ = 16;
+    lc.sharedMemBytes = 17;
+    rc = int(cuLaunchKernelEx(&lc, reinterpret_cast<CUfunction>(0x200), params, extra));
+    printf("launch_ex_rc=%d\n", rc);
     print_counts("");
 }
 

@@ -1,11 +1,14 @@
-"""Memory a program frees into gpumem's pool, asked for again by an allocator the pool does not serve.
+"""Memory a program frees into gpumem's pool, needed again by a call the pool does not serve.
 
 Under PYTORCH_NO_CUDA_MEMORY_CACHING=1 every freed tensor goes back to the driver without gpumem,
-and into gpumem's pool with it.  The program then asks for most of the GPU through cuMemCreate
-(as NCCL's buffers do), cuMemAllocAsync (cudaMallocAsync's pool) and cuMemAllocManaged: without
-gpumem each is served, and it must be under gpumem too (docs/pool.md, "OOM behaviour").  Prints
-one JSON object (each call's result, and what cuMemGetInfo says is free after the frees).
-Usage: python3 other_allocators_check.py   (exit 1 when a call fails)
+and into gpumem's pool with it.  Before each step the program fills the GPU with tensors until
+the driver refuses one, then frees them all; the step then asks for memory another way: through
+cuMemCreate (as NCCL's buffers do), cuMemAllocAsync (cudaMallocAsync's pool), cuMemAllocManaged,
+by loading and launching a module never loaded before (CuPy RawKernel: cuModuleLoadData and
+cuLaunchKernel), and by a PyTorch operator not used before (lazy loading of its kernels).
+Without gpumem each is served; it must be under gpumem too (docs/pool.md, "OOM behaviour").
+Prints one JSON object (each step's result, and cuMemGetInfo's free after the frees).
+Usage: python3 other_allocators_check.py   (exit 1 when a step fails; OTHER_ALLOCATORS_ONLY=<step> runs one)
 """
 import ctypes
 import json
@@ -13,21 +16,32 @@ import os
 import sys
 
 os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+import cupy as cp  # noqa: E402
 import torch  # noqa: E402
 
 cu = ctypes.CDLL("libcuda.so.1")
-GiB = 1 << 30
+MiB, GiB = 1 << 20, 1 << 30
 torch.zeros(1, device="cuda")
 free0, total = torch.cuda.mem_get_info()
-want = int(free0 * 0.8) // (2 << 20) * (2 << 20)  # whole 2 MiB granules (cuMemCreate's)
+want = int(free0 * 0.8) // (2 * MiB) * (2 * MiB)  # whole 2 MiB granules (cuMemCreate's)
 
 
 def fill_and_free():
-    """Tensors of 1 GiB up to 80% of the free memory, freed again; cuMemGetInfo's free after."""
-    ts = [torch.empty(GiB, dtype=torch.uint8, device="cuda") for _ in range(want // GiB)]
+    """Tensors until the driver refuses one (1 GiB, then 32 MiB, then 2 MiB), all freed again.
+    Returns (GiB filled, cuMemGetInfo's free after the frees in GiB)."""
+    ts, filled = [], 0
+    for size in (GiB, 32 * MiB, 2 * MiB):
+        while True:
+            try:
+                ts.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+                filled += size
+            except Exception:  # OutOfMemoryError, or AcceleratorError from a cudaMalloc under NO_CACHING
+                if ts or size != GiB:
+                    break
+                raise
     del ts
     torch.cuda.synchronize()
-    return torch.cuda.mem_get_info()[0]
+    return round(filled / GiB, 2), round(torch.cuda.mem_get_info()[0] / GiB, 2)
 
 
 class Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -37,29 +51,66 @@ class Prop(ctypes.Structure):  # CUmemAllocationProp
                 ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
 
 
-out = {"free_at_start_gib": free0 / GiB, "asked_gib": want / GiB}
-out["free_after_frees_gib"] = fill_and_free() / GiB
-prop = Prop(type=1, loc_type=1, loc_id=0)  # pinned, on device 0
-h = ctypes.c_uint64(0)
-out["create_rc"] = cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(want), ctypes.byref(prop), ctypes.c_ulonglong(0))
-if out["create_rc"] == 0:
-    cu.cuMemRelease(h)
+def create():
+    h = ctypes.c_uint64(0)
+    prop = Prop(type=1, loc_type=1, loc_id=0)  # pinned, on device 0
+    rc = cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(want), ctypes.byref(prop), ctypes.c_ulonglong(0))
+    if rc == 0:
+        cu.cuMemRelease(h)
+    return rc
 
-fill_and_free()
-p = ctypes.c_uint64(0)
-out["async_rc"] = cu.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(want), ctypes.c_void_p(0))
-if out["async_rc"] == 0:
-    cu.cuMemFreeAsync(p, ctypes.c_void_p(0))
-    cu.cuCtxSynchronize()
-    pool = ctypes.c_void_p(0)
-    cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
-    cu.cuMemPoolTrimTo(pool, ctypes.c_size_t(0))  # the driver's pool gives it back too
 
-fill_and_free()
-out["managed_rc"] = cu.cuMemAllocManaged(ctypes.byref(p), ctypes.c_size_t(want), 1)
-if out["managed_rc"] == 0:
-    cu.cuMemFree_v2(p)
+def alloc_async():
+    p = ctypes.c_uint64(0)
+    rc = cu.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(want), ctypes.c_void_p(0))
+    if rc == 0:
+        cu.cuMemFreeAsync(p, ctypes.c_void_p(0))
+        cu.cuCtxSynchronize()
+        pool = ctypes.c_void_p(0)
+        cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
+        cu.cuMemPoolTrimTo(pool, ctypes.c_size_t(0))  # the driver's pool gives it back too
+    return rc
 
-out["failed"] = [k for k in ("create_rc", "async_rc", "managed_rc") if out[k] != 0]
+
+def managed():
+    p = ctypes.c_uint64(0)
+    rc = cu.cuMemAllocManaged(ctypes.byref(p), ctypes.c_size_t(want), 1)
+    if rc == 0:
+        cu.cuMemFree_v2(p)
+    return rc
+
+
+def new_module():
+    """A module never loaded before, with a large global array (device memory at load)."""
+    try:
+        src = r'__device__ char big[256 << 20]; extern "C" __global__ void k(int* o) { big[threadIdx.x] = 1; o[0] = big[0]; }'
+        k = cp.RawKernel(src, "k")
+        o = cp.zeros(1, dtype=cp.int32)
+        k((1,), (32,), (o,))
+        cp.cuda.runtime.deviceSynchronize()
+        return 0 if int(o[0]) == 1 else -1
+    except Exception as e:  # the driver's refusal, as the program would see it
+        return repr(e)[:200]
+
+
+def new_torch_op():
+    try:
+        x = torch.randn(1024, 1024, device="cuda", dtype=torch.float64)
+        y = torch.linalg.eigvalsh(x @ x.T)  # kernels (and a solver workspace) not used before
+        torch.cuda.synchronize()
+        return 0 if y.shape[0] == 1024 else -1
+    except Exception as e:
+        return repr(e)[:200]
+
+
+out = {"free_at_start_gib": round(free0 / GiB, 2), "asked_gib": round(want / GiB, 2)}
+only = os.environ.get("OTHER_ALLOCATORS_ONLY")  # one step's name: that step alone
+for name, step in (("cuMemCreate", create), ("cuMemAllocAsync", alloc_async), ("cuMemAllocManaged", managed),
+                   ("new_module", new_module), ("new_torch_op", new_torch_op)):
+    if only and name != only:
+        continue
+    filled, free_after = fill_and_free()
+    out[name] = {"filled_gib": filled, "free_after_frees_gib": free_after, "rc": step()}
+out["failed"] = [k for k, v in out.items() if isinstance(v, dict) and v["rc"] != 0]
 print(json.dumps(out))
 sys.exit(1 if out["failed"] else 0)

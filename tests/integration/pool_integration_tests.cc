@@ -671,13 +671,17 @@ TEST_CASE("pool: cuMemAlloc, cuMemFree and cuMemFreeAsync inside a capture get t
 TEST_CASE("pool: an allocator the pool does not serve gets the memory the program freed into the pool, and cuMemGetInfo counts it free") {
     // 192 MiB freed through cuMemFree, then asked for by cuMemAllocAsync, cuMemCreate,
     // cuMemAllocManaged and cuMemAllocPitch on a 256 MiB device: served without gpumem.
-    const std::vector<std::string> keys = {"async_rc", "create_rc", "managed_rc", "pitch_rc"};
-    auto bare = values(run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}}, false).out);
+    // Then a first launch by cuLaunchKernel and by cuLaunchKernelEx, each loading a 64 MiB module.
+    const std::vector<std::string> keys = {"async_rc", "create_rc", "managed_rc", "pitch_rc", "launch_rc", "launch_ex_rc"};
+    const std::string module = std::to_string(64 << 20);
+    auto bare = values(
+        run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", module}}, false).out);
     for (const auto& k : keys) CHECK(bare[k] == "0");
     CHECK(bare["free_drop_mib"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_POOL_VMM", vmm}});
+        auto r = run({EMU_POOL_APP, "other-allocators"},
+                     {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", module}, {"GPUMEM_POOL_VMM", vmm}});
         std::vector<json> ls;
         check_complete(r, &ls);
         auto v = values(r.out);
@@ -690,7 +694,8 @@ TEST_CASE("pool: an allocator the pool does not serve gets the memory the progra
         std::set<std::string> by;
         for (const auto& e : ls)
             if (e["ev"] == "segment_free" || e["ev"] == "segment_unmap") by.insert(e.value("api", ""));
-        for (const char* api : {"cuMemAllocAsync", "cuMemCreate", "cuMemAllocManaged", "cuMemAllocPitch_v2"}) {
+        for (const char* api : {"cuMemAllocAsync", "cuMemCreate", "cuMemAllocManaged", "cuMemAllocPitch_v2", "cuLaunchKernel",
+                                "cuLaunchKernelEx"}) {
             INFO(api);
             CHECK(by.count(api) == 1);
         }
