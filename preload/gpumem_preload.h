@@ -41,14 +41,23 @@ namespace gpumem {
     X(cuStreamEndCapture_ptsz) X(cuThreadExchangeStreamCaptureMode)                     \
     X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
-    X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)                   \
+    /* Calls that may need device memory of their own: made again after the pools give back */ \
+    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) \
+    X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuModuleGetFunction)            \
+    X(cuModuleGetGlobal_v2) X(cuLibraryGetKernel) X(cuLibraryGetModule)             \
+    X(cuLibraryGetGlobal) X(cuKernelGetFunction) X(cuFuncGetAttribute)              \
+    X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuKernelGetAttribute)           \
+    X(cuKernelSetAttribute) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)          \
+    X(cuLaunchCooperativeKernel) X(cuGraphInstantiateWithFlags) X(cuGraphUpload)    \
+    X(cuGraphLaunch)
 
 // Every other libcuda function gpumem itself calls (pool backend, contexts, device facts).  Not
 // wrapped: the program's calls to them go straight to the driver.  One table with the hooks
 // above, so every libcuda entry point the library calls is found and cached in one place.
 #define GPUMEM_DRIVER_CALLS(X)                                                           \
     X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
-    X(cuCtxSynchronize) X(cuStreamIsCapturing)                                          \
+    X(cuCtxSynchronize) X(cuStreamIsCapturing) X(cuStreamGetDevice)                     \
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
@@ -157,11 +166,12 @@ void* real_runtime(const char* name) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
-// An allocation the pools do not serve ran out of memory: every pool of `device` (-1: of the
-// current context's device) gives back the memory it holds free (block_pool::give_back).
+// A call the pools do not serve ran out of memory: every pool of `device` (-1: of the current
+// context's device; -2: of every device) gives back the memory it holds free (block_pool::give_back).
 // Returns the bytes given back, 0 when none was (then a retry would fail the same way).
 uint64_t pool_give_back(api_id api, int device) noexcept;
-// What pool_give_back could return now (block_pool::giveable_bytes), without a driver call.
+// What pool_give_back could return now (block_pool::giveable_bytes), without a driver call and
+// without waiting; 0 during a stream capture.
 uint64_t pool_giveable(int device) noexcept;
 // Whether an open stream capture may make the driver refuse this thread's cuMemAlloc/cuMemFree
 // (core/pool/capture_table.h).  The pool does not serve such calls: the driver answers.

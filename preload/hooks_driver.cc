@@ -209,6 +209,14 @@ constexpr bool is_ptsz(const char* n) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Stream-ordered allocations: the driver's own pools serve them; gpumem records, never pools them.
 
+// The device a stream-ordered allocation on s draws from: the stream's (cuStreamGetDevice, CUDA
+// 12.8), else the current context's (-1).
+static int device_of_stream(CUstream s) noexcept {
+    auto get = real<CUresult (*)(CUstream, CUdevice*)>(drv::cuStreamGetDevice);
+    CUdevice d = 0;
+    return get && get(s, &d) == CUDA_SUCCESS ? int(d) : -1;
+}
+
 #define GPUMEM_ALLOC_ASYNC(NAME)                                                                      \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr* dptr, size_t bytes, CUstream s) {          \
         auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(drv::NAME);                         \
@@ -217,7 +225,7 @@ constexpr bool is_ptsz(const char* n) noexcept {
         if (guard::active() || !dptr) return f(dptr, bytes, s);                                        \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
-        CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, bytes, s); });                \
+        CUresult r = retry_after_give_back(api, device_of_stream(s), [&] { return f(dptr, bytes, s); }); \
         record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
                      uint64_t(s), 0);                                                                  \
         return r;                                                                                      \
@@ -233,7 +241,8 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         if (guard::active() || !dptr) return f(dptr, bytes, pool, s);                                  \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
-        CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, bytes, pool, s); });          \
+        /* the memory pool's location may be any device: every pool gives back */                      \
+        CUresult r = retry_after_give_back(api, -2, [&] { return f(dptr, bytes, pool, s); });          \
         record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
                      uint64_t(s), uint64_t(pool));                                                     \
         return r;                                                                                      \
@@ -434,10 +443,14 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetAddressRange_v2(CUdeviceptr* base, s
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
     auto f = real<CUresult (*)(size_t*, size_t*)>(drv::cuMemGetInfo_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = f(free_b, total_b);
-    if (r != CUDA_SUCCESS || guard::active() || !free_b || !total_b) return r;
+    if (guard::active()) return f(free_b, total_b);
     guard g;
-    *free_b = size_t(std::min<uint64_t>(uint64_t(*free_b) + pool_giveable(-1), *total_b));
+    // The pools first, the driver right after: memory a give-back of another thread returns
+    // meanwhile is then counted twice (capped at the total) rather than not at all.
+    const uint64_t giveable = pool_giveable(-1);
+    const CUresult r = f(free_b, total_b);
+    if (r != CUDA_SUCCESS || !free_b || !total_b) return r;
+    *free_b = size_t(std::min<uint64_t>(uint64_t(*free_b) + giveable, *total_b));
     return r;
 }
 
@@ -672,7 +685,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
     return r;
 }
 
-// Launches, watched for one thing only: the handle CU_STREAM_PER_THREAD (see per_thread.cc).
+// Launches, watched for the handle CU_STREAM_PER_THREAD (see per_thread.cc), and made again after
+// a give-back when they run out of memory (retry_if_oom).
 extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                                    unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
                                                    CUstream s, void** params, void** extra) {
@@ -694,6 +708,46 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
     guard g;
     return retry_if_oom(api_id::cuLaunchKernelEx, -1, r, [&] { return fn(config, f, params, extra); });
 }
+
+// Calls that may take device memory of their own: module and library loads, the first use of a
+// lazily loaded function (getting it, its attributes, its occupancy; CUDA_MODULE_LOADING=LAZY is
+// the default), cooperative and graph launches.  Under the pool a failure there with
+// OUT_OF_MEMORY can be the memory the program freed into it (H200 run 102: cublasCreate failed so
+// with eager loading, a cuSOLVER call with lazy loading), so each is made again after a give-back.
+// The hot path is the call and one compare.
+#define GPUMEM_OOM_RETRY(NAME, PARAMS, ARGS)                                                           \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
+        auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
+        if (!real_fn) return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        const CUresult r = real_fn ARGS;                                                               \
+        if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;                                \
+        guard in_gpumem;                                                                               \
+        return retry_if_oom(api_id::NAME, -1, r, [&] { return real_fn ARGS; });                        \
+    }
+#define GPUMEM_OOM_RETRY_CALLS(X) \
+    X(cuModuleLoad, (CUmodule* a, const char* b), (a, b)) \
+    X(cuModuleLoadData, (CUmodule* a, const void* b), (a, b)) \
+    X(cuModuleLoadDataEx, (CUmodule* a, const void* b, unsigned int c, CUjit_option* d, void** e), (a, b, c, d, e)) \
+    X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b)) \
+    X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q)) \
+    X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q)) \
+    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c)) \
+    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d)) \
+    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c)) \
+    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b)) \
+    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d)) \
+    X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b)) \
+    X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c)) \
+    X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c)) \
+    X(cuFuncSetCacheConfig, (CUfunction a, CUfunc_cache b), (a, b)) \
+    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d)) \
+    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d)) \
+    X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c)) \
+    X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b)) \
+    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b))
+GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY)
 
 // ---------------------------------------------------------------------------------------------
 // Way (a): the exported symbols.  Each defers to its wrapper when way a is on, else calls the real one.
@@ -725,6 +779,7 @@ GPUMEM_EXPORT_HOOK(cuMemAllocHost_v2, (void** a, size_t b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemFreeHost, (void* a), (a))
 GPUMEM_EXPORT_HOOK(cuMemGetAddressRange_v2, (CUdeviceptr* a, size_t* b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuMemGetInfo_v2, (size_t* a, size_t* b), (a, b))
+GPUMEM_OOM_RETRY_CALLS(GPUMEM_EXPORT_HOOK)
 GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))

@@ -242,19 +242,19 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
 }
 
 namespace {
-// f(pool) for every live pool of `device` (-1: the current context's device).
+// f(pool) for every live pool of `device` (-1: the current context's device; -2: every device).
 template <class F>
 void for_each_pool_of(int device, F&& f) noexcept {
     pool_registry& reg = registry();
     if (reg.count() == 0 || g_exiting.load(std::memory_order_acquire)) return;
-    if (device < 0) {
+    if (device == -1) {
         auto get = GPUMEM_REAL(cuCtxGetDevice);
         CUdevice d = 0;
         if (!get || get(&d) != CUDA_SUCCESS) return;
         device = int(d);
     }
     reg.for_each([&](pool_registry::slot& s) {
-        if (s.ctx.load(std::memory_order_acquire) != 0 && s.device == device) f(*s.pool);
+        if (s.ctx.load(std::memory_order_acquire) != 0 && (device == -2 || s.device == device)) f(*s.pool);
     });
 }
 }  // namespace
@@ -266,6 +266,8 @@ uint64_t pool_give_back(api_id api, int device) noexcept {
 }
 
 uint64_t pool_giveable(int device) noexcept {
+    // Inside a capture nothing can be given back (give_back neither waits nor unmaps there).
+    if (capture_active()) return 0;
     uint64_t n = 0;
     for_each_pool_of(device, [&](block_pool& p) { n += p.giveable_bytes(); });
     return n;

@@ -1926,7 +1926,17 @@ uint64_t block_pool::give_back(api_id api) noexcept {
 }
 
 uint64_t block_pool::giveable_bytes() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    // Never waits: the pool holds its lock through device waits (a fence, a synchronize), and a
+    // query of free memory must not block behind them.  While another operation runs, the answer
+    // of the last call that got the lock stands.
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return giveable_last_.load(std::memory_order_relaxed);
+    const uint64_t n = count_giveable();
+    giveable_last_.store(n, std::memory_order_relaxed);
+    return n;
+}
+
+uint64_t block_pool::count_giveable() const noexcept {
     if (exiting_ || poisoned_) return 0;
     auto idle = [](const block* b) { return b->state == block_state::free || b->state == block_state::pending; };
     uint64_t n = 0;

@@ -109,17 +109,19 @@ class block_pool {
     // mapped so far gets access for it, and every later one too.  No-op for cuMemAlloc segments.
     void grant_peer(int device) noexcept;
 
-    // An allocation the pool does not serve (cuMemCreate, the stream-ordered pools, managed or
-    // pitched memory) ran out of memory: gives back what the pool's own OOM path would (pending
-    // frees once their work is done, idle stitched segments, empty segments, and on virtual memory
-    // every whole chunk inside free memory), so that the pool holds no memory the driver alone
-    // would have had free.  Returns the reserved bytes given back; 0 during a stream capture, which
+    // A call the pool does not serve (cuMemCreate, the stream-ordered pools, managed or pitched
+    // memory, a module load, a launch) ran out of memory: gives back what the pool's own OOM path
+    // would (pending frees once their work is done, idle stitched segments, empty segments, and on
+    // virtual memory every whole chunk inside free memory), so that the pool holds no memory the
+    // driver alone would have had free.  Like that path it waits for the device work queued before
+    // it (unmapping memory a kernel may still use would fault), holding the pool meanwhile.  Returns the reserved bytes given back; 0 during a stream capture, which
     // forbids the waits and unmaps.  Segment events carry `api`, the call that ran out.
     uint64_t give_back(api_id api) noexcept;
     // What give_back could return now, without a backend call: on virtual memory the whole chunks
     // inside runs of free and pending blocks, and the lenders of idle stitched segments; the
     // cuMemAlloc segments whose every block is free or pending.  cuMemGetInfo adds it to the
-    // driver's free.
+    // driver's free.  Never blocks: while another thread holds the pool (a wait on the device,
+    // say) it answers the last count it made.
     uint64_t giveable_bytes() const noexcept;
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
@@ -291,6 +293,7 @@ class block_pool {
     pool_state snapshot_locked() const noexcept;
     bool validate_locked(std::string* why) const;
     void check_after_op() const;
+    uint64_t count_giveable() const noexcept;  // giveable_bytes' walk, under the lock
 
     // Node recycling: the hot path re-keys std::set/std::map nodes instead of allocating, and
     // reuses block objects, so steady-state alloc/free pairs do not touch malloc.
@@ -431,6 +434,7 @@ class block_pool {
     size_t n_spare_blocks_ = 0;
 
     std::atomic<uint64_t> next_stats_ns_{0};
+    mutable std::atomic<uint64_t> giveable_last_{0};  // giveable_bytes' last count (its answer while the lock is held)
 };
 
 }  // namespace gpumem

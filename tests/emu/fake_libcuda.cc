@@ -506,10 +506,10 @@ EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
 // Lazy loading (CUDA_MODULE_LOADING=LAZY, the default): the first launch of a function loads its
 // module, which takes device memory; with too little left the launch fails with OUT_OF_MEMORY and
 // launches nothing.  GPUMEM_EMU_MODULE_BYTES (default 0: no memory) is each module's size.
-static CUresult load_module_of(CUfunction f) {
+static CUresult load_module_of(const void* f) {
     static const uint64_t bytes = getenv("GPUMEM_EMU_MODULE_BYTES") ? strtoull(getenv("GPUMEM_EMU_MODULE_BYTES"), nullptr, 10) : 0;
     static std::mutex mu;
-    static std::set<CUfunction> loaded;
+    static std::set<const void*> loaded;
     if (bytes == 0) return CUDA_SUCCESS;
     std::lock_guard<std::mutex> lk(mu);
     if (loaded.count(f)) return CUDA_SUCCESS;
@@ -527,6 +527,14 @@ static CUresult emu_launch(const char* name, CUfunction f, unsigned gx, unsigned
                     params == reinterpret_cast<void**>(0x1234) && extra == reinterpret_cast<void**>(0x5678);
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
     return load_module_of(f);
+}
+// A module load (cuModuleLoadData) takes the same memory at once; the handle is the image.
+EMU_EXPORT CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+    bump("cuModuleLoadData");
+    if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = load_module_of(image)) return r;
+    *m = reinterpret_cast<CUmodule>(const_cast<void*>(image));
+    return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                    unsigned smem, CUstream s, void** params, void** extra) {
@@ -1152,6 +1160,7 @@ const fn_entry k_functions[] = {
     E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
+    E(cuModuleLoadData),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
     {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},

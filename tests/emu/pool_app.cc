@@ -185,16 +185,17 @@ void oom() {
 // Memory the program freed, then asked for again by an allocator the pool does not serve: blocks of
 // 4 MiB through cuMemAlloc (pooled) fill the device and are freed before each of cuMemAllocAsync,
 // cuMemCreate, cuMemAllocManaged and cuMemAllocPitch asks for 192 MiB, and each of cuLaunchKernel
-// and cuLaunchKernelEx launches a function whose module needs GPUMEM_EMU_MODULE_BYTES
+// and cuLaunchKernelEx launches a function whose module needs GPUMEM_EMU_MODULE_BYTES, and
+// cuModuleLoadData loads such a module
 // (of a 256 MiB device).  Without gpumem each is served; the pool must give the freed memory back.
 // cuMemGetInfo's free before and after the first 192 MiB are freed: the same without gpumem.
 void other_allocators() {
     setup();
     const size_t mb4 = 4u << 20, big = 192u << 20;
-    auto fill_and_free = [&] {  // 4 MiB blocks until the device is full (at least 48), all freed
+    auto fill_and_free = [&] {  // 4 MiB blocks until the device is full, all freed
         std::vector<CUdeviceptr> ps;
         for (CUdeviceptr p; cuMemAlloc(&p, mb4) == CUDA_SUCCESS;) ps.push_back(p);
-        if (ps.size() < 48) fail("filling 192 MiB", int(ps.size()));
+        if (ps.size() < 8) fail("filling the device", int(ps.size()));
         for (auto p : ps) CHECK(cuMemFree(p));
     };
     CUdeviceptr p = 0;
@@ -236,6 +237,11 @@ void other_allocators() {
     lc.sharedMemBytes = 17;
     rc = int(cuLaunchKernelEx(&lc, reinterpret_cast<CUfunction>(0x200), params, extra));
     printf("launch_ex_rc=%d\n", rc);
+    fill_and_free();
+    static const char image[] = "an emulated module";
+    CUmodule mod;
+    rc = int(cuModuleLoadData(&mod, image));
+    printf("module_load_rc=%d\n", rc);
     print_counts("");
 }
 

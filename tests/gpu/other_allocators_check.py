@@ -8,7 +8,7 @@ by loading and launching a module never loaded before (CuPy RawKernel: cuModuleL
 cuLaunchKernel), and by a PyTorch operator not used before (lazy loading of its kernels).
 Without gpumem each is served; it must be under gpumem too (docs/pool.md, "OOM behaviour").
 Prints one JSON object (each step's result, and cuMemGetInfo's free after the frees).
-Usage: python3 other_allocators_check.py   (exit 1 when a step fails; OTHER_ALLOCATORS_ONLY=<step> runs one)
+Usage: python3 other_allocators_check.py   (exit 1 when a step fails; OTHER_ALLOCATORS_ONLY=a,b runs those steps)
 """
 import ctypes
 import json
@@ -104,10 +104,10 @@ def new_torch_op():
 
 
 out = {"free_at_start_gib": round(free0 / GiB, 2), "asked_gib": round(want / GiB, 2)}
-only = os.environ.get("OTHER_ALLOCATORS_ONLY")  # one step's name: that step alone
+only = os.environ.get("OTHER_ALLOCATORS_ONLY", "").split(",")  # steps' names: those alone
 for name, step in (("cuMemCreate", create), ("cuMemAllocAsync", alloc_async), ("cuMemAllocManaged", managed),
                    ("new_module", new_module), ("new_torch_op", new_torch_op)):
-    if only and name != only:
+    if only != [""] and name not in only:
         continue
     filled, free_after = fill_and_free()
     out[name] = {"filled_gib": filled, "free_after_frees_gib": free_after, "rc": step()}

@@ -671,8 +671,10 @@ TEST_CASE("pool: cuMemAlloc, cuMemFree and cuMemFreeAsync inside a capture get t
 TEST_CASE("pool: an allocator the pool does not serve gets the memory the program freed into the pool, and cuMemGetInfo counts it free") {
     // 192 MiB freed through cuMemFree, then asked for by cuMemAllocAsync, cuMemCreate,
     // cuMemAllocManaged and cuMemAllocPitch on a 256 MiB device: served without gpumem.
-    // Then a first launch by cuLaunchKernel and by cuLaunchKernelEx, each loading a 64 MiB module.
-    const std::vector<std::string> keys = {"async_rc", "create_rc", "managed_rc", "pitch_rc", "launch_rc", "launch_ex_rc"};
+    // Then a first launch by cuLaunchKernel and by cuLaunchKernelEx, each loading a 64 MiB module,
+    // and cuModuleLoadData of another.
+    const std::vector<std::string> keys = {"async_rc",  "create_rc",    "managed_rc",    "pitch_rc",
+                                           "launch_rc", "launch_ex_rc", "module_load_rc"};
     const std::string module = std::to_string(64 << 20);
     auto bare = values(
         run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", module}}, false).out);
@@ -695,7 +697,7 @@ TEST_CASE("pool: an allocator the pool does not serve gets the memory the progra
         for (const auto& e : ls)
             if (e["ev"] == "segment_free" || e["ev"] == "segment_unmap") by.insert(e.value("api", ""));
         for (const char* api : {"cuMemAllocAsync", "cuMemCreate", "cuMemAllocManaged", "cuMemAllocPitch_v2", "cuLaunchKernel",
-                                "cuLaunchKernelEx"}) {
+                                "cuLaunchKernelEx", "cuModuleLoadData"}) {
             INFO(api);
             CHECK(by.count(api) == 1);
         }

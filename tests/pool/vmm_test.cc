@@ -2,6 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "pool_test_util.h"
@@ -634,4 +637,36 @@ TEST_CASE("giveable_bytes: a cuMemAlloc segment counts only when every block in 
     CHECK(pool.giveable_bytes() == held);
     CHECK(pool.give_back(api_id::cuMemAllocAsync) == held);
     CHECK(dev.in_use() == 0);
+}
+
+TEST_CASE("giveable_bytes never waits for a pool operation that waits on the device", "[pool][vmm]") {
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, b = 0;
+    REQUIRE(pool.allocate(10 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    REQUIRE(pool.allocate(10 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    int rc = -1;
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));  // pending: give_back waits for it
+    const uint64_t before = pool.giveable_bytes();
+    REQUIRE(before > 0);
+    dev.set_wait_sleep_ns(1'500'000'000);  // each wait on the device: 1.5 s
+    std::atomic<bool> started{false};
+    std::thread t([&] {
+        started = true;
+        pool.give_back(api_id::cuMemCreate);
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // give_back is inside its wait now
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t during = pool.giveable_bytes();
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    t.join();
+    CHECK(waited < std::chrono::milliseconds(1000));  // not the 1.5 s wait (a loaded machine has slack)
+    CHECK(during == before);                         // the last count, while the pool is busy
+    CHECK(pool.giveable_bytes() == 0);               // and a fresh one after: all given back
+    REQUIRE(pool.deallocate(a, api_id::cuMemFree_v2, &rc));
 }
