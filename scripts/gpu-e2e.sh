@@ -55,8 +55,10 @@ run_case() {
 W=tests/gpu/workloads.py
 # GPUMEM_E2E_ONLY=pool runs only the pool checks (scripts/gpu-e2e-pool.sh) and `gpumem run`'s
 # (scripts/gpu-e2e-run.sh); =stacks only the call stacks and the PyTorch memory snapshot
-# (scripts/gpu-e2e-stacks.sh); =base only the programs above and the interception cost (the
-# whole script takes more than one 10-minute device call: run it as base, pool, stacks).
+# (scripts/gpu-e2e-stacks.sh); =answers only the driver answers the pool must not change
+# (scripts/gpu-e2e-answers.sh: captures, other allocators after frees); =base only the programs
+# above and the interception cost (the whole script takes more than one 10-minute device call:
+# run it as base, pool, stacks, answers).
 if [ -z "${GPUMEM_E2E_ONLY:-}" ] || [ "${GPUMEM_E2E_ONLY:-}" = base ]; then
 run_case torch-default off -- python3 $W torch "$LOGS/torch-default.stats.json"
 run_case torch-nocache off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- python3 $W torch "$LOGS/torch-nocache.stats.json"
@@ -88,9 +90,10 @@ run_case cuda-static-pool on -- "$APP"
 } >> "$RESULTS" 2>&1
 fi
 
-for extra in scripts/gpu-e2e-pool.sh scripts/gpu-e2e-run.sh scripts/gpu-e2e-stacks.sh; do
+for extra in scripts/gpu-e2e-pool.sh scripts/gpu-e2e-run.sh scripts/gpu-e2e-stacks.sh scripts/gpu-e2e-answers.sh; do
   case "${GPUMEM_E2E_ONLY:-}:$extra" in
-    pool:*stacks.sh | stacks:*pool.sh | stacks:*run.sh | base:*) continue ;;
+    :* | pool:*pool.sh | pool:*run.sh | stacks:*stacks.sh | answers:*answers.sh) ;;
+    *) continue ;;
   esac
   [ -x "$extra" ] && . "$extra"
 done

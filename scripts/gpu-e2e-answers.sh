@@ -1,0 +1,41 @@
+# Driver answers the pool must not change, for scripts/gpu-e2e.sh (sourced by it; GPUMEM_E2E_ONLY=answers runs it alone).
+#
+# Uses LIB, LOGS, RESULTS and fails.  Each check runs three times: without gpumem, with the pool, with GPUMEM_POOL_VMM=off.
+# Answers the driver gives that the pool must not change (docs/pool.md): calls inside stream
+# captures (tests/gpu/capture_mode_check.py, every capture mode x thread x thread mode), and
+# memory the program freed into the pool, asked for again by calls the pool does not serve
+# (tests/gpu/other_allocators_check.py: cuMemCreate, cudaMallocAsync, managed memory, module loads,
+# a first cuSOLVER call), with lazy and with eager module loading.  Each outcome, with gpumem and
+# with GPUMEM_POOL_VMM=off, must equal the program's without gpumem.
+same_run() {  # same_run SCRIPT NAME ENV...: the script's JSON less its run-dependent members, one line
+  local script=$1 name=$2; shift 2
+  env "$@" timeout 300 python3 "$script" > "$LOGS/same-$name.json" 2> "$LOGS/same-$name.stderr"
+  python3 - "$LOGS/same-$name.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:  # no JSON: the script died; its stderr is in the log folder
+    print("no result:", repr(e)[:80]); sys.exit()
+drop = {"cudart", "problems", "failed", "free_at_start_gib", "asked_gib"}
+def strip(v):  # the steps' answers only (sizes and free memory differ from run to run)
+    return {k: strip(x) for k, x in v.items() if k not in ("filled_gib", "free_after_frees_gib")} if isinstance(v, dict) else v
+print(json.dumps({k: strip(v) for k, v in d.items() if k not in drop}, sort_keys=True))
+PY
+}
+{
+  echo
+  echo "### Driver answers the pool must not change: the same outcome with and without gpumem"
+  echo '| check | without gpumem | gpumem pool (VMM) | gpumem pool, GPUMEM_POOL_VMM=off | verdict |'
+  echo '|---|---|---|---|---|'
+  for spec in capture:tests/gpu/capture_mode_check.py: other:tests/gpu/other_allocators_check.py: \
+              other-eager:tests/gpu/other_allocators_check.py:CUDA_MODULE_LOADING=EAGER; do
+    IFS=: read -r name script env <<< "$spec"
+    base=$(same_run "$script" "$name-native" $env)
+    vmm=$(same_run "$script" "$name-gpumem" $env GPUMEM_OUT="$LOGS/same-$name.%p.jsonl" LD_PRELOAD="$LIB")
+    novmm=$(same_run "$script" "$name-novmm" $env GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/same-$name-novmm.%p.jsonl" LD_PRELOAD="$LIB")
+    verdict=PASS
+    if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ]; then verdict=FAIL; fails=$((fails + 1)); fi
+    short() { if [ "$1" = "$base" ]; then echo same; else echo "$1" | cut -c1-300; fi; }
+    echo "| $name | $(echo "$base" | cut -c1-300) | $(short "$vmm") | $(short "$novmm") | $verdict |"
+  done
+} >> "$RESULTS" 2>&1
