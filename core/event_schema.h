@@ -93,27 +93,27 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuGetProcAddress, "cuGetProcAddress", none)                 \
     X(cuLaunchKernel, "cuLaunchKernel", none)                     \
     X(cuLaunchKernelEx, "cuLaunchKernelEx", none)                 \
-    X(cuModuleLoad, "cuModuleLoad", none) \
-    X(cuModuleLoadData, "cuModuleLoadData", none) \
-    X(cuModuleLoadDataEx, "cuModuleLoadDataEx", none) \
-    X(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", none) \
-    X(cuLibraryLoadData, "cuLibraryLoadData", none) \
-    X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", none) \
-    X(cuModuleGetFunction, "cuModuleGetFunction", none) \
-    X(cuModuleGetGlobal_v2, "cuModuleGetGlobal_v2", none) \
-    X(cuLibraryGetKernel, "cuLibraryGetKernel", none) \
-    X(cuLibraryGetModule, "cuLibraryGetModule", none) \
-    X(cuLibraryGetGlobal, "cuLibraryGetGlobal", none) \
-    X(cuKernelGetFunction, "cuKernelGetFunction", none) \
-    X(cuFuncGetAttribute, "cuFuncGetAttribute", none) \
-    X(cuFuncSetAttribute, "cuFuncSetAttribute", none) \
-    X(cuFuncSetCacheConfig, "cuFuncSetCacheConfig", none) \
-    X(cuKernelGetAttribute, "cuKernelGetAttribute", none) \
-    X(cuKernelSetAttribute, "cuKernelSetAttribute", none) \
+    X(cuModuleLoad, "cuModuleLoad", none)                         \
+    X(cuModuleLoadData, "cuModuleLoadData", none)                 \
+    X(cuModuleLoadDataEx, "cuModuleLoadDataEx", none)             \
+    X(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", none)       \
+    X(cuLibraryLoadData, "cuLibraryLoadData", none)               \
+    X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", none)       \
+    X(cuModuleGetFunction, "cuModuleGetFunction", none)           \
+    X(cuModuleGetGlobal_v2, "cuModuleGetGlobal_v2", none)         \
+    X(cuLibraryGetKernel, "cuLibraryGetKernel", none)             \
+    X(cuLibraryGetModule, "cuLibraryGetModule", none)             \
+    X(cuLibraryGetGlobal, "cuLibraryGetGlobal", none)             \
+    X(cuKernelGetFunction, "cuKernelGetFunction", none)           \
+    X(cuFuncGetAttribute, "cuFuncGetAttribute", none)             \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute", none)             \
+    X(cuFuncSetCacheConfig, "cuFuncSetCacheConfig", none)         \
+    X(cuKernelGetAttribute, "cuKernelGetAttribute", none)         \
+    X(cuKernelSetAttribute, "cuKernelSetAttribute", none)         \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", none) \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", none) \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", none) \
-    X(cuGraphUpload, "cuGraphUpload", none) \
+    X(cuGraphUpload, "cuGraphUpload", none)                       \
     X(cuGraphLaunch, "cuGraphLaunch", none)
 
 enum class api_id : uint16_t {

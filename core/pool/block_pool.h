@@ -114,8 +114,9 @@ class block_pool {
     // would (pending frees once their work is done, idle stitched segments, empty segments, and on
     // virtual memory every whole chunk inside free memory), so that the pool holds no memory the
     // driver alone would have had free.  Like that path it waits for the device work queued before
-    // it (unmapping memory a kernel may still use would fault), holding the pool meanwhile.  Returns the reserved bytes given back; 0 during a stream capture, which
-    // forbids the waits and unmaps.  Segment events carry `api`, the call that ran out.
+    // it (unmapping memory a kernel may still use would fault), holding the pool meanwhile.
+    // Returns the reserved bytes given back; 0 during a stream capture, which forbids the waits
+    // and unmaps.  Segment events carry `api`, the call that ran out.
     uint64_t give_back(api_id api) noexcept;
     // What give_back could return now, without a backend call: on virtual memory the whole chunks
     // inside runs of free and pending blocks, and the lenders of idle stitched segments; the
