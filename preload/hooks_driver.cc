@@ -127,6 +127,14 @@ template <class F>
 static CUresult retry_after_give_back(api_id api, int device, F&& call) noexcept {
     return retry_if_oom(api, device, call(), call);
 }
+// The same for a call made before gpumem's guard (launches, module loads: hot paths that only
+// compare their answer); r is its answer.
+template <class F>
+static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcept {
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;
+    guard g;
+    return retry_if_oom(api, -1, r, call);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Synchronous device allocations: the pool may serve these.
@@ -693,20 +701,16 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx
     auto fn = real<decltype(&w_cuLaunchKernel)>(drv::cuLaunchKernel);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
     note_if_per_thread<false>(s);
-    const CUresult r = fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
-    if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;  // the hot path: one compare
-    guard g;
-    return retry_if_oom(api_id::cuLaunchKernel, -1, r, [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); });
+    return retry_unguarded_if_oom(api_id::cuLaunchKernel, fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra),
+                                  [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); });
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
     auto fn = real<decltype(&w_cuLaunchKernelEx)>(drv::cuLaunchKernelEx);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
     if (config) note_if_per_thread<false>(config->hStream);
-    const CUresult r = fn(config, f, params, extra);
-    if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;
-    guard g;
-    return retry_if_oom(api_id::cuLaunchKernelEx, -1, r, [&] { return fn(config, f, params, extra); });
+    return retry_unguarded_if_oom(api_id::cuLaunchKernelEx, fn(config, f, params, extra),
+                                  [&] { return fn(config, f, params, extra); });
 }
 
 // Calls that may take device memory of their own: module and library loads, the first use of a
@@ -719,10 +723,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
         auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
         if (!real_fn) return CUDA_ERROR_NOT_INITIALIZED;                                               \
-        const CUresult r = real_fn ARGS;                                                               \
-        if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;                                \
-        guard in_gpumem;                                                                               \
-        return retry_if_oom(api_id::NAME, -1, r, [&] { return real_fn ARGS; });                        \
+        return retry_unguarded_if_oom(api_id::NAME, real_fn ARGS, [&] { return real_fn ARGS; });      \
     }
 #define GPUMEM_OOM_RETRY_CALLS(X) \
     X(cuModuleLoad, (CUmodule* a, const char* b), (a, b)) \

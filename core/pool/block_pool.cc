@@ -869,15 +869,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) {
             if (reclaim(api, true, p, asize) && (b = find_free(p, asize))) return b;
         }
-        // Again: a capture opened on another thread during the waits forbids the frees below.
-        if (can_sync()) {
-            // (Frees of ordered releases whose last event a query finds reached need no wait.)
-            if (chunk_ && !ordered_frees_settled()) settle_frees(api);
-            dissolve_free_stitched(api);
-            release_free_segments(api);
-            // Again: settle_frees may have waited (a capture opened meanwhile forbids unmapping).
-            if (chunk_ && !unsettled_frees_ && can_sync()) unmap_free_chunks(api);
-        }
+        release_unused(api);
     }
     // With arenas, first the holes just made (mapping into them joins their free neighbours).
     rc = arenas ? arena_grow(p, asize, api, &b) : k_cuda_oom;
@@ -1905,19 +1897,25 @@ void block_pool::release_cached() noexcept {
     check_after_op();
 }
 
+void block_pool::release_unused(api_id api) {
+    // Again: a capture opened on another thread during the caller's waits forbids the frees below.
+    if (!can_sync()) return;
+    // (Frees of ordered releases whose last event a query finds reached need no wait.)
+    if (chunk_ && !ordered_frees_settled()) settle_frees(api);
+    dissolve_free_stitched(api);
+    release_free_segments(api);
+    // Again: settle_frees may have waited (a capture opened meanwhile forbids unmapping).
+    if (chunk_ && !unsettled_frees_ && can_sync()) unmap_free_chunks(api);
+}
+
 uint64_t block_pool::give_back(api_id api) noexcept {
     op_lock lk(*this);
     const uint64_t before = reserved_;
     try {
-        // The steps of grow()'s OOM path, in its order and with its capture checks.
+        // grow()'s OOM path, for no request: every pending free, then everything unused.
         if (exiting_ || poisoned_ || !can_sync()) return 0;
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
-        if (can_sync()) {
-            if (chunk_ && !ordered_frees_settled()) settle_frees(api);
-            dissolve_free_stitched(api);
-            release_free_segments(api);
-            if (chunk_ && !unsettled_frees_ && can_sync()) unmap_free_chunks(api);
-        }
+        release_unused(api);
     } catch (...) {
         poisoned_ = true;
     }

@@ -252,6 +252,10 @@ class block_pool {
     // on OOM; GPUMEM_POOL_TRIM's excess before growing).  Returns the bytes given back.
     // keep: a hole whose free neighbours stay mapped (the trim before an arena maps into it).
     uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX, const block* keep = nullptr);
+    // After the pending frees were released (OOM, give_back): settles the rest, dissolves idle
+    // stitched segments, returns empty segments and unmaps every whole free chunk; nothing inside
+    // a capture.
+    void release_unused(api_id api);
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
