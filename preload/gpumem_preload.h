@@ -173,6 +173,12 @@ uint64_t pool_give_back(api_id api, int device) noexcept;
 // What pool_give_back could return now (block_pool::giveable_bytes), without a driver call and
 // without waiting; 0 during a stream capture.
 uint64_t pool_giveable(int device) noexcept;
+// Headroom for the driver (block_pool::make_headroom): whether any pool found the driver short of
+// its headroom, in one load; and, before the first use of a function or kernel `handle` on this
+// thread's device while one is, the current device's pools make room.  The launch hooks call
+// before_first_use; it filters on a table of handles seen while short (hooks_driver.cc).
+bool pool_headroom_short() noexcept;
+uint64_t pool_make_headroom(api_id api) noexcept;
 // Whether an open stream capture may make the driver refuse this thread's cuMemAlloc/cuMemFree
 // (core/pool/capture_table.h).  The pool does not serve such calls: the driver answers.
 bool capture_may_refuse() noexcept;

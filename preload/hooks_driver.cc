@@ -114,9 +114,11 @@ static bool driver_refuses_unsafe_call(CUresult* code) noexcept {
 // of its device gave back what they hold free.  Without gpumem the program's frees would have
 // returned that memory to the driver, so another of its allocators (NCCL's cuMemCreate buffers,
 // cudaMallocAsync's pool, managed memory) could fail under gpumem where it runs without.  So can a
-// kernel launch: the first launch of a lazily loaded module needs device memory for it (a cuSOLVER
-// call failed so under gpumem with the pool holding the freed GPU, H200 run 99).  A call that
-// fails with OUT_OF_MEMORY did nothing, so making it again is what a retrying program would do.
+// module load, or a launch that needs more local memory.  A call that fails with OUT_OF_MEMORY did
+// nothing, so making it again is what a retrying program would do.  Not so a function's lazy load:
+// after one failed for want of memory, the driver never loads that function again in the context
+// (H200 run 105: the retried launch fails with CUDA_ERROR_UNKNOWN, "not loaded", and cuFuncLoad
+// does not load it), so first uses are covered beforehand (before_first_use, below).
 // r: the call's first answer.
 template <class F>
 static CUresult retry_if_oom(api_id api, int device, CUresult r, F&& call) noexcept {
@@ -134,6 +136,36 @@ static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcep
     if (r != CUDA_ERROR_OUT_OF_MEMORY || guard::active()) return r;
     guard g;
     return retry_if_oom(api, -1, r, call);
+}
+
+// Headroom for lazy loads (docs/pool.md, "Headroom for the driver").  While some pool left the
+// driver less free memory than its headroom, the first use of each function or kernel handle on a
+// device (a launch, an attribute, an occupancy query: where the driver loads it) first lets that
+// device's pools make room.  Handles seen so far are kept in a fixed table, touched only while a
+// pool is short, so the hot path is one load; a full table stops the cover (never an error).
+static bool first_seen(const void* handle) noexcept {
+    constexpr size_t k_slots = 1u << 16, k_probes = 64;
+    static std::atomic<uintptr_t> seen[k_slots];
+    CUdevice dev = 0;
+    if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
+    // A CUkernel is one handle for every context: the device is part of the key.
+    const uintptr_t key = (reinterpret_cast<uintptr_t>(handle) ^ (uintptr_t(dev) * 0x9E3779B97F4A7C15ull)) | 1;
+    size_t i = size_t((key * 0x9E3779B97F4A7C15ull) >> 48);
+    for (size_t n = 0; n < k_probes; ++n, i = (i + 1) & (k_slots - 1)) {
+        uintptr_t v = seen[i].load(std::memory_order_relaxed);
+        if (v == key) return false;
+        if (v == 0) {
+            if (seen[i].compare_exchange_strong(v, key, std::memory_order_relaxed)) return true;
+            if (v == key) return false;
+        }
+    }
+    return false;
+}
+static inline void before_first_use(api_id api, const void* handle) noexcept {
+    if (!pool_headroom_short() || !handle || guard::active()) return;
+    if (!first_seen(handle)) return;
+    guard g;
+    pool_make_headroom(api);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -701,6 +733,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx
     auto fn = real<decltype(&w_cuLaunchKernel)>(drv::cuLaunchKernel);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
     note_if_per_thread<false>(s);
+    before_first_use(api_id::cuLaunchKernel, f);
     return retry_unguarded_if_oom(api_id::cuLaunchKernel, fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra),
                                   [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); });
 }
@@ -709,6 +742,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
     auto fn = real<decltype(&w_cuLaunchKernelEx)>(drv::cuLaunchKernelEx);
     if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
     if (config) note_if_per_thread<false>(config->hStream);
+    before_first_use(api_id::cuLaunchKernelEx, f);
     return retry_unguarded_if_oom(api_id::cuLaunchKernelEx, fn(config, f, params, extra),
                                   [&] { return fn(config, f, params, extra); });
 }
@@ -717,37 +751,40 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
 // lazily loaded function (getting it, its attributes, its occupancy; CUDA_MODULE_LOADING=LAZY is
 // the default), cooperative and graph launches.  Under the pool a failure there with
 // OUT_OF_MEMORY can be the memory the program freed into it (H200 run 102: cublasCreate failed so
-// with eager loading, a cuSOLVER call with lazy loading), so each is made again after a give-back.
-// The hot path is the call and one compare.
-#define GPUMEM_OOM_RETRY(NAME, PARAMS, ARGS)                                                           \
+// with eager loading, a cuSOLVER call with lazy loading), so each is made again after a give-back;
+// those that name a function, kernel or graph first make headroom at its first use
+// (before_first_use; KEY is that handle, nullptr for none).  The hot path is the call and one
+// compare.
+#define GPUMEM_OOM_RETRY(NAME, PARAMS, ARGS, KEY)                                                      \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
         auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
         if (!real_fn) return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        before_first_use(api_id::NAME, KEY);                                                           \
         return retry_unguarded_if_oom(api_id::NAME, real_fn ARGS, [&] { return real_fn ARGS; });      \
     }
 #define GPUMEM_OOM_RETRY_CALLS(X) \
-    X(cuModuleLoad, (CUmodule* a, const char* b), (a, b)) \
-    X(cuModuleLoadData, (CUmodule* a, const void* b), (a, b)) \
-    X(cuModuleLoadDataEx, (CUmodule* a, const void* b, unsigned int c, CUjit_option* d, void** e), (a, b, c, d, e)) \
-    X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b)) \
-    X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q)) \
-    X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q)) \
-    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c)) \
-    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d)) \
-    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c)) \
-    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b)) \
-    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d)) \
-    X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b)) \
-    X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c)) \
-    X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c)) \
-    X(cuFuncSetCacheConfig, (CUfunction a, CUfunc_cache b), (a, b)) \
-    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d)) \
-    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d)) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d)) \
-    X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j)) \
-    X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c)) \
-    X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b)) \
-    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b))
+    X(cuModuleLoad, (CUmodule* a, const char* b), (a, b), nullptr) \
+    X(cuModuleLoadData, (CUmodule* a, const void* b), (a, b), nullptr) \
+    X(cuModuleLoadDataEx, (CUmodule* a, const void* b, unsigned int c, CUjit_option* d, void** e), (a, b, c, d, e), nullptr) \
+    X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b), nullptr) \
+    X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
+    X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
+    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), nullptr) \
+    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), nullptr) \
+    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), nullptr) \
+    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b), nullptr) \
+    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), nullptr) \
+    X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b), b) \
+    X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c), c) \
+    X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c), a) \
+    X(cuFuncSetCacheConfig, (CUfunction a, CUfunc_cache b), (a, b), a) \
+    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d), c) \
+    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d), c) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d), b) \
+    X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
+    X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a) \
+    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a)
 GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY)
 
 // ---------------------------------------------------------------------------------------------
@@ -780,7 +817,8 @@ GPUMEM_EXPORT_HOOK(cuMemAllocHost_v2, (void** a, size_t b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemFreeHost, (void* a), (a))
 GPUMEM_EXPORT_HOOK(cuMemGetAddressRange_v2, (CUdeviceptr* a, size_t* b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuMemGetInfo_v2, (size_t* a, size_t* b), (a, b))
-GPUMEM_OOM_RETRY_CALLS(GPUMEM_EXPORT_HOOK)
+#define GPUMEM_EXPORT_RETRY(NAME, PARAMS, ARGS, KEY) GPUMEM_EXPORT_HOOK(NAME, PARAMS, ARGS)
+GPUMEM_OOM_RETRY_CALLS(GPUMEM_EXPORT_RETRY)
 GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))

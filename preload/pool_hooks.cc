@@ -265,6 +265,14 @@ uint64_t pool_give_back(api_id api, int device) noexcept {
     return n;
 }
 
+bool pool_headroom_short() noexcept { return block_pool::any_short(); }
+
+uint64_t pool_make_headroom(api_id api) noexcept {
+    uint64_t n = 0;
+    for_each_pool_of(-1, [&](block_pool& p) { n += p.make_headroom(api); });
+    return n;
+}
+
 uint64_t pool_giveable(int device) noexcept {
     // Inside a capture nothing can be given back (give_back neither waits nor unmaps there).
     if (capture_active()) return 0;

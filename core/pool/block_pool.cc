@@ -256,6 +256,7 @@ void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
     e.p = snapshot_locked();
     e.p.size = size;
     if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    if (!exiting_) note_driver_free(e.p.gpu_free, e.p.gpu_total);
     if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
     sink_->emit(e);
 }
@@ -970,7 +971,9 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
                     b = find_free(p, asize);
                 }
             }
+            const uint64_t reserved_before = reserved_;
             if (!b) b = grow(p, asize, api, &err);
+            if (reserved_ > reserved_before) after_growth(reserved_ - reserved_before);
             if (reserved_ > hwm_) hwm_ = reserved_;
             if (b) {
                 take(b, asize, size);
@@ -1897,15 +1900,67 @@ void block_pool::release_cached() noexcept {
     check_after_op();
 }
 
-void block_pool::release_unused(api_id api) {
+void block_pool::release_unused(api_id api, uint64_t want) {
     // Again: a capture opened on another thread during the caller's waits forbids the frees below.
     if (!can_sync()) return;
     // (Frees of ordered releases whose last event a query finds reached need no wait.)
     if (chunk_ && !ordered_frees_settled()) settle_frees(api);
+    const uint64_t before = reserved_;
+    auto given = [&] { return before > reserved_ ? before - reserved_ : 0; };
+    // Some bytes only (headroom): free chunks may be enough, and an empty arena is the pool's whole
+    // memory, which the next growth would map again.
+    if (want != UINT64_MAX && chunk_ && !unsettled_frees_ && can_sync() && unmap_free_chunks(api, want) >= want) return;
     dissolve_free_stitched(api);
     release_free_segments(api);
     // Again: settle_frees may have waited (a capture opened meanwhile forbids unmapping).
-    if (chunk_ && !unsettled_frees_ && can_sync()) unmap_free_chunks(api);
+    if (chunk_ && !unsettled_frees_ && can_sync() && given() < want) unmap_free_chunks(api, want - given());
+}
+
+uint64_t block_pool::headroom_limit() const noexcept {
+    return total_ ? std::min(cfg_.headroom, total_ / 64) : cfg_.headroom;
+}
+
+void block_pool::note_driver_free(uint64_t free_b, uint64_t total) noexcept {
+    if (!cfg_.headroom || total == 0) return;  // off, or a backend that cannot say
+    total_ = total;
+    free_est_ = free_b;
+    const bool now = free_b < headroom_limit();
+    if (short_.exchange(now, std::memory_order_relaxed) != now) short_pools_.fetch_add(now ? 1 : -1, std::memory_order_relaxed);
+}
+
+void block_pool::after_growth(uint64_t grown) noexcept {
+    if (!cfg_.headroom || exiting_) return;
+    if (free_est_ != UINT64_MAX) free_est_ -= std::min(free_est_, grown);
+    // One cuMemGetInfo per growth only near the line: other allocators' memory may have brought
+    // it closer than the count says, which the stats event's look (every GPUMEM_STATS_MS) catches.
+    if (free_est_ == UINT64_MAX || free_est_ < 2 * headroom_limit()) {
+        uint64_t free_b = 0, total = 0;
+        backend_.mem_info(&free_b, &total);
+        note_driver_free(free_b, total);
+    }
+}
+
+uint64_t block_pool::make_headroom(api_id api) noexcept {
+    if (!short_.load(std::memory_order_relaxed)) return 0;
+    op_lock lk(*this);
+    const uint64_t before = reserved_;
+    try {
+        if (exiting_ || poisoned_ || !can_sync()) return 0;
+        uint64_t free_b = 0, total = 0;
+        backend_.mem_info(&free_b, &total);
+        note_driver_free(free_b, total);
+        const uint64_t want = headroom_limit();
+        // Nothing to give: no wait (the next function's first use looks again).
+        if (!short_.load(std::memory_order_relaxed) || count_giveable() == 0) return 0;
+        if ((pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
+        release_unused(api, want - free_b);
+        backend_.mem_info(&free_b, &total);
+        note_driver_free(free_b, total);
+    } catch (...) {
+        poisoned_ = true;
+    }
+    check_after_op();
+    return before > reserved_ ? before - reserved_ : 0;
 }
 
 uint64_t block_pool::give_back(api_id api) noexcept {
@@ -1969,6 +2024,8 @@ uint64_t block_pool::count_giveable() const noexcept {
 // ---- lifecycle ------------------------------------------------------------------------------
 
 void block_pool::forget_all() noexcept {
+    if (short_.exchange(false, std::memory_order_relaxed)) short_pools_.fetch_sub(1, std::memory_order_relaxed);
+    free_est_ = UINT64_MAX;
     for (auto& [base, s] : segments_) {
         for (block* b = s->first; b;) {
             block* n = b->next;
@@ -2052,6 +2109,7 @@ bool block_pool::reuse_is_immediate() const noexcept {
 void block_pool::release_all_at_exit() noexcept {
     op_lock lk(*this);
     exiting_ = true;
+    if (short_.exchange(false, std::memory_order_relaxed)) short_pools_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // ---- queries --------------------------------------------------------------------------------
@@ -2166,6 +2224,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     e.dev = device_;
     e.p = snapshot_locked();
     if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    if (!exiting_) note_driver_free(e.p.gpu_free, e.p.gpu_total);
     if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
     sink_->emit(e);
 }

@@ -124,6 +124,17 @@ class block_pool {
     // driver's free.  Never blocks: while another thread holds the pool (a wait on the device,
     // say) it answers the last count it made.
     uint64_t giveable_bytes() const noexcept;
+    // Headroom for the driver (pool_config::headroom, docs/pool.md "Headroom for the driver"):
+    // after each growth the pool looks at the driver's free memory (counted down by its own
+    // growths, asked again near the line and with each stats event); below the headroom the pool
+    // is short, and any_short() says so to the hooks in one load.  make_headroom, which the hooks
+    // call before a function's first use (a lazy load), gives back whole free chunks, pending
+    // frees once their work is done, and at last empty segments, until the driver has the
+    // headroom or the pool nothing more to give; then looks again.  It waits like give_back, and
+    // does nothing while the pool is not short or a capture is open.  Returns the bytes given back.
+    uint64_t make_headroom(api_id api) noexcept;
+    static bool any_short() noexcept { return short_pools_.load(std::memory_order_relaxed) != 0; }
+    bool headroom_short() const noexcept { return short_.load(std::memory_order_relaxed); }
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;
@@ -255,7 +266,12 @@ class block_pool {
     // After the pending frees were released (OOM, give_back): settles the rest, dissolves idle
     // stitched segments, returns empty segments and unmaps every whole free chunk; nothing inside
     // a capture.
-    void release_unused(api_id api);
+    // want: as much as that; whole free chunks first, then idle stitched and empty segments.
+    void release_unused(api_id api, uint64_t want = UINT64_MAX);
+    // Headroom: the driver's free memory as just measured (under the lock); sets short_.
+    void note_driver_free(uint64_t free_b, uint64_t total) noexcept;
+    uint64_t headroom_limit() const noexcept;  // min(cfg.headroom, the device / 64)
+    void after_growth(uint64_t grown) noexcept;  // counts the estimate down; measures near the line
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
@@ -440,6 +456,12 @@ class block_pool {
 
     std::atomic<uint64_t> next_stats_ns_{0};
     mutable std::atomic<uint64_t> giveable_last_{0};  // giveable_bytes' last count (its answer while the lock is held)
+    // Headroom: the driver's free memory at the last look less the pool's growth since
+    // (UINT64_MAX: never looked), the device's size, whether below the headroom, and how many pools
+    // of the process are (the hooks' one load per launch).
+    uint64_t free_est_ = UINT64_MAX, total_ = 0;
+    std::atomic<bool> short_{false};
+    static inline std::atomic<int> short_pools_{0};
 };
 
 }  // namespace gpumem

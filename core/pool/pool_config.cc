@@ -38,6 +38,7 @@ constexpr size_knob k_size_knobs[] = {
     {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false},
     {"GPUMEM_POOL_TRIM", &pool_config::trim, 0, false},
     {"GPUMEM_POOL_CHUNK", &pool_config::chunk, 0, false},
+    {"GPUMEM_POOL_HEADROOM", &pool_config::headroom, 0, false},
 };
 
 // The knobs from_env reads by hand, before the table's: knob_env_names() lists them with it.
@@ -70,7 +71,7 @@ std::string pool_config::check() const {
     constexpr uint64_t k_max = 1ull << 48;
     if (!is_pow2(round) || round < 256) return "round must be a power of two >= 256";
     for (uint64_t v : {small_size, small_segment, large_segment, min_large_alloc, large_round,
-                       small_split, large_split, sync_budget, trim, chunk})
+                       small_split, large_split, sync_budget, trim, chunk, headroom})
         if (v > k_max) return "sizes must be <= 2^48";
     if (small_segment % round || large_segment % round) return "segment sizes must be multiples of round";
     if (large_round % round) return "large_round must be a multiple of round";
@@ -148,6 +149,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.sync_budget_div = c.sync_budget_div;
             d.fence_batch = c.fence_batch;
             d.trim = c.trim;
+            d.headroom = c.headroom;
             d.warnings = c.warnings + "pool sizes inconsistent (" + why + "); using the default sizes\n";
             if (!d.check().empty()) d = pool_config{};  // budget out of range too: all defaults
             return d;

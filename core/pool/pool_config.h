@@ -71,6 +71,14 @@ struct pool_config {
     // stitching and trimming cheaper; but the pool then gives back only whole larger chunks, and
     // its promise rounds live bytes up to them (docs/pool.md).
     uint64_t chunk = 0;
+    // GPUMEM_POOL_HEADROOM: device memory the pool leaves the driver for its own needs while it
+    // holds free memory of its own (docs/pool.md, "Headroom for the driver"): at most this, and at
+    // most 1/64 of the device.  A kernel loaded lazily (CUDA_MODULE_LOADING=LAZY, the default) at
+    // its first launch takes device memory; when that load fails for want of memory the driver
+    // never loads the function again in that context (H200 run 105: every later launch of it
+    // fails with CUDA_ERROR_UNKNOWN, cuFuncLoad too), so a give-back after the failure comes too
+    // late.  256 MiB: the first cuSOLVER call after a full device loads in it (run 106).  0 = off.
+    uint64_t headroom = 256ull << 20;
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory (cuMemCreate chunks) where the device
     // supports it, so that the pool can give back every whole free chunk and never fails a request
     // the driver alone would serve (docs/pool.md).  On by default since legacy IPC of pooled blocks

@@ -505,17 +505,23 @@ EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
 // wrapper between the two must not disturb, and count the stream kinds they saw.
 // Lazy loading (CUDA_MODULE_LOADING=LAZY, the default): the first launch of a function loads its
 // module, which takes device memory; with too little left the launch fails with OUT_OF_MEMORY and
-// launches nothing.  GPUMEM_EMU_MODULE_BYTES (default 0: no memory) is each module's size.
-static CUresult load_module_of(const void* f) {
+// launches nothing, and, as on the H200 (run 105), the function is never loaded again: each later
+// launch of it fails with CUDA_ERROR_UNKNOWN ("not loaded").  An explicit module load that failed
+// may be made again.  GPUMEM_EMU_MODULE_BYTES (default 0: no memory) is each module's size.
+static CUresult load_module_of(const void* f, bool lazy) {
     static const uint64_t bytes = getenv("GPUMEM_EMU_MODULE_BYTES") ? strtoull(getenv("GPUMEM_EMU_MODULE_BYTES"), nullptr, 10) : 0;
     static std::mutex mu;
-    static std::set<const void*> loaded;
+    static std::set<const void*> loaded, failed;
     if (bytes == 0) return CUDA_SUCCESS;
     std::lock_guard<std::mutex> lk(mu);
     if (loaded.count(f)) return CUDA_SUCCESS;
+    if (failed.count(f)) return CUDA_ERROR_UNKNOWN;
     CUdeviceptr code = 0;
-    if (CUresult r = device_alloc(&code, bytes, 0)) return r;  // kept: the module stays loaded
-    bump("module_loaded");
+    if (CUresult r = device_alloc(&code, bytes, 0)) {
+        if (lazy) failed.insert(f);
+        return r;
+    }
+    bump("module_loaded");  // kept: the module stays loaded
     loaded.insert(f);
     return CUDA_SUCCESS;
 }
@@ -526,13 +532,13 @@ static CUresult emu_launch(const char* name, CUfunction f, unsigned gx, unsigned
     const bool ok = gx == 11 && gy == 12 && gz == 13 && bx == 14 && by == 15 && bz == 16 && smem == 17 &&
                     params == reinterpret_cast<void**>(0x1234) && extra == reinterpret_cast<void**>(0x5678);
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
-    return load_module_of(f);
+    return load_module_of(f, true);
 }
 // A module load (cuModuleLoadData) takes the same memory at once; the handle is the image.
 EMU_EXPORT CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     bump("cuModuleLoadData");
     if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
-    if (CUresult r = load_module_of(image)) return r;
+    if (CUresult r = load_module_of(image, false)) return r;
     *m = reinterpret_cast<CUmodule>(const_cast<void*>(image));
     return CUDA_SUCCESS;
 }

@@ -137,8 +137,9 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"fence_batch\":4,") != std::string::npos);
     CHECK(s.find("\"pool_chunk\":0,") != std::string::npos);
     CHECK(s.find("\"fence_wait\":\"order\",") != std::string::npos);
-    // 5 string knobs + 14 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 19);
+    CHECK(s.find("\"pool_headroom\":268435456,") != std::string::npos);
+    // 5 string knobs + 15 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 20);
     std::string off = "{", sized = "{";
     with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
     with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);

@@ -670,3 +670,63 @@ TEST_CASE("giveable_bytes never waits for a pool operation that waits on the dev
     CHECK(pool.giveable_bytes() == 0);               // and a fresh one after: all given back
     REQUIRE(pool.deallocate(a, api_id::cuMemFree_v2, &rc));
 }
+
+TEST_CASE("make_headroom: a pool that left the driver less than its headroom gives back just enough whole free chunks before a lazy load", "[pool][vmm]") {
+    fake_backend dev(512 * MiB);  // headroom at most 1/64 of the device: 8 MiB
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 4 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    REQUIRE(ps.size() > 90);
+    CHECK(pool.headroom_short());  // the device is full
+    CHECK(block_pool::any_short());
+    int rc = -1;
+    for (size_t i = 0; i < ps.size(); i += 2) REQUIRE(pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc));
+    const uint64_t held = dev.in_use();
+    // During a capture nothing is waited for or unmapped, and the pool stays short.
+    dev.set_capturing(true);
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 0);
+    CHECK(pool.headroom_short());
+    dev.set_capturing(false);
+    const uint64_t back = pool.make_headroom(api_id::cuLaunchKernel);
+    CHECK(back == held - dev.in_use());
+    uint64_t free_b = 0, total = 0;
+    dev.mem_info(&free_b, &total);
+    CHECK(free_b >= 4 * MiB);
+    CHECK(back < 8 * MiB);  // just enough: the other free chunks stay mapped for the program
+    CHECK(!pool.headroom_short());
+    CHECK(!block_pool::any_short());
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 0);  // no longer short: nothing done
+    bool logged = false;
+    for (const auto& e : sink.events)
+        if (e.ev == ev_kind::segment_unmap && e.api == api_id::cuLaunchKernel) logged = true;
+    CHECK(logged);
+    // Growing back to a full device makes it short again.
+    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    CHECK(pool.headroom_short());
+    for (size_t i = 0; i < ps.size(); ++i)
+        if (i % 2 || i >= ps.size() / 2 + 1) pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("make_headroom: GPUMEM_POOL_HEADROOM=0 never makes a pool short", "[pool][vmm]") {
+    fake_backend dev(128 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 0;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    int rc = -1;
+    for (auto p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    CHECK(!pool.headroom_short());
+    const uint64_t held = dev.in_use();
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 0);
+    CHECK(dev.in_use() == held);
+}
