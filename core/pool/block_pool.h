@@ -262,7 +262,8 @@ class block_pool {
     // Whole chunks inside free blocks go back to the driver, until `want` bytes have (all of them
     // on OOM; GPUMEM_POOL_TRIM's excess before growing).  Returns the bytes given back.
     // keep: a hole whose free neighbours stay mapped (the trim before an arena maps into it).
-    uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX, const block* keep = nullptr);
+    // part: a free block may go back in part, the front chunks that make up `want` (headroom).
+    uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX, const block* keep = nullptr, bool part = false);
     // After the pending frees were released (OOM, give_back): settles the rest, dissolves idle
     // stitched segments, returns empty segments and unmaps every whole free chunk; nothing inside
     // a capture.
