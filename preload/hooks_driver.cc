@@ -139,33 +139,47 @@ static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcep
 }
 
 // Headroom for lazy loads (docs/pool.md, "Headroom for the driver").  While some pool left the
-// driver less free memory than its headroom, the first use of each function or kernel handle on a
-// device (a launch, an attribute, an occupancy query: where the driver loads it) first lets that
-// device's pools make room.  Handles seen so far are kept in a fixed table, touched only while a
-// pool is short, so the hot path is one load; a full table stops the cover (never an error).
-static bool first_seen(const void* handle) noexcept {
+// driver less free memory than its headroom, the first use of each function, kernel, module,
+// library or graph handle on a device (a launch, an attribute, an occupancy query, a getter: where
+// the driver loads it) first lets that device's pools make room.  Handles are kept in a fixed
+// table, touched only while a pool is short, so the hot path is one load; a full table stops the
+// cover (never an error).  A slot is claimed as "in progress" (bit 1 clear) until the room is
+// made: another thread's first use of the same handle meanwhile makes room too (it queues on the
+// pool's lock, and finds the room there), rather than launch before it.
+static std::atomic<uintptr_t>* first_use_claim(const void* handle, bool* done) noexcept {
     constexpr size_t k_slots = 1u << 16, k_probes = 64;
     static std::atomic<uintptr_t> seen[k_slots];
     CUdevice dev = 0;
     if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
     // A CUkernel is one handle for every context: the device is part of the key.
-    const uintptr_t key = (reinterpret_cast<uintptr_t>(handle) ^ (uintptr_t(dev) * 0x9E3779B97F4A7C15ull)) | 1;
+    const uintptr_t key = (reinterpret_cast<uintptr_t>(handle) ^ (uintptr_t(dev) * 0x9E3779B97F4A7C15ull)) | 3;
+    const uintptr_t claimed = key & ~uintptr_t(2);
     size_t i = size_t((key * 0x9E3779B97F4A7C15ull) >> 48);
     for (size_t n = 0; n < k_probes; ++n, i = (i + 1) & (k_slots - 1)) {
-        uintptr_t v = seen[i].load(std::memory_order_relaxed);
-        if (v == key) return false;
-        if (v == 0) {
-            if (seen[i].compare_exchange_strong(v, key, std::memory_order_relaxed)) return true;
-            if (v == key) return false;
+        uintptr_t v = seen[i].load(std::memory_order_acquire);
+        if (v == 0 && seen[i].compare_exchange_strong(v, claimed, std::memory_order_acq_rel)) {
+            *done = false;
+            return &seen[i];
+        }
+        if (v == key) break;  // room was made at its first use
+        if (v == claimed) {   // another thread makes room now: so does this one
+            *done = false;
+            return nullptr;
         }
     }
-    return false;
+    *done = true;
+    return nullptr;
 }
 static inline void before_first_use(api_id api, const void* handle) noexcept {
     if (!pool_headroom_short() || !handle || guard::active()) return;
-    if (!first_seen(handle)) return;
-    guard g;
-    pool_make_headroom(api);
+    bool done = true;
+    std::atomic<uintptr_t>* slot = first_use_claim(handle, &done);
+    if (done) return;
+    {
+        guard g;
+        pool_make_headroom(api);
+    }
+    if (slot) slot->fetch_or(2, std::memory_order_release);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -752,9 +766,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
 // the default), cooperative and graph launches.  Under the pool a failure there with
 // OUT_OF_MEMORY can be the memory the program freed into it (H200 run 102: cublasCreate failed so
 // with eager loading, a cuSOLVER call with lazy loading), so each is made again after a give-back;
-// those that name a function, kernel or graph first make headroom at its first use
-// (before_first_use; KEY is that handle, nullptr for none).  The hot path is the call and one
-// compare.
+// those that name a function, kernel, module, library or graph first make headroom at its first
+// use (before_first_use; KEY is that handle, nullptr for none: the loads, retried after a
+// failure).  The hot path is the call and one compare.
 #define GPUMEM_OOM_RETRY(NAME, PARAMS, ARGS, KEY)                                                      \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
         auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
@@ -769,11 +783,11 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
     X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b), nullptr) \
     X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
     X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
-    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), nullptr) \
-    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), nullptr) \
-    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), nullptr) \
-    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b), nullptr) \
-    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), nullptr) \
+    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), b) \
+    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), c) \
+    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), b) \
+    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b), b) \
+    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), c) \
     X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b), b) \
     X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c), c) \
     X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c), a) \

@@ -1748,8 +1748,10 @@ bool block_pool::settle_frees(api_id api) {
     return sync_release(api);
 }
 
-void block_pool::release_free_segments(api_id api) {
+void block_pool::release_free_segments(api_id api, uint64_t want) {
+    const uint64_t before = reserved_;
     for (auto it = segments_.begin(); it != segments_.end();) {
+        if (before - reserved_ >= want) return;
         segment* s = it->second;
         if (s->stitched()) {  // its chunks are its lenders': dissolved (OOM path), never released here
             ++it;
@@ -1917,7 +1919,8 @@ void block_pool::release_unused(api_id api, uint64_t want) {
     if (want != UINT64_MAX && chunk_ && !unsettled_frees_ && can_sync() && unmap_free_chunks(api, want, nullptr, true) >= want)
         return;
     dissolve_free_stitched(api);
-    release_free_segments(api);
+    // cuMemAlloc segments: as many as make up want.
+    if (given() < want) release_free_segments(api, want == UINT64_MAX ? want : want - given());
     // Again: settle_frees may have waited (a capture opened meanwhile forbids unmapping).
     if (chunk_ && !unsettled_frees_ && can_sync() && given() < want)
         unmap_free_chunks(api, want - given(), nullptr, want != UINT64_MAX);
@@ -1959,8 +1962,14 @@ uint64_t block_pool::make_headroom(api_id api) noexcept {
         const uint64_t want = headroom_limit();
         // Nothing to give: no wait (the next function's first use looks again).
         if (!short_.load(std::memory_order_relaxed) || count_giveable() == 0) return 0;
-        if ((pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
-        release_unused(api, want - free_b);
+        const uint64_t need = want - free_b;  // short: free_b < want
+        // First what needs no wait: whole free chunks while every free is settled (safe reuse:
+        // the free blocks' fences were reached).  Only if that falls short, the pending frees (a
+        // wait on their fences) and the frees made for immediate reuse (a wait on the device).
+        uint64_t given = 0;
+        if (chunk_ && !unsettled_frees_ && ordered_frees_settled()) given = unmap_free_chunks(api, need, nullptr, true);
+        if (given < need && (pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
+        if (given < need) release_unused(api, need - given);
         backend_.mem_info(&free_b, &total);
         note_driver_free(free_b, total);
     } catch (...) {
@@ -1978,6 +1987,9 @@ uint64_t block_pool::give_back(api_id api) noexcept {
         if (exiting_ || poisoned_ || !can_sync()) return 0;
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
         release_unused(api);
+        uint64_t free_b = 0, total = 0;  // the headroom's look, after the give-back
+        backend_.mem_info(&free_b, &total);
+        note_driver_free(free_b, total);
     } catch (...) {
         poisoned_ = true;
     }

@@ -310,7 +310,7 @@ class block_pool {
     void recycle_events(std::vector<uint64_t>& evs) noexcept;
     void recycle_event(uint64_t ev) noexcept;
     void drain_if_owed(api_id api) noexcept;  // the owed drain of enter_safe_reuse, if a sync is allowed
-    void release_free_segments(api_id api);
+    void release_free_segments(api_id api, uint64_t want = UINT64_MAX);  // until want bytes went back
     void forget_all() noexcept;
     pool_state snapshot_locked() const noexcept;
     bool validate_locked(std::string* why) const;

@@ -738,3 +738,24 @@ TEST_CASE("make_headroom: GPUMEM_POOL_HEADROOM=0 never makes a pool short", "[po
     CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 0);
     CHECK(dev.in_use() == held);
 }
+
+TEST_CASE("make_headroom: cuMemAlloc segments go back only as many as make up the headroom", "[pool][vmm]") {
+    fake_backend dev(512 * MiB);  // no VMM: 20 MiB shared segments
+    recording_sink sink;
+    pool_config cfg = immediate_config();
+    cfg.headroom = 4 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    for (uint64_t p = 0; pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    REQUIRE(pool.headroom_short());
+    int rc = -1;
+    for (auto p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    const uint64_t held = dev.in_use();
+    const uint64_t given = pool.make_headroom(api_id::cuLaunchKernel);
+    CHECK(given == held - dev.in_use());
+    CHECK(given >= 4 * MiB);
+    CHECK(given <= 40 * MiB);  // a segment or two, not the whole cache
+    CHECK(!pool.headroom_short());
+    std::string why;
+    CHECK(pool.validate(&why));
+}
