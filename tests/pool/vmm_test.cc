@@ -759,3 +759,29 @@ TEST_CASE("make_headroom: cuMemAlloc segments go back only as many as make up th
     std::string why;
     CHECK(pool.validate(&why));
 }
+
+TEST_CASE("make_headroom: settled free chunks go back without a wait on the device, pending frees present or not", "[pool][vmm]") {
+    fake_backend dev(512 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;  // no events on this backend: pending frees wait for a synchronize
+    cfg.headroom = 4 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    REQUIRE(pool.headroom_short());
+    int rc = -1;
+    for (size_t i = 0; i < ps.size(); i += 4) REQUIRE(pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc));
+    pool.release_cached();  // one synchronize: those frees are settled, free blocks now
+    for (size_t i = 2; i < ps.size(); i += 4) REQUIRE(pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.pending_bytes() > 0);  // these wait for the next synchronize
+    REQUIRE(pool.headroom_short());
+    const uint64_t syncs = dev.sync_calls();
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) >= 2 * MiB);
+    CHECK(dev.sync_calls() == syncs);  // the settled free chunks were enough
+    CHECK(pool.pending_bytes() > 0);
+    CHECK(!pool.headroom_short());
+    std::string why;
+    CHECK(pool.validate(&why));
+}
