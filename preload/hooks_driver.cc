@@ -170,8 +170,21 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, bool* done) n
     *done = true;
     return nullptr;
 }
-static inline void before_first_use(api_id api, const void* handle) noexcept {
-    if (!pool_headroom_short() || !handle || guard::active()) return;
+// A handle, or a module or library and the name of one of its functions or globals (the getters
+// load the one they name: each name is its own first use).
+struct use_key {
+    use_key(const void* h, const char* n = nullptr) noexcept : handle(h), name(n) {}
+    const void* handle;
+    const char* name;
+};
+static inline void before_first_use(api_id api, use_key k) noexcept {
+    if (!pool_headroom_short() || !k.handle || guard::active()) return;
+    const void* handle = k.handle;
+    if (k.name) {  // FNV-1a of the name, mixed into the container's handle
+        uint64_t h = 1469598103934665603ull;
+        for (const char* c = k.name; *c; ++c) h = (h ^ uint8_t(*c)) * 1099511628211ull;
+        handle = reinterpret_cast<const void*>((reinterpret_cast<uintptr_t>(handle) ^ h) | 4);
+    }
     bool done = true;
     std::atomic<uintptr_t>* slot = first_use_claim(handle, &done);
     if (done) return;
@@ -783,11 +796,11 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
     X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b), nullptr) \
     X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
     X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
-    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), b) \
-    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), c) \
-    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), b) \
+    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), use_key(b, c)) \
+    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), use_key(c, d)) \
+    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), use_key(b, c)) \
     X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b), b) \
-    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), c) \
+    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), use_key(c, d)) \
     X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b), b) \
     X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c), c) \
     X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c), a) \

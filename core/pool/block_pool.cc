@@ -1967,7 +1967,7 @@ uint64_t block_pool::make_headroom(api_id api) noexcept {
         // the free blocks' fences were reached).  Only if that falls short, the pending frees (a
         // wait on their fences) and the frees made for immediate reuse (a wait on the device).
         uint64_t given = 0;
-        if (chunk_ && !unsettled_frees_ && ordered_frees_settled()) given = unmap_free_chunks(api, need, nullptr, true);
+        if (chunk_ && ordered_frees_settled()) given = unmap_free_chunks(api, need, nullptr, true);
         if (given < need && (pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
         if (given < need) release_unused(api, need - given);
         backend_.mem_info(&free_b, &total);

@@ -1469,3 +1469,36 @@ TEST_CASE("fences: under ordered release a freed stitched block goes back to its
     std::string why;
     CHECK(f.pool.validate(&why));
 }
+
+TEST_CASE("fences: make_headroom settles ordered frees whose event was reached by a query, not a wait", "[fence]") {
+    pool_config cfg = order_each();
+    cfg.vmm = true;
+    cfg.headroom = 4 * MiB;
+    fenced f(cfg, 512 * MiB, 2 * MiB, false);  // no non-blocking stream: ordered releases
+    std::vector<uint64_t> ps;
+    for (uint64_t p = 0; f.pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    REQUIRE(ps.size() > 8);
+    REQUIRE(f.pool.headroom_short());
+    f.dev.enqueue_work_on(k_stream_legacy);
+    f.free(ps[0]);
+    f.free(ps[1]);
+    const uint64_t q = f.alloc(8 * MiB);  // a miss: ordered release of both, one handed out
+    INFO("ordered releases " << f.pool.ordered_releases());
+    REQUIRE(f.pool.ordered_releases() == 1);
+    f.dev.complete_all();  // the release's event is reached: the other free block is settled
+    f.dev.enqueue_work_on(k_stream_legacy);  // new work, still queued
+    f.free(ps[2]);
+    f.free(ps[3]);
+    REQUIRE(f.pool.pending_bytes() > 0);
+    REQUIRE(f.pool.headroom_short());
+    const uint64_t es = f.dev.event_syncs(), sc = f.dev.sync_calls(), rel = f.pool.ordered_releases();
+    const uint64_t given = f.pool.make_headroom(api_id::cuLaunchKernel);
+    CHECK(given >= 2 * MiB);
+    CHECK(f.dev.event_syncs() == es);
+    CHECK(f.dev.sync_calls() == sc);
+    CHECK(f.pool.ordered_releases() == rel);
+    CHECK(f.pool.pending_bytes() > 0);
+    (void)q;
+    std::string why;
+    CHECK(f.pool.validate(&why));
+}
