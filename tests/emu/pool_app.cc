@@ -8,7 +8,9 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +106,29 @@ void stream_loop(long n, size_t size) {
         CHECK(cuMemFree(p));
     }
     printf("pairs=%ld\n", n);
+    print_counts("");
+}
+
+// What the launch hooks cost (docs/benchmarks.md, "Launch cost and the headroom"): n launches of one
+// function, timed in 11 rounds, the median round's ns per launch printed.  `full`: the device is
+// first filled with live 4 MiB blocks, so a pool is short of its headroom with nothing to give:
+// every launch then asks the device and the table of handles seen (preload/hooks_driver.cc).
+void launch_loop(long n, bool full) {
+    setup();
+    std::vector<CUdeviceptr> live;
+    if (full)
+        for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) live.push_back(p);
+    auto params = reinterpret_cast<void**>(0x1234), extra = reinterpret_cast<void**>(0x5678);
+    const auto f = reinterpret_cast<CUfunction>(0x300);
+    std::vector<double> ns;
+    for (int round = 0; round < 11; ++round) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (long i = 0; i < n; ++i) CHECK(cuLaunchKernel(f, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra));
+        ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / double(n));
+    }
+    std::sort(ns.begin(), ns.end());
+    printf("launches=%ld\nfull=%d\nlive_blocks=%zu\nns_per_launch=%.1f\n", n, int(full), live.size(), ns[ns.size() / 2]);
+    for (auto p : live) CHECK(cuMemFree(p));
     print_counts("");
 }
 
@@ -806,13 +831,14 @@ int main(int argc, char** argv) {
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "order-loop") order_loop(argc > 2 ? atol(argv[2]) : 1000, argc > 3 ? size_t(atol(argv[3])) : 20u << 20);
     else if (s == "switch-race") switch_race();
+    else if (s == "launch-loop") launch_loop(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 && std::string(argv[3]) == "full");
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else if (s == "peer") peer(argc > 2 && std::string(argv[2]) == "early");
     else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;
