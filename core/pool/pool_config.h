@@ -77,7 +77,8 @@ struct pool_config {
     // its first launch takes device memory; when that load fails for want of memory the driver
     // never loads the function again in that context (H200 run 105: every later launch of it
     // fails with CUDA_ERROR_UNKNOWN, cuFuncLoad too), so a give-back after the failure comes too
-    // late.  256 MiB: the first cuSOLVER call after a full device loads in it (run 106).  0 = off.
+    // late.  256 MiB: the first cuSOLVER call after a full device loaded in 254 MiB given back (run
+    // 107).  0 = off.
     uint64_t headroom = 256ull << 20;
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory (cuMemCreate chunks) where the device
     // supports it, so that the pool can give back every whole free chunk and never fails a request
