@@ -1930,12 +1930,22 @@ uint64_t block_pool::headroom_limit() const noexcept {
     return total_ ? std::min(cfg_.headroom, total_ / 64) : cfg_.headroom;
 }
 
+void block_pool::set_short(bool now) noexcept {
+    if (short_.exchange(now, std::memory_order_relaxed) != now) short_pools_.fetch_add(now ? 1 : -1, std::memory_order_relaxed);
+}
+
 void block_pool::note_driver_free(uint64_t free_b, uint64_t total) noexcept {
     if (!cfg_.headroom || total == 0) return;  // off, or a backend that cannot say
     total_ = total;
     free_est_ = free_b;
-    const bool now = free_b < headroom_limit();
-    if (short_.exchange(now, std::memory_order_relaxed) != now) short_pools_.fetch_add(now ? 1 : -1, std::memory_order_relaxed);
+    set_short(free_b < headroom_limit());
+}
+
+uint64_t block_pool::look_at_driver() noexcept {
+    uint64_t free_b = 0, total = 0;
+    backend_.mem_info(&free_b, &total);
+    note_driver_free(free_b, total);
+    return free_b;
 }
 
 void block_pool::after_growth(uint64_t grown) noexcept {
@@ -1943,11 +1953,7 @@ void block_pool::after_growth(uint64_t grown) noexcept {
     if (free_est_ != UINT64_MAX) free_est_ -= std::min(free_est_, grown);
     // One cuMemGetInfo per growth only near the line: other allocators' memory may have brought
     // it closer than the count says, which the stats event's look (every GPUMEM_STATS_MS) catches.
-    if (free_est_ == UINT64_MAX || free_est_ < 2 * headroom_limit()) {
-        uint64_t free_b = 0, total = 0;
-        backend_.mem_info(&free_b, &total);
-        note_driver_free(free_b, total);
-    }
+    if (free_est_ == UINT64_MAX || free_est_ < 2 * headroom_limit()) look_at_driver();
 }
 
 uint64_t block_pool::make_headroom(api_id api) noexcept {
@@ -1956,9 +1962,7 @@ uint64_t block_pool::make_headroom(api_id api) noexcept {
     const uint64_t before = reserved_;
     try {
         if (exiting_ || poisoned_ || !can_sync()) return 0;
-        uint64_t free_b = 0, total = 0;
-        backend_.mem_info(&free_b, &total);
-        note_driver_free(free_b, total);
+        const uint64_t free_b = look_at_driver();
         const uint64_t want = headroom_limit();
         // Nothing to give: no wait (the next function's first use looks again).
         if (!short_.load(std::memory_order_relaxed) || count_giveable() == 0) return 0;
@@ -1970,8 +1974,7 @@ uint64_t block_pool::make_headroom(api_id api) noexcept {
         if (chunk_ && ordered_frees_settled()) given = unmap_free_chunks(api, need, nullptr, true);
         if (given < need && (pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
         if (given < need) release_unused(api, need - given);
-        backend_.mem_info(&free_b, &total);
-        note_driver_free(free_b, total);
+        look_at_driver();
     } catch (...) {
         poisoned_ = true;
     }
@@ -1987,9 +1990,7 @@ uint64_t block_pool::give_back(api_id api) noexcept {
         if (exiting_ || poisoned_ || !can_sync()) return 0;
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) reclaim(api, true);
         release_unused(api);
-        uint64_t free_b = 0, total = 0;  // the headroom's look, after the give-back
-        backend_.mem_info(&free_b, &total);
-        note_driver_free(free_b, total);
+        look_at_driver();  // the headroom's look, after the give-back
     } catch (...) {
         poisoned_ = true;
     }
@@ -2043,7 +2044,7 @@ uint64_t block_pool::count_giveable() const noexcept {
 // ---- lifecycle ------------------------------------------------------------------------------
 
 void block_pool::forget_all() noexcept {
-    if (short_.exchange(false, std::memory_order_relaxed)) short_pools_.fetch_sub(1, std::memory_order_relaxed);
+    set_short(false);
     free_est_ = UINT64_MAX;
     for (auto& [base, s] : segments_) {
         for (block* b = s->first; b;) {
@@ -2128,7 +2129,7 @@ bool block_pool::reuse_is_immediate() const noexcept {
 void block_pool::release_all_at_exit() noexcept {
     op_lock lk(*this);
     exiting_ = true;
-    if (short_.exchange(false, std::memory_order_relaxed)) short_pools_.fetch_sub(1, std::memory_order_relaxed);
+    set_short(false);
 }
 
 // ---- queries --------------------------------------------------------------------------------

@@ -1476,7 +1476,7 @@ TEST_CASE("fences: make_headroom settles ordered frees whose event was reached b
     cfg.headroom = 4 * MiB;
     fenced f(cfg, 512 * MiB, 2 * MiB, false);  // no non-blocking stream: ordered releases
     std::vector<uint64_t> ps;
-    for (uint64_t p = 0; f.pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    fill_pool(f.pool, 8 * MiB, &ps);
     REQUIRE(ps.size() > 8);
     REQUIRE(f.pool.headroom_short());
     f.dev.enqueue_work_on(k_stream_legacy);

@@ -50,4 +50,9 @@ inline pool_config immediate_config() {
 
 inline constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
 
+// Blocks of `size` until the pool refuses one (the device full), appended to *out.
+inline void fill_pool(block_pool& pool, uint64_t size, std::vector<uint64_t>* out) {
+    for (uint64_t p = 0; pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) out->push_back(p);
+}
+
 }  // namespace gpumem::test

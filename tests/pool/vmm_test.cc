@@ -679,7 +679,7 @@ TEST_CASE("make_headroom: a pool that left the driver less than its headroom giv
     cfg.headroom = 4 * MiB;
     block_pool pool(cfg, dev, &sink, 0);
     std::vector<uint64_t> ps;
-    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    fill_pool(pool, 5 * MiB, &ps);
     REQUIRE(ps.size() > 90);
     CHECK(pool.headroom_short());  // the device is full
     CHECK(block_pool::any_short());
@@ -707,7 +707,7 @@ TEST_CASE("make_headroom: a pool that left the driver less than its headroom giv
     // Growing back to a full device makes it short again.  With every block freed, one free
     // block spans the arena: still just enough of it goes back.
     std::vector<uint64_t> more;
-    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) more.push_back(p);
+    fill_pool(pool, 5 * MiB, &more);
     CHECK(pool.headroom_short());
     for (size_t i = 1; i < ps.size(); i += 2) REQUIRE(pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc));
     for (auto p : more) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
@@ -730,7 +730,7 @@ TEST_CASE("make_headroom: GPUMEM_POOL_HEADROOM=0 never makes a pool short", "[po
     cfg.headroom = 0;
     block_pool pool(cfg, dev, &sink, 0);
     std::vector<uint64_t> ps;
-    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    fill_pool(pool, 5 * MiB, &ps);
     int rc = -1;
     for (auto p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
     CHECK(!pool.headroom_short());
@@ -746,7 +746,7 @@ TEST_CASE("make_headroom: cuMemAlloc segments go back only as many as make up th
     cfg.headroom = 4 * MiB;
     block_pool pool(cfg, dev, &sink, 0);
     std::vector<uint64_t> ps;
-    for (uint64_t p = 0; pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    fill_pool(pool, 4 * MiB, &ps);
     REQUIRE(pool.headroom_short());
     int rc = -1;
     for (auto p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
@@ -769,7 +769,7 @@ TEST_CASE("make_headroom: settled free chunks go back without a wait on the devi
     cfg.headroom = 4 * MiB;
     block_pool pool(cfg, dev, &sink, 0);
     std::vector<uint64_t> ps;
-    for (uint64_t p = 0; pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) ps.push_back(p);
+    fill_pool(pool, 5 * MiB, &ps);
     REQUIRE(pool.headroom_short());
     int rc = -1;
     for (size_t i = 0; i < ps.size(); i += 4) REQUIRE(pool.deallocate(ps[i], api_id::cuMemFree_v2, &rc));
