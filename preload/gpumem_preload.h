@@ -41,16 +41,35 @@ namespace gpumem {
     X(cuStreamEndCapture_ptsz) X(cuThreadExchangeStreamCaptureMode)                     \
     X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
-    X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)                   \
-    /* Calls that may need device memory of their own: made again after the pools give back */ \
-    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) \
-    X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuModuleGetFunction)            \
-    X(cuModuleGetGlobal_v2) X(cuLibraryGetKernel) X(cuLibraryGetModule)             \
-    X(cuLibraryGetGlobal) X(cuKernelGetFunction) X(cuFuncGetAttribute)              \
-    X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuKernelGetAttribute)           \
-    X(cuKernelSetAttribute) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)          \
-    X(cuLaunchCooperativeKernel) X(cuGraphInstantiateWithFlags) X(cuGraphUpload)    \
-    X(cuGraphLaunch)
+    X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+
+// Calls that may need device memory of their own, wrapped too (after GPUMEM_DRIVER_HOOKS in the
+// table): made again after the pools give back (hooks_driver.cc, GPUMEM_OOM_RETRY).
+// X(name, (params), (args), key): key is the handle whose first use makes headroom, nullptr for none.
+#define GPUMEM_OOM_RETRY_CALLS(X) \
+    X(cuModuleLoad, (CUmodule* a, const char* b), (a, b), nullptr) \
+    X(cuModuleLoadData, (CUmodule* a, const void* b), (a, b), nullptr) \
+    X(cuModuleLoadDataEx, (CUmodule* a, const void* b, unsigned int c, CUjit_option* d, void** e), (a, b, c, d, e), nullptr) \
+    X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b), nullptr) \
+    X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
+    X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
+    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), use_key(b, c)) \
+    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), use_key(c, d)) \
+    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), use_key(b, c)) \
+    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b), b) \
+    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), use_key(c, d)) \
+    X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b), b) \
+    X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c), c) \
+    X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c), a) \
+    X(cuFuncSetCacheConfig, (CUfunction a, CUfunc_cache b), (a, b), a) \
+    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d), c) \
+    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d), c) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d), b) \
+    X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
+    X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a) \
+    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a)
+#define GPUMEM_OOM_RETRY_NAME(NAME, PARAMS, ARGS, KEY) GPUMEM_X(NAME)
 
 // Every other libcuda function gpumem itself calls (pool backend, contexts, device facts).  Not
 // wrapped: the program's calls to them go straight to the driver.  One table with the hooks
@@ -67,6 +86,7 @@ namespace gpumem {
 enum class drv : int {
 #define GPUMEM_X(n) n,
     GPUMEM_DRIVER_HOOKS(GPUMEM_X)
+    GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY_NAME)
     GPUMEM_DRIVER_CALLS(GPUMEM_X)
 #undef GPUMEM_X
     count_

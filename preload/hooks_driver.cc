@@ -781,7 +781,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
 // with eager loading, a cuSOLVER call with lazy loading), so each is made again after a give-back;
 // those that name a function, kernel, module, library or graph first make headroom at its first
 // use (before_first_use; KEY is that handle, nullptr for none: the loads, retried after a
-// failure).  The hot path is the call and one compare.
+// failure).  The hot path is the call and one compare.  The calls: GPUMEM_OOM_RETRY_CALLS
+// (gpumem_preload.h), which also puts them in the table of driver functions.
 #define GPUMEM_OOM_RETRY(NAME, PARAMS, ARGS, KEY)                                                      \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
         auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
@@ -789,29 +790,6 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* confi
         before_first_use(api_id::NAME, KEY);                                                           \
         return retry_unguarded_if_oom(api_id::NAME, real_fn ARGS, [&] { return real_fn ARGS; });      \
     }
-#define GPUMEM_OOM_RETRY_CALLS(X) \
-    X(cuModuleLoad, (CUmodule* a, const char* b), (a, b), nullptr) \
-    X(cuModuleLoadData, (CUmodule* a, const void* b), (a, b), nullptr) \
-    X(cuModuleLoadDataEx, (CUmodule* a, const void* b, unsigned int c, CUjit_option* d, void** e), (a, b, c, d, e), nullptr) \
-    X(cuModuleLoadFatBinary, (CUmodule* a, const void* b), (a, b), nullptr) \
-    X(cuLibraryLoadData, (CUlibrary* a, const void* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
-    X(cuLibraryLoadFromFile, (CUlibrary* a, const char* b, CUjit_option* c, void** d, unsigned int e, CUlibraryOption* o, void** p, unsigned int q), (a, b, c, d, e, o, p, q), nullptr) \
-    X(cuModuleGetFunction, (CUfunction* a, CUmodule b, const char* c), (a, b, c), use_key(b, c)) \
-    X(cuModuleGetGlobal_v2, (CUdeviceptr* a, size_t* b, CUmodule c, const char* d), (a, b, c, d), use_key(c, d)) \
-    X(cuLibraryGetKernel, (CUkernel* a, CUlibrary b, const char* c), (a, b, c), use_key(b, c)) \
-    X(cuLibraryGetModule, (CUmodule* a, CUlibrary b), (a, b), b) \
-    X(cuLibraryGetGlobal, (CUdeviceptr* a, size_t* b, CUlibrary c, const char* d), (a, b, c, d), use_key(c, d)) \
-    X(cuKernelGetFunction, (CUfunction* a, CUkernel b), (a, b), b) \
-    X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c), c) \
-    X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c), a) \
-    X(cuFuncSetCacheConfig, (CUfunction a, CUfunc_cache b), (a, b), a) \
-    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d), c) \
-    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d), c) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d), b) \
-    X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
-    X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
-    X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a) \
-    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a)
 GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY)
 
 // ---------------------------------------------------------------------------------------------
@@ -877,11 +855,12 @@ GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, voi
 GPUMEM_EXPORT_HOOK(cuStreamDestroy_v2, (CUstream a), (a))
 
 // The table of every libcuda function gpumem wraps or calls.  Order and names come from
-// GPUMEM_DRIVER_HOOKS and GPUMEM_DRIVER_CALLS.
+// GPUMEM_DRIVER_HOOKS, GPUMEM_OOM_RETRY_CALLS and GPUMEM_DRIVER_CALLS, as drv's.
 driver_hook* driver_hooks() noexcept {
     static driver_hook table[] = {
 #define GPUMEM_X(n) {#n, reinterpret_cast<void*>(&w_##n), {nullptr}, {false}},
         GPUMEM_DRIVER_HOOKS(GPUMEM_X)
+        GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY_NAME)
 #undef GPUMEM_X
 #define GPUMEM_X(n) {#n, nullptr, {nullptr}, {false}},
         GPUMEM_DRIVER_CALLS(GPUMEM_X)
