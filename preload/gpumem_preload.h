@@ -45,7 +45,8 @@ namespace gpumem {
 
 // Calls that may need device memory of their own, wrapped too (after GPUMEM_DRIVER_HOOKS in the
 // table): made again after the pools give back (hooks_driver.cc, GPUMEM_OOM_RETRY).
-// X(name, (params), (args), key): key is the handle whose first use makes headroom, nullptr for none.
+// X(name, (params), (args), key): key is the handle whose first use makes headroom, nullptr for none
+// (a use_key when a name or a device other than the current context's is part of it).
 #define GPUMEM_OOM_RETRY_CALLS(X) \
     X(cuModuleLoad, (CUmodule* a, const char* b), (a, b), nullptr) \
     X(cuModuleLoadData, (CUmodule* a, const void* b), (a, b), nullptr) \
@@ -62,8 +63,8 @@ namespace gpumem {
     X(cuFuncGetAttribute, (int* a, CUfunction_attribute b, CUfunction c), (a, b, c), c) \
     X(cuFuncSetAttribute, (CUfunction a, CUfunction_attribute b, int c), (a, b, c), a) \
     X(cuFuncSetCacheConfig, (CUfunction a, CUfunc_cache b), (a, b), a) \
-    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d), c) \
-    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d), c) \
+    X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d), use_key(c, nullptr, d)) \
+    X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d), use_key(c, nullptr, d)) \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d), b) \
     X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
     X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
@@ -194,11 +195,11 @@ uint64_t pool_give_back(api_id api, int device) noexcept;
 // without waiting; 0 during a stream capture.
 uint64_t pool_giveable(int device) noexcept;
 // Headroom for the driver (block_pool::make_headroom): whether any pool found the driver short of
-// its headroom, in one load; and, before the first use of a function or kernel `handle` on this
-// thread's device while one is, the current device's pools make room.  The launch hooks call
+// its headroom, in one load; and, before the first use of a function or kernel on a device while
+// one is, that device's pools (-1: the current context's device) make room.  The launch hooks call
 // before_first_use; it filters on a table of handles seen while short (hooks_driver.cc).
 bool pool_headroom_short() noexcept;
-uint64_t pool_make_headroom(api_id api) noexcept;
+uint64_t pool_make_headroom(api_id api, int device = -1) noexcept;
 // Whether an open stream capture may make the driver refuse this thread's cuMemAlloc/cuMemFree
 // (core/pool/capture_table.h).  The pool does not serve such calls: the driver answers.
 bool capture_may_refuse() noexcept;

@@ -146,11 +146,12 @@ static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcep
 // cover (never an error).  A slot is claimed as "in progress" (bit 1 clear) until the room is
 // made: another thread's first use of the same handle meanwhile makes room too (it queues on the
 // pool's lock, and finds the room there), rather than launch before it.
-static std::atomic<uintptr_t>* first_use_claim(const void* handle, bool* done) noexcept {
+static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, bool* done) noexcept {
     constexpr size_t k_slots = 1u << 16, k_probes = 64;
     static std::atomic<uintptr_t> seen[k_slots];
-    CUdevice dev = 0;
-    if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
+    CUdevice dev = device;
+    if (device < 0)
+        if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
     // A CUkernel is one handle for every context: the device is part of the key.
     const uintptr_t key = (reinterpret_cast<uintptr_t>(handle) ^ (uintptr_t(dev) * 0x9E3779B97F4A7C15ull)) | 3;
     const uintptr_t claimed = key & ~uintptr_t(2);
@@ -171,11 +172,13 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, bool* done) n
     return nullptr;
 }
 // A handle, or a module or library and the name of one of its functions or globals (the getters
-// load the one they name: each name is its own first use).
+// load the one they name: each name is its own first use); and the device it is used on, -1 for
+// the current context's (a CUkernel's attribute calls name their device: the load happens there).
 struct use_key {
-    use_key(const void* h, const char* n = nullptr) noexcept : handle(h), name(n) {}
+    use_key(const void* h, const char* n = nullptr, int dev = -1) noexcept : handle(h), name(n), device(dev) {}
     const void* handle;
     const char* name;
+    int device;
 };
 static inline void before_first_use(api_id api, use_key k) noexcept {
     if (!pool_headroom_short() || !k.handle || guard::active()) return;
@@ -186,11 +189,11 @@ static inline void before_first_use(api_id api, use_key k) noexcept {
         handle = reinterpret_cast<const void*>((reinterpret_cast<uintptr_t>(handle) ^ h) | 4);
     }
     bool done = true;
-    std::atomic<uintptr_t>* slot = first_use_claim(handle, &done);
+    std::atomic<uintptr_t>* slot = first_use_claim(handle, k.device, &done);
     if (done) return;
     {
         guard g;
-        pool_make_headroom(api);
+        pool_make_headroom(api, k.device);
     }
     if (slot) slot->fetch_or(2, std::memory_order_release);
 }

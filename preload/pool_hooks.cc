@@ -267,9 +267,9 @@ uint64_t pool_give_back(api_id api, int device) noexcept {
 
 bool pool_headroom_short() noexcept { return block_pool::any_short(); }
 
-uint64_t pool_make_headroom(api_id api) noexcept {
+uint64_t pool_make_headroom(api_id api, int device) noexcept {
     uint64_t n = 0;
-    for_each_pool_of(-1, [&](block_pool& p) { n += p.make_headroom(api); });
+    for_each_pool_of(device, [&](block_pool& p) { n += p.make_headroom(api); });
     return n;
 }
 

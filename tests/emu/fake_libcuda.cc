@@ -534,6 +534,19 @@ static CUresult emu_launch(const char* name, CUfunction f, unsigned gx, unsigned
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
     return load_module_of(f, true);
 }
+// A CUkernel is one handle for every device, loaded lazily on each device it is used on; its
+// attribute query loads it on the device it names, not the current context's (as on the driver).
+EMU_EXPORT CUresult cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkernel k, CUdevice dev) {
+    bump("cuKernelGetAttribute");
+    (void)attrib;
+    if (!pi || !k || dev < 0 || dev >= st().devices) return CUDA_ERROR_INVALID_VALUE;
+    const int saved = t_ctx_dev;
+    t_ctx_dev = dev;  // device_alloc takes the module's memory on the current device
+    const CUresult r = load_module_of(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(k) + (uintptr_t(dev) << 40)), true);
+    t_ctx_dev = saved;
+    if (r == CUDA_SUCCESS) *pi = 0;
+    return r;
+}
 // A module load (cuModuleLoadData) takes the same memory at once; the handle is the image.
 EMU_EXPORT CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     bump("cuModuleLoadData");
@@ -1166,7 +1179,7 @@ const fn_entry k_functions[] = {
     E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
-    E(cuModuleLoadData),
+    E(cuModuleLoadData), E(cuKernelGetAttribute),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
     {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},

@@ -270,6 +270,24 @@ void other_allocators() {
     print_counts("");
 }
 
+// A CUkernel's attribute query on device 1 while device 0's context is current (needs
+// GPUMEM_EMU_DEVICES=2 and GPUMEM_EMU_MODULE_BYTES): the lazy load happens on device 1, whose
+// memory the program filled and freed, so device 1's pool must make the headroom.
+void kernel_attr_device() {
+    CUcontext c0 = setup();
+    CUcontext c1;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
+    CHECK(cuCtxSetCurrent(c1));
+    std::vector<CUdeviceptr> ps;
+    for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
+    if (ps.size() < 8) fail("filling device 1", int(ps.size()));
+    for (auto p : ps) CHECK(cuMemFree(p));
+    CHECK(cuCtxSetCurrent(c0));
+    int v = -1;
+    const int rc = int(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_NUM_REGS, reinterpret_cast<CUkernel>(0x300), 1));
+    printf("kernel_attr_rc=%d\n", rc);
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -826,6 +844,7 @@ int main(int argc, char** argv) {
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
     else if (s == "capture-modes") capture_modes();
     else if (s == "other-allocators") other_allocators();
+    else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -838,7 +857,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

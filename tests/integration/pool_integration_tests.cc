@@ -714,6 +714,26 @@ TEST_CASE("pool: an allocator the pool does not serve gets the memory the progra
     CHECK(off["module_load_rc"] == "0");
 }
 
+TEST_CASE("pool: a kernel's first attribute query makes headroom on the device it names, not the current one") {
+    const std::map<std::string, std::string> env = {
+        {"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", std::to_string(2u << 20)}};
+    CHECK(values(run({EMU_POOL_APP, "kernel-attr-device"}, env, false).out)["kernel_attr_rc"] == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "kernel-attr-device"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out)["kernel_attr_rc"] == "0");  // device 0's pools had nothing to give
+        bool made_room_on_1 = false;
+        for (const auto& l : ls)
+            if ((l["ev"] == "segment_unmap" || l["ev"] == "segment_free") && l.value("api", "") == "cuKernelGetAttribute")
+                made_room_on_1 |= l.value("dev", -1) == 1;
+        CHECK(made_room_on_1);
+    }
+}
+
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
     auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;
