@@ -1749,47 +1749,75 @@ bool block_pool::settle_frees(api_id api) {
 }
 
 void block_pool::release_free_segments(api_id api, uint64_t want) {
+    // Idle: every block free or unmapped.  A stitched segment's chunks are its lenders': it is
+    // dissolved (OOM path), never released here.
+    auto idle = [](const segment* s) {
+        if (s->stitched()) return false;
+        for (const block* b = s->first; b; b = b->next)
+            if (b->state != block_state::free && b->state != block_state::unmapped) return false;
+        return true;
+    };
     const uint64_t before = reserved_;
-    for (auto it = segments_.begin(); it != segments_.end();) {
-        if (before - reserved_ >= want) return;
-        segment* s = it->second;
-        if (s->stitched()) {  // its chunks are its lenders': dissolved (OOM path), never released here
-            ++it;
-            continue;
+    if (want == UINT64_MAX) {  // all of them, in address order
+        for (auto it = segments_.begin(); it != segments_.end();) {
+            segment* s = it->second;
+            ++it;  // release_segment erases s
+            if (idle(s) && !release_segment(s, api)) return;
         }
-        bool idle = true;
-        for (const block* b = s->first; b && idle; b = b->next)
-            idle = b->state == block_state::free || b->state == block_state::unmapped;
-        if (!idle) {
-            ++it;
-            continue;
-        }
-        // Unmapping does not wait for device work, as cuMemFree does: a block freed for immediate
-        // reuse may still have its last owner's work queued.
-        if (s->vmm() && !ordered_frees_settled() && !settle_frees(api)) return;
-        // A capture opened on another thread during that wait (or a caller's): no unmap and no
-        // cuMemFree now; the segment stays cached until the next chance.
-        if (!can_sync()) return;
-        // Logged before the driver call, so a reuse of the address by anyone else is logged after.
-        // If the driver refuses, the context is broken: the segment is forgotten (leaked) anyway,
-        // which keeps the pool and its log in agreement.
-        emit_segment(ev_kind::segment_free, api, s);
-        backend_release(s);
-        for (block* b = s->first; b;) {
-            block* n = b->next;
-            if (b->state == block_state::free) {
-                free_erase(b);
-                free_bytes_ -= b->size;
-            }
-            if (b->state == block_state::unmapped) hole_erase(b);
-            addr_erase(b);
-            recycle(b);
-            b = n;
-        }
-        reserved_ -= s->mapped;
-        it = segments_.erase(it);
-        delete s;
+        return;
     }
+    // Bounded (headroom): as few bytes past `want` as the segments allow.  Each round takes the
+    // smallest idle segment that covers what is still lacking, else the largest (on the H200 the
+    // address order gave back all 169 cuMemAlloc segments, 142 GB, for a 256 MiB headroom).
+    std::vector<segment*> cand;
+    try {
+        for (auto& [base, s] : segments_)
+            if (s->mapped && idle(s)) cand.push_back(s);
+    } catch (...) {
+        return;  // no host memory for the list: nothing given back, as when none is idle
+    }
+    while (!cand.empty() && before - reserved_ < want) {
+        const uint64_t lack = want - (before - reserved_);
+        size_t pick = 0;
+        for (size_t k = 1; k < cand.size(); ++k) {
+            const bool k_covers = cand[k]->mapped >= lack, pick_covers = cand[pick]->mapped >= lack;
+            if (k_covers != pick_covers ? k_covers
+                                        : (k_covers ? cand[k]->mapped < cand[pick]->mapped : cand[k]->mapped > cand[pick]->mapped))
+                pick = k;
+        }
+        segment* s = cand[pick];
+        cand.erase(cand.begin() + std::ptrdiff_t(pick));
+        if (!release_segment(s, api)) return;
+    }
+}
+
+bool block_pool::release_segment(segment* s, api_id api) {
+    // Unmapping does not wait for device work, as cuMemFree does: a block freed for immediate
+    // reuse may still have its last owner's work queued.
+    if (s->vmm() && !ordered_frees_settled() && !settle_frees(api)) return false;
+    // A capture opened on another thread during that wait (or a caller's): no unmap and no
+    // cuMemFree now; the segment stays cached until the next chance.
+    if (!can_sync()) return false;
+    // Logged before the driver call, so a reuse of the address by anyone else is logged after.
+    // If the driver refuses, the context is broken: the segment is forgotten (leaked) anyway,
+    // which keeps the pool and its log in agreement.
+    emit_segment(ev_kind::segment_free, api, s);
+    backend_release(s);
+    for (block* b = s->first; b;) {
+        block* n = b->next;
+        if (b->state == block_state::free) {
+            free_erase(b);
+            free_bytes_ -= b->size;
+        }
+        if (b->state == block_state::unmapped) hole_erase(b);
+        addr_erase(b);
+        recycle(b);
+        b = n;
+    }
+    reserved_ -= s->mapped;
+    segments_.erase(s->base);
+    delete s;
+    return true;
 }
 
 // Memory is short: give back every physical chunk that lies wholly inside a free block, in every

@@ -312,7 +312,12 @@ class block_pool {
     void recycle_events(std::vector<uint64_t>& evs) noexcept;
     void recycle_event(uint64_t ev) noexcept;
     void drain_if_owed(api_id api) noexcept;  // the owed drain of enter_safe_reuse, if a sync is allowed
-    void release_free_segments(api_id api, uint64_t want = UINT64_MAX);  // until want bytes went back
+    // Every idle segment (all blocks free or unmapped) goes back to the driver, or (want) as few
+    // as make up want bytes.
+    void release_free_segments(api_id api, uint64_t want = UINT64_MAX);
+    // One idle segment back to the driver (segment_free); false, with nothing done, when its frees
+    // cannot be settled now or a capture is open: the caller stops.
+    bool release_segment(segment* s, api_id api);
     void forget_all() noexcept;
     pool_state snapshot_locked() const noexcept;
     bool validate_locked(std::string* why) const;

@@ -760,6 +760,31 @@ TEST_CASE("make_headroom: cuMemAlloc segments go back only as many as make up th
     CHECK(pool.validate(&why));
 }
 
+TEST_CASE("make_headroom: of the idle cuMemAlloc segments the smallest that covers the lack goes back", "[pool][vmm]") {
+    fake_backend dev(512 * MiB);  // no VMM
+    recording_sink sink;
+    pool_config cfg = immediate_config();
+    cfg.headroom = 4 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(200 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);  // the lowest address
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 4 * MiB, &ps);  // then 20 MiB segments
+    REQUIRE(pool.headroom_short());
+    int rc = -1;
+    REQUIRE(pool.deallocate(big, api_id::cuMemFree_v2, &rc));
+    for (auto p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    const uint64_t held = dev.in_use();
+    const uint64_t given = pool.make_headroom(api_id::cuLaunchKernel);
+    CHECK(given == held - dev.in_use());
+    CHECK(given >= 4 * MiB);
+    CHECK(given <= 20 * MiB);  // one small segment; in address order the 200 MiB one went first
+    CHECK(sink.count(ev_kind::segment_free) == 1);
+    CHECK(!pool.headroom_short());
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 TEST_CASE("make_headroom: settled free chunks go back without a wait on the device, pending frees present or not", "[pool][vmm]") {
     fake_backend dev(512 * MiB);
     dev.set_vmm(2 * MiB);
