@@ -146,9 +146,11 @@ static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcep
 // cover (never an error).  A slot is claimed as "in progress" (bit 1 clear) until the room is
 // made: another thread's first use of the same handle meanwhile makes room too (it queues on the
 // pool's lock, and finds the room there), rather than launch before it.
+constexpr size_t k_first_use_slots = 1u << 16;
+static std::atomic<uintptr_t> g_first_use[k_first_use_slots];
 static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, bool* done) noexcept {
-    constexpr size_t k_slots = 1u << 16, k_probes = 64;
-    static std::atomic<uintptr_t> seen[k_slots];
+    constexpr size_t k_slots = k_first_use_slots, k_probes = 64;
+    auto& seen = g_first_use;
     CUdevice dev = device;
     if (device < 0)
         if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
@@ -170,6 +172,12 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, b
     }
     *done = true;
     return nullptr;
+}
+// A context went (cuCtxDestroy, cuDevicePrimaryCtxReset): its functions must be loaded again in
+// the next, and a new handle may have an old one's value, so every first use counts again.  A
+// claim racing with this leaves at most a stray slot, which matches no key.
+static void first_use_forget() noexcept {
+    for (auto& slot : g_first_use) slot.store(0, std::memory_order_relaxed);
 }
 // A handle, or a module or library and the name of one of its functions or globals (the getters
 // load the one they name: each name is its own first use); and the device it is used on, -1 for
@@ -595,6 +603,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
     auto f = real<CUresult (*)(CUcontext)>(drv::cuCtxDestroy_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     pool_context_gone(ctx, -1);  // before: the pool must not touch the context's memory afterwards
+    first_use_forget();
     return f(ctx);
 }
 
@@ -602,6 +611,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     auto f = real<CUresult (*)(CUdevice)>(drv::cuDevicePrimaryCtxReset_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     pool_context_gone(nullptr, int(dev));
+    first_use_forget();
     return f(dev);
 }
 

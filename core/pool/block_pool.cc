@@ -2112,6 +2112,23 @@ void block_pool::forget_all() noexcept {
 
 void block_pool::drop_all() noexcept {
     op_lock lk(*this);
+    // cuMemCreate chunks and address reservations belong to no context: cuCtxDestroy and a
+    // primary context's reset free none of them (CUDA driver API, cuCtxDestroy), so forgetting
+    // them would keep the pool's memory from the program's next context.  They go back here,
+    // before the driver ends the context, once the work queued in it is done (an unmap under a
+    // running kernel would fault it; the context's end waits for that work too).  The program's
+    // live blocks die with the context, as its cudaMalloc memory does.  cuMemAlloc segments are
+    // the context's: the driver frees them.  A poisoned pool's books may be half updated: leaked.
+    if (chunk_ && !exiting_ && !poisoned_) {
+        backend_.synchronize();  // a broken context still gets its memory back
+        for (auto& [base, s] : segments_)
+            if (s->stitched()) {  // the second mappings first: the lenders' release frees the chunks
+                backend_.unmap_alias(s->base, chunk_, s->chunks.size());
+                backend_.va_free(s->base, s->size);
+            }
+        for (auto& [base, s] : segments_)
+            if (s->vmm() && !s->stitched()) backend_release(s);
+    }
     forget_all();
     emit_simple(ev_kind::context_reset, api_id::none, 0);
     check_after_op();

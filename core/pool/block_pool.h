@@ -138,8 +138,10 @@ class block_pool {
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;
-    // The context was destroyed or reset: its memory is gone with it.  Forgets every segment and
-    // block WITHOUT calling the backend, and emits context_reset.  The pool is usable afterwards.
+    // The context is being destroyed or reset: its memory goes with it.  Gives back the virtual-
+    // memory segments (which outlive contexts) after a synchronize, forgets every segment and
+    // block, and emits context_reset.  cuMemAlloc segments are left to the driver, which frees
+    // them with the context.  The pool is usable afterwards.
     void drop_all() noexcept;
     // Process exit: the driver may already be unloaded, and the OS reclaims device memory anyway,
     // so the pool leaks its segments and from now on never calls the backend again.  Late frees

@@ -414,13 +414,16 @@ static void drop_device_memory(int dev) {
     }
     for (auto it = s.opened.begin(); it != s.opened.end();) it = it->second.dev == dev ? s.opened.erase(it) : std::next(it);
 }
+static void forget_modules(int dev);
 EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     drop_device_memory(dev_of(c));
+    forget_modules(dev_of(c));
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     drop_device_memory(d);
+    forget_modules(d);
     return CUDA_SUCCESS;
 }
 static CUresult make_stream(CUstream* s) {
@@ -508,21 +511,28 @@ EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
 // launches nothing, and, as on the H200 (run 105), the function is never loaded again: each later
 // launch of it fails with CUDA_ERROR_UNKNOWN ("not loaded").  An explicit module load that failed
 // may be made again.  GPUMEM_EMU_MODULE_BYTES (default 0: no memory) is each module's size.
+// A context's end (cuCtxDestroy, cuDevicePrimaryCtxReset) unloads its modules: the next context
+// loads them again.  Loaded and lost modules, with their device; g_mod_mu before st().mu.
+static std::mutex g_mod_mu;
+static std::map<const void*, int> g_loaded, g_failed;
+static void forget_modules(int dev) {
+    std::lock_guard<std::mutex> lk(g_mod_mu);
+    for (auto* m : {&g_loaded, &g_failed})
+        for (auto it = m->begin(); it != m->end();) it = it->second == dev ? m->erase(it) : std::next(it);
+}
 static CUresult load_module_of(const void* f, bool lazy) {
     static const uint64_t bytes = getenv("GPUMEM_EMU_MODULE_BYTES") ? strtoull(getenv("GPUMEM_EMU_MODULE_BYTES"), nullptr, 10) : 0;
-    static std::mutex mu;
-    static std::set<const void*> loaded, failed;
     if (bytes == 0) return CUDA_SUCCESS;
-    std::lock_guard<std::mutex> lk(mu);
-    if (loaded.count(f)) return CUDA_SUCCESS;
-    if (failed.count(f)) return CUDA_ERROR_UNKNOWN;
+    std::lock_guard<std::mutex> lk(g_mod_mu);
+    if (g_loaded.count(f)) return CUDA_SUCCESS;
+    if (g_failed.count(f)) return CUDA_ERROR_UNKNOWN;
     CUdeviceptr code = 0;
     if (CUresult r = device_alloc(&code, bytes, 0)) {
-        if (lazy) failed.insert(f);
+        if (lazy) g_failed.emplace(f, current_dev());
         return r;
     }
     bump("module_loaded");  // kept: the module stays loaded
-    loaded.insert(f);
+    g_loaded.emplace(f, current_dev());
     return CUDA_SUCCESS;
 }
 static CUresult emu_launch(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,

@@ -288,6 +288,27 @@ void kernel_attr_device() {
     printf("kernel_attr_rc=%d\n", rc);
 }
 
+// A function launched first in one context, then again after cuDevicePrimaryCtxReset: the new
+// context loads it again (GPUMEM_EMU_MODULE_BYTES), so that launch is a first use as well, each
+// time after the program filled the device and freed it all.
+void reset_launch() {
+    auto fill_and_free = [] {
+        std::vector<CUdeviceptr> ps;
+        for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
+        if (ps.size() < 8) fail("filling the device", int(ps.size()));
+        for (auto p : ps) CHECK(cuMemFree(p));
+    };
+    auto params = reinterpret_cast<void**>(0x1234), extra = reinterpret_cast<void**>(0x5678);
+    auto f = reinterpret_cast<CUfunction>(0x100);
+    setup();
+    fill_and_free();
+    printf("launch_rc=%d\n", int(cuLaunchKernel(f, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra)));
+    CHECK(cuDevicePrimaryCtxReset(0));
+    setup();
+    fill_and_free();
+    printf("launch_after_reset_rc=%d\n", int(cuLaunchKernel(f, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra)));
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -845,6 +866,7 @@ int main(int argc, char** argv) {
     else if (s == "capture-modes") capture_modes();
     else if (s == "other-allocators") other_allocators();
     else if (s == "kernel-attr-device") kernel_attr_device();
+    else if (s == "reset-launch") reset_launch();
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -857,7 +879,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | reset-launch | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -734,6 +734,20 @@ TEST_CASE("pool: a kernel's first attribute query makes headroom on the device i
     }
 }
 
+TEST_CASE("pool: after a context reset a function's launch is a first use again, and finds the headroom") {
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "256M"},
+                                                    {"GPUMEM_EMU_MODULE_BYTES", std::to_string(2u << 20)}};
+    auto bare = values(run({EMU_POOL_APP, "reset-launch"}, env, false).out);
+    CHECK(bare["launch_rc"] == "0");
+    CHECK(bare["launch_after_reset_rc"] == "0");
+    auto r = run({EMU_POOL_APP, "reset-launch"}, env);
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(v["launch_rc"] == "0");
+    CHECK(v["launch_after_reset_rc"] == "0");  // 999 when the handle counted as seen from the old context
+}
+
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
     auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;

@@ -562,8 +562,8 @@ TEST_CASE("release_cached syncs pending frees once and returns empty segments", 
     CHECK(dev.bad_calls() == 0);
 }
 
-TEST_CASE("drop_all forgets everything without calling the backend", "[pool]") {
-    fake_backend dev;
+TEST_CASE("drop_all forgets cuMemAlloc segments without calling the backend: the driver frees them with the context", "[pool]") {
+    fake_backend dev;  // no VMM
     recording_sink sink;
     block_pool pool(safe_config(), dev, &sink, 2);
     const uint64_t a = must_alloc(pool, 100);

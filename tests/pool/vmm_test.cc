@@ -541,6 +541,39 @@ TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps th
     CHECK(dev.in_use() >= 60 * MiB);  // and so do its lenders' chunks
 }
 
+TEST_CASE("context end: virtual-memory chunks and address space go back, live blocks and stitches included", "[pool][vmm][stitch]") {
+    // cuMemCreate memory belongs to no context: forgetting it at a context's end (as cuMemAlloc
+    // segments may be) would keep it from the program's next context.
+    fake_backend dev(8ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;
+    cfg.stitch = true;
+    block_pool pool(cfg, dev, &sink, 0);
+    const std::vector<uint64_t> small = fragment_6mib(pool, 30);  // live blocks stay
+    pool.release_cached();
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);  // a live stitch
+    REQUIRE(dev.aliases() == 30);
+    REQUIRE(dev.in_use() > 0);
+    const uint64_t syncs = dev.sync_calls();
+    pool.drop_all();
+    CHECK(dev.sync_calls() == syncs + 1);  // the context's work done before any unmap
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.aliases() == 0);
+    CHECK(dev.mapped_chunks() == 0);
+    CHECK(dev.reservations() == 0);
+    CHECK(dev.bad_calls() == 0);  // aliases unmapped before their chunks were released
+    CHECK(sink.events.back().ev == ev_kind::context_reset);
+    int rc = -1;
+    CHECK_FALSE(pool.deallocate(small[0], api_id::cuMemFree_v2, &rc));  // no longer ours
+    uint64_t again = 0;
+    CHECK(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);  // usable again
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 TEST_CASE("peer access with GPUMEM_POOL_CHUNK: every byte of a chunk larger than the granularity is granted", "[pool][vmm]") {
     fake_backend dev(256 * MiB);
     dev.set_vmm(2 * MiB);
