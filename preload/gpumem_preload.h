@@ -8,8 +8,12 @@
 #undef cuGetProcAddress  // cuda.h renames it to cuGetProcAddress_v2; we define both ABIs
 #undef cuStreamBeginCapture  // likewise (to _v2); the first ABI, without a mode, is wrapped too
 #undef cuStreamBeginCapture_ptsz
+#undef cuCtxDestroy  // the first ABIs of a context's end: a static cudart 13's cudaDeviceReset
+#undef cuDevicePrimaryCtxReset  // calls cuDevicePrimaryCtxReset, not its _v2 (H200 run 112)
 extern "C" CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 extern "C" CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
+extern "C" CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+extern "C" CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 
 #include <atomic>
 #include <cstdint>
@@ -34,7 +38,7 @@ namespace gpumem {
     X(cuMemGetInfo_v2)                                                                  \
     X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                \
     X(cuCtxEnablePeerAccess) X(cuMemRetainAllocationHandle)                             \
-    X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2)                                    \
+    X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2) X(cuCtxDestroy) X(cuDevicePrimaryCtxReset) \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz)                                \
     X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)                  \

@@ -599,20 +599,26 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuCtxEnablePeerAccess(CUcontext peer, unsign
     return r;
 }
 
-extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
-    auto f = real<CUresult (*)(CUcontext)>(drv::cuCtxDestroy_v2);
+// A context's end, by either ABI of each call (a static cudart 13's cudaDeviceReset calls the first
+// cuDevicePrimaryCtxReset, H200 run 112; unseen, the pool kept cuMemAlloc segments the driver had
+// freed and handed them out again).  Before the real call: the pool gives back what outlives the
+// context and must not touch the rest afterwards.
+static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice dev) noexcept {
+    void* f = real_driver(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    pool_context_gone(ctx, -1);  // before: the pool must not touch the context's memory afterwards
+    pool_context_gone(by_device ? nullptr : ctx, by_device ? int(dev) : -1);
     first_use_forget();
-    return f(ctx);
+    return by_device ? reinterpret_cast<CUresult (*)(CUdevice)>(f)(dev) : reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);
 }
-
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
+    return context_ends(drv::cuCtxDestroy_v2, false, ctx, 0);
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy(CUcontext ctx) { return context_ends(drv::cuCtxDestroy, false, ctx, 0); }
 extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    auto f = real<CUresult (*)(CUdevice)>(drv::cuDevicePrimaryCtxReset_v2);
-    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    pool_context_gone(nullptr, int(dev));
-    first_use_forget();
-    return f(dev);
+    return context_ends(drv::cuDevicePrimaryCtxReset_v2, true, nullptr, dev);
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset(CUdevice dev) {
+    return context_ends(drv::cuDevicePrimaryCtxReset, true, nullptr, dev);
 }
 
 // Every capture opener: counted before the driver opens it (no fence may touch a stream once the
@@ -846,6 +852,8 @@ GPUMEM_EXPORT_HOOK(cuCtxEnablePeerAccess, (CUcontext a, unsigned int b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle* a, void* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
+GPUMEM_EXPORT_HOOK(cuCtxDestroy, (CUcontext a), (a))
+GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture, (CUstream a), (a))

@@ -5,7 +5,8 @@
 # captures (tests/gpu/capture_mode_check.py, every capture mode x thread x thread mode), and
 # memory the program freed into the pool, asked for again by calls the pool does not serve
 # (tests/gpu/other_allocators_check.py: cuMemCreate, cudaMallocAsync, managed memory, module loads,
-# a first cuSOLVER call), with lazy and with eager module loading.  Each outcome, with gpumem and
+# a first cuSOLVER call), with lazy and with eager module loading, and after a device reset
+# (tests/gpu/reset_check.py: the GPU filled again after cudaDeviceReset).  Each outcome, with gpumem and
 # with GPUMEM_POOL_VMM=off, must equal the program's without gpumem.
 same_run() {  # same_run SCRIPT NAME ENV...: the script's JSON less its run-dependent members, one line
   local script=$1 name=$2; shift 2
@@ -28,7 +29,8 @@ PY
   echo '| check | without gpumem | gpumem pool (VMM) | gpumem pool, GPUMEM_POOL_VMM=off | verdict |'
   echo '|---|---|---|---|---|'
   for spec in capture:tests/gpu/capture_mode_check.py: other:tests/gpu/other_allocators_check.py: \
-              other-eager:tests/gpu/other_allocators_check.py:CUDA_MODULE_LOADING=EAGER; do
+              other-eager:tests/gpu/other_allocators_check.py:CUDA_MODULE_LOADING=EAGER \
+              reset:tests/gpu/reset_check.py:; do
     IFS=: read -r name script env <<< "$spec"
     base=$(same_run "$script" "$name-native" $env)
     vmm=$(same_run "$script" "$name-gpumem" $env GPUMEM_OUT="$LOGS/same-$name.%p.jsonl" LD_PRELOAD="$LIB")

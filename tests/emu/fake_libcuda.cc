@@ -415,6 +415,18 @@ static void drop_device_memory(int dev) {
     for (auto it = s.opened.begin(); it != s.opened.end();) it = it->second.dev == dev ? s.opened.erase(it) : std::next(it);
 }
 static void forget_modules(int dev);
+// The first ABIs (the names cuda.h renames): what a resolver asked for an old version hands out,
+// and what a static cudart 13 calls for cudaDeviceReset (H200 run 112).
+EMU_EXPORT CUresult cuCtxDestroy_v1(CUcontext c) __asm__("cuCtxDestroy");
+EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v1(CUdevice d) __asm__("cuDevicePrimaryCtxReset");
+EMU_EXPORT CUresult cuCtxDestroy_v1(CUcontext c) {
+    bump("cuCtxDestroy");
+    return cuCtxDestroy_v2(c);
+}
+EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v1(CUdevice d) {
+    bump("cuDevicePrimaryCtxReset");
+    return cuDevicePrimaryCtxReset_v2(d);
+}
 EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     drop_device_memory(dev_of(c));
@@ -1193,6 +1205,8 @@ const fn_entry k_functions[] = {
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
     {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},
+    {"cuCtxDestroy", reinterpret_cast<void*>(&cuCtxDestroy_v1)},
+    {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&cuDevicePrimaryCtxReset_v1)},
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
@@ -1232,7 +1246,8 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, 
     std::string name = symbol;
     for (const auto& r : k_v2) {
         if (name != r.base) continue;
-        if (version < r.since && name == "cuStreamBeginCapture") break;  // the first ABI is still there
+        if (version < r.since && (name == "cuStreamBeginCapture" || name == "cuCtxDestroy" || name == "cuDevicePrimaryCtxReset"))
+            break;  // the first ABI is still there
         if (version < r.since) {
             *pfn = nullptr;
             if (status) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;

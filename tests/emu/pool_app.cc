@@ -290,8 +290,9 @@ void kernel_attr_device() {
 
 // A function launched first in one context, then again after cuDevicePrimaryCtxReset: the new
 // context loads it again (GPUMEM_EMU_MODULE_BYTES), so that launch is a first use as well, each
-// time after the program filled the device and freed it all.
-void reset_launch() {
+// time after the program filled the device and freed it all.  With `v1` the reset is the first ABI,
+// cuDevicePrimaryCtxReset as a resolver hands it out for an old version (a static cudart 13 calls it).
+void reset_launch(bool v1) {
     auto fill_and_free = [] {
         std::vector<CUdeviceptr> ps;
         for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
@@ -303,7 +304,14 @@ void reset_launch() {
     setup();
     fill_and_free();
     printf("launch_rc=%d\n", int(cuLaunchKernel(f, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra)));
-    CHECK(cuDevicePrimaryCtxReset(0));
+    if (v1) {
+        void* fn = nullptr;
+        CUdriverProcAddressQueryResult q;
+        CHECK(cuGetProcAddress_v2("cuDevicePrimaryCtxReset", &fn, 10000, 0, &q));
+        CHECK(reinterpret_cast<CUresult (*)(CUdevice)>(fn)(0));
+    } else {
+        CHECK(cuDevicePrimaryCtxReset(0));
+    }
     setup();
     fill_and_free();
     printf("launch_after_reset_rc=%d\n", int(cuLaunchKernel(f, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra)));
@@ -866,7 +874,7 @@ int main(int argc, char** argv) {
     else if (s == "capture-modes") capture_modes();
     else if (s == "other-allocators") other_allocators();
     else if (s == "kernel-attr-device") kernel_attr_device();
-    else if (s == "reset-launch") reset_launch();
+    else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
     else if (s == "reset") reset();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -879,7 +887,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | reset-launch | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -6,6 +6,7 @@
 // so gpu-e2e.sh and pool_bench.py can compare the same binary with and without gpumem.  HOLD_MIB
 // (default 0): live memory held in 64 MiB blocks during the loops, as a training program holds
 // its weights and activations while it allocates (a pool's fence batches scale with its size).
+// With "reset": fills the device, resets it and fills it again (fill_and_free below).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -31,7 +32,24 @@ __global__ void fill(char* p, size_t n) {
         }                                                                               \
     } while (0)
 
+// "reset": 1 GiB cudaMalloc until the device refuses, all freed, cudaDeviceReset, and the same
+// again (tests/gpu/reset_check.py): the second fill must get what the first got.
+static int fill_and_free() {
+    std::vector<void*> ps;
+    for (void* p; cudaMalloc(&p, size_t(1) << 30) == cudaSuccess;) ps.push_back(p);
+    cudaGetLastError();  // the refusal is the point, not an error to keep
+    for (void* p : ps) cudaFree(p);
+    return int(ps.size());
+}
+
 int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "reset")) {
+        const int first = fill_and_free();
+        CHECK(cudaDeviceReset());
+        const int second = fill_and_free();
+        printf("reset first=%d second=%d\n", first, second);
+        return 0;
+    }
     const size_t sizes[] = {1000, 1 << 20, (3 << 20) + 5, 256u << 20};
     char* ptrs[4];
     for (int i = 0; i < 4; ++i) {

@@ -740,12 +740,18 @@ TEST_CASE("pool: after a context reset a function's launch is a first use again,
     auto bare = values(run({EMU_POOL_APP, "reset-launch"}, env, false).out);
     CHECK(bare["launch_rc"] == "0");
     CHECK(bare["launch_after_reset_rc"] == "0");
-    auto r = run({EMU_POOL_APP, "reset-launch"}, env);
-    std::vector<json> ls;
-    check_complete(r, &ls);
-    auto v = values(r.out);
-    CHECK(v["launch_rc"] == "0");
-    CHECK(v["launch_after_reset_rc"] == "0");  // 999 when the handle counted as seen from the old context
+    for (const char* abi : {"v2", "v1"}) {  // v1: cuDevicePrimaryCtxReset, a static cudart 13's
+        INFO(abi);
+        auto r = run({EMU_POOL_APP, "reset-launch", abi}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(v["launch_rc"] == "0");
+        CHECK(v["launch_after_reset_rc"] == "0");  // 999 when the handle counted as seen from the old context
+        size_t resets = 0;
+        for (const auto& l : ls) resets += l["ev"] == "context_reset";
+        CHECK(resets == 1);  // unseen (v1 before), the pool kept memory the driver freed
+    }
 }
 
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
