@@ -148,7 +148,8 @@ static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcep
 // pool's lock, and finds the room there), rather than launch before it.
 constexpr size_t k_first_use_slots = 1u << 16;
 static std::atomic<uintptr_t> g_first_use[k_first_use_slots];
-static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, bool* done) noexcept {
+// *claim: the value the returned slot holds while room is made (the key with bit 1 clear).
+static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, bool* done, uintptr_t* claim) noexcept {
     constexpr size_t k_slots = k_first_use_slots, k_probes = 64;
     auto& seen = g_first_use;
     CUdevice dev = device;
@@ -162,6 +163,7 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, b
         uintptr_t v = seen[i].load(std::memory_order_acquire);
         if (v == 0 && seen[i].compare_exchange_strong(v, claimed, std::memory_order_acq_rel)) {
             *done = false;
+            *claim = claimed;
             return &seen[i];
         }
         if (v == key) break;  // room was made at its first use
@@ -175,7 +177,7 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, b
 }
 // A context went (cuCtxDestroy, cuDevicePrimaryCtxReset): its functions must be loaded again in
 // the next, and a new handle may have an old one's value, so every first use counts again.  A
-// claim racing with this leaves at most a stray slot, which matches no key.
+// claim made before the clear is marked done only if its slot still holds it (before_first_use).
 static void first_use_forget() noexcept {
     for (auto& slot : g_first_use) slot.store(0, std::memory_order_relaxed);
 }
@@ -197,13 +199,16 @@ static inline void before_first_use(api_id api, use_key k) noexcept {
         handle = reinterpret_cast<const void*>((reinterpret_cast<uintptr_t>(handle) ^ h) | 4);
     }
     bool done = true;
-    std::atomic<uintptr_t>* slot = first_use_claim(handle, k.device, &done);
+    uintptr_t claim = 0;
+    std::atomic<uintptr_t>* slot = first_use_claim(handle, k.device, &done, &claim);
     if (done) return;
     {
         guard g;
         pool_make_headroom(api, k.device);
     }
-    if (slot) slot->fetch_or(2, std::memory_order_release);
+    // Done, unless the table was cleared meanwhile (first_use_forget) and another claim took the
+    // slot: that one's first use is still making room, and marks its own.
+    if (slot) slot->compare_exchange_strong(claim, claim | 2, std::memory_order_release, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,7 +504,10 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
 CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_retain_handle(void* addr, bool* handled) noexcept;
 void pool_peer_enabled(CUcontext peer) noexcept;
-void pool_context_gone(CUcontext ctx, int dev) noexcept;
+// give_back: the context still exists (the call that ends it comes next), so the pool's virtual
+// memory, which outlives it, can go back.
+void pool_context_gone(CUcontext ctx, int dev, bool give_back = true) noexcept;
+bool context_is_primary(CUcontext ctx) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
 void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept;
@@ -606,6 +614,18 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuCtxEnablePeerAccess(CUcontext peer, unsign
 static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice dev) noexcept {
     void* f = real_driver(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!by_device && context_is_primary(ctx)) {
+        // The driver refuses to destroy a primary context (CUDA_ERROR_INVALID_CONTEXT on the
+        // H200), which then lives on with all its memory: the pool must not give anything back
+        // before the answer.  If a driver does destroy it, the pool forgets it afterwards (its
+        // virtual memory then stays mapped until exit: no context to unmap it in).
+        const CUresult r = reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);
+        if (r == CUDA_SUCCESS) {
+            pool_context_gone(ctx, -1, false);
+            first_use_forget();
+        }
+        return r;
+    }
     pool_context_gone(by_device ? nullptr : ctx, by_device ? int(dev) : -1);
     first_use_forget();
     return by_device ? reinterpret_cast<CUresult (*)(CUdevice)>(f)(dev) : reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);

@@ -477,7 +477,29 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 // ---------------------------------------------------------------------------------------------
 // Contexts and captures.
 
-void pool_context_gone(CUcontext ctx, int dev) noexcept {
+bool context_is_primary(CUcontext ctx) noexcept {
+    auto push = GPUMEM_REAL(cuCtxPushCurrent_v2);
+    auto pop = GPUMEM_REAL(cuCtxPopCurrent_v2);
+    auto get_device = GPUMEM_REAL(cuCtxGetDevice);
+    auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
+    auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
+    auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
+    if (!ctx || !push || !pop || !get_device || !get_state || !retain || !release) return false;
+    if (push(ctx) != CUDA_SUCCESS) return false;
+    CUdevice dev = 0;
+    const CUresult r = get_device(&dev);
+    CUcontext popped = nullptr;
+    pop(&popped);
+    unsigned flags = 0;
+    int active = 0;
+    if (r != CUDA_SUCCESS || get_state(dev, &flags, &active) != CUDA_SUCCESS || !active) return false;
+    CUcontext primary = nullptr;
+    if (retain(&primary, dev) != CUDA_SUCCESS) return false;
+    release(dev);  // retain+release of an active context changes nothing
+    return primary == ctx;
+}
+
+void pool_context_gone(CUcontext ctx, int dev, bool give_back) noexcept {
     ipc_context_gone(ctx, dev);  // IPC memory opened in it, pool or no pool
     if (registry().count() == 0) return;
     if (!ctx && dev >= 0) {
@@ -500,7 +522,7 @@ void pool_context_gone(CUcontext ctx, int dev) noexcept {
     // which new streams may reuse (the primary context keeps its handle across a reset).
     streams().forget_context(uint64_t(uintptr_t(ctx)));
     if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(ctx)))) ipc_pool_dropped(s->pool);
-    registry().retire(uint64_t(uintptr_t(ctx)));
+    registry().retire(uint64_t(uintptr_t(ctx)), give_back);
 }
 
 // Called before the driver opens a capture, under the stream set's lock: a fence being recorded

@@ -1761,8 +1761,11 @@ void block_pool::release_free_segments(api_id api, uint64_t want) {
     if (want == UINT64_MAX) {  // all of them, in address order
         for (auto it = segments_.begin(); it != segments_.end();) {
             segment* s = it->second;
-            ++it;  // release_segment erases s
+            const uint64_t base = s->base;
             if (idle(s) && !release_segment(s, api)) return;
+            // Found again by address: a release may settle frees, and a settle may dissolve (erase)
+            // a stitched segment anywhere, the next one included.
+            it = segments_.upper_bound(base);
         }
         return;
     }
@@ -2110,7 +2113,7 @@ void block_pool::forget_all() noexcept {
     poisoned_ = false;
 }
 
-void block_pool::drop_all() noexcept {
+void block_pool::drop_all(bool give_back) noexcept {
     op_lock lk(*this);
     // cuMemCreate chunks and address reservations belong to no context: cuCtxDestroy and a
     // primary context's reset free none of them (CUDA driver API, cuCtxDestroy), so forgetting
@@ -2118,8 +2121,11 @@ void block_pool::drop_all() noexcept {
     // before the driver ends the context, once the work queued in it is done (an unmap under a
     // running kernel would fault it; the context's end waits for that work too).  The program's
     // live blocks die with the context, as its cudaMalloc memory does.  cuMemAlloc segments are
-    // the context's: the driver frees them.  A poisoned pool's books may be half updated: leaked.
-    if (chunk_ && !exiting_ && !poisoned_) {
+    // the context's: the driver frees them.  A poisoned pool's books may be half updated, and a
+    // capture (another thread's, in global mode) forbids the synchronize: then leaked.
+    bool any_vmm = false;
+    for (auto& [base, s] : segments_) any_vmm |= s->vmm();
+    if (give_back && any_vmm && !exiting_ && !poisoned_ && can_sync()) {
         backend_.synchronize();  // a broken context still gets its memory back
         for (auto& [base, s] : segments_)
             if (s->stitched()) {  // the second mappings first: the lenders' release frees the chunks

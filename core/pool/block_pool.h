@@ -138,11 +138,12 @@ class block_pool {
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;
-    // The context is being destroyed or reset: its memory goes with it.  Gives back the virtual-
-    // memory segments (which outlive contexts) after a synchronize, forgets every segment and
-    // block, and emits context_reset.  cuMemAlloc segments are left to the driver, which frees
-    // them with the context.  The pool is usable afterwards.
-    void drop_all() noexcept;
+    // The context is being destroyed or reset: its memory goes with it.  With give_back (the
+    // context still exists) gives back the virtual-memory segments, which outlive contexts, after
+    // a synchronize, unless a capture forbids it; then forgets every segment and block, and emits
+    // context_reset.  cuMemAlloc segments are left to the driver, which frees them with the
+    // context.  The pool is usable afterwards.
+    void drop_all(bool give_back = true) noexcept;
     // Process exit: the driver may already be unloaded, and the OS reclaims device memory anyway,
     // so the pool leaks its segments and from now on never calls the backend again.  Late frees
     // (static destructors) still find their blocks; an allocation that the cache cannot serve

@@ -69,15 +69,16 @@ pool_registry::slot* pool_registry::owner_of(uint64_t addr, block_pool::block_in
     return nullptr;
 }
 
-bool pool_registry::retire(uint64_t ctx) noexcept {
+bool pool_registry::retire(uint64_t ctx, bool give_back) noexcept {
     if (ctx == 0 || count() == 0) return false;
     create_lock lk(create_lock_);  // no pool is made for this handle while it is being retired
     slot* s = find(ctx);
     if (!s) return false;
-    // Retire first, so no new allocation finds the pool; then forget its memory, which the
-    // driver frees with the context.
+    // Retire first, so no new allocation finds the pool; then forget its memory.  Under the lock
+    // for all of it (a slow give-back included): a retired slot is reused for a new context, and
+    // its pool must be empty by then.
     s->ctx.store(0, std::memory_order_release);
-    s->pool->drop_all();
+    s->pool->drop_all(give_back);
     return true;
 }
 

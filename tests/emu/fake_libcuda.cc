@@ -349,6 +349,14 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return CUDA_SUCCESS; }
+// Every primary context counts as active (retained by the program's setup).
+EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, int* active) {
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    *flags = 0;
+    *active = 1;
+    return CUDA_SUCCESS;
+}
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     t_ctx_dev = c ? dev_of(c) : -1;
     if (c) {
@@ -427,11 +435,12 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v1(CUdevice d) {
     bump("cuDevicePrimaryCtxReset");
     return cuDevicePrimaryCtxReset_v2(d);
 }
+// Every emulated context is its device's primary one, which the driver refuses to destroy
+// (CUDA_ERROR_INVALID_CONTEXT on the H200): it lives on, with its memory.
 EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    drop_device_memory(dev_of(c));
-    forget_modules(dev_of(c));
-    return CUDA_SUCCESS;
+    bump("cuCtxDestroy_v2");
+    (void)c;
+    return CUDA_ERROR_INVALID_CONTEXT;
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     drop_device_memory(d);
@@ -1197,7 +1206,7 @@ struct fn_entry {
 #define E(n) {#n, reinterpret_cast<void*>(&n)}
 const fn_entry k_functions[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGetAttribute), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceTotalMem_v2),
-    E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
+    E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxGetState), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
     E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),

@@ -659,9 +659,15 @@ void reset() {
     print_counts("after_reset_");
     // p died with the context; its free is the driver's business, as without gpumem.
     printf("free_dead_result=%d\n", int(cuMemFree(p)));
-    CHECK(cuMemFree(q));
-    CHECK(cuCtxDestroy(ctx));
-    setup();
+    // A primary context cannot be destroyed (CUDA_ERROR_INVALID_CONTEXT): it lives on, and so must
+    // q, which the pool must neither forget nor give back.
+    printf("destroy_result=%d\n", int(cuCtxDestroy(ctx)));
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const int range_rc = int(cuMemGetAddressRange(&base, &size, q));
+    printf("live_range_result=%d\nlive_range_is_q=%d\n", range_rc, int(base == q));  // the call first: argument order is unspecified
+    printf("live_access=%d\n", emu_access(q, 0));
+    printf("live_free_result=%d\n", int(cuMemFree(q)));
     CHECK(cuMemAlloc(&q, 1 << 20));
     CHECK(cuMemFree(q));
     print_counts("after_destroy_");

@@ -908,16 +908,23 @@ TEST_CASE("pool: peer access reaches pooled blocks as it reaches cudaMalloc memo
     }
 }
 
-TEST_CASE("pool: context reset and destroy drop that context's pool, and a new context starts afresh") {
+TEST_CASE("pool: a context reset drops that context's pool and a new context starts afresh, and a refused destroy keeps it") {
     auto r = run({EMU_POOL_APP, "reset"});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
     CHECK(num(v, "before_driver_alloc") == 1);
     CHECK(num(v, "after_reset_driver_alloc") == 2);  // a new segment, not the dead one
-    CHECK(num(v, "after_destroy_driver_alloc") == 3);
     CHECK(num(v, "free_dead_result") == 1);          // what the driver says for memory it freed
-    CHECK(count_ev(ls, "context_reset") == 2);
+    // cuCtxDestroy of the primary context is refused: the block made before it is still the
+    // program's, served from the same segment.
+    CHECK(num(v, "destroy_result") == 201);
+    CHECK(num(v, "live_range_result") == 0);
+    CHECK(num(v, "live_range_is_q") == 1);
+    CHECK(num(v, "live_access") == 1);
+    CHECK(num(v, "live_free_result") == 0);
+    CHECK(num(v, "after_destroy_driver_alloc") == 2);
+    CHECK(count_ev(ls, "context_reset") == 1);
     check_rebuild(ls);
 }
 

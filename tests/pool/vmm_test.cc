@@ -574,6 +574,38 @@ TEST_CASE("context end: virtual-memory chunks and address space go back, live bl
     CHECK(pool.validate(&why));
 }
 
+TEST_CASE("context end during a capture: no synchronize and no unmap, the chunks are left", "[pool][vmm]") {
+    // A capture in global mode on another thread would be broken by gpumem's cuCtxSynchronize.
+    fake_backend dev(512 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    uint64_t a = 0;
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    const uint64_t held = dev.in_use(), syncs = dev.sync_calls();
+    dev.set_capturing(true);
+    pool.drop_all();
+    CHECK(dev.sync_calls() == syncs);
+    CHECK(dev.in_use() == held);
+    CHECK(dev.bad_calls() == 0);
+    CHECK(pool.snapshot().reserved == 0);  // forgotten all the same
+    CHECK(sink.events.back().ev == ev_kind::context_reset);
+}
+
+TEST_CASE("context end after the context is gone (give_back false): nothing is called", "[pool][vmm]") {
+    fake_backend dev(512 * MiB);
+    dev.set_vmm(2 * MiB);
+    block_pool pool(vmm_config(), dev, nullptr, 0);
+    uint64_t a = 0;
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    const uint64_t held = dev.in_use(), syncs = dev.sync_calls(), unmaps = dev.unmap_calls();
+    pool.drop_all(false);
+    CHECK(dev.sync_calls() == syncs);
+    CHECK(dev.unmap_calls() == unmaps);
+    CHECK(dev.in_use() == held);
+    CHECK(pool.snapshot().reserved == 0);
+}
+
 TEST_CASE("peer access with GPUMEM_POOL_CHUNK: every byte of a chunk larger than the granularity is granted", "[pool][vmm]") {
     fake_backend dev(256 * MiB);
     dev.set_vmm(2 * MiB);
