@@ -44,6 +44,23 @@ static int fill_and_free() {
 
 int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "reset")) {
+        // First cuCtxDestroy of the primary context, which the driver refuses: a block made
+        // before it must stay usable (the pool must not have given it back).
+        char* live = nullptr;
+        CHECK(cudaMalloc(&live, size_t(64) << 20));
+        using get_ctx_fn = CUresult (*)(CUcontext*);
+        using destroy_fn = CUresult (*)(CUcontext);
+        void *g = nullptr, *d = nullptr;
+        cudaDriverEntryPointQueryResult qg, qd;
+        CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &g, 4000, cudaEnableDefault, &qg));
+        CHECK(cudaGetDriverEntryPointByVersion("cuCtxDestroy", &d, 4000, cudaEnableDefault, &qd));
+        CUcontext ctx = nullptr;
+        const int get_rc = g ? int(get_ctx_fn(g)(&ctx)) : -1;
+        const int destroy_rc = d && !get_rc ? int(destroy_fn(d)(ctx)) : -1;
+        const int memset_rc = int(cudaMemset(live, 1, size_t(64) << 20));
+        const int sync_rc = int(cudaDeviceSynchronize());
+        printf("destroy_primary=%d memset=%d sync=%d\n", destroy_rc, memset_rc, sync_rc);
+        cudaFree(live);
         const int first = fill_and_free();
         CHECK(cudaDeviceReset());
         const int second = fill_and_free();
