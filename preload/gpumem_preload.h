@@ -45,6 +45,7 @@ namespace gpumem {
     X(cuStreamEndCapture_ptsz) X(cuThreadExchangeStreamCaptureMode)                     \
     X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
+    X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx_ptsz)                                     \
     X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 // Calls that may need device memory of their own, wrapped too (after GPUMEM_DRIVER_HOOKS in the

@@ -793,25 +793,33 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
 
 // Launches, watched for the handle CU_STREAM_PER_THREAD (see per_thread.cc), and made again after
 // a give-back when they run out of memory (retry_if_oom).
-extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                   unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
-                                                   CUstream s, void** params, void** extra) {
-    auto fn = real<decltype(&w_cuLaunchKernel)>(drv::cuLaunchKernel);
-    if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
-    note_if_per_thread<false>(s);
-    before_first_use(api_id::cuLaunchKernel, f);
-    return retry_unguarded_if_oom(api_id::cuLaunchKernel, fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra),
-                                  [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); });
-}
-
-extern "C" GPUMEM_HIDDEN CUresult w_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
-    auto fn = real<decltype(&w_cuLaunchKernelEx)>(drv::cuLaunchKernelEx);
-    if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
-    if (config) note_if_per_thread<false>(config->hStream);
-    before_first_use(api_id::cuLaunchKernelEx, f);
-    return retry_unguarded_if_oom(api_id::cuLaunchKernelEx, fn(config, f, params, extra),
-                                  [&] { return fn(config, f, params, extra); });
-}
+#define GPUMEM_LAUNCH(NAME)                                                                           \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,   \
+                                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem, \
+                                               CUstream s, void** params, void** extra) {               \
+        auto fn = real<decltype(&w_##NAME)>(drv::NAME);                                                 \
+        if (!fn) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        note_if_per_thread<is_ptsz(#NAME)>(s);                                                          \
+        before_first_use(api_id::cuLaunchKernel, f);                                                    \
+        return retry_unguarded_if_oom(api_id::cuLaunchKernel, fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra), \
+                                      [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); }); \
+    }
+#define GPUMEM_LAUNCH_EX(NAME)                                                                        \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) { \
+        auto fn = real<decltype(&w_##NAME)>(drv::NAME);                                                 \
+        if (!fn) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (config) note_if_per_thread<is_ptsz(#NAME)>(config->hStream);                                \
+        before_first_use(api_id::cuLaunchKernelEx, f);                                                  \
+        return retry_unguarded_if_oom(api_id::cuLaunchKernelEx, fn(config, f, params, extra),           \
+                                      [&] { return fn(config, f, params, extra); });                    \
+    }
+// The per-thread variants (a program built with --default-stream per-thread launches through
+// them) are typed wrappers too, not thunks: their first launches need the headroom as much.  The
+// log names the plain call.
+GPUMEM_LAUNCH(cuLaunchKernel)
+GPUMEM_LAUNCH(cuLaunchKernel_ptsz)
+GPUMEM_LAUNCH_EX(cuLaunchKernelEx)
+GPUMEM_LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
 // Calls that may take device memory of their own: module and library loads, the first use of a
 // lazily loaded function (getting it, its attributes, its occupancy; CUDA_MODULE_LOADING=LAZY is
@@ -893,6 +901,8 @@ GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned 
 GPUMEM_EXPORT_HOOK(cuGreenCtxCreate, (CUgreenCtx* a, CUdevResourceDesc b, CUdevice c, unsigned int d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuLaunchKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
 GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuLaunchKernel_ptsz, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
+GPUMEM_EXPORT_HOOK(cuLaunchKernelEx_ptsz, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuStreamDestroy_v2, (CUstream a), (a))
 
 // The table of every libcuda function gpumem wraps or calls.  Order and names come from

@@ -267,6 +267,23 @@ void other_allocators() {
     CUmodule mod;
     rc = int(cuModuleLoadData(&mod, image));
     printf("module_load_rc=%d\n", rc);
+    // Last (its null stream is the thread's own, which turns the pool safe): a first launch through
+    // the per-thread variant, as a program built with --default-stream per-thread makes.  The three
+    // modules loaded so far leave 2 MiB that 4 MiB blocks cannot fill: 2 MiB blocks too.
+    {
+        std::vector<CUdeviceptr> ps;
+        for (size_t size : {mb4, mb4 / 2})
+            for (CUdeviceptr p2; cuMemAlloc(&p2, size) == CUDA_SUCCESS;) ps.push_back(p2);
+        for (auto p2 : ps) CHECK(cuMemFree(p2));
+    }
+    void* ptsz = nullptr;
+    CUdriverProcAddressQueryResult q;
+    CHECK(cuGetProcAddress_v2("cuLaunchKernel", &ptsz, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+    using launch_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   CUstream, void**, void**);
+    rc = int(reinterpret_cast<launch_fn>(ptsz)(reinterpret_cast<CUfunction>(0x300), 11, 12, 13, 14, 15, 16, 17, nullptr,
+                                               params, extra));
+    printf("launch_ptsz_rc=%d\n", rc);
     print_counts("");
 }
 

@@ -673,9 +673,10 @@ TEST_CASE("pool: an allocator the pool does not serve gets the memory the progra
     // cuMemAllocManaged and cuMemAllocPitch on a 256 MiB device: served without gpumem.
     // Then a first launch by cuLaunchKernel and by cuLaunchKernelEx, each loading a 2 MiB module
     // lazily (a failed lazy load is for good, as on the H200: the pool's headroom, 4 MiB of this
-    // device, must be there before), and cuModuleLoadData of another (retried after a give-back).
-    const std::vector<std::string> keys = {"async_rc",  "create_rc",    "managed_rc",    "pitch_rc",
-                                           "launch_rc", "launch_ex_rc", "module_load_rc"};
+    // device, must be there before), and cuModuleLoadData of another (retried after a give-back);
+    // last a first launch through the per-thread variant (cuLaunchKernel_ptsz).
+    const std::vector<std::string> keys = {"async_rc",     "create_rc",      "managed_rc", "pitch_rc",      "launch_rc",
+                                           "launch_ex_rc", "module_load_rc", "launch_ptsz_rc"};
     const std::string module = std::to_string(2 << 20);
     auto bare = values(
         run({EMU_POOL_APP, "other-allocators"}, {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", module}}, false).out);
@@ -711,6 +712,7 @@ TEST_CASE("pool: an allocator the pool does not serve gets the memory the progra
                           .out);
     CHECK(off["launch_rc"] == "999");
     CHECK(off["launch_ex_rc"] == "999");
+    CHECK(off["launch_ptsz_rc"] == "999");
     CHECK(off["module_load_rc"] == "0");
 }
 
