@@ -148,6 +148,9 @@ static CUresult retry_unguarded_if_oom(api_id api, CUresult r, F&& call) noexcep
 // pool's lock, and finds the room there), rather than launch before it.
 constexpr size_t k_first_use_slots = 1u << 16;
 static std::atomic<uintptr_t> g_first_use[k_first_use_slots];
+// Bumped at each clear and mixed into every key: a claim made before a clear never matches one
+// made after it, even of the same handle in the same slot.
+static std::atomic<uintptr_t> g_first_use_gen{0};
 // *claim: the value the returned slot holds while room is made (the key with bit 1 clear).
 static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, bool* done, uintptr_t* claim) noexcept {
     constexpr size_t k_slots = k_first_use_slots, k_probes = 64;
@@ -156,7 +159,10 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, b
     if (device < 0)
         if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
     // A CUkernel is one handle for every context: the device is part of the key.
-    const uintptr_t key = (reinterpret_cast<uintptr_t>(handle) ^ (uintptr_t(dev) * 0x9E3779B97F4A7C15ull)) | 3;
+    const uintptr_t gen = g_first_use_gen.load(std::memory_order_acquire);
+    const uintptr_t key = (reinterpret_cast<uintptr_t>(handle) ^ (uintptr_t(dev) * 0x9E3779B97F4A7C15ull) ^
+                           (gen * 0xC2B2AE3D27D4EB4Full)) |
+                          3;
     const uintptr_t claimed = key & ~uintptr_t(2);
     size_t i = size_t((key * 0x9E3779B97F4A7C15ull) >> 48);
     for (size_t n = 0; n < k_probes; ++n, i = (i + 1) & (k_slots - 1)) {
@@ -177,8 +183,10 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, b
 }
 // A context went (cuCtxDestroy, cuDevicePrimaryCtxReset): its functions must be loaded again in
 // the next, and a new handle may have an old one's value, so every first use counts again.  A
-// claim made before the clear is marked done only if its slot still holds it (before_first_use).
+// claim made before the clear is marked done only if its slot still holds it (before_first_use),
+// and the generation in the key keeps a later claim of the same handle from looking the same.
 static void first_use_forget() noexcept {
+    g_first_use_gen.fetch_add(1, std::memory_order_acq_rel);
     for (auto& slot : g_first_use) slot.store(0, std::memory_order_relaxed);
 }
 // A handle, or a module or library and the name of one of its functions or globals (the getters
@@ -793,13 +801,22 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
 
 // Launches, watched for the handle CU_STREAM_PER_THREAD (see per_thread.cc), and made again after
 // a give-back when they run out of memory (retry_if_oom).
+// A launch through a per-thread variant is a use of the per-thread default stream, whatever stream
+// it names, as a call through any per-thread thunk is (per_thread.cc): which handle a runtime built
+// with --default-stream per-thread passes there was never measured.  A plain launch is one when it
+// names CU_STREAM_PER_THREAD.
+template <bool PTSZ>
+inline void note_launch(CUstream s) noexcept {
+    if (PTSZ) note_per_thread_stream();
+    else note_if_per_thread<false>(s);
+}
 #define GPUMEM_LAUNCH(NAME)                                                                           \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,   \
                                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem, \
                                                CUstream s, void** params, void** extra) {               \
         auto fn = real<decltype(&w_##NAME)>(drv::NAME);                                                 \
         if (!fn) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
-        note_if_per_thread<is_ptsz(#NAME)>(s);                                                          \
+        note_launch<is_ptsz(#NAME)>(s);                                                                 \
         before_first_use(api_id::cuLaunchKernel, f);                                                    \
         return retry_unguarded_if_oom(api_id::cuLaunchKernel, fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra), \
                                       [&] { return fn(f, gx, gy, gz, bx, by, bz, smem, s, params, extra); }); \
@@ -808,7 +825,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuStreamDestroy_v2(CUstream s) {
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) { \
         auto fn = real<decltype(&w_##NAME)>(drv::NAME);                                                 \
         if (!fn) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
-        if (config) note_if_per_thread<is_ptsz(#NAME)>(config->hStream);                                \
+        note_launch<is_ptsz(#NAME)>(config ? config->hStream : nullptr);                                \
         before_first_use(api_id::cuLaunchKernelEx, f);                                                  \
         return retry_unguarded_if_oom(api_id::cuLaunchKernelEx, fn(config, f, params, extra),           \
                                       [&] { return fn(config, f, params, extra); });                    \

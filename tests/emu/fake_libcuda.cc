@@ -151,7 +151,8 @@ counter g_counters[] = {
     {"cuEventCreate", {0}}, {"cuEventRecord", {0}}, {"cuEventQuery", {0}}, {"cuEventSynchronize", {0}},
     {"cuEventRecord_in_capture", {0}},  // a record into an open capture: a graph node, not a fence (a bug)
     {"cuStreamWaitEvent", {0}}, {"cuStreamWaitEvent_in_capture", {0}},
-    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}}, {"cuCtxEnablePeerAccess", {0}}, {"unknown_stream_create", {0}},
+    {"cuStreamDestroy_v2", {0}}, {"cuStreamQuery", {0}}, {"cuStreamQuery_ptsz", {0}}, {"cuCtxEnablePeerAccess", {0}},
+    {"unknown_stream_create", {0}},
     {"cuMemRetainAllocationHandle", {0}},
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
     {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
@@ -436,11 +437,15 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v1(CUdevice d) {
     return cuDevicePrimaryCtxReset_v2(d);
 }
 // Every emulated context is its device's primary one, which the driver refuses to destroy
-// (CUDA_ERROR_INVALID_CONTEXT on the H200): it lives on, with its memory.
+// (CUDA_ERROR_INVALID_CONTEXT on the H200): it lives on, with its memory.  GPUMEM_EMU_DESTROY_PRIMARY=1
+// emulates a driver that destroys it (its memory freed, its modules unloaded).
 EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
-    bump("cuCtxDestroy_v2");
-    (void)c;
-    return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    static const bool destroys = getenv("GPUMEM_EMU_DESTROY_PRIMARY") && !strcmp(getenv("GPUMEM_EMU_DESTROY_PRIMARY"), "1");
+    if (!destroys) return CUDA_ERROR_INVALID_CONTEXT;
+    drop_device_memory(dev_of(c));
+    forget_modules(dev_of(c));
+    return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     drop_device_memory(d);
@@ -507,6 +512,11 @@ EMU_EXPORT CUresult cuEventQuery(CUevent e) {
 // The emulated device runs nothing: every stream is idle, unless GPUMEM_EMU_STREAMS_BUSY=1 says
 // every stream still has work (so fences need an event on each).  A query during a capture is
 // counted as misuse (on a real driver it invalidates the capture).
+// A per-thread variant gpumem has no typed wrapper for (its resolved pointer becomes a thunk).
+EMU_EXPORT CUresult cuStreamQuery_ptsz(CUstream) {
+    bump("cuStreamQuery_ptsz");
+    return CUDA_SUCCESS;
+}
 EMU_EXPORT CUresult cuStreamQuery(CUstream) {
     if (st().capturing.load()) {
         bump("cuStreamQuery_in_capture");
@@ -1225,7 +1235,7 @@ const fn_entry k_functions[] = {
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
     E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuMemExportToShareableHandle), E(cuMemImportFromShareableHandle),
     E(cuGetProcAddress), E(cuGetProcAddress_v2),
-    E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize), E(cuStreamQuery),
+    E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize), E(cuStreamQuery), E(cuStreamQuery_ptsz),
     E(cuStreamWaitEvent),
 };
 // The plain cuIpcOpenMemHandle is exported for programs that link or dlsym that name, but the

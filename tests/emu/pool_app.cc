@@ -777,9 +777,15 @@ void per_thread(const std::string& how) {
     void** params = reinterpret_cast<void**>(0x1234);
     void** extra = reinterpret_cast<void**>(0x5678);
     CUresult r = CUDA_SUCCESS;
-    if (how == "thunk") {
+    if (how == "thunk") {  // the per-thread launch (a typed wrapper), called twice
         r = reinterpret_cast<launch_fn>(fn)(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
         r = r ? r : reinterpret_cast<launch_fn>(fn)(nullptr, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra);
+    } else if (how == "thunk-query") {  // a per-thread variant with no typed wrapper: a thunk
+        void* qf = nullptr;
+        CHECK(cuGetProcAddress_v2("cuStreamQuery", &qf, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        r = reinterpret_cast<CUresult (*)(CUstream)>(qf)(nullptr);
+        r = r ? r : reinterpret_cast<CUresult (*)(CUstream)>(qf)(nullptr);
+        printf("query_ptsz_calls=%llu\n", driver_count("cuStreamQuery_ptsz"));
     } else if (how == "dlsym") {
         auto f = reinterpret_cast<launch_fn>(dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz"));
         if (!f) fail("dlsym cuLaunchKernel_ptsz", -1);

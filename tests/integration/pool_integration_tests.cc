@@ -452,7 +452,8 @@ TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it"
 }
 
 TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe, and resolving one does not") {
-    for (const char* how : {"thunk", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle", "capture-ptsz"}) {
+    for (const char* how :
+         {"thunk", "thunk-query", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle", "capture-ptsz"}) {
         INFO("way: " << how);
         auto r = run({EMU_POOL_APP, "per-thread", how});
         std::vector<json> ls;
@@ -467,6 +468,7 @@ TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe
         for (auto& j : ls)
             if (j["ev"] == "reuse_safe") CHECK(j["api"] == "CU_STREAM_PER_THREAD");
         if (std::string(how) == "thunk") CHECK(num(v, "ptsz_calls") == 2);  // both calls went through
+        if (std::string(how) == "thunk-query") CHECK(num(v, "query_ptsz_calls") == 2);  // through the thunk
         // The late resolve of a per-thread variant is no hole: nothing unmatched, fences kept.
         CHECK(ls.back()["unmatched"] == 0);
         CHECK(num(v, "end_ctx_sync") == 0);
@@ -927,6 +929,16 @@ TEST_CASE("pool: a context reset drops that context's pool and a new context sta
     CHECK(num(v, "live_free_result") == 0);
     CHECK(num(v, "after_destroy_driver_alloc") == 2);
     CHECK(count_ev(ls, "context_reset") == 1);
+    SECTION("a driver that does destroy the primary context: the pool forgets it after the answer") {
+        auto r2 = run({EMU_POOL_APP, "reset"}, {{"GPUMEM_EMU_DESTROY_PRIMARY", "1"}});
+        std::vector<json> ls2;
+        check_complete(r2, &ls2);
+        auto v2 = values(r2.out);
+        CHECK(num(v2, "destroy_result") == 0);
+        CHECK(num(v2, "after_destroy_driver_alloc") == 3);  // a new segment, not the dead one
+        CHECK(count_ev(ls2, "context_reset") == 2);
+        check_rebuild(ls2);
+    }
     check_rebuild(ls);
 }
 
