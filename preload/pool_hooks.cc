@@ -477,46 +477,39 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 // ---------------------------------------------------------------------------------------------
 // Contexts and captures.
 
+// The handle of dev's primary context while it is active, else nullptr (an inactive one has no
+// memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
+static CUcontext active_primary(CUdevice dev) noexcept {
+    auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
+    auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
+    auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
+    unsigned flags = 0;
+    int active = 1;
+    if (get_state && get_state(dev, &flags, &active) == CUDA_SUCCESS && !active) return nullptr;
+    if (!retain || !release) return nullptr;
+    CUcontext primary = nullptr;
+    if (retain(&primary, dev) != CUDA_SUCCESS) return nullptr;
+    release(dev);
+    return primary;
+}
+
 bool context_is_primary(CUcontext ctx) noexcept {
     auto push = GPUMEM_REAL(cuCtxPushCurrent_v2);
     auto pop = GPUMEM_REAL(cuCtxPopCurrent_v2);
     auto get_device = GPUMEM_REAL(cuCtxGetDevice);
-    auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
-    auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
-    auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
-    if (!ctx || !push || !pop || !get_device || !get_state || !retain || !release) return false;
-    if (push(ctx) != CUDA_SUCCESS) return false;
+    if (!ctx || !push || !pop || !get_device || push(ctx) != CUDA_SUCCESS) return false;
     CUdevice dev = 0;
     const CUresult r = get_device(&dev);
     CUcontext popped = nullptr;
     pop(&popped);
-    unsigned flags = 0;
-    int active = 0;
-    if (r != CUDA_SUCCESS || get_state(dev, &flags, &active) != CUDA_SUCCESS || !active) return false;
-    CUcontext primary = nullptr;
-    if (retain(&primary, dev) != CUDA_SUCCESS) return false;
-    release(dev);  // retain+release of an active context changes nothing
-    return primary == ctx;
+    return r == CUDA_SUCCESS && active_primary(dev) == ctx;
 }
 
 void pool_context_gone(CUcontext ctx, int dev, bool give_back) noexcept {
     ipc_context_gone(ctx, dev);  // IPC memory opened in it, pool or no pool
     if (registry().count() == 0) return;
-    if (!ctx && dev >= 0) {
-        // cuDevicePrimaryCtxReset names a device: find its primary context's handle, if the
-        // primary context is active (an inactive one has no pool memory to lose).
-        auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
-        auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
-        auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
-        unsigned flags = 0;
-        int active = 1;
-        if (get_state && get_state(CUdevice(dev), &flags, &active) == CUDA_SUCCESS && !active) return;
-        if (!retain || !release) return;
-        CUcontext primary = nullptr;
-        if (retain(&primary, CUdevice(dev)) != CUDA_SUCCESS) return;
-        release(CUdevice(dev));  // retain+release of an active context changes nothing
-        ctx = primary;
-    }
+    // cuDevicePrimaryCtxReset names a device: its primary context's handle, if active.
+    if (!ctx && dev >= 0) ctx = active_primary(CUdevice(dev));
     if (!ctx) return;
     // Its streams died with it, without cuStreamDestroy: fences must not record on their handles,
     // which new streams may reuse (the primary context keeps its handle across a reset).
