@@ -153,8 +153,7 @@ static std::atomic<uintptr_t> g_first_use[k_first_use_slots];
 static std::atomic<uintptr_t> g_first_use_gen{0};
 // *claim: the value the returned slot holds while room is made (the key with bit 1 clear).
 static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, bool* done, uintptr_t* claim) noexcept {
-    constexpr size_t k_slots = k_first_use_slots, k_probes = 64;
-    auto& seen = g_first_use;
+    constexpr size_t k_probes = 64;
     CUdevice dev = device;
     if (device < 0)
         if (auto get = GPUMEM_REAL(cuCtxGetDevice)) get(&dev);
@@ -165,12 +164,12 @@ static std::atomic<uintptr_t>* first_use_claim(const void* handle, int device, b
                           3;
     const uintptr_t claimed = key & ~uintptr_t(2);
     size_t i = size_t((key * 0x9E3779B97F4A7C15ull) >> 48);
-    for (size_t n = 0; n < k_probes; ++n, i = (i + 1) & (k_slots - 1)) {
-        uintptr_t v = seen[i].load(std::memory_order_acquire);
-        if (v == 0 && seen[i].compare_exchange_strong(v, claimed, std::memory_order_acq_rel)) {
+    for (size_t n = 0; n < k_probes; ++n, i = (i + 1) & (k_first_use_slots - 1)) {
+        uintptr_t v = g_first_use[i].load(std::memory_order_acquire);
+        if (v == 0 && g_first_use[i].compare_exchange_strong(v, claimed, std::memory_order_acq_rel)) {
             *done = false;
             *claim = claimed;
-            return &seen[i];
+            return &g_first_use[i];
         }
         if (v == key) break;  // room was made at its first use
         if (v == claimed) {   // another thread makes room now: so does this one

@@ -7,8 +7,9 @@
 // per-thread variant gpumem has no typed wrapper for (all but the launches and the stream-ordered
 // allocation and capture calls, hooks_driver.cc) is handed out as a thunk: a few instructions
 // that, on the first call through any thunk, switch the pools to safe reuse and then jump to the
-// real function with every argument register untouched, whatever the function's signature.  The other way in, the handle
-// CU_STREAM_PER_THREAD passed to an ordinary launch, is checked by the cuLaunchKernel(Ex) hooks.
+// real function with every argument register untouched, whatever the function's signature.  The
+// other way in, the handle CU_STREAM_PER_THREAD passed to an ordinary launch, is checked by the
+// cuLaunchKernel(Ex) hooks.
 #include <dlfcn.h>
 
 #include <atomic>

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -207,6 +208,17 @@ void oom() {
     print_counts("");
 }
 
+// Blocks of each size in turn, through cuMemAlloc (pooled), until the device refuses one, all freed
+// again: a program that filled the device and gave it all back.  Fails the program when fewer than
+// at_least were served (the device was not filled).
+void fill_and_free(std::initializer_list<size_t> sizes = {4u << 20}, size_t at_least = 8) {
+    std::vector<CUdeviceptr> ps;
+    for (size_t size : sizes)
+        for (CUdeviceptr p; cuMemAlloc(&p, size) == CUDA_SUCCESS;) ps.push_back(p);
+    if (ps.size() < at_least) fail("filling the device", int(ps.size()));
+    for (auto p : ps) CHECK(cuMemFree(p));
+}
+
 // Memory the program freed, then asked for again by an allocator the pool does not serve: blocks of
 // 4 MiB through cuMemAlloc (pooled) fill the device and are freed before each of cuMemAllocAsync,
 // cuMemCreate, cuMemAllocManaged and cuMemAllocPitch asks for 192 MiB, and each of cuLaunchKernel
@@ -216,13 +228,7 @@ void oom() {
 // cuMemGetInfo's free before and after the first 192 MiB are freed: the same without gpumem.
 void other_allocators() {
     setup();
-    const size_t mb4 = 4u << 20, big = 192u << 20;
-    auto fill_and_free = [&] {  // 4 MiB blocks until the device is full, all freed
-        std::vector<CUdeviceptr> ps;
-        for (CUdeviceptr p; cuMemAlloc(&p, mb4) == CUDA_SUCCESS;) ps.push_back(p);
-        if (ps.size() < 8) fail("filling the device", int(ps.size()));
-        for (auto p : ps) CHECK(cuMemFree(p));
-    };
+    const size_t big = 192u << 20;
     CUdeviceptr p = 0;
     size_t free0 = 0, free1 = 0, total = 0;
     CHECK(cuMemGetInfo(&free0, &total));
@@ -270,12 +276,7 @@ void other_allocators() {
     // Last (its null stream is the thread's own, which turns the pool safe): a first launch through
     // the per-thread variant, as a program built with --default-stream per-thread makes.  The three
     // modules loaded so far leave 2 MiB that 4 MiB blocks cannot fill: 2 MiB blocks too.
-    {
-        std::vector<CUdeviceptr> ps;
-        for (size_t size : {mb4, mb4 / 2})
-            for (CUdeviceptr p2; cuMemAlloc(&p2, size) == CUDA_SUCCESS;) ps.push_back(p2);
-        for (auto p2 : ps) CHECK(cuMemFree(p2));
-    }
+    fill_and_free({4u << 20, 2u << 20}, 0);
     void* ptsz = nullptr;
     CUdriverProcAddressQueryResult q;
     CHECK(cuGetProcAddress_v2("cuLaunchKernel", &ptsz, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
@@ -295,10 +296,7 @@ void kernel_attr_device() {
     CUcontext c1;
     CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
     CHECK(cuCtxSetCurrent(c1));
-    std::vector<CUdeviceptr> ps;
-    for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
-    if (ps.size() < 8) fail("filling device 1", int(ps.size()));
-    for (auto p : ps) CHECK(cuMemFree(p));
+    fill_and_free();  // device 1's
     CHECK(cuCtxSetCurrent(c0));
     int v = -1;
     const int rc = int(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_NUM_REGS, reinterpret_cast<CUkernel>(0x300), 1));
@@ -310,12 +308,6 @@ void kernel_attr_device() {
 // time after the program filled the device and freed it all.  With `v1` the reset is the first ABI,
 // cuDevicePrimaryCtxReset as a resolver hands it out for an old version (a static cudart 13 calls it).
 void reset_launch(bool v1) {
-    auto fill_and_free = [] {
-        std::vector<CUdeviceptr> ps;
-        for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
-        if (ps.size() < 8) fail("filling the device", int(ps.size()));
-        for (auto p : ps) CHECK(cuMemFree(p));
-    };
     auto params = reinterpret_cast<void**>(0x1234), extra = reinterpret_cast<void**>(0x5678);
     auto f = reinterpret_cast<CUfunction>(0x100);
     setup();
