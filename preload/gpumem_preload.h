@@ -10,10 +10,12 @@
 #undef cuStreamBeginCapture_ptsz
 #undef cuCtxDestroy  // the first ABIs of a context's end: a static cudart 13's cudaDeviceReset
 #undef cuDevicePrimaryCtxReset  // calls cuDevicePrimaryCtxReset, not its _v2 (H200 run 112)
+#undef cuDevicePrimaryCtxRelease  // and a primary context's last release ends it too
 extern "C" CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 extern "C" CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 extern "C" CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
 extern "C" CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
+extern "C" CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 
 #include <atomic>
 #include <cstdint>
@@ -39,6 +41,7 @@ namespace gpumem {
     X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                \
     X(cuCtxEnablePeerAccess) X(cuMemRetainAllocationHandle)                             \
     X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2) X(cuCtxDestroy) X(cuDevicePrimaryCtxReset) \
+    X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxRelease)                        \
     X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture)    \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz)                                \
     X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)                  \
@@ -83,7 +86,7 @@ namespace gpumem {
 #define GPUMEM_DRIVER_CALLS(X)                                                           \
     X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
     X(cuCtxSynchronize) X(cuStreamIsCapturing) X(cuStreamGetDevice)                     \
-    X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
+    X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain)                           \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) \

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include "gpumem_preload.h"
+#include "core/pool/context_end.h"
 
 namespace gpumem {
 
@@ -511,10 +512,11 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
 CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_retain_handle(void* addr, bool* handled) noexcept;
 void pool_peer_enabled(CUcontext peer) noexcept;
-// give_back: the context still exists (the call that ends it comes next), so the pool's virtual
-// memory, which outlives it, can go back.
-void pool_context_gone(CUcontext ctx, int dev, bool give_back = true) noexcept;
+// `when`: whether the call that ends the context comes next or came (block_pool::drop_all).
+void pool_context_gone(CUcontext ctx, int dev, context_end when = context_end::coming) noexcept;
 bool context_is_primary(CUcontext ctx) noexcept;
+CUcontext primary_if_active(CUdevice dev) noexcept;
+bool pool_exit_begun() noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
 void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept;
@@ -624,11 +626,10 @@ static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice 
     if (!by_device && context_is_primary(ctx)) {
         // The driver refuses to destroy a primary context (CUDA_ERROR_INVALID_CONTEXT on the
         // H200), which then lives on with all its memory: the pool must not give anything back
-        // before the answer.  If a driver does destroy it, the pool forgets it afterwards (its
-        // virtual memory then stays mapped until exit: no context to unmap it in).
+        // before the answer.  If a driver does destroy it, the pool gives back afterwards.
         const CUresult r = reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);
         if (r == CUDA_SUCCESS) {
-            pool_context_gone(ctx, -1, false);
+            pool_context_gone(ctx, -1, context_end::past);
             first_use_forget();
         }
         return r;
@@ -636,6 +637,28 @@ static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice 
     pool_context_gone(by_device ? nullptr : ctx, by_device ? int(dev) : -1);
     first_use_forget();
     return by_device ? reinterpret_cast<CUresult (*)(CUdevice)>(f)(dev) : reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);
+}
+// A primary context's last release ends it too (H200 run 116: its cuMemAlloc memory is freed, the
+// handle stays current; unseen, the pool handed that memory out again and the program's next fill
+// failed).  No call says which release is the last, so the handle is read while the context is
+// active, and the state asked after the answer.  Process exit: the runtime's exit handler makes
+// the last release, and the process's end frees every chunk anyway, so nothing is given back then.
+static CUresult primary_release(drv which, CUdevice dev) noexcept {
+    auto f = real<CUresult (*)(CUdevice)>(which);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUcontext before = primary_if_active(dev);
+    const CUresult r = f(dev);
+    if (r == CUDA_SUCCESS && before && !primary_if_active(dev)) {
+        pool_context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
+        first_use_forget();
+    }
+    return r;
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    return primary_release(drv::cuDevicePrimaryCtxRelease_v2, dev);
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRelease(CUdevice dev) {
+    return primary_release(drv::cuDevicePrimaryCtxRelease, dev);
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxDestroy_v2(CUcontext ctx) {
     return context_ends(drv::cuCtxDestroy_v2, false, ctx, 0);
@@ -898,6 +921,8 @@ GPUMEM_EXPORT_HOOK(cuCtxDestroy_v2, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset_v2, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuCtxDestroy, (CUcontext a), (a))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxReset, (CUdevice a), (a))
+GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxRelease_v2, (CUdevice a), (a))
+GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxRelease, (CUdevice a), (a))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream a, CUstreamCaptureMode b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamBeginCapture, (CUstream a), (a))

@@ -5,6 +5,7 @@
 // docs/pool.md ("In libgpumem.so") states the behaviour chosen for each call.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -93,6 +94,10 @@ stream_set& streams() noexcept {
 
 std::atomic<bool> g_enabled{false};    // set by pool_configure when GPUMEM_POOL=on
 std::atomic<bool> g_exiting{false};
+// Set by an atexit handler registered at the first pool: process exit has begun.  Registered after
+// the runtime's own (a runtime starts before its first allocation), it runs before the runtime's
+// exit handler, whose cuDevicePrimaryCtxRelease may be the context's last (primary_release).
+std::atomic<bool> g_exit_begun{false};
 std::atomic<int> g_captures{0};
 thread_local int t_capture_mode = capture_table::k_global;  // cuThreadExchangeStreamCaptureMode's, per thread
 
@@ -122,6 +127,8 @@ pool_registry::slot* current_slot() noexcept {
     pool_registry::slot* s = registry().find_or_create(ctx, &full);
     if (full) GPUMEM_WARN_ONCE(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
     if (s) apply_peer_grants(s);  // peer access enabled to this context before its first allocation
+    static std::atomic<bool> exit_watched{false};
+    if (s && !exit_watched.exchange(true)) atexit([] { g_exit_begun.store(true, std::memory_order_release); });
     return s;
 }
 
@@ -133,6 +140,9 @@ pool_registry::slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexc
 
 bool capture_active() noexcept { return g_captures.load(std::memory_order_acquire) > 0; }
 bool pool_exiting() noexcept { return g_exiting.load(std::memory_order_acquire); }
+bool pool_exit_begun() noexcept {
+    return g_exit_begun.load(std::memory_order_acquire) || g_exiting.load(std::memory_order_acquire);
+}
 
 void pool_configure(const config& cfg, recorder* rec, std::string* config_json) noexcept {
     sink().set(rec);
@@ -479,7 +489,7 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 
 // The handle of dev's primary context while it is active, else nullptr (an inactive one has no
 // memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
-static CUcontext active_primary(CUdevice dev) noexcept {
+CUcontext primary_if_active(CUdevice dev) noexcept {
     auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
     auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
     auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
@@ -502,20 +512,20 @@ bool context_is_primary(CUcontext ctx) noexcept {
     const CUresult r = get_device(&dev);
     CUcontext popped = nullptr;
     pop(&popped);
-    return r == CUDA_SUCCESS && active_primary(dev) == ctx;
+    return r == CUDA_SUCCESS && primary_if_active(dev) == ctx;
 }
 
-void pool_context_gone(CUcontext ctx, int dev, bool give_back) noexcept {
+void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     ipc_context_gone(ctx, dev);  // IPC memory opened in it, pool or no pool
     if (registry().count() == 0) return;
     // cuDevicePrimaryCtxReset names a device: its primary context's handle, if active.
-    if (!ctx && dev >= 0) ctx = active_primary(CUdevice(dev));
+    if (!ctx && dev >= 0) ctx = primary_if_active(CUdevice(dev));
     if (!ctx) return;
     // Its streams died with it, without cuStreamDestroy: fences must not record on their handles,
     // which new streams may reuse (the primary context keeps its handle across a reset).
     streams().forget_context(uint64_t(uintptr_t(ctx)));
     if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(ctx)))) ipc_pool_dropped(s->pool);
-    registry().retire(uint64_t(uintptr_t(ctx)), give_back);
+    registry().retire(uint64_t(uintptr_t(ctx)), when);
 }
 
 // Called before the driver opens a capture, under the stream set's lock: a fence being recorded

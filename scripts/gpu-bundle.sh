@@ -14,5 +14,6 @@ ldd build/analyzer/gpumem | awk '$3 ~ /^\// {print $3}' \
   | while read -r so; do cp -L "$so" build/gpu/lib/; done
 # nvcc's default is -cudart static: the case gpumem must see through the cuGetProcAddress route.
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/static_cudart_app tests/gpu/static_cudart_app.cu
+"$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/primary_release tests/gpu/primary_release.cu -L"$cuda_root/lib64/stubs" -lcuda
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/vmm_cost tests/gpu/vmm_cost.cu -L"$cuda_root/lib64/stubs" -lcuda
 echo "bundle ready: build/preload/libgpumem.so build/analyzer/gpumem build/gpu/lib build/gpu/static_cudart_app"

@@ -6,7 +6,8 @@
 # memory the program freed into the pool, asked for again by calls the pool does not serve
 # (tests/gpu/other_allocators_check.py: cuMemCreate, cudaMallocAsync, managed memory, module loads,
 # a first cuSOLVER call), with lazy and with eager module loading, and after a device reset
-# (tests/gpu/reset_check.py: the GPU filled again after cudaDeviceReset).  Each outcome, with gpumem and
+# (tests/gpu/reset_check.py: the GPU filled again after cudaDeviceReset, and after a primary context's
+# last release, three times).  Each outcome, with gpumem and
 # with GPUMEM_POOL_VMM=off, must equal the program's without gpumem.
 same_run() {  # same_run SCRIPT NAME ENV...: the script's JSON less its run-dependent members, one line
   local script=$1 name=$2; shift 2

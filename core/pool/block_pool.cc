@@ -2113,20 +2113,22 @@ void block_pool::forget_all() noexcept {
     poisoned_ = false;
 }
 
-void block_pool::drop_all(bool give_back) noexcept {
+void block_pool::drop_all(context_end when) noexcept {
     op_lock lk(*this);
-    // cuMemCreate chunks and address reservations belong to no context: cuCtxDestroy and a
-    // primary context's reset free none of them (CUDA driver API, cuCtxDestroy), so forgetting
-    // them would keep the pool's memory from the program's next context.  They go back here,
-    // before the driver ends the context, once the work queued in it is done (an unmap under a
-    // running kernel would fault it; the context's end waits for that work too).  The program's
-    // live blocks die with the context, as its cudaMalloc memory does.  cuMemAlloc segments are
-    // the context's: the driver frees them.  A poisoned pool's books may be half updated, and a
-    // capture (another thread's, in global mode) forbids the synchronize: then leaked.
+    // cuMemCreate chunks and address reservations belong to no context: cuCtxDestroy, a primary
+    // context's reset and its last release free none of them (on the H200, run 116, they stay
+    // mapped and usable in the device's next primary context), so forgetting them would keep the
+    // pool's memory from the program's next context.  They go back here, before the driver ends
+    // the context once the work queued in it is done (an unmap under a running kernel would fault
+    // it; the context's end waits for that work too), or after the driver ended it, work and all
+    // (unmap and release need no context: run 116).  The program's live blocks die with the
+    // context, as its cudaMalloc memory does.  cuMemAlloc segments are the context's: the driver
+    // frees them.  A poisoned pool's books may be half updated, and a capture (another thread's,
+    // in global mode) forbids the synchronize and the unmaps: then leaked.
     bool any_vmm = false;
     for (auto& [base, s] : segments_) any_vmm |= s->vmm();
-    if (give_back && any_vmm && !exiting_ && !poisoned_ && can_sync()) {
-        backend_.synchronize();  // a broken context still gets its memory back
+    if (when != context_end::forget && any_vmm && !exiting_ && !poisoned_ && can_sync()) {
+        if (when == context_end::coming) backend_.synchronize();  // a broken context still gets its memory back
         for (auto& [base, s] : segments_)
             if (s->stitched()) {  // the second mappings first: the lenders' release frees the chunks
                 backend_.unmap_alias(s->base, chunk_, s->chunks.size());

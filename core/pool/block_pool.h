@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/event_schema.h"
+#include "core/pool/context_end.h"
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_backend.h"
 #include "core/pool/pool_config.h"
@@ -138,12 +139,13 @@ class block_pool {
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;
-    // The context is being destroyed or reset: its memory goes with it.  With give_back (the
-    // context still exists) gives back the virtual-memory segments, which outlive contexts, after
-    // a synchronize, unless a capture forbids it; then forgets every segment and block, and emits
-    // context_reset.  cuMemAlloc segments are left to the driver, which frees them with the
+    // The context ends: its memory goes with it.  Gives back the virtual-memory segments, which
+    // outlive contexts (`coming`: the context still exists, its work is waited for first; `past`:
+    // the driver ended it and its work already, and these calls need no context), unless a
+    // capture forbids it (`forget`: nothing goes back); then forgets every segment and block, and
+    // emits context_reset.  cuMemAlloc segments are left to the driver, which frees them with the
     // context.  The pool is usable afterwards.
-    void drop_all(bool give_back = true) noexcept;
+    void drop_all(context_end when = context_end::coming) noexcept;
     // Process exit: the driver may already be unloaded, and the OS reclaims device memory anyway,
     // so the pool leaks its segments and from now on never calls the backend again.  Late frees
     // (static destructors) still find their blocks; an allocation that the cache cannot serve

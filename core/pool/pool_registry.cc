@@ -69,7 +69,7 @@ pool_registry::slot* pool_registry::owner_of(uint64_t addr, block_pool::block_in
     return nullptr;
 }
 
-bool pool_registry::retire(uint64_t ctx, bool give_back) noexcept {
+bool pool_registry::retire(uint64_t ctx, context_end when) noexcept {
     if (ctx == 0 || count() == 0) return false;
     create_lock lk(create_lock_);  // no pool is made for this handle while it is being retired
     slot* s = find(ctx);
@@ -78,7 +78,7 @@ bool pool_registry::retire(uint64_t ctx, bool give_back) noexcept {
     // for all of it (a slow give-back included): a retired slot is reused for a new context, and
     // its pool must be empty by then.
     s->ctx.store(0, std::memory_order_release);
-    s->pool->drop_all(give_back);
+    s->pool->drop_all(when);
     return true;
 }
 

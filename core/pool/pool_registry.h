@@ -60,9 +60,9 @@ class pool_registry {
     // The pool holding addr (any address inside one of its segments), and its block.
     slot* owner_of(uint64_t addr, block_pool::block_info* bi) const noexcept;
     // The context ends: its slot stops matching (under the create lock, so no pool is made for
-    // the handle meanwhile), then its pool forgets its memory (drop_all; give_back: the context
-    // still exists, and the pool's virtual memory goes back first).  False if none.
-    bool retire(uint64_t ctx, bool give_back = true) noexcept;
+    // the handle meanwhile), then its pool gives back its virtual memory and forgets the rest
+    // (drop_all(when)).  False if none.
+    bool retire(uint64_t ctx, context_end when = context_end::coming) noexcept;
 
     // Switches every pool, present and future, to safe reuse once (block_pool::enter_safe_reuse,
     // drains included).  Returns only when the switch is complete, whoever made it: a thread that

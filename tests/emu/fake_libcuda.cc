@@ -159,6 +159,8 @@ counter g_counters[] = {
     {"cuIpcOpenMemHandle_v2", {0}},  // both names, cuIpcOpenMemHandle and _v2
     {"cuIpcCloseMemHandle", {0}}, {"cuStreamIsCapturing", {0}},
     {"unsafe_call_in_capture", {0}},  // cuMemAlloc/cuMemFree refused inside a capture (900)
+    {"cuMemCreate_made", {0}},        // the cuMemCreate calls that made a chunk
+    {"primary_context_ended", {0}}, {"cuDevicePrimaryCtxRelease", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -344,18 +346,51 @@ EMU_EXPORT CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice 
     }
     return CUDA_SUCCESS;
 }
+// Primary contexts are counted, as the driver counts them: each starts with one reference, the
+// program's setup (GPUMEM_EMU_PRIMARY_REFS=0: none, so that its own retains and releases decide),
+// and the release that takes the last ends it, its memory freed and its modules unloaded
+// (H200 run 116; its handle stays current on the thread, and a retain makes it anew).
+static void drop_device_memory(int dev);
+static void forget_modules(int dev);
+static std::atomic<int>* primary_refs() {
+    static std::atomic<int>* refs = [] {
+        auto* r = new std::atomic<int>[16];
+        const char* e = getenv("GPUMEM_EMU_PRIMARY_REFS");
+        for (int i = 0; i < 16; ++i) r[i].store(e && *e ? atoi(e) : 1);
+        return r;
+    }();
+    return refs;
+}
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    primary_refs()[d].fetch_add(1);
     *c = ctx_of(d);
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return CUDA_SUCCESS; }
-// Every primary context counts as active (retained by the program's setup).
+EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    int n = primary_refs()[d].load();
+    do {
+        if (n <= 0) return CUDA_ERROR_INVALID_CONTEXT;  // not retained
+    } while (!primary_refs()[d].compare_exchange_weak(n, n - 1));
+    if (n == 1) {
+        bump("primary_context_ended");
+        drop_device_memory(d);
+        forget_modules(d);
+    }
+    return CUDA_SUCCESS;
+}
+// The first ABI, what a static cudart calls at exit.
+EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v1(CUdevice d) __asm__("cuDevicePrimaryCtxRelease");
+EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v1(CUdevice d) {
+    bump("cuDevicePrimaryCtxRelease");
+    return cuDevicePrimaryCtxRelease_v2(d);
+}
 EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, int* active) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
     *flags = 0;
-    *active = 1;
+    *active = primary_refs()[d].load() > 0;
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
@@ -423,7 +458,6 @@ static void drop_device_memory(int dev) {
     }
     for (auto it = s.opened.begin(); it != s.opened.end();) it = it->second.dev == dev ? s.opened.erase(it) : std::next(it);
 }
-static void forget_modules(int dev);
 // The first ABIs (the names cuda.h renames): what a resolver asked for an old version hands out,
 // and what a static cudart 13 calls for cudaDeviceReset (H200 run 112).
 EMU_EXPORT CUresult cuCtxDestroy_v1(CUcontext c) __asm__("cuCtxDestroy");
@@ -949,6 +983,7 @@ EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, co
     vh.origin_handle = handle;
     s.handles[handle] = vh;
     *h = handle;
+    bump("cuMemCreate_made");
     return CUDA_SUCCESS;
 }
 // A real file descriptor (a memfd) naming the chunk's first owner; the caller owns and closes it.
@@ -1226,6 +1261,7 @@ const fn_entry k_functions[] = {
     {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},
     {"cuCtxDestroy", reinterpret_cast<void*>(&cuCtxDestroy_v1)},
     {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&cuDevicePrimaryCtxReset_v1)},
+    {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease_v1)},
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
@@ -1265,7 +1301,8 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, 
     std::string name = symbol;
     for (const auto& r : k_v2) {
         if (name != r.base) continue;
-        if (version < r.since && (name == "cuStreamBeginCapture" || name == "cuCtxDestroy" || name == "cuDevicePrimaryCtxReset"))
+        if (version < r.since && (name == "cuStreamBeginCapture" || name == "cuCtxDestroy" || name == "cuDevicePrimaryCtxReset" ||
+                                     name == "cuDevicePrimaryCtxRelease"))
             break;  // the first ABI is still there
         if (version < r.since) {
             *pfn = nullptr;

@@ -326,6 +326,38 @@ void reset_launch(bool v1) {
     printf("launch_after_reset_rc=%d\n", int(cuLaunchKernel(f, 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra)));
 }
 
+// A primary context's last release ends it (run with GPUMEM_EMU_PRIMARY_REFS=0, so that the
+// program's own retains and releases decide): three rounds of retain, fill the device with 4 MiB
+// blocks, free them all, release.  Without gpumem every round gets as many blocks as the first; a
+// pool that missed the end hands out again memory the driver freed (more), or keeps chunks from
+// the next context (fewer).  With `v1` the release is the first ABI, as a resolver hands it out
+// for an old version (a static cudart calls it at exit).  Prints the driver's chunk counts last.
+void release_cycle(bool v1) {
+    CHECK(cuInit(0));
+    using release_fn = CUresult (*)(CUdevice);
+    release_fn release = &cuDevicePrimaryCtxRelease;  // cuda.h names the _v2
+    if (v1) {
+        void* fn = nullptr;
+        CUdriverProcAddressQueryResult q;
+        CHECK(cuGetProcAddress_v2("cuDevicePrimaryCtxRelease", &fn, 10000, 0, &q));
+        release = reinterpret_cast<release_fn>(fn);
+    }
+    for (int r = 1; r <= 3; ++r) {
+        CUcontext c = nullptr;
+        CHECK(cuDevicePrimaryCtxRetain(&c, 0));
+        CHECK(cuCtxSetCurrent(c));
+        std::vector<CUdeviceptr> ps;
+        for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
+        for (auto p : ps) CHECK(cuMemFree(p));
+        CHECK(release(0));
+        unsigned flags = 0;
+        int active = -1;
+        CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        printf("round%d_blocks=%zu\nround%d_active=%d\n", r, ps.size(), r, active);
+    }
+    printf("chunks_made=%llu\nchunks_released=%llu\n", driver_count("cuMemCreate_made"), driver_count("cuMemRelease"));
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -897,6 +929,7 @@ int main(int argc, char** argv) {
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
     else if (s == "reset") reset();
+    else if (s == "release-cycle") release_cycle(argc > 2 && !strcmp(argv[2], "v1"));
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "order-loop") order_loop(argc > 2 ? atol(argv[2]) : 1000, argc > 3 ? size_t(atol(argv[3])) : 20u << 20);

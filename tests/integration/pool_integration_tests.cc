@@ -758,6 +758,35 @@ TEST_CASE("pool: after a context reset a function's launch is a first use again,
     }
 }
 
+TEST_CASE("pool: a primary context's last release ends it, and the pool forgets or gives back its memory") {
+    const std::map<std::string, std::string> bare_env = {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"}};
+    auto bare = values(run({EMU_POOL_APP, "release-cycle"}, bare_env, false).out);
+    REQUIRE(num(bare, "round1_blocks") >= 60);
+    CHECK(bare["round1_active"] == "0");  // the emulated driver ended it
+    CHECK(bare["round3_blocks"] == bare["round1_blocks"]);
+    for (const char* vmm : {"on", "off"})
+        for (const char* abi : {"v2", "v1"}) {  // v1: cuDevicePrimaryCtxRelease, what a static cudart calls
+            INFO("GPUMEM_POOL_VMM=" << vmm << " " << abi);
+            auto env = bare_env;
+            env["GPUMEM_POOL_VMM"] = vmm;
+            auto r = run({EMU_POOL_APP, "release-cycle", abi}, env);
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            auto v = values(r.out);
+            // Unseen, the cuMemAlloc pool handed out its freed segments again beside new ones.
+            for (const char* round : {"round2_blocks", "round3_blocks"}) CHECK(v[round] == bare["round1_blocks"]);
+            size_t resets = 0;
+            for (const auto& l : ls) resets += l["ev"] == "context_reset";
+            CHECK(resets == 3);
+            // Chunks outlive contexts: each end gives them back (kept, the next context's pool
+            // could not use them).
+            if (std::string(vmm) == "on") {
+                CHECK(num(v, "chunks_made") > 0);
+                CHECK(v["chunks_released"] == v["chunks_made"]);
+            }
+        }
+}
+
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
     auto r = run({EMU_POOL_APP, "query"}, {{"GPUMEM_POOL_VMM", "off"}});
     std::vector<json> ls;

@@ -592,14 +592,37 @@ TEST_CASE("context end during a capture: no synchronize and no unmap, the chunks
     CHECK(sink.events.back().ev == ev_kind::context_reset);
 }
 
-TEST_CASE("context end after the context is gone (give_back false): nothing is called", "[pool][vmm]") {
+TEST_CASE("context end after the driver ended it (past): chunks go back without a synchronize", "[pool][vmm]") {
+    // A primary context's last release: its work ended with it, and no context is left to sync.
+    fake_backend dev(512 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    uint64_t a = 0, b = 0;
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    int rc = -1;
+    REQUIRE(pool.deallocate(b, api_id::cuMemFree_v2, &rc));
+    REQUIRE(dev.in_use() > 0);
+    const uint64_t syncs = dev.sync_calls();
+    pool.drop_all(context_end::past);
+    CHECK(dev.sync_calls() == syncs);
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.mapped_chunks() == 0);
+    CHECK(dev.reservations() == 0);
+    CHECK(dev.bad_calls() == 0);
+    CHECK(sink.events.back().ev == ev_kind::context_reset);
+    CHECK(pool.snapshot().reserved == 0);
+}
+
+TEST_CASE("context end at process exit (forget): nothing is called", "[pool][vmm]") {
     fake_backend dev(512 * MiB);
     dev.set_vmm(2 * MiB);
     block_pool pool(vmm_config(), dev, nullptr, 0);
     uint64_t a = 0;
     REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
     const uint64_t held = dev.in_use(), syncs = dev.sync_calls(), unmaps = dev.unmap_calls();
-    pool.drop_all(false);
+    pool.drop_all(context_end::forget);
     CHECK(dev.sync_calls() == syncs);
     CHECK(dev.unmap_calls() == unmaps);
     CHECK(dev.in_use() == held);
