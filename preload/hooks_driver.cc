@@ -515,8 +515,7 @@ void pool_peer_enabled(CUcontext peer) noexcept;
 // `when`: whether the call that ends the context comes next or came (block_pool::drop_all).
 void pool_context_gone(CUcontext ctx, int dev, context_end when = context_end::coming) noexcept;
 bool context_is_primary(CUcontext ctx) noexcept;
-CUcontext primary_if_active(CUdevice dev) noexcept;
-bool pool_exit_begun() noexcept;
+CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice)) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
 void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept;
@@ -640,18 +639,12 @@ static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice 
 }
 // A primary context's last release ends it too (H200 run 116: its cuMemAlloc memory is freed, the
 // handle stays current; unseen, the pool handed that memory out again and the program's next fill
-// failed).  No call says which release is the last, so the handle is read while the context is
-// active, and the state asked after the answer.  Process exit: the runtime's exit handler makes
-// the last release, and the process's end frees every chunk anyway, so nothing is given back then.
+// failed).  pool_hooks.cc tells the last from the others.
 static CUresult primary_release(drv which, CUdevice dev) noexcept {
     auto f = real<CUresult (*)(CUdevice)>(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUcontext before = primary_if_active(dev);
-    const CUresult r = f(dev);
-    if (r == CUDA_SUCCESS && before && !primary_if_active(dev)) {
-        pool_context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
-        first_use_forget();
-    }
+    const CUresult r = pool_primary_release(dev, f);
+    if (r == CUDA_SUCCESS) first_use_forget();  // harmless after a release that was not the last
     return r;
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {

@@ -116,13 +116,15 @@ uint64_t current_context() noexcept {
     return uint64_t(uintptr_t(c));
 }
 
+bool is_ended_primary(uint64_t ctx) noexcept;  // below, with the contexts
+
 // The pool of the current context, made on first use.
 pool_registry::slot* current_slot() noexcept {
     static std::atomic<bool> said_full{false};
     const uint64_t ctx = current_context();
     if (!ctx) return nullptr;  // no context: the driver gives the program its own error
     if (pool_registry::slot* s = registry().find(ctx)) return s;
-    if (g_exiting.load()) return nullptr;
+    if (g_exiting.load() || is_ended_primary(ctx)) return nullptr;  // the driver answers for a dead context
     bool full = false;
     pool_registry::slot* s = registry().find_or_create(ctx, &full);
     if (full) GPUMEM_WARN_ONCE(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");
@@ -487,20 +489,70 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 // ---------------------------------------------------------------------------------------------
 // Contexts and captures.
 
-// The handle of dev's primary context while it is active, else nullptr (an inactive one has no
-// memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
-CUcontext primary_if_active(CUdevice dev) noexcept {
+namespace {
+
+// gpumem's own retain/release pairs (primary_if_active) and the hooked releases, one at a time: a
+// pair of gpumem's beside a program's last release on another thread could make the context anew
+// and end it itself, unseen by either (a review's emulated driver with delays: 27-40 of 300 rounds
+// kept their chunks, and gpumem made and ended 51-53 contexts of its own).
+std::mutex g_primary_mu;
+
+bool primary_active(CUdevice dev) noexcept {
     auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
-    auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
-    auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
     unsigned flags = 0;
     int active = 1;
-    if (get_state && get_state(dev, &flags, &active) == CUDA_SUCCESS && !active) return nullptr;
-    if (!retain || !release) return nullptr;
+    return !get_state || get_state(dev, &flags, &active) != CUDA_SUCCESS || active;
+}
+
+CUcontext primary_if_active_locked(CUdevice dev) noexcept {
+    auto retain = GPUMEM_REAL(cuDevicePrimaryCtxRetain);
+    auto release = GPUMEM_REAL(cuDevicePrimaryCtxRelease_v2);
+    if (!primary_active(dev) || !retain || !release) return nullptr;
     CUcontext primary = nullptr;
     if (retain(&primary, dev) != CUDA_SUCCESS) return nullptr;
     release(dev);
     return primary;
+}
+
+// Primary contexts a last release ended, by device.  Their handle stays current on the thread
+// (H200 run 116), and a pool made for it would serve from chunks no context owns where the driver
+// would refuse; so none is made while the device's primary context is inactive, and the entry goes
+// once it is active again (a retain may give the new one the same handle).
+constexpr int k_tracked_devices = 64;
+std::atomic<uint64_t> g_ended_primary[k_tracked_devices];
+
+bool is_ended_primary(uint64_t ctx) noexcept {
+    for (int d = 0; d < k_tracked_devices; ++d) {
+        if (g_ended_primary[d].load(std::memory_order_acquire) != ctx) continue;
+        if (!primary_active(CUdevice(d))) return true;
+        g_ended_primary[d].store(0, std::memory_order_release);
+    }
+    return false;
+}
+
+}  // namespace
+
+// The handle of dev's primary context while it is active, else nullptr (an inactive one has no
+// memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
+CUcontext primary_if_active(CUdevice dev) noexcept {
+    std::lock_guard<std::mutex> lk(g_primary_mu);
+    return primary_if_active_locked(dev);
+}
+
+void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept;
+
+// A primary context's release, by `release` (either ABI).  No call says which release is the last,
+// so the handle is read before it, while the context is active, and only the state after it (a
+// retain then would make the context anew).  If it ended, its pool is retired after the driver's
+// end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
+CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice)) noexcept {
+    std::unique_lock<std::mutex> lk(g_primary_mu);
+    const CUcontext before = primary_if_active_locked(dev);
+    const CUresult r = release(dev);
+    if (r != CUDA_SUCCESS || !before || primary_active(dev)) return r;
+    if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
+    pool_context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
+    return r;
 }
 
 bool context_is_primary(CUcontext ctx) noexcept {

@@ -2127,7 +2127,9 @@ void block_pool::drop_all(context_end when) noexcept {
     // in global mode) forbids the synchronize and the unmaps: then leaked.
     bool any_vmm = false;
     for (auto& [base, s] : segments_) any_vmm |= s->vmm();
-    if (when != context_end::forget && any_vmm && !exiting_ && !poisoned_ && can_sync()) {
+    // After the end only gpumem's own capture count is asked: the driver has no context to ask.
+    const bool may = when == context_end::past ? !exiting_ && backend_.may_synchronize_again() : can_sync();
+    if (when != context_end::forget && any_vmm && !poisoned_ && may) {
         if (when == context_end::coming) backend_.synchronize();  // a broken context still gets its memory back
         for (auto& [base, s] : segments_)
             if (s->stitched()) {  // the second mappings first: the lenders' release frees the chunks

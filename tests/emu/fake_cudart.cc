@@ -26,6 +26,7 @@ struct driver_table {
     gpa_t gpa = nullptr;
     CUresult (*init)(unsigned) = nullptr;
     CUresult (*retain)(CUcontext*, CUdevice) = nullptr;
+    CUresult (*release)(CUdevice) = nullptr;
     CUresult (*set_current)(CUcontext) = nullptr;
     CUresult (*sync)() = nullptr;
     CUresult (*mem_get_info)(size_t*, size_t*) = nullptr;
@@ -63,6 +64,7 @@ void init_once() {
     g_drv.gpa = reinterpret_cast<gpa_t>(self);
     get("cuInit", &g_drv.init, 2000);
     get("cuDevicePrimaryCtxRetain", &g_drv.retain, 7000);
+    get("cuDevicePrimaryCtxRelease", &g_drv.release, 7000);  // the first ABI, as a static cudart 13's
     get("cuCtxSetCurrent", &g_drv.set_current, 4000);
     get("cuCtxSynchronize", &g_drv.sync, 2000);
     get("cuMemGetInfo", &g_drv.mem_get_info, 3020);
@@ -78,6 +80,9 @@ void init_once() {
     CUcontext ctx = nullptr;
     if (!g_drv.retain || g_drv.retain(&ctx, 0) != CUDA_SUCCESS) return;
     if (!g_drv.set_current || g_drv.set_current(ctx) != CUDA_SUCCESS) return;
+    // The runtime's reference goes at exit, from a handler registered now, before the program's
+    // first allocation (the last reference when GPUMEM_EMU_PRIMARY_REFS=0: the context ends then).
+    if (g_drv.release) atexit([] { g_drv.release(0); });
     g_drv.ok = true;
 }
 

@@ -279,6 +279,15 @@ EMU_EXPORT uint64_t gpumem_emu_live_vmm(const char* what) {
     return 0;
 }
 
+// GPUMEM_EMU_EXIT_COUNTS=1: this library's destructor, after every atexit handler, prints what the
+// exit cost the driver (chunks released, primary contexts ended) to stderr.
+__attribute__((destructor)) static void counts_at_exit() {
+    const char* e = getenv("GPUMEM_EMU_EXIT_COUNTS");
+    if (!e || strcmp(e, "1") != 0) return;
+    fprintf(stderr, "emu_exit cuMemRelease=%llu primary_context_ended=%llu\n",
+            (unsigned long long)gpumem_emu_count("cuMemRelease"), (unsigned long long)gpumem_emu_count("primary_context_ended"));
+}
+
 // ---- Initialisation, devices, contexts ------------------------------------------------------------
 // GPUMEM_EMU_LATE_ALLOC=N: N alloc/free pairs of 4 KiB from this library's destructor, through the
 // cuMemAlloc_v2/cuMemFree_v2 the process finds first (gpumem's, under LD_PRELOAD), in the current

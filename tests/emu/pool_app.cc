@@ -332,6 +332,8 @@ void reset_launch(bool v1) {
 // pool that missed the end hands out again memory the driver freed (more), or keeps chunks from
 // the next context (fewer).  With `v1` the release is the first ABI, as a resolver hands it out
 // for an old version (a static cudart calls it at exit).  Prints the driver's chunk counts last.
+int emu_access(CUdeviceptr p, int dev);  // below, with peer access
+
 void release_cycle(bool v1) {
     CHECK(cuInit(0));
     using release_fn = CUresult (*)(CUdevice);
@@ -342,20 +344,38 @@ void release_cycle(bool v1) {
         CHECK(cuGetProcAddress_v2("cuDevicePrimaryCtxRelease", &fn, 10000, 0, &q));
         release = reinterpret_cast<release_fn>(fn);
     }
+    unsigned long long syncs_in_last_release = 0;
     for (int r = 1; r <= 3; ++r) {
         CUcontext c = nullptr;
         CHECK(cuDevicePrimaryCtxRetain(&c, 0));
+        CHECK(cuDevicePrimaryCtxRetain(&c, 0));  // a second reference: its release is not the last
         CHECK(cuCtxSetCurrent(c));
+        CUdeviceptr live = 0;
+        CHECK(cuMemAlloc(&live, 1u << 20));
+        CHECK(release(0));
+        // The context lives on, and so must the block and its pool.
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        const int range_rc = int(cuMemGetAddressRange(&base, &size, live));
+        printf("round%d_live_after_first_release=%d\n", r, int(range_rc == 0 && base == live && emu_access(live, 0)));
+        CHECK(cuMemFree(live));
         std::vector<CUdeviceptr> ps;
         for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
         for (auto p : ps) CHECK(cuMemFree(p));
+        const unsigned long long syncs = driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize");
         CHECK(release(0));
+        syncs_in_last_release += driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize") - syncs;
         unsigned flags = 0;
         int active = -1;
         CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
         printf("round%d_blocks=%zu\nround%d_active=%d\n", r, ps.size(), r, active);
     }
-    printf("chunks_made=%llu\nchunks_released=%llu\n", driver_count("cuMemCreate_made"), driver_count("cuMemRelease"));
+    printf("chunks_made=%llu\nchunks_released=%llu\nsyncs_in_last_release=%llu\n", driver_count("cuMemCreate_made"),
+           driver_count("cuMemRelease"), syncs_in_last_release);
+    // The ended context's handle is still current: an allocation there is the driver's to answer
+    // (this emulated driver serves it), never a new pool's.
+    CUdeviceptr dead = 0;
+    printf("dead_alloc_rc=%d\n", int(cuMemAlloc(&dead, 1u << 20)));
 }
 
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every

@@ -775,9 +775,19 @@ TEST_CASE("pool: a primary context's last release ends it, and the pool forgets 
             auto v = values(r.out);
             // Unseen, the cuMemAlloc pool handed out its freed segments again beside new ones.
             for (const char* round : {"round2_blocks", "round3_blocks"}) CHECK(v[round] == bare["round1_blocks"]);
-            size_t resets = 0;
-            for (const auto& l : ls) resets += l["ev"] == "context_reset";
-            CHECK(resets == 3);
+            size_t resets = 0, pooled_after_end = 0;
+            bool ended = false;
+            for (const auto& l : ls) {
+                resets += l["ev"] == "context_reset";
+                if (resets == 3) ended = true;
+                if (ended && l["ev"] == "alloc" && l.value("pooled", false)) ++pooled_after_end;
+            }
+            CHECK(resets == 3);  // the releases that were not the last retired nothing
+            for (const char* round : {"round1_live_after_first_release", "round3_live_after_first_release"})
+                CHECK(v[round] == "1");
+            CHECK(v["syncs_in_last_release"] == "0");  // the driver ended the work with the context
+            CHECK(v["dead_alloc_rc"] == "0");
+            CHECK(pooled_after_end == 0);  // the dead handle's allocation passed through
             // Chunks outlive contexts: each end gives them back (kept, the next context's pool
             // could not use them).
             if (std::string(vmm) == "on") {
@@ -785,6 +795,24 @@ TEST_CASE("pool: a primary context's last release ends it, and the pool forgets 
                 CHECK(v["chunks_released"] == v["chunks_made"]);
             }
         }
+}
+
+TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
+    // The emulated runtime releases its reference from an atexit handler registered before the
+    // first allocation; with no other reference that release ends the context during exit.
+    for (const char* refs : {"0", "1"}) {
+        INFO("GPUMEM_EMU_PRIMARY_REFS=" << refs);
+        auto r = run({EMU_RT_SHARED_APP, "basic"}, {{"GPUMEM_EMU_PRIMARY_REFS", refs}, {"GPUMEM_EMU_EXIT_COUNTS", "1"}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const bool last = std::string(refs) == "0";
+        CHECK(r.err.find(std::string("primary_context_ended=") + (last ? "1" : "0")) != std::string::npos);
+        // Giving back every chunk at exit would cost tens of thousands of calls on a full GPU.
+        CHECK(r.err.find("emu_exit cuMemRelease=0 ") != std::string::npos);
+        CHECK(count_ev(ls, "context_reset") == (last ? 1u : 0u));
+        REQUIRE_FALSE(ls.empty());
+        CHECK(ls.back()["ev"] == "end");
+    }
 }
 
 TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem handles, bad frees fail like the driver's") {
