@@ -486,6 +486,21 @@ void event_log::account(event& e, bool from_signal) noexcept {
         case ev_kind::alloc_fail:
             totals_.n_fail++;
             break;
+        case ev_kind::context_reset: {
+            // The device's allocations died with its context (docs/log-format.md, layout rule 6);
+            // the analyzer drops them there too, so the end line's live counts agree with it.
+            if (from_signal || e.dev < 0) break;
+            for (auto it = live_.begin(); it != live_.end();) {
+                if (it->second.dev != e.dev) {
+                    ++it;
+                    continue;
+                }
+                if (totals_.live_allocs) totals_.live_allocs--;
+                totals_.live_bytes -= it->second.size < totals_.live_bytes ? it->second.size : totals_.live_bytes;
+                it = live_.erase(it);
+            }
+            break;
+        }
         default:
             break;
     }

@@ -362,6 +362,8 @@ void release_cycle(bool v1) {
         std::vector<CUdeviceptr> ps;
         for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
         for (auto p : ps) CHECK(cuMemFree(p));
+        CUdeviceptr orphan = 0;  // never freed: it dies with the context
+        CHECK(cuMemAlloc(&orphan, 1u << 20));
         const unsigned long long syncs = driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize");
         CHECK(release(0));
         syncs_in_last_release += driver_count("cuCtxSynchronize") + driver_count("cuEventSynchronize") - syncs;
