@@ -515,7 +515,7 @@ void pool_peer_enabled(CUcontext peer) noexcept;
 // `when`: whether the call that ends the context comes next or came (block_pool::drop_all).
 void pool_context_gone(CUcontext ctx, int dev, context_end when = context_end::coming) noexcept;
 bool context_is_primary(CUcontext ctx) noexcept;
-CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice)) noexcept;
+CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
 void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept;
@@ -643,8 +643,9 @@ static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice 
 static CUresult primary_release(drv which, CUdevice dev) noexcept {
     auto f = real<CUresult (*)(CUdevice)>(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = pool_primary_release(dev, f);
-    if (r == CUDA_SUCCESS) first_use_forget();  // harmless after a release that was not the last
+    bool ended = false;
+    const CUresult r = pool_primary_release(dev, f, &ended);
+    if (ended) first_use_forget();  // a release that was not the last leaves every load in place
     return r;
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {

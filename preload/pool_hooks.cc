@@ -530,8 +530,6 @@ bool is_ended_primary(uint64_t ctx) noexcept {
     return false;
 }
 
-}  // namespace
-
 // The handle of dev's primary context while it is active, else nullptr (an inactive one has no
 // memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
 CUcontext primary_if_active(CUdevice dev) noexcept {
@@ -539,21 +537,7 @@ CUcontext primary_if_active(CUdevice dev) noexcept {
     return primary_if_active_locked(dev);
 }
 
-void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept;
-
-// A primary context's release, by `release` (either ABI).  No call says which release is the last,
-// so the handle is read before it, while the context is active, and only the state after it (a
-// retain then would make the context anew).  If it ended, its pool is retired after the driver's
-// end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
-CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice)) noexcept {
-    std::unique_lock<std::mutex> lk(g_primary_mu);
-    const CUcontext before = primary_if_active_locked(dev);
-    const CUresult r = release(dev);
-    if (r != CUDA_SUCCESS || !before || primary_active(dev)) return r;
-    if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
-    pool_context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
-    return r;
-}
+}  // namespace
 
 bool context_is_primary(CUcontext ctx) noexcept {
     auto push = GPUMEM_REAL(cuCtxPushCurrent_v2);
@@ -578,6 +562,22 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     streams().forget_context(uint64_t(uintptr_t(ctx)));
     if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(ctx)))) ipc_pool_dropped(s->pool);
     registry().retire(uint64_t(uintptr_t(ctx)), when);
+}
+
+// A primary context's release, by `release` (either ABI).  No call says which release is the last,
+// so the handle is read before it, while the context is active, and only the state after it (a
+// retain then would make the context anew).  If it ended (*ended), its pool is retired after the
+// driver's end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
+CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept {
+    *ended = false;
+    std::unique_lock<std::mutex> lk(g_primary_mu);
+    const CUcontext before = primary_if_active_locked(dev);
+    const CUresult r = release(dev);
+    if (r != CUDA_SUCCESS || !before || primary_active(dev)) return r;
+    *ended = true;
+    if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
+    pool_context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
+    return r;
 }
 
 // Called before the driver opens a capture, under the stream set's lock: a fence being recorded

@@ -335,7 +335,7 @@ void reset_launch(bool v1) {
 int emu_access(CUdeviceptr p, int dev);  // below, with peer access
 
 void release_cycle(bool v1) {
-    CHECK(cuInit(0));
+    CHECK(cuInit(0));  // before the resolver below; setup() inits again, harmlessly
     using release_fn = CUresult (*)(CUdevice);
     release_fn release = &cuDevicePrimaryCtxRelease;  // cuda.h names the _v2
     if (v1) {
@@ -346,10 +346,8 @@ void release_cycle(bool v1) {
     }
     unsigned long long syncs_in_last_release = 0;
     for (int r = 1; r <= 3; ++r) {
-        CUcontext c = nullptr;
-        CHECK(cuDevicePrimaryCtxRetain(&c, 0));
+        CUcontext c = setup();
         CHECK(cuDevicePrimaryCtxRetain(&c, 0));  // a second reference: its release is not the last
-        CHECK(cuCtxSetCurrent(c));
         CUdeviceptr live = 0;
         CHECK(cuMemAlloc(&live, 1u << 20));
         CHECK(release(0));
