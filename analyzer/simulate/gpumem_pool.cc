@@ -45,6 +45,8 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
         }
         // A pooled run whose header has no pool_vmm predates the knob: its segments were cuMemAlloc's.
         if (env.count("pool") && env["pool"] == "on" && !env.count("pool_vmm")) env["pool_vmm"] = "off";
+        // And one that stitched with no pool_stitch_keep kept no stitched range.
+        if (env.count("pool_stitch") && !env.count("pool_stitch_keep")) env["pool_stitch_keep"] = "0";
     }
     // The knobs an override may set: the pool's env vars as header keys (GPUMEM_POOL_ROUND ->
     // pool_round).  Any other name would be read by nothing, and the replay would quietly run

@@ -308,6 +308,8 @@ void block_pool::backend_release(segment* s) noexcept {
         backend_.segment_free(s->base);
         return;
     }
+    // A chunk still mapped a second time would stay allocated after its release.
+    drop_aliases(0, true);
     // The mapped chunks (the unmapped ones went back earlier), then the address space.
     for_each_mapped_run(s->chunks, [&](size_t i, size_t n) {
         backend_.unmap_chunks(s->base + i * chunk_, chunk_, n, &s->chunks[i]);
@@ -607,120 +609,274 @@ block_pool::block* block_pool::carve(block* b, uint64_t lo, uint64_t hi, block_s
 // GMLake (ASPLOS'24) serves a request that no free block fits from the free physical chunks that
 // lie scattered between live blocks, mapped once more into one new virtual range; the chunks stay
 // mapped where they were (their old range is only marked lent), so a stitch costs a map per chunk
-// and no cuMemCreate/cuMemRelease, and the stitched segment stays, serving later requests as any
-// segment does, until memory is short or its chunks are wanted for a bigger stitch.
+// and no cuMemCreate/cuMemRelease.  The range outlives its segment (an alias, kept idle): the next
+// stitch on it remaps only the positions whose chunks are no longer free.
 block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
     const uint64_t need = round_up(asize, chunk_);
     const size_t n = need / chunk_;
-    // The free blocks with whole chunks, smallest first: the pieces no request fits are the ones
-    // worth lending; a larger free block left whole may still serve one.
-    auto gather = [&](std::vector<std::pair<block*, uint64_t>>& from) {
-        from.clear();
-        uint64_t have = 0;
+    // A chunk is lendable where its whole first mapping lies in a free block of a plain VMM
+    // segment of pool p, still mapping the same handle.
+    auto lendable = [&](uint64_t a, uint64_t h) -> bool {
+        auto it = blocks_.upper_bound(a);
+        if (it == blocks_.begin()) return false;
+        const block* b = std::prev(it)->second;
+        const segment* s = b->seg;
+        return b->state == block_state::free && s->pool == p && s->vmm() && !s->stitched() &&
+               a + chunk_ <= b->addr + b->size && s->chunks[(a - s->base) / chunk_] == h;
+    };
+    // The plan: the alias (nullptr: a new one), and each position's chunk, src[i] at handle h[i];
+    // keep[i]: the alias maps it there already.
+    alias* al = nullptr;
+    std::vector<uint64_t> src, h;
+    std::vector<char> keep;
+    auto plan = [&]() -> bool {
+        src.assign(n, 0);
+        h.assign(n, 0);
+        keep.assign(n, 0);
+        al = nullptr;
+        size_t best = 0;
+        // Remapping a position unmaps it first, which, like a dissolve, waits for no device work:
+        // only outside a capture (the stale chunk's new owner may be in one: its work goes on).
+        const bool may_unmap = !aliases_.empty() && can_sync();
+        for (alias& a : aliases_) {
+            if (a.user || a.va < need) continue;
+            size_t valid = 0, stale = 0;
+            for (size_t i = 0; i < n && i < a.handles.size(); ++i)
+                lendable(a.src[i], a.handles[i]) ? ++valid : ++stale;
+            if ((stale && !may_unmap) || valid <= best) continue;
+            best = valid;
+            al = &a;
+        }
+        std::vector<uint64_t> used;  // the kept positions' chunks, sorted: not lent twice
+        if (al) {
+            std::vector<std::pair<uint64_t, size_t>> cand;  // {chunk, position}
+            for (size_t i = 0; i < n && i < al->handles.size(); ++i)
+                if (lendable(al->src[i], al->handles[i])) cand.emplace_back(al->src[i], i);
+            // One chunk may sit at two positions (a tail position's chunk was lent to a lower one
+            // by a shorter stitch): it is kept at one, and the other is remapped.
+            std::sort(cand.begin(), cand.end());
+            for (size_t k = 0; k < cand.size(); ++k) {
+                if (k && cand[k].first == cand[k - 1].first) continue;
+                const size_t i = cand[k].second;
+                keep[i] = 1;
+                src[i] = al->src[i];
+                h[i] = al->handles[i];
+                used.push_back(src[i]);
+            }
+        }
+        // The other positions: whole chunks of the free blocks, smallest first (the pieces no
+        // request fits are the ones worth lending; a larger free block left whole may still serve
+        // one), each from its low end.
+        size_t i = 0;
+        auto next_slot = [&] {
+            while (i < n && keep[i]) ++i;
+        };
+        next_slot();
         block key;
         key.size = chunk_;
-        for (auto it = free_[pool_index(p)].lower_bound(&key); it != free_[pool_index(p)].end() && have < need; ++it) {
-            block* b = *it;
-            segment* s = b->seg;
+        for (auto it = free_[pool_index(p)].lower_bound(&key); it != free_[pool_index(p)].end() && i < n; ++it) {
+            const block* b = *it;
+            const segment* s = b->seg;
             if (!s->vmm() || s->stitched()) continue;
             const uint64_t lo = s->base + round_up(b->addr - s->base, chunk_);
             const uint64_t hi = s->base + (b->addr + b->size - s->base) / chunk_ * chunk_;
-            if (hi <= lo) continue;
-            const uint64_t take = std::min(hi - lo, need - have);
-            from.emplace_back(b, take);
-            have += take;
+            for (uint64_t c = lo; c < hi && i < n; c += chunk_) {
+                if (std::binary_search(used.begin(), used.end(), c)) continue;
+                src[i] = c;
+                h[i] = s->chunks[(c - s->base) / chunk_];
+                ++i;
+                next_slot();
+            }
         }
-        return have;
+        return i >= n;
     };
-    std::vector<std::pair<block*, uint64_t>> from;
-    uint64_t have = 0;
     try {
-        have = gather(from);
+        bool enough = plan();
+        // Too few: the chunks of wholly free stitched segments go back to their lenders first.
+        if (!enough && dissolve_free_stitched(api)) enough = plan();
+        if (!enough) return nullptr;
     } catch (...) {
-        return nullptr;  // no host memory for the list: nothing changed, grow instead
+        return nullptr;  // no host memory for the lists: nothing changed, grow instead
     }
-    // Too few: the chunks of wholly free stitched segments go back to their lenders first.
-    if (have < need && dissolve_free_stitched(api)) {
-        try {
-            have = gather(from);
-        } catch (...) {
-            return nullptr;
-        }
-    }
-    if (have < need) return nullptr;
 
     segment* st = new (std::nothrow) segment{};
     if (!st) return nullptr;
-    uint64_t base = 0;
+    std::vector<uint64_t> runs;  // the lent ranges' first chunks, by address
     try {
-        st->chunks.reserve(n);
-        st->lent.reserve(from.size());
+        st->chunks = h;
+        runs = src;
+        std::sort(runs.begin(), runs.end());
+        if (!al) aliases_.emplace_back();  // reserved below; popped again on failure
     } catch (...) {
         delete st;
         return nullptr;
     }
-    if (backend_.va_reserve(need, &base) != k_cuda_success) {
-        delete st;
-        return nullptr;
+    const bool fresh = !al;
+    if (fresh) {
+        al = &aliases_.back();
+        // Twice the request: a later, larger request of a training loop with varying shapes
+        // fits in it too.  Address space is cheap; the alias is capped in number, not size.
+        al->va = round_up(2 * need, chunk_);
+        if (backend_.va_reserve(al->va, &al->base) != k_cuda_success) {
+            aliases_.pop_back();
+            delete st;
+            return nullptr;
+        }
     }
-    // Lend the chunks: each source's whole chunks from its low end.  The blocks' first mapping
-    // stays; only the pool's view changes, so undoing it needs no backend call.
+    auto drop_fresh = [&] {
+        if (fresh) {
+            backend_.va_free(al->base, al->va);
+            aliases_.pop_back();
+        }
+    };
+    // Lend the chunks: each run of adjacent chunks within one free block is carved out as one lent
+    // block.  The blocks' first mapping stays; only the pool's view changes, so undoing it needs no
+    // backend call.
     auto unlend = [&] {  // back to the free blocks they were (make_free merges them again)
         for (block* l : st->lent) make_free(l);
-        backend_.va_free(base, need);
-        delete st;
+        st->lent.clear();
     };
     try {
-        for (auto& [b, take] : from) {
-            segment* s = b->seg;
-            const uint64_t lo = s->base + round_up(b->addr - s->base, chunk_);
-            block* l = carve(b, lo, lo + take, block_state::lent);  // b unchanged if it throws
+        st->lent.reserve(runs.size());
+        for (size_t k = 0; k < runs.size();) {
+            const uint64_t lo = runs[k];
+            block* b = std::prev(blocks_.upper_bound(lo))->second;  // free, holds lo (plan)
+            size_t e = k + 1;
+            while (e < runs.size() && runs[e] == runs[e - 1] + chunk_ && runs[e] + chunk_ <= b->addr + b->size) ++e;
+            block* l = carve(b, lo, runs[e - 1] + chunk_, block_state::lent);  // b unchanged if it throws
             st->lent.push_back(l);  // reserved: cannot throw
-            for (uint64_t a = lo; a < lo + take; a += chunk_) st->chunks.push_back(s->chunks[(a - s->base) / chunk_]);
+            k = e;
         }
     } catch (...) {
         unlend();  // no host memory halfway: what was lent goes back, and the request grows instead
+        drop_fresh();
+        delete st;
         return nullptr;
     }
-    block* b = new_block();
-    if (!b || backend_.map_alias(base, chunk_, n, st->chunks.data()) != k_cuda_success) {
-        if (b) recycle(b);
+    // The driver: positions that map another chunk are unmapped, then every position not kept is
+    // mapped, in runs.  A refusal drops the whole alias (what is mapped of it unmapped).
+    uint64_t mapped_now = 0;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok;) {
+        if (keep[i]) {
+            ++i;
+            continue;
+        }
+        size_t e = i + 1;
+        while (e < n && !keep[e]) ++e;
+        const size_t old_end = std::min(e, al->handles.size());
+        if (i < old_end) {  // stale positions: their chunks serve someone else now
+            if (backend_.unmap_alias(al->base + i * chunk_, chunk_, old_end - i) != k_cuda_success) ok = false;
+            for (size_t k = i; k < old_end; ++k) al->handles[k] = 0;
+        }
+        if (ok && al->handles.size() < e) {
+            try {
+                al->handles.resize(e, 0);
+                al->src.resize(e, 0);
+            } catch (...) {
+                ok = false;
+            }
+        }
+        if (ok && backend_.map_alias(al->base + i * chunk_, chunk_, e - i, &h[i]) != k_cuda_success) ok = false;
+        if (ok) {
+            for (size_t k = i; k < e; ++k) al->handles[k] = h[k], al->src[k] = src[k];
+            mapped_now += e - i;
+        }
+        i = e;
+    }
+    block* b = ok ? new_block() : nullptr;
+    if (!b) {
         unlend();
+        unmap_alias_from(*al, 0);  // frees its address space; a kept alias's slot goes too
+        aliases_.erase(aliases_.begin() + (al - aliases_.data()));
+        delete st;
         return nullptr;
     }
-    st->base = base;
+    st->base = al->base;
     st->size = need;
     st->mapped = need;
     st->pool = p;
     st->first = b;
-    b->addr = base;
+    b->addr = st->base;
     b->size = need;
     b->seg = st;
     b->state = block_state::free;
     bool in_segments = false, in_blocks = false;
     try {
-        segments_.emplace(base, st);
+        segments_.emplace(st->base, st);
         in_segments = true;
         addr_insert(b);
         in_blocks = true;
         free_insert(b);
     } catch (...) {
         if (in_blocks) addr_erase(b);
-        if (in_segments) segments_.erase(base);
-        backend_.unmap_alias(base, chunk_, n);
+        if (in_segments) segments_.erase(st->base);
         recycle(b);
         unlend();
+        al->used = stitches_;  // idle again, mapped as planned: still worth keeping
+        delete st;
         return nullptr;
     }
+    al->user = st;
+    al->used = ++stitches_;
     free_bytes_ += need;
     // Logged as a move: the lent ranges leave (segment_unmap), the stitched range arrives
     // (segment_alloc), so the log's reserved bytes stay the physical ones (docs/log-format.md).
     for (block* l : st->lent) emit_chunks(api, l->seg, l->addr, l->size);
     emit_segment(ev_kind::segment_alloc, api, st);
-    ++stitches_;
     ++n_stitched_;
-    stitched_chunks_ += n;
+    stitched_chunks_ += mapped_now;
+    if (!fresh) ++alias_reuses_;
     return b;
+}
+
+size_t block_pool::kept_ranges() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    size_t n = 0;
+    for (const alias& a : aliases_) n += !a.user;
+    return n;
+}
+
+block_pool::alias* block_pool::alias_of(const segment* st) noexcept {
+    for (alias& a : aliases_)
+        if (a.user == st) return &a;
+    return nullptr;
+}
+
+void block_pool::unmap_alias_from(alias& a, size_t from) noexcept {
+    bool ok = true;
+    for (size_t i = from; i < a.handles.size();) {
+        if (!a.handles[i]) {
+            ++i;
+            continue;
+        }
+        size_t e = i + 1;
+        while (e < a.handles.size() && a.handles[e]) ++e;
+        // A refusal (a context the driver has broken) leaves a chunk mapped twice, which must
+        // then never be released: from now on the pool releases no chunk (alias_stuck_).
+        if (backend_.unmap_alias(a.base + i * chunk_, chunk_, e - i) != k_cuda_success) ok = false;
+        i = e;
+    }
+    alias_stuck_ |= !ok;
+    a.handles.resize(from);  // shrinks: cannot throw
+    a.src.resize(from);
+    if (!from && ok) backend_.va_free(a.base, a.va);  // else leaked with what is still mapped in it
+}
+
+void block_pool::drop_aliases(size_t idle_keep, bool tails) noexcept {
+    size_t idle = 0;
+    for (const alias& a : aliases_) idle += !a.user;
+    while (idle > idle_keep) {
+        auto oldest = aliases_.end();
+        for (auto it = aliases_.begin(); it != aliases_.end(); ++it)
+            if (!it->user && (oldest == aliases_.end() || it->used < oldest->used)) oldest = it;
+        unmap_alias_from(*oldest, 0);
+        aliases_.erase(oldest);
+        --idle;
+    }
+    if (tails)
+        for (alias& a : aliases_)
+            if (a.user) unmap_alias_from(a, a.user->size / chunk_);
 }
 
 void block_pool::dissolve(segment* st, api_id api) {
@@ -731,10 +887,12 @@ void block_pool::dissolve(segment* st, api_id api) {
     nodes.reserve(st->lent.size());
     for (block* l : st->lent) nodes.push_back(fs.extract(fs.insert(l).first));  // l is in no free set
     block* b = st->first;  // wholly free: one block
-    // The second mapping goes before any lender is free again.  A driver that refuses has a broken
-    // context: the stitched segment stays out of service (its block lent, never handed out) and
-    // its lenders stay lent, so no chunk is released while it may still be mapped twice.
-    if (backend_.unmap_alias(st->base, chunk_, st->chunks.size()) != k_cuda_success) {
+    alias* al = alias_of(st);
+    // Kept mapped (idle) for the next stitch, or unmapped before any lender is free again.  A
+    // driver that refuses the unmap has a broken context: the stitched segment stays out of
+    // service (its block lent, never handed out) and its lenders stay lent, so no chunk is
+    // released while it may still be mapped twice.
+    if (!cfg_.stitch_keep && backend_.unmap_alias(st->base, chunk_, st->chunks.size()) != k_cuda_success) {
         free_erase(b);
         free_bytes_ -= b->size;
         b->state = block_state::lent;
@@ -742,7 +900,14 @@ void block_pool::dissolve(segment* st, api_id api) {
     }
     // Logged before the address space goes back: after va_free the range may be anyone's.
     emit_segment(ev_kind::segment_free, api, st);
-    backend_.va_free(st->base, st->size);
+    if (al) {
+        al->user = nullptr;
+        if (!cfg_.stitch_keep) {
+            std::fill(al->handles.begin(), al->handles.begin() + ptrdiff_t(std::min(al->handles.size(), st->chunks.size())), 0);
+            unmap_alias_from(*al, 0);  // a tail past the segment, then the address space
+            aliases_.erase(aliases_.begin() + (al - aliases_.data()));
+        }
+    }
     free_erase(b);
     free_bytes_ -= b->size;
     addr_erase(b);
@@ -759,6 +924,7 @@ void block_pool::dissolve(segment* st, api_id api) {
     delete st;
     --n_stitched_;
     ++dissolves_;
+    drop_aliases(cfg_.stitch_keep, false);
 }
 
 bool block_pool::dissolve_free_stitched(api_id api) {
@@ -780,8 +946,9 @@ bool block_pool::dissolve_free_stitched(api_id api) {
     return !idle.empty();
 }
 
-void block_pool::stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept {
+void block_pool::stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved, uint64_t* reused) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    if (reused) *reused = alias_reuses_;
     if (made) *made = stitches_;
     if (chunks) *chunks = stitched_chunks_;
     if (dissolved) *dissolved = dissolves_;
@@ -1751,8 +1918,9 @@ bool block_pool::settle_frees(api_id api) {
 void block_pool::release_free_segments(api_id api, uint64_t want) {
     // Idle: every block free or unmapped.  A stitched segment's chunks are its lenders': it is
     // dissolved (OOM path), never released here.
-    auto idle = [](const segment* s) {
-        if (s->stitched()) return false;
+    drop_aliases(0, true);  // a chunk still mapped a second time would stay allocated after its release
+    auto idle = [this](const segment* s) {
+        if (s->stitched() || (s->vmm() && alias_stuck_)) return false;
         for (const block* b = s->first; b; b = b->next)
             if (b->state != block_state::free && b->state != block_state::unmapped) return false;
         return true;
@@ -1830,6 +1998,8 @@ bool block_pool::release_segment(segment* s, api_id api) {
 // a wait for every stream since the last free made for immediate reuse).
 uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* keep, bool part) {
     uint64_t given = 0;
+    drop_aliases(0, true);  // a chunk still mapped a second time would stay allocated after its release
+    if (alias_stuck_) return 0;
     for (auto& [base, s] : segments_) {
         if (!s->vmm() || s->mapped == 0 || s->stitched()) continue;  // a stitched segment's chunks are lent to it
         for (block* b = s->first; b; b = b->next) {
@@ -1931,6 +2101,7 @@ void block_pool::release_cached() noexcept {
         if (!pending_.empty() && !poisoned_) reclaim(api_id::none, true);
         if (n_stitched_ && unsettled_frees_) settle_frees(api_id::none);
         dissolve_free_stitched(api_id::none);  // their lenders' segments may then be wholly free
+        drop_aliases(0, true);                 // kept stitched ranges: address space the pool keeps
         release_free_segments(api_id::none);
     } catch (...) {
         poisoned_ = true;
@@ -2086,6 +2257,8 @@ void block_pool::forget_all() noexcept {
         delete s;
     }
     segments_.clear();
+    aliases_.clear();
+    alias_stuck_ = false;
     blocks_.clear();
     free_[0].clear();
     free_[1].clear();
@@ -2131,11 +2304,10 @@ void block_pool::drop_all(context_end when) noexcept {
     const bool may = when == context_end::past ? !exiting_ && backend_.may_synchronize_again() : can_sync();
     if (when != context_end::forget && any_vmm && !poisoned_ && may) {
         if (when == context_end::coming) backend_.synchronize();  // a broken context still gets its memory back
-        for (auto& [base, s] : segments_)
-            if (s->stitched()) {  // the second mappings first: the lenders' release frees the chunks
-                backend_.unmap_alias(s->base, chunk_, s->chunks.size());
-                backend_.va_free(s->base, s->size);
-            }
+        // The second mappings first (stitched segments' and idle ones): the lenders' release
+        // frees the chunks.
+        for (alias& a : aliases_) unmap_alias_from(a, 0);
+        aliases_.clear();
         for (auto& [base, s] : segments_)
             if (s->vmm() && !s->stitched()) backend_release(s);
     }
@@ -2349,6 +2521,13 @@ bool block_pool::validate_locked(std::string* why) const {
             }
             if (l != s->size || s->mapped != s->size) return fail("stitched segment's size differs from its lent chunks", base);
             if (!s->first || s->first->next) return fail("stitched segment not one block", base);
+            // Its positions are its alias's, each mapping the handle the segment names.
+            const alias* al = nullptr;
+            for (const alias& a : aliases_)
+                if (a.user == s) al = &a;
+            if (!al || al->base != s->base || al->handles.size() < s->chunks.size() ||
+                !std::equal(s->chunks.begin(), s->chunks.end(), al->handles.begin()))
+                return fail("stitched segment's positions differ from its alias's", base);
             stitched += s->size;
             // Out of service after a refused unmap (dissolve): its block lent, in no count.
             if (s->first->state == block_state::lent) dead += s->size;

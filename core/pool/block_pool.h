@@ -96,8 +96,12 @@ class block_pool {
     bool order_stopped() const noexcept;         // ordered release gave way to waits for good
     uint64_t wait_ns() const noexcept;  // ns blocked in the pool's waits, all told
     uint64_t fence_ns() const noexcept;  // ns in its event and stream calls that do not wait, all told
-    // Stitched segments made, chunks mapped into them, and stitched segments dissolved, so far.
-    void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved) const noexcept;
+    // Stitched segments made, chunks the driver mapped into them (a kept range's positions still
+    // free are not mapped again), stitched segments dissolved, and stitches on a kept range, so far.
+    void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved, uint64_t* reused = nullptr) const noexcept;
+    // Stitched ranges kept mapped with no segment on them (GPUMEM_POOL_STITCH_KEEP): address
+    // reservations that are no segment's.
+    size_t kept_ranges() const noexcept;
 
     // Fences (docs/pool.md, "safe: fences"): with a stream set and a backend that has events,
     // pending frees are released by events recorded on the legacy stream and on every
@@ -258,6 +262,28 @@ class block_pool {
     void dissolve(segment* s, api_id api);
     // Dissolves every wholly free stitched segment; true if any was.
     bool dissolve_free_stitched(api_id api);
+    // A stitched range's address space and second mappings (docs/pool.md, "Stitching").  After
+    // its segment dissolves the range stays mapped, idle (up to cfg.stitch_keep of them), so the
+    // next stitch remaps only the positions whose chunks are no longer free: a training step's
+    // large request finds most of the last step's lenders free again, and each remap costs the
+    // driver about 50 us a chunk (H200 runs 65-67).  A second mapping takes no memory, but a
+    // chunk released while one remains stays allocated: every path that releases chunks first
+    // unmaps the idle aliases and the tails of the used ones (drop_aliases).
+    struct alias {
+        uint64_t base = 0, va = 0;      // the reservation
+        std::vector<uint64_t> handles;  // position i maps handles[i] (0: unmapped), from base
+        std::vector<uint64_t> src;      // each position's chunk's first mapping (its segment's address)
+        segment* user = nullptr;        // the stitched segment on positions [0, its size); none: idle
+        uint64_t used = 0;              // the stitch count at its last use: the oldest idle goes first
+    };
+    std::vector<alias> aliases_;
+    bool alias_stuck_ = false;  // an alias's unmap was refused: no chunk may be released any more
+    alias* alias_of(const segment* st) noexcept;
+    // Unmaps an alias's mapped positions from `from` on (all of them: then frees its address space).
+    void unmap_alias_from(alias& a, size_t from) noexcept;
+    // idle_keep: how many idle aliases may stay (the oldest go first); tails: also unmap the
+    // positions past each used alias's segment.  0 and true before any chunk is released.
+    void drop_aliases(size_t idle_keep, bool tails) noexcept;
     // Splits [lo, hi) (inside free block b) off as a block of state st; returns it.
     block* carve(block* b, uint64_t lo, uint64_t hi, block_state st);
     void hole_insert(block* u);
@@ -422,7 +448,7 @@ class block_pool {
     uint64_t order_reached_ = 0;
     bool order_off_ = false;  // a stream ran the program's own work beside it, or a call failed
     uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it
-    uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0;
+    uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0, alias_reuses_ = 0;
     size_t n_stitched_ = 0;          // stitched segments now
 
     // A fence: events recorded on the legacy stream and on every non-blocking stream of the

@@ -515,6 +515,7 @@ int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept 
         auto c = alias_count_.find(it->second);
         if (c != alias_count_.end() && --c->second == 0) alias_count_.erase(c);
         aliases_.erase(it);
+        ++alias_unmapped_;
     }
     return rc;
 }

@@ -132,6 +132,7 @@ class fake_backend final : public pool_backend {
     uint64_t unmap_calls() const noexcept { return unmap_calls_; }
     uint64_t mapped_chunks() const noexcept;   // chunks mapped now
     uint64_t alias_chunks() const noexcept { return alias_chunks_; }  // chunks map_alias mapped, ever
+    uint64_t alias_unmapped_chunks() const noexcept { return alias_unmapped_; }  // chunks unmap_alias unmapped, ever
     uint64_t aliases() const noexcept;         // second mappings held now
     void fail_unmap_alias(bool on) noexcept { fail_unmap_alias_ = on; }  // unmap_alias refuses (a broken context)
     uint64_t reservations() const noexcept;    // reservations held now
@@ -152,7 +153,7 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> chunk_size_;  // handle -> bytes
     std::map<uint64_t, uint64_t> aliases_;     // second mappings (map_alias): address -> handle
     std::map<uint64_t, uint64_t> alias_count_; // handle -> its second mappings
-    std::atomic<uint64_t> alias_chunks_{0};
+    std::atomic<uint64_t> alias_chunks_{0}, alias_unmapped_{0};
     std::atomic<bool> fail_unmap_alias_{false};
     uint64_t next_handle_ = 1;
     std::atomic<uint64_t> granularity_{0};

@@ -46,6 +46,7 @@ constexpr const char* k_reuse_env = "GPUMEM_REUSE";
 constexpr const char* k_vmm_env = "GPUMEM_POOL_VMM";
 constexpr const char* k_arena_env = "GPUMEM_POOL_ARENA";
 constexpr const char* k_stitch_env = "GPUMEM_POOL_STITCH";
+constexpr const char* k_stitch_keep_env = "GPUMEM_POOL_STITCH_KEEP";
 constexpr const char* k_wait_env = "GPUMEM_FENCE_WAIT";
 
 // Header key of an env var: drop "GPUMEM_", lower-case.
@@ -58,7 +59,7 @@ void append_key(std::string& out, const char* env) {
 }  // namespace
 
 std::vector<std::string> pool_config::knob_env_names() {
-    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env, k_stitch_env, k_wait_env};
+    std::vector<std::string> names = {k_reuse_env, k_vmm_env, k_arena_env, k_stitch_env, k_stitch_keep_env, k_wait_env};
     for (const size_knob& k : k_size_knobs) names.push_back(k.env);
     return names;
 }
@@ -105,6 +106,12 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
         if (const char* v = get(k_stitch_env); v && *v && !parse_bool(v, &c.stitch))
             c.warnings += std::string("GPUMEM_POOL_STITCH=") + v + ": expected on or off; using off\n";
+        if (const char* v = get(k_stitch_keep_env); v && *v) {
+            char* end = nullptr;
+            const unsigned long x = std::strtoul(v, &end, 10);
+            if (end && !*end && *v >= '0' && *v <= '9' && x <= 16) c.stitch_keep = uint32_t(x);
+            else c.warnings += std::string("GPUMEM_POOL_STITCH_KEEP=") + v + ": expected 0-16; using 2\n";
+        }
         // Stitching waits for fenced frees (docs/pool.md): with immediate reuse it never runs.
         if (c.stitch && c.reuse == reuse_mode::immediate)
             c.warnings += "GPUMEM_POOL_STITCH=on has no effect with GPUMEM_REUSE=immediate (stitching needs fenced frees)\n";
@@ -141,6 +148,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.arenas = c.arenas;
             d.arena = c.arena;
             d.stitch = c.stitch;
+            d.stitch_keep = c.stitch_keep;
             d.wait_any = c.wait_any;
             d.order = c.order;
             d.order_beside_busy = c.order_beside_busy;
@@ -172,6 +180,7 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += "\"pool_arena\":";
         s += !arenas ? std::string("\"off\"") : arena ? std::to_string(arena) : std::string("\"auto\"");
         s += stitch ? ",\"pool_stitch\":\"on\"," : ",\"pool_stitch\":\"off\",";
+        s += "\"pool_stitch_keep\":" + std::to_string(stitch_keep) + ",";
         s += order ? "\"fence_wait\":\"order\"," : wait_any ? "\"fence_wait\":\"any\"," : "\"fence_wait\":\"old\",";
         for (const size_knob& k : k_size_knobs) {
             append_key(s, k.env);

@@ -98,6 +98,10 @@ struct pool_config {
     // by mapping whole free chunks, wherever they lie, a second time into one fresh range
     // (GMLake's stitching; docs/pool.md, "Stitching").
     bool stitch = false;
+    // GPUMEM_POOL_STITCH_KEEP = N (0-16, default 2): stitched ranges kept mapped after their block
+    // came back, so that the next stitch remaps only the chunks no longer free (docs/pool.md,
+    // "Stitching").  0: unmapped at once.
+    uint32_t stitch_keep = 2;
 
     // Problems met while reading the environment ("GPUMEM_POOL_ROUND=3: not a power of two >= 256;
     // using 512"), empty when none.  The caller may print or log them; from_env never does.

@@ -199,7 +199,7 @@ def spawn(outdir, name, mode, argv, timeout=600):
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "GPUMEM_OUT", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
               "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS", "GPUMEM_POOL_TRIM", "GPUMEM_POOL_ARENA",
-              "GPUMEM_SYNC_BUDGET_DIV", "GPUMEM_POOL_STITCH", "GPUMEM_POOL_CHUNK", "GPUMEM_FENCE_BATCH",
+              "GPUMEM_SYNC_BUDGET_DIV", "GPUMEM_POOL_STITCH", "GPUMEM_POOL_STITCH_KEEP", "GPUMEM_POOL_CHUNK", "GPUMEM_FENCE_BATCH",
               "GPUMEM_FENCE_WAIT"):
         env.pop(k, None)
     other = env_add.pop("LIB", None)

@@ -138,8 +138,17 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"pool_chunk\":0,") != std::string::npos);
     CHECK(s.find("\"fence_wait\":\"order\",") != std::string::npos);
     CHECK(s.find("\"pool_headroom\":268435456,") != std::string::npos);
-    // 5 string knobs + 15 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 20);
+    CHECK(s.find("\"pool_stitch_keep\":2,") != std::string::npos);
+    // 5 string knobs + 16 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 21);
+    pool_config kept = with({{"GPUMEM_POOL_STITCH_KEEP", "5"}});
+    CHECK(kept.stitch_keep == 5);
+    CHECK(kept.warnings.empty());
+    for (const char* bad : {"17", "-1", "2x", "x"}) {
+        pool_config b = with({{"GPUMEM_POOL_STITCH_KEEP", bad}});
+        CHECK(b.stitch_keep == 2);
+        CHECK(b.warnings.find("GPUMEM_POOL_STITCH_KEEP") != std::string::npos);
+    }
     std::string off = "{", sized = "{";
     with({{"GPUMEM_POOL_ARENA", "off"}}).append_config_json(off);
     with({{"GPUMEM_POOL_ARENA", "64GiB"}}).append_config_json(sized);

@@ -333,7 +333,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
         REQUIRE(s.allocated == alloc_b);
         REQUIRE(s.requested == req_b);
         REQUIRE(s.reserved == dev.in_use());
-        REQUIRE(s.segments == dev.reservations() + dev.live_segments());
+        REQUIRE(s.segments + pool.kept_ranges() == dev.reservations() + dev.live_segments());
         // The log alone gives the same layout.
         replay.catch_up(sink);
         REQUIRE(replay.error == "");

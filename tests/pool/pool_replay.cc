@@ -127,12 +127,14 @@ int main(int argc, char** argv) {
                (unsigned long long)dev.alloc_calls(), (unsigned long long)dev.free_calls(),
                (unsigned long long)dev.map_calls(), (unsigned long long)dev.unmap_calls(),
                sink.seg_bytes / 1048576.0, sink.unmap_bytes / 1048576.0);
-        uint64_t made = 0, stitched = 0, dissolved = 0;
-        pool.stitch_counts(&made, &stitched, &dissolved);
+        uint64_t made = 0, stitched = 0, dissolved = 0, reused = 0;
+        pool.stitch_counts(&made, &stitched, &dissolved, &reused);
         if (made)
-            printf("  stitching: %llu stitched segments of %llu chunks in all (%.0f MiB), %llu dissolved\n",
-                   (unsigned long long)made, (unsigned long long)stitched, double(stitched * pool.chunk_size()) / 1048576.0,
-                   (unsigned long long)dissolved);
+            printf("  stitching: %llu stitched segments (%llu on a kept range), %llu chunks mapped for them (%.0f MiB), "
+                   "%llu alias chunk maps, %llu alias chunk unmaps, %llu dissolved\n",
+                   (unsigned long long)made, (unsigned long long)reused, (unsigned long long)stitched,
+                   double(stitched * pool.chunk_size()) / 1048576.0, (unsigned long long)dev.alias_chunks(),
+                   (unsigned long long)dev.alias_unmapped_chunks(), (unsigned long long)dissolved);
         if (lagged)
             printf("  GPU %llu us behind: per allocation %.3f event records, %.3f event queries, %.3f stream queries, %.4f waits (%llu waits, %llu context syncs)\n",
                    (unsigned long long)(lag_ns / 1000), double(dev.records()) / double(n ? n : 1),

@@ -511,6 +511,7 @@ TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps th
     pool_config cfg = vmm_config();
     cfg.reuse = reuse_mode::safe;
     cfg.stitch = true;
+    cfg.stitch_keep = 0;  // the dissolve unmaps (a kept range's refusal: the next test)
     block_pool pool(cfg, dev, &sink, 0);
     const std::vector<uint64_t> small = fragment_6mib(pool, 30);
     int rc = -1;
@@ -539,6 +540,107 @@ TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps th
     CHECK(dev.bad_calls() == 0);
     CHECK(dev.aliases() == 30);       // the second stitch dissolved, the first stays
     CHECK(dev.in_use() >= 60 * MiB);  // and so do its lenders' chunks
+}
+
+TEST_CASE("stitching: a kept range serves the next stitch, remapping only the positions whose chunks are taken", "[pool][vmm][stitch]") {
+    fake_backend dev(8ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;
+    cfg.stitch = true;
+    cfg.sync_budget = 4 * MiB;  // a miss with 6 MiB pending releases it (one sync)
+    block_pool pool(cfg, dev, &sink, 0);
+    // 16 blocks of 6 MiB: five 12 MiB pieces free between live blocks (A1..A5, by address).
+    const std::vector<uint64_t> six = fragment_6mib(pool, 16);
+    int rc = -1;
+    pool.release_cached();  // the frees settle
+    std::string why;
+    uint64_t big = 0, again = 0, a1 = 0;
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    REQUIRE(dev.alias_chunks() == 30);  // A1..A5
+    // Freed, then the same request: the miss releases the free (pending past the sync budget),
+    // the stitched segment dissolves into the kept range, and the stitch finds all 30 positions'
+    // chunks free again.
+    REQUIRE(pool.deallocate(big, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);
+    CHECK(again == big);
+    CHECK(dev.alias_chunks() == 30);  // no driver call
+    CHECK(dev.alias_unmapped_chunks() == 0);
+    uint64_t made = 0, dissolved = 0, reused = 0;
+    pool.stitch_counts(&made, nullptr, &dissolved, &reused);
+    CHECK(made == 2);
+    CHECK(dissolved == 1);
+    CHECK(reused == 1);
+    CHECK(pool.validate(&why));
+    INFO(why);
+    // A lender piece taken by the program meanwhile: a 12 MiB request misses, releases the free
+    // and takes A1.  Two live blocks freed then give 6 chunks elsewhere: the next stitch keeps
+    // A2..A5's 24 positions and remaps A1's 6 to them.
+    REQUIRE(pool.deallocate(again, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &a1) == k_cuda_success);
+    CHECK(a1 == six[1]);
+    CHECK(pool.kept_ranges() == 1);
+    REQUIRE(pool.deallocate(six[3], api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.deallocate(six[6], api_id::cuMemFree_v2, &rc));
+    CHECK(pool.kept_ranges() == 1);
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);
+    CHECK(again == big);
+    CHECK(dev.alias_chunks() == 36);
+    CHECK(dev.alias_unmapped_chunks() == 6);
+    CHECK(pool.validate(&why));
+    CHECK(dev.bad_calls() == 0);
+    // Released everything cached: the kept range goes too, before any chunk is released.
+    REQUIRE(pool.deallocate(again, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.deallocate(a1, api_id::cuMemFree_v2, &rc));
+    pool.release_cached();
+    CHECK(pool.kept_ranges() == 0);
+    CHECK(dev.aliases() == 0);
+    CHECK(dev.bad_calls() == 0);
+    CHECK(pool.validate(&why));
+    // Memory short with a kept range: it is unmapped before the free chunks are released.
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);
+    REQUIRE(pool.deallocate(again, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);  // on the kept range
+    REQUIRE(pool.deallocate(again, api_id::cuMemFree_v2, &rc));
+    pool.stitch_counts(nullptr, nullptr, nullptr, &reused);
+    CHECK(reused == 3);
+    uint64_t huge = 0;  // more than the device has: the pool releases what it can, then fails
+    CHECK(pool.allocate(8ull << 30, api_id::cuMemAlloc_v2, &huge) == k_cuda_oom);
+    CHECK(pool.kept_ranges() == 0);
+    CHECK(dev.aliases() == 0);
+    CHECK(dev.bad_calls() == 0);
+    CHECK(pool.validate(&why));
+    CHECK(pool.snapshot().reserved == dev.in_use());
+}
+
+TEST_CASE("stitching: a refused unmap of a kept range stops every chunk release", "[pool][vmm][stitch]") {
+    fake_backend dev(8ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;
+    cfg.stitch = true;
+    block_pool pool(cfg, dev, &sink, 0);
+    const std::vector<uint64_t> six = fragment_6mib(pool, 30);
+    pool.release_cached();
+    int rc = -1;
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    REQUIRE(pool.deallocate(big, api_id::cuMemFree_v2, &rc));
+    dev.fail_unmap_alias(true);
+    pool.release_cached();  // dissolves into the kept range, whose unmap is refused
+    const uint64_t held = dev.in_use();
+    CHECK(held > 0);
+    dev.fail_unmap_alias(false);
+    for (size_t i = 0; i < six.size(); i += 3) REQUIRE(pool.deallocate(six[i], api_id::cuMemFree_v2, &rc));
+    pool.release_cached();  // every block free, but a chunk may be mapped twice: none released
+    std::string why;
+    CHECK(pool.validate(&why));
+    INFO(why);
+    CHECK(dev.bad_calls() == 0);  // the fake counts a release of a chunk mapped twice
+    CHECK(dev.aliases() == 30);
+    CHECK(dev.in_use() == held);
 }
 
 TEST_CASE("context end: virtual-memory chunks and address space go back, live blocks and stitches included", "[pool][vmm][stitch]") {

@@ -131,7 +131,7 @@ done
 # gpumem's knobs: an unknown one is refused with the list of known ones (not ignored); a value the
 # pool would replace in a run is refused too, and the message does not claim a replacement.
 "$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:bogus=1 2> "$W/err" > "$W/out"; rc=$?
-[ $rc = 2 ] && grep -q "unknown knob bogus (known: reuse, pool_vmm, pool_arena, pool_stitch, fence_wait, pool_round, .*pool_trim, pool_chunk, pool_headroom)" "$W/err" \
+[ $rc = 2 ] && grep -q "unknown knob bogus (known: reuse, pool_vmm, pool_arena, pool_stitch, pool_stitch_keep, fence_wait, pool_round, .*pool_trim, pool_chunk, pool_headroom)" "$W/err" \
   && [ ! -s "$W/out" ] || fail "gpumem:bogus=1: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:pool_round=0 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "rejected: pool_round=0: not a valid value" "$W/err" && ! grep -q "using" "$W/err" \

@@ -225,6 +225,14 @@ TEST_CASE("gpumem policy: the pool's own segments, knobs from the header and the
     CHECK(q.driver_allocs() == 2);
     REQUIRE(gpumem_pool_config("{\"pool_large_segment\":20971520}", "pool_large_segment=64MiB", cfg) == "");
     CHECK(cfg.large_segment == 64 * MiB);
+    // Stitching's kept ranges: a header from before the knob kept none; a newer one says.
+    REQUIRE(gpumem_pool_config("{\"pool_stitch\":\"on\"}", "", cfg) == "");
+    CHECK(cfg.stitch);
+    CHECK(cfg.stitch_keep == 0);
+    REQUIRE(gpumem_pool_config("{\"pool_stitch\":\"on\",\"pool_stitch_keep\":2}", "", cfg) == "");
+    CHECK(cfg.stitch_keep == 2);
+    REQUIRE(gpumem_pool_config("{\"pool_stitch\":\"on\"}", "pool_stitch_keep=4", cfg) == "");
+    CHECK(cfg.stitch_keep == 4);
     CHECK(gpumem_pool_config("{}", "nonsense", cfg) != "");
 }
 
