@@ -56,5 +56,7 @@ void log(level l, fmt::format_string<A...> f, A&&... a) noexcept {
 // Arguments are evaluated only when the level is on.
 #define GPUMEM_WARN(...) \
     do { if (::gpumem::diag::enabled(::gpumem::diag::warn)) ::gpumem::diag::log(::gpumem::diag::warn, __VA_ARGS__); } while (0)
+#define GPUMEM_INFO(...) \
+    do { if (::gpumem::diag::enabled(::gpumem::diag::info)) ::gpumem::diag::log(::gpumem::diag::info, __VA_ARGS__); } while (0)
 #define GPUMEM_DEBUG(...) \
     do { if (::gpumem::diag::enabled(::gpumem::diag::debug)) ::gpumem::diag::log(::gpumem::diag::debug, __VA_ARGS__); } while (0)

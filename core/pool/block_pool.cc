@@ -766,7 +766,7 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
         while (e < n && !keep[e]) ++e;
         const size_t old_end = std::min(e, al->handles.size());
         if (i < old_end) {  // stale positions: their chunks serve someone else now
-            if (backend_.unmap_alias(al->base + i * chunk_, chunk_, old_end - i) != k_cuda_success) ok = false;
+            if (alias_unmap(al->base + i * chunk_, old_end - i) != k_cuda_success) ok = false;
             for (size_t k = i; k < old_end; ++k) al->handles[k] = 0;
         }
         if (ok && al->handles.size() < e) {
@@ -777,7 +777,7 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
                 ok = false;
             }
         }
-        if (ok && backend_.map_alias(al->base + i * chunk_, chunk_, e - i, &h[i]) != k_cuda_success) ok = false;
+        if (ok && alias_map(al->base + i * chunk_, e - i, &h[i]) != k_cuda_success) ok = false;
         if (ok) {
             for (size_t k = i; k < e; ++k) al->handles[k] = h[k], al->src[k] = src[k];
             mapped_now += e - i;
@@ -830,6 +830,27 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
     return b;
 }
 
+int block_pool::alias_map(uint64_t addr, size_t n, const uint64_t* handles) noexcept {
+    const uint64_t t0 = steady_ns();
+    const int rc = backend_.map_alias(addr, chunk_, n, handles);
+    alias_ns_ += steady_ns() - t0;
+    return rc;
+}
+
+int block_pool::alias_unmap(uint64_t addr, size_t n) noexcept {
+    const uint64_t t0 = steady_ns();
+    const int rc = backend_.unmap_alias(addr, chunk_, n);
+    alias_ns_ += steady_ns() - t0;
+    if (rc == k_cuda_success) alias_unmapped_ += n;
+    return rc;
+}
+
+void block_pool::stitch_driver(uint64_t* unmapped_chunks, uint64_t* ns) const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (unmapped_chunks) *unmapped_chunks = alias_unmapped_;
+    if (ns) *ns = alias_ns_;
+}
+
 size_t block_pool::kept_ranges() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     size_t n = 0;
@@ -854,7 +875,7 @@ void block_pool::unmap_alias_from(alias& a, size_t from) noexcept {
         while (e < a.handles.size() && a.handles[e]) ++e;
         // A refusal (a context the driver has broken) leaves a chunk mapped twice, which must
         // then never be released: from now on the pool releases no chunk (alias_stuck_).
-        if (backend_.unmap_alias(a.base + i * chunk_, chunk_, e - i) != k_cuda_success) ok = false;
+        if (alias_unmap(a.base + i * chunk_, e - i) != k_cuda_success) ok = false;
         i = e;
     }
     alias_stuck_ |= !ok;
@@ -892,7 +913,7 @@ void block_pool::dissolve(segment* st, api_id api) {
     // driver that refuses the unmap has a broken context: the stitched segment stays out of
     // service (its block lent, never handed out) and its lenders stay lent, so no chunk is
     // released while it may still be mapped twice.
-    if (!cfg_.stitch_keep && backend_.unmap_alias(st->base, chunk_, st->chunks.size()) != k_cuda_success) {
+    if (!cfg_.stitch_keep && alias_unmap(st->base, st->chunks.size()) != k_cuda_success) {
         free_erase(b);
         free_bytes_ -= b->size;
         b->state = block_state::lent;

@@ -99,6 +99,9 @@ class block_pool {
     // Stitched segments made, chunks the driver mapped into them (a kept range's positions still
     // free are not mapped again), stitched segments dissolved, and stitches on a kept range, so far.
     void stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved, uint64_t* reused = nullptr) const noexcept;
+    // Chunks unmapped from stitched ranges, and the host ns of every second mapping and unmapping
+    // call (map, access grant, unmap), so far: what stitching costs the program.
+    void stitch_driver(uint64_t* unmapped_chunks, uint64_t* ns) const noexcept;
     // Stitched ranges kept mapped with no segment on them (GPUMEM_POOL_STITCH_KEEP): address
     // reservations that are no segment's.
     size_t kept_ranges() const noexcept;
@@ -279,6 +282,9 @@ class block_pool {
     std::vector<alias> aliases_;
     bool alias_stuck_ = false;  // an alias's unmap was refused: no chunk may be released any more
     alias* alias_of(const segment* st) noexcept;
+    // backend_.map_alias / unmap_alias of n chunks at addr, timed and counted (stitch_driver).
+    int alias_map(uint64_t addr, size_t n, const uint64_t* handles) noexcept;
+    int alias_unmap(uint64_t addr, size_t n) noexcept;
     // Unmaps an alias's mapped positions from `from` on (all of them: then frees its address space).
     void unmap_alias_from(alias& a, size_t from) noexcept;
     // idle_keep: how many idle aliases may stay (the oldest go first); tails: also unmap the
@@ -448,7 +454,7 @@ class block_pool {
     uint64_t order_reached_ = 0;
     bool order_off_ = false;  // a stream ran the program's own work beside it, or a call failed
     uint64_t hwm_ = 0;               // the most reserved_ has been: stitching keeps under it
-    uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0, alias_reuses_ = 0;
+    uint64_t stitches_ = 0, stitched_chunks_ = 0, dissolves_ = 0, alias_reuses_ = 0, alias_unmapped_ = 0, alias_ns_ = 0;
     size_t n_stitched_ = 0;          // stitched segments now
 
     // A fence: events recorded on the legacy stream and on every non-blocking stream of the

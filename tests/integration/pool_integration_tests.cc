@@ -1094,10 +1094,16 @@ TEST_CASE("pool with stitching: the training loop and the fill/fragment program 
     check_complete(r, &ls);
     CHECK(count_ev(ls, "oom") == 0);
     check_rebuild(ls);
-    auto f = run({EMU_POOL_APP, "fragment"},
-                 {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "safe"}});
+    auto f = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"},
+                                              {"GPUMEM_POOL_STITCH", "on"},
+                                              {"GPUMEM_REUSE", "safe"},
+                                              {"GPUMEM_LOG_LEVEL", "info"}});
     std::vector<json> fl;
     check_complete(f, &fl);
+    // At exit the pool says what stitching cost (the line pool_bench.py reads).
+    INFO(f.err);
+    CHECK(f.err.find("stitching made ") != std::string::npos);
+    CHECK(f.err.find("ms in those driver calls") != std::string::npos);
     auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});
     CHECK(num(values(f.out), "big_served") == num(values(alone.out), "big_served"));
     CHECK(num(values(f.out), "small_served") == num(values(alone.out), "small_served"));

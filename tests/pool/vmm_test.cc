@@ -588,6 +588,10 @@ TEST_CASE("stitching: a kept range serves the next stitch, remapping only the po
     CHECK(again == big);
     CHECK(dev.alias_chunks() == 36);
     CHECK(dev.alias_unmapped_chunks() == 6);
+    uint64_t unmapped = 0, ns = 0;
+    pool.stitch_driver(&unmapped, &ns);
+    CHECK(unmapped == 6);
+    CHECK(ns > 0);
     CHECK(pool.validate(&why));
     CHECK(dev.bad_calls() == 0);
     // Released everything cached: the kept range goes too, before any chunk is released.
