@@ -489,6 +489,7 @@ int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint6
             ++alias_count_[handles[done]];
         }
     } catch (...) {
+        aliases_.erase(addr + done * chunk);  // mapped before its count failed, if it was
         for (size_t i = 0; i < done; ++i) {
             aliases_.erase(addr + i * chunk);
             if (--alias_count_[handles[i]] == 0) alias_count_.erase(handles[i]);
@@ -502,6 +503,7 @@ int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint6
 int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept {
     ++unmap_calls_;
     if (fail_unmap_alias_) return k_cuda_invalid_value;  // refused before anything is unmapped
+    if (fail_unmap_alias_n_.load() > 0 && fail_unmap_alias_n_.fetch_sub(1) > 0) return k_cuda_invalid_value;
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing()) ++bad_calls_;  // as unmap_chunks: cuMemUnmap does not wait for device work
     int rc = k_cuda_success;

@@ -135,6 +135,7 @@ class fake_backend final : public pool_backend {
     uint64_t alias_unmapped_chunks() const noexcept { return alias_unmapped_; }  // chunks unmap_alias unmapped, ever
     uint64_t aliases() const noexcept;         // second mappings held now
     void fail_unmap_alias(bool on) noexcept { fail_unmap_alias_ = on; }  // unmap_alias refuses (a broken context)
+    void fail_next_unmap_alias(int n) noexcept { fail_unmap_alias_n_ = n; }  // the next n unmap_alias calls refuse
     uint64_t reservations() const noexcept;    // reservations held now
     uint64_t records() const noexcept { return records_; }
     uint64_t queries() const noexcept { return queries_; }
@@ -155,6 +156,7 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> alias_count_; // handle -> its second mappings
     std::atomic<uint64_t> alias_chunks_{0}, alias_unmapped_{0};
     std::atomic<bool> fail_unmap_alias_{false};
+    std::atomic<int> fail_unmap_alias_n_{0};
     uint64_t next_handle_ = 1;
     std::atomic<uint64_t> granularity_{0};
     uint64_t capacity_;

@@ -34,8 +34,11 @@ constexpr uint64_t MiB = 1 << 20;
 // 2: baseline, arenas off (segments per growth) with the same ops as 1.  3: a stitch
 // (GPUMEM_POOL_STITCH) of a 30 MiB request from the free chunks between live 7 MiB blocks.  4: the
 // same stitch made, then its block freed and the stitched segment dissolved (the lenders free again).
+// 5: that stitch dissolved into its kept range (GPUMEM_POOL_STITCH_KEEP), a lender's chunk taken,
+// then the same request again: a stitch on the kept range that remaps that chunk's position.
+// Every scenario: no misuse of the fake device (a chunk released or a range freed while mapped).
 static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint64_t* leaked) {
-    const bool stitching = scenario == 3 || scenario == 4;
+    const bool stitching = scenario == 3 || scenario == 4 || scenario == 5;
     fake_backend dev(scenario == 0 || stitching ? (1ull << 30) : 80 * MiB);
     dev.set_vmm(2 * MiB);
     pool_config cfg;
@@ -43,6 +46,10 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
     cfg.vmm = true;
     cfg.arenas = scenario != 2;
     cfg.stitch = stitching;
+    if (scenario == 5) {
+        cfg.sync_budget = 4 * MiB;
+        cfg.sync_budget_div = 1 << 20;
+    }
     int fails = 0;
     {
         block_pool pool(cfg, dev, nullptr, 0);
@@ -53,6 +60,31 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
             g_countdown = k;
             if (pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b)) ++fails;
             g_countdown = -1;
+        } else if (scenario == 5) {
+            uint64_t sm[16] = {};
+            for (uint64_t& q : sm) pool.allocate(512 * 1024, api_id::cuMemAlloc_v2, &q);
+            uint64_t blocks[20] = {};
+            for (uint64_t& q : blocks) pool.allocate(7 * MiB, api_id::cuMemAlloc_v2, &q);
+            for (int i = 0; i < 20; i += 2) pool.deallocate(blocks[i], api_id::cuMemFree_v2, &rc);
+            pool.release_cached();
+            pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &y);
+            pool.deallocate(y, api_id::cuMemFree_v2, &rc);
+            for (uint64_t& q : sm) pool.deallocate(q, api_id::cuMemFree_v2, &rc);
+            pool.allocate(512 * 1024, api_id::cuMemAlloc_v2, &sm[0]);  // a sync: dissolved into its kept range
+            if (pool.kept_ranges() != 1) {
+                *why = "no kept range";
+                return 1;
+            }
+            pool.allocate(2 * MiB, api_id::cuMemAlloc_v2, &x);  // a lender's chunk taken
+            g_countdown = k;
+            if (pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &c)) ++fails;  // on the kept range, remapping
+            g_countdown = -1;
+            uint64_t reused = 0;
+            pool.stitch_counts(nullptr, nullptr, nullptr, &reused);
+            if (k == 59 && reused == 0) {
+                *why = "the scenario did not stitch on the kept range";
+                return 1;
+            }
         } else if (stitching) {
             uint64_t blocks[20] = {};
             for (uint64_t& q : blocks) pool.allocate(7 * MiB, api_id::cuMemAlloc_v2, &q);
@@ -86,6 +118,10 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
             if (pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &y)) ++fails;  // OOM path: unmap, then map
             g_countdown = -1;
         }
+        if (dev.bad_calls()) {
+            *why = "a bad backend call";
+            return 1;
+        }
         const bool ok = pool.validate(why);
         // After a failure mid-update the pool is poisoned: it declines every request, which the
         // hook then passes to the driver (never an OOM of its own); see whether it still leaks on
@@ -106,7 +142,7 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
 
 int main() {
     int total = 0, declined = 0;
-    for (int sc = 0; sc < 5; ++sc) {
+    for (int sc = 0; sc < 6; ++sc) {
         int broken = 0;
         for (long k = 0; k < 60; ++k) {
             std::string why;
