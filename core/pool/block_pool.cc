@@ -638,12 +638,17 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
         // Remapping a position unmaps it first, which, like a dissolve, waits for no device work:
         // only outside a capture (the stale chunk's new owner may be in one: its work goes on).
         const bool may_unmap = !aliases_.empty() && can_sync();
+        std::vector<uint64_t> seen;
         for (alias& a : aliases_) {
             if (a.user || a.va < need) continue;
-            size_t valid = 0, stale = 0;
-            for (size_t i = 0; i < n && i < a.handles.size(); ++i)
-                lendable(a.src[i], a.handles[i]) ? ++valid : ++stale;
-            if ((stale && !may_unmap) || valid <= best) continue;
+            // Its positions kept: one per lendable chunk (below); every other one is remapped.
+            const size_t m = std::min(n, a.handles.size());
+            seen.clear();
+            for (size_t i = 0; i < m; ++i)
+                if (lendable(a.src[i], a.handles[i])) seen.push_back(a.src[i]);
+            std::sort(seen.begin(), seen.end());
+            const size_t valid = size_t(std::unique(seen.begin(), seen.end()) - seen.begin());
+            if ((valid < m && !may_unmap) || valid <= best) continue;
             best = valid;
             al = &a;
         }
@@ -787,8 +792,16 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
     block* b = ok ? new_block() : nullptr;
     if (!b) {
         unlend();
-        unmap_alias_from(*al, 0);  // frees its address space; a kept alias's slot goes too
-        aliases_.erase(aliases_.begin() + (al - aliases_.data()));
+        // The alias goes (its address space too; a kept alias's slot as well), but no unmap during
+        // a capture (only maps ran then): it stays, idle, with what it maps.
+        const bool mapped = std::any_of(al->handles.begin(), al->handles.end(), [](uint64_t x) { return x != 0; });
+        if (!mapped || can_sync()) {
+            unmap_alias_from(*al, 0);
+            aliases_.erase(aliases_.begin() + (al - aliases_.data()));
+        } else {
+            while (!al->handles.back()) al->handles.pop_back(), al->src.pop_back();  // the positions a failed map left
+            al->used = stitches_;
+        }
         delete st;
         return nullptr;
     }
@@ -1939,6 +1952,8 @@ bool block_pool::settle_frees(api_id api) {
 void block_pool::release_free_segments(api_id api, uint64_t want) {
     // Idle: every block free or unmapped.  A stitched segment's chunks are its lenders': it is
     // dissolved (OOM path), never released here.
+    // No unmap during a capture (one may have opened during a caller's wait), and no release then.
+    if (!can_sync()) return;
     drop_aliases(0, true);  // a chunk still mapped a second time would stay allocated after its release
     auto idle = [this](const segment* s) {
         if (s->stitched() || (s->vmm() && alias_stuck_)) return false;
@@ -2122,8 +2137,7 @@ void block_pool::release_cached() noexcept {
         if (!pending_.empty() && !poisoned_) reclaim(api_id::none, true);
         if (n_stitched_ && unsettled_frees_) settle_frees(api_id::none);
         dissolve_free_stitched(api_id::none);  // their lenders' segments may then be wholly free
-        drop_aliases(0, true);                 // kept stitched ranges: address space the pool keeps
-        release_free_segments(api_id::none);
+        release_free_segments(api_id::none);   // kept stitched ranges first, then the segments
     } catch (...) {
         poisoned_ = true;
     }

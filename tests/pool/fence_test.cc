@@ -1503,3 +1503,43 @@ TEST_CASE("fences: make_headroom settles ordered frees whose event was reached b
     std::string why;
     CHECK(f.pool.validate(&why));
 }
+
+TEST_CASE("fences: a capture opened during release_cached's wait keeps the kept stitched range mapped", "[fence][stitch]") {
+    // A kept stitched range (idle, mapped) and a free under a fence the GPU has not reached:
+    // release_cached waits for that fence, and another thread opens a capture right after the
+    // wait.  Unmapping the kept range then (cuMemUnmap does not wait) is what a capture forbids.
+    pool_config cfg = fence_each();
+    cfg.vmm = true;
+    cfg.stitch = true;
+    fenced f(cfg, 8ull << 30, 2 * MiB, false);  // one event a fence: the wait is one call
+    const uint64_t w = f.alloc(20 * MiB);
+    std::vector<uint64_t> six;
+    for (int i = 0; i < 100; ++i) six.push_back(f.alloc(6 * MiB));
+    uint64_t small[4];
+    for (auto& s : small) s = f.alloc(512 * 1024);
+    for (int i = 0; i < 100; ++i)
+        if (i % 3) f.free(six[i]);
+    f.dev.complete_all();
+    f.pool.release_cached();
+    f.free(f.alloc(60 * MiB));  // stitched, then freed
+    f.dev.complete_all();
+    f.free(small[0]);
+    small[0] = f.alloc(512 * 1024);  // a miss: the fence is reached, the stitched segment dissolves
+    REQUIRE(f.pool.kept_ranges() == 1);
+    REQUIRE(f.dev.aliases() == 30);
+    f.dev.enqueue_work();  // a kernel on w
+    f.free(w);
+    f.dev.capture_after_event_syncs(1);
+    f.pool.release_cached();
+    CHECK(f.dev.event_syncs() == 1);
+    CHECK(f.dev.bad_calls() == 0);
+    CHECK(f.pool.kept_ranges() == 1);
+    CHECK(f.dev.aliases() == 30);
+    f.dev.end_captures();
+    f.pool.release_cached();  // now it goes
+    CHECK(f.pool.kept_ranges() == 0);
+    CHECK(f.dev.aliases() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    std::string why;
+    CHECK(f.pool.validate(&why));
+}

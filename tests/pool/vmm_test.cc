@@ -1004,3 +1004,118 @@ TEST_CASE("make_headroom: settled free chunks go back without a wait on the devi
     std::string why;
     CHECK(pool.validate(&why));
 }
+
+// A stitching pool on 30 blocks of 6 MiB, two of every three freed (ten 12 MiB pieces P1..P10
+// between live blocks), with 16 small blocks of 512 KiB: settle() frees and takes them again, a
+// small-pool miss that syncs, so every pending free settles and a freed stitched block dissolves
+// into its kept range (release_cached would unmap that range).
+namespace {
+struct kept_range_setup {
+    fake_backend dev{8ull << 30};
+    recording_sink sink;
+    block_pool pool;
+    std::vector<uint64_t> six, sm;
+    static pool_config config() {
+        pool_config cfg = vmm_config();
+        cfg.reuse = reuse_mode::safe;
+        cfg.stitch = true;
+        cfg.sync_budget = 4 * MiB;
+        cfg.sync_budget_div = 1 << 20;  // the budget stays 4 MiB: 8 MiB of small frees sync
+        return cfg;
+    }
+    static fake_backend& with_vmm(fake_backend& d) {
+        d.set_vmm(2 * MiB);
+        return d;
+    }
+    kept_range_setup() : pool(config(), with_vmm(dev), &sink, 0) {
+        sm.resize(16);
+        for (uint64_t& q : sm) REQUIRE(pool.allocate(512 * KiB, api_id::cuMemAlloc_v2, &q) == k_cuda_success);
+        six = fragment_6mib(pool, 30);
+        pool.release_cached();
+    }
+    void settle() {
+        int rc = -1;
+        for (uint64_t q : sm) REQUIRE(pool.deallocate(q, api_id::cuMemFree_v2, &rc));
+        const uint64_t s0 = dev.sync_calls();
+        sm.clear();
+        for (int k = 0; k < 64 && (dev.sync_calls() == s0 || sm.size() < 16); ++k) {
+            uint64_t q = 0;
+            REQUIRE(pool.allocate(512 * KiB, api_id::cuMemAlloc_v2, &q) == k_cuda_success);
+            sm.push_back(q);
+        }
+        REQUIRE(dev.sync_calls() > s0);
+    }
+    uint64_t alloc(uint64_t size) {
+        uint64_t p = 0;
+        REQUIRE(pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        return p;
+    }
+    void free(uint64_t p) {
+        int rc = -1;
+        REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    }
+};
+}  // namespace
+
+TEST_CASE("stitching: a stitch during a capture on a kept range that maps one chunk twice unmaps nothing", "[pool][vmm][stitch]") {
+    kept_range_setup t;
+    // A 60 MiB stitch (P1..P5 at positions 0..29), dissolved into its kept range.
+    const uint64_t big = t.alloc(60 * MiB);
+    REQUIRE(t.dev.alias_chunks() == 30);
+    t.free(big);
+    t.settle();
+    REQUIRE(t.pool.kept_ranges() == 1);
+    // P1's first chunk taken: a 24 MiB stitch on the range keeps positions 1..11 and remaps
+    // position 0 to the first free chunk elsewhere, P3's, which position 12 (past the stitch)
+    // still maps.
+    const uint64_t x = t.alloc(2 * MiB);
+    CHECK(x == t.six[1]);
+    const uint64_t y = t.alloc(24 * MiB);
+    CHECK(y == big);
+    CHECK(t.dev.alias_chunks() == 31);
+    CHECK(t.dev.alias_unmapped_chunks() == 1);
+    t.free(y);
+    t.free(x);
+    t.settle();
+    REQUIRE(t.pool.kept_ranges() == 1);
+    // During a capture every position of the 60 MiB request still maps a free chunk, but P3's
+    // twice: one of the two must be remapped, which needs an unmap: not on this range now.
+    t.dev.set_capturing(true);
+    uint64_t z = 0;
+    CHECK(t.pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &z) == k_cuda_success);
+    t.dev.set_capturing(false);
+    CHECK(t.dev.bad_calls() == 0);
+    std::string why;
+    CHECK(t.pool.validate(&why));
+    INFO(why);
+}
+
+TEST_CASE("stitching: a failed stitch during a capture on a kept range unmaps nothing", "[pool][vmm][stitch]") {
+    kept_range_setup t;
+    const uint64_t big = t.alloc(60 * MiB);
+    t.free(big);
+    t.settle();
+    REQUIRE(t.pool.kept_ranges() == 1);
+    // A 70 MiB request during a capture: the kept range's 30 positions still map free chunks and
+    // 5 more are to be mapped; the driver refuses that map.  The 30 stay mapped (no unmap during
+    // a capture), and the request grows instead.
+    t.dev.set_capturing(true);
+    t.dev.fail_next_allocs(1, k_cuda_oom);
+    uint64_t z = 0;
+    CHECK(t.pool.allocate(70 * MiB, api_id::cuMemAlloc_v2, &z) == k_cuda_success);
+    t.dev.set_capturing(false);
+    CHECK(t.dev.bad_calls() == 0);
+    CHECK(t.dev.alias_unmapped_chunks() == 0);
+    std::string why;
+    CHECK(t.pool.validate(&why));
+    INFO(why);
+    // Everything back: nothing left mapped twice, nothing leaked.
+    t.free(z);
+    for (uint64_t q : t.sm) t.free(q);
+    for (size_t i = 0; i < t.six.size(); i += 3) t.free(t.six[i]);
+    t.pool.release_cached();
+    CHECK(t.dev.aliases() == 0);
+    CHECK(t.dev.in_use() == 0);
+    CHECK(t.dev.reservations() == 0);
+    CHECK(t.dev.bad_calls() == 0);
+}
