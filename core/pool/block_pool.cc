@@ -770,10 +770,9 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
         size_t e = i + 1;
         while (e < n && !keep[e]) ++e;
         const size_t old_end = std::min(e, al->handles.size());
-        if (i < old_end) {  // stale positions: their chunks serve someone else now
-            if (alias_unmap(al->base + i * chunk_, old_end - i) != k_cuda_success) ok = false;
-            for (size_t k = i; k < old_end; ++k) al->handles[k] = 0;
-        }
+        // Stale positions: their chunks serve someone else now.  A refused one stays known as
+        // mapped (the drop below tries it again, and stops chunk releases if refused again).
+        if (i < old_end && !unmap_alias_range(*al, i, old_end)) ok = false;
         if (ok && al->handles.size() < e) {
             try {
                 al->handles.resize(e, 0);
@@ -877,24 +876,33 @@ block_pool::alias* block_pool::alias_of(const segment* st) noexcept {
     return nullptr;
 }
 
-void block_pool::unmap_alias_from(alias& a, size_t from) noexcept {
+bool block_pool::unmap_alias_range(alias& a, size_t from, size_t to) noexcept {
     bool ok = true;
-    for (size_t i = from; i < a.handles.size();) {
+    for (size_t i = from; i < to;) {
         if (!a.handles[i]) {
             ++i;
             continue;
         }
         size_t e = i + 1;
-        while (e < a.handles.size() && a.handles[e]) ++e;
-        // A refusal (a context the driver has broken) leaves a chunk mapped twice, which must
-        // then never be released: from now on the pool releases no chunk (alias_stuck_).
-        if (alias_unmap(a.base + i * chunk_, e - i) != k_cuda_success) ok = false;
+        while (e < to && a.handles[e]) ++e;
+        if (alias_unmap(a.base + i * chunk_, e - i) == k_cuda_success)
+            std::fill(a.handles.begin() + ptrdiff_t(i), a.handles.begin() + ptrdiff_t(e), 0);
+        else
+            ok = false;
         i = e;
     }
+    return ok;
+}
+
+void block_pool::unmap_alias_from(alias& a, size_t from) noexcept {
+    // A refusal (a context the driver has broken) leaves a chunk mapped twice, which must then
+    // never be released: from now on the pool releases no chunk (alias_stuck_).
+    const bool ok = unmap_alias_range(a, from, a.handles.size());
     alias_stuck_ |= !ok;
+    if (!ok) return;  // the refused positions stay known as mapped; the address space is leaked with them
     a.handles.resize(from);  // shrinks: cannot throw
     a.src.resize(from);
-    if (!from && ok) backend_.va_free(a.base, a.va);  // else leaked with what is still mapped in it
+    if (!from) backend_.va_free(a.base, a.va);
 }
 
 void block_pool::drop_aliases(size_t idle_keep, bool tails) noexcept {

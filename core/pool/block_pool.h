@@ -285,7 +285,11 @@ class block_pool {
     // backend_.map_alias / unmap_alias of n chunks at addr, timed and counted (stitch_driver).
     int alias_map(uint64_t addr, size_t n, const uint64_t* handles) noexcept;
     int alias_unmap(uint64_t addr, size_t n) noexcept;
+    // Unmaps the mapped positions of [from, to) of an alias, in runs; false if the driver refused
+    // one (that run stays known as mapped).
+    bool unmap_alias_range(alias& a, size_t from, size_t to) noexcept;
     // Unmaps an alias's mapped positions from `from` on (all of them: then frees its address space).
+    // A refusal sets alias_stuck_ and leaves the positions as they are, the address space reserved.
     void unmap_alias_from(alias& a, size_t from) noexcept;
     // idle_keep: how many idle aliases may stay (the oldest go first); tails: also unmap the
     // positions past each used alias's segment.  0 and true before any chunk is released.

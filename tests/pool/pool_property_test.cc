@@ -411,6 +411,82 @@ TEST_CASE("random operations with GPUMEM_POOL_CHUNK larger than the granularity 
     run_random(34u, reuse_mode::automatic, 3000, 2 * MiB, true, 4 * MiB);
 }
 
+// Stitching on kept ranges (GPUMEM_POOL_STITCH_KEEP 0-3) under what the driver may do to it:
+// large requests during captures (no unmap then), refused maps, and (half the seeds) a refused
+// second-mapping unmap now and then.  After every operation: the invariants, no misuse of the
+// device (an unmap during a capture, a chunk released or an address range freed while still
+// mapped), and the reserved bytes the device's; at the end, where nothing was refused, nothing left.
+TEST_CASE("random stitching on kept ranges, with captures and refused driver calls, misuses no driver call", "[pool][property][vmm][stitch]") {
+    uint64_t stitches = 0, on_kept = 0;
+    for (uint32_t seed = 1; seed <= 40; ++seed) {
+        std::mt19937_64 rng(seed);
+        const bool refuse = seed % 2 == 0;
+        fake_backend dev(512 * MiB);
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        pool_config cfg = safe_config();
+        cfg.vmm = true;
+        cfg.stitch = true;
+        cfg.sync_budget = 16 * MiB;
+        cfg.stitch_keep = uint32_t(rng() % 4);
+        if (seed % 4 < 2) cfg.trim = 32 * MiB;
+        INFO("seed " << seed << " keep " << cfg.stitch_keep << " trim " << cfg.trim << " refusals " << refuse);
+        block_pool pool(cfg, dev, &sink, 0);
+        std::vector<uint64_t> live;
+        for (int op = 0; op < 4000; ++op) {
+            INFO("op " << op);
+            const int r = int(rng() % 100);
+            if (r < 50 || live.empty()) {
+                const int kind = int(rng() % 10);
+                const uint64_t size = kind < 5 ? 1 + rng() % MiB
+                                    : kind < 8 ? 2 * MiB + rng() % (10 * MiB)
+                                               : 16 * MiB + rng() % (64 * MiB);
+                const bool capture = rng() % 10 == 0;
+                const int fault = int(rng() % 20);
+                if (fault == 0) dev.fail_next_allocs(1, k_cuda_oom);
+                if (fault == 1 && refuse) dev.fail_next_unmap_alias(1);
+                dev.set_capturing(capture);
+                uint64_t p = 0;
+                if (pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success) live.push_back(p);
+                dev.set_capturing(false);
+                dev.fail_next_allocs(0, k_cuda_oom);
+                dev.fail_next_unmap_alias(0);
+            } else if (r < 95) {
+                const size_t k = rng() % live.size();
+                int rc = -1;
+                REQUIRE(pool.deallocate(live[k], api_id::cuMemFree_v2, &rc));
+                live[k] = live.back();
+                live.pop_back();
+            } else {
+                pool.release_cached();
+            }
+            std::string why;
+            REQUIRE(pool.validate(&why));
+            REQUIRE(dev.bad_calls() == 0);
+            REQUIRE(pool.snapshot().reserved == dev.in_use());
+            // A refused unmap leaks its range's address space, with what is mapped in it.
+            if (!refuse) REQUIRE(pool.snapshot().segments + pool.kept_ranges() == dev.reservations() + dev.live_segments());
+        }
+        for (uint64_t p : live) {
+            int rc = -1;
+            REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+        }
+        pool.release_cached();
+        CHECK(dev.bad_calls() == 0);
+        uint64_t made = 0, reused = 0;
+        pool.stitch_counts(&made, nullptr, nullptr, &reused);
+        stitches += made;
+        on_kept += reused;
+        if (!refuse) {
+            CHECK(dev.aliases() == 0);
+            CHECK(dev.in_use() == 0);
+            CHECK(dev.reservations() == 0);
+        }
+    }
+    CHECK(on_kept > 100);  // the runs stitched on kept ranges, or they prove little
+    CHECK(stitches > on_kept);
+}
+
 // The replayer itself, on events made by hand: it must accept an arena segment's growth and
 // refuse a map over memory that is there, or the property runs above prove nothing about maps.
 TEST_CASE("the layout replayer: arena segments, segment_map into unmapped bytes only", "[pool][property][vmm]") {

@@ -1119,3 +1119,31 @@ TEST_CASE("stitching: a failed stitch during a capture on a kept range unmaps no
     CHECK(t.dev.reservations() == 0);
     CHECK(t.dev.bad_calls() == 0);
 }
+
+TEST_CASE("stitching: a remap's refused unmap leaves its position known as mapped", "[pool][vmm][stitch]") {
+    kept_range_setup t;
+    const uint64_t big = t.alloc(60 * MiB);
+    t.free(big);
+    t.settle();
+    // P1's first chunk taken: the next 60 MiB stitch on the kept range remaps position 0, and the
+    // driver refuses that one unmap.  The stitch fails (the request grows instead), and the range
+    // goes: every position still mapped is unmapped first, the refused one included.
+    const uint64_t x = t.alloc(2 * MiB);
+    REQUIRE(x == t.six[1]);
+    t.dev.fail_next_unmap_alias(1);
+    const uint64_t z = t.alloc(60 * MiB);
+    CHECK(t.dev.bad_calls() == 0);  // no va_free with a position still mapped
+    CHECK(t.dev.aliases() == 0);
+    CHECK(t.pool.kept_ranges() == 0);
+    std::string why;
+    CHECK(t.pool.validate(&why));
+    INFO(why);
+    t.free(z);
+    t.free(x);
+    for (uint64_t q : t.sm) t.free(q);
+    for (size_t i = 0; i < t.six.size(); i += 3) t.free(t.six[i]);
+    t.pool.release_cached();
+    CHECK(t.dev.in_use() == 0);
+    CHECK(t.dev.reservations() == 0);
+    CHECK(t.dev.bad_calls() == 0);
+}
