@@ -1054,6 +1054,18 @@ struct kept_range_setup {
         int rc = -1;
         REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
     }
+    // Frees `rest`, the small blocks and the live 6 MiB ones, then releases everything cached:
+    // nothing may stay mapped twice, reserved or allocated.
+    void release_all(std::initializer_list<uint64_t> rest) {
+        for (uint64_t p : rest) free(p);
+        for (uint64_t q : sm) free(q);
+        for (size_t i = 0; i < six.size(); i += 3) free(six[i]);
+        pool.release_cached();
+        CHECK(dev.aliases() == 0);
+        CHECK(dev.in_use() == 0);
+        CHECK(dev.reservations() == 0);
+        CHECK(dev.bad_calls() == 0);
+    }
 };
 }  // namespace
 
@@ -1109,15 +1121,7 @@ TEST_CASE("stitching: a failed stitch during a capture on a kept range unmaps no
     std::string why;
     CHECK(t.pool.validate(&why));
     INFO(why);
-    // Everything back: nothing left mapped twice, nothing leaked.
-    t.free(z);
-    for (uint64_t q : t.sm) t.free(q);
-    for (size_t i = 0; i < t.six.size(); i += 3) t.free(t.six[i]);
-    t.pool.release_cached();
-    CHECK(t.dev.aliases() == 0);
-    CHECK(t.dev.in_use() == 0);
-    CHECK(t.dev.reservations() == 0);
-    CHECK(t.dev.bad_calls() == 0);
+    t.release_all({z});
 }
 
 TEST_CASE("stitching: a remap's refused unmap leaves its position known as mapped", "[pool][vmm][stitch]") {
@@ -1138,12 +1142,5 @@ TEST_CASE("stitching: a remap's refused unmap leaves its position known as mappe
     std::string why;
     CHECK(t.pool.validate(&why));
     INFO(why);
-    t.free(z);
-    t.free(x);
-    for (uint64_t q : t.sm) t.free(q);
-    for (size_t i = 0; i < t.six.size(); i += 3) t.free(t.six[i]);
-    t.pool.release_cached();
-    CHECK(t.dev.in_use() == 0);
-    CHECK(t.dev.reservations() == 0);
-    CHECK(t.dev.bad_calls() == 0);
+    t.release_all({z, x});
 }
