@@ -39,6 +39,32 @@ std::vector<uint64_t> fragment_6mib(block_pool& pool, int n) {
     return small;
 }
 
+// The device of a VMM pool's tests: 2 MiB chunks.
+fake_backend& with_vmm(fake_backend& d) {
+    d.set_vmm(2 * MiB);
+    return d;
+}
+
+// A pool on virtual memory with stitching and safe reuse (keeping `keep` stitched ranges), n
+// blocks of 6 MiB, two of three freed and settled (fragment_6mib): where the stitch tests start.
+struct stitch_pool {
+    fake_backend dev{8ull << 30};
+    recording_sink sink;
+    block_pool pool;
+    std::vector<uint64_t> six;
+    static pool_config config(uint32_t keep) {
+        pool_config cfg = vmm_config();
+        cfg.reuse = reuse_mode::safe;
+        cfg.stitch = true;
+        cfg.stitch_keep = keep;
+        return cfg;
+    }
+    explicit stitch_pool(int n, uint32_t keep = 2) : pool(config(keep), with_vmm(dev), &sink, 0) {
+        six = fragment_6mib(pool, n);
+        pool.release_cached();
+    }
+};
+
 size_t fill_fragment_large(bool vmm, uint64_t capacity, uint64_t big, fake_backend& dev, recording_sink& sink) {
     dev.set_vmm(2 * MiB);
     pool_config cfg = immediate_config();
@@ -505,17 +531,11 @@ TEST_CASE("stitching: a request past the high-water mark takes scattered free ch
 }
 
 TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps the lenders lent", "[pool][vmm][stitch]") {
-    fake_backend dev(8ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.stitch = true;
-    cfg.stitch_keep = 0;  // the dissolve unmaps (a kept range's refusal: the next test)
-    block_pool pool(cfg, dev, &sink, 0);
-    const std::vector<uint64_t> small = fragment_6mib(pool, 30);
+    stitch_pool f(30, 0);  // no kept range: the dissolve unmaps (a kept range's refusal: below)
+    fake_backend& dev = f.dev;
+    block_pool& pool = f.pool;
+    const std::vector<uint64_t>& small = f.six;
     int rc = -1;
-    pool.release_cached();
     uint64_t big = 0;
     REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
     REQUIRE(dev.aliases() == 30);
@@ -619,15 +639,10 @@ TEST_CASE("stitching: a kept range serves the next stitch, remapping only the po
 }
 
 TEST_CASE("stitching: a refused unmap of a kept range stops every chunk release", "[pool][vmm][stitch]") {
-    fake_backend dev(8ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.stitch = true;
-    block_pool pool(cfg, dev, &sink, 0);
-    const std::vector<uint64_t> six = fragment_6mib(pool, 30);
-    pool.release_cached();
+    stitch_pool f(30);
+    fake_backend& dev = f.dev;
+    block_pool& pool = f.pool;
+    const std::vector<uint64_t>& six = f.six;
     int rc = -1;
     uint64_t big = 0;
     REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -650,15 +665,10 @@ TEST_CASE("stitching: a refused unmap of a kept range stops every chunk release"
 TEST_CASE("context end: virtual-memory chunks and address space go back, live blocks and stitches included", "[pool][vmm][stitch]") {
     // cuMemCreate memory belongs to no context: forgetting it at a context's end (as cuMemAlloc
     // segments may be) would keep it from the program's next context.
-    fake_backend dev(8ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.stitch = true;
-    block_pool pool(cfg, dev, &sink, 0);
-    const std::vector<uint64_t> small = fragment_6mib(pool, 30);  // live blocks stay
-    pool.release_cached();
+    stitch_pool f(30);  // live blocks stay
+    fake_backend& dev = f.dev;
+    block_pool& pool = f.pool;
+    const std::vector<uint64_t>& small = f.six;
     uint64_t big = 0;
     REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);  // a live stitch
     REQUIRE(dev.aliases() == 30);
@@ -671,7 +681,7 @@ TEST_CASE("context end: virtual-memory chunks and address space go back, live bl
     CHECK(dev.mapped_chunks() == 0);
     CHECK(dev.reservations() == 0);
     CHECK(dev.bad_calls() == 0);  // aliases unmapped before their chunks were released
-    CHECK(sink.events.back().ev == ev_kind::context_reset);
+    CHECK(f.sink.events.back().ev == ev_kind::context_reset);
     int rc = -1;
     CHECK_FALSE(pool.deallocate(small[0], api_id::cuMemFree_v2, &rc));  // no longer ours
     uint64_t again = 0;
@@ -1022,10 +1032,6 @@ struct kept_range_setup {
         cfg.sync_budget = 4 * MiB;
         cfg.sync_budget_div = 1 << 20;  // the budget stays 4 MiB: 8 MiB of small frees sync
         return cfg;
-    }
-    static fake_backend& with_vmm(fake_backend& d) {
-        d.set_vmm(2 * MiB);
-        return d;
     }
     kept_range_setup() : pool(config(), with_vmm(dev), &sink, 0) {
         sm.resize(16);
