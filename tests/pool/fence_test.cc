@@ -62,16 +62,8 @@ struct fenced {
         if (side_stream) streams.created(k_ctx, k_stream, true);
         pool.set_streams(&streams, k_ctx);
     }
-    uint64_t alloc(uint64_t size) {
-        uint64_t p = 0;
-        REQUIRE(pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
-        return p;
-    }
-    void free(uint64_t p) {
-        int rc = -1;
-        REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
-        REQUIRE(rc == k_cuda_success);
-    }
+    uint64_t alloc(uint64_t size) { return alloc_ok(pool, size); }
+    void free(uint64_t p) { free_ok(pool, p); }
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Shared helpers of the pool tests: a recording event sink and config shortcuts.
+// Shared helpers of the pool tests: a recording event sink, config shortcuts, checked alloc/free.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <mutex>
 #include <vector>
 
@@ -53,6 +54,20 @@ inline constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
 // Blocks of `size` until the pool refuses one (the device full), appended to *out.
 inline void fill_pool(block_pool& pool, uint64_t size, std::vector<uint64_t>* out) {
     for (uint64_t p = 0; pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success;) out->push_back(p);
+}
+
+// An allocation that must succeed; its address.
+inline uint64_t alloc_ok(block_pool& pool, uint64_t size) {
+    uint64_t p = 0;
+    REQUIRE(pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    return p;
+}
+
+// A free of one of the pool's blocks that must succeed.
+inline void free_ok(block_pool& pool, uint64_t p) {
+    int rc = -1;
+    REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    REQUIRE(rc == k_cuda_success);
 }
 
 }  // namespace gpumem::test

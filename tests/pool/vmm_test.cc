@@ -1051,15 +1051,8 @@ struct kept_range_setup {
         }
         REQUIRE(dev.sync_calls() > s0);
     }
-    uint64_t alloc(uint64_t size) {
-        uint64_t p = 0;
-        REQUIRE(pool.allocate(size, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
-        return p;
-    }
-    void free(uint64_t p) {
-        int rc = -1;
-        REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
-    }
+    uint64_t alloc(uint64_t size) { return alloc_ok(pool, size); }
+    void free(uint64_t p) { free_ok(pool, p); }
     // Frees `rest`, the small blocks and the live 6 MiB ones, then releases everything cached:
     // nothing may stay mapped twice, reserved or allocated.
     void release_all(std::initializer_list<uint64_t> rest) {
