@@ -638,36 +638,31 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
         // Remapping a position unmaps it first, which, like a dissolve, waits for no device work:
         // only outside a capture (the stale chunk's new owner may be in one: its work goes on).
         const bool may_unmap = !aliases_.empty() && can_sync();
-        std::vector<uint64_t> seen;
+        // Each idle range's positions that can stay, {chunk, position} by chunk: one per lendable
+        // chunk (a chunk may sit at two positions, a tail position's chunk lent to a lower one by
+        // a shorter stitch: it is kept at one, and the other is remapped).  Every other position
+        // below n is remapped.
+        std::vector<std::pair<uint64_t, size_t>> cand, kept;
         for (alias& a : aliases_) {
             if (a.user || a.va < need) continue;
-            // Its positions kept: one per lendable chunk (below); every other one is remapped.
             const size_t m = std::min(n, a.handles.size());
-            seen.clear();
+            cand.clear();
             for (size_t i = 0; i < m; ++i)
-                if (lendable(a.src[i], a.handles[i])) seen.push_back(a.src[i]);
-            std::sort(seen.begin(), seen.end());
-            const size_t valid = size_t(std::unique(seen.begin(), seen.end()) - seen.begin());
-            if ((valid < m && !may_unmap) || valid <= best) continue;
-            best = valid;
+                if (lendable(a.src[i], a.handles[i])) cand.emplace_back(a.src[i], i);
+            std::sort(cand.begin(), cand.end());
+            cand.erase(std::unique(cand.begin(), cand.end(), [](const auto& x, const auto& y) { return x.first == y.first; }),
+                       cand.end());
+            if ((cand.size() < m && !may_unmap) || cand.size() <= best) continue;
+            best = cand.size();
             al = &a;
+            kept.swap(cand);
         }
         std::vector<uint64_t> used;  // the kept positions' chunks, sorted: not lent twice
-        if (al) {
-            std::vector<std::pair<uint64_t, size_t>> cand;  // {chunk, position}
-            for (size_t i = 0; i < n && i < al->handles.size(); ++i)
-                if (lendable(al->src[i], al->handles[i])) cand.emplace_back(al->src[i], i);
-            // One chunk may sit at two positions (a tail position's chunk was lent to a lower one
-            // by a shorter stitch): it is kept at one, and the other is remapped.
-            std::sort(cand.begin(), cand.end());
-            for (size_t k = 0; k < cand.size(); ++k) {
-                if (k && cand[k].first == cand[k - 1].first) continue;
-                const size_t i = cand[k].second;
-                keep[i] = 1;
-                src[i] = al->src[i];
-                h[i] = al->handles[i];
-                used.push_back(src[i]);
-            }
+        for (const auto& [chunk, i] : kept) {
+            keep[i] = 1;
+            src[i] = chunk;
+            h[i] = al->handles[i];
+            used.push_back(chunk);
         }
         // The other positions: whole chunks of the free blocks, smallest first (the pieces no
         // request fits are the ones worth lending; a larger free block left whole may still serve
@@ -934,7 +929,7 @@ void block_pool::dissolve(segment* st, api_id api) {
     // driver that refuses the unmap has a broken context: the stitched segment stays out of
     // service (its block lent, never handed out) and its lenders stay lent, so no chunk is
     // released while it may still be mapped twice.
-    if (!cfg_.stitch_keep && alias_unmap(st->base, st->chunks.size()) != k_cuda_success) {
+    if (!cfg_.stitch_keep && al && !unmap_alias_range(*al, 0, st->chunks.size())) {
         free_erase(b);
         free_bytes_ -= b->size;
         b->state = block_state::lent;
@@ -945,7 +940,6 @@ void block_pool::dissolve(segment* st, api_id api) {
     if (al) {
         al->user = nullptr;
         if (!cfg_.stitch_keep) {
-            std::fill(al->handles.begin(), al->handles.begin() + ptrdiff_t(std::min(al->handles.size(), st->chunks.size())), 0);
             unmap_alias_from(*al, 0);  // a tail past the segment, then the address space
             aliases_.erase(aliases_.begin() + (al - aliases_.data()));
         }
