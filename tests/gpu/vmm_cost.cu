@@ -11,6 +11,10 @@
 // several threads overlap.  No argument runs everything; "stall" or "parallel" runs just that.
 // "calls" (only by name): "call op=NAME us_per_call=X busy=0|1" for the driver calls of one pool
 // operation under safe reuse (the context and capture checks, an ordered release's record and wait).
+// "background" (only by name): "background worker=NAME ..." lines: whether remaps on a helper
+// thread slow the program's own thread (a loop of a tiny launch, an event record and query, as a
+// pool operation under safe reuse makes), and whether they break a global-mode stream capture on
+// the program's thread ("capture worker=NAME end=RESULT").
 // "order" (only by name): "order variant=NAME streams=N gpu_us_per_iter=X host_us_per_iter=Y" for
 // what an ordered release costs the device, not the host: a chain of small kernels on the legacy
 // stream, alone or with a release's calls after each (each idle stream marked and made to wait, or
@@ -18,6 +22,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -404,6 +410,105 @@ int calls(cudaStream_t side) {
     return 0;
 }
 
+// Remaps on a helper thread while the program's thread runs a launch/record/query loop: does the
+// driver make the program wait for them (a lock held across a remap)?  Worker modes: none, busy
+// (remapping 64 handles of 2 MiB back to back), half (a remap, then a sleep as long as it took).
+static int background(CUdevice dev, CUcontext ctx) {
+    chunk_kind ck;
+    CK(ck.init(dev));
+    const size_t gran = ck.gran;
+    const int n = 64;
+    std::vector<CUmemGenericAllocationHandle> h(n);
+    for (auto& x : h) CK(cuMemCreate(&x, gran, &ck.prop, 0));
+    CUdeviceptr va = 0;
+    CK(cuMemAddressReserve(&va, gran * n, 0, 0, 0));
+    CUevent ev;
+    CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    CUstream other;
+    CK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    const char* names[] = {"none", "busy", "half"};
+    const int iters = 20000;
+    for (int round = 0; round < 3; ++round) {
+        for (int mode = 0; mode < 3; ++mode) {
+            std::atomic<bool> stop{false};
+            std::atomic<long> remaps{0};
+            std::atomic<int> bad{0};
+            std::thread worker;
+            if (mode)
+                worker = std::thread([&] {
+                    if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) { bad = 1; return; }
+                    while (!stop.load()) {
+                        auto t = clk::now();
+                        for (int i = 0; i < n; ++i)
+                            if (cuMemMap(va + size_t(i) * gran, gran, 0, h[i], 0)) bad = 2;
+                        if (cuMemSetAccess(va, n * gran, &ck.acc, 1)) bad = 3;
+                        if (cuMemUnmap(va, n * gran)) bad = 4;
+                        remaps += n;
+                        if (mode == 2) std::this_thread::sleep_for(clk::now() - t);
+                    }
+                });
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            std::vector<double> per(iters);
+            auto t0 = clk::now();
+            for (int k = 0; k < iters; ++k) {
+                auto t = clk::now();
+                spin<<<1, 1>>>(100);
+                CK(cuEventRecord(ev, CU_STREAM_LEGACY));
+                (void)cuEventQuery(ev);
+                (void)cuStreamQuery(other);
+                per[k] = us_since(t);
+            }
+            const double total = us_since(t0);
+            const long done = remaps.load();
+            stop = true;
+            if (worker.joinable()) worker.join();
+            CK(cuCtxSynchronize());
+            std::sort(per.begin(), per.end());
+            printf("background worker=%s round=%d main_us_per_iter=%.2f median=%.2f p99=%.2f max=%.1f worker_handles=%ld "
+                   "worker_us_per_handle=%.1f failed=%d\n",
+                   names[mode], round, total / iters, per[iters / 2], per[iters * 99 / 100], per.back(), done,
+                   done ? total / done : 0.0, bad.load());
+        }
+    }
+    // A global-mode capture on this thread while the helper remaps: does the capture survive?
+    for (int mode = 0; mode < 2; ++mode) {
+        std::atomic<bool> stop{false};
+        std::atomic<long> refused{0}, calls{0};
+        std::thread worker;
+        CUstream cs;
+        CK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+        if (mode)
+            worker = std::thread([&] {
+                if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return;
+                while (!stop.load()) {
+                    for (int i = 0; i < n; ++i) refused += cuMemMap(va + size_t(i) * gran, gran, 0, h[i], 0) != CUDA_SUCCESS;
+                    refused += cuMemSetAccess(va, n * gran, &ck.acc, 1) != CUDA_SUCCESS;
+                    refused += cuMemUnmap(va, n * gran) != CUDA_SUCCESS;
+                    calls += n + 2;
+                }
+            });
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        CUresult begin = cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        for (int k = 0; k < 200; ++k) spin<<<1, 1, 0, cudaStream_t(cs)>>>(100);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        CUgraph g = nullptr;
+        CUresult end = cuStreamEndCapture(cs, &g);
+        stop = true;
+        if (worker.joinable()) worker.join();
+        printf("capture worker=%s begin=%d end=%d worker_calls=%ld refused=%ld\n", names[mode], int(begin), int(end),
+               calls.load(), refused.load());
+        if (g) cuGraphDestroy(g);
+        (void)cuCtxSynchronize();
+        (void)cudaGetLastError();
+        CK(cuStreamDestroy(cs));
+    }
+    CK(cuMemAddressFree(va, gran * n));
+    for (auto& x : h) CK(cuMemRelease(x));
+    CK(cuEventDestroy(ev));
+    CK(cuStreamDestroy(other));
+    return 0;
+}
+
 // The device's side of an ordered release (block_pool::order_release) with PyTorch's 32 idle pooled
 // streams: legacy-stream waits for each stream's mark, an event, each stream's wait for it.
 static int order(cudaStream_t) {
@@ -467,6 +572,11 @@ int main(int argc, char** argv) {
     const std::string only = argc > 1 ? argv[1] : "";
     if (only == "calls") return calls(side);
     if (only == "order") return order(side);
+    if (only == "background") {
+        CUcontext c;
+        CK(cuCtxGetCurrent(&c));
+        return background(dev, c);
+    }
     if (only.empty())
         for (int busy = 0; busy < 2; ++busy)
             if (int rc = run(busy, dev, side)) return rc;
