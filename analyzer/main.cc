@@ -108,6 +108,12 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         return usage_error(chosen ? chosen->app->get_name() : "", e.what());
     }
+    // The commands take an empty value for an option not given, so `--junit "$UNSET_VAR"` would skip
+    // its output (or `--baseline ""` its gate, `--at ""` its map) without a word: refused instead.
+    for (const CLI::Option* o : chosen->app->get_options())
+        if (o->nonpositional() && o->get_items_expected_min() > 0)
+            for (const std::string& r : o->results())
+                if (r.empty()) return usage_error(chosen->app->get_name(), o->get_name() + ": empty value");
     init_diagnostics(verbose);
     return chosen->run(tail, dashdash);
 }

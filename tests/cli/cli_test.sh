@@ -383,6 +383,18 @@ conventions)
   expect_rc 0 "$GPUMEM" diff --top 2 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_rc 2 "$GPUMEM" diff --top=0 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_in "$W/err" "gpumem: error: --top"
+  # An empty value (an unset variable: --junit "$JUNIT") is refused, not taken for "not given":
+  # the output, gate or map it asked for would be skipped without a word.
+  expect_rc 2 "$GPUMEM" check --max-peak 10GiB --junit "" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --junit: empty value"
+  expect_rc 2 "$GPUMEM" check --max-peak 10GiB --baseline "" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --baseline: empty value"
+  for opt in --html --perfetto --torch-snapshot --at; do
+    expect_rc 2 "$GPUMEM" report $opt "" "$DATA/before.jsonl"
+    expect_in "$W/err" "gpumem: error: $opt: empty value"
+  done
+  expect_rc 2 "$GPUMEM" replay --capacity "" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --capacity: empty value"
   # An output option that took a log as its FILE (a glob after --html) must not overwrite it: exit 2,
   # the log intact.  The same for an input named twice, and for a report JSON in the way.
   cp "$DATA/before.jsonl" "$DATA/after.jsonl" "$W/"
