@@ -6,10 +6,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -110,6 +112,13 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
     return ok;
 }
 
+// Whether two paths name one file, existing or not ("x.html" and "./x.html", a link and its target).
+bool same_path(const std::string& x, const std::string& y) {
+    std::error_code ex, ey;
+    std::filesystem::path px = std::filesystem::weakly_canonical(x, ex), py = std::filesystem::weakly_canonical(y, ey);
+    return x == y || (!ex && !ey && px == py);
+}
+
 int run_report(report_args& a, const std::vector<std::string>& tail) {
     analyze_options aopt;
     aopt.progress = a.progress || (!a.no_progress && ::isatty(2) == 1);
@@ -129,6 +138,14 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         std::string why;
         if (output_would_clobber(*out, logs, why)) return usage_error("report", why);
     }
+    // Two outputs on one file: the second would replace the first, which would be lost unsaid.
+    const std::pair<const char*, const std::string*> outs[] = {
+        {"--html", &a.html_path}, {"--perfetto", &a.perfetto_path}, {"--torch-snapshot", &a.torch_path}};
+    for (size_t i = 0; i < std::size(outs); ++i)
+        for (size_t j = i + 1; j < std::size(outs); ++j)
+            if (!outs[i].second->empty() && !outs[j].second->empty() && same_path(*outs[i].second, *outs[j].second))
+                return usage_error("report", std::string(outs[i].first) + " and " + outs[j].first + " both name " +
+                                                 *outs[j].second + ": give each output its own file");
 
     // Each log is analyzed on its own thread (all cores, or -j), into its own slot; what it has to
     // say is kept with it and said afterwards in the order of the logs, so the output is the same

@@ -412,6 +412,11 @@ conventions)
   expect_in "$W/err" "again.jsonl is also an input"
   [ "$(md5sum < "$W/before.jsonl")" = "$sum" ] || fail "an output option overwrote an input log"
   expect_rc 0 "$GPUMEM" report --html "$W/a.html" "$DATA/before.jsonl"  # an earlier report: replaced
+  # Two outputs on one file: the second would replace the first.
+  expect_rc 2 "$GPUMEM" report --html "$W/same.out" --perfetto "./same.out" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./same.out"
+  expect_rc 2 "$GPUMEM" report --perfetto "$W/same.out" --torch-snapshot "$W/same.out" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --perfetto and --torch-snapshot both name"
   # Inputs after --, and options after the inputs.
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1KiB
   expect_rc 0 "$GPUMEM" report --no-progress -- "$DATA/before.jsonl"
