@@ -404,12 +404,14 @@ void add_options(CLI::App* app, replay_args& a) {
     app->add_option("--policy", a.policies,
                     "allocators to simulate, comma-separated: ideal, pytorch, pytorch:OPTIONS (PYTORCH_CUDA_ALLOC_CONF "
                     "syntax), pytorch-expandable, gpumem, gpumem:KNOB=VALUE (default: ideal,pytorch,pytorch-expandable,gpumem)")
-        ->type_name("P,...");
+        ->type_name("P,...")
+        ->allow_extra_args(false);  // one value each time (it is comma-separated): `--policy P LOG` keeps LOG a log
     app->add_option("--api", a.apis,
                     "replay only allocations made through these APIs (default: every device allocation; a name "
                     "no allocation of the log used is an error); "
                     "--api cudaMalloc is what PyTorch's allocator sees under PYTORCH_NO_CUDA_MEMORY_CACHING=1")
-        ->type_name("NAME,...");
+        ->type_name("NAME,...")
+        ->allow_extra_args(false);
     app->add_option("--capacity", a.capacity_text, "device memory: say whether and where each policy runs out")
         ->type_name("SIZE");
     app->add_flag("--json", a.json, "print the results as JSON");

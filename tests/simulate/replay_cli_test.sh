@@ -138,6 +138,11 @@ done
   || fail "gpumem:pool_round=0: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
+# --policy and --api take one (comma-separated) value each time: the log after them stays a log,
+# and a repeated option adds to the list.
+"$GPUMEM" replay --policy ideal --api cudaMalloc --policy pytorch "$W/frag.jsonl" 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 0 ] && grep -qE "^   ideal " "$W/out" && grep -qE "^   pytorch " "$W/out" && ! grep -qE "^   gpumem " "$W/out" \
+  || fail "--policy P --api A --policy Q LOG: exit $rc, $(cat "$W/err")"
 
 # The H200 pairs.  LOG:WORKLOAD:RANK:TOLERANCE (the cached settings' allowed error; "exact" also
 # demands the same number of device allocations).  DDP rank 0 is the exception: its backward
