@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format_util.h"
 #include "input_spool.h"
 #include "log_fields.h"
 #include "log_reader.h"
@@ -245,6 +246,16 @@ process_report analyze_file(const std::string& path, const analyze_options& opt,
     if (!rep.has_end)
         rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
                    "the last flush interval of events may be missing", true);
+    if (opt.at.kind != moment::by::none) {
+        // --at copies the devices that had events by then; one whose first event comes later held
+        // nothing and gets no map.  Said, so that a map asked for is not missing without a word.
+        const std::string at = "--at " + (opt.at.kind == moment::by::seq ? "seq " + std::to_string(opt.at.value) : fmt_time(opt.at.value));
+        if (rep.devices.empty()) rp.warn(0, at + ": the log has no device memory events, so there is no free-block map to show", true);
+        for (const device_report& d : rep.devices)
+            if (!d.at_request.valid)
+                rp.warn(0, at + " comes before device " + std::to_string(d.dev) + "'s first event (at " + fmt_time(d.first_t) +
+                               "): it held no memory then, so it has no free-block map", true);
+    }
     if (rp.needs_second_pass()) {
         // The peak moved too often to copy the state at each new peak; rebuild up to it instead.
         process_report again;

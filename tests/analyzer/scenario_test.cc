@@ -271,6 +271,24 @@ TEST_CASE("--at takes the map after the last event at or before the moment", "[s
     CHECK(r.devices[0].at_request.allocated == 524288);
 }
 
+TEST_CASE("--at before a device's first event says that device has no map", "[scenario]") {
+    // Device 0's first event is at seq 0 (t=100), device 1's at seq 1 (t=200).
+    std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 4096) + alloc_line(1, 0x2000, 8192, 1) + end_line(2, 2);
+    temp_file f(log);
+    analyze_options o;
+    REQUIRE(parse_moment("0", o.at));
+    process_report r = analyze_file(f.path, o);
+    REQUIRE(r.devices.size() == 2);
+    CHECK(r.devices[0].at_request.valid);
+    CHECK_FALSE(r.devices[1].at_request.valid);
+    CHECK(has_warning(r, "--at seq 0 comes before device 1's first event (at 200 ns): it held no memory then"));
+    CHECK_FALSE(has_warning(r, "before device 0's"));
+    REQUIRE(parse_moment("50ns", o.at));  // before every event: no map at all, and each device says so
+    r = analyze_file(f.path, o);
+    CHECK(has_warning(r, "--at 50 ns comes before device 0's first event (at 100 ns)"));
+    CHECK(has_warning(r, "--at 50 ns comes before device 1's first event (at 200 ns)"));
+}
+
 TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
     moment m;
     REQUIRE(parse_moment("#12", m));
