@@ -215,6 +215,9 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
         side_a.push_back(args.inputs[0]);
         side_b.assign(args.inputs.begin() + 1, args.inputs.end());
     }
+    // `--` parts the two sides; a second one is no input name (A -- B1 -- B2 means three sides).
+    if (std::find(side_b.begin(), side_b.end(), "--") != side_b.end())
+        return usage_error("diff", "a second --: diff compares two runs, A1 A2... -- B1 B2...");
     if (side_a.empty() || side_b.empty())
         return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
     run_input ra, rb;

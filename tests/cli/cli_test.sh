@@ -381,6 +381,8 @@ conventions)
   expect_rc 0 "$GPUMEM" check --baseline="$W/before.json" --tolerance=0% "$DATA/before.jsonl"
   expect_rc 0 "$GPUMEM" diff --top=2 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_rc 0 "$GPUMEM" diff --top 2 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" -- "$DATA/after.jsonl" -- "$DATA/after.jsonl"
+  expect_in "$W/err" "gpumem: error: a second --: diff compares two runs"
   expect_rc 2 "$GPUMEM" diff --top=0 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_in "$W/err" "gpumem: error: --top"
   # An empty value (an unset variable: --junit "$JUNIT") is refused, not taken for "not given":
