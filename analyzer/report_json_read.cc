@@ -394,6 +394,9 @@ report_file read_report_json(const std::string& path, const std::string& open_pa
     }
     auto it = j.find("processes");
     if (it == j.end() || !it->is_array()) throw input_error(path, 0, "report has no \"processes\" list");
+    // gpumem report --json writes one process per log and takes at least one log: an empty list is
+    // no report of a run (report printed nothing at all, diff compared against nothing).
+    if (it->empty()) throw input_error(path, 0, "report's \"processes\" list is empty: no run to read");
     report_file out;
     for (const json& p : *it) {
         if (!p.is_object()) throw input_error(path, 0, "a member of \"processes\" is not an object");

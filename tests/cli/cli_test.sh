@@ -196,7 +196,7 @@ check_baseline)
   # A baseline with no GPU in it compares nothing: unusable (it passed with "0 limits").
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": []}' > "$W/nogpu.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/nogpu.json"
-  expect_in "$W/err" "baseline $W/nogpu.json: no GPU memory activity to compare against"
+  expect_in "$W/err" "baseline: $W/nogpu.json: report's \"processes\" list is empty"
   ;;
 check_junit)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json"
@@ -482,6 +482,11 @@ EOF2
   expect_in "$W/out" "imbalance"
   expect_rc 2 "$GPUMEM" report --no-progress --at 5 "$W/basic.json"
   expect_in "$W/err" "--at needs the event log"
+  # A report of no process is no run: report printed nothing and exited 0, diff compared against nothing.
+  for cmd in "report --no-progress" "diff $DATA/before.jsonl"; do
+    expect_rc 2 "$GPUMEM" $cmd "$SRC/tests/data/bad/report_no_processes.json"
+    expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_no_processes.json: report's \"processes\" list is empty"
+  done
   # A report JSON with values no analysis produces is refused with the member named (a segment of
   # 0 bytes made the text writer abort).
   expect_rc 2 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_segment_size_zero.json"
