@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "diagnostics.h"
 #include "format_util.h"
+#include "output_file.h"
 #include "report_measures.h"
 
 namespace gpumem::analysis {
@@ -60,9 +61,11 @@ std::string junit_class(const std::string& key) {
 std::string xml_text(const std::string& s) { return html_escape(visible(s)); }
 
 bool write_junit(const std::string& path, const std::vector<outcome>& results) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    file_replacement out(path, "--junit", 0666);
+    if (!out.ok()) return false;
+    std::ofstream f(out.write_path(), std::ios::binary | std::ios::trunc);
     if (!f) {
-        spdlog::error("cannot write {}: {}", path, std::strerror(errno));
+        spdlog::error("--junit {}: cannot write: {}", path, std::strerror(errno));
         return false;
     }
     size_t failures = 0;
@@ -82,10 +85,11 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     f << "  </testsuite>\n</testsuites>\n";
     f.flush();
     if (!f) {
-        spdlog::error("writing {} failed", path);
+        spdlog::error("--junit {}: writing failed", path);
         return false;
     }
-    return true;
+    f.close();
+    return out.commit();
 }
 
 struct limit {

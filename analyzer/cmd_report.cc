@@ -23,6 +23,7 @@
 #include "format_util.h"
 #include "input_spool.h"
 #include "log_reader.h"
+#include "output_file.h"
 #include "parallel.h"
 #include "report_json_read.h"
 #include "report_output.h"
@@ -41,19 +42,19 @@ struct report_args {
 };
 
 template <typename F>
-bool write_file(const std::string& path, F&& fill) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) {
-        spdlog::error("cannot write {}: {}", path, std::strerror(errno));
-        return false;
+bool write_file(const std::string& path, const char* what, F&& fill) {
+    file_replacement out(path, what, 0666);
+    if (!out.ok()) return false;
+    {
+        std::ofstream f(out.write_path(), std::ios::binary | std::ios::trunc);
+        if (f) fill(f);
+        f.flush();
+        if (!f) {
+            spdlog::error("{} {}: writing failed", what, path);
+            return false;
+        }
     }
-    fill(f);
-    f.flush();
-    if (!f) {
-        spdlog::error("writing {} failed", path);
-        return false;
-    }
-    return true;
+    return out.commit();
 }
 
 // --torch-snapshot: the pickle goes to a new file beside PATH (0600: it names the program's files,
@@ -67,22 +68,14 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
                       S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
         return false;
     }
-    size_t slash = path.rfind('/');
-    std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-    std::string tmp = (slash == std::string::npos ? std::string() : dir) + ".gpumem-torch-XXXXXX";
-    int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-    if (fd < 0) {
-        spdlog::error("--torch-snapshot {}: cannot create a file in {}: {}", path, dir, std::strerror(errno));
-        return false;
-    }
+    file_replacement out(path, "--torch-snapshot", 0600);
+    if (!out.ok()) return false;
     bool ok = false;
     try {
-        pickle_writer w(fd);
+        pickle_writer w(out.fd());
         torch_snapshot_summary sum = write_torch_snapshot(log, rep, w);
         if (w.failed()) {
             spdlog::error("--torch-snapshot {}: writing failed: {}", path, std::strerror(w.error()));
-        } else if (::fsync(fd) != 0 && errno != EINVAL) {
-            spdlog::error("--torch-snapshot {}: writing failed: {}", path, std::strerror(errno));
         } else {
             ok = true;
             for (const auto& [dev, d] : sum.devices) {
@@ -103,13 +96,7 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
     } catch (const std::exception& e) {
         spdlog::error("--torch-snapshot {}: {}", path, e.what());
     }
-    ::close(fd);
-    if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
-        spdlog::error("--torch-snapshot {}: cannot replace it: {}", path, std::strerror(errno));
-        ok = false;
-    }
-    if (!ok) ::unlink(tmp.c_str());
-    return ok;
+    return ok && out.commit();
 }
 
 // Whether two paths name one file, existing or not ("x.html" and "./x.html", a link and its target).
@@ -246,9 +233,9 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         else write_text(std::cout, procs, combined, oopt);
         std::cout.flush();
         if (!a.html_path.empty() &&
-            !write_file(a.html_path, [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
+            !write_file(a.html_path, "--html", [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
             return k_exit_input;
-        if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, [&](std::ostream& o) { write_perfetto(o, procs); }))
+        if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, "--perfetto", [&](std::ostream& o) { write_perfetto(o, procs); }))
             return k_exit_input;
         if (!a.torch_path.empty() && !write_torch_file(a.torch_path, spools[0] && spools[0]->spooled() ? spools[0]->path() : logs[0], procs[0])) return k_exit_input;
     } catch (const std::exception& e) {

@@ -414,6 +414,25 @@ conventions)
   expect_in "$W/err" "again.jsonl is also an input"
   [ "$(md5sum < "$W/before.jsonl")" = "$sum" ] || fail "an output option overwrote an input log"
   expect_rc 0 "$GPUMEM" report --html "$W/a.html" "$DATA/before.jsonl"  # an earlier report: replaced
+  # An output written whole or not at all: a write that fails halfway (a file size limit: EFBIG)
+  # leaves the earlier report as it was and no half file beside it.
+  cp "$W/a.html" "$W/a.html.before"
+  (trap '' XFSZ; ulimit -f 4; "$GPUMEM" report --no-progress --html "$W/a.html" "$DATA/before.jsonl") > "$W/out" 2> "$W/err" \
+    && fail "report --html past the file size limit exited 0"
+  expect_in "$W/err" "gpumem: error: --html $W/a.html: writing failed"
+  cmp -s "$W/a.html" "$W/a.html.before" || fail "a failed --html write changed the earlier report"
+  [ -z "$(ls -A "$W" | grep '^\.gpumem-out-')" ] || fail "a failed write left a file: $(ls -A "$W")"
+  (trap '' XFSZ; ulimit -f 0; "$GPUMEM" check --max-peak 10GiB --junit "$W/a.html" "$DATA/before.jsonl" "$DATA/after.jsonl") \
+    > "$W/out" 2> "$W/err" && fail "check --junit past the file size limit exited 0"
+  cmp -s "$W/a.html" "$W/a.html.before" || fail "a failed --junit write changed the file it names"
+  # Through a link, the link's target is replaced and the link stays; a device is written through.
+  ln -sf "$W/a.html" "$W/link.html"
+  expect_rc 0 "$GPUMEM" report --no-progress --perfetto "$W/link.html" "$DATA/before.jsonl"
+  [ -L "$W/link.html" ] || fail "--perfetto through a link replaced the link"
+  grep -q traceEvents "$W/a.html" || fail "--perfetto through a link did not write its target"
+  "$GPUMEM" report --no-progress --perfetto /dev/stdout "$DATA/before.jsonl" > "$W/stdout.trace" 2> "$W/err" \
+    || fail "--perfetto /dev/stdout failed: $(cat "$W/err")"
+  grep -q traceEvents "$W/stdout.trace" || fail "--perfetto /dev/stdout wrote no trace"
   # Two outputs on one file: the second would replace the first.
   expect_rc 2 "$GPUMEM" report --html "$W/same.out" --perfetto "./same.out" "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./same.out"

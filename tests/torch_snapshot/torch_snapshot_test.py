@@ -213,7 +213,7 @@ with tempfile.TemporaryDirectory() as d:
         if r.returncode == 0:
             with open(target, "rb") as f:
                 check("segments" in pickle.load(f), f"odd name {name!r}: reads back")
-    left = [n for n in os.listdir(os.path.join(d, "odd")) if n.startswith(".gpumem-torch-")]
+    left = [n for n in os.listdir(os.path.join(d, "odd")) if n.startswith(".gpumem-out-")]
     check(not left, f"no temporary file is left behind: {left}")
     # An existing file is replaced; a link, a directory or a device is refused and left as it was.
     victim = os.path.join(d, "victim")
