@@ -231,6 +231,9 @@ int run_replay(replay_args& a) {
     uint64_t capacity = 0;
     if (!a.capacity_text.empty() && (!parse_size_arg(a.capacity_text, capacity) || capacity == 0))
         return usage_error("replay", "--capacity " + a.capacity_text + ": expected a size such as 80GiB or 141GB");
+    for (const std::string& g : a.policies)  // "ideal,,pytorch" or "gpumem,": a slip, not a policy
+        if (g.front() == ',' || g.back() == ',' || g.find(",,") != std::string::npos)
+            return usage_error("replay", "--policy " + g + ": an empty entry between commas");
     std::vector<std::string> names = split_policies(a.policies);
     if (names.empty()) names.assign(std::begin(k_default_policies), std::end(k_default_policies));
     if (a.suggest && std::find(names.begin(), names.end(), "gpumem") == names.end()) names.push_back("gpumem");

@@ -128,6 +128,10 @@ done
   || fail "vmm-only log beside another: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
+for p in ideal,,pytorch gpumem, ,ideal; do  # an empty entry is named as such, not as "unknown policy ideal,"
+  "$GPUMEM" replay "$W/frag.jsonl" --policy "$p" 2> "$W/err" >/dev/null; rc=$?
+  [ $rc = 2 ] && grep -q -- "--policy $p: an empty entry between commas" "$W/err" || fail "--policy $p: exit $rc, $(cat "$W/err")"
+done
 # gpumem's knobs: an unknown one is refused with the list of known ones (not ignored); a value the
 # pool would replace in a run is refused too, and the message does not claim a replacement.
 "$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:bogus=1 2> "$W/err" > "$W/out"; rc=$?
