@@ -143,7 +143,7 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
     uint64_t n = 0;
     while (src.next(line, complete)) {
         uint64_t ln = src.line_number();
-        if ((++n & 0xffff) == 0) meter.tick(src, n);
+        if ((++n & 0xfff) == 0) meter.tick(src, n);
         if (is_blank(line)) {
             if (first_pass && complete) rp.warn(ln, "blank line skipped");
             if (complete) continue;

@@ -96,7 +96,7 @@ bool output_would_clobber(const std::string& out, const std::vector<std::string>
     return true;
 }
 
-bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error) {
+bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, bool progress, double every_s) {
     try {
         for (const std::string& path : paths) {
             input_spool in(path);  // a pipe is read once, into a file both reads below can open
@@ -112,7 +112,10 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
                 continue;
             }
             spdlog::debug("{}: reading as an event log", path);
-            out.processes.push_back(analyze_file(path, analyze_options{}, in.path()));
+            analyze_options opt;
+            opt.progress = progress;
+            opt.progress_interval_s = every_s;
+            out.processes.push_back(analyze_file(path, opt, in.path()));
             for (const std::string& w : warning_lines(out.processes.back(), path)) spdlog::warn("{}", w);
             out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());
             out.source.push_back(path);

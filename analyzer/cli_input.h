@@ -56,6 +56,8 @@ bool output_would_clobber(const std::string& out, const std::vector<std::string>
 // Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file, and shows each one's
 // warnings (warning_lines) on stderr.  On failure returns false with a message naming the file;
 // never throws.
-bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error);
+// progress: each log's reading is reported on stderr (analyze_options::progress), every `every_s`.
+bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, bool progress = false,
+              double every_s = 2.0);
 
 }  // namespace gpumem::analysis

@@ -108,6 +108,7 @@ struct check_args {
     CLI::Option* metric_opt = nullptr;
     std::string baseline_path, junit_path, tolerance_text = "5%";
     bool quiet = false;
+    progress_flags progress;
     std::vector<std::string> logs;
 };
 
@@ -168,12 +169,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
 
     run_input run;
     std::string error;
-    if (!load_run(logs, run, error)) {
+    if (!load_run(logs, run, error, args.progress.wanted(), args.progress.every_s)) {
         spdlog::error("{}", error);
         return k_exit_input;
     }
     run_input base;
-    if (!baseline_path.empty() && !load_run({baseline_path}, base, error)) {
+    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress.wanted(), args.progress.every_s)) {
         spdlog::error("baseline: {}", error);
         return k_exit_input;
     }
@@ -314,6 +315,7 @@ command add_check(CLI::App& top) {
     app->add_option("--junit", a->junit_path, "also write JUnit XML: one testcase per limit per process and device")
         ->type_name("FILE");
     app->add_flag("-q,--quiet", a->quiet, "print only the broken limits and the one-line total");
+    add_progress_flags(app, a->progress);
     command c;
     c.app = app;
     c.run = [a](const std::vector<std::string>& tail, bool) { return run_check(*a, tail); };

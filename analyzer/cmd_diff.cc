@@ -197,6 +197,7 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
 struct diff_args {
     std::vector<std::string> inputs;
     size_t top = 8;
+    progress_flags progress;
 };
 
 std::string side_name(const std::vector<std::string>& paths) {
@@ -222,7 +223,7 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
         return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
     run_input ra, rb;
     std::string error;
-    if (!load_run(side_a, ra, error) || !load_run(side_b, rb, error)) {
+    if (!load_run(side_a, ra, error, args.progress.wanted(), args.progress.every_s) || !load_run(side_b, rb, error, args.progress.wanted(), args.progress.every_s)) {
         spdlog::error("{}", error);
         return k_exit_input;
     }
@@ -256,6 +257,7 @@ command add_diff(CLI::App& top) {
     app->add_option("INPUT", a->inputs, "logs or report JSON files");
     app->add_option("--top", a->top, "how many changes to list per GPU")->type_name("N")->default_str("8")
         ->check(CLI::Range(size_t(1), size_t(100000)));
+    add_progress_flags(app, a->progress);
     command c;
     c.app = app;
     c.run = [a](const std::vector<std::string>& tail, bool dashdash) { return run_diff(*a, tail, dashdash); };

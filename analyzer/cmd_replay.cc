@@ -1,9 +1,12 @@
 // `gpumem replay`: replays the allocation requests of logs through simulated allocators (analyzer/simulate/) and reports what each would have reserved.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 
 #include "cli_input.h"
 #include "commands.h"
+#include "diagnostics.h"
 #include "format_util.h"
 #include "log_reader.h"
 #include "parallel.h"
@@ -36,6 +40,7 @@ struct replay_args {
     bool json = false;
     bool suggest = false;
     unsigned jobs = 0;
+    progress_flags progress;
 };
 
 const char* k_default_policies[] = {"ideal", "pytorch", "pytorch-expandable", "gpumem"};
@@ -334,7 +339,27 @@ int run_replay(replay_args& a) {
         }
     }
     std::vector<std::string> task_errors(tasks.size());
+    // Progress: how many replays are done, every 2 s by default (--suggest on a large log takes a while).
+    const bool progress = a.progress.wanted();
+    std::atomic<size_t> done{0};
+    std::mutex progress_mu;
+    const auto start = std::chrono::steady_clock::now();
+    auto last = start;
+    auto tick = [&] {
+        const size_t n = ++done;
+        if (!progress) return;
+        std::lock_guard<std::mutex> lk(progress_mu);
+        const auto now = std::chrono::steady_clock::now();
+        if (std::chrono::duration<double>(now - last).count() < a.progress.every_s) return;
+        last = now;
+        std::fprintf(stderr, "gpumem: replay: %zu of %zu replays done (%zu devices, %.0f s)\n", n, tasks.size(), djobs.size(),
+                     std::chrono::duration<double>(now - start).count());
+    };
     parallel_for(tasks.size(), jobs, [&](size_t i) {
+        struct on_exit {
+            decltype(tick)& f;
+            ~on_exit() { f(); }
+        } counted{tick};
         task& t = tasks[i];
         const sim::trace& tr = traces[t.job->log];
         std::string err;
@@ -421,6 +446,7 @@ void add_options(CLI::App* app, replay_args& a) {
     app->add_flag("--suggest", a.suggest,
                   "search PyTorch's options for the least peak reserved and print the PYTORCH_CUDA_ALLOC_CONF line");
     app->add_option("-j,--jobs", a.jobs, "threads (default: all cores)")->type_name("N");
+    add_progress_flags(app, a.progress);
     app->footer(
         "Replays each device's allocation requests and frees, in seq order, through each policy and\n"
         "reports its peak reserved bytes (with the moment), driver allocations/frees, and peak external\n"

@@ -35,7 +35,8 @@ namespace gpumem::analysis {
 namespace {
 
 struct report_args {
-    bool json = false, progress = false, no_progress = false;
+    bool json = false;
+    progress_flags progress;
     std::string html_path, perfetto_path, torch_path, at;
     std::vector<std::string> logs;
     unsigned jobs = 0;  // threads; 0: all cores
@@ -108,7 +109,8 @@ bool same_path(const std::string& x, const std::string& y) {
 
 int run_report(report_args& a, const std::vector<std::string>& tail) {
     analyze_options aopt;
-    aopt.progress = a.progress || (!a.no_progress && ::isatty(2) == 1);
+    aopt.progress = a.progress.wanted();
+    aopt.progress_interval_s = a.progress.every_s;
     output_options oopt;
     if (!a.at.empty()) {
         if (!parse_moment(a.at, aopt.at))
@@ -272,8 +274,7 @@ command add_report(CLI::App& top) {
         ->type_name("MOMENT");
     app->add_option("-j,--jobs", a->jobs, "threads, one log each (default: all cores); the output is the same for any N")
         ->type_name("N");
-    auto* progress = app->add_flag("--progress", a->progress, "print progress on stderr every 2 s (default when stderr is a terminal)");
-    app->add_flag("--no-progress", a->no_progress, "never print progress")->excludes(progress);
+    add_progress_flags(app, a->progress);
     command c;
     c.app = app;
     c.run = [a](const std::vector<std::string>& tail, bool) { return run_report(*a, tail); };

@@ -4,10 +4,24 @@
 
 #include <spdlog/spdlog.h>
 
+namespace CLI {
+class App;
+}
+
 namespace gpumem::analysis {
 
 // Sends spdlog's default logger to stderr with the "gpumem: LEVEL: " prefix; warnings and errors
 // by default, debug messages too when verbose.  Called once by main before any command runs.
 void init_diagnostics(bool verbose);
+
+// --progress and --no-progress, one meaning in every command that reads logs (report, check, diff,
+// replay): progress on stderr every 2 s, by default when stderr is a terminal, so that a long read
+// of a large log is never silent and a CI log is never cluttered.
+struct progress_flags {
+    bool on = false, off = false;
+    double every_s = 2.0;  // hidden --progress-every: the tests' short interval
+    bool wanted() const;
+};
+void add_progress_flags(CLI::App* app, progress_flags& p);
 
 }  // namespace gpumem::analysis

@@ -448,6 +448,20 @@ conventions)
   expect_in "$W/err" "gpumem: debug: $W/before.json: reading as a \`gpumem report --json\` file"
   expect_rc 0 "$GPUMEM" report "$DATA/before.jsonl"
   [ ! -s "$W/err" ] || fail "report without -v wrote on stderr: $(cat "$W/err")"
+  # Progress: every command that reads logs takes --progress / --no-progress (the hidden
+  # --progress-every shortens the 2 s interval); off by default when stderr is not a terminal.
+  gzip -dc "$SRC/tests/data/replay/gpt2-varlen-vmm.jsonl.gz" > "$W/long.jsonl"
+  for cmd in "report" "check --max-peak 100GiB" "diff $W/long.jsonl"; do
+    expect_rc 0 "$GPUMEM" $cmd --progress --progress-every 0 "$W/long.jsonl"
+    expect_in "$W/err" "gpumem: $W/long.jsonl: 10% ("
+    expect_rc 0 "$GPUMEM" $cmd --progress-every 0 "$W/long.jsonl"
+    expect_not_in "$W/err" "% ("
+    expect_rc 2 "$GPUMEM" $cmd --progress --no-progress "$W/long.jsonl"
+  done
+  expect_rc 0 "$GPUMEM" replay --progress --progress-every 0 "$W/long.jsonl"
+  expect_in "$W/err" "gpumem: replay: 1 of 4 replays done (1 devices,"
+  expect_rc 0 "$GPUMEM" replay --no-progress --progress-every 0 "$W/long.jsonl"
+  expect_not_in "$W/err" "replays done"
   ;;
 run_arguments)
   # run: --flag=value works, and everything from the command on goes to it untouched, gpumem's own
