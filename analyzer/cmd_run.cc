@@ -333,7 +333,14 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     fwd.sa_sigaction = forward_signal;
     fwd.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&fwd.sa_mask);
-    for (size_t i = 0; i < std::size(k_forwarded); ++i) ::sigaction(k_forwarded[i], &fwd, &old_act[i]);
+    for (size_t i = 0; i < std::size(k_forwarded); ++i) {
+        ::sigaction(k_forwarded[i], nullptr, &old_act[i]);
+        // A signal gpumem was started with ignored (nohup ignores SIGHUP, a shell's `&` SIGINT and
+        // SIGQUIT) stays ignored, and so it reaches the command ignored, as without gpumem: a
+        // handler here would be reset to the default action by the child's exec.
+        if (!(old_act[i].sa_flags & SA_SIGINFO) && old_act[i].sa_handler == SIG_IGN) continue;
+        ::sigaction(k_forwarded[i], &fwd, nullptr);
+    }
 
     std::fflush(nullptr);
     pid_t child = ::fork();

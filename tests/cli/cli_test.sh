@@ -94,7 +94,8 @@ run_signals)
   # The command traps them and says so; gpumem then returns its exit code.
   for sig in INT QUIT TERM HUP; do
     rm -f "$W/ready"
-    "$GPUMEM" run -o "$W/sig/" -- sh -c 'for s in INT QUIT TERM HUP; do trap "echo got $s; exit 7" $s; done; touch "$0"; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo not-signalled' "$W/ready" > "$W/out" 2> "$W/err" &
+    # `&` starts gpumem with SIGINT and SIGQUIT ignored, which it keeps (below): restore them first.
+    (trap - INT QUIT; exec "$GPUMEM" run -o "$W/sig/" -- sh -c 'for s in INT QUIT TERM HUP; do trap "echo got $s; exit 7" $s; done; touch "$0"; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo not-signalled' "$W/ready" > "$W/out" 2> "$W/err") &
     pid=$!
     for _ in $(seq 100); do [ -e "$W/ready" ] && break; sleep 0.1; done
     kill -$sig $pid
@@ -103,6 +104,10 @@ run_signals)
     [ "$rc" = 7 ] || fail "SIG$sig to gpumem run: exit $rc, expected the command's 7"
     expect_in "$W/out" "got $sig"
   done
+  # A signal gpumem was started with ignored (nohup: SIGHUP; a shell's `&`: SIGINT, SIGQUIT) reaches
+  # the command ignored, as without gpumem; sent to gpumem, it ends neither.  Both were once killed.
+  expect_rc 0 sh -c 'trap "" HUP INT QUIT; exec "$0" run -o "$1/ign/" -- sh -c "kill -HUP \$PPID; kill -HUP \$\$; kill -INT \$\$; kill -QUIT \$\$; echo survived"' "$GPUMEM" "$W"
+  expect_in "$W/out" "survived"
   ;;
 run_installed)
   # cmake --install puts gpumem in bin and libgpumem.so in lib; the installed gpumem finds its own.
