@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <new>
@@ -293,10 +294,18 @@ void after_fork_child() {
                  st.forked_from);
 }
 
+void on_quick_exit();
+
 __attribute__((constructor)) void gpumem_init() {
-    // Registering a fork handler is all the constructor does: no CUDA, no files, no threads.
+    // Registering a fork handler and a quick_exit handler is all the constructor does: no CUDA, no
+    // files, no threads.
     pthread_atfork([] { stack_table().lock_for_fork(); }, [] { stack_table().unlock_after_fork(); },
                    after_fork_child);
+    // quick_exit skips atexit and destructors and ends through glibc's internal _exit, which never
+    // reaches ours: without this the log had no end line and lost every event still in the ring
+    // (all of them for a short program).  Registered first, it runs after the program's handlers,
+    // so their frees are in the log before the end line.
+    at_quick_exit(on_quick_exit);
 }
 
 __attribute__((destructor)) void gpumem_fini() {
@@ -352,12 +361,21 @@ int current_device() noexcept {
 // which may have interrupted malloc or the stack table's lock: so the writer thread writes what is
 // pending (it may take those locks; this thread waits at most 100 ms for it), finish() then uses no
 // heap (end_reason::fast_exit), and the real _exit was looked up when recording began.
-[[noreturn]] static void finish_and_exit(int status) noexcept {
+static void finish_fast() noexcept {
     process_state& st = state();
     if (owns_log(st)) {
         st.log->let_writer_drain(100);
         st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
     }
+}
+
+namespace {
+// quick_exit, like _exit, may be called from a signal handler: the same heap-free ending.
+void on_quick_exit() { finish_fast(); }
+}  // namespace
+
+[[noreturn]] static void finish_and_exit(int status) noexcept {
+    finish_fast();
     if (auto real_exit = g_real_exit.load(std::memory_order_acquire)) real_exit(status);
     for (;;) syscall(SYS_exit_group, status);  // what glibc's _exit does
 }

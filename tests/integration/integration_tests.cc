@@ -272,6 +272,20 @@ TEST_CASE("_exit (as multiprocessing workers end) keeps every event") {
     CHECK(count_ev(ls, "alloc") == 500);
 }
 
+TEST_CASE("quick_exit keeps every event, and its handlers' frees come before the end line") {
+    // glibc's quick_exit ends through its internal _exit, not ours: the log had no end line and
+    // none of the 501 events.
+    auto r = run({EMU_DRIVER_APP, "crash", "quick_exit", "500"});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls, "_exit");
+    CHECK(count_ev(ls, "alloc") == 501);
+    CHECK(count_ev(ls, "free") == 1);
+    CHECK(ls.back()["live_allocs"] == 500);
+}
+
 TEST_CASE("fork: the child writes its own complete file and ends with _exit") {
     auto r = run({EMU_DRIVER_APP, "fork", "300"});
     REQUIRE(WEXITSTATUS(r.status) == 0);
