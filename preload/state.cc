@@ -176,10 +176,18 @@ struct sigaction g_old_actions[65];
 void on_signal(int sig, siginfo_t* info, void* uctx) {
     int saved_errno = errno;
     process_state& st = state();
-    const struct sigaction& old = g_old_actions[sig];
+    const struct sigaction old = g_old_actions[sig];  // a copy: SA_RESETHAND resets the saved one
     bool user_handler = (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
                                                      : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
     if (user_handler) {
+        // A one-shot handler (SA_RESETHAND): the kernel would have reset it on this delivery, so the
+        // next one takes the default path below, as without gpumem.
+        if (old.sa_flags & SA_RESETHAND) {
+            struct sigaction dfl;
+            memset(&dfl, 0, sizeof dfl);
+            dfl.sa_handler = SIG_DFL;
+            g_old_actions[sig] = dfl;
+        }
         // The program handles this signal and may well go on (Python's SIGINT handler only sets a
         // flag): nothing is written here.  A drain from a handler must treat the process as dying
         // (no heap), and the events it wrote would never enter the live table, so a free after it
@@ -216,6 +224,13 @@ void install_signal_handlers() noexcept {
         sa.sa_sigaction = on_signal;
         sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
         sigemptyset(&sa.sa_mask);
+        if (old.sa_handler != SIG_DFL) {
+            // The program's handler runs as it was installed: with its mask, and without SA_RESTART
+            // where it had none (Python's SIGINT handler: a blocking read must return EINTR so that
+            // the interpreter runs its handler; restarted, Ctrl-C did nothing until the read ended).
+            sa.sa_flags = SA_SIGINFO | SA_ONSTACK | (old.sa_flags & (SA_RESTART | SA_NODEFER));
+            sa.sa_mask = old.sa_mask;
+        }
         sigaction(sig, &sa, nullptr);
     }
 }

@@ -374,6 +374,37 @@ void handled_signal_case() {
     printf("done=1\n");
 }
 
+// The program's SIGINT handler as Python installs it: without SA_RESTART, so that a blocking read
+// returns EINTR and the interpreter gets to run its handler; with `resethand` also SA_RESETHAND, so
+// that the second SIGINT ends the program.  A write to the pipe after 3 s ends a read that was
+// restarted instead.
+void handler_flags_case(bool resethand) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = [](int) {};
+    sa.sa_flags = resethand ? SA_RESETHAND : 0;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));
+    static int fds[2];
+    if (pipe(fds) != 0) fail("pipe", errno);
+    std::thread([] {
+        usleep(100000);
+        kill(getpid(), SIGINT);
+        usleep(3000000);
+        (void)!write(fds[1], "x", 1);
+    }).detach();
+    char b;
+    ssize_t r = read(fds[0], &b, 1);
+    printf("read=%zd\nread_eintr=%d\n", r, int(r < 0 && errno == EINTR));
+    fflush(stdout);
+    CHECK(a.free(p));
+    if (resethand) raise(SIGINT);  // the handler is gone: the default action ends the program
+}
+
 // A vfork child shares the parent's memory and runs no fork handlers; Python's subprocess ends such
 // a child with _exit when exec fails.  The parent's log must not be ended by it.
 void vfork_case() {
@@ -490,6 +521,7 @@ int main(int argc, char** argv) {
     else if (s == "vfork") vfork_case();
     else if (s == "fork-signal") fork_case(1, true);
     else if (s == "handled-signal") handled_signal_case();
+    else if (s == "handler-flags") handler_flags_case(argc > 2 && !strcmp(argv[2], "resethand"));
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
     else if (s == "sustain-exit") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000, true);

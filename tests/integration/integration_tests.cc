@@ -337,6 +337,24 @@ TEST_CASE("a signal the program handles leaves the log's accounting whole") {
     CHECK(ls.back()["live_bytes"] == 0);
 }
 
+TEST_CASE("the program's signal handler keeps its flags: without SA_RESTART a read gets EINTR, SA_RESETHAND stays one-shot") {
+    // gpumem's handler had SA_RESTART and no SA_RESETHAND: the read was restarted (Ctrl-C did
+    // nothing to a Python program blocked in a read) and the second SIGINT was handled again.
+    auto r = run({EMU_DRIVER_APP, "handler-flags"});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("read_eintr=1") != std::string::npos);
+    auto once = run({EMU_DRIVER_APP, "handler-flags", "resethand"});
+    CHECK(once.out.find("read_eintr=1") != std::string::npos);
+    REQUIRE(WIFSIGNALED(once.status));
+    CHECK(WTERMSIG(once.status) == SIGINT);
+    REQUIRE(once.logs.size() == 1);
+    auto ls = lines_of(once.logs[0]);
+    check_header_and_end(ls, "signal");
+    CHECK(ls.back()["signal"] == SIGINT);
+    CHECK(count_ev(ls, "free") == 1);
+}
+
 TEST_CASE("GPUMEM_OUT pattern: pid and rank") {
     auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", "run-r%r-%p.jsonl"}, {"RANK", "3"}});
     REQUIRE(r.logs.size() == 1);
