@@ -35,6 +35,7 @@ void* map_zeroed(size_t bytes) noexcept {
 }
 
 void say(const char* msg, int n) noexcept {
+    sigpipe_guard no_sigpipe;
     if (n > 0) (void)!write(2, msg, size_t(n));
 }
 
@@ -107,6 +108,25 @@ int open_log_file(const std::string& path, long pid, std::string* used) noexcept
         errno = ENOMEM;
         return -1;
     }
+}
+
+sigpipe_guard::sigpipe_guard() noexcept {
+    sigset_t pipe_only, pending;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &old_);
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+}
+
+sigpipe_guard::~sigpipe_guard() {
+    if (!was_pending_) {
+        sigset_t pipe_only, pending;
+        sigemptyset(&pipe_only);
+        sigaddset(&pipe_only, SIGPIPE);
+        timespec zero{0, 0};
+        if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) sigtimedwait(&pipe_only, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
 }
 
 uint64_t monotonic_ns() noexcept {
@@ -346,6 +366,7 @@ void event_log::record(const event& e) noexcept {
 }
 
 void event_log::write_all(const char* p, size_t n) noexcept {
+    sigpipe_guard no_sigpipe;  // a FIFO whose reader left: EPIPE, then the /tmp move
     while (n && fd_ >= 0) {
         ssize_t w = write(fd_, p, n);
         if (w < 0 || (w == 0 && n)) {

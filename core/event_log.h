@@ -7,6 +7,8 @@
 // (up to wait_ms) and only then counts the event as lost.  The crash path drains with no heap use.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -203,6 +205,21 @@ class event_log {
 // device (/dev/null, /dev/full) or a FIFO of our own user is opened for writing as it is.  Sets
 // *used to the name opened; returns -1 with errno set when the directory refuses.
 int open_log_file(const std::string& path, long pid, std::string* used) noexcept;
+
+// While it lives, SIGPIPE is blocked on this thread, and one raised by a write in its scope is
+// taken back: a message on a stderr pipe whose reader is gone, or a log on such a FIFO, must not
+// kill the program (the write fails with EPIPE instead).  Async-signal-safe.
+class sigpipe_guard {
+  public:
+    sigpipe_guard() noexcept;
+    ~sigpipe_guard();
+    sigpipe_guard(const sigpipe_guard&) = delete;
+    sigpipe_guard& operator=(const sigpipe_guard&) = delete;
+
+  private:
+    sigset_t old_;
+    bool was_pending_ = false;  // the program's own SIGPIPE, pending before: left for it
+};
 
 uint64_t monotonic_ns() noexcept;
 int current_tid() noexcept;

@@ -12,6 +12,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include "config.h"
+#include "event_log.h"
 
 namespace gpumem::diag {
 namespace {
@@ -70,6 +71,7 @@ void after_fork_child() noexcept {
 void write(level l, const char* msg, size_t n) noexcept {
     if (t_inside || l < trace || l >= off) return;
     t_inside = true;
+    sigpipe_guard no_sigpipe;  // a stderr pipe whose reader left must not end the program
     if (spdlog::logger* lg = g_logger.load(std::memory_order_acquire)) {
         lock();
         try {

@@ -1,6 +1,7 @@
 // The preload's diagnostics under LD_PRELOAD: spdlog on stderr at GPUMEM_LOG_LEVEL, nothing by default.
 #include "harness.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <string>
@@ -61,4 +62,36 @@ TEST_CASE("warnings show at the default level and go quiet with GPUMEM_LOG_LEVEL
     REQUIRE(ran_ok(b));
     CHECK(lines_at(b.err, "warning") == 1);
     CHECK(b.err.find("GPUMEM_LOG_LEVEL='loud'") != std::string::npos);
+}
+
+TEST_CASE("a warning on a stderr pipe whose reader is gone does not kill the program with SIGPIPE") {
+    // Without gpumem the program writes nothing to stderr and exits 0; the warning's write raised
+    // SIGPIPE and the program died of it.  The pipe's read end is closed before the program starts.
+    char tmpl[] = "/tmp/gpumem-it-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    run_dirs().push_back(tmpl);
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    close(fds[0]);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(tmpl) != 0) _exit(126);
+        dup2(fds[1], 2);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        signal(SIGPIPE, SIG_DFL);
+        setenv("LD_LIBRARY_PATH", EMU_DRIVER_DIR ":" EMU_RT_DIR, 1);
+        setenv("LD_PRELOAD", GPUMEM_LIB, 1);
+        unsetenv("GPUMEM_OUT");
+        unsetenv("GPUMEM_LOG_LEVEL");
+        setenv("GPUMEM_FLUSH_MS", "lots", 1);  // one warning
+        execl(EMU_DRIVER_APP, EMU_DRIVER_APP, "basic", (char*)nullptr);
+        _exit(127);
+    }
+    close(fds[1]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK_FALSE(WIFSIGNALED(status));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
 }
