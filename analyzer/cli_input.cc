@@ -96,7 +96,7 @@ bool output_would_clobber(const std::string& out, const std::vector<std::string>
     return true;
 }
 
-bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, bool progress, double every_s) {
+bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, const progress_flags& progress) {
     try {
         for (const std::string& path : paths) {
             input_spool in(path);  // a pipe is read once, into a file both reads below can open
@@ -113,8 +113,8 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             }
             spdlog::debug("{}: reading as an event log", path);
             analyze_options opt;
-            opt.progress = progress;
-            opt.progress_interval_s = every_s;
+            opt.progress = progress.wanted();
+            opt.progress_interval_s = progress.every_s;
             out.processes.push_back(analyze_file(path, opt, in.path()));
             for (const std::string& w : warning_lines(out.processes.back(), path)) spdlog::warn("{}", w);
             out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "diagnostics.h"
 #include "report_fields.h"
 #include "report_model.h"
 
@@ -56,8 +57,7 @@ bool output_would_clobber(const std::string& out, const std::vector<std::string>
 // Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file, and shows each one's
 // warnings (warning_lines) on stderr.  On failure returns false with a message naming the file;
 // never throws.
-// progress: each log's reading is reported on stderr (analyze_options::progress), every `every_s`.
-bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, bool progress = false,
-              double every_s = 2.0);
+// progress: the command's --progress flags, for each log's reading (analyze_options::progress).
+bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, const progress_flags& progress);
 
 }  // namespace gpumem::analysis

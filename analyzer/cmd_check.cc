@@ -1,10 +1,8 @@
 // `gpumem check`: the CI gate.  Holds each GPU of each process to absolute limits and/or to a
 // baseline run, prints every broken limit with the worst moment, and can write JUnit XML.  Works on
 // the report model (logs analyzed, or report JSON read back); what it measures is report_measures.h.
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,35 +59,23 @@ std::string junit_class(const std::string& key) {
 std::string xml_text(const std::string& s) { return html_escape(visible(s)); }
 
 bool write_junit(const std::string& path, const std::vector<outcome>& results) {
-    file_replacement out(path, "--junit", 0666);
-    if (!out.ok()) return false;
-    std::ofstream f(out.write_path(), std::ios::binary | std::ios::trunc);
-    if (!f) {
-        spdlog::error("--junit {}: cannot write: {}", path, std::strerror(errno));
-        return false;
-    }
-    size_t failures = 0;
-    for (const outcome& r : results) failures += !r.passed;
-    f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      << "<testsuites tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n"
-      << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
-    for (const outcome& r : results) {
-        f << "    <testcase classname=\"" << xml_text(r.classname) << "\" name=\"" << xml_text(r.name) << "\"";
-        if (r.passed) {
-            f << "/>\n";
-            continue;
+    return write_whole(path, "--junit", [&](std::ostream& f) {
+        size_t failures = 0;
+        for (const outcome& r : results) failures += !r.passed;
+        f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+          << "<testsuites tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n"
+          << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
+        for (const outcome& r : results) {
+            f << "    <testcase classname=\"" << xml_text(r.classname) << "\" name=\"" << xml_text(r.name) << "\"";
+            if (r.passed) {
+                f << "/>\n";
+                continue;
+            }
+            f << ">\n      <failure message=\"" << xml_text(r.message) << "\">" << xml_text(r.where + ": " + r.message)
+              << "</failure>\n    </testcase>\n";
         }
-        f << ">\n      <failure message=\"" << xml_text(r.message) << "\">" << xml_text(r.where + ": " + r.message)
-          << "</failure>\n    </testcase>\n";
-    }
-    f << "  </testsuite>\n</testsuites>\n";
-    f.flush();
-    if (!f) {
-        spdlog::error("--junit {}: writing failed", path);
-        return false;
-    }
-    f.close();
-    return out.commit();
+        f << "  </testsuite>\n</testsuites>\n";
+    });
 }
 
 struct limit {
@@ -169,12 +155,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
 
     run_input run;
     std::string error;
-    if (!load_run(logs, run, error, args.progress.wanted(), args.progress.every_s)) {
+    if (!load_run(logs, run, error, args.progress)) {
         spdlog::error("{}", error);
         return k_exit_input;
     }
     run_input base;
-    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress.wanted(), args.progress.every_s)) {
+    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress)) {
         spdlog::error("baseline: {}", error);
         return k_exit_input;
     }

@@ -223,7 +223,7 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
         return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
     run_input ra, rb;
     std::string error;
-    if (!load_run(side_a, ra, error, args.progress.wanted(), args.progress.every_s) || !load_run(side_b, rb, error, args.progress.wanted(), args.progress.every_s)) {
+    if (!load_run(side_a, ra, error, args.progress) || !load_run(side_b, rb, error, args.progress)) {
         spdlog::error("{}", error);
         return k_exit_input;
     }

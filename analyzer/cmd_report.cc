@@ -1,13 +1,9 @@
 // `gpumem report`: reads event logs (or report JSON written by an earlier `gpumem report --json`)
 // and prints a report (text or JSON), and writes HTML and Perfetto files.
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -41,22 +37,6 @@ struct report_args {
     std::vector<std::string> logs;
     unsigned jobs = 0;  // threads; 0: all cores
 };
-
-template <typename F>
-bool write_file(const std::string& path, const char* what, F&& fill) {
-    file_replacement out(path, what, 0666);
-    if (!out.ok()) return false;
-    {
-        std::ofstream f(out.write_path(), std::ios::binary | std::ios::trunc);
-        if (f) fill(f);
-        f.flush();
-        if (!f) {
-            spdlog::error("{} {}: writing failed", what, path);
-            return false;
-        }
-    }
-    return out.commit();
-}
 
 // --torch-snapshot: the pickle goes to a new file beside PATH (0600: it names the program's files,
 // as the log does) that replaces PATH only once complete, so a failed export leaves no half file.
@@ -235,9 +215,9 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         else write_text(std::cout, procs, combined, oopt);
         std::cout.flush();
         if (!a.html_path.empty() &&
-            !write_file(a.html_path, "--html", [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
+            !write_whole(a.html_path, "--html", [&](std::ostream& o) { write_html(o, procs, combined, oopt); }))
             return k_exit_input;
-        if (!a.perfetto_path.empty() && !write_file(a.perfetto_path, "--perfetto", [&](std::ostream& o) { write_perfetto(o, procs); }))
+        if (!a.perfetto_path.empty() && !write_whole(a.perfetto_path, "--perfetto", [&](std::ostream& o) { write_perfetto(o, procs); }))
             return k_exit_input;
         if (!a.torch_path.empty() && !write_torch_file(a.torch_path, spools[0] && spools[0]->spooled() ? spools[0]->path() : logs[0], procs[0])) return k_exit_input;
     } catch (const std::exception& e) {

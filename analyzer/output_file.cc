@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "diagnostics.h"
@@ -68,6 +69,21 @@ bool file_replacement::commit() {
         return false;
     }
     return done_ = true;
+}
+
+bool write_whole(const std::string& path, const char* what, const std::function<void(std::ostream&)>& fill) {
+    file_replacement out(path, what, 0666);
+    if (!out.ok()) return false;
+    {
+        std::ofstream f(out.write_path(), std::ios::binary | std::ios::trunc);
+        if (f) fill(f);
+        f.flush();
+        if (!f) {
+            spdlog::error("{} {}: writing failed", what, path);
+            return false;
+        }
+    }
+    return out.commit();
 }
 
 }  // namespace gpumem::analysis

@@ -5,6 +5,8 @@
 
 #include <sys/types.h>
 
+#include <functional>
+#include <iosfwd>
 #include <string>
 
 namespace gpumem::analysis {
@@ -33,5 +35,9 @@ private:
     int fd_ = -1;
     bool direct_ = false, done_ = false;
 };
+
+// A plain output (--html, --perfetto, --junit), 0666 less the umask: `fill` writes the content.
+// False, with an error naming `what` and the path, when it could not be written whole.
+bool write_whole(const std::string& path, const char* what, const std::function<void(std::ostream&)>& fill);
 
 }  // namespace gpumem::analysis
