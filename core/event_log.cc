@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "event_format.h"
+#include "stderr_write.h"
 #include "stacks/stack_table.h"
 
 namespace gpumem {
@@ -35,8 +36,7 @@ void* map_zeroed(size_t bytes) noexcept {
 }
 
 void say(const char* msg, int n) noexcept {
-    sigpipe_guard no_sigpipe;
-    if (n > 0) (void)!write(2, msg, size_t(n));
+    if (n > 0) write_stderr({std::string_view(msg, size_t(n))});
 }
 
 // O_EXCL makes a planted symlink (or any existing name) fail with EEXIST instead of being followed;

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "event_log.h"
+#include "stderr_write.h"
 
 namespace gpumem::diag {
 namespace {
@@ -82,7 +83,7 @@ void write(level l, const char* msg, size_t n) noexcept {
     } else {
         char line[1200];
         int k = snprintf(line, sizeof line, "gpumem[%ld] %s: %.*s\n", long(getpid()), k_level_names[l], int(n), msg);
-        if (k > 0) (void)!::write(2, line, size_t(k) < sizeof line ? size_t(k) : sizeof line - 1);
+        if (k > 0) write_stderr({std::string_view(line, size_t(k) < sizeof line ? size_t(k) : sizeof line - 1)});
     }
     t_inside = false;
 }

@@ -9,6 +9,8 @@
 #include <new>
 #include <unordered_set>
 
+#include "core/stderr_write.h"
+
 namespace gpumem {
 namespace {
 
@@ -2663,7 +2665,7 @@ void block_pool::check_after_op() const {
 #ifdef GPUMEM_POOL_VALIDATE
     std::string why;
     if (!validate_locked(&why)) {
-        std::fprintf(stderr, "gpumem: pool invariant broken on device %d: %s\n", int(device_), why.c_str());
+        write_stderr({"gpumem: pool invariant broken on device ", decimal(device_), ": ", why, "\n"});
         std::abort();
     }
 #endif

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +26,7 @@
 #include "event_format.h"
 #include "event_log.h"
 #include "recorder.h"
+#include "stderr_write.h"
 
 using namespace gpumem;
 using json = nlohmann::json;
@@ -753,4 +755,85 @@ TEST_CASE("docs/log-format.md names every member of the schema table") {
     GPUMEM_CONFIG_FIELDS(GPUMEM_X)
     GPUMEM_DEVICE_FIELDS(GPUMEM_X)
 #undef GPUMEM_X
+}
+
+TEST_CASE("core/ and preload/ write to stderr only through write_stderr (under sigpipe_guard)") {
+    // A direct write to stderr outside sigpipe_guard kills a program whose stderr pipe has lost its
+    // reader with SIGPIPE (the pool's invariant message did).  Comments are not code: only the text
+    // before "//" is read.
+    const char* const direct[] = {"fprintf(stderr", "fputs(", "fwrite(", "stderr)", "std::cerr", "perror(",
+                                  "write(2,", "writev(2,", "dprintf(2", "STDERR_FILENO", " puts(", "(puts("};
+    namespace fs = std::filesystem;
+    int files = 0;
+    std::vector<std::string> offenders;
+    for (const char* dir : {"/core", "/preload"}) {
+        for (const auto& entry : fs::recursive_directory_iterator(std::string(GPUMEM_SOURCE_DIR) + dir)) {
+            const std::string path = entry.path().string();
+            if (!entry.is_regular_file() || (entry.path().extension() != ".cc" && entry.path().extension() != ".h")) continue;
+            const std::string helper_name = "/core/stderr_write.cc";
+            const bool helper = path.size() >= helper_name.size() &&
+                                path.compare(path.size() - helper_name.size(), helper_name.size(), helper_name) == 0;
+            ++files;
+            std::ifstream in(path);
+            std::string line;
+            for (int n = 1; std::getline(in, line); ++n) {
+                std::string code = line.substr(0, line.find("//"));
+                for (const char* d : direct) {
+                    if (helper && std::string(d) == "writev(2,") continue;  // the one guarded write
+                    if (code.find(d) != std::string::npos) offenders.push_back(path + ":" + std::to_string(n) + ": " + line);
+                }
+            }
+        }
+    }
+    CHECK(files > 20);
+    for (const std::string& o : offenders) UNSCOPED_INFO(o);
+    CHECK(offenders.empty());
+}
+
+TEST_CASE("write_stderr: a whole message in many parts and no SIGPIPE on a pipe without a reader") {
+    // Whole: 40 parts (more than one writev takes) of a message longer than a pipe's buffer, read back.
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    std::string expected;
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        std::string big(100000, 'x');
+        write_stderr({"a", "", "bc", big, decimal(-42), decimal(0), decimal(1234567890123LL), "1", "2", "3", "4",
+                      "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20", "21",
+                      "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32", "\n"});
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string got;
+    char buf[4096];
+    for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, size_t(r));
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    expected = "abc" + std::string(100000, 'x') + "-4201234567890123";
+    for (int i = 1; i <= 32; ++i) expected += std::to_string(i);
+    expected += "\n";
+    CHECK(got.size() == expected.size());
+    CHECK(got == expected);
+
+    // No reader: the write fails with EPIPE and the program lives on, with SIGPIPE at its default.
+    REQUIRE(pipe(fds) == 0);
+    close(fds[0]);
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        signal(SIGPIPE, SIG_DFL);
+        write_stderr({"gpumem: nobody reads this\n"});
+        _exit(7);
+    }
+    close(fds[1]);
+    waitpid(pid, &status, 0);
+    CHECK_FALSE(WIFSIGNALED(status));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 7);
 }
