@@ -35,10 +35,6 @@ void* map_zeroed(size_t bytes) noexcept {
     return p == MAP_FAILED ? nullptr : p;
 }
 
-void say(const char* msg, int n) noexcept {
-    if (n > 0) write_stderr({std::string_view(msg, size_t(n))});
-}
-
 // O_EXCL makes a planted symlink (or any existing name) fail with EEXIST instead of being followed;
 // O_NOFOLLOW adds ELOOP for the same case on file systems that report it so.
 constexpr int k_create_flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
@@ -96,12 +92,8 @@ int open_log_file(const std::string& path, long pid, std::string* used) noexcept
             fd = mkostemps(name.data(), int(ext.size()), O_CLOEXEC);
             if (fd < 0) return -1;
         }
-        char msg[1024];
-        int n = snprintf(msg, sizeof msg,
-                         "gpumem: %s already exists (another process's log, an older log, or a link); "
-                         "this process (pid %ld) writes its log to %s\n",
-                         path.c_str(), pid, name.c_str());
-        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+        write_stderr({"gpumem: ", path, " already exists (another process's log, an older log, or a link); "
+                      "this process (pid ", decimal(pid), ") writes its log to ", name, "\n"});
         *used = name;
         return fd;
     } catch (...) {
@@ -201,10 +193,8 @@ bool event_log::start(const std::string& path, const std::string& header_line) n
             return false;
         }
         fd = open_log_file(fallback, pid, &used);
-        char msg[1024];
-        int n = snprintf(msg, sizeof msg, "gpumem: cannot create %s (%s); %s %s\n", path.c_str(), strerror(e),
-                         fd >= 0 ? "writing the log to" : "also failed:", fd >= 0 ? used.c_str() : fallback.c_str());
-        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+        write_stderr({"gpumem: cannot create ", path, " (", strerror(e), "); ",
+                      fd >= 0 ? "writing the log to " : "also failed: ", fd >= 0 ? used : fallback, "\n"});
         if (fd < 0) return false;
     }
     try {
@@ -387,7 +377,6 @@ bool event_log::switch_after_write_error(int err) noexcept {
     // interrupted malloc.  There the log ends where the write failed, and stderr says so.
     int old = fd_;
     fd_ = -1;
-    char msg[1024];
     if (write_failed_) {
         close(old);
         return false;
@@ -395,10 +384,8 @@ bool event_log::switch_after_write_error(int err) noexcept {
     if (in_signal_) {
         write_failed_ = true;
         close(old);
-        int n = snprintf(msg, sizeof msg,
-                         "gpumem: writing %s failed (errno %d) while the process ended (a signal or _exit); the log ends there\n",
-                         path_.c_str(), err);
-        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+        write_stderr({"gpumem: writing ", path_, " failed (errno ", decimal(err),
+                      ") while the process ended (a signal or _exit); the log ends there\n"});
         return false;
     }
     write_failed_ = true;
@@ -429,9 +416,7 @@ bool event_log::switch_after_write_error(int err) noexcept {
     }
     close(old);
     if (fd >= 0 && carried) {
-        int n = snprintf(msg, sizeof msg, "gpumem: writing %s failed (%s); the log continues in %s\n", path_.c_str(),
-                         strerror(err), used.c_str());
-        say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+        write_stderr({"gpumem: writing ", path_, " failed (", strerror(err), "); the log continues in ", used, "\n"});
         fd_ = fd;
         try {
             path_ = used;
@@ -443,9 +428,8 @@ bool event_log::switch_after_write_error(int err) noexcept {
         close(fd);
         unlink(used.c_str());
     }
-    int n = snprintf(msg, sizeof msg, "gpumem: writing %s failed (%s), and so did the fallback %s; no log is written\n",
-                     path_.c_str(), strerror(err), fallback.empty() ? "/tmp" : fallback.c_str());
-    say(msg, n < int(sizeof msg) ? n : int(sizeof msg) - 1);
+    write_stderr({"gpumem: writing ", path_, " failed (", strerror(err), "), and so did the fallback ",
+                  fallback.empty() ? std::string_view("/tmp") : std::string_view(fallback), "; no log is written\n"});
     return false;
 }
 

@@ -1,11 +1,11 @@
-// The preload's diagnostics: a leaked spdlog logger on stderr after init, one write(2) before it (preload/diag.h).
+// The preload's diagnostics: a leaked spdlog logger on stderr after init, one write_stderr before it (preload/diag.h).
 #include "diag.h"
 
 #include <sched.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include <spdlog/logger.h>
@@ -81,11 +81,27 @@ void write(level l, const char* msg, size_t n) noexcept {
         }
         unlock();
     } else {
-        char line[1200];
-        int k = snprintf(line, sizeof line, "gpumem[%ld] %s: %.*s\n", long(getpid()), k_level_names[l], int(n), msg);
-        if (k > 0) write_stderr({std::string_view(line, size_t(k) < sizeof line ? size_t(k) : sizeof line - 1)});
+        // The line spdlog's pattern would make, in pieces: no buffer to outgrow.
+        write_stderr({"gpumem[", decimal(getpid()), "] ", k_level_names[l], ": ", std::string_view(msg, n), "\n"});
     }
     t_inside = false;
+}
+
+void write_cut(level l, const char* msg, size_t n, size_t whole) noexcept {
+    // The marker goes in the same buffer, over the message's last bytes: no memory to spare here.
+    char line[1024];
+    const size_t mark_max = 64;
+    size_t keep = n < sizeof line - mark_max ? n : sizeof line - mark_max;
+    // Cut on a UTF-8 character boundary, so the line stays valid text.
+    while (keep > 0 && keep < n && (static_cast<unsigned char>(msg[keep]) & 0xC0) == 0x80) --keep;
+    memcpy(line, msg, keep);
+    decimal cut(static_cast<long long>(whole - keep));
+    size_t k = keep;
+    for (std::string_view part : {std::string_view("... ("), cut.view(), std::string_view(" bytes cut)")}) {
+        memcpy(line + k, part.data(), part.size());
+        k += part.size();
+    }
+    write(l, line, k);
 }
 
 }  // namespace gpumem::diag

@@ -6,14 +6,18 @@
 // - Never call these from a signal handler (they format and may allocate) nor from the `_exit` path
 //   (a vfork child shares the parent's memory).
 // - Before `init` (start of recording, a normal call context) nothing touches spdlog: a message
-//   then goes out through a stack buffer and one write(2).  So a dlsym or cuGetProcAddress hook
-//   that reports something while the process is still starting never constructs the logger.
+//   then goes out through write_stderr (core/stderr_write.h), in pieces.  So a dlsym or
+//   cuGetProcAddress hook that reports something while the process is still starting never
+//   constructs the logger.  A message longer than `log`'s 1 KiB stack buffer is formatted again on
+//   the heap, so that it comes out whole.
 // - A thread that is already inside a message does not log again (reentrancy), and a fork child
 //   starts with the output lock free.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <new>
+#include <string>
 #include <utility>
 
 #include <spdlog/fmt/fmt.h>  // fmt as spdlog is configured with it (header-only here)
@@ -32,17 +36,29 @@ void init(int lvl) noexcept;
 // In a fork child: the output lock may have been held by a thread that does not exist here.
 void after_fork_child() noexcept;
 
-// Writes one finished message (no trailing newline) at `l`.
+// Writes one finished message (no trailing newline) at `l`, whole, whatever its length.
 void write(level l, const char* msg, size_t n) noexcept;
+// Writes the first `n` bytes of a message of `whole` bytes, with "... (whole - n bytes cut)" after them.
+void write_cut(level l, const char* msg, size_t n, size_t whole) noexcept;
 
+// Formats into a stack buffer; a message longer than it (a long path or setting in it) is formatted
+// again on the heap and goes out whole.  Only when there is no memory for that does it go out cut,
+// and then visibly: its first bytes, then "... (N bytes cut)".
 template <class... A>
 void log(level l, fmt::format_string<A...> f, A&&... a) noexcept {
     if (!enabled(l)) return;
     char buf[1024];
     try {
-        auto r = fmt::format_to_n(buf, sizeof buf, f, std::forward<A>(a)...);
-        size_t n = r.size < sizeof buf ? r.size : sizeof buf;
-        write(l, buf, n);
+        const auto args = fmt::make_format_args(a...);
+        const fmt::string_view text = f;
+        const size_t size = fmt::vformat_to_n(buf, sizeof buf, text, args).size;
+        if (size <= sizeof buf) return write(l, buf, size);
+        try {
+            const std::string whole = fmt::vformat(text, args);
+            return write(l, whole.data(), whole.size());
+        } catch (const std::bad_alloc&) {
+            write_cut(l, buf, sizeof buf, size);
+        }
     } catch (...) {
         // A formatting error in our own message: nothing to report it with.
     }

@@ -837,3 +837,38 @@ TEST_CASE("write_stderr: a whole message in many parts and no SIGPIPE on a pipe 
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 7);
 }
+
+TEST_CASE("event log: the fallback message names a long path and the fallback file whole") {
+    // The message was formatted into 1024 bytes: with a path longer than that it stopped inside the
+    // path, and never said where the log went.
+    std::string dir = "/tmp/gpumem-core-test-missing-" + std::to_string(getpid());
+    for (int i = 0; i < 6; ++i) dir += "/" + std::string(200, char('a' + i));
+    std::string name = "gpumem-core-test-long-" + std::to_string(getpid()) + ".jsonl";
+    std::string path = dir + "/" + name, moved = "/tmp/" + name;
+    unlink(moved.c_str());
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        event_log::options o;
+        event_log log(o);
+        if (!log.start(path, "{\"ev\":\"header\"}\n")) _exit(10);
+        log.finish(end_reason::exit, 0, 0, 0);
+        _exit(log.path() == moved ? 0 : 11);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[4096];
+    for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(r));
+    close(fds[0]);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(path.size() > 1024);
+    CHECK(err == "gpumem: cannot create " + path + " (No such file or directory); writing the log to " + moved + "\n");
+    unlink(moved.c_str());
+}

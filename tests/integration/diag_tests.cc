@@ -64,6 +64,18 @@ TEST_CASE("warnings show at the default level and go quiet with GPUMEM_LOG_LEVEL
     CHECK(b.err.find("GPUMEM_LOG_LEVEL='loud'") != std::string::npos);
 }
 
+TEST_CASE("a warning longer than 1 KiB comes out whole") {
+    // diag::log formatted into 1024 bytes and cut there without a word: the end of the warning
+    // (what gpumem uses instead) was lost.
+    const std::string value(3000, 'x');
+    run_result r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_FLUSH_MS", value}});
+    REQUIRE(ran_ok(r));
+    INFO(r.err);
+    CHECK(lines_at(r.err, "warning") == 1);
+    CHECK(r.err.find("warning: GPUMEM_FLUSH_MS='" + value + "' is not a number in [1, 60000]; using 20\n") !=
+          std::string::npos);
+}
+
 TEST_CASE("a warning on a stderr pipe whose reader is gone does not kill the program with SIGPIPE") {
     // Without gpumem the program writes nothing to stderr and exits 0; the warning's write raised
     // SIGPIPE and the program died of it.  The pipe's read end is closed before the program starts.
