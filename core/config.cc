@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <strings.h>
+#include <sys/stat.h>
 
 namespace gpumem {
 
@@ -113,6 +114,15 @@ std::string expand_out_pattern(const std::string& pattern, long pid, const std::
         }
     }
     return out;
+}
+
+std::string log_path_for(const std::string& pattern, long pid, const std::string& host, const std::string& rank) {
+    std::string path = expand_out_pattern(pattern, pid, host, rank);
+    struct stat st;
+    bool dir = !path.empty() && (path.back() == '/' || (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)));
+    if (!dir) return path;
+    if (path.back() != '/') path += '/';
+    return path + expand_out_pattern(config::k_default_out, pid, host, rank);
 }
 
 }  // namespace gpumem

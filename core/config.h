@@ -11,7 +11,8 @@ namespace gpumem {
 
 struct config {
     bool pool = true;                 // GPUMEM_POOL=on|off: cuMemAlloc_v2/cuMemFree_v2 served by the caching pool (docs/pool.md)
-    std::string out = "gpumem-%p.jsonl";  // GPUMEM_OUT
+    static constexpr const char* k_default_out = "gpumem-%p.jsonl";
+    std::string out = k_default_out;  // GPUMEM_OUT: a path pattern, or a directory (log_path_for)
     uint32_t flush_ms = 20;           // GPUMEM_FLUSH_MS: writer wakes at least this often
     uint32_t buffer_events = 65536;   // GPUMEM_BUFFER_EVENTS: ring capacity, rounded up to a power of 2
     uint32_t wait_ms = 2000;          // GPUMEM_WAIT_MS: how long a caller waits for ring space before the event is counted lost
@@ -26,6 +27,12 @@ struct config {
 // Expands %p, %h, %r and %% in a GPUMEM_OUT pattern.  `rank` comes from RANK / LOCAL_RANK.
 std::string expand_out_pattern(const std::string& pattern, long pid, const std::string& host,
                                const std::string& rank);
+
+// The log's path for a GPUMEM_OUT pattern: the pattern expanded, except that a directory (an
+// expansion that ends in '/' or names an existing directory, "." included) gets the default name
+// inside it, DIR/gpumem-<pid>.jsonl, as `gpumem run -o DIR` does.  A directory that does not exist
+// is not made: its file then goes to /tmp by the log's fallback rule.
+std::string log_path_for(const std::string& pattern, long pid, const std::string& host, const std::string& rank);
 
 // $RANK, else $LOCAL_RANK, else "0".
 std::string rank_from_env();

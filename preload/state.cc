@@ -270,7 +270,7 @@ void start_recording(process_state& st) noexcept {
         pool_configure(st.cfg, st.rec, &pool_json);
         char host[256] = "";
         gethostname(host, sizeof host - 1);
-        std::string path = expand_out_pattern(st.cfg.out, long(getpid()), host, rank_from_env());
+        std::string path = log_path_for(st.cfg.out, long(getpid()), host, rank_from_env());
         if (!st.log->start(path, header_line(st, pool_json, start_unix_ns))) {
             GPUMEM_WARN("no log file could be created; recording is off for this process");
             st.phase.store(disabled);

@@ -58,6 +58,20 @@ TEST_CASE("out pattern expands pid, host, rank and literal percent") {
     CHECK(expand_out_pattern("odd%q%", 1, "h", "0") == "odd%q%");
 }
 
+TEST_CASE("log_path_for: a GPUMEM_OUT that names a directory gets the default name inside it") {
+    CHECK(log_path_for("gpumem-%p.jsonl", 42, "h", "0") == "gpumem-42.jsonl");
+    CHECK(log_path_for("run-%r.jsonl", 42, "h", "3") == "run-3.jsonl");
+    CHECK(log_path_for(".", 42, "h", "0") == "./gpumem-42.jsonl");
+    CHECK(log_path_for("./", 42, "h", "0") == "./gpumem-42.jsonl");
+    CHECK(log_path_for("/tmp", 42, "h", "0") == "/tmp/gpumem-42.jsonl");
+    CHECK(log_path_for("/", 42, "h", "0") == "/gpumem-42.jsonl");
+    // The directory is judged after expansion; one that does not exist yet by its trailing '/'.
+    CHECK(log_path_for("/t%hp", 42, "m", "0") == "/tmp/gpumem-42.jsonl");
+    CHECK(log_path_for("/nonexistent-gpumem-dir/", 42, "h", "0") == "/nonexistent-gpumem-dir/gpumem-42.jsonl");
+    CHECK(log_path_for("/nonexistent-gpumem-dir", 42, "h", "0") == "/nonexistent-gpumem-dir");
+    CHECK(log_path_for("/dev/null", 42, "h", "0") == "/dev/null");
+}
+
 TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
     uint64_t v = 0;
     CHECK(parse_size("4096", &v));

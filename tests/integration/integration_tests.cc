@@ -361,6 +361,37 @@ TEST_CASE("GPUMEM_OUT pattern: pid and rank") {
     CHECK(r.logs[0].find("/run-r3-") != std::string::npos);
 }
 
+TEST_CASE("GPUMEM_OUT naming a directory: the log gets the default name inside it") {
+    // GPUMEM_OUT=. made a hidden "..PID" file (the clash rule applied to the directory's name), and
+    // GPUMEM_OUT=DIR wrote DIR.PID beside the directory.
+    auto default_named = [](const std::string& path) {
+        std::string name = path.substr(path.rfind('/') + 1);
+        return name.rfind("gpumem-", 0) == 0 && name.size() > 13 && name.substr(name.size() - 6) == ".jsonl" &&
+               name.find_first_not_of("0123456789", 7) == name.size() - 6;
+    };
+    for (const char* out : {".", "./"}) {
+        INFO(out);
+        auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", out}});
+        CHECK(WEXITSTATUS(r.status) == 0);
+        INFO(r.err);
+        CHECK(r.err.empty());
+        REQUIRE(r.logs.size() == 1);
+        CHECK(default_named(r.logs[0]));
+        CHECK(lines_of(r.logs[0]).back()["ev"] == "end");
+    }
+    char tmpl[] = "/tmp/gpumem-it-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    run_dirs().push_back(tmpl);
+    auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", tmpl}});
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.err.empty());
+    std::vector<std::string> inside;
+    for (const auto& e : std::filesystem::directory_iterator(tmpl)) inside.push_back(e.path().string());
+    REQUIRE(inside.size() == 1);
+    CHECK(default_named(inside[0]));
+    CHECK(lines_of(inside[0]).back()["ev"] == "end");
+}
+
 TEST_CASE("an unwritable GPUMEM_OUT falls back to /tmp and says so") {
     auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", "/nonexistent-dir/x-%p.jsonl"}});
     CHECK(WEXITSTATUS(r.status) == 0);
