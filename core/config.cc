@@ -36,6 +36,20 @@ bool parse_log_level(const char* s, int* out) noexcept {
     return false;
 }
 
+bool parse_routes(const char* s, unsigned* out) noexcept {
+    if (!s) return false;
+    if (!strcasecmp(s, "all")) return *out = k_all_routes, true;
+    unsigned r = 0;
+    for (const char* p = s; *p; ++p) {
+        char c = char(*p | 0x20);  // lower case for letters
+        if (c >= 'a' && c <= 'd') r |= 1u << (c - 'a');
+        else if (*p != ',' && *p != ' ') return false;
+    }
+    if (!r) return false;
+    *out = r;
+    return true;
+}
+
 static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field, std::string* warnings) {
     const char* s = getenv(name);
     if (!s) return;
@@ -79,6 +93,12 @@ config config::from_env(std::string* warnings) noexcept {
         if (const char* s = getenv("GPUMEM_LOG_LEVEL"); s && !parse_log_level(s, &c.log_level) && warnings)
             *warnings += std::string("GPUMEM_LOG_LEVEL='") + s +
                          "' is not trace, debug, info, warn, error, critical, off or 0-6; using warn\n";
+        if (const char* s = getenv("GPUMEM_ROUTES"); s && *s) {
+            c.routes_set = parse_routes(s, &c.routes);
+            if (!c.routes_set && warnings)
+                *warnings += std::string("GPUMEM_ROUTES='") + s +
+                             "' is not all or a list of the letters a, b, c, d (such as a,c); using a,b,c,d\n";
+        }
         uint32_t cap = 1;
         while (cap < c.buffer_events) cap <<= 1;
         c.buffer_events = cap;

@@ -9,6 +9,10 @@
 
 namespace gpumem {
 
+// The ways in that GPUMEM_ROUTES chooses from, one bit each: a exported symbols, b dlsym, c
+// cuGetProcAddress, d cudaGetDriverEntryPoint* (preload/gpumem_preload.h, route).
+constexpr unsigned k_all_routes = 1 | 2 | 4 | 8;
+
 struct config {
     bool pool = true;                 // GPUMEM_POOL=on|off: cuMemAlloc_v2/cuMemFree_v2 served by the caching pool (docs/pool.md)
     static constexpr const char* k_default_out = "gpumem-%p.jsonl";
@@ -19,6 +23,8 @@ struct config {
     stacks::stack_mode stacks = stacks::stack_mode::python;  // GPUMEM_STACKS: off|python|native|all
     uint32_t stack_depth = 64;        // GPUMEM_STACK_DEPTH: frames kept per stack, innermost first (1..256)
     int log_level = 3;                // GPUMEM_LOG_LEVEL: trace debug info warn (default) error critical off, or 0-6
+    unsigned routes = k_all_routes;   // GPUMEM_ROUTES: the ways in that substitute wrappers (parse_routes)
+    bool routes_set = false;          // GPUMEM_ROUTES held a value parse_routes accepts (the header records it)
 
     // Never throws: bad values keep the default and are reported through `warnings`.
     static config from_env(std::string* warnings = nullptr) noexcept;
@@ -40,6 +46,12 @@ std::string rank_from_env();
 // Parses a GPUMEM_LOG_LEVEL: trace, debug, info, warn (warning), error (err), critical, off in any
 // case, or 0-6 in that order (spdlog's levels).  False, leaving *out, for anything else.  No allocation.
 bool parse_log_level(const char* s, int* out) noexcept;
+
+// Parses a GPUMEM_ROUTES value into route bits (a = 1, b = 2, c = 4, d = 8): "all", or letters a to d
+// in any order and case, alone or separated by commas or spaces ("a,c,d", "acd", "a, c").  False,
+// leaving *out, for anything else ("garbage", "e", "", ","), which then means all routes, the
+// default.  No allocation: the preload reads it at its first hooked lookup.
+bool parse_routes(const char* s, unsigned* out) noexcept;
 
 // Parses "on"/"off"/"1"/"0"/"true"/"false"/"yes"/"no" (letters in any case); returns false, leaving
 // *out, for anything else.  Every GPUMEM_* switch reads this way (GPUMEM_POOL, GPUMEM_POOL_VMM, ...).

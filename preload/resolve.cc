@@ -13,6 +13,7 @@
 #include <cstring>
 #include <unistd.h>
 
+#include "config.h"
 #include "diag.h"
 #include "gpumem_preload.h"
 
@@ -67,21 +68,17 @@ void* real_driver(drv d) noexcept {
 }
 
 // ---------------------------------------------------------------------------------------------
-static unsigned parse_routes() noexcept {
-    const char* s = getenv("GPUMEM_ROUTES");
-    if (!s || !*s || !strcmp(s, "all")) return route_a | route_b | route_c | route_d;
-    unsigned r = 0;
-    for (const char* p = s; *p; ++p) {
-        if (*p == 'a') r |= route_a;
-        if (*p == 'b') r |= route_b;
-        if (*p == 'c') r |= route_c;
-        if (*p == 'd') r |= route_d;
-    }
+// GPUMEM_ROUTES by core/config.h's rule; a value it refuses keeps every route on, and is warned of
+// when recording starts (config::from_env).
+static unsigned routes_from_env() noexcept {
+    static_assert(k_all_routes == (route_a | route_b | route_c | route_d));
+    unsigned r = k_all_routes;
+    parse_routes(getenv("GPUMEM_ROUTES"), &r);
     return r;
 }
 
 bool route_on(route r) noexcept {
-    static const unsigned routes = parse_routes();
+    static const unsigned routes = routes_from_env();
     return (routes & r) != 0;
 }
 

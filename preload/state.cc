@@ -154,7 +154,7 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     h.config.buffer_events = st.cfg.buffer_events;
     h.config.stacks = stacks::k_stack_mode_names[size_t(st.cfg.stacks)];
     h.config.stack_depth = st.cfg.stack_depth;
-    if (const char* r = getenv("GPUMEM_ROUTES")) h.config.routes = r;
+    if (const char* r = getenv("GPUMEM_ROUTES"); r && st.cfg.routes_set) h.config.routes = r;
     h.config.reuse = pool_json;
     h.gpumem_version = GPUMEM_VERSION;
     h.forked_from = st.forked_from;

@@ -173,6 +173,42 @@ TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1
     CHECK_FALSE(parse_bool("maybe", &b));
 }
 
+TEST_CASE("GPUMEM_ROUTES: all or the letters a-d and anything else is refused and means all") {
+    unsigned r = 0;
+    CHECK(parse_routes("all", &r));
+    CHECK(r == k_all_routes);
+    CHECK(parse_routes("a", &r));
+    CHECK(r == 1);
+    CHECK(parse_routes("a,c,d", &r));
+    CHECK(r == (1 | 4 | 8));
+    CHECK(parse_routes("bd", &r));
+    CHECK(r == (2 | 8));
+    CHECK(parse_routes("B, C", &r));
+    CHECK(r == (2 | 4));
+    r = 7;
+    // "garbage" holds an a and a b: read letter by letter it chose those two ways in, silently.
+    for (const char* bad : {"garbage", "e", "a;b", "", ",", "a,x", "none"}) {
+        INFO(bad);
+        CHECK_FALSE(parse_routes(bad, &r));
+        CHECK(r == 7);
+    }
+    CHECK_FALSE(parse_routes(nullptr, &r));
+
+    setenv("GPUMEM_ROUTES", "garbage", 1);
+    std::string warnings;
+    config c = config::from_env(&warnings);
+    CHECK(c.routes == k_all_routes);
+    CHECK_FALSE(c.routes_set);
+    CHECK(warnings == "GPUMEM_ROUTES='garbage' is not all or a list of the letters a, b, c, d (such as a,c); using a,b,c,d\n");
+    setenv("GPUMEM_ROUTES", "a,c", 1);
+    warnings.clear();
+    c = config::from_env(&warnings);
+    CHECK(c.routes == (1 | 4));
+    CHECK(c.routes_set);
+    CHECK(warnings.empty());
+    unsetenv("GPUMEM_ROUTES");
+}
+
 TEST_CASE("config from env keeps defaults on bad values and says so") {
     setenv("GPUMEM_FLUSH_MS", "soon", 1);
     setenv("GPUMEM_POOL", "off", 1);

@@ -150,6 +150,28 @@ TEST_CASE("way c: a static runtime resolving through the cuGetProcAddress self-l
     CHECK(run({EMU_RT_STATIC_APP, "basic"}, {{"GPUMEM_ROUTES", "a,b,d"}}).logs.empty());
 }
 
+TEST_CASE("GPUMEM_ROUTES with a value it does not take: one warning naming it, every way in stays on") {
+    // "garbage" was read letter by letter: its a and b turned ways c and d off without a word, so a
+    // static runtime (way c) left no log at all.
+    auto r = run({EMU_RT_STATIC_APP, "basic"}, {{"GPUMEM_ROUTES", "garbage"}});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    INFO(r.err);
+    CHECK(r.err.find("warning: GPUMEM_ROUTES='garbage' is not all or a list of the letters a, b, c, d (such as a,c); "
+                     "using a,b,c,d\n") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls);
+    CHECK(count_ev(ls, "alloc") == 5);
+    CHECK_FALSE(ls[0]["config"].contains("routes"));  // the default is in force
+    // A value it takes is no warning of its own and is recorded as written.
+    auto ok = run({EMU_RT_STATIC_APP, "basic"}, {{"GPUMEM_ROUTES", "C"}});
+    INFO(ok.err);
+    CHECK(ok.err.find("GPUMEM_ROUTES='") == std::string::npos);
+    REQUIRE(ok.logs.size() == 1);
+    CHECK(lines_of(ok.logs[0])[0]["config"]["routes"] == "C");
+}
+
 TEST_CASE("way c picks the _ptsz variant the real resolver chose") {
     auto r = run({EMU_RT_STATIC_APP, "basic"}, {{"GPUMEM_EMU_PTDS", "1"}});
     REQUIRE(r.logs.size() == 1);
