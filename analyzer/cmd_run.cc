@@ -142,6 +142,31 @@ std::map<std::string, file_stamp> list_matching(const std::string& pattern) {
     return out;
 }
 
+// What a path that is not a regular file is, for a message: the library writes its log to a
+// character device or its user's FIFO as it is (log-format.md, "File safety"), and such a log
+// cannot be read back.  Empty for a regular file, a symbolic link (the library never writes
+// through one) or a name that does not exist.
+std::string non_regular_kind(const std::string& p) {
+    struct stat st;
+    if (::lstat(p.c_str(), &st) != 0) return {};
+    if (S_ISCHR(st.st_mode)) return "a character device";
+    if (S_ISFIFO(st.st_mode)) return "a FIFO";
+    if (S_ISBLK(st.st_mode)) return "a block device";
+    if (S_ISSOCK(st.st_mode)) return "a socket";
+    return {};
+}
+
+// The pattern's matches that are not regular files (-o /dev/null), with what each is.
+std::vector<std::pair<std::string, std::string>> non_regular_matches(const std::string& pattern) {
+    std::vector<std::pair<std::string, std::string>> out;
+    glob_t g{};
+    if (::glob(pattern_glob(pattern).c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i)
+            if (std::string kind = non_regular_kind(g.gl_pathv[i]); !kind.empty()) out.emplace_back(g.gl_pathv[i], kind);
+    ::globfree(&g);
+    return out;
+}
+
 // False with errno set when DIR cannot be made or is something else (a file named like it): the
 // library would then write to /tmp (log-format.md, "Fallback"), where run would not find the log.
 bool make_dirs(const std::string& dir) {
@@ -303,7 +328,8 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
         return k_exit_input;
     }
-    if (pattern.find("%p") == std::string::npos)
+    // A device or FIFO is written to as it is by every process, never under a .PID name.
+    if (pattern.find("%p") == std::string::npos && non_regular_kind(pattern).empty())
         spdlog::warn("-o {} has no %p: a second process of the same rank writes its log with .PID added to the name", pattern);
 
     std::map<std::string, file_stamp> before = list_matching(pattern);
@@ -387,6 +413,15 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     if (WIFSIGNALED(status))
         std::fprintf(stderr, "\ngpumem run: %s was killed by signal %d (exit code %d)\n", cmd[0], WTERMSIG(status), rc);
     if (logs.empty()) {
+        // The log may well have been written, to a file that cannot be read back: say that, and
+        // not that the command made no CUDA call.
+        std::vector<std::pair<std::string, std::string>> sinks = non_regular_matches(pattern);
+        for (const auto& [path, kind] : sinks)
+            std::fprintf(stderr,
+                         "\ngpumem run: %s is %s, not a regular file: a log written there cannot be read back, so "
+                         "there is no log to list or summarize\n",
+                         path.c_str(), kind.c_str());
+        if (!sinks.empty()) return rc;
         std::fprintf(stderr,
                      "\ngpumem run: no log matching %s was written: the command made no CUDA call, or cleared "
                      "LD_PRELOAD, or is a setuid program\n",

@@ -488,6 +488,26 @@ run_arguments)
   expect_not_in "$W/out" "ran"
   expect_rc 2 "$GPUMEM" run -o "$W/afile/sub/x-%p.jsonl" -- true
   expect_in "$W/err" "gpumem: error: cannot create $W/afile/sub: Not a directory"
+  # -o /dev/null: the log goes there and cannot be read back.  Run said the command "made no CUDA
+  # call" (and warned of .PID names, which a device never gets).
+  expect_rc 0 "$GPUMEM" run -o /dev/null -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/out" "steps=5"
+  expect_in "$W/err" "gpumem run: /dev/null is a character device, not a regular file: a log written there cannot be read back"
+  expect_not_in "$W/err" "CUDA call"
+  expect_not_in "$W/err" "no log matching"
+  expect_not_in "$W/err" "has no %p"
+  # A FIFO of ours with a reader gets the log as it is too.  Opening fd 3 for writing waits until
+  # cat has the FIFO open, so the library finds its reader; cat ends once both writers are gone.
+  mkfifo "$W/fifo"
+  cat "$W/fifo" > "$W/from-fifo.txt" &
+  reader=$!
+  exec 3> "$W/fifo"
+  expect_rc 0 "$GPUMEM" run -o "$W/fifo" -- "$EMU/emu_rt_shared_app" train 5
+  exec 3>&-
+  wait $reader
+  expect_in "$W/err" "gpumem run: $W/fifo is a FIFO, not a regular file"
+  expect_not_in "$W/err" "CUDA call"
+  expect_in "$W/from-fifo.txt" '"ev":"end"'
   ;;
 report_from_json)
   # gpumem report on a report JSON prints the same text, HTML, Perfetto trace and warnings as on the
