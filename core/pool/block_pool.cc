@@ -511,6 +511,67 @@ block_pool::block* block_pool::find_hole(pool_id p, uint64_t asize, uint64_t* by
     return nullptr;
 }
 
+int block_pool::map_cheapest_hole(pool_id p, uint64_t asize, api_id api, block** out) {
+    block* best = nullptr;
+    uint64_t best_bytes = 0;
+    bool best_end = false;
+    for (block* u : holes_[pool_index(p)]) {
+        const uint64_t before = u->prev && u->prev->state == block_state::free ? u->prev->size : 0;
+        const uint64_t after = u->next && u->next->state == block_state::free ? u->next->size : 0;
+        if (before + u->size + after < asize) continue;
+        // The hole's front joined to the free block before it, its back to the one after, or all of it.
+        uint64_t bytes = u->size;
+        bool at_end = false;
+        if (before + u->size >= asize) bytes = round_up(asize - std::min(asize, before), chunk_);
+        if (u->size + after >= asize && round_up(asize - std::min(asize, after), chunk_) < bytes) {
+            bytes = round_up(asize - std::min(asize, after), chunk_);
+            at_end = true;
+        }
+        bytes = std::max(std::min(bytes, u->size), chunk_);  // a hole is at least one chunk
+        if (!best || bytes < best_bytes) best = u, best_bytes = bytes, best_end = at_end;
+    }
+    if (!best) return k_cuda_oom;
+    if (!best_end || best_bytes == best->size) return map_hole(best, best_bytes, api, out);
+    // The back of the hole: its front stays a hole of its own.
+    block* v = new_block();
+    if (!v) return k_cuda_oom;  // nothing changed yet
+    v->addr = best->addr + best->size - best_bytes;
+    v->size = best_bytes;
+    v->seg = best->seg;
+    v->state = block_state::unmapped;
+    try {
+        addr_insert(v);
+    } catch (...) {
+        recycle(v);
+        throw;
+    }
+    try {
+        hole_insert(v);
+    } catch (...) {
+        addr_erase(v);
+        recycle(v);
+        throw;
+    }
+    v->prev = best;
+    v->next = best->next;
+    if (best->next) best->next->prev = v;
+    best->next = v;
+    best->size -= best_bytes;
+    auto unsplit = [&] {  // v is a hole still: one hole again, as adjacent holes must be
+        hole_erase(v);
+        absorb_next(best);
+    };
+    int rc;
+    try {
+        rc = map_hole(v, best_bytes, api, out);
+    } catch (...) {
+        unsplit();
+        throw;
+    }
+    if (rc != k_cuda_success) unsplit();
+    return rc;
+}
+
 uint64_t block_pool::arena_unit(pool_id p, uint64_t asize) const noexcept {
     // The large pool maps just the request's chunks (take() splits off the rest before a hole,
     // however small, so the next growth joins it).  On the H200 GPT-2 log, growing by whole
@@ -1079,7 +1140,26 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     }
     // With arenas, first the holes just made (mapping into them joins their free neighbours).
     rc = arenas ? arena_grow(p, asize, api, &b) : k_cuda_oom;
-    if (rc == k_cuda_oom) rc = new_segment(p, chunk_ ? round_up(asize, chunk_) : seg_size, api, &b);
+    // Then, with or without arenas, the hole that needs the fewest chunks: a free head or tail left
+    // beside a hole by this or an earlier give-back holds part of the request, so fewer chunks than
+    // fresh address space may do (never more: a hole is whole chunks).  Without arenas the holes
+    // were never mapped again, and a request that a free head plus one chunk would hold asked for
+    // two: under GPUMEM_POOL_ARENA=off the emulated training loop that fits in 138 MiB alone
+    // failed at 146 and 148 MiB.  With arenas this runs only where arena_grow failed (its lowest
+    // hole needed more than the driver had, and a higher one may need less), so a layout the
+    // default pool served before is unchanged.
+    // (A map the driver refused for another reason leaves the hole as it was: fresh space next.)
+    if (rc == k_cuda_oom && chunk_ && map_cheapest_hole(p, asize, api, &b) == k_cuda_success) rc = k_cuda_success;
+    // Then fresh address space with just the request's chunks mapped.  Without arenas it spans the
+    // segment the request would have had (20 MiB under MIN_LARGE_ALLOC), the rest a hole: the
+    // block's rest before it splits off (take), and a later give-back's retry maps the hole joined
+    // to it.  Reserved at the request's chunks only, a 3 MiB block held 4 MiB for good: the
+    // training loop failed at 142 and 144 MiB too, and filling 584 MiB with 3 MiB blocks stopped
+    // two blocks short of the driver alone.
+    if (rc == k_cuda_oom) {
+        const uint64_t mapped = chunk_ ? round_up(asize, chunk_) : seg_size;
+        rc = new_segment(p, chunk_ && !arenas ? std::max(seg_size, mapped) : mapped, api, &b, false, mapped);
+    }
     if (rc == k_cuda_success) return b;
     if (rc != k_cuda_oom && !chunk_) {  // virtual memory refused otherwise: the cuMemAlloc below
         *err = rc;

@@ -246,6 +246,10 @@ class block_pool {
     // success a free block of at least asize exists in pool p (*out).
     int arena_grow(pool_id p, uint64_t asize, api_id api, block** out);
     block* find_hole(pool_id p, uint64_t asize, uint64_t* bytes) noexcept;
+    // Memory short: maps into the hole of pool p (arena or not) that serves asize with the fewest
+    // chunks, joined to the free block before it (its front), after it (its back) or both (all of
+    // it).  k_cuda_oom when no hole and its free neighbours fit asize, or the driver refuses.
+    int map_cheapest_hole(pool_id p, uint64_t asize, api_id api, block** out);
     uint64_t arena_unit(pool_id p, uint64_t asize) const noexcept;  // what a miss maps when it can
     // The bytes arena_grow would map for asize first (its unit), and the hole it would map into
     // (*hole, nullptr for a new arena): what a growth would add to reserved memory.

@@ -36,15 +36,17 @@ constexpr uint64_t MiB = 1 << 20;
 // same stitch made, then its block freed and the stitched segment dissolved (the lenders free again).
 // 5: that stitch dissolved into its kept range (GPUMEM_POOL_STITCH_KEEP), a lender's chunk taken,
 // then the same request again: a stitch on the kept range that remaps that chunk's position.
+// 6: arenas off, memory short: the back of a hole a give-back left mapped again, joined to the free
+// tail after it (the hole split in two first).
 // Every scenario: no misuse of the fake device (a chunk released or a range freed while mapped).
 static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint64_t* leaked) {
     const bool stitching = scenario == 3 || scenario == 4 || scenario == 5;
-    fake_backend dev(scenario == 0 || stitching ? (1ull << 30) : 80 * MiB);
+    fake_backend dev(scenario == 0 || stitching ? (1ull << 30) : scenario == 6 ? 64 * MiB : 80 * MiB);
     dev.set_vmm(2 * MiB);
     pool_config cfg;
     cfg.reuse = stitching ? reuse_mode::safe : reuse_mode::immediate;
     cfg.vmm = true;
-    cfg.arenas = scenario != 2;
+    cfg.arenas = scenario != 2 && scenario != 6;
     cfg.stitch = stitching;
     if (scenario == 5) {
         cfg.sync_budget = 4 * MiB;
@@ -60,6 +62,25 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
             g_countdown = k;
             if (pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &b)) ++fails;
             g_countdown = -1;
+        } else if (scenario == 6) {
+            // A 20 MiB segment: a (3.75 MiB), two freed 5 MiB blocks, c (6.25 MiB); given back: the
+            // hole [4, 12) MiB between a 0.25 MiB head and a 1.75 MiB tail.  With one chunk left,
+            // 3.5 MiB fits only at the hole's back.
+            pool.allocate(3 * MiB + 3 * MiB / 4, api_id::cuMemAlloc_v2, &a);
+            pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &b);
+            pool.allocate(5 * MiB, api_id::cuMemAlloc_v2, &x);
+            pool.allocate(6 * MiB + MiB / 4, api_id::cuMemAlloc_v2, &c);
+            pool.deallocate(b, api_id::cuMemFree_v2, &rc);
+            pool.deallocate(x, api_id::cuMemFree_v2, &rc);
+            pool.give_back(api_id::cuMemCreate);
+            dev.set_capacity(dev.in_use() + 2 * MiB);
+            g_countdown = k;
+            if (pool.allocate(3 * MiB + MiB / 2, api_id::cuMemAlloc_v2, &y)) ++fails;
+            g_countdown = -1;
+            if (k == 59 && fails) {  // the last point is past every allocation: it must be served
+                *why = "the hole's back was not mapped";
+                return 1;
+            }
         } else if (scenario == 5) {
             uint64_t sm[16] = {};
             for (uint64_t& q : sm) pool.allocate(512 * 1024, api_id::cuMemAlloc_v2, &q);
@@ -142,7 +163,7 @@ static int run(int scenario, long k, std::string* why, bool* poisoned_like, uint
 
 int main() {
     int total = 0, declined = 0;
-    for (int sc = 0; sc < 6; ++sc) {
+    for (int sc = 0; sc < 7; ++sc) {
         int broken = 0;
         for (long k = 0; k < 60; ++k) {
             std::string why;

@@ -47,6 +47,7 @@ struct layout_replayer {
                     return;
                 }
                 auto& m = segs[e.b.ptr];
+                seg_pool[e.b.ptr] = e.pool;
                 m[e.b.ptr] = {mapped, free_b};
                 if (mapped < e.b.size) m[e.b.ptr + mapped] = {e.b.size - mapped, unmapped_b};
                 break;
@@ -60,6 +61,7 @@ struct layout_replayer {
                 }
                 if (total != e.b.size) error = "segment_free size differs from the segment";
                 segs.erase(e.b.ptr);
+                seg_pool.erase(e.b.ptr);
                 break;
             }
             case ev_kind::segment_unmap: {
@@ -172,6 +174,34 @@ struct layout_replayer {
         }
         return p;
     }
+    // The fewest bytes a request of asize bytes in pool p needs mapped at one hole of that pool,
+    // joined to the free block before it (the hole's front), after it (its back) or both (all of
+    // it); UINT64_MAX when no hole and its neighbours fit asize.  (Not for stitching: the log shows
+    // a lender's range as unmapped, the pool as lent.)
+    uint64_t fewest_hole_bytes(pool_id p, uint64_t asize, uint64_t chunk) const {
+        auto up = [chunk](uint64_t v) { return (v + chunk - 1) / chunk * chunk; };
+        uint64_t best = UINT64_MAX;
+        for (auto& [base, m] : segs) {
+            auto sp = seg_pool.find(base);
+            if (sp == seg_pool.end() || sp->second != p) continue;
+            for (auto it = m.begin(); it != m.end(); ++it) {
+                if (it->second.state != unmapped_b) continue;
+                const uint64_t h = it->second.size;
+                uint64_t before = 0, after = 0;
+                if (it != m.begin()) {
+                    auto pr = std::prev(it);
+                    if (pr->second.state == free_b && pr->first + pr->second.size == it->first) before = pr->second.size;
+                }
+                if (auto nx = std::next(it); nx != m.end() && nx->second.state == free_b && it->first + h == nx->first)
+                    after = nx->second.size;
+                if (before + h >= asize) best = std::min(best, std::max(chunk, up(asize - std::min(asize, before))));
+                if (h + after >= asize) best = std::min(best, std::max(chunk, up(asize - std::min(asize, after))));
+                if (before + h + after >= asize) best = std::min(best, h);
+            }
+        }
+        return best;
+    }
+    std::map<uint64_t, pool_id> seg_pool;  // seg base -> its pool
     bool immediate = false;
 };
 
@@ -200,10 +230,12 @@ uint64_t held_for_live(const std::map<uint64_t, live_block>& live, const block_p
 
 // vmm_chunk != 0: the device offers virtual memory with that granularity, and every OOM outside a
 // capture must respect the guarantee: chunks holding live bytes + the request's chunks > capacity.
+// Without stitching, also that no hole of the request's pool, joined to its free neighbours, could
+// have taken it with the memory the driver had left.
 void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0, bool stitch = false,
-                uint64_t pool_chunk = 0) {
+                uint64_t pool_chunk = 0, bool arenas = true) {
     INFO("seed " << seed << " mode " << int(mode) << " vmm chunk " << vmm_chunk << " stitch " << stitch
-                 << " pool chunk " << pool_chunk);
+                 << " pool chunk " << pool_chunk << " arenas " << arenas);
     std::mt19937_64 rng(seed);
     const uint64_t capacity = 320 * MiB;
     fake_backend dev(capacity);  // tight enough that OOM and cache release happen
@@ -215,6 +247,7 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
     cfg.vmm = vmm_chunk != 0;  // opt-in (GPUMEM_POOL_VMM=on)
     cfg.stitch = stitch;
     cfg.chunk = pool_chunk;
+    cfg.arenas = arenas;
     block_pool pool(cfg, dev, &sink, 0);
     layout_replayer replay;
     replay.immediate = mode != reuse_mode::safe;
@@ -255,6 +288,12 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
                     INFO("size " << size << " held for live blocks " << held);
                     CHECK(need > capacity);
                     CHECK(dev.in_use() == held);
+                    if (!stitch) {
+                        replay.catch_up(sink);
+                        const uint64_t asize = (size + cfg.round - 1) / cfg.round * cfg.round;
+                        const pool_id p = size <= cfg.small_size ? pool_id::small : pool_id::large;
+                        CHECK(replay.fewest_hole_bytes(p, asize, c) > capacity - dev.in_use());
+                    }
                     ++n_oom_checked;
                 }
                 REQUIRE(sink.count(ev_kind::oom) == n_oom);
@@ -396,6 +435,14 @@ TEST_CASE("random operations on virtual memory keep every promise and the driver
     for (uint32_t seed : {14u, 15u}) run_random(seed, reuse_mode::immediate, 3000, 2 * MiB);
     run_random(16u, reuse_mode::automatic, 3000, 2 * MiB);
     run_random(17u, reuse_mode::immediate, 3000, 4 * MiB);  // a coarser granularity
+}
+
+TEST_CASE("random operations on virtual memory without arenas keep every promise and the driver's limit", "[pool][property][vmm]") {
+    // GPUMEM_POOL_ARENA=off: segments per growth, whose holes the OOM path maps again.
+    for (uint32_t seed : {41u, 42u, 43u}) run_random(seed, reuse_mode::safe, 3000, 2 * MiB, false, 0, false);
+    for (uint32_t seed : {44u, 45u}) run_random(seed, reuse_mode::immediate, 3000, 2 * MiB, false, 0, false);
+    run_random(46u, reuse_mode::automatic, 3000, 2 * MiB, false, 0, false);
+    run_random(47u, reuse_mode::immediate, 3000, 2 * MiB, false, 6 * MiB, false);
 }
 
 TEST_CASE("random operations with stitching keep every promise and the driver's limit", "[pool][property][vmm]") {

@@ -160,6 +160,95 @@ TEST_CASE("a segment on virtual memory is whole chunks, mapped at once, and unma
     CHECK(pool.validate(&why));
 }
 
+// Memory short without arenas (GPUMEM_POOL_ARENA=off): a give-back leaves a free head and tail
+// beside the hole it makes, and the OOM path maps the hole again joined to one of them, which needs
+// fewer chunks than fresh address space.  It asked for a fresh segment of the whole request instead,
+// and failed where the driver alone serves the request.
+TEST_CASE("arenas off, memory short: a hole is mapped again, joined to the free head or tail beside it", "[pool][vmm]") {
+    for (bool back : {false, true}) {
+        INFO((back ? "the hole's back, joined to the free tail" : "the hole's front, joined to the free head"));
+        fake_backend dev(64 * MiB);
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        pool_config cfg = vmm_config();
+        cfg.arenas = false;
+        block_pool pool(cfg, dev, &sink, 0);
+        // One 20 MiB segment: a, f1, f2, c.  f1 and f2 freed and given back: a free head, the hole
+        // [4, 12) MiB, a free tail.  Front: a = 3.25 MiB, so a 0.75 MiB head and no tail.  Back:
+        // a = 3.75 MiB and f1 + f2 = 10 MiB, so a 0.25 MiB head and a 1.75 MiB tail.
+        const uint64_t a_size = back ? 3 * MiB + 3 * MiB / 4 : 3 * MiB + MiB / 4;
+        const uint64_t f_size = back ? 5 * MiB : (12 * MiB - a_size) / 2;
+        uint64_t a = 0, f1 = 0, f2 = 0, c = 0, r = 0;
+        REQUIRE(pool.allocate(a_size, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+        REQUIRE(pool.allocate(f_size, api_id::cuMemAlloc_v2, &f1) == k_cuda_success);
+        REQUIRE(pool.allocate(f_size, api_id::cuMemAlloc_v2, &f2) == k_cuda_success);
+        REQUIRE(pool.allocate(20 * MiB - a_size - 2 * f_size, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+        REQUIRE(sink.count(ev_kind::segment_alloc) == 1);
+        int rc = -1;
+        REQUIRE(pool.deallocate(f1, api_id::cuMemFree_v2, &rc));
+        REQUIRE(pool.deallocate(f2, api_id::cuMemFree_v2, &rc));
+        REQUIRE(pool.give_back(api_id::cuMemCreate) == 8 * MiB);
+        REQUIRE(dev.in_use() == 12 * MiB);
+        // The driver has one chunk left.  The live bytes plus the request fit (3.25 + 8 + 2.5 and
+        // 3.75 + 6.25 + 3.5 MiB of 14), and one chunk joined to the head (front) or tail (back)
+        // holds the request, where fresh address space needs two.
+        dev.set_capacity(14 * MiB);
+        const uint64_t request = back ? 3 * MiB + MiB / 2 : 2 * MiB + MiB / 2;
+        REQUIRE(pool.allocate(request, api_id::cuMemAlloc_v2, &r) == k_cuda_success);
+        CHECK(r == (back ? a + 10 * MiB : a + a_size));
+        const auto maps = sink.of(ev_kind::segment_map);
+        REQUIRE(maps.size() == 1);
+        CHECK(maps[0].b.ptr == a + (back ? 10 : 4) * MiB);
+        CHECK(maps[0].b.size == 2 * MiB);
+        CHECK(maps[0].b.seg == a);
+        CHECK(sink.count(ev_kind::segment_alloc) == 1);
+        CHECK(dev.in_use() == 14 * MiB);
+        std::string why;
+        INFO(why);
+        CHECK(pool.validate(&why));
+        for (uint64_t p : {a, c, r}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+        pool.release_cached();
+        CHECK(dev.in_use() == 0);
+        CHECK(dev.reservations() == 0);
+        CHECK(dev.bad_calls() == 0);
+    }
+}
+
+TEST_CASE("arenas off, memory short: the segment of just the request spans a segment's address space, so its rest joins the next request", "[pool][vmm]") {
+    fake_backend dev(32 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.arenas = false;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 3 * MiB, &ps);
+    // The driver alone serves ten 3 MiB blocks in 32 MiB.  The first 20 MiB segment holds six, and
+    // its free last chunk goes back; then a 20 MiB range with the 7th request's 4 MiB mapped, whose
+    // 1 MiB rest splits off before the hole, and every later request maps only the chunks the rest
+    // lacks.  A segment of 4 MiB kept the rest in its block: three 3 MiB blocks in 12 MiB, nine in all.
+    CHECK(ps.size() == 10);
+    const auto segs = sink.of(ev_kind::segment_alloc);
+    REQUIRE(segs.size() == 2);
+    CHECK(segs[1].b.size == 20 * MiB);
+    CHECK(segs[1].b.asize == 4 * MiB);
+    const auto maps = sink.of(ev_kind::segment_map);
+    REQUIRE(maps.size() == 3);
+    CHECK(maps[0].b.ptr == segs[1].b.ptr + 4 * MiB);
+    CHECK(maps[0].b.size == 2 * MiB);
+    for (size_t k = 7; k < ps.size(); ++k) CHECK(ps[k] == ps[6] + (k - 6) * 3 * MiB);
+    CHECK(dev.in_use() == 30 * MiB);
+    std::string why;
+    INFO(why);
+    CHECK(pool.validate(&why));
+    int rc = -1;
+    for (uint64_t p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    pool.release_cached();
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.reservations() == 0);
+    CHECK(dev.bad_calls() == 0);
+}
+
 TEST_CASE("GPUMEM_POOL_CHUNK: larger chunks, whole granules, given back only whole", "[pool][vmm]") {
     fake_backend dev(100 * MiB);
     dev.set_vmm(2 * MiB);
@@ -374,6 +463,47 @@ TEST_CASE("arenas: the rest before a hole splits off, however small, after exit 
     std::string why;
     INFO(why);
     CHECK(pool.validate(&why));
+}
+
+// Memory short with arenas: the growth maps into the lowest hole that fits, and when that one
+// needs more chunks than the driver has left, a hole that needs fewer serves (it failed instead).
+TEST_CASE("arenas, memory short: when the lowest hole needs more than the driver has, a hole that needs less serves", "[pool][vmm][arena]") {
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    // a [0, 4) x [4, 8) b [8, 11) c [11, 14) d [14, 17) e [17, 20) MiB, in one arena.
+    uint64_t a = 0, x = 0, b = 0, c = 0, d = 0, e = 0, r = 0;
+    REQUIRE(pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    REQUIRE(pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &x) == k_cuda_success);
+    for (uint64_t* p : {&b, &c, &d, &e}) REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, p) == k_cuda_success);
+    REQUIRE(x == a + 4 * MiB);
+    REQUIRE(c == a + 11 * MiB);
+    REQUIRE(e == a + 17 * MiB);
+    int rc = -1;
+    REQUIRE(pool.deallocate(x, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.deallocate(c, api_id::cuMemFree_v2, &rc));
+    // Given back: the holes [4, 8) (no free neighbour) and [12, 14) (the free head [11, 12) before it).
+    REQUIRE(pool.give_back(api_id::cuMemCreate) == 6 * MiB);
+    REQUIRE(dev.in_use() == 14 * MiB);
+    // One chunk left: 3 MiB in the lowest hole needs two, after the head at [11, 12) one.  The
+    // driver alone has 16 - 13 MiB for it.
+    dev.set_capacity(16 * MiB);
+    REQUIRE(pool.allocate(3 * MiB, api_id::cuMemAlloc_v2, &r) == k_cuda_success);
+    CHECK(r == c);
+    const auto maps = sink.of(ev_kind::segment_map);
+    REQUIRE_FALSE(maps.empty());
+    CHECK(maps.back().b.ptr == a + 12 * MiB);
+    CHECK(maps.back().b.size == 2 * MiB);
+    CHECK(dev.in_use() == 16 * MiB);
+    std::string why;
+    INFO(why);
+    CHECK(pool.validate(&why));
+    for (uint64_t p : {a, b, d, e, r}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
+    pool.release_cached();
+    CHECK(dev.in_use() == 0);
+    CHECK(dev.reservations() == 0);
+    CHECK(dev.bad_calls() == 0);
 }
 
 TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas off", "[pool][vmm][arena]") {

@@ -225,10 +225,14 @@ assert arenas["fits"] and arenas["peak_reserved_bytes"] == 594 << 20, arenas
 assert segments["fits"] and segments["peak_reserved_bytes"] == 600 << 20, segments
 assert not plain["fits"] and plain["failure"]["reason"] == "fragmentation", plain
 PY
-# With less memory the pool on virtual memory fails too: with segments at 598 MiB for chunk
-# rounding with 3 MiB blocks (each made of two whole chunks once memory is short); at 596 MiB for
-# capacity with 6 MiB ones (whole chunks), arenas or not.
-for spec in 3_60:598MiB:"chunk rounding":pool_arena=off 6_60:596MiB:capacity:pool_arena=off 6_60:596MiB:capacity:pool_arena=auto; do
+# With less memory the pool on virtual memory fails too, arenas or not: at 592 MiB with 3 MiB
+# blocks, at 596 MiB with 6 MiB ones (whole chunks), both for capacity.  (With segments the 3 MiB
+# blocks made once memory is short share chunks as in an arena: the first of them gets a segment's
+# address space with its own chunks mapped, the next ones map what they lack after its rest.  Each
+# held two whole chunks before, and 598 MiB failed for chunk rounding.)
+"$GPUMEM" replay "$DATA/../emu/vmm_fragment_3_60.jsonl" --capacity 598MiB --json --policy gpumem:pool_arena=off > "$W/vmm_3_60_598.json" || fail "vmm replay 3_60 at 598MiB: exit $?"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert p["fits"] and p["peak_reserved_bytes"] == 594 << 20, p' "$W/vmm_3_60_598.json" || fail "vmm replay 3_60 at 598MiB (pool_arena=off): must fit in 594 MiB, as with arenas"
+for spec in 3_60:592MiB:capacity:pool_arena=off 3_60:592MiB:capacity:pool_arena=auto 6_60:596MiB:capacity:pool_arena=off 6_60:596MiB:capacity:pool_arena=auto; do
   IFS=: read -r log cap reason knob <<< "$spec"
   "$GPUMEM" replay "$DATA/../emu/vmm_fragment_$log.jsonl" --capacity $cap --json --policy gpumem:$knob > "$W/vmm_$log.json" || fail "vmm replay $log: exit $?"
   python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert not p["fits"] and p["failure"]["reason"] == sys.argv[2], p' "$W/vmm_$log.json" "$reason" || fail "vmm replay $log at $cap ($knob): not $reason"
