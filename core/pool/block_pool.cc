@@ -2507,6 +2507,17 @@ void block_pool::grant_peer(int device) noexcept {
         for_each_mapped_run(s->chunks, [&](size_t i, size_t n) {
             backend_.set_peer_access(s->base + i * chunk_, n * chunk_, device);
         });
+    // Stitched ranges' other positions too (the segments above hold a used range's first ones):
+    // an idle range's, and a used one's past its block.  A later stitch keeps such positions as
+    // they are mapped, and one granted to the device alone would fault the peer's kernels there.
+    for (const alias& a : aliases_) {
+        const size_t from = a.user ? a.user->size / chunk_ : 0;
+        for_each_mapped_run(a.handles, [&](size_t i, size_t n) {
+            if (i + n <= from) return;
+            const size_t lo = std::max(i, from);
+            backend_.set_peer_access(a.base + lo * chunk_, (i + n - lo) * chunk_, device);
+        });
+    }
 }
 
 bool block_pool::visit_block_chunks(uint64_t addr, size_t from, size_t max, chunk_view* view, chunk_visitor visit,

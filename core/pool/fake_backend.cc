@@ -496,6 +496,14 @@ int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint6
         }
         return k_cuda_oom;
     }
+    // The driver backend's access grant names the peers added so far, as map_chunks' does.
+    if (!peers_.empty()) {
+        try {
+            for (size_t i = 0; i < n; ++i) access_[addr + i * chunk] = peers_;
+        } catch (...) {
+            for (size_t i = 0; i < n; ++i) access_.erase(addr + i * chunk);  // mapped for the device alone
+        }
+    }
     alias_chunks_ += n;
     return k_cuda_success;
 }
@@ -517,6 +525,7 @@ int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept 
         auto c = alias_count_.find(it->second);
         if (c != alias_count_.end() && --c->second == 0) alias_count_.erase(c);
         aliases_.erase(it);
+        access_.erase(addr + i * chunk);  // a later mapping there is granted anew
         ++alias_unmapped_;
     }
     return rc;
@@ -575,20 +584,27 @@ int fake_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noe
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
-    // Whole mappings only (a chunk may be several granules: GPUMEM_POOL_CHUNK), every byte mapped.
+    // Whole mappings only (a chunk may be several granules: GPUMEM_POOL_CHUNK), every byte mapped:
+    // first mappings (map_chunks) or second ones (map_alias: a stitched range).
+    auto mapping_at = [&](uint64_t x) -> uint64_t {  // the size of the mapping starting at x, or 0
+        auto c = chunk_at(x);
+        if (c != chunks_.end() && c->first == x) return chunk_size_.find(c->second)->second;
+        auto al = aliases_.find(x);
+        if (al != aliases_.end()) return chunk_size_.find(al->second)->second;
+        return 0;
+    };
     uint64_t a = addr;
     while (a < addr + bytes) {
-        auto c = chunk_at(a);
-        if (c == chunks_.end() || c->first != a) break;
-        a += chunk_size_.find(c->second)->second;
+        const uint64_t sz = mapping_at(a);
+        if (!sz) break;
+        a += sz;
     }
     if (a != addr + bytes) {
         ++bad_calls_;
         return k_cuda_invalid_value;
     }
     try {
-        for (a = addr; a < addr + bytes; a += chunk_size_.find(chunks_.find(a)->second)->second)
-            access_[a].push_back(device);
+        for (a = addr; a < addr + bytes; a += mapping_at(a)) access_[a].push_back(device);
     } catch (...) {
         return k_cuda_oom;
     }
@@ -597,9 +613,18 @@ int fake_backend::set_peer_access(uint64_t addr, uint64_t bytes, int device) noe
 
 bool fake_backend::peer_can_access(uint64_t addr, int device) const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
+    uint64_t start = 0;
     auto c = chunk_at(addr);
-    if (c == chunks_.end()) return false;
-    auto it = access_.find(c->first);
+    if (c != chunks_.end()) {
+        start = c->first;
+    } else {  // a second mapping (its handle's size: GPUMEM_POOL_CHUNK)
+        auto al = aliases_.upper_bound(addr);
+        if (al == aliases_.begin()) return false;
+        --al;
+        if (addr - al->first >= chunk_size_.find(al->second)->second) return false;
+        start = al->first;
+    }
+    auto it = access_.find(start);
     if (it == access_.end()) return false;
     for (int d : it->second)
         if (d == device) return true;

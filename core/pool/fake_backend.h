@@ -79,7 +79,7 @@ class fake_backend final : public pool_backend {
     // Peer access: devices granted on every chunk mapped from now on, and a query per chunk.
     void add_peer(int device) noexcept override;
     int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
-    bool peer_can_access(uint64_t addr, int device) const noexcept;  // the chunk holding addr
+    bool peer_can_access(uint64_t addr, int device) const noexcept;  // the mapping holding addr (first or second)
     // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like
     // an event's.  Returns the ticket.  completed(): the ticket the device has reached.
     uint64_t enqueue_work() noexcept;
@@ -191,7 +191,7 @@ class fake_backend final : public pool_backend {
     std::atomic<int> asks_before_capture_{-1};  // capture_after_asks; -1: none
     bool capture_unseen_next_ = false;  // the capture it opens is an unseen one
     std::vector<int> peers_;                        // add_peer's devices
-    std::map<uint64_t, std::vector<int>> access_;   // mapped chunk address -> devices granted
+    std::map<uint64_t, std::vector<int>> access_;   // mapping address (first or second) -> devices granted
     std::atomic<uint64_t> records_{0}, queries_{0}, event_syncs_{0}, stream_queries_{0};
     std::map<uint64_t, uint64_t> work_by_stream_;  // stream -> ticket of its latest work
     std::map<uint64_t, uint64_t> event_stream_;    // event -> the stream of its last record

@@ -768,6 +768,46 @@ TEST_CASE("stitching: a kept range serves the next stitch, remapping only the po
     CHECK(pool.snapshot().reserved == dev.in_use());
 }
 
+TEST_CASE("stitching: a peer granted access while a stitched range is idle reaches every position of the next stitch on it", "[pool][vmm][stitch]") {
+    // cuMemSetAccess is per mapping: a stitched range's positions are granted when they are mapped,
+    // and a kept range's positions stay mapped across stitches.  A peer added while the range was
+    // idle must be granted there too, or its kernels fault on the kept positions of the next block.
+    fake_backend dev(8ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.reuse = reuse_mode::safe;
+    cfg.stitch = true;
+    cfg.sync_budget = 4 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    const std::vector<uint64_t> six = fragment_6mib(pool, 16);  // A1..A5 free, 12 MiB each
+    int rc = -1;
+    pool.release_cached();
+    uint64_t big = 0, again = 0, a1 = 0;
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    // In use: the stitched block is granted through its segment.
+    pool.grant_peer(2);
+    for (uint64_t off = 0; off < 60 * MiB; off += 2 * MiB) CHECK(dev.peer_can_access(big + off, 2));
+    REQUIRE(pool.deallocate(big, api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.allocate(12 * MiB, api_id::cuMemAlloc_v2, &a1) == k_cuda_success);  // dissolves, takes A1
+    CHECK(a1 == six[1]);
+    REQUIRE(pool.kept_ranges() == 1);
+    pool.grant_peer(1);  // while the range is idle
+    REQUIRE(pool.deallocate(six[3], api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.deallocate(six[6], api_id::cuMemFree_v2, &rc));
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &again) == k_cuda_success);
+    REQUIRE(again == big);  // on the kept range: 24 positions kept, 6 mapped again
+    for (uint64_t off = 0; off < 60 * MiB; off += 2 * MiB) {
+        INFO("offset " << off / MiB << " MiB");
+        CHECK(dev.peer_can_access(again + off, 1));
+        CHECK(dev.peer_can_access(again + off, 2));
+    }
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+    INFO(why);
+}
+
 TEST_CASE("stitching: a refused unmap of a kept range stops every chunk release", "[pool][vmm][stitch]") {
     stitch_pool f(30);
     fake_backend& dev = f.dev;
