@@ -3,7 +3,6 @@
 
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
 #include <cctype>
 #include <cmath>
@@ -99,40 +98,13 @@ bool is_blank(std::string_view s) {
     return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
 }
 
-class progress_meter {
-public:
-    progress_meter(const analyze_options& o, const std::string& path, const char* pass)
-        : on_(o.progress), interval_(o.progress_interval_s), path_(path), pass_(pass),
-          start_(std::chrono::steady_clock::now()), last_(start_) {}
-    void tick(const line_source& src, uint64_t events) {
-        if (!on_) return;
-        auto now = std::chrono::steady_clock::now();
-        if (std::chrono::duration<double>(now - last_).count() < interval_) return;
-        last_ = now;
-        double secs = std::chrono::duration<double>(now - start_).count();
-        double pct = src.file_size() ? 100.0 * double(src.bytes_consumed()) / double(src.file_size()) : 0;
-        std::fprintf(stderr, "gpumem: %s%s: %.0f%% (%.0f MB), %llu events, %.1f M events/s\n", path_.c_str(),
-                     pass_, pct, double(src.bytes_consumed()) / 1e6, (unsigned long long)events,
-                     secs > 0 ? double(events) / secs / 1e6 : 0.0);
-        printed_ = true;
-    }
-
-private:
-    bool on_;
-    double interval_;
-    std::string path_;
-    const char* pass_;
-    std::chrono::steady_clock::time_point start_, last_;
-    bool printed_ = false;
-};
-
 // One pass over the file, opened as `source` (the spool of a pipe, or the path itself); the
 // caller asks the rebuilder about a second pass.
 void run_pass_from(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
                    line_parser& parser, const analyze_options& opt, const char* pass_name, bool first_pass,
                    site_tracker* sites) {
     line_source src(source);
-    progress_meter meter(opt, path, pass_name);
+    reading_meter meter(opt.progress, opt.progress_interval_s, path, pass_name);
     std::string_view line;
     bool complete = true;
     if (!src.next(line, complete))
@@ -140,10 +112,9 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
     read_header(line, path, rep);
     log_event e;
     std::string err;
-    uint64_t n = 0;
     while (src.next(line, complete)) {
         uint64_t ln = src.line_number();
-        if ((++n & 0xfff) == 0) meter.tick(src, n);
+        meter.line(src);
         if (is_blank(line)) {
             if (first_pass && complete) rp.warn(ln, "blank line skipped");
             if (complete) continue;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -268,6 +269,8 @@ int run_replay(replay_args& a) {
     std::vector<std::string> errors(a.logs.size());
     sim::trace_options topt;
     topt.apis = apis;
+    topt.progress = a.progress.wanted();
+    topt.progress_interval_s = a.progress.every_s;
     parallel_for(a.logs.size(), jobs, [&](size_t i) {
         try {
             traces[i] = sim::load_trace(a.logs[i], topt);
@@ -339,27 +342,46 @@ int run_replay(replay_args& a) {
         }
     }
     std::vector<std::string> task_errors(tasks.size());
-    // Progress: how many replays are done, every 2 s by default (--suggest on a large log takes a while).
+    // Progress: how many replays are done and how many of their requests are replayed, every 2 s by
+    // default (--suggest replays a log 140 times; one replay of a large log alone takes seconds).
     const bool progress = a.progress.wanted();
     std::atomic<size_t> done{0};
+    std::atomic<uint64_t> replayed{0};
+    uint64_t requests = 0;
+    for (const task& t : tasks) requests += t.job->dev->ops.size();
     std::mutex progress_mu;
     const auto start = std::chrono::steady_clock::now();
     auto last = start;
-    auto tick = [&] {
-        const size_t n = ++done;
+    auto show = [&] {
         if (!progress) return;
         std::lock_guard<std::mutex> lk(progress_mu);
         const auto now = std::chrono::steady_clock::now();
         if (std::chrono::duration<double>(now - last).count() < a.progress.every_s) return;
         last = now;
-        std::fprintf(stderr, "gpumem: replay: %zu of %zu replays done (%zu devices, %.0f s)\n", n, tasks.size(), djobs.size(),
-                     std::chrono::duration<double>(now - start).count());
+        std::fprintf(stderr, "gpumem: replay: %zu of %zu replays done, %.0f%% of their requests (%zu devices, %.0f s)\n",
+                     done.load(), tasks.size(), requests ? 100.0 * double(replayed.load()) / double(requests) : 100.0,
+                     djobs.size(), std::chrono::duration<double>(now - start).count());
     };
     parallel_for(tasks.size(), jobs, [&](size_t i) {
+        uint64_t counted = 0;  // this replay's requests in `replayed`
+        const uint64_t ops = tasks[i].job->dev->ops.size();
+        auto finish = [&] {
+            // A replay that failed or stopped early counts its requests as done all the same.
+            replayed += ops - counted;
+            ++done;
+            show();
+        };
         struct on_exit {
-            decltype(tick)& f;
+            decltype(finish)& f;
             ~on_exit() { f(); }
-        } counted{tick};
+        } finished{finish};
+        sim::replay_progress on_requests;
+        if (progress)
+            on_requests = [&](uint64_t n) {
+                counted += n;
+                replayed += n;
+                show();
+            };
         task& t = tasks[i];
         const sim::trace& tr = traces[t.job->log];
         std::string err;
@@ -371,7 +393,7 @@ int run_replay(replay_args& a) {
                 task_errors[i] = tr.file + ": " + err;
                 return;
             }
-            sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity);
+            sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity, on_requests);
             (t.grid ? t.job->grid[t.index] : t.job->results[t.index]) = std::move(r);
         } catch (const std::bad_alloc&) {
             task_errors[i] = tr.file + ": " + t.name + ": out of memory while replaying";

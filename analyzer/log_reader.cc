@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -108,6 +109,24 @@ bool line_source::next(std::string_view& line, bool& complete) {
         }
         scan_from = begin_ + have;  // fill() moved the tail to the front
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reading_meter
+
+reading_meter::reading_meter(bool on, double interval_s, std::string path, const char* pass)
+    : on_(on), interval_(interval_s), path_(std::move(path)), pass_(pass),
+      start_(std::chrono::steady_clock::now()), last_(start_) {}
+
+void reading_meter::tick(const line_source& src) {
+    auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last_).count() < interval_) return;
+    last_ = now;
+    double secs = std::chrono::duration<double>(now - start_).count();
+    double pct = src.file_size() ? 100.0 * double(src.bytes_consumed()) / double(src.file_size()) : 0;
+    std::fprintf(stderr, "gpumem: %s%s: %.0f%% (%.0f MB), %llu events, %.1f M events/s\n", path_.c_str(), pass_, pct,
+                 double(src.bytes_consumed()) / 1e6, (unsigned long long)lines_,
+                 secs > 0 ? double(lines_) / secs / 1e6 : 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,13 +6,16 @@
 
 namespace gpumem::simulate {
 
-replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity) {
+replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity,
+                     const replay_progress& progress) {
     replay_result r;
     r.policy = name;
     // The requested bytes, for the chunk-rounding verdict.
     std::vector<uint64_t> live_size(tr.n_ids, 0);
     uint64_t requested = 0;
+    uint64_t n = 0;
     for (const request& q : tr.ops) {
+        if ((++n % k_replay_progress_every) == 0 && progress) progress(k_replay_progress_every);
         if (q.is_free) {
             p.release(q.id);
             if (q.id < live_size.size()) requested -= std::exchange(live_size[q.id], 0);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/pool/block_pool.h"
@@ -35,8 +36,14 @@ struct replay_result {
     uint64_t fail_reserved = 0, fail_free_in_segments = 0, fail_largest_free = 0;
 };
 
+// Told how many more requests were replayed, every k_replay_progress_every of them: one replay of a
+// large log takes seconds, and `gpumem replay --progress` says how far it is.
+using replay_progress = std::function<void(uint64_t requests)>;
+inline constexpr uint64_t k_replay_progress_every = 4096;
+
 // Runs `p` over `tr`.  `capacity` (0 = unlimited) is only used to tell a capacity failure from a
 // fragmentation one; the policy itself enforces it.
-replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity);
+replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity,
+                     const replay_progress& progress = {});
 
 }  // namespace gpumem::simulate

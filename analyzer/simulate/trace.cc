@@ -89,7 +89,9 @@ trace load_trace(const std::string& path, const trace_options& opt) {
     log_event e;
     std::string err;
     analysis::log_order order;
+    analysis::reading_meter meter(opt.progress, opt.progress_interval_s, path);
     while (src.next(line, complete)) {
+        meter.line(src);
         if (line.empty()) continue;
         auto st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
         if (st != analysis::parse_status::ok) {

@@ -42,6 +42,9 @@ struct trace_options {
     // API names to replay ("cudaMalloc", "cuMemAlloc_v2", ...).  Empty: every allocation of kind
     // "device" (not managed, host or vmm memory).
     std::vector<std::string> apis;
+    // Reading progress on stderr (analysis::reading_meter), as report shows it: --progress.
+    bool progress = false;
+    double progress_interval_s = 2.0;
 };
 
 // Reads the whole log.  Throws analysis::input_error (file:line: message) on unusable input.

@@ -456,15 +456,18 @@ conventions)
   # Progress: every command that reads logs takes --progress / --no-progress (the hidden
   # --progress-every shortens the 2 s interval); off by default when stderr is not a terminal.
   gzip -dc "$SRC/tests/data/replay/gpt2-varlen-vmm.jsonl.gz" > "$W/long.jsonl"
-  for cmd in "report" "check --max-peak 100GiB" "diff $W/long.jsonl"; do
+  for cmd in "report" "check --max-peak 100GiB" "diff $W/long.jsonl" "replay"; do
     expect_rc 0 "$GPUMEM" $cmd --progress --progress-every 0 "$W/long.jsonl"
     expect_in "$W/err" "gpumem: $W/long.jsonl: 10% ("
     expect_rc 0 "$GPUMEM" $cmd --progress-every 0 "$W/long.jsonl"
     expect_not_in "$W/err" "% ("
     expect_rc 2 "$GPUMEM" $cmd --progress --no-progress "$W/long.jsonl"
   done
-  expect_rc 0 "$GPUMEM" replay --progress --progress-every 0 "$W/long.jsonl"
-  expect_in "$W/err" "gpumem: replay: 1 of 4 replays done (1 devices,"
+  # replay also says how far its replays are, within one replay too (-j 1: the first of the 4
+  # replays is said before it ends, as a replay of a large log takes seconds).
+  expect_rc 0 "$GPUMEM" replay -j 1 --progress --progress-every 0 "$W/long.jsonl"
+  expect_in "$W/err" "gpumem: replay: 0 of 4 replays done, 10% of their requests (1 devices,"
+  expect_in "$W/err" "gpumem: replay: 1 of 4 replays done, 25% of their requests (1 devices,"
   expect_rc 0 "$GPUMEM" replay --no-progress --progress-every 0 "$W/long.jsonl"
   expect_not_in "$W/err" "replays done"
   ;;
