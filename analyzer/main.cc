@@ -3,6 +3,7 @@
 //
 // CLI11 (Debian libcli11-dev) gives every subcommand the same conventions: `--flag value` and
 // `--flag=value`, `--help`, and errors that name the option; main adds one error prefix and exit 2.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -115,5 +116,19 @@ int main(int argc, char** argv) {
             for (const std::string& r : o->results())
                 if (r.empty()) return usage_error(chosen->app->get_name(), o->get_name() + ": empty value");
     init_diagnostics(verbose);
-    return chosen->run(tail, dashdash);
+    int rc = chosen->run(tail, dashdash);
+    // stdout is an output like --html: `gpumem report --json > r.json` on a full disk would leave a
+    // cut file behind and exit 0, for a later `check --baseline r.json` to find broken.  A write that
+    // failed leaves the stream's error flag set; only a flush that fails here still knows why (the
+    // commands' own flushes came first).  `run` writes nothing to it: the program's output goes
+    // straight to the program's stdout, and `run` keeps the program's exit code.
+    errno = 0;
+    const bool flush_failed = std::fflush(stdout) != 0;
+    const int err = flush_failed ? errno : 0;
+    if (flush_failed || std::ferror(stdout)) {
+        std::fprintf(stderr, "gpumem: error: writing to stdout failed (%s): the output is cut short\n",
+                     err ? std::strerror(err) : "a full disk, a file size limit or a closed pipe?");
+        return chosen->tail == command::tail_kind::command ? rc : k_exit_input;
+    }
+    return rc;
 }

@@ -438,6 +438,14 @@ conventions)
   "$GPUMEM" report --no-progress --perfetto /dev/stdout "$DATA/before.jsonl" > "$W/stdout.trace" 2> "$W/err" \
     || fail "--perfetto /dev/stdout failed: $(cat "$W/err")"
   grep -q traceEvents "$W/stdout.trace" || fail "--perfetto /dev/stdout wrote no trace"
+  # What goes to stdout is an output too: `report --json > r.json` on a full disk is an error (exit
+  # 2), not a cut file and exit 0.
+  for cmd in "report" "report --json" "check --max-peak 10GiB" "diff $DATA/before.jsonl" "replay" "replay --json"; do
+    "$GPUMEM" $cmd --no-progress "$DATA/after.jsonl" > /dev/full 2> "$W/err"
+    rc=$?
+    [ "$rc" = 2 ] || fail "$cmd > /dev/full exited $rc, expected 2"
+    expect_in "$W/err" "gpumem: error: writing to stdout failed ("
+  done
   # Two outputs on one file: the second would replace the first.
   expect_rc 2 "$GPUMEM" report --html "$W/same.out" --perfetto "./same.out" "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./same.out"
