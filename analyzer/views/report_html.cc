@@ -425,8 +425,10 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
           << "<br>gpumem " << html_escape(p.gpumem_version) << ", pool " << html_escape(p.pool_mode) << reuse_text(p) << ", "
           << fmt_count(p.events) << " events over " << fmt_time(p.duration_ns()) << ", "
           << (p.has_end ? "ended: " + html_escape(p.end_reason) : std::string("no end line (killed?)")) << "</p>\n";
+        // A report JSON may count warnings it does not list (a tool cut the list): only the count then.
         if (p.n_warnings)
-            o << "<p class=warn>" << fmt_counted(p.n_warnings, "warning", "warnings") << "; the first: " << html_escape(p.warnings.front()) << "</p>\n";
+            o << "<p class=warn>" << fmt_counted(p.n_warnings, "warning", "warnings")
+              << (p.warnings.empty() ? "" : "; the first: " + html_escape(p.warnings.front())) << "</p>\n";
         if (p.devices.empty()) o << "<p>No device memory events.</p>\n";
         // GPUs first: host memory (dev -1) is usually a few pinned buffers and would push the
         // device a reader came for below the first screen.

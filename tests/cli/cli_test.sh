@@ -566,6 +566,10 @@ EOF2
   expect_in "$W/err" "has no \"peak_requested_bytes\", \"peak_allocated_bytes\", \"peak_reserved_bytes\" (a number): shown as 0, which is no measurement"
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json"
   expect_not_in "$W/err" "which is no measurement"
+  # A report JSON that counts warnings but lists none (the list cut by a tool): the HTML report
+  # quoted the first of an empty list and crashed.
+  expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_warnings_unlisted.json" --html "$W/unlisted.html"
+  expect_in "$W/unlisted.html" "<p class=warn>2 warnings</p>"
   ;;
 hostile_values)
   # Issue 14 #12, #13, #16, #17: logs with values no program produces, through the binary.
