@@ -3,6 +3,7 @@
 
 #include <cxxabi.h>
 #include <elfutils/libdwfl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -102,6 +103,10 @@ struct symbolizer::impl {
         auto it = modules.find(path);
         if (it != modules.end()) return *it->second;
         auto m = std::make_unique<module_symbols>();
+        // The path comes from the log, and names a file on this machine: libdw would open a FIFO or
+        // a terminal too, and wait on it for ever.  Only a regular file can be an ELF module.
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return *(modules[path] = std::move(m));
         m->dwfl = dwfl_begin(&k_callbacks);
         if (m->dwfl) {
             dwfl_report_begin(m->dwfl);

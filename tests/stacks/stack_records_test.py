@@ -66,6 +66,26 @@ with tempfile.TemporaryDirectory() as d:
             snap = pickle.load(f)
         n = sum(1 for e in snap["device_traces"][0] if e["action"] == "alloc")
         check(n == sum(1 for l in open(path, "rb") if b'"ev":"alloc"' in l), f"{name}: the snapshot has every allocation")
+# A native frame's module is a path on the machine that reads the log: one that is a FIFO (or a
+# terminal) blocked the report forever in libdw's open.  Only regular files are read; such a frame
+# keeps its module and address, unnamed.
+with tempfile.TemporaryDirectory() as d:
+    fifo = os.path.join(d, "module.fifo")
+    os.mkfifo(fifo)
+    log = os.path.join(d, "fifo_module.jsonl")
+    with open(log, "w") as f:
+        f.write('{"ev":"header","format":"gpumem-events","version":3,"pid":1}\n')
+        f.write(json.dumps({"ev": "stack", "id": 1, "frames": [{"module": fifo, "address": "0x1234"},
+                                                                {"module": d, "address": "0x10"}]}) + "\n")
+        f.write('{"ev":"alloc","seq":0,"t":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x1000","size":100,"stack":1}\n')
+    try:
+        r = subprocess.run([gpumem, "report", "--json", "--no-progress", log], capture_output=True, timeout=60)
+        check(r.returncode == 0, f"a FIFO as a frame's module: exit {r.returncode}: {r.stderr[:300]}")
+        frames = json.loads(r.stdout)["processes"][0]["devices"][0]["top_sites"][0]["frames"]
+        check([(f.get("module"), f.get("address"), f.get("function", "")) for f in frames] ==
+              [(fifo, "0x1234", ""), (d, "0x10", "")], f"a FIFO as a frame's module: frames {frames}")
+    except subprocess.TimeoutExpired:
+        check(False, "a FIFO as a frame's module: gpumem report hung opening it")
 if failures:
     print(f"{len(failures)} failed")
     sys.exit(1)
