@@ -10,6 +10,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -237,9 +238,12 @@ int run_replay(replay_args& a) {
     uint64_t capacity = 0;
     if (!a.capacity_text.empty() && (!parse_size_arg(a.capacity_text, capacity) || capacity == 0))
         return usage_error("replay", "--capacity " + a.capacity_text + ": expected a size such as 80GiB or 141GB");
-    for (const std::string& g : a.policies)  // "ideal,,pytorch" or "gpumem,": a slip, not a policy
-        if (g.front() == ',' || g.back() == ',' || g.find(",,") != std::string::npos)
-            return usage_error("replay", "--policy " + g + ": an empty entry between commas");
+    // "ideal,,pytorch" or "gpumem,": a slip, not a policy.  The same for --api, where "," would
+    // otherwise be no filter at all and replay every API.
+    for (const auto& [opt, given] : {std::pair{"--policy ", &a.policies}, std::pair{"--api ", &a.apis}})
+        for (const std::string& g : *given)
+            if (g.front() == ',' || g.back() == ',' || g.find(",,") != std::string::npos)
+                return usage_error("replay", opt + g + ": an empty entry between commas");
     std::vector<std::string> names = split_policies(a.policies);
     if (names.empty()) names.assign(std::begin(k_default_policies), std::end(k_default_policies));
     if (a.suggest && std::find(names.begin(), names.end(), "gpumem") == names.end()) names.push_back("gpumem");
@@ -256,8 +260,7 @@ int run_replay(replay_args& a) {
         size_t pos = 0;
         while (pos <= g.size()) {
             size_t c = g.find(',', pos);
-            std::string x = g.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-            if (!x.empty()) apis.push_back(x);
+            apis.push_back(g.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
             if (c == std::string::npos) break;
             pos = c + 1;
         }

@@ -132,6 +132,10 @@ for p in ideal,,pytorch gpumem, ,ideal; do  # an empty entry is named as such, n
   "$GPUMEM" replay "$W/frag.jsonl" --policy "$p" 2> "$W/err" >/dev/null; rc=$?
   [ $rc = 2 ] && grep -q -- "--policy $p: an empty entry between commas" "$W/err" || fail "--policy $p: exit $rc, $(cat "$W/err")"
 done
+for a in , cudaMalloc,,cuMemAlloc_v2 cudaMalloc,; do  # not a filter that keeps every API
+  "$GPUMEM" replay "$W/frag.jsonl" --api "$a" 2> "$W/err" >/dev/null; rc=$?
+  [ $rc = 2 ] && grep -q -- "--api $a: an empty entry between commas" "$W/err" || fail "--api $a: exit $rc, $(cat "$W/err")"
+done
 # gpumem's knobs: an unknown one is refused with the list of known ones (not ignored); a value the
 # pool would replace in a run is refused too, and the message does not claim a replacement.
 "$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:bogus=1 2> "$W/err" > "$W/out"; rc=$?
