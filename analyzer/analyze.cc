@@ -94,10 +94,6 @@ void read_header(std::string_view line, const std::string& path, process_report&
     }
 }
 
-bool is_blank(std::string_view s) {
-    return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
-}
-
 // One pass over the file, opened as `source` (the spool of a pipe, or the path itself); the
 // caller asks the rebuilder about a second pass.
 void run_pass_from(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
@@ -115,7 +111,7 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
     while (src.next(line, complete)) {
         uint64_t ln = src.line_number();
         meter.line(src);
-        if (is_blank(line)) {
+        if (is_blank_line(line)) {
             if (first_pass && complete) rp.warn(ln, "blank line skipped");
             if (complete) continue;
         }

@@ -81,6 +81,13 @@ private:
     std::chrono::steady_clock::time_point start_, last_;
 };
 
+// A line of spaces, tabs or a CRLF log's "\r" only: skipped by every reader (no JSON in it).
+inline bool is_blank_line(std::string_view s) {
+    for (char c : s)
+        if (c != ' ' && c != '\t' && c != '\r') return false;
+    return true;
+}
+
 // Result of parsing one line.
 enum class parse_status { ok, not_json, bad_member };
 

@@ -92,7 +92,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
     analysis::reading_meter meter(opt.progress, opt.progress_interval_s, path);
     while (src.next(line, complete)) {
         meter.line(src);
-        if (line.empty()) continue;
+        if (complete && analysis::is_blank_line(line)) continue;  // as the report skips it (with a warning)
         auto st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
         if (st != analysis::parse_status::ok) {
             if (!complete) {  // a writer killed mid-line: the rest is gone

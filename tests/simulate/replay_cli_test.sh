@@ -132,6 +132,12 @@ for p in ideal,,pytorch gpumem, ,ideal; do  # an empty entry is named as such, n
   "$GPUMEM" replay "$W/frag.jsonl" --policy "$p" 2> "$W/err" >/dev/null; rc=$?
   [ $rc = 2 ] && grep -q -- "--policy $p: an empty entry between commas" "$W/err" || fail "--policy $p: exit $rc, $(cat "$W/err")"
 done
+# Blank lines (spaces, a CRLF log's "\r") are skipped, as report skips them with a warning; replay
+# refused the log as "not JSON" at the first one.
+sed '3a\
+  \r' "$W/frag.jsonl" > "$W/blank.jsonl"
+"$GPUMEM" replay "$W/blank.jsonl" --api cudaMalloc --capacity 40MiB --json 2> "$W/err" | sed "s|$W/blank.jsonl|$W/frag.jsonl|" > "$W/blank.json"; rc=${PIPESTATUS[0]}
+[ $rc = 0 ] && cmp -s "$W/blank.json" "$W/frag.json" || fail "a blank line: exit $rc, $(cat "$W/err")"
 for a in , cudaMalloc,,cuMemAlloc_v2 cudaMalloc,; do  # not a filter that keeps every API
   "$GPUMEM" replay "$W/frag.jsonl" --api "$a" 2> "$W/err" >/dev/null; rc=$?
   [ $rc = 2 ] && grep -q -- "--api $a: an empty entry between commas" "$W/err" || fail "--api $a: exit $rc, $(cat "$W/err")"
