@@ -121,6 +121,13 @@ void address_space::on_alloc(const log_event& e, uint64_t line) {
     if (e.ptr == 0) return;  // a zero-byte allocation returns NULL: nothing is held
     live_alloc a{e.size, e.set_aside(), e.seq, e.t, line, e.pooled ? e.seg : 0,
                  e.api, e.dev, e.kind, e.pooled};
+    if (a.asize < a.size) {
+        // What is set aside holds at least what was asked for (a pool's block, a pitched row's
+        // padding): less would put allocated below requested and print a negative rounding.
+        checks_.inconsistent(line, "allocation at " + hex(e.ptr) + " of " + std::to_string(e.size) + " bytes sets aside " +
+                                       std::to_string(a.asize) + " (asize below size)");
+        a.asize = a.size;  // lenient (a log missing events): taken as exactly its size
+    }
     if (e.kind == mem_kind::vmm) {
         auto [old, fresh] = live_vmm_.try_emplace(e.ptr, a);
         if (!fresh) {

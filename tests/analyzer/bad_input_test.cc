@@ -30,6 +30,8 @@ const bad_case k_cases[] = {
     {"bad_hex.jsonl", 2, "member \"ptr\" is \"1000\", expected a hex string like \"0x7f00\""},
     {"negative_size.jsonl", 2, "member \"size\" should be a non-negative integer"},
     {"two_objects.jsonl", 2, "not JSON (trailing characters after the object)"},
+    // A block holds at least what was asked for: allocated would fall below requested.
+    {"asize_below_size.jsonl", 2, "allocation at 0x1000 of 1000 bytes sets aside 10 (asize below size)"},
     {"block_outside_segment.jsonl", 3, "pooled block [0x1f0000, +131072) lies outside segment [0x100000, +1048576)"},
     {"reuse_safe_no_dev.jsonl", 3, "\"reuse_safe\" event without \"dev\""},
     {"reuse_safe_no_api.jsonl", 3, "\"reuse_safe\" event without \"api\""},
