@@ -189,9 +189,14 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             // requests before it.
             if (r.failure == sim::failure_reason::too_large)
                 std::printf("   %-34s ^ stopped at %s: the request of %s (%llu bytes) is larger than any device "
-                            "(above 2^48 bytes); the replay ends there\n",
+                            "(above %s); the replay ends there\n",
                             "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
-                            (unsigned long long)r.fail_size);
+                            (unsigned long long)r.fail_size, fmt_bytes(sim::k_max_replay_request).c_str());
+            else if (r.failure == sim::failure_reason::too_much)
+                std::printf("   %-34s ^ stopped at %s: the request of %s would make it reserve %llu bytes, more than any "
+                            "device holds (above %s); the replay ends there\n",
+                            "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
+                            (unsigned long long)r.fail_reserved, fmt_bytes(sim::k_max_replay_reserved).c_str());
             else if (r.failure != sim::failure_reason::none)
                 std::printf("   %-34s ^ would fail at %s: %s of %s (%s reserved, %s free in segments, largest free %s)\n",
                             "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],

@@ -19,7 +19,8 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
         if (q.is_free) {
             p.release(q.id);
             if (q.id < live_size.size()) requested -= std::exchange(live_size[q.id], 0);
-        } else if (q.size > k_max_request || !p.allocate(q.id, q.size, q.stream)) {
+        } else if (q.size > k_max_replay_request || !p.allocate(q.id, q.size, q.stream) ||
+                   p.reserved() > k_max_replay_reserved) {
             // The verdict of docs/metrics.md: capacity when even all free bytes in one piece plus
             // the device's untouched memory could not hold the request (for an allocator that
             // unmaps free chunks: plus its rounding, allocated - requested); for such an
@@ -29,7 +30,8 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
             uint64_t res = p.reserved(), alloc = p.allocated(), free_in = res - alloc;
             uint64_t gpu_free = capacity > res ? capacity - res : 0;
             uint64_t rounding = chunked && alloc > requested ? alloc - requested : 0;
-            if (q.size > k_max_request) r.failure = failure_reason::too_large;
+            if (q.size > k_max_replay_request) r.failure = failure_reason::too_large;
+            else if (res > k_max_replay_reserved) r.failure = failure_reason::too_much;  // served, and past the bound
             else if (q.size > free_in + gpu_free + rounding) r.failure = failure_reason::capacity;
             else if (chunked && p.largest_free() < q.size) r.failure = failure_reason::chunk_rounding;
             else r.failure = failure_reason::fragmentation;

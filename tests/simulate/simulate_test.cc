@@ -281,6 +281,58 @@ TEST_CASE("streams: a block freed on one stream is never handed to another") {
     CHECK(p.driver_allocs() == 2);
 }
 
+TEST_CASE("a replay stops where it would hold more than any device, so a hostile log cannot take all memory") {
+    // gpumem's pool keeps a record per 2 MiB chunk: a request of 2^48 bytes took 17 GB and two
+    // minutes, and a few of them got the replay killed.  Above 2 TiB a request stops every policy.
+    const uint64_t TiB = MiB * MiB;
+    auto one = steps({A(0, 1000), A(1, 3 * TiB)});
+    for (const char* name : {"ideal", "pytorch", "pytorch-expandable", "gpumem"}) {
+        std::string err;
+        auto p = make_policy(parse_policy_name(name), 0, 0, "{}", &err);
+        REQUIRE(p);
+        replay_result r = replay(one, *p, name, 0);
+        CHECK(r.failure == failure_reason::too_large);
+        CHECK(r.fail_seq == 1);
+        CHECK(r.events == 1);
+    }
+    // Requests below it each, live one at a time, whose sizes differ: a caching policy's reserved
+    // bytes climb by a segment each time (12 TiB, 850 MB of memory for gpumem's pool).  Past 4 TiB
+    // reserved the policy stops, at the request that took it there; pytorch-expandable stays at 1 TiB.
+    std::vector<std::pair<int64_t, uint64_t>> churn;
+    for (int64_t i = 0; i < 12; ++i) {
+        churn.push_back(A(2 * i, TiB + uint64_t(i) * 3 * MiB + 12345));
+        churn.push_back(A(2 * i + 1, 4096));
+        churn.push_back(F(2 * i));
+    }
+    device_trace t;
+    t.dev = 0;
+    for (size_t k = 0; k < churn.size(); ++k) {
+        request q;
+        q.seq = q.t = k;
+        q.is_free = churn[k].first < 0;
+        q.id = uint32_t(q.is_free ? -churn[k].first - 1 : churn[k].first);
+        q.size = q.is_free ? 0 : churn[k].second;
+        t.n_ids = std::max(t.n_ids, q.id + 1);
+        t.ops.push_back(q);
+    }
+    for (const char* name : {"pytorch", "gpumem"}) {
+        std::string err;
+        auto p = make_policy(parse_policy_name(name), 0, 0, "{}", &err);
+        REQUIRE(p);
+        replay_result r = replay(t, *p, name, 0);
+        INFO(name);
+        CHECK(r.failure == failure_reason::too_much);
+        CHECK(r.fail_seq % 3 == 0);  // one of the 1 TiB requests, where the replay stops
+        CHECK(r.fail_size > TiB);
+        CHECK(r.fail_reserved > 4 * TiB);
+        CHECK(r.peak_reserved <= 4 * TiB);  // the numbers cover the requests before it
+        CHECK(r.events == r.fail_seq);
+    }
+    std::string err;
+    auto p = make_policy(parse_policy_name("pytorch-expandable"), 0, 0, "{}", &err);
+    CHECK(replay(t, *p, "pytorch-expandable", 0).failure == failure_reason::none);
+}
+
 TEST_CASE("a request no device could hold stops every policy, with or without a capacity, without overflow") {
     // Just above gpumem's pool limit and near 2^64: the same verdict for every policy, so none
     // replays past a request another one refused.
