@@ -427,37 +427,41 @@ bool block_pool::use_arenas() noexcept {
     return true;
 }
 
+block_pool::block* block_pool::split_hole(block* u, uint64_t at) {
+    block* rest = new_block();
+    if (!rest) return nullptr;
+    rest->addr = u->addr + at;
+    rest->size = u->size - at;
+    rest->seg = u->seg;
+    rest->state = block_state::unmapped;
+    try {
+        addr_insert(rest);
+    } catch (...) {
+        recycle(rest);
+        throw;
+    }
+    try {
+        hole_insert(rest);
+    } catch (...) {
+        addr_erase(rest);
+        recycle(rest);
+        throw;
+    }
+    rest->prev = u;
+    rest->next = u->next;
+    if (u->next) u->next->prev = rest;
+    u->next = rest;
+    u->size = at;  // the hole set orders by address: u stays where it is
+    return rest;
+}
+
 int block_pool::map_hole(block* u, uint64_t bytes, api_id api, block** out) {
     segment* s = u->seg;
     // Host bookkeeping first, so nothing can fail once the chunks are mapped: the unmapped rest
     // as its own hole, and a spare node for the free set (make_free inserts one).
     block* rest = nullptr;
-    if (bytes < u->size) {
-        rest = new_block();
-        if (!rest) return k_cuda_oom;  // nothing changed yet: the program gets an OOM, the pool lives on
-        rest->addr = u->addr + bytes;
-        rest->size = u->size - bytes;
-        rest->seg = s;
-        rest->state = block_state::unmapped;
-        try {
-            addr_insert(rest);
-        } catch (...) {
-            recycle(rest);
-            throw;
-        }
-        try {
-            hole_insert(rest);
-        } catch (...) {
-            addr_erase(rest);
-            recycle(rest);
-            throw;
-        }
-        rest->prev = u;
-        rest->next = u->next;
-        if (u->next) u->next->prev = rest;
-        u->next = rest;
-        u->size = bytes;
-    }
+    if (bytes < u->size && !(rest = split_hole(u, bytes)))
+        return k_cuda_oom;  // nothing changed yet: the program gets an OOM, the pool lives on
     auto unsplit = [&] {  // the map failed: the hole is one again
         if (!rest) return;
         hole_erase(rest);
@@ -533,30 +537,8 @@ int block_pool::map_cheapest_hole(pool_id p, uint64_t asize, api_id api, block**
     if (!best) return k_cuda_oom;
     if (!best_end || best_bytes == best->size) return map_hole(best, best_bytes, api, out);
     // The back of the hole: its front stays a hole of its own.
-    block* v = new_block();
+    block* v = split_hole(best, best->size - best_bytes);
     if (!v) return k_cuda_oom;  // nothing changed yet
-    v->addr = best->addr + best->size - best_bytes;
-    v->size = best_bytes;
-    v->seg = best->seg;
-    v->state = block_state::unmapped;
-    try {
-        addr_insert(v);
-    } catch (...) {
-        recycle(v);
-        throw;
-    }
-    try {
-        hole_insert(v);
-    } catch (...) {
-        addr_erase(v);
-        recycle(v);
-        throw;
-    }
-    v->prev = best;
-    v->next = best->next;
-    if (best->next) best->next->prev = v;
-    best->next = v;
-    best->size -= best_bytes;
     auto unsplit = [&] {  // v is a hole still: one hole again, as adjacent holes must be
         hole_erase(v);
         absorb_next(best);

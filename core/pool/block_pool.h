@@ -258,6 +258,9 @@ class block_pool {
     // Maps the first `bytes` (whole chunks) of unmapped block u; they become free, merged with a
     // free block before u (and after, when u is mapped whole).  *out: the free block they joined.
     int map_hole(block* u, uint64_t bytes, api_id api, block** out);
+    // Splits hole u at `at` (0 < at < u->size): u keeps its first `at` bytes, the returned new hole
+    // the rest.  nullptr, u unchanged, without host memory for the block; a throw leaves u unchanged.
+    block* split_hole(block* u, uint64_t at);
     // Stitching: serves a large miss that would lift reserved memory over its high-water mark by
     // mapping whole free chunks of the pool, wherever they lie, a second time into fresh address
     // space.  The free block made there, or nullptr (nothing changed) when the free chunks are too
