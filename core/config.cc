@@ -138,8 +138,11 @@ std::string expand_out_pattern(const std::string& pattern, long pid, const std::
 
 std::string log_path_for(const std::string& pattern, long pid, const std::string& host, const std::string& rank) {
     std::string path = expand_out_pattern(pattern, pid, host, rank);
+    // lstat: a symlink at the name is not followed, even to a directory (docs/log-format.md, "File
+    // safety": one planted at a predictable name in a shared directory would otherwise choose where
+    // the log goes).  A trailing '/' asks for the directory, links and all.
     struct stat st;
-    bool dir = !path.empty() && (path.back() == '/' || (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)));
+    bool dir = !path.empty() && (path.back() == '/' || (lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)));
     if (!dir) return path;
     if (path.back() != '/') path += '/';
     return path + expand_out_pattern(config::k_default_out, pid, host, rank);

@@ -70,6 +70,17 @@ TEST_CASE("log_path_for: a GPUMEM_OUT that names a directory gets the default na
     CHECK(log_path_for("/nonexistent-gpumem-dir/", 42, "h", "0") == "/nonexistent-gpumem-dir/gpumem-42.jsonl");
     CHECK(log_path_for("/nonexistent-gpumem-dir", 42, "h", "0") == "/nonexistent-gpumem-dir");
     CHECK(log_path_for("/dev/null", 42, "h", "0") == "/dev/null");
+    // A symlink at the name is a name, not the directory it points to (a planted one would choose
+    // where the log goes); a trailing '/' follows it, as the user asked.
+    const std::string dir = "/tmp/gpumem-core-test-linkdir-" + std::to_string(getpid());
+    const std::string link = dir + ".link";
+    mkdir(dir.c_str(), 0700);
+    unlink(link.c_str());
+    REQUIRE(symlink(dir.c_str(), link.c_str()) == 0);
+    CHECK(log_path_for(link, 42, "h", "0") == link);
+    CHECK(log_path_for(link + "/", 42, "h", "0") == link + "/gpumem-42.jsonl");
+    unlink(link.c_str());
+    rmdir(dir.c_str());
 }
 
 TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
