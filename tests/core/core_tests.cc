@@ -626,14 +626,18 @@ TEST_CASE("event log: a write that fails inside a signal handler ends the log th
         if (child == 0) {
             signal(SIGXFSZ, SIG_IGN);
             event_log::options o;
-            // No periodic flush: the writer thread must not meet the size limit before finish does
-            // (under load it did, outside any signal, and moved the log to /tmp: a flaky failure).
+            // The writer thread must not meet the size limit before finish does (under load it
+            // did, outside any signal, and moved the log to /tmp: a flaky failure).  So no periodic
+            // flush, and its first drain done (one event written) and settled before the limit.
             o.flush_ms = 60000;
             event_log log(o);
             if (!log.start(path, "{\"ev\":\"header\"}\n")) _exit(10);
+            log.record(alloc_event(0x1000));
+            if (!log.let_writer_drain(5000)) _exit(12);
+            usleep(200000);  // a wake left over from let_writer_drain's loop runs its empty drain
             rlimit lim{4096, RLIM_INFINITY};
             if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(11);
-            for (int i = 0; i < 200; ++i) log.record(alloc_event(0x1000 + uint64_t(i) * 512));
+            for (int i = 1; i < 200; ++i) log.record(alloc_event(0x1000 + uint64_t(i) * 512));
             log.finish(from_signal ? end_reason::signal : end_reason::exit, from_signal ? SIGTERM : 0, 0, 0);
             _exit(0);
         }
