@@ -23,6 +23,7 @@
 
 #include "analyze.h"
 #include "commands.h"
+#include "config.h"
 #include "diagnostics.h"
 #include "format_util.h"
 #include "log_reader.h"
@@ -314,7 +315,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         return k_exit_input;
     }
 
-    if (pattern.back() == '/' || is_dir(pattern)) pattern = (pattern.back() == '/' ? pattern : pattern + "/") + "gpumem-%p.jsonl";
+    // A directory gets the library's default name inside it (config::k_default_out; the library
+    // applies the same rule to GPUMEM_OUT, core/config.h log_path_for).
+    if (pattern.back() == '/' || is_dir(pattern))
+        pattern = (pattern.back() == '/' ? pattern : pattern + "/") + config::k_default_out;
     if (pattern[0] != '/') {
         char cwd[PATH_MAX];
         if (!::getcwd(cwd, sizeof cwd)) {
