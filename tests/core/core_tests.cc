@@ -42,6 +42,14 @@ std::vector<json> read_lines(const std::string& path) {
     while (std::getline(in, line)) out.push_back(json::parse(line));
     return out;
 }
+// Everything written to fd until its writer closed it (a pipe or FIFO); closes fd.
+std::string read_to_end(int fd) {
+    std::string got;
+    char buf[4096];
+    for (ssize_t r; (r = read(fd, buf, sizeof buf)) > 0;) got.append(buf, size_t(r));
+    close(fd);
+    return got;
+}
 json format(const event& e) {
     char buf[k_max_event_line];
     size_t n = format_event(e, buf, sizeof buf);
@@ -566,10 +574,7 @@ TEST_CASE("event log: a failed exec on a log that cannot be cut (a FIFO) keeps t
         log.record(alloc_event(0x2000));
         log.finish(end_reason::exit, 0, 0, 0);
     }
-    std::string text;
-    char buf[4096];
-    for (ssize_t n; (n = read(rd, buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
-    close(rd);
+    const std::string text = read_to_end(rd);
     unlink(fifo.c_str());
     std::vector<json> lines;
     for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
@@ -875,10 +880,7 @@ TEST_CASE("write_stderr: a whole message in many parts and no SIGPIPE on a pipe 
         _exit(0);
     }
     close(fds[1]);
-    std::string got;
-    char buf[4096];
-    for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, size_t(r));
-    close(fds[0]);
+    std::string got = read_to_end(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status));
@@ -928,10 +930,7 @@ TEST_CASE("event log: the fallback message names a long path and the fallback fi
         _exit(log.path() == moved ? 0 : 11);
     }
     close(fds[1]);
-    std::string err;
-    char buf[4096];
-    for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(r));
-    close(fds[0]);
+    std::string err = read_to_end(fds[0]);
     int status = 0;
     REQUIRE(waitpid(child, &status, 0) == child);
     CHECK(WIFEXITED(status));

@@ -52,14 +52,17 @@ struct stitch_pool {
     recording_sink sink;
     block_pool pool;
     std::vector<uint64_t> six;
-    static pool_config config(uint32_t keep) {
+    static pool_config config(uint32_t keep, uint64_t sync_budget) {
         pool_config cfg = vmm_config();
         cfg.reuse = reuse_mode::safe;
         cfg.stitch = true;
         cfg.stitch_keep = keep;
+        if (sync_budget) cfg.sync_budget = sync_budget;
         return cfg;
     }
-    explicit stitch_pool(int n, uint32_t keep = 2) : pool(config(keep), with_vmm(dev), &sink, 0) {
+    // sync_budget: 0 keeps the default; 4 MiB makes a miss with one 6 MiB free pending release it.
+    explicit stitch_pool(int n, uint32_t keep = 2, uint64_t sync_budget = 0)
+        : pool(config(keep, sync_budget), with_vmm(dev), &sink, 0) {
         six = fragment_6mib(pool, n);
         pool.release_cached();
     }
@@ -693,18 +696,13 @@ TEST_CASE("stitching: a driver that refuses to unmap the second mapping keeps th
 }
 
 TEST_CASE("stitching: a kept range serves the next stitch, remapping only the positions whose chunks are taken", "[pool][vmm][stitch]") {
-    fake_backend dev(8ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.stitch = true;
-    cfg.sync_budget = 4 * MiB;  // a miss with 6 MiB pending releases it (one sync)
-    block_pool pool(cfg, dev, &sink, 0);
-    // 16 blocks of 6 MiB: five 12 MiB pieces free between live blocks (A1..A5, by address).
-    const std::vector<uint64_t> six = fragment_6mib(pool, 16);
+    // 16 blocks of 6 MiB: five 12 MiB pieces free between live blocks (A1..A5, by address), the
+    // frees settled; a miss with 6 MiB pending releases it (one sync).
+    stitch_pool f(16, 2, 4 * MiB);
+    fake_backend& dev = f.dev;
+    block_pool& pool = f.pool;
+    const std::vector<uint64_t>& six = f.six;
     int rc = -1;
-    pool.release_cached();  // the frees settle
     std::string why;
     uint64_t big = 0, again = 0, a1 = 0;
     REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -772,17 +770,11 @@ TEST_CASE("stitching: a peer granted access while a stitched range is idle reach
     // cuMemSetAccess is per mapping: a stitched range's positions are granted when they are mapped,
     // and a kept range's positions stay mapped across stitches.  A peer added while the range was
     // idle must be granted there too, or its kernels fault on the kept positions of the next block.
-    fake_backend dev(8ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.stitch = true;
-    cfg.sync_budget = 4 * MiB;
-    block_pool pool(cfg, dev, &sink, 0);
-    const std::vector<uint64_t> six = fragment_6mib(pool, 16);  // A1..A5 free, 12 MiB each
+    stitch_pool f(16, 2, 4 * MiB);  // A1..A5 free, 12 MiB each
+    fake_backend& dev = f.dev;
+    block_pool& pool = f.pool;
+    const std::vector<uint64_t>& six = f.six;
     int rc = -1;
-    pool.release_cached();
     uint64_t big = 0, again = 0, a1 = 0;
     REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
     // In use: the stitched block is granted through its segment.
