@@ -27,7 +27,8 @@ public:
     // refused, so the state is not meant to go on.
     order_finding next(const log_event& e) {
         // The common case inline: the next seq, not a header.
-        if (have_seq_ && e.has(fd_seq) && e.seq == last_seq_ + 1 && !(e.known_kind && e.ev == ev_kind::header)) {
+        // (seq 0 after 2^64-1 is last_seq_ + 1 by wrap-around, but a decrease: the slow path says so.)
+        if (have_seq_ && e.has(fd_seq) && e.seq == last_seq_ + 1 && e.seq != 0 && !(e.known_kind && e.ev == ev_kind::header)) {
             last_seq_ = e.seq;
             return {};
         }

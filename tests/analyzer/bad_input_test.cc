@@ -26,6 +26,8 @@ const bad_case k_cases[] = {
     {"unknown_free.jsonl", 3, "free of unknown pointer 0x2000: never allocated in this log and not marked \"unknown\":true"},
     {"out_of_order.jsonl", 4, "events out of order: seq 1 follows seq 2"},
     {"repeated_seq.jsonl", 4, "events out of order: seq 1 follows seq 1"},  // equal is out of order too
+    // seq 0 after 2^64-1 is a decrease, not the next seq by wrap-around.
+    {"seq_wraps.jsonl", 4, "events out of order: seq 0 follows seq 18446744073709551615"},
     {"concatenated.jsonl", 3, "a second header line: two logs concatenated into one file?"},
     {"bad_hex.jsonl", 2, "member \"ptr\" is \"1000\", expected a hex string like \"0x7f00\""},
     {"negative_size.jsonl", 2, "member \"size\" should be a non-negative integer"},
