@@ -88,8 +88,30 @@ void read_header(std::string_view line, const std::string& path, process_report&
         }
     auto cfg = h.find(header_key::config);
     if (cfg != h.end() && cfg->is_object()) {
-        take(*cfg, config_key::pool, rep.pool_mode);
-        take(*cfg, config_key::reuse, rep.reuse_mode);
+        // A reader needs both to rebuild the layout (docs/log-format.md): a value it does not know
+        // would rebuild a wrong one, which used to fail lines later on a block "already allocated".
+        auto take_word = [&](const char* key, std::initializer_list<const char*> words, std::string& out) {
+            auto it = cfg->find(key);
+            if (it == cfg->end()) return;
+            if (it->is_string())
+                for (const char* w : words)
+                    if (*it == w) {
+                        out = w;
+                        return;
+                    }
+            std::string expected;
+            size_t i = 0;
+            for (const char* w : words) {
+                if (i) expected += i + 1 == words.size() ? " or " : ", ";
+                expected += std::string("\"") + w + "\"";
+                ++i;
+            }
+            throw input_error(path, 1, std::string("the header's config.") + key + " is " + it->dump() + ", expected " +
+                                           expected + ": not a log this analyzer can rebuild (a newer gpumem's? use a newer gpumem)");
+        };
+        take_word(config_key::pool, {config_value::pool_on, config_value::pool_off}, rep.pool_mode);
+        take_word(config_key::reuse, {config_value::reuse_auto, config_value::reuse_safe, config_value::reuse_immediate},
+                  rep.reuse_mode);
         take(*cfg, "pool_vmm", rep.pool_vmm);  // one of the pool's settings (core/pool/pool_config.cc)
     }
 }

@@ -186,6 +186,17 @@ inline constexpr kind_member_list k_kind_members = make_kind_members<K>();
     X(stack_depth, "stack_depth", int)     \
     X(reuse, "reuse", pool_settings)
 
+// The values of config's "pool" and "reuse" (docs/log-format.md), which a reader needs to rebuild the
+// layout: written by preload/state.cc and core/pool/pool_config.cc, read by the analyzer; GPUMEM_REUSE
+// takes the same words.
+namespace config_value {
+inline constexpr const char pool_on[] = "on";
+inline constexpr const char pool_off[] = "off";
+inline constexpr const char reuse_auto[] = "auto";
+inline constexpr const char reuse_safe[] = "safe";
+inline constexpr const char reuse_immediate[] = "immediate";
+}  // namespace config_value
+
 // The member names as constants, for readers: header_key::pid is "pid".
 namespace header_key {
 #define GPUMEM_X(id, name, type) inline constexpr const char id[] = name;

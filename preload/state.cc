@@ -148,7 +148,7 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
              (unsigned long long)(start_unix_ns % 1000000000ull));
     h.start_time = iso;
     h.devices = devices();
-    h.config.pool = st.cfg.pool ? "on" : "off";
+    h.config.pool = st.cfg.pool ? config_value::pool_on : config_value::pool_off;
     h.config.out = st.cfg.out;
     h.config.flush_ms = st.cfg.flush_ms;
     h.config.buffer_events = st.cfg.buffer_events;

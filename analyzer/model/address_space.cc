@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "log_reader.h"
+#include "log_fields.h"
 
 namespace gpumem::analysis {
 
@@ -28,8 +29,8 @@ device_state& address_space::add_device(int d) {
 
 address_space::pend_rule address_space::pending_rule() {
     if (rule_ == pend_rule::unknown) {
-        if (proc_.pool_mode == "off" || proc_.reuse_mode == "immediate") rule_ = pend_rule::never;
-        else if (proc_.reuse_mode == "auto") rule_ = pend_rule::after_reuse_safe;
+        if (proc_.pool_mode == config_value::pool_off || proc_.reuse_mode == config_value::reuse_immediate) rule_ = pend_rule::never;
+        else if (proc_.reuse_mode == config_value::reuse_auto) rule_ = pend_rule::after_reuse_safe;
         else rule_ = pend_rule::always;  // "safe", absent, or a value we do not know: as before auto
     }
     return rule_;
@@ -524,7 +525,7 @@ void address_space::on_pool_sync(device_state& d, const log_event& e, uint64_t l
 void address_space::on_reuse_safe(device_state& d, const log_event& e, uint64_t line) {
     const std::string& api = names_.api_name(e.api);
     if (pending_rule() != pend_rule::after_reuse_safe) {
-        std::string why = proc_.pool_mode == "off"
+        std::string why = proc_.pool_mode == config_value::pool_off
                               ? std::string(" in a log with the pool off")
                               : " in a log whose config.reuse is " +
                                     (proc_.reuse_mode.empty() ? std::string("absent (safe)") : "\"" + proc_.reuse_mode + "\"") +

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "format_util.h"
+#include "log_fields.h"
 #include "report_flame.h"
 #include "report_output.h"
 
@@ -298,9 +299,9 @@ void snapshot_block(std::ostream& o, const state_snapshot& s) {
 // ", reuse <mode>" for the header line when the pool is on; under "auto" each pool device's switch,
 // since the mode then differs by device and over time.
 std::string reuse_text(const process_report& p) {
-    if (p.pool_mode == "off" || p.reuse_mode.empty()) return "";
+    if (p.pool_mode == config_value::pool_off || p.reuse_mode.empty()) return "";
     std::string s = ", reuse " + html_escape(p.reuse_mode);
-    if (p.reuse_mode != "auto") return s;
+    if (p.reuse_mode != config_value::reuse_auto) return s;
     std::string devs;
     for (const device_report& d : p.devices) {
         if (!d.n_segment_alloc && !d.reuse_safe) continue;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "format_util.h"
+#include "log_fields.h"
 
 namespace gpumem::analysis {
 
@@ -235,7 +236,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         framed(os, pad("Chunks mapped later (maps)", 28) + pad(std::to_string(d.n_segment_map), 14, true) +
                        (d.n_segment_unmap ? std::string() : holes));
     // Under "auto" the mode is per device and changes once; "safe"/"immediate" hold for the whole log.
-    if (p.reuse_mode == "auto" && (d.n_segment_alloc || d.reuse_safe))
+    if (p.reuse_mode == config_value::reuse_auto && (d.n_segment_alloc || d.reuse_safe))
         framed(os, pad("Reuse", 28) + "auto, " +
                        (d.reuse_safe ? "safe from seq " + std::to_string(d.reuse_safe_seq) + " (" + d.reuse_safe_api + ")"
                                      : std::string("immediate throughout")));

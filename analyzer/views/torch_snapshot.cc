@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "format_util.h"
+#include "log_fields.h"
 #include "log_reader.h"
 
 namespace gpumem::analysis {
@@ -222,8 +223,8 @@ class device_export {
     }
 
     bool pends() const {
-        if (rep_.reuse_mode == "immediate") return false;
-        if (rep_.reuse_mode == "auto") return reuse_safe_;
+        if (rep_.reuse_mode == config_value::reuse_immediate) return false;
+        if (rep_.reuse_mode == config_value::reuse_auto) return reuse_safe_;
         return true;  // "safe", or a log from before "auto"
     }
 

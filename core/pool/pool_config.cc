@@ -92,9 +92,9 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
     if (!get) get = [](const char* n) -> const char* { return std::getenv(n); };
     try {
         if (const char* v = get(k_reuse_env); v && *v) {
-            if (!std::strcmp(v, "auto")) c.reuse = reuse_mode::automatic;
-            else if (!std::strcmp(v, "safe")) c.reuse = reuse_mode::safe;
-            else if (!std::strcmp(v, "immediate")) c.reuse = reuse_mode::immediate;
+            if (!std::strcmp(v, config_value::reuse_auto)) c.reuse = reuse_mode::automatic;
+            else if (!std::strcmp(v, config_value::reuse_safe)) c.reuse = reuse_mode::safe;
+            else if (!std::strcmp(v, config_value::reuse_immediate)) c.reuse = reuse_mode::immediate;
             else {
                 // A value we cannot read gets the mode that is safe for every program.
                 c.reuse = reuse_mode::safe;
@@ -175,7 +175,11 @@ void pool_config::append_config_json(std::string& out) const noexcept {
         s += '"';
         s += config_key::reuse;  // the header's config members: core/log_fields.h
         s += "\":";
-        s += reuse == reuse_mode::immediate ? "\"immediate\"," : reuse == reuse_mode::safe ? "\"safe\"," : "\"auto\",";
+        s += '"';
+        s += reuse == reuse_mode::immediate ? config_value::reuse_immediate
+             : reuse == reuse_mode::safe    ? config_value::reuse_safe
+                                            : config_value::reuse_auto;
+        s += "\",";
         s += vmm ? "\"pool_vmm\":\"on\"," : "\"pool_vmm\":\"off\",";
         s += "\"pool_arena\":";
         s += !arenas ? std::string("\"off\"") : arena ? std::to_string(arena) : std::string("\"auto\"");

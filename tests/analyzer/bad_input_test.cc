@@ -39,6 +39,10 @@ const bad_case k_cases[] = {
     {"reuse_safe_no_api.jsonl", 3, "\"reuse_safe\" event without \"api\""},
     // config.reuse "auto": the reuse at seq 3 is fine (immediate), the one at seq 7 is not (pending).
     {"alloc_into_pending_auto.jsonl", 9, "pooled block 0x100000 is already allocated in segment 0x100000"},
+    // The same log with a config.reuse or config.pool the analyzer cannot rebuild by: named at line
+    // 1, not as the block "already allocated" that rebuilding by the wrong rule meets at line 9.
+    {"header_reuse_not_a_mode.jsonl", 1, "the header's config.reuse is 5, expected \"auto\", \"safe\" or \"immediate\""},
+    {"header_pool_not_a_mode.jsonl", 1, "the header's config.pool is \"yes\", expected \"on\" or \"off\""},
 };
 }  // namespace
 
