@@ -177,8 +177,9 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
     int saved_errno = errno;
     process_state& st = state();
     const struct sigaction old = g_old_actions[sig];  // a copy: SA_RESETHAND resets the saved one
-    bool user_handler = (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
-                                                     : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
+    // SIG_DFL and SIG_IGN whatever the flags: sa_handler and sa_sigaction share storage, and the
+    // kernel reads 0 and 1 as those even with SA_SIGINFO set (Go's signal.Ignore sets it).
+    bool user_handler = old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN;
     if (user_handler) {
         // A one-shot handler (SA_RESETHAND): the kernel would have reset it on this delivery, so the
         // next one takes the default path below, as without gpumem.
@@ -214,7 +215,9 @@ void install_signal_handlers() noexcept {
     for (int sig : k_signals) {
         struct sigaction old;
         if (sigaction(sig, nullptr, &old) != 0) continue;
-        if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) continue;  // ignored stays ignored
+        // Ignored stays ignored, SA_SIGINFO or not (Go's signal.Ignore sets it beside SIG_IGN: taken
+        // for a handler, it was called at address 1 when the signal came).
+        if (old.sa_handler == SIG_IGN) continue;
         // Already ours (a forked child starting its own log inherits the parent's handlers): the
         // program's handler saved then stays; saved again, on_signal would call itself for ever.
         if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction == on_signal) continue;

@@ -374,6 +374,25 @@ void handled_signal_case() {
     printf("done=1\n");
 }
 
+// A signal the program ignores, as Go's signal.Ignore sets it: SIG_IGN with SA_SIGINFO in the
+// flags (the handler and sa_sigaction share storage, so sa_sigaction reads as 1).  It must stay
+// ignored under gpumem; a handler installed over it called address 1.
+void ignored_signal_case() {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGHUP, &sa, nullptr);
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));
+    raise(SIGHUP);
+    CHECK(a.free(p));
+    printf("done=1\n");
+}
+
 // The program's SIGINT handler as Python installs it: without SA_RESTART, so that a blocking read
 // returns EINTR and the interpreter gets to run its handler; with `resethand` also SA_RESETHAND, so
 // that the second SIGINT ends the program.  A write to the pipe after 3 s ends a read that was
@@ -521,6 +540,7 @@ int main(int argc, char** argv) {
     else if (s == "vfork") vfork_case();
     else if (s == "fork-signal") fork_case(1, true);
     else if (s == "handled-signal") handled_signal_case();
+    else if (s == "ignored-signal") ignored_signal_case();
     else if (s == "handler-flags") handler_flags_case(argc > 2 && !strcmp(argv[2], "resethand"));
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);

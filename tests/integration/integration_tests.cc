@@ -359,6 +359,17 @@ TEST_CASE("a signal the program handles leaves the log's accounting whole") {
     CHECK(ls.back()["live_bytes"] == 0);
 }
 
+TEST_CASE("a signal the program ignores with SA_SIGINFO set stays ignored") {
+    // gpumem took SIG_IGN for a handler when SA_SIGINFO was set (Go's signal.Ignore), installed
+    // its own over it and, at the signal, called address 1: SIGSEGV where the program goes on.
+    auto r = run({EMU_DRIVER_APP, "ignored-signal"});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("done=1") != std::string::npos);
+    REQUIRE(r.logs.size() == 1);
+    check_header_and_end(lines_of(r.logs[0]), "exit");
+}
+
 TEST_CASE("the program's signal handler keeps its flags: without SA_RESTART a read gets EINTR, SA_RESETHAND stays one-shot") {
     // gpumem's handler had SA_RESTART and no SA_RESETHAND: the read was restarted (Ctrl-C did
     // nothing to a Python program blocked in a read) and the second SIGINT was handled again.
