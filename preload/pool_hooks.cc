@@ -220,10 +220,15 @@ void pool_stream_route_unseen() noexcept {
     auto_switch().stream_created(api_id::cuGetProcAddress, true, true);
 }
 
+namespace {
+void peer_and_primary_after_fork() noexcept;
+}
+
 void pool_after_fork() noexcept {
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
     registry().reset_after_fork();
+    peer_and_primary_after_fork();
     ipc_after_fork();
     auto_switch().reset_after_fork();
     streams().reset_after_fork();
@@ -545,6 +550,15 @@ bool is_ended_primary(uint64_t ctx) noexcept {
 CUcontext primary_if_active(CUdevice dev) noexcept {
     std::lock_guard<std::mutex> lk(g_primary_mu);
     return primary_if_active_locked(dev);
+}
+
+// A lock held by a parent's thread at the fork stays held in the child, which has only the forking
+// thread: re-made in place, as the other locks are (a child's first primary-context release hung).
+// The peer grants name the parent's contexts, which the child does not have.
+void peer_and_primary_after_fork() noexcept {
+    new (&g_primary_mu) std::mutex();
+    new (&g_peer_mu) std::mutex();
+    g_n_peer_grants = 0;
 }
 
 }  // namespace

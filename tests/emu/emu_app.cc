@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -424,6 +425,42 @@ void handler_flags_case(bool resethand) {
     if (resethand) raise(SIGINT);  // the handler is gone: the default action ends the program
 }
 
+// A thread retains and releases the primary context in a loop (gpumem's hook holds its primary-
+// context lock across the driver's release, slowed by GPUMEM_EMU_LATENCY_NS) while the main thread
+// forks; each child releases once too and must not wait for a lock its parent's thread held at the
+// fork.  A child still blocked after 3 s dies of SIGALRM; "hung" counts those.
+void fork_primary_case(int forks) {
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));
+    static std::atomic<bool> stop{false};
+    std::thread t([] {
+        while (!stop.load()) {
+            CUcontext c;
+            if (cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS) cuDevicePrimaryCtxRelease(0);
+        }
+    });
+    int hung = 0;
+    for (int i = 0; i < forks; ++i) {
+        usleep(1000);
+        pid_t child = fork();
+        if (child == 0) {
+            alarm(3);
+            CUcontext c;
+            if (cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS) cuDevicePrimaryCtxRelease(0);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        hung += WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+    }
+    stop.store(true);
+    t.join();
+    CHECK(a.free(p));
+    printf("hung=%d\n", hung);
+}
+
 // A vfork child shares the parent's memory and runs no fork handlers; Python's subprocess ends such
 // a child with _exit when exec fails.  The parent's log must not be ended by it.
 void vfork_case() {
@@ -538,6 +575,7 @@ int main(int argc, char** argv) {
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100, false);
     else if (s == "vfork") vfork_case();
+    else if (s == "fork-primary") fork_primary_case(argc > 2 ? atoi(argv[2]) : 10);
     else if (s == "fork-signal") fork_case(1, true);
     else if (s == "handled-signal") handled_signal_case();
     else if (s == "ignored-signal") ignored_signal_case();

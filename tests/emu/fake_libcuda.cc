@@ -378,6 +378,7 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    spin_latency();  // GPUMEM_EMU_LATENCY_NS: a release as slow as a real one, for lock races
     int n = primary_refs()[d].load();
     do {
         if (n <= 0) return CUDA_ERROR_INVALID_CONTEXT;  // not retained

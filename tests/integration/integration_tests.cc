@@ -359,6 +359,16 @@ TEST_CASE("a signal the program handles leaves the log's accounting whole") {
     CHECK(ls.back()["live_bytes"] == 0);
 }
 
+TEST_CASE("a child forked while another thread releases the primary context can release it too") {
+    // gpumem's hook holds its primary-context lock across the driver's release; a child forked
+    // meanwhile inherited it locked and hung at its own first release (pool_after_fork re-made
+    // the other locks, not this one, nor the peer-access one).
+    auto r = run({EMU_DRIVER_APP, "fork-primary", "10"}, {{"GPUMEM_EMU_LATENCY_NS", "2000000"}});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("hung=0") != std::string::npos);
+}
+
 TEST_CASE("a signal the program ignores with SA_SIGINFO set stays ignored") {
     // gpumem took SIG_IGN for a handler when SA_SIGINFO was set (Go's signal.Ignore), installed
     // its own over it and, at the signal, called address 1: SIGSEGV where the program goes on.
