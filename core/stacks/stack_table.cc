@@ -35,11 +35,12 @@ uint32_t stack_table::capture() noexcept {
     // Python stacks in a process without a usable interpreter (a CUDA C++ program): nothing to walk.
     if (mode_ == stack_mode::python && !py_.active()) return 0;
     raw_frame buf[k_max_depth];  // 4 KiB of the caller's stack: fine for any thread that calls CUDA
-    size_t n = 0;
+    size_t n = 0, n_native = 0;
     if (mode_ == stack_mode::native || mode_ == stack_mode::all) {
         uint64_t pcs[k_max_depth];
         size_t m = capture_native(pcs, depth_);
         for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pcs[i], -1, 0};
+        n_native = n;
     }
     if ((mode_ == stack_mode::python || mode_ == stack_mode::all) && py_.active() && n < depth_) {
         py_frame pf[k_max_depth];
@@ -51,14 +52,31 @@ uint32_t stack_table::capture() noexcept {
     for (size_t i = 0; i < n; ++i)
         h = mix(h, buf[i].addr ^ (uint64_t(uint32_t(buf[i].offset)) << 40) ^ (uint64_t(buf[i].ident) << 20));
     try {
+        if (n_native == 0) {
+            std::lock_guard<std::mutex> g(mu_);
+            return intern_locked(buf, n, h, nullptr);
+        }
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            if (uint32_t id = find_locked(buf, n, h)) return id;
+        }
+        // A new stack: its native frames' modules are looked up before mu_ is taken again, because
+        // dladdr1 takes the loader's lock, which a thread in a library's constructor holds while
+        // its own allocation waits for mu_ (two such threads deadlocked with GPUMEM_STACKS=native).
+        std::vector<native_place> places(n_native);
+        for (size_t i = 0; i < n_native; ++i)
+            if (!describe_native(buf[i].addr, places[i].module, places[i].offset)) {
+                places[i].module.assign(1, '?');  // (= "?" trips GCC 12's -Wrestrict)
+                places[i].offset = buf[i].addr;
+            }
         std::lock_guard<std::mutex> g(mu_);
-        return intern_locked(buf, n, h);
+        return intern_locked(buf, n, h, places.data());
     } catch (...) {  // allocation failure: record no stack rather than fail the program's call
         return 0;
     }
 }
 
-uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash) {
+uint32_t stack_table::find_locked(const raw_frame* f, size_t n, uint64_t hash) const {
     auto same = [](const raw_frame& a, const raw_frame& b) {
         return a.addr == b.addr && a.offset == b.offset && a.ident == b.ident;
     };
@@ -67,11 +85,17 @@ uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash)
         const key_entry& k = key_entries_[it->second];
         if (k.count == n && std::equal(f, f + n, keys_.begin() + k.first, same)) return k.id;
     }
+    return 0;
+}
+
+// Another thread may have interned the same capture since find_locked: looked up again.
+uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash, const native_place* places) {
+    if (uint32_t id = find_locked(f, n, hash)) return id;
     if (key_entries_.size() >= max_stacks_) {
         ++overflow_;
         return 0;
     }
-    uint32_t id = describe_locked(f, n);
+    uint32_t id = describe_locked(f, n, places);
     if (id == 0) return 0;
     key_entries_.push_back(key_entry{uint32_t(keys_.size()), uint32_t(n), id});
     keys_.insert(keys_.end(), f, f + n);
@@ -79,18 +103,17 @@ uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash)
     return id;
 }
 
-stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f) {
+stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f, const native_place* place) {
     if (f.native()) {
-        std::string module;
-        uint64_t offset = f.addr;
-        if (!describe_native(f.addr, module, offset)) module.assign(1, '?');  // (= "?" trips GCC 12's -Wrestrict)
+        const std::string& module = place->module;
+        const uint64_t offset = place->offset;
         auto it = module_ids_.find(module);
         uint32_t idx;
         if (it != module_ids_.end()) idx = it->second;
         else {
             modules_.push_back(module);
             idx = uint32_t(modules_.size() - 1);
-            module_ids_.emplace(std::move(module), idx);
+            module_ids_.emplace(module, idx);
         }
         return frame_info{idx, -1, offset};
     }
@@ -109,11 +132,11 @@ stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f) {
 
 // A capture not seen before: describe its frames now, while the capturing thread's frames keep
 // their code objects alive, and find or make the stack with that description.
-uint32_t stack_table::describe_locked(const raw_frame* f, size_t n) {
+uint32_t stack_table::describe_locked(const raw_frame* f, size_t n, const native_place* places) {
     uint32_t first = uint32_t(frames_.size());
     uint64_t h = 0xcbf29ce484222325ull ^ n;
     for (size_t i = 0; i < n; ++i) {
-        frame_info fi = describe_frame_locked(f[i]);
+        frame_info fi = describe_frame_locked(f[i], f[i].native() ? &places[i] : nullptr);
         frames_.push_back(fi);
         h = mix(h, (uint64_t(fi.text) << 32 | uint32_t(fi.line)) ^ fi.address);
     }

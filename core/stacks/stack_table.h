@@ -77,9 +77,16 @@ class stack_table {
         uint32_t first;  // index into frames_
         uint32_t count;
     };
-    uint32_t intern_locked(const raw_frame* f, size_t n, uint64_t hash);
-    uint32_t describe_locked(const raw_frame* f, size_t n);
-    frame_info describe_frame_locked(const raw_frame& f);
+    // Where a native frame's pc lies: its module's path ("?" when unknown) and the offset in it.
+    struct native_place {
+        std::string module;
+        uint64_t offset = 0;
+    };
+    uint32_t find_locked(const raw_frame* f, size_t n, uint64_t hash) const;  // 0: not seen
+    // places: the first frames' (the native ones') places, looked up before mu_ was taken.
+    uint32_t intern_locked(const raw_frame* f, size_t n, uint64_t hash, const native_place* places);
+    uint32_t describe_locked(const raw_frame* f, size_t n, const native_place* places);
+    frame_info describe_frame_locked(const raw_frame& f, const native_place* place);
 
     python_frames py_;
     stack_mode mode_ = stack_mode::off;

@@ -461,6 +461,28 @@ void fork_primary_case(int forks) {
     printf("hung=%d\n", hung);
 }
 
+// A thread loads a library (argv: its path) whose constructor allocates 300 ms in, holding the
+// loader's lock all along; meanwhile this thread allocates from a call site not seen before.  With
+// native stacks both captures describe new frames (dladdr1, which takes the loader's lock): the
+// program must finish, and a hang ends by SIGALRM after 5 s.
+void stacks_in_dlopen_case(const char* lib) {
+    alarm(5);
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));
+    std::thread t([lib] {
+        if (!dlopen(lib, RTLD_NOW)) fail(dlerror(), -1);
+    });
+    usleep(100000);  // the loader is in the constructor now
+    CUdeviceptr q;
+    CHECK(a.alloc(&q, 8192));
+    t.join();
+    CHECK(a.free(q));
+    CHECK(a.free(p));
+    printf("done=1\n");
+}
+
 // A vfork child shares the parent's memory and runs no fork handlers; Python's subprocess ends such
 // a child with _exit when exec fails.  The parent's log must not be ended by it.
 void vfork_case() {
@@ -575,6 +597,7 @@ int main(int argc, char** argv) {
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100, false);
     else if (s == "vfork") vfork_case();
+    else if (s == "stacks-in-dlopen" && argc > 2) stacks_in_dlopen_case(argv[2]);
     else if (s == "fork-primary") fork_primary_case(argc > 2 ? atoi(argv[2]) : 10);
     else if (s == "fork-signal") fork_case(1, true);
     else if (s == "handled-signal") handled_signal_case();

@@ -369,6 +369,23 @@ TEST_CASE("a child forked while another thread releases the primary context can 
     CHECK(r.out.find("hung=0") != std::string::npos);
 }
 
+TEST_CASE("native stacks: an allocation inside a library's constructor beside one on another thread") {
+    // The stack table looked up new native frames' modules (dladdr1: the loader's lock) under its
+    // own lock, which the constructor's allocation, holding the loader's lock, waited for: deadlock.
+    auto r = run({EMU_DRIVER_APP, "stacks-in-dlopen", EMU_ALLOC_IN_CTOR_LIB}, {{"GPUMEM_STACKS", "native"}});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("done=1") != std::string::npos);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    std::vector<json> events;  // stack records carry no seq
+    for (const json& j : ls)
+        if (j["ev"] != "stack") events.push_back(j);
+    check_header_and_end(events, "exit");
+    CHECK(count_ev(ls, "alloc") == 3);
+    CHECK(count_ev(ls, "stack") >= 3);
+}
+
 TEST_CASE("a signal the program ignores with SA_SIGINFO set stays ignored") {
     // gpumem took SIG_IGN for a handler when SA_SIGINFO was set (Go's signal.Ignore), installed
     // its own over it and, at the signal, called address 1: SIGSEGV where the program goes on.
