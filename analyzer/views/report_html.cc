@@ -391,7 +391,8 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<h3>" << (p.has_end ? "Leaks: never freed" : "Live when the log stops") << " — " << fmt_counted(d.n_leaks, "allocation", "allocations") << ", "
           << fmt_bytes(d.leaked_bytes) << "</h3>\n";
         blocks_table(o, d.leaks);
-        o << sites_table_html(p, d.leak_sites, "Leaks by call site", "of the leaked bytes", d.leaked_bytes);
+        o << sites_table_html(p, d.leak_sites, p.has_end ? "Leaks by call site" : "Live when the log stops, by call site",
+                             p.has_end ? "of the leaked bytes" : "of the bytes live then", d.leaked_bytes);
     }
 }
 

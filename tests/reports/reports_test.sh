@@ -53,6 +53,13 @@ cosmetics)
   report killed "$G/killed_truncated.jsonl"
   expect_in killed.txt "2 warnings, printed on stderr"
   expect_in killed.txt "Live when the log stops: 1 allocation, 2.00 MiB requested"
+  # Nor are they leaks by call site: a killed process never got to free them.
+  grep -v '"ev":"end"' "$G/stacks.jsonl" > killed_stacks.jsonl
+  report killed_stacks killed_stacks.jsonl --html "$W/killed_stacks.html"
+  expect_in killed_stacks.txt "Live when the log stops, by call site"
+  expect_not_in killed_stacks.txt "Leaks by call site"
+  expect_in killed_stacks.html "Live when the log stops, by call site:"
+  expect_not_in killed_stacks.html "Leaks by call site"
   ;;
 html_lines)
   # Pool off: requested = allocated = reserved all along, so the memory chart has one line and its
