@@ -70,13 +70,14 @@ std::vector<std::string> warning_lines(const process_report& p, const std::strin
     return lines;
 }
 
-bool output_would_clobber(const std::string& out, const std::vector<std::string>& inputs, std::string& why) {
+bool output_would_clobber(const std::string& out, const char* option, const std::vector<std::string>& inputs,
+                          std::string& why) {
     struct stat o {};
     if (out.empty() || ::stat(out.c_str(), &o) != 0 || !S_ISREG(o.st_mode)) return false;  // new, or not a file
     for (const std::string& in : inputs) {
         struct stat i {};
         if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
-            why = out + " is also an input";
+            why = std::string(option) + " " + out + ": is also an input";
             return true;
         }
     }
@@ -91,8 +92,9 @@ bool output_would_clobber(const std::string& out, const std::vector<std::string>
     const bool report = head.find("\"schema\": \"gpumem-report\"") != std::string::npos ||
                         head.find("\"schema\":\"gpumem-report\"") != std::string::npos;
     if (!packed && !log && !report) return false;
-    why = out + " holds a gpumem " + (report ? "report" : packed ? std::string(packed) + "-compressed file (a log?)" : "log") +
-          ", which the option would overwrite (did it take an input as its FILE?)";
+    why = std::string(option) + " " + out + ": holds a gpumem " +
+          (report ? "report" : packed ? std::string(packed) + "-compressed file (a log?)" : "log") + ", which " + option +
+          " would overwrite (did it take an input as its FILE? give " + option + " a new file's name)";
     return true;
 }
 

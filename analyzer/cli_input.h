@@ -51,8 +51,10 @@ std::vector<std::string> warning_lines(const process_report& p, const std::strin
 // Whether writing the output file `out` (--html, --perfetto, --torch-snapshot, --junit) would
 // destroy data: `out` is one of the inputs, or an existing file that holds a gpumem log (plain or
 // gzipped) or report JSON.  `gpumem report --html run/*.jsonl` takes the first log as the HTML
-// file's name; truncating it would lose that rank and still exit 0.  Fills `why` when it would.
-bool output_would_clobber(const std::string& out, const std::vector<std::string>& inputs, std::string& why);
+// file's name; truncating it would lose that rank and still exit 0.  Fills `why`, which names
+// `option` ("--html"), when it would.
+bool output_would_clobber(const std::string& out, const char* option, const std::vector<std::string>& inputs,
+                          std::string& why);
 
 // Loads each path: a gpumem log (analyzed) or a `gpumem report --json` file, and shows each one's
 // warnings (warning_lines) on stderr.  On failure returns false with a message naming the file;

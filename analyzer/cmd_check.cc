@@ -151,7 +151,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (!any_limit) return usage_error("check", "nothing to check: give a --max-* limit or --baseline");
     std::vector<std::string> inputs = logs;
     if (!baseline_path.empty()) inputs.push_back(baseline_path);
-    if (std::string why; output_would_clobber(args.junit_path, inputs, why)) return usage_error("check", why);
+    if (std::string why; output_would_clobber(args.junit_path, "--junit", inputs, why)) return usage_error("check", why);
 
     run_input run;
     std::string error;

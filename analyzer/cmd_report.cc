@@ -103,13 +103,13 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
 
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");
-    for (const std::string* out : {&a.html_path, &a.perfetto_path, &a.torch_path}) {
-        std::string why;
-        if (output_would_clobber(*out, logs, why)) return usage_error("report", why);
-    }
-    // Two outputs on one file: the second would replace the first, which would be lost unsaid.
     const std::pair<const char*, const std::string*> outs[] = {
         {"--html", &a.html_path}, {"--perfetto", &a.perfetto_path}, {"--torch-snapshot", &a.torch_path}};
+    for (const auto& [option, out] : outs) {
+        std::string why;
+        if (output_would_clobber(*out, option, logs, why)) return usage_error("report", why);
+    }
+    // Two outputs on one file: the second would replace the first, which would be lost unsaid.
     for (size_t i = 0; i < std::size(outs); ++i)
         for (size_t j = i + 1; j < std::size(outs); ++j)
             if (!outs[i].second->empty() && !outs[j].second->empty() && same_path(*outs[i].second, *outs[j].second))

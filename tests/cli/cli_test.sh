@@ -408,15 +408,15 @@ conventions)
   sum=$(md5sum < "$W/before.jsonl")
   for opt in --html --perfetto --torch-snapshot; do
     expect_rc 2 "$GPUMEM" report $opt "$W/before.jsonl" "$W/after.jsonl"
-    expect_in "$W/err" "before.jsonl holds a gpumem log, which the option would overwrite"
+    expect_in "$W/err" "gpumem: error: $opt $W/before.jsonl: holds a gpumem log, which $opt would overwrite"
   done
   expect_rc 2 "$GPUMEM" check --junit "$W/before.jsonl" "$W/after.jsonl" --max-peak 10GiB
-  expect_in "$W/err" "before.jsonl holds a gpumem log"
+  expect_in "$W/err" "--junit $W/before.jsonl: holds a gpumem log, which --junit would overwrite"
   expect_rc 2 "$GPUMEM" report --html "$W/before.json" "$DATA/before.jsonl"
-  expect_in "$W/err" "before.json holds a gpumem report"
+  expect_in "$W/err" "before.json: holds a gpumem report"
   ln -sf "$W/after.jsonl" "$W/again.jsonl"
   expect_rc 2 "$GPUMEM" report --perfetto "$W/again.jsonl" "$W/after.jsonl"
-  expect_in "$W/err" "again.jsonl is also an input"
+  expect_in "$W/err" "--perfetto $W/again.jsonl: is also an input"
   [ "$(md5sum < "$W/before.jsonl")" = "$sum" ] || fail "an output option overwrote an input log"
   expect_rc 0 "$GPUMEM" report --html "$W/a.html" "$DATA/before.jsonl"  # an earlier report: replaced
   # An output written whole or not at all: a write that fails halfway (a file size limit: EFBIG)
