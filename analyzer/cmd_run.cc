@@ -259,10 +259,13 @@ void print_summary(const std::vector<std::string>& logs) {
             }
             ++rows;
             std::string leaks = fmt_count(d.n_leaks) + " / " + fmt_bytes(d.leaked_bytes);
+            // Fragmentation is of free space in gpumem's pool segments: without any (--pool off) it
+            // is not measured, and a 0.0% would read as "not fragmented" (docs/metrics.md).
+            std::string frag = d.segment_count.peak ? fmt_pct(d.max_external_fragmentation) : "-";
             std::fprintf(stderr, "  %-8lld %-5s %-4s %12s %12s %12s %7s %18s %5llu  %s\n", (long long)p.pid, p.rank.c_str(),
                          d.dev < 0 ? "host" : std::to_string(d.dev).c_str(), fmt_bytes(d.requested.peak).c_str(),
                          fmt_bytes(d.allocated.peak).c_str(), fmt_bytes(d.reserved.peak).c_str(),
-                         fmt_pct(d.max_external_fragmentation).c_str(), leaks.c_str(), (unsigned long long)d.n_oom,
+                         frag.c_str(), leaks.c_str(), (unsigned long long)d.n_oom,
                          ended.c_str());
         }
         if (!any && rows < k_max_rows) {

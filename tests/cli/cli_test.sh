@@ -66,12 +66,20 @@ run_environment)
   [ -d "$W/rel" ] || fail "-o rel/x-%p.jsonl did not create $W/rel"
   # --pool off reaches the recorder.
   expect_rc 0 "$GPUMEM" run --pool off -o "$W/p/" -- "$EMU/emu_rt_shared_app" train 5
+  # Fragmentation is measured on the pool's segments: with none, the summary shows no 0.0%, and a
+  # --max-fragmentation limit, which cannot fail there, says so.
+  expect_in "$W/err" "gpumem summary"
+  expect_not_in "$W/err" "0.0%"
+  expect_rc 0 "$GPUMEM" check "$W"/p/*.jsonl --max-fragmentation 10%
+  expect_in "$W/err" "--max-fragmentation: no gpumem pool segments on this device"
   "$GPUMEM" report --json "$W"/p/*.jsonl > "$W/p.json"
   [ "$(json "$W/p.json" 'd["processes"][0]["pool"]')" = off ] || fail "--pool off not in the log header"
   # A forked child gets its own log; the run lists both.
   expect_rc 0 "$GPUMEM" run -o "$W/fork/" -- "$EMU/emu_driver_app" fork 10
   expect_in "$W/err" "gpumem run: 2 logs"
   [ "$(ls "$W"/fork/*.jsonl | wc -l)" = 2 ] || fail "fork: expected 2 logs"
+  expect_rc 0 "$GPUMEM" check "$W"/fork/*.jsonl --max-fragmentation 100%
+  expect_not_in "$W/err" "not measured"
   # %r is the rank; logs that were there before the run are not listed as this run's.
   touch "$W/rank7-old.jsonl"
   expect_rc 0 env RANK=7 "$GPUMEM" run -o "rank%r-%p.jsonl" -- "$EMU/emu_rt_shared_app" train 5
