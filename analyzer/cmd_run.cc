@@ -168,6 +168,16 @@ std::vector<std::pair<std::string, std::string>> non_regular_matches(const std::
     return out;
 }
 
+// Whether a pattern holds %p or %r (not %%p): a part that differs from process to process.
+bool has_process_token(const std::string& pattern) {
+    for (size_t i = 0; i + 1 < pattern.size(); ++i)
+        if (pattern[i] == '%') {
+            if (pattern[i + 1] == 'p' || pattern[i + 1] == 'r') return true;
+            ++i;
+        }
+    return false;
+}
+
 // False with errno set when DIR cannot be made or is something else (a file named like it): the
 // library would then write to /tmp (log-format.md, "Fallback"), where run would not find the log.
 bool make_dirs(const std::string& dir) {
@@ -330,10 +340,23 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         }
         pattern = std::string(cwd) + "/" + pattern;
     }
+    // The library makes no directory (a missing one sends the log to /tmp, log-format.md
+    // "Fallback"), so run makes it now.  %h and %% are the same for every process of the run on this
+    // host; %p and %r are each process's own and cannot be made ahead.
     std::string dir = dir_of(pattern);
-    if (dir.find('%') == std::string::npos && !make_dirs(dir)) {
-        spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
-        return k_exit_input;
+    if (has_process_token(dir)) {
+        spdlog::warn("-o {}: the directory part holds %p or %r, which gpumem run cannot create ahead; a process "
+                     "whose directory is missing writes its log to /tmp instead (put %p and %r in the file name: "
+                     "DIR/gpumem-%r-%p.jsonl)",
+                     pattern);
+    } else {
+        char host[256] = "";
+        ::gethostname(host, sizeof host - 1);
+        dir = expand_out_pattern(dir, 0, host, "");
+        if (!make_dirs(dir)) {
+            spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
+            return k_exit_input;
+        }
     }
     // A device or FIFO is written to as it is by every process, never under a .PID name.
     if (pattern.find("%p") == std::string::npos && non_regular_kind(pattern).empty())
@@ -431,7 +454,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         if (!sinks.empty()) return rc;
         std::fprintf(stderr,
                      "\ngpumem run: no log matching %s was written: the command made no CUDA call, or cleared "
-                     "LD_PRELOAD, or is a setuid program\n",
+                     "LD_PRELOAD, or is a setuid program, or its log went to /tmp (a message above then says so)\n",
                      pattern.c_str());
         return rc;
     }
@@ -457,7 +480,8 @@ command add_run(CLI::App& top) {
         "the program untouched.\n"
         "PATTERN: %p pid, %r rank ($RANK/$LOCAL_RANK), %h host, %% a percent sign; a PATTERN ending in /\n"
         "(or an existing directory) means PATTERN/gpumem-%p.jsonl.  Relative patterns are made absolute,\n"
-        "so children that chdir log to the same place; a missing directory is created.\n"
+        "so children that chdir log to the same place; a missing directory is created (one named with\n"
+        "%p or %r cannot be: put those in the file name).\n"
         "Other GPUMEM_* settings and the rest of the environment pass through unchanged.\n"
         "libgpumem.so is taken from $GPUMEM_LIB, else next to this gpumem (installed: <prefix>/lib;\n"
         "build tree: build/preload).\n"

@@ -507,6 +507,17 @@ run_arguments)
   expect_not_in "$W/out" "ran"
   expect_rc 2 "$GPUMEM" run -o "$W/afile/sub/x-%p.jsonl" -- true
   expect_in "$W/err" "gpumem: error: cannot create $W/afile/sub: Not a directory"
+  # A folder per host: %h is this host's name for every process, so the folder is made and the log
+  # found.  Run made no folder whose name held a token, so the log went to /tmp unlisted.
+  expect_rc 0 "$GPUMEM" run -o "$W/byhost/%h/" -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/byhost/%h/gpumem-%p.jsonl)"
+  ls "$W/byhost/$(hostname)"/gpumem-*.jsonl > /dev/null || fail "no log in $W/byhost/$(hostname)"
+  # A folder per rank cannot be made ahead: said before the command runs, and again at the end.
+  expect_rc 0 "$GPUMEM" run -o "$W/byrank/%r/" -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/err" "the directory part holds %p or %r, which gpumem run cannot create ahead"
+  expect_in "$W/err" "or its log went to /tmp"
+  moved=$(sed -n 's/.*writing the log to \(\/tmp\/gpumem-[0-9.]*jsonl\)$/\1/p' "$W/err")
+  [ -n "$moved" ] && rm -f "$moved"
   # -o /dev/null: the log goes there and cannot be read back.  Run said the command "made no CUDA
   # call" (and warned of .PID names, which a device never gets).
   expect_rc 0 "$GPUMEM" run -o /dev/null -- "$EMU/emu_rt_shared_app" train 5
