@@ -274,7 +274,7 @@ std::string histogram_svg(const size_histogram& h, const std::string& title, con
 }
 
 void blocks_table(std::ostream& o, const std::vector<block_view>& bs) {
-    o << "<table><tr><th>address</th><th>requested</th><th>set aside</th><th>api</th><th>kind</th><th>allocated at</th><th>line</th></tr>\n";
+    o << "<table><tr><th>address</th><th>requested</th><th>set aside</th><th>api</th><th>kind</th><th>allocated at</th><th>log line</th></tr>\n";
     for (const block_view& b : bs)
         o << "<tr><td><code>" << fmt_hex(b.ptr) << "</code></td><td>" << fmt_bytes(b.size) << "</td><td>" << fmt_bytes(b.asize)
           << "</td><td>" << html_escape(b.api) << "</td><td>" << kind_name(b.kind) << "</td><td>" << fmt_time(b.t) << " (seq "

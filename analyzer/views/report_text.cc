@@ -118,9 +118,11 @@ void write_snapshot_totals(std::ostream& os, const state_snapshot& s) {
        << "\n";
 }
 
+// The last column is the allocation's line in the log file, named so beside call sites' source
+// lines ("train.py:29"), for which a bare "line" would be taken.
 void write_blocks(std::ostream& os, const std::vector<block_view>& blocks) {
     os << "    " << pad("address", 16) << pad("requested", 12, true) << pad("set aside", 12, true) << "  "
-       << pad("api", 22) << pad("kind", 8) << pad("allocated at", 22) << "line\n";
+       << pad("api", 22) << pad("kind", 8) << pad("allocated at", 22) << "log line\n";
     for (const block_view& b : blocks)
         os << "    " << pad(fmt_hex(b.ptr), 16) << pad(fmt_bytes(b.size), 12, true)
            << pad(fmt_bytes(b.asize), 12, true) << "  " << pad(b.api, 22) << pad(kind_name(b.kind), 8)
