@@ -165,7 +165,7 @@ void write_sites_text(std::ostream& os, const process_report& p, const std::vect
         for (size_t i = u + 1; i < fr->size() && shown < 3; ++i, ++shown)
             os << sub << "called from " << frame_text((*fr)[i]) << "\n";
         if (u + 1 + shown < fr->size())
-            os << sub << "... " << fr->size() - (u + 1 + shown) << " more frames in --json\n";
+            os << sub << "... " << fmt_counted(fr->size() - (u + 1 + shown), "more frame", "more frames") << " in --json\n";
         if (u > 0) os << sub << "(inside " << frame_text((*fr)[0]) << ")\n";
     }
 }

@@ -60,6 +60,16 @@ cosmetics)
   expect_not_in killed_stacks.txt "Leaks by call site"
   expect_in killed_stacks.html "Live when the log stops, by call site:"
   expect_not_in killed_stacks.html "Leaks by call site"
+  # A call site's callers beyond the three shown: "1 more frame", "2 more frames".
+  head -1 "$G/stacks.jsonl" > deep.jsonl
+  for n in 5 6; do
+    frames=$(for i in $(seq 1 $n); do printf '{"function":"f%d","file":"/src/train.py","line":%d},' "$i" "$i"; done)
+    echo "{\"ev\":\"stack\",\"id\":$n,\"frames\":[${frames%,}]}" >> deep.jsonl
+    echo "{\"ev\":\"alloc\",\"seq\":$((n - 5)),\"t\":$n,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x$n\",\"size\":$n,\"stack\":$n}" >> deep.jsonl
+  done
+  report deep deep.jsonl
+  expect_in deep.txt "... 1 more frame in --json"
+  expect_in deep.txt "... 2 more frames in --json"
   ;;
 html_lines)
   # Pool off: requested = allocated = reserved all along, so the memory chart has one line and its
