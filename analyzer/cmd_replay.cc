@@ -318,6 +318,19 @@ int run_replay(replay_args& a) {
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;
+    // Each policy was understood without a log (above); one that a log's header makes fail reads
+    // a setting there (the gpumem policy: config.reuse, pool_round, ...) that it cannot take: the
+    // log's fault, named at its line 1.
+    for (const sim::trace& tr : traces)
+        for (const sim::policy_spec& s : specs) {
+            std::string err;
+            if (sim::make_policy(s, capacity, 0, tr.config_json, &err)) continue;
+            std::fprintf(stderr, "gpumem: error: %s\n",
+                         input_error(tr.file, 1, "the header's config cannot be replayed: " + err).what());
+            rc = k_exit_input;
+            break;
+        }
+    if (rc != k_exit_ok) return rc;
     // A log with no device allocation (cuMemCreate only, as JAX's default allocator and PyTorch's
     // expandable segments make; managed or host memory only; no events) would print nothing and
     // exit 0: said for each such log, and an error when no log has anything to replay, as `check`

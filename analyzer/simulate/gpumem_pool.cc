@@ -39,10 +39,10 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
     std::map<std::string, std::string> env;
     auto cfg = nlohmann::json::parse(log_config_json, nullptr, false);
     if (cfg.is_object()) {
-        for (auto& [k, v] : cfg.items()) {
-            if (v.is_string()) env[k] = v.get<std::string>();
-            else if (v.is_number_unsigned()) env[k] = std::to_string(v.get<uint64_t>());
-        }
+        // A value of another type (true, -1, null: no recorder writes one) goes in as its JSON
+        // text, for the pool to refuse as it refuses any value it cannot read, rather than be
+        // dropped for the default.
+        for (auto& [k, v] : cfg.items()) env[k] = v.is_string() ? v.get<std::string>() : v.dump();
         // A pooled run whose header has no pool_vmm predates the knob: its segments were cuMemAlloc's.
         if (env.count("pool") && env["pool"] == "on" && !env.count("pool_vmm")) env["pool_vmm"] = "off";
         // And one that stitched with no pool_stitch_keep kept no stitched range.
@@ -60,14 +60,14 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
         pos = comma == std::string::npos ? overrides.size() : comma + 1;
         if (kv.empty()) continue;
         size_t eq = kv.find('=');
-        if (eq == std::string::npos || eq == 0) return "gpumem: expected KNOB=VALUE, not " + kv;
+        if (eq == std::string::npos || eq == 0) return "expected KNOB=VALUE, not " + kv;
         std::string key = kv.substr(0, eq);
         std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return char(std::tolower(c)); });
         if (key.rfind("gpumem_", 0) == 0) key = key.substr(7);
         if (std::find(knobs.begin(), knobs.end(), key) == knobs.end()) {
             std::string known;
             for (const std::string& k : knobs) known += (known.empty() ? "" : ", ") + k;
-            return "gpumem: unknown knob " + kv.substr(0, eq) + " (known: " + known + ")";
+            return "unknown knob " + kv.substr(0, eq) + " (known: " + known + ")";
         }
         env[key] = kv.substr(eq + 1);
     }
@@ -90,7 +90,7 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
             w = header_key_of(w.substr(0, eq)) + w.substr(eq);
         why += (why.empty() ? "" : "; ") + w;
     }
-    return "gpumem pool settings rejected: " + why;
+    return "pool settings rejected: " + why;
 }
 
 // The physical chunk of a replayed pool on virtual memory (pool_vmm=on): the log does not say the

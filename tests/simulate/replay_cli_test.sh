@@ -150,6 +150,19 @@ done
 "$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:pool_round=0 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "rejected: pool_round=0: not a valid value" "$W/err" && ! grep -q "using" "$W/err" \
   || fail "gpumem:pool_round=0: exit $rc, $(cat "$W/err")"
+# A pool setting in the log's header that the pool would not take (no recorder writes one) is the
+# log's fault: named at file:1, exit 2, whatever its JSON type.  It once came without the line, and
+# a value that is no string or number (true) was dropped and the defaults replayed unsaid.
+for v in 5 '"bogus"' true; do
+  sed "1s/\"config\":{\"pool\":\"off\"}/\"config\":{\"pool\":\"on\",\"reuse\":$v}/" "$W/frag.jsonl" > "$W/badreuse.jsonl"
+  grep -q '"reuse":' "$W/badreuse.jsonl" || fail "reuse=$v: the header was not rewritten"
+  "$GPUMEM" replay "$W/badreuse.jsonl" 2> "$W/err" > "$W/out"; rc=$?
+  [ $rc = 2 ] && grep -qF "gpumem: error: $W/badreuse.jsonl:1: the header's config cannot be replayed: gpumem: pool settings rejected: reuse=${v//\"/}: expected auto, safe or immediate" "$W/err" \
+    && [ ! -s "$W/out" ] || fail "header reuse=$v: exit $rc, $(cat "$W/err")"
+  # The policies that do not read it replay the log; an override replaces the header's value.
+  "$GPUMEM" replay "$W/badreuse.jsonl" --policy pytorch,gpumem:reuse=safe 2> "$W/err" > /dev/null; rc=$?
+  [ $rc = 0 ] || fail "header reuse=$v with --policy pytorch,gpumem:reuse=safe: exit $rc, $(cat "$W/err")"
+done
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
 # --policy and --api take one (comma-separated) value each time: the log after them stays a log,
