@@ -32,8 +32,10 @@ bool parse_size_arg(const std::string& text, uint64_t& out) {
     return true;
 }
 
-static bool parse_double(const std::string& text, double& out) {
+bool parse_number_arg(const std::string& text, double& out) {
     if (text.empty() || text[0] == '-' || text[0] == '+' || std::isspace((unsigned char)text[0])) return false;
+    // strtod also reads hex ("0x5"), which no one means by a ratio or a number of seconds.
+    if (text.find_first_of("xX") != std::string::npos) return false;
     errno = 0;
     char* end = nullptr;
     double v = std::strtod(text.c_str(), &end);
@@ -45,11 +47,11 @@ static bool parse_double(const std::string& text, double& out) {
 bool parse_ratio_arg(const std::string& text, double& out) {
     double v = 0;
     if (!text.empty() && text.back() == '%') {
-        if (!parse_double(text.substr(0, text.size() - 1), v) || v > 100) return false;
+        if (!parse_number_arg(text.substr(0, text.size() - 1), v) || v > 100) return false;
         out = v / 100;
         return true;
     }
-    if (!parse_double(text, v) || v > 1) return false;
+    if (!parse_number_arg(text, v) || v > 1) return false;
     out = v;
     return true;
 }
@@ -58,7 +60,7 @@ bool parse_percent_arg(const std::string& text, double& out) {
     std::string t = text;
     if (!t.empty() && t.back() == '%') t.pop_back();
     double v = 0;
-    if (!parse_double(t, v)) return false;
+    if (!parse_number_arg(t, v)) return false;
     out = v / 100;
     return true;
 }

@@ -15,6 +15,9 @@ namespace gpumem::analysis {
 
 // "12GiB", "500MB", "1.5 GiB", "4096": core/size_parse.h's parse_size, the rule GPUMEM_* sizes follow.
 bool parse_size_arg(const std::string& text, uint64_t& out);
+// A finite number >= 0 in decimal: "2", "0.5", "1e-3".  No sign, space, hex, nan or inf; the rule
+// of every number argument below.
+bool parse_number_arg(const std::string& text, double& out);
 // A ratio in [0, 1]: "0.3" or "30%".
 bool parse_ratio_arg(const std::string& text, double& out);
 // A tolerance in percent: "5%" or "5" -> 0.05.  Must be >= 0.

@@ -7,6 +7,8 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include "cli_input.h"
+
 namespace gpumem::analysis {
 
 void init_diagnostics(bool verbose) {
@@ -23,8 +25,16 @@ bool progress_flags::wanted() const { return on || (!off && ::isatty(2) == 1); }
 void add_progress_flags(CLI::App* app, progress_flags& p) {
     auto* on = app->add_flag("--progress", p.on, "print progress on stderr every 2 s (default when stderr is a terminal)");
     app->add_flag("--no-progress", p.off, "never print progress")->excludes(on);
-    app->add_option("--progress-every", p.every_s, "seconds between progress lines")
-        ->check(CLI::Range(0.0, 3600.0))
+    // CLI11's own checks would take nan, and a hidden option has no name in CLI11's messages.
+    app->add_option_function<std::string>(
+           "--progress-every",
+           [&p](const std::string& text) {
+               double s = 0;
+               if (!parse_number_arg(text, s) || s > 3600)
+                   throw CLI::ValidationError("--progress-every " + text + ": expected seconds from 0 to 3600, such as 0.5");
+               p.every_s = s;
+           },
+           "seconds between progress lines")
         ->group("");  // hidden: for the tests, which cannot wait 2 s per line
 }
 

@@ -257,6 +257,11 @@ check_bad_input)
   expect_in "$W/err" "--max-peak 12XB: expected a size"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-fragmentation 1.5
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --tolerance lots
+  # Hex, which strtod reads, is no ratio or percentage (0x0.1 passed as 6.25%, 0x5 as 5%).
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-fragmentation 0x0.1
+  expect_in "$W/err" "gpumem: error: --max-fragmentation 0x0.1: expected a ratio such as 0.3 or 30%"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --tolerance 0x5
+  expect_in "$W/err" "gpumem: error: --tolerance 0x5: expected a percentage such as 5% or 0.5%"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak
   expect_rc 2 "$GPUMEM" check "$W/missing.jsonl" --max-peak 1GiB
   expect_rc 2 "$GPUMEM" check "$SRC/tests/data/bad/not_json.jsonl" --max-peak 1GiB
@@ -478,6 +483,17 @@ conventions)
     expect_rc 0 "$GPUMEM" $cmd --progress-every 0 "$W/long.jsonl"
     expect_not_in "$W/err" "% ("
     expect_rc 2 "$GPUMEM" $cmd --progress --no-progress "$W/long.jsonl"
+  done
+  # --progress-every: seconds from 0 to 3600.  Anything else is named with the option, exit 2 (nan
+  # was taken, and the others were said as ": Value abc not in range ...", without the option).
+  for v in nan inf -inf -1 abc 1e9 3601 0x10 " 5" ""; do
+    expect_rc 2 "$GPUMEM" report --progress-every "$v" "$DATA/before.jsonl"
+    expect_in "$W/err" "gpumem: error: --progress-every $v: expected seconds from 0 to 3600"
+  done
+  for cmd in "report" "check --max-peak 100GiB" "diff $DATA/before.jsonl" "replay"; do
+    expect_rc 2 "$GPUMEM" $cmd --progress-every=nan "$DATA/before.jsonl"
+    expect_in "$W/err" "gpumem: error: --progress-every nan: expected seconds from 0 to 3600"
+    expect_rc 0 "$GPUMEM" $cmd --progress-every 0.5 "$DATA/before.jsonl"
   done
   # replay also says how far its replays are, within one replay too (-j 1: the first of the 4
   # replays is said before it ends, as a replay of a large log takes seconds).
