@@ -67,7 +67,12 @@ int main(int argc, char** argv) {
     // The subcommand is the first argument that is not an option of the top-level app.
     std::vector<std::string> args(argv + 1, argv + argc);
     size_t sub_at = 0;
-    while (sub_at < args.size() && is_option(args[sub_at])) ++sub_at;
+    for (; sub_at < args.size() && is_option(args[sub_at]); ++sub_at)
+        // `gpumem -- report LOG`: after `--` nothing is a command (CLI11 says "A subcommand is
+        // required"); the `--` belongs after the command.
+        if (args[sub_at] == "--")
+            return usage_error("", "'--' before the command: give the command first, then -- "
+                                   "(gpumem report -- LOG..., gpumem run -- PROGRAM...)");
     if (args.empty()) return usage_error("", "no command given");
     const command* chosen = nullptr;
     if (sub_at < args.size()) {

@@ -388,6 +388,13 @@ conventions)
   expect_rc 2 "$GPUMEM" frobnicate
   expect_in "$W/err" "gpumem: error: unknown command 'frobnicate'"
   expect_in "$W/err" "(gpumem --help lists the commands)"
+  # A stray -- before the command (CLI11 said "A subcommand is required" and pointed at `gpumem
+  # report --help`).
+  for pre in "--" "-v --"; do
+    expect_rc 2 "$GPUMEM" $pre report "$DATA/before.jsonl"
+    expect_in "$W/err" "gpumem: error: '--' before the command: give the command first, then -- (gpumem report -- LOG..., gpumem run -- PROGRAM...)"
+    expect_in "$W/err" "(gpumem --help lists the commands)"
+  done
   # --flag value and --flag=value in every subcommand.
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/before.json"
   expect_rc 0 "$GPUMEM" report --html "$W/a.html" "$DATA/before.jsonl"
