@@ -253,7 +253,8 @@ command add_report(CLI::App& top) {
                     "recorder started (2.5s, 150ms, 20us, 900ns)")
         ->type_name("MOMENT");
     app->add_option("-j,--jobs", a->jobs, "threads, one log each (default: all cores); the output is the same for any N")
-        ->type_name("N");
+        ->type_name("N")
+        ->check(CLI::Range(1u, k_max_jobs));
     add_progress_flags(app, a->progress);
     command c;
     c.app = app;

@@ -10,7 +10,10 @@
 
 namespace gpumem::analysis {
 
-// The thread count for `-j N`: N, or every core when N is 0.
+// The most threads `-j N` asks for: more than any machine's cores, and few enough to be created.
+inline constexpr unsigned k_max_jobs = 1024;
+
+// The thread count for `-j N`: N, or every core when N is 0 (no -j).
 inline unsigned jobs_or_cores(unsigned jobs) { return jobs ? jobs : std::max(1u, std::thread::hardware_concurrency()); }
 
 // Calls f(i) for every i in [0, n), on up to `jobs` threads (the caller's among them), each taking

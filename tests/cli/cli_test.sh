@@ -502,6 +502,16 @@ conventions)
     expect_in "$W/err" "gpumem: error: --progress-every nan: expected seconds from 0 to 3600"
     expect_rc 0 "$GPUMEM" $cmd --progress-every 0.5 "$DATA/before.jsonl"
   done
+  # -j: threads, 1 to 1024.  0 and past 1024 were taken (up to 65536 threads for as many logs or
+  # replays: a failed thread creation aborts); the option is named for any bad value.
+  for cmd in report replay; do
+    for v in 0 -1 abc nan 1.5 1025 4294967296; do
+      expect_rc 2 "$GPUMEM" $cmd -j "$v" "$DATA/before.jsonl"
+      expect_in "$W/err" "gpumem: error: "
+      expect_in "$W/err" "--jobs"
+    done
+    expect_rc 0 "$GPUMEM" $cmd --jobs 1024 "$DATA/before.jsonl"
+  done
   # replay also says how far its replays are, within one replay too (-j 1: the first of the 4
   # replays is said before it ends, as a replay of a large log takes seconds).
   expect_rc 0 "$GPUMEM" replay -j 1 --progress --progress-every 0 "$W/long.jsonl"
