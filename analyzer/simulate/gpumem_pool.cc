@@ -69,6 +69,9 @@ std::string gpumem_pool_config(const std::string& log_config_json, const std::st
             for (const std::string& k : knobs) known += (known.empty() ? "" : ", ") + k;
             return "unknown knob " + kv.substr(0, eq) + " (known: " + known + ")";
         }
+        // The pool reads an empty value as unset: the replay would run the header's setting (or
+        // the default) under a name that says otherwise.
+        if (eq + 1 == kv.size()) return kv.substr(0, eq) + ": no value";
         env[key] = kv.substr(eq + 1);
     }
     t_env = &env;

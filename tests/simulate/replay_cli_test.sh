@@ -163,6 +163,10 @@ for v in 5 '"bogus"' true; do
   "$GPUMEM" replay "$W/badreuse.jsonl" --policy pytorch,gpumem:reuse=safe 2> "$W/err" > /dev/null; rc=$?
   [ $rc = 0 ] || fail "header reuse=$v with --policy pytorch,gpumem:reuse=safe: exit $rc, $(cat "$W/err")"
 done
+# A knob with no value was read as unset: the header's setting replayed under the knob's name.
+"$GPUMEM" replay "$W/frag.jsonl" --policy gpumem:pool_round= 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -qF -- "--policy gpumem:pool_round=: pool_round: no value" "$W/err" \
+  || fail "gpumem:pool_round=: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
 # --policy and --api take one (comma-separated) value each time: the log after them stays a log,
