@@ -1,8 +1,10 @@
 // `gpumem check`: the CI gate.  Holds each GPU of each process to absolute limits and/or to a
 // baseline run, prints every broken limit with the worst moment, and can write JUnit XML.  Works on
 // the report model (logs analyzed, or report JSON read back); what it measures is report_measures.h.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,14 +24,20 @@ namespace gpumem::analysis {
 namespace {
 
 std::string fmt_value(const measure& m, double v) {
+    if (m.unit == measure_unit::count) return std::to_string(clamp_to_u64(v));
     return m.unit == measure_unit::ratio ? fmt_pct(v) : fmt_bytes(clamp_to_u64(v));  // v may be 2^64: out of range
 }
 
-// "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation.
+// "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation, for OOMs the first.
 std::string worst_moment(const measure& m, const device_report& dev) {
     if (m.t_ns != device_field::count)
         return "at " + fmt_time(uint64_t(field_value(dev, m.t_ns))) + " (seq " +
                std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
+    if (m.value == device_field::n_oom && !dev.ooms.empty()) {
+        const oom_report& o = dev.ooms[0];
+        return "first: " + fmt_bytes(o.size) + " from " + o.api + " at " + fmt_time(o.t) + " (seq " + std::to_string(o.seq) +
+               "), " + o.verdict;
+    }
     if (m.value != device_field::leaked_bytes || dev.leaks.empty()) return "";
     const block_view& l = dev.leaks[0];
     return "largest: " + fmt_bytes(l.size) + " from " + l.api + " at " + fmt_time(l.t) + " (seq " + std::to_string(l.seq) + ")";
@@ -88,8 +96,8 @@ struct limit {
 };
 
 struct check_args {
-    std::string limit_text[4];  // as written, in the order of run_check's limits
-    CLI::Option* limit_opt[4] = {};
+    std::string limit_text[5];  // as written, in the order of run_check's limits
+    CLI::Option* limit_opt[5] = {};
     std::string metric = "requested";
     CLI::Option* metric_opt = nullptr;
     std::string baseline_path, junit_path, tolerance_text = "5%";
@@ -120,12 +128,16 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     limit limits[] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")", false, 0, ""},
                       {"--max-reserved", &k_peak_reserved, "max-reserved", false, 0, ""},
                       {"--max-fragmentation", &k_max_fragmentation, "max-fragmentation", false, 0, ""},
-                      {"--max-leak", &k_leaked, "max-leak", false, 0, ""}};
-    for (size_t i = 0; i < 4; ++i) {
+                      {"--max-leak", &k_leaked, "max-leak", false, 0, ""},
+                      {"--max-ooms", &k_ooms, "max-ooms", false, 0, ""}};
+    for (size_t i = 0; i < std::size(limits); ++i) {
         limit& l = limits[i];
         const std::string& v = args.limit_text[i];
         if (args.limit_opt[i]->count() == 0) continue;
-        if (l.m->unit == measure_unit::ratio) {
+        if (l.m->unit == measure_unit::count) {
+            if (!parse_number_arg(v, l.value) || l.value > 1e18 || l.value != std::floor(l.value))
+                return usage_error("check", std::string(l.flag) + " " + v + ": expected a whole number such as 0");
+        } else if (l.m->unit == measure_unit::ratio) {
             if (!parse_ratio_arg(v, l.value))
                 return usage_error("check", std::string(l.flag) + " " + v + ": expected a ratio such as 0.3 or 30%");
         } else {
@@ -299,6 +311,9 @@ command add_check(CLI::App& top) {
     a->limit_opt[2] = app->add_option("--max-fragmentation", a->limit_text[2], "maximum external fragmentation, 0.3 or 30%")
         ->type_name("F");
     a->limit_opt[3] = app->add_option("--max-leak", a->limit_text[3], "bytes still allocated when the log ends")->type_name("SIZE");
+    // A program that catches an OOM (a batch-size search, PyTorch's retry after emptying its cache)
+    // runs on and exits 0, so only the log says the job reached the device's limit.
+    a->limit_opt[4] = app->add_option("--max-ooms", a->limit_text[4], "out-of-memory failures (0: fail a run that had any)")->type_name("N");
     app->add_option("--baseline", a->baseline_path,
                     "an earlier run that this one may not exceed by more than the tolerance: one file, the report JSON of "
                     "all its logs (gpumem report --json LOG... > FILE) or a single log")

@@ -31,6 +31,7 @@ inline constexpr measure k_max_fragmentation{"max external fragmentation", measu
                                              device_field::max_external_fragmentation_t_ns,
                                              device_field::max_external_fragmentation_seq};
 inline constexpr measure k_leaked{"leaked", measure_unit::bytes, device_field::leaked_bytes};
+inline constexpr measure k_ooms{"OOMs", measure_unit::count, device_field::n_oom};
 
 // --max-peak's --metric: the three byte counts of docs/metrics.md, by the name the reports use.
 // Returns nullptr for any other name.
@@ -56,7 +57,7 @@ inline constexpr measure k_diff_rows[] = {
     {"allocations", measure_unit::count, device_field::n_alloc},
     {"frees", measure_unit::count, device_field::n_free},
     {"failed allocations", measure_unit::count, device_field::n_alloc_fail},
-    {"OOMs", measure_unit::count, device_field::n_oom},
+    k_ooms,
     {"leaked allocations", measure_unit::count, device_field::n_leaks},
     {"leaked bytes", measure_unit::bytes, device_field::leaked_bytes},
 };

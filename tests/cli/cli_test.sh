@@ -150,6 +150,15 @@ check_limits)
   expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation 30%
   expect_in "$W/out" "max external fragmentation 33.3% > limit 30.0% (--max-fragmentation 30%); at 6.00 us (seq 5)"
   expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation 0.34
+  # --max-ooms: a program that caught its OOM exits 0; the log still had one (this log's 1.14 MiB).
+  expect_rc 1 "$GPUMEM" check "$frag" --max-ooms 0
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 5001, $frag): OOMs 1 > limit 0 (--max-ooms 0); first: 1.14 MiB from cudaMalloc at 7.00 us (seq 6), fragmentation"
+  expect_rc 0 "$GPUMEM" check "$frag" --max-ooms 1
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-ooms 0
+  for bad in -1 1.5 nan 1e30 abc; do
+    expect_rc 2 "$GPUMEM" check "$frag" --max-ooms "$bad"
+    expect_in "$W/err" "--max-ooms $bad: expected a whole number such as 0"
+  done
   # Several logs: every rank is held to the limits.
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --max-peak 1GiB
   expect_in "$W/out" "2 limits on 2 GPUs of 2 processes: 1 broken"
