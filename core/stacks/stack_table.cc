@@ -59,6 +59,10 @@ uint32_t stack_table::capture() noexcept {
         {
             std::lock_guard<std::mutex> g(mu_);
             if (uint32_t id = find_locked(buf, n, h)) return id;
+            if (key_entries_.size() >= max_stacks_) {  // full: no module lookups for a stack not kept
+                ++overflow_;
+                return 0;
+            }
         }
         // A new stack: its native frames' modules are looked up before mu_ is taken again, because
         // dladdr1 takes the loader's lock, which a thread in a library's constructor holds while
