@@ -168,14 +168,10 @@ std::vector<std::pair<std::string, std::string>> non_regular_matches(const std::
     return out;
 }
 
-// Whether a pattern holds %p or %r (not %%p): a part that differs from process to process.
-bool has_process_token(const std::string& pattern) {
-    for (size_t i = 0; i + 1 < pattern.size(); ++i)
-        if (pattern[i] == '%') {
-            if (pattern[i + 1] == 'p' || pattern[i + 1] == 'r') return true;
-            ++i;
-        }
-    return false;
+// Whether a pattern differs from process to process (%p, %r): two processes' expansions, by the
+// library's own rule (core/config.h expand_out_pattern), differ.
+bool differs_per_process(const std::string& pattern, const std::string& host) {
+    return expand_out_pattern(pattern, 1, host, "0") != expand_out_pattern(pattern, 2, host, "1");
 }
 
 // False with errno set when DIR cannot be made or is something else (a file named like it): the
@@ -344,14 +340,14 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     // "Fallback"), so run makes it now.  %h and %% are the same for every process of the run on this
     // host; %p and %r are each process's own and cannot be made ahead.
     std::string dir = dir_of(pattern);
-    if (has_process_token(dir)) {
+    char host[256] = "";
+    ::gethostname(host, sizeof host - 1);
+    if (differs_per_process(dir, host)) {
         spdlog::warn("-o {}: the directory part holds %p or %r, which gpumem run cannot create ahead; a process "
                      "whose directory is missing writes its log to /tmp instead (put %p and %r in the file name: "
                      "DIR/gpumem-%r-%p.jsonl)",
                      pattern);
     } else {
-        char host[256] = "";
-        ::gethostname(host, sizeof host - 1);
         dir = expand_out_pattern(dir, 0, host, "");
         if (!make_dirs(dir)) {
             spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
