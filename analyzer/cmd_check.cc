@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,9 +94,11 @@ struct limit {
     std::string text;   // as written, for messages
 };
 
+constexpr size_t k_limits = 5;  // --max-peak, --max-reserved, --max-fragmentation, --max-leak, --max-ooms
+
 struct check_args {
-    std::string limit_text[5];  // as written, in the order of run_check's limits
-    CLI::Option* limit_opt[5] = {};
+    std::string limit_text[k_limits];  // as written, in the order of run_check's limits
+    CLI::Option* limit_opt[k_limits] = {};
     std::string metric = "requested";
     CLI::Option* metric_opt = nullptr;
     std::string baseline_path, junit_path, tolerance_text = "5%";
@@ -125,12 +126,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         return usage_error("check", "--metric says what --max-peak limits; give --max-peak too");
     const measure* peak = peak_measure(args.metric);
     if (!peak) return usage_error("check", "--metric " + args.metric + ": expected requested, allocated or reserved");
-    limit limits[] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")", false, 0, ""},
+    limit limits[k_limits] = {{"--max-peak", peak, std::string("max-peak (") + args.metric + ")", false, 0, ""},
                       {"--max-reserved", &k_peak_reserved, "max-reserved", false, 0, ""},
                       {"--max-fragmentation", &k_max_fragmentation, "max-fragmentation", false, 0, ""},
                       {"--max-leak", &k_leaked, "max-leak", false, 0, ""},
                       {"--max-ooms", &k_ooms, "max-ooms", false, 0, ""}};
-    for (size_t i = 0; i < std::size(limits); ++i) {
+    for (size_t i = 0; i < k_limits; ++i) {
         limit& l = limits[i];
         const std::string& v = args.limit_text[i];
         if (args.limit_opt[i]->count() == 0) continue;

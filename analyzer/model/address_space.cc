@@ -31,7 +31,7 @@ address_space::pend_rule address_space::pending_rule() {
     if (rule_ == pend_rule::unknown) {
         if (proc_.pool_mode == config_value::pool_off || proc_.reuse_mode == config_value::reuse_immediate) rule_ = pend_rule::never;
         else if (proc_.reuse_mode == config_value::reuse_auto) rule_ = pend_rule::after_reuse_safe;
-        else rule_ = pend_rule::always;  // "safe", absent, or a value we do not know: as before auto
+        else rule_ = pend_rule::always;  // "safe", or absent (a log from before auto); read_header refuses others
     }
     return rule_;
 }

@@ -9,6 +9,7 @@
 #include "log_fields.h"
 #include "report_flame.h"
 #include "report_output.h"
+#include "views/report_sites.h"
 
 namespace gpumem::analysis {
 
@@ -391,7 +392,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<h3>" << (p.has_end ? "Leaks: never freed" : "Live when the log stops") << " — " << fmt_counted(d.n_leaks, "allocation", "allocations") << ", "
           << fmt_bytes(d.leaked_bytes) << "</h3>\n";
         blocks_table(o, d.leaks);
-        o << sites_table_html(p, d.leak_sites, p.has_end ? "Leaks by call site" : "Live when the log stops, by call site",
+        o << sites_table_html(p, d.leak_sites, leak_sites_title(p),
                              p.has_end ? "of the leaked bytes" : "of the bytes live then", d.leaked_bytes);
     }
 }

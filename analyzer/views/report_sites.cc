@@ -76,6 +76,10 @@ nlohmann::ordered_json sites_json(const process_report& p, const std::vector<sit
     return a;
 }
 
+const char* leak_sites_title(const process_report& p) {
+    return p.has_end ? "Leaks by call site" : "Live when the log stops, by call site";
+}
+
 std::string site_key(const std::vector<frame_view>* frames) {
     std::string k;
     if (!frames) return k;

@@ -38,6 +38,10 @@ std::string shorten(const std::string& s, size_t n);
 void write_sites_text(std::ostream& os, const process_report& p, const std::vector<site_row>& rows,
                       const std::string& title, size_t indent = 2);
 
+// The title of the leak sites' table, text and HTML: a process killed before its end line never
+// got to free what is live at the log's last line, so that is not called a leak.
+const char* leak_sites_title(const process_report& p);
+
 // A site's identity across runs: its frames (function, file, line, module; an unnamed native frame
 // also by address), since stack ids are numbered per log.  "" for no stack.
 std::string site_key(const std::vector<frame_view>* frames);

@@ -329,8 +329,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         if (d.leaks.size() < d.n_leaks) os << " (largest " << d.leaks.size() << " listed)";
         os << "\n";
         write_blocks(os, d.leaks);
-        // A killed process's live allocations are not leaks: it never got to free them.
-        write_sites_text(os, p, d.leak_sites, p.has_end ? "Leaks by call site" : "Live when the log stops, by call site");
+        write_sites_text(os, p, d.leak_sites, leak_sites_title(p));
     }
     os << "\n";
 }
