@@ -52,12 +52,9 @@ uint32_t stack_table::capture() noexcept {
     for (size_t i = 0; i < n; ++i)
         h = mix(h, buf[i].addr ^ (uint64_t(uint32_t(buf[i].offset)) << 40) ^ (uint64_t(buf[i].ident) << 20));
     try {
-        if (n_native == 0) {
-            std::lock_guard<std::mutex> g(mu_);
-            return intern_locked(buf, n, h, nullptr);
-        }
         {
             std::lock_guard<std::mutex> g(mu_);
+            if (n_native == 0) return intern_locked(buf, n, h, nullptr);
             if (uint32_t id = find_locked(buf, n, h)) return id;
             if (key_entries_.size() >= max_stacks_) {  // full: no module lookups for a stack not kept
                 ++overflow_;
