@@ -378,13 +378,17 @@ void handled_signal_case() {
 // A signal the program ignores, as Go's signal.Ignore sets it: SIG_IGN with SA_SIGINFO in the
 // flags (the handler and sa_sigaction share storage, so sa_sigaction reads as 1).  It must stay
 // ignored under gpumem; a handler installed over it called address 1.
-void ignored_signal_case() {
+void set_action(int sig, void (*handler)(int), int flags) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_IGN;
-    sa.sa_flags = SA_SIGINFO;
+    sa.sa_handler = handler;
+    sa.sa_flags = flags;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGHUP, &sa, nullptr);
+    sigaction(sig, &sa, nullptr);
+}
+
+void ignored_signal_case() {
+    set_action(SIGHUP, SIG_IGN, SA_SIGINFO);
     driver_api a = direct_api();
     setup(a);
     CUdeviceptr p;
@@ -399,12 +403,7 @@ void ignored_signal_case() {
 // that the second SIGINT ends the program.  A write to the pipe after 3 s ends a read that was
 // restarted instead.
 void handler_flags_case(bool resethand) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = [](int) {};
-    sa.sa_flags = resethand ? SA_RESETHAND : 0;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
+    set_action(SIGINT, [](int) {}, resethand ? SA_RESETHAND : 0);
     driver_api a = direct_api();
     setup(a);
     CUdeviceptr p;
