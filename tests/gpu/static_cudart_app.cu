@@ -6,6 +6,8 @@
 // so gpu-e2e.sh and pool_bench.py can compare the same binary with and without gpumem.  HOLD_MIB
 // (default 0): live memory held in 64 MiB blocks during the loops, as a training program holds
 // its weights and activations while it allocates (a pool's fence batches scale with its size).
+// Each line also gives the medians of the allocation and the free alone (the halves of a pair),
+// and BENCH_DRIVER_FIRST=1 times the driver's pairs before cudart's, to tell the api from the order.
 // With "reset": fills the device, resets it and fills it again (fill_and_free below).
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -96,29 +98,44 @@ int main(int argc, char** argv) {
             fprintf(stderr, "no cuMemAlloc/cuMemFree entry point\n");
             return 3;
         }
-        for (int api = 0; api < 2; ++api) {
+        const char* order = getenv("BENCH_DRIVER_FIRST");
+        const bool driver_first = order && !strcmp(order, "1");
+        using clk = std::chrono::steady_clock;
+        auto us_between = [](clk::time_point a, clk::time_point b) {
+            return std::chrono::duration<double, std::micro>(b - a).count();
+        };
+        for (int k = 0; k < 2; ++k) {
+            const int api = driver_first ? 1 - k : k;
             for (size_t size : {size_t(512), size_t(1) << 20, size_t(20) << 20}) {
                 const int n = 2000;
-                std::vector<double> us(n);
+                std::vector<double> us(n), alloc_us(n), free_us(n);
                 for (int i = 0; i < n; ++i) {
-                    auto t0 = std::chrono::steady_clock::now();
+                    clk::time_point t0 = clk::now(), t1;
                     if (api == 0) {
                         char* p;
                         CHECK(cudaMalloc(&p, size));
+                        t1 = clk::now();
                         CHECK(cudaFree(p));
                     } else {
                         CUdeviceptr p;
-                        if (alloc_fn(a)(&p, size) != CUDA_SUCCESS || free_fn(f)(p) != CUDA_SUCCESS) {
+                        const bool ok = alloc_fn(a)(&p, size) == CUDA_SUCCESS;
+                        t1 = clk::now();
+                        if (!ok || free_fn(f)(p) != CUDA_SUCCESS) {
                             fprintf(stderr, "cuMemAlloc/cuMemFree failed\n");
                             return 3;
                         }
                     }
-                    us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+                    const clk::time_point t2 = clk::now();
+                    us[i] = us_between(t0, t2);
+                    alloc_us[i] = us_between(t0, t1);
+                    free_us[i] = us_between(t1, t2);
                 }
                 double mean = std::accumulate(us.begin(), us.end(), 0.0) / n;
-                std::sort(us.begin(), us.end());
-                printf("bench api=%s hold_mib=%zu size=%zu pair_us=%.2f median_us=%.2f p90_us=%.2f\n",
-                       api == 0 ? "cudaMalloc" : "cuMemAlloc", hold_mib, size, mean, us[n / 2], us[n * 9 / 10]);
+                for (auto* v : {&us, &alloc_us, &free_us}) std::sort(v->begin(), v->end());
+                printf("bench api=%s hold_mib=%zu size=%zu pair_us=%.2f median_us=%.2f p90_us=%.2f "
+                       "alloc_median_us=%.2f free_median_us=%.2f\n",
+                       api == 0 ? "cudaMalloc" : "cuMemAlloc", hold_mib, size, mean, us[n / 2], us[n * 9 / 10],
+                       alloc_us[n / 2], free_us[n / 2]);
             }
         }
         for (void* h : held) CHECK(cudaFree(h));

@@ -1,6 +1,6 @@
 // Benchmark: median ns of one alloc+free pair served from the pool's cache, event included.
 //
-// Usage: pool_benchmark [safe|fences|immediate|both|all] [vmm] [HOLD_MIB]   (default both: safe and
+// Usage: pool_benchmark [safe|fences|alone|immediate|both|all] [vmm] [HOLD_MIB]   (default both: safe and
 // immediate; HOLD_MIB, default 0: live memory held in 64 MiB blocks, as a training program holds
 // its weights, which sizes the sync budget and so the fence batches).  POOL_BENCH_SIZE=N: that
 // size only.  POOL_BENCH_LAG_PAIRS=L: an event is reached L pairs after its record, as a real
@@ -10,7 +10,9 @@
 // without events; the amortized synchronize is free on the fake device).  fences: safe with events
 // and one non-blocking stream, as after auto's switch in a real program: the steady state
 // includes recording a fence (2 events) per eighth of the budget and polling fences at a miss;
-// the fake device reaches every event at once.  vmm: segments on virtual memory (2 MiB chunks).
+// the fake device reaches every event at once.  alone: events but no stream, as GPUMEM_REUSE=safe
+// in a program that makes none (static_cudart_app bench): a miss that pending frees could serve is
+// one ordered release, an event record and no query.  vmm: segments on virtual memory (2 MiB chunks).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -39,7 +41,7 @@ struct counting_sink final : event_sink {
     }
 };
 
-double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size, uint64_t hold_mib) {
+double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size, uint64_t hold_mib, bool alone = false) {
     fake_backend dev;
     counting_sink sink;
     pool_config cfg = pool_config::from_env();  // GPUMEM_SYNC_BUDGET, GPUMEM_FENCE_BATCH, ... apply here too
@@ -50,7 +52,7 @@ double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size, uin
     stream_set streams;
     if (fences) {
         dev.enable_events(true);
-        streams.created(0xc0, 0x5000, true);
+        if (!alone) streams.created(0xc0, 0x5000, true);
         pool.set_streams(&streams, 0xc0);
     }
     std::vector<uint64_t> held(hold_mib / 64);
@@ -90,7 +92,7 @@ double median_pair_ns(reuse_mode mode, bool fences, bool vmm, uint64_t size, uin
     const double pairs = 20000.0 + double(k_batch) * k_batches;
     std::printf("  %-9s %10llu B  %7.1f ns/pair   (syncs %llu, per pair: %.3f event records, %.3f event queries, "
                 "%.3f stream queries, %.4f waits; segments taken %llu, events %llu, pool_sync %llu)\n",
-                mode == reuse_mode::safe ? (fences ? "fences" : "safe") : "immediate", (unsigned long long)size,
+                mode == reuse_mode::safe ? (fences ? (alone ? "alone" : "fences") : "safe") : "immediate", (unsigned long long)size,
                 per_pair[k_batches / 2], (unsigned long long)dev.sync_calls(), double(dev.records()) / pairs,
                 double(dev.queries()) / pairs, double(dev.stream_queries()) / pairs, double(dev.event_syncs()) / pairs,
                 (unsigned long long)(dev.alloc_calls() + dev.map_calls()), (unsigned long long)sink.n.load(),
@@ -110,13 +112,13 @@ int main(int argc, char** argv) {
                 vmm ? ", virtual memory" : "", (unsigned long long)hold_mib);
     const bool all = !std::strcmp(which, "all");
     const bool both = !std::strcmp(which, "both");
-    struct { const char* name; reuse_mode mode; bool fences, in_both; } modes[] = {
-        {"safe", reuse_mode::safe, false, true}, {"fences", reuse_mode::safe, true, false},
-        {"immediate", reuse_mode::immediate, false, true}};
+    struct { const char* name; reuse_mode mode; bool fences, in_both, alone; } modes[] = {
+        {"safe", reuse_mode::safe, false, true, false}, {"fences", reuse_mode::safe, true, false, false},
+        {"alone", reuse_mode::safe, true, false, true}, {"immediate", reuse_mode::immediate, false, true, false}};
     for (const auto& m : modes) {
         if (!all && !(both && m.in_both) && std::strcmp(which, m.name)) continue;
         for (uint64_t s : sizes)
-            if (!only || std::strtoull(only, nullptr, 10) == s) median_pair_ns(m.mode, m.fences, vmm, s, hold_mib);
+            if (!only || std::strtoull(only, nullptr, 10) == s) median_pair_ns(m.mode, m.fences, vmm, s, hold_mib, m.alone);
     }
     return 0;
 }
