@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <charconv>
 #include <cstddef>
 #include <cstdio>
@@ -18,7 +19,8 @@ bool to_u64(std::string_view s, uint64_t& v) {
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
 }
 
-// PyTorch's lexer: ',', ':', '[' and ']' are tokens of their own, everything between them a word.
+// PyTorch's lexer (ConfigTokenizer, c10/core/AllocatorConfig.h): ',', ':', '[' and ']' are tokens
+// of their own, everything between them a word; whitespace (std::isspace) is dropped.
 std::vector<std::string> lex(std::string_view text) {
     std::vector<std::string> out;
     std::string word;
@@ -27,7 +29,7 @@ std::vector<std::string> lex(std::string_view text) {
             if (!word.empty()) out.push_back(std::move(word));
             word.clear();
             out.emplace_back(1, c);
-        } else if (c != ' ') {
+        } else if (!std::isspace(static_cast<unsigned char>(c))) {
             word += c;
         }
     }
@@ -85,9 +87,10 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
         if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
             uint64_t mb;
             if (!to_u64(t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
-            // PyTorch refuses a max_split_size at or below the 20 MiB large-segment size.
-            if (key == "max_split_size_mb" && mb <= (k_pt_large_buffer >> 20))
-                return "max_split_size_mb too small, must be > 20";
+            // AcceleratorAllocatorConfig::parseMaxSplitSize / parseMaxNonSplitRoundingSize refuse
+            // either below the 20 MiB large-segment size (PyTorch up to 2.8 also refused
+            // max_split_size_mb:20 itself).
+            if (mb < (k_pt_large_buffer >> 20)) return key + " too small, must be >= 20";
             mb = std::min<uint64_t>(mb, std::numeric_limits<uint64_t>::max() >> 20);
             (key == "max_split_size_mb" ? out.max_split_size : out.max_non_split_rounding) = mb << 20;
             ++i;
@@ -100,12 +103,15 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
                     std::string interval = t[i++];
                     if (!expect(":")) return "roundup_power2_divisions: expected SIZE_MB:DIVISIONS in [...]";
                     uint64_t div;
-                    if (i >= t.size() || !to_u64(t[i], div) || !std::has_single_bit(div))
-                        return "roundup_power2_divisions: divisions must be a power of 2";
+                    // In the list form 0 turns rounding off for the interval.
+                    if (i >= t.size() || !to_u64(t[i], div) || (div != 0 && !std::has_single_bit(div)))
+                        return "roundup_power2_divisions: divisions must be a power of 2 or 0";
                     ++i;
-                    // ">" fills from the last named interval on, that one included, as PyTorch does.
+                    // ">" fills the intervals after the last named one (last_index + 1 in
+                    // AcceleratorAllocatorConfig::parseRoundUpPower2Divisions, PyTorch 2.10 on); with
+                    // no interval named before it, from the second one: index 0 keeps its value.
                     if (interval == ">") {
-                        std::fill(out.roundup_divisions.begin() + std::ptrdiff_t(last), out.roundup_divisions.end(), div);
+                        std::fill(out.roundup_divisions.begin() + std::ptrdiff_t(last + 1), out.roundup_divisions.end(), div);
                     } else {
                         uint64_t mb;
                         if (!to_u64(interval, mb) || !std::has_single_bit(mb))

@@ -168,7 +168,7 @@ done
 [ $rc = 2 ] && grep -qF -- "--policy gpumem:pool_round=: pool_round: no value" "$W/err" \
   || fail "gpumem:pool_round=: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy pytorch:max_split_size_mb:8 2> "$W/err" >/dev/null; rc=$?
-[ $rc = 2 ] && grep -q "must be > 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
+[ $rc = 2 ] && grep -q "max_split_size_mb too small, must be >= 20" "$W/err" || fail "bad option: exit $rc, $(cat "$W/err")"
 # --policy and --api take one (comma-separated) value each time: the log after them stays a log,
 # and a repeated option adds to the list.
 "$GPUMEM" replay --policy ideal --api cudaMalloc --policy pytorch "$W/frag.jsonl" 2> "$W/err" > "$W/out"; rc=$?

@@ -61,9 +61,48 @@ TEST_CASE("round_size: 512 B steps, or power-of-two divisions per interval") {
     pt_config list = conf("roundup_power2_divisions:[4:1,8:2,>:8]");
     CHECK(list.divisions_for(1 * MiB) == 1);    // intervals below the first named one take its value
     CHECK(list.divisions_for(5 * MiB) == 1);    // [4, 8) MiB: 1 (no rounding)
-    CHECK(list.divisions_for(9 * MiB) == 8);    // ">" fills from the last named interval on, that one included
+    CHECK(list.divisions_for(9 * MiB) == 2);    // [8, 16) MiB keeps its own 2: ">" fills only the intervals after it
+    CHECK(list.divisions_for(16 * MiB) == 8);
     CHECK(list.divisions_for(40 * MiB) == 8);
-    CHECK(pytorch_policy::round_size(9 * MiB + 1, list) == 10 * MiB);
+    // Two steps of 4 MiB in [8, 16) MiB: 9 MiB + 1 -> 12 MiB.
+    CHECK(pytorch_policy::round_size(9 * MiB + 1, list) == 12 * MiB);
+}
+
+TEST_CASE("roundup_power2_divisions list: '>' sets the intervals after the last named one, 0 turns one off") {
+    // AcceleratorAllocatorConfig::parseRoundUpPower2Divisions (c10/core/AllocatorConfig.cpp, PyTorch
+    // 2.10 on, PR 165304) fills from last_index + 1 for ">": the last named interval keeps its own
+    // value.  "[64:8,>:2]": "64:8" sets index 6 (64 MiB) and, being the first, indices 0-5 too;
+    // ">:2" then sets 7-15.  A 70 MiB request lies in [64, 128) MiB: 8 steps of 8 MiB, so
+    // round_size gives 72 MiB and get_allocation_size a 72 MiB segment (2 steps of 32 MiB, 96 MiB,
+    // was the old reading that let ">" overwrite index 6).
+    pytorch_policy p(conf("roundup_power2_divisions:[64:8,>:2]"), 0, 0);
+    REQUIRE(p.allocate(0, 70 * MiB, 0));
+    CHECK(p.block_size(0) == 72 * MiB);
+    CHECK(p.reserved() == 72 * MiB);
+    REQUIRE(p.allocate(1, 130 * MiB, 0));  // [128, 256) MiB: ">"'s 2 steps of 64 MiB -> 192 MiB
+    CHECK(p.block_size(1) == 192 * MiB);
+    // A list of only ">" leaves index 0 (every size below 2 MiB) unrounded: last_index starts at 0.
+    // 600 KiB stays 614400 B (a multiple of 512), where 4 divisions would make it 640 KiB.
+    pytorch_policy q(conf("roundup_power2_divisions:[>:4]"), 0, 0);
+    REQUIRE(q.allocate(0, 600 * KiB, 0));
+    CHECK(q.block_size(0) == 600 * KiB);
+    REQUIRE(q.allocate(1, 3 * MiB + 1, 0));  // [2, 4) MiB: 4 steps of 512 KiB -> 3.5 MiB
+    CHECK(q.block_size(1) == 3 * MiB + 512 * KiB);
+    // A division of 0 in the list form turns rounding off for its interval ("val == 0 ||
+    // isPowerOf2"); the single-value form still wants a power of two.
+    pt_config off = conf("roundup_power2_divisions:[1:0,4:0,>:4]");
+    CHECK(off.divisions_for(1 * MiB) == 0);
+    CHECK(off.divisions_for(2 * MiB) == 0);  // index 1, between two named intervals: untouched, 0
+    CHECK(off.divisions_for(5 * MiB) == 0);
+    CHECK(off.divisions_for(9 * MiB) == 4);
+    CHECK(pytorch_policy::round_size(5 * MiB + 1, off) == 5 * MiB + 512);
+    pt_config c;
+    CHECK(parse_pt_config("roundup_power2_divisions:0", c) != "");
+    // The list form round-trips through to_conf, zeros included.
+    pt_config back = conf(off.to_conf());
+    CHECK(back.roundup_divisions == off.roundup_divisions);
+    pt_config first = conf("roundup_power2_divisions:[64:8]");  // indices 7-15 stay 0
+    CHECK(conf(first.to_conf()).roundup_divisions == first.roundup_divisions);
 }
 
 TEST_CASE("allocation_size: 2 MiB small segments, 20 MiB below 10 MiB, else rounded to 2 MiB") {
@@ -130,6 +169,16 @@ TEST_CASE("max_split_size: oversize blocks are not split, and serve only request
     REQUIRE(p.allocate(3, 18 * MiB + 1, 0));  // below it again: a new 20 MiB segment, not a piece of the 40
     CHECK(p.driver_allocs() == 3);
     CHECK(p.reserved() == 90 * MiB);
+    // max_split_size_mb:20, the least PyTorch takes (>= 20 since 2.9): a 20 MiB segment is itself
+    // oversize once whole again.  get_free_block refuses it for a 5 MiB request (5 < 20, block >= 20),
+    // so alloc_block makes a second one.
+    pytorch_policy twenty(conf("max_split_size_mb:20"), 0, 0);
+    REQUIRE(twenty.allocate(0, 5 * MiB, 0));  // split: 5 < 20 and the 15 MiB rest is above 1 MiB
+    CHECK(twenty.block_size(0) == 5 * MiB);
+    twenty.release(0);
+    REQUIRE(twenty.allocate(1, 5 * MiB, 0));
+    CHECK(twenty.driver_allocs() == 2);
+    CHECK(twenty.reserved() == 40 * MiB);
 }
 
 TEST_CASE("expandable segments grow one mapping in 20 MiB pages and keep blocks contiguous") {
@@ -238,7 +287,18 @@ TEST_CASE("gpumem policy: the pool's own segments, knobs from the header and the
 
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through to_conf") {
     pt_config c;
-    CHECK(parse_pt_config("max_split_size_mb:20", c) != "");  // must be > 20
+    // AcceleratorAllocatorConfig::parseMaxSplitSize and parseMaxNonSplitRoundingSize: each must be
+    // >= kLargeBuffer / 1 MiB (20); PyTorch up to 2.8 wanted max_split_size_mb > 20.
+    CHECK(parse_pt_config("max_split_size_mb:19", c) != "");
+    CHECK(parse_pt_config("max_split_size_mb:20", c) == "");
+    CHECK(c.max_split_size == 20 * MiB);
+    CHECK(parse_pt_config("max_non_split_rounding_mb:19", c) != "");
+    CHECK(parse_pt_config("max_non_split_rounding_mb:0", c) != "");
+    CHECK(parse_pt_config("max_non_split_rounding_mb:20", c) == "");
+    // The tokenizer drops every whitespace character (std::isspace), not only spaces.
+    CHECK(parse_pt_config("max_split_size_mb:\t64,\nexpandable_segments: True", c) == "");
+    CHECK(c.max_split_size == 64 * MiB);
+    CHECK(c.expandable);
     CHECK(parse_pt_config("roundup_power2_divisions:3", c) != "");
     CHECK(parse_pt_config("garbage_collection_threshold:1.5", c) != "");
     CHECK(parse_pt_config("bogus:1", c) != "");
