@@ -47,6 +47,9 @@ struct replay_args {
 
 const char* k_default_policies[] = {"ideal", "pytorch", "pytorch-expandable", "gpumem"};
 
+// A device size for checking a policy's options before any log is read (any nonzero size will do).
+constexpr uint64_t k_any_device = uint64_t(80) << 30;
+
 // "--policy pytorch:max_split_size_mb:64,roundup_power2_divisions:4,gpumem": a comma starts a new
 // policy only where a policy name follows; otherwise it belongs to the options before it.
 std::vector<std::string> split_policies(const std::vector<std::string>& given) {
@@ -256,7 +259,8 @@ int run_replay(replay_args& a) {
     for (const std::string& n : names) {
         sim::policy_spec s = sim::parse_policy_name(n);
         std::string err;
-        if (!sim::make_policy(s, capacity, 0, "{}", &err))
+        // Only the options are checked here, for any device (the logs give each device's size).
+        if (!sim::make_policy(s, capacity, k_any_device, "{}", &err))
             return usage_error("replay", "--policy " + err);
         specs.push_back(s);
     }
@@ -324,7 +328,7 @@ int run_replay(replay_args& a) {
     for (const sim::trace& tr : traces)
         for (const sim::policy_spec& s : specs) {
             std::string err;
-            if (sim::make_policy(s, capacity, 0, tr.config_json, &err)) continue;
+            if (sim::make_policy(s, capacity, k_any_device, tr.config_json, &err)) continue;
             std::fprintf(stderr, "gpumem: error: %s\n",
                          input_error(tr.file, 1, "the header's config cannot be replayed: " + err).what());
             rc = k_exit_input;

@@ -26,6 +26,11 @@ std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, 
             *error = spec.name + ": " + e;
             return nullptr;
         }
+        if (cfg.memory_fraction < 1 && !capacity && !device_total) {
+            *error = spec.name + ": per_process_memory_fraction: the device's memory is unknown (the log's header "
+                                 "does not give it): give --capacity";
+            return nullptr;
+        }
         return std::make_unique<pytorch_policy>(cfg, capacity, device_total);
     }
     if (base == "gpumem") {

@@ -17,6 +17,13 @@ uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 pytorch_policy::pytorch_policy(const pt_config& cfg, uint64_t capacity, uint64_t device_total)
     : cfg_(cfg), capacity_(capacity), device_total_(device_total ? device_total : capacity ? capacity : 1ull << 40) {
     small_.small = true;
+    // DeviceCachingAllocator's constructor: setMemoryFraction(per_process_memory_fraction) sets
+    // allowed_memory_maximum = fraction * totalGlobalMem when the fraction is below 1.  The
+    // device replayed is --capacity's when given.
+    if (cfg.memory_fraction < 1) {
+        has_limit_ = true;
+        limit_ = uint64_t(cfg.memory_fraction * double(capacity ? capacity : device_total_));
+    }
 }
 
 pytorch_policy::~pytorch_policy() {
@@ -97,7 +104,7 @@ uint64_t pytorch_policy::block_size(uint32_t id) const {
 // get_free_block(): the first free block of the stream at least `size` long in (stream, size,
 // address) order, with the max_split_size limits and the expandable-segment preference.
 pytorch_policy::block* pytorch_policy::get_free_block(block_pool& p, uint16_t stream, uint64_t size) {
-    if (capacity_ && cfg_.gc_threshold > 0) ++p.gc_calls;
+    if (gc_on()) ++p.gc_calls;
     block key;
     key.stream = stream;
     key.size = size;
@@ -123,6 +130,9 @@ pytorch_policy::block* pytorch_policy::get_free_block(block_pool& p, uint16_t st
 // alloc_block(): a new segment of alloc_size from the driver (cudaMalloc), or the expandable path.
 pytorch_policy::block* pytorch_policy::alloc_block(block_pool& p, uint16_t stream, uint64_t size,
                                                    uint64_t alloc_size) {
+    // allowed_memory_maximum is checked against alloc_size on both paths, before the driver is
+    // asked (an expandable segment may then map more than alloc_size, past the limit).
+    if (has_limit_ && reserved_ + alloc_size > limit_) return nullptr;
     if (cfg_.expandable) return try_allocate_expandable(p, stream, size);
     if (capacity_ && reserved_ + alloc_size > capacity_) return nullptr;  // cudaMalloc: out of memory
     block* b = new_block();
@@ -206,7 +216,7 @@ void pytorch_policy::release_cached_blocks() {
 // whose age (get_free_block calls since they became free) is at least the average, until the
 // excess is reclaimed.
 void pytorch_policy::garbage_collect() {
-    uint64_t threshold = uint64_t(cfg_.gc_threshold * double(capacity_));
+    uint64_t threshold = uint64_t(cfg_.gc_threshold * double(gc_limit()));
     if (reserved_ <= threshold) return;
     uint64_t target = reserved_ - threshold, reclaimed = 0;
     auto age = [&](const block* b) { return large_.gc_calls - b->gc_base; };
@@ -241,7 +251,7 @@ bool pytorch_policy::allocate(uint32_t id, uint64_t orig_size, uint16_t stream) 
     uint64_t alloc_size = allocation_size(size);
     block* b = get_free_block(p, stream, size);
     if (!b) {
-        if (capacity_ && cfg_.gc_threshold > 0) garbage_collect();
+        if (gc_on()) garbage_collect();
         b = alloc_block(p, stream, size, alloc_size);
         if (!b && release_available_cached_blocks(p, stream, size)) b = alloc_block(p, stream, size, alloc_size);
         if (!b) {

@@ -12,14 +12,18 @@ namespace gpumem::simulate {
 
 // Mirrors DeviceCachingAllocator for one device: the same rounding, pools, segment sizes, best-fit
 // order (stream, size, address), split and merge rules, max_split_size, roundup_power2_divisions,
-// garbage_collection_threshold and OOM path (free cached unsplit segments, retry).  With
+// garbage_collection_threshold, per_process_memory_fraction's limit and OOM path (free cached
+// unsplit segments, retry).  With
 // cfg.expandable the large and small pools each grow one mapping per stream instead
 // (pytorch_expandable.cc).  Addresses are made up (see alloc_block for their order).
 class pytorch_policy final : public policy {
 public:
-    // capacity: the device's memory (0 = unlimited); it also plays the memory limit that
-    // garbage_collection_threshold needs (torch.cuda.set_per_process_memory_fraction).
-    // device_total: the device's size, for the address space of an expandable segment.
+    // capacity: the device's memory (0 = unlimited).  Without per_process_memory_fraction it also
+    // plays the memory limit that garbage_collection_threshold needs (as if
+    // torch.cuda.set_per_process_memory_fraction had set it to the whole card).
+    // device_total: the device's size, for the address space of an expandable segment and, where
+    // no capacity is given, the memory per_process_memory_fraction takes its share of (make_policy
+    // refuses that fraction when neither is known).
     pytorch_policy(const pt_config& cfg, uint64_t capacity, uint64_t device_total);
     ~pytorch_policy() override;
 
@@ -98,9 +102,16 @@ private:
     void unmap_block(block* b);
     void release_expandable_segment(block* b);
 
+    // garbage_collection_threshold is on only under a limit: per_process_memory_fraction's, else
+    // --capacity's.
+    bool gc_on() const { return cfg_.gc_threshold > 0 && (has_limit_ || capacity_); }
+    uint64_t gc_limit() const { return has_limit_ ? limit_ : capacity_; }
+
     const pt_config cfg_;
     const uint64_t capacity_;
     const uint64_t device_total_;
+    bool has_limit_ = false;  // per_process_memory_fraction below 1: allowed_memory_maximum ...
+    uint64_t limit_ = 0;      // ... of this many bytes
     block_pool small_, large_;
     std::vector<block*> by_id_;
     std::vector<uint16_t> streams_;  // streams seen, for largest_free

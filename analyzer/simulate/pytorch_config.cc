@@ -68,6 +68,11 @@ std::string pt_config::to_conf() const {
         std::snprintf(buf, sizeof buf, "%g", gc_threshold);
         add(std::string("garbage_collection_threshold:") + buf);
     }
+    if (memory_fraction < 1) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%g", memory_fraction);
+        add(std::string("per_process_memory_fraction:") + buf);
+    }
     if (expandable) add("expandable_segments:True");
     return s;
 }
@@ -141,6 +146,15 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
                 return "garbage_collection_threshold: must be between 0.0 and 1.0 (exclusive): " + v;
             out.gc_threshold = d;
             ++i;
+        } else if (key == "per_process_memory_fraction") {
+            // CUDAAllocatorConfig::parsePerProcessMemoryFraction: [0.0, 1.0].
+            char* end = nullptr;
+            std::string v = t[i];
+            double d = std::strtod(v.c_str(), &end);
+            if (end == v.c_str() || *end || !(d >= 0 && d <= 1))
+                return "per_process_memory_fraction: must be between 0.0 and 1.0: " + v;
+            out.memory_fraction = d;
+            ++i;
         } else if (key == "expandable_segments") {
             if (t[i] == "True") out.expandable = true;
             else if (t[i] == "False") out.expandable = false;
@@ -149,8 +163,11 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
         } else if (key == "backend") {
             if (t[i] != "native") return "backend:" + t[i] + " is not modelled (only the native caching allocator)";
             ++i;
-        } else if (key == "release_lock_on_cudamalloc" || key.rfind("pinned_", 0) == 0) {
-            ++i;  // no effect on device memory layout
+        } else if (key == "release_lock_on_cudamalloc" || key == "release_lock_on_hipmalloc" ||
+                   key == "graph_capture_record_stream_reuse" || key == "pinned_use_cuda_host_register" ||
+                   key == "pinned_use_hip_host_register" || key == "pinned_num_register_threads" ||
+                   key == "pinned_reserve_segment_size_mb" || key == "pinned_use_background_threads") {
+            ++i;  // no effect on the replayed device memory layout (no graph capture in a replay)
         } else {
             return "unknown option " + key;
         }

@@ -22,7 +22,10 @@ struct pt_config {
     uint64_t max_split_size = std::numeric_limits<uint64_t>::max();  // max_split_size_mb (unlimited)
     uint64_t max_non_split_rounding = k_pt_large_buffer;              // max_non_split_rounding_mb
     std::array<uint64_t, k_pt_roundup_intervals> roundup_divisions{};  // roundup_power2_divisions; 0 = off
-    double gc_threshold = 0;  // garbage_collection_threshold (acts only under a memory limit: --capacity)
+    double gc_threshold = 0;  // garbage_collection_threshold (acts only under a memory limit, below)
+    // per_process_memory_fraction: below 1, the allocator's own limit (allowed_memory_maximum) is
+    // this share of the device's memory.  Without it --capacity stands in for that limit too.
+    double memory_fraction = 1;
     bool expandable = false;  // expandable_segments
 
     // Divisions for a request of `size` bytes: the interval is floor(log2(size)) - 20, clamped to 0..15.
@@ -32,7 +35,9 @@ struct pt_config {
 };
 
 // Parses "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],expandable_segments:True".
-// Returns "" on success, else what is wrong (with the same limits PyTorch checks).
+// Returns "" on success, else what is wrong (with the same limits PyTorch checks).  The keys that
+// cannot change the replayed layout (release_lock_on_cudamalloc, the pinned_ host allocator's,
+// graph_capture_record_stream_reuse) are accepted and ignored.
 std::string parse_pt_config(std::string_view text, pt_config& out);
 
 }  // namespace gpumem::simulate

@@ -41,6 +41,18 @@ assert p["ideal"]["fits"] is True and p["ideal"]["peak_reserved_bytes"] == 36 <<
 # expandable: 36 MiB in 20 MiB pages = 40 MiB; the freed 6 MiB pieces are not adjacent either.
 assert p["pytorch-expandable"]["peak_reserved_bytes"] == 40 << 20, p["pytorch-expandable"]
 PY
+# per_process_memory_fraction takes its share of the header's device memory (40 GiB) without
+# --capacity: 0.0009 allows 38,654,705 B, so the fourth 6 MiB tensor (seq 3) finds no room for a
+# second 20 MiB segment.  A log whose header gives no device memory cannot say what it allows.
+"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --policy pytorch:per_process_memory_fraction:0.0009 --json \
+  | python3 -c 'import json,sys; r=json.load(sys.stdin)["logs"][0]["devices"][0]["policies"][0]; assert r["failure"]["seq"]==3 and r["peak_reserved_bytes"]==20<<20, r' \
+  || fail "per_process_memory_fraction"
+sed 's/,"total":42949672960//' "$W/frag.jsonl" > "$W/nototal.jsonl"
+"$GPUMEM" replay "$W/nototal.jsonl" --policy pytorch:per_process_memory_fraction:0.5 2> "$W/err" >/dev/null; rc=$?
+[ $rc = 2 ] && grep -q "per_process_memory_fraction: the device's memory is unknown" "$W/err" \
+  || fail "per_process_memory_fraction without the device's memory: exit $rc, $(cat "$W/err")"
+"$GPUMEM" replay "$W/nototal.jsonl" --api cudaMalloc --capacity 40MiB --policy pytorch:per_process_memory_fraction:0.5 > /dev/null \
+  || fail "per_process_memory_fraction of --capacity: exit $?"
 # Without --api, cuMemAlloc_v2 is replayed too: 8 allocations, 1 KiB more at the peak.
 "$GPUMEM" replay "$W/frag.jsonl" --policy ideal --json | python3 -c 'import json,sys; d=json.load(sys.stdin)["logs"][0]["devices"][0]; assert d["allocations"]==8 and d["policies"][0]["peak_reserved_bytes"]==36*2**20+1024, d' || fail "--api default"
 out=$("$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest) || fail "--suggest exit"

@@ -330,6 +330,66 @@ TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold 
     CHECK(plain.reserved() == 96 * MiB);
 }
 
+TEST_CASE("per_process_memory_fraction: the allocator's own limit, which garbage collection needs") {
+    // DeviceCachingAllocator's constructor calls setMemoryFraction(per_process_memory_fraction):
+    // below 1, allowed_memory_maximum = fraction * totalGlobalMem (the device's memory: the log's,
+    // or --capacity's for a smaller card).  alloc_block fails when total_allocated_memory +
+    // alloc_size would pass it, before it asks the driver.
+    pytorch_policy half(conf("per_process_memory_fraction:0.5"), 0, 100 * MiB);  // 50 MiB allowed
+    REQUIRE(half.allocate(0, 30 * MiB, 0));
+    CHECK_FALSE(half.allocate(1, 30 * MiB, 0));  // 30 + 30 > 50; nothing cached to free
+    CHECK(half.reserved() == 30 * MiB);
+    pytorch_policy small_card(conf("per_process_memory_fraction:0.5"), 80 * MiB, 100 * MiB);  // 40 MiB
+    REQUIRE(small_card.allocate(0, 30 * MiB, 0));
+    CHECK_FALSE(small_card.allocate(1, 12 * MiB, 0));  // 30 + 12 fits the card, not 40 (nor is it 50 of the log's 100)
+    // The fraction of an unknown device is refused rather than guessed.
+    std::string err;
+    CHECK_FALSE(make_policy(parse_policy_name("pytorch:per_process_memory_fraction:0.5"), 0, 0, "{}", &err));
+    CHECK(err.find("per_process_memory_fraction") != std::string::npos);
+    CHECK(make_policy(parse_policy_name("pytorch:per_process_memory_fraction:1"), 0, 0, "{}", &err));
+    pt_config c;
+    CHECK(parse_pt_config("per_process_memory_fraction:1.5", c) != "");
+    CHECK(conf("per_process_memory_fraction:0.25").to_conf() == "per_process_memory_fraction:0.25");
+
+    // garbage_collection_threshold acts once a limit is set (get_free_block counts block ages and
+    // malloc calls garbage_collect_cached_blocks only while allowed_memory_maximum has a value),
+    // here with no --capacity: 100 MiB allowed of 200, threshold 50 MiB.  Two cached 30 MiB
+    // segments (60 MiB reserved, both aged 1 get_free_block call, the average) are freed before
+    // the 36 MiB segment is allocated.
+    pytorch_policy gc(conf("per_process_memory_fraction:0.5,garbage_collection_threshold:0.5"), 0, 200 * MiB);
+    REQUIRE(gc.allocate(0, 30 * MiB, 0));
+    REQUIRE(gc.allocate(1, 30 * MiB, 0));
+    gc.release(0);
+    gc.release(1);
+    REQUIRE(gc.allocate(2, 36 * MiB, 0));
+    CHECK(gc.driver_frees() == 2);
+    CHECK(gc.reserved() == 36 * MiB);
+    pytorch_policy no_limit(conf("garbage_collection_threshold:0.5"), 0, 200 * MiB);  // no limit: no GC
+    REQUIRE(no_limit.allocate(0, 30 * MiB, 0));
+    REQUIRE(no_limit.allocate(1, 30 * MiB, 0));
+    no_limit.release(0);
+    no_limit.release(1);
+    REQUIRE(no_limit.allocate(2, 36 * MiB, 0));
+    CHECK(no_limit.reserved() == 96 * MiB);
+
+    // With expandable segments the limit is still checked against get_allocation_size's
+    // alloc_size, not the 20 MiB pages map_block then maps: 55 MiB allowed of 110.
+    pytorch_policy exp(conf("expandable_segments:True,per_process_memory_fraction:0.5"), 0, 110 * MiB);
+    REQUIRE(exp.allocate(0, 3 * MiB, 0));   // 0 + 20 <= 55: one page; 17 MiB free after the block
+    REQUIRE(exp.allocate(1, 25 * MiB, 0));  // 20 + 26 <= 55: the 17 free plus a second page
+    CHECK(exp.reserved() == 40 * MiB);
+    REQUIRE(exp.allocate(2, 13 * MiB, 0));  // 40 + 14 <= 55: the 12 free plus a third page
+    CHECK(exp.reserved() == 60 * MiB);      // above the limit, as in PyTorch
+    CHECK(exp.driver_allocs() == 3);
+    CHECK_FALSE(exp.allocate(3, 20 * MiB, 0));  // 60 + 20 > 55 (the free 19 MiB is too small)
+    // A device of 55 MiB (--capacity) has no page for the third request: the driver says no.
+    pytorch_policy card(conf("expandable_segments:True"), 55 * MiB, 110 * MiB);
+    REQUIRE(card.allocate(0, 3 * MiB, 0));
+    REQUIRE(card.allocate(1, 25 * MiB, 0));
+    CHECK_FALSE(card.allocate(2, 13 * MiB, 0));
+    CHECK(card.reserved() == 40 * MiB);
+}
+
 TEST_CASE("streams: a block freed on one stream is never handed to another") {
     pytorch_policy p(pt_config{}, 0, 0);
     REQUIRE(p.allocate(0, 1000, 1));
