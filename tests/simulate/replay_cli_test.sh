@@ -196,9 +196,17 @@ for spec in transformer-nocache:transformer:0:exact mlp-nocache:mlp:0:exact \
             ddp-nocache-0:ddp:0:0.06 ddp-nocache-1:ddp:1:exact; do
   IFS=: read -r log w rank tol <<< "$spec"
   gzip -dc "$DATA/$log.jsonl.gz" > "$W/$log.jsonl" || { fail "$log: cannot unpack"; continue; }
-  pol=pytorch,pytorch-expandable
-  [ "$w" = ddp ] || pol=$pol,pytorch:max_split_size_mb:40,pytorch:roundup_power2_divisions:4
-  "$GPUMEM" replay "$W/$log.jsonl" --api cudaMalloc --json --policy $pol > "$W/$log.json" || fail "$log: replay exit $?"
+  # One --policy per setting measured for the workload (a setting may hold commas of its own).
+  pols=(--policy pytorch,pytorch-expandable)
+  while IFS= read -r conf; do pols+=(--policy "pytorch:$conf"); done < <(python3 - "$DATA/truth.jsonl" "$w" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    if t["workload"] == sys.argv[2] and not t["no_caching"] and t["alloc_conf"] not in ("", "expandable_segments:True"):
+        print(t["alloc_conf"])
+PY
+)
+  "$GPUMEM" replay "$W/$log.jsonl" --api cudaMalloc --json "${pols[@]}" > "$W/$log.json" || fail "$log: replay exit $?"
   python3 - "$W/$log.json" "$DATA/truth.jsonl" "$w" "$rank" "$tol" <<'PY' || fail "$log: prediction differs from the H200 measurement"
 import json, sys
 res = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]
@@ -225,6 +233,18 @@ for line in open(sys.argv[2]):
     bad += not ok
 sys.exit(bad or seen == 0)
 PY
+done
+# Two settings under which torch 2.11 ran out of memory on the H200 (run 133; the runs wrote no
+# JSON, so these are the numbers of its OutOfMemoryError): per_process_memory_fraction:0.002 of the
+# transformer "Tried to allocate 16.00 MiB ... 4.43 MiB is reserved by PyTorch but unallocated";
+# garbage_collection_threshold:0.5,per_process_memory_fraction:0.006 of the MLP "Tried to allocate
+# 48.00 MiB ... 60.60 MiB is reserved by PyTorch but unallocated".  The replay must fail there too.
+for spec in "transformer-nocache|per_process_memory_fraction:0.002|16.00 MiB|4.43 MiB free in segments" \
+            "mlp-nocache|garbage_collection_threshold:0.5,per_process_memory_fraction:0.006|48.00 MiB|60.60 MiB free in segments"; do
+  IFS='|' read -r log conf req unused <<< "$spec"
+  "$GPUMEM" replay "$W/$log.jsonl" --api cudaMalloc --policy "pytorch:$conf" > "$W/oom.out" 2> "$W/err"; rc=$?
+  [ $rc = 0 ] && grep -qE "would fail at #[0-9]+ at [0-9.]+ s: [a-z ]+ of $req \(.*, $unused," "$W/oom.out" \
+    || fail "$log under $conf: exit $rc, expected a failure of $req with $unused: $(cat "$W/oom.out" "$W/err")"
 done
 # Rank 0's miss, pinned down: its log differs from rank 1's by where one 96,573,480-byte buffer
 # (allocated on the main thread at seq 563) is freed: on the autograd thread at seq 762 in rank 0's
