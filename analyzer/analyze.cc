@@ -187,15 +187,20 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
             if (!missing.empty())
                 throw input_error(path, ln, std::string("\"") + k_ev_names[size_t(e.ev)] + "\" event without " + missing);
         }
-        rp.apply(e, ln);
+        rp.apply(e, ln);  // an alloc_fail's OOM takes its stack there, by the same rule (metrics/oom_diagnosis.cc)
         if (sites && e.known_kind) {
             bool vmm = e.kind == mem_kind::vmm;
+            // An allocation's stack, or a failed one's: an id no earlier record defines is said here,
+            // once, and the call has no stack.
+            const bool failed = e.ev == ev_kind::alloc_fail;
+            uint32_t stack = 0;
+            if ((e.ev == ev_kind::alloc && e.ptr) || failed) {
+                stack = e.has(fd_stack) ? rep.stacks.defined(e.stack) : 0;
+                if (e.has(fd_stack) && e.stack && !stack)
+                    rp.warn(ln, std::string(failed ? "failed " : "") + "allocation names stack " + std::to_string(e.stack) +
+                                    ", which no earlier stack record defines");
+            }
             if (e.ev == ev_kind::alloc && e.ptr) {
-                uint32_t stack = e.has(fd_stack) && e.stack <= UINT32_MAX ? uint32_t(e.stack) : 0;
-                if (e.has(fd_stack) && e.stack && !rep.stacks.find(stack)) {
-                    rp.warn(ln, "allocation names stack " + std::to_string(e.stack) + ", which no earlier stack record defines");
-                    stack = 0;
-                }
                 sites->on_alloc(e.seq, e.dev, e.ptr, vmm, e.size, stack);
             } else if (e.ev == ev_kind::free) {
                 sites->on_free(e.seq, e.dev, e.ptr, vmm);

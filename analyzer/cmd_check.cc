@@ -17,6 +17,7 @@
 #include "format_util.h"
 #include "output_file.h"
 #include "report_measures.h"
+#include "views/report_sites.h"
 
 namespace gpumem::analysis {
 
@@ -27,15 +28,17 @@ std::string fmt_value(const measure& m, double v) {
     return m.unit == measure_unit::ratio ? fmt_pct(v) : fmt_bytes(clamp_to_u64(v));  // v may be 2^64: out of range
 }
 
-// "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation, for OOMs the first.
-std::string worst_moment(const measure& m, const device_report& dev) {
+// "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation, for OOMs the first (and
+// the line that asked, when the log recorded its stack).
+std::string worst_moment(const measure& m, const process_report& proc, const device_report& dev) {
     if (m.t_ns != device_field::count)
         return "at " + fmt_time(uint64_t(field_value(dev, m.t_ns))) + " (seq " +
                std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
     if (m.value == device_field::n_oom && !dev.ooms.empty()) {
         const oom_report& o = dev.ooms[0];
+        const auto* fr = proc.stacks.find(o.stack);
         return "first: " + fmt_bytes(o.size) + " from " + o.api + " at " + fmt_time(o.t) + " (seq " + std::to_string(o.seq) +
-               "), " + o.verdict;
+               "), " + o.verdict + (fr && !fr->empty() ? ", asked for by " + site_name(fr) : "");
     }
     if (m.value != device_field::leaked_bytes || dev.leaks.empty()) return "";
     const block_view& l = dev.leaks[0];
@@ -217,7 +220,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             o.message = l.m->title + std::string(" ") + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
                         "limit " + fmt_value(*l.m, l.value) + " (" + l.flag + " " + l.text + ")";
             if (!o.passed) {
-                std::string w = worst_moment(*l.m, dev);
+                std::string w = worst_moment(*l.m, run.proc(r), dev);
                 if (!w.empty()) o.message += "; " + w;
             }
             results.push_back(std::move(o));
@@ -252,7 +255,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                             (ratio ? fmt_pct(tolerance).substr(0, fmt_pct(tolerance).size() - 1) + " points" : tolerance_text) +
                             " = " + fmt_value(*m, allowed);
                 if (!o.passed) {
-                    std::string w = worst_moment(*m, dev);
+                    std::string w = worst_moment(*m, run.proc(r), dev);
                     if (!w.empty()) o.message += "; " + w;
                 }
                 results.push_back(std::move(o));

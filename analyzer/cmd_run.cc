@@ -27,6 +27,7 @@
 #include "diagnostics.h"
 #include "format_util.h"
 #include "log_reader.h"
+#include "views/report_sites.h"
 
 #ifndef GPUMEM_BIN_TO_LIBDIR
 #define GPUMEM_BIN_TO_LIBDIR "../lib"
@@ -283,8 +284,11 @@ void print_summary(const std::vector<std::string>& logs) {
     if (hidden) std::fprintf(stderr, "  ... %zu more rows: see gpumem report\n", hidden);
     for (size_t i = 0; i < ooms.size() && i < 3; ++i) {
         const oom_report& o = *ooms[i].second;
-        std::fprintf(stderr, "  OOM in pid %lld at %s: %s of %s, verdict %s\n", (long long)ooms[i].first->pid,
-                     fmt_time(o.t).c_str(), o.api.c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str());
+        // The line that asked, when the log recorded the failing call's stack: what to look at first.
+        const auto* fr = ooms[i].first->stacks.find(o.stack);
+        const std::string asked = fr && !fr->empty() ? ", asked for by " + site_name(fr) : "";
+        std::fprintf(stderr, "  OOM in pid %lld at %s: %s of %s, verdict %s%s\n", (long long)ooms[i].first->pid,
+                     fmt_time(o.t).c_str(), o.api.c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str(), asked.c_str());
     }
     if (ooms.size() > 3) std::fprintf(stderr, "  ... %zu more OOMs\n", ooms.size() - 3);
     if (procs.size() > 1) {

@@ -168,6 +168,8 @@ ojson device_json(const process_report& p, const device_report& d, const output_
         x["gpu_total_bytes"] = o.gpu_total;
         x["verdict"] = o.verdict;
         x["explanation"] = o.explanation;
+        // The failing call's stack, for logs with stack records (as "sites"); null when it has none.
+        if (p.stacks.any()) x["asked_by"] = o.stack ? stack_json(p, o.stack) : ojson(nullptr);
         x["map"] = o.map.valid ? snapshot_json(o.map) : ojson(nullptr);  // only for the first few OOMs
         if (p.stacks.any()) x["sites"] = sites_json(p, o.sites);
         ooms.push_back(x);

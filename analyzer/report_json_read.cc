@@ -190,31 +190,36 @@ void read_snapshot(const json& j, state_snapshot& s) {
         if (b.is_object()) s.largest_live.push_back(read_block(b));
 }
 
-// SITE rows (views/report_sites.h, sites_json); each stack's frames go into `stacks` under the row's id,
-// the first time the id is seen (top_sites, leak_sites and the OOMs repeat a stack).
+// The stack of a SITE row or of an OOM's "asked_by" (views/report_sites.h, stack_json): its id, its
+// frames put into `stacks` the first time the id is seen (top_sites, leak_sites and the OOMs repeat a
+// stack).  0 for none.
+uint32_t read_stack(const json& j, stack_store& stacks) {
+    uint64_t id = 0;
+    if (!get(j, "stack", id) || id > UINT32_MAX || id == 0) return 0;
+    if (stacks.find(uint32_t(id))) return uint32_t(id);
+    std::vector<frame_view> frames;
+    for (const json& f : array_of(j, "frames")) {
+        if (!f.is_object()) continue;
+        frame_view v;
+        get(f, "function", v.function);
+        get(f, "file", v.file);
+        get(f, "line", v.line);
+        get(f, "module", v.module);
+        get_hex(f, "address", v.address);
+        frames.push_back(std::move(v));
+    }
+    // An id no log would use (stack_store refuses ids far past the others) reads as no stack.
+    return stacks.add(uint32_t(id), std::move(frames)) ? uint32_t(id) : 0;
+}
+
+// SITE rows (views/report_sites.h, sites_json).
 void read_sites(const json& a, stack_store& stacks, std::vector<site_row>& rows) {
     for (const json& j : a) {
         if (!j.is_object()) continue;
         site_row r;
         get(j, "bytes", r.bytes);
         get(j, "count", r.count);
-        uint64_t id = 0;
-        if (get(j, "stack", id) && id <= UINT32_MAX) r.stack = uint32_t(id);
-        if (r.stack && !stacks.find(r.stack)) {
-            std::vector<frame_view> frames;
-            for (const json& f : array_of(j, "frames")) {
-                if (!f.is_object()) continue;
-                frame_view v;
-                get(f, "function", v.function);
-                get(f, "file", v.file);
-                get(f, "line", v.line);
-                get(f, "module", v.module);
-                get_hex(f, "address", v.address);
-                frames.push_back(std::move(v));
-            }
-            // An id no log would use (stack_store refuses ids far past the others) reads as no stack.
-            if (!stacks.add(r.stack, std::move(frames))) r.stack = 0;
-        }
+        r.stack = read_stack(j, stacks);
         rows.push_back(r);
     }
 }
@@ -262,6 +267,7 @@ void read_device(const json& j, device_report& d, device_fields_present& present
         get(x, "gpu_total_bytes", o.gpu_total);
         get(x, "verdict", o.verdict);
         get(x, "explanation", o.explanation);
+        if (auto a = x.find("asked_by"); a != x.end() && a->is_object()) o.stack = read_stack(*a, stacks);
         if (auto m = x.find("map"); m != x.end()) read_snapshot(*m, o.map);
         read_sites(array_of(x, "sites"), stacks, o.sites);
         d.ooms.push_back(std::move(o));

@@ -140,6 +140,7 @@ struct oom_report {
     std::string api;
     bool from_pool = false;            // an "oom" event (pool on) rather than an alloc_fail
     int64_t err = 0;                   // alloc_fail's error code
+    uint32_t stack = 0;                // the failing call's stack (alloc_fail's "stack"), 0 when not recorded
     uint64_t free_in_segments = 0;     // reconstructed: free bytes inside reserved segments
     uint64_t largest_free = 0;         // reconstructed: largest free block
     uint64_t reserved = 0, allocated = 0;

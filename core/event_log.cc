@@ -512,7 +512,7 @@ void event_log::account(event& e, bool from_signal) noexcept {
 }
 
 void event_log::write_stack_record(event& e, bool from_signal) noexcept {
-    if (e.ev != ev_kind::alloc || e.b.stack == 0) return;
+    if ((e.ev != ev_kind::alloc && e.ev != ev_kind::alloc_fail) || e.b.stack == 0) return;
     uint64_t id = e.b.stack;
     if (id < stack_written_.size() && stack_written_[id]) return;
     if (from_signal || !stacks_) {

@@ -83,8 +83,9 @@ class event_log {
     // In a child after fork(): forget the parent's ring, file and thread (they belong to the parent).
     void reset_after_fork() noexcept;
 
-    // The interned stacks that alloc events refer to ("stack"): each one's record is written once,
-    // just before the first line that uses it.  Set before start(); never changed afterwards.
+    // The interned stacks that alloc and alloc_fail events refer to ("stack"): each one's record is
+    // written once, just before the first line that uses it.  Set before start(); never changed
+    // afterwards.
     void set_stacks(const stacks::stack_table* t) noexcept { stacks_ = t; }
 
     uint64_t lost() const noexcept { return lost_.load(std::memory_order_relaxed); }

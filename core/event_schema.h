@@ -170,7 +170,7 @@ struct block_fields {
     uint64_t stream;   // "stream": written when flags has ef_has_stream (0 is the legacy stream)
     uint64_t handle;   // "handle": the physical handle of a map
     uint64_t offset;   // "offset": its offset
-    uint64_t stack;    // "stack": id of the interned call stack of an alloc; 0 = none recorded
+    uint64_t stack;    // "stack": id of the interned call stack of an alloc or alloc_fail; 0 = none recorded
 };
 
 // pool_sync, context_reset and lost.

@@ -80,7 +80,7 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
     X(offset, "offset", u64, GPUMEM_K(map), 0)                                                            \
     X(unknown, "unknown", flag, GPUMEM_K(free), 0)                                                        \
     X(err, "err", i64, GPUMEM_K(alloc_fail) | GPUMEM_K(free_fail), 0)                                     \
-    X(stack, "stack", u64, GPUMEM_K(alloc), 0)                                                            \
+    X(stack, "stack", u64, GPUMEM_K(alloc) | GPUMEM_K(alloc_fail), 0)                                     \
     X(pool, "pool", pool, k_kinds_segment, 0)                                                             \
     X(count, "count", u64, k_kinds_counted, GPUMEM_K(lost))                                               \
     X(fence, "fence", flag, GPUMEM_K(pool_sync), 0)                                                       \

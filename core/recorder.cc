@@ -18,8 +18,10 @@ void fill_call(event& e, const call_info& c) noexcept {
 
 void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize) noexcept {
     // The stack is captured before a slot is claimed: a claimed slot holds up the writer until it
-    // is published, so nothing slow may sit between claim and publish.
-    uint32_t stack = err == 0 && stacks_ ? stacks_->capture() : 0;
+    // is published, so nothing slow may sit between claim and publish.  A failed call gets one too
+    // (alloc_fail's "stack"): the line that ran out of memory is what an OOM report names first,
+    // and failures are rare enough that the capture costs nothing on the hot path.
+    uint32_t stack = stacks_ ? stacks_->capture() : 0;
     event* e = log_.claim();
     if (!e) return;
     uint64_t seq = e->seq;

@@ -54,7 +54,8 @@ class recorder {
 
     event_log& log() noexcept { return log_; }
 
-    // Successful allocations get the caller's interned stack (GPUMEM_STACKS).  Set once at start.
+    // Allocations, successful or failed, get the caller's interned stack (GPUMEM_STACKS).  Set once
+    // at start.
     void set_stacks(stacks::stack_table* t) noexcept { stacks_ = t; }
 
   private:

@@ -8,6 +8,12 @@
 
 namespace gpumem::analysis {
 
+// The stack the failing call names, when a record read so far defines it (analyze.cc warns of an
+// id that none does).
+uint32_t oom_diagnosis::failing_stack(const log_event& e) const {
+    return e.has(fd_stack) ? ctx.proc.stacks.defined(e.stack) : 0;
+}
+
 void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     device_state& d = ctx.model.dev(e.dev);
     pending_oom& p = pending_[d.slot];
@@ -16,9 +22,12 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
         // CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation are both 2.
         if (!e.has(fd_err) || e.err != 2) return;
         if (p.pending && p.size == e.size) {
-            // The pool's "oom" already stands for this failure; attach the call's error.
+            // The pool's "oom" already stands for this failure; attach the call's error and stack.
             p.pending = false;
-            if (!d.rep.ooms.empty()) d.rep.ooms.back().err = e.err;
+            if (!d.rep.ooms.empty()) {
+                d.rep.ooms.back().err = e.err;
+                d.rep.ooms.back().stack = failing_stack(e);
+            }
             return;
         }
     }
@@ -31,6 +40,7 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     o.api = e.has(fd_api) ? ctx.names.api_name(e.api) : "";
     o.from_pool = from_pool;
     o.err = from_pool ? 0 : e.err;
+    o.stack = from_pool ? 0 : failing_stack(e);  // the pool's: on the alloc_fail that follows
     o.free_in_segments = d.free_total();
     o.largest_free = d.largest_free();
     o.reserved = d.rep.reserved.current;

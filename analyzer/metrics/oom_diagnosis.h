@@ -1,5 +1,6 @@
 // Out-of-memory diagnosis: each failed allocation for lack of memory, with the free memory the
-// model holds at that moment, a verdict (capacity, fragmentation or chunk rounding) and, for the first few, the map.
+// model holds at that moment, a verdict (capacity, fragmentation or chunk rounding), the failing
+// call's stack and, for the first few, the map.
 #pragma once
 
 #include <vector>
@@ -25,6 +26,7 @@ public:
 
 private:
     void on_oom(const log_event& e, uint64_t line, bool from_pool);
+    uint32_t failing_stack(const log_event& e) const;
     struct pending_oom {
         bool pending = false;  // an "oom" not yet matched by its alloc_fail
         uint64_t size = 0;

@@ -43,6 +43,10 @@ class stack_store {
     // Adds a stack; false when the id is 0 or already defined.
     bool add(uint32_t id, std::vector<frame_view> frames);
     const std::vector<frame_view>* find(uint32_t id) const;
+    // The stack an event's "stack" member names (an alloc's or an alloc_fail's) when a record read
+    // so far defines it, else 0: the call is shown without a stack (docs/log-format.md, "A reader's
+    // rules").
+    uint32_t defined(uint64_t id) const { return id <= UINT32_MAX && find(uint32_t(id)) ? uint32_t(id) : 0; }
     size_t size() const { return count_; }
     // Whether the log had stack records, so the report has site tables (possibly of stack 0 only).
     // A report JSON read back has them when it has top_sites, whatever stacks its rows name.

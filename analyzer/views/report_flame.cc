@@ -1,5 +1,6 @@
-// The HTML report's call-site section: an icicle of the bytes live at the peak by stack, and the
-// top sites as a table (report_flame.h).  Every name from the log goes through html_escape.
+// The HTML report's call-site section: an icicle of the bytes live at the peak by stack, the top
+// sites as a table, and an OOM's failing call (report_flame.h).  Every name from the log goes
+// through html_escape.
 #include "report_flame.h"
 
 #include <algorithm>
@@ -223,6 +224,19 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
     return note.str() + o.str();
 }
 
+// A stack as the HTML tables show a site: its user frame (inside the innermost when that is another)
+// and up to three callers, outermost last.  "(no stack)" and no callers for a stack not recorded.
+void site_cells(const std::vector<frame_view>* fr, std::string& site, std::string& callers) {
+    site = "(no stack)";
+    callers.clear();
+    if (!fr || fr->empty()) return;
+    size_t u = user_frame(*fr);
+    site = frame_text((*fr)[u]);
+    if (u > 0) site += " inside " + frame_text((*fr)[0]);
+    for (size_t i = u + 1; i < fr->size() && i < u + 4; ++i) callers += (callers.empty() ? "" : " ← ") + frame_text((*fr)[i]);
+    if (u + 4 < fr->size()) callers += " ← …";
+}
+
 // share_of: the heading of the share column (of `total`); nullptr for none.
 void sites_table(std::ostream& o, const process_report& p, const std::vector<site_row>& rows, uint64_t total,
                  const char* share_of) {
@@ -230,15 +244,8 @@ void sites_table(std::ostream& o, const process_report& p, const std::vector<sit
     if (share_of) o << "<th>" << share_of << "</th>";
     o << "<th>allocations</th><th style='text-align:left'>called from</th></tr>\n";
     for (const site_row& r : rows) {
-        const auto* fr = p.stacks.find(r.stack);
-        std::string site = "(no stack)", callers;
-        if (fr && !fr->empty()) {
-            size_t u = user_frame(*fr);
-            site = frame_text((*fr)[u]);
-            if (u > 0) site += " inside " + frame_text((*fr)[0]);
-            for (size_t i = u + 1; i < fr->size() && i < u + 4; ++i) callers += (callers.empty() ? "" : " ← ") + frame_text((*fr)[i]);
-            if (u + 4 < fr->size()) callers += " ← …";
-        }
+        std::string site, callers;
+        site_cells(p.stacks.find(r.stack), site, callers);
         o << "<tr><td><code>" << html_escape(site) << "</code></td><td style='white-space:nowrap'>" << fmt_bytes(r.bytes) << "</td>";
         if (share_of) o << "<td>" << fmt_pct(total ? double(r.bytes) / double(total) : 0.0) << "</td>";
         o << "<td>" << fmt_count(r.count) << "</td><td style='text-align:left'><code>" << html_escape(callers)
@@ -258,6 +265,16 @@ std::string call_sites_html(const process_report& p, const device_report& d) {
     o << "<p class=meta>Top call sites at the peak (every frame of each is in <code>--json</code>, <code>top_sites</code>):</p>\n";
     sites_table(o, p, d.top_sites, d.requested.peak, "of the peak");
     return o.str();
+}
+
+std::string asked_for_html(const process_report& p, uint32_t stack) {
+    if (!p.stacks.any()) return "";
+    const auto* fr = p.stacks.find(stack);
+    if (!fr || fr->empty()) return "<p>asked for by (no stack recorded for the failing call)</p>\n";
+    std::string site, callers;
+    site_cells(fr, site, callers);
+    return "<p>asked for by <code>" + html_escape(site) + "</code>" +
+           (callers.empty() ? std::string() : " ← called from <code>" + html_escape(callers) + "</code>") + "</p>\n";
 }
 
 std::string sites_table_html(const process_report& p, const std::vector<site_row>& rows, const std::string& caption,

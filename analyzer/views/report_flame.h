@@ -1,5 +1,6 @@
-// The HTML report's flame graph: the bytes live at the peak of requested memory by call stack, drawn
-// as an icicle (outermost frame at the top) in self-contained SVG with a hover <title> per frame.
+// The HTML report's call-site views: the flame graph of the bytes live at the peak of requested
+// memory by call stack, drawn as an icicle (outermost frame at the top) in self-contained SVG with a
+// hover <title> per frame; the site tables; and the call an OOM failed in.
 #pragma once
 
 #include <string>
@@ -26,5 +27,10 @@ std::string call_sites_html(const process_report& p, const device_report& d);
 // `rows` is empty.
 std::string sites_table_html(const process_report& p, const std::vector<site_row>& rows, const std::string& caption,
                              const char* share_of = nullptr, uint64_t total = 0);
+
+// An OOM's failing call as a paragraph: "asked for by" its site and callers, as the site tables name
+// them; a line saying it has none when the log has stacks but that call none; "" for a log without
+// stacks.
+std::string asked_for_html(const process_report& p, uint32_t stack);
 
 }  // namespace gpumem::analysis

@@ -9,6 +9,7 @@
 
 #include "format_util.h"
 #include "report_output.h"
+#include "views/report_sites.h"
 
 namespace gpumem::analysis {
 
@@ -67,11 +68,14 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
                     counter(dev + " external fragmentation", ts(t.t_last), {{"fragmentation", std::round(t.frag_last * 1e6) / 1e6}});
                 }
             }
-            for (const oom_report& o : d.ooms)
+            for (const oom_report& o : d.ooms) {
+                ojson args = {{"device", d.dev}, {"size", o.size}, {"largest_free", o.largest_free},
+                              {"free_in_segments", o.free_in_segments}, {"verdict", o.verdict}};
+                // The failing call's site, named as gpumem diff names sites, when its stack was recorded.
+                if (const auto* fr = p.stacks.find(o.stack); fr && !fr->empty()) args["asked_by"] = site_name(fr);
                 events.push_back({{"name", "OOM " + fmt_bytes(o.size) + " (" + o.verdict + ")"}, {"ph", "i"}, {"s", "p"},
-                                  {"ts", ts(o.t)}, {"pid", pid}, {"tid", 0},
-                                  {"args", {{"device", d.dev}, {"size", o.size}, {"largest_free", o.largest_free},
-                                            {"free_in_segments", o.free_in_segments}, {"verdict", o.verdict}}}});
+                                  {"ts", ts(o.t)}, {"pid", pid}, {"tid", 0}, {"args", args}});
+            }
         }
     }
     ojson root;

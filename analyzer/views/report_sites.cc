@@ -49,6 +49,27 @@ std::string frame_text(const frame_view& f) {
     return name;
 }
 
+namespace {
+// A stack's frames, innermost first: what a SITE's "frames" holds.
+nlohmann::ordered_json frames_json(const process_report& p, uint32_t stack) {
+    using ojson = nlohmann::ordered_json;
+    ojson frames = ojson::array();
+    if (const auto* fr = p.stacks.find(stack))
+        for (const frame_view& f : *fr) {
+            ojson j;
+            j["function"] = f.function;
+            j["file"] = f.file;
+            j["line"] = f.line;
+            if (f.native()) {
+                j["module"] = f.module;
+                j["address"] = fmt_hex(f.address);
+            }
+            frames.push_back(j);
+        }
+    return frames;
+}
+}  // namespace
+
 nlohmann::ordered_json sites_json(const process_report& p, const std::vector<site_row>& rows) {
     using ojson = nlohmann::ordered_json;
     ojson a = ojson::array();
@@ -57,23 +78,17 @@ nlohmann::ordered_json sites_json(const process_report& p, const std::vector<sit
         s["bytes"] = r.bytes;
         s["count"] = r.count;
         s["stack"] = r.stack;
-        ojson frames = ojson::array();
-        if (const auto* fr = p.stacks.find(r.stack))
-            for (const frame_view& f : *fr) {
-                ojson j;
-                j["function"] = f.function;
-                j["file"] = f.file;
-                j["line"] = f.line;
-                if (f.native()) {
-                    j["module"] = f.module;
-                    j["address"] = fmt_hex(f.address);
-                }
-                frames.push_back(j);
-            }
-        s["frames"] = frames;
+        s["frames"] = frames_json(p, r.stack);
         a.push_back(s);
     }
     return a;
+}
+
+nlohmann::ordered_json stack_json(const process_report& p, uint32_t stack) {
+    nlohmann::ordered_json s;
+    s["stack"] = stack;
+    s["frames"] = frames_json(p, stack);
+    return s;
 }
 
 const char* leak_sites_title(const process_report& p) {
@@ -162,16 +177,20 @@ void write_sites_text(std::ostream& os, const process_report& p, const std::vect
             os << "(no stack: a thread with no Python frames, such as the autograd engine's)\n";
             continue;
         }
-        size_t u = user_frame(*fr);
-        os << frame_text((*fr)[u]) << "\n";
-        // The callers above it, up to three, then how many more the JSON report lists.
-        size_t shown = 0;
-        for (size_t i = u + 1; i < fr->size() && shown < 3; ++i, ++shown)
-            os << sub << "called from " << frame_text((*fr)[i]) << "\n";
-        if (u + 1 + shown < fr->size())
-            os << sub << "... " << fmt_counted(fr->size() - (u + 1 + shown), "more frame", "more frames") << " in --json\n";
-        if (u > 0) os << sub << "(inside " << frame_text((*fr)[0]) << ")\n";
+        write_frames_text(os, *fr, sub);
     }
+}
+
+void write_frames_text(std::ostream& os, const std::vector<frame_view>& frames, const std::string& sub) {
+    size_t u = user_frame(frames);
+    os << frame_text(frames[u]) << "\n";
+    // The callers above it, up to three, then how many more the JSON report lists.
+    size_t shown = 0;
+    for (size_t i = u + 1; i < frames.size() && shown < 3; ++i, ++shown)
+        os << sub << "called from " << frame_text(frames[i]) << "\n";
+    if (u + 1 + shown < frames.size())
+        os << sub << "... " << fmt_counted(frames.size() - (u + 1 + shown), "more frame", "more frames") << " in --json\n";
+    if (u > 0) os << sub << "(inside " << frame_text(frames[0]) << ")\n";
 }
 
 }  // namespace gpumem::analysis

@@ -1,4 +1,4 @@
-// Call-site views shared by the report writers: a site's frames as JSON, and its one-line name.
+// Call-site views shared by the report writers: a site's frames as JSON and as text, and its one-line name.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -14,6 +14,10 @@ namespace gpumem::analysis {
 // frames {"function","file","line"}, native ones also "module" and "address".  stack 0 (no stack
 // recorded) has no frames.
 nlohmann::ordered_json sites_json(const process_report& p, const std::vector<site_row>& rows);
+
+// {"stack": ID, "frames": [...]}: one stack as a SITE lists it, without bytes and count (an OOM's
+// failing call, "asked_by").
+nlohmann::ordered_json stack_json(const process_report& p, uint32_t stack);
 
 // Whether a Python file is an installed package's or the standard library's (site-packages,
 // dist-packages, lib/pythonX.Y, <frozen ...>) rather than the program's own.
@@ -37,6 +41,11 @@ std::string shorten(const std::string& s, size_t n);
 // the callers above it.
 void write_sites_text(std::ostream& os, const process_report& p, const std::vector<site_row>& rows,
                       const std::string& title, size_t indent = 2);
+
+// One stack as the text tables show a site: its user frame ending the current line, then up to
+// three callers ("called from") and the innermost frame when that is another ("inside"), each on a
+// line of its own starting with `sub`.  `frames` is not empty.
+void write_frames_text(std::ostream& os, const std::vector<frame_view>& frames, const std::string& sub);
 
 // The title of the leak sites' table, text and HTML: a process killed before its end line never
 // got to free what is live at the log's last line, so that is not called a leak.

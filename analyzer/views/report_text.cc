@@ -312,6 +312,13 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         os << "\n  OOM #" << i + 1 << " at " << at_text(o.t, o.seq) << ", line " << o.line << ": "
            << (o.api.empty() ? "a request" : o.api) << " of " << fmt_bytes(o.size)
            << (o.from_pool ? " (pool)" : " (error " + std::to_string(o.err) + ")") << "\n";
+        // The line that asked first: what a reader of an OOM looks for (logs with stack records only).
+        if (p.stacks.any()) {
+            const auto* fr = p.stacks.find(o.stack);
+            os << "    asked for by ";
+            if (fr && !fr->empty()) write_frames_text(os, *fr, "        ");
+            else os << "(no stack recorded for the failing call)\n";
+        }
         os << "    requested " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
            << " | largest free block " << fmt_bytes(o.largest_free) << " | free on GPU "
            << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded")) << "\n";

@@ -1255,7 +1255,7 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
         }
     }
     if (err == k_cuda_oom) emit_oom(api, size);
-    emit_block(ev_kind::alloc_fail, api, nullptr, size, err);
+    emit_block(ev_kind::alloc_fail, api, nullptr, size, err, stack);  // the refused call's stack, as alloc's
     check_after_op();
     return err;
 }

@@ -37,7 +37,7 @@ class block_pool {
     // cfg.round).  Emits segment_alloc/segment_free/pool_sync as it works, then alloc, or oom (on
     // OOM) and alloc_fail (on any error).  size 0 -> k_cuda_invalid_value, like the driver.
     // `stack` is the caller's interned call stack, captured before the call so that walking the
-    // stack never happens under the pool's lock; the alloc event carries it.
+    // stack never happens under the pool's lock; the alloc or alloc_fail event carries it.
     // A poisoned pool (host memory ran out mid-update) serves nothing more and returns
     // k_pool_declined without an event: the caller passes the request to the driver.
     int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0) noexcept;

@@ -324,9 +324,37 @@ TEST_CASE("an alloc's optional stack id is written after its other members and r
     REQUIRE(t.fast.parse_recorder_line(buf.data(), line.size(), buf.size(), out));
     CHECK(out.has(fd_stack));
     CHECK(out.stack == 42);
-    // Only allocs carry it: a free's stack stays unwritten.
+    // Only allocations carry it: a free's stack stays unwritten.
     e.ev = ev_kind::free;
     CHECK(format(e).find("stack") == std::string::npos);
+}
+
+TEST_CASE("a failed allocation's stack id is written after its err and read by both paths", "[fastpath]") {
+    // The OOM report names the line that asked (docs/log-format.md, "stack" on alloc_fail).
+    twin t;
+    event e;
+    std::memset(&e, 0, sizeof e);
+    e.ev = ev_kind::alloc_fail;
+    e.seq = 7;
+    e.t_ns = 8;
+    e.tid = 9;
+    e.api = api_id::cudaMalloc;
+    e.kind = mem_kind::device;
+    e.flags = ef_pooled;
+    e.err = 2;
+    e.b.size = 1ull << 40;
+    CHECK(format(e).find("stack") == std::string::npos);  // 0: no stack recorded, no member
+    e.b.stack = 3;
+    std::string line = format(e);
+    CHECK(line == "{\"ev\":\"alloc_fail\",\"seq\":7,\"t\":8,\"tid\":9,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\","
+                  "\"ptr\":\"0x0\",\"size\":1099511627776,\"seg\":\"0x0\",\"pooled\":true,\"err\":2,\"stack\":3}");
+    CHECK(t.check(line));  // the recorder's own shape: the fast path takes it
+    std::string buf = line + std::string(64, '\0');
+    log_event out;
+    REQUIRE(t.fast.parse_recorder_line(buf.data(), line.size(), buf.size(), out));
+    CHECK(out.has(fd_stack));
+    CHECK(out.stack == 3);
+    CHECK(out.err == 2);
 }
 
 TEST_CASE("a pool_sync without wait_ns, fence_ns or ordered reads 0 after one with them, on either path", "[fastpath]") {

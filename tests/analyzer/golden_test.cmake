@@ -13,6 +13,7 @@ set(cases
   "killed_truncated|killed_truncated.jsonl"
   "ranks|rank0.jsonl|rank1.jsonl"
   "stacks|stacks.jsonl"
+  "oom_stack|oom_stack.jsonl"
 )
 cmake_policy(SET CMP0007 NEW)
 set(src ${DATA}/golden)

@@ -1,5 +1,6 @@
-// Output writers: the segment bar, the JSON schema's required keys, a self-contained HTML page and
-// a loadable Perfetto trace.  Byte-exact outputs are covered by the golden test.
+// Output writers: the segment bar, the JSON schema's required keys, a self-contained HTML page, a
+// loadable Perfetto trace, and the call an OOM failed in.  Byte-exact outputs are covered by the
+// golden test.
 #include <catch2/catch.hpp>
 
 #include <sstream>
@@ -92,4 +93,62 @@ TEST_CASE("the Perfetto trace has counter tracks and OOM markers", "[output]") {
     }
     CHECK(counters > 0);
     CHECK(instants == 1);
+}
+
+TEST_CASE("an OOM names the call that asked for the memory, in text and JSON, and from the JSON read back", "[output]") {
+    // tests/data/golden/oom_stack.jsonl: a pool refusal (oom, then a pooled alloc_fail naming stack
+    // 2) and a pass-through cudaMallocManaged that ran out of memory (alloc_fail naming stack 3,
+    // native innermost frame).  The stack is the failing call's, not one of the sites holding memory.
+    const std::string log = data_path("golden/oom_stack.jsonl");
+    auto text = run_gpumem("report --no-progress " + log);
+    REQUIRE(text.rc == 0);
+    CHECK_THAT(text.out, Catch::Contains("  OOM #1 at 3.00 us (seq 2), line 6: cudaMalloc of 1.00 GiB (pool)\n"
+                                         "    asked for by Attention.forward (model.py:41)\n"
+                                         "        called from train_step (train.py:33)\n"
+                                         "        called from <module> (train.py:50)\n"
+                                         "        (inside Linear.forward (linear.py:125))\n"
+                                         "    requested 1.00 GiB"));
+    CHECK_THAT(text.out, Catch::Contains("cudaMallocManaged of 2.00 GiB (error 2)\n"
+                                         "    asked for by evaluate (train.py:61)\n"
+                                         "        called from <module> (train.py:52)\n"
+                                         "        (inside ? (libtrainer.so+0x1a2b))\n"));
+    CHECK(text.err.empty());
+
+    auto js = run_gpumem("report --no-progress --json " + log);
+    REQUIRE(js.rc == 0);
+    auto j = nlohmann::json::parse(js.out);
+    const auto& ooms = j["processes"][0]["devices"][0]["ooms"];
+    REQUIRE(ooms.size() == 2);
+    CHECK(ooms[0]["asked_by"]["stack"] == 2);
+    REQUIRE(ooms[0]["asked_by"]["frames"].size() == 4);
+    CHECK(ooms[0]["asked_by"]["frames"][1] == nlohmann::json({{"function", "Attention.forward"}, {"file", "/src/model.py"}, {"line", 41}}));
+    CHECK(ooms[1]["asked_by"]["stack"] == 3);
+    CHECK(ooms[1]["asked_by"]["frames"][0]["module"] == "/opt/app/libtrainer.so");
+    CHECK(ooms[1]["asked_by"]["frames"][1]["line"] == 61);
+    // The sites live at the OOM are another list: the memory held, not the call that asked.
+    CHECK(ooms[0]["sites"][0]["stack"] == 1);
+
+    // The report read back from its JSON says the same (check, diff and report read it).
+    temp_file report(js.out, "report");
+    auto again = run_gpumem("report --no-progress " + report.path);
+    REQUIRE(again.rc == 0);
+    CHECK(again.out.substr(again.out.find('\n')) == text.out.substr(text.out.find('\n')));
+    auto gate = run_gpumem("check --max-ooms 0 " + report.path);
+    CHECK(gate.rc == 1);
+    CHECK_THAT(gate.out, Catch::Contains("first: 1.00 GiB from cudaMalloc at 3.00 us (seq 2), capacity, asked for by "
+                                         "Attention.forward (model.py:41) <- train_step (train.py:33) (inside Linear.forward (linear.py:125))"));
+}
+
+TEST_CASE("an OOM whose call recorded no stack says so when the log has stacks, and nothing without them", "[output]") {
+    auto with = run_gpumem("report --no-progress " + data_path("golden/stacks.jsonl"));
+    REQUIRE(with.rc == 0);
+    CHECK_THAT(with.out, Catch::Contains("(error 2)\n    asked for by (no stack recorded for the failing call)\n"));
+    auto js = run_gpumem("report --no-progress --json " + data_path("golden/stacks.jsonl"));
+    CHECK(nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"][0]["asked_by"].is_null());
+    auto without = run_gpumem("report --no-progress " + data_path("golden/pool_fragmentation.jsonl"));
+    REQUIRE(without.rc == 0);
+    CHECK_THAT(without.out, Catch::Contains("OOM #1"));
+    CHECK_THAT(without.out, !Catch::Contains("\n    asked for by"));  // (the legend says "requested = asked for by the program")
+    auto wj = run_gpumem("report --no-progress --json " + data_path("golden/pool_fragmentation.jsonl"));
+    CHECK_FALSE(nlohmann::json::parse(wj.out)["processes"][0]["devices"][0]["ooms"][0].contains("asked_by"));
 }

@@ -74,6 +74,11 @@ run_environment)
   expect_in "$W/err" "--max-fragmentation: no gpumem pool segments on this device"
   "$GPUMEM" report --json "$W"/p/*.jsonl > "$W/p.json"
   [ "$(json "$W/p.json" 'd["processes"][0]["pool"]')" = off ] || fail "--pool off not in the log header"
+  # An OOM in the summary names the call that asked, when stacks are on (native: a C program).
+  expect_rc 0 env GPUMEM_STACKS=native "$GPUMEM" run -o "$W/oom/" -- "$EMU/emu_driver_app" basic
+  expect_in "$W/err" "OOMs  ended"
+  grep -q "^  OOM in pid .* of 1.00 PiB, verdict capacity, asked for by .*basic_driver.* (emu_app.cc:[0-9]*)" "$W/err" ||
+    fail "the summary's OOM does not name its call: $(cat "$W/err")"
   # A forked child gets its own log; the run lists both.
   expect_rc 0 "$GPUMEM" run -o "$W/fork/" -- "$EMU/emu_driver_app" fork 10
   expect_in "$W/err" "gpumem run: 2 logs"
@@ -606,6 +611,7 @@ kinds pool_off_kinds.jsonl
 killed killed_truncated.jsonl
 ranks rank0.jsonl rank1.jsonl
 stacks stacks.jsonl
+oom_stack oom_stack.jsonl
 EOF2
   # A log and a report together; --at on a report JSON is refused (the log is needed).
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json" "$g/rank1.jsonl"

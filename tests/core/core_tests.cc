@@ -706,6 +706,46 @@ TEST_CASE("recorder: failed free keeps the allocation live, and an unknown free 
     unlink(path.c_str());
 }
 
+TEST_CASE("recorder: a failed allocation records its call stack, written after the stack's record") {
+    // An OOM report names the line that asked for the memory first (docs/log-format.md, "stack" on
+    // alloc_fail); the recorder used to capture a stack for successful calls only.  Native frames:
+    // the test binary's own are left out as gpumem's, libc's start-up frames remain.
+    stacks::stack_table table;
+    table.init([](const char*) -> void* { return nullptr; }, stacks::stack_mode::native, 64);
+    std::string path = temp_path("fail-stack");
+    event_log::options o;
+    event_log log(o);
+    log.set_stacks(&table);
+    REQUIRE(log.start(path, "{}\n"));
+    recorder rec(log);
+    rec.set_stacks(&table);
+    call_info c;
+    c.api = api_id::cuMemAlloc_v2;
+    c.dev = 0;
+    rec.alloc(c, 2, 0, 1ull << 50);  // CUDA_ERROR_OUT_OF_MEMORY, passed through (no pool)
+    rec.alloc(c, 0, 0x1000, 64);
+    log.finish(end_reason::exit, 0, 0, 0);
+    auto lines = read_lines(path);
+    std::set<uint64_t> defined;  // stack records seen so far, in file order
+    size_t fails = 0, allocs = 0;
+    for (const json& j : lines) {
+        if (j.value("ev", "") == "stack") {
+            CHECK(!j["frames"].empty());
+            defined.insert(j["id"].get<uint64_t>());
+        } else if (j.value("ev", "") == "alloc_fail" || j.value("ev", "") == "alloc") {
+            (j["ev"] == "alloc_fail" ? fails : allocs)++;
+            INFO(j.dump());
+            REQUIRE(j.contains("stack"));
+            CHECK(j["stack"].get<uint64_t>() != 0);
+            CHECK(defined.count(j["stack"].get<uint64_t>()) == 1);  // its record came first
+        }
+    }
+    CHECK(fails == 1);
+    CHECK(allocs == 1);
+    CHECK(defined.size() >= 1);
+    unlink(path.c_str());
+}
+
 TEST_CASE("format_header writes the header table's members in order, escaped, optional ones only when set") {
     header_values h;
     h.format = k_format_name;

@@ -602,6 +602,34 @@ TEST_CASE("pool: OOM releases pending frees and cached segments before failing, 
     }
     CHECK(count_ev(ls, "segment_free") == 2);
     check_rebuild(ls);
+
+    // With stacks on, the refused call's alloc_fail names its stack (the line an OOM report shows
+    // first), and that stack's record comes before it.  A C program has no Python frames: native.
+    auto s = run({EMU_POOL_APP, "oom"}, {{"GPUMEM_EMU_CAPACITY", "64M"}, {"GPUMEM_REUSE", "safe"}, {"GPUMEM_POOL_VMM", "off"},
+                                         {"GPUMEM_STACKS", "native"}});
+    INFO(s.err);
+    REQUIRE(WIFEXITED(s.status));
+    REQUIRE(WEXITSTATUS(s.status) == 0);
+    REQUIRE(s.logs.size() == 1);
+    CHECK(num(values(s.out), "first_result") == 2);
+    std::map<uint64_t, json> records;  // the stack records read so far
+    size_t fails = 0;
+    const std::string app = EMU_POOL_APP;
+    for (const json& j : lines_of(s.logs[0])) {
+        if (j["ev"] == "stack") records[j["id"].get<uint64_t>()] = j;
+        if (j["ev"] != "alloc_fail") continue;
+        ++fails;
+        INFO(j.dump());
+        CHECK(j["pooled"] == true);
+        CHECK(j["err"] == 2);
+        REQUIRE(j.contains("stack"));
+        auto rec = records.find(j["stack"].get<uint64_t>());
+        REQUIRE(rec != records.end());  // written before the line that names it
+        // The innermost frame is the program's own call (gpumem's frames are left out).
+        const json& f = rec->second["frames"].at(0);
+        CHECK(f["module"].get<std::string>().ends_with(app.substr(app.rfind('/'))));
+    }
+    CHECK(fails == 1);
 }
 
 TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs resume after it") {

@@ -522,6 +522,38 @@ TEST_CASE("driver errors other than OOM are returned unchanged, without an oom e
     CHECK(pool.allocate(100, A, &p) == k_cuda_success);
 }
 
+TEST_CASE("a refused allocation's alloc_fail carries the caller's stack id, as alloc does", "[pool][oom]") {
+    // The OOM report names the line that asked (docs/log-format.md, "stack" on alloc_fail): the pool
+    // was given the stack for every call but logged it only when it served one.
+    fake_backend dev(24 * MiB);
+    recording_sink sink;
+    block_pool pool(immediate_config(), dev, &sink, 0);
+    uint64_t p = 0;
+    REQUIRE(pool.allocate(4 * MiB, A, &p, 5) == k_cuda_success);
+    CHECK(sink.events.back().ev == ev_kind::alloc);
+    CHECK(sink.events.back().b.stack == 5);
+    uint64_t q = 0;
+    CHECK(pool.allocate(64 * MiB, api_id::cudaMalloc, &q, 7) == k_cuda_oom);  // out of memory: oom, then alloc_fail
+    REQUIRE(sink.count(ev_kind::oom) == 1);
+    REQUIRE(sink.events.back().ev == ev_kind::alloc_fail);
+    CHECK(sink.events.back().b.stack == 7);
+    CHECK(sink.events.back().err == k_cuda_oom);
+    CHECK(pool.allocate(0, A, &q, 9) == k_cuda_invalid_value);  // refused without the driver
+    CHECK(sink.events.back().ev == ev_kind::alloc_fail);
+    CHECK(sink.events.back().b.stack == 9);
+    CHECK(pool.allocate(1 * MiB, A, &q) == k_cuda_success);  // no stack given: none logged
+    CHECK(sink.events.back().b.stack == 0);
+    // A driver error other than out of memory.
+    fake_backend dev2;
+    recording_sink sink2;
+    block_pool pool2(safe_config(), dev2, &sink2, 0);
+    dev2.fail_next_allocs(1, 900);
+    CHECK(pool2.allocate(100, A, &q, 11) == 900);
+    REQUIRE(sink2.events.back().ev == ev_kind::alloc_fail);
+    CHECK(sink2.events.back().b.stack == 11);
+    must_free(pool, p);
+}
+
 TEST_CASE("a failing synchronize keeps the frees pending", "[pool][safety]") {
     fake_backend dev(4 * MiB);
     block_pool pool(safe_config(), dev, nullptr, 0);

@@ -1,6 +1,7 @@
 # Mutated stack records (tests/data/bad/stack_*.jsonl) through the gpumem binary: each gets its exit
-# code and its warning at file:line, the allocations that name a bad record are shown without a
-# stack, and the --torch-snapshot export of each usable one still reads back with pickle.load.
+# code and its warning at file:line, the allocations (and failed ones, whose OOMs name their call)
+# that name a bad record are shown without a stack, and the --torch-snapshot export of each usable
+# one still reads back with pickle.load.
 import json
 import os
 import pickle
@@ -41,7 +42,12 @@ cases = {
     "stack_lone_surrogate.jsonl": (0, [(2, "stack record is not valid JSON"), (3, "allocation names stack 1")], []),
     "stack_not_utf8.jsonl": (2, [(2, "not JSON (The input is not valid UTF-8)")], None),
     "stack_cut_record.jsonl": (2, [(2, "not JSON")], None),
+    # alloc_fail's stack, by alloc's rules: the OOMs' "asked_by" (below) keeps only the defined one.
+    "stack_failed_alloc_undefined.jsonl": (0, [(2, "failed allocation names stack 1, which no earlier stack record defines"),
+                                               (5, "failed allocation names stack 18446744073709551615")], []),
 }
+# file: the stack id each OOM's "asked_by" names, None for null
+asked_by = {"stack_failed_alloc_undefined.jsonl": [None, 1, None]}
 for name in sorted(os.listdir(bad)):
     if name.startswith("stack_"):
         check(name in cases, f"{name}: a case without an expectation here")
@@ -62,6 +68,9 @@ with tempfile.TemporaryDirectory() as d:
         got = [(s["stack"], s["bytes"]) for s in dev.get("top_sites", [])]
         check(got == sites, f"{name}: top_sites {got}, expected {sites}")
         check(all(len(s["frames"]) <= 1024 for s in dev.get("top_sites", [])), f"{name}: at most 1024 frames a site")
+        if name in asked_by:
+            got = [o.get("asked_by") and o["asked_by"]["stack"] for o in dev["ooms"]]
+            check(got == asked_by[name], f"{name}: OOMs asked_by {got}, expected {asked_by[name]}")
         with open(out, "rb") as f:
             snap = pickle.load(f)
         n = sum(1 for e in snap["device_traces"][0] if e["action"] == "alloc")
