@@ -1,5 +1,5 @@
 # PyTorch under gpumem with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (gpumem run --tensors): tensors made on
-# known lines, then a training loop timed per step.  tests/gpu/stacks_checks.py reads the log.
+# known lines, then a training loop timed per step, then a request no GPU can serve on a known line.  tests/gpu/stacks_checks.py reads the log.
 import json
 import sys
 import time
@@ -35,8 +35,19 @@ def train(steps):
     return times
 
 
+def ask_too_much():
+    # 1 TiB: more than any GPU has, so an OOM with or without gpumem; its report must name this line.
+    try:
+        torch.empty(1 << 40, dtype=torch.uint8, device="cuda")  # site-oom
+    except torch.OutOfMemoryError:
+        return True
+    return False
+
+
 w = make_weights()
 b = make_buffer()
 times = train(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
 times.sort()
-print(json.dumps({"median_step_s": times[len(times) // 2], "min_step_s": times[0], "steps": len(times)}))
+oom_raised = ask_too_much()
+print(json.dumps({"median_step_s": times[len(times) // 2], "min_step_s": times[0], "steps": len(times),
+                  "oom_raised": oom_raised}))
