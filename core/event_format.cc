@@ -92,8 +92,13 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::largest_free: v = e.p.largest_free; return true;
         case log_field::free_blocks: v = e.p.free_blocks; return true;
         case log_field::segments: v = e.p.segments; return true;
-        case log_field::gpu_free: v = e.p.gpu_free; return true;
-        case log_field::gpu_total: v = e.p.gpu_total; return true;
+        // An alloc_fail has them only when gpumem asked the driver after it ran out of memory.
+        case log_field::gpu_free:
+            v = e.ev == ev_kind::alloc_fail ? b.gpu_free : e.p.gpu_free;
+            return e.ev != ev_kind::alloc_fail || b.gpu_total != 0;
+        case log_field::gpu_total:
+            v = e.ev == ev_kind::alloc_fail ? b.gpu_total : e.p.gpu_total;
+            return e.ev != ev_kind::alloc_fail || b.gpu_total != 0;
         case log_field::streams: v = e.p.streams; return true;
         case log_field::reason: v = uint64_t(e.x.reason); return true;
         case log_field::signal: v = uint64_t(int64_t(e.x.signal)); return e.x.reason == end_reason::signal;

@@ -168,8 +168,16 @@ struct block_fields {
     uint64_t seg;      // "seg": pool segment base (pooled events)
     uint64_t mempool;  // "mempool": the CUmemoryPool of a FromPool allocation; 0 = none
     uint64_t stream;   // "stream": written when flags has ef_has_stream (0 is the legacy stream)
-    uint64_t handle;   // "handle": the physical handle of a map
-    uint64_t offset;   // "offset": its offset
+    union {
+        struct {
+            uint64_t handle;  // "handle": the physical handle of a map
+            uint64_t offset;  // "offset": its offset
+        };
+        struct {  // an alloc_fail that ran out of memory, where gpumem asked the driver after it
+            uint64_t gpu_free;   // "gpu_free": cuMemGetInfo's free bytes; 0 when not asked
+            uint64_t gpu_total;  // "gpu_total": its total bytes
+        };
+    };
     uint64_t stack;    // "stack": id of the interned call stack of an alloc or alloc_fail; 0 = none recorded
 };
 

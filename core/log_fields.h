@@ -94,8 +94,8 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
     X(largest_free, "largest_free", u64, k_kinds_pool_state, 0)                                           \
     X(free_blocks, "free_blocks", u64, k_kinds_pool_state, 0)                                             \
     X(segments, "segments", u64, k_kinds_pool_state, 0)                                                   \
-    X(gpu_free, "gpu_free", u64, k_kinds_pool_state, 0)                                                   \
-    X(gpu_total, "gpu_total", u64, k_kinds_pool_state, 0)                                                 \
+    X(gpu_free, "gpu_free", u64, k_kinds_pool_state | GPUMEM_K(alloc_fail), 0)                            \
+    X(gpu_total, "gpu_total", u64, k_kinds_pool_state | GPUMEM_K(alloc_fail), 0)                          \
     X(streams, "streams", u64, k_kinds_pool_state, 0)                                                     \
     X(reason, "reason", end_reason, GPUMEM_K(end), 0)                                                     \
     X(signal, "signal", i64, GPUMEM_K(end), 0)                                                            \

@@ -36,6 +36,10 @@ void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, u
     e->b.size = size;
     e->b.asize = asize;
     e->b.stack = stack;
+    if (err != 0) {
+        e->b.gpu_free = c.gpu_free;
+        e->b.gpu_total = c.gpu_total;
+    }
     log_.publish(e);
 }
 

@@ -22,6 +22,10 @@ struct call_info {
     bool has_stream = false;
     uint64_t stream = 0;
     uint64_t mempool = 0;  // cuMemAllocFromPoolAsync only
+    // A call that ran out of memory: the driver's cuMemGetInfo just after it, on the call's device
+    // (gpu_total 0: not asked).  Written on its alloc_fail, so an OOM the pool did not serve says
+    // how much the GPU had free, as the pool's own "oom" line does.
+    uint64_t gpu_free = 0, gpu_total = 0;
 };
 
 class recorder {

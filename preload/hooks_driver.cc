@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include "gpumem_preload.h"
+#include "driver_backend.h"
 #include "core/pool/context_end.h"
 
 namespace gpumem {
@@ -23,6 +24,21 @@ call_info make_call(api_id api, int dev) noexcept {
     return c;
 }
 
+// After a call of c's that ran out of memory (CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation
+// are both 2): the driver's free and total memory, for its alloc_fail, so that the OOM report can
+// tell "the GPU is full" (another process, or memory this log does not see) from fragmentation, as
+// it can for the pool's own OOMs.  Only where the current context is on the call's device, and
+// not while a stream capture gpumem saw is open (a capture is no place for an extra driver call).
+static void note_driver_memory(call_info& c, int err) noexcept {
+    if (err != 2 || c.dev < 0 || c.kind == mem_kind::host || capture_active()) return;
+    auto get_info = GPUMEM_REAL(cuMemGetInfo_v2);
+    if (!get_info || current_device() != c.dev) return;
+    size_t free_b = 0, total_b = 0;
+    if (get_info(&free_b, &total_b) != CUDA_SUCCESS || total_b == 0) return;
+    c.gpu_free = free_b;
+    c.gpu_total = total_b;
+}
+
 void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
                   bool has_stream, uint64_t stream, uint64_t mempool) noexcept {
     recorder* rec = recorder_or_null();
@@ -32,6 +48,7 @@ void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t siz
     c.has_stream = has_stream;
     c.stream = stream;
     c.mempool = mempool;
+    note_driver_memory(c, err);
     rec->alloc(c, err, ptr, size, asize);
 }
 
@@ -405,6 +422,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemCreate(CUmemGenericAllocationHandle* h,
     if (rec) {
         call_info c = make_call(api_id::cuMemCreate, -1);
         if (dev >= 0) c.dev = dev;
+        note_driver_memory(c, int(r));
         rec->alloc(c, int(r), r == CUDA_SUCCESS ? uint64_t(*h) : 0, size);
     }
     return r;

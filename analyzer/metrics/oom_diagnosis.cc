@@ -72,9 +72,13 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
                         "what the driver gives, though the bytes themselves would fit";
     } else {
         o.verdict = "fragmentation";
-        o.explanation = biggest >= o.size
-            ? "enough free memory exists, and a free block is large enough, yet the request failed (pool size class or limit)"
-            : "enough free memory exists in total, but no single free block is large enough";
+        if (!from_pool && o.gpu_total && o.gpu_free >= o.size)
+            o.explanation = "the driver refused the call, yet said just after that this much was free: its own "
+                            "fragmentation or limits, or other allocations (another thread's or process's) came between";
+        else
+            o.explanation = biggest >= o.size
+                ? "enough free memory exists, and a free block is large enough, yet the request failed (pool size class or limit)"
+                : "enough free memory exists in total, but no single free block is large enough";
     }
     if (d.rep.ooms.size() < k_max_oom_maps) {
         ctx.snaps.settle_peak(d);

@@ -106,8 +106,13 @@ event random_event(std::mt19937_64& rng, bool full_range) {
         e.b.seg = rng() % 2 ? any_u64(rng, true) : 0;
         e.b.mempool = rng() % 2 ? any_u64(rng, true) : 0;
         e.b.stream = any_u64(rng, true);
-        e.b.handle = any_u64(rng, true);
-        e.b.offset = any_u64(rng, full_range);
+        if (e.ev == ev_kind::alloc_fail) {  // the union's other half: decimal, and absent when gpu_total is 0
+            e.b.gpu_free = any_u64(rng, full_range);
+            e.b.gpu_total = rng() % 2 ? any_u64(rng, full_range) : 0;
+        } else {
+            e.b.handle = any_u64(rng, true);
+            e.b.offset = any_u64(rng, full_range);
+        }
         e.b.stack = rng() % 2 ? any_u64(rng, full_range) : 0;
     }
     return e;

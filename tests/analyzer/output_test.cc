@@ -152,3 +152,34 @@ TEST_CASE("an OOM whose call recorded no stack says so when the log has stacks, 
     auto wj = run_gpumem("report --no-progress --json " + data_path("golden/pool_fragmentation.jsonl"));
     CHECK_FALSE(nlohmann::json::parse(wj.out)["processes"][0]["devices"][0]["ooms"][0].contains("asked_by"));
 }
+
+TEST_CASE("an OOM the pool did not serve uses the driver's free memory its alloc_fail carries", "[output]") {
+    // tests/data/emu/fragment_6_60_pool_off.jsonl: the emulated device (600 MiB) alone, filled with
+    // 6 MiB blocks (the 101st fails with 0 B free), two of three freed, then 60 MiB blocks until one
+    // fails with 36 MiB free.  Without gpu_free on alloc_fail both read as "not recorded".
+    const std::string log = data_path("emu/fragment_6_60_pool_off.jsonl");
+    auto js = run_gpumem("report --no-progress --json " + log);
+    REQUIRE(js.rc == 0);
+    auto ooms = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"];
+    REQUIRE(ooms.size() == 2);
+    CHECK(ooms[0]["source"] == "driver");
+    CHECK(ooms[0]["gpu_free_bytes"] == 0);
+    CHECK(ooms[0]["gpu_total_bytes"] == 629145600);
+    CHECK(ooms[1]["size_bytes"] == 62914560);
+    CHECK(ooms[1]["gpu_free_bytes"] == 37748736);
+    CHECK(ooms[1]["verdict"] == "capacity");
+    auto text = run_gpumem("report --no-progress " + log);
+    CHECK_THAT(text.out, Catch::Contains("cuMemAlloc_v2 of 60.00 MiB (error 2)\n    requested 60.00 MiB | free in segments "
+                                         "0 B | largest free block 0 B | free on GPU 36.00 MiB\n    verdict: capacity"));
+    // The same failure had the driver said 64 MiB were free: it refused what it could have placed.
+    std::string edited = read_all(log);
+    const std::string said = "\"gpu_free\":37748736,";
+    REQUIRE(edited.find(said) != std::string::npos);
+    edited.replace(edited.find(said), said.size(), "\"gpu_free\":67108864,");
+    temp_file f(edited, "driver_oom");
+    auto frag = run_gpumem("report --no-progress --json " + f.path);
+    REQUIRE(frag.rc == 0);
+    auto o = nlohmann::json::parse(frag.out)["processes"][0]["devices"][0]["ooms"][1];
+    CHECK(o["verdict"] == "fragmentation");
+    CHECK_THAT(o["explanation"].get<std::string>(), Catch::Contains("the driver refused the call"));
+}

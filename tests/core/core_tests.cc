@@ -746,6 +746,40 @@ TEST_CASE("recorder: a failed allocation records its call stack, written after t
     unlink(path.c_str());
 }
 
+TEST_CASE("recorder: a failed allocation carries the driver's free memory when the hook asked, and only then") {
+    // An OOM the pool did not serve says what the GPU had free (docs/log-format.md, gpu_free on
+    // alloc_fail), as the pool's own "oom" line does; a call that was not asked writes neither.
+    std::string path = temp_path("fail-gpu-free");
+    event_log::options o;
+    event_log log(o);
+    REQUIRE(log.start(path, "{}\n"));
+    recorder rec(log);
+    call_info c;
+    c.api = api_id::cuMemAlloc_v2;
+    c.dev = 0;
+    c.gpu_free = 3 << 20;
+    c.gpu_total = 16ull << 30;
+    rec.alloc(c, 2, 0, 1ull << 40);
+    rec.alloc(c, 0, 0x2000, 64);  // a success never writes them
+    call_info bare;
+    bare.api = api_id::cuMemAlloc_v2;
+    bare.dev = 0;
+    rec.alloc(bare, 2, 0, 1ull << 40);
+    log.finish(end_reason::exit, 0, 0, 0);
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() == 5);
+    CHECK(lines[1]["ev"] == "alloc_fail");
+    CHECK(lines[1]["gpu_free"] == 3 << 20);
+    CHECK(lines[1]["gpu_total"] == 16ull << 30);
+    CHECK(lines[2]["ev"] == "alloc");
+    CHECK_FALSE(lines[2].contains("gpu_free"));
+    CHECK_FALSE(lines[2].contains("handle"));
+    CHECK(lines[3]["ev"] == "alloc_fail");
+    CHECK_FALSE(lines[3].contains("gpu_free"));
+    CHECK_FALSE(lines[3].contains("gpu_total"));
+    unlink(path.c_str());
+}
+
 TEST_CASE("format_header writes the header table's members in order, escaped, optional ones only when set") {
     header_values h;
     h.format = k_format_name;

@@ -632,6 +632,34 @@ TEST_CASE("pool: OOM releases pending frees and cached segments before failing, 
     CHECK(fails == 1);
 }
 
+TEST_CASE("pool off: a failed call's alloc_fail carries the device's free memory, asked of the driver after it") {
+    // The same program pool off (tests/data/emu/fragment_6_60_pool_off.jsonl): no "oom" line, so
+    // what the GPU had free can come only from the alloc_fail (docs/log-format.md).  600 MiB:
+    // 100 blocks of 6 MiB fill it, the 101st fails with 0 free; two of three freed, six 60 MiB
+    // blocks fit, the seventh fails.
+    auto r = run({EMU_POOL_APP, "fragment", "6", "60"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(num(v, "small_served") == 100);
+    CHECK(num(v, "big_served") == 6);
+    CHECK(count_ev(ls, "oom") == 0);
+    std::vector<json> fails;
+    for (const json& j : ls)
+        if (j["ev"] == "alloc_fail") fails.push_back(j);
+    REQUIRE(fails.size() == 2);
+    for (const json& j : fails) {
+        INFO(j.dump());
+        CHECK(j["err"] == 2);
+        CHECK(j["gpu_total"] == 600ull << 20);
+        CHECK(j["gpu_free"].get<uint64_t>() < j["size"].get<uint64_t>());  // the device was full for it
+    }
+    CHECK(fails[0]["gpu_free"] == 0);
+    CHECK(fails[1]["size"] == 60 << 20);
+    // 34 of the 6 MiB blocks stay (every third of 100) and six of 60 MiB: 564 of 600 MiB.
+    CHECK(fails[1]["gpu_free"] == (600ull - 34 * 6 - 6 * 60) << 20);
+}
+
 TEST_CASE("pool: no cuCtxSynchronize while a stream capture is open, and syncs resume after it") {
     // Both ways to open a capture: cuStreamBeginCapture and cuStreamBeginCaptureToGraph; and an
     // end refused for a stream that was not capturing, which must leave the capture counted; and
