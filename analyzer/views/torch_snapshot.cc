@@ -16,7 +16,9 @@
 //     mapped piece.  At the end a segment with holes is listed as its mapped pieces, which
 //     memory_viz splits and joins again as it replays those two;
 //   - an "oom" line, or an alloc_fail with the out-of-memory code and no "oom" line before it, is
-//     "oom" (the rule of the report's OOM list, metrics/oom_diagnosis.cc).
+//     "oom" (the rule of the report's OOM list, metrics/oom_diagnosis.cc), with the failing call's
+//     frames (its alloc_fail's stack; a pool's "oom" entry waits for the alloc_fail after it) and
+//     the driver's free bytes when the log has them.
 // Frames are the allocation's stack, innermost first, as PyTorch lists them; a free carries the
 // frames of its allocation, as PyTorch's free entries do when the free itself has no context.
 #include "views/torch_snapshot.h"
@@ -79,6 +81,9 @@ class device_export {
     }
 
     void apply(const log_event& e) {
+        // A pool's "oom" entry is held for the alloc_fail of the same call, which names its stack;
+        // anything else in between writes it without frames first, so the trace keeps log order.
+        if (held_oom_ && !(e.ev == ev_kind::alloc_fail && e.dev == dev_)) write_held_oom(0);
         switch (e.ev) {
         case ev_kind::alloc: on_alloc(e); break;
         case ev_kind::free: on_free(e); break;
@@ -155,18 +160,23 @@ class device_export {
             break;
         case ev_kind::oom:
             if (e.dev != dev_) break;
-            oom_entry(e.size, e.has(fd_gpu_free) ? e.gpu_free : 0, e.t);
-            pending_oom_ = true;
-            pending_oom_size_ = e.size;
+            held_oom_ = true;
+            held_ = oom_fields{e.size, e.has(fd_gpu_free) ? e.gpu_free : 0, e.t};
             break;
-        case ev_kind::alloc_fail:
-            if (e.dev != dev_ || !e.has(fd_err) || e.err != 2) break;
-            if (pending_oom_ && pending_oom_size_ == e.size) {
-                pending_oom_ = false;  // the pool's "oom" line already stands for it
+        case ev_kind::alloc_fail: {
+            if (e.dev != dev_ || !e.has(fd_err) || e.err != 2) {
+                if (held_oom_) write_held_oom(0);
                 break;
             }
-            oom_entry(e.size, 0, e.t);
+            const uint32_t stack = stack_of(e);
+            if (held_oom_ && held_.size == e.size) {
+                write_held_oom(stack);  // the pool's "oom" line stands for this failure
+                break;
+            }
+            if (held_oom_) write_held_oom(0);
+            oom_entry(e.size, e.has(fd_gpu_free) ? e.gpu_free : 0, e.t, stack);
             break;
+        }
         default: break;
         }
     }
@@ -195,6 +205,11 @@ class device_export {
             if (it.seg) write_piece(it.addr, it.end, *it.seg);
             else write_whole_segment(it.addr, *it.w);
         }
+    }
+
+    // The end of the log: a pool's "oom" entry still held goes out without frames.
+    void finish() {
+        if (held_oom_) write_held_oom(0);
     }
 
   private:
@@ -282,7 +297,7 @@ class device_export {
         ++sum_.actions[size_t(a)];
     }
 
-    void oom_entry(uint64_t size, uint64_t device_free, uint64_t t) {
+    void oom_entry(uint64_t size, uint64_t device_free, uint64_t t, uint32_t stack) {
         // PyTorch's oom entry has the device's free bytes where others have "addr".
         w_.begin_dict();
         w_.str_memo("action");
@@ -296,9 +311,14 @@ class device_export {
         w_.str_memo("time_us");
         w_.uinteger(time_us(t));
         w_.str_memo("frames");
-        frames(0);
+        frames(stack);
         w_.end_dict();
         ++sum_.actions[size_t(torch_action::oom)];
+    }
+
+    void write_held_oom(uint32_t stack) {
+        held_oom_ = false;
+        oom_entry(held_.size, held_.device_free, held_.t, stack);
     }
 
     void open_whole(uint64_t ptr, const whole& x, uint64_t t) {
@@ -317,6 +337,11 @@ class device_export {
     }
 
     // The pool segment holding `ptr`: by its recorded base first, else by address.
+    // The stack an alloc or alloc_fail names, when the report knows it (0: none).
+    uint32_t stack_of(const log_event& e) const {
+        return e.has(fd_stack) && e.stack <= UINT32_MAX && rep_.stacks.find(uint32_t(e.stack)) ? uint32_t(e.stack) : 0;
+    }
+
     pool_segment* segment_of(uint64_t seg, uint64_t ptr, uint64_t* base) {
         auto s = segs_.find(seg);
         if (s == segs_.end()) {
@@ -331,7 +356,7 @@ class device_export {
 
     void on_alloc(const log_event& e) {
         if (e.ptr == 0) return;  // a zero-byte allocation: nothing is held
-        uint32_t stack = e.has(fd_stack) && e.stack <= UINT32_MAX && rep_.stacks.find(uint32_t(e.stack)) ? uint32_t(e.stack) : 0;
+        uint32_t stack = stack_of(e);
         if (e.kind == mem_kind::vmm) {
             handles_[e.ptr] = stack;  // physical memory: it shows where it is mapped
             return;
@@ -522,8 +547,11 @@ class device_export {
     torch_snapshot_summary& all_;
     uint64_t time_base_us_ = 0;
     bool reuse_safe_ = false;
-    bool pending_oom_ = false;
-    uint64_t pending_oom_size_ = 0;
+    struct oom_fields {
+        uint64_t size, device_free, t;
+    };
+    bool held_oom_ = false;  // held_: a pool's "oom" line waiting for its alloc_fail
+    oom_fields held_{};
     std::map<uint64_t, pool_segment> segs_;
     std::deque<std::pair<uint64_t, uint64_t>> pending_;  // (segment base, block), in free order
     std::unordered_map<uint64_t, whole> plain_, maps_;
@@ -553,6 +581,7 @@ void run_device_pass(const std::string& path, device_export& x) {
         if (line_parser::required_members(e) & ~e.present) continue;
         x.apply(e);
     }
+    x.finish();
 }
 
 }  // namespace

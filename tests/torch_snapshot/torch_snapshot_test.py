@@ -83,9 +83,9 @@ rules = [
      "requested": 2 * MiB, "largest_free": 18 * MiB, "free_blocks": 1, "segments": 1, "gpu_free": 5 * MiB,
      "gpu_total": 80 << 30},
     {"ev": "alloc_fail", "dev": 0, "api": "cudaMalloc", "kind": "device", "ptr": "0x0", "size": 1 << 30,
-     "seg": "0x0", "pooled": True, "err": 2},                      # the same OOM as the line before
+     "seg": "0x0", "pooled": True, "err": 2, "stack": 2},          # the same OOM as the line before
     {"ev": "alloc_fail", "dev": 0, "api": "cuMemAllocManaged", "kind": "managed", "ptr": "0x0", "size": 2 << 30,
-     "err": 2},                                                    # an OOM of its own
+     "err": 2, "stack": 1, "gpu_free": 7 * MiB, "gpu_total": 80 << 30},  # an OOM of its own
     {"ev": "alloc", "dev": 0, "api": "cuMemAllocManaged", "kind": "managed", "ptr": hex(S2), "size": 3000, "stack": 1},
     {"ev": "alloc", "dev": 0, "api": "cuMemCreate", "kind": "vmm", "ptr": "0x77", "size": 2 * MiB, "stack": 2},
     {"ev": "map", "dev": 0, "api": "cuMemMap", "ptr": "0x40000000", "size": 2 * MiB, "handle": "0x77", "offset": 0},
@@ -125,7 +125,11 @@ with tempfile.TemporaryDirectory() as d:
         check(t0[0]["time_us"] == 1_000_000 + 1, f"rules: time_us is wall-clock µs ({t0[0]['time_us']})")
         check([e["stream"] for e in t0 if e["action"] == "alloc"][0] == 5, "rules: the stream is kept")
         ooms = [e for e in t0 if e["action"] == "oom"]
-        check([(e["size"], e["device_free"]) for e in ooms] == [(1 << 30, 5 * MiB), (2 << 30, 0)], f"rules: ooms {ooms}")
+        check([(e["size"], e["device_free"]) for e in ooms] == [(1 << 30, 5 * MiB), (2 << 30, 7 * MiB)], f"rules: ooms {ooms}")
+        # Each OOM carries the failing call's frames: the pool's "oom" line takes them from the
+        # alloc_fail after it, a passed-through failure from its own.
+        check([[f["name"] for f in e["frames"]] for e in ooms] == [["0x1a2b", odd], ["load", "<module>"]],
+              f"rules: the OOMs' frames {[e['frames'] for e in ooms]}")
         with open(out, "rb") as f:
             raw = f.read()
         check(raw[:2] == b"\x80\x04" and raw.count(odd.encode()) == 1,
