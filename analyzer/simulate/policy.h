@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace gpumem::simulate {
@@ -30,6 +31,10 @@ public:
     // True for an allocator that gives back every whole free chunk of physical memory before it
     // fails (gpumem's pool on virtual memory): its failures can be "chunk rounding".
     virtual bool unmaps_free_chunks() const { return false; }
+    // A limit the allocator keeps itself to below the device's memory (PyTorch's
+    // per_process_memory_fraction), in bytes (0 refuses every segment); none when it has none.
+    // What it leaves, not the card's free memory, is what a failure's verdict may count on.
+    virtual std::optional<uint64_t> memory_limit() const { return std::nullopt; }
 };
 
 // What a policy name selects; see make_policy for the names.

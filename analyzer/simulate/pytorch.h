@@ -34,6 +34,9 @@ public:
     uint64_t largest_free() const override;
     uint64_t driver_allocs() const override { return driver_allocs_; }
     uint64_t driver_frees() const override { return driver_frees_; }
+    std::optional<uint64_t> memory_limit() const override {
+        return has_limit_ ? std::optional<uint64_t>(limit_) : std::nullopt;
+    }
 
     // The allocator's size rules, exposed for tests.
     static uint64_t round_size(uint64_t size, const pt_config& cfg);  // round_size()

@@ -28,7 +28,11 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
             // request no device could hold is not offered to the policy at all.
             const bool chunked = p.unmaps_free_chunks();  // decided by the pool at its first segment
             uint64_t res = p.reserved(), alloc = p.allocated(), free_in = res - alloc;
-            uint64_t gpu_free = capacity > res ? capacity - res : 0;
+            // The device's untouched memory: up to the allocator's own limit when it has one
+            // below the device (per_process_memory_fraction), else up to --capacity.
+            uint64_t bound = capacity;
+            if (auto l = p.memory_limit(); l && (!bound || *l < bound)) bound = *l;
+            uint64_t gpu_free = bound > res ? bound - res : 0;  // 0 also for a limit of 0
             uint64_t rounding = chunked && alloc > requested ? alloc - requested : 0;
             if (q.size > k_max_replay_request) r.failure = failure_reason::too_large;
             else if (res > k_max_replay_reserved) r.failure = failure_reason::too_much;  // served, and past the bound

@@ -390,6 +390,33 @@ TEST_CASE("per_process_memory_fraction: the allocator's own limit, which garbage
     CHECK(card.reserved() == 40 * MiB);
 }
 
+TEST_CASE("replay's verdict under per_process_memory_fraction counts the memory the limit leaves, not the card's") {
+    // 50 MiB allowed of a 100 MiB card: a second 30 MiB segment is refused by the limit, with nothing
+    // free in segments.  Free memory, not its layout, is short (capacity), whether or not --capacity
+    // names the card: the card's other 50 MiB are not the allocator's to take.
+    device_trace t = steps({A(0, 30 * MiB), A(1, 30 * MiB)});
+    for (uint64_t capacity : {uint64_t(0), 100 * MiB}) {
+        INFO("capacity " << capacity);
+        pytorch_policy p(conf("per_process_memory_fraction:0.5"), capacity, 100 * MiB);
+        replay_result r = replay(t, p, "pytorch:per_process_memory_fraction:0.5", capacity);
+        CHECK(r.fail_seq == 1);
+        CHECK(r.fail_free_in_segments == 0);
+        CHECK(r.failure == failure_reason::capacity);
+    }
+    // A fraction of 0 (PyTorch takes it) allows nothing: the first request already fails for capacity.
+    pytorch_policy none(conf("per_process_memory_fraction:0"), 100 * MiB, 100 * MiB);
+    CHECK(replay(t, none, "pytorch:per_process_memory_fraction:0", 100 * MiB).failure == failure_reason::capacity);
+    // Under the limit, what it leaves counts as free (25 MiB allowed): two 4 MiB blocks in one
+    // 20 MiB segment leave 12 MiB free in it and 5 MiB the limit still allows, 17 MiB in all, which
+    // would hold 14 MiB were it one block (fragmentation, as the OOM diagnosis calls it).
+    device_trace f = steps({A(0, 4 * MiB), A(1, 4 * MiB), A(2, 14 * MiB)});
+    pytorch_policy q(conf("per_process_memory_fraction:0.25"), 0, 100 * MiB);
+    replay_result r = replay(f, q, "pytorch:per_process_memory_fraction:0.25", 0);
+    CHECK(r.fail_seq == 2);
+    CHECK(r.fail_free_in_segments == 12 * MiB);
+    CHECK(r.failure == failure_reason::fragmentation);
+}
+
 TEST_CASE("streams: a block freed on one stream is never handed to another") {
     pytorch_policy p(pt_config{}, 0, 0);
     REQUIRE(p.allocate(0, 1000, 1));
