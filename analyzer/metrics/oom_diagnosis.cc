@@ -23,8 +23,9 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
         if (!e.has(fd_err) || e.err != 2) return;
         if (p.pending && p.size == e.size) {
             // The pool's "oom" already stands for this failure; attach the call's error and stack.
+            // Past the report's cap the "oom" was counted but not kept: the last OOM kept is another's.
             p.pending = false;
-            if (!d.rep.ooms.empty()) {
+            if (p.kept && !d.rep.ooms.empty()) {
                 d.rep.ooms.back().err = e.err;
                 d.rep.ooms.back().stack = failing_stack(e);
             }
@@ -45,8 +46,10 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     o.largest_free = d.largest_free();
     o.reserved = d.rep.reserved.current;
     o.allocated = d.rep.allocated.current;
-    o.gpu_free = e.has(fd_gpu_free) ? e.gpu_free : 0;
+    // Recorded only as a pair (gpu_total 0: the driver was not asked): a gpu_free alone is not
+    // counted, or the verdict would use memory the report calls "not recorded".
     o.gpu_total = e.has(fd_gpu_total) ? e.gpu_total : 0;
+    o.gpu_free = o.gpu_total && e.has(fd_gpu_free) ? e.gpu_free : 0;
     // Saturating: the two come from the log and may be anything.
     auto sum = [](uint64_t x, uint64_t y) { return x > UINT64_MAX - y ? UINT64_MAX : x + y; };
     uint64_t available = sum(o.free_in_segments, o.gpu_free);
@@ -84,11 +87,13 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
         ctx.snaps.settle_peak(d);
         o.map = ctx.snaps.take(d, "oom #" + std::to_string(d.rep.n_oom), e.seq, e.t, line);
     }
+    const bool kept = d.rep.ooms.size() < 1000;
     if (from_pool) {
         p.pending = true;
+        p.kept = kept;
         p.size = e.size;
     }
-    if (d.rep.ooms.size() < 1000) d.rep.ooms.push_back(std::move(o));
+    if (kept) d.rep.ooms.push_back(std::move(o));
 }
 
 }  // namespace gpumem::analysis

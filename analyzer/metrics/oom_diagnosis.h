@@ -29,6 +29,7 @@ private:
     uint32_t failing_stack(const log_event& e) const;
     struct pending_oom {
         bool pending = false;  // an "oom" not yet matched by its alloc_fail
+        bool kept = false;     // ... that the report keeps (the last of d.rep.ooms): it takes the call's err and stack
         uint64_t size = 0;
     };
     std::vector<pending_oom> pending_;  // by slot

@@ -183,3 +183,57 @@ TEST_CASE("an OOM the pool did not serve uses the driver's free memory its alloc
     CHECK(o["verdict"] == "fragmentation");
     CHECK_THAT(o["explanation"].get<std::string>(), Catch::Contains("the driver refused the call"));
 }
+
+TEST_CASE("past the report's 1000 OOMs, a later failure's stack is not given to the last OOM kept", "[output]") {
+    // The report keeps the first 1000 OOMs.  A pool refusal (oom) takes its call's stack from the
+    // alloc_fail that follows it; one past the cap must not write its stack (or err) onto OOM #1000,
+    // which would then name a line that did not ask for its memory.
+    std::string log =
+        "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":4,\"pid\":1,\"host\":\"h\",\"devices\":[{\"index\":0,"
+        "\"name\":\"e\",\"total\":1073741824}],\"config\":{\"pool\":\"on\",\"stacks\":\"python\",\"pool_vmm\":\"off\"}}\n"
+        "{\"ev\":\"stack\",\"id\":1,\"frames\":[{\"function\":\"ask\",\"file\":\"/src/a.py\",\"line\":1}]}\n"
+        "{\"ev\":\"stack\",\"id\":2,\"frames\":[{\"function\":\"later\",\"file\":\"/src/b.py\",\"line\":2}]}\n";
+    uint64_t seq = 0;
+    for (int i = 0; i < 1001; ++i) {
+        const std::string s = std::to_string(i < 1000 ? 1 : 2);
+        log += "{\"ev\":\"oom\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq + 1) +
+               ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":2147483648,\"reserved\":0,\"allocated\":0,"
+               "\"requested\":0,\"largest_free\":0,\"free_blocks\":0,\"segments\":0,\"gpu_free\":0,\"gpu_total\":1073741824}\n";
+        ++seq;
+        log += "{\"ev\":\"alloc_fail\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq + 1) +
+               ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":2147483648,"
+               "\"seg\":\"0x0\",\"pooled\":true,\"err\":2,\"stack\":" + s + "}\n";
+        ++seq;
+    }
+    temp_file f(log, "oom_cap");
+    process_report p = analyze_file(f.path, {});
+    REQUIRE(p.devices.size() == 1);
+    const device_report& d = p.devices[0];
+    CHECK(d.n_oom == 1001);
+    REQUIRE(d.ooms.size() == 1000);
+    CHECK(d.ooms.front().stack == 1);
+    CHECK(d.ooms.back().stack == 1);  // its own alloc_fail's, not the 1001st's (stack 2)
+    CHECK(d.ooms.back().err == 2);
+}
+
+TEST_CASE("an OOM line's gpu_free without gpu_total is not recorded, for the verdict as for the text", "[output]") {
+    // The recorder writes the two together (gpu_total 0: the driver was not asked).  A log with
+    // gpu_free alone must not get a verdict that counts memory the same report calls "not recorded".
+    std::string log =
+        "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":4,\"pid\":1,\"host\":\"h\",\"devices\":[{\"index\":0,"
+        "\"name\":\"e\",\"total\":1073741824}],\"config\":{\"pool\":\"off\"}}\n"
+        "{\"ev\":\"alloc_fail\",\"seq\":0,\"t\":1,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\","
+        "\"size\":2147483648,\"err\":2,\"gpu_free\":5368709120}\n"
+        "{\"ev\":\"alloc_fail\",\"seq\":1,\"t\":2,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\","
+        "\"size\":2147483648,\"err\":2,\"gpu_free\":5368709120,\"gpu_total\":0}\n"
+        "{\"ev\":\"end\",\"seq\":2,\"t\":3,\"tid\":1,\"reason\":\"exit\"}\n";
+    temp_file f(log, "gpu_free_alone");
+    process_report p = analyze_file(f.path, {});
+    REQUIRE(p.devices.size() == 1);
+    REQUIRE(p.devices[0].ooms.size() == 2);
+    for (const oom_report& o : p.devices[0].ooms) {
+        CHECK(o.gpu_total == 0);
+        CHECK(o.gpu_free == 0);
+        CHECK(o.verdict == "capacity");
+    }
+}
