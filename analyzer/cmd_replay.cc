@@ -415,7 +415,9 @@ int run_replay(replay_args& a) {
         try {
             auto p = sim::make_policy(t.spec, capacity, total, tr.config_json, &err);
             if (!p) {
-                task_errors[i] = tr.file + ": " + err;
+                // The options were understood above: what fails now is the device the header gives
+                // (per_process_memory_fraction of a device of unknown size), named at line 1.
+                task_errors[i] = input_error(tr.file, 1, err).what();
                 return;
             }
             sim::replay_result r = sim::replay(*t.job->dev, *p, t.name, capacity, on_requests);

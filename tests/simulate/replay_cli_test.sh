@@ -49,7 +49,7 @@ PY
   || fail "per_process_memory_fraction"
 sed 's/,"total":42949672960//' "$W/frag.jsonl" > "$W/nototal.jsonl"
 "$GPUMEM" replay "$W/nototal.jsonl" --policy pytorch:per_process_memory_fraction:0.5 2> "$W/err" >/dev/null; rc=$?
-[ $rc = 2 ] && grep -q "per_process_memory_fraction: the device's memory is unknown" "$W/err" \
+[ $rc = 2 ] && grep -q "nototal.jsonl:1: .*per_process_memory_fraction: the device's memory is unknown" "$W/err" \
   || fail "per_process_memory_fraction without the device's memory: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/nototal.jsonl" --api cudaMalloc --capacity 40MiB --policy pytorch:per_process_memory_fraction:0.5 > /dev/null \
   || fail "per_process_memory_fraction of --capacity: exit $?"
