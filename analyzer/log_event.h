@@ -73,6 +73,9 @@ struct log_event {
     bool has(field f) const { return present & bit(f); }
     // Bytes set aside: "asize" when the recorder wrote it, else "size".
     uint64_t set_aside() const { return has(fd_asize) ? asize : size; }
+    // The driver's free bytes an oom, stats or alloc_fail line recorded: only as a pair with a
+    // non-zero gpu_total, as the recorder writes them (gpu_total 0: the driver was not asked).
+    uint64_t recorded_gpu_free() const { return has(fd_gpu_total) && gpu_total && has(fd_gpu_free) ? gpu_free : 0; }
 };
 
 }  // namespace gpumem::analysis

@@ -46,10 +46,10 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     o.largest_free = d.largest_free();
     o.reserved = d.rep.reserved.current;
     o.allocated = d.rep.allocated.current;
-    // Recorded only as a pair (gpu_total 0: the driver was not asked): a gpu_free alone is not
-    // counted, or the verdict would use memory the report calls "not recorded".
+    // A gpu_free without its gpu_total is not counted, or the verdict would use memory the report
+    // calls "not recorded" (log_event::recorded_gpu_free).
     o.gpu_total = e.has(fd_gpu_total) ? e.gpu_total : 0;
-    o.gpu_free = o.gpu_total && e.has(fd_gpu_free) ? e.gpu_free : 0;
+    o.gpu_free = e.recorded_gpu_free();
     // Saturating: the two come from the log and may be anything.
     auto sum = [](uint64_t x, uint64_t y) { return x > UINT64_MAX - y ? UINT64_MAX : x + y; };
     uint64_t available = sum(o.free_in_segments, o.gpu_free);

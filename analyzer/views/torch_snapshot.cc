@@ -161,7 +161,7 @@ class device_export {
         case ev_kind::oom:
             if (e.dev != dev_) break;
             held_oom_ = true;
-            held_ = oom_fields{e.size, e.has(fd_gpu_free) ? e.gpu_free : 0, e.t};
+            held_ = oom_fields{e.size, e.recorded_gpu_free(), e.t};
             break;
         case ev_kind::alloc_fail: {
             if (e.dev != dev_ || !e.has(fd_err) || e.err != 2) {
@@ -174,7 +174,7 @@ class device_export {
                 break;
             }
             if (held_oom_) write_held_oom(0);
-            oom_entry(e.size, e.has(fd_gpu_free) ? e.gpu_free : 0, e.t, stack);
+            oom_entry(e.size, e.recorded_gpu_free(), e.t, stack);
             break;
         }
         default: break;
