@@ -36,9 +36,9 @@ std::string worst_moment(const measure& m, const process_report& proc, const dev
                std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
     if (m.value == device_field::n_oom && !dev.ooms.empty()) {
         const oom_report& o = dev.ooms[0];
-        const auto* fr = proc.stacks.find(o.stack);
+        const std::string asked = asked_by_name(proc, o.stack);
         return "first: " + fmt_bytes(o.size) + " from " + o.api + " at " + fmt_time(o.t) + " (seq " + std::to_string(o.seq) +
-               "), " + o.verdict + (fr && !fr->empty() ? ", asked for by " + site_name(fr) : "");
+               "), " + o.verdict + (asked.empty() ? "" : ", asked for by " + asked);
     }
     if (m.value != device_field::leaked_bytes || dev.leaks.empty()) return "";
     const block_view& l = dev.leaks[0];

@@ -285,8 +285,8 @@ void print_summary(const std::vector<std::string>& logs) {
     for (size_t i = 0; i < ooms.size() && i < 3; ++i) {
         const oom_report& o = *ooms[i].second;
         // The line that asked, when the log recorded the failing call's stack: what to look at first.
-        const auto* fr = ooms[i].first->stacks.find(o.stack);
-        const std::string asked = fr && !fr->empty() ? ", asked for by " + site_name(fr) : "";
+        std::string asked = asked_by_name(*ooms[i].first, o.stack);
+        if (!asked.empty()) asked = ", asked for by " + asked;
         std::fprintf(stderr, "  OOM in pid %lld at %s: %s of %s, verdict %s%s\n", (long long)ooms[i].first->pid,
                      fmt_time(o.t).c_str(), o.api.c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str(), asked.c_str());
     }

@@ -270,7 +270,7 @@ std::string call_sites_html(const process_report& p, const device_report& d) {
 std::string asked_for_html(const process_report& p, uint32_t stack) {
     if (!p.stacks.any()) return "";
     const auto* fr = p.stacks.find(stack);
-    if (!fr || fr->empty()) return "<p>asked for by (no stack recorded for the failing call)</p>\n";
+    if (!fr || fr->empty()) return std::string("<p>asked for by ") + k_no_failing_stack + "</p>\n";
     std::string site, callers;
     site_cells(fr, site, callers);
     return "<p>asked for by <code>" + html_escape(site) + "</code>" +

@@ -72,7 +72,7 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
                 ojson args = {{"device", d.dev}, {"size", o.size}, {"largest_free", o.largest_free},
                               {"free_in_segments", o.free_in_segments}, {"verdict", o.verdict}};
                 // The failing call's site, named as gpumem diff names sites, when its stack was recorded.
-                if (const auto* fr = p.stacks.find(o.stack); fr && !fr->empty()) args["asked_by"] = site_name(fr);
+                if (std::string asked = asked_by_name(p, o.stack); !asked.empty()) args["asked_by"] = asked;
                 events.push_back({{"name", "OOM " + fmt_bytes(o.size) + " (" + o.verdict + ")"}, {"ph", "i"}, {"s", "p"},
                                   {"ts", ts(o.t)}, {"pid", pid}, {"tid", 0}, {"args", args}});
             }

@@ -106,6 +106,11 @@ std::string site_key(const std::vector<frame_view>* frames) {
     return k;
 }
 
+std::string asked_by_name(const process_report& p, uint32_t stack) {
+    const auto* fr = p.stacks.find(stack);
+    return fr && !fr->empty() ? site_name(fr) : "";
+}
+
 std::string site_name(const std::vector<frame_view>* frames) {
     if (!frames || frames->empty()) return "(no stack)";
     size_t u = user_frame(*frames);

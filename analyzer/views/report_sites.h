@@ -59,6 +59,12 @@ std::string site_key(const std::vector<frame_view>* frames);
 // "(inside ...)" the innermost frame when that is another; "(no stack)" when there is none.
 std::string site_name(const std::vector<frame_view>* frames);
 
+// An OOM's failing call, named as site_name names it, for one-line messages (run's summary, check,
+// Perfetto); "" when its stack was not recorded.
+std::string asked_by_name(const process_report& p, uint32_t stack);
+// What the text and HTML reports say of a failing call without a stack in a log that has stacks.
+inline constexpr const char* k_no_failing_stack = "(no stack recorded for the failing call)";
+
 // One site in two runs (`gpumem diff`).  A side's value is known when the site is listed there or
 // that side lists every site (then an unlisted one has 0 bytes); otherwise it is below `bound`,
 // the smallest bytes that side lists.

@@ -317,7 +317,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
             const auto* fr = p.stacks.find(o.stack);
             os << "    asked for by ";
             if (fr && !fr->empty()) write_frames_text(os, *fr, "        ");
-            else os << "(no stack recorded for the failing call)\n";
+            else os << k_no_failing_stack << "\n";
         }
         os << "    requested " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
            << " | largest free block " << fmt_bytes(o.largest_free) << " | free on GPU "

@@ -339,7 +339,7 @@ class device_export {
     // The pool segment holding `ptr`: by its recorded base first, else by address.
     // The stack an alloc or alloc_fail names, when the report knows it (0: none).
     uint32_t stack_of(const log_event& e) const {
-        return e.has(fd_stack) && e.stack <= UINT32_MAX && rep_.stacks.find(uint32_t(e.stack)) ? uint32_t(e.stack) : 0;
+        return e.has(fd_stack) ? rep_.stacks.defined(e.stack) : 0;
     }
 
     pool_segment* segment_of(uint64_t seg, uint64_t ptr, uint64_t* base) {
