@@ -186,8 +186,14 @@ struct runtime_scope {
 
 // Shared by the wrappers: the call_info for an api, and one allocation record (success or failure).
 call_info make_call(api_id api, int dev) noexcept;
+// dev: the device the memory is on, where the call names it (a stream's, a memory pool's);
+// k_current_device: the current context's (host memory: none).
+constexpr int k_current_device = -1;
 void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
-                  bool has_stream, uint64_t stream, uint64_t mempool) noexcept;
+                  bool has_stream, uint64_t stream, uint64_t mempool, int dev = k_current_device) noexcept;
+// The device a stream-ordered allocation on stream s draws from: the stream's (cuStreamGetDevice,
+// CUDA 12.8), else k_current_device.
+int device_of_stream(void* s) noexcept;
 // The real function of a shared libcudart (RTLD_NEXT, else any loaded libcudart*).
 void* real_runtime(const char* name) noexcept;
 

@@ -40,10 +40,10 @@ static void note_driver_memory(call_info& c, int err) noexcept {
 }
 
 void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
-                  bool has_stream, uint64_t stream, uint64_t mempool) noexcept {
+                  bool has_stream, uint64_t stream, uint64_t mempool, int dev) noexcept {
     recorder* rec = recorder_or_null();
     if (!rec) return;
-    call_info c = make_call(api, kind == mem_kind::host ? -1 : current_device());
+    call_info c = make_call(api, kind == mem_kind::host ? -1 : dev >= 0 ? dev : current_device());
     c.kind = kind;
     c.has_stream = has_stream;
     c.stream = stream;
@@ -317,12 +317,19 @@ constexpr bool is_ptsz(const char* n) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Stream-ordered allocations: the driver's own pools serve them; gpumem records, never pools them.
 
-// The device a stream-ordered allocation on s draws from: the stream's (cuStreamGetDevice, CUDA
-// 12.8), else the current context's (-1).
-static int device_of_stream(CUstream s) noexcept {
+// cuMemAllocAsync draws from the pool current to its stream's device, which need not be the
+// current context's: its record and its give-back name the stream's.
+int device_of_stream(void* s) noexcept {
     auto get = real<CUresult (*)(CUstream, CUdevice*)>(drv::cuStreamGetDevice);
     CUdevice d = 0;
-    return get && get(s, &d) == CUDA_SUCCESS ? int(d) : -1;
+    return get && get(CUstream(s), &d) == CUDA_SUCCESS && d >= 0 ? int(d) : k_current_device;
+}
+// The device a memory pool placed an allocation on (the pool's location, which neither the
+// current context nor the stream says); k_current_device when the driver does not answer.
+static int device_of_pointer(CUdeviceptr p) noexcept {
+    auto get = real<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>(drv::cuPointerGetAttribute);
+    int d = -1;
+    return get && get(&d, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS && d >= 0 ? d : k_current_device;
 }
 
 #define GPUMEM_ALLOC_ASYNC(NAME)                                                                      \
@@ -333,9 +340,10 @@ static int device_of_stream(CUstream s) noexcept {
         if (guard::active() || !dptr) return f(dptr, bytes, s);                                        \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
-        CUresult r = retry_after_give_back(api, device_of_stream(s), [&] { return f(dptr, bytes, s); }); \
+        const int dev = device_of_stream(named_stream<is_ptsz(#NAME)>(s));                             \
+        CUresult r = retry_after_give_back(api, dev, [&] { return f(dptr, bytes, s); });               \
         record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
-                     uint64_t(s), 0);                                                                  \
+                     uint64_t(s), 0, dev);                                                             \
         return r;                                                                                      \
     }
 GPUMEM_ALLOC_ASYNC(cuMemAllocAsync)
@@ -352,7 +360,7 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         /* the memory pool's location may be any device: every pool gives back */                      \
         CUresult r = retry_after_give_back(api, -2, [&] { return f(dptr, bytes, pool, s); });          \
         record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
-                     uint64_t(s), uint64_t(pool));                                                     \
+                     uint64_t(s), uint64_t(pool), r == CUDA_SUCCESS ? device_of_pointer(*dptr) : k_current_device); \
         return r;                                                                                      \
     }
 GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)

@@ -72,7 +72,7 @@ GPUMEM_EXPORT int cudaMallocAsync(void** p, size_t size, void* stream) {
     int r = f(p, size, stream);
     if (!s.recorded)
         record_alloc(api_id::cudaMallocAsync, mem_kind::device, r, r == 0 ? uint64_t(uintptr_t(*p)) : 0, size, 0, true,
-                     uint64_t(uintptr_t(stream)), 0);
+                     uint64_t(uintptr_t(stream)), 0, device_of_stream(stream));
     return r;
 }
 

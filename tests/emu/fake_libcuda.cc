@@ -110,6 +110,9 @@ struct emu_state {
     };
     std::map<CUstream, capture_rec> capturing_streams;  // which streams capture
     std::map<uint64_t, int> graph_allocs;       // stream-ordered allocations made during a capture
+    // A stream's device (the current one at its creation), for cuStreamGetDevice and the
+    // stream-ordered allocations, which draw from their stream's device as the driver's do.
+    std::map<CUstream, int> stream_devices;
 };
 
 emu_state& st() {
@@ -187,10 +190,11 @@ int dev_of(CUcontext c) { return int(reinterpret_cast<uintptr_t>(c) - 0xC0000); 
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind) {
+// dev: the device to allocate on; -1, the current context's.
+CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_dev();
+    if (dev < 0) dev = current_dev();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     spin_latency();
@@ -499,6 +503,24 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
 static CUresult make_stream(CUstream* s) {
     static std::atomic<uintptr_t> next{0x5000};
     *s = reinterpret_cast<CUstream>(next.fetch_add(0x10));
+    std::lock_guard<std::mutex> lk(st().capture_mu);
+    st().stream_devices[*s] = current_dev();
+    return CUDA_SUCCESS;
+}
+// The device of a stream: the legacy, per-thread and null streams are the current context's.
+static int stream_device(CUstream s) {
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) {
+        std::lock_guard<std::mutex> lk(st().capture_mu);
+        auto it = st().stream_devices.find(s);
+        if (it != st().stream_devices.end()) return it->second;
+    }
+    return current_dev();
+}
+EMU_EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice* d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    const int dev = stream_device(s);
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = dev;
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned int) { return make_stream(s); }
@@ -777,7 +799,7 @@ EMU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t size, unsigned int)
 // A stream-ordered allocation on a capturing stream is a graph allocation, which the capture may free
 // (freed at once here: the emulated device launches no graph).
 static CUresult ordered_alloc(CUdeviceptr* p, size_t size, CUstream s) {
-    CUresult r = device_alloc(p, size, 0);
+    CUresult r = device_alloc(p, size, 0, stream_device(s));
     if (r == CUDA_SUCCESS && stream_capturing(s)) {
         std::lock_guard<std::mutex> lk(st().capture_mu);
         st().graph_allocs[uint64_t(*p)] = 1;
@@ -1264,7 +1286,7 @@ const fn_entry k_functions[] = {
     E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxGetState), E(cuCtxSetCurrent), E(cuCtxGetCurrent),
     E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
-    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
+    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuStreamGetDevice), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
     E(cuModuleLoadData), E(cuKernelGetAttribute),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},

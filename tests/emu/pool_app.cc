@@ -303,6 +303,26 @@ void kernel_attr_device() {
     printf("kernel_attr_rc=%d\n", rc);
 }
 
+// Stream-ordered allocations on a stream of device 1 while device 0's context is current (needs
+// GPUMEM_EMU_DEVICES=2): each draws from device 1, as the driver's do, so its record must name
+// device 1, its failure too (a request larger than the device), and the free through the stream.
+// The memory pool route as well (the emulated driver places it on the stream's device).
+void async_other_device() {
+    CUcontext c0 = setup();
+    CUcontext c1;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
+    CHECK(cuCtxSetCurrent(c1));
+    CUstream s1;
+    CHECK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    CHECK(cuCtxSetCurrent(c0));
+    CUdeviceptr p = 0, q = 0, r = 0;
+    printf("async_rc=%d\n", int(cuMemAllocAsync(&p, 64u << 20, s1)));
+    printf("async_oom_rc=%d\n", int(cuMemAllocAsync(&q, size_t(1) << 40, s1)));
+    printf("from_pool_rc=%d\n", int(cuMemAllocFromPoolAsync(&r, 32u << 20, reinterpret_cast<CUmemoryPool>(0x77), s1)));
+    printf("free_rc=%d\n", int(cuMemFreeAsync(p, s1)));
+    printf("free_pool_rc=%d\n", int(cuMemFreeAsync(r, s1)));
+}
+
 // A function launched first in one context, then again after cuDevicePrimaryCtxReset: the new
 // context loads it again (GPUMEM_EMU_MODULE_BYTES), so that launch is a first use as well, each
 // time after the program filled the device and freed it all.  With `v1` the reset is the first ABI,
@@ -947,6 +967,7 @@ int main(int argc, char** argv) {
     else if (s == "capture-modes") capture_modes();
     else if (s == "other-allocators") other_allocators();
     else if (s == "kernel-attr-device") kernel_attr_device();
+    else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
     else if (s == "reset") reset();
     else if (s == "release-cycle") release_cycle(argc > 2 && !strcmp(argv[2], "v1"));
@@ -961,7 +982,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | async-other-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -794,6 +794,58 @@ TEST_CASE("pool: a kernel's first attribute query makes headroom on the device i
     }
 }
 
+TEST_CASE("a stream-ordered allocation on another device's stream is recorded on the stream's device, its failure too") {
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_CAPACITY", "256M"}};
+    auto bare = values(run({EMU_POOL_APP, "async-other-device"}, env, false).out);
+    CHECK(bare["async_rc"] == "0");
+    CHECK(bare["async_oom_rc"] == "2");
+    for (const char* pool : {"on", "off"}) {
+        INFO("GPUMEM_POOL=" << pool);
+        auto e = env;
+        e["GPUMEM_POOL"] = pool;
+        auto r = run({EMU_POOL_APP, "async-other-device"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out) == bare);
+        int allocs = 0, fails = 0, frees = 0;
+        for (const auto& l : ls) {
+            const std::string api = l.value("api", "");
+            if (api.rfind("cuMem", 0) != 0 || api.find("Async") == std::string::npos) continue;
+            INFO(l.dump());
+            if (l["ev"] == "alloc") {
+                ++allocs;
+                CHECK(l.value("dev", -1) == 1);  // was the current context's device, 0
+            } else if (l["ev"] == "alloc_fail") {
+                ++fails;
+                CHECK(l.value("dev", -1) == 1);
+                // Device 0 is current: its free memory would not be device 1's, so none is recorded.
+                CHECK(!l.contains("gpu_free"));
+            } else if (l["ev"] == "free") {
+                ++frees;
+            }
+        }
+        CHECK(allocs == 2);
+        CHECK(fails == 1);
+        CHECK(frees == 2);
+        // The report puts the 96 MiB on device 1 and finds each free on its allocation's device.
+        std::string cmd = std::string(GPUMEM_CLI) + " report --json '" + r.logs[0] + "' 2>/dev/null";
+        FILE* p = popen(cmd.c_str(), "r");
+        std::string out;
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+        REQUIRE(pclose(p) == 0);
+        const json proc = json::parse(out)["processes"][0];
+        INFO(proc["warnings"].dump());
+        CHECK(proc["n_warnings"] == 0);
+        uint64_t peak1 = 0;
+        for (auto& d : proc["devices"])
+            if (d["dev"] == 1) peak1 = d["peak_requested_bytes"].get<uint64_t>();
+        CHECK(peak1 == uint64_t(96) << 20);
+        check_rebuild(ls);
+    }
+}
+
 TEST_CASE("pool: after a context reset a function's launch is a first use again, and finds the headroom") {
     const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "256M"},
                                                     {"GPUMEM_EMU_MODULE_BYTES", std::to_string(2u << 20)}};
