@@ -145,6 +145,17 @@ void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexce
 // (b) dlsym.  Written as an assembly trampoline so that, for every name we do not substitute, glibc's
 // dlsym is entered by a tail jump and sees the *caller's* return address: RTLD_NEXT then means "next
 // after the caller", exactly as without gpumem.
+// What gpumem_dlsym_substitute returns for "the answer is NULL": the trampoline below returns NULL
+// without calling glibc's dlsym.
+static void* const k_dlsym_null = reinterpret_cast<void*>(1);
+
+// Whether p is in libgpumem.so itself (one of its exports).
+static bool in_this_library(void* p) noexcept {
+    Dl_info self{}, other{};
+    return dladdr(reinterpret_cast<void*>(&in_this_library), &self) && dladdr(p, &other) &&
+           self.dli_fbase == other.dli_fbase;
+}
+
 extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char* name) noexcept {
     load_real_dlsym();
     if (!name || name[0] != 'c' || name[1] != 'u') return nullptr;
@@ -155,7 +166,16 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
         if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
         // Substitute only where the real lookup would have found something.
         void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver(drv(i)) : real_dlsym(handle, name);
-        return found ? hooks[i].wrapper : nullptr;
+        if (found) return hooks[i].wrapper;
+        if (handle != RTLD_DEFAULT) return nullptr;
+        // No libcuda loaded, or one without this function (an older driver): glibc's lookup
+        // would find gpumem's own export of the name and hand a program probing for the driver
+        // a function that can only fail.  Answered as without gpumem: past libgpumem.so
+        // (real_dlsym runs in this library, so RTLD_NEXT starts after it), NULL with dlerror()
+        // set when nothing there defines it.
+        void* d = real_dlsym(RTLD_DEFAULT, name);
+        if (d && in_this_library(d)) d = real_dlsym(RTLD_NEXT, name);
+        return d ? d : k_dlsym_null;
     }
     if (is_per_thread_symbol(name)) {
         // A per-thread variant: watched through a thunk, when it is libcuda's.
@@ -190,6 +210,10 @@ dlsym:
     jnz 1f
     jmp *gpumem_real_dlsym_ptr(%rip)
 1:
+    cmp $1, %rax
+    jne 2f
+    xor %eax, %eax
+2:
     ret
     .cfi_endproc
     .size dlsym, .-dlsym

@@ -105,6 +105,16 @@ inline run_result run(std::vector<std::string> argv, std::map<std::string, std::
     return r;
 }
 
+// `key=value` lines a program printed.
+inline std::map<std::string, std::string> values(const std::string& out) {
+    std::map<std::string, std::string> m;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+        if (auto eq = line.find('='); eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+    return m;
+}
+
 inline std::vector<json> lines_of(const std::string& path) {
     std::ifstream in(path);
     std::vector<json> out;

@@ -128,6 +128,24 @@ TEST_CASE("way a off: the same program records nothing, so way a alone did it") 
     CHECK(r.logs.empty());
 }
 
+TEST_CASE("way b: dlsym(RTLD_DEFAULT) of a driver function answers as without gpumem when libcuda lacks it") {
+    // Without libcuda in the process, glibc found libgpumem.so's own exports: a probe for the
+    // driver got a function that could only fail.  Every answer must match the bare run's.
+    auto bare = run({EMU_DLSYM_PROBE}, {}, false);
+    auto pre = run({EMU_DLSYM_PROBE});
+    REQUIRE(WIFEXITED(pre.status));
+    REQUIRE(WEXITSTATUS(pre.status) == 0);
+    const auto b = values(bare.out), p = values(pre.out);
+    CHECK(b.at("before_alloc") == "0");
+    CHECK(b.at("loaded") == "1");
+    CHECK(b.at("after_alloc") == "1");
+    CHECK(b.at("after_green") == "0");  // the emulated driver has no green contexts
+    for (const auto& [k, v] : b) {
+        INFO(k);
+        CHECK(p.at(k) == v);
+    }
+}
+
 TEST_CASE("way b: dlsym on the libcuda handle, as JAX does") {
     check_basic_driver(run({EMU_DRIVER_APP, "basic-dlsym"}, {{"GPUMEM_ROUTES", "b"}}));
     auto off = run({EMU_DRIVER_APP, "basic-dlsym"}, {{"GPUMEM_ROUTES", "a,c,d"}});

@@ -10,15 +10,6 @@ namespace {
 
 uint64_t hex(const json& j) { return std::stoull(j.get<std::string>(), nullptr, 16); }
 
-// `key=value` lines a program printed.
-std::map<std::string, std::string> values(const std::string& out) {
-    std::map<std::string, std::string> m;
-    std::istringstream in(out);
-    std::string line;
-    while (std::getline(in, line))
-        if (auto eq = line.find('='); eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
-    return m;
-}
 uint64_t num(const std::map<std::string, std::string>& m, const std::string& k) {
     auto it = m.find(k);
     INFO("missing key " << k);

@@ -1,0 +1,29 @@
+// A program that looks for the CUDA driver the way one with an optional GPU path does: dlsym(RTLD_DEFAULT) before and after it loads libcuda.so.1.
+//
+// It is not linked with libcuda, so before the dlopen no driver is in the process: each probe must
+// answer as it does without libgpumem.so (NULL, with dlerror() set), though the preloaded library
+// exports the same names.  After loading the emulated driver, a function it has resolves and one
+// it lacks (cuGreenCtxCreate, as on a driver older than 12.4) does not.  Prints key=value lines.
+#include <dlfcn.h>
+
+#include <cstdio>
+
+namespace {
+void probe(const char* key, const char* name) {
+    dlerror();
+    void* p = dlsym(RTLD_DEFAULT, name);
+    const bool error_set = dlerror() != nullptr;
+    printf("%s=%d\n%s_dlerror=%d\n", key, p != nullptr, key, error_set);
+}
+}  // namespace
+
+int main() {
+    probe("before_alloc", "cuMemAlloc_v2");
+    probe("before_resolver", "cuGetProcAddress_v2");
+    probe("before_green", "cuGreenCtxCreate");
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    printf("loaded=%d\n", h != nullptr);
+    probe("after_alloc", "cuMemAlloc_v2");
+    probe("after_green", "cuGreenCtxCreate");
+    return 0;
+}
