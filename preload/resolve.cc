@@ -165,15 +165,18 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
     for (int i = 0; i < int(drv::count_); ++i) {
         if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
         // Substitute only where the real lookup would have found something.
-        void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver(drv(i)) : real_dlsym(handle, name);
-        if (found) return hooks[i].wrapper;
-        if (handle != RTLD_DEFAULT) return nullptr;
-        // No libcuda loaded, or one without this function (an older driver): glibc's lookup
-        // would find gpumem's own export of the name and hand a program probing for the driver
-        // a function that can only fail.  Answered as without gpumem: past libgpumem.so
-        // (real_dlsym runs in this library, so RTLD_NEXT starts after it), NULL with dlerror()
-        // set when nothing there defines it.
-        void* d = real_dlsym(RTLD_DEFAULT, name);
+        const bool global = handle == RTLD_NEXT || handle == RTLD_DEFAULT;
+        void* found = global ? real_driver(drv(i)) : real_dlsym(handle, name);
+        if (found && !in_this_library(found)) return hooks[i].wrapper;
+        // RTLD_DEFAULT, or a handle whose scope holds gpumem (the program's own, dlopen(NULL),
+        // which Python's ctypes.CDLL(None) uses), where libcuda is not loaded or lacks the
+        // function (an older driver): glibc's lookup would find gpumem's own export of the name
+        // and hand a program probing for the driver a function that can only fail.  Answered as
+        // without gpumem: past libgpumem.so (real_dlsym runs in this library, so RTLD_NEXT starts
+        // after it), NULL with dlerror() set when nothing there defines it.
+        if (!found && handle != RTLD_DEFAULT) return nullptr;  // glibc's own answer: not gpumem's
+        if (found && real_driver(drv(i))) return hooks[i].wrapper;
+        void* d = found ? found : real_dlsym(RTLD_DEFAULT, name);
         if (d && in_this_library(d)) d = real_dlsym(RTLD_NEXT, name);
         return d ? d : k_dlsym_null;
     }

@@ -1,4 +1,4 @@
-// A program that looks for the CUDA driver the way one with an optional GPU path does: dlsym(RTLD_DEFAULT) before and after it loads libcuda.so.1.
+// A program that looks for the CUDA driver the way one with an optional GPU path does: dlsym of RTLD_DEFAULT and of its own handle before and after it loads libcuda.so.1.
 //
 // It is not linked with libcuda, so before the dlopen no driver is in the process: each probe must
 // answer as it does without libgpumem.so (NULL, with dlerror() set), though the preloaded library
@@ -7,13 +7,18 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <utility>
 
 namespace {
+// Both ways: RTLD_DEFAULT, and the program's own handle (dlopen(NULL), as Python's ctypes.CDLL(None)).
 void probe(const char* key, const char* name) {
-    dlerror();
-    void* p = dlsym(RTLD_DEFAULT, name);
-    const bool error_set = dlerror() != nullptr;
-    printf("%s=%d\n%s_dlerror=%d\n", key, p != nullptr, key, error_set);
+    void* self = dlopen(nullptr, RTLD_NOW);
+    for (auto [way, handle] : {std::pair<const char*, void*>{"default", RTLD_DEFAULT}, {"self", self}}) {
+        dlerror();
+        void* p = dlsym(handle, name);
+        const bool error_set = dlerror() != nullptr;
+        printf("%s_%s=%d\n%s_%s_dlerror=%d\n", key, way, p != nullptr, key, way, error_set);
+    }
 }
 }  // namespace
 

@@ -128,7 +128,7 @@ TEST_CASE("way a off: the same program records nothing, so way a alone did it") 
     CHECK(r.logs.empty());
 }
 
-TEST_CASE("way b: dlsym(RTLD_DEFAULT) of a driver function answers as without gpumem when libcuda lacks it") {
+TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as without gpumem when libcuda lacks the function") {
     // Without libcuda in the process, glibc found libgpumem.so's own exports: a probe for the
     // driver got a function that could only fail.  Every answer must match the bare run's.
     auto bare = run({EMU_DLSYM_PROBE}, {}, false);
@@ -136,10 +136,13 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) of a driver function answers as without gp
     REQUIRE(WIFEXITED(pre.status));
     REQUIRE(WEXITSTATUS(pre.status) == 0);
     const auto b = values(bare.out), p = values(pre.out);
-    CHECK(b.at("before_alloc") == "0");
+    for (const char* way : {"default", "self"}) {
+        INFO(way);
+        CHECK(b.at(std::string("before_alloc_") + way) == "0");
+        CHECK(b.at(std::string("after_alloc_") + way) == "1");
+        CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
+    }
     CHECK(b.at("loaded") == "1");
-    CHECK(b.at("after_alloc") == "1");
-    CHECK(b.at("after_green") == "0");  // the emulated driver has no green contexts
     for (const auto& [k, v] : b) {
         INFO(k);
         CHECK(p.at(k) == v);
