@@ -164,21 +164,24 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
     driver_hook* hooks = driver_hooks();
     for (int i = 0; i < int(drv::count_); ++i) {
         if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
-        // Substitute only where the real lookup would have found something.
-        const bool global = handle == RTLD_NEXT || handle == RTLD_DEFAULT;
-        void* found = global ? real_driver(drv(i)) : real_dlsym(handle, name);
-        if (found && !in_this_library(found)) return hooks[i].wrapper;
-        // RTLD_DEFAULT, or a handle whose scope holds gpumem (the program's own, dlopen(NULL),
-        // which Python's ctypes.CDLL(None) uses), where libcuda is not loaded or lacks the
-        // function (an older driver): glibc's lookup would find gpumem's own export of the name
-        // and hand a program probing for the driver a function that can only fail.  Answered as
-        // without gpumem: past libgpumem.so (real_dlsym runs in this library, so RTLD_NEXT starts
-        // after it), NULL with dlerror() set when nothing there defines it.
-        if (!found && handle != RTLD_DEFAULT) return nullptr;  // glibc's own answer: not gpumem's
-        if (found && real_driver(drv(i))) return hooks[i].wrapper;
-        void* d = found ? found : real_dlsym(RTLD_DEFAULT, name);
+        if (handle == RTLD_NEXT) {
+            // Substitute only where the real lookup would have found something.
+            void* found = real_driver(drv(i));
+            return found ? hooks[i].wrapper : nullptr;
+        }
+        // Answered as without gpumem, with libcuda's function wrapped.  glibc's lookup finds
+        // gpumem's own export of the name first where its scope holds the preloaded library
+        // (RTLD_DEFAULT, the program's own handle dlopen(NULL), which Python's ctypes.CDLL(None)
+        // uses): then the answer is what lies past libgpumem.so (real_dlsym runs in this
+        // library, so RTLD_NEXT starts after it), which is NULL, dlerror() set, where libcuda is
+        // not loaded, was loaded RTLD_LOCAL (as PyTorch loads it) or lacks the function (an
+        // older driver).  Handing a probe for the driver gpumem's export instead gave it a
+        // function that can only fail.
+        void* d = real_dlsym(handle, name);
         if (d && in_this_library(d)) d = real_dlsym(RTLD_NEXT, name);
-        return d ? d : k_dlsym_null;
+        else if (d && handle != RTLD_DEFAULT) return hooks[i].wrapper;  // the handle's own (libcuda's)
+        if (!d) return k_dlsym_null;
+        return d == real_driver(drv(i)) ? hooks[i].wrapper : d;
     }
     if (is_per_thread_symbol(name)) {
         // A per-thread variant: watched through a thunk, when it is libcuda's.

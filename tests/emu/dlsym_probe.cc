@@ -3,7 +3,8 @@
 // It is not linked with libcuda, so before the dlopen no driver is in the process: each probe must
 // answer as it does without libgpumem.so (NULL, with dlerror() set), though the preloaded library
 // exports the same names.  After loading the emulated driver, a function it has resolves and one
-// it lacks (cuGreenCtxCreate, as on a driver older than 12.4) does not.  Prints key=value lines.
+// it lacks (cuGreenCtxCreate, as on a driver older than 12.4) does not, and while it is loaded
+// RTLD_LOCAL no global lookup finds it.  Prints key=value lines.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -26,8 +27,13 @@ int main() {
     probe("before_alloc", "cuMemAlloc_v2");
     probe("before_resolver", "cuGetProcAddress_v2");
     probe("before_green", "cuGreenCtxCreate");
-    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    // Loaded as PyTorch's runtime loads it, RTLD_LOCAL: still outside the global scope.
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     printf("loaded=%d\n", h != nullptr);
+    probe("local_alloc", "cuMemAlloc_v2");
+    // Then made global (a second dlopen promotes it).
+    h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    printf("promoted=%d\n", h != nullptr);
     probe("after_alloc", "cuMemAlloc_v2");
     probe("after_green", "cuGreenCtxCreate");
     return 0;

@@ -139,10 +139,12 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
     for (const char* way : {"default", "self"}) {
         INFO(way);
         CHECK(b.at(std::string("before_alloc_") + way) == "0");
+        CHECK(b.at(std::string("local_alloc_") + way) == "0");
         CHECK(b.at(std::string("after_alloc_") + way) == "1");
         CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
     }
     CHECK(b.at("loaded") == "1");
+    CHECK(b.at("promoted") == "1");
     for (const auto& [k, v] : b) {
         INFO(k);
         CHECK(p.at(k) == v);
