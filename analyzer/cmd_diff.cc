@@ -95,24 +95,22 @@ void size_class_changes(const size_histogram& ha, const size_histogram& hb, std:
     }
 }
 
-// Leaks grouped by API (the report lists the largest; totals are in the leaked bytes row).
-void leak_changes(const std::vector<block_view>& la, const std::vector<block_view>& lb, std::vector<change>& out) {
-    std::map<std::string, std::pair<double, double>> by_api;
-    std::map<std::string, std::pair<uint64_t, uint64_t>> counts;
-    for (const block_view& l : la) {
-        by_api[l.api].first += double(l.size);
-        ++counts[l.api].first;
-    }
-    for (const block_view& l : lb) {
-        by_api[l.api].second += double(l.size);
-        ++counts[l.api].second;
-    }
-    for (const auto& [api, ab] : by_api) {
-        if (ab.first == ab.second) continue;
+// Leaks grouped by API: the bytes of each API still live after the last event, which is what a
+// leak is.  Taken from the per-API rows, which count every allocation; the leak list holds only
+// the 50 largest, so summing it understated an API's leaks whenever a run left more than 50.
+void leak_changes(const std::vector<usage_row>& ra, const std::vector<usage_row>& rb, std::vector<change>& out) {
+    std::map<std::string, std::pair<const usage_row*, const usage_row*>> by_name;
+    for (const usage_row& u : ra) by_name[u.name].first = &u;
+    for (const usage_row& u : rb) by_name[u.name].second = &u;
+    static const usage_row k_none;
+    for (const auto& [api, ab] : by_name) {
+        const usage_row& a = ab.first ? *ab.first : k_none;
+        const usage_row& b = ab.second ? *ab.second : k_none;
+        if (a.bytes.current == b.bytes.current) continue;
         change c;
-        c.what = "leaks from " + api + ": " + fmt_bytes(clamp_to_u64(ab.first)) + " -> " + fmt_bytes(clamp_to_u64(ab.second));
-        c.delta_bytes = ab.second - ab.first;
-        c.detail = "listed blocks " + fmt_count(counts[api].first) + " -> " + fmt_count(counts[api].second);
+        c.what = "leaks from " + api + ": " + fmt_bytes(a.bytes.current) + " -> " + fmt_bytes(b.bytes.current);
+        c.delta_bytes = double(b.bytes.current) - double(a.bytes.current);
+        c.detail = "leaked allocations " + fmt_count(a.live) + " -> " + fmt_count(b.live);
         out.push_back(std::move(c));
     }
 }
@@ -179,7 +177,7 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     usage_changes(da.by_api, db.by_api, "api", changes);
     usage_changes(da.by_kind, db.by_kind, "kind", changes);
     size_class_changes(da.alloc_sizes, db.alloc_sizes, changes);
-    leak_changes(da.leaks, db.leaks, changes);
+    leak_changes(da.by_api, db.by_api, changes);
     std::stable_sort(changes.begin(), changes.end(),
                      [](const change& x, const change& y) { return std::fabs(x.delta_bytes) > std::fabs(y.delta_bytes); });
     if (changes.empty()) {

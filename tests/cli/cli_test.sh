@@ -342,6 +342,25 @@ diff)
   expect_in "$W/out" "+ size class 4.00 MiB-8.00 MiB: 0 -> 1 allocations  [+4.00 MiB"
   expect_in "$W/out" "+ api cudaMalloc: peak live 3.00 MiB -> 7.00 MiB  [+4.00 MiB"
   expect_in "$W/out" "+ leaks from cudaMallocManaged: 0 B -> 512.00 KiB"
+  # Leaks by API count every leaked allocation, not only the 50 largest that the report lists:
+  # 60 leaked 1 MiB blocks are 60 MiB, where the listed ones add up to 50 MiB.
+  python3 - "$DATA/before.jsonl" "$W/leak60.jsonl" <<'EOF'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+out = [lines[0]]
+for i in range(60):
+    out.append(json.dumps({"ev": "alloc", "seq": i, "t": 1000 * (i + 1), "tid": 1, "dev": 0, "api": "cudaMalloc",
+                           "kind": "device", "ptr": hex(0x7f0000000000 + i * 0x100000), "size": 1048576}))
+out.append(json.dumps({"ev": "end", "seq": 60, "t": 100000, "tid": 1, "reason": "exit", "events": 60, "n_alloc": 60,
+                       "n_free": 0, "n_fail": 0, "live_allocs": 60, "live_bytes": 60 * 1048576, "lost": 0,
+                       "unmatched": 0}))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+EOF
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/leak60.jsonl"
+  expect_in "$W/out" "+ leaks from cudaMalloc: 1.00 MiB -> 60.00 MiB  [+59.00 MiB; leaked allocations 1 -> 60]"
+  "$GPUMEM" report --json "$W/leak60.jsonl" > "$W/leak60.json"
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/leak60.json"
+  expect_in "$W/out" "+ leaks from cudaMalloc: 1.00 MiB -> 60.00 MiB  [+59.00 MiB; leaked allocations 1 -> 60]"
   # A report JSON on either side; identical runs show no change.
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/before.json"
   expect_rc 0 "$GPUMEM" diff "$W/before.json" "$DATA/before.jsonl"
