@@ -219,16 +219,23 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             const sim::replay_result& def = d.grid[0];  // the grid starts with the defaults
             std::printf("   suggestion (least peak reserved of %zu PyTorch settings%s):\n", d.grid.size(),
                         capacity ? " that fit" : "");
-            if (d.grid_confs[b].empty())
+            // A replay that stopped has a peak of the requests before the stop only: it is no
+            // footprint to beat or to measure a saving against.
+            if (capacity && best.failure != sim::failure_reason::none)
+                std::printf("     no setting fits in %s\n", fmt_bytes(capacity).c_str());
+            else if (d.grid_confs[b].empty())
                 std::printf("     the defaults: no PYTORCH_CUDA_ALLOC_CONF beats them (%s)\n", fmt_bytes(def.peak_reserved).c_str());
+            else if (def.failure != sim::failure_reason::none)
+                std::printf("     PYTORCH_CUDA_ALLOC_CONF=%s\n     peak reserved %s, where the defaults %s at %s (%s)\n",
+                            d.grid_confs[b].c_str(), fmt_bytes(best.peak_reserved).c_str(),
+                            capacity ? ("do not fit in " + fmt_bytes(capacity) + ": they fail").c_str() : "stop",
+                            moment(def.fail_seq, def.fail_t).c_str(), sim::k_failure_reason_names[size_t(def.failure)]);
             else
                 std::printf("     PYTORCH_CUDA_ALLOC_CONF=%s\n     peak reserved %s, against %s with the defaults (%s)\n",
                             d.grid_confs[b].c_str(), fmt_bytes(best.peak_reserved).c_str(),
                             fmt_bytes(def.peak_reserved).c_str(),
                             def.peak_reserved ? ("-" + fmt_pct(1.0 - double(best.peak_reserved) / double(def.peak_reserved))).c_str() : "-");
-            if (capacity && best.failure != sim::failure_reason::none)
-                std::printf("     no setting fits in %s\n", fmt_bytes(capacity).c_str());
-            else if (best.failure != sim::failure_reason::none)
+            if (!capacity && best.failure != sim::failure_reason::none)
                 std::printf("     no setting replays the whole log: this one stops at %s (%s)\n",
                             moment(best.fail_seq, best.fail_t).c_str(),
                             sim::k_failure_reason_names[size_t(best.failure)]);

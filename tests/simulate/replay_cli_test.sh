@@ -59,6 +59,16 @@ out=$("$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --sugge
 echo "$out" | grep -q "streams: the log names none" || fail "streams note missing: $out"
 echo "$out" | grep -q "would fail at #9 .*: fragmentation" || fail "failure line missing: $out"
 echo "$out" | grep -q "suggestion" || fail "--suggest printed no suggestion: $out"
+# No setting fits: the defaults, which fail too, are not said to be unbeaten.
+echo "$out" | grep -q "no setting fits in 40.00 MiB" || fail "--suggest, none fits: $out"
+echo "$out" | grep -q "no PYTORCH_CUDA_ALLOC_CONF beats them" && fail "--suggest, none fits, praised the defaults: $out"
+# The defaults fail on 900 MiB where a setting fits: their peak before the failure (898 MiB) is
+# no footprint to measure a saving against.
+zcat "$DATA/mlp-nocache.jsonl.gz" > "$W/mlp.jsonl"
+out=$("$GPUMEM" replay "$W/mlp.jsonl" --api cudaMalloc --capacity 900MiB --suggest) || fail "--suggest 900MiB exit"
+echo "$out" | grep -q "peak reserved 826.00 MiB, where the defaults do not fit in 900.00 MiB: they fail at #1063 at 4.251 s (fragmentation)" \
+  || fail "--suggest against failing defaults: $out"
+echo "$out" | grep -q "with the defaults" && fail "--suggest compared with the peak of failing defaults: $out"
 
 # Stream-ordered requests: the log names the streams, each gets its own free blocks.
 {
