@@ -181,28 +181,32 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
         if (dt.n_freed_twice)
             std::printf("   note: %s addresses were allocated again without a recorded free; counted as freed\n",
                         fmt_count(dt.n_freed_twice).c_str());
-        std::printf("   %-34s %-26s %-24s %-14s %s\n", "policy", "peak reserved", "at", "driver allocs", "peak ext. frag.");
+        // The policy column fits the longest name given ("pytorch:max_split_size_mb:128,roundup_...")
+        // so that the columns after it stay under their headings.
+        int pw = 34;
+        for (const sim::replay_result& r : d.results) pw = std::max(pw, int(std::min<size_t>(r.policy.size(), 200)));
+        std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, "policy", "peak reserved", "at", "driver allocs", "peak ext. frag.");
         for (const sim::replay_result& r : d.results) {
             std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " at #" + std::to_string(r.frag_seq) : "0";
             std::string drv = std::to_string(r.driver_allocs) + "/" + std::to_string(r.driver_frees);
-            std::printf("   %-34s %-26s %-24s %-14s %s\n", r.policy.c_str(),
+            std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
                         r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());
             // Every stop is printed, with or without --capacity: the numbers above cover only the
             // requests before it.
             if (r.failure == sim::failure_reason::too_large)
-                std::printf("   %-34s ^ stopped at %s: the request of %s (%llu bytes) is larger than any device "
+                std::printf("   %-*s ^ stopped at %s: the request of %s (%llu bytes) is larger than any device "
                             "(above %s); the replay ends there\n",
-                            "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
+                            pw, "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
                             (unsigned long long)r.fail_size, fmt_bytes(sim::k_max_replay_request).c_str());
             else if (r.failure == sim::failure_reason::too_much)
-                std::printf("   %-34s ^ stopped at %s: the request of %s would make it reserve %llu bytes, more than any "
+                std::printf("   %-*s ^ stopped at %s: the request of %s would make it reserve %llu bytes, more than any "
                             "device holds (above %s); the replay ends there\n",
-                            "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
+                            pw, "", moment(r.fail_seq, r.fail_t).c_str(), fmt_bytes(r.fail_size).c_str(),
                             (unsigned long long)r.fail_reserved, fmt_bytes(sim::k_max_replay_reserved).c_str());
             else if (r.failure != sim::failure_reason::none)
-                std::printf("   %-34s ^ would fail at %s: %s of %s (%s reserved, %s free in segments, largest free %s)\n",
-                            "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],
+                std::printf("   %-*s ^ would fail at %s: %s of %s (%s reserved, %s free in segments, largest free %s)\n",
+                            pw, "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],
                             fmt_bytes(r.fail_size).c_str(), fmt_bytes(r.fail_reserved).c_str(),
                             fmt_bytes(r.fail_free_in_segments).c_str(), fmt_bytes(r.fail_largest_free).c_str());
         }

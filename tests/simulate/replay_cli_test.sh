@@ -59,6 +59,17 @@ out=$("$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --sugge
 echo "$out" | grep -q "streams: the log names none" || fail "streams note missing: $out"
 echo "$out" | grep -q "would fail at #9 .*: fragmentation" || fail "failure line missing: $out"
 echo "$out" | grep -q "suggestion" || fail "--suggest printed no suggestion: $out"
+# A policy name longer than the column (34) widens it: every row's bytes start under "peak reserved".
+"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --policy ideal,pytorch:max_split_size_mb:128,roundup_power2_divisions:4 \
+  > "$W/long.txt" || fail "long policy name: exit $?"
+python3 - "$W/long.txt" <<'PY' || fail "long policy name: columns moved: $(cat "$W/long.txt")"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+head = next(l for l in lines if l.lstrip().startswith("policy "))
+col = head.index("peak reserved")
+rows = [l for l in lines if l.lstrip().startswith(("ideal ", "pytorch:"))]
+assert len(rows) == 2 and all(r[col - 1] == " " and r[col] != " " for r in rows), (col, rows)
+PY
 # No setting fits: the defaults, which fail too, are not said to be unbeaten.
 echo "$out" | grep -q "no setting fits in 40.00 MiB" || fail "--suggest, none fits: $out"
 echo "$out" | grep -q "no PYTORCH_CUDA_ALLOC_CONF beats them" && fail "--suggest, none fits, praised the defaults: $out"
