@@ -196,6 +196,10 @@ void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t siz
 int device_of_stream(void* s) noexcept;
 // The real function of a shared libcudart (RTLD_NEXT, else any loaded libcudart*).
 void* real_runtime(const char* name) noexcept;
+// The real function for a call of our export `name` (a string literal: the key) returning to
+// `caller` (__builtin_return_address(0) in the export): the runtime the caller's object would have
+// bound to without gpumem, else real_runtime's answer.  resolve.cc says why.
+void* real_runtime_for(const char* name, const void* caller) noexcept;
 
 // The pool seam: the driver wrappers ask it first; it answers false to pass through.
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;

@@ -11,14 +11,10 @@ namespace gpumem {
 namespace {
 constexpr int k_cuda_error_initialization = 3;
 
+// The runtime the export's caller would have bound to without gpumem (resolve.cc).
 template <class F>
-F runtime_fn(std::atomic<void*>& slot, const char* name) noexcept {
-    void* p = slot.load(std::memory_order_acquire);
-    if (!p) {
-        p = real_runtime(name);
-        slot.store(p, std::memory_order_release);
-    }
-    return reinterpret_cast<F>(p);
+F runtime_fn(const char* name, const void* caller) noexcept {
+    return reinterpret_cast<F>(real_runtime_for(name, caller));
 }
 
 // A runtime free: recorded here before the real call unless the pool owns the block (the pool
@@ -45,8 +41,7 @@ int runtime_free(api_id api, uint64_t ptr, bool has_stream, uint64_t stream, F&&
 }  // namespace
 
 GPUMEM_EXPORT int cudaMalloc(void** p, size_t size) {
-    static std::atomic<void*> slot{nullptr};
-    auto f = runtime_fn<int (*)(void**, size_t)>(slot, "cudaMalloc");
+    auto f = runtime_fn<int (*)(void**, size_t)>("cudaMalloc", __builtin_return_address(0));
     if (!f) return k_cuda_error_initialization;
     if (!route_on(route_a) || guard::active() || !p || size == 0) return f(p, size);
     runtime_scope s(api_id::cudaMalloc, false, size, 0);
@@ -56,16 +51,14 @@ GPUMEM_EXPORT int cudaMalloc(void** p, size_t size) {
 }
 
 GPUMEM_EXPORT int cudaFree(void* p) {
-    static std::atomic<void*> slot{nullptr};
-    auto f = runtime_fn<int (*)(void*)>(slot, "cudaFree");
+    auto f = runtime_fn<int (*)(void*)>("cudaFree", __builtin_return_address(0));
     if (!f) return k_cuda_error_initialization;
     if (!route_on(route_a) || guard::active() || !p) return f(p);
     return runtime_free(api_id::cudaFree, uint64_t(uintptr_t(p)), false, 0, [&] { return f(p); });
 }
 
 GPUMEM_EXPORT int cudaMallocAsync(void** p, size_t size, void* stream) {
-    static std::atomic<void*> slot{nullptr};
-    auto f = runtime_fn<int (*)(void**, size_t, void*)>(slot, "cudaMallocAsync");
+    auto f = runtime_fn<int (*)(void**, size_t, void*)>("cudaMallocAsync", __builtin_return_address(0));
     if (!f) return k_cuda_error_initialization;
     if (!route_on(route_a) || guard::active() || !p || size == 0) return f(p, size, stream);
     runtime_scope s(api_id::cudaMallocAsync, false, size, 0);
@@ -77,8 +70,7 @@ GPUMEM_EXPORT int cudaMallocAsync(void** p, size_t size, void* stream) {
 }
 
 GPUMEM_EXPORT int cudaFreeAsync(void* p, void* stream) {
-    static std::atomic<void*> slot{nullptr};
-    auto f = runtime_fn<int (*)(void*, void*)>(slot, "cudaFreeAsync");
+    auto f = runtime_fn<int (*)(void*, void*)>("cudaFreeAsync", __builtin_return_address(0));
     if (!f) return k_cuda_error_initialization;
     if (!route_on(route_a) || guard::active() || !p) return f(p, stream);
     return runtime_free(api_id::cudaFreeAsync, uint64_t(uintptr_t(p)), true, uint64_t(uintptr_t(stream)),
@@ -86,8 +78,7 @@ GPUMEM_EXPORT int cudaFreeAsync(void* p, void* stream) {
 }
 
 GPUMEM_EXPORT int cudaMallocManaged(void** p, size_t size, unsigned int flags) {
-    static std::atomic<void*> slot{nullptr};
-    auto f = runtime_fn<int (*)(void**, size_t, unsigned int)>(slot, "cudaMallocManaged");
+    auto f = runtime_fn<int (*)(void**, size_t, unsigned int)>("cudaMallocManaged", __builtin_return_address(0));
     if (!f) return k_cuda_error_initialization;
     if (!route_on(route_a) || guard::active() || !p || size == 0) return f(p, size, flags);
     runtime_scope s(api_id::cudaMallocManaged, false, size, 0);
@@ -98,8 +89,7 @@ GPUMEM_EXPORT int cudaMallocManaged(void** p, size_t size, unsigned int flags) {
 }
 
 GPUMEM_EXPORT int cudaMallocPitch(void** p, size_t* pitch, size_t width, size_t height) {
-    static std::atomic<void*> slot{nullptr};
-    auto f = runtime_fn<int (*)(void**, size_t*, size_t, size_t)>(slot, "cudaMallocPitch");
+    auto f = runtime_fn<int (*)(void**, size_t*, size_t, size_t)>("cudaMallocPitch", __builtin_return_address(0));
     if (!f) return k_cuda_error_initialization;
     if (!route_on(route_a) || guard::active() || !p || !pitch || width * height == 0) return f(p, pitch, width, height);
     runtime_scope s(api_id::cudaMallocPitch, false, uint64_t(width) * height, 0);

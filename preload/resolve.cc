@@ -260,7 +260,9 @@ GPUMEM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int v
 // ---------------------------------------------------------------------------------------------
 // (d) cudaGetDriverEntryPoint*, exported by a shared libcudart (PyTorch's expandable segments use it).
 // The real one lives in whichever libcudart the process loaded; find it by RTLD_NEXT, and failing that
-// (libcudart loaded RTLD_LOCAL by a Python extension) by walking the loaded objects.
+// (libcudart loaded RTLD_LOCAL by a Python extension) by walking the loaded objects.  That is the
+// rule for a caller that needs no particular libcudart version; real_runtime_for below keeps a
+// versioned caller on its own runtime.
 struct cudart_search {
     const char* name;
     void* found;
@@ -284,11 +286,177 @@ void* real_runtime(const char* name) noexcept {
     return s.found;
 }
 
+// Which runtime a call of one of our cuda* exports goes to.  libcudart versions its symbols
+// (cudaMalloc@@libcudart.so.12), so without gpumem the dynamic linker binds each object's reference
+// to the runtime that object was linked against, even where a runtime of another soname comes
+// first in the global scope (a PyTorch cu130 process's libcudart.so.13 beside a CUDA-12 library's
+// libcudart.so.12).  Our unversioned exports catch the references of both; forwarding all of them
+// to the first runtime would hand the CUDA-12 library the other runtime's function (and, where the
+// driver is too old for that runtime, its errors).  So a caller whose object needs a libcudart
+// version (DT_VERNEED) gets that version's definition, as the dynamic linker would have bound it:
+// past libgpumem.so in the global scope, else in the loaded object of the needed file (one loaded
+// RTLD_LOCAL).  A caller without such a need, or one we cannot identify or read, gets
+// real_runtime's answer.  Answers are kept per (caller object, function) in a fixed table, so a
+// call costs one scan of it; a miss walks the loaded objects once, with no lock of ours held.
+namespace {
+constexpr size_t k_name_max = 128;
+
+// A loaded object's span (unrelocated vaddrs of its PT_LOAD segments), load bias and dynamic section.
+struct loaded_object {
+    ElfW(Addr) bias = 0, lo = ~ElfW(Addr)(0), hi = 0;
+    const ElfW(Dyn)* dyn = nullptr;
+
+    explicit loaded_object(const dl_phdr_info* info) noexcept : bias(info->dlpi_addr) {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type == PT_DYNAMIC) dyn = reinterpret_cast<const ElfW(Dyn)*>(bias + ph.p_vaddr);
+            if (ph.p_type != PT_LOAD) continue;
+            if (ph.p_vaddr < lo) lo = ph.p_vaddr;
+            if (ph.p_vaddr + ph.p_memsz > hi) hi = ph.p_vaddr + ph.p_memsz;
+        }
+    }
+    bool contains(uintptr_t a) const noexcept { return lo < hi && a - bias - lo < hi - lo; }
+    ElfW(Addr) tag(ElfW(Sxword) t) const noexcept {
+        for (const ElfW(Dyn)* d = dyn; d && d->d_tag != DT_NULL; ++d)
+            if (d->d_tag == t) return d->d_un.d_val;
+        return 0;
+    }
+    // An address from the dynamic section: glibc relocates some in place (DT_STRTAB, where the
+    // section is writable) and not others (DT_VERNEED); one inside the unrelocated span is not yet.
+    const char* at(ElfW(Addr) v) const noexcept {
+        return reinterpret_cast<const char*>(v - lo < hi - lo ? bias + v : v);
+    }
+    const char* strtab() const noexcept {
+        ElfW(Addr) s = tag(DT_STRTAB);
+        return s ? at(s) : nullptr;
+    }
+};
+
+bool copy_name(char (&to)[k_name_max], const char* from) noexcept {
+    size_t n = strnlen(from, k_name_max);
+    if (n == k_name_max) return false;
+    memcpy(to, from, n + 1);
+    return true;
+}
+
+struct caller_search {
+    uintptr_t addr;
+    bool found = false, versioned = false;
+    uintptr_t lo = 0, hi = 0;
+    char file[k_name_max] = {};     // vn_file: the needed runtime's soname
+    char version[k_name_max] = {};  // its version node, "libcudart.so.12"
+};
+
+// The object holding the caller, and its libcudart version need: an aux entry named libcudart.so*
+// (the file name is not checked: a wheel's repaired copy is renamed, its version node is not).
+int find_caller(dl_phdr_info* info, size_t, void* data) noexcept {
+    auto* s = static_cast<caller_search*>(data);
+    const loaded_object o(info);
+    if (!o.contains(s->addr)) return 0;
+    s->found = true;
+    s->lo = o.bias + o.lo;
+    s->hi = o.bias + o.hi;
+    const char* str = o.strtab();
+    const ElfW(Addr) vn = o.tag(DT_VERNEED);
+    ElfW(Addr) count = o.tag(DT_VERNEEDNUM);
+    if (!str || !vn) return 1;
+    const char* need = o.at(vn);
+    for (unsigned i = 0; i < count && i < 256; ++i) {
+        auto* v = reinterpret_cast<const ElfW(Verneed)*>(need);
+        const char* aux = need + v->vn_aux;
+        for (unsigned k = 0; k < v->vn_cnt && k < 256; ++k) {
+            auto* a = reinterpret_cast<const ElfW(Vernaux)*>(aux);
+            if (!strncmp(str + a->vna_name, "libcudart.so", 12)) {
+                s->versioned = copy_name(s->file, str + v->vn_file) && copy_name(s->version, str + a->vna_name);
+                return 1;
+            }
+            if (!a->vna_next) break;
+            aux += a->vna_next;
+        }
+        if (!v->vn_next) break;
+        need += v->vn_next;
+    }
+    return 1;
+}
+
+struct soname_search {
+    const char* file;
+    char path[4096];
+    bool found = false;
+};
+
+// The loaded object whose soname (or file name) is the needed file; dlopened after the walk, not
+// within it.
+int find_soname(dl_phdr_info* info, size_t, void* data) noexcept {
+    auto* s = static_cast<soname_search*>(data);
+    if (!info->dlpi_name || !info->dlpi_name[0]) return 0;
+    const char* base = strrchr(info->dlpi_name, '/');
+    base = base ? base + 1 : info->dlpi_name;
+    if (strcmp(base, s->file) != 0) {
+        const loaded_object o(info);
+        const char* str = o.strtab();
+        const ElfW(Addr) so = o.tag(DT_SONAME);
+        if (!str || !so || strcmp(str + so, s->file) != 0) return 0;
+    }
+    if (strlen(info->dlpi_name) >= sizeof s->path) return 0;
+    strcpy(s->path, info->dlpi_name);
+    s->found = true;
+    return 1;
+}
+
+struct runtime_answer {
+    std::atomic<const char*> name{nullptr};  // published last; null while being written
+    uintptr_t lo = 0, hi = 0;                // the caller object's span
+    void* fn = nullptr;
+};
+constexpr unsigned k_answers = 64;
+runtime_answer g_answers[k_answers];
+std::atomic<unsigned> g_answers_used{0};
+
+void remember(const char* name, uintptr_t lo, uintptr_t hi, void* fn) noexcept {
+    unsigned i = g_answers_used.load(std::memory_order_relaxed);
+    do {
+        if (i >= k_answers) return;  // full: later misses are looked up each time
+    } while (!g_answers_used.compare_exchange_weak(i, i + 1, std::memory_order_acq_rel));
+    g_answers[i].lo = lo;
+    g_answers[i].hi = hi;
+    g_answers[i].fn = fn;
+    g_answers[i].name.store(name, std::memory_order_release);
+}
+}  // namespace
+
+void* real_runtime_for(const char* name, const void* caller) noexcept {
+    const uintptr_t a = uintptr_t(caller);
+    const unsigned n = g_answers_used.load(std::memory_order_acquire);
+    for (unsigned i = 0; i < n && i < k_answers; ++i) {
+        const runtime_answer& e = g_answers[i];
+        if (e.name.load(std::memory_order_acquire) == name && a - e.lo < e.hi - e.lo) return e.fn;
+    }
+    caller_search s{a};
+    dl_iterate_phdr(find_caller, &s);
+    void* p = nullptr;
+    if (s.versioned) {
+        p = dlvsym(RTLD_NEXT, name, s.version);  // RTLD_NEXT: past libgpumem.so, as real_runtime
+        if (!p) {
+            soname_search o{s.file, {}};
+            dl_iterate_phdr(find_soname, &o);
+            if (void* h = o.found ? dlopen(o.path, RTLD_LAZY | RTLD_NOLOAD) : nullptr) {
+                p = dlvsym(h, name, s.version);
+                dlclose(h);
+            }
+        }
+    }
+    if (!p) p = real_runtime(name);
+    // An unidentified caller (code outside any object) is kept by its call site.
+    if (p) remember(name, s.found ? s.lo : a, s.found ? s.hi : a + 1, p);
+    return p;
+}
+
 typedef int (*gdep_t)(const char*, void**, unsigned long long, int*);
 typedef int (*gdepv_t)(const char*, void**, unsigned int, unsigned long long, int*);
 
 GPUMEM_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags, int* status) {
-    static auto real_fn = reinterpret_cast<gdep_t>(real_runtime("cudaGetDriverEntryPoint"));
+    auto real_fn = reinterpret_cast<gdep_t>(real_runtime_for("cudaGetDriverEntryPoint", __builtin_return_address(0)));
     if (!real_fn) return 3;  // cudaErrorInitializationError
     int r = real_fn(symbol, fn, flags, status);
     if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol, (flags & 2) != 0);  // cudaEnablePerThreadDefaultStream
@@ -297,7 +465,8 @@ GPUMEM_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigne
 
 GPUMEM_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
                                                    unsigned long long flags, int* status) {
-    static auto real_fn = reinterpret_cast<gdepv_t>(real_runtime("cudaGetDriverEntryPointByVersion"));
+    auto real_fn = reinterpret_cast<gdepv_t>(
+        real_runtime_for("cudaGetDriverEntryPointByVersion", __builtin_return_address(0)));
     if (!real_fn) return 3;
     int r = real_fn(symbol, fn, version, flags, status);
     if (r == 0 && fn && route_on(route_d)) *fn = wrap_resolved(*fn, symbol, (flags & 2) != 0);  // cudaEnablePerThreadDefaultStream

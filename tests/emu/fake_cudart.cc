@@ -5,6 +5,9 @@
 // -cudart static, whose cudaMalloc cannot).  Either way it dlopens libcuda.so.1, dlsyms
 // cuGetProcAddress_v2, asks it for "cuGetProcAddress" and resolves everything else through the
 // pointer that returns.  GPUMEM_EMU_PTDS=1 asks for per-thread default-stream (_ptsz) variants.
+// Built a third and fourth time as libcudart.so.12 and libcudart.so.13, with version nodes named
+// like their sonames as the real ones have, and GPUMEM_EMU_CUDART_ID set: each then counts the
+// calls it served in gpumem_emu_cudart_served, so a test can tell which runtime answered.
 #include <cuda.h>
 #undef cuGetProcAddress
 #include <dlfcn.h>
@@ -103,7 +106,16 @@ int to_rt(CUresult r) {
 }
 }  // namespace
 
+#ifdef GPUMEM_EMU_CUDART_ID
+RT_EXPORT unsigned long gpumem_emu_cudart_served = 0;
+RT_EXPORT int gpumem_emu_cudart_id() { return GPUMEM_EMU_CUDART_ID; }
+#define SERVED() __atomic_add_fetch(&gpumem_emu_cudart_served, 1, __ATOMIC_RELAXED)
+#else
+#define SERVED() ((void)0)
+#endif
+
 RT_EXPORT int cudaMalloc(void** p, size_t size) {
+    SERVED();
     if (!ready()) return k_initialization;
     if (!p) return k_invalid_value;
     if (size == 0) {
@@ -116,11 +128,13 @@ RT_EXPORT int cudaMalloc(void** p, size_t size) {
     return to_rt(r);
 }
 RT_EXPORT int cudaFree(void* p) {
+    SERVED();
     if (!ready()) return k_initialization;
     if (!p) return k_success;
     return to_rt(g_drv.free(CUdeviceptr(p)));
 }
 RT_EXPORT int cudaMallocPitch(void** p, size_t* pitch, size_t width, size_t height) {
+    SERVED();
     if (!ready()) return k_initialization;
     CUdeviceptr d = 0;
     CUresult r = g_drv.alloc_pitch(&d, pitch, width, height, 4);
@@ -128,6 +142,7 @@ RT_EXPORT int cudaMallocPitch(void** p, size_t* pitch, size_t width, size_t heig
     return to_rt(r);
 }
 RT_EXPORT int cudaMallocManaged(void** p, size_t size, unsigned flags) {
+    SERVED();
     if (!ready()) return k_initialization;
     CUdeviceptr d = 0;
     CUresult r = g_drv.alloc_managed(&d, size, flags ? flags : 1);
@@ -135,6 +150,7 @@ RT_EXPORT int cudaMallocManaged(void** p, size_t size, unsigned flags) {
     return to_rt(r);
 }
 RT_EXPORT int cudaMallocAsync(void** p, size_t size, void* stream) {
+    SERVED();
     if (!ready()) return k_initialization;
     CUdeviceptr d = 0;
     CUresult r = g_drv.alloc_async(&d, size, static_cast<CUstream>(stream));
@@ -142,27 +158,33 @@ RT_EXPORT int cudaMallocAsync(void** p, size_t size, void* stream) {
     return to_rt(r);
 }
 RT_EXPORT int cudaFreeAsync(void* p, void* stream) {
+    SERVED();
     if (!ready()) return k_initialization;
     return to_rt(g_drv.free_async(CUdeviceptr(p), static_cast<CUstream>(stream)));
 }
 RT_EXPORT int cudaMallocHost(void** p, size_t size) {
+    SERVED();
     if (!ready()) return k_initialization;
     return to_rt(g_drv.host_alloc(p, size, 0));
 }
 RT_EXPORT int cudaFreeHost(void* p) {
+    SERVED();
     if (!ready()) return k_initialization;
     return to_rt(g_drv.free_host(p));
 }
 RT_EXPORT int cudaDeviceSynchronize() {
+    SERVED();
     if (!ready()) return k_initialization;
     return to_rt(g_drv.sync());
 }
 RT_EXPORT int cudaMemGetInfo(size_t* f, size_t* t) {
+    SERVED();
     if (!ready()) return k_initialization;
     return to_rt(g_drv.mem_get_info(f, t));
 }
 RT_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version, unsigned long long flags,
                                               int* status) {
+    SERVED();
     if (!ready()) return k_initialization;
     CUdriverProcAddressQueryResult st;
     CUresult r = g_drv.gpa(symbol, fn, int(version), flags, &st);
@@ -170,5 +192,6 @@ RT_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, un
     return to_rt(r);
 }
 RT_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags, int* status) {
+    SERVED();
     return cudaGetDriverEntryPointByVersion(symbol, fn, 13000, flags, status);
 }

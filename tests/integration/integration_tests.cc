@@ -254,6 +254,35 @@ TEST_CASE("shared runtime, every way on: each allocation recorded once, under th
         if (j["ev"] == "alloc_fail") CHECK(j["api"] == "cudaMalloc");
 }
 
+TEST_CASE("two runtimes: a library linked against libcudart.so.12 reaches it under gpumem too, with libcudart.so.13 first in the global scope") {
+    // Without gpumem the library's versioned references (cudaMalloc@libcudart.so.12) bind to its own
+    // runtime though the .13 one comes first; gpumem's unversioned exports catch them and must forward
+    // to the same runtime.  The program's own unversioned calls (default_*) reach the .13 one either way.
+    for (const char* mode : {"global", "local"}) {
+        INFO(mode);
+        auto bare = run({EMU_TWO_RUNTIMES, EMU_RT13_LIB, EMU_CUDA12_USER, mode}, {}, false);
+        auto pre = run({EMU_TWO_RUNTIMES, EMU_RT13_LIB, EMU_CUDA12_USER, mode});
+        REQUIRE(WIFEXITED(bare.status));
+        REQUIRE(WEXITSTATUS(bare.status) == 0);
+        REQUIRE(WIFEXITED(pre.status));
+        REQUIRE(WEXITSTATUS(pre.status) == 0);
+        const auto b = values(bare.out), p = values(pre.out);
+        REQUIRE(b.size() == 25);  // loaded, 10 library calls and 2 of the program's, each _by and _rc
+        for (const auto& [k, v] : b) {
+            INFO(k);
+            if (k.size() > 3 && k.compare(k.size() - 3, 3, "_by") == 0) CHECK(v == (k.rfind("default_", 0) == 0 ? "13" : "12"));
+            if (k.size() > 3 && k.compare(k.size() - 3, 3, "_rc") == 0) CHECK(v == "0");
+            CHECK(p.at(k) == v);
+        }
+        // Still recorded, under the runtime's name, whichever runtime served it.
+        REQUIRE(pre.logs.size() == 1);
+        const auto allocs = calls(lines_of(pre.logs[0]), "alloc");
+        CHECK(allocs.count({"cudaMalloc", 4096}) == 2);
+        CHECK(allocs.count({"cudaMallocPitch", 10000}) == 1);
+        CHECK(allocs.count({"cudaMallocAsync", 8192}) == 1);
+    }
+}
+
 TEST_CASE("multi-threaded program: 8 threads, 1.6M events, exact counts") {
     // Pass-through: exactly one line per call.  The pooled variant (segment, sync and stats lines
     // besides) is in pool_integration_tests.cc.
