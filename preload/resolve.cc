@@ -263,27 +263,35 @@ GPUMEM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int v
 // (libcudart loaded RTLD_LOCAL by a Python extension) by walking the loaded objects.  That is the
 // rule for a caller that needs no particular libcudart version; real_runtime_for below keeps a
 // versioned caller on its own runtime.
+// The loaded objects named libcudart*, in load order (paths copied: each is dlopened after the walk,
+// not inside it, where dl_iterate_phdr's lock held beside dlopen's could deadlock with another
+// thread's dlopen).
 struct cudart_search {
-    const char* name;
-    void* found;
+    static constexpr int k_max = 8;
+    char paths[k_max][512];
+    int n = 0;
 };
 
-static int find_in_cudart(struct dl_phdr_info* info, size_t, void* data) {
+static int find_cudarts(struct dl_phdr_info* info, size_t, void* data) {
     auto* s = static_cast<cudart_search*>(data);
     if (!info->dlpi_name || !strstr(info->dlpi_name, "libcudart")) return 0;
-    void* h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) return 0;
-    s->found = real_dlsym(h, s->name);
-    dlclose(h);
-    return s->found ? 1 : 0;
+    if (strlen(info->dlpi_name) >= sizeof s->paths[0]) return 0;
+    strcpy(s->paths[s->n++], info->dlpi_name);
+    return s->n == cudart_search::k_max ? 1 : 0;
 }
 
 void* real_runtime(const char* name) noexcept {
     void* p = real_dlsym(RTLD_NEXT, name);
     if (p) return p;
-    cudart_search s{name, nullptr};
-    dl_iterate_phdr(find_in_cudart, &s);
-    return s.found;
+    cudart_search s;
+    dl_iterate_phdr(find_cudarts, &s);
+    for (int i = 0; i < s.n && !p; ++i) {
+        void* h = dlopen(s.paths[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) continue;
+        p = real_dlsym(h, name);
+        dlclose(h);
+    }
+    return p;
 }
 
 // Which runtime a call of one of our cuda* exports goes to.  libcudart versions its symbols

@@ -107,7 +107,8 @@ int to_rt(CUresult r) {
 }  // namespace
 
 #ifdef GPUMEM_EMU_CUDART_ID
-RT_EXPORT unsigned long gpumem_emu_cudart_served = 0;
+RT_EXPORT unsigned long gpumem_emu_cudart_served;  // declared, then defined: no "initialized and extern" warning
+unsigned long gpumem_emu_cudart_served = 0;
 RT_EXPORT int gpumem_emu_cudart_id() { return GPUMEM_EMU_CUDART_ID; }
 #define SERVED() __atomic_add_fetch(&gpumem_emu_cudart_served, 1, __ATOMIC_RELAXED)
 #else
