@@ -156,7 +156,45 @@ static bool in_this_library(void* p) noexcept {
            self.dli_fbase == other.dli_fbase;
 }
 
-extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char* name) noexcept {
+// What the calling object's own scope defines for name: glibc's dlsym(RTLD_DEFAULT) searches the
+// global scope and then, for an object loaded RTLD_LOCAL (a Python extension module), the scope
+// it was loaded with, which holds its dependencies (libcuda, where it links the driver).  That
+// second part is taken as the caller's own dependencies (a handle to the caller searches them);
+// the program's and the preloaded libraries' scope is the global one.  NULL where nothing is found
+// or the caller cannot be named; dlerror() then holds glibc's error for this lookup or another.
+static void* in_callers_scope(void* caller, const char* name) noexcept {
+    Dl_info info{};
+    struct link_map* lm = nullptr;
+    if (!caller || !dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) || !lm || !lm->l_name ||
+        !lm->l_name[0] || in_this_library(caller))
+        return nullptr;
+    // RTLD_NOLOAD: the caller is loaded (it is running); this only takes a reference, given back.
+    void* h = dlopen(lm->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return nullptr;
+    void* d = real_dlsym(h, name);
+    dlclose(h);
+    return d;
+}
+
+// glibc's answer to dlsym(handle, name) asked from caller, with libgpumem.so's own exports left
+// out.  glibc's lookup finds gpumem's export of the name first where its scope holds the preloaded
+// library (RTLD_DEFAULT, the program's own handle dlopen(NULL), which Python's ctypes.CDLL(None)
+// uses): then the answer is what lies past libgpumem.so (real_dlsym runs in this library, so
+// RTLD_NEXT starts after it), which is NULL where libcuda is not loaded, was loaded RTLD_LOCAL
+// (as PyTorch loads it) or lacks the function (an older driver).  RTLD_DEFAULT then also searches
+// the caller's own scope, as glibc does.  NULL with dlerror() set where nothing is found.
+static void* lookup_past_gpumem(void* handle, const char* name, void* caller) noexcept {
+    void* d = real_dlsym(handle, name);
+    if (d && in_this_library(d)) d = real_dlsym(RTLD_NEXT, name);
+    if (d || handle != RTLD_DEFAULT) return d;
+    d = in_callers_scope(caller, name);
+    // dlopen/dlclose there may have replaced or cleared the lookup's error: ask again for it.
+    if (!d) real_dlsym(RTLD_NEXT, name);
+    return d;
+}
+
+// caller: the return address of the program's dlsym call (the trampoline passes it).
+extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char* name, void* caller) noexcept {
     load_real_dlsym();
     if (!name || name[0] != 'c' || name[1] != 'u') return nullptr;
     bool is_resolver = !strncmp(name, "cuGetProcAddress", 16);
@@ -169,23 +207,17 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
             void* found = real_driver(drv(i));
             return found ? hooks[i].wrapper : nullptr;
         }
-        // Answered as without gpumem, with libcuda's function wrapped.  glibc's lookup finds
-        // gpumem's own export of the name first where its scope holds the preloaded library
-        // (RTLD_DEFAULT, the program's own handle dlopen(NULL), which Python's ctypes.CDLL(None)
-        // uses): then the answer is what lies past libgpumem.so (real_dlsym runs in this
-        // library, so RTLD_NEXT starts after it), which is NULL, dlerror() set, where libcuda is
-        // not loaded, was loaded RTLD_LOCAL (as PyTorch loads it) or lacks the function (an
-        // older driver).  Handing a probe for the driver gpumem's export instead gave it a
-        // function that can only fail.
-        void* d = real_dlsym(handle, name);
-        if (d && in_this_library(d)) d = real_dlsym(RTLD_NEXT, name);
-        else if (d && handle != RTLD_DEFAULT) return hooks[i].wrapper;  // the handle's own (libcuda's)
+        // Answered as without gpumem, with libcuda's function wrapped (on libcuda's own handle,
+        // as JAX asks, too); any other definition (the program's own) is handed out as it is.
+        void* d = lookup_past_gpumem(handle, name, caller);
         if (!d) return k_dlsym_null;
         return d == real_driver(drv(i)) ? hooks[i].wrapper : d;
     }
     if (is_per_thread_symbol(name)) {
-        // A per-thread variant: watched through a thunk, when it is libcuda's.
-        void* found = (handle == RTLD_NEXT || handle == RTLD_DEFAULT) ? real_driver_by_name(name) : real_dlsym(handle, name);
+        // A per-thread variant: watched through a thunk, when it is libcuda's.  Otherwise glibc
+        // answers (no export of gpumem's has such a name without a wrapper).
+        void* found = handle == RTLD_NEXT ? real_driver_by_name(name) : lookup_past_gpumem(handle, name, caller);
+        if (!found || (handle != RTLD_NEXT && found != real_driver_by_name(name))) return nullptr;
         bool handled = false;
         void* w = watch_per_thread(found, &handled);
         return w != found ? w : nullptr;
@@ -199,6 +231,7 @@ asm(R"(
     .type dlsym, @function
 dlsym:
     .cfi_startproc
+    mov (%rsp), %rdx
     push %rdi
     .cfi_adjust_cfa_offset 8
     push %rsi

@@ -142,12 +142,56 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
         CHECK(b.at(std::string("local_alloc_") + way) == "0");
         CHECK(b.at(std::string("after_alloc_") + way) == "1");
         CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
+        CHECK(b.at(std::string("local_ptsz_") + way) == "0");
+        // The program's own cuMemAllocManaged, before and after the driver is global: gpumem's
+        // wrapper answered the program's handle (calling libcuda's, or failing without it).
+        for (const char* when : {"before_own_", "after_own_"}) {
+            CHECK(b.at(when + std::string(way) + "_is_own") == "1");
+            CHECK(b.at(when + std::string(way) + "_rc") == "4242");
+        }
     }
     CHECK(b.at("loaded") == "1");
     CHECK(b.at("promoted") == "1");
     for (const auto& [k, v] : b) {
         INFO(k);
         CHECK(p.at(k) == v);
+    }
+}
+
+TEST_CASE("way b: dlsym(RTLD_DEFAULT) from a library loaded RTLD_LOCAL finds the driver in its own scope, wrapped") {
+    // glibc searches the global scope and then the calling library's: a Python extension module
+    // linked with libcuda finds the driver's functions there.  gpumem asked the global scope only
+    // and answered NULL.  The program itself still finds nothing.
+    auto bare = run({EMU_DLSYM_PROBE, "plugin", EMU_DLSYM_PLUGIN}, {}, false);
+    REQUIRE(WIFEXITED(bare.status));
+    REQUIRE(WEXITSTATUS(bare.status) == 0);
+    const auto b = values(bare.out);
+    CHECK(b.at("plugin_loaded") == "1");
+    CHECK(b.at("plugin_alloc") == "1");
+    CHECK(b.at("plugin_alloc_dlerror") == "0");
+    CHECK(b.at("plugin_resolver") == "1");
+    CHECK(b.at("plugin_green") == "0");
+    CHECK(b.at("plugin_green_dlerror") == "1");
+    for (const char* way : {"default", "self"}) {
+        CHECK(b.at(std::string("main_alloc_") + way) == "0");
+        CHECK(b.at(std::string("main_ptsz_") + way) == "0");
+    }
+    CHECK(b.at("plugin_alloc_rc") == "0");
+    for (const char* routes : {"b", "a,b,c,d"}) {
+        INFO("GPUMEM_ROUTES=" << routes);
+        auto pre = run({EMU_DLSYM_PROBE, "plugin", EMU_DLSYM_PLUGIN}, {{"GPUMEM_ROUTES", routes}});
+        REQUIRE(WIFEXITED(pre.status));
+        REQUIRE(WEXITSTATUS(pre.status) == 0);
+        const auto p = values(pre.out);
+        for (const auto& [k, v] : b) {
+            INFO(k);
+            CHECK(p.at(k) == v);
+        }
+        // The driver function it found is gpumem's wrapper: the allocation is recorded.
+        REQUIRE(pre.logs.size() == 1);
+        auto ls = lines_of(pre.logs[0]);
+        CHECK(calls(ls, "alloc") == std::multiset<std::pair<std::string, uint64_t>>{{"cuMemAlloc_v2", 1 << 20}});
+        CHECK(count_ev(ls, "free") == 1);
     }
 }
 
