@@ -325,8 +325,11 @@ int device_of_stream(void* s) noexcept {
     return get && get(CUstream(s), &d) == CUDA_SUCCESS && d >= 0 ? int(d) : k_current_device;
 }
 // The device a memory pool placed an allocation on (the pool's location, which neither the
-// current context nor the stream says); k_current_device when the driver does not answer.
+// current context nor the stream says); k_current_device when the driver does not answer, and
+// while a stream capture gpumem saw is open (the pointer is then a graph allocation's, and a
+// capture is no place for an extra driver call).
 static int device_of_pointer(CUdeviceptr p) noexcept {
+    if (capture_active()) return k_current_device;
     auto get = real<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>(drv::cuPointerGetAttribute);
     int d = -1;
     return get && get(&d, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS && d >= 0 ? d : k_current_device;
