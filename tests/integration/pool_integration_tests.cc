@@ -10,6 +10,18 @@ namespace {
 
 uint64_t hex(const json& j) { return std::stoull(j.get<std::string>(), nullptr, 16); }
 
+// `gpumem report --json` on a log, parsed (the command must succeed).
+json report_json(const std::string& log) {
+    std::string cmd = std::string(GPUMEM_CLI) + " report --json '" + log + "' 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    REQUIRE(p);
+    REQUIRE(pclose(p) == 0);
+    return json::parse(out);
+}
 uint64_t num(const std::map<std::string, std::string>& m, const std::string& k) {
     auto it = m.find(k);
     INFO("missing key " << k);
@@ -819,14 +831,7 @@ TEST_CASE("a stream-ordered allocation on another device's stream is recorded on
         CHECK(fails == 1);
         CHECK(frees == 2);
         // The report puts the 96 MiB on device 1 and finds each free on its allocation's device.
-        std::string cmd = std::string(GPUMEM_CLI) + " report --json '" + r.logs[0] + "' 2>/dev/null";
-        FILE* p = popen(cmd.c_str(), "r");
-        std::string out;
-        char buf[4096];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-        REQUIRE(pclose(p) == 0);
-        const json proc = json::parse(out)["processes"][0];
+        const json proc = report_json(r.logs[0])["processes"][0];
         INFO(proc["warnings"].dump());
         CHECK(proc["n_warnings"] == 0);
         uint64_t peak1 = 0;
@@ -1367,14 +1372,7 @@ TEST_CASE("pool: cuMemFreeAsync of a pooled block ends in the pool, as cuMemFree
 namespace {
 // `gpumem report --json` on a log: the addresses of its devices' live blocks at the end.
 std::set<uint64_t> report_leaks(const std::string& log) {
-    std::string cmd = std::string(GPUMEM_CLI) + " report --json '" + log + "' 2>/dev/null";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    REQUIRE(pclose(p) == 0);
-    const json rep = json::parse(out);
+    const json rep = report_json(log);
     std::set<uint64_t> live;
     for (auto& d : rep["processes"][0]["devices"])
         for (auto& b : d["leaks"]) live.insert(hex(b["ptr"]));
