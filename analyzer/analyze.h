@@ -20,6 +20,8 @@ struct analyze_options {
     uint64_t snapshot_budget_fixed = uint64_t(1) << 22;
     // Leaks listed per device (all are counted); tests raise it to compare every live block.
     size_t max_listed_leaks = k_max_listed_leaks;
+    // The gpumem command reading the log, named in the advice on a compressed one.
+    const char* command = "report";
 };
 
 // Reads and analyzes one log.  Throws input_error (exit code 2) when the log cannot be used.

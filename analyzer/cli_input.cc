@@ -100,7 +100,8 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
     return true;
 }
 
-bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, const progress_flags& progress) {
+bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, const progress_flags& progress,
+              const char* command) {
     try {
         for (const std::string& path : paths) {
             input_spool in(path);  // a pipe is read once, into a file both reads below can open
@@ -119,6 +120,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             analyze_options opt;
             opt.progress = progress.wanted();
             opt.progress_interval_s = progress.every_s;
+            opt.command = command;
             out.processes.push_back(analyze_file(path, opt, in.path()));
             for (const std::string& w : warning_lines(out.processes.back(), path)) spdlog::warn("{}", w);
             out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());

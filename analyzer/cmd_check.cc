@@ -171,12 +171,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
 
     run_input run;
     std::string error;
-    if (!load_run(logs, run, error, args.progress)) {
+    if (!load_run(logs, run, error, args.progress, "check")) {
         spdlog::error("{}", error);
         return k_exit_input;
     }
     run_input base;
-    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress)) {
+    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress, "check")) {
         spdlog::error("baseline: {}", error);
         return k_exit_input;
     }

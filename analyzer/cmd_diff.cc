@@ -221,7 +221,7 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
         return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
     run_input ra, rb;
     std::string error;
-    if (!load_run(side_a, ra, error, args.progress) || !load_run(side_b, rb, error, args.progress)) {
+    if (!load_run(side_a, ra, error, args.progress, "diff") || !load_run(side_b, rb, error, args.progress, "diff")) {
         spdlog::error("{}", error);
         return k_exit_input;
     }

@@ -138,6 +138,24 @@ const char* compression_of(std::string_view l) {
     return nullptr;
 }
 
+std::string compressed_log_advice(const char* z, const std::string& path, const char* command) {
+    const std::string cat = z[0] == 'g' ? "zcat" : "zstdcat";
+    const std::string gpumem = std::string(" | gpumem ") + command + " /dev/stdin";
+    // The compressed bytes came through a pipe already: the decompressor goes into that pipe.
+    if (path == "/dev/stdin" || path == "-")
+        return std::string("the input is ") + z + "-compressed: decompress it in the pipe (... | " + cat + gpumem + ")";
+    // Quoted for a shell when it holds anything but the usual name characters.
+    std::string word = path;
+    if (word.empty() || word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+-=,:@%") !=
+                            std::string::npos) {
+        word = "'";
+        for (char c : path) word += c == '\'' ? std::string("'\\''") : std::string(1, c);
+        word += "'";
+    }
+    return std::string("the file is ") + z + "-compressed: decompress it first, or read it from a pipe (" + cat + " " +
+           word + gpumem + ")";
+}
+
 bool parse_hex(std::string_view s, uint64_t& out) {
     if (s.size() < 3 || s.size() > 18 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return false;
     uint64_t v = 0;

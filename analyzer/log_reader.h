@@ -140,4 +140,9 @@ bool parse_hex(std::string_view s, uint64_t& out);
 // header readers then say to decompress it rather than that line 1 is not JSON.
 const char* compression_of(std::string_view first_line);
 
+// What to do about a log that compression_of found compressed (`z`), as the header readers say it:
+// decompress it, or pipe it into `command` ("report", "check", ...), both spelled out with `path`
+// so that the line can be copied.
+std::string compressed_log_advice(const char* z, const std::string& path, const char* command);
+
 }  // namespace gpumem::analysis

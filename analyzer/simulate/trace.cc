@@ -22,8 +22,7 @@ namespace {
 void read_header(std::string_view line, const std::string& path, trace& out,
                  std::map<int, uint64_t>& totals) {
     if (const char* z = analysis::compression_of(line))
-        throw input_error(path, 1, std::string("the file is ") + z + "-compressed: decompress it first, or read it " +
-                                       "from a pipe (" + (z[0] == 'g' ? "zcat" : "zstdcat") + " FILE | gpumem replay /dev/stdin)");
+        throw input_error(path, 1, analysis::compressed_log_advice(z, path, "replay"));
     auto h = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
     // Each member's type is tested before its value is read: json::value() throws type_error on a
     // member of another type ("ev":5), and a hostile header must be an input error, not an abort.

@@ -304,12 +304,22 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
-  # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it.
+  # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it:
+  # the pipe spelled out with the file and the command that met it, ready to copy (it once said
+  # "zcat FILE | gpumem COMMAND /dev/stdin").
   gz=$SRC/tests/data/replay/mlp-nocache.jsonl.gz
   expect_rc 2 "$GPUMEM" check "$gz" --max-peak 1GiB
-  expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat FILE | gpumem COMMAND /dev/stdin)"
+  expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem check /dev/stdin)"
   expect_rc 2 "$GPUMEM" report "$gz"
-  expect_in "$W/err" "$gz:1: the file is gzip-compressed"
+  expect_in "$W/err" "$gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem report /dev/stdin)"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$gz"
+  expect_in "$W/err" "(zcat $gz | gpumem diff /dev/stdin)"
+  # A name a shell would split is quoted; compressed bytes already in a pipe get the decompressor there.
+  cp "$gz" "$W/my log's.jsonl.gz"
+  expect_rc 2 "$GPUMEM" report "$W/my log's.jsonl.gz"
+  expect_in "$W/err" "(zcat '$W/my log'\''s.jsonl.gz' | gpumem report /dev/stdin)"
+  expect_rc 2 bash -c 'cat "$1" | "$0" report /dev/stdin' "$GPUMEM" "$gz"
+  expect_in "$W/err" "/dev/stdin:1: the input is gzip-compressed: decompress it in the pipe (... | zcat | gpumem report /dev/stdin)"
   # A baseline cut short (a full disk, a killed job) is named with the line where the JSON stops.
   "$GPUMEM" report --json "$DATA/before.jsonl" | head -n 20 > "$W/cut.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/cut.json"
