@@ -65,6 +65,25 @@ bool parse_percent_arg(const std::string& text, double& out) {
     return true;
 }
 
+bool dash_means_stdin(const std::vector<std::string*>& paths, std::string& error) {
+    int seen = 0;
+    for (std::string* p : paths)
+        if (*p == "-") {
+            if (++seen > 1) {
+                error = "- (standard input) is given more than once; it can be read only once (a file named - is ./-)";
+                return false;
+            }
+            *p = "/dev/stdin";
+        }
+    return true;
+}
+
+bool dash_means_stdin(std::vector<std::string>& paths, std::string& error) {
+    std::vector<std::string*> all;
+    for (std::string& p : paths) all.push_back(&p);
+    return dash_means_stdin(all, error);
+}
+
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
     std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
     if (p.n_warnings > p.warnings.size())

@@ -23,6 +23,14 @@ bool parse_ratio_arg(const std::string& text, double& out);
 // A tolerance in percent: "5%" or "5" -> 0.05.  Must be >= 0.
 bool parse_percent_arg(const std::string& text, double& out);
 
+// "-" among the inputs (`zcat LOG.gz | gpumem report -`) is standard input, as for most command-line
+// tools: it becomes /dev/stdin, which every command reads (a pipe is spooled, input_spool.h), and
+// which messages and reports then name.  Standard input is one stream: a second "-" would read
+// nothing, so it is refused (false, with `error`).  `paths`: every input of the command.
+bool dash_means_stdin(const std::vector<std::string*>& paths, std::string& error);
+// The same over one list of inputs.
+bool dash_means_stdin(std::vector<std::string>& paths, std::string& error);
+
 // One GPU (dev >= 0) of one process of a run.
 struct device_ref {
     size_t process = 0;  // index into run_input::processes

@@ -153,7 +153,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         l.set = true;
         l.text = v;
     }
-    const std::string& baseline_path = args.baseline_path;
+    std::string& baseline_path = args.baseline_path;
     double tolerance = 0.05;
     std::string tolerance_text = args.tolerance_text;
     if (!parse_percent_arg(tolerance_text, tolerance))
@@ -162,6 +162,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     std::vector<std::string> logs = args.logs;
     logs.insert(logs.end(), tail.begin(), tail.end());
     if (logs.empty()) return usage_error("check", "no log file given");
+    {
+        std::vector<std::string*> all;
+        for (std::string& l : logs) all.push_back(&l);
+        if (!baseline_path.empty()) all.push_back(&baseline_path);
+        if (std::string err; !dash_means_stdin(all, err)) return usage_error("check", err);
+    }
     bool any_limit = !baseline_path.empty();
     for (const limit& l : limits) any_limit |= l.set;
     if (!any_limit) return usage_error("check", "nothing to check: give a --max-* limit or --baseline");
@@ -305,7 +311,7 @@ command add_check(CLI::App& top) {
         "\n"
         "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments (also an\n"
         "input that lacks a member a limit needs).");
-    app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files");
+    app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files; - reads standard input");
     a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak bytes of --metric")->type_name("SIZE");
     a->metric_opt = app->add_option("--metric", a->metric, "what --max-peak limits: requested, allocated or reserved")
         ->type_name("METRIC")
@@ -320,7 +326,7 @@ command add_check(CLI::App& top) {
     a->limit_opt[4] = app->add_option("--max-ooms", a->limit_text[4], "out-of-memory failures (0: fail a run that had any)")->type_name("N");
     app->add_option("--baseline", a->baseline_path,
                     "an earlier run that this one may not exceed by more than the tolerance: one file, the report JSON of "
-                    "all its logs (gpumem report --json LOG... > FILE) or a single log")
+                    "all its logs (gpumem report --json LOG... > FILE) or a single log; - reads standard input")
         ->type_name("REPORT.json");
     app->add_option("--tolerance", a->tolerance_text, "allowed growth over the baseline")->type_name("P%")->default_str("5%");
     app->add_option("--junit", a->junit_path, "also write JUnit XML: one testcase per limit per process and device")

@@ -219,6 +219,12 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
         return usage_error("diff", "a second --: diff compares two runs, A1 A2... -- B1 B2...");
     if (side_a.empty() || side_b.empty())
         return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
+    {
+        std::vector<std::string*> all;
+        for (auto* side : {&side_a, &side_b})
+            for (std::string& p : *side) all.push_back(&p);
+        if (std::string err; !dash_means_stdin(all, err)) return usage_error("diff", err);
+    }
     run_input ra, rb;
     std::string error;
     if (!load_run(side_a, ra, error, args.progress, "diff") || !load_run(side_b, rb, error, args.progress, "diff")) {
@@ -252,7 +258,7 @@ command add_diff(CLI::App& top) {
         "by allocation size class and in leaks.\n"
         "\n"
         "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.");
-    app->add_option("INPUT", a->inputs, "logs or report JSON files");
+    app->add_option("INPUT", a->inputs, "logs or report JSON files; - reads standard input (one input)");
     app->add_option("--top", a->top, "how many changes to list per GPU")->type_name("N")->default_str("8")
         ->check(CLI::Range(size_t(1), size_t(100000)));
     add_progress_flags(app, a->progress);

@@ -254,6 +254,7 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
 
 int run_replay(replay_args& a) {
     if (a.logs.empty()) return usage_error("replay", "no log file given");
+    if (std::string err; !dash_means_stdin(a.logs, err)) return usage_error("replay", err);
     uint64_t capacity = 0;
     if (!a.capacity_text.empty() && (!parse_size_arg(a.capacity_text, capacity) || capacity == 0))
         return usage_error("replay", "--capacity " + a.capacity_text + ": expected a size such as 80GiB or 141GB");
@@ -488,7 +489,7 @@ int run_replay(replay_args& a) {
 }
 
 void add_options(CLI::App* app, replay_args& a) {
-    app->add_option("LOG", a.logs, "gpumem logs; each is replayed on its own core");
+    app->add_option("LOG", a.logs, "gpumem logs; each is replayed on its own core; - reads standard input");
     app->add_option("--policy", a.policies,
                     "allocators to simulate, comma-separated: ideal, pytorch, pytorch:OPTIONS (PYTORCH_CUDA_ALLOC_CONF "
                     "syntax), pytorch-expandable, gpumem, gpumem:KNOB=VALUE (default: ideal,pytorch,pytorch-expandable,gpumem)")

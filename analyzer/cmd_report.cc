@@ -100,6 +100,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     std::vector<std::string> logs = a.logs;
     logs.insert(logs.end(), tail.begin(), tail.end());
     if (logs.empty()) return usage_error("report", "no log file given");
+    if (std::string err; !dash_means_stdin(logs, err)) return usage_error("report", err);
 
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");
@@ -239,7 +240,7 @@ command add_report(CLI::App& top) {
         "rank) give a report each and a combined table.\n"
         "\n"
         "exit codes: 0 report written; 2 unusable input or arguments.");
-    app->add_option("LOG", a->logs, "event logs (gpumem-PID.jsonl) or `gpumem report --json` files");
+    app->add_option("LOG", a->logs, "event logs (gpumem-PID.jsonl) or `gpumem report --json` files; - reads standard input");
     app->add_flag("--json", a->json, "print the report as JSON (schema: docs/report-json.md) instead of text");
     app->add_option("--html", a->html_path, "also write a self-contained HTML report with charts to FILE")->type_name("FILE");
     app->add_option("--perfetto", a->perfetto_path, "also write a Chrome trace JSON with counter tracks (ui.perfetto.dev)")

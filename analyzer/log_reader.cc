@@ -142,7 +142,7 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     const std::string cat = z[0] == 'g' ? "zcat" : "zstdcat";
     const std::string gpumem = std::string(" | gpumem ") + command + " /dev/stdin";
     // The compressed bytes came through a pipe already: the decompressor goes into that pipe.
-    if (path == "/dev/stdin" || path == "-")
+    if (path == "/dev/stdin")
         return std::string("the input is ") + z + "-compressed: decompress it in the pipe (... | " + cat + gpumem + ")";
     // Quoted for a shell when it holds anything but the usual name characters.
     std::string word = path;

@@ -795,6 +795,29 @@ PY
   expect_in "$W/out" "peak requested 7.00 MiB > limit 3.00 MiB"
   expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress /dev/stdin' "$GPUMEM" "$W/after.json"
   expect_in "$W/out" "gpumem report"
+  # "-" is standard input for every command that reads logs (it said "-: cannot open"), the same
+  # as /dev/stdin, through a real pipe; --baseline too.  A second "-" would read nothing: refused.
+  expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress -' "$GPUMEM" "$DATA/before.jsonl"
+  sed "s|$DATA/before.jsonl|/dev/stdin|" <("$GPUMEM" report --no-progress "$DATA/before.jsonl") | cmp -s - "$W/out" \
+    || fail "report - differs from the file's report"
+  expect_rc 0 bash -c 'cat "$1" | "$0" report --no-progress --json -- -' "$GPUMEM" "$DATA/before.jsonl"
+  expect_in "$W/out" '"file": "/dev/stdin"'
+  expect_rc 1 bash -c 'cat "$1" | "$0" check - --max-peak 3MiB' "$GPUMEM" "$DATA/after.jsonl"
+  expect_in "$W/out" "peak requested 7.00 MiB > limit 3.00 MiB"
+  expect_rc 0 bash -c 'cat "$1" | "$0" check "$2" --baseline -' "$GPUMEM" "$W/after.json" "$DATA/after.jsonl"
+  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  expect_rc 0 bash -c 'cat "$1" | "$0" diff - "$2"' "$GPUMEM" "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_in "$W/out" "A = /dev/stdin (1 process)"
+  expect_rc 0 bash -c 'cat "$1" | "$0" replay -' "$GPUMEM" "$DATA/before.jsonl"
+  expect_in "$W/out" "== /dev/stdin: device 0"
+  expect_rc 2 bash -c 'cat "$1" | "$0" diff - -' "$GPUMEM" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: - (standard input) is given more than once"
+  expect_rc 2 bash -c 'cat "$1" | "$0" check - --baseline - --max-peak 1GiB' "$GPUMEM" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: - (standard input) is given more than once"
+  for sub in report check diff replay; do
+    "$GPUMEM" "$sub" --help > "$W/help.txt" 2>&1
+    expect_in "$W/help.txt" "- reads standard input"
+  done
   # Unusable input from a pipe still names the pipe, and nothing stays in $TMPDIR.
   expect_rc 2 bash -c 'printf "not a log\n" | "$0" report --no-progress /dev/stdin' "$GPUMEM"
   expect_in "$W/err" "gpumem: error: /dev/stdin:1: "
