@@ -118,9 +118,11 @@ struct task {
 
 std::string moment(uint64_t seq, uint64_t t) { return "#" + std::to_string(seq) + " at " + fmt_time(t); }
 
-ojson result_json(const sim::replay_result& r, uint64_t capacity) {
+// note: sim::policy_note's, for this policy ("" for none).
+ojson result_json(const sim::replay_result& r, uint64_t capacity, const std::string& note = {}) {
     ojson j;
     j["policy"] = r.policy;
+    if (!note.empty()) j["note"] = note;
     j["peak_reserved_bytes"] = r.peak_reserved;
     j["peak_seq"] = r.peak_seq;
     j["peak_t_ns"] = r.peak_t;
@@ -159,8 +161,9 @@ size_t best_of(const device_job& d) {
     return best;
 }
 
+// notes: sim::policy_note's per policy, in --policy order (as each job's results).
 void print_text(const std::vector<sim::trace>& traces, const std::vector<device_job>& jobs, uint64_t capacity,
-                bool suggest) {
+                bool suggest, const std::vector<std::string>& notes) {
     for (const device_job& d : jobs) {
         const sim::trace& tr = traces[d.log];
         const sim::device_trace& dt = *d.dev;
@@ -186,12 +189,14 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
         int pw = 34;
         for (const sim::replay_result& r : d.results) pw = std::max(pw, int(std::min<size_t>(r.policy.size(), 200)));
         std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, "policy", "peak reserved", "at", "driver allocs", "peak ext. frag.");
-        for (const sim::replay_result& r : d.results) {
+        for (size_t ri = 0; ri < d.results.size(); ++ri) {
+            const sim::replay_result& r = d.results[ri];
             std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " at #" + std::to_string(r.frag_seq) : "0";
             std::string drv = std::to_string(r.driver_allocs) + "/" + std::to_string(r.driver_frees);
             std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
                         r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());
+            if (ri < notes.size() && !notes[ri].empty()) std::printf("   %-*s ^ note: %s\n", pw, "", notes[ri].c_str());
             // Every stop is printed, with or without --capacity: the numbers above cover only the
             // requests before it.
             if (r.failure == sim::failure_reason::too_large)
@@ -276,6 +281,10 @@ int run_replay(replay_args& a) {
             return usage_error("replay", "--policy " + err);
         specs.push_back(s);
     }
+    // Options that cannot act in this replay (garbage_collection_threshold without a memory limit)
+    // leave that policy's numbers as without them: said beside its results, not left to the guide.
+    std::vector<std::string> notes;
+    for (const sim::policy_spec& s : specs) notes.push_back(sim::policy_note(s, capacity));
     std::vector<std::string> apis;
     for (const std::string& g : a.apis) {
         size_t pos = 0;
@@ -468,7 +477,8 @@ int run_replay(replay_args& a) {
                 dj["streams_known"] = d.dev->n_streams > 0;
                 dj["streams"] = d.dev->n_streams;
                 dj["policies"] = ojson::array();
-                for (const auto& r : d.results) dj["policies"].push_back(result_json(r, capacity));
+                for (size_t p = 0; p < d.results.size(); ++p)
+                    dj["policies"].push_back(result_json(d.results[p], capacity, notes[p]));
                 if (!d.grid.empty()) {
                     size_t b = best_of(d);
                     ojson s = result_json(d.grid[b], capacity);
@@ -482,7 +492,7 @@ int run_replay(replay_args& a) {
         }
         std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
-        print_text(traces, djobs, capacity, a.suggest);
+        print_text(traces, djobs, capacity, a.suggest, notes);
     }
     std::fflush(stdout);
     return k_exit_ok;

@@ -107,7 +107,7 @@ private:
 
     // garbage_collection_threshold is on only under a limit: per_process_memory_fraction's, else
     // --capacity's.
-    bool gc_on() const { return cfg_.gc_threshold > 0 && (has_limit_ || capacity_); }
+    bool gc_on() const { return pt_gc_acts(cfg_, capacity_); }
     uint64_t gc_limit() const { return has_limit_ ? limit_ : capacity_; }
 
     const pt_config cfg_;

@@ -34,6 +34,13 @@ struct pt_config {
     std::string to_conf() const;
 };
 
+// Whether garbage_collection_threshold acts in a replay on a device of `capacity` bytes (0: none
+// given).  PyTorch collects only under its memory limit (per_process_memory_fraction); the replay
+// takes --capacity as that limit when no fraction is set, and with neither the threshold does nothing.
+inline bool pt_gc_acts(const pt_config& cfg, uint64_t capacity) {
+    return cfg.gc_threshold > 0 && (cfg.memory_fraction < 1 || capacity);
+}
+
 // Parses "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],expandable_segments:True".
 // Returns "" on success, else what is wrong (with the same limits PyTorch checks).  The keys that
 // cannot change the replayed layout (release_lock_on_cudamalloc, the pinned_ host allocator's,

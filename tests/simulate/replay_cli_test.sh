@@ -53,6 +53,27 @@ sed 's/,"total":42949672960//' "$W/frag.jsonl" > "$W/nototal.jsonl"
   || fail "per_process_memory_fraction without the device's memory: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/nototal.jsonl" --api cudaMalloc --capacity 40MiB --policy pytorch:per_process_memory_fraction:0.5 > /dev/null \
   || fail "per_process_memory_fraction of --capacity: exit $?"
+# garbage_collection_threshold acts only under a memory limit: without per_process_memory_fraction
+# and --capacity it changes nothing, which the replay says under that policy's line and in its
+# --json entry (it said nothing, and its numbers read as the threshold's effect); with either, no note.
+gc=pytorch:garbage_collection_threshold:0.5
+"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch,$gc" > "$W/gc.txt" || fail "gc threshold: exit $?"
+python3 - "$W/gc.txt" <<'PY' || fail "gc threshold without a limit: no note under its line: $(cat "$W/gc.txt")"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+i = next(i for i, l in enumerate(lines) if l.lstrip().startswith("pytorch:garbage_collection_threshold:0.5 "))
+assert "^ note: garbage_collection_threshold has no effect here: PyTorch collects only under a memory limit; " \
+       "add per_process_memory_fraction, or give --capacity" in lines[i + 1], lines
+assert sum("note:" in l for l in lines) == 1, lines  # not under plain pytorch
+PY
+"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch,$gc" --json \
+  | python3 -c 'import json,sys; p=json.load(sys.stdin)["logs"][0]["devices"][0]["policies"]; assert "note" not in p[0] and "has no effect" in p[1]["note"], p' \
+  || fail "gc threshold without a limit: no note in --json"
+for args in "$gc --capacity 40MiB" "$gc,per_process_memory_fraction:0.5"; do
+  # shellcheck disable=SC2086
+  "$GPUMEM" replay "$W/frag.jsonl" --policy $args > "$W/gc.txt" 2>&1 || fail "gc threshold ($args): exit $?"
+  grep -q "note:" "$W/gc.txt" && fail "gc threshold under a limit ($args): a note: $(cat "$W/gc.txt")"
+done
 # Without --api, cuMemAlloc_v2 is replayed too: 8 allocations, 1 KiB more at the peak.
 "$GPUMEM" replay "$W/frag.jsonl" --policy ideal --json | python3 -c 'import json,sys; d=json.load(sys.stdin)["logs"][0]["devices"][0]; assert d["allocations"]==8 and d["policies"][0]["peak_reserved_bytes"]==36*2**20+1024, d' || fail "--api default"
 out=$("$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest) || fail "--suggest exit"
