@@ -149,6 +149,19 @@ check_limits)
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > limit 3.00 MiB (--max-peak 3MiB); at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > limit 1.00 MiB (--max-leak 1MiB); largest: 1.00 MiB from cudaMalloc at 1.00 us (seq 0)"
   expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak reserved 7.00 MiB <= limit 8.00 MiB"
+  # A log with no end line (a killed process): what is allocated when it stops is not called leaked
+  # (check once did, where report says "live when the log stops"); the limit counts the same bytes
+  # (docs/metrics.md, Leaks), from the log or its report JSON, and the JUnit names stay.
+  killed=$SRC/tests/data/golden/killed_truncated.jsonl
+  "$GPUMEM" report --json "$killed" > "$W/killed.json" 2>/dev/null
+  for in in "$killed" "$W/killed.json"; do
+    expect_rc 1 "$GPUMEM" check "$in" --max-leak 1MiB --baseline "$killed" --tolerance 0 --junit "$W/killed.xml"
+    expect_in "$W/out" "FAIL rank 0 dev 0 (pid 7001, $killed): live when the log stops 2.00 MiB > limit 1.00 MiB (--max-leak 1MiB); largest: 2.00 MiB from cudaMalloc at 2.00 us (seq 1)"
+    expect_in "$W/out" "ok   rank 0 dev 0 (pid 7001, $killed): live when the log stops 2.00 MiB <= baseline 2.00 MiB + 0% = 2.00 MiB"
+    expect_not_in "$W/out" "leaked"
+    expect_in "$W/killed.xml" '<failure message="live when the log stops 2.00 MiB &gt; limit'
+    expect_in "$W/killed.xml" 'name="baseline leaked"/>'
+  done
   # Decimal units, = syntax, and fragmentation as a ratio or percentage (this log peaks at 33.3%).
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak=3000KB
   frag=$SRC/tests/data/golden/pool_fragmentation.jsonl
