@@ -166,6 +166,14 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     std::string tolerance_text = args.tolerance_text;
     if (!parse_percent_arg(tolerance_text, tolerance))
         return usage_error("check", "--tolerance " + tolerance_text + ": expected a percentage such as 5% or 0.5%");
+    // A bare number is a percentage here but a ratio for --max-fragmentation (0.3 = 30%), so 0.05
+    // may be meant as 5%.  Its meaning stays (CI scripts rely on it); the reading is said.
+    if (tolerance_text.back() != '%' && tolerance > 0 && tolerance < 0.01) {
+        char as_ratio[32];
+        std::snprintf(as_ratio, sizeof as_ratio, "%g", tolerance * 10000);  // 0.05 read as a ratio: 5
+        spdlog::warn("--tolerance {} means {}%; for {}% write {} or {}%", tolerance_text, tolerance_text, as_ratio,
+                     as_ratio, as_ratio);
+    }
     if (tolerance_text.back() != '%') tolerance_text += "%";
     std::vector<std::string> logs = args.logs;
     logs.insert(logs.end(), tail.begin(), tail.end());
@@ -336,7 +344,10 @@ command add_check(CLI::App& top) {
                     "an earlier run that this one may not exceed by more than the tolerance: one file, the report JSON of "
                     "all its logs (gpumem report --json LOG... > FILE) or a single log; - reads standard input")
         ->type_name("REPORT.json");
-    app->add_option("--tolerance", a->tolerance_text, "allowed growth over the baseline")->type_name("P%")->default_str("5%");
+    app->add_option("--tolerance", a->tolerance_text,
+                    "allowed growth over the baseline, in percent: 5 or 5% (a bare 0.05 is 0.05%, with a warning)")
+        ->type_name("P%")
+        ->default_str("5%");
     app->add_option("--junit", a->junit_path, "also write JUnit XML: one testcase per limit per process and device")
         ->type_name("FILE");
     app->add_flag("-q,--quiet", a->quiet, "print only the broken limits and the one-line total");

@@ -218,6 +218,19 @@ check_baseline)
   expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): max external fragmentation 0.0% <= baseline 0.0% + 10.0 points = 10.0%"
   # Growth of 133% (peak) and 50% (leak) passes a 150% tolerance.
   expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 150
+  expect_not_in "$W/err" "--tolerance"
+  # A bare number below 1 is still a percentage (0.05 = 0.05%, as CI scripts rely on), but
+  # --max-fragmentation reads 0.3 as 30%, so it may be meant as a ratio: said on stderr. Not for
+  # 0, 1 and up, or with a % sign.
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 0.05
+  expect_in "$W/err" "gpumem: warning: --tolerance 0.05 means 0.05%; for 5% write 5 or 5%"
+  expect_in "$W/out" "peak requested 7.00 MiB > baseline 3.00 MiB + 0.05% = 3.00 MiB"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance=0.3 -q
+  expect_in "$W/err" "gpumem: warning: --tolerance 0.3 means 0.3%; for 30% write 30 or 30%"
+  for t in 0.05% 0 1 5; do
+    expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance "$t"
+    expect_not_in "$W/err" "warning"
+  done
   # A baseline rank missing from the run is a failure; a baseline given as a log works too.
   "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" > "$W/ranks.json"
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
