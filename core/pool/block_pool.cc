@@ -2485,10 +2485,13 @@ void block_pool::grant_peer(int device) noexcept {
     if (device == device_ || exiting_) return;
     backend_.add_peer(device);  // under the lock: no map can fall between this and the walk below
     if (!chunk_) return;
-    for (const auto& [base, s] : segments_)
+    // Not a structured binding: clang 14 (scripts/test.sh's sanitizer tree) cannot capture one.
+    for (const auto& entry : segments_) {
+        const segment* s = entry.second;
         for_each_mapped_run(s->chunks, [&](size_t i, size_t n) {
             backend_.set_peer_access(s->base + i * chunk_, n * chunk_, device);
         });
+    }
     // Stitched ranges' other positions too (the segments above hold a used range's first ones):
     // an idle range's, and a used one's past its block.  A later stitch keeps such positions as
     // they are mapped, and one granted to the device alone would fault the peer's kernels there.

@@ -3,7 +3,8 @@
 # report (text, --json, --html, --perfetto), check, replay.  Fails on any sanitizer report and on
 # any exit code a command does not document (report/replay 0 or 2, check 0, 1 or 2).
 #
-# usage: sanitizer_corpus.sh GPUMEM SRC WORK   (scripts/test.sh runs it on build-asan's gpumem)
+# usage: sanitizer_corpus.sh GPUMEM SRC WORK   (scripts/test.sh runs it on build-san's gpumem, or on
+# build-asan's where clang is missing)
 set -uo pipefail
 GPUMEM=$1 SRC=$2 WORK=$3
 rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
