@@ -1,6 +1,5 @@
 // Unit tests of the replay policies: each rule of PyTorch's allocator model, the expandable path,
 // OOM at a capacity and its verdict, ideal and gpumem, with hand-computed expectations.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "gpumem_pool.h"

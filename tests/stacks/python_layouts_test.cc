@@ -8,7 +8,6 @@
 // fail.  What they cannot show is that a real 3.10 or 3.13 interpreter matches those bindings:
 // that, and PyCode_Addr2Line itself, were not run here (the real-interpreter test is
 // python_stacks_test.py, on whatever python3 the build finds).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <cstdint>

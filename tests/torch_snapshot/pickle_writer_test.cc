@@ -1,5 +1,4 @@
 // The pickle writer byte for byte against CPython's opcodes, and read back by python3's pickle.load.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
