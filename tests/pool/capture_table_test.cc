@@ -78,10 +78,14 @@ TEST_CASE("capture table: ends from any thread, several captures, the per-thread
     }
     SECTION("a fork child starts with none, even with the lock held in the parent at the fork") {
         t.opened(s1, me, G);
+#if !defined(__SANITIZE_THREAD__)
+        // ThreadSanitizer follows the mutex across clear_after_fork's placement new and calls
+        // the next lock a double lock: in its build (scripts/test.sh) the lock is not left held.
         std::thread([&] {
             // Another thread in may_refuse at the moment of the fork: its lock is copied held.
             t.mutex_for_test().lock();
         }).join();
+#endif
         t.clear_after_fork();
         CHECK_FALSE(t.may_refuse(me, G));
         t.opened(s1, me, G);  // and the table works again
