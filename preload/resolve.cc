@@ -193,31 +193,74 @@ static void* lookup_past_gpumem(void* handle, const char* name, void* caller) no
     return d;
 }
 
+// Whether caller lies in an object that comes before libgpumem.so in the global search list: the
+// program itself, or a library preloaded ahead of gpumem.  glibc's RTLD_NEXT from there searches
+// on from the caller's object, so it reaches libgpumem.so's exports before anything else.
+static bool precedes_this_library(void* caller) noexcept {
+    Dl_info info{};
+    struct link_map *self = nullptr, *lm = nullptr;
+    if (!caller || !dladdr1(reinterpret_cast<void*>(&precedes_this_library), &info, reinterpret_cast<void**>(&self),
+                            RTLD_DL_LINKMAP) ||
+        !self || !dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) || !lm)
+        return false;
+    for (struct link_map* l = self->l_prev; l; l = l->l_prev)
+        if (l == lm) return true;
+    return false;
+}
+
+// glibc's answer to dlsym(RTLD_NEXT, name) asked from caller, with libgpumem.so's exports left out;
+// *known false where only glibc itself can answer (the caller comes after gpumem, whose exports it
+// cannot reach then).  From the program (or an earlier preload) the search passes gpumem first: the
+// answer is then what lies past gpumem (real_dlsym's RTLD_NEXT starts after this library), which
+// is NULL where libcuda is not in the global scope.  A library preloaded between the caller and
+// gpumem is not searched: glibc starts only from the calling object.
+static void* next_past_gpumem(const char* name, void* caller, bool* known) noexcept {
+    *known = precedes_this_library(caller);
+    return *known ? real_dlsym(RTLD_NEXT, name) : nullptr;
+}
+
 // caller: the return address of the program's dlsym call (the trampoline passes it).
+// Returns NULL to let glibc answer (the trampoline jumps to it, as the caller), k_dlsym_null for a
+// NULL answer, or the answer.  Wherever gpumem's own export would be glibc's answer, the answer is
+// what the process has without gpumem: libcuda's function, wrapped when the route is watched.
 extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char* name, void* caller) noexcept {
     load_real_dlsym();
     if (!name || name[0] != 'c' || name[1] != 'u') return nullptr;
     bool is_resolver = !strncmp(name, "cuGetProcAddress", 16);
-    if (!route_on(is_resolver ? route_c : route_b)) return nullptr;
+    const bool watched = route_on(is_resolver ? route_c : route_b);
     driver_hook* hooks = driver_hooks();
     for (int i = 0; i < int(drv::count_); ++i) {
         if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
+        void* d = nullptr;
         if (handle == RTLD_NEXT) {
-            // Substitute only where the real lookup would have found something.
-            void* found = real_driver(drv(i));
-            return found ? hooks[i].wrapper : nullptr;
+            bool known = false;
+            d = next_past_gpumem(name, caller, &known);
+            if (!known) {
+                // After gpumem in the search list: glibc's answer cannot be gpumem's export.
+                // Substitute only where the real lookup would have found libcuda's function.
+                if (!watched) return nullptr;
+                return real_driver(drv(i)) ? hooks[i].wrapper : nullptr;
+            }
+        } else {
+            // Answered as without gpumem, with libcuda's function wrapped (on libcuda's own
+            // handle, as JAX asks, too); any other definition (the program's own) as it is.
+            d = lookup_past_gpumem(handle, name, caller);
         }
-        // Answered as without gpumem, with libcuda's function wrapped (on libcuda's own handle,
-        // as JAX asks, too); any other definition (the program's own) is handed out as it is.
-        void* d = lookup_past_gpumem(handle, name, caller);
         if (!d) return k_dlsym_null;
-        return d == real_driver(drv(i)) ? hooks[i].wrapper : d;
+        return watched && d == real_driver(drv(i)) ? hooks[i].wrapper : d;
     }
     if (is_per_thread_symbol(name)) {
         // A per-thread variant: watched through a thunk, when it is libcuda's.  Otherwise glibc
         // answers (no export of gpumem's has such a name without a wrapper).
-        void* found = handle == RTLD_NEXT ? real_driver_by_name(name) : lookup_past_gpumem(handle, name, caller);
-        if (!found || (handle != RTLD_NEXT && found != real_driver_by_name(name))) return nullptr;
+        void* found = nullptr;
+        if (handle == RTLD_NEXT) {
+            bool known = false;
+            found = next_past_gpumem(name, caller, &known);
+            if (!known) found = real_driver_by_name(name);
+        } else {
+            found = lookup_past_gpumem(handle, name, caller);
+        }
+        if (!watched || !found || found != real_driver_by_name(name)) return nullptr;
         bool handled = false;
         void* w = watch_per_thread(found, &handled);
         return w != found ? w : nullptr;

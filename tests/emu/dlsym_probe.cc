@@ -20,10 +20,12 @@ extern "C" __attribute__((visibility("default"))) int cuMemAllocManaged(unsigned
 }
 
 namespace {
-// Both ways: RTLD_DEFAULT, and the program's own handle (dlopen(NULL), as Python's ctypes.CDLL(None)).
+// Three ways: RTLD_DEFAULT, the program's own handle (dlopen(NULL), as Python's ctypes.CDLL(None)),
+// and RTLD_NEXT (from the program, whose next objects are the preloaded ones).
 void probe(const char* key, const char* name) {
     void* self = dlopen(nullptr, RTLD_NOW);
-    for (auto [way, handle] : {std::pair<const char*, void*>{"default", RTLD_DEFAULT}, {"self", self}}) {
+    for (auto [way, handle] :
+         {std::pair<const char*, void*>{"default", RTLD_DEFAULT}, {"self", self}, {"next", RTLD_NEXT}}) {
         dlerror();
         void* p = dlsym(handle, name);
         const bool error_set = dlerror() != nullptr;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <algorithm>
@@ -136,13 +137,14 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
     REQUIRE(WIFEXITED(pre.status));
     REQUIRE(WEXITSTATUS(pre.status) == 0);
     const auto b = values(bare.out), p = values(pre.out);
-    for (const char* way : {"default", "self"}) {
+    for (const char* way : {"default", "self", "next"}) {
         INFO(way);
         CHECK(b.at(std::string("before_alloc_") + way) == "0");
         CHECK(b.at(std::string("local_alloc_") + way) == "0");
         CHECK(b.at(std::string("after_alloc_") + way) == "1");
         CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
         CHECK(b.at(std::string("local_ptsz_") + way) == "0");
+        if (!strcmp(way, "next")) continue;  // probe_own asks the other two ways
         // The program's own cuMemAllocManaged, before and after the driver is global: gpumem's
         // wrapper answered the program's handle (calling libcuda's, or failing without it).
         for (const char* when : {"before_own_", "after_own_"}) {
@@ -155,6 +157,16 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
     for (const auto& [k, v] : b) {
         INFO(k);
         CHECK(p.at(k) == v);
+    }
+    // With the dlsym route unwatched (GPUMEM_ROUTES without b) glibc found gpumem's exports the
+    // same way: the answers must not depend on which routes are watched.
+    auto unwatched = run({EMU_DLSYM_PROBE}, {{"GPUMEM_ROUTES", "a,c,d"}});
+    REQUIRE(WIFEXITED(unwatched.status));
+    REQUIRE(WEXITSTATUS(unwatched.status) == 0);
+    const auto u = values(unwatched.out);
+    for (const auto& [k, v] : b) {
+        INFO("GPUMEM_ROUTES=a,c,d " << k);
+        CHECK(u.at(k) == v);
     }
 }
 
