@@ -28,14 +28,6 @@ std::string fmt_value(const measure& m, double v) {
     return m.unit == measure_unit::ratio ? fmt_pct(v) : fmt_bytes(clamp_to_u64(v));  // v may be 2^64: out of range
 }
 
-// A measure's name in messages about `proc`.  Leaked bytes of a process whose log has no end line
-// (killed, or still running) are "live when the log stops", as report calls them: a process that
-// did not exit cannot be said to leak (docs/metrics.md, Leaks).  The limit still counts the same
-// bytes; JUnit test case names stay as they are, so that CI keeps one history per limit.
-std::string measure_title(const measure& m, const process_report& proc) {
-    return m.value == device_field::leaked_bytes && !proc.has_end ? "live when the log stops" : m.title;
-}
-
 // "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation, for OOMs the first (and
 // the line that asked, when the log recorded its stack).
 std::string worst_moment(const measure& m, const process_report& proc, const device_report& dev) {
@@ -239,7 +231,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 spdlog::warn("{}: --max-fragmentation: no gpumem pool segments on this device (recorded with the pool "
                              "off?): its fragmentation is not measured, so the limit cannot fail",
                              r.where);
-            o.message = measure_title(*l.m, run.proc(r)) + " " + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
+            o.message = measure_title(*l.m, run.proc(r).has_end) + " " + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
                         "limit " + fmt_value(*l.m, l.value) + " (" + l.flag + " " + l.text + ")";
             if (!o.passed) {
                 std::string w = worst_moment(*l.m, run.proc(r), dev);
@@ -272,7 +264,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 bool ratio = m->unit == measure_unit::ratio;
                 double allowed = ratio ? was + tolerance : was * (1 + tolerance);
                 o.passed = measured <= allowed + 1e-9;
-                o.message = measure_title(*m, run.proc(r)) + " " + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
+                o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
                             "baseline " + fmt_value(*m, was) + " + " +
                             (ratio ? fmt_pct(tolerance).substr(0, fmt_pct(tolerance).size() - 1) + " points" : tolerance_text) +
                             " = " + fmt_value(*m, allowed);

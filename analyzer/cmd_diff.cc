@@ -98,7 +98,9 @@ void size_class_changes(const size_histogram& ha, const size_histogram& hb, std:
 // Leaks grouped by API: the bytes of each API still live after the last event, which is what a
 // leak is.  Taken from the per-API rows, which count every allocation; the leak list holds only
 // the 50 largest, so summing it understated an API's leaks whenever a run left more than 50.
-void leak_changes(const std::vector<usage_row>& ra, const std::vector<usage_row>& rb, std::vector<change>& out) {
+// ended: both processes' logs have an end line; otherwise the bytes are what was live when a log
+// stopped, not leaks, and the lines say so.
+void leak_changes(const std::vector<usage_row>& ra, const std::vector<usage_row>& rb, bool ended, std::vector<change>& out) {
     std::map<std::string, std::pair<const usage_row*, const usage_row*>> by_name;
     for (const usage_row& u : ra) by_name[u.name].first = &u;
     for (const usage_row& u : rb) by_name[u.name].second = &u;
@@ -108,9 +110,10 @@ void leak_changes(const std::vector<usage_row>& ra, const std::vector<usage_row>
         const usage_row& b = ab.second ? *ab.second : k_none;
         if (a.bytes.current == b.bytes.current) continue;
         change c;
-        c.what = "leaks from " + api + ": " + fmt_bytes(a.bytes.current) + " -> " + fmt_bytes(b.bytes.current);
+        c.what = (ended ? "leaks from " : "live at log end from ") + api + ": " + fmt_bytes(a.bytes.current) + " -> " +
+                 fmt_bytes(b.bytes.current);
         c.delta_bytes = double(b.bytes.current) - double(a.bytes.current);
-        c.detail = "leaked allocations " + fmt_count(a.live) + " -> " + fmt_count(b.live);
+        c.detail = (ended ? "leaked allocations " : "live allocations ") + fmt_count(a.live) + " -> " + fmt_count(b.live);
         out.push_back(std::move(c));
     }
 }
@@ -159,12 +162,19 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     const device_report& db = b ? rb.dev(*b) : k_none;
     std::printf("\n%s\n", visible(a ? a->key : b->key).c_str());
     std::printf("  A: %s\n  B: %s\n", a ? a->where.c_str() : "(not in A)", b ? b->where.c_str() : "(not in B)");
+    // A side whose log has no end line (killed, or still running) did not exit: what it had live
+    // is not a leak (docs/metrics.md, Leaks), so the leak rows say "live at log end" then.
+    const bool ended_a = !a || ra.proc(*a).has_end, ended_b = !b || rb.proc(*b).has_end;
+    const bool ended = ended_a && ended_b;
+    if (!ended)
+        std::printf("  (%s: killed or still running, so what was live at the end is not called a leak)\n",
+                    !ended_a && !ended_b ? "neither log has an end line" : !ended_a ? "A's log has no end line" : "B's log has no end line");
     std::printf("  %-28s %14s %14s   %s\n", "", "A", "B", "change");
     for (const measure& r : k_diff_rows) {
         // A member a report JSON lacks is shown as unknown, never as 0.
         bool ha = a && ra.has(*a, r.value), hb = b && rb.has(*b, r.value);
         double va = measure_value(da, r), vb = measure_value(db, r);
-        std::printf("  %-28s %14s %14s   %s\n", r.title, !a ? "-" : ha ? fmt_unit(r.unit, va).c_str() : "?",
+        std::printf("  %-28s %14s %14s   %s\n", measure_title(r, ended).c_str(), !a ? "-" : ha ? fmt_unit(r.unit, va).c_str() : "?",
                     !b ? "-" : hb ? fmt_unit(r.unit, vb).c_str() : "?", (ha && hb) ? fmt_change(r.unit, va, vb).c_str() : "");
     }
     if (!a || !b) return;
@@ -172,12 +182,12 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     const process_report &pa = ra.proc(*a), &pb = rb.proc(*b);
     print_sites("call sites at the peak of requested memory", pa, da.peak_sites.empty() ? da.top_sites : da.peak_sites,
                 da.requested.peak, pb, db.peak_sites.empty() ? db.top_sites : db.peak_sites, db.requested.peak, top);
-    print_sites("leaks by call site", pa, da.leak_sites, da.leaked_bytes, pb, db.leak_sites, db.leaked_bytes, top);
+    print_sites(ended ? "leaks by call site" : "live at log end by call site", pa, da.leak_sites, da.leaked_bytes, pb, db.leak_sites, db.leaked_bytes, top);
     std::vector<change> changes;
     usage_changes(da.by_api, db.by_api, "api", changes);
     usage_changes(da.by_kind, db.by_kind, "kind", changes);
     size_class_changes(da.alloc_sizes, db.alloc_sizes, changes);
-    leak_changes(da.by_api, db.by_api, changes);
+    leak_changes(da.by_api, db.by_api, ended, changes);
     std::stable_sort(changes.begin(), changes.end(),
                      [](const change& x, const change& y) { return std::fabs(x.delta_bytes) > std::fabs(y.delta_bytes); });
     if (changes.empty()) {

@@ -18,7 +18,16 @@ struct measure {
     // When the value was reached; device_field::count when the measure has no single moment.
     device_field t_ns = device_field::count;
     device_field seq = device_field::count;
+    // The name for a process whose log has no end line (killed, or still running), where the
+    // measure counts leaks: such a process did not exit, so its live bytes are not a leak
+    // (docs/metrics.md, Leaks).  nullptr: the title serves either way.
+    const char* unended_title = nullptr;
 };
+
+// A measure's name for a process; log_ended: its log has an end line.
+inline std::string measure_title(const measure& m, bool log_ended) {
+    return !log_ended && m.unended_title ? m.unended_title : m.title;
+}
 
 inline constexpr measure k_peak_requested{"peak requested", measure_unit::bytes, device_field::peak_requested_bytes,
                                           device_field::peak_requested_t_ns, device_field::peak_requested_seq};
@@ -30,7 +39,8 @@ inline constexpr measure k_max_fragmentation{"max external fragmentation", measu
                                              device_field::max_external_fragmentation,
                                              device_field::max_external_fragmentation_t_ns,
                                              device_field::max_external_fragmentation_seq};
-inline constexpr measure k_leaked{"leaked", measure_unit::bytes, device_field::leaked_bytes};
+inline constexpr measure k_leaked{.title = "leaked", .unit = measure_unit::bytes, .value = device_field::leaked_bytes,
+                                  .unended_title = "live when the log stops"};
 inline constexpr measure k_ooms{"OOMs", measure_unit::count, device_field::n_oom};
 
 // --max-peak's --metric: the three byte counts of docs/metrics.md, by the name the reports use.
@@ -58,8 +68,10 @@ inline constexpr measure k_diff_rows[] = {
     {"frees", measure_unit::count, device_field::n_free},
     {"failed allocations", measure_unit::count, device_field::n_alloc_fail},
     k_ooms,
-    {"leaked allocations", measure_unit::count, device_field::n_leaks},
-    {"leaked bytes", measure_unit::bytes, device_field::leaked_bytes},
+    {.title = "leaked allocations", .unit = measure_unit::count, .value = device_field::n_leaks,
+     .unended_title = "live allocations at log end"},
+    {.title = "leaked bytes", .unit = measure_unit::bytes, .value = device_field::leaked_bytes,
+     .unended_title = "live bytes at log end"},
 };
 
 inline double measure_value(const device_report& d, const measure& m) { return field_value(d, m.value); }

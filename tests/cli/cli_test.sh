@@ -378,6 +378,15 @@ diff)
   expect_in "$W/out" "+ size class 4.00 MiB-8.00 MiB: 0 -> 1 allocations  [+4.00 MiB"
   expect_in "$W/out" "+ api cudaMalloc: peak live 3.00 MiB -> 7.00 MiB  [+4.00 MiB"
   expect_in "$W/out" "+ leaks from cudaMallocManaged: 0 B -> 512.00 KiB"
+  expect_not_in "$W/out" "no end line"
+  # A side whose log has no end line (a killed process) did not exit: its live bytes are not
+  # called leaks, in the rows, the changes by API or the note that says why (docs/metrics.md).
+  expect_rc 0 "$GPUMEM" diff "$DATA/after.jsonl" "$SRC/tests/data/golden/killed_truncated.jsonl"
+  expect_in "$W/out" "(B's log has no end line: killed or still running, so what was live at the end is not called a leak)"
+  grep -qE "live bytes at log end +1.50 MiB +2.00 MiB" "$W/out" || fail "diff live-at-end row: $(grep 'log end' "$W/out")"
+  expect_in "$W/out" "+ live at log end from cudaMalloc: 1.00 MiB -> 2.00 MiB  [+1.00 MiB; live allocations 1 -> 1]"
+  expect_not_in "$W/out" "leaked"
+  expect_not_in "$W/out" "leaks"
   # Leaks by API count every leaked allocation, not only the 50 largest that the report lists:
   # 60 leaked 1 MiB blocks are 60 MiB, where the listed ones add up to 50 MiB.
   python3 - "$DATA/before.jsonl" "$W/leak60.jsonl" <<'EOF'
