@@ -41,4 +41,13 @@ PY
     short() { if [ "$1" = "$base" ]; then echo same; else echo "$1" | cut -c1-300; fi; }
     echo "| $name | $(echo "$base" | cut -c1-300) | $(short "$vmm") | $(short "$novmm") | $verdict |"
   done
+  # The stream-ordered allocations those runs made are in their logs, on the GPU they are on
+  # (cuMemAllocAsync on its stream's device, cuMemAllocFromPoolAsync on its pointer's: device 0).
+  for api in cuMemAllocAsync cuMemAllocFromPoolAsync; do
+    n=$(cat "$LOGS"/same-other.*.jsonl "$LOGS"/same-other-novmm.*.jsonl 2>/dev/null |
+        grep '"ev":"alloc"' | grep "\"api\":\"$api\"" | grep -c '"dev":0' || true)
+    verdict=PASS
+    if [ "$n" -lt 2 ]; then verdict=FAIL; fails=$((fails + 1)); fi
+    echo "| $api in the logs of 'other' (pool and VMM off) | - | $n alloc lines on dev 0 (2 expected) | | $verdict |"
+  done
 } >> "$RESULTS" 2>&1

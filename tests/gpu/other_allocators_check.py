@@ -3,7 +3,8 @@
 Under PYTORCH_NO_CUDA_MEMORY_CACHING=1 every freed tensor goes back to the driver without gpumem,
 and into gpumem's pool with it.  Before each step the program fills the GPU with tensors until
 the driver refuses one, then frees them all; the step then asks for memory another way: through
-cuMemCreate (as NCCL's buffers do), cuMemAllocAsync (cudaMallocAsync's pool), cuMemAllocManaged,
+cuMemCreate (as NCCL's buffers do), cuMemAllocAsync (cudaMallocAsync's pool), cuMemAllocFromPoolAsync
+(a pool of the program's own, cuMemPoolCreate, as cudaMallocFromPoolAsync), cuMemAllocManaged,
 by loading and launching a module never loaded before (CuPy RawKernel: cuModuleLoadData and
 cuLaunchKernel), and by a PyTorch operator not used before (lazy loading of its kernels).
 Without gpumem each is served; it must be under gpumem too (docs/pool.md, "OOM behaviour").
@@ -72,6 +73,31 @@ def alloc_async():
     return rc
 
 
+class PoolProps(ctypes.Structure):  # CUmemPoolProps
+    _fields_ = [("allocType", ctypes.c_int), ("handleTypes", ctypes.c_int), ("loc_type", ctypes.c_int),
+                ("loc_id", ctypes.c_int), ("win32SecurityAttributes", ctypes.c_void_p), ("maxSize", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+
+
+def alloc_from_pool():
+    """From a pool the program made: the block is written and read back before it is freed."""
+    pool = ctypes.c_void_p(0)
+    rc = cu.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(PoolProps(allocType=1, loc_type=1, loc_id=0)))
+    if rc != 0:
+        return f"cuMemPoolCreate {rc}"
+    p = ctypes.c_uint64(0)
+    rc = cu.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(want), pool, ctypes.c_void_p(0))
+    if rc == 0:
+        byte = ctypes.c_ubyte(0)
+        ok = cu.cuMemsetD8_v2(p, ctypes.c_ubyte(7), ctypes.c_size_t(want)) == 0 and \
+            cu.cuMemcpyDtoH_v2(ctypes.byref(byte), ctypes.c_uint64(p.value + want - 1), ctypes.c_size_t(1)) == 0
+        cu.cuMemFreeAsync(p, ctypes.c_void_p(0))
+        cu.cuCtxSynchronize()
+        rc = 0 if ok and byte.value == 7 else f"written and read back: {byte.value}"
+    cu.cuMemPoolDestroy(pool)
+    return rc
+
+
 def managed():
     p = ctypes.c_uint64(0)
     rc = cu.cuMemAllocManaged(ctypes.byref(p), ctypes.c_size_t(want), 1)
@@ -105,7 +131,8 @@ def new_torch_op():
 
 out = {"free_at_start_gib": round(free0 / GiB, 2), "asked_gib": round(want / GiB, 2)}
 only = os.environ.get("OTHER_ALLOCATORS_ONLY", "").split(",")  # steps' names: those alone
-for name, step in (("cuMemCreate", create), ("cuMemAllocAsync", alloc_async), ("cuMemAllocManaged", managed),
+for name, step in (("cuMemCreate", create), ("cuMemAllocAsync", alloc_async), ("cuMemAllocFromPoolAsync", alloc_from_pool),
+                   ("cuMemAllocManaged", managed),
                    ("new_module", new_module), ("new_torch_op", new_torch_op)):
     if only != [""] and name not in only:
         continue
