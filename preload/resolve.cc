@@ -193,30 +193,67 @@ static void* lookup_past_gpumem(void* handle, const char* name, void* caller) no
     return d;
 }
 
-// Whether caller lies in an object that comes before libgpumem.so in the global search list: the
-// program itself, or a library preloaded ahead of gpumem.  glibc's RTLD_NEXT from there searches
-// on from the caller's object, so it reaches libgpumem.so's exports before anything else.
-static bool precedes_this_library(void* caller) noexcept {
+// The loaded object that holds addr (its link map entry); nullptr if none.
+static struct link_map* object_of(void* addr) noexcept {
     Dl_info info{};
-    struct link_map *self = nullptr, *lm = nullptr;
-    if (!caller || !dladdr1(reinterpret_cast<void*>(&precedes_this_library), &info, reinterpret_cast<void**>(&self),
-                            RTLD_DL_LINKMAP) ||
-        !self || !dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) || !lm)
-        return false;
-    for (struct link_map* l = self->l_prev; l; l = l->l_prev)
-        if (l == lm) return true;
+    struct link_map* lm = nullptr;
+    if (!addr || !dladdr1(addr, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP)) return nullptr;
+    return lm;
+}
+
+// Whether b comes after a in the list of loaded objects (load order: the program, the preloaded
+// libraries, their dependencies, then what dlopen loaded).
+static bool comes_after(const struct link_map* a, const struct link_map* b) noexcept {
+    for (const struct link_map* l = a ? a->l_next : nullptr; l; l = l->l_next)
+        if (l == b) return true;
     return false;
 }
 
-// glibc's answer to dlsym(RTLD_NEXT, name) asked from caller, with libgpumem.so's exports left out;
-// *known false where only glibc itself can answer (the caller comes after gpumem, whose exports it
-// cannot reach then).  From the program (or an earlier preload) the search passes gpumem first: the
-// answer is then what lies past gpumem (real_dlsym's RTLD_NEXT starts after this library), which
-// is NULL where libcuda is not in the global scope.  A library preloaded between the caller and
-// gpumem is not searched: glibc starts only from the calling object.
-static void* next_past_gpumem(const char* name, void* caller, bool* known) noexcept {
-    *known = precedes_this_library(caller);
-    return *known ? real_dlsym(RTLD_NEXT, name) : nullptr;
+// name as object l itself defines it (not one of its dependencies); nullptr if it does not.
+static void* defined_in(struct link_map* l, const char* name) noexcept {
+    if (!l->l_name || !l->l_name[0]) return nullptr;
+    void* h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);  // loaded: only a reference, given back
+    if (!h) return nullptr;
+    void* d = real_dlsym(h, name);
+    dlclose(h);
+    return d && object_of(d) == l ? d : nullptr;
+}
+
+// glibc's answer to dlsym(RTLD_NEXT, name) asked from caller, with libgpumem.so's exports left
+// out, where it can be told; *known false where glibc itself must answer (the trampoline then
+// lets it, as the caller).  libcuda_fn: libcuda's function of that name (nullptr: none, or not
+// wanted).  glibc searches on from the caller's object:
+// - from the program, or a library preloaded ahead of gpumem, the objects up to gpumem (the
+//   preloads between, all in the global scope), then past it, where gpumem's own exports would
+//   come first: real_dlsym's RTLD_NEXT starts after this library.  NULL (with dlerror set, naming
+//   libgpumem.so where glibc would name the caller) where nothing defines it;
+// - from an object after gpumem, never gpumem's exports: the answer is needed only to wrap
+//   libcuda's function, which it is where the global scope past gpumem holds libcuda's as the
+//   first definition and libcuda comes after the caller (a dependency of the program, or loaded
+//   RTLD_GLOBAL), or where the caller's own scope holds it (a library loaded RTLD_LOCAL with
+//   libcuda among its dependencies, whose RTLD_NEXT searches them).  Otherwise glibc answers.
+static void* next_answer(const char* name, void* caller, void* libcuda_fn, bool* known) noexcept {
+    *known = false;
+    struct link_map* self = object_of(reinterpret_cast<void*>(&object_of));
+    struct link_map* from = object_of(caller);
+    if (!self || !from) return nullptr;
+    if (comes_after(from, self)) {
+        *known = true;
+        for (struct link_map* l = from->l_next; l && l != self; l = l->l_next)
+            if (void* d = defined_in(l, name)) return d;
+        return real_dlsym(RTLD_NEXT, name);  // the last lookup: its dlerror() stands
+    }
+    if (!libcuda_fn) return nullptr;
+    void* g = real_dlsym(RTLD_NEXT, name);
+    *known = (g == libcuda_fn && comes_after(from, object_of(g))) || in_callers_scope(caller, name) == libcuda_fn;
+    return *known ? libcuda_fn : nullptr;
+}
+
+// A found answer goes back with dlerror() clear, as glibc's own success leaves it: gpumem's
+// lookups on the way (a libcuda not loaded, a caller's handle) may have set an error.
+static void* found(void* d) noexcept {
+    dlerror();
+    return d;
 }
 
 // caller: the return address of the program's dlsym call (the trampoline passes it).
@@ -231,39 +268,39 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
     driver_hook* hooks = driver_hooks();
     for (int i = 0; i < int(drv::count_); ++i) {
         if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
+        // libcuda's function first: its lookup may set dlerror(), which must be the answer's.
+        void* lib = watched ? real_driver(drv(i)) : nullptr;
         void* d = nullptr;
         if (handle == RTLD_NEXT) {
             bool known = false;
-            d = next_past_gpumem(name, caller, &known);
-            if (!known) {
-                // After gpumem in the search list: glibc's answer cannot be gpumem's export.
-                // Substitute only where the real lookup would have found libcuda's function.
-                if (!watched) return nullptr;
-                return real_driver(drv(i)) ? hooks[i].wrapper : nullptr;
-            }
+            d = next_answer(name, caller, lib, &known);
+            if (!known) return nullptr;
         } else {
             // Answered as without gpumem, with libcuda's function wrapped (on libcuda's own
             // handle, as JAX asks, too); any other definition (the program's own) as it is.
             d = lookup_past_gpumem(handle, name, caller);
         }
         if (!d) return k_dlsym_null;
-        return watched && d == real_driver(drv(i)) ? hooks[i].wrapper : d;
+        return found(lib && d == lib ? hooks[i].wrapper : d);
     }
     if (is_per_thread_symbol(name)) {
-        // A per-thread variant: watched through a thunk, when it is libcuda's.  Otherwise glibc
-        // answers (no export of gpumem's has such a name without a wrapper).
-        void* found = nullptr;
+        // A per-thread variant: watched through a thunk, when it is libcuda's.  gpumem exports no
+        // such name, so otherwise glibc answers as without gpumem.
+        if (!watched) return nullptr;
+        void* lib = real_driver_by_name(name);
+        if (!lib) return nullptr;
+        void* d = nullptr;
         if (handle == RTLD_NEXT) {
             bool known = false;
-            found = next_past_gpumem(name, caller, &known);
-            if (!known) found = real_driver_by_name(name);
+            d = next_answer(name, caller, lib, &known);
+            if (!known) return nullptr;
         } else {
-            found = lookup_past_gpumem(handle, name, caller);
+            d = lookup_past_gpumem(handle, name, caller);
         }
-        if (!watched || !found || found != real_driver_by_name(name)) return nullptr;
+        if (d != lib) return nullptr;
         bool handled = false;
-        void* w = watch_per_thread(found, &handled);
-        return w != found ? w : nullptr;
+        void* w = watch_per_thread(d, &handled);
+        return w != d ? found(w) : nullptr;
     }
     return nullptr;
 }

@@ -19,9 +19,13 @@ extern "C" __attribute__((visibility("default"))) int cuMemAllocManaged(unsigned
     return 4242;
 }
 
+extern "C" void dlsym_next_probe(const char* key, const char* name);  // dlsym_next_lib.cc
+
 namespace {
-// Three ways: RTLD_DEFAULT, the program's own handle (dlopen(NULL), as Python's ctypes.CDLL(None)),
-// and RTLD_NEXT (from the program, whose next objects are the preloaded ones).
+// Four ways: RTLD_DEFAULT, the program's own handle (dlopen(NULL), as Python's ctypes.CDLL(None)),
+// RTLD_NEXT from the program (whose next objects are the preloaded ones), and RTLD_NEXT from a
+// library the program links (tests/emu/dlsym_next_lib.cc, after the preloaded ones).  Each also
+// says whether the answer is the function of a preloaded interposer (tests/emu/dlsym_interposer.cc).
 void probe(const char* key, const char* name) {
     void* self = dlopen(nullptr, RTLD_NOW);
     for (auto [way, handle] :
@@ -29,8 +33,12 @@ void probe(const char* key, const char* name) {
         dlerror();
         void* p = dlsym(handle, name);
         const bool error_set = dlerror() != nullptr;
-        printf("%s_%s=%d\n%s_%s_dlerror=%d\n", key, way, p != nullptr, key, way, error_set);
+        Dl_info info{};
+        const bool interposer = p && dladdr(p, &info) && info.dli_fname && strstr(info.dli_fname, "dlsym_interposer");
+        printf("%s_%s=%d\n%s_%s_dlerror=%d\n%s_%s_interposer=%d\n", key, way, p != nullptr, key, way, error_set, key,
+               way, interposer);
     }
+    dlsym_next_probe(key, name);
 }
 // The program's own cuMemAllocManaged, both ways: found, and answering as the program's.
 void probe_own(const char* key) {

@@ -137,14 +137,14 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
     REQUIRE(WIFEXITED(pre.status));
     REQUIRE(WEXITSTATUS(pre.status) == 0);
     const auto b = values(bare.out), p = values(pre.out);
-    for (const char* way : {"default", "self", "next"}) {
+    for (const char* way : {"default", "self", "next", "libnext"}) {
         INFO(way);
         CHECK(b.at(std::string("before_alloc_") + way) == "0");
         CHECK(b.at(std::string("local_alloc_") + way) == "0");
         CHECK(b.at(std::string("after_alloc_") + way) == "1");
         CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
         CHECK(b.at(std::string("local_ptsz_") + way) == "0");
-        if (!strcmp(way, "next")) continue;  // probe_own asks the other two ways
+        if (!strcmp(way, "next") || !strcmp(way, "libnext")) continue;  // probe_own asks the other two ways
         // The program's own cuMemAllocManaged, before and after the driver is global: gpumem's
         // wrapper answered the program's handle (calling libcuda's, or failing without it).
         for (const char* when : {"before_own_", "after_own_"}) {
@@ -167,6 +167,39 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
     for (const auto& [k, v] : b) {
         INFO("GPUMEM_ROUTES=a,c,d " << k);
         CHECK(u.at(k) == v);
+    }
+}
+
+TEST_CASE("way b: a library preloaded ahead of gpumem that defines a driver name answers every lookup that reaches it first") {
+    // glibc's RTLD_NEXT from the program searches the preloaded libraries in order: the
+    // interposer's cuMemAlloc_v2 comes first, before gpumem's export and libcuda's function.  A
+    // library after gpumem cannot reach the interposer by RTLD_NEXT.  Every answer, and whether
+    // dlerror() is set after it, must be the bare run's (gpumem's own lookups of libcuda, not yet
+    // loaded, once left an error behind a found answer).
+    const std::string interposer = EMU_DLSYM_INTERPOSER;
+    auto bare = run({EMU_DLSYM_PROBE}, {{"LD_PRELOAD", interposer}}, false);
+    REQUIRE(WIFEXITED(bare.status));
+    REQUIRE(WEXITSTATUS(bare.status) == 0);
+    const auto b = values(bare.out);
+    for (const char* when : {"before_alloc_", "local_alloc_", "after_alloc_"}) {
+        INFO(when);
+        for (const char* way : {"default", "self", "next"}) {
+            CHECK(b.at(when + std::string(way) + "_interposer") == "1");
+            CHECK(b.at(when + std::string(way) + "_dlerror") == "0");
+        }
+        CHECK(b.at(when + std::string("libnext_interposer")) == "0");
+    }
+    CHECK(b.at("after_alloc_libnext") == "1");  // libcuda's, once global
+    for (const char* routes : {"a,b,c,d", "a,c,d"}) {
+        INFO("GPUMEM_ROUTES=" << routes);
+        auto pre = run({EMU_DLSYM_PROBE}, {{"LD_PRELOAD", interposer + " " + GPUMEM_LIB}, {"GPUMEM_ROUTES", routes}}, false);
+        REQUIRE(WIFEXITED(pre.status));
+        REQUIRE(WEXITSTATUS(pre.status) == 0);
+        const auto p = values(pre.out);
+        for (const auto& [k, v] : b) {
+            INFO(k);
+            CHECK(p.at(k) == v);
+        }
     }
 }
 
