@@ -256,48 +256,45 @@ static void* found(void* d) noexcept {
     return d;
 }
 
+// What dlsym(handle, name) from caller answers without gpumem, into *out (NULL: nothing found,
+// dlerror() set); false where glibc itself must answer (an RTLD_NEXT it alone can resolve).
+// lib: libcuda's function of that name, looked up before (its lookup may set dlerror(), which
+// must be the answer's).  On a handle, and RTLD_DEFAULT, the lookup leaves gpumem's exports out;
+// libcuda's own handle (as JAX asks) answers as it is.
+static bool answer_without_gpumem(void* handle, const char* name, void* caller, void* lib, void** out) noexcept {
+    if (handle != RTLD_NEXT) {
+        *out = lookup_past_gpumem(handle, name, caller);
+        return true;
+    }
+    bool known = false;
+    *out = next_answer(name, caller, lib, &known);
+    return known;
+}
+
 // caller: the return address of the program's dlsym call (the trampoline passes it).
 // Returns NULL to let glibc answer (the trampoline jumps to it, as the caller), k_dlsym_null for a
 // NULL answer, or the answer.  Wherever gpumem's own export would be glibc's answer, the answer is
-// what the process has without gpumem: libcuda's function, wrapped when the route is watched.
+// what the process has without gpumem: libcuda's function, wrapped when the route is watched; any
+// other definition (the program's own, an interposer's) as it is.
 extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char* name, void* caller) noexcept {
     load_real_dlsym();
     if (!name || name[0] != 'c' || name[1] != 'u') return nullptr;
     bool is_resolver = !strncmp(name, "cuGetProcAddress", 16);
     const bool watched = route_on(is_resolver ? route_c : route_b);
     driver_hook* hooks = driver_hooks();
+    void* d = nullptr;
     for (int i = 0; i < int(drv::count_); ++i) {
         if (!hooks[i].wrapper || strcmp(hooks[i].name, name) != 0) continue;
-        // libcuda's function first: its lookup may set dlerror(), which must be the answer's.
         void* lib = watched ? real_driver(drv(i)) : nullptr;
-        void* d = nullptr;
-        if (handle == RTLD_NEXT) {
-            bool known = false;
-            d = next_answer(name, caller, lib, &known);
-            if (!known) return nullptr;
-        } else {
-            // Answered as without gpumem, with libcuda's function wrapped (on libcuda's own
-            // handle, as JAX asks, too); any other definition (the program's own) as it is.
-            d = lookup_past_gpumem(handle, name, caller);
-        }
+        if (!answer_without_gpumem(handle, name, caller, lib, &d)) return nullptr;
         if (!d) return k_dlsym_null;
         return found(lib && d == lib ? hooks[i].wrapper : d);
     }
     if (is_per_thread_symbol(name)) {
         // A per-thread variant: watched through a thunk, when it is libcuda's.  gpumem exports no
         // such name, so otherwise glibc answers as without gpumem.
-        if (!watched) return nullptr;
-        void* lib = real_driver_by_name(name);
-        if (!lib) return nullptr;
-        void* d = nullptr;
-        if (handle == RTLD_NEXT) {
-            bool known = false;
-            d = next_answer(name, caller, lib, &known);
-            if (!known) return nullptr;
-        } else {
-            d = lookup_past_gpumem(handle, name, caller);
-        }
-        if (d != lib) return nullptr;
+        void* lib = watched ? real_driver_by_name(name) : nullptr;
+        if (!lib || !answer_without_gpumem(handle, name, caller, lib, &d) || d != lib) return nullptr;
         bool handled = false;
         void* w = watch_per_thread(d, &handled);
         return w != d ? found(w) : nullptr;
