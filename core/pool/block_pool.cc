@@ -81,6 +81,16 @@ uint64_t block_pool::sync_budget() const noexcept {
 // capture begun by an unseen route between two checks of one operation is no more caught by the
 // second than by the first.  After a blocking wait, though, the driver is asked again: a wait can
 // last milliseconds.
+uint64_t block_pool::order_batch_for(uint64_t asize) noexcept {
+    constexpr uint64_t k_requests = 8;  // a batch is at most this many requests of asize
+    // Ordered releases only: a synchronize's pending frees have the sync budget for a batch.
+    return cfg_.order_batch && cfg_.order && !order_off_ && !immediate_ && fences_usable()
+               ? std::min(k_requests * asize, cfg_.order_batch)
+               : 0;
+}
+
+bool block_pool::batch_pending(int i, uint64_t asize) noexcept { return pending_bytes_[i] < order_batch_for(asize); }
+
 bool block_pool::can_sync() noexcept {
     if (exiting_) return false;
     if (capture_checked_) return backend_.may_synchronize_again();
@@ -1056,6 +1066,11 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     if (pending_bytes_[i] != 0 && can_sync()) {
         // Fences already reached cost one cuEventQuery each to cash in: always worth a look.
         if (!fences_.empty() && poll_fences(api) == k_cuda_success && (b = find_free(p, asize))) return b;
+    }
+    // Under ordered release, a few pending frees wait for more (batch_pending): one release then
+    // hands out a batch, where a loop of one size paid an event record at every pair.  The growth
+    // holds at most the batch more; memory short, the OOM path below releases them all.
+    if (pending_bytes_[i] != 0 && !batch_pending(i, asize) && can_sync()) {
         // An old pending block that fits: wait for its fence rather than grow (see wait_for_old_fit).
         if (wait_for_old_fit(api, p, asize) && (b = find_free(p, asize))) return b;
         const uint64_t budget = sync_budget();
@@ -1221,7 +1236,10 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
             const pool_id p = pool_for(size);
             const uint64_t asize = round_up(size, cfg_.round);
             block* b = find_free(p, asize);
-            if (b && asize >= cfg_.min_large_alloc && b->size > 2 * asize + cfg_.large_split && !pending_large_.empty()) {
+            // (Not for a block no larger than a pending batch plus the request, while the batch is
+            // short: a loop of one large size grows its own few blocks side by side, which merge.)
+            if (b && asize >= cfg_.min_large_alloc && b->size > 2 * asize + cfg_.large_split && !pending_large_.empty() &&
+                !(batch_pending(pool_index(p), asize) && b->size <= order_batch_for(asize) + asize)) {
                 // The hit would use less than half of a bigger block while a tighter one waits for
                 // a sync.  Cutting large blocks for want of a sync is what fragments the large pool:
                 // replaying an H200 GPT-2 trace (tests/pool/pool_replay) put peak reserved at 2.3x
@@ -1409,7 +1427,13 @@ bool block_pool::sync_release(api_id api) {
 }
 
 void block_pool::forget_fences() noexcept {
-    for (fence& f : fences_) recycle_events(f.events);
+    for (fence& f : fences_) {
+        recycle_events(f.events);
+        // The emptied list keeps its capacity for the next fence, as poll_fences keeps it: dropped
+        // here, an ordered release after fences at frees made record_fence allocate each time.
+        if (spare_fence_events_.size() < spare_fence_events_.capacity())
+            spare_fence_events_.push_back(std::move(f.events));  // cannot throw: within capacity
+    }
     fences_.clear();
     unfenced_bytes_ = 0;
 }

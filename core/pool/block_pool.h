@@ -234,6 +234,11 @@ class block_pool {
     bool should_split(pool_id p, uint64_t remaining) const noexcept;
     uint64_t sync_budget() const noexcept;
     bool can_sync() noexcept;
+    // Under ordered release, the pending bytes of a batch for requests of asize
+    // (pool_config::order_batch; 0: none), and whether pool index i's are still fewer: a miss
+    // then grows rather than release them.
+    uint64_t order_batch_for(uint64_t asize) noexcept;
+    bool batch_pending(int i, uint64_t asize) noexcept;
 
     block* find_free(pool_id p, uint64_t asize) noexcept;
     block* grow(pool_id p, uint64_t asize, api_id api, int* err);

@@ -35,6 +35,7 @@ constexpr size_knob k_size_knobs[] = {
     {"GPUMEM_SYNC_BUDGET", &pool_config::sync_budget, 0, false},
     {"GPUMEM_SYNC_BUDGET_DIV", &pool_config::sync_budget_div, 1, false},
     {"GPUMEM_FENCE_BATCH", &pool_config::fence_batch, 1, false},
+    {"GPUMEM_ORDER_BATCH", &pool_config::order_batch, 0, false},
     {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false},
     {"GPUMEM_POOL_TRIM", &pool_config::trim, 0, false},
     {"GPUMEM_POOL_CHUNK", &pool_config::chunk, 0, false},

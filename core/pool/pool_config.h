@@ -52,6 +52,15 @@ struct pool_config {
     // steps 0.94-0.95x native as immediate reuse's, 1.121-1.131x the requested peak, no wait;
     // old's waits held each step about 15 ms (run 70) and reserved 1.154-1.173x.
     bool order = true;
+    // GPUMEM_ORDER_BATCH: under ordered release, a miss that pending frees of its pool could serve
+    // grows the pool instead while they are fewer than min(8 requests, this many bytes), so that
+    // one release hands out a batch: a loop of one size then pays an event record every 8 pairs
+    // up to 4 MiB (every other pair at 20 MiB) instead of every pair, for at most this much more
+    // memory held pending.  Replayed over the H200 GPT-2 log, 32 MiB reserves what 0 does, within
+    // 0.001x, with the GPU 0, 2 or 20 ms behind (1.102x / 1.111x / 1.112x the live peak); 64 MiB
+    // 1.122x with the GPU keeping up (docs/benchmarks.md, "Ordered releases in batches").  0 = a
+    // release at every such miss, as before 2026-12-04.
+    uint64_t order_batch = 32ull << 20;
     // Not a knob (no env var): ordered releases go on beside a stream busy with the program's own
     // work, which they would serialize.  For the tests of their correctness with such streams.
     bool order_beside_busy = false;

@@ -359,9 +359,10 @@ TEST_CASE("pool on by default: N alloc/free pairs make O(1) driver allocations, 
 TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the next stream switches to safe after one drain") {
     for (const char* second : {"nonblocking", "blocking"}) {
         INFO("second stream: " << second);
-        // One fence per free (the default batch of 4 would leave this lone 20 MiB free unfenced,
-        // and the pool would grow instead: fence_test.cc covers that rule).
-        auto r = run({EMU_POOL_APP, "auto", second}, {{"GPUMEM_FENCE_BATCH", "1"}});
+        // One fence per free, and a release at the miss (the default batches of 4 fences and of
+        // 32 MiB of ordered releases would leave this lone 20 MiB free pending, and the pool would
+        // grow instead: fence_test.cc covers those rules).
+        auto r = run({EMU_POOL_APP, "auto", second}, {{"GPUMEM_FENCE_BATCH", "1"}, {"GPUMEM_ORDER_BATCH", "0"}});
         std::vector<json> ls;
         check_complete(r, &ls);
         auto v = values(r.out);
@@ -403,7 +404,7 @@ TEST_CASE("pool, auto reuse: one blocking stream keeps immediate reuse, and the 
     }
     SECTION("GPUMEM_REUSE=safe and =immediate do not switch") {
         for (const char* mode : {"safe", "immediate"}) {
-            auto r2 = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_REUSE", mode}, {"GPUMEM_FENCE_BATCH", "1"}});
+            auto r2 = run({EMU_POOL_APP, "auto"}, {{"GPUMEM_REUSE", mode}, {"GPUMEM_FENCE_BATCH", "1"}, {"GPUMEM_ORDER_BATCH", "0"}});
             std::vector<json> ls2;
             check_complete(r2, &ls2);
             auto v2 = values(r2.out);
@@ -1299,8 +1300,9 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     // non-blocking stream an ordered release is one record on the legacy stream and replaces
     // fences (docs/pool.md, "Ordered release"), so the 20 MiB pool hit pays no cuEventQuery.
     // Then a non-blocking stream: each release asks it and makes it wait for the legacy event
-    // (cuStreamWaitEvent), and no pair waits on the host.
-    auto r = run({EMU_POOL_APP, "order-loop", "1000", "20971520"}, {{"GPUMEM_REUSE", "safe"}});
+    // (cuStreamWaitEvent), and no pair waits on the host.  A release at every miss
+    // (GPUMEM_ORDER_BATCH=0): the batches of the default have their own test below.
+    auto r = run({EMU_POOL_APP, "order-loop", "1000", "20971520"}, {{"GPUMEM_REUSE", "safe"}, {"GPUMEM_ORDER_BATCH", "0"}});
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
@@ -1335,7 +1337,7 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     // the new stream wait for the last release's event before the program has it, and the
     // releases after it make it wait again, with no host wait anywhere.
     auto behind = run({EMU_POOL_APP, "order-loop", "1000", "20971520"},
-                      {{"GPUMEM_REUSE", "safe"}, {"GPUMEM_EMU_EVENTS_PENDING", "1"}});
+                      {{"GPUMEM_REUSE", "safe"}, {"GPUMEM_EMU_EVENTS_PENDING", "1"}, {"GPUMEM_ORDER_BATCH", "0"}});
     std::vector<json> lb;
     check_complete(behind, &lb);
     auto vb = values(behind.out);
@@ -1346,6 +1348,42 @@ TEST_CASE("pool: ordered release through the preload: the legacy stream alone ma
     CHECK(num(vb, "streams_stream_wait") >= 990);
     CHECK(num(vb, "streams_driver_alloc") == 1);
     check_rebuild(lb);
+}
+
+TEST_CASE("pool: ordered releases come in batches by default: a loop of one size pays a release every few pairs, no host wait") {
+    // GPUMEM_ORDER_BATCH (32 MiB): a miss grows the pool while fewer than min(8 requests, 32 MiB)
+    // of its pool's frees are pending, so one release hands out a batch (docs/pool.md).  20 MiB
+    // pairs: two blocks take turns, a release every other pair; 2 MiB pairs: every 8th.  With the
+    // non-blocking stream, a fence recorded at a free and found reached at the miss serves as
+    // well; either way no pair waits on the host and the pool grows only while the batch fills.
+    for (uint64_t size : {20ull << 20, 2ull << 20}) {
+        INFO("size " << size);
+        const uint64_t per = size == (20ull << 20) ? 2 : 8;  // pairs a release serves
+        auto r = run({EMU_POOL_APP, "order-loop", "1000", std::to_string(size)}, {{"GPUMEM_REUSE", "safe"}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(num(v, "alone_driver_sync") == 0);
+        CHECK(num(v, "alone_event_query") == 0);
+        CHECK(num(v, "alone_fence_record") >= 1000 / per - 2);
+        CHECK(num(v, "alone_fence_record") <= 1000 / per + 1);
+        CHECK(num(v, "alone_driver_alloc") == 1);  // one arena, grown only while the first batch filled
+        CHECK(num(v, "streams_driver_sync") == 0);
+        CHECK(num(v, "streams_ctx_sync") == 0);
+        const uint64_t stream_records = num(v, "streams_fence_record") - num(v, "alone_fence_record");
+        // Against 1000 at a release every pair; with the stream a fence covers 4 frees at most
+        // (GPUMEM_FENCE_BATCH) and the miss cashes it in.
+        CHECK(stream_records <= 1000 / std::min<uint64_t>(per, 4) + 2);
+        size_t waited = 0, released = 0;
+        for (auto& j : ls)
+            if (j["ev"] == "pool_sync") {
+                waited += j.value("waited", false);
+                released += j.value("count", uint64_t{0});
+            }
+        CHECK(waited == 0);
+        CHECK(released >= 2000 - 2 * per);  // every free came back through a release, batch by batch
+        check_rebuild(ls);
+    }
 }
 
 // cuMemFreeAsync (and cudaFreeAsync above it) of a cuMemAlloc block is legal CUDA.  The pool's

@@ -589,6 +589,8 @@ void run_order_property(uint64_t chunk, bool side_streams = true) {
         pool_config cfg = safe_config();
         cfg.order = true;
         cfg.order_beside_busy = true;  // the side streams run random work: keep ordering regardless
+        cfg.order_batch = seed == 1 ? 0 : seed == 2 ? 32 * MiB : 4 * MiB;  // one by one, or batches
+        INFO("order batch " << cfg.order_batch);
         cfg.vmm = chunk != 0;
         fenced f(cfg, 96 * MiB, chunk, side_streams);
         if (side_streams) f.streams.created(k_ctx, k_stream2, true);
@@ -717,6 +719,43 @@ TEST_CASE("fences: with no non-blocking stream, ordered release stands in for fe
     CHECK(f.dev.bad_calls() == 0);
     std::string why;
     CHECK(f.pool.validate(&why));
+}
+
+TEST_CASE("fences: ordered releases come in batches of min(8 requests, GPUMEM_ORDER_BATCH) pending, the pool growing meanwhile", "[fence]") {
+    // A loop of one size, the GPU behind throughout: each miss grows the pool while the pending
+    // frees are fewer than the batch, then one release hands them all out.  Pending bytes never
+    // pass the batch plus a request, so reserved memory stays within that of the loop's block.
+    for (uint64_t size : {2 * MiB, 20 * MiB}) {
+        INFO("size " << size);
+        pool_config cfg = order_each();
+        cfg.order_batch = 32 * MiB;
+        fenced f(cfg, 1ull << 40, 2 * MiB, false);  // no side stream: a release is one record
+        const uint64_t batch = std::min(8 * size, cfg.order_batch);
+        const int pairs = 400;
+        for (int i = 0; i < pairs; ++i) {
+            const uint64_t p = f.alloc(size);
+            f.dev.enqueue_work_on(k_stream_legacy);  // a kernel on it, never done in this loop
+            f.free(p);
+            CHECK(f.pool.pending_bytes() <= batch + size);
+        }
+        // The releases: one per batch (2 MiB: 8 frees; 20 MiB: 2), each one record, no query.
+        const uint64_t per = (batch + size - 1) / size;  // frees until the pending reach the batch
+        CHECK(f.pool.ordered_releases() >= uint64_t(pairs) / per - 1);
+        CHECK(f.pool.ordered_releases() <= uint64_t(pairs) / per + 1);
+        CHECK(f.dev.records() == f.pool.ordered_releases());
+        CHECK(f.dev.queries() == 0);
+        CHECK(f.dev.event_syncs() == 0);
+        CHECK(f.dev.sync_calls() == 0);
+        CHECK(f.pool.snapshot().reserved <= batch + 2 * size + 20 * MiB);
+        CHECK(f.dev.bad_calls() == 0);
+        std::string why;
+        CHECK(f.pool.validate(&why));
+    }
+    // GPUMEM_ORDER_BATCH=0: a release at every miss, as before.
+    pool_config cfg = order_each();
+    fenced f(cfg, 1ull << 40, 2 * MiB, false);
+    for (int i = 0; i < 100; ++i) f.free(f.alloc(2 * MiB));
+    CHECK(f.pool.ordered_releases() >= 99);
 }
 
 TEST_CASE("fences: with no non-blocking stream, a hit that would cut a larger block while a tighter one is pending releases it by one event, no query", "[fence]") {

@@ -139,8 +139,9 @@ TEST_CASE("config describes itself for the log header", "[pool][config]") {
     CHECK(s.find("\"fence_wait\":\"order\",") != std::string::npos);
     CHECK(s.find("\"pool_headroom\":268435456,") != std::string::npos);
     CHECK(s.find("\"pool_stitch_keep\":2,") != std::string::npos);
-    // 5 string knobs + 16 numeric knobs, one comma each.
-    CHECK(std::count(s.begin(), s.end(), ',') == 21);
+    CHECK(s.find("\"order_batch\":33554432,") != std::string::npos);
+    // 5 string knobs + 17 numeric knobs, one comma each.
+    CHECK(std::count(s.begin(), s.end(), ',') == 22);
     pool_config kept = with({{"GPUMEM_POOL_STITCH_KEEP", "5"}});
     CHECK(kept.stitch_keep == 5);
     CHECK(kept.warnings.empty());

@@ -244,6 +244,8 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
     pool_config cfg = safe_config();
     cfg.reuse = mode;
     cfg.sync_budget = 16 * MiB;
+    cfg.order_batch = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 4 * MiB : 32 * MiB;  // releases one by one, or in batches
+    INFO("order batch " << cfg.order_batch);
     cfg.vmm = vmm_chunk != 0;  // opt-in (GPUMEM_POOL_VMM=on)
     cfg.stitch = stitch;
     cfg.chunk = pool_chunk;
@@ -475,6 +477,7 @@ TEST_CASE("random stitching on kept ranges, with captures and refused driver cal
         cfg.vmm = true;
         cfg.stitch = true;
         cfg.sync_budget = 16 * MiB;
+        cfg.order_batch = seed % 3 == 0 ? 0 : 32 * MiB;
         cfg.stitch_keep = uint32_t(rng() % 4);
         if (seed % 4 < 2) cfg.trim = 32 * MiB;
         INFO("seed " << seed << " keep " << cfg.stitch_keep << " trim " << cfg.trim << " refusals " << refuse);
@@ -596,6 +599,7 @@ TEST_CASE("random operations with stitching, fences or ordered release, a GPU be
         cfg.stitch = true;
         cfg.order = seed % 3 != 0;
         cfg.fence_batch = 1 + seed % 4;
+        cfg.order_batch = seed % 2 ? 32 * MiB : 0;
         if (seed % 5 == 0) cfg.trim = 8 * MiB;
         block_pool pool(cfg, dev, &sink, 0);
         const uint64_t st = 0x5000;

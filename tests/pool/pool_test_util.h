@@ -37,9 +37,13 @@ struct recording_sink final : event_sink {
 };
 
 // The library's default is auto (immediate until a stream appears); most tests pin a mode.
+// Safe reuse with a release at every miss that pending frees could serve (GPUMEM_ORDER_BATCH=0):
+// the tests follow single releases; batches of them have their own tests (fence_test.cc), and
+// the property tests draw the batch.
 inline pool_config safe_config() {
     pool_config c;
     c.reuse = reuse_mode::safe;
+    c.order_batch = 0;
     return c;
 }
 
