@@ -237,8 +237,8 @@ class block_pool {
     // Under ordered release, the pending bytes of a batch for requests of asize
     // (pool_config::order_batch; 0: none), and whether pool index i's are still fewer: a miss
     // then grows rather than release them.
-    uint64_t order_batch_for(uint64_t asize) noexcept;
-    bool batch_pending(int i, uint64_t asize) noexcept;
+    uint64_t order_batch_for(uint64_t asize) const noexcept;
+    bool batch_pending(int i, uint64_t asize) const noexcept;
 
     block* find_free(pool_id p, uint64_t asize) noexcept;
     block* grow(pool_id p, uint64_t asize, api_id api, int* err);

@@ -56,10 +56,11 @@ struct pool_config {
     // grows the pool instead while they are fewer than min(8 requests, this many bytes), so that
     // one release hands out a batch: a loop of one size then pays an event record every 8 pairs
     // up to 4 MiB (every other pair at 20 MiB) instead of every pair, for at most this much more
-    // memory held pending.  Replayed over the H200 GPT-2 log, 32 MiB reserves what 0 does, within
-    // 0.001x, with the GPU 0, 2 or 20 ms behind (1.102x / 1.111x / 1.112x the live peak); 64 MiB
-    // 1.122x with the GPU keeping up (docs/benchmarks.md, "Ordered releases in batches").  0 = a
-    // release at every such miss, as before 2026-12-04.
+    // memory held pending (not with trimming, nor near the device's limit: block_pool.cc,
+    // order_batch_for).  Replayed over the H200 GPT-2 log, 32 MiB reserves what 0 does with the
+    // GPU 0, 2 or 20 ms behind (1.108x / 1.110x / 1.109x the live peak); 64 MiB reserved 1.122x
+    // with the GPU keeping up (docs/benchmarks.md, "Ordered releases in batches").  0 = a release
+    // at every such miss, as before 2026-12-04.
     uint64_t order_batch = 32ull << 20;
     // Not a knob (no env var): ordered releases go on beside a stream busy with the program's own
     // work, which they would serialize.  For the tests of their correctness with such streams.

@@ -758,6 +758,32 @@ TEST_CASE("fences: ordered releases come in batches of min(8 requests, GPUMEM_OR
     CHECK(f.pool.ordered_releases() >= 99);
 }
 
+TEST_CASE("fences: a growth the driver refuses for another reason than memory releases the batch that would serve", "[fence]") {
+    // The batch left a free pending and the miss grew instead; a growth refused (a capture mode
+    // that forbids the allocation, say) must not be the answer while a release serves the request,
+    // as it was not without batches.
+    for (int code : {k_cuda_oom, 900}) {
+        INFO("refused with " << code);
+        pool_config cfg = order_each();
+        cfg.order_batch = 32 * MiB;
+        fenced f(cfg, 1ull << 40, 2 * MiB, false);
+        f.free(f.alloc(20 * MiB));
+        const uint64_t a = f.alloc(20 * MiB);  // its first release: the pool knows events work now
+        CHECK(f.pool.ordered_releases() == 1);
+        f.alloc(20 * MiB);      // a second block: the arena now ends at a live one
+        f.dev.enqueue_work();   // a kernel on a, never done here
+        f.free(a);              // pending, under the batch (20 of 32 MiB)
+        f.dev.fail_next_allocs(8, code);
+        uint64_t p = 0;
+        CHECK(f.pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+        CHECK(p == a);  // the release handed a out (ordered: no wait)
+        CHECK(f.dev.event_syncs() == 0);
+        CHECK(f.dev.sync_calls() == 0);
+        std::string why;
+        CHECK(f.pool.validate(&why));
+    }
+}
+
 TEST_CASE("fences: with no non-blocking stream, a hit that would cut a larger block while a tighter one is pending releases it by one event, no query", "[fence]") {
     pool_config cfg = order_each();
     fenced f(cfg, 1ull << 40, 0, false);

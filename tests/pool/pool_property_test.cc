@@ -244,8 +244,6 @@ void run_random(uint32_t seed, reuse_mode mode, int ops, uint64_t vmm_chunk = 0,
     pool_config cfg = safe_config();
     cfg.reuse = mode;
     cfg.sync_budget = 16 * MiB;
-    cfg.order_batch = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 4 * MiB : 32 * MiB;  // releases one by one, or in batches
-    INFO("order batch " << cfg.order_batch);
     cfg.vmm = vmm_chunk != 0;  // opt-in (GPUMEM_POOL_VMM=on)
     cfg.stitch = stitch;
     cfg.chunk = pool_chunk;
@@ -477,7 +475,6 @@ TEST_CASE("random stitching on kept ranges, with captures and refused driver cal
         cfg.vmm = true;
         cfg.stitch = true;
         cfg.sync_budget = 16 * MiB;
-        cfg.order_batch = seed % 3 == 0 ? 0 : 32 * MiB;
         cfg.stitch_keep = uint32_t(rng() % 4);
         if (seed % 4 < 2) cfg.trim = 32 * MiB;
         INFO("seed " << seed << " keep " << cfg.stitch_keep << " trim " << cfg.trim << " refusals " << refuse);
@@ -582,9 +579,12 @@ TEST_CASE("the layout replayer: arena segments, segment_map into unmapped bytes 
 }
 
 // Random workloads mixing what the tests above take one at a time: stitching, fences or ordered
-// release in batches of 1-4, trimming, a GPU that runs behind, captures opened and closed, and
-// release_cached; validate() after every step, and no backend call the driver would refuse.
+// release (fences in batches of 1-4, ordered releases one by one or in batches of up to 32 MiB),
+// trimming, a GPU that runs behind, captures opened and closed, and release_cached; validate()
+// after every step, no backend call the driver would refuse, and at every OOM outside a capture
+// the promise: the chunks under live requests plus the request's exceed the device.
 TEST_CASE("random operations with stitching, fences or ordered release, a GPU behind and captures keep every invariant", "[pool][property][vmm]") {
+    uint64_t total_oom_checked = 0;
     for (int seed = 1; seed <= 300; ++seed) {
         INFO("seed " << seed);
         std::mt19937_64 rng(seed);
@@ -599,13 +599,15 @@ TEST_CASE("random operations with stitching, fences or ordered release, a GPU be
         cfg.stitch = true;
         cfg.order = seed % 3 != 0;
         cfg.fence_batch = 1 + seed % 4;
-        cfg.order_batch = seed % 2 ? 32 * MiB : 0;
+        cfg.order_batch = (seed / 2) % 2 ? 32 * MiB : 0;  // with and without a non-blocking stream
         if (seed % 5 == 0) cfg.trim = 8 * MiB;
+        const uint64_t capacity = seed % 2 ? 256 * MiB : 1ull << 30;
         block_pool pool(cfg, dev, &sink, 0);
         const uint64_t st = 0x5000;
         if (seed % 2) streams.created(1, st, true);
         pool.set_streams(&streams, 1);
         std::vector<uint64_t> live;
+        std::map<uint64_t, live_block> requests;  // live's requests, for the promise at an OOM
         bool capturing = false;
         for (int op = 0; op < 3000; ++op) {
             const int r = int(rng() % 100);
@@ -615,12 +617,26 @@ TEST_CASE("random operations with stitching, fences or ordered release, a GPU be
                 uint64_t sz = sizes[rng() % (sizeof sizes / sizeof *sizes)];
                 if (rng() % 3 == 0) sz += rng() % (512 * KiB);
                 uint64_t p = 0;
-                if (pool.allocate(sz, api_id::cuMemAlloc_v2, &p) == k_cuda_success) live.push_back(p);
+                const int rc = pool.allocate(sz, api_id::cuMemAlloc_v2, &p);
+                const uint64_t asize = (sz + cfg.round - 1) / cfg.round * cfg.round;
+                if (rc == k_cuda_success) {
+                    live.push_back(p);
+                    requests[p] = live_block{sz, asize};
+                } else if (rc == k_cuda_oom && !capturing) {
+                    // Counted by the requests (rounded to the pool's 512 B), not by the blocks
+                    // that hold them: a block's unused rest must not hold a chunk of its own.
+                    const uint64_t c = pool.chunk_size();
+                    const uint64_t held = held_for_live(requests, pool, c);
+                    INFO("op " << op << " size " << sz << " chunks under live requests " << held);
+                    CHECK(held + (asize + c - 1) / c * c > capacity);
+                    ++total_oom_checked;
+                }
             } else if (r < 85) {
                 if (live.empty()) continue;
                 size_t i = rng() % live.size();
                 if (rng() % 2) dev.enqueue_work_on(rng() % 2 ? k_stream_legacy : st);
                 int rc = -1;
+                requests.erase(live[i]);
                 REQUIRE(pool.deallocate(live[i], api_id::cuMemFree_v2, &rc));
                 REQUIRE(rc == k_cuda_success);
                 live[i] = live.back();
@@ -640,4 +656,5 @@ TEST_CASE("random operations with stitching, fences or ordered release, a GPU be
             REQUIRE(dev.bad_calls() == 0);
         }
     }
+    CHECK(total_oom_checked > 100);  // the 256 MiB devices run out, outside captures too
 }
