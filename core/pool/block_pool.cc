@@ -1082,18 +1082,22 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // holds at most the batch more; memory short, the OOM path below releases them all, and a
     // growth refused otherwise releases them before the refusal is the answer.
     const bool batched = pending_bytes_[i] != 0 && batch_pending(i, asize);
-    if (pending_bytes_[i] != 0 && !batched && can_sync()) {
+    // The pending frees of pool p, released where they serve this request rather than grow.
+    auto release_pending = [&]() -> block* {
+        if (pending_bytes_[i] == 0 || !can_sync()) return nullptr;
         // An old pending block that fits: wait for its fence rather than grow (see wait_for_old_fit).
-        if (wait_for_old_fit(api, p, asize) && (b = find_free(p, asize))) return b;
+        if (block* f = wait_for_old_fit(api, p, asize) ? find_free(p, asize) : nullptr) return f;
         const uint64_t budget = sync_budget();
         const uint64_t pend = pending_bytes_[i];
         if (pend >= budget || (seg_size >= budget && pend >= asize) ||
             (asize >= cfg_.min_large_alloc && pend >= 2 * asize)) {
             // With fences, block only when memory is short: twice the budget waits, so reserved
             // memory stays within about two budgets of the live peak while the GPU runs behind.
-            if (reclaim(api, pend >= 2 * budget, p, asize) && (b = find_free(p, asize))) return b;
+            if (reclaim(api, pend >= 2 * budget, p, asize)) return find_free(p, asize);
         }
-    }
+        return nullptr;
+    };
+    if (!batched && (b = release_pending())) return b;
 
     // Trim (virtual memory, GPUMEM_POOL_TRIM > 0): when growing would lift reserved memory more
     // than `trim` above the live blocks plus this request, first give back the excess in whole free
@@ -1130,8 +1134,11 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     if (chunk_ && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b, true);
     if (rc == k_cuda_success) return b;
     if (rc != k_cuda_oom) {
-        // The batch left waiting would have served: released now, as without batches.
-        if (batched && can_sync() && wait_for_old_fit(api, p, asize) && (b = find_free(p, asize))) return b;
+        // The batch left waiting would have served: released now, as without batches, unless the
+        // driver just said a stream capture is open (900-907, CUDA_ERROR_STREAM_CAPTURE_*), one
+        // no hook saw: then no event or sync may follow, and its answer is the program's.
+        const bool capture = rc >= 900 && rc <= 907;
+        if (batched && !capture && (b = release_pending())) return b;
         *err = rc;  // e.g. a capture that forbids cuMemAlloc: return what the driver said
         return nullptr;
     }
@@ -1148,6 +1155,9 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             if (reclaim(api, true, p, asize) && (b = find_free(p, asize))) return b;
         }
         release_unused(api);
+        // The give-back raised the driver's free memory, which batches look at (order_batch_for):
+        // counted again, or they would stay off until the next stats look.
+        if (cfg_.headroom && !exiting_) look_at_driver();
     }
     // With arenas, first the holes just made (mapping into them joins their free neighbours).
     rc = arenas ? arena_grow(p, asize, api, &b) : k_cuda_oom;

@@ -759,10 +759,11 @@ TEST_CASE("fences: ordered releases come in batches of min(8 requests, GPUMEM_OR
 }
 
 TEST_CASE("fences: a growth the driver refuses for another reason than memory releases the batch that would serve", "[fence]") {
-    // The batch left a free pending and the miss grew instead; a growth refused (a capture mode
-    // that forbids the allocation, say) must not be the answer while a release serves the request,
-    // as it was not without batches.
-    for (int code : {k_cuda_oom, 900}) {
+    // The batch left a free pending and the miss grew instead; a growth refused (an unsupported
+    // setting, say: 801) must not be the answer while a release serves the request, as it was
+    // not without batches.  A refusal that says a capture is open (900) is the answer, with no
+    // event recorded after it.
+    for (int code : {k_cuda_oom, 801, 900}) {
         INFO("refused with " << code);
         pool_config cfg = order_each();
         cfg.order_batch = 32 * MiB;
@@ -775,6 +776,13 @@ TEST_CASE("fences: a growth the driver refuses for another reason than memory re
         f.free(a);              // pending, under the batch (20 of 32 MiB)
         f.dev.fail_next_allocs(8, code);
         uint64_t p = 0;
+        const uint64_t records = f.dev.records();
+        if (code == 900) {
+            CHECK(f.pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &p) == 900);
+            CHECK(f.dev.records() == records);
+            CHECK(f.pool.pending_bytes() == 20 * MiB);
+            continue;
+        }
         CHECK(f.pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
         CHECK(p == a);  // the release handed a out (ordered: no wait)
         CHECK(f.dev.event_syncs() == 0);
