@@ -609,6 +609,9 @@ CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool*
 // opens or sees it and records, queries and synchronizes nothing (a cuStreamQuery or cuEventRecord
 // on a capturing stream would invalidate the program's capture).
 void capture_begin() noexcept {
+    // First (before the stream set's lock, which a release takes after the pool's): the current
+    // context's batch of pending frees, which inside the capture could not be released.
+    if (pool_registry::slot* sl = registry().find(current_context())) sl->pool->release_before_capture();
     std::unique_lock<std::mutex> held = streams().hold();
     g_captures.fetch_add(1, std::memory_order_acq_rel);
 }

@@ -1338,6 +1338,18 @@ void block_pool::make_free(block* b) {
     free_bytes_ += b->size;
 }
 
+void block_pool::release_before_capture() noexcept {
+    op_lock lk(*this);
+    try {
+        // Only what a batch left (without batches a miss released them); can_sync() stops it when
+        // another capture is open already.  One event record, no wait.
+        if (!pending_.empty() && !poisoned_ && cfg_.order_batch && can_sync()) order_release(api_id::none);
+    } catch (...) {
+        poisoned_ = true;
+    }
+    check_after_op();
+}
+
 bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
     int dummy = 0;
     if (!result) result = &dummy;

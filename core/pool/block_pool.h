@@ -146,6 +146,10 @@ class block_pool {
     // Returns every fully free segment to the driver, after releasing pending frees with one sync.
     // Does nothing during a stream capture.  Segment events carry api "none".
     void release_cached() noexcept;
+    // A stream capture is about to open (the capture-begin hook, before the driver opens it):
+    // frees an ordered-release batch left pending are released now, since inside the capture
+    // nothing may be, and they would serve only after it (docs/pool.md, "Ordered release").
+    void release_before_capture() noexcept;
     // The context ends: its memory goes with it.  Gives back the virtual-memory segments, which
     // outlive contexts (`coming`: the context still exists, its work is waited for first; `past`:
     // the driver ended it and its work already, and these calls need no context), unless a

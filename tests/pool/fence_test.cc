@@ -758,6 +758,42 @@ TEST_CASE("fences: ordered releases come in batches of min(8 requests, GPUMEM_OR
     CHECK(f.pool.ordered_releases() >= 99);
 }
 
+TEST_CASE("fences: a batch of pending frees is released before a capture opens, so they serve inside it", "[fence]") {
+    // Inside a capture the pool may not release (no event, no wait): frees a batch left pending
+    // would serve only after it, and the capture's requests grow the pool or fail.
+    for (bool before : {true, false}) {
+        INFO("released before the capture: " << before);
+        pool_config cfg = order_each();
+        cfg.order_batch = 32 * MiB;
+        fenced f(cfg, 24 * MiB, 2 * MiB, false);
+        f.free(f.alloc(4 * MiB));
+        f.alloc(4 * MiB);  // its first release: the pool knows events work now
+        std::vector<uint64_t> bs;
+        for (int i = 0; i < 4; ++i) bs.push_back(f.alloc(4 * MiB));
+        for (uint64_t b : bs) f.free(b);
+        CHECK(f.pool.pending_bytes() == 16 * MiB);  // under the batch: still pending
+        const uint64_t reserved = f.pool.snapshot().reserved;
+        if (before) f.pool.release_before_capture();
+        CHECK(f.pool.pending_bytes() == (before ? 0 : 16 * MiB));
+        f.dev.set_capturing(true);
+        int served = 0;
+        for (int i = 0; i < 4; ++i) {
+            uint64_t p = 0;
+            served += f.pool.allocate(4 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success;
+        }
+        f.dev.set_capturing(false);
+        if (before) {
+            CHECK(served == 4);
+            CHECK(f.pool.snapshot().reserved == reserved);  // from the released blocks, no growth
+        } else {
+            CHECK(served < 4);  // the device had room for one more block only
+        }
+        CHECK(f.dev.bad_calls() == 0);
+        std::string why;
+        CHECK(f.pool.validate(&why));
+    }
+}
+
 TEST_CASE("fences: a growth the driver refuses for another reason than memory releases the batch that would serve", "[fence]") {
     // The batch left a free pending and the miss grew instead; a growth refused (an unsupported
     // setting, say: 801) must not be the answer while a release serves the request, as it was
