@@ -149,11 +149,29 @@ void* wrap_resolved(void* fn, const char* symbol, bool per_thread_lookup) noexce
 // without calling glibc's dlsym.
 static void* const k_dlsym_null = reinterpret_cast<void*>(1);
 
+// The loaded object that holds addr (its link map entry); nullptr if none.
+static struct link_map* object_of(void* addr) noexcept {
+    Dl_info info{};
+    struct link_map* lm = nullptr;
+    if (!addr || !dladdr1(addr, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP)) return nullptr;
+    return lm;
+}
+
 // Whether p is in libgpumem.so itself (one of its exports).
 static bool in_this_library(void* p) noexcept {
-    Dl_info self{}, other{};
-    return dladdr(reinterpret_cast<void*>(&in_this_library), &self) && dladdr(p, &other) &&
-           self.dli_fbase == other.dli_fbase;
+    struct link_map* self = object_of(reinterpret_cast<void*>(&object_of));
+    return self && object_of(p) == self;
+}
+
+// dlsym on the handle of loaded object l: l and its dependencies.  RTLD_NOLOAD: l is loaded, so
+// this only takes a reference, given back.  NULL where l has no name (the program) or nothing is found.
+static void* lookup_in_scope_of(struct link_map* l, const char* name) noexcept {
+    if (!l || !l->l_name || !l->l_name[0]) return nullptr;
+    void* h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return nullptr;
+    void* d = real_dlsym(h, name);
+    dlclose(h);
+    return d;
 }
 
 // What the calling object's own scope defines for name: glibc's dlsym(RTLD_DEFAULT) searches the
@@ -163,17 +181,8 @@ static bool in_this_library(void* p) noexcept {
 // the program's and the preloaded libraries' scope is the global one.  NULL where nothing is found
 // or the caller cannot be named; dlerror() then holds glibc's error for this lookup or another.
 static void* in_callers_scope(void* caller, const char* name) noexcept {
-    Dl_info info{};
-    struct link_map* lm = nullptr;
-    if (!caller || !dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) || !lm || !lm->l_name ||
-        !lm->l_name[0] || in_this_library(caller))
-        return nullptr;
-    // RTLD_NOLOAD: the caller is loaded (it is running); this only takes a reference, given back.
-    void* h = dlopen(lm->l_name, RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) return nullptr;
-    void* d = real_dlsym(h, name);
-    dlclose(h);
-    return d;
+    if (in_this_library(caller)) return nullptr;
+    return lookup_in_scope_of(object_of(caller), name);
 }
 
 // glibc's answer to dlsym(handle, name) asked from caller, with libgpumem.so's own exports left
@@ -193,14 +202,6 @@ static void* lookup_past_gpumem(void* handle, const char* name, void* caller) no
     return d;
 }
 
-// The loaded object that holds addr (its link map entry); nullptr if none.
-static struct link_map* object_of(void* addr) noexcept {
-    Dl_info info{};
-    struct link_map* lm = nullptr;
-    if (!addr || !dladdr1(addr, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP)) return nullptr;
-    return lm;
-}
-
 // Whether b comes after a in the list of loaded objects (load order: the program, the preloaded
 // libraries, their dependencies, then what dlopen loaded).
 static bool comes_after(const struct link_map* a, const struct link_map* b) noexcept {
@@ -211,11 +212,7 @@ static bool comes_after(const struct link_map* a, const struct link_map* b) noex
 
 // name as object l itself defines it (not one of its dependencies); nullptr if it does not.
 static void* defined_in(struct link_map* l, const char* name) noexcept {
-    if (!l->l_name || !l->l_name[0]) return nullptr;
-    void* h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);  // loaded: only a reference, given back
-    if (!h) return nullptr;
-    void* d = real_dlsym(h, name);
-    dlclose(h);
+    void* d = lookup_in_scope_of(l, name);
     return d && object_of(d) == l ? d : nullptr;
 }
 

@@ -75,12 +75,6 @@ uint64_t block_pool::sync_budget() const noexcept {
     return std::max(cfg_.sync_budget, reserved_ / cfg_.sync_budget_div);
 }
 
-// The driver's answer (a capture no hook of gpumem saw, on the legacy stream) once per operation,
-// the backend's own count of captures at every later check of that operation: a 20 MiB pair
-// with fences asked the driver three times (cuCtxGetCurrent and cuStreamIsCapturing each), and a
-// capture begun by an unseen route between two checks of one operation is no more caught by the
-// second than by the first.  After a blocking wait, though, the driver is asked again: a wait can
-// last milliseconds.
 uint64_t block_pool::order_batch_for(uint64_t asize) const noexcept {
     constexpr uint64_t k_requests = 8;  // a batch is at most this many requests of asize
     // Ordered releases only (events known to work: no driver call here to find out), and not
@@ -101,6 +95,12 @@ uint64_t block_pool::order_batch_for(uint64_t asize) const noexcept {
 
 bool block_pool::batch_pending(int i, uint64_t asize) const noexcept { return pending_bytes_[i] < order_batch_for(asize); }
 
+// The driver's answer (a capture no hook of gpumem saw, on the legacy stream) once per operation,
+// the backend's own count of captures at every later check of that operation: a 20 MiB pair
+// with fences asked the driver three times (cuCtxGetCurrent and cuStreamIsCapturing each), and a
+// capture begun by an unseen route between two checks of one operation is no more caught by the
+// second than by the first.  After a blocking wait, though, the driver is asked again: a wait can
+// last milliseconds.
 bool block_pool::can_sync() noexcept {
     if (exiting_) return false;
     if (capture_checked_) return backend_.may_synchronize_again();
