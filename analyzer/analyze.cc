@@ -1,7 +1,6 @@
 // Drives one log through the reader and the rebuilder, with header validation and progress output.
 #include "analyze.h"
 
-
 #include <algorithm>
 #include <cerrno>
 #include <cctype>
@@ -9,6 +8,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -271,11 +271,20 @@ process_report analyze_file(const std::string& path, const analyze_options& opt,
 
 combined_report combine(const std::vector<process_report>& procs) {
     combined_report c;
-    for (size_t i = 0; i < procs.size(); ++i)
+    // An image that ended in exec, whose pid records again in another log: the same process
+    // before its exec (docs/log-format.md), not a rank of its own to compare with the others.
+    std::map<std::pair<std::string, int64_t>, size_t> logs_of;  // (host, pid): how many logs
+    for (const process_report& p : procs) ++logs_of[{p.host, p.pid}];
+    auto before_exec = [&](size_t i) {
+        return procs[i].has_end && procs[i].end_reason == "exec" && logs_of[{procs[i].host, procs[i].pid}] > 1;
+    };
+    for (size_t i = 0; i < procs.size(); ++i) {
+        if (before_exec(i)) continue;
         for (const device_report& d : procs[i].devices) {
             if (d.dev < 0) continue;  // host memory is not part of a rank's GPU budget
             c.rows.push_back({i, d.dev, d.requested.peak, d.allocated.peak, d.reserved.peak});
         }
+    }
     if (c.rows.empty()) return c;
     c.min_peak_reserved = UINT64_MAX;
     double sum = 0;

@@ -93,6 +93,12 @@ std::vector<std::string> warning_lines(const process_report& p, const std::strin
 
 bool output_would_clobber(const std::string& out, const char* option, const std::vector<std::string>& inputs,
                           std::string& why) {
+    // "-" reads standard input everywhere else; as an output it would be a file named "-" in the
+    // working directory, and standard output already carries the command's own text.
+    if (out == "-") {
+        why = std::string(option) + " -: give a file name (standard output carries the command's own output)";
+        return true;
+    }
     struct stat o {};
     if (out.empty() || ::stat(out.c_str(), &o) != 0 || !S_ISREG(o.st_mode)) return false;  // new, or not a file
     for (const std::string& in : inputs) {

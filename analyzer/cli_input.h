@@ -63,7 +63,8 @@ std::vector<std::string> warning_lines(const process_report& p, const std::strin
 // destroy data: `out` is one of the inputs, or an existing file that holds a gpumem log (plain or
 // gzipped) or report JSON.  `gpumem report --html run/*.jsonl` takes the first log as the HTML
 // file's name; truncating it would lose that rank and still exit 0.  Fills `why`, which names
-// `option` ("--html"), when it would.
+// `option` ("--html"), when it would.  "-" is refused too: it is no file to write, and standard
+// output carries the command's own text.
 bool output_would_clobber(const std::string& out, const char* option, const std::vector<std::string>& inputs,
                           std::string& why);
 

@@ -104,6 +104,7 @@ struct check_args {
     CLI::Option* limit_opt[k_limits] = {};
     std::string metric = "requested";
     CLI::Option* metric_opt = nullptr;
+    CLI::Option* tolerance_opt = nullptr;
     std::string baseline_path, junit_path, tolerance_text = "5%";
     bool quiet = false;
     progress_flags progress;
@@ -176,6 +177,10 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         if (!baseline_path.empty()) all.push_back(&baseline_path);
         if (std::string err; !dash_means_stdin(all, err)) return usage_error("check", err);
     }
+    // The --max-* limits are absolute: a tolerance given for them would silently do nothing.
+    if (args.tolerance_opt->count() && baseline_path.empty())
+        spdlog::warn("--tolerance {} applies to --baseline only; the --max-* limits are not stretched by it",
+                     args.tolerance_text);
     bool any_limit = !baseline_path.empty();
     for (const limit& l : limits) any_limit |= l.set;
     if (!any_limit) return usage_error("check", "nothing to check: give a --max-* limit or --baseline");
@@ -266,7 +271,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 o.passed = measured <= allowed + 1e-9;
                 o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
                             "baseline " + fmt_value(*m, was) + " + " +
-                            (ratio ? fmt_pct(tolerance).substr(0, fmt_pct(tolerance).size() - 1) + " points" : tolerance_text) +
+                            (ratio ? tolerance_text.substr(0, tolerance_text.size() - 1) + " points" : tolerance_text) +
                             " = " + fmt_value(*m, allowed);
                 if (!o.passed) {
                     std::string w = worst_moment(*m, run.proc(r), dev);
@@ -336,7 +341,7 @@ command add_check(CLI::App& top) {
                     "an earlier run that this one may not exceed by more than the tolerance: one file, the report JSON of "
                     "all its logs (gpumem report --json LOG... > FILE) or a single log; - reads standard input")
         ->type_name("REPORT.json");
-    app->add_option("--tolerance", a->tolerance_text,
+    a->tolerance_opt = app->add_option("--tolerance", a->tolerance_text,
                     "allowed growth over the baseline, in percent: 5 or 5% (a bare 0.05 is 0.05%, with a warning)")
         ->type_name("P%")
         ->default_str("5%");

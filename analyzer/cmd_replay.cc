@@ -214,6 +214,13 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                             pw, "", moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)],
                             fmt_bytes(r.fail_size).c_str(), fmt_bytes(r.fail_reserved).c_str(),
                             fmt_bytes(r.fail_free_in_segments).c_str(), fmt_bytes(r.fail_largest_free).c_str());
+            // A free block that would hold the request in bytes, yet did not: it lies where the
+            // allocator keeps other sizes, which "largest free" alone would contradict.
+            if (r.failure == sim::failure_reason::fragmentation && r.fail_largest_free >= r.fail_size)
+                std::printf("   %-*s ^ the free blocks that large are of a kind this request may not take: requests up to "
+                            "1 MiB and larger ones never share a segment (PyTorch and gpumem), and PyTorch splits no "
+                            "block above max_split_size_mb for a smaller request\n",
+                            pw, "");
         }
         if (capacity) {
             std::string fits, fails;
@@ -248,10 +255,16 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                 std::printf("     no setting replays the whole log: this one stops at %s (%s)\n",
                             moment(best.fail_seq, best.fail_t).c_str(),
                             sim::k_failure_reason_names[size_t(best.failure)]);
+            // Like the grid's, a stopped replay's peak covers only the requests before its stop.
             for (const sim::replay_result& r : d.results)
-                if (r.policy.rfind("gpumem", 0) == 0 || r.policy == "ideal")
-                    std::printf("     %s: peak reserved %s, %llu driver allocations\n", r.policy.c_str(),
-                                fmt_bytes(r.peak_reserved).c_str(), (unsigned long long)r.driver_allocs);
+                if (r.policy.rfind("gpumem", 0) == 0 || r.policy == "ideal") {
+                    if (r.failure != sim::failure_reason::none)
+                        std::printf("     %s: does not replay the whole log (stops at %s: %s)\n", r.policy.c_str(),
+                                    moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)]);
+                    else
+                        std::printf("     %s: peak reserved %s, %llu driver allocations\n", r.policy.c_str(),
+                                    fmt_bytes(r.peak_reserved).c_str(), (unsigned long long)r.driver_allocs);
+                }
         }
         std::printf("\n");
     }

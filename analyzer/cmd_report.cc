@@ -162,7 +162,8 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                         for (device_field f : {device_field::peak_requested_bytes, device_field::peak_allocated_bytes,
                                                device_field::peak_reserved_bytes, device_field::end_requested_bytes,
                                                device_field::max_external_fragmentation, device_field::n_alloc,
-                                               device_field::n_free, device_field::n_oom})
+                                               device_field::n_free, device_field::n_oom, device_field::n_leaks,
+                                               device_field::leaked_bytes})
                             if (!r.present[i][k][size_t(f)]) missing += std::string(missing.empty() ? "" : ", ") + "\"" + field_name(f) + "\"";
                         if (!missing.empty())
                             out.say(spdlog::level::warn, visible(path + ": process " + std::to_string(r.processes[i].pid) + " dev " +

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -81,6 +82,8 @@ bool find_library(std::string& lib, std::string& error) {
     tried.push_back((rel.size() && rel[0] == '/' ? rel : bindir + "/" + rel) + "/libgpumem.so");
     tried.push_back(bindir + "/../lib/libgpumem.so");
     tried.push_back(bindir + "/../preload/libgpumem.so");  // build tree: build/analyzer/gpumem
+    tried.push_back(bindir + "/libgpumem.so");             // both copied into one folder (--help says so)
+    tried.erase(std::unique(tried.begin(), tried.end()), tried.end());  // rel is often ../lib
     for (const std::string& t : tried) {
         if (is_file(t)) {
             lib = real_path(t);
@@ -245,6 +248,7 @@ void print_summary(const std::vector<std::string>& logs) {
     }
     if (procs.empty()) return;
     std::fprintf(stderr, "\ngpumem summary (peaks per process and GPU; leaks = still allocated at the end)\n");
+    bool unended = false;  // a row whose "leaks" are the live blocks where a log stops
     std::fprintf(stderr, "  %-8s %-5s %-4s %12s %12s %12s %7s %18s %5s  %s\n", "pid", "rank", "dev", "requested", "allocated",
                  "reserved", "frag", "leaks", "OOMs", "ended");
     const size_t k_max_rows = 16;  // one screen
@@ -265,7 +269,10 @@ void print_summary(const std::vector<std::string>& logs) {
                 continue;
             }
             ++rows;
-            std::string leaks = fmt_count(d.n_leaks) + " / " + fmt_bytes(d.leaked_bytes);
+            // Without an end line the process did not exit: what it held then is live, not leaked
+            // (docs/metrics.md), and the report calls it so.
+            std::string leaks = fmt_count(d.n_leaks) + " / " + fmt_bytes(d.leaked_bytes) + (p.has_end ? "" : " *");
+            unended |= !p.has_end;
             // Fragmentation is of free space in gpumem's pool segments: without any (--pool off) it
             // is not measured, and a 0.0% would read as "not fragmented" (docs/metrics.md).
             std::string frag = d.segment_count.peak ? fmt_pct(d.max_external_fragmentation) : "-";
@@ -282,6 +289,7 @@ void print_summary(const std::vector<std::string>& logs) {
         }
     }
     if (hidden) std::fprintf(stderr, "  ... %zu more rows: see gpumem report\n", hidden);
+    if (unended) std::fprintf(stderr, "  * live when the log stops: the process did not exit, so not a leak\n");
     for (size_t i = 0; i < ooms.size() && i < 3; ++i) {
         const oom_report& o = *ooms[i].second;
         // The line that asked, when the log recorded the failing call's stack: what to look at first.
@@ -483,8 +491,8 @@ command add_run(CLI::App& top) {
         "so children that chdir log to the same place; a missing directory is created (one named with\n"
         "%p or %r cannot be: put those in the file name).\n"
         "Other GPUMEM_* settings and the rest of the environment pass through unchanged.\n"
-        "libgpumem.so is taken from $GPUMEM_LIB, else next to this gpumem (installed: <prefix>/lib;\n"
-        "build tree: build/preload).\n"
+        "libgpumem.so is taken from $GPUMEM_LIB, else found from this gpumem: installed, <prefix>/lib;\n"
+        "build tree, build/preload; or copied into the same folder as gpumem.\n"
         "\n"
         "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
         "executable; 2 for gpumem's own arguments or a missing libgpumem.so.");

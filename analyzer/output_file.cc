@@ -72,7 +72,7 @@ bool file_replacement::commit() {
 }
 
 bool write_whole(const std::string& path, const char* what, const std::function<void(std::ostream&)>& fill) {
-    file_replacement out(path, what, 0666);
+    file_replacement out(path, what, 0600);
     if (!out.ok()) return false;
     {
         std::ofstream f(out.write_path(), std::ios::binary | std::ios::trunc);

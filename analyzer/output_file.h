@@ -36,7 +36,8 @@ private:
     bool direct_ = false, done_ = false;
 };
 
-// A plain output (--html, --perfetto, --junit), 0666 less the umask: `fill` writes the content.
+// A plain output (--html, --perfetto, --junit), created 0600 like the log: the HTML and the trace
+// carry the program's command line (docs/guide.md).  `fill` writes the content.
 // False, with an error naming `what` and the path, when it could not be written whole.
 bool write_whole(const std::string& path, const char* what, const std::function<void(std::ostream&)>& fill);
 

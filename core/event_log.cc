@@ -61,6 +61,30 @@ int open_existing_sink(const char* path) noexcept {
 }
 }  // namespace
 
+// Whether the existing log at `path` is this pid's own, from before an exec: its header names the
+// pid, and the new image finds the name taken (docs/log-format.md, "exec").  Only for the message.
+static bool header_names_pid(const char* path, long pid) noexcept {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return false;
+    char head[4096];
+    ssize_t n;
+    while ((n = read(fd, head, sizeof head - 1)) < 0 && errno == EINTR) {}
+    close(fd);
+    if (n <= 0) return false;
+    head[n] = 0;
+    if (char* nl = std::strchr(head, '\n')) *nl = 0;
+    if (!std::strstr(head, "{\"ev\":\"header\"")) return false;
+    char want[40] = "\"pid\":";
+    size_t k = std::strlen(want);
+    char digits[24];
+    size_t d = 0;
+    for (unsigned long v = pid < 0 ? 0 : (unsigned long)pid; d == 0 || v; v /= 10) digits[d++] = char('0' + v % 10);
+    while (d) want[k++] = digits[--d];
+    want[k] = 0;
+    const char* at = std::strstr(head, want);
+    return at && (at[k] < '0' || at[k] > '9');
+}
+
 int open_log_file(const std::string& path, long pid, std::string* used) noexcept {
     try {
         int fd = open(path.c_str(), k_create_flags, 0600);
@@ -92,8 +116,12 @@ int open_log_file(const std::string& path, long pid, std::string* used) noexcept
             fd = mkostemps(name.data(), int(ext.size()), O_CLOEXEC);
             if (fd < 0) return -1;
         }
-        write_stderr({"gpumem: ", path, " already exists (another process's log, an older log, or a link); "
-                      "this process (pid ", decimal(pid), ") writes its log to ", name, "\n"});
+        if (header_names_pid(path.c_str(), pid))
+            write_stderr({"gpumem: ", path, " holds this process's log from before its exec; the new image (pid ",
+                          decimal(pid), ") writes its log to ", name, "\n"});
+        else
+            write_stderr({"gpumem: ", path, " already exists (another process's log, an older log, or a link); "
+                          "this process (pid ", decimal(pid), ") writes its log to ", name, "\n"});
         *used = name;
         return fd;
     } catch (...) {

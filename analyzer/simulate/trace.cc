@@ -28,8 +28,15 @@ void read_header(std::string_view line, const std::string& path, trace& out,
     // member of another type ("ev":5), and a hostile header must be an input error, not an abort.
     auto ev = h.is_object() ? h.find("ev") : h.end();
     if (h.is_discarded() || !h.is_object() || ev == h.end() || !ev->is_string() ||
-        ev->get_ref<const std::string&>() != k_ev_names[0])
+        ev->get_ref<const std::string&>() != k_ev_names[0]) {
+        // A `gpumem report --json` file opens with a lone brace (or "schema" first): said as such,
+        // as `gpumem report --torch-snapshot` says it, rather than as a log without its start.
+        std::string_view t = line;
+        while (!t.empty() && (t.back() == ' ' || t.back() == '\r' || t.back() == '\t')) t.remove_suffix(1);
+        if (t == "{" || t.rfind("{\"schema\"", 0) == 0)
+            throw input_error(path, 1, "a `gpumem report --json` file holds no events: replay needs the event log");
         throw input_error(path, 1, "line 1 is not a gpumem header: not a gpumem log, or its start is missing");
+    }
     auto fmt = h.find("format");
     if (fmt == h.end() || !fmt->is_string() || fmt->get_ref<const std::string&>() != k_format_name)
         throw input_error(path, 1, "unknown format " + (fmt == h.end() ? std::string("(none)") : fmt->dump()) +

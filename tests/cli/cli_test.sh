@@ -31,6 +31,15 @@ run_exit_codes)
   expect_rc 134 "$GPUMEM" run -o "$W/crash/" -- "$EMU/emu_driver_app" crash abort 10
   expect_in "$W/err" "killed by signal 6 (exit code 134)"
   expect_in "$W/err" "signal 6"
+  # SIGKILL leaves no end line: what it held is live where the log stops, not leaked.
+  expect_rc 137 "$GPUMEM" run -o "$W/killed/" -- "$EMU/emu_driver_app" crash kill 100
+  expect_in "$W/err" "KiB *     0  no end line"
+  expect_in "$W/err" "* live when the log stops: the process did not exit, so not a leak"
+  # An exec: two logs of one pid, said as such, and no imbalance between the two images.
+  expect_rc 0 "$GPUMEM" run -o "$W/exec/" -- "$EMU/emu_driver_app" exec execv 10
+  expect_in "$W/err" "holds this process's log from before its exec"
+  expect_not_in "$W/err" "already exists"
+  expect_not_in "$W/err" "imbalance"
   # 127 not found, 126 not executable.
   expect_rc 127 "$GPUMEM" run -- "$W/no-such-program"
   expect_in "$W/err" "gpumem: error: cannot run $W/no-such-program"
@@ -140,6 +149,11 @@ run_installed)
   mkdir -p "$W/lonely/bin" && cp "$W/prefix/bin/gpumem" "$W/lonely/bin/"
   expect_rc 2 "$W/lonely/bin/gpumem" run -- true
   expect_in "$W/err" "libgpumem.so not found; tried $W/lonely/bin/../lib/libgpumem.so"
+  [ "$(grep -o "lonely/bin/../lib/libgpumem.so" "$W/err" | wc -l)" = 1 ] || fail "a path tried twice: $(cat "$W/err")"
+  # Both copied into one folder, as --help says: found there.
+  mkdir -p "$W/flat" && cp "$W/prefix/bin/gpumem" "$installed_lib" "$W/flat/"
+  expect_rc 0 "$W/flat/gpumem" run -- sh -c 'echo "preload=$LD_PRELOAD"'
+  expect_in "$W/out" "preload=$W/flat/libgpumem.so"
   ;;
 check_limits)
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 3MiB --max-reserved 3MiB --max-leak 1MiB
@@ -215,7 +229,7 @@ check_baseline)
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 10%
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
-  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): max external fragmentation 0.0% <= baseline 0.0% + 10.0 points = 10.0%"
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): max external fragmentation 0.0% <= baseline 0.0% + 10 points = 10.0%"
   # Growth of 133% (peak) and 50% (leak) passes a 150% tolerance.
   expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 150
   expect_not_in "$W/err" "--tolerance"
@@ -231,6 +245,15 @@ check_baseline)
     expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance "$t"
     expect_not_in "$W/err" "warning"
   done
+  # Fragmentation grows by the tolerance in points, printed as given (one decimal said 0.1 for 0.05).
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 0.05%
+  expect_in "$W/out" "+ 0.05 points ="
+  expect_not_in "$W/out" "+ 0.1 points"
+  # The --max-* limits are absolute: a tolerance without --baseline is said to do nothing.
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --tolerance 5
+  expect_in "$W/err" "gpumem: warning: --tolerance 5 applies to --baseline only"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB
+  expect_not_in "$W/err" "warning"
   # A baseline rank missing from the run is a failure; a baseline given as a log works too.
   "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" > "$W/ranks.json"
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
@@ -460,6 +483,17 @@ conventions)
     expect_in "$W/err" "gpumem: error: "
     expect_in "$W/err" "(gpumem $sub --help lists the options)"
     [ "$(wc -l < "$W/err")" = 2 ] || fail "$sub: usage error is not two lines: $(cat "$W/err")"
+  done
+  # "-" reads standard input; as an output file it made a file named "-" (and stdout has the text).
+  for opt in "report --html" "report --perfetto" "report --torch-snapshot" "check --max-peak 1GiB --junit"; do
+    expect_rc 2 "$GPUMEM" $opt - "$DATA/before.jsonl"
+    expect_in "$W/err" "-: give a file name (standard output carries the command's own output)"
+    [ -e "$W/-" ] && fail "$opt -: wrote a file named -"
+  done
+  # The HTML report and the trace carry the command line: created 0600, as the log is.
+  (umask 022 && "$GPUMEM" report --no-progress "$DATA/before.jsonl" --html "$W/mode.html" --perfetto "$W/mode.trace" > /dev/null)
+  for f in mode.html mode.trace; do
+    [ "$(stat -c %a "$W/$f")" = 600 ] || fail "$f: mode $(stat -c %a "$W/$f"), expected 600"
   done
   expect_rc 2 "$GPUMEM"
   expect_in "$W/err" "gpumem: error: no command given"
@@ -697,6 +731,11 @@ EOF2
   expect_in "$W/err" "has no \"peak_requested_bytes\", \"peak_allocated_bytes\", \"peak_reserved_bytes\" (a number): shown as 0, which is no measurement"
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json"
   expect_not_in "$W/err" "which is no measurement"
+  # The leak members, which --max-leak and --baseline gate on, too (they read as 0 B of leaks, unsaid).
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); dev=d["processes"][0]["devices"][0]; dev.pop("leaked_bytes"); dev.pop("n_leaks"); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
+    "$W/basic.json" "$W/noleak.json"
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
+  expect_in "$W/err" "has no \"n_leaks\", \"leaked_bytes\" (a number): shown as 0, which is no measurement"
   # A report JSON that counts warnings but lists none (the list cut by a tool): the HTML report
   # quoted the first of an empty list and crashed.
   expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_warnings_unlisted.json" --html "$W/unlisted.html"

@@ -733,6 +733,9 @@ TEST_CASE("#4 exec: the old image's log ends with reason exec, the new image wri
         CHECK(after.front()["pid"] == before.front()["pid"]);
         CHECK(calls(after, "alloc") == k_basic_allocs);
         CHECK(count_of(r.err, "writes its log to") == 1);
+        // Said as the image before the exec, not as another process's log.
+        CHECK(count_of(r.err, "holds this process's log from before its exec") == 1);
+        CHECK(count_of(r.err, "already exists") == 0);
     }
 }
 

@@ -101,6 +101,33 @@ out=$("$GPUMEM" replay "$W/mlp.jsonl" --api cudaMalloc --capacity 900MiB --sugge
 echo "$out" | grep -q "peak reserved 826.00 MiB, where the defaults do not fit in 900.00 MiB: they fail at #1063 at 4.251 s (fragmentation)" \
   || fail "--suggest against failing defaults: $out"
 echo "$out" | grep -q "with the defaults" && fail "--suggest compared with the peak of failing defaults: $out"
+# Where even ideal and gpumem stop, their peaks before the stop are no footprint either.
+out=$("$GPUMEM" replay "$W/mlp.jsonl" --api cudaMalloc --capacity 100MiB --suggest) || fail "--suggest 100MiB exit"
+echo "$out" | grep -q "     ideal: does not replay the whole log (stops at #" || fail "--suggest, ideal stops: $out"
+echo "$out" | grep -q "     ideal: peak reserved" && fail "--suggest gave a stopped replay's peak as a footprint: $out"
+# A small request refused while a larger free block exists (in the large pool): said why.
+python3 - "$W/pools.jsonl" <<'PY'
+import json, sys
+ev = [{"ev": "header", "format": "gpumem-events", "version": 4, "pid": 1, "config": {}}]
+seq = 0
+def add(kind, ptr, size):
+    global seq
+    ev.append({"ev": kind, "seq": seq, "t": seq, "tid": 1, "dev": 0, "api": "cudaMalloc" if kind == "alloc" else "cudaFree",
+               "kind": "device", "ptr": hex(ptr), "size": size})
+    seq += 1
+add("alloc", 0x10000000, 5 << 20)    # a 20 MiB segment of the large pool, 15 MiB of it free
+add("alloc", 0x20000000, 4096)       # a small request needs a 2 MiB segment of its own
+open(sys.argv[1], "w").write("".join(json.dumps(e) + "\n" for e in ev))
+PY
+out=$("$GPUMEM" replay "$W/pools.jsonl" --policy pytorch --capacity 21MiB) || fail "pools: exit $?"
+echo "$out" | grep -q "would fail at #1 .*: fragmentation of 4.00 KiB .*largest free 15.00 MiB" || fail "pools: no failure line: $out"
+echo "$out" | grep -q "the free blocks that large are of a kind this request may not take" || fail "pools: not said why: $out"
+# A report JSON is no event log: said so, exit 2.
+"$GPUMEM" report --json "$W/pools.jsonl" > "$W/pools.report.json" 2> /dev/null
+"$GPUMEM" replay "$W/pools.report.json" > /dev/null 2> "$W/err.txt"; rc=$?
+[ "$rc" = 2 ] || fail "replay of a report JSON: exit $rc"
+grep -q "pools.report.json:1: a \`gpumem report --json\` file holds no events: replay needs the event log" "$W/err.txt" \
+  || fail "replay of a report JSON: $(cat "$W/err.txt")"
 
 # Stream-ordered requests: the log names the streams, each gets its own free blocks.
 {
