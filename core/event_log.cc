@@ -10,6 +10,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -42,7 +43,10 @@ constexpr int k_create_flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXE
 bool is_clash(int err) noexcept { return err == EEXIST || err == ELOOP; }
 
 // An existing name we may write to as it is: a character device (only root makes those) or a FIFO
-// of our own user.  Opened non-blocking so a FIFO without a reader cannot hang the program.
+// of our own user.  Opened non-blocking so a FIFO without a reader cannot hang the program, and
+// kept so: a reader that stops reading must not hold the writer (and the exit that waits for
+// it) for ever either (write_all bounds the wait).  The flag is this open's own: the program's
+// descriptors are untouched.
 int open_existing_sink(const char* path) noexcept {
     struct stat st;
     if (lstat(path, &st) != 0) return -1;
@@ -56,7 +60,6 @@ int open_existing_sink(const char* path) noexcept {
         close(fd);
         return -1;
     }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return fd;
 }
 }  // namespace
@@ -385,14 +388,34 @@ void event_log::record(const event& e) noexcept {
 
 void event_log::write_all(const char* p, size_t n) noexcept {
     sigpipe_guard no_sigpipe;  // a FIFO whose reader left: EPIPE, then the /tmp move
+    uint64_t stalled_since = 0;  // a full FIFO (EAGAIN): when it last took a byte
     while (n && fd_ >= 0) {
         ssize_t w = write(fd_, p, n);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            // A FIFO sink whose reader is slow waits; one that took nothing for sink_stall_ms
+            // (a reader stopped, not gone) is a failed write, so neither the program's
+            // allocations nor its exit wait on it for ever.  poll and clock_gettime are
+            // async-signal-safe: a crash handler's last flush may come here.
+            const uint64_t now = monotonic_ns();
+            if (!stalled_since) stalled_since = now;
+            if (now - stalled_since < uint64_t(opt_.sink_stall_ms) * 1000000ull) {
+                pollfd pf{fd_, POLLOUT, 0};
+                poll(&pf, 1, 100);
+                continue;
+            }
+            write_stderr({"gpumem: ", path_, " took nothing for ", decimal(long(opt_.sink_stall_ms)),
+                          " ms (its reader stopped reading)\n"});
+            if (!switch_after_write_error(ETIMEDOUT)) return;
+            stalled_since = 0;
+            continue;
+        }
         if (w < 0 || (w == 0 && n)) {
             int err = w < 0 ? errno : ENOSPC;
             if (err == EINTR) continue;
             if (!switch_after_write_error(err)) return;
             continue;
         }
+        stalled_since = 0;
         p += w;
         n -= size_t(w);
         written_ += uint64_t(w);
@@ -455,6 +478,13 @@ bool event_log::switch_after_write_error(int err) noexcept {
     if (fd >= 0) {
         close(fd);
         unlink(used.c_str());
+        if (written_ > 0 && !carried) {
+            // Not the fallback's fault: a FIFO or a device cannot be read back, and a log without
+            // its start is no log.
+            write_stderr({"gpumem: writing ", path_, " failed (", strerror(err),
+                          "); what it took cannot be read back into a new file, so no log is written from here\n"});
+            return false;
+        }
     }
     write_stderr({"gpumem: writing ", path_, " failed (", strerror(err), "), and so did the fallback ",
                   fallback.empty() ? std::string_view("/tmp") : std::string_view(fallback), "; no log is written\n"});

@@ -241,7 +241,9 @@ void pool_at_exit() noexcept {
     // late frees from other destructors still find their blocks.
     g_exiting.store(true);
     registry().for_each([](pool_registry::slot& s) {
-        s.pool->release_all_at_exit();
+        // Not taken: an operation of this thread was interrupted by a handler that called exit(),
+        // and the counts below would wait for its lock for ever.
+        if (!s.pool->release_all_at_exit()) return;
         // What stitching cost, for a user weighing GPUMEM_POOL_STITCH (at GPUMEM_LOG_LEVEL=info).
         uint64_t made = 0, mapped = 0, dissolved = 0, kept = 0, unmapped = 0, ns = 0;
         s.pool->stitch_counts(&made, &mapped, &dissolved, &kept);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
@@ -1286,6 +1287,9 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
                     b = find_free(p, asize);
                 }
             }
+            // After exit began the driver is the program's again: a miss goes there, as it would
+            // without gpumem (a late static destructor's allocation must not fail for the pool).
+            if (!b && exiting_) return k_pool_declined;
             const uint64_t reserved_before = reserved_;
             if (!b) b = grow(p, asize, api, &err);
             if (reserved_ > reserved_before) after_growth(reserved_ - reserved_before);
@@ -2520,10 +2524,22 @@ bool block_pool::reuse_is_immediate() const noexcept {
     return immediate_;
 }
 
-void block_pool::release_all_at_exit() noexcept {
-    op_lock lk(*this);
+bool block_pool::release_all_at_exit() noexcept {
+    // A bounded wait: another thread's operation ends within it (unless it waits on the GPU), and
+    // this thread's own, interrupted by a signal handler that calls exit(), never would.  Without
+    // the lock the flag takes effect at the next operation (op_lock).  (try_lock by the owner is
+    // undefined for std::mutex in the standard; glibc's pthread_mutex_trylock of a default mutex
+    // answers EBUSY, as for any holder.)
+    std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+    for (int i = 0; i < 1000 && !lk.try_lock(); ++i) {
+        timespec ts{0, 100000};
+        nanosleep(&ts, nullptr);
+    }
+    exit_pending_.store(true, std::memory_order_relaxed);
+    if (!lk.owns_lock()) return false;
     exiting_ = true;
     set_short(false);
+    return true;
 }
 
 // ---- queries --------------------------------------------------------------------------------

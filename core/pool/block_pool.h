@@ -160,8 +160,11 @@ class block_pool {
     // Process exit: the driver may already be unloaded, and the OS reclaims device memory anyway,
     // so the pool leaks its segments and from now on never calls the backend again.  Late frees
     // (static destructors) still find their blocks; an allocation that the cache cannot serve
-    // returns k_cuda_deinitialized.
-    void release_all_at_exit() noexcept;
+    // returns k_pool_declined, so the hook passes it to the driver, as without gpumem.  Never
+    // waits long for the pool's lock: exit() from a signal handler may have interrupted an
+    // operation of this very thread, which holds it.  True when it took the lock: then the other
+    // queries may lock too (false: they would wait for ever).
+    bool release_all_at_exit() noexcept;
 
     // GPUMEM_REUSE=auto: the program created a stream, so a freed block may still be read by work
     // on another stream, and stream order alone no longer makes reuse safe.  From now on frees are
@@ -229,7 +232,11 @@ class block_pool {
     // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.
     struct op_lock {
         std::lock_guard<std::mutex> lk;
-        explicit op_lock(block_pool& p) : lk(p.mu_) { p.capture_checked_ = false; }
+        explicit op_lock(block_pool& p) : lk(p.mu_) {
+            p.capture_checked_ = false;
+            // An exit that could not take the lock (release_all_at_exit) takes effect here.
+            if (p.exit_pending_.load(std::memory_order_relaxed)) p.exiting_ = true;
+        }
     };
 
     static int pool_index(pool_id p) noexcept { return p == pool_id::small ? 0 : 1; }
@@ -511,6 +518,7 @@ class block_pool {
     bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
+    std::atomic<bool> exit_pending_{false};  // it was called while another holder had the lock
     bool capture_checked_ = false;  // this operation's may_synchronize() said true (can_sync)
     bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
 

@@ -584,6 +584,30 @@ TEST_CASE("event log: a failed exec on a log that cannot be cut (a FIFO) keeps t
     CHECK(seqs(lines) == std::vector<uint64_t>{0, 1, 2, 3});
 }
 
+TEST_CASE("event log: a FIFO whose reader stops reading holds neither the program nor its exit") {
+    // The reader keeps the FIFO open and reads nothing: once the pipe is full, every write waited
+    // in the kernel, and the exit waited for the writer for ever (30 s, until the reader left, in
+    // the run that found it; SIGTERM could not end it).
+    std::string fifo = temp_path("stalled-fifo");
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    int rd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+    REQUIRE(rd >= 0);
+    event_log::options o;
+    o.sink_stall_ms = 300;
+    o.wait_ms = 50;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+        event_log log(o);
+        REQUIRE(log.start(fifo, "{\"ev\":\"header\"}\n"));
+        for (uint64_t i = 0; i < 20000; ++i) log.record(alloc_event(0x1000 + i * 512));  // ~3 MB: past the pipe
+        log.finish(end_reason::exit, 0, 0, 0);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    close(rd);
+    unlink(fifo.c_str());
+    CHECK(s < 20.0);  // the writer gave up after 300 ms without progress; the exit did not wait on it
+}
+
 TEST_CASE("event log: the end comes promptly and in order while three threads allocate without pause") {
     // The writer drains as fast as they publish: finish() must still get the output lock, and
     // _exit's must not write beside a writer that is making progress.

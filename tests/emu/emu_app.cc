@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -291,6 +292,21 @@ void stress(int threads, long pairs) {
     printf("threads=%d\npairs=%ld\nallocs=%ld\n", threads, pairs, threads * pairs);
 }
 
+// exit-in-handler: a timer's handler calls exit() (as many C programs' SIGINT handlers do), so it
+// lands inside cuMemAlloc/cuMemFree, often with gpumem's pool lock held by this very thread.
+void exit_in_handler(driver_api a) {
+    static std::atomic<int> ticks{0};  // lock-free: safe in a handler
+    signal(SIGALRM, [](int) {
+        if (++ticks == 50) exit(0);
+    });
+    itimerval it{{0, 200}, {0, 200}};
+    setitimer(ITIMER_REAL, &it, nullptr);
+    for (long i = 0;; ++i) {
+        CUdeviceptr p;
+        if (a.alloc(&p, 512 + size_t(i * 4099) % (8 << 20)) == CUDA_SUCCESS) a.free(p);
+    }
+}
+
 // Allocates n blocks and keeps them, then dies the requested way.
 void crash(const char* how, int n) {
     driver_api a = direct_api();
@@ -322,6 +338,7 @@ void crash(const char* how, int n) {
         pause();
     }
     if (!strcmp(how, "exit")) exit(0);
+    if (!strcmp(how, "exit-in-handler")) exit_in_handler(a);
     if (!strcmp(how, "_exit")) _exit(0);
     if (!strcmp(how, "quick_exit")) {
         // The program's own at_quick_exit handler frees one more block on the way out.

@@ -13,6 +13,7 @@
 //                         driver or container without them; any other value or unset: they can,
 //                         when GPUMEM_EMU_VMM is on
 //   GPUMEM_EMU_LATE_ALLOC N alloc/free pairs made by this library's destructor at exit (below)
+//   GPUMEM_EMU_LATE_ALLOC_SIZE  their size in bytes (4096)
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
@@ -306,10 +307,21 @@ __attribute__((destructor)) static void late_alloc_at_exit() {
     auto alloc = reinterpret_cast<alloc_fn>(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
     auto release = reinterpret_cast<free_fn>(dlsym(RTLD_DEFAULT, "cuMemFree_v2"));
     if (!alloc || !release) return;
+    // GPUMEM_EMU_LATE_ALLOC_SIZE: bytes of each (4096 by default); a size no cached block holds
+    // must reach the driver, as without gpumem.  What the calls returned goes to stderr.
+    const char* sz = getenv("GPUMEM_EMU_LATE_ALLOC_SIZE");
+    const size_t bytes = sz ? size_t(strtoull(sz, nullptr, 10)) : 4096;
+    int ok = 0, failed = 0;
     for (int i = 0, k = atoi(n); i < k; ++i) {
         CUdeviceptr p = 0;
-        if (alloc(&p, 4096) == CUDA_SUCCESS) release(p);
+        if (alloc(&p, bytes) == CUDA_SUCCESS) {
+            ++ok;
+            release(p);
+        } else {
+            ++failed;
+        }
     }
+    fprintf(stderr, "emu_late_alloc ok=%d failed=%d\n", ok, failed);
 }
 
 EMU_EXPORT CUresult cuInit(unsigned int) {

@@ -1,5 +1,6 @@
 // Unit tests of block_pool against fake_backend: sizes, splitting, best fit, coalescing, events,
 // hand-computed fragmentation outcomes, OOM and retry, reuse safety, capture, lifecycle.
+#include <chrono>
 #include <catch2/catch.hpp>
 
 #include "pool_test_util.h"
@@ -619,16 +620,50 @@ TEST_CASE("after release_all_at_exit the pool never calls the backend", "[pool]"
     fake_backend dev;
     block_pool pool(immediate_config(), dev, nullptr, 0);
     const uint64_t a = must_alloc(pool, 100), b = must_alloc(pool, 100);
-    pool.release_all_at_exit();
+    CHECK(pool.release_all_at_exit());
     const uint64_t calls = dev.alloc_calls() + dev.free_calls() + dev.sync_calls();
     must_free(pool, a);                       // a late free from a static destructor still works
     CHECK(must_alloc(pool, 100) == a);        // served from the cache
     uint64_t p = 0;
-    CHECK(pool.allocate(64 * MiB, A, &p) == k_cuda_deinitialized);  // would need a segment
+    // Would need a segment: declined, so the hook asks the driver, as without gpumem (a late
+    // static destructor's allocation got CUDA_ERROR_DEINITIALIZED from the pool before).
+    CHECK(pool.allocate(64 * MiB, A, &p) == k_pool_declined);
     pool.release_cached();
     must_free(pool, b);
     CHECK(dev.alloc_calls() + dev.free_calls() + dev.sync_calls() == calls);
     CHECK(dev.live_segments() == 1);          // leaked on purpose
+}
+
+// exit() called by a signal handler that interrupted this thread inside a pool operation: the
+// destructor's release_all_at_exit ran with the pool's lock held by the same thread and waited for
+// it for ever (a program that exits from a SIGALRM handler hung at exit 16 times in 20).  Here the
+// sink, which the pool calls with its lock held, stands in for the handler.
+TEST_CASE("release_all_at_exit from inside a pool operation of the same thread returns, and the exit holds", "[pool]") {
+    struct exiting_sink final : event_sink {
+        block_pool* pool = nullptr;
+        bool fired = false, locked = true;
+        std::chrono::nanoseconds took{0};
+        void emit(event& e) noexcept override {
+            if (e.ev != ev_kind::alloc || fired || !pool) return;
+            fired = true;
+            const auto t0 = std::chrono::steady_clock::now();
+            locked = pool->release_all_at_exit();
+            took = std::chrono::steady_clock::now() - t0;
+        }
+    } sink;
+    fake_backend dev;
+    block_pool pool(immediate_config(), dev, &sink, 0);
+    sink.pool = &pool;
+    const uint64_t a = must_alloc(pool, 100);  // its alloc event calls release_all_at_exit
+    REQUIRE(sink.fired);
+    CHECK(sink.took < std::chrono::seconds(2));
+    CHECK(!sink.locked);  // said, so the exit hook asks the pool nothing more
+    const uint64_t calls = dev.alloc_calls() + dev.free_calls() + dev.sync_calls();
+    must_free(pool, a);
+    CHECK(must_alloc(pool, 100) == a);  // the cache still serves
+    uint64_t p = 0;
+    CHECK(pool.allocate(64 * MiB, A, &p) == k_pool_declined);  // the exit took effect at this operation
+    CHECK(dev.alloc_calls() + dev.free_calls() + dev.sync_calls() == calls);
 }
 
 TEST_CASE("stats events at the configured interval", "[pool]") {
