@@ -213,28 +213,37 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
 
 void install_signal_handlers() noexcept {
     for (int sig : k_signals) {
-        struct sigaction old;
-        if (sigaction(sig, nullptr, &old) != 0) continue;
+        // Read, then swap in ours and compare what the swap replaced: another thread that installed
+        // a handler in between gets it back, and the loop starts over from it (a plain read then
+        // write lost that handler, so its signal ended the program instead).
+        for (int attempt = 0; attempt < 4; ++attempt) {
+            struct sigaction old;
+            if (sigaction(sig, nullptr, &old) != 0) break;
         // Ignored stays ignored, SA_SIGINFO or not (Go's signal.Ignore sets it beside SIG_IGN: taken
         // for a handler, it was called at address 1 when the signal came).
-        if (old.sa_handler == SIG_IGN) continue;
-        // Already ours (a forked child starting its own log inherits the parent's handlers): the
-        // program's handler saved then stays; saved again, on_signal would call itself for ever.
-        if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction == on_signal) continue;
-        g_old_actions[sig] = old;
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_sigaction = on_signal;
-        sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
-        sigemptyset(&sa.sa_mask);
-        if (old.sa_handler != SIG_DFL) {
-            // The program's handler runs as it was installed: with its mask, and without SA_RESTART
-            // where it had none (Python's SIGINT handler: a blocking read must return EINTR so that
-            // the interpreter runs its handler; restarted, Ctrl-C did nothing until the read ended).
-            sa.sa_flags = SA_SIGINFO | SA_ONSTACK | (old.sa_flags & (SA_RESTART | SA_NODEFER));
-            sa.sa_mask = old.sa_mask;
+            if (old.sa_handler == SIG_IGN) break;
+            // Already ours (a forked child starting its own log inherits the parent's handlers): the
+            // program's handler saved then stays; saved again, on_signal would call itself for ever.
+            if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction == on_signal) break;
+            g_old_actions[sig] = old;
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_sigaction = on_signal;
+            sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+            sigemptyset(&sa.sa_mask);
+            if (old.sa_handler != SIG_DFL) {
+                // The program's handler runs as it was installed: with its mask, and without
+                // SA_RESTART where it had none (Python's SIGINT handler: a blocking read must return
+                // EINTR so that the interpreter runs its handler; restarted, Ctrl-C did nothing
+                // until the read ended).
+                sa.sa_flags = SA_SIGINFO | SA_ONSTACK | (old.sa_flags & (SA_RESTART | SA_NODEFER));
+                sa.sa_mask = old.sa_mask;
+            }
+            struct sigaction replaced;
+            if (sigaction(sig, &sa, &replaced) != 0) break;
+            if (replaced.sa_handler == old.sa_handler && replaced.sa_flags == old.sa_flags) break;  // no one came between
+            sigaction(sig, &replaced, nullptr);  // theirs again; read anew
         }
-        sigaction(sig, &sa, nullptr);
     }
 }
 

@@ -1290,6 +1290,17 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
             // After exit began the driver is the program's again: a miss goes there, as it would
             // without gpumem (a late static destructor's allocation must not fail for the pool).
             if (!b && exiting_) return k_pool_declined;
+            // A device without virtual memory where it was asked for: no pool (pool_config::vmm_only).
+            if (!b && cfg_.vmm_only && !use_vmm()) {
+                if (!said_no_vmm_) {
+                    said_no_vmm_ = true;
+                    write_stderr({"gpumem: device ", decimal(device_),
+                                  " has no virtual memory management: the pool serves nothing there (GPUMEM_POOL_VMM=off "
+                                  "pools it in cuMemAlloc segments, which can run out of memory where the driver alone "
+                                  "would not)\n"});
+                }
+                return k_pool_declined;
+            }
             const uint64_t reserved_before = reserved_;
             if (!b) b = grow(p, asize, api, &err);
             if (reserved_ > reserved_before) after_growth(reserved_ - reserved_before);

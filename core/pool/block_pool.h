@@ -519,6 +519,7 @@ class block_pool {
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
     std::atomic<bool> exit_pending_{false};  // it was called while another holder had the lock
+    bool said_no_vmm_ = false;  // vmm_only on a device without virtual memory: said once
     bool capture_checked_ = false;  // this operation's may_synchronize() said true (can_sync)
     bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
 

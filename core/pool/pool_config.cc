@@ -14,11 +14,14 @@ namespace {
 
 bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
+constexpr uint64_t k_max_size = 1ull << 48;  // no GPU has more; keeps size arithmetic from overflow
+
 struct size_knob {
     const char* env;
     uint64_t pool_config::*field;
     uint64_t min;  // smallest accepted value
     bool pow2;     // must be a power of two (alignment-like knobs)
+    uint64_t max = k_max_size;  // largest accepted value (check() says the same of the sizes)
 };
 
 // The table is the single list of numeric knobs: parsing and the header description both use it,
@@ -38,7 +41,7 @@ constexpr size_knob k_size_knobs[] = {
     {"GPUMEM_ORDER_BATCH", &pool_config::order_batch, 0, false},
     {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false},
     {"GPUMEM_POOL_TRIM", &pool_config::trim, 0, false},
-    {"GPUMEM_POOL_CHUNK", &pool_config::chunk, 0, false},
+    {"GPUMEM_POOL_CHUNK", &pool_config::chunk, 0, false, 1ull << 30},
     {"GPUMEM_POOL_HEADROOM", &pool_config::headroom, 0, false},
 };
 
@@ -70,11 +73,10 @@ std::string pool_config::check() const {
     // largest request must fit one small segment, and a request below min_large_alloc must fit one
     // shared large segment.  Hard limit 2^48: no GPU has more, and it keeps size arithmetic far
     // from overflow.
-    constexpr uint64_t k_max = 1ull << 48;
     if (!is_pow2(round) || round < 256) return "round must be a power of two >= 256";
     for (uint64_t v : {small_size, small_segment, large_segment, min_large_alloc, large_round,
                        small_split, large_split, sync_budget, trim, chunk, headroom})
-        if (v > k_max) return "sizes must be <= 2^48";
+        if (v > k_max_size) return "sizes must be <= 2^48";
     if (small_segment % round || large_segment % round) return "segment sizes must be multiples of round";
     if (large_round % round) return "large_round must be a multiple of round";
     if (small_size > small_segment) return "small_size must be <= small_segment";
@@ -105,6 +107,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
         // Switches read as GPUMEM_POOL is (core/config.h parse_bool): on/off, 1/0, true/false, yes/no.
         if (const char* v = get(k_vmm_env); v && *v && !parse_bool(v, &c.vmm))
             c.warnings += std::string("GPUMEM_POOL_VMM=") + v + ": expected on or off; using on\n";
+        c.vmm_only = c.vmm;
         if (const char* v = get(k_stitch_env); v && *v && !parse_bool(v, &c.stitch))
             c.warnings += std::string("GPUMEM_POOL_STITCH=") + v + ": expected on or off; using off\n";
         if (const char* v = get(k_stitch_keep_env); v && *v) {
@@ -133,8 +136,12 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             const char* v = get(k.env);
             if (!v || !*v) continue;
             uint64_t x = 0;
-            if (!parse_size(v, &x) || x < k.min || (k.pow2 && !is_pow2(x))) {
-                c.warnings += std::string(k.env) + "=" + v + ": not a valid value; using " +
+            // Out of range is refused here, knob by knob: found by check() below, it reset every
+            // knob, GPUMEM_REUSE=safe included, and lost the warnings.
+            const bool parsed = parse_size(v, &x);
+            if (!parsed || x < k.min || x > k.max || (k.pow2 && !is_pow2(x))) {
+                c.warnings += std::string(k.env) + "=" + v + ": not a valid value" +
+                              (parsed && x > k.max ? " (at most " + std::to_string(k.max) + ")" : std::string()) + "; using " +
                               std::to_string(c.*k.field) + "\n";
                 continue;
             }
@@ -146,6 +153,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             pool_config d;
             d.reuse = c.reuse;
             d.vmm = c.vmm;
+            d.vmm_only = c.vmm_only;
             d.arenas = c.arenas;
             d.arena = c.arena;
             d.stitch = c.stitch;
@@ -160,11 +168,16 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.trim = c.trim;
             d.headroom = c.headroom;
             d.warnings = c.warnings + "pool sizes inconsistent (" + why + "); using the default sizes\n";
-            if (!d.check().empty()) d = pool_config{};  // budget out of range too: all defaults
+            if (!d.check().empty()) {  // cannot happen with every size in range: said, never silent
+                pool_config e;
+                e.warnings = d.warnings + "pool settings inconsistent; using the defaults\n";
+                return e;
+            }
             return d;
         }
     } catch (...) {
-        // Only std::bad_alloc can get here; the defaults are always usable.
+        // Only std::bad_alloc can get here (no memory for a warning either); the defaults are
+        // always usable.
         return pool_config{};
     }
     return c;

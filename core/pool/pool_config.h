@@ -93,8 +93,15 @@ struct pool_config {
     // GPUMEM_POOL_VMM = on | off: segments on virtual memory (cuMemCreate chunks) where the device
     // supports it, so that the pool can give back every whole free chunk and never fails a request
     // the driver alone would serve (docs/pool.md).  On by default since legacy IPC of pooled blocks
-    // has a fallback (preload/ipc_share.cc); off: cuMemAlloc segments, as on devices without VMM.
+    // has a fallback (preload/ipc_share.cc); off: cuMemAlloc segments, the only way to pool a
+    // device without VMM.
     bool vmm = true;
+    // Set by from_env to `vmm`: with virtual memory asked for (the default), a device without it
+    // gets no pool at all (every allocation declined, so the driver serves it): cuMemAlloc
+    // segments could fail a program the driver alone serves, which only GPUMEM_POOL_VMM=off may
+    // choose.  Not an env knob; false in a default-constructed config (the core's tests pool
+    // cuMemAlloc segments of the fake device).
+    bool vmm_only = false;
     // GPUMEM_POOL_ARENA = auto | off | SIZE (virtual memory only): each of the two pools grows in
     // one reserved address range, an arena, mapping 2 MiB chunks at its end as it needs them, as
     // PyTorch's expandable_segments does, instead of taking a segment per growth.  Freed blocks then

@@ -1213,6 +1213,29 @@ TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 M
     CHECK(num(values(off.out), "big_served") < num(va, "big_served"));
 }
 
+TEST_CASE("a device without virtual memory management gets no pool, so fill/fragment runs as without gpumem") {
+    // cuMemAlloc segments keep freed thirds behind live blocks (the case above with VMM off): on a
+    // device that cannot do virtual memory the pool served nothing but still failed requests the
+    // driver alone serves.  Now it passes every allocation through, and says so once.
+    auto r = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_EMU_VMM", "0"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}, {"GPUMEM_EMU_VMM", "0"}});
+    CHECK(num(values(r.out), "big_served") == num(values(alone.out), "big_served"));
+    CHECK(num(values(r.out), "small_served") == num(values(alone.out), "small_served"));
+    CHECK(count_ev(ls, "segment_alloc") == 0);
+    INFO(r.err);
+    const std::string said = "has no virtual memory management: the pool serves nothing there";
+    CHECK(r.err.find(said) != std::string::npos);
+    CHECK(r.err.find(said) == r.err.rfind(said));  // once
+    check_rebuild(ls);
+    // Asked for by name, cuMemAlloc segments still pool it (with their documented limit).
+    auto off = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_EMU_VMM", "0"}, {"GPUMEM_POOL_VMM", "off"}});
+    std::vector<json> ol;
+    check_complete(off, &ol);
+    CHECK(count_ev(ol, "segment_alloc") > 0);
+}
+
 TEST_CASE("pool with stitching: the training loop and the fill/fragment program run as without gpumem") {
     // GPUMEM_POOL_STITCH=on through the real driver seam (the emulated cuMemMap maps a handle a
     // second time, as the driver does): a stitch is logged as a move of chunks, which the analyzer

@@ -116,8 +116,25 @@ TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     // A chunk larger than any device would turn caching off: refused, and the default kept.
     const pool_config huge = with({{"GPUMEM_POOL_CHUNK", "2GiB"}});
     CHECK(huge.chunk == 0);
-    CHECK(huge.warnings.find("pool_chunk must be <= 1 GiB") != std::string::npos);
+    CHECK(huge.warnings.find("GPUMEM_POOL_CHUNK=2GiB: not a valid value (at most 1073741824); using 0") != std::string::npos);
     CHECK(with({{"GPUMEM_POOL_CHUNK", "20MiB"}}).chunk == 20u << 20);
+}
+
+TEST_CASE("config: a size out of range is refused alone, and every other choice and the warnings stay", "[pool][config]") {
+    // One budget above 2^48 reset the whole configuration, GPUMEM_REUSE=safe included, and
+    // dropped every warning: the program ran with reuse auto and nothing said so.
+    for (const char* knob : {"GPUMEM_SYNC_BUDGET", "GPUMEM_POOL_TRIM", "GPUMEM_POOL_HEADROOM"}) {
+        INFO(knob);
+        const pool_config c = with({{"GPUMEM_REUSE", "safe"}, {"GPUMEM_POOL_VMM", "off"}, {"GPUMEM_FENCE_WAIT", "old"},
+                                    {"GPUMEM_STATS_MS", "250"}, {knob, "1125899906842624"}});
+        CHECK(c.reuse == reuse_mode::safe);
+        CHECK(!c.vmm);
+        CHECK(!c.order);
+        CHECK(c.stats_ms == 250);
+        CHECK(c.warnings.find(std::string(knob) + "=1125899906842624: not a valid value (at most 281474976710656)") !=
+              std::string::npos);
+        CHECK(c.check().empty());
+    }
 }
 
 TEST_CASE("config describes itself for the log header", "[pool][config]") {
