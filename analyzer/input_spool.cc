@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "log_reader.h"
@@ -26,6 +28,21 @@ bool write_all(int fd, const char* p, size_t n) {
         n -= size_t(w);
     }
     return true;
+}
+
+// Whether a stream whose first line is `first` may be a gpumem input at all: a log (its header has
+// an "ev" member), a report JSON (a lone brace, or "schema" first), or a compressed file (the
+// reader gives advice).  Anything else fails at line 1 whatever follows, so the copy stops there:
+// `yes | gpumem report -` copied gigabytes to $TMPDIR and never ended.
+bool may_be_input(std::string_view first) {
+    if (compression_of(first)) return true;
+    if (first.substr(0, 3) == "\xEF\xBB\xBF") first.remove_prefix(3);
+    while (!first.empty() && (first.front() == ' ' || first.front() == '\t')) first.remove_prefix(1);
+    while (!first.empty() && (first.back() == ' ' || first.back() == '\t' || first.back() == '\r')) first.remove_suffix(1);
+    if (first.empty()) return true;  // blank lines first: the reader says what follows
+    if (first.front() != '{') return false;
+    return first == "{" || first.find("\"schema\"") != std::string_view::npos ||
+           first.find("\"ev\"") != std::string_view::npos;
 }
 
 }  // namespace
@@ -52,6 +69,8 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
     // the reader then stops at that line with its usual message.
     std::vector<char> buf(size_t{1} << 20);
     uint64_t since_newline = 0;
+    std::string first;  // the first line, until it is judged (may_be_input)
+    bool judged = false;
     for (;;) {
         ssize_t n = ::read(in, buf.data(), buf.size());
         if (n < 0 && errno == EINTR) continue;
@@ -72,6 +91,15 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
         const char* nl = static_cast<const char*>(::memrchr(buf.data(), '\n', size_t(n)));
         since_newline = nl ? uint64_t(buf.data() + n - nl - 1) : since_newline + uint64_t(n);
         if (since_newline > k_max_line) break;
+        if (!judged) {
+            const char* end = static_cast<const char*>(std::memchr(buf.data(), '\n', size_t(n)));
+            first.append(buf.data(), end ? size_t(end - buf.data()) : size_t(n));
+            // A blank first line leaves the judgement to the reader; a long one is judged by its start.
+            if (end || first.size() >= (size_t{64} << 10)) {
+                judged = true;
+                if (!may_be_input(first)) break;
+            }
+        }
     }
     ::close(in);
     open_path_ = "/proc/self/fd/" + std::to_string(fd_);

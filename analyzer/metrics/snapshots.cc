@@ -1,6 +1,8 @@
 // Snapshot scheduling; see snapshots.h.
 #include "metrics/snapshots.h"
 
+#include <algorithm>
+
 namespace gpumem::analysis {
 
 state_snapshot snapshots::take(device_state& d, const std::string& label, uint64_t seq, uint64_t t, uint64_t line) {
@@ -45,16 +47,20 @@ void snapshots::take_due(const log_event& e, bool at_end) {
             }
         }
     }
-    for (auto& [k, d] : ctx.model.devices()) {
+    if (!due_built_) {
+        due_built_ = true;
+        for (const auto& [k, seq] : opt_.peak_snapshot_seq) due_.emplace_back(seq, k);
+        std::sort(due_.begin(), due_.end());
+    }
+    for (; due_next_ < due_.size() && (at_end || e.seq > due_[due_next_].first); ++due_next_) {
+        auto dit = ctx.model.devices().find(due_[due_next_].second);
+        if (dit == ctx.model.devices().end()) continue;
+        device_state& d = dit->second;
         per_dev& p = dev_[d.slot];
         if (p.second_pass_taken) continue;
-        auto it = opt_.peak_snapshot_seq.find(k);
-        if (it == opt_.peak_snapshot_seq.end()) continue;
-        if (at_end || e.seq > it->second) {
-            p.second_pass_taken = true;
-            const tracked_bytes& a = d.rep.allocated;
-            d.rep.at_peak = take(d, "peak", a.peak_seq, a.peak_t, a.peak_line);
-        }
+        p.second_pass_taken = true;
+        const tracked_bytes& a = d.rep.allocated;
+        d.rep.at_peak = take(d, "peak", a.peak_seq, a.peak_t, a.peak_line);
     }
 }
 

@@ -62,6 +62,11 @@ private:
     uint64_t events_seen_ = 0;
     uint64_t work_ = 0;  // items copied into snapshots so far
     bool at_taken_ = false;
+    // The second pass's peaks, (seq, device) by seq, and the first not yet taken: each event looks
+    // at one entry, not at every device (a log of 16,384 device ordinals took minutes).
+    std::vector<std::pair<uint64_t, int>> due_;
+    size_t due_next_ = 0;
+    bool due_built_ = false;
     uint64_t applied_seq_ = 0, applied_t_ = 0, applied_line_ = 0;  // the last event applied
 };
 

@@ -752,6 +752,21 @@ hostile_values)
   expect_in "$W/out" "| Requested memory                 16.00 EiB"
   expect_rc 0 "$GPUMEM" report --no-progress --json "$B/sum_overflow.jsonl"
   [ "$(json "$W/out" 'd["processes"][0]["devices"][0]["end_requested_bytes"]')" = 18446744073709551615 ] || fail "#12: JSON end_requested_bytes is not 2^64 - 1"
+  # 16,384 device ordinals, then 200,000 events on one: each event walked every device (over two
+  # minutes); now seconds.  The timeout only ends a regression instead of hanging the suite.
+  python3 - > "$W/many_devices.jsonl" <<'PY'
+print('{"ev":"header","format":"gpumem-events","version":4,"pid":1,"ppid":0,"host":"h","rank":"0","cmdline":["x"],'
+      '"start_unix_ns":0,"start_time":"x","devices":[],"config":{"pool":"off"},"gpumem_version":"0.1.0"}')
+L = '{"ev":"%s","seq":%d,"t":%d,"tid":1,"dev":%d,"api":"cudaMalloc","kind":"device","ptr":"0x%x","size":100}'
+s = 0
+for i in range(16384):
+    print(L % ("alloc", s, s, i, 0x1000 + i * 4096)); s += 1
+for i in range(100000):
+    print(L % ("alloc", s, s, 0, 0x20000000)); s += 1
+    print(L % ("free", s, s, 0, 0x20000000)); s += 1
+PY
+  expect_rc 0 timeout 120 "$GPUMEM" report --no-progress --json "$W/many_devices.jsonl"
+  [ "$(json "$W/out" 'len(d["processes"][0]["devices"])')" = 16384 ] || fail "many devices: not 16384 devices"
   # #13: two live allocations whose ranges overlap (not the same pointer) are named.
   expect_rc 0 "$GPUMEM" report --no-progress "$B/overlapping_ranges.jsonl"
   expect_in "$W/err" "overlapping_ranges.jsonl:3: allocation [0x1080, +256) overlaps the live allocation [0x1000, +256) from line 2"
@@ -820,6 +835,15 @@ for k in range(2000):
     ev("free", 0x900000000, 4096 + k)
 print('{"ev":"end","seq":%d,"t":%d,"tid":7,"reason":"exit","events":%d}' % (seq, seq * 10, seq))
 PY
+  # An endless stream that is no gpumem input fails at line 1 at once; it was copied to $TMPDIR to
+  # its end, which never came (4 GB in 15 s).
+  for cmd in "report -" "check - --max-peak 1GiB" "diff $g/pool_off_basic.jsonl -"; do
+    # shellcheck disable=SC2086
+    yes garbage | timeout 60 "$GPUMEM" $cmd > "$W/out" 2> "$W/err"
+    rc=${PIPESTATUS[1]}
+    [ "$rc" = 2 ] || fail "yes garbage | gpumem $cmd: exit $rc, expected 2"
+    expect_in "$W/err" "/dev/stdin:1: line 1 is not JSON"
+  done
   for log in "$W/peaks.jsonl" "$g/pool_fragmentation.jsonl"; do
     name=$(basename "$log" .jsonl)
     expect_rc 0 "$GPUMEM" report --no-progress "$log"
