@@ -78,9 +78,21 @@ private:
     };
     struct block_pool {
         bool small = false;
-        std::set<block*, by_stream_size_addr> blocks;  // free, mapped
+        std::set<block*, by_stream_size_addr> blocks;  // free, mapped: change through add/remove
+        std::multiset<uint64_t> sizes;                 // of `blocks`: the largest at once, whatever the streams
         std::set<block*, by_stream_addr> unmapped;     // expandable address space without pages
         int64_t gc_calls = 0;                          // get_free_blocks_call_count
+        void add(block* b) {
+            blocks.insert(b);
+            sizes.insert(b->size);
+        }
+        void remove(std::set<block*, by_stream_size_addr>::iterator it) {
+            sizes.erase(sizes.find((*it)->size));
+            blocks.erase(it);
+        }
+        void remove(block* b) {
+            if (auto it = blocks.find(b); it != blocks.end()) remove(it);
+        }
     };
 
     block_pool& pool_for(uint64_t size) { return size <= k_pt_small_size ? small_ : large_; }
@@ -117,7 +129,6 @@ private:
     uint64_t limit_ = 0;      // ... of this many bytes
     block_pool small_, large_;
     std::vector<block*> by_id_;
-    std::vector<uint16_t> streams_;  // streams seen, for largest_free
     std::vector<exp_segment*> segments_es_;
     uint64_t reserved_ = 0, allocated_ = 0, segments_ = 0;
     uint64_t driver_allocs_ = 0, driver_frees_ = 0;

@@ -96,7 +96,7 @@ pytorch_policy::block* pytorch_policy::try_allocate_expandable(block_pool& p, ui
         if (!map_block(next, std::min(size - c->size, next->size))) return nullptr;
         c = next;  // map_block merged c into next
     }
-    p.blocks.erase(c);
+    p.remove(c);
     return c;
 }
 
@@ -107,7 +107,7 @@ void pytorch_policy::unmap_block(block* b) {
     uint64_t end = (b->addr + b->size - es->base) / es->granule;
     if (begin >= end) return;
     block_pool& p = b->small ? small_ : large_;
-    p.blocks.erase(b);
+    p.remove(b);
     uint64_t start = es->base + begin * es->granule, bytes = (end - begin) * es->granule;
     uint64_t before = start - b->addr, after = b->size - before - bytes;
     if (before > 0) {
