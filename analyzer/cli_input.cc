@@ -159,11 +159,20 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             if (pa.rank != pb.rank) return pa.rank < pb.rank;
             return pa.start_unix_ns < pb.start_unix_ns;
         });
+        // A rank is named bare when it is plain ([A-Za-z0-9_.-], as RANK always is), else in quotes:
+        // an empty rank is "?", so a rank of "?" or "0#2" (a tool's, or an edit) cannot take
+        // another process's key, whose GPU diff and check would then silently overwrite.
+        auto rank_name = [](const std::string& rank) -> std::string {
+            if (rank.empty()) return "?";
+            bool plain = true;
+            for (unsigned char c : rank) plain &= std::isalnum(c) || c == '_' || c == '.' || c == '-';
+            return plain ? rank : "\"" + rank + "\"";  // control characters: shown by visible() as ^X
+        };
         std::map<std::string, int> seen;
         for (size_t i : order) {
             const process_report& p = out.processes[i];
             int occ = seen[p.rank]++;
-            std::string proc_key = "rank " + (p.rank.empty() ? std::string("?") : p.rank) + (occ ? "#" + std::to_string(occ + 1) : "");
+            std::string proc_key = "rank " + rank_name(p.rank) + (occ ? "#" + std::to_string(occ + 1) : "");
             for (size_t d = 0; d < p.devices.size(); ++d) {
                 if (p.devices[d].dev < 0) continue;  // host memory: not what the GPU gates are about
                 device_ref r;
@@ -176,6 +185,12 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
         }
         std::sort(out.devices.begin(), out.devices.end(),
                   [](const device_ref& a, const device_ref& b) { return a.key < b.key; });
+        // Still two of one key: one process listing a GPU twice (a report JSON edited by hand).
+        for (size_t k = 1; k < out.devices.size(); ++k)
+            if (out.devices[k].key == out.devices[k - 1].key) {
+                error = out.devices[k].where + ": " + out.devices[k].key + " appears twice (one process lists this GPU twice?)";
+                return false;
+            }
         return true;
     } catch (const input_error& e) {
         error = e.what();

@@ -59,7 +59,8 @@ std::string junit_class(const std::string& key) {
     size_t d = k.rfind(" dev ");
     if (d != std::string::npos) k.replace(d, 1, ".");
     std::string c = "gpumem.";
-    for (char ch : visible(k)) c += (ch == ' ' || ch == '#') ? '_' : ch;
+    for (char ch : visible(k))
+        if (ch != '"') c += (ch == ' ' || ch == '#') ? '_' : ch;  // a quoted rank's quotes: not in a class name
     return c;
 }
 

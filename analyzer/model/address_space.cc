@@ -154,6 +154,13 @@ void address_space::on_alloc(const log_event& e, uint64_t line) {
                                                ", which no segment_alloc created");
                 a.pooled = false;  // account it like a plain allocation so totals stay right
                 a.seg = 0;
+            } else if (sit->second.dev != e.dev) {
+                // Its bytes would count on one device and its block on the other's map.
+                checks_.inconsistent(line, "pooled block " + hex(e.ptr) + " on dev " + std::to_string(e.dev) +
+                                               " is in segment " + hex(e.seg) + " of dev " +
+                                               std::to_string(sit->second.dev));
+                a.pooled = false;
+                a.seg = 0;
             } else if (!place_block(sit->second, sit->first, e.ptr, a.asize, line)) {
                 a.pooled = false;
                 a.seg = 0;
@@ -279,14 +286,23 @@ void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
                                        std::to_string(mapped) + " bytes (asize), more than the segment");
         mapped = e.size;  // lenient (a log missing events): taken as wholly mapped
     }
-    if (e.size == 0) return;
+    if (e.size == 0) {
+        // Said here: ignored, the blocks placed in it failed later lines with a misleading message.
+        checks_.inconsistent(line, "segment_alloc of [" + hex(e.ptr) + ", +0): a segment of 0 bytes");
+        return;
+    }
+    if (e.ptr + e.size <= e.ptr) {  // wraps, or ends exactly at 2^64: no device address does
+        checks_.inconsistent(line, "segment [" + hex(e.ptr) + ", +" + std::to_string(e.size) +
+                                       ") passes the end of the 64-bit address space");
+        return;
+    }
     auto next = segments_.lower_bound(e.ptr);
     bool overlap = (next != segments_.end() && next->first < e.ptr + e.size);
     if (next != segments_.begin()) {
         auto prev = std::prev(next);
         if (prev->first + prev->second.size > e.ptr) overlap = true;
     }
-    if (overlap || e.ptr + e.size < e.ptr) {
+    if (overlap) {
         checks_.inconsistent(line, "segment [" + hex(e.ptr) + ", +" + std::to_string(e.size) +
                                        ") overlaps a segment that is still held");
         return;

@@ -43,6 +43,13 @@ const bad_case k_cases[] = {
     // 1, not as the block "already allocated" that rebuilding by the wrong rule meets at line 9.
     {"header_reuse_not_a_mode.jsonl", 1, "the header's config.reuse is 5, expected \"auto\", \"safe\" or \"immediate\""},
     {"header_pool_not_a_mode.jsonl", 1, "the header's config.pool is \"yes\", expected \"on\" or \"off\""},
+    // A pooled block in a segment of another device: its bytes counted on one device, its block
+    // drawn on the other's map, exit 0 before.
+    {"pooled_block_other_device.jsonl", 3, "pooled block 0x100000 on dev 1 is in segment 0x100000 of dev 0"},
+    // Said as what it is, not as an overlap with a segment that does not exist.
+    {"segment_past_2_64.jsonl", 2, "segment [0xfffffffffff00000, +1048576) passes the end of the 64-bit address space"},
+    // Named at its own line, not at the next block's "which no segment_alloc created".
+    {"segment_size_zero.jsonl", 2, "segment_alloc of [0x100000, +0): a segment of 0 bytes"},
 };
 }  // namespace
 

@@ -296,12 +296,19 @@ PY
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/bad/report_control_chars.json" --max-peak 1KiB --junit "$W/ctl.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; ET.parse(sys.argv[1])" "$W/ctl.xml" || fail "JUnit XML with control characters is not well-formed"
   expect_in "$W/ctl.xml" 'classname="gpumem.rank_0^B^@.dev_0"'
-  expect_in "$W/out" 'FAIL rank 0^B^@ dev 0 (pid 2002, after^A^[[31m.jsonl)'
+  expect_in "$W/out" 'FAIL rank "0^B^@" dev 0 (pid 2002, after^A^[[31m.jsonl)'
   ! grep -q $'\x1b' "$W/out" || fail "an escape character reached the terminal"
   # diff names the GPU by the same key.
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/bad/report_control_chars.json" "$SRC/tests/data/bad/report_control_chars.json"
-  grep -Fxq 'rank 0^B^@ dev 0' "$W/out" || fail "diff: the GPU's heading does not show the rank's control characters as ^B^@"
+  grep -Fxq 'rank "0^B^@" dev 0' "$W/out" || fail "diff: the GPU's heading does not show the rank's control characters as ^B^@"
   ! grep -q $'\x1b' "$W/out" || fail "diff: an escape character reached the terminal"
+  # An empty rank (shown ?) and a rank of "?" are two GPUs, not one key the second overwrote.
+  for r in "" "?"; do
+    sed "s/\"rank\":\"0\"/\"rank\":\"$r\"/" "$DATA/before.jsonl" > "$W/rank_${#r}.jsonl"
+  done
+  expect_rc 0 "$GPUMEM" diff "$W/rank_0.jsonl" "$W/rank_1.jsonl" -- "$W/rank_0.jsonl" "$W/rank_1.jsonl"
+  grep -Fxq 'rank ? dev 0' "$W/out" || fail "diff: no block for the empty rank"
+  grep -Fxq 'rank "?" dev 0' "$W/out" || fail "diff: no block for the rank \"?\""
   # A file name that is not UTF-8 (byte 0xff): the XML stays well-formed, the byte shows as \xFF.
   badname=$W/$(printf 'after\xff.jsonl')
   cp "$DATA/after.jsonl" "$badname"
@@ -341,12 +348,15 @@ check_bad_input)
   python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$W/out" || fail "report --json on a non-UTF-8 file name: invalid JSON"
   expect_rc 0 "$GPUMEM" report --no-progress "$badname" --perfetto "$W/badname.trace"
   python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$W/badname.trace" || fail "--perfetto on a non-UTF-8 file name: invalid JSON"
-  # An endless first line: refused at the log reader's line limit, in bounded memory and time (it
-  # was read whole to see whether the file is a log).
+  # An endless first line: refused in bounded memory and time (it was read whole to see whether
+  # the file is a log).  Its start is no log's: refused at line 1 after 64 KiB of it.
   expect_rc 2 bash -c "ulimit -v 1000000; exec timeout 20 \"\$0\" check /dev/zero --max-peak 1GiB" "$GPUMEM"
-  expect_in "$W/err" "gpumem: error: /dev/zero:1: line longer than"
+  expect_in "$W/err" "gpumem: error: /dev/zero:1: line 1 is not JSON"
   expect_rc 2 bash -c "ulimit -v 1000000; exec timeout 20 \"\$0\" diff /dev/zero /dev/zero" "$GPUMEM"
-  expect_in "$W/err" "gpumem: error: /dev/zero:1: line longer than"
+  expect_in "$W/err" "gpumem: error: /dev/zero:1: line 1 is not JSON"
+  # One that starts as a header does: at the log reader's line limit.
+  expect_rc 2 bash -c "ulimit -v 1000000; (printf '{\"ev\":\"header\",\"x\":\"'; cat /dev/zero) | timeout 60 \"\$0\" check - --max-peak 1GiB" "$GPUMEM"
+  expect_in "$W/err" "gpumem: error: /dev/stdin:1: line longer than"
   echo '{"schema": "something-else"}' > "$W/other.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/other.json"
   expect_in "$W/err" "not a \`gpumem report --json\` file"
