@@ -349,7 +349,10 @@ int run_replay(replay_args& a) {
         for (const std::string& api : apis) {
             if (std::find(tr.apis.begin(), tr.apis.end(), api) != tr.apis.end()) continue;
             std::string used;
-            for (const std::string& u : tr.log_apis) used += (used.empty() ? "" : ", ") + u;
+            size_t listed = 0;
+            for (const std::string& u : tr.log_apis)
+                if (++listed <= 20) used += (used.empty() ? "" : ", ") + u;
+            if (listed > 20) used += " and " + std::to_string(listed - 20) + " more";  // one readable line
             std::fprintf(stderr, "gpumem: error: %s: --api %s: no device allocation in the log was made through %s; %s\n",
                          tr.file.c_str(), api.c_str(), api.c_str(),
                          used.empty() ? "the log has no device allocations" : ("the log's APIs are " + used).c_str());

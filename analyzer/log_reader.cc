@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cctype>
 #include <cstring>
 #include <utility>
 
@@ -254,9 +255,27 @@ simdjson::error_code raw_string(Value&& v, const char* limit, std::string_view& 
     if (auto c = v.get_raw_json_string().get(r)) return c;
     const char* a = r.raw();
     if (a >= limit) return simdjson::UNCLOSED_STRING;
-    // Our strings are short: scan inline, stepping over escapes to the real closing quote.
+    // Our strings are short: scan inline, stepping over escapes to the real closing quote.  The
+    // on-demand parser checks no escape it does not unescape, so each is checked here: "\q" is no
+    // JSON, and a line holding one is refused as the fast path's caller promises.
     const char* q = a;
-    while (q < limit && *q != '"') q += (*q == '\\') ? 2 : 1;
+    while (q < limit && *q != '"') {
+        if (*q != '\\') {
+            ++q;
+            continue;
+        }
+        if (q + 1 >= limit) return simdjson::UNCLOSED_STRING;
+        const char c = q[1];
+        if (c == 'u') {
+            for (int k = 2; k < 6; ++k)
+                if (q + k >= limit || !std::isxdigit(static_cast<unsigned char>(q[k]))) return simdjson::STRING_ERROR;
+            q += 6;
+        } else if (std::strchr("\"\\/bfnrt", c) && c) {
+            q += 2;
+        } else {
+            return simdjson::STRING_ERROR;
+        }
+    }
     if (q >= limit) return simdjson::UNCLOSED_STRING;
     out = std::string_view(a, size_t(q - a));
     return simdjson::SUCCESS;
@@ -308,8 +327,13 @@ uint16_t line_parser::intern_api(std::string_view name) {
 uint16_t line_parser::intern_api_slow(std::string_view name) {
     for (size_t i = 0; i < api_names_.size(); ++i)
         if (api_names_[i] == name) return uint16_t(i);
-    // A bounded table: a log with thousands of distinct API names is garbage, fold them together.
-    if (api_names_.size() >= 1024) return 0;
+    // A bounded table: a log with thousands of distinct API names is garbage; the rest fold into
+    // one entry whose name says so in every report (before, into "none", unsaid).
+    constexpr size_t k_max_apis = 1024;
+    if (api_names_.size() >= k_max_apis) {
+        if (api_names_.size() == k_max_apis) api_names_.emplace_back(k_folded_api_name);
+        return uint16_t(k_max_apis);
+    }
     api_names_.emplace_back(name);
     return uint16_t(api_names_.size() - 1);
 }

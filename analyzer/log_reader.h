@@ -121,6 +121,8 @@ public:
     // The members an event of this kind must have, as a mask of field bits.
     static uint64_t required_members(const log_event& e);
 
+    // The API that names every one past the 1,024th distinct name of a log.
+    static constexpr const char* k_folded_api_name = "(other APIs: more than 1024 names)";
     const std::string& api_name(uint16_t index) const { return api_names_[index]; }
     size_t api_count() const { return api_names_.size(); }
     uint16_t intern_api(std::string_view name);

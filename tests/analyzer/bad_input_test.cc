@@ -50,6 +50,8 @@ const bad_case k_cases[] = {
     {"segment_past_2_64.jsonl", 2, "segment [0xfffffffffff00000, +1048576) passes the end of the 64-bit address space"},
     // Named at its own line, not at the next block's "which no segment_alloc created".
     {"segment_size_zero.jsonl", 2, "segment_alloc of [0x100000, +0): a segment of 0 bytes"},
+    // "\q" is no JSON escape: the on-demand parser never unescaped it, and it was read as written.
+    {"bad_escape.jsonl", 2, "member \"api\" is not valid JSON"},
 };
 }  // namespace
 

@@ -777,6 +777,16 @@ for i in range(100000):
 PY
   expect_rc 0 timeout 120 "$GPUMEM" report --no-progress --json "$W/many_devices.jsonl"
   [ "$(json "$W/out" 'len(d["processes"][0]["devices"])')" = 16384 ] || fail "many devices: not 16384 devices"
+  # Past 1,024 distinct API names the rest fold into one named entry (they were counted as "none").
+  python3 - > "$W/many_apis.jsonl" <<'PY'
+print('{"ev":"header","format":"gpumem-events","version":4,"pid":1,"ppid":0,"host":"h","rank":"0","cmdline":["x"],'
+      '"start_unix_ns":0,"start_time":"x","devices":[],"config":{"pool":"off"},"gpumem_version":"0.1.0"}')
+for i in range(1100):
+    print('{"ev":"alloc","seq":%d,"t":%d,"tid":1,"dev":0,"api":"myAlloc%d","kind":"device","ptr":"0x%x","size":100}'
+          % (i, i, i, 0x1000 + i * 4096))
+PY
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/many_apis.jsonl"
+  expect_in "$W/out" "(other APIs: more than 1024 names)"
   # #13: two live allocations whose ranges overlap (not the same pointer) are named.
   expect_rc 0 "$GPUMEM" report --no-progress "$B/overlapping_ranges.jsonl"
   expect_in "$W/err" "overlapping_ranges.jsonl:3: allocation [0x1080, +256) overlaps the live allocation [0x1000, +256) from line 2"
