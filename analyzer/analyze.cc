@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -273,10 +274,16 @@ combined_report combine(const std::vector<process_report>& procs) {
     combined_report c;
     // An image that ended in exec, whose pid records again in another log: the same process
     // before its exec (docs/log-format.md), not a rank of its own to compare with the others.
-    std::map<std::pair<std::string, int64_t>, size_t> logs_of;  // (host, pid): how many logs
-    for (const process_report& p : procs) ++logs_of[{p.host, p.pid}];
+    // Its later image has the same host, pid and parent and starts after it; a reused pid of an
+    // unrelated process, which also ends the search, most often has another parent.
+    std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<uint64_t>> starts;  // (host, pid, ppid)
+    for (const process_report& p : procs) starts[{p.host, p.pid, p.ppid}].push_back(p.start_unix_ns);
     auto before_exec = [&](size_t i) {
-        return procs[i].has_end && procs[i].end_reason == "exec" && logs_of[{procs[i].host, procs[i].pid}] > 1;
+        const process_report& p = procs[i];
+        if (!p.has_end || p.end_reason != "exec") return false;
+        for (uint64_t s : starts[{p.host, p.pid, p.ppid}])
+            if (s > p.start_unix_ns) return true;
+        return false;
     };
     for (size_t i = 0; i < procs.size(); ++i) {
         if (before_exec(i)) continue;

@@ -232,10 +232,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             double measured = measure_value(dev, *l.m);
             o.passed = measured <= l.value;
             // Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): a device
-            // that never had one (recorded with --pool off) reads 0 and passes any limit.
+            // that never had one (recorded with --pool off, or a device without virtual memory,
+            // which gets no pool) reads 0 and passes any limit.
             if (l.m == &k_max_fragmentation && run.has(r, device_field::peak_segments) && dev.segment_count.peak == 0)
                 spdlog::warn("{}: --max-fragmentation: no gpumem pool segments on this device (recorded with the pool "
-                             "off?): its fragmentation is not measured, so the limit cannot fail",
+                             "off, or a device without virtual memory?): its fragmentation is not measured, so the "
+                             "limit cannot fail",
                              r.where);
             o.message = measure_title(*l.m, run.proc(r).has_end) + " " + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
                         "limit " + fmt_value(*l.m, l.value) + " (" + l.flag + " " + l.text + ")";

@@ -217,9 +217,9 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             // A free block that would hold the request in bytes, yet did not: it lies where the
             // allocator keeps other sizes, which "largest free" alone would contradict.
             if (r.failure == sim::failure_reason::fragmentation && r.fail_largest_free >= r.fail_size)
-                std::printf("   %-*s ^ the free blocks that large are of a kind this request may not take: requests up to "
-                            "1 MiB and larger ones never share a segment (PyTorch and gpumem), and PyTorch splits no "
-                            "block above max_split_size_mb for a smaller request\n",
+                std::printf("   %-*s ^ the free blocks that large are of a kind this request may not take: they belong to "
+                            "another stream, or requests up to 1 MiB and larger ones never share a segment (PyTorch "
+                            "and gpumem), or PyTorch splits no block above max_split_size_mb for a smaller request\n",
                             pw, "");
         }
         if (capacity) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -30,19 +31,26 @@ bool write_all(int fd, const char* p, size_t n) {
     return true;
 }
 
-// Whether a stream whose first line is `first` may be a gpumem input at all: a log (its header has
-// an "ev" member), a report JSON (a lone brace, or "schema" first), or a compressed file (the
-// reader gives advice).  Anything else fails at line 1 whatever follows, so the copy stops there:
-// `yes | gpumem report -` copied gigabytes to $TMPDIR and never ended.
+// Whether a stream whose first line is `first` may be a gpumem input at all: a JSON object (a log's
+// header, a report JSON, pretty or on one line with its keys in any order) or a compressed file
+// (the reader gives advice).  Anything else fails at line 1 whatever follows, so the copy stops
+// there: `yes | gpumem report -` copied gigabytes to $TMPDIR and never ended.
 bool may_be_input(std::string_view first) {
     if (compression_of(first)) return true;
     if (first.substr(0, 3) == "\xEF\xBB\xBF") first.remove_prefix(3);
     while (!first.empty() && (first.front() == ' ' || first.front() == '\t')) first.remove_prefix(1);
     while (!first.empty() && (first.back() == ' ' || first.back() == '\t' || first.back() == '\r')) first.remove_suffix(1);
-    if (first.empty()) return true;  // blank lines first: the reader says what follows
-    if (first.front() != '{') return false;
-    return first == "{" || first.find("\"schema\"") != std::string_view::npos ||
-           first.find("\"ev\"") != std::string_view::npos;
+    return first.empty() || first.front() == '{';  // blank lines first: the reader says what follows
+}
+
+// After a whole first line: whether more lines may follow.  A log's header (it has "ev") and a
+// pretty report's lone brace do; any other object can only be a report on one line, after which
+// a second line is an error anyway (and `yes '{}'` has no end).
+bool lines_may_follow(std::string_view first) {
+    while (!first.empty() && (first.back() == ' ' || first.back() == '\t' || first.back() == '\r')) first.remove_suffix(1);
+    while (!first.empty() && (first.front() == ' ' || first.front() == '\t')) first.remove_prefix(1);
+    return first.empty() || first == "{" || first.find("\"ev\"") != std::string_view::npos ||
+           compression_of(first) != nullptr;
 }
 
 }  // namespace
@@ -69,8 +77,10 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
     // the reader then stops at that line with its usual message.
     std::vector<char> buf(size_t{1} << 20);
     uint64_t since_newline = 0;
-    std::string first;  // the first line, until it is judged (may_be_input)
-    bool judged = false;
+    std::string first;  // the first line's first 64 KiB, to judge (may_be_input, lines_may_follow)
+    bool judged = false;     // its start
+    bool first_done = false;  // all of it: then one_object says whether only blank lines may follow
+    bool one_object = false;
     for (;;) {
         ssize_t n = ::read(in, buf.data(), buf.size());
         if (n < 0 && errno == EINTR) continue;
@@ -91,15 +101,23 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
         const char* nl = static_cast<const char*>(::memrchr(buf.data(), '\n', size_t(n)));
         since_newline = nl ? uint64_t(buf.data() + n - nl - 1) : since_newline + uint64_t(n);
         if (since_newline > k_max_line) break;
-        if (!judged) {
+        const char* rest = buf.data();  // where this chunk's bytes after the first line begin
+        if (!first_done) {
             const char* end = static_cast<const char*>(std::memchr(buf.data(), '\n', size_t(n)));
-            first.append(buf.data(), end ? size_t(end - buf.data()) : size_t(n));
-            // A blank first line leaves the judgement to the reader; a long one is judged by its start.
-            if (end || first.size() >= (size_t{64} << 10)) {
+            const size_t room = (size_t{64} << 10) - std::min(first.size(), size_t{64} << 10);
+            first.append(buf.data(), std::min(room, end ? size_t(end - buf.data()) : size_t(n)));
+            // A long first line is judged by its start.
+            if (!judged && (end || first.size() >= (size_t{64} << 10))) {
                 judged = true;
                 if (!may_be_input(first)) break;
             }
+            if (!end) continue;
+            first_done = true;
+            one_object = !lines_may_follow(first);
+            rest = end + 1;
         }
+        if (one_object && std::any_of(rest, static_cast<const char*>(buf.data()) + n, [](char c) { return c != ' ' && c != '\t' && c != '\r' && c != '\n'; }))
+            break;  // a second line after a one-line object: the reader says so at line 2
     }
     ::close(in);
     open_path_ = "/proc/self/fd/" + std::to_string(fd_);

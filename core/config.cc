@@ -79,6 +79,7 @@ config config::from_env(std::string* warnings) noexcept {
         read_u32("GPUMEM_FLUSH_MS", 1, 60000, &c.flush_ms, warnings);
         read_u32("GPUMEM_BUFFER_EVENTS", 1024, 1u << 24, &c.buffer_events, warnings);
         read_u32("GPUMEM_WAIT_MS", 0, 600000, &c.wait_ms, warnings);
+        read_u32("GPUMEM_SINK_STALL_MS", 0, 3600000, &c.sink_stall_ms, warnings);
         if (const char* s = getenv("GPUMEM_STACKS")) {
             bool found = false;
             for (size_t i = 0; i < size_t(stacks::stack_mode::count_); ++i)

@@ -20,6 +20,7 @@ struct config {
     uint32_t flush_ms = 20;           // GPUMEM_FLUSH_MS: writer wakes at least this often
     uint32_t buffer_events = 65536;   // GPUMEM_BUFFER_EVENTS: ring capacity, rounded up to a power of 2
     uint32_t wait_ms = 2000;          // GPUMEM_WAIT_MS: how long a caller waits for ring space before the event is counted lost
+    uint32_t sink_stall_ms = 10000;   // GPUMEM_SINK_STALL_MS: a FIFO log that takes nothing this long is a failed write; 0: wait for ever
     stacks::stack_mode stacks = stacks::stack_mode::python;  // GPUMEM_STACKS: off|python|native|all
     uint32_t stack_depth = 64;        // GPUMEM_STACK_DEPTH: frames kept per stack, innermost first (1..256)
     int log_level = 3;                // GPUMEM_LOG_LEVEL: trace debug info warn (default) error critical off, or 0-6

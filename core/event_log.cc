@@ -43,10 +43,10 @@ constexpr int k_create_flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXE
 bool is_clash(int err) noexcept { return err == EEXIST || err == ELOOP; }
 
 // An existing name we may write to as it is: a character device (only root makes those) or a FIFO
-// of our own user.  Opened non-blocking so a FIFO without a reader cannot hang the program, and
-// kept so: a reader that stops reading must not hold the writer (and the exit that waits for
-// it) for ever either (write_all bounds the wait).  The flag is this open's own: the program's
-// descriptors are untouched.
+// of our own user.  Opened non-blocking so a FIFO without a reader cannot hang the program; a FIFO
+// stays so: a reader that stops reading must not hold the writer (and the exit that waits for it)
+// for ever either (write_all bounds the wait).  A device (a tty under flow control, say) blocks
+// as before.  The flag is this open's own: the program's descriptors are untouched.
 int open_existing_sink(const char* path) noexcept {
     struct stat st;
     if (lstat(path, &st) != 0) return -1;
@@ -60,6 +60,7 @@ int open_existing_sink(const char* path) noexcept {
         close(fd);
         return -1;
     }
+    if (!S_ISFIFO(st.st_mode)) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return fd;
 }
 }  // namespace
@@ -67,8 +68,15 @@ int open_existing_sink(const char* path) noexcept {
 // Whether the existing log at `path` is this pid's own, from before an exec: its header names the
 // pid, and the new image finds the name taken (docs/log-format.md, "exec").  Only for the message.
 static bool header_names_pid(const char* path, long pid) noexcept {
+    // A regular file only: opening a FIFO to read would wake (and cut off) its writer.
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) return false;
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return false;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return false;
+    }
     char head[4096];
     ssize_t n;
     while ((n = read(fd, head, sizeof head - 1)) < 0 && errno == EINTR) {}
@@ -398,7 +406,7 @@ void event_log::write_all(const char* p, size_t n) noexcept {
             // async-signal-safe: a crash handler's last flush may come here.
             const uint64_t now = monotonic_ns();
             if (!stalled_since) stalled_since = now;
-            if (now - stalled_since < uint64_t(opt_.sink_stall_ms) * 1000000ull) {
+            if (!opt_.sink_stall_ms || now - stalled_since < uint64_t(opt_.sink_stall_ms) * 1000000ull) {
                 pollfd pf{fd_, POLLOUT, 0};
                 poll(&pf, 1, 100);
                 continue;
@@ -450,7 +458,8 @@ bool event_log::switch_after_write_error(int err) noexcept {
     }
     // Carry over what the first file holds, so the new one starts with the header.
     struct stat st;
-    bool carried = fd >= 0 && (written_ == 0 || (fstat(old, &st) == 0 && S_ISREG(st.st_mode)));
+    const bool readable = written_ == 0 || (fstat(old, &st) == 0 && S_ISREG(st.st_mode));  // not a FIFO
+    bool carried = fd >= 0 && readable;
     if (fd >= 0 && written_ > 0 && carried) {
         char copy[4096];
         for (uint64_t off = 0; off < written_ && carried;) {
@@ -478,7 +487,7 @@ bool event_log::switch_after_write_error(int err) noexcept {
     if (fd >= 0) {
         close(fd);
         unlink(used.c_str());
-        if (written_ > 0 && !carried) {
+        if (!readable) {
             // Not the fallback's fault: a FIFO or a device cannot be read back, and a log without
             // its start is no log.
             write_stderr({"gpumem: writing ", path_, " failed (", strerror(err),

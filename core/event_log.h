@@ -35,8 +35,8 @@ class event_log {
         uint32_t flush_ms = 20;
         uint32_t wait_ms = 2000;
         // A FIFO sink that takes nothing this long has a reader that stopped reading: a failed
-        // write (docs/log-format.md), so no allocation or exit waits on it for ever.
-        uint32_t sink_stall_ms = 5000;
+        // write (docs/log-format.md), so no allocation or exit waits on it for ever.  0: wait.
+        uint32_t sink_stall_ms = 10000;
     };
 
     explicit event_log(const options& o) noexcept;

@@ -651,6 +651,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuCtxEnablePeerAccess(CUcontext peer, unsign
 static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice dev) noexcept {
     void* f = real_driver(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active())  // as primary_release
+        return by_device ? reinterpret_cast<CUresult (*)(CUdevice)>(f)(dev) : reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);
     if (!by_device && context_is_primary(ctx)) {
         // The driver refuses to destroy a primary context (CUDA_ERROR_INVALID_CONTEXT on the
         // H200), which then lives on with all its memory: the pool must not give anything back
@@ -672,6 +674,10 @@ static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice 
 static CUresult primary_release(drv which, CUdevice dev) noexcept {
     auto f = real<CUresult (*)(CUdevice)>(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    // From inside gpumem's own code: straight through, as every hook does.  Also exit() from a
+    // signal handler that interrupted a hook of this thread: the runtime's exit handler releasing
+    // the context must not wait for the pool's lock this thread holds.
+    if (guard::active()) return f(dev);
     bool ended = false;
     const CUresult r = pool_primary_release(dev, f, &ended);
     if (ended) first_use_forget();  // a release that was not the last leaves every load in place

@@ -264,7 +264,9 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
     pool_registry::slot* s = current_slot();
     if (!s) return false;
     const int rc = s->pool->allocate(bytes, api, ptr, rec->capture_stack());
-    if (rc == k_pool_declined) return false;  // a poisoned pool: the driver serves, as without gpumem
+    // A poisoned pool, a miss after exit began, a device without virtual memory (block_pool.h):
+    // the driver serves, as without gpumem.
+    if (rc == k_pool_declined) return false;
     *result = rc;
     s->pool->maybe_emit_stats(monotonic_ns());
     return true;

@@ -261,6 +261,7 @@ void start_recording(process_state& st) noexcept {
             o.capacity = st.cfg.buffer_events;
             o.flush_ms = st.cfg.flush_ms;
             o.wait_ms = st.cfg.wait_ms;
+            o.sink_stall_ms = st.cfg.sink_stall_ms;
             st.log = new event_log(o);
             st.rec = new recorder(*st.log);
         }

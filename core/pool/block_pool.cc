@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
@@ -302,8 +301,10 @@ bool block_pool::use_vmm() noexcept {
     if (!vmm_decided_) {
         vmm_decided_ = true;
         const uint64_t g = cfg_.vmm ? backend_.vmm_granularity() : 0;
+        no_vmm_device_ = cfg_.vmm && g == 0;
         // Chunks must keep blocks 512 B-aligned and be a whole number of blocks; GPUMEM_POOL_CHUNK
-        // asks for larger ones (a whole number of granules).
+        // asks for larger ones (a whole number of granules).  A GPUMEM_POOL_ROUND the granule is
+        // no multiple of: cuMemAlloc segments, by that request.
         chunk_ = g != 0 && g % cfg_.round == 0 ? std::max(g, round_up(cfg_.chunk, g)) : 0;
     }
     return chunk_ != 0;
@@ -919,13 +920,13 @@ int block_pool::alias_unmap(uint64_t addr, size_t n) noexcept {
 }
 
 void block_pool::stitch_driver(uint64_t* unmapped_chunks, uint64_t* ns) const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     if (unmapped_chunks) *unmapped_chunks = alias_unmapped_;
     if (ns) *ns = alias_ns_;
 }
 
 size_t block_pool::kept_ranges() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     size_t n = 0;
     for (const alias& a : aliases_) n += !a.user;
     return n;
@@ -1049,7 +1050,7 @@ bool block_pool::dissolve_free_stitched(api_id api) {
 }
 
 void block_pool::stitch_counts(uint64_t* made, uint64_t* chunks, uint64_t* dissolved, uint64_t* reused) const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     if (reused) *reused = alias_reuses_;
     if (made) *made = stitches_;
     if (chunks) *chunks = stitched_chunks_;
@@ -1291,7 +1292,7 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
             // without gpumem (a late static destructor's allocation must not fail for the pool).
             if (!b && exiting_) return k_pool_declined;
             // A device without virtual memory where it was asked for: no pool (pool_config::vmm_only).
-            if (!b && cfg_.vmm_only && !use_vmm()) {
+            if (!b && cfg_.vmm_only && !use_vmm() && no_vmm_device_) {
                 if (!said_no_vmm_) {
                     said_no_vmm_ = true;
                     write_stderr({"gpumem: device ", decimal(device_),
@@ -1354,7 +1355,12 @@ void block_pool::make_free(block* b) {
 }
 
 void block_pool::release_before_capture() noexcept {
-    op_lock lk(*this);
+    // Only if the lock is free: another thread may hold it while it waits on the GPU (an OOM's
+    // fence waits), and a capture's begin must never wait for that, which it never did before
+    // batches (the work waited on may need this thread).  A batch left pending then serves after
+    // the capture, as without this call.
+    op_lock lk(*this, std::try_to_lock);
+    if (!lk.owns()) return;
     try {
         // Only what a batch left (without batches a miss released them); can_sync() stops it when
         // another capture is open already.  One event record, no wait.
@@ -1930,12 +1936,12 @@ void block_pool::order_settle() noexcept {
 }
 
 uint64_t block_pool::ordered_releases() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return ordered_releases_;
 }
 
 bool block_pool::order_stopped() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return order_off_;
 }
 
@@ -2531,23 +2537,23 @@ void block_pool::settle_owed_drain() noexcept {
 }
 
 bool block_pool::reuse_is_immediate() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return immediate_;
 }
 
+const void* block_pool::this_thread_id() noexcept {
+    static thread_local char marker;  // its address tells threads apart, and costs no call
+    return &marker;
+}
+
 bool block_pool::release_all_at_exit() noexcept {
-    // A bounded wait: another thread's operation ends within it (unless it waits on the GPU), and
-    // this thread's own, interrupted by a signal handler that calls exit(), never would.  Without
-    // the lock the flag takes effect at the next operation (op_lock).  (try_lock by the owner is
-    // undefined for std::mutex in the standard; glibc's pthread_mutex_trylock of a default mutex
-    // answers EBUSY, as for any holder.)
-    std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
-    for (int i = 0; i < 1000 && !lk.try_lock(); ++i) {
-        timespec ts{0, 100000};
-        nanosleep(&ts, nullptr);
-    }
     exit_pending_.store(true, std::memory_order_relaxed);
-    if (!lk.owns_lock()) return false;
+    // This thread holds the lock: exit() from a signal handler that interrupted one of its
+    // operations, which will never go on.  Waiting would be for ever; the flag takes effect at
+    // the next operation (op_lock).  Another thread's operation is waited for, as before: after
+    // this call none may reach the driver.
+    if (holder_.load(std::memory_order_relaxed) == this_thread_id()) return false;
+    op_lock lk(*this);
     exiting_ = true;
     set_short(false);
     return true;
@@ -2556,7 +2562,7 @@ bool block_pool::release_all_at_exit() noexcept {
 // ---- queries --------------------------------------------------------------------------------
 
 bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     auto it = blocks_.upper_bound(addr);
     if (it == blocks_.begin()) return false;
     const block* b = std::prev(it)->second;
@@ -2600,7 +2606,7 @@ void block_pool::grant_peer(int device) noexcept {
 
 bool block_pool::visit_block_chunks(uint64_t addr, size_t from, size_t max, chunk_view* view, chunk_visitor visit,
                                     void* ctx) const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     auto it = blocks_.find(addr);
     if (it == blocks_.end()) return false;
     const block* b = it->second;
@@ -2632,37 +2638,37 @@ pool_state block_pool::snapshot_locked() const noexcept {
 }
 
 pool_state block_pool::snapshot() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return snapshot_locked();
 }
 
 uint64_t block_pool::pending_bytes() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return pending_bytes_[0] + pending_bytes_[1];
 }
 
 uint64_t block_pool::chunk_size() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return chunk_;
 }
 
 uint64_t block_pool::fence_wait_count() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return fence_waits_;
 }
 
 uint64_t block_pool::wait_ns() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return wait_ns_total_;
 }
 
 uint64_t block_pool::fence_ns() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return fence_ns_total_;
 }
 
 uint64_t block_pool::sync_count() const noexcept {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return syncs_;
 }
 
@@ -2687,7 +2693,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
 // ---- invariants -----------------------------------------------------------------------------
 
 bool block_pool::validate(std::string* why) const {
-    std::lock_guard<std::mutex> lk(mu_);
+    held lk(*this);
     return validate_locked(why);
 }
 

@@ -38,8 +38,9 @@ class block_pool {
     // OOM) and alloc_fail (on any error).  size 0 -> k_cuda_invalid_value, like the driver.
     // `stack` is the caller's interned call stack, captured before the call so that walking the
     // stack never happens under the pool's lock; the alloc or alloc_fail event carries it.
-    // A poisoned pool (host memory ran out mid-update) serves nothing more and returns
-    // k_pool_declined without an event: the caller passes the request to the driver.
+    // Returns k_pool_declined without an event, and the caller passes the request to the driver,
+    // from a poisoned pool (host memory ran out mid-update: it serves nothing more), for a miss
+    // after release_all_at_exit, and on a device without virtual memory when cfg.vmm_only.
     int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0) noexcept;
 
     // cuMemFree semantics.  Returns false, with nothing done or logged, when ptr lies outside every
@@ -160,9 +161,9 @@ class block_pool {
     // Process exit: the driver may already be unloaded, and the OS reclaims device memory anyway,
     // so the pool leaks its segments and from now on never calls the backend again.  Late frees
     // (static destructors) still find their blocks; an allocation that the cache cannot serve
-    // returns k_pool_declined, so the hook passes it to the driver, as without gpumem.  Never
-    // waits long for the pool's lock: exit() from a signal handler may have interrupted an
-    // operation of this very thread, which holds it.  True when it took the lock: then the other
+    // returns k_pool_declined, so the hook passes it to the driver, as without gpumem.  Waits for
+    // another thread's operation, but not for this thread's own: exit() from a signal handler may
+    // have interrupted it, and it holds the lock.  True when it took the lock: then the other
     // queries may lock too (false: they would wait for ever).
     bool release_all_at_exit() noexcept;
 
@@ -228,11 +229,33 @@ class block_pool {
     using free_set = std::set<block*, by_size_addr>;
     using addr_map = std::map<uint64_t, block*>;
 
+    // The pool's lock, held by every operation and query, which also records its holder: exit()
+    // called by a signal handler that interrupted this thread inside the pool must not wait for
+    // the lock this thread holds (release_all_at_exit).
+    static const void* this_thread_id() noexcept;
+    struct held {
+        const block_pool& p;
+        std::unique_lock<std::mutex> lk;
+        explicit held(const block_pool& pool) : p(pool), lk(pool.mu_) { mark(); }
+        held(const block_pool& pool, std::try_to_lock_t t) : p(pool), lk(pool.mu_, t) {
+            if (lk.owns_lock()) mark();
+        }
+        ~held() {
+            if (lk.owns_lock()) p.holder_.store(nullptr, std::memory_order_relaxed);  // before lk unlocks
+        }
+        void mark() { p.holder_.store(this_thread_id(), std::memory_order_relaxed); }
+    };
     // The lock of one state-changing operation.  It also makes the operation's first capture check
-    // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.
+    // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.  The
+    // try_to_lock form may not get it (owns()).
     struct op_lock {
-        std::lock_guard<std::mutex> lk;
-        explicit op_lock(block_pool& p) : lk(p.mu_) {
+        held h;
+        explicit op_lock(block_pool& p) : h(p) { begin(p); }
+        op_lock(block_pool& p, std::try_to_lock_t t) : h(p, t) {
+            if (owns()) begin(p);
+        }
+        bool owns() const { return h.lk.owns_lock(); }
+        static void begin(block_pool& p) {
             p.capture_checked_ = false;
             // An exit that could not take the lock (release_all_at_exit) takes effect here.
             if (p.exit_pending_.load(std::memory_order_relaxed)) p.exiting_ = true;
@@ -411,6 +434,7 @@ class block_pool {
     const int16_t device_;
 
     mutable std::mutex mu_;
+    mutable std::atomic<const void*> holder_{nullptr};  // the thread in `held`, if any
     std::map<uint64_t, segment*> segments_;  // by base
     addr_map blocks_;                        // every block of every segment, by address
     free_set free_[2];                       // reusable free blocks: [0] small pool, [1] large pool
@@ -519,7 +543,8 @@ class block_pool {
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
     std::atomic<bool> exit_pending_{false};  // it was called while another holder had the lock
-    bool said_no_vmm_ = false;  // vmm_only on a device without virtual memory: said once
+    bool said_no_vmm_ = false;  // vmm_only on a device without virtual memory: said once (per pool)
+    bool no_vmm_device_ = false;  // use_vmm() found virtual memory asked for and the device without it
     bool capture_checked_ = false;  // this operation's may_synchronize() said true (can_sync)
     bool poisoned_ = false;  // host allocation failed mid-update: serve nothing more, leak
 

@@ -170,6 +170,7 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             d.warnings = c.warnings + "pool sizes inconsistent (" + why + "); using the default sizes\n";
             if (!d.check().empty()) {  // cannot happen with every size in range: said, never silent
                 pool_config e;
+                e.vmm_only = e.vmm;
                 e.warnings = d.warnings + "pool settings inconsistent; using the defaults\n";
                 return e;
             }
@@ -178,7 +179,9 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
     } catch (...) {
         // Only std::bad_alloc can get here (no memory for a warning either); the defaults are
         // always usable.
-        return pool_config{};
+        pool_config d;
+        d.vmm_only = d.vmm;
+        return d;
     }
     return c;
 }

@@ -864,6 +864,16 @@ PY
     [ "$rc" = 2 ] || fail "yes garbage | gpumem $cmd: exit $rc, expected 2"
     expect_in "$W/err" "/dev/stdin:1: line 1 is not JSON"
   done
+  # Endless JSON objects that are no log: stopped at the second line.
+  yes '{}' | timeout 60 "$GPUMEM" report - > "$W/out" 2> "$W/err"
+  rc=${PIPESTATUS[1]}
+  [ "$rc" = 2 ] || fail "yes '{}' | gpumem report -: exit $rc, expected 2"
+  expect_in "$W/err" "/dev/stdin:2: "
+  # A report JSON on one line with its keys sorted ("schema" last, past 64 KiB of a big report)
+  # still reads from a pipe.
+  "$GPUMEM" report --no-progress --json "$g/stacks.jsonl" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin), sort_keys=True))' > "$W/sorted.json"
+  expect_rc 0 sh -c 'cat "$1" | "$2" report --no-progress -' sh "$W/sorted.json" "$GPUMEM"
+  expect_in "$W/out" "gpumem report:"
   for log in "$W/peaks.jsonl" "$g/pool_fragmentation.jsonl"; do
     name=$(basename "$log" .jsonl)
     expect_rc 0 "$GPUMEM" report --no-progress "$log"

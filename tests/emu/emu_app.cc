@@ -195,6 +195,24 @@ void basic_runtime() {
 // The demo workload: a toy training loop through the runtime.  Weights stay, activations of a
 // batch-dependent size come and go, and every tenth step keeps a checkpoint: enough churn for the
 // report to show segments, fragmentation and a leak.
+// exit-in-handler through the runtime: a timer's handler calls exit() inside cudaMalloc/cudaFree;
+// the runtime's exit handler then releases the primary context, which reached the pool's lock
+// that this thread held.
+void exit_in_handler_runtime() {
+    static std::atomic<int> ticks{0};
+    signal(SIGALRM, [](int) {
+        if (++ticks == 50) exit(0);
+    });
+    void* warm = nullptr;
+    CHECK(cudaMalloc(&warm, 4096));  // the runtime starts (and registers its exit handler)
+    itimerval it{{0, 200}, {0, 200}};
+    setitimer(ITIMER_REAL, &it, nullptr);
+    for (long i = 0;; ++i) {
+        void* p = nullptr;
+        if (cudaMalloc(&p, 512 + size_t(i * 4099) % (8 << 20)) == 0) cudaFree(p);
+    }
+}
+
 void train_runtime(int steps) {
     std::vector<void*> weights;
     for (int i = 0; i < 8; ++i) {
@@ -629,6 +647,7 @@ int main(int argc, char** argv) {
     if (s == "basic") basic_runtime();
     else if (s == "vmm") vmm_runtime();
     else if (s == "train") train_runtime(argc > 2 ? atoi(argv[2]) : 200);
+    else if (s == "exit-in-handler") exit_in_handler_runtime();
     else if (s == "free-async-capture") free_async_capture_runtime();
 #endif
     else {
