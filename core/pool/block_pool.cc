@@ -1000,6 +1000,11 @@ void block_pool::dissolve(segment* st, api_id api) {
         free_erase(b);
         free_bytes_ -= b->size;
         b->state = block_state::lent;
+        // No event says "out of service": the log goes on showing the block free, so stderr says
+        // it (a pool review found the rebuilt free blocks one more than the pool's).
+        write_stderr({"gpumem: the driver refused to unmap a stitched range on device ", decimal(device_), ": its ",
+                      decimal((long long)(b->size >> 20)),
+                      " MiB stay out of service, which the log still shows as a free block\n"});
         return;
     }
     // Logged before the address space goes back: after va_free the range may be anyone's.
@@ -2541,18 +2546,15 @@ bool block_pool::reuse_is_immediate() const noexcept {
     return immediate_;
 }
 
-const void* block_pool::this_thread_id() noexcept {
-    static thread_local char marker;  // its address tells threads apart, and costs no call
-    return &marker;
-}
+thread_local int block_pool::inside::depth = 0;
 
 bool block_pool::release_all_at_exit() noexcept {
     exit_pending_.store(true, std::memory_order_relaxed);
-    // This thread holds the lock: exit() from a signal handler that interrupted one of its
-    // operations, which will never go on.  Waiting would be for ever; the flag takes effect at
-    // the next operation (op_lock).  Another thread's operation is waited for, as before: after
-    // this call none may reach the driver.
-    if (holder_.load(std::memory_order_relaxed) == this_thread_id()) return false;
+    // This thread is inside a pool's lock (or taking or leaving it): exit() from a signal handler
+    // that interrupted one of its operations, which will never go on.  Waiting could be for ever;
+    // the flag takes effect at the next operation (op_lock).  Another thread's operation is
+    // waited for, as before: after this call none may reach the driver.
+    if (inside::depth > 0) return false;
     op_lock lk(*this);
     exiting_ = true;
     set_short(false);

@@ -229,21 +229,21 @@ class block_pool {
     using free_set = std::set<block*, by_size_addr>;
     using addr_map = std::map<uint64_t, block*>;
 
-    // The pool's lock, held by every operation and query, which also records its holder: exit()
-    // called by a signal handler that interrupted this thread inside the pool must not wait for
-    // the lock this thread holds (release_all_at_exit).
-    static const void* this_thread_id() noexcept;
+    // The pool's lock, held by every operation and query.  A thread counts itself inside from
+    // before it locks until after it unlocks: exit() called by a signal handler that interrupted
+    // this thread anywhere in there (even between the lock's acquisition and a record of its
+    // holder, which hung 1 run in 10) must not wait for a lock this thread may hold
+    // (release_all_at_exit).
+    struct inside {
+        static thread_local int depth;
+        inside() noexcept { ++depth; }
+        ~inside() { --depth; }
+    };
     struct held {
-        const block_pool& p;
+        inside in;  // constructed before lk locks, destroyed after it unlocks
         std::unique_lock<std::mutex> lk;
-        explicit held(const block_pool& pool) : p(pool), lk(pool.mu_) { mark(); }
-        held(const block_pool& pool, std::try_to_lock_t t) : p(pool), lk(pool.mu_, t) {
-            if (lk.owns_lock()) mark();
-        }
-        ~held() {
-            if (lk.owns_lock()) p.holder_.store(nullptr, std::memory_order_relaxed);  // before lk unlocks
-        }
-        void mark() { p.holder_.store(this_thread_id(), std::memory_order_relaxed); }
+        explicit held(const block_pool& pool) : lk(pool.mu_) {}
+        held(const block_pool& pool, std::try_to_lock_t t) : lk(pool.mu_, t) {}
     };
     // The lock of one state-changing operation.  It also makes the operation's first capture check
     // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.  The
@@ -434,7 +434,6 @@ class block_pool {
     const int16_t device_;
 
     mutable std::mutex mu_;
-    mutable std::atomic<const void*> holder_{nullptr};  // the thread in `held`, if any
     std::map<uint64_t, segment*> segments_;  // by base
     addr_map blocks_;                        // every block of every segment, by address
     free_set free_[2];                       // reusable free blocks: [0] small pool, [1] large pool
