@@ -6,11 +6,11 @@ set -uo pipefail
 n=${1:-20}
 app=build/gpu/exit_in_handler
 lib=$PWD/build/preload/libgpumem.so
-[ -x "$app" ] && [ -f "$lib" ] || { echo "exit_in_handler: run scripts/gpu-bundle.sh first" >&2; exit 2; }
+if [ ! -x "$app" ] || [ ! -f "$lib" ]; then echo "exit_in_handler: run scripts/gpu-bundle.sh first" >&2; exit 2; fi
 out=${OUT:-/tmp}/exit-in-handler && mkdir -p "$out"
 declare -A ok hung other
 for mode in bare gpumem; do ok[$mode]=0; hung[$mode]=0; other[$mode]=0; done
-for i in $(seq 1 "$n"); do
+for _ in $(seq 1 "$n"); do
   for mode in bare gpumem; do
     if [ $mode = gpumem ]; then
       GPUMEM_OUT=$out/ LD_PRELOAD=$lib timeout 20 "$app" > /dev/null 2>> "$out/$mode.err"
