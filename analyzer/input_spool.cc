@@ -31,27 +31,16 @@ bool write_all(int fd, const char* p, size_t n) {
     return true;
 }
 
-// Whether a stream whose first line is `first` may be a gpumem input at all: a JSON object (a log's
-// header, a report JSON, pretty or on one line with its keys in any order) or a compressed file
-// (the reader gives advice).  Anything else fails at line 1 whatever follows, so the copy stops
-// there: `yes | gpumem report -` copied gigabytes to $TMPDIR and never ended.
-bool may_be_input(std::string_view first) {
-    if (compression_of(first)) return true;
-    if (first.substr(0, 3) == "\xEF\xBB\xBF") first.remove_prefix(3);
-    while (!first.empty() && (first.front() == ' ' || first.front() == '\t')) first.remove_prefix(1);
-    while (!first.empty() && (first.back() == ' ' || first.back() == '\t' || first.back() == '\r')) first.remove_suffix(1);
-    return first.empty() || first.front() == '{';  // blank lines first: the reader says what follows
-}
-
-// After a whole first line: whether more lines may follow.  A log's header (it has "ev") and a
-// pretty report's lone brace do; any other object can only be a report on one line, after which
-// a second line is an error anyway (and `yes '{}'` has no end).
+// After the line that opens the input (its first non-blank one, a JSON object's): whether more
+// lines may follow.  A log's header (it has "ev") and a pretty report's lone brace do; any other
+// object can only be a report on one line, after which a second line is an error anyway (and
+// `yes '{}'` has no end).
 bool lines_may_follow(std::string_view first) {
     while (!first.empty() && (first.back() == ' ' || first.back() == '\t' || first.back() == '\r')) first.remove_suffix(1);
-    while (!first.empty() && (first.front() == ' ' || first.front() == '\t')) first.remove_prefix(1);
-    return first.empty() || first == "{" || first.find("\"ev\"") != std::string_view::npos ||
-           compression_of(first) != nullptr;
+    return first == "{" || first.find("\"ev\"") != std::string_view::npos;
 }
+
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
 }  // namespace
 
@@ -77,10 +66,14 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
     // the reader then stops at that line with its usual message.
     std::vector<char> buf(size_t{1} << 20);
     uint64_t since_newline = 0;
-    std::string first;  // the first line's first 64 KiB, to judge (may_be_input, lines_may_follow)
-    bool judged = false;     // its start
-    bool first_done = false;  // all of it: then one_object says whether only blank lines may follow
-    bool one_object = false;
+    // The stream is judged as it is copied, so that what can only fail stops early: its first
+    // non-blank character must open a JSON object (or the stream be compressed: the reader gives
+    // advice), or the copy stops (`yes | gpumem report -` copied gigabytes to $TMPDIR and never
+    // ended); the line that brace opens says whether more lines may follow (lines_may_follow).
+    enum class stage { seek, opening, rest } at = stage::seek;
+    std::string first;        // the opening line's first 64 KiB
+    bool one_object = false;  // the opening line is a whole object: only blanks may follow
+    uint64_t copied = 0;
     for (;;) {
         ssize_t n = ::read(in, buf.data(), buf.size());
         if (n < 0 && errno == EINTR) continue;
@@ -101,23 +94,29 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
         const char* nl = static_cast<const char*>(::memrchr(buf.data(), '\n', size_t(n)));
         since_newline = nl ? uint64_t(buf.data() + n - nl - 1) : since_newline + uint64_t(n);
         if (since_newline > k_max_line) break;
-        const char* rest = buf.data();  // where this chunk's bytes after the first line begin
-        if (!first_done) {
-            const char* end = static_cast<const char*>(std::memchr(buf.data(), '\n', size_t(n)));
-            const size_t room = (size_t{64} << 10) - std::min(first.size(), size_t{64} << 10);
-            first.append(buf.data(), std::min(room, end ? size_t(end - buf.data()) : size_t(n)));
-            // A long first line is judged by its start.
-            if (!judged && (end || first.size() >= (size_t{64} << 10))) {
-                judged = true;
-                if (!may_be_input(first)) break;
-            }
-            if (!end) continue;
-            first_done = true;
-            one_object = !lines_may_follow(first);
-            rest = end + 1;
+        const char* p = buf.data();
+        const char* const end = p + n;
+        if (copied == 0 && compression_of(std::string_view(p, size_t(n)))) at = stage::rest;  // copied whole
+        if (copied == 0 && n >= 3 && std::memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;  // a UTF-8 byte order mark
+        copied += uint64_t(n);
+        if (at == stage::seek) {
+            while (p < end && blank(*p)) ++p;
+            if (p == end && copied > (uint64_t{64} << 10)) break;  // `yes ''`: no input opens so late
+            if (p == end) continue;
+            if (*p != '{') break;  // no gpumem input: the reader says so at this line
+            at = stage::opening;
         }
-        if (one_object && std::any_of(rest, static_cast<const char*>(buf.data()) + n, [](char c) { return c != ' ' && c != '\t' && c != '\r' && c != '\n'; }))
-            break;  // a second line after a one-line object: the reader says so at line 2
+        if (at == stage::opening) {
+            const char* nl = static_cast<const char*>(std::memchr(p, '\n', size_t(end - p)));
+            const size_t room = (size_t{64} << 10) - std::min(first.size(), size_t{64} << 10);
+            first.append(p, std::min(room, size_t((nl ? nl : end) - p)));
+            if (!nl) continue;
+            at = stage::rest;
+            one_object = !lines_may_follow(first);
+            p = nl + 1;
+        }
+        if (one_object && std::any_of(p, end, [](char c) { return !blank(c); }))
+            break;  // a second line after a one-line object: the reader says so there
     }
     ::close(in);
     open_path_ = "/proc/self/fd/" + std::to_string(fd_);

@@ -134,7 +134,13 @@ pool_registry::slot* current_slot() noexcept {
     return s;
 }
 
+// Every pool query and operation of the hooks first asks in_gpumem_lock(): a signal handler (one
+// that calls exit(), whose exit handlers call CUDA) running on a thread that holds or is taking a
+// gpumem lock passes straight to the driver, never waiting for that lock (critical_section.h).
+bool in_gpumem_lock() noexcept { return critical_section::active(); }
+
 pool_registry::slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexcept {
+    if (in_gpumem_lock()) return nullptr;
     return registry().owner_of(addr, bi);
 }
 
@@ -185,10 +191,12 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
 }
 
 void pool_stream_created(api_id api, bool non_blocking) noexcept {
+    if (in_gpumem_lock()) return;
     auto_switch().stream_created(api, non_blocking, guard::active());
 }
 
 void pool_stream_made(CUstream s, bool non_blocking) noexcept {
+    if (in_gpumem_lock()) return;
     const uint64_t ctx = current_context();
     streams().created(ctx, uint64_t(uintptr_t(s)), non_blocking);
     // GPUMEM_FENCE_WAIT=order: blocks handed out before their last owners' work ended must not
@@ -202,6 +210,7 @@ bool pool_stream_destroyed(CUstream s) noexcept { return streams().destroyed(cur
 void pool_stream_destroy_refused() noexcept { streams().give_up(); }
 
 void pool_green_context_made() noexcept {
+    if (in_gpumem_lock()) return;
     streams().give_up();
     // GPUMEM_FENCE_WAIT=order: a block handed out before its last owner's work ended relies on
     // every stream that can touch it waiting for that work, and a green context's streams (its
@@ -225,6 +234,8 @@ void peer_and_primary_after_fork() noexcept;
 }
 
 void pool_after_fork() noexcept {
+    // A fork from a handler that interrupted a gpumem lock: the child has its own locks anew.
+    critical_section::depth = 0;
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
     registry().reset_after_fork();
@@ -256,6 +267,7 @@ void pool_at_exit() noexcept {
 }
 
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept {
+    if (in_gpumem_lock()) return false;
     // The log (and pool_configure) starts on the first allocation.  Without a running log the
     // pool stays off, so its events never wait on a ring that nobody drains.
     recorder* rec = recorder_or_null();
@@ -277,7 +289,7 @@ namespace {
 template <class F>
 void for_each_pool_of(int device, F&& f) noexcept {
     pool_registry& reg = registry();
-    if (reg.count() == 0 || g_exiting.load(std::memory_order_acquire)) return;
+    if (reg.count() == 0 || g_exiting.load(std::memory_order_acquire) || in_gpumem_lock()) return;
     if (device == -1) {
         auto get = GPUMEM_REAL(cuCtxGetDevice);
         CUdevice d = 0;
@@ -315,7 +327,7 @@ uint64_t pool_giveable(int device) noexcept {
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
     pool_registry& reg = registry();
     const int n = reg.count();
-    if (n == 0) return false;
+    if (n == 0 || in_gpumem_lock()) return false;
     auto_switch().settle_deferred();
     // Most frees come from the allocating context; any pool may own the block, though (another
     // thread, another context current).
@@ -552,6 +564,7 @@ bool is_ended_primary(uint64_t ctx) noexcept {
 // The handle of dev's primary context while it is active, else nullptr (an inactive one has no
 // memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
 CUcontext primary_if_active(CUdevice dev) noexcept {
+    critical_section in;
     std::lock_guard<std::mutex> lk(g_primary_mu);
     return primary_if_active_locked(dev);
 }
@@ -579,7 +592,9 @@ bool context_is_primary(CUcontext ctx) noexcept {
     return r == CUDA_SUCCESS && primary_if_active(dev) == ctx;
 }
 
-void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
+namespace {
+// pool_context_gone's work; pool_primary_release calls it inside its own critical section.
+void context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     ipc_context_gone(ctx, dev);  // IPC memory opened in it, pool or no pool
     if (registry().count() == 0) return;
     // cuDevicePrimaryCtxReset names a device: its primary context's handle, if active.
@@ -591,6 +606,12 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(ctx)))) ipc_pool_dropped(s->pool);
     registry().retire(uint64_t(uintptr_t(ctx)), when);
 }
+}  // namespace
+
+void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
+    if (in_gpumem_lock()) return;
+    context_gone(ctx, dev, when);
+}
 
 // A primary context's release, by `release` (either ABI).  No call says which release is the last,
 // so the handle is read before it, while the context is active, and only the state after it (a
@@ -598,13 +619,15 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
 // driver's end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
 CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept {
     *ended = false;
+    if (in_gpumem_lock()) return release(dev);
+    critical_section in;  // before the lock, released after it (critical_section.h)
     std::unique_lock<std::mutex> lk(g_primary_mu);
     const CUcontext before = primary_if_active_locked(dev);
     const CUresult r = release(dev);
     if (r != CUDA_SUCCESS || !before || primary_active(dev)) return r;
     *ended = true;
     if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
-    pool_context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
+    context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
     return r;
 }
 

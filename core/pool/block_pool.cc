@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
@@ -1360,11 +1361,16 @@ void block_pool::make_free(block* b) {
 }
 
 void block_pool::release_before_capture() noexcept {
-    // Only if the lock is free: another thread may hold it while it waits on the GPU (an OOM's
-    // fence waits), and a capture's begin must never wait for that, which it never did before
-    // batches (the work waited on may need this thread).  A batch left pending then serves after
-    // the capture, as without this call.
+    // Only if the lock comes within 2 ms: another thread's short operation is waited out, but one
+    // that waits on the GPU (an OOM's fence waits) is not, since a capture's begin must never
+    // wait for that, which it never did before batches (the work waited on may need this thread).
+    // A batch left pending then serves after the capture, as without this call.
     op_lock lk(*this, std::try_to_lock);
+    for (int i = 0; i < 20 && !lk.owns(); ++i) {
+        timespec ts{0, 100000};
+        nanosleep(&ts, nullptr);
+        if (lk.h.lk.try_lock()) op_lock::begin(*this);
+    }
     if (!lk.owns()) return;
     try {
         // Only what a batch left (without batches a miss released them); can_sync() stops it when
@@ -2397,8 +2403,8 @@ uint64_t block_pool::giveable_bytes() const noexcept {
     // Never waits: the pool holds its lock through device waits (a fence, a synchronize), and a
     // query of free memory must not block behind them.  While another operation runs, the answer
     // of the last call that got the lock stands.
-    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
-    if (!lk.owns_lock()) return giveable_last_.load(std::memory_order_relaxed);
+    held lk(*this, std::try_to_lock);
+    if (!lk.lk.owns_lock()) return giveable_last_.load(std::memory_order_relaxed);
     const uint64_t n = count_giveable();
     giveable_last_.store(n, std::memory_order_relaxed);
     return n;
@@ -2546,16 +2552,24 @@ bool block_pool::reuse_is_immediate() const noexcept {
     return immediate_;
 }
 
-thread_local int block_pool::inside::depth = 0;
+thread_local int critical_section::depth = 0;
 
 bool block_pool::release_all_at_exit() noexcept {
     exit_pending_.store(true, std::memory_order_relaxed);
-    // This thread is inside a pool's lock (or taking or leaving it): exit() from a signal handler
-    // that interrupted one of its operations, which will never go on.  Waiting could be for ever;
-    // the flag takes effect at the next operation (op_lock).  Another thread's operation is
-    // waited for, as before: after this call none may reach the driver.
-    if (inside::depth > 0) return false;
-    op_lock lk(*this);
+    // This thread is inside a gpumem lock (or taking or leaving one): exit() from a signal handler
+    // that interrupted it, which will never go on.  Waiting could be for ever; the flag takes
+    // effect at the next operation (op_lock).
+    if (critical_section::active()) return false;
+    // Another thread's operation is waited for, so none reaches the driver after this call, but
+    // for 2 s at most: one blocked on GPU work that never ends (a hung kernel, a peer gone) must
+    // not hold the exit for ever, as without gpumem it would not (its thread dies with the process).
+    op_lock lk(*this, std::try_to_lock);
+    for (int i = 0; i < 2000 && !lk.owns(); ++i) {
+        timespec ts{0, 1000000};
+        nanosleep(&ts, nullptr);
+        if (lk.h.lk.try_lock()) op_lock::begin(*this);
+    }
+    if (!lk.owns()) return false;
     exiting_ = true;
     set_short(false);
     return true;

@@ -11,6 +11,7 @@
 
 #include "core/event_schema.h"
 #include "core/pool/context_end.h"
+#include "core/pool/critical_section.h"
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_backend.h"
 #include "core/pool/pool_config.h"
@@ -162,9 +163,9 @@ class block_pool {
     // so the pool leaks its segments and from now on never calls the backend again.  Late frees
     // (static destructors) still find their blocks; an allocation that the cache cannot serve
     // returns k_pool_declined, so the hook passes it to the driver, as without gpumem.  Waits for
-    // another thread's operation, but not for this thread's own: exit() from a signal handler may
-    // have interrupted it, and it holds the lock.  True when it took the lock: then the other
-    // queries may lock too (false: they would wait for ever).
+    // another thread's operation (2 s at most), but not at all inside a critical_section of this
+    // thread: exit() from a signal handler may have interrupted it, holding the lock.  True when
+    // it took the lock: then the other queries may lock too (false: they might wait for ever).
     bool release_all_at_exit() noexcept;
 
     // GPUMEM_REUSE=auto: the program created a stream, so a freed block may still be read by work
@@ -229,18 +230,12 @@ class block_pool {
     using free_set = std::set<block*, by_size_addr>;
     using addr_map = std::map<uint64_t, block*>;
 
-    // The pool's lock, held by every operation and query.  A thread counts itself inside from
-    // before it locks until after it unlocks: exit() called by a signal handler that interrupted
-    // this thread anywhere in there (even between the lock's acquisition and a record of its
-    // holder, which hung 1 run in 10) must not wait for a lock this thread may hold
-    // (release_all_at_exit).
-    struct inside {
-        static thread_local int depth;
-        inside() noexcept { ++depth; }
-        ~inside() { --depth; }
-    };
+    // The pool's lock, held by every operation and query, inside a critical_section from before it
+    // locks until after it unlocks (critical_section.h): exit() called by a signal handler that
+    // interrupted this thread anywhere in there (even between the lock's acquisition and a record
+    // of its holder, which hung 1 run in 10) must not wait for it.
     struct held {
-        inside in;  // constructed before lk locks, destroyed after it unlocks
+        critical_section in;  // constructed before lk locks, destroyed after it unlocks
         std::unique_lock<std::mutex> lk;
         explicit held(const block_pool& pool) : lk(pool.mu_) {}
         held(const block_pool& pool, std::try_to_lock_t t) : lk(pool.mu_, t) {}
@@ -541,7 +536,7 @@ class block_pool {
     bool immediate_;         // frees skip the pending state (see reuse_mode; auto starts true)
     bool drain_owed_ = false;  // enter_safe_reuse could not sync (capture): the next chance must
     bool exiting_ = false;   // release_all_at_exit was called: no more backend calls
-    std::atomic<bool> exit_pending_{false};  // it was called while another holder had the lock
+    std::atomic<bool> exit_pending_{false};  // release_all_at_exit was called: op_lock sets exiting_
     bool said_no_vmm_ = false;  // vmm_only on a device without virtual memory: said once (per pool)
     bool no_vmm_device_ = false;  // use_vmm() found virtual memory asked for and the device without it
     bool capture_checked_ = false;  // this operation's may_synchronize() said true (can_sync)

@@ -8,6 +8,8 @@
 namespace gpumem {
 
 pool_registry::create_lock::create_lock(std::atomic_flag& flag) noexcept : f(flag) {
+    // Counted as a critical section (critical_section.h) from before the spin: a handler's exit()
+    // on this thread must not spin on it.
     // Held for a pool's creation or the switch's drains: short, and never by two threads for long.
     while (f.test_and_set(std::memory_order_acquire)) sched_yield();
 }

@@ -89,6 +89,7 @@ class pool_registry {
 
   private:
     struct create_lock {
+        critical_section in;  // before the spin, after the release (members: constructed first)
         explicit create_lock(std::atomic_flag& f) noexcept;
         ~create_lock();
         std::atomic_flag& f;

@@ -869,6 +869,16 @@ PY
   rc=${PIPESTATUS[1]}
   [ "$rc" = 2 ] || fail "yes '{}' | gpumem report -: exit $rc, expected 2"
   expect_in "$W/err" "/dev/stdin:2: "
+  # Blank lines first change nothing (they stopped the early judgement), nor does endless blankness.
+  for src in "(echo; yes)" "yes ''"; do
+    bash -c "$src" 2> /dev/null | timeout 60 "$GPUMEM" report - > "$W/out" 2> "$W/err"
+    rc=${PIPESTATUS[1]}
+    [ "$rc" = 2 ] || fail "$src | gpumem report -: exit $rc, expected 2"
+  done
+  # A pretty report JSON behind a UTF-8 byte order mark still reads from a pipe (it was cut short).
+  "$GPUMEM" report --no-progress --json "$g/stacks.jsonl" > "$W/pretty.json"
+  expect_rc 0 sh -c '{ printf "\357\273\277"; cat "$1"; } | "$2" report --no-progress -' sh "$W/pretty.json" "$GPUMEM"
+  expect_in "$W/out" "gpumem report:"
   # A report JSON on one line with its keys sorted ("schema" last, past 64 KiB of a big report)
   # still reads from a pipe.
   "$GPUMEM" report --no-progress --json "$g/stacks.jsonl" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin), sort_keys=True))' > "$W/sorted.json"

@@ -321,7 +321,13 @@ void exit_in_handler(driver_api a) {
     setitimer(ITIMER_REAL, &it, nullptr);
     for (long i = 0;; ++i) {
         CUdeviceptr p;
-        if (a.alloc(&p, 512 + size_t(i * 4099) % (8 << 20)) == CUDA_SUCCESS) a.free(p);
+        if (a.alloc(&p, 512 + size_t(i * 4099) % (8 << 20)) == CUDA_SUCCESS) {
+            // A pointer query takes the pool's lock too, outside any allocation (a hang's other way).
+            CUdeviceptr base = 0;
+            size_t size = 0;
+            cuMemGetAddressRange_v2(&base, &size, p + 1);
+            a.free(p);
+        }
     }
 }
 
