@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "layout_replayer.h"
 #include "pool_test_util.h"
 
 using namespace gpumem;
@@ -187,182 +188,6 @@ int spy::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept {
     return rc;
 }
 
-// Rebuilds the layout from the events (docs/pool.md, "Events the pool logs"), pending blocks in
-// free order, a fenced pool_sync releasing the oldest `count`.
-struct replayer {
-    enum st { free_b, alloc_b, pending_b, unmapped_b };
-    struct blk {
-        uint64_t size;
-        st state;
-    };
-    std::map<uint64_t, std::map<uint64_t, blk>> segs;
-    std::vector<std::pair<uint64_t, uint64_t>> pending;  // seg, ptr in free order
-    size_t next = 0;
-    bool immediate = false;
-    std::string error;
-    static void merge_at(std::map<uint64_t, blk>& m, std::map<uint64_t, blk>::iterator it) {
-        if (it != m.begin()) {
-            auto pr = std::prev(it);
-            if (pr->second.state == free_b && pr->first + pr->second.size == it->first) {
-                pr->second.size += it->second.size;
-                m.erase(it);
-                it = pr;
-            }
-        }
-        auto nx = std::next(it);
-        if (nx != m.end() && nx->second.state == free_b && it->first + it->second.size == nx->first) {
-            it->second.size += nx->second.size;
-            m.erase(nx);
-        }
-    }
-    void apply(const event& e) {
-        if (!error.empty()) return;
-        std::ostringstream o;
-        o << "event " << e.seq << " kind " << int(e.ev) << ": ";
-        switch (e.ev) {
-            case ev_kind::segment_alloc: {
-                const uint64_t mapped = e.b.asize ? e.b.asize : e.b.size;
-                auto& m = segs[e.b.ptr];
-                if (!m.empty()) error = o.str() + "segment_alloc over a live segment";
-                m[e.b.ptr] = {mapped, free_b};
-                if (mapped < e.b.size) m[e.b.ptr + mapped] = {e.b.size - mapped, unmapped_b};
-                break;
-            }
-            case ev_kind::segment_free: {
-                auto& m = segs[e.b.ptr];
-                uint64_t total = 0;
-                for (auto& [a, b] : m) {
-                    if (b.state != free_b && b.state != unmapped_b) error = o.str() + "segment_free with live/pending blocks";
-                    total += b.size;
-                }
-                if (total != e.b.size) error = o.str() + "segment_free size differs";
-                segs.erase(e.b.ptr);
-                break;
-            }
-            case ev_kind::segment_unmap: {
-                auto& m = segs[e.b.seg];
-                auto it = m.upper_bound(e.b.ptr);
-                if (it == m.begin()) {
-                    error = o.str() + "segment_unmap outside every block";
-                    return;
-                }
-                --it;
-                const uint64_t a = it->first, end = a + it->second.size;
-                if (it->second.state != free_b || e.b.ptr + e.b.size > end) {
-                    error = o.str() + "segment_unmap of bytes that are not free";
-                    return;
-                }
-                if (a < e.b.ptr) it->second.size = e.b.ptr - a;
-                m[e.b.ptr] = {e.b.size, unmapped_b};
-                if (e.b.ptr + e.b.size < end) m[e.b.ptr + e.b.size] = {end - e.b.ptr - e.b.size, free_b};
-                // touching unmapped ranges: merge for simplicity
-                break;
-            }
-            case ev_kind::segment_map: {
-                auto s = segs.find(e.b.seg);
-                if (s == segs.end()) {
-                    error = o.str() + "segment_map outside every segment";
-                    return;
-                }
-                auto& m = s->second;
-                const uint64_t p = e.b.ptr, q = e.b.ptr + e.b.size;
-                auto it = m.upper_bound(p);
-                if (it == m.begin()) {
-                    error = o.str() + "segment_map outside every block";
-                    return;
-                }
-                --it;
-                const auto first = it;
-                for (uint64_t cur = p; cur < q; ++it) {
-                    if (it == m.end() || it->first > cur || it->second.state != unmapped_b || it->first + it->second.size <= cur) {
-                        error = o.str() + "segment_map of bytes that are not unmapped";
-                        return;
-                    }
-                    cur = it->first + it->second.size;
-                }
-                const uint64_t h0 = first->first, h1 = std::prev(it)->first + std::prev(it)->second.size;
-                m.erase(first, it);
-                if (h0 < p) m[h0] = {p - h0, unmapped_b};
-                if (q < h1) m[q] = {h1 - q, unmapped_b};
-                merge_at(m, m.emplace(p, blk{e.b.size, free_b}).first);
-                break;
-            }
-            case ev_kind::alloc: {
-                auto& m = segs[e.b.seg];
-                auto it = m.find(e.b.ptr);
-                if (it == m.end() || it->second.state != free_b || it->second.size < e.b.asize) {
-                    error = o.str() + "alloc not at the start of a large enough free block";
-                    return;
-                }
-                if (it->second.size > e.b.asize) m[e.b.ptr + e.b.asize] = {it->second.size - e.b.asize, free_b};
-                it->second = {e.b.asize, alloc_b};
-                break;
-            }
-            case ev_kind::free: {
-                auto& m = segs[e.b.seg];
-                auto it = m.find(e.b.ptr);
-                if (it == m.end() || it->second.state != alloc_b || it->second.size != e.b.asize) {
-                    error = o.str() + "free of a block that is not allocated";
-                    return;
-                }
-                if (immediate) {
-                    it->second.state = free_b;
-                    merge_at(m, it);
-                    break;
-                }
-                it->second.state = pending_b;
-                pending.emplace_back(e.b.seg, e.b.ptr);
-                break;
-            }
-            case ev_kind::pool_sync: {
-                const bool fence = (e.flags & ef_fence) != 0;
-                size_t n = fence ? e.c.count : pending.size();
-                if (!fence && e.c.count != pending.size()) {
-                    error = o.str() + "unfenced pool_sync count " + std::to_string(e.c.count) + " != pending " +
-                            std::to_string(pending.size());
-                    return;
-                }
-                if (n > pending.size()) {
-                    error = o.str() + "pool_sync releases more than pending";
-                    return;
-                }
-                for (size_t k = 0; k < n; ++k) {
-                    auto& m = segs[pending[k].first];
-                    auto it = m.find(pending[k].second);
-                    if (it == m.end() || it->second.state != pending_b) {
-                        error = o.str() + "pool_sync of a block not pending";
-                        return;
-                    }
-                    it->second.state = free_b;
-                    merge_at(m, it);
-                }
-                pending.erase(pending.begin(), pending.begin() + ptrdiff_t(n));
-                break;
-            }
-            case ev_kind::reuse_safe: immediate = false; break;
-            case ev_kind::context_reset:
-                segs.clear();
-                pending.clear();
-                break;
-            default: break;
-        }
-    }
-    void catch_up(recording_sink& s) {
-        for (; next < s.events.size(); ++next) apply(s.events[next]);
-    }
-    pool_state state() const {
-        pool_state p{};
-        for (auto& [base, m] : segs) {
-            ++p.segments;
-            for (auto& [a, b] : m) {
-                if (b.state != unmapped_b) p.reserved += b.size;
-                if (b.state == alloc_b) p.allocated += b.size;
-                if (b.state == free_b) ++p.free_blocks, p.largest_free = std::max(p.largest_free, b.size);
-            }
-        }
-        return p;
-    }
-};
 
 struct run_opts {
     uint64_t order_batch = 32 * MiB;
@@ -423,7 +248,7 @@ std::string run_review(uint64_t seed, const run_opts& o) {
         sts.push_back(0x5000);
     }
     pool.set_streams(&streams, ctx);
-    replayer rp;
+    layout_replayer rp;
     rp.immediate = o.switch_at >= 0;
     bool capturing = false, exited = false;
     uint64_t target = o.capacity / 2;
@@ -616,62 +441,47 @@ std::string run_review(uint64_t seed, const run_opts& o) {
 
 }  // namespace
 
-TEST_CASE("physical reuse: ordered releases in batches keep physical reuse and unmap safety and the log and the OOM bound", "[pool][physical]") {
+// Runs seeds [from, to] with the options opts(seed) gives, and fails with the first eight
+// programs' findings (each with its seed and options).
+template <class F>
+void check_seeds(uint64_t from, uint64_t to, F&& opts) {
     int fails = 0;
-    for (uint64_t seed = 1; seed <= 60; ++seed) {
+    for (uint64_t seed = from; seed <= to; ++seed) {
         run_opts o;
+        // The common mix: batches of 32 MiB, 4 MiB and none; a side stream or not; headroom or not.
         o.order_batch = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 32 * MiB : 4 * MiB;
         o.side_stream = seed % 2;
         o.headroom = (seed / 2) % 2 ? 0 : 256 * MiB;
+        opts(seed, o);
         const std::string e = run_review(seed, o);
         if (!e.empty() && fails++ < 8) {
-            INFO(e << " batch " << o.order_batch << " side " << o.side_stream << " headroom " << o.headroom);
+            INFO(e << " (seed " << seed << ", batch " << o.order_batch << ", side " << o.side_stream << ", headroom "
+                   << o.headroom << ", stitch " << o.stitch << ")");
             CHECK(e.empty());
         }
     }
     CHECK(fails == 0);
+}
+
+TEST_CASE("physical reuse: ordered releases in batches keep physical reuse and unmap safety and the log and the OOM bound", "[pool][physical]") {
+    check_seeds(1, 60, [](uint64_t, run_opts&) {});
 }
 
 TEST_CASE("physical reuse: the same with stitching", "[pool][physical]") {
-    int fails = 0;
-    for (uint64_t seed = 101; seed <= 160; ++seed) {
-        run_opts o;
-        o.stitch = true;
-        o.order_batch = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 32 * MiB : 4 * MiB;
-        o.side_stream = seed % 2;
-        o.headroom = (seed / 2) % 2 ? 0 : 256 * MiB;
-        const std::string e = run_review(seed, o);
-        if (!e.empty() && fails++ < 8) {
-            INFO(e << " batch " << o.order_batch << " side " << o.side_stream << " headroom " << o.headroom);
-            CHECK(e.empty());
-        }
-    }
-    CHECK(fails == 0);
+    check_seeds(101, 160, [](uint64_t, run_opts& o) { o.stitch = true; });
 }
 
 TEST_CASE("physical reuse: exit in the middle of pending batches makes no backend call", "[pool][physical]") {
-    int fails = 0;
-    for (uint64_t seed = 201; seed <= 240; ++seed) {
-        run_opts o;
+    check_seeds(201, 240, [](uint64_t seed, run_opts& o) {
+        o = run_opts{};  // the defaults here, not the common mix
         o.stitch = seed % 2;
         o.exit_at = 300 + int(seed * 37 % 1500);
         o.ops = o.exit_at + 200;
-        const std::string e = run_review(seed, o);
-        if (!e.empty() && fails++ < 8) {
-            INFO(e);
-            CHECK(e.empty());
-        }
-    }
-    CHECK(fails == 0);
+    });
 }
 
 TEST_CASE("physical reuse: other settings (waits after ordered release stops, no arenas, larger chunks, trim, auto switch)", "[pool][physical]") {
-    int fails = 0;
-    for (uint64_t seed = 301; seed <= 420; ++seed) {
-        run_opts o;
-        o.order_batch = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 32 * MiB : 4 * MiB;
-        o.side_stream = seed % 2;
-        o.headroom = (seed / 2) % 2 ? 0 : 256 * MiB;
+    check_seeds(301, 420, [](uint64_t seed, run_opts& o) {
         const int v = int(seed % 8);
         o.beside_busy = v != 0;
         o.arenas = v != 1;
@@ -681,31 +491,13 @@ TEST_CASE("physical reuse: other settings (waits after ordered release stops, no
         o.stitch = v == 3 || v == 6 || v == 7;
         o.stitch_keep = v == 6 ? 0 : 2;
         if (v == 7) o.switch_at = 500;
-        const std::string e = run_review(seed, o);
-        if (!e.empty() && fails++ < 8) {
-            INFO(e << " variant " << v << " batch " << o.order_batch << " side " << o.side_stream << " headroom " << o.headroom);
-            CHECK(e.empty());
-        }
-    }
-    CHECK(fails == 0);
+    });
 }
 
 TEST_CASE("physical reuse: with driver refusals, destroyed streams and unseen captures", "[pool][physical]") {
-    int fails = 0;
-    for (uint64_t seed = 501; seed <= 600; ++seed) {
-        run_opts o;
+    check_seeds(501, 600, [](uint64_t seed, run_opts& o) {
         o.faults = true;
-        o.order_batch = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 32 * MiB : 4 * MiB;
-        o.side_stream = seed % 2;
-        o.headroom = (seed / 2) % 2 ? 0 : 256 * MiB;
         o.stitch = seed % 4 < 2;
         o.captures = true;
-        const std::string e = run_review(seed, o);
-        if (!e.empty() && fails++ < 8) {
-            INFO(e << " batch " << o.order_batch << " side " << o.side_stream << " headroom " << o.headroom << " stitch " << o.stitch);
-            CHECK(e.empty());
-        }
-    }
-    CHECK(fails == 0);
+    });
 }
-
