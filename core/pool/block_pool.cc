@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
@@ -1374,12 +1373,7 @@ void block_pool::release_before_capture() noexcept {
     // that waits on the GPU (an OOM's fence waits) is not, since a capture's begin must never
     // wait for that, which it never did before batches (the work waited on may need this thread).
     // A batch left pending then serves after the capture, as without this call.
-    op_lock lk(*this, std::try_to_lock);
-    for (int i = 0; i < 20 && !lk.owns(); ++i) {
-        timespec ts{0, 100000};
-        nanosleep(&ts, nullptr);
-        if (lk.h.lk.try_lock()) op_lock::begin(*this);
-    }
+    op_lock lk(*this, 20, 100000);
     if (!lk.owns()) return;
     try {
         // Only what a batch left (without batches a miss released them); can_sync() stops it when
@@ -2572,12 +2566,7 @@ bool block_pool::release_all_at_exit() noexcept {
     // Another thread's operation is waited for, so none reaches the driver after this call, but
     // for 2 s at most: one blocked on GPU work that never ends (a hung kernel, a peer gone) must
     // not hold the exit for ever, as without gpumem it would not (its thread dies with the process).
-    op_lock lk(*this, std::try_to_lock);
-    for (int i = 0; i < 2000 && !lk.owns(); ++i) {
-        timespec ts{0, 1000000};
-        nanosleep(&ts, nullptr);
-        if (lk.h.lk.try_lock()) op_lock::begin(*this);
-    }
+    op_lock lk(*this, 2000, 1000000);
     if (!lk.owns()) return false;
     exiting_ = true;
     set_short(false);

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <set>
@@ -242,11 +243,16 @@ class block_pool {
     };
     // The lock of one state-changing operation.  It also makes the operation's first capture check
     // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.  The
-    // try_to_lock form may not get it (owns()).
+    // bounded form waits `tries` times `step_ns` at most and may not get it (owns()).
     struct op_lock {
         held h;
         explicit op_lock(block_pool& p) : h(p) { begin(p); }
-        op_lock(block_pool& p, std::try_to_lock_t t) : h(p, t) {
+        op_lock(block_pool& p, int tries, long step_ns) : h(p, std::try_to_lock) {
+            for (int i = 0; i < tries && !owns(); ++i) {
+                timespec ts{0, step_ns};
+                nanosleep(&ts, nullptr);
+                h.lk.try_lock();
+            }
             if (owns()) begin(p);
         }
         bool owns() const { return h.lk.owns_lock(); }
