@@ -375,9 +375,17 @@ void event_log::publish(event* e) noexcept {
     mark_published(e->seq);  // e is the event of the slot of its seq
     if (finished_.load(std::memory_order_acquire)) {
         // A late event after the end line (a free from a static destructor that ran after ours):
-        // write it now rather than lose it.
+        // write it now rather than lose it.  An earlier slot still claimed (a thread preempted, or
+        // inside a real cuMemFree, between claim and publish) would hold it in the ring, and the
+        // process, about to end, would take both with it (CI's loaded 2 cores lost 3 of 6 late
+        // lines so): wait for that thread as finish() did, then pass over its slot, counted lost.
         if (lock_output(lock_wait::forever)) {
             drain_locked();
+            for (uint32_t i = 0; i < late_wait_ms_ * 10 && tail_ <= e->seq; ++i) {
+                sleep_ns(100000);
+                drain_locked();
+            }
+            if (tail_ <= e->seq) drain_locked(e->seq + 1);
             unlock_output();
         }
     }
@@ -633,7 +641,9 @@ void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
             // Claimed but never published (its thread is stuck or gone): count it, move on, and
             // remember the slot so that it can serve again once its thread lets go of it.
             lost_.fetch_add(1, std::memory_order_relaxed);
-            lost_reported_++;
+            // Before the end line is written its `lost` states this one; after it, a lost line.
+            if (end_written_) note_losses();
+            else lost_reported_++;
             if (n_abandoned_ < k_max_abandoned) abandoned_[n_abandoned_++] = t;
             else abandoned_overflow_ = true;
             continue;
@@ -757,6 +767,7 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
         unlock_output();
         return;
     }
+    late_wait_ms_ = in_flight_wait_ms;
     drain_locked(0, from_signal);
     uint64_t end_seq = 0;
     end_pos_owned_ = claim_end_position(&end_seq, from_signal, in_flight_wait_ms);
@@ -789,6 +800,7 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     end_len_ = int64_t(n);
     end_pos_ = end_seq;
     write_all(line, n);
+    end_written_ = true;
     if (end_pos_owned_) {
         // The end line's slot is consumed like an event's (unless a stuck claim still holds it:
         // release_slot frees it past this position later); events claimed after it go out now.
@@ -843,6 +855,7 @@ void event_log::resume_after_failed_exec() noexcept {
         end_pos_owned_ = false;
         end_pos_forced_ = false;
         finished_.store(false, std::memory_order_release);
+        end_written_ = false;
     }
     unlock_output();
     wake_writer();
@@ -877,6 +890,7 @@ void event_log::reset_after_fork() noexcept {
     end_offset_ = -1;
     end_len_ = 0;
     end_pos_owned_ = false;
+    end_written_ = false;
     n_abandoned_ = 0;
     abandoned_overflow_ = false;
     end_pos_forced_ = false;

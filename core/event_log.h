@@ -171,6 +171,8 @@ class event_log {
     uint64_t end_pos_ = 0;                      // its ring position (its seq)
     bool end_pos_owned_ = false;                // the end line took end_pos_ for itself
     bool end_pos_forced_ = false;               // ... while its slot was held by a stuck claim
+    bool end_written_ = false;                  // the end line is out: losses now need lost lines
+    uint32_t late_wait_ms_ = 0;                 // finish()'s in-flight wait, for events after the end line
     // Positions passed over while their slot was claimed but unpublished (consumer only).  The
     // slot stays "claimed" until its thread publishes: until then the next lap cannot use it, and
     // after that only the consumer can hand it back (release_abandoned), or the ring would jam there.

@@ -451,6 +451,40 @@ TEST_CASE("event log: an event after the end line gets the next seq, not the end
     unlink(path.c_str());
 }
 
+TEST_CASE("event log: an event after the end line is written even while an earlier claim is still unpublished") {
+    // Exit on a loaded machine: another thread claimed a slot after the end line and was preempted
+    // before publishing; a static destructor's late free must not wait behind it in the ring, or
+    // the process ends with both unwritten.  After finish()'s in-flight wait the slot is passed
+    // over, counted lost, and the late event goes out; the stuck one, published later, is not
+    // written out of seq order.
+    std::string path = temp_path("late-stuck");
+    event_log log(event_log::options{});
+    REQUIRE(log.start(path, "{\"ev\":\"header\"}\n"));
+    log.record(alloc_event(0x1000));
+    log.finish(end_reason::exit, 0, 0, 20);
+    event* stuck = claim_unpublished(log, 0x2000);
+    REQUIRE(stuck);
+    log.record(alloc_event(0x3000));
+    auto lines = read_lines(path);
+    REQUIRE(lines.size() >= 4);
+    CHECK(lines[2]["ev"] == "end");
+    CHECK(lines.back()["ev"] == "alloc");
+    CHECK(lines.back()["ptr"] == "0x3000");
+    CHECK(log.lost() == 1);
+    bool lost_line = false;  // the end line's `lost` was written before: this loss needs a line of its own
+    for (const json& j : lines) lost_line = lost_line || (j["ev"] == "lost" && j["count"] == 1);
+    CHECK(lost_line);
+    log.publish(stuck);
+    log.record(alloc_event(0x4000));
+    lines = read_lines(path);
+    CHECK(lines.back()["ptr"] == "0x4000");
+    std::vector<uint64_t> s = seqs(lines);
+    CHECK(std::is_sorted(s.begin(), s.end()));
+    CHECK(std::adjacent_find(s.begin(), s.end()) == s.end());
+    for (const json& j : lines) CHECK(j.value("ptr", "") != "0x2000");
+    unlink(path.c_str());
+}
+
 TEST_CASE("event log: a failed exec takes the end line back with no gap, and keeps lines written after it") {
     std::string path = temp_path("exec");
     event_log log(event_log::options{});
