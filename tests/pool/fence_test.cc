@@ -424,7 +424,10 @@ TEST_CASE("fences: the wait on every stream before unmapping immediate frees is 
     cfg.vmm = true;
     cfg.arenas = false;
     fenced f(cfg, 64 * MiB, 2 * MiB);
-    f.dev.set_wait_sleep_ns(1000000);
+    // A wait far longer than the calls around it: fence_ns is wall time, and a thread preempted
+    // inside a timed call (108 ms once, on a starved CI-like machine) must not pass for the wait.
+    constexpr uint64_t k_wait = 250000000;
+    f.dev.set_wait_sleep_ns(k_wait);
     f.free(f.alloc(40 * MiB));
     uint64_t p = 0;
     CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
@@ -435,11 +438,11 @@ TEST_CASE("fences: the wait on every stream before unmapping immediate frees is 
     CHECK(syncs[0].c.count == 0);
     CHECK((syncs[0].flags & ef_fence) != 0);
     CHECK((syncs[0].flags & ef_waited) == 0);
-    CHECK(syncs[0].c.wait_ns >= 1000000);
+    CHECK(syncs[0].c.wait_ns >= k_wait);
     CHECK(f.pool.wait_ns() == syncs[0].c.wait_ns);
     // Its queries and records are fence_ns, the wait is not (no call here sleeps).
     CHECK(f.pool.fence_ns() > 0);
-    CHECK(f.pool.fence_ns() < 1000000);
+    CHECK(f.pool.fence_ns() < k_wait);
 }
 
 TEST_CASE("fences: what no fence covers falls back to one context synchronize", "[fence]") {
