@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -442,7 +443,9 @@ void ignored_signal_case() {
 // The program's SIGINT handler as Python installs it: without SA_RESTART, so that a blocking read
 // returns EINTR and the interpreter gets to run its handler; with `resethand` also SA_RESETHAND, so
 // that the second SIGINT ends the program.  A write to the pipe after 3 s ends a read that was
-// restarted instead.
+// restarted instead.  The signal goes to the main thread once it is blocked in that read (its
+// /proc syscall entry says so): a fixed delay lost the race on a starved machine, where the
+// handler then ran before the read and the read waited out the 3 s.
 void handler_flags_case(bool resethand) {
     set_action(SIGINT, [](int) {}, resethand ? SA_RESETHAND : 0);
     driver_api a = direct_api();
@@ -451,9 +454,22 @@ void handler_flags_case(bool resethand) {
     CHECK(a.alloc(&p, 4096));
     static int fds[2];
     if (pipe(fds) != 0) fail("pipe", errno);
+    static pid_t main_tid;
+    main_tid = pid_t(syscall(SYS_gettid));
     std::thread([] {
-        usleep(100000);
-        kill(getpid(), SIGINT);
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/syscall", int(main_tid));
+        for (int i = 0; i < 10000; ++i) {  // 10 s at most; no /proc: 100 ms, as before
+            usleep(1000);
+            FILE* f = fopen(path, "r");
+            long nr = -1;
+            if (f) {
+                if (fscanf(f, "%ld", &nr) != 1) nr = -1;
+                fclose(f);
+            }
+            if (nr == SYS_read || (!f && i >= 100)) break;
+        }
+        syscall(SYS_tgkill, getpid(), main_tid, SIGINT);
         usleep(3000000);
         (void)!write(fds[1], "x", 1);
     }).detach();
