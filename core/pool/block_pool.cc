@@ -1229,6 +1229,14 @@ bool block_pool::validate_locked(std::string* why) const {
         if (b->seq != pending_[0]->seq + k || (k && b->cum <= pending_[k - 1]->cum))
             return fail("pending list out of free order", b->addr);
     }
+    // The sizes the hit path asks for a tighter pending block: a stale one would make it wait
+    // on a fence for a block that is no longer pending.
+    std::vector<uint64_t> large_pending;
+    for (const block* b : pending_)
+        if (b->seg->pool == pool_id::large) large_pending.push_back(b->size);
+    std::sort(large_pending.begin(), large_pending.end());
+    if (!std::equal(large_pending.begin(), large_pending.end(), pending_large_.begin(), pending_large_.end()))
+        return fail("pending large sizes differ from the large pool's pending blocks", 0);
     (void)unmapped;
     if (lent != stitched) return fail("lent bytes differ from stitched ones", 0);
     if (reserved != reserved_) return fail("reserved counter wrong", reserved_);
