@@ -478,6 +478,21 @@ TEST_CASE("event log: an event after the end line is written even while an earli
     log.record(alloc_event(0x4000));
     lines = read_lines(path);
     CHECK(lines.back()["ptr"] == "0x4000");
+    // A second stuck claim later: its lost line counts it alone, and the lines add up to lost().
+    event* stuck2 = claim_unpublished(log, 0x5000);
+    REQUIRE(stuck2);
+    log.record(alloc_event(0x6000));
+    lines = read_lines(path);
+    CHECK(lines.back()["ptr"] == "0x6000");
+    uint64_t lost_lines = 0, lost_sum = 0;
+    for (const json& j : lines)
+        if (j["ev"] == "lost") {
+            ++lost_lines;
+            lost_sum += j["count"].get<uint64_t>();
+            CHECK(j["count"] == 1);
+        }
+    CHECK(lost_lines == 2);
+    CHECK(lost_sum == log.lost());
     std::vector<uint64_t> s = seqs(lines);
     CHECK(std::is_sorted(s.begin(), s.end()));
     CHECK(std::adjacent_find(s.begin(), s.end()) == s.end());
