@@ -203,6 +203,31 @@ TEST_CASE("the peak map from a second pass equals the one taken inline", "[scena
     CHECK(y.segment_map[0].blocks == x.segment_map[0].blocks);
 }
 
+TEST_CASE("OOM verdicts on a pool of cuMemAlloc segments: all free memory together is the line between capacity and fragmentation", "[scenario]") {
+    // One 8 MiB segment: 2 MiB live at 0 and at 4 MiB, so 4 MiB free in two 2 MiB blocks; 1 MiB
+    // free on the GPU.  5 MiB would fit in all of it together: fragmentation.  One byte more does
+    // not fit anywhere: capacity.
+    const uint64_t seg = 0x40000000, MiB = 1 << 20;
+    auto verdict = [&](uint64_t request) {
+        const std::string log =
+            std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+            pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) + pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
+            "{\"ev\":\"oom\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" +
+            std::to_string(request) +
+            ",\"reserved\":8388608,\"allocated\":4194304,\"requested\":4194304,\"largest_free\":2097152,"
+            "\"free_blocks\":2,\"segments\":1,\"gpu_free\":1048576,\"gpu_total\":9437184}\n" +
+            end_line(4, 2);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        REQUIRE(r.devices[0].ooms.size() == 1);
+        CHECK(r.devices[0].ooms[0].free_in_segments == 4 * MiB);
+        return r.devices[0].ooms[0].verdict;
+    };
+    CHECK(verdict(5 * MiB) == "fragmentation");
+    CHECK(verdict(5 * MiB + 1) == "capacity");
+    CHECK(verdict(3 * MiB) == "fragmentation");
+}
+
 TEST_CASE("the timeline stays bounded and keeps the peak", "[scenario]") {
     // One spike, at several places: compaction merges points pairwise, and a maximum kept from
     // one side only would lose a spike that lands in the other (each series is checked).

@@ -171,6 +171,46 @@ TEST_CASE("OOM verdicts on a pool on virtual memory: capacity, chunk rounding, f
     CHECK(verdict(MiB, 0) == "fragmentation");  // a free block was large enough: a pool limit refused it
 }
 
+TEST_CASE("a pool's oom and the alloc_fail of the same request are one OOM; a failure of another size is its own", "[scenario][vmm]") {
+    // The pool writes "oom" when it runs out, then the refused call's alloc_fail (err 2): one OOM,
+    // which takes the call's error.  An alloc_fail of another size that follows (a call the pool
+    // passed through, failing in the driver) is a second OOM, not part of the pool's.
+    const uint64_t seg = 0x40000000;
+    auto fail_line = [](uint64_t seq, uint64_t size, bool pooled) {
+        return "{\"ev\":\"alloc_fail\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(100 * (seq + 1)) +
+               ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":" +
+               std::to_string(size) + (pooled ? ",\"pooled\":true" : "") + ",\"err\":2}\n";
+    };
+    const std::string oom = "{\"ev\":\"oom\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" +
+                            std::to_string(4 * MiB) +
+                            ",\"reserved\":2097152,\"allocated\":1048576,\"requested\":1048576,\"largest_free\":1048576,"
+                            "\"free_blocks\":1,\"segments\":1,\"gpu_free\":0,\"gpu_total\":8388608}\n";
+    const std::string head = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                             pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 6 * MiB, seg) + oom;
+    SECTION("the same size: one OOM with the call's error") {
+        temp_file f(head + fail_line(4, 4 * MiB, true) + end_line(5, 1));
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = r.devices[0];
+        CHECK(d.n_oom == 1);
+        REQUIRE(d.ooms.size() == 1);
+        CHECK(d.ooms[0].from_pool);
+        CHECK(d.ooms[0].err == 2);
+    }
+    SECTION("another size: two OOMs, the second the driver's") {
+        temp_file f(head + fail_line(4, 3 * MiB, false) + end_line(5, 1));
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = r.devices[0];
+        CHECK(d.n_oom == 2);
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].from_pool);
+        CHECK(d.ooms[0].size == 4 * MiB);
+        CHECK(d.ooms[0].err == 0);  // the pool's own: no call's error attached
+        CHECK(!d.ooms[1].from_pool);
+        CHECK(d.ooms[1].size == 3 * MiB);
+        CHECK(d.ooms[1].err == 2);
+    }
+}
+
 // Logs of tests/emu/pool_app's fill/fragment/large program under GPUMEM_POOL_VMM=on on the
 // emulated device (600 MiB, 2 MiB chunks; tests/data/emu/README.md).  The device alone serves
 // 200 x 3 MiB then 6 x 60 MiB, and 100 x 6 MiB then 6 x 60 MiB.
