@@ -147,6 +147,24 @@ TEST_CASE("large pool: 1-10 MiB requests share 20 MiB segments, remainders above
     CHECK(p.reserved() == 62 * MiB);
 }
 
+TEST_CASE("large pool: a remainder of exactly 1 MiB stays in the block, one of 1 MiB + 512 B is split off") {
+    // CUDACachingAllocator's should_split: remaining > kSmallSize for the large pool.
+    {
+        pytorch_policy p(pt_config{}, 0, 0);
+        REQUIRE(p.allocate(0, 20 * MiB, 0));  // a 20 MiB segment of its own
+        p.release(0);
+        REQUIRE(p.allocate(1, 19 * MiB, 0));
+        CHECK(p.block_size(1) == 20 * MiB);
+        CHECK(p.largest_free() == 0);
+    }
+    pytorch_policy p(pt_config{}, 0, 0);
+    REQUIRE(p.allocate(0, 20 * MiB, 0));
+    p.release(0);
+    REQUIRE(p.allocate(1, 19 * MiB - 512, 0));
+    CHECK(p.block_size(1) == 19 * MiB - 512);
+    CHECK(p.largest_free() == MiB + 512);
+}
+
 TEST_CASE("max_split_size: oversize blocks are not split, and serve only requests within 20 MiB") {
     {
         pytorch_policy p(pt_config{}, 0, 0);  // default: a 40 MiB free block is split for 30 MiB
