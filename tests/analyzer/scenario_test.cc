@@ -212,10 +212,7 @@ TEST_CASE("OOM verdicts on a pool of cuMemAlloc segments: all free memory togeth
         const std::string log =
             std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
             pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) + pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
-            "{\"ev\":\"oom\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" +
-            std::to_string(request) +
-            ",\"reserved\":8388608,\"allocated\":4194304,\"requested\":4194304,\"largest_free\":2097152,"
-            "\"free_blocks\":2,\"segments\":1,\"gpu_free\":1048576,\"gpu_total\":9437184}\n" +
+            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, MiB, 9 * MiB) +
             end_line(4, 2);
         temp_file f(log);
         process_report r = analyze_file(f.path, {});

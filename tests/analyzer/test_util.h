@@ -98,6 +98,19 @@ inline std::string pool_sync_line(uint64_t seq, uint64_t count, int dev = 0) {
     return "{\"ev\":\"pool_sync\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
            ",\"tid\":1,\"dev\":" + std::to_string(dev) + ",\"count\":" + std::to_string(count) + "}\n";
 }
+// The pool's oom line: the request, its own account at the moment (reserved, allocated, requested,
+// largest free block, free blocks, segments) and what the driver said was free of its total.
+struct pool_account {
+    uint64_t reserved = 0, allocated = 0, requested = 0, largest_free = 0, free_blocks = 0, segments = 0;
+};
+inline std::string oom_line(uint64_t seq, uint64_t size, const pool_account& a, uint64_t gpu_free, uint64_t gpu_total) {
+    return "{\"ev\":\"oom\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+           ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" + std::to_string(size) +
+           ",\"reserved\":" + std::to_string(a.reserved) + ",\"allocated\":" + std::to_string(a.allocated) +
+           ",\"requested\":" + std::to_string(a.requested) + ",\"largest_free\":" + std::to_string(a.largest_free) +
+           ",\"free_blocks\":" + std::to_string(a.free_blocks) + ",\"segments\":" + std::to_string(a.segments) +
+           ",\"gpu_free\":" + std::to_string(gpu_free) + ",\"gpu_total\":" + std::to_string(gpu_total) + "}\n";
+}
 inline std::string reuse_safe_line(uint64_t seq, int dev = 0, const char* api = "cuStreamCreate") {
     return "{\"ev\":\"reuse_safe\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
            ",\"tid\":1,\"dev\":" + std::to_string(dev) + ",\"api\":\"" + api + "\"}\n";

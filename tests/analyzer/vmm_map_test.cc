@@ -287,10 +287,7 @@ TEST_CASE("an arena segment makes the OOM verdict one of a pool on virtual memor
     // free on the GPU fits the bytes (1 + 2 MiB) but not in whole chunks: chunk rounding.
     const std::string log = std::string(k_header_on) + arena_line(0, seg, 8 * MiB, 2 * MiB) +
                             pooled_line("alloc", 1, seg, MiB, MiB, seg) +
-                            "{\"ev\":\"oom\",\"seq\":2,\"t\":300,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" +
-                            std::to_string(2 * MiB + 1) +
-                            ",\"reserved\":2097152,\"allocated\":1048576,\"requested\":1048576,\"largest_free\":1048576,"
-                            "\"free_blocks\":1,\"segments\":1,\"gpu_free\":2097152,\"gpu_total\":8388608}\n" +
+                            oom_line(2, 2 * MiB + 1, {2 * MiB, MiB, MiB, MiB, 1, 1}, 2 * MiB, 8 * MiB) +
                             end_line(3, 1);
     temp_file f(log);
     process_report r = analyze_file(f.path, {});

@@ -155,9 +155,7 @@ TEST_CASE("OOM verdicts on a pool on virtual memory: capacity, chunk rounding, f
     auto log = [&](uint64_t request, uint64_t gpu_free) {
         return std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
                pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 6 * MiB, seg) +
-               "{\"ev\":\"oom\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" + std::to_string(request) +
-               ",\"reserved\":2097152,\"allocated\":1048576,\"requested\":1048576,\"largest_free\":1048576,\"free_blocks\":1,"
-               "\"segments\":1,\"gpu_free\":" + std::to_string(gpu_free) + ",\"gpu_total\":8388608}\n" + end_line(4, 1);
+               oom_line(3, request, {2 * MiB, MiB, MiB, MiB, 1, 1}, gpu_free, 8 * MiB) + end_line(4, 1);
     };
     auto verdict = [&](uint64_t request, uint64_t gpu_free) {
         temp_file f(log(request, gpu_free));
@@ -181,12 +179,9 @@ TEST_CASE("a pool's oom and the alloc_fail of the same request are one OOM; a fa
                ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":" +
                std::to_string(size) + (pooled ? ",\"pooled\":true" : "") + ",\"err\":2}\n";
     };
-    const std::string oom = "{\"ev\":\"oom\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"size\":" +
-                            std::to_string(4 * MiB) +
-                            ",\"reserved\":2097152,\"allocated\":1048576,\"requested\":1048576,\"largest_free\":1048576,"
-                            "\"free_blocks\":1,\"segments\":1,\"gpu_free\":0,\"gpu_total\":8388608}\n";
     const std::string head = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
-                             pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 6 * MiB, seg) + oom;
+                             pooled_line("alloc", 1, seg, MiB, MiB, seg) + unmap_line(2, seg + 2 * MiB, 6 * MiB, seg) +
+                             oom_line(3, 4 * MiB, {2 * MiB, MiB, MiB, MiB, 1, 1}, 0, 8 * MiB);
     SECTION("the same size: one OOM with the call's error") {
         temp_file f(head + fail_line(4, 4 * MiB, true) + end_line(5, 1));
         process_report r = analyze_file(f.path, {});
