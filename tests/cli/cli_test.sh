@@ -363,6 +363,9 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
+  # ... and as a baseline: nothing to compare against is an error, not a pass.
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/odd.json"
+  expect_in "$W/err" "no GPU memory activity to compare against"
   # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it:
   # the pipe spelled out with the file and the command that met it, ready to copy (it once said
   # "zcat FILE | gpumem COMMAND /dev/stdin").
@@ -528,6 +531,11 @@ conventions)
   expect_rc 0 "$GPUMEM" check --baseline="$W/before.json" --tolerance=0% "$DATA/before.jsonl"
   expect_rc 0 "$GPUMEM" diff --top=2 "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_rc 0 "$GPUMEM" diff --top 2 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  # The list's cut is said at its edge: 7 changes, --top 6 hides one and says so; --top 7 none.
+  expect_rc 0 "$GPUMEM" diff --top 6 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_in "$W/out" "... 1 more (--top N)"
+  expect_rc 0 "$GPUMEM" diff --top 7 "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_not_in "$W/out" "more (--top N)"
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" -- "$DATA/after.jsonl" -- "$DATA/after.jsonl"
   expect_in "$W/err" "gpumem: error: a second --: diff compares two runs"
   expect_rc 2 "$GPUMEM" diff --top=0 "$DATA/before.jsonl" "$DATA/after.jsonl"
