@@ -95,6 +95,35 @@ TEST_CASE("the Perfetto trace has counter tracks and OOM markers", "[output]") {
     CHECK(instants == 1);
 }
 
+TEST_CASE("a Perfetto timeline point of several events closes with its last values at its end", "[output]") {
+    // A downsampled point spans events from t_first to t_last: its maxima go at its start, its
+    // last values at its end, so the level between points is right.  A one-event point, or one
+    // whose events share a time, has nothing to close.
+    auto pt = [](uint64_t t0, uint64_t t1, uint64_t events, uint64_t max, uint64_t last) {
+        time_point p;
+        p.t_first = t0;
+        p.t_last = t1;
+        p.events = events;
+        p.requested_max = p.allocated_max = p.reserved_max = max;
+        p.requested_last = p.allocated_last = p.reserved_last = last;
+        return p;
+    };
+    process_report pr;
+    pr.pid = 7;
+    device_report d;
+    d.dev = 0;
+    d.timeline = {pt(1000, 1000, 1, 10, 10), pt(2000, 3000, 2, 50, 20), pt(4000, 4000, 2, 30, 30), pt(5000, 9000, 5, 60, 0)};
+    pr.devices.push_back(d);
+    std::ostringstream o;
+    write_perfetto(o, {pr});
+    const auto j = nlohmann::json::parse(o.str());
+    std::vector<std::pair<double, uint64_t>> memory;  // (ts in us, requested) of the memory counter
+    for (const auto& e : j["traceEvents"])
+        if (e["ph"] == "C" && e["name"] == "dev0 memory (bytes)") memory.emplace_back(e["ts"].get<double>(), e["args"]["requested"].get<uint64_t>());
+    using v = std::vector<std::pair<double, uint64_t>>;
+    CHECK(memory == v{{1.0, 10}, {2.0, 50}, {3.0, 20}, {4.0, 30}, {5.0, 60}, {9.0, 0}});
+}
+
 TEST_CASE("an OOM names the call that asked for the memory, in text and JSON, and from the JSON read back", "[output]") {
     // tests/data/golden/oom_stack.jsonl: a pool refusal (oom, then a pooled alloc_fail naming stack
     // 2) and a pass-through cudaMallocManaged that ran out of memory (alloc_fail naming stack 3,
@@ -236,4 +265,34 @@ TEST_CASE("an OOM line's gpu_free without gpu_total is not recorded, for the ver
         CHECK(o.gpu_free == 0);
         CHECK(o.verdict == "capacity");
     }
+}
+
+TEST_CASE("an address allocated again with no free between ends the first lifetime in the call-site views", "[output]") {
+    // A lost free (seq 1 here) leaves an address allocated twice.  The rebuild warns and keeps the
+    // second block; the sites must too, or the first call site would hold its bytes
+    // to the end: at the peak and among the leaks, beside the block that replaced it.
+    auto with_stack = [](std::string line, int stack) {
+        return line.insert(line.size() - 2, ",\"stack\":" + std::to_string(stack));
+    };
+    const uint64_t MiB = 1 << 20;
+    std::string log = std::string(k_header_off) +
+                      "{\"ev\":\"stack\",\"id\":1,\"frames\":[{\"function\":\"first\",\"file\":\"/src/a.py\",\"line\":1}]}\n"
+                      "{\"ev\":\"stack\",\"id\":2,\"frames\":[{\"function\":\"second\",\"file\":\"/src/a.py\",\"line\":2}]}\n"
+                      "{\"ev\":\"stack\",\"id\":3,\"frames\":[{\"function\":\"other\",\"file\":\"/src/a.py\",\"line\":3}]}\n" +
+                      with_stack(alloc_line(0, 0x10000000, 4 * MiB), 1) + "{\"ev\":\"lost\",\"t\":150,\"tid\":1,\"count\":1}\n" +
+                      with_stack(alloc_line(2, 0x10000000, 1 * MiB), 2) + with_stack(alloc_line(3, 0x20000000, 2 * MiB), 3) +
+                      end_line(4, 2);
+    temp_file f(log, "realloc_sites");
+    process_report p = analyze_file(f.path, {});
+    REQUIRE(p.devices.size() == 1);
+    const device_report& d = p.devices[0];
+    auto bytes_of = [](const std::vector<site_row>& rows) {
+        std::vector<std::pair<uint32_t, uint64_t>> out;
+        for (const site_row& r : rows) out.emplace_back(r.stack, r.bytes);
+        return out;
+    };
+    using v = std::vector<std::pair<uint32_t, uint64_t>>;
+    CHECK(bytes_of(d.leak_sites) == v{{3, 2 * MiB}, {2, 1 * MiB}});
+    CHECK(d.requested.peak == 4 * MiB);  // the first block alone; 1 + 2 MiB at the end
+    CHECK(bytes_of(d.peak_sites) == v{{1, 4 * MiB}});
 }

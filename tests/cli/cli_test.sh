@@ -425,18 +425,25 @@ diff)
   expect_not_in "$W/out" "leaks"
   # Leaks by API count every leaked allocation, not only the 50 largest that the report lists:
   # 60 leaked 1 MiB blocks are 60 MiB, where the listed ones add up to 50 MiB.
-  python3 - "$DATA/before.jsonl" "$W/leak60.jsonl" <<'EOF'
+  for n in 60 50; do python3 - "$DATA/before.jsonl" "$W/leak$n.jsonl" $n <<'EOF'
 import json, sys
 lines = open(sys.argv[1]).read().splitlines()
-out = [lines[0]]
-for i in range(60):
+out, n = [lines[0]], int(sys.argv[3])
+for i in range(n):
     out.append(json.dumps({"ev": "alloc", "seq": i, "t": 1000 * (i + 1), "tid": 1, "dev": 0, "api": "cudaMalloc",
                            "kind": "device", "ptr": hex(0x7f0000000000 + i * 0x100000), "size": 1048576}))
-out.append(json.dumps({"ev": "end", "seq": 60, "t": 100000, "tid": 1, "reason": "exit", "events": 60, "n_alloc": 60,
-                       "n_free": 0, "n_fail": 0, "live_allocs": 60, "live_bytes": 60 * 1048576, "lost": 0,
+out.append(json.dumps({"ev": "end", "seq": n, "t": 100000, "tid": 1, "reason": "exit", "events": n, "n_alloc": n,
+                       "n_free": 0, "n_fail": 0, "live_allocs": n, "live_bytes": n * 1048576, "lost": 0,
                        "unmatched": 0}))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 EOF
+  done
+  # The text report says when it lists fewer leaks than there are (the 50 largest), and only then.
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/leak60.jsonl"
+  expect_in "$W/out" "Leaks: allocations never freed: 60 allocations, 60.00 MiB requested (largest 50 listed)"
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/leak50.jsonl"
+  expect_in "$W/out" "Leaks: allocations never freed: 50 allocations, 50.00 MiB requested"
+  expect_not_in "$W/out" "listed)"
   expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/leak60.jsonl"
   expect_in "$W/out" "+ leaks from cudaMalloc: 1.00 MiB -> 60.00 MiB  [+59.00 MiB; leaked allocations 1 -> 60]"
   "$GPUMEM" report --json "$W/leak60.jsonl" > "$W/leak60.json"
