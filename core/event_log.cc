@@ -380,12 +380,7 @@ void event_log::publish(event* e) noexcept {
         // process, about to end, would take both with it (CI's loaded 2 cores lost 3 of 6 late
         // lines so): wait for that thread as finish() did, then pass over its slot, counted lost.
         if (lock_output(lock_wait::forever)) {
-            drain_locked();
-            for (uint32_t i = 0; i < late_wait_ms_ * 10 && tail_ <= e->seq; ++i) {
-                sleep_ns(100000);
-                drain_locked();
-            }
-            if (tail_ <= e->seq) drain_locked(e->seq + 1);
+            drain_through(e->seq + 1, late_wait_ms_, false);
             unlock_output();
         }
     }
@@ -618,6 +613,15 @@ void event_log::drain(bool from_signal) noexcept {
     unlock_output();
 }
 
+void event_log::drain_through(uint64_t end, uint32_t wait_ms, bool from_signal) noexcept {
+    drain_locked(0, from_signal);
+    for (uint32_t i = 0; i < wait_ms * 10 && tail_ < end; ++i) {
+        sleep_ns(100000);
+        drain_locked(0, from_signal);
+    }
+    drain_locked(end, from_signal);
+}
+
 void event_log::drain_locked(uint64_t skip_before, bool from_signal) noexcept {
     // With no file left (write_all gave up) the events are still consumed, or the ring would stay
     // full and every producer would wait out its budget.
@@ -772,11 +776,7 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     uint64_t end_seq = 0;
     end_pos_owned_ = claim_end_position(&end_seq, from_signal, in_flight_wait_ms);
     // Other threads may be between claim() and publish(), e.g. inside a real cuMemFree.
-    for (uint32_t i = 0; i < in_flight_wait_ms * 10 && tail_ < end_seq; ++i) {
-        sleep_ns(100000);
-        drain_locked(0, from_signal);
-    }
-    drain_locked(end_seq, from_signal);
+    drain_through(end_seq, in_flight_wait_ms, from_signal);
 
     // The end line is an event like the others: core/log_fields.h says what it carries.
     event e{};

@@ -132,6 +132,10 @@ class event_log {
     // Drains published slots in order; stops at the first unpublished one, except that one claimed
     // before `skip_before` (its thread stuck or gone) is counted lost and passed over.
     void drain_locked(uint64_t skip_before = 0, bool from_signal = false) noexcept;
+    // Drains every event before `end`: waits up to wait_ms for threads between claim() and
+    // publish(), then passes over (counts lost) what is still claimed.  For the end line and for
+    // an event published after it.
+    void drain_through(uint64_t end, uint32_t wait_ms, bool from_signal) noexcept;
     // Takes the ring position after every event drained so far for the end line (see finish()).
     // Returns false when none could be taken; *pos is then the head, which the next event shares.
     bool claim_end_position(uint64_t* pos, bool from_signal, uint32_t wait_ms) noexcept;
