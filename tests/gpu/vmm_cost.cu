@@ -19,6 +19,7 @@
 // what an ordered release costs the device, not the host: a chain of small kernels on the legacy
 // stream, alone or with a release's calls after each (each idle stream marked and made to wait, or
 // only made to wait), queued behind a long kernel so that the device runs the queue back to back.
+// "offset" (only by name): whether a handle maps from a nonzero offset, and what a piece costs.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -563,6 +564,74 @@ static int order(cudaStream_t) {
     return 0;
 }
 
+// "offset" (only by name): can one physical handle be mapped in part, from a nonzero offset
+// (cuMemMap's offset argument; cuda.h 13.0 describes it, and its parameter note still says
+// "currently must be zero")?  A pool could then create large handles (fewer calls to grow and to
+// stitch) and still lend their free 2 MiB pieces one by one, keeping its promise at 2 MiB.
+// Prints "offset map rc=R", "offset alias ok=0|1" (the piece reads and writes the handle's second
+// granule, and the whole mapping sees it), and "offset op=NAME pieces=N us_per_piece=X" for
+// map + access + unmap of single granules: whole small handles against pieces of one large one,
+// and runs of 4 granules as one piece.
+static int offset(CUdevice dev) {
+    chunk_kind ck;
+    CK(ck.init(dev));
+    const size_t g = ck.gran, units = 32, big = units * g;
+    CUmemGenericAllocationHandle h;
+    CK(cuMemCreate(&h, big, &ck.prop, 0));
+    CUdeviceptr whole = 0, piece = 0;
+    CK(cuMemAddressReserve(&whole, big, 0, 0, 0));
+    CK(cuMemAddressReserve(&piece, big, 0, 0, 0));
+    CK(cuMemMap(whole, big, 0, h, 0));
+    CK(cuMemSetAccess(whole, big, &ck.acc, 1));
+    for (size_t u = 0; u < units; ++u) CK(cuMemsetD32(whole + u * g, unsigned(0x1000 + u), g / 4));
+    CUresult rc = cuMemMap(piece, g, g, h, 0);
+    printf("offset map rc=%d\n", int(rc));
+    if (rc != CUDA_SUCCESS) {
+        CK(cuMemUnmap(whole, big));
+        CK(cuMemRelease(h));
+        return 0;
+    }
+    CK(cuMemSetAccess(piece, g, &ck.acc, 1));
+    unsigned v = 0, w = 0;
+    CK(cuMemcpyDtoH(&v, piece + 8, 4));
+    CK(cuMemsetD32(piece, 0xbeef, g / 4));
+    CK(cuMemcpyDtoH(&w, whole + g + 8, 4));
+    unsigned first = 0;
+    CK(cuMemcpyDtoH(&first, whole + 8, 4));
+    printf("offset alias ok=%d read=0x%x wrote_through=0x%x unit0=0x%x\n", int(v == 0x1001 && w == 0xbeef && first == 0x1000), v, w,
+           first);
+    CK(cuMemUnmap(piece, g));
+    // Costs: n single granules, as whole small handles, then as pieces of h; then runs of 4.
+    const int n = int(units);
+    std::vector<CUmemGenericAllocationHandle> small(n);
+    for (auto& s : small) CK(cuMemCreate(&s, g, &ck.prop, 0));
+    for (int round = 0; round < 3; ++round) {
+        auto t0 = clk::now();
+        for (int i = 0; i < n; ++i) CK(cuMemMap(piece + i * g, g, 0, small[i], 0));
+        CK(cuMemSetAccess(piece, n * g, &ck.acc, 1));
+        CK(cuMemUnmap(piece, n * g));
+        printf("offset op=small_handles pieces=%d us_per_piece=%.2f round=%d\n", n, us_since(t0) / n, round);
+        // Pieces of one handle in reverse order, so that no two neighbours could merge.
+        t0 = clk::now();
+        for (int i = 0; i < n; ++i) CK(cuMemMap(piece + i * g, g, size_t(n - 1 - i) * g, h, 0));
+        CK(cuMemSetAccess(piece, n * g, &ck.acc, 1));
+        CK(cuMemUnmap(piece, n * g));
+        printf("offset op=pieces_of_one pieces=%d us_per_piece=%.2f round=%d\n", n, us_since(t0) / n, round);
+        t0 = clk::now();
+        for (int i = 0; i < n; i += 4) CK(cuMemMap(piece + i * g, 4 * g, size_t(n - 4 - i) * g, h, 0));
+        CK(cuMemSetAccess(piece, n * g, &ck.acc, 1));
+        CK(cuMemUnmap(piece, n * g));
+        printf("offset op=runs_of_4 pieces=%d us_per_piece=%.2f us_per_granule=%.2f round=%d\n", n / 4, us_since(t0) / (n / 4),
+               us_since(t0) / n, round);
+    }
+    for (auto& s : small) CK(cuMemRelease(s));
+    CK(cuMemUnmap(whole, big));
+    CK(cuMemRelease(h));
+    CK(cuMemAddressFree(whole, big));
+    CK(cuMemAddressFree(piece, big));
+    return 0;
+}
+
 int main(int argc, char** argv) {
     if (cudaFree(nullptr) != cudaSuccess) return 3;
     CUdevice dev;
@@ -572,6 +641,7 @@ int main(int argc, char** argv) {
     const std::string only = argc > 1 ? argv[1] : "";
     if (only == "calls") return calls(side);
     if (only == "order") return order(side);
+    if (only == "offset") return offset(dev);
     if (only == "background") {
         CUcontext c;
         CK(cuCtxGetCurrent(&c));
