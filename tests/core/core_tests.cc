@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -168,6 +169,7 @@ TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1
     CHECK(size("0.3KB") == "300");
     CHECK(size("2.75") == "2");
     CHECK(size("1.000000000000000000000001GiB") == "1073741824");
+    CHECK(size("0.0000000001TiB") == "109");  // 109.95 B: the 10th fraction digit still counts
     CHECK(size("0") == "0");
     // The largest value, and one past it, with and without a unit.
     CHECK(size("18446744073709551615") == "18446744073709551615");
@@ -177,9 +179,11 @@ TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1
     CHECK(size("18446744073709551615.5") == "18446744073709551615");
     CHECK(size("18446744073709552KB") == "no (12345)");
     CHECK(size("99999999999999999999999") == "no (12345)");
+    // 2^128 + 4096: past any 128-bit accumulator too, refused rather than wrapped to 4096.
+    CHECK(size("340282366920938463463374607431768215552") == "no (12345)");
     // Not sizes.
     for (const char* bad : {"", " 4", "+4", "-4", ".5", "1.", "1.GiB", "1e6", "4KiBs", "4 K B", "4Ki", "4iB",
-                            "4P", "4PB", "0x10", "4,096", "4MB ", "4096 ", "MB", "1..5"}) {
+                            "4P", "4PB", "0x10", "4,096", "4MB ", "4096 ", "MB", "1..5", "4bytes", "4BB", "4b "}) {
         INFO(bad);
         CHECK(size(bad) == "no (12345)");
     }
@@ -190,6 +194,19 @@ TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1
     CHECK(parse_bool("OFF", &b));
     CHECK_FALSE(b);
     CHECK_FALSE(parse_bool("maybe", &b));
+    // Every spelling README gives GPUMEM_POOL: on/off, 1/0, true/false, yes/no, in any case.
+    for (const char* t : {"on", "1", "true", "TRUE", "yes", "Yes"}) {
+        INFO(t);
+        b = false;
+        CHECK(parse_bool(t, &b));
+        CHECK(b);
+    }
+    for (const char* f : {"off", "0", "false", "False", "no", "NO"}) {
+        INFO(f);
+        b = true;
+        CHECK(parse_bool(f, &b));
+        CHECK_FALSE(b);
+    }
 }
 
 TEST_CASE("GPUMEM_ROUTES: all or the letters a-d and anything else is refused and means all") {
@@ -241,6 +258,71 @@ TEST_CASE("config from env keeps defaults on bad values and says so") {
     unsetenv("GPUMEM_FLUSH_MS");
     unsetenv("GPUMEM_POOL");
     unsetenv("GPUMEM_BUFFER_EVENTS");
+}
+
+TEST_CASE("config from env: each range's ends are allowed, one past is refused with the bound") {
+    // README's settings table: FLUSH_MS 1-60000, BUFFER_EVENTS 1024-16777216, WAIT_MS 0-600000,
+    // SINK_STALL_MS 0-3600000, STACK_DEPTH 1-256, both ends included.
+    setenv("GPUMEM_FLUSH_MS", "60000", 1);
+    setenv("GPUMEM_BUFFER_EVENTS", "16777216", 1);
+    setenv("GPUMEM_WAIT_MS", "600000", 1);
+    setenv("GPUMEM_SINK_STALL_MS", "3600000", 1);
+    setenv("GPUMEM_STACK_DEPTH", "256", 1);
+    std::string warnings;
+    config c = config::from_env(&warnings);
+    CHECK(warnings.empty());
+    CHECK(c.flush_ms == 60000);
+    CHECK(c.buffer_events == 16777216);
+    CHECK(c.wait_ms == 600000);
+    CHECK(c.sink_stall_ms == 3600000);
+    CHECK(c.stack_depth == 256);
+    setenv("GPUMEM_FLUSH_MS", "60001", 1);
+    setenv("GPUMEM_WAIT_MS", "600001", 1);
+    warnings.clear();
+    c = config::from_env(&warnings);
+    CHECK(c.flush_ms == 20);
+    CHECK(c.wait_ms == 2000);
+    CHECK(warnings == "GPUMEM_FLUSH_MS='60001' is too large: the maximum is 60000; using 20\n"
+                      "GPUMEM_WAIT_MS='600001' is too large: the maximum is 600000; using 2000\n");
+    for (const char* v : {"GPUMEM_FLUSH_MS", "GPUMEM_BUFFER_EVENTS", "GPUMEM_WAIT_MS", "GPUMEM_SINK_STALL_MS", "GPUMEM_STACK_DEPTH"})
+        unsetenv(v);
+}
+
+TEST_CASE("config from env: an empty GPUMEM_OUT keeps the default name, and an unknown GPUMEM_STACKS is said") {
+    // An empty path would leave the log nowhere; README: GPUMEM_OUT's default is gpumem-%p.jsonl.
+    setenv("GPUMEM_OUT", "", 1);
+    setenv("GPUMEM_STACKS", "NATIVE", 1);  // names in any case
+    std::string warnings;
+    config c = config::from_env(&warnings);
+    CHECK(c.out == config::k_default_out);
+    CHECK(c.stacks == stacks::stack_mode::native);
+    CHECK(warnings.empty());
+    setenv("GPUMEM_STACKS", "pyhton", 1);
+    warnings.clear();
+    c = config::from_env(&warnings);
+    CHECK(c.stacks == stacks::stack_mode::python);
+    CHECK(warnings == "GPUMEM_STACKS='pyhton' is not off, python, native or all; using python\n");
+    unsetenv("GPUMEM_OUT");
+    unsetenv("GPUMEM_STACKS");
+}
+
+TEST_CASE("rank_from_env: $RANK, else $LOCAL_RANK, else 0") {
+    // docs/log-format.md's %r, and the header's rank.  The test's own environment is put back.
+    auto saved = [](const char* n) { const char* v = getenv(n); return v ? std::optional<std::string>(v) : std::nullopt; };
+    auto rank = saved("RANK"), local = saved("LOCAL_RANK");
+    unsetenv("RANK");
+    unsetenv("LOCAL_RANK");
+    CHECK(rank_from_env() == "0");
+    setenv("LOCAL_RANK", "3", 1);
+    CHECK(rank_from_env() == "3");
+    setenv("RANK", "", 1);  // empty: not a rank
+    CHECK(rank_from_env() == "3");
+    setenv("RANK", "11", 1);
+    CHECK(rank_from_env() == "11");
+    unsetenv("RANK");
+    unsetenv("LOCAL_RANK");
+    if (rank) setenv("RANK", rank->c_str(), 1);
+    if (local) setenv("LOCAL_RANK", local->c_str(), 1);
 }
 
 TEST_CASE("formatter writes the documented members for each kind") {
@@ -340,6 +422,39 @@ TEST_CASE("json strings are escaped") {
     append_json_string(out, raw, sizeof raw - 1);
     CHECK(out == "\"a\\\"b\\\\c\\n\\u0001\"");
     CHECK(json::parse(out) == std::string(raw));
+    // Both hex digits of a control character: ESC (0x1b) and 0x1f have a high digit of 1, not 0.
+    out.clear();
+    append_json_string(out, "\x1b[0m\x1f", 5);
+    CHECK(out == "\"\\u001b[0m\\u001f\"");
+    CHECK(json::parse(out) == std::string("\x1b[0m\x1f"));
+}
+
+TEST_CASE("json strings: well-formed UTF-8 passes through, each byte of an ill-formed sequence becomes U+FFFD") {
+    // Unicode's table 3-7 (docs/log-format.md): no overlong forms (C0, C1 leads; E0 with a second
+    // byte below A0), no surrogates, nothing past U+10FFFF (F4 with a second byte above 8F), and
+    // every continuation byte in 80..BF.  nlohmann's parser refuses ill-formed UTF-8, so each
+    // output must also parse.
+    const std::string r = "\\ufffd";  // U+FFFD, written as an escape
+    const std::pair<std::string, std::string> cases[] = {
+        {"\xc2\x80", "\xc2\x80"},                  // U+0080, the first two-byte form
+        {"\xe0\xa0\x80", "\xe0\xa0\x80"},          // U+0800, the first three-byte form
+        {"\xed\x9f\xbf", "\xed\x9f\xbf"},          // U+D7FF, just below the surrogates
+        {"\xf0\x90\x80\x80", "\xf0\x90\x80\x80"},  // U+10000
+        {"\xf4\x8f\xbf\xbf", "\xf4\x8f\xbf\xbf"},  // U+10FFFF, the last code point
+        {"\xc0\xaf", r + r},                         // overlong '/'
+        {"\xc1\xbf", r + r},                         // overlong U+007F
+        {"\xe0\x80\xaf", r + r + r},                  // overlong '/' in three bytes
+        {"\xf4\x90\x80\x80", r + r + r + r},          // U+110000
+        {"\xe2\x82\xc0", r + r + r},                  // third byte not a continuation byte
+        {"\xf0\x90\x80\xc0", r + r + r + r},          // fourth byte not a continuation byte
+    };
+    for (const auto& [in, want] : cases) {
+        INFO(json(want).dump());
+        std::string out;
+        append_json_string(out, in.data(), in.size());
+        CHECK(out == "\"" + want + "\"");
+        CHECK_NOTHROW(json::parse(out));  // and valid UTF-8 throughout
+    }
 }
 
 // The issue's stress requirement: >= 8 threads, >= 1M events, exact counts, seq gap-free and in order.

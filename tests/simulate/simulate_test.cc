@@ -2,10 +2,15 @@
 // OOM at a capacity and its verdict, ideal and gpumem, with hand-computed expectations.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
+#include <unistd.h>
+
 #include "gpumem_pool.h"
 #include "ideal.h"
 #include "pytorch.h"
 #include "replay.h"
+#include "trace.h"
 
 using namespace gpumem::simulate;
 
@@ -198,6 +203,58 @@ TEST_CASE("max_split_size: oversize blocks are not split, and serve only request
     CHECK(twenty.reserved() == 40 * MiB);
 }
 
+TEST_CASE("max_split_size at its boundaries: a request of exactly max_split_size is not split, a block of exactly request + 20 MiB is refused") {
+    // should_split(): size < max_split_size && remaining > kSmallSize.  A request of exactly
+    // max_split_size_mb:32 takes a cached 40 MiB block whole (40 < 32 + 20), and the 8 MiB past it
+    // stays in the block: split, it would hand out 32 MiB and cache 8.
+    pytorch_policy p(conf("max_split_size_mb:32"), 0, 0);
+    REQUIRE(p.allocate(0, 40 * MiB, 0));
+    p.release(0);
+    REQUIRE(p.allocate(1, 32 * MiB, 0));
+    CHECK(p.driver_allocs() == 1);
+    CHECK(p.block_size(1) == 40 * MiB);
+    CHECK(p.largest_free() == 0);
+    // get_free_block(): for a request of max_split_size or more, an oversize block is refused once it
+    // is >= the request + max_non_split_rounding (20 MiB): 60 MiB for 40 is refused, a new segment comes.
+    pytorch_policy q(conf("max_split_size_mb:32"), 0, 0);
+    REQUIRE(q.allocate(0, 60 * MiB, 0));
+    q.release(0);
+    REQUIRE(q.allocate(1, 40 * MiB, 0));
+    CHECK(q.driver_allocs() == 2);
+    CHECK(q.block_size(1) == 40 * MiB);
+    CHECK(q.reserved() == 100 * MiB);
+}
+
+TEST_CASE("max_split_size under a capacity: release_available_cached_blocks frees oversize blocks only, before everything cached goes") {
+    // malloc(): when alloc_block fails, release_available_cached_blocks runs before
+    // release_cached_blocks.  With max_split_size_mb:32 it frees cached blocks of 32 MiB or more,
+    // the largest first, until they cover the request; the cached 20 and 16 MiB segments and the
+    // small pool's 2 MiB stay.  When the oversize blocks cannot cover it, it frees what it passed and
+    // fails, and release_cached_blocks then frees every unsplit cached block.
+    auto cache_five = [](pytorch_policy& p) {
+        REQUIRE(p.allocate(0, 36 * MiB, 0));  // a 36 MiB segment (oversize)
+        REQUIRE(p.allocate(1, 34 * MiB, 0));  // 34 MiB (oversize)
+        REQUIRE(p.allocate(2, 5 * MiB, 0));   // a 20 MiB segment, split 5 + 15
+        REQUIRE(p.allocate(3, 16 * MiB, 0));  // more than the free 15: a 16 MiB segment
+        REQUIRE(p.allocate(4, 1000, 0));      // a 2 MiB small segment
+        REQUIRE(p.reserved() == 108 * MiB);
+        for (uint32_t id = 0; id < 5; ++id) p.release(id);
+    };
+    pytorch_policy p(conf("max_split_size_mb:32"), 120 * MiB, 0);
+    cache_five(p);
+    // 60 MiB: 108 + 60 > 120.  No single block is >= 60, so the 36 and then the 34 go (70 >= 60).
+    REQUIRE(p.allocate(5, 60 * MiB, 0));
+    CHECK(p.driver_frees() == 2);
+    CHECK(p.reserved() == 98 * MiB);  // 20 + 16 + 2 still cached, and the new 60
+    pytorch_policy q(conf("max_split_size_mb:32"), 120 * MiB, 0);
+    cache_five(q);
+    // 80 MiB: 36 + 34 = 70 < 80, and the 20 MiB block is below max_split_size, so the loop stops
+    // there: release_cached_blocks frees the 20, the 16 and the 2 too.
+    REQUIRE(q.allocate(5, 80 * MiB, 0));
+    CHECK(q.driver_frees() == 5);
+    CHECK(q.reserved() == 80 * MiB);
+}
+
 TEST_CASE("expandable segments grow one mapping in 20 MiB pages and keep blocks contiguous") {
     pytorch_policy p(conf("expandable_segments:True"), 0, 80ull << 30);
     REQUIRE(p.allocate(0, 3 * MiB, 0));
@@ -217,6 +274,58 @@ TEST_CASE("expandable segments grow one mapping in 20 MiB pages and keep blocks 
     p.release(1);
     p.release(0);
     CHECK(p.largest_free() == 40 * MiB);  // one free block over both pages
+}
+
+TEST_CASE("expandable segments: best fit keeps the lower address among free blocks that can grow to the same size") {
+    // get_free_block() moves past the first fitting block of an expandable segment only to one whose
+    // expandable size (its own plus the unmapped space right after it) is strictly smaller.  Five
+    // 4 MiB blocks fill one 20 MiB page; freeing the 2nd and the 4th leaves two 4 MiB holes between
+    // allocated blocks.  A 4 MiB request takes the lower hole, so freeing the 1st block leaves 4 MiB
+    // pieces only; had it taken the upper one, the 1st would merge with the lower hole into 8 MiB.
+    pytorch_policy p(conf("expandable_segments:True"), 0, 1ull << 30);
+    for (uint32_t id = 0; id < 5; ++id) REQUIRE(p.allocate(id, 4 * MiB, 0));
+    REQUIRE(p.reserved() == 20 * MiB);
+    p.release(1);
+    p.release(3);
+    REQUIRE(p.allocate(5, 4 * MiB, 0));
+    p.release(0);
+    CHECK(p.largest_free() == 4 * MiB);
+}
+
+TEST_CASE("expandable segments: out of memory unmaps the free pages of cached blocks and retries") {
+    // release_cached_blocks() -> release_blocks(): a free block of an expandable segment has its
+    // whole pages unmapped.  Stream 0 maps two 20 MiB pages for 30 MiB and frees it; stream 1 then
+    // needs two pages of its own, which a 60 MiB device has room for only once stream 0's are unmapped.
+    pytorch_policy p(conf("expandable_segments:True"), 60 * MiB, 100 * MiB);
+    REQUIRE(p.allocate(0, 30 * MiB, 0));
+    CHECK(p.reserved() == 40 * MiB);
+    p.release(0);
+    REQUIRE(p.allocate(1, 30 * MiB, 1));
+    CHECK(p.reserved() == 40 * MiB);
+    CHECK(p.driver_frees() == 1);  // one unmap
+    CHECK(p.driver_allocs() == 2);
+}
+
+TEST_CASE("expandable segments: a request that starts in an unmapped hole maps only the hole before the free pages after it") {
+    // try_allocate_expandable_block(): the candidate "unmapped -> free" maps min(candidate size,
+    // request), then merges with the free block after it; the pages already mapped are not mapped
+    // again.  A 100 MiB device allows 0.7 of it (70 MiB, checked against get_allocation_size before
+    // mapping) and has six pages of address space.  Three 20 MiB blocks fill pages 0-2; the middle one
+    // is freed, and a request that the limit refuses makes release_cached_blocks unmap page 1.
+    // Freeing page 2 then leaves: block 0, unmapped page 1, free page 2.  30 MiB starts at page 1:
+    // page 1 is mapped again (60 MiB reserved, not 80) and page 2 joins it.
+    pytorch_policy p(conf("expandable_segments:True,per_process_memory_fraction:0.7"), 0, 100 * MiB);
+    for (uint32_t id = 0; id < 3; ++id) REQUIRE(p.allocate(id, 20 * MiB, 0));
+    REQUIRE(p.reserved() == 60 * MiB);
+    p.release(1);
+    CHECK_FALSE(p.allocate(3, 40 * MiB, 1));  // 60 + 40 > 70, and 40 + 40 still, after page 1 is unmapped
+    REQUIRE(p.reserved() == 40 * MiB);
+    p.release(2);
+    REQUIRE(p.allocate(4, 30 * MiB, 0));      // 40 + 30 <= 70
+    CHECK(p.reserved() == 60 * MiB);
+    CHECK(p.driver_allocs() == 4);
+    CHECK(p.block_size(4) == 30 * MiB);
+    CHECK(p.largest_free() == 10 * MiB);
 }
 
 TEST_CASE("OOM at capacity: cached unsplit segments are freed and the request retried") {
@@ -256,6 +365,19 @@ TEST_CASE("replay: peak, moment, and the failure verdicts capacity and fragmenta
         CHECK(r.peak_fragmentation == Approx(1.0 - 6.0 / 16.0));
         CHECK(r.frag_seq == 7);
     }
+}
+
+TEST_CASE("replay's verdict: a request exactly as large as all free bytes is fragmentation, not capacity") {
+    // docs/metrics.md: capacity only when even all free bytes in one piece plus the untouched memory
+    // could not hold the request.  The six 6 MiB blocks of the test above with the 1st and 5th freed:
+    // 16 MiB free in segments, nothing untouched on a 40 MiB device.  16 MiB would fit in one piece.
+    auto t = steps({A(0, 6 * MiB), A(1, 6 * MiB), A(2, 6 * MiB), A(3, 6 * MiB), A(4, 6 * MiB), A(5, 6 * MiB),
+                    F(0), F(4), A(6, 16 * MiB)});
+    pytorch_policy p(pt_config{}, 40 * MiB, 0);
+    replay_result r = replay(t, p, "pytorch", 40 * MiB);
+    CHECK(r.fail_seq == 8);
+    CHECK(r.fail_free_in_segments == 16 * MiB);
+    CHECK(r.failure == failure_reason::fragmentation);
 }
 
 TEST_CASE("ideal: the peak of live requested bytes, failing only past the capacity") {
@@ -318,6 +440,11 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through
     CHECK(c.expandable);
     CHECK(parse_pt_config("roundup_power2_divisions:3", c) != "");
     CHECK(parse_pt_config("garbage_collection_threshold:1.5", c) != "");
+    // parseGarbageCollectionThreshold: strictly between 0 and 1, both ends refused.
+    CHECK(parse_pt_config("garbage_collection_threshold:1", c) != "");
+    CHECK(parse_pt_config("garbage_collection_threshold:1.0", c) != "");
+    CHECK(parse_pt_config("garbage_collection_threshold:0", c) != "");
+    CHECK(parse_pt_config("garbage_collection_threshold:0.99", c) == "");
     CHECK(parse_pt_config("bogus:1", c) != "");
     CHECK(parse_pt_config("backend:cudaMallocAsync", c) != "");
     pt_config d = conf("max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8,expandable_segments:True");
@@ -325,6 +452,10 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through
     CHECK(d.expandable);
     CHECK(d.to_conf() == "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8,expandable_segments:True");
     CHECK(pt_config{}.to_conf() == "");
+    // max_non_split_rounding_mb goes back out as its own value (--suggest prints to_conf).
+    CHECK(conf("max_non_split_rounding_mb:40").to_conf() == "max_non_split_rounding_mb:40");
+    CHECK(conf("max_split_size_mb:64,max_non_split_rounding_mb:30").to_conf() ==
+          "max_split_size_mb:64,max_non_split_rounding_mb:30");
 }
 
 TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold * capacity") {
@@ -347,6 +478,26 @@ TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold 
     CHECK(plain.reserved() == 96 * MiB);
 }
 
+TEST_CASE("garbage_collection_threshold frees blocks at least as old as the average first, and stops once enough is back") {
+    // garbage_collect_cached_blocks(): a block's age is the large pool's get_free_block calls since
+    // it became free (any stream's); each pass frees the unsplit cached blocks whose age is >= the
+    // average, until the excess over threshold * limit is reclaimed.  200 MiB, 0.5: 100 MiB.
+    pytorch_policy p(conf("garbage_collection_threshold:0.5"), 200 * MiB, 0);
+    REQUIRE(p.allocate(0, 30 * MiB, 0));  // get_free_block calls 1, 2, 3: three 30 MiB segments
+    REQUIRE(p.allocate(1, 30 * MiB, 0));
+    REQUIRE(p.allocate(2, 30 * MiB, 0));
+    p.release(0);                          // free after call 3
+    REQUIRE(p.allocate(3, 5 * MiB, 1));    // call 4, stream 1: a 20 MiB segment, 110 MiB reserved
+    p.release(1);                          // free after call 4
+    // Call 5 (stream 1, no block fits): 110 > 100, 10 MiB to reclaim.  Ages 2 and 1, average 1.5:
+    // only block 0 goes, 30 MiB is enough, and block 1 stays cached.
+    REQUIRE(p.allocate(4, 30 * MiB, 1));
+    CHECK(p.driver_frees() == 1);
+    CHECK(p.reserved() == 110 * MiB);
+    REQUIRE(p.allocate(5, 30 * MiB, 0));  // block 1, reused
+    CHECK(p.driver_allocs() == 5);
+}
+
 TEST_CASE("per_process_memory_fraction: the allocator's own limit, which garbage collection needs") {
     // DeviceCachingAllocator's constructor calls setMemoryFraction(per_process_memory_fraction):
     // below 1, allowed_memory_maximum = fraction * totalGlobalMem (the device's memory: the log's,
@@ -356,6 +507,13 @@ TEST_CASE("per_process_memory_fraction: the allocator's own limit, which garbage
     REQUIRE(half.allocate(0, 30 * MiB, 0));
     CHECK_FALSE(half.allocate(1, 30 * MiB, 0));  // 30 + 30 > 50; nothing cached to free
     CHECK(half.reserved() == 30 * MiB);
+    // The limit itself is allowed (alloc_block: total + alloc_size > allowed_memory_maximum fails):
+    // two 20 MiB segments fill 40 MiB of 80 exactly; a third segment would not fit.
+    pytorch_policy exact(conf("per_process_memory_fraction:0.5"), 0, 80 * MiB);
+    REQUIRE(exact.allocate(0, 20 * MiB, 0));
+    CHECK(exact.allocate(1, 20 * MiB, 0));
+    CHECK(exact.reserved() == 40 * MiB);
+    CHECK_FALSE(exact.allocate(2, 2 * MiB, 0));
     pytorch_policy small_card(conf("per_process_memory_fraction:0.5"), 80 * MiB, 100 * MiB);  // 40 MiB
     REQUIRE(small_card.allocate(0, 30 * MiB, 0));
     CHECK_FALSE(small_card.allocate(1, 12 * MiB, 0));  // 30 + 12 fits the card, not 40 (nor is it 50 of the log's 100)
@@ -514,4 +672,57 @@ TEST_CASE("a request no device could hold stops every policy, with or without a 
                 CHECK(r.events == 1);
             }
     }
+}
+
+TEST_CASE("load_trace: an allocation of 0 bytes is no request, and two at one address lose no free") {
+    // A 0-byte request gets no memory (the driver answers with an error or a null pointer, and
+    // PyTorch's allocator serves 0 bytes with a null pointer), so its alloc line is not replayed:
+    // replayed, it would count as an allocation, and the second at address 0 as one whose free was lost.
+    const std::string path = "/tmp/gpumem-simulate-zero-" + std::to_string(getpid()) + ".jsonl";
+    {
+        std::ofstream f(path);
+        f << "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":2,\"pid\":1,\"config\":{\"pool\":\"off\"}}\n";
+        const char* allocs[][2] = {{"0x0", "0"}, {"0x0", "0"}, {"0x1000", "1024"}};
+        int seq = 0;
+        for (auto& a : allocs) {
+            f << "{\"ev\":\"alloc\",\"seq\":" << seq << ",\"t\":" << seq * 1000
+              << ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"" << a[0]
+              << "\",\"size\":" << a[1] << "}\n";
+            ++seq;
+        }
+    }
+    trace t = load_trace(path, trace_options{});
+    std::remove(path.c_str());
+    REQUIRE(t.devices.size() == 1);
+    const device_trace& d = t.devices[0];
+    CHECK(d.n_alloc == 1);
+    CHECK(d.n_freed_twice == 0);
+    REQUIRE(d.ops.size() == 1);
+    CHECK(d.ops[0].size == 1024);
+}
+
+TEST_CASE("load_trace: streams get dense indexes from 1, and 0 stays the requests that name none") {
+    // trace.h: stream 0 is the stream of requests without one (cudaMalloc); the first stream a log
+    // names, even the legacy default "0x0", is 1.  Were it 0, a cudaMallocAsync block freed on it
+    // would serve cudaMalloc requests in the replay.
+    const std::string path = "/tmp/gpumem-simulate-streams-" + std::to_string(getpid()) + ".jsonl";
+    {
+        std::ofstream f(path);
+        f << "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":2,\"pid\":1,\"config\":{\"pool\":\"off\"}}\n"
+          << "{\"ev\":\"alloc\",\"seq\":0,\"t\":0,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x1000\",\"size\":1024}\n"
+          << "{\"ev\":\"alloc\",\"seq\":1,\"t\":1,\"tid\":1,\"dev\":0,\"api\":\"cudaMallocAsync\",\"kind\":\"device\",\"ptr\":\"0x2000\",\"size\":1024,\"stream\":\"0x0\"}\n"
+          << "{\"ev\":\"alloc\",\"seq\":2,\"t\":2,\"tid\":1,\"dev\":0,\"api\":\"cudaMallocAsync\",\"kind\":\"device\",\"ptr\":\"0x3000\",\"size\":1024,\"stream\":\"0x5\"}\n"
+          << "{\"ev\":\"alloc\",\"seq\":3,\"t\":3,\"tid\":1,\"dev\":0,\"api\":\"cudaMallocAsync\",\"kind\":\"device\",\"ptr\":\"0x4000\",\"size\":1024,\"stream\":\"0x0\"}\n";
+    }
+    trace t = load_trace(path, trace_options{});
+    std::remove(path.c_str());
+    REQUIRE(t.devices.size() == 1);
+    const device_trace& d = t.devices[0];
+    REQUIRE(d.ops.size() == 4);
+    CHECK(d.ops[0].stream == 0);
+    CHECK(d.ops[1].stream == 1);
+    CHECK(d.ops[2].stream == 2);
+    CHECK(d.ops[3].stream == 1);
+    CHECK(d.n_streams == 2);
+    CHECK(d.n_no_stream == 1);
 }
