@@ -380,6 +380,18 @@ TEST_CASE("replay's verdict: a request exactly as large as all free bytes is fra
     CHECK(r.failure == failure_reason::fragmentation);
 }
 
+TEST_CASE("replay's peak fragmentation is the first event that reached it, as every peak's moment") {
+    // docs/metrics.md: "when" is always the first event at which a peak is reached.  Three 6 MiB
+    // blocks in one 20 MiB segment; freeing the middle one leaves 6 of 8 free MiB in the largest
+    // piece (0.25) at seq 3; the 4th request takes that hole back, and its free (seq 5) makes the
+    // same layout again.  The tie must keep seq 3.
+    auto t = steps({A(0, 6 * MiB), A(1, 6 * MiB), A(2, 6 * MiB), F(1), A(3, 6 * MiB), F(3)});
+    pytorch_policy p(pt_config{}, 0, 0);
+    replay_result r = replay(t, p, "pytorch", 0);
+    CHECK(r.peak_fragmentation == Approx(0.25));
+    CHECK(r.frag_seq == 3);
+}
+
 TEST_CASE("ideal: the peak of live requested bytes, failing only past the capacity") {
     auto t = steps({A(0, 100), A(1, 300), F(0), A(2, 250), F(1), F(2)});
     ideal_policy p(0);
