@@ -105,6 +105,20 @@ TEST_CASE("report and replay refuse a second header or a seq not going forward a
     CHECK(n == 3);
 }
 
+// A stack record is not an event (docs/log-format.md: it has no seq): a "seq" member on one, from
+// another writer or an edited line, takes no place in the order.  The report never hands stack
+// records to the order rules; replay does, so log_order itself must pass over them.
+TEST_CASE("a seq on a stack record is not part of the order, for report and replay alike", "[bad][cli]") {
+    temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 4096) +
+                "{\"ev\":\"stack\",\"seq\":0,\"id\":1,\"frames\":[{\"function\":\"f\",\"file\":\"/a.py\",\"line\":1}]}\n" +
+                alloc_line(1, 0x2000, 4096) + end_line(2, 2));
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.n_warnings == 0);
+    run_result replay = run_gpumem("replay --no-progress --policy ideal " + f.path);
+    CHECK(replay.rc == 0);
+    CHECK(replay.err.empty());
+}
+
 TEST_CASE("command-line mistakes exit 2 with usage", "[bad][cli]") {
     CHECK(run_gpumem("").rc == 2);
     CHECK(run_gpumem("frobnicate").rc == 2);

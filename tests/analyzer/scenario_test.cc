@@ -303,6 +303,18 @@ TEST_CASE("--at takes the map after the last event at or before the moment", "[s
     r = analyze_file(data_path("golden/pool_fragmentation.jsonl"), o);
     CHECK(r.devices[0].at_request.seq == 1);  // t=2000 is the last event at or before 2500 ns
     CHECK(r.devices[0].at_request.allocated == 524288);
+    CHECK(r.devices[0].at_request.label == "--at");
+    // A moment exactly at an event's time includes that event (seq 1 is at t=2000).
+    REQUIRE(parse_moment("2us", o.at));
+    r = analyze_file(data_path("golden/pool_fragmentation.jsonl"), o);
+    CHECK(r.devices[0].at_request.seq == 1);
+    CHECK(r.devices[0].at_request.allocated == 524288);
+    // A moment past the last event takes the map at the end, and the label says so.
+    REQUIRE(parse_moment("1s", o.at));
+    r = analyze_file(data_path("golden/pool_fragmentation.jsonl"), o);
+    REQUIRE(r.devices[0].at_request.valid);
+    CHECK(r.devices[0].at_request.label == "--at (end of log)");
+    CHECK(r.devices[0].at_request.allocated == 655360);
 }
 
 TEST_CASE("--at before a device's first event says that device has no map", "[scenario]") {
@@ -607,4 +619,254 @@ TEST_CASE("auto reuse: a context reset keeps the device in safe reuse", "[scenar
     CHECK(r.n_warnings == 0);
     CHECK(r.devices[0].reuse_safe);
     CHECK(r.devices[0].pending.current == 1024);
+}
+
+// Each point of the timeline closes with its last event's values, also once compaction has merged
+// two points into one.  The log is built so the fragmentation after event i is 1/2 when i is odd
+// and 0 when i is even (B alone in the middle of three 1 KiB units leaves two 1 KiB free blocks),
+// and 1025 events (one past k_timeline_points) force exactly one compaction: 512 points of two
+// events each, then one of the last event alone.  A merged point that kept its first half's last
+// values, seq or time, or lost its second half's event count, or a bound checked one point late,
+// would each show here.
+TEST_CASE("the timeline compacts to half at its bound, each point keeping its last event's values", "[scenario]") {
+    const uint64_t seg = 0x200000, A = seg, B = seg + 1024;
+    std::string log = header_reuse("immediate") + seg_line("segment_alloc", 0, seg, 3072) +
+                      pooled_line("alloc", 1, B, 1024, 1024, seg);
+    uint64_t seq = 2;
+    while (seq < 1025) {  // from B alone: +A (0), -A (1/2), -B (0), +B (1/2)
+        const bool last_half = (seq - 2) % 4 >= 2;
+        const char* ev = (seq - 2) % 4 == 0 || (seq - 2) % 4 == 3 ? "alloc" : "free";
+        log += pooled_line(ev, seq, last_half ? B : A, 1024, 1024, seg);
+        ++seq;
+    }
+    log += end_line(seq, 0);  // event 1024 is the free of B: nothing is live
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    REQUIRE(r.devices.size() == 1);
+    const device_report& d = r.devices[0];
+    CHECK(r.n_warnings == 0);
+    CHECK(d.timeline_events_per_point == 2);
+    REQUIRE(d.timeline.size() == 513);
+    uint64_t events = 0;
+    for (size_t k = 0; k < 512; ++k) {
+        INFO("point " << k);
+        const time_point& p = d.timeline[k];
+        events += p.events;
+        CHECK(p.events == 2);
+        CHECK(p.seq_last == 2 * k + 1);
+        CHECK(p.t_first == (2 * k) * 100 + 100);
+        CHECK(p.t_last == (2 * k + 1) * 100 + 100);
+        CHECK(p.frag_last == 0.5);
+        CHECK(p.frag_max == 0.5);
+        CHECK(p.requested_last == 1024);  // B alone after every odd event
+        CHECK(p.requested_max == (k % 2 == 1 ? 2048u : 1024u));  // A and B both live at its first event, or B
+    }
+    const time_point& tail = d.timeline.back();
+    CHECK(tail.events == 1);
+    CHECK(tail.seq_last == 1024);
+    CHECK(tail.frag_last == 0.0);
+    CHECK(tail.requested_last == 0);
+    CHECK(events + tail.events == 1025);
+}
+
+// docs/metrics.md: the verdict "fragmentation" says whether a free block (in a segment, or the
+// driver's free memory) could hold the request; a block exactly the request's size can.
+TEST_CASE("OOM explanations: a free block of exactly the request's size is large enough", "[scenario]") {
+    // One 8 MiB segment with 2 MiB live at 0 and at 4 MiB: free blocks of 2 MiB and 2 MiB, 1 MiB
+    // free on the GPU.  The largest block comes from the segments, not from the GPU's free memory.
+    const uint64_t seg = 0x40000000, MiB = 1 << 20;
+    auto oom = [&](uint64_t request) {
+        const std::string log =
+            std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+            pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) + pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
+            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, MiB, 9 * MiB) + end_line(4, 2);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        REQUIRE(r.devices[0].ooms.size() == 1);
+        return r.devices[0].ooms[0];
+    };
+    oom_report o = oom(2 * MiB);
+    CHECK(o.verdict == "fragmentation");
+    CHECK(o.largest_free == 2 * MiB);
+    CHECK_THAT(o.explanation, Catch::StartsWith("enough free memory exists, and a free block is large enough"));
+    o = oom(2 * MiB + 1);
+    CHECK(o.verdict == "fragmentation");
+    CHECK_THAT(o.explanation, Catch::StartsWith("enough free memory exists in total, but no single free block"));
+}
+
+// A call the pool did not serve: when the driver says right after that the request's size is free
+// (gpu_free == size, exactly), it refused memory it had, which is its own fragmentation or another
+// allocation in between; one byte more than it has free is capacity.
+TEST_CASE("OOM explanations: a driver that said the request's exact size was free refused the call itself", "[scenario]") {
+    const uint64_t MiB = 1 << 20;
+    auto oom = [&](uint64_t request) {
+        const std::string log =
+            std::string(k_header_off) +
+            "{\"ev\":\"alloc_fail\",\"seq\":0,\"t\":100,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\","
+            "\"size\":" + std::to_string(request) + ",\"err\":2,\"gpu_free\":" + std::to_string(64 * MiB) +
+            ",\"gpu_total\":1073741824}\n" + end_line(1);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        REQUIRE(r.devices.size() == 1);
+        REQUIRE(r.devices[0].ooms.size() == 1);
+        return r.devices[0].ooms[0];
+    };
+    oom_report o = oom(64 * MiB);
+    CHECK(o.gpu_free == 64 * MiB);
+    CHECK(o.verdict == "fragmentation");
+    CHECK_THAT(o.explanation, Catch::StartsWith("the driver refused the call, yet said just after that this much was free"));
+    CHECK(oom(64 * MiB + 1).verdict == "capacity");
+}
+
+// A log cut just after the pool's refusals (killed before the program saw them): the device has
+// nothing but OOMs and is still reported.  Each OOM's map is a copy of the layout, so only the
+// first k_max_oom_maps (8) carry one.
+TEST_CASE("a device with only OOMs is reported, and only its first 8 OOMs carry a map", "[scenario]") {
+    std::string log = k_header_on;
+    for (uint64_t s = 0; s < 9; ++s) log += oom_line(s, 2ull << 30, {}, 0, 1ull << 30);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    REQUIRE(r.devices.size() == 1);
+    const device_report& d = r.devices[0];
+    CHECK(d.n_oom == 9);
+    REQUIRE(d.ooms.size() == 9);
+    CHECK(d.ooms[7].map.valid);
+    CHECK(d.ooms[7].map.label == "oom #8");
+    CHECK_FALSE(d.ooms[8].map.valid);
+    for (const oom_report& o : d.ooms) CHECK(o.verdict == "capacity");
+}
+
+// docs/log-format.md, dev: a free carries its allocation's device, or -1 when it is unknown.  Such
+// a free releases the allocation on the allocation's device, without a device-mismatch warning,
+// and that device's timeline shows it; a free naming another real device is warned about.
+TEST_CASE("a free on device -1 frees on the allocation's device, quietly, and its timeline shows it", "[scenario]") {
+    {
+        temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 4096) + free_line(1, 0x1000, 4096, -1) + end_line(2));
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 0);
+        REQUIRE(r.devices.size() == 1);  // device -1 named only by the free has nothing of its own
+        const device_report& d = device(r, 0);
+        CHECK(d.n_free == 1);
+        CHECK(d.requested.current == 0);
+        CHECK(d.n_leaks == 0);
+        REQUIRE(d.timeline.size() == 2);
+        CHECK(d.timeline.back().requested_last == 0);
+        CHECK(d.timeline.back().seq_last == 1);
+    }
+    {
+        temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 4096) + free_line(1, 0x1000, 4096, 1) + end_line(2));
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 1);
+        CHECK(has_warning(r, ":3: free of 0x1000 on device 1, allocated on device 0 at line 2"));
+        CHECK(device(r, 0).requested.current == 0);
+    }
+}
+
+// docs/log-format.md: at most three warnings per log for stats lines that disagree with the
+// rebuilt layout; the fourth says nothing new.
+TEST_CASE("stats lines that disagree with the rebuild are warned about three times, not more", "[scenario]") {
+    std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, 0x200000, 1 << 20);
+    for (uint64_t s = 1; s <= 4; ++s)
+        log += "{\"ev\":\"stats\",\"seq\":" + std::to_string(s) + ",\"t\":" + std::to_string(s * 100 + 100) +
+               ",\"tid\":1,\"dev\":0,\"reserved\":0,\"allocated\":0,\"requested\":0,\"largest_free\":0,\"free_blocks\":0,"
+               "\"segments\":0,\"gpu_free\":0,\"gpu_total\":0}\n";
+    temp_file f(log + end_line(5));
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.n_warnings == 3);
+    CHECK(has_warning(r, ":5: the pool reports 0 bytes reserved in 0 segments; the reconstruction has 1048576 in 1"));
+    CHECK_FALSE(has_warning(r, ":6: the pool reports"));
+}
+
+// The end line's live count is checked against the rebuild only in a complete log: once events
+// are missing (a seq gap), a difference is what the gap explains, not news.
+TEST_CASE("the end line's live count is checked in a complete log, and not after a seq gap", "[scenario]") {
+    {
+        temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 10) + end_line(1, 0));
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 1);
+        CHECK(has_warning(r, "the end line reports 0 live allocations; the reconstruction has 1"));
+    }
+    {
+        temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 10) + alloc_line(2, 0x2000, 10) + end_line(3, 0));
+        process_report r = analyze_file(f.path, {});
+        CHECK(has_warning(r, "seq jumps from 0 to 2: 1 event(s) missing"));
+        CHECK_FALSE(has_warning(r, "live allocations"));
+    }
+}
+
+// A log whose first event is not seq 0 lost its beginning: that is said, and the rest is read
+// leniently (a free of an allocation made before the first line is tolerated, not an error).
+TEST_CASE("a first event with seq 1 means earlier events are missing, and makes the analysis lenient", "[scenario]") {
+    temp_file f(std::string(k_header_off) + free_line(1, 0x9000, 10) + end_line(2));
+    process_report r = analyze_file(f.path, {});
+    CHECK(has_warning(r, "the first event has seq 1, not 0: earlier events are missing"));
+    CHECK(has_warning(r, "free of unknown pointer 0x9000"));
+    CHECK(has_warning(r, "tolerated"));
+}
+
+// A context reset without dev (the recorder's is always for one device, an older writer's may not
+// be) drops every pooled block with its segment, and nothing else: a managed allocation outlives it
+// and is a leak at the end.
+TEST_CASE("a context reset without dev drops the pooled blocks, not the other allocations", "[scenario]") {
+    const uint64_t seg = 0x100000;
+    std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 1 << 20) +
+                      pooled_line("alloc", 1, seg, 1000, 1024, seg) +
+                      alloc_line(2, 0x900000, 4096, 0, "managed", "cudaMallocManaged") +
+                      "{\"ev\":\"context_reset\",\"seq\":3,\"t\":400,\"tid\":1,\"count\":0}\n" + end_line(4, 1);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = device(r, 0);
+    CHECK(r.n_warnings == 0);
+    CHECK(d.requested.current == 4096);
+    CHECK(d.reserved.current == 4096);  // the managed allocation, held from the driver; the segment is gone
+    CHECK(d.n_leaks == 1);
+    CHECK(d.leaked_bytes == 4096);
+}
+
+// After lost events, a handle allocated again without its release is tolerated: the first
+// lifetime ends there, so its bytes are not counted twice.
+TEST_CASE("after lost events, a cuMemCreate handle allocated again replaces the first one in the totals", "[scenario]") {
+    const uint64_t MiB = 1 << 20;
+    temp_file f(std::string(k_header_off) + "{\"ev\":\"lost\",\"t\":50,\"tid\":1,\"count\":1}\n" +
+                alloc_line(0, 0x7000, 2 * MiB, 0, "vmm", "cuMemCreate") +
+                alloc_line(1, 0x7000, 4 * MiB, 0, "vmm", "cuMemCreate") + end_line(2, 1));
+    process_report r = analyze_file(f.path, {});
+    CHECK(has_warning(r, "allocation handle 0x7000 is already live"));
+    const device_report& d = device(r, 0);
+    CHECK(d.requested.current == 4 * MiB);
+    CHECK(d.requested.peak == 4 * MiB);  // the first is released before the second is counted
+    CHECK(d.n_leaks == 1);
+    CHECK(d.leaked_bytes == 4 * MiB);
+}
+
+// A zero-byte allocation returns NULL and holds nothing: two of them are neither an overlap nor
+// live allocations that the end line would be missing.
+TEST_CASE("zero-byte allocations that return NULL hold nothing", "[scenario]") {
+    temp_file f(std::string(k_header_off) + alloc_line(0, 0, 0) + alloc_line(1, 0, 0) + end_line(2, 0));
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.n_warnings == 0);
+    const device_report& d = device(r, 0);
+    CHECK(d.n_alloc == 2);
+    CHECK(d.n_leaks == 0);
+}
+
+// The pool_sync count is checked against the pending frees only in a complete log: after lost
+// events the rebuild's pending list is known to be short, and the difference is no news.
+TEST_CASE("a pool_sync count that differs from the pending frees is warned about, unless events were lost", "[scenario]") {
+    const uint64_t seg = 0x200000;
+    const std::string body = seg_line("segment_alloc", 0, seg, 4096) + pooled_line("alloc", 1, seg, 1000, 1024, seg) +
+                             pooled_line("free", 2, seg, 1000, 1024, seg) + pool_sync_line(3, 2) + end_line(4);
+    {
+        temp_file f(k_header_on + body);
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 1);
+        CHECK(has_warning(r, ":5: pool_sync releases 2 frees; the reconstruction has 1 pending"));
+    }
+    {
+        temp_file f(k_header_on + std::string("{\"ev\":\"lost\",\"t\":50,\"tid\":1,\"count\":1}\n") + body);
+        process_report r = analyze_file(f.path, {});
+        CHECK(has_warning(r, "1 event(s) were lost"));
+        CHECK_FALSE(has_warning(r, "pool_sync releases"));
+        CHECK(r.devices[0].end_free_in_segments == 4096);
+    }
 }

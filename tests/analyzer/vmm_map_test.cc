@@ -219,6 +219,12 @@ TEST_CASE("segment_map: ranges that are not a hole, or not the segment's, are lo
         expect_rejected(head + map_line(2, seg, 2 * MiB) + end_line(3, 1), 4,
                         "segment_map of [0x40000000, +2097152) covers the live block [0x40000000, +1048576) allocated at line 3");
     }
+    SECTION("free bytes that start where a live block ends") {
+        // The block [0, 1) ends at the range's start: the range begins in free bytes, not in the block.
+        expect_rejected(head + map_line(2, seg + MiB, MiB) + end_line(3, 1), 4,
+                        "segment_map of [0x40100000, +1048576) covers the free bytes [0x40100000, +1048576) in segment "
+                        "0x40000000: only a hole can be mapped");
+    }
     SECTION("the same chunks mapped twice") {
         expect_rejected(head + map_line(2, seg + 4 * MiB, 2 * MiB) + map_line(3, seg + 4 * MiB, 2 * MiB) + end_line(4, 1), 5,
                         "segment_map of [0x40400000, +2097152) covers the free bytes [0x40400000, +2097152)");
@@ -293,4 +299,17 @@ TEST_CASE("an arena segment makes the OOM verdict one of a pool on virtual memor
     process_report r = analyze_file(f.path, {});
     REQUIRE(r.devices[0].ooms.size() == 1);
     CHECK(r.devices[0].ooms[0].verdict == "chunk rounding");
+}
+
+// segment_free of an arena segment gives back what it held, its mapped bytes, not its whole
+// address space: the pool's next stats line (one new 2 MiB segment, one free block) agrees.
+TEST_CASE("segment_free of an arena segment takes only its mapped bytes out of reserved", "[scenario][vmm]") {
+    temp_file f(header_vmm() + arena_line(0, seg, 8 * MiB, 4 * MiB) + seg_line("segment_free", 1, seg, 8 * MiB) +
+                seg_line("segment_alloc", 2, 0x50000000, 2 * MiB) + stats_line(3, 2 * MiB, 1, 2 * MiB) + end_line(4));
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.n_warnings == 0);
+    const device_report& d = r.devices[0];
+    CHECK(d.reserved.current == 2 * MiB);
+    CHECK(d.unmapped.current == 0);
+    CHECK(d.end_free_in_segments == 2 * MiB);
 }

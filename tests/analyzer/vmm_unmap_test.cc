@@ -299,3 +299,28 @@ TEST_CASE("a stats line is checked against the rebuilt free blocks, holes left o
                                                   "the reconstruction has 2, the largest 2097152"));
     }
 }
+
+// A context reset forgets the old segments' holes and counts: after it, a stats line of the pool's
+// (one new 8 MiB segment, one free block) agrees with the rebuild, and the map at the end shows no
+// unmapped bytes.
+TEST_CASE("segment_unmap: after a context reset no hole or segment of the old context is counted", "[scenario][vmm]") {
+    const uint64_t seg = 0x40000000;
+    const std::string log =
+        std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) + pooled_line("alloc", 1, seg, MiB, MiB, seg) +
+        unmap_line(2, seg + 2 * MiB, 4 * MiB, seg) + "{\"ev\":\"context_reset\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"count\":0}\n" +
+        seg_line("segment_alloc", 4, seg, 8 * MiB) +
+        "{\"ev\":\"stats\",\"seq\":5,\"t\":600,\"tid\":1,\"dev\":0,\"reserved\":8388608,\"allocated\":0,\"requested\":0,"
+        "\"largest_free\":8388608,\"free_blocks\":1,\"segments\":1,\"gpu_free\":0,\"gpu_total\":0}\n" + end_line(6);
+    temp_file f(log);
+    analyze_options o;
+    REQUIRE(parse_moment("1s", o.at));  // past the end: the map of the end
+    process_report r = analyze_file(f.path, o);
+    CHECK(r.n_warnings == 0);
+    const state_snapshot& s = r.devices[0].at_request;
+    REQUIRE(s.valid);
+    CHECK(s.unmapped == 0);
+    CHECK(s.reserved == 8 * MiB);
+    CHECK(s.free_in_segments == 8 * MiB);
+    REQUIRE(s.segment_map.size() == 1);
+    CHECK(s.segment_map[0].holes.empty());
+}
