@@ -203,22 +203,28 @@ TEST_CASE("the peak map from a second pass equals the one taken inline", "[scena
     CHECK(y.segment_map[0].blocks == x.segment_map[0].blocks);
 }
 
-TEST_CASE("OOM verdicts on a pool of cuMemAlloc segments: all free memory together is the line between capacity and fragmentation", "[scenario]") {
-    // One 8 MiB segment: 2 MiB live at 0 and at 4 MiB, so 4 MiB free in two 2 MiB blocks; 1 MiB
-    // free on the GPU.  5 MiB would fit in all of it together: fragmentation.  One byte more does
-    // not fit anywhere: capacity.
+// The pool's OOM of `request` bytes in one 8 MiB cuMemAlloc segment with 2 MiB live at 0 and at
+// 4 MiB (4 MiB free in two 2 MiB blocks) and 1 MiB free on the GPU; the OOM as reported.
+static oom_report oom_in_two_holes(uint64_t request) {
     const uint64_t seg = 0x40000000, MiB = 1 << 20;
+    const std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                            pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) +
+                            pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
+                            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, MiB, 9 * MiB) + end_line(4, 2);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    REQUIRE(r.devices[0].ooms.size() == 1);
+    return r.devices[0].ooms[0];
+}
+
+TEST_CASE("OOM verdicts on a pool of cuMemAlloc segments: all free memory together is the line between capacity and fragmentation", "[scenario]") {
+    // 4 MiB free in the segment and 1 MiB on the GPU (oom_in_two_holes).  5 MiB would fit in all of
+    // it together: fragmentation.  One byte more does not fit anywhere: capacity.
+    const uint64_t MiB = 1 << 20;
     auto verdict = [&](uint64_t request) {
-        const std::string log =
-            std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
-            pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) + pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
-            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, MiB, 9 * MiB) +
-            end_line(4, 2);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        REQUIRE(r.devices[0].ooms.size() == 1);
-        CHECK(r.devices[0].ooms[0].free_in_segments == 4 * MiB);
-        return r.devices[0].ooms[0].verdict;
+        oom_report o = oom_in_two_holes(request);
+        CHECK(o.free_in_segments == 4 * MiB);
+        return o.verdict;
     };
     CHECK(verdict(5 * MiB) == "fragmentation");
     CHECK(verdict(5 * MiB + 1) == "capacity");
@@ -672,19 +678,10 @@ TEST_CASE("the timeline compacts to half at its bound, each point keeping its la
 // docs/metrics.md: the verdict "fragmentation" says whether a free block (in a segment, or the
 // driver's free memory) could hold the request; a block exactly the request's size can.
 TEST_CASE("OOM explanations: a free block of exactly the request's size is large enough", "[scenario]") {
-    // One 8 MiB segment with 2 MiB live at 0 and at 4 MiB: free blocks of 2 MiB and 2 MiB, 1 MiB
-    // free on the GPU.  The largest block comes from the segments, not from the GPU's free memory.
-    const uint64_t seg = 0x40000000, MiB = 1 << 20;
-    auto oom = [&](uint64_t request) {
-        const std::string log =
-            std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
-            pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) + pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
-            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, MiB, 9 * MiB) + end_line(4, 2);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        REQUIRE(r.devices[0].ooms.size() == 1);
-        return r.devices[0].ooms[0];
-    };
+    // Free blocks of 2 MiB and 2 MiB in the segment, 1 MiB free on the GPU (oom_in_two_holes): the
+    // largest block comes from the segments, not from the GPU's free memory.
+    const uint64_t MiB = 1 << 20;
+    auto oom = oom_in_two_holes;
     oom_report o = oom(2 * MiB);
     CHECK(o.verdict == "fragmentation");
     CHECK(o.largest_free == 2 * MiB);
