@@ -279,7 +279,7 @@ TEST_CASE("an address allocated again with no free between ends the first lifeti
                       "{\"ev\":\"stack\",\"id\":1,\"frames\":[{\"function\":\"first\",\"file\":\"/src/a.py\",\"line\":1}]}\n"
                       "{\"ev\":\"stack\",\"id\":2,\"frames\":[{\"function\":\"second\",\"file\":\"/src/a.py\",\"line\":2}]}\n"
                       "{\"ev\":\"stack\",\"id\":3,\"frames\":[{\"function\":\"other\",\"file\":\"/src/a.py\",\"line\":3}]}\n" +
-                      with_stack(alloc_line(0, 0x10000000, 4 * MiB), 1) + "{\"ev\":\"lost\",\"t\":150,\"tid\":1,\"count\":1}\n" +
+                      with_stack(alloc_line(0, 0x10000000, 4 * MiB), 1) + lost_line(150, 1) +
                       with_stack(alloc_line(2, 0x10000000, 1 * MiB), 2) + with_stack(alloc_line(3, 0x20000000, 2 * MiB), 3) +
                       end_line(4, 2);
     temp_file f(log, "realloc_sites");

@@ -266,7 +266,7 @@ TEST_CASE("the timeline stays bounded and keeps the peak", "[scenario]") {
 
 TEST_CASE("after lost events, inconsistencies are warnings, not errors", "[scenario]") {
     std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 10) +
-                      "{\"ev\":\"lost\",\"t\":150,\"tid\":1,\"count\":3}\n" + free_line(1, 0x9000, 10) + end_line(2);
+                      lost_line(150, 3) + free_line(1, 0x9000, 10) + end_line(2);
     temp_file f(log);
     process_report r = analyze_file(f.path, {});
     CHECK(r.lost == 3);
@@ -824,7 +824,7 @@ TEST_CASE("a context reset without dev drops the pooled blocks, not the other al
 // lifetime ends there, so its bytes are not counted twice.
 TEST_CASE("after lost events, a cuMemCreate handle allocated again replaces the first one in the totals", "[scenario]") {
     const uint64_t MiB = 1 << 20;
-    temp_file f(std::string(k_header_off) + "{\"ev\":\"lost\",\"t\":50,\"tid\":1,\"count\":1}\n" +
+    temp_file f(std::string(k_header_off) + lost_line(50, 1) +
                 alloc_line(0, 0x7000, 2 * MiB, 0, "vmm", "cuMemCreate") +
                 alloc_line(1, 0x7000, 4 * MiB, 0, "vmm", "cuMemCreate") + end_line(2, 1));
     process_report r = analyze_file(f.path, {});
@@ -860,7 +860,7 @@ TEST_CASE("a pool_sync count that differs from the pending frees is warned about
         CHECK(has_warning(r, ":5: pool_sync releases 2 frees; the reconstruction has 1 pending"));
     }
     {
-        temp_file f(k_header_on + std::string("{\"ev\":\"lost\",\"t\":50,\"tid\":1,\"count\":1}\n") + body);
+        temp_file f(k_header_on + lost_line(50, 1) + body);
         process_report r = analyze_file(f.path, {});
         CHECK(has_warning(r, "1 event(s) were lost"));
         CHECK_FALSE(has_warning(r, "pool_sync releases"));

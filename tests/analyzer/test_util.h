@@ -111,6 +111,10 @@ inline std::string oom_line(uint64_t seq, uint64_t size, const pool_account& a, 
            ",\"free_blocks\":" + std::to_string(a.free_blocks) + ",\"segments\":" + std::to_string(a.segments) +
            ",\"gpu_free\":" + std::to_string(gpu_free) + ",\"gpu_total\":" + std::to_string(gpu_total) + "}\n";
 }
+// The recorder's lost line: `count` events not recorded (no seq of its own), at time t.
+inline std::string lost_line(uint64_t t, uint64_t count) {
+    return "{\"ev\":\"lost\",\"t\":" + std::to_string(t) + ",\"tid\":1,\"count\":" + std::to_string(count) + "}\n";
+}
 inline std::string reuse_safe_line(uint64_t seq, int dev = 0, const char* api = "cuStreamCreate") {
     return "{\"ev\":\"reuse_safe\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
            ",\"tid\":1,\"dev\":" + std::to_string(dev) + ",\"api\":\"" + api + "\"}\n";
