@@ -6,8 +6,9 @@
 # free alone (build/gpu/static_cudart_app bench); the summary is the median over the processes of
 # each (mode, api, size), with the range of the pair medians.  Pinned to HIT_CPUS (default 2-3):
 # unpinned, one build's medians fall in two groups from one process to the next (runs 76 and 81).
-# HIT_MODES (default "auto safe safe0"): safe0 is safe with GPUMEM_ORDER_BATCH=0, a release at
-# every miss as before 2026-12-04, the control for ordered releases in batches.
+# HIT_MODES (default "auto safe safe0"): safeN is safe with GPUMEM_ORDER_BATCH=N MiB; safe0, a release
+# at every miss as before 2026-12-04, is the control for ordered releases in batches, and safe80
+# batches four 20 MiB requests (the 20 MiB pair's next candidate, docs/benchmarks.md).
 set -euo pipefail
 rounds=${1:-3}
 lib=$PWD/build/preload/libgpumem.so
@@ -16,8 +17,8 @@ cpus=${HIT_CPUS:-2-3}
 out=$(mktemp -d)
 for r in $(seq 1 "$rounds"); do
   for mode in ${HIT_MODES:-auto safe safe0}; do for first in 0 1; do for hold in 0 4096; do
-    batch=; [ "$mode" = safe0 ] && batch=0
-    GPUMEM_REUSE=${mode%0} GPUMEM_ORDER_BATCH=${batch:-32MiB} BENCH_DRIVER_FIRST=$first GPUMEM_OUT="$out/log-%p.jsonl" \
+    reuse=${mode%%[0-9]*} batch=${mode#"$reuse"}
+    GPUMEM_REUSE=$reuse GPUMEM_ORDER_BATCH=${batch:-32}MiB BENCH_DRIVER_FIRST=$first GPUMEM_OUT="$out/log-%p.jsonl" \
       LD_PRELOAD="$lib" taskset -c "$cpus" "$app" bench "$hold" | sed -n "s/^bench /$mode first=$first /p"
   done; done; done
 done | tee "$out/all.txt"
