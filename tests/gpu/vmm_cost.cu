@@ -11,6 +11,10 @@
 // several threads overlap.  No argument runs everything; "stall" or "parallel" runs just that.
 // "calls" (only by name): "call op=NAME us_per_call=X busy=0|1" for the driver calls of one pool
 // operation under safe reuse (the context and capture checks, an ordered release's record and wait).
+// "calls MIB vmm|malloc" times them with MIB of memory held, as mapped 2 MiB chunks (the pool's
+// layout) or as cuMemAlloc blocks of 64 MiB (a program without gpumem): the lines gain
+// "held_mib=MIB held_as=KIND".  The safe 20 MiB pair cost 0.5 us more with 4 GiB held (run 142),
+// and counting its calls on the emulated device put the difference in the driver.
 // "background" (only by name): "background worker=NAME ..." lines: whether remaps on a helper
 // thread slow the program's own thread (a loop of a tiny launch, an event record and query, as a
 // pool operation under safe reuse makes), and whether they break a global-mode stream capture on
@@ -27,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -375,8 +380,34 @@ static int parallel(CUdevice dev, CUcontext ctx) {
 // capture check once per operation (cuStreamIsCapturing of the legacy stream), an ordered
 // release's record on the legacy stream, and its wait of a non-blocking stream for that event.
 // Mean µs over 20,000 calls, with the side stream idle and then running a long kernel.
-int calls(cudaStream_t side) {
+int calls(cudaStream_t side, CUdevice dev, size_t held_mib, const std::string& held_as) {
     const int k = 20000;
+    // The memory held while the calls are timed, taken before and given back after.
+    std::vector<CUmemGenericAllocationHandle> chunks;
+    std::vector<CUdeviceptr> blocks;
+    CUdeviceptr va = 0;
+    size_t va_bytes = 0;
+    if (held_mib && held_as == "vmm") {
+        chunk_kind ck;
+        CK(ck.init(dev));
+        const size_t n = (held_mib << 20) / ck.gran;
+        va_bytes = n * ck.gran;
+        CK(cuMemAddressReserve(&va, va_bytes, 0, 0, 0));
+        chunks.resize(n);
+        for (size_t i = 0; i < n; ++i) {  // one mapping per chunk, as the pool maps them
+            CK(cuMemCreate(&chunks[i], ck.gran, &ck.prop, 0));
+            CK(cuMemMap(va + i * ck.gran, ck.gran, 0, chunks[i], 0));
+        }
+        CK(cuMemSetAccess(va, va_bytes, &ck.acc, 1));
+    } else if (held_mib) {
+        for (size_t m = 0; m < held_mib; m += 64) {
+            CUdeviceptr b = 0;
+            CK(cuMemAlloc(&b, size_t(64) << 20));
+            blocks.push_back(b);
+        }
+    }
+    char held[64] = "";
+    if (held_mib) snprintf(held, sizeof held, " held_mib=%zu held_as=%s", held_mib, held_as.c_str());
     CUevent ev;
     CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
     CUstream other;
@@ -386,28 +417,32 @@ int calls(cudaStream_t side) {
         auto t = clk::now();
         CUcontext c;
         for (int i = 0; i < k; ++i) CK(cuCtxGetCurrent(&c));
-        printf("call op=ctx_get_current us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        printf("call op=ctx_get_current us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
         CUstreamCaptureStatus st;
         t = clk::now();
         for (int i = 0; i < k; ++i) CK(cuStreamIsCapturing(CU_STREAM_LEGACY, &st));
-        printf("call op=stream_is_capturing_legacy us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        printf("call op=stream_is_capturing_legacy us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
         t = clk::now();
         for (int i = 0; i < k; ++i) CK(cuEventRecord(ev, CU_STREAM_LEGACY));
-        printf("call op=event_record_legacy us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        printf("call op=event_record_legacy us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
         CK(cuStreamSynchronize(CU_STREAM_LEGACY));
         t = clk::now();
         for (int i = 0; i < k; ++i) CK(cuStreamWaitEvent(other, ev, 0));
-        printf("call op=stream_wait_event us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        printf("call op=stream_wait_event us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
         t = clk::now();
         for (int i = 0; i < k; ++i) (void)cuStreamQuery(other);
-        printf("call op=stream_query_other us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        printf("call op=stream_query_other us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
         t = clk::now();
         for (int i = 0; i < k; ++i) (void)cuStreamQuery(CUstream(side));
-        printf("call op=stream_query_side us_per_call=%.3f busy=%d\n", us_since(t) / k, busy);
+        printf("call op=stream_query_side us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
     }
     CK(cuStreamSynchronize(CUstream(side)));
     CK(cuStreamDestroy(other));
     CK(cuEventDestroy(ev));
+    for (size_t i = 0; i < chunks.size(); ++i) CK(cuMemUnmap(va + i * (va_bytes / chunks.size()), va_bytes / chunks.size()));
+    for (CUmemGenericAllocationHandle h : chunks) CK(cuMemRelease(h));
+    if (va) CK(cuMemAddressFree(va, va_bytes));
+    for (CUdeviceptr b : blocks) CK(cuMemFree(b));
     return 0;
 }
 
@@ -639,7 +674,7 @@ int main(int argc, char** argv) {
     cudaStream_t side;
     if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return 3;
     const std::string only = argc > 1 ? argv[1] : "";
-    if (only == "calls") return calls(side);
+    if (only == "calls") return calls(side, dev, argc > 2 ? strtoull(argv[2], nullptr, 10) : 0, argc > 3 ? argv[3] : "vmm");
     if (only == "order") return order(side);
     if (only == "offset") return offset(dev);
     if (only == "background") {
