@@ -82,8 +82,14 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
 
 // Whether two paths name one file, existing or not ("x.html" and "./x.html", a link and its target).
 bool same_path(const std::string& x, const std::string& y) {
+    namespace fs = std::filesystem;
+    // Made absolute first: weakly_canonical leaves a relative path none of whose parts exists as it
+    // is ("x.html") but resolves "./x.html" against the working directory, so two names of one new
+    // file would differ.
     std::error_code ex, ey;
-    std::filesystem::path px = std::filesystem::weakly_canonical(x, ex), py = std::filesystem::weakly_canonical(y, ey);
+    fs::path px = fs::absolute(x, ex), py = fs::absolute(y, ey);
+    if (!ex) px = fs::weakly_canonical(px, ex);
+    if (!ey) py = fs::weakly_canonical(py, ey);
     return x == y || (!ex && !ey && px == py);
 }
 

@@ -608,6 +608,10 @@ conventions)
   expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./same.out"
   expect_rc 2 "$GPUMEM" report --perfetto "$W/same.out" --torch-snapshot "$W/same.out" "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --perfetto and --torch-snapshot both name"
+  # The same, both relative and the file not there yet ("x" and "./x"): the HTML was lost, exit 0.
+  rm -f "$W/new.out"
+  expect_rc 2 "$GPUMEM" report --html new.out --perfetto ./new.out "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./new.out"
   # Inputs after --, and options after the inputs.
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1KiB
   expect_rc 0 "$GPUMEM" report --no-progress -- "$DATA/before.jsonl"
