@@ -237,11 +237,16 @@ std::string shell_glob(const std::string& pattern) {
     return out;
 }
 
-void print_summary(const std::vector<std::string>& logs) {
+void print_summary(const std::vector<std::string>& logs, const progress_flags& progress) {
+    // The logs of a long job are read after it has ended: without progress, gpumem would sit
+    // silent for as long as `gpumem report` takes on them (seconds per GB).
+    analyze_options opt;
+    opt.progress = progress.wanted();
+    opt.progress_interval_s = progress.every_s;
     std::vector<process_report> procs;
     for (const std::string& path : logs) {
         try {
-            procs.push_back(analyze_file(path, analyze_options{}));
+            procs.push_back(analyze_file(path, opt));
         } catch (const std::exception& e) {
             spdlog::warn("cannot summarize {}: {}", path, e.what());
         }
@@ -315,6 +320,7 @@ struct run_args {
     std::string pool;
     bool no_summary = false;
     bool tensors = false;
+    progress_flags progress;  // of the summary's reading
     std::vector<std::string> help_only_command;
 };
 
@@ -469,7 +475,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s", pattern.c_str());
     for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", l.c_str());
     if (summary) {
-        print_summary(logs);
+        print_summary(logs, args.progress);
         std::string all;
         for (const std::string& l : logs) all += " " + shell_quote(l);
         if (all.size() > 200) all = " " + shell_glob(pattern);
@@ -507,6 +513,7 @@ command add_run(CLI::App& top) {
                   "tensor-level mode: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every PyTorch tensor is its own "
                   "allocation with its own call site (gpumem's pool keeps it at native speed; docs/guide.md)");
     app->add_flag("--no-summary", a->no_summary, "list the logs but print no summary");
+    add_progress_flags(app, a->progress);
     // Only for --help: main hands the command to run_command before CLI11 parses the options.
     app->add_option("CMD", a->help_only_command, "the program and its arguments, passed on untouched");
     command c;

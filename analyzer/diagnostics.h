@@ -15,8 +15,8 @@ namespace gpumem::analysis {
 void init_diagnostics(bool verbose);
 
 // --progress and --no-progress, one meaning in every command that reads logs (report, check, diff,
-// replay): progress on stderr every 2 s, by default when stderr is a terminal, so that a long read
-// of a large log is never silent and a CI log is never cluttered.
+// replay, and run for its summary): progress on stderr every 2 s, by default when stderr is a
+// terminal, so that a long read of a large log is never silent and a CI log is never cluttered.
 struct progress_flags {
     bool on = false, off = false;
     double every_s = 2.0;  // hidden --progress-every: the tests' short interval

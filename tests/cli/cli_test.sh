@@ -669,6 +669,14 @@ run_arguments)
   expect_in "$W/out" "pool=off"
   expect_rc 0 "$GPUMEM" run -o "$W/l/" -- sh -c 'echo "args:$*"' sh --version
   expect_in "$W/out" "args:--version"
+  # The summary reads every log after the command ends, which takes as long as `gpumem report` on
+  # them: progress as in the commands that read logs (--progress, by default on a terminal).
+  expect_rc 0 "$GPUMEM" run --progress --progress-every 0 -o "$W/prog/" -- "$EMU/emu_rt_shared_app" train 200
+  expect_in "$W/err" "gpumem: $W/prog/gpumem-"
+  expect_in "$W/err" "% ("
+  expect_rc 0 "$GPUMEM" run --progress-every 0 -o "$W/prog/" -- "$EMU/emu_rt_shared_app" train 200
+  expect_not_in "$W/err" "% ("
+  expect_rc 2 "$GPUMEM" run --progress --no-progress -- true
   # A program named like a subcommand after --.
   mkdir -p "$W/bin" && printf '#!/bin/sh\necho "fake report $*"\n' > "$W/bin/report" && chmod +x "$W/bin/report"
   expect_rc 0 env PATH="$W/bin:$PATH" "$GPUMEM" run -- report --json
