@@ -170,12 +170,25 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
         std::printf("  (%s: killed or still running, so what was live at the end is not called a leak)\n",
                     !ended_a && !ended_b ? "neither log has an end line" : !ended_a ? "A's log has no end line" : "B's log has no end line");
     std::printf("  %-28s %14s %14s   %s\n", "", "A", "B", "change");
+    // Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): on a device that
+    // never had one (--pool off) it reads 0, which is no measurement, so it is said as such and
+    // never compared.
+    auto unmeasured = [](const run_input& run, const device_ref* r, const device_report& d) {
+        return r && run.has(*r, device_field::peak_segments) && d.segment_count.peak == 0;
+    };
+    const bool unmeasured_a = unmeasured(ra, a, da), unmeasured_b = unmeasured(rb, b, db);
     for (const measure& r : k_diff_rows) {
+        const bool frag = r.value == device_field::max_external_fragmentation ||
+                          r.value == device_field::end_external_fragmentation;
         // A member a report JSON lacks is shown as unknown, never as 0.
         bool ha = a && ra.has(*a, r.value), hb = b && rb.has(*b, r.value);
         double va = measure_value(da, r), vb = measure_value(db, r);
-        std::printf("  %-28s %14s %14s   %s\n", measure_title(r, ended).c_str(), !a ? "-" : ha ? fmt_unit(r.unit, va).c_str() : "?",
-                    !b ? "-" : hb ? fmt_unit(r.unit, vb).c_str() : "?", (ha && hb) ? fmt_change(r.unit, va, vb).c_str() : "");
+        auto cell = [&](const device_ref* x, bool has, bool not_measured, double v) {
+            return !x ? std::string("-") : !has ? std::string("?") : frag && not_measured ? std::string("not measured") : fmt_unit(r.unit, v);
+        };
+        const bool comparable = ha && hb && !(frag && (unmeasured_a || unmeasured_b));
+        std::printf("  %-28s %14s %14s   %s\n", measure_title(r, ended).c_str(), cell(a, ha, unmeasured_a, va).c_str(),
+                    cell(b, hb, unmeasured_b, vb).c_str(), comparable ? fmt_change(r.unit, va, vb).c_str() : "");
     }
     if (!a || !b) return;
     // Every site live at the peak when the input was a log; the top ones of a report JSON.

@@ -415,6 +415,14 @@ diff)
   expect_in "$W/out" "+ api cudaMalloc: peak live 3.00 MiB -> 7.00 MiB  [+4.00 MiB"
   expect_in "$W/out" "+ leaks from cudaMallocManaged: 0 B -> 512.00 KiB"
   expect_not_in "$W/out" "no end line"
+  # Fragmentation is measured on gpumem's pool segments only (docs/metrics.md): a side that had none
+  # (--pool off) is "not measured", not a 0.0% that reads as unfragmented, and has no change (a
+  # pool-on run against a pool-off one was "-33.3 points", an improvement that was never measured).
+  grep -qE "max external fragmentation +not measured +not measured +$" "$W/out" || fail "diff of pool-off runs: $(grep fragmentation "$W/out")"
+  expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/pool_fragmentation.jsonl" "$DATA/before.jsonl"
+  grep -qE "max external fragmentation +33.3% +not measured +$" "$W/out" || fail "diff pool on/off: $(grep fragmentation "$W/out")"
+  grep -qE "end external fragmentation +27.3% +not measured +$" "$W/out" || fail "diff pool on/off: $(grep fragmentation "$W/out")"
+  expect_not_in "$W/out" "points"
   # A side whose log has no end line (a killed process) did not exit: its live bytes are not
   # called leaks, in the rows, the changes by API or the note that says why (docs/metrics.md).
   expect_rc 0 "$GPUMEM" diff "$DATA/after.jsonl" "$SRC/tests/data/golden/killed_truncated.jsonl"
