@@ -258,7 +258,8 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 continue;
             }
             const device_report& dev = run.dev(r);
-            const device_report& bdev = base.dev(*it->second);
+            const device_ref* bref = it->second;
+            const device_report& bdev = base.dev(*bref);
             base_by_key.erase(it);
             for (const measure* m : k_baseline_measures) {
                 outcome o;
@@ -271,6 +272,14 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 // (a relative tolerance on a baseline fragmentation of 0 would allow nothing).
                 bool ratio = m->unit == measure_unit::ratio;
                 double allowed = ratio ? was + tolerance : was * (1 + tolerance);
+                // A run without pool segments (--pool off) reads 0 fragmentation and passes any
+                // baseline; said, as for --max-fragmentation, where the baseline measured some.
+                if (m == &k_max_fragmentation && run.has(r, device_field::peak_segments) && dev.segment_count.peak == 0 &&
+                    base.has(*bref, device_field::peak_segments) && bdev.segment_count.peak > 0)
+                    spdlog::warn("{}: baseline max external fragmentation: no gpumem pool segments on this device "
+                                 "(recorded with the pool off, or a device without virtual memory?), where the "
+                                 "baseline had some: its fragmentation is not measured, so this limit cannot fail",
+                                 r.where);
                 o.passed = measured <= allowed + 1e-9;
                 o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
                             "baseline " + fmt_value(*m, was) + " + " +

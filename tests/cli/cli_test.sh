@@ -249,6 +249,14 @@ check_baseline)
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 0.05%
   expect_in "$W/out" "+ 0.05 points ="
   expect_not_in "$W/out" "+ 0.1 points"
+  # Fragmentation is measured on gpumem's pool segments: a run without any (--pool off) against a
+  # baseline that had them read 0.0% and passed without a word; said, as --max-fragmentation says it.
+  "$GPUMEM" report --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/pooled.json" || fail "report --json"
+  expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/pooled.json"
+  expect_in "$W/err" "rank 0 dev 0 (pid 1001, $DATA/before.jsonl): baseline max external fragmentation: no gpumem pool segments on this device"
+  # Not said of a run that has them.
+  expect_rc 0 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/pooled.json"
+  expect_not_in "$W/err" "no gpumem pool segments"
   # The --max-* limits are absolute: a tolerance without --baseline is said to do nothing.
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --tolerance 5
   expect_in "$W/err" "gpumem: warning: --tolerance 5 applies to --baseline only"
