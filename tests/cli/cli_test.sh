@@ -176,6 +176,17 @@ check_limits)
     expect_in "$W/killed.xml" '<failure message="live when the log stops 2.00 MiB &gt; limit'
     expect_in "$W/killed.xml" 'name="baseline leaked"/>'
   done
+  # A log whose recorder lost events: every result on it says its values are approximate, in the
+  # line and the JUnit message (a passing job's stderr warning goes unread), the baseline's too.
+  lossy=$SRC/tests/data/bad/lost_record_end_count.jsonl
+  expect_rc 0 "$GPUMEM" check "$lossy" --max-peak 1GiB --baseline "$lossy" --junit "$W/lossy.xml"
+  expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken, 6 on logs that lost events (approximate)"
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 1, $lossy): peak requested 256 B <= limit 1.00 GiB (--max-peak 1GiB); 4 events were lost by the recorder: approximate"
+  expect_in "$W/out" "= 268 B; 4 events were lost by the recorder: approximate; in the baseline, 4 events were lost by the recorder: approximate"
+  expect_in "$W/lossy.xml" '<system-out>rank 0 dev 0 (pid 1, '"$lossy"'): peak requested 256 B &lt;= limit 1.00 GiB (--max-peak 1GiB); 4 events were lost by the recorder: approximate</system-out>'
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit "$W/whole.xml"
+  expect_not_in "$W/out" "lost"
+  expect_not_in "$W/whole.xml" "system-out"
   # Decimal units, = syntax, and fragmentation as a ratio or percentage (this log peaks at 33.3%).
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak=3000KB
   frag=$SRC/tests/data/golden/pool_fragmentation.jsonl
