@@ -103,6 +103,72 @@ TEST_CASE("arenas: the trim spares the free block the growth joins", "[pool][vmm
     CHECK(pool.validate(&why));
 }
 
+TEST_CASE("arenas: the trim spares the free block after a hole the growth maps whole", "[pool][vmm][arena]") {
+    // A hole whose free block after it makes up the request is mapped whole, joined to that
+    // block.  The trim must keep that block mapped too, or it unmaps what the growth joins and
+    // the growth maps it straight back (8 MiB unmapped, 12 mapped, for 8 of new chunks).
+    fake_backend dev(1ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = arena_config();
+    cfg.reuse = reuse_mode::safe;
+    cfg.sync_budget = 1 * MiB;  // each miss below releases the pending free by one sync
+    cfg.trim = 2 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, x = 0, y = 0, b = 0, z = 0, r = 0;
+    REQUIRE(pool.allocate(4 * MiB, A, &a) == k_cuda_success);  // [0, 4) of the arena
+    REQUIRE(pool.allocate(8 * MiB, A, &x) == k_cuda_success);  // [4, 12)
+    REQUIRE(pool.allocate(8 * MiB, A, &y) == k_cuda_success);  // [12, 20)
+    REQUIRE(pool.allocate(4 * MiB, A, &b) == k_cuda_success);  // [20, 24)
+    int rc = -1;
+    REQUIRE(pool.deallocate(x, F, &rc));
+    REQUIRE(pool.allocate(12 * MiB, A, &z) == k_cuda_success);  // [24, 36); the trim unmaps x: a hole at [4, 12)
+    CHECK(z == a + 24 * MiB);
+    REQUIRE(sink.count(ev_kind::segment_unmap) == 1);
+    REQUIRE(pool.deallocate(y, F, &rc));
+    const size_t unmaps = sink.count(ev_kind::segment_unmap), maps = sink.count(ev_kind::segment_map);
+    // 12 MiB: the hole [4, 12) mapped whole and the free [12, 20) after it.
+    REQUIRE(pool.allocate(12 * MiB, A, &r) == k_cuda_success);
+    CHECK(r == a + 4 * MiB);
+    CHECK(sink.count(ev_kind::segment_unmap) == unmaps);  // y's chunks stayed mapped
+    uint64_t mapped = 0;
+    const auto map_events = sink.of(ev_kind::segment_map);
+    for (size_t k = maps; k < map_events.size(); ++k) mapped += map_events[k].b.size;
+    CHECK(mapped == 8 * MiB);  // just the hole
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("arenas: the trim gives back whole free blocks, not just the excess", "[pool][vmm][arena]") {
+    // Cut to the excess, the trim leaves a free block's rest mapped, to be unmapped at the next
+    // growth: on the replayed GPT-2 log that raised the peak from 13.67 to 13.80 GiB
+    // (block_pool_giveback.cc, unmap_free_chunks).  A 40 MiB free block against a 24 MiB excess
+    // goes back whole.
+    fake_backend dev(1ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = arena_config();
+    cfg.reuse = reuse_mode::safe;
+    cfg.sync_budget = 1 * MiB;  // the miss below releases the pending free by one sync
+    cfg.trim = 16 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, x = 0, b = 0, r = 0;
+    REQUIRE(pool.allocate(4 * MiB, A, &a) == k_cuda_success);   // [0, 4)
+    REQUIRE(pool.allocate(40 * MiB, A, &x) == k_cuda_success);  // [4, 44)
+    REQUIRE(pool.allocate(4 * MiB, A, &b) == k_cuda_success);   // [44, 48)
+    int rc = -1;
+    REQUIRE(pool.deallocate(x, F, &rc));
+    // 48 MiB at the arena's end: reserved would be 96 MiB against 8 live + 48 + 16 of trim.
+    REQUIRE(pool.allocate(48 * MiB, A, &r) == k_cuda_success);
+    CHECK(r == a + 48 * MiB);
+    uint64_t unmapped = 0;
+    for (const event& e : sink.of(ev_kind::segment_unmap)) unmapped += e.b.size;
+    CHECK(unmapped == 40 * MiB);
+    CHECK(pool.snapshot().reserved == 56 * MiB);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 // Probes (expected to pass): paths the commit's tests do not reach.
 TEST_CASE("arenas: a hole mapped whole joins the free block after it, a failing map leaves the hole, tail lookups", "[pool][vmm][arena]") {
     fake_backend dev(80 * MiB);
