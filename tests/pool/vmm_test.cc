@@ -316,6 +316,31 @@ TEST_CASE("virtual memory: a failing map leaves nothing behind, and a capture ge
     CHECK(pool.validate(&why));
 }
 
+TEST_CASE("virtual memory: a synchronize that fails leaves every chunk freed for immediate reuse mapped", "[pool][vmm]") {
+    // cuMemUnmap does not wait for device work, as cuMemFree does: a block freed for immediate
+    // reuse may still be in use until a synchronize (or a wait on every stream) succeeds.  In a
+    // context whose synchronize fails, the OOM path must unmap none of its chunks.
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);  // immediate reuse, no events: settled by a sync
+    const uint64_t a = alloc_ok(pool, 20 * MiB);
+    const uint64_t b = alloc_ok(pool, 20 * MiB);
+    free_ok(pool, a);  // its last owner's work may still run
+    dev.set_sync_result(700);  // CUDA_ERROR_ILLEGAL_ADDRESS: a broken context
+    const uint64_t unmaps = dev.unmap_calls();
+    uint64_t c = 0;
+    CHECK(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_oom);
+    CHECK(dev.unmap_calls() == unmaps);
+    CHECK(sink.count(ev_kind::segment_unmap) == 0);
+    CHECK(sink.count(ev_kind::segment_free) == 0);
+    dev.set_sync_result(k_cuda_success);
+    free_ok(pool, b);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 TEST_CASE("GPUMEM_POOL_VMM=off and a device without VMM keep cuMemAlloc segments", "[pool][vmm]") {
     fake_backend dev;
     uint64_t p = 0;
@@ -555,6 +580,57 @@ TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas o
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("arenas: a device that claims more than 1 TiB gets arenas of 1 TiB", "[pool][vmm][arena]") {
+    // An arena keeps a handle slot per chunk: for a replay's fake device that claims 16 TiB,
+    // 18 TiB of address space would cost 72 MiB of host memory per pool (and a petabyte device
+    // 4.5 GiB).  Capped, an arena is at most 1 TiB (4 MiB of slots).
+    fake_backend dev(16ull << 40);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    const uint64_t p = alloc_ok(pool, 4 * MiB);
+    const auto segs = sink.of(ev_kind::segment_alloc);
+    REQUIRE(segs.size() == 1);
+    CHECK(segs[0].b.size == 1ull << 40);
+    CHECK(segs[0].b.asize == 4 * MiB);
+    free_ok(pool, p);
+    CHECK(dev.bad_calls() == 0);
+}
+
+TEST_CASE("arenas: the small pool grows by GPUMEM_POOL_SMALL_SEGMENT, and by one chunk when the driver has less", "[pool][vmm][arena]") {
+    // The small pool maps a small segment's worth at a time (fewer driver calls for many small
+    // blocks); when the driver cannot give that much, just the chunk the request needs, before
+    // any give-back: the OOM path would unmap the pool's cached free chunks for nothing.
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.small_segment = 8 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> small;
+    small.push_back(alloc_ok(pool, 512 * KiB));
+    auto segs = sink.of(ev_kind::segment_alloc);
+    REQUIRE(segs.size() == 1);
+    CHECK(segs[0].b.asize == 8 * MiB);  // the small arena, 8 MiB of it mapped
+    const uint64_t a = alloc_ok(pool, 20 * MiB), b = alloc_ok(pool, 20 * MiB), c = alloc_ok(pool, 10 * MiB);
+    free_ok(pool, b);  // 20 MiB of free chunks cached in the large arena
+    REQUIRE(dev.in_use() == 58 * MiB);  // 6 MiB left for the driver
+    while (small.size() < 16) small.push_back(alloc_ok(pool, 512 * KiB));  // the small arena's 8 MiB used
+    const size_t maps = sink.count(ev_kind::segment_map);
+    small.push_back(alloc_ok(pool, 512 * KiB));
+    const auto map_events = sink.of(ev_kind::segment_map);
+    REQUIRE(map_events.size() == maps + 1);
+    CHECK(map_events.back().b.size == 2 * MiB);
+    CHECK(sink.count(ev_kind::segment_unmap) == 0);  // the cached chunks stayed
+    CHECK(dev.in_use() == 60 * MiB);
+    for (uint64_t p : small) free_ok(pool, p);
+    free_ok(pool, a);
+    free_ok(pool, c);
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 TEST_CASE("peer access: a device granted access reaches every chunk mapped before and after", "[pool][vmm]") {
     // cuCtxEnablePeerAccess opens a context's cuMemAlloc memory to another device; chunks need
     // cuMemSetAccess for it, or a kernel of that device faults where it would not without gpumem.
@@ -765,6 +841,30 @@ TEST_CASE("stitching: a kept range serves the next stitch, remapping only the po
     CHECK(dev.bad_calls() == 0);
     CHECK(pool.validate(&why));
     CHECK(pool.snapshot().reserved == dev.in_use());
+}
+
+TEST_CASE("stitching: a kept range of twice the request serves a later, larger stitch", "[pool][vmm][stitch]") {
+    // A training loop with varying shapes stitches larger requests later: a range reserved at
+    // twice the first request takes them without a new reservation, keeping its mapped positions.
+    stitch_pool f(40, 2, 4 * MiB);  // 13 free pieces of 12 MiB; a miss releases a pending 6 MiB
+    uint64_t big = alloc_ok(f.pool, 60 * MiB);
+    REQUIRE(f.dev.alias_chunks() == 30);
+    free_ok(f.pool, big);
+    const uint64_t reservations = f.dev.reservations();
+    // The miss releases the free, the stitched segment dissolves into its kept range, and the
+    // 100 MiB stitch takes that range: 30 positions kept, 20 more mapped.
+    const uint64_t larger = alloc_ok(f.pool, 100 * MiB);
+    CHECK(larger == big);
+    uint64_t made = 0, reused = 0;
+    f.pool.stitch_counts(&made, nullptr, nullptr, &reused);
+    CHECK(made == 2);
+    CHECK(reused == 1);
+    CHECK(f.dev.alias_chunks() == 50);
+    CHECK(f.dev.reservations() == reservations);
+    free_ok(f.pool, larger);
+    CHECK(f.dev.bad_calls() == 0);
+    std::string why;
+    CHECK(f.pool.validate(&why));
 }
 
 TEST_CASE("stitching: a peer granted access while a stitched range is idle reaches every position of the next stitch on it", "[pool][vmm][stitch]") {
@@ -1006,6 +1106,21 @@ TEST_CASE("giveable_bytes: a cuMemAlloc segment counts only when every block in 
     CHECK(dev.in_use() == 0);
 }
 
+TEST_CASE("giveable_bytes: a live stitched block's borrowed chunks are not giveable until it is freed", "[pool][vmm][stitch]") {
+    // The chunks a stitched block borrowed stay mapped under it while it lives: counted as
+    // giveable, an allocator the pool does not serve would be told of memory it cannot get.
+    stitch_pool t(100);
+    const uint64_t before = t.pool.giveable_bytes();
+    REQUIRE(before >= 60 * MiB);
+    const uint64_t big = alloc_ok(t.pool, 60 * MiB);  // stitched from 30 free chunks
+    uint64_t made = 0;
+    t.pool.stitch_counts(&made, nullptr, nullptr);
+    REQUIRE(made == 1);
+    CHECK(t.pool.giveable_bytes() == before - 60 * MiB);
+    free_ok(t.pool, big);  // pending: its chunks go back with its release
+    CHECK(t.pool.giveable_bytes() == before);
+}
+
 TEST_CASE("giveable_bytes never waits for a pool operation that waits on the device", "[pool][vmm]") {
     fake_backend dev(64 * MiB);
     dev.set_vmm(2 * MiB);
@@ -1106,6 +1221,87 @@ TEST_CASE("make_headroom: GPUMEM_POOL_HEADROOM=0 never makes a pool short", "[po
     CHECK(dev.in_use() == held);
 }
 
+TEST_CASE("make_headroom: the headroom is at most 1/64 of the device, however large GPUMEM_POOL_HEADROOM", "[pool][vmm]") {
+    // The default 256 MiB would be a quarter of a 1 GiB device: the pool would give back (and the
+    // program make again) memory the driver never needs.  Capped at 16 MiB here.
+    fake_backend dev(1ull << 30);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    REQUIRE(cfg.headroom == 256 * MiB);  // the default
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 4 * MiB, &ps);
+    REQUIRE(pool.headroom_short());
+    for (auto p : ps) free_ok(pool, p);
+    uint64_t before = 0, total = 0;
+    dev.mem_info(&before, &total);
+    REQUIRE(before < 16 * MiB);
+    const uint64_t given = pool.make_headroom(api_id::cuLaunchKernel);
+    uint64_t after = 0;
+    dev.mem_info(&after, &total);
+    CHECK(after >= 16 * MiB);
+    CHECK(given <= 16 * MiB);  // just the cap's worth, in whole chunks
+    CHECK(!pool.headroom_short());
+    CHECK(dev.bad_calls() == 0);
+}
+
+TEST_CASE("make_headroom: a growth that brings the driver's free memory under the headroom makes the pool short at once", "[pool][vmm]") {
+    // A growth counts what it took from the driver's free memory, and near the line asks the
+    // driver again (another allocator may have taken some): the hook layer makes headroom
+    // before the program's next lazy load only if the pool knows it is short.
+    fake_backend dev(1ull << 30);  // headroom at most 1/64 of the device: 16 MiB
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    block_pool pool(cfg, dev, &sink, 0);
+    std::vector<uint64_t> ps;
+    for (int i = 0; i < 100; ++i) ps.push_back(alloc_ok(pool, 10 * MiB));  // 24 MiB left
+    CHECK(!pool.headroom_short());
+    ps.push_back(alloc_ok(pool, 10 * MiB));  // 14 MiB left
+    CHECK(pool.headroom_short());
+    for (auto p : ps) free_ok(pool, p);
+
+    // Another allocator took 12 MiB while the pool's count said 34 MiB were free: the growth that
+    // leaves 24 MiB by the count (under twice the headroom) asks the driver, which has 12.
+    fake_backend dev2(1ull << 30);
+    dev2.set_vmm(2 * MiB);
+    block_pool pool2(cfg, dev2, &sink, 0);
+    ps.clear();
+    for (int i = 0; i < 99; ++i) ps.push_back(alloc_ok(pool2, 10 * MiB));
+    CHECK(!pool2.headroom_short());
+    uint64_t other = 0;
+    REQUIRE(dev2.segment_alloc(12 * MiB, &other) == k_cuda_success);
+    ps.push_back(alloc_ok(pool2, 10 * MiB));
+    CHECK(pool2.headroom_short());
+    for (auto p : ps) free_ok(pool2, p);
+    REQUIRE(dev2.segment_free(other) == k_cuda_success);
+}
+
+TEST_CASE("make_headroom: with no whole chunk to give back, no wait on the device", "[pool][vmm]") {
+    // make_headroom runs before the program's lazy loads: a wait there (a synchronize, to settle
+    // a free made for immediate reuse) that then gives nothing back only stalls the program.
+    fake_backend dev(512 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();  // immediate reuse, no events: a settle is a synchronize
+    cfg.headroom = 4 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    const uint64_t s1 = alloc_ok(pool, 512 * KiB);  // a 2 MiB small segment
+    const uint64_t s2 = alloc_ok(pool, 512 * KiB);
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 4 * MiB, &ps);
+    REQUIRE(pool.headroom_short());
+    free_ok(pool, s2);  // free bytes, but no whole chunk: nothing to give
+    CHECK(pool.giveable_bytes() == 0);
+    const uint64_t syncs = dev.sync_calls(), waits = dev.event_syncs();
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 0);
+    CHECK(dev.sync_calls() == syncs);
+    CHECK(dev.event_syncs() == waits);
+    free_ok(pool, s1);
+    for (auto p : ps) free_ok(pool, p);
+}
+
 TEST_CASE("make_headroom: cuMemAlloc segments go back only as many as make up the headroom", "[pool][vmm]") {
     fake_backend dev(512 * MiB);  // no VMM: 20 MiB shared segments
     recording_sink sink;
@@ -1148,6 +1344,105 @@ TEST_CASE("make_headroom: of the idle cuMemAlloc segments the smallest that cove
     CHECK(given <= 20 * MiB);  // one small segment; in address order the 200 MiB one went first
     CHECK(sink.count(ev_kind::segment_free) == 1);
     CHECK(!pool.headroom_short());
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("make_headroom: an idle cuMemAlloc segment of exactly the lack covers it, not a larger one", "[pool][vmm]") {
+    // The bounded give-back takes the smallest idle segment that covers what is lacking; one of
+    // exactly that size covers it.  Counted as not covering, a larger one went back instead
+    // (20 MiB for a 12 MiB lack), memory the program would have to make again.
+    fake_backend dev(1ull << 30);  // no VMM; headroom at most 1/64 of the device: 16 MiB
+    recording_sink sink;
+    pool_config cfg = immediate_config();
+    cfg.headroom = 12 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    const uint64_t big = alloc_ok(pool, 40 * MiB);    // a segment of its own, the lowest address
+    const uint64_t exact = alloc_ok(pool, 12 * MiB);  // a segment of its own: the lack, exactly
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 4 * MiB, &ps);  // 20 MiB segments, then 4 MiB ones: the device full
+    REQUIRE(pool.headroom_short());
+    uint64_t free_b = 0, total = 0;
+    dev.mem_info(&free_b, &total);
+    REQUIRE(free_b == 0);  // so the lack is the headroom: 12 MiB
+    free_ok(pool, big);
+    free_ok(pool, exact);
+    for (auto p : ps) free_ok(pool, p);
+    const uint64_t held = dev.in_use();
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 12 * MiB);
+    CHECK(held - dev.in_use() == 12 * MiB);
+    const auto frees = sink.of(ev_kind::segment_free);
+    REQUIRE(frees.size() == 1);
+    CHECK(frees[0].b.ptr == exact);
+    CHECK(!pool.headroom_short());
+}
+
+TEST_CASE("make_headroom: when no idle cuMemAlloc segment covers the lack, the largest goes first", "[pool][vmm]") {
+    // Each segment given back is a cuMemFree (and a device sync): the largest first leaves the
+    // least to cover by the next, so the fewest segments go back and the least past the lack.
+    // Smallest first freed all three 10 MiB segments, then the 30 MiB one: 60 MiB in 4 calls
+    // where 30 + 10 in 2 make up the 35 MiB.
+    fake_backend dev(4ull << 30);  // no VMM; headroom at most 1/64 of the device: 64 MiB
+    recording_sink sink;
+    pool_config cfg = immediate_config();
+    cfg.headroom = 35 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    const uint64_t large = alloc_ok(pool, 30 * MiB);  // segments of their own
+    std::vector<uint64_t> tens;
+    for (int i = 0; i < 3; ++i) tens.push_back(alloc_ok(pool, 10 * MiB));
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 4 * MiB, &ps);  // the device full; these stay live
+    REQUIRE(pool.headroom_short());
+    uint64_t free_b = 0, total = 0;
+    dev.mem_info(&free_b, &total);
+    REQUIRE(free_b == 0);  // the lack: 35 MiB, more than any idle segment
+    free_ok(pool, large);
+    for (auto p : tens) free_ok(pool, p);
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 40 * MiB);
+    const auto frees = sink.of(ev_kind::segment_free);
+    REQUIRE(frees.size() == 2);
+    CHECK(frees[0].b.ptr == large);
+    CHECK(frees[1].b.ptr == tens[0]);  // then the smallest that covers the 5 MiB left, lowest first
+    CHECK(!pool.headroom_short());
+    for (auto p : ps) free_ok(pool, p);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
+TEST_CASE("make_headroom: cuMemAlloc segments beside virtual memory make up only what the free chunks lacked", "[pool][vmm]") {
+    // A pool on virtual memory can hold cuMemAlloc segments too (the driver refused virtual
+    // memory for another reason).  When whole free chunks give back part of the headroom, the
+    // segments must make up only the rest: asked for the whole lack again, the pool gave back a
+    // 16 MiB segment where a 10 MiB one completes it (22 MiB for a 16 MiB headroom).
+    fake_backend dev(1ull << 30);  // headroom at most 1/64 of the device: 16 MiB
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();  // immediate reuse: the frees below are settled by a wait first
+    cfg.headroom = 16 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    dev.fail_next_allocs(2, k_cuda_not_supported);  // the arena and a VMM segment refused
+    const uint64_t s10 = alloc_ok(pool, 10 * MiB);   // a cuMemAlloc segment of its own
+    dev.fail_next_allocs(2, k_cuda_not_supported);
+    const uint64_t s16 = alloc_ok(pool, 16 * MiB);
+    REQUIRE(dev.live_segments() == 2);
+    std::vector<uint64_t> ps;
+    fill_pool(pool, 2 * MiB, &ps);  // the arena, chunk by chunk, to the device's last byte
+    REQUIRE(ps.size() > 20);
+    uint64_t free_b = 0, total = 0;
+    dev.mem_info(&free_b, &total);
+    REQUIRE(free_b == 0);  // the lack: the whole 16 MiB
+    REQUIRE(pool.headroom_short());
+    for (size_t i = 10; i < 13; ++i) free_ok(pool, ps[i]);  // 6 MiB of whole free chunks
+    free_ok(pool, s10);
+    free_ok(pool, s16);
+    const uint64_t held = dev.in_use();
+    CHECK(pool.make_headroom(api_id::cuLaunchKernel) == 16 * MiB);
+    CHECK(held - dev.in_use() == 16 * MiB);
+    const auto frees = sink.of(ev_kind::segment_free);
+    REQUIRE(frees.size() == 1);
+    CHECK(frees[0].b.ptr == s10);
+    CHECK(!pool.headroom_short());
+    CHECK(dev.bad_calls() == 0);
     std::string why;
     CHECK(pool.validate(&why));
 }
