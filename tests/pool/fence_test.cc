@@ -249,6 +249,29 @@ TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees 
     CHECK(f.pool.fence_wait_count() == 1);
 }
 
+TEST_CASE("fences: memory short with only recent frees pending, the OOM path waits for the oldest fence that frees enough, not every fence", "[fence]") {
+    // No pending block is old enough for a miss to wait for (a 64 MiB budget: 16 MiB of frees
+    // must follow one), so the miss grows, the device is full, and the OOM path waits on fences
+    // oldest first until the request fits.  Waiting for every fence drains the GPU's queue.
+    pool_config cfg = fence_each();
+    cfg.sync_budget = 64 * MiB;  // 8 MiB frees still get a fence each (an eighth of the budget)
+    fenced f(cfg, 24 * MiB);     // room for one 20 MiB segment
+    const uint64_t a = f.alloc(8 * MiB);
+    const uint64_t b = f.alloc(8 * MiB);
+    f.free(a);  // fence 1
+    const uint64_t w1 = f.dev.enqueue_work_on(k_stream_legacy);
+    f.free(b);  // fence 2
+    const uint64_t w2 = f.dev.enqueue_work_on(k_stream_legacy);
+    const uint64_t c = f.alloc(8 * MiB);  // fits only where a or b was; no room for a segment
+    CHECK(c == a);
+    CHECK(f.dev.completed() < w1);  // fence 1 alone was waited on
+    CHECK(f.dev.completed() < w2);
+    CHECK(f.pool.pending_bytes() == 8 * MiB);  // b still waits for its fence
+    CHECK(f.pool.fence_wait_count() == 1);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.sink.count(ev_kind::oom) == 0);
+}
+
 TEST_CASE("fences: no event is recorded or waited on during a capture", "[fence]") {
     fenced f;
     f.dev.set_capturing(true);
@@ -414,6 +437,32 @@ TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no
     // Once the capture ends, the segment goes back and the request is served.
     f.dev.end_captures();
     CHECK(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
+TEST_CASE("fences: a capture opened while release_cached settles immediate frees gets no segment freed", "[fence]") {
+    // release_cached frees a wholly free segment on virtual memory only after every stream's
+    // work is done (a block freed for immediate reuse may still be in use).  A capture opened
+    // on another thread right after that wait forbids the cuMemUnmap and cuMemFree that follow:
+    // the segment stays cached until the capture ends.
+    const bool unseen = GENERATE(false, true);
+    CAPTURE(unseen);
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    cfg.arenas = false;
+    fenced f(cfg, 64 * MiB, 2 * MiB);
+    f.free(f.alloc(40 * MiB));
+    const uint64_t held = f.dev.in_use();
+    f.dev.capture_after_event_syncs(1, unseen);
+    f.pool.release_cached();
+    CHECK(f.dev.event_syncs() == 1);  // the wait for the streams
+    CHECK(f.dev.in_use() == held);
+    CHECK(f.sink.count(ev_kind::segment_free) == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    f.dev.end_captures();
+    f.pool.release_cached();
+    CHECK(f.dev.in_use() == 0);
     CHECK(f.dev.bad_calls() == 0);
 }
 
@@ -1237,6 +1286,50 @@ TEST_CASE("fences: a context reset leaves no unsettled free behind (trimming goe
     CHECK(f.dev.bad_calls() == 0);
 }
 
+TEST_CASE("fences: auto's drain at its switch settles the frees made for immediate reuse (no second wait before an unmap)", "[fence]") {
+    // The drain waits for all work enqueued so far: every block freed before the switch is
+    // settled by it, so memory short just after needs no other wait before unmapping.
+    pool_config cfg = immediate_config();
+    cfg.reuse = reuse_mode::automatic;
+    cfg.vmm = true;
+    fenced f(cfg, 64 * MiB, 2 * MiB, false);
+    const uint64_t a = f.alloc(20 * MiB), b = f.alloc(4 * MiB);
+    f.free(a);  // immediate reuse: its last owner's work may still run
+    f.dev.enqueue_work_on(k_stream_legacy);
+    f.pool.enter_safe_reuse(api_id::cuStreamCreate);
+    REQUIRE(f.dev.event_syncs() == 1);  // the drain
+    REQUIRE(!f.pool.reuse_is_immediate());
+    // 44 MiB past b: a's 20 MiB of free chunks must go back first (the OOM path).
+    const uint64_t big = f.alloc(44 * MiB);
+    CHECK(f.sink.count(ev_kind::segment_unmap) > 0);
+    CHECK(f.dev.event_syncs() == 1);
+    CHECK(f.dev.sync_calls() == 0);
+    f.free(big);
+    f.free(b);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
+TEST_CASE("fences: GPUMEM_REUSE=immediate waits for every stream's work, not the legacy stream's alone, before unmapping a freed block", "[fence]") {
+    // Immediate reuse lets the program run a block's work on any stream: cuMemUnmap does not
+    // wait for it, so the OOM path waits for every non-blocking stream too (auto before its
+    // switch has one issue order, where the legacy stream's event covers it all).
+    pool_config cfg = immediate_config();
+    cfg.vmm = true;
+    cfg.arenas = false;
+    fenced f(cfg, 64 * MiB, 2 * MiB);
+    const uint64_t a = f.alloc(40 * MiB);
+    f.dev.stall_stream(k_stream);  // a long copy from a on the side stream
+    f.free(a);
+    const uint64_t unmaps = f.dev.unmap_calls();
+    uint64_t p = 0;
+    REQUIRE(f.pool.allocate(48 * MiB, api_id::cuMemAlloc_v2, &p) == k_cuda_success);
+    CHECK(f.dev.unmap_calls() > unmaps);  // a's segment went back
+    CHECK(f.dev.records_on(k_stream) == 1);
+    CHECK(f.dev.stream_query(k_stream) == k_cuda_success);  // after a wait on the copy
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+}
+
 TEST_CASE("fences: a non-blocking stream of an unknown context makes every pool fall back to the sync", "[fence]") {
     stream_set st;
     std::vector<uint64_t> out;
@@ -1267,6 +1360,19 @@ TEST_CASE("stream_set: a stream destroyed during a synchronize is not forgotten 
     st.forget_destroyed(0xc0, st.destroy_count());
     CHECK(st.fence_streams(0xc0, out, st.hold()));
     CHECK(out.empty());
+}
+
+TEST_CASE("stream_set: a destroyed blocking stream leaves fences usable", "[fence]") {
+    // A blocking stream's work is covered by the legacy stream's event even after its
+    // destruction: counted as a destroyed non-blocking stream, every release of its context
+    // fell back to a context synchronize until the next one.
+    stream_set st;
+    std::vector<uint64_t> out;
+    st.created(0xc0, 0x10, false);
+    st.created(0xc0, 0x11, true);
+    CHECK(st.destroyed(0xc0, 0x10));
+    CHECK(st.fence_streams(0xc0, out, st.hold()));
+    CHECK(out == std::vector<uint64_t>{0x11});
 }
 
 TEST_CASE("stream_set: a destroyed or reset context takes its streams with it", "[fence]") {
@@ -1480,6 +1586,22 @@ TEST_CASE("fences: a miss waits for an old pending block's fence rather than gro
     CHECK(f.pool.fence_wait_count() == waits);
 }
 
+TEST_CASE("fences: a miss does not wait for a free with less than a quarter budget of frees after it", "[fence]") {
+    // "Old" is a quarter of the sync budget (8 MiB) of frees after a block: x has 4 MiB after it,
+    // so the GPU's queue after its fence is short, and a wait there would nearly drain it.
+    fenced f;
+    const uint64_t x = f.alloc(24 * MiB), y = f.alloc(4 * MiB);
+    f.dev.enqueue_work();  // kernels read x and y
+    f.free(x);
+    f.dev.enqueue_work();
+    f.free(y);
+    const uint64_t waits = f.pool.fence_wait_count();
+    CHECK(f.alloc(24 * MiB) != x);  // grown instead
+    CHECK(f.pool.fence_wait_count() == waits);
+    CHECK(f.pool.pending_bytes() == 28 * MiB);
+    CHECK(f.dev.sync_calls() == 0);
+}
+
 TEST_CASE("fences: GPUMEM_FENCE_WAIT=any waits for the newest free too, fencing it first, rather than grow", "[fence]") {
     // The second half of the test above, with any: the newest free's fence (recorded by the miss
     // itself under the default batch of four frees) is waited for, and the pool does not grow.
@@ -1594,6 +1716,42 @@ TEST_CASE("fences: under ordered release a freed stitched block goes back to its
     CHECK(f.pool.kept_ranges() == 1);  // its range kept mapped for the next stitch, idle
     CHECK(f.dev.aliases() == 30);
     CHECK(f.dev.event_syncs() == 0);
+    CHECK(f.dev.sync_calls() == 0);
+    CHECK(f.dev.bad_calls() == 0);
+    std::string why;
+    CHECK(f.pool.validate(&why));
+}
+
+TEST_CASE("fences: release_cached gives back the segments a freed stitched block borrowed from, its ordered release's work still running", "[fence][stitch]") {
+    // release_cached is to give back every segment no live block needs.  A freed stitched block
+    // handed out by an ordered release whose work still runs keeps its lenders' chunks lent, so
+    // their segment is not idle: release_cached must wait for that work (as before any unmap),
+    // dissolve the stitched segment, and then give back the lenders' segment too.
+    pool_config cfg = safe_config();
+    cfg.order = true;
+    cfg.vmm = true;
+    cfg.stitch = true;
+    fenced f(cfg, 8ull << 30, 2 * MiB);
+    std::vector<uint64_t> six;
+    for (int i = 0; i < 100; ++i) six.push_back(f.alloc(6 * MiB));
+    for (int i = 0; i < 100; ++i)
+        if (i % 3) f.free(six[i]);  // 400 MiB free in 12 MiB pieces between live blocks
+    f.dev.complete_all();
+    f.pool.release_cached();
+    const uint64_t big = f.alloc(60 * MiB);  // fits no piece: stitched from them
+    uint64_t made = 0, dissolved = 0;
+    f.pool.stitch_counts(&made, nullptr, &dissolved);
+    REQUIRE(made == 1);
+    f.dev.enqueue_work_on(k_stream_legacy);  // the last kernel on big, still running
+    f.free(big);
+    for (int i = 0; i < 100; i += 3) f.free(six[i]);
+    const uint64_t releases = f.pool.ordered_releases();
+    f.pool.release_cached();
+    REQUIRE(f.pool.ordered_releases() == releases + 1);  // every pending free handed out at once
+    f.pool.stitch_counts(nullptr, nullptr, &dissolved);
+    CHECK(dissolved == 1);
+    CHECK(f.dev.aliases() == 0);
+    CHECK(f.dev.in_use() == 0);  // the lenders' arena went back too
     CHECK(f.dev.sync_calls() == 0);
     CHECK(f.dev.bad_calls() == 0);
     std::string why;
