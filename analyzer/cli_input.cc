@@ -84,6 +84,29 @@ bool dash_means_stdin(std::vector<std::string>& paths, std::string& error) {
     return dash_means_stdin(all, error);
 }
 
+void drop_repeated_inputs(std::vector<std::string>& paths) {
+    std::vector<std::string> kept;
+    std::vector<std::pair<dev_t, ino_t>> ids;  // of the kept paths that exist
+    std::vector<size_t> id_of;                 // index into kept, per ids entry
+    for (std::string& p : paths) {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) == 0) {
+            const auto id = std::make_pair(st.st_dev, st.st_ino);
+            const auto it = std::find(ids.begin(), ids.end(), id);
+            if (it != ids.end()) {
+                const std::string& first = kept[id_of[size_t(it - ids.begin())]];
+                spdlog::warn("{}", visible(first == p ? p + " is given more than once: read once"
+                                                      : p + " is the same file as " + first + ": read once"));
+                continue;
+            }
+            ids.push_back(id);
+            id_of.push_back(kept.size());
+        }
+        kept.push_back(std::move(p));
+    }
+    paths = std::move(kept);
+}
+
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
     std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
     if (p.n_warnings > p.warnings.size())

@@ -31,6 +31,13 @@ bool dash_means_stdin(const std::vector<std::string*>& paths, std::string& error
 // The same over one list of inputs.
 bool dash_means_stdin(std::vector<std::string>& paths, std::string& error);
 
+// One file named twice among the inputs of one run (a CI glob and an explicit name, ./x and x, a
+// symbolic link and its target, a hard link) would count as two processes, the second "rank 0#2",
+// and double every total: each file is read once, at its first name, and a warning names the
+// repeat.  The same file is the same device and inode; a name that does not exist is left for the
+// reader to refuse.  `paths`: the inputs of one run (each side of `diff` is one run).
+void drop_repeated_inputs(std::vector<std::string>& paths);
+
 // One GPU (dev >= 0) of one process of a run.
 struct device_ref {
     size_t process = 0;  // index into run_input::processes

@@ -193,6 +193,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         if (!baseline_path.empty()) all.push_back(&baseline_path);
         if (std::string err; !dash_means_stdin(all, err)) return usage_error("check", err);
     }
+    drop_repeated_inputs(logs);  // the baseline is another run: it may be one of the logs
     // The --max-* limits are absolute: a tolerance given for them would silently do nothing.
     if (args.tolerance_opt->count() && baseline_path.empty())
         spdlog::warn("--tolerance {} applies to --baseline only; the --max-* limits are not stretched by it",

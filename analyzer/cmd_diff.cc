@@ -248,6 +248,9 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
             for (std::string& p : *side) all.push_back(&p);
         if (std::string err; !dash_means_stdin(all, err)) return usage_error("diff", err);
     }
+    // Within a side only: a file on both sides is a run compared with itself.
+    drop_repeated_inputs(side_a);
+    drop_repeated_inputs(side_b);
     run_input ra, rb;
     std::string error;
     if (!load_run(side_a, ra, error, args.progress, "diff") || !load_run(side_b, rb, error, args.progress, "diff")) {

@@ -107,6 +107,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     logs.insert(logs.end(), tail.begin(), tail.end());
     if (logs.empty()) return usage_error("report", "no log file given");
     if (std::string err; !dash_means_stdin(logs, err)) return usage_error("report", err);
+    drop_repeated_inputs(logs);
 
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");

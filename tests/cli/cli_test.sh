@@ -686,7 +686,33 @@ conventions)
   expect_in "$W/err" "gpumem: replay: 0 of 4 replays done, 10% of their requests (1 devices,"
   expect_in "$W/err" "gpumem: replay: 1 of 4 replays done, 25% of their requests (1 devices,"
   expect_rc 0 "$GPUMEM" replay --no-progress --progress-every 0 "$W/long.jsonl"
-  expect_not_in "$W/err" "replays done"
+  expect_not_in "$W/err" "replays done"  # One file named twice in a run (a CI glob and a name, ./x and x, a link and its target) is read
+  # once, with a warning: it counted as a second process, "rank 0#2", doubling every total.
+  ln -sf "$DATA/before.jsonl" "$W/link.jsonl"
+  for names in "$DATA/before.jsonl $DATA/before.jsonl" "$W/link.jsonl $DATA/before.jsonl"; do
+    expect_rc 0 "$GPUMEM" check $names --max-peak 1GiB
+    expect_in "$W/out" "1 limit on 1 GPU of 1 process: 0 broken"
+    expect_not_in "$W/out" "0#2"
+  done
+  expect_in "$W/err" "gpumem: warning: $DATA/before.jsonl is the same file as $W/link.jsonl: read once"
+  (cd "$DATA" && "$GPUMEM" report --json before.jsonl ./before.jsonl after.jsonl > "$W/out" 2> "$W/err")
+  [ "$(json "$W/out" 'len(d["processes"])')" = 2 ] || fail "report of before, ./before and after: not 2 processes"
+  expect_in "$W/err" "gpumem: warning: ./before.jsonl is the same file as before.jsonl: read once"
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/link.jsonl" -- "$DATA/after.jsonl" "$DATA/after.jsonl"
+  expect_in "$W/out" "A = $DATA/before.jsonl (1 process)"
+  expect_in "$W/out" "B = $DATA/after.jsonl (1 process)"
+  expect_in "$W/err" "gpumem: warning: $W/link.jsonl is the same file as $DATA/before.jsonl: read once"
+  expect_in "$W/err" "gpumem: warning: $DATA/after.jsonl is given more than once: read once"
+  expect_not_in "$W/out" "0#2"
+  # A file on both sides of a diff is a run compared with itself, and a baseline may be a log.
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/before.jsonl"
+  expect_in "$W/out" "B = $DATA/before.jsonl (1 process)"
+  expect_not_in "$W/err" "read once"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl"
+  expect_not_in "$W/err" "read once"
+  expect_rc 0 "$GPUMEM" replay --json "$DATA/before.jsonl" "$W/link.jsonl"
+  [ "$(json "$W/out" 'len(d["logs"])')" = 1 ] || fail "replay of a log and its link: not 1 log"
+  expect_in "$W/err" "gpumem: warning: $W/link.jsonl is the same file as $DATA/before.jsonl: read once"
   ;;
 run_arguments)
   # run: --flag=value works, and everything from the command on goes to it untouched, gpumem's own
