@@ -136,12 +136,17 @@ void reading_meter::tick(const line_source& src) {
 const char* compression_of(std::string_view l) {
     if (l.size() >= 2 && l[0] == '\x1f' && l[1] == '\x8b') return "gzip";
     if (l.size() >= 4 && l.substr(0, 4) == std::string_view("\x28\xb5\x2f\xfd", 4)) return "zstd";
+    if (l.size() >= 6 && l.substr(0, 6) == std::string_view("\xfd" "7zXZ\0", 6)) return "xz";
+    // "BZh" and the block size, '1' to '9'.
+    if (l.size() >= 4 && l.substr(0, 3) == "BZh" && l[3] >= '1' && l[3] <= '9') return "bzip2";
     return nullptr;
 }
 
 std::string compressed_log_advice(const char* z, const std::string& path, const char* command) {
-    const std::string cat = z[0] == 'g' ? "zcat" : "zstdcat";
-    const std::string gpumem = std::string(" | gpumem ") + command + " /dev/stdin";
+    const std::string_view k(z);
+    const std::string cat = k == "gzip" ? "zcat" : k == "zstd" ? "zstdcat" : k == "xz" ? "xzcat" : "bzcat";
+    // "-" is standard input, as the guide teaches it.
+    const std::string gpumem = std::string(" | gpumem ") + command + " -";
     // The compressed bytes came through a pipe already: the decompressor goes into that pipe.
     if (path == "/dev/stdin")
         return std::string("the input is ") + z + "-compressed: decompress it in the pipe (... | " + cat + gpumem + ")";

@@ -138,8 +138,8 @@ private:
 // Parses "0x1a2b" (1 to 16 hex digits after 0x).  False on anything else.
 bool parse_hex(std::string_view s, uint64_t& out);
 
-// "gzip" or "zstd" when a log's first bytes are those of a compressed file, else nullptr: the
-// header readers then say to decompress it rather than that line 1 is not JSON.
+// "gzip", "zstd", "xz" or "bzip2" when a log's first bytes are those of a compressed file, else
+// nullptr: the header readers then say to decompress it rather than that line 1 is not JSON.
 const char* compression_of(std::string_view first_line);
 
 // What to do about a log that compression_of found compressed (`z`), as the header readers say it:

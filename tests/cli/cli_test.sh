@@ -387,20 +387,35 @@ check_bad_input)
   expect_in "$W/err" "no GPU memory activity to compare against"
   # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it:
   # the pipe spelled out with the file and the command that met it, ready to copy (it once said
-  # "zcat FILE | gpumem COMMAND /dev/stdin").
+  # "zcat FILE | gpumem COMMAND /dev/stdin"), and standard input as the guide spells it, "-".
   gz=$SRC/tests/data/replay/mlp-nocache.jsonl.gz
   expect_rc 2 "$GPUMEM" check "$gz" --max-peak 1GiB
-  expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem check /dev/stdin)"
+  expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem check -)"
   expect_rc 2 "$GPUMEM" report "$gz"
-  expect_in "$W/err" "$gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem report /dev/stdin)"
+  expect_in "$W/err" "$gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem report -)"
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$gz"
-  expect_in "$W/err" "(zcat $gz | gpumem diff /dev/stdin)"
+  expect_in "$W/err" "(zcat $gz | gpumem diff -)"
   # A name a shell would split is quoted; compressed bytes already in a pipe get the decompressor there.
   cp "$gz" "$W/my log's.jsonl.gz"
   expect_rc 2 "$GPUMEM" report "$W/my log's.jsonl.gz"
-  expect_in "$W/err" "(zcat '$W/my log'\''s.jsonl.gz' | gpumem report /dev/stdin)"
+  expect_in "$W/err" "(zcat '$W/my log'\''s.jsonl.gz' | gpumem report -)"
   expect_rc 2 bash -c 'cat "$1" | "$0" report /dev/stdin' "$GPUMEM" "$gz"
-  expect_in "$W/err" "/dev/stdin:1: the input is gzip-compressed: decompress it in the pipe (... | zcat | gpumem report /dev/stdin)"
+  expect_in "$W/err" "/dev/stdin:1: the input is gzip-compressed: decompress it in the pipe (... | zcat | gpumem report -)"
+  # The advice's pipe works as written, for each command.
+  for cmd in "report" "check --max-peak 1GiB" "diff $DATA/before.jsonl" "replay"; do
+    expect_rc 0 bash -c 'zcat "$1" | "$0" $2 -' "$GPUMEM" "$gz" "$cmd"
+  done
+  # xz and bzip2 too: they were "line 1 is not JSON".
+  python3 -c "import bz2,lzma,sys; d=open(sys.argv[1],'rb').read(); open(sys.argv[2],'wb').write(lzma.compress(d)); open(sys.argv[3],'wb').write(bz2.compress(d))" \
+    "$DATA/before.jsonl" "$W/before.jsonl.xz" "$W/before.jsonl.bz2"
+  for cmd in "report" "check --max-peak 1GiB" "diff $DATA/before.jsonl" "replay"; do
+    expect_rc 2 "$GPUMEM" $cmd "$W/before.jsonl.xz"
+    expect_in "$W/err" "gpumem: error: $W/before.jsonl.xz:1: the file is xz-compressed: decompress it first, or read it from a pipe (xzcat $W/before.jsonl.xz | gpumem ${cmd%% *} -)"
+    expect_rc 2 "$GPUMEM" $cmd "$W/before.jsonl.bz2"
+    expect_in "$W/err" "gpumem: error: $W/before.jsonl.bz2:1: the file is bzip2-compressed: decompress it first, or read it from a pipe (bzcat $W/before.jsonl.bz2 | gpumem ${cmd%% *} -)"
+    expect_rc 2 bash -c 'cat "$1" | "$0" $2 -' "$GPUMEM" "$W/before.jsonl.xz" "$cmd"
+    expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe (... | xzcat | gpumem ${cmd%% *} -)"
+  done
   # A baseline cut short (a full disk, a killed job) is named with the line where the JSON stops.
   "$GPUMEM" report --json "$DATA/before.jsonl" | head -n 20 > "$W/cut.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/cut.json"

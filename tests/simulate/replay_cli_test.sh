@@ -193,7 +193,7 @@ done
   && [ ! -s "$W/out" ] || fail "--api cudamalloc: exit $rc, $(cat "$W/err")"
 # A compressed log, as this folder keeps them: said, with the pipe that reads it.
 "$GPUMEM" replay "$DATA/mlp-nocache.jsonl.gz" 2> "$W/err" >/dev/null; rc=$?
-[ $rc = 2 ] && grep -qF "mlp-nocache.jsonl.gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $DATA/mlp-nocache.jsonl.gz | gpumem replay /dev/stdin)" "$W/err" \
+[ $rc = 2 ] && grep -qF "mlp-nocache.jsonl.gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $DATA/mlp-nocache.jsonl.gz | gpumem replay -)" "$W/err" \
   || fail "gzip log: exit $rc, $(cat "$W/err")"
 # A log with no device allocation (cuMemCreate only, as JAX's default allocator makes) is an error
 # that says why, not an empty output with exit 0; beside a log that replays, a warning.
