@@ -329,6 +329,11 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     const std::string& pool = args.pool;
     bool summary = !args.no_summary;
     if (pattern.empty()) return usage_error("run", "-o needs a path pattern");
+    // The library keeps an unknown token as written (%q, a typo for %p, would name every
+    // process's log alike); refused here, before the command starts.
+    if (std::string t = unknown_out_token(pattern); !t.empty())
+        return usage_error("run", "-o " + pattern + ": " + (t == "%" ? "a % at the end" : t) +
+                                      " is no token; the tokens are " + k_out_tokens);
     if (!pool.empty() && pool != "on" && pool != "off") return usage_error("run", "--pool " + pool + ": expected on or off");
     if (command_args.empty()) return usage_error("run", "no command given");
     std::vector<char*> cmd_argv;

@@ -75,7 +75,15 @@ config config::from_env(std::string* warnings) noexcept {
             if (parse_bool(s, &b)) c.pool = b;
             else if (warnings) *warnings += std::string("GPUMEM_POOL='") + s + "' is not on/off; using on\n";
         }
-        if (const char* s = getenv("GPUMEM_OUT"); s && *s) c.out = s;
+        if (const char* s = getenv("GPUMEM_OUT"); s && *s) {
+            c.out = s;
+            // Kept as written (a log is still better than none), but a typo for %p would put every
+            // process's log under one name: said.
+            if (std::string t = unknown_out_token(c.out); !t.empty() && warnings)
+                *warnings += std::string("GPUMEM_OUT='") + s + "': " + (t == "%" ? "a % at the end" : t) +
+                             " is no token (the tokens are " +
+                             k_out_tokens + "); kept as written\n";
+        }
         read_u32("GPUMEM_FLUSH_MS", 1, 60000, &c.flush_ms, warnings);
         read_u32("GPUMEM_BUFFER_EVENTS", 1024, 1u << 24, &c.buffer_events, warnings);
         read_u32("GPUMEM_WAIT_MS", 0, 600000, &c.wait_ms, warnings);
@@ -135,6 +143,16 @@ std::string expand_out_pattern(const std::string& pattern, long pid, const std::
         }
     }
     return out;
+}
+
+std::string unknown_out_token(const std::string& pattern) {
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        if (pattern[i] != '%') continue;
+        if (i + 1 == pattern.size()) return "%";
+        const char n = pattern[++i];
+        if (n != 'p' && n != 'h' && n != 'r' && n != '%') return pattern.substr(i - 1, 2);
+    }
+    return "";
 }
 
 std::string log_path_for(const std::string& pattern, long pid, const std::string& host, const std::string& rank) {

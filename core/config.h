@@ -35,6 +35,13 @@ struct config {
 std::string expand_out_pattern(const std::string& pattern, long pid, const std::string& host,
                                const std::string& rank);
 
+// The first token of a pattern that expand_out_pattern does not know ("%q"; "%" for a lone % at
+// the end), or "" when there is none.  The library keeps such a token as written and warns;
+// `gpumem run -o` refuses it.
+std::string unknown_out_token(const std::string& pattern);
+// The tokens expand_out_pattern knows, for messages.
+inline constexpr const char* k_out_tokens = "%p (pid), %r (rank), %h (host) and %% (a percent sign)";
+
 // The log's path for a GPUMEM_OUT pattern: the pattern expanded, except that a directory (an
 // expansion that ends in '/' or names an existing directory, "." included) gets the default name
 // inside it, DIR/gpumem-<pid>.jsonl, as `gpumem run -o DIR` does.  A directory that does not exist

@@ -55,6 +55,15 @@ run_exit_codes)
   expect_rc 2 "$GPUMEM" run --pool maybe -- true
   expect_in "$W/err" "--pool maybe: expected on or off"
   expect_rc 2 "$GPUMEM" run --frobnicate -- true
+  # An unknown token in -o (the library keeps it as written): refused before the command runs.
+  for p in 'x-%q.jsonl' 'typo/%P/' 'x-100%'; do
+    expect_rc 2 "$GPUMEM" run -o "$p" -- sh -c 'echo ran'
+    expect_not_in "$W/out" "ran"
+    expect_in "$W/err" "gpumem: error: -o $p: "
+    expect_in "$W/err" "is no token; the tokens are %p (pid), %r (rank), %h (host) and %% (a percent sign)"
+  done
+  expect_in "$W/err" "a % at the end is no token"
+  [ ! -e "$W/typo" ] || fail "-o typo/%P/: a directory was made for a refused pattern"
   expect_rc 2 env GPUMEM_LIB="$W/missing.so" "$GPUMEM" run -- true
   expect_in "$W/err" "GPUMEM_LIB=$W/missing.so is not a file"
   ;;
@@ -67,6 +76,13 @@ run_environment)
   expect_in "$W/out" "out=$W/rel/x-%p.jsonl"
   expect_in "$W/out" "pool=off"
   expect_in "$W/out" "ld=$EMU/driver:$EMU"
+  # GPUMEM_OUT with an unknown token, without gpumem run: the program runs as ever, the log has the
+  # name as written, and the library says so once.
+  expect_rc 0 env LD_PRELOAD="$lib" GPUMEM_OUT="$W/odd-%q-%p.jsonl" "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/out" "steps=5"
+  ls "$W"/odd-%q-[0-9]*.jsonl > /dev/null 2>&1 || fail "no odd-%q-PID.jsonl"
+  [ "$(grep -c "GPUMEM_OUT='$W/odd-%q-%p.jsonl': %q is no token (the tokens are %p (pid), %r (rank), %h (host) and %% (a percent sign)); kept as written" "$W/err")" = 1 ] ||
+    fail "GPUMEM_OUT with %q: not warned of once: $(cat "$W/err")"
   # --tensors: PyTorch's caching off for the child, and only with the flag.
   expect_rc 0 "$GPUMEM" run --tensors -o "$W/t/" -- sh -c 'echo "nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-unset}"'
   expect_in "$W/out" "nocache=1"

@@ -306,6 +306,29 @@ TEST_CASE("config from env: an empty GPUMEM_OUT keeps the default name, and an u
     unsetenv("GPUMEM_STACKS");
 }
 
+TEST_CASE("config from env: an unknown token in GPUMEM_OUT is kept as written and said") {
+    CHECK(unknown_out_token("/x/%h/%r-%p%%.log") == "");
+    CHECK(unknown_out_token("x-%q.jsonl") == "%q");
+    CHECK(unknown_out_token("x-%%q-%P.jsonl") == "%P");  // %%q is a percent sign and a q
+    CHECK(unknown_out_token("x-100%") == "%");
+    // The preload must not fail the program: the pattern stands, and its first unknown token is said.
+    setenv("GPUMEM_OUT", "x-%q-%p.jsonl", 1);
+    std::string warnings;
+    config c = config::from_env(&warnings);
+    CHECK(c.out == "x-%q-%p.jsonl");
+    CHECK(warnings == "GPUMEM_OUT='x-%q-%p.jsonl': %q is no token (the tokens are %p (pid), %r (rank), %h (host) "
+                      "and %% (a percent sign)); kept as written\n");
+    setenv("GPUMEM_OUT", "x-%p-100%", 1);
+    warnings.clear();
+    c = config::from_env(&warnings);
+    CHECK(warnings.find("GPUMEM_OUT='x-%p-100%': a % at the end is no token") == 0);
+    setenv("GPUMEM_OUT", "x-%r-%%-%p.jsonl", 1);
+    warnings.clear();
+    c = config::from_env(&warnings);
+    CHECK(warnings.empty());
+    unsetenv("GPUMEM_OUT");
+}
+
 TEST_CASE("rank_from_env: $RANK, else $LOCAL_RANK, else 0") {
     // docs/log-format.md's %r, and the header's rank.  The test's own environment is put back.
     auto saved = [](const char* n) { const char* v = getenv(n); return v ? std::optional<std::string>(v) : std::nullopt; };
