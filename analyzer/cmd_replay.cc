@@ -173,6 +173,12 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
         std::printf("   %s allocations and %s frees replayed (%s)", fmt_count(dt.n_alloc).c_str(),
                     fmt_count(dt.n_free).c_str(), apis.c_str());
         if (tr.skipped_allocs) std::printf("; %s allocations of other APIs left out", fmt_count(tr.skipped_allocs).c_str());
+        if (tr.skipped_managed)
+            std::printf("; %s managed allocation%s left out", fmt_count(tr.skipped_managed).c_str(),
+                        tr.skipped_managed == 1 ? "" : "s");
+        if (tr.skipped_vmm)
+            std::printf("; %s cuMemCreate allocation%s left out", fmt_count(tr.skipped_vmm).c_str(),
+                        tr.skipped_vmm == 1 ? "" : "s");
         std::printf("\n");
         if (dt.n_streams == 0)
             std::printf("   streams: the log names none (cudaMalloc and cuMemAlloc have no stream): modelled as one stream\n");
@@ -484,6 +490,8 @@ int run_replay(replay_args& a) {
             l["file"] = traces[i].file;
             l["apis"] = traces[i].apis;
             l["skipped_allocations"] = traces[i].skipped_allocs;
+            l["skipped_managed_allocations"] = traces[i].skipped_managed;
+            l["skipped_vmm_allocations"] = traces[i].skipped_vmm;
             l["devices"] = ojson::array();
             for (const device_job& d : djobs) {
                 if (d.log != i) continue;

@@ -120,7 +120,12 @@ trace load_trace(const std::string& path, const trace_options& opt) {
         device_state& d = devs[e.dev];
         d.tr.dev = e.dev;
         if (e.ev == ev_kind::alloc) {
-            if (e.kind != mem_kind::device) continue;
+            if (e.kind != mem_kind::device) {
+                // Counted, so that the replay says what it left out of the GPU's memory.
+                if (e.kind == mem_kind::managed) ++out.skipped_managed;
+                else if (e.kind == mem_kind::vmm) ++out.skipped_vmm;
+                continue;
+            }
             if (!wanted(e)) {
                 ++out.skipped_allocs;
                 continue;

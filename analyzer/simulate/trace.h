@@ -34,6 +34,9 @@ struct trace {
     std::vector<std::string> apis;      // the allocation APIs that were replayed, as seen
     std::vector<std::string> log_apis;  // every API of the log's device allocations, replayed or not, as seen
     uint64_t skipped_allocs = 0;        // allocations the --api filter left out (and their frees)
+    // GPU memory no replayed allocator serves, left out whatever --api says: managed memory
+    // (cudaMallocManaged) and cuMemCreate's physical memory (kind "vmm").  Host memory is no GPU's.
+    uint64_t skipped_managed = 0, skipped_vmm = 0;
     std::string config_json;            // the header's "config" object, as JSON text ("{}" when absent)
     uint64_t cut_line = 0;              // the last line, cut short (a writer killed mid-line): not replayed
 };

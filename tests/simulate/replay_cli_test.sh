@@ -207,6 +207,27 @@ done
 "$GPUMEM" replay "$W/vmm_only.jsonl" "$W/frag.jsonl" 2> "$W/err" > "$W/out"; rc=$?
 [ $rc = 0 ] && grep -q "warning: $W/vmm_only.jsonl: no device allocation to replay" "$W/err" && grep -q "== $W/frag.jsonl: device 0" "$W/out" \
   || fail "vmm-only log beside another: exit $rc, $(cat "$W/err")"
+# Managed memory and cuMemCreate's are GPU memory no replayed allocator serves: counted in what the
+# replay says it left out, as the --api filter's are (they were left out unsaid).  Host memory is no GPU's.
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{}}'
+  echo '{"ev":"alloc","seq":0,"t":0,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x1000","size":4096}'
+  echo '{"ev":"alloc","seq":1,"t":1,"tid":1,"dev":0,"api":"cudaMallocManaged","kind":"managed","ptr":"0x2000","size":4096}'
+  echo '{"ev":"alloc","seq":2,"t":2,"tid":1,"dev":0,"api":"cudaMallocManaged","kind":"managed","ptr":"0x3000","size":4096}'
+  echo '{"ev":"alloc","seq":3,"t":3,"tid":1,"dev":0,"api":"cuMemCreate","kind":"vmm","ptr":"0x1","size":2097152}'
+  echo '{"ev":"alloc","seq":4,"t":4,"tid":1,"dev":-1,"api":"cudaMallocHost","kind":"host","ptr":"0x4000","size":4096}'
+  echo '{"ev":"alloc","seq":5,"t":5,"tid":1,"dev":0,"api":"cuMemAlloc_v2","kind":"device","ptr":"0x5000","size":4096}'
+  echo '{"ev":"free","seq":6,"t":6,"tid":1,"dev":0,"api":"cudaFree","kind":"managed","ptr":"0x2000","size":4096}'
+} > "$W/kinds.jsonl"
+"$GPUMEM" replay "$W/kinds.jsonl" --api cudaMalloc 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 0 ] && grep -qF "1 allocations and 0 frees replayed (cudaMalloc); 1 allocations of other APIs left out; 2 managed allocations left out; 1 cuMemCreate allocation left out" "$W/out" \
+  || fail "managed and cuMemCreate allocations left out unsaid: exit $rc, $(cat "$W/out" "$W/err")"
+"$GPUMEM" replay "$W/kinds.jsonl" --json 2> "$W/err" > "$W/out"; rc=$?
+[ $rc = 0 ] && python3 -c "
+import json, sys
+l = json.load(open(sys.argv[1]))['logs'][0]
+assert (l['skipped_allocations'], l['skipped_managed_allocations'], l['skipped_vmm_allocations']) == (0, 2, 1), l
+assert l['devices'][0]['allocations'] == 2, l['devices'][0]" "$W/out" || fail "replay --json: the managed and cuMemCreate allocations left out: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
 for p in ideal,,pytorch gpumem, ,ideal; do  # an empty entry is named as such, not as "unknown policy ideal,"
