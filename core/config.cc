@@ -123,8 +123,22 @@ std::string rank_from_env() {
     return "0";
 }
 
+namespace {
+
+// The one list of GPUMEM_OUT's tokens: %p %h %r %%, in the order expand_out_pattern gives their values.
+constexpr char k_out_token_chars[] = "phr%";
+
+// The index of token %n in k_out_token_chars, or -1 for a character that is no token.
+int out_token_index(char n) {
+    const char* at = n ? std::strchr(k_out_token_chars, n) : nullptr;
+    return at ? int(at - k_out_token_chars) : -1;
+}
+
+}  // namespace
+
 std::string expand_out_pattern(const std::string& pattern, long pid, const std::string& host,
                                const std::string& rank) {
+    const std::string values[] = {std::to_string(pid), host, rank, "%"};
     std::string out;
     out.reserve(pattern.size() + 16);
     for (size_t i = 0; i < pattern.size(); ++i) {
@@ -134,12 +148,10 @@ std::string expand_out_pattern(const std::string& pattern, long pid, const std::
             continue;
         }
         char n = pattern[++i];
-        switch (n) {
-            case 'p': out += std::to_string(pid); break;
-            case 'h': out += host; break;
-            case 'r': out += rank; break;
-            case '%': out += '%'; break;
-            default: out += '%'; out += n; break;  // unknown token: kept as written
+        if (int k = out_token_index(n); k >= 0) out += values[k];
+        else {
+            out += '%';  // unknown token: kept as written
+            out += n;
         }
     }
     return out;
@@ -149,8 +161,7 @@ std::string unknown_out_token(const std::string& pattern) {
     for (size_t i = 0; i < pattern.size(); ++i) {
         if (pattern[i] != '%') continue;
         if (i + 1 == pattern.size()) return "%";
-        const char n = pattern[++i];
-        if (n != 'p' && n != 'h' && n != 'r' && n != '%') return pattern.substr(i - 1, 2);
+        if (out_token_index(pattern[++i]) < 0) return pattern.substr(i - 1, 2);
     }
     return "";
 }
