@@ -166,6 +166,7 @@ ojson device_json(const process_report& p, const device_report& d, const output_
         x["allocated_bytes"] = o.allocated;
         x["gpu_free_bytes"] = o.gpu_free;
         x["gpu_total_bytes"] = o.gpu_total;
+        x["gpu_free_recorded"] = o.gpu_free_recorded();
         x["verdict"] = o.verdict;
         x["explanation"] = o.explanation;
         // The failing call's stack, for logs with stack records (as "sites"); null when it has none.

@@ -145,6 +145,9 @@ struct oom_report {
     uint64_t largest_free = 0;         // reconstructed: largest free block
     uint64_t reserved = 0, allocated = 0;
     uint64_t gpu_free = 0, gpu_total = 0;  // cuMemGetInfo, as recorded (0 when not recorded)
+    // Whether the driver's free memory at the failure was recorded (a nonzero gpu_total).  When it
+    // was not, the verdict counted it as 0: the views say "as far as the log says".
+    bool gpu_free_recorded() const { return gpu_total != 0; }
     std::vector<site_row> sites;       // call sites live at that moment, most bytes first
     std::string verdict;               // "capacity", "fragmentation" or "chunk rounding"
     std::string explanation;

@@ -83,6 +83,10 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
                 ? "enough free memory exists, and a free block is large enough, yet the request failed (pool size class or limit)"
                 : "enough free memory exists in total, but no single free block is large enough";
     }
+    // The verdict counted the driver's free memory as 0: a log that did not record it (an older
+    // recorder, another device's context, a stream capture) may hold a verdict that it would change.
+    if (!o.gpu_free_recorded())
+        o.explanation += "; the driver's free memory at the failure was not recorded and is counted as 0";
     if (d.rep.ooms.size() < k_max_oom_maps) {
         ctx.snaps.settle_peak(d);
         o.map = ctx.snaps.take(d, "oom #" + std::to_string(d.rep.n_oom), e.seq, e.t, line);

@@ -213,6 +213,47 @@ TEST_CASE("an OOM the pool did not serve uses the driver's free memory its alloc
     CHECK_THAT(o["explanation"].get<std::string>(), Catch::Contains("the driver refused the call"));
 }
 
+TEST_CASE("an OOM whose driver free memory was not recorded gets its verdict as far as the log says", "[output]") {
+    // 1 GiB refused on a 140 GiB GPU with nothing held: "capacity" only because the free memory the
+    // alloc_fail did not carry counts as 0 (docs/metrics.md, OOM diagnosis).  The verdict stands,
+    // said as the log's, in text, JSON and HTML alike.
+    const std::string before = read_all(data_path("cli/before.jsonl"));  // an H200's header
+    const std::string header = before.substr(0, before.find('\n') + 1);
+    const std::string fail = "{\"ev\":\"alloc_fail\",\"seq\":0,\"t\":1,\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":"
+                             "\"device\",\"ptr\":\"0x0\",\"size\":1073741824,\"err\":2";
+    const std::string unknown = "; the driver's free memory at the failure was not recorded and is counted as 0";
+    temp_file f(header + fail + "}\n", "oom_unrecorded");
+    auto text = run_gpumem("report --no-progress " + f.path);
+    REQUIRE(text.rc == 0);
+    CHECK_THAT(text.out, Catch::Contains("free on GPU not recorded\n    verdict: capacity, as far as the log says: the request is "
+                                         "larger than all free memory together (free in segments + free on the GPU)" + unknown + "\n"));
+    auto js = run_gpumem("report --no-progress --json " + f.path);
+    REQUIRE(js.rc == 0);
+    auto o = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"][0];
+    CHECK(o["verdict"] == "capacity");
+    CHECK(o["gpu_free_recorded"] == false);
+    CHECK_THAT(o["explanation"].get<std::string>(), Catch::EndsWith(unknown));
+    temp_file html_out("", "oom_unrecorded_html");
+    std::remove(html_out.path.c_str());
+    REQUIRE(run_gpumem("report --no-progress --html " + html_out.path + " " + f.path).rc == 0);
+    CHECK_THAT(read_all(html_out.path), Catch::Contains("capacity</span>, as far as the log says — the request is larger"));
+    CHECK_THAT(read_all(html_out.path), Catch::Contains("at the failure was not recorded and is counted as 0</p>"));
+    // Read back from its JSON, the report says the same.
+    temp_file report(js.out, "oom_unrecorded_report");
+    auto again = run_gpumem("report --no-progress " + report.path);
+    REQUIRE(again.rc == 0);
+    CHECK(again.out.substr(again.out.find('\n')) == text.out.substr(text.out.find('\n')));
+    // Recorded (here 2 GiB free of 140 GiB: the driver refused what it said was free), nothing of the kind.
+    temp_file rec(header + fail + ",\"gpu_free\":2147483648,\"gpu_total\":150754820096}\n", "oom_recorded");
+    auto r = run_gpumem("report --no-progress --json " + rec.path);
+    REQUIRE(r.rc == 0);
+    auto ro = nlohmann::json::parse(r.out)["processes"][0]["devices"][0]["ooms"][0];
+    CHECK(ro["gpu_free_recorded"] == true);
+    CHECK(ro["verdict"] == "fragmentation");
+    CHECK_THAT(ro["explanation"].get<std::string>(), !Catch::Contains("not recorded"));
+    CHECK_THAT(run_gpumem("report --no-progress " + rec.path).out, !Catch::Contains("as far as the log says"));
+}
+
 TEST_CASE("past the report's 1000 OOMs, a later failure's stack is not given to the last OOM kept", "[output]") {
     // The report keeps the first 1000 OOMs.  A pool refusal (oom) takes its call's stack from the
     // alloc_fail that follows it; one past the cap must not write its stack (or err) onto OOM #1000,
