@@ -357,7 +357,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
             spdlog::error("cannot read the current directory: {}", std::strerror(errno));
             return k_exit_input;
         }
-        pattern = std::string(cwd) + "/" + pattern;
+        // The directory's own % signs are no tokens ("/work/100%p" stays as named): escaped as %%.
+        std::string dir_part;
+        for (const char* c = cwd; *c; ++c) dir_part += *c == '%' ? std::string("%%") : std::string(1, *c);
+        pattern = dir_part + "/" + pattern;
     }
     // The library makes no directory (a missing one sends the log to /tmp, log-format.md
     // "Fallback"), so run makes it now.  %h and %% are the same for every process of the run on this

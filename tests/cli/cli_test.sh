@@ -83,6 +83,13 @@ run_environment)
   ls "$W"/odd-%q-[0-9]*.jsonl > /dev/null 2>&1 || fail "no odd-%q-PID.jsonl"
   [ "$(grep -c "GPUMEM_OUT='$W/odd-%q-%p.jsonl': %q is no token (the tokens are %p (pid), %r (rank), %h (host) and %% (a percent sign)); kept as written" "$W/err")" = 1 ] ||
     fail "GPUMEM_OUT with %q: not warned of once: $(cat "$W/err")"
+  # A relative pattern run from a directory whose name holds a % (here "%p"): that % is the
+  # directory's, not a token, so the log lands in it and the library warns of nothing.
+  mkdir -p "$W/at 100%p" && cd "$W/at 100%p" || fail "cd 'at 100%p'"
+  expect_rc 0 "$GPUMEM" run -o x-%p.jsonl --no-summary -- "$EMU/emu_rt_shared_app" train 3
+  cd "$W" || fail "cd $W"
+  ls "$W/at 100%p"/x-[0-9]*.jsonl > /dev/null 2>&1 || fail "no log in 'at 100%p': $(ls -R "$W" | head -20)"
+  expect_not_in "$W/err" "is no token"
   # --tensors: PyTorch's caching off for the child, and only with the flag.
   expect_rc 0 "$GPUMEM" run --tensors -o "$W/t/" -- sh -c 'echo "nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-unset}"'
   expect_in "$W/out" "nocache=1"
