@@ -20,6 +20,23 @@ pool_config arena_config() {
     return cfg;
 }
 
+// An arena pool under safe reuse with GPUMEM_POOL_TRIM=trim, whose 1 MiB sync budget makes each
+// miss release the pending frees by one synchronize: the set-up of the trim tests below.
+struct trimming_arena {
+    fake_backend dev{1ull << 30};
+    recording_sink sink;
+    block_pool pool;
+    static pool_config config(uint64_t trim) {
+        pool_config cfg = arena_config();
+        cfg.reuse = reuse_mode::safe;
+        cfg.sync_budget = 1 * MiB;
+        cfg.trim = trim;
+        return cfg;
+    }
+    // dev is made first (declared first) and given 2 MiB chunks before the pool asks for them.
+    explicit trimming_arena(uint64_t trim) : pool((dev.set_vmm(2 * MiB), config(trim)), dev, &sink, 0) {}
+};
+
 // Forwards to a fake_backend and counts every call, whatever it is.
 struct counting_backend final : pool_backend {
     fake_backend& d;
@@ -78,14 +95,9 @@ TEST_CASE("arenas: a first miss after release_all_at_exit asks the driver nothin
 // again as part of the same request: chunks unmapped and re-created for nothing (same final
 // reserved as without the unmap).
 TEST_CASE("arenas: the trim spares the free block the growth joins", "[pool][vmm][arena]") {
-    fake_backend dev(1ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = arena_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.sync_budget = 1 * MiB;  // the miss below releases the pending free by one sync
-    cfg.trim = 2 * MiB;
-    block_pool pool(cfg, dev, &sink, 0);
+    trimming_arena t(2 * MiB);  // safe reuse; each miss below releases the pending free by one sync
+    recording_sink& sink = t.sink;
+    block_pool& pool = t.pool;
     uint64_t a = 0, b = 0, c = 0;
     REQUIRE(pool.allocate(12 * MiB, A, &a) == k_cuda_success);  // [0, 12) of the arena
     REQUIRE(pool.allocate(16 * MiB, A, &b) == k_cuda_success);  // [12, 28)
@@ -107,14 +119,9 @@ TEST_CASE("arenas: the trim spares the free block after a hole the growth maps w
     // A hole whose free block after it makes up the request is mapped whole, joined to that
     // block.  The trim must keep that block mapped too, or it unmaps what the growth joins and
     // the growth maps it straight back (8 MiB unmapped, 12 mapped, for 8 of new chunks).
-    fake_backend dev(1ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = arena_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.sync_budget = 1 * MiB;  // each miss below releases the pending free by one sync
-    cfg.trim = 2 * MiB;
-    block_pool pool(cfg, dev, &sink, 0);
+    trimming_arena t(2 * MiB);  // safe reuse; each miss below releases the pending free by one sync
+    recording_sink& sink = t.sink;
+    block_pool& pool = t.pool;
     uint64_t a = 0, x = 0, y = 0, b = 0, z = 0, r = 0;
     REQUIRE(pool.allocate(4 * MiB, A, &a) == k_cuda_success);  // [0, 4) of the arena
     REQUIRE(pool.allocate(8 * MiB, A, &x) == k_cuda_success);  // [4, 12)
@@ -144,14 +151,9 @@ TEST_CASE("arenas: the trim gives back whole free blocks, not just the excess", 
     // growth: on the replayed GPT-2 log that raised the peak from 13.67 to 13.80 GiB
     // (block_pool_giveback.cc, unmap_free_chunks).  A 40 MiB free block against a 24 MiB excess
     // goes back whole.
-    fake_backend dev(1ull << 30);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = arena_config();
-    cfg.reuse = reuse_mode::safe;
-    cfg.sync_budget = 1 * MiB;  // the miss below releases the pending free by one sync
-    cfg.trim = 16 * MiB;
-    block_pool pool(cfg, dev, &sink, 0);
+    trimming_arena t(16 * MiB);  // safe reuse; each miss below releases the pending free by one sync
+    recording_sink& sink = t.sink;
+    block_pool& pool = t.pool;
     uint64_t a = 0, x = 0, b = 0, r = 0;
     REQUIRE(pool.allocate(4 * MiB, A, &a) == k_cuda_success);   // [0, 4)
     REQUIRE(pool.allocate(40 * MiB, A, &x) == k_cuda_success);  // [4, 44)

@@ -212,15 +212,14 @@ TEST_CASE("fences: when memory is short the pool blocks on a fence, never on the
     CHECK(f.pool.fence_wait_count() >= 1);
 }
 
-TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees enough, not for all queued work", "[fence]") {
-    // Waiting for the newest fence would let the device drain its whole queue: on a GPU it then
-    // idles while the program queues its next kernels.
-    fenced f(fence_each(), 24 * MiB);  // room for one 20 MiB segment
-    f.dev.set_wait_sleep_ns(2000000);  // each wait takes 2 ms: the log must say so
+// Two 8 MiB blocks freed behind two fences, each followed by work on the legacy stream, then an
+// 8 MiB request on a device with no room for another segment: it must get the first block back
+// after a wait for fence 1 alone.  (The work is the legacy stream's: a cold side stream found busy
+// by the sweep before the wait would extend it to that stream's whole queue; docs/pool.md,
+// "`safe`: fences", the price.)
+static void expect_oldest_fence_alone(fenced& f) {
     const uint64_t a = f.alloc(8 * MiB);
     const uint64_t b = f.alloc(8 * MiB);
-    // The work is the legacy stream's: a cold side stream found busy by the sweep before this wait
-    // would extend it to that stream's whole queue (docs/pool.md, "`safe`: fences", the price).
     f.free(a);  // fence 1
     const uint64_t w1 = f.dev.enqueue_work_on(k_stream_legacy);
     f.free(b);  // fence 2
@@ -232,6 +231,14 @@ TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees 
     CHECK(f.pool.pending_bytes() == 8 * MiB);  // b still waits for its fence
     CHECK(f.pool.fence_wait_count() == 1);
     CHECK(f.dev.sync_calls() == 0);
+}
+
+TEST_CASE("fences: memory short, the pool waits for the oldest fence that frees enough, not for all queued work", "[fence]") {
+    // Waiting for the newest fence would let the device drain its whole queue: on a GPU it then
+    // idles while the program queues its next kernels.
+    fenced f(fence_each(), 24 * MiB);  // room for one 20 MiB segment
+    f.dev.set_wait_sleep_ns(2000000);  // each wait takes 2 ms: the log must say so
+    expect_oldest_fence_alone(f);
     // The log says the program waited: the release's pool_sync carries "waited".
     auto syncs = f.sink.of(ev_kind::pool_sync);
     REQUIRE(!syncs.empty());
@@ -256,19 +263,7 @@ TEST_CASE("fences: memory short with only recent frees pending, the OOM path wai
     pool_config cfg = fence_each();
     cfg.sync_budget = 64 * MiB;  // 8 MiB frees still get a fence each (an eighth of the budget)
     fenced f(cfg, 24 * MiB);     // room for one 20 MiB segment
-    const uint64_t a = f.alloc(8 * MiB);
-    const uint64_t b = f.alloc(8 * MiB);
-    f.free(a);  // fence 1
-    const uint64_t w1 = f.dev.enqueue_work_on(k_stream_legacy);
-    f.free(b);  // fence 2
-    const uint64_t w2 = f.dev.enqueue_work_on(k_stream_legacy);
-    const uint64_t c = f.alloc(8 * MiB);  // fits only where a or b was; no room for a segment
-    CHECK(c == a);
-    CHECK(f.dev.completed() < w1);  // fence 1 alone was waited on
-    CHECK(f.dev.completed() < w2);
-    CHECK(f.pool.pending_bytes() == 8 * MiB);  // b still waits for its fence
-    CHECK(f.pool.fence_wait_count() == 1);
-    CHECK(f.dev.sync_calls() == 0);
+    expect_oldest_fence_alone(f);
     CHECK(f.sink.count(ev_kind::oom) == 0);
 }
 
