@@ -128,7 +128,11 @@ stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f, c
         idx = uint32_t(codes_.size() - 1);
         code_ids_.emplace(std::make_pair(f.addr, f.ident), idx);
     }
-    return frame_info{idx, py_.line_of(py_frame{f.addr, f.offset, f.ident}), 0};
+    // PyCode_Addr2Line answers -1 for an instruction without a line (CPython 3.11+): that is line
+    // 0, "unknown", since a negative line marks a native frame (format_record would take the
+    // frame for one and index modules_ with a code's index).
+    int line = py_.line_of(py_frame{f.addr, f.offset, f.ident});
+    return frame_info{idx, line < 0 ? 0 : line, 0};
 }
 
 // A capture not seen before: describe its frames now, while the capturing thread's frames keep

@@ -27,6 +27,7 @@
 #include "event_format.h"
 #include "event_log.h"
 #include "recorder.h"
+#include "stacks/native_frames.h"
 #include "stderr_write.h"
 
 using namespace gpumem;
@@ -979,6 +980,19 @@ TEST_CASE("recorder: a failed allocation records its call stack, written after t
     CHECK(allocs == 1);
     CHECK(defined.size() >= 1);
     unlink(path.c_str());
+}
+
+TEST_CASE("stacks: a native capture keeps at most the depth asked for") {
+    // GPUMEM_STACK_DEPTH bounds the native frames as it does the Python ones, and capture() hands
+    // the unwinder a buffer of exactly that many: one more frame would be written past it.
+    uint64_t all[16] = {};
+    size_t n = stacks::capture_native(all, 16);
+    REQUIRE(n >= 2);  // libc's start-up frames at least (the binary's own are gpumem's, left out)
+    uint64_t pcs[17];
+    std::fill(std::begin(pcs), std::end(pcs), 0);
+    CHECK(stacks::capture_native(pcs, n - 1) == n - 1);
+    CHECK(pcs[n - 1] == 0);
+    CHECK(std::equal(pcs, pcs + n - 1, all));
 }
 
 TEST_CASE("recorder: a failed allocation carries the driver's free memory when the hook asked, and only then") {

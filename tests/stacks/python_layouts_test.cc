@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "stacks/python_frames.h"
+#include "stacks/stack_table.h"
 
 using gpumem::stacks::py_code_info;
 using gpumem::stacks::py_frame;
@@ -86,6 +87,21 @@ uint8_t* make_str(image& im, const std::string& latin1, size_t ascii_size, size_
     put<int64_t>(s, 24, -1);
     put<uint32_t>(s, 32, (1u << 2) | (1u << 5) | (ascii ? 1u << 6 : 0u) | (1u << 7));
     std::memcpy(s + head, latin1.data(), latin1.size());
+    return s;
+}
+
+// A compact non-ASCII str of kind 2 (UCS-2) or 4 (UCS-4): its code points follow the
+// PyCompactUnicodeObject, 2 or 4 bytes each.
+uint8_t* make_wide_str(image& im, const std::u32string& text, unsigned kind, size_t compact_size) {
+    uint8_t* s = im.alloc(compact_size + kind * (text.size() + 1));
+    put<int64_t>(s, 0, 1);
+    put<int64_t>(s, 16, int64_t(text.size()));
+    put<int64_t>(s, 24, -1);
+    put<uint32_t>(s, 32, (kind << 2) | (1u << 5) | (1u << 7));
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (kind == 2) put<uint16_t>(s, compact_size + 2 * i, uint16_t(text[i]));
+        else put<uint32_t>(s, compact_size + 4 * i, uint32_t(text[i]));
+    }
     return s;
 }
 
@@ -422,6 +438,150 @@ TEST_CASE("3.13 (synthetic): debug offsets that do not fit this interpreter turn
     }
     py_frame out[4];
     CHECK(pf.capture(out, 4) == 0);
+}
+
+TEST_CASE("3.13 (synthetic): a frame exactly at _co_firsttraceable has started and is kept") {
+    // _PyFrame_IsIncomplete is instr_ptr < _co_firsttraceable: the RESUME itself running (a GC
+    // callback allocating from it) is a started frame, and the stack must still name it.
+    py313 py;
+    uint8_t* inner = py.code("/srv/app/model.py", "Net.forward", "forward", 10);
+    uint8_t* cells = py.code("/srv/app/model.py", "Net.cells", "cells", 20, 2);
+    py.frame(inner, 12, 0);
+    py.frame(cells, 4, 0);  // instr_ptr at its RESUME, 2 code units in
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    py_frame out[8];
+    REQUIRE(pf.capture(out, 8) == 2);
+    CHECK(out[1].code == addr(cells));
+    CHECK(out[1].offset == 4);
+}
+
+TEST_CASE("3.13 (synthetic): a thread with no frames yet gets its stacks once it has some") {
+    // A thread that allocates before running any Python (an extension's init) has no frames: that
+    // is no verdict on the layout, so the next capture, with frames, must still walk them.
+    py313 py;
+    uint8_t* f = py.code("/a.py", "K.f", "f", 7);
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    py_frame out[4];
+    CHECK(pf.capture(out, 4) == 0);  // current_frame is NULL
+    py.frame(f, 4, 0);
+    REQUIRE(pf.capture(out, 4) == 1);
+    CHECK(out[0].code == addr(f));
+}
+
+TEST_CASE("3.12 (synthetic): cframe chain, a frame at its first instruction kept, unstarted skipped") {
+    // 3.12 is the 3.13 image without _PyRuntime, reached through ts->cframe (56) and
+    // cframe->current_frame (0), with prev_instr (56) the last instruction started: offset 0 is a
+    // started frame, prev_instr before the code (-2) one not started yet.
+    py313 py;
+    g_version = "3.12.7 (main, Oct  1 2024, 08:52:12) [GCC 12.2.0]";
+    g_syms.erase("_PyRuntime");
+    uint8_t* unstarted = py.code("/srv/app/model.py", "helper", "helper", 5);
+    uint8_t* inner = py.code("/srv/app/model.py", "Net.forward", "forward", 10);
+    uint8_t* module = py.code("/srv/app/main.py", "<module>", "<module>", 1);
+    py.frame(unstarted, -2, 0);
+    py.frame(inner, 0, 0);
+    py.frame(py.none, 0, 3);
+    py.frame(module, 40, 0);
+    uint8_t* cframe = py.im.alloc(64);
+    put(cframe, 0, py.frames[0]);
+    put(py.ts, 56, cframe);
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    CHECK(pf.minor_version() == 12);
+    py_frame out[8];
+    REQUIRE(pf.capture(out, 8) == 2);
+    CHECK(out[0].code == addr(inner));
+    CHECK(out[0].offset == 0);
+    CHECK(pf.line_of(out[0]) == 10);
+    CHECK(out[1].code == addr(module));
+    CHECK(function_of(pf, out[0]) == "Net.forward");
+}
+
+TEST_CASE("3.13 (synthetic): a Python frame with no line (PyCode_Addr2Line -1) stays a Python frame in its record") {
+    // CPython 3.11+ gives some instructions no line: PyCode_Addr2Line answers -1.  The stack record
+    // must still name the function and file (line 0, which the analyzer reads), not take the frame
+    // for a native one and read a module that does not exist.
+    py313 py;
+    uint8_t* f = py.code("/srv/app/model.py", "Net.forward", "forward", 10);
+    uint8_t* module = py.code("/srv/app/main.py", "<module>", "<module>", 1);
+    py.frame(f, 4, 0);
+    py.frame(module, 8, 0);
+    g_first_line.erase(addr(f));  // fake_addr2line answers -1 for it
+    gpumem::stacks::stack_table table;
+    table.init(lookup, gpumem::stacks::stack_mode::python, 64);
+    uint32_t id = table.capture();
+    REQUIRE(id != 0);
+    std::string rec;
+    REQUIRE(table.format_record(id, rec));
+    CHECK(rec == "{\"ev\":\"stack\",\"id\":1,\"frames\":[{\"function\":\"Net.forward\",\"file\":\"/srv/app/model.py\",\"line\":0},"
+                 "{\"function\":\"<module>\",\"file\":\"/srv/app/main.py\",\"line\":5}]}\n");
+}
+
+TEST_CASE("3.13 (synthetic): UCS-2 and UCS-4 names come out as UTF-8, a lone surrogate as U+FFFD") {
+    // Names outside Latin-1 (CJK identifiers, an emoji in a path) are stored 2 or 4 bytes a code
+    // point; each must be read at its own width and encoded at the right UTF-8 length, and a
+    // surrogate, which has no UTF-8 form, replaced so that the log stays valid UTF-8.
+    py313 py;
+    uint8_t* c = py.code("/a.py", "x", "x", 3);
+    put(c, 128, make_wide_str(py.im, std::u32string{0x7f51, 0x800, 0x7ff, 0xe9, 0xdc00, U'z'}, 2, 56));
+    put(c, 112, make_wide_str(py.im, U"/srv/\U0001f600/\U0000ffff.py", 4, 56));
+    py.frame(c, 0, 0);
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    py_frame out[4];
+    REQUIRE(pf.capture(out, 4) == 1);
+    CHECK(function_of(pf, out[0]) == "\xe7\xbd\x91\xe0\xa0\x80\xdf\xbf\xc3\xa9\xef\xbf\xbdz");
+    CHECK(file_of(pf, out[0]) == "/srv/\xf0\x9f\x98\x80/\xef\xbf\xbf.py");
+}
+
+TEST_CASE("3.13 (synthetic): a frame whose executable is not a code object is skipped even where its offset looks started") {
+    // The hot loop trusts f_executable only after comparing its type with PyCode_Type: without
+    // that, a non-code executable whose instr_ptr happens to lie past its "instructions" would be
+    // read as code (names and line from the wrong object).
+    py313 py;
+    uint8_t* inner = py.code("/srv/app/model.py", "Net.forward", "forward", 10);
+    uint8_t* module = py.code("/srv/app/main.py", "<module>", "<module>", 1);
+    uint8_t* other = py.im.alloc(200 + 256);  // an object of another type, sized like a code object
+    put<int64_t>(other, 0, 1);
+    put(other, 8, py.im.alloc(k_type_size));
+    py.frame(inner, 12, 0);
+    uint8_t* f_mid = py.frame(module, 6, 0);
+    py.frame(module, 40, 0);
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    py_frame out[8];
+    REQUIRE(pf.capture(out, 8) == 3);  // the layout is checked and trusted on a good walk
+    put(f_mid, py.at.executable, other);
+    put(f_mid, py.at.instr_ptr, other + 200 + 6);
+    REQUIRE(pf.capture(out, 8) == 2);
+    CHECK(out[0].code == addr(inner));
+    CHECK(out[1].code == addr(module));
+    CHECK(out[1].offset == 40);
+}
+
+TEST_CASE("3.13 (synthetic): GPUMEM_STACKS=all records the native frames, then the thread's Python frames") {
+    // docs/log-format.md: "all" is native frames, then the Python frames of the same thread.  The
+    // test binary's own frames are gpumem's (it links the core statically) and are left out;
+    // libc's start-up frames remain, so the record has native frames before the Python ones.
+    py313 py;
+    py.frame(py.code("/srv/app/model.py", "Net.forward", "forward", 10), 4, 0);
+    py.frame(py.code("/srv/app/main.py", "<module>", "<module>", 1), 8, 0);
+    gpumem::stacks::stack_table table;
+    table.init(lookup, gpumem::stacks::stack_mode::all, 64);
+    uint32_t id = table.capture();
+    REQUIRE(id != 0);
+    std::string rec;
+    REQUIRE(table.format_record(id, rec));
+    INFO(rec);
+    const std::string py_frames = "{\"function\":\"Net.forward\",\"file\":\"/srv/app/model.py\",\"line\":12},"
+                                  "{\"function\":\"<module>\",\"file\":\"/srv/app/main.py\",\"line\":5}]}\n";
+    REQUIRE(rec.size() > py_frames.size());
+    CHECK(rec.compare(rec.size() - py_frames.size(), py_frames.size(), py_frames) == 0);
+    size_t module = rec.find("{\"module\":");
+    CHECK(module != std::string::npos);
+    CHECK(module < rec.find("Net.forward"));
 }
 
 TEST_CASE("versions outside 3.10 to 3.13 are refused with a reason") {
