@@ -9,6 +9,7 @@
 #include "format_util.h"
 #include "report_output.h"
 #include "test_util.h"
+#include "views/report_sites.h"
 
 using namespace gpumem::analysis;
 using namespace gpumem::test;
@@ -336,4 +337,104 @@ TEST_CASE("an address allocated again with no free between ends the first lifeti
     CHECK(bytes_of(d.leak_sites) == v{{3, 2 * MiB}, {2, 1 * MiB}});
     CHECK(d.requested.peak == 4 * MiB);  // the first block alone; 1 + 2 MiB at the end
     CHECK(bytes_of(d.peak_sites) == v{{1, 4 * MiB}});
+}
+
+namespace {
+frame_view py_frame_at(const std::string& function, const std::string& file, uint64_t line) {
+    frame_view f;
+    f.function = function;
+    f.file = file;
+    f.line = line;
+    return f;
+}
+frame_view native_frame_at(const std::string& function, const std::string& module, uint64_t address) {
+    frame_view f;
+    f.function = function;
+    f.module = module;
+    f.address = address;
+    return f;
+}
+}  // namespace
+
+TEST_CASE("a site's name is its innermost frame of the program, packages of any install layout skipped", "[sites]") {
+    // "Which line allocated what" names the program's own line: frames in site-packages,
+    // dist-packages (Debian's pip and a venv on its python) or the standard library are the
+    // library the program called, shown as "inside".
+    std::vector<frame_view> fr{py_frame_at("Linear.forward", "/opt/env/dist-packages/torch/nn/linear.py", 125),
+                               py_frame_at("Net.forward", "/src/model.py", 41),
+                               py_frame_at("<module>", "/src/train.py", 50)};
+    CHECK(user_frame(fr) == 1);
+    CHECK(site_name(&fr) == "Net.forward (model.py:41) <- <module> (train.py:50) (inside Linear.forward (linear.py:125))");
+    // No frame of the program at all: the innermost frame names the site.
+    std::vector<frame_view> lib{py_frame_at("f", "/usr/lib/python3.11/threading.py", 9),
+                                py_frame_at("g", "/opt/env/site-packages/x.py", 3)};
+    CHECK(user_frame(lib) == 0);
+    CHECK(site_name(&lib) == "f (threading.py:9) <- g (x.py:3)");
+}
+
+TEST_CASE("a symbolized native frame with a source file is not taken for the program's Python line", "[sites]") {
+    // libdw gives a native frame its C++ file and line; the site is still the first Python frame
+    // of the program, with the native frame as what it ran inside.
+    std::vector<frame_view> fr{native_frame_at("at::native::empty_cuda", "/opt/libtorch_cuda.so", 0x1a2b),
+                               py_frame_at("Net.forward", "/src/model.py", 41)};
+    fr[0].file = "/build/aten/src/ATen/native/cuda/Empty.cpp";
+    fr[0].line = 33;
+    CHECK(user_frame(fr) == 1);
+    CHECK(site_name(&fr) == "Net.forward (model.py:41) (inside at::native::empty_cuda (Empty.cpp:33))");
+}
+
+TEST_CASE("names are cut at whole UTF-8 characters, three-byte ones included", "[sites]") {
+    // A cut inside a character would put invalid UTF-8 in the text and HTML reports.
+    const std::string a = "\xe0\xa4\x85";  // U+0905, lead byte 0xe0
+    CHECK(shorten(a + a + a + a, 3) == a + a + "…");
+    CHECK(shorten(a + a + a, 3) == a + a + a);
+    CHECK(shorten("\xc3\xa9\xc3\xa9\xc3\xa9", 2) == "\xc3\xa9…");
+}
+
+TEST_CASE("diff matches a named native frame by its name wherever it was loaded, an unnamed one by address", "[sites]") {
+    // Two builds put the same function at another address: matched by name, file and line it is
+    // one site.  An unnamed frame has only its address to go by.
+    std::vector<frame_view> a{native_frame_at("gemm", "/lib/libx.so", 0x1000), py_frame_at("f", "/src/a.py", 3)};
+    std::vector<frame_view> b{native_frame_at("gemm", "/lib/libx.so", 0x2000), py_frame_at("f", "/src/a.py", 3)};
+    CHECK(site_key(&a) == site_key(&b));
+    a[0].function = b[0].function = "";
+    CHECK(site_key(&a) != site_key(&b));
+    b[1].line = 4;
+    a[0].address = b[0].address;
+    CHECK(site_key(&a) != site_key(&b));  // another line is another site
+}
+
+TEST_CASE("a site's text: the user frame, three callers, how many more, and the innermost frame it ran inside", "[sites]") {
+    std::vector<frame_view> fr{py_frame_at("inner", "/opt/env/site-packages/lib.py", 1),
+                               py_frame_at("mid", "/opt/env/site-packages/lib.py", 2),
+                               py_frame_at("f0", "/src/a.py", 10)};
+    for (int i = 1; i <= 5; ++i) fr.push_back(py_frame_at("f" + std::to_string(i), "/src/a.py", uint64_t(10 + i)));
+    std::ostringstream os;
+    write_frames_text(os, fr, "    ");
+    CHECK(os.str() == "f0 (a.py:10)\n"
+                      "    called from f1 (a.py:11)\n"
+                      "    called from f2 (a.py:12)\n"
+                      "    called from f3 (a.py:13)\n"
+                      "    ... 2 more frames in --json\n"
+                      "    (inside inner (lib.py:1))\n");
+    fr.resize(6);  // f0 and exactly three callers: nothing more to count
+    std::ostringstream exact;
+    write_frames_text(exact, fr, "    ");
+    CHECK(exact.str().find("more frame") == std::string::npos);
+}
+
+TEST_CASE("diff lists the largest change first, a shrink as much as a growth", "[sites]") {
+    // A site that freed 900 bytes matters more than one that grew by 100: ranked by the size of
+    // the change, whatever its sign.
+    process_report pa, pb;
+    for (process_report* p : {&pa, &pb}) {
+        p->stacks.add(1, {py_frame_at("grow", "/src/a.py", 1)});
+        p->stacks.add(2, {py_frame_at("shrink", "/src/a.py", 2)});
+    }
+    const std::vector<site_row> rows_a{{1, 100, 1}, {2, 1000, 1}}, rows_b{{1, 200, 1}, {2, 100, 1}};
+    auto d = diff_sites(pa, rows_a, 1100, pb, rows_b, 300);
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].name == "shrink (a.py:2)");
+    CHECK(d[0].delta() == -900.0);
+    CHECK(d[1].name == "grow (a.py:1)");
 }

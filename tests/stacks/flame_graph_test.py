@@ -95,6 +95,49 @@ with tempfile.TemporaryDirectory() as d:
     check(len(other) == 1 and "29.16 MiB (15.4% of the peak)" in other[0], f"(other stacks) from a report JSON: {other}")
     check(b"which lists only the top 2 sites" in raw, "the page says the graph is drawn from the listed sites")
 
+    # Logs of given stacks, one allocation each, live at the end (the golden log's header).
+    def stacks_log(name, stacks):
+        hdr = json.loads(open(os.path.join(data, "golden", "stacks.jsonl")).readline())
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(json.dumps(hdr) + "\n")
+            for seq, (s, (frames, size)) in enumerate(stacks.items()):
+                f.write(json.dumps({"ev": "stack", "id": s, "frames": [{"function": n, "file": fl, "line": ln} for n, fl, ln in frames]}) + "\n")
+                f.write(json.dumps({"ev": "alloc", "seq": seq, "t": 1000 * (seq + 1), "tid": 1, "dev": 0, "api": "cudaMalloc",
+                                    "kind": "device", "ptr": hex(0x7f0000000000 + (s << 24)), "size": size, "stack": s}) + "\n")
+        return path
+
+    # A frame called from two callers is a box under each, with its own bytes; siblings of equal
+    # bytes are ordered by name; a path of exactly the threshold (0.5% of the peak) is drawn.
+    raw, p = report_html(stacks_log("shared_frames.jsonl", {
+        2: ([("helper", "/src/x.py", 5), ("g", "/src/a.py", 2)], 407552),
+        3: ([("tiny", "/src/b.py", 9)], 4096),  # 819200 at the peak: the threshold is 4096 bytes
+        1: ([("helper", "/src/x.py", 5), ("f", "/src/a.py", 1)], 407552)}), d)
+    drawn = list(zip(p.titles, p.boxes))
+    helpers = [t for t, b in drawn if t.startswith("helper\n/src/x.py:5\n")]
+    check(len(helpers) == 2 and all("398.00 KiB" in t for t in helpers), f"helper under f and under g, 398 KiB each: {helpers}")
+    roots = [t.split("\n")[0] for t, b in drawn if b[1] == 4.0]
+    check(roots[:2] == ["f", "g"], f"equal roots ordered by name: {roots}")
+    check(any(t.startswith("tiny\n/src/b.py:9\n4.00 KiB") for t in p.titles), "a path of exactly the threshold is drawn")
+    check(not any("smaller" in t for t in p.titles), f"nothing merged: {p.titles}")
+
+    # The sites table's "called from": three callers, then "…" only when there are more.
+    raw, p = report_html(stacks_log("callers.jsonl", {
+        1: ([(f"c{i}", "/src/a.py", i) for i in range(5)], 1 << 20),
+        2: ([(f"d{i}", "/src/a.py", 10 + i) for i in range(4)], 1 << 20)}), d)
+    page_text = raw.decode()
+    check("<code>c1 (a.py:1) ← c2 (a.py:2) ← c3 (a.py:3) ← …</code>" in page_text, "five frames: three callers and …")
+    check("<code>d1 (a.py:11) ← d2 (a.py:12) ← d3 (a.py:13)</code>" in page_text, "four frames: three callers, no …")
+
+    # An OOM's failing call, named in the HTML OOM list, is text too.
+    log = stacks_log("oom_hostile.jsonl", {1: ([("<b>boom</b>", "/src/<i>x.py", 3), ("main", "/src/a.py", 1)], 1 << 20)})
+    with open(log, "a") as f:
+        f.write(json.dumps({"ev": "alloc_fail", "seq": 1, "t": 5000, "tid": 1, "dev": 0, "api": "cudaMalloc", "kind": "device",
+                            "ptr": "0x0", "size": 1 << 40, "err": 2, "stack": 1}) + "\n")
+    raw, p = report_html(log, d)
+    check("<b>boom" not in raw.decode() and "<i>x.py" not in raw.decode(), "the failing call's frame name became markup")
+    check("asked for by <code>&lt;b&gt;boom&lt;/b&gt; (&lt;i&gt;x.py:3)</code>" in raw.decode(), "the failing call's name shown as text")
+
     # No stacks in the log: no section.
     raw, p = report_html(os.path.join(data, "golden", "pool_off_basic.jsonl"), d)
     check(b"Call stacks" not in raw and b"flame graph" not in raw, "no flame graph without stacks")
