@@ -96,6 +96,22 @@ TEST_CASE("bytes that are not UTF-8 become U+FFFD, well-formed text passes") {
     CHECK(pickled([](pickle_writer& w) { w.str("\xff"); }) == bytes({0x8c, 3, 0xef, 0xbf, 0xbd}));
 }
 
+TEST_CASE("a string of 255 bytes is the last SHORT_BINUNICODE, one of 256 a BINUNICODE") {
+    // SHORT_BINUNICODE's length is one byte: 256 written there would read as 0 and the rest of
+    // the string as opcodes.
+    std::string s255(255, 'y'), s256(256, 'y');
+    CHECK(pickled([&](pickle_writer& w) { w.str(s255); }) == bytes({0x8c, 255}) + s255);
+    CHECK(pickled([&](pickle_writer& w) { w.str(s256); }) == bytes({'X', 0, 1, 0, 0}) + s256);
+}
+
+TEST_CASE("overlong three-byte forms and a lone 0x80 are not passed through as UTF-8") {
+    // Python's pickle.load decodes each string strictly: one invalid sequence and the whole
+    // snapshot fails to load in memory_viz.
+    CHECK(to_valid_utf8("\xe0\x80\xaf") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // overlong '/'
+    CHECK(to_valid_utf8("\xe0\xa0\x80") == "\xe0\xa0\x80");                          // U+0800, the first
+    CHECK(pickled([](pickle_writer& w) { w.str("a\x80"); }) == bytes({0x8c, 4, 'a', 0xef, 0xbf, 0xbd}));
+}
+
 TEST_CASE("a large nested value reads back in python3 exactly") {
     if (std::system("python3 -c 'import pickle' >/dev/null 2>&1") != 0) {
         WARN("python3 not found: the read-back is skipped");

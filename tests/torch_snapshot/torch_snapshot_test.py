@@ -65,6 +65,11 @@ rules = [
                                         {"function": "<module>", "file": "/src/main.py", "line": 3}]},
     {"ev": "stack", "id": 2, "frames": [{"module": "/nonexistent/libfoo.so", "address": "0x1a2b"},
                                         {"function": odd, "file": "/src/weird\tname \u2603.py", "line": 7}]},
+    # A native frame the log names already (file and line from the program's debug info), and an
+    # unnamed one of stack 2's module and line: frames are told apart by their names too.
+    {"ev": "stack", "id": 3, "frames": [{"module": "/nonexistent/libfoo.so", "address": "0x2c00"},
+                                        {"module": "/nonexistent/libbar.so", "address": "0x10", "function": "gemm",
+                                         "file": "/src/gemm.cu", "line": 7}]},
     seg("segment_alloc", 0, S0, 20 * MiB),
     pooled("alloc", 0, S0, 1000, S0, asize=1024, stack=1, stream=5),
     pooled("alloc", 0, S0 + 1024, 4096, S0, stack=2),
@@ -95,6 +100,7 @@ rules = [
     seg("segment_alloc", 1, S3, 2 * MiB, "small"),
     pooled("alloc", 1, S3, 512, S3, stack=1),                     # its frames: the memo of device 0's
     pooled("free", 1, S3, 512, S3),                               # pending at the end
+    {"ev": "alloc", "dev": 0, "api": "cudaMalloc", "kind": "device", "ptr": hex(0x70000000), "size": 4096, "stack": 3},
 ]
 reset = [
     {"ev": "stack", "id": 1, "frames": [{"function": "f", "file": "/a.py", "line": 1}]},
@@ -130,6 +136,28 @@ with tempfile.TemporaryDirectory() as d:
         # alloc_fail after it, a passed-through failure from its own.
         check([[f["name"] for f in e["frames"]] for e in ooms] == [["0x1a2b", odd], ["load", "<module>"]],
               f"rules: the OOMs' frames {[e['frames'] for e in ooms]}")
+        # A free carries its allocation's frames, as PyTorch's free entries do: memory_viz shows
+        # where a freed block came from.
+        alloc_frames, frees_seen = {}, 0
+        for e in t0:
+            if e["action"] == "alloc":
+                alloc_frames[e["addr"]] = e["frames"]
+            elif e["action"] in ("free_requested", "free_completed") and e["addr"] in alloc_frames:
+                check(e["frames"] == alloc_frames[e["addr"]], f"rules: {e['action']} at {e['addr']:#x} has its allocation's frames")
+                frees_seen += bool(e["frames"])
+        check(frees_seen >= 4, f"rules: frees with frames checked ({frees_seen})")
+        # The segments at the end: each live block, and a segment of one allocation, name its frames.
+        names = lambda fr: [f["name"] for f in fr]  # noqa: E731
+        blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
+        check(names(blocks[S0 + 8192]["frames"]) == ["load", "<module>"], f"rules: a live pooled block's frames {blocks[S0 + 8192]}")
+        whole = [s for s in snap["segments"] if s["address"] == S2]
+        check(len(whole) == 1 and names(whole[0]["frames"]) == ["load", "<module>"] and
+              names(whole[0]["blocks"][0]["frames"]) == ["load", "<module>"], f"rules: a whole segment's frames {whole}")
+        # A native frame the log already names keeps its source file and line, and two unnamed
+        # frames of one module are each their own address.
+        check(names(blocks[0x70000000]["frames"]) == ["0x2c00", "gemm"] and
+              blocks[0x70000000]["frames"][1] == {"filename": "/src/gemm.cu", "line": 7, "name": "gemm"},
+              f"rules: native frames {blocks[0x70000000]['frames']}")
         with open(out, "rb") as f:
             raw = f.read()
         check(raw[:2] == b"\x80\x04" and raw.count(odd.encode()) == 1,
