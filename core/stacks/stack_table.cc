@@ -175,6 +175,12 @@ bool stack_table::format_record(uint32_t id, std::string& out) const noexcept {
         for (uint32_t i = 0; i < e.count; ++i) {
             const frame_info& fr = frames_[e.first + i];
             if (i) out += ',';
+            // An index outside its table (a frame mislabelled, as the line -1 of a Python frame once
+            // was) writes an unknown frame: this runs inside the program's own CUDA call.
+            if (fr.line < 0 ? fr.text >= modules_.size() : fr.text >= codes_.size()) {
+                out += "{\"function\":\"?\",\"file\":\"?\",\"line\":0}";
+                continue;
+            }
             if (fr.line < 0) {
                 const std::string& m = modules_[fr.text];
                 char hex[24];
