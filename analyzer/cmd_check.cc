@@ -39,7 +39,7 @@ std::string worst_moment(const measure& m, const process_report& proc, const dev
         const oom_report& o = dev.ooms[0];
         const std::string asked = asked_by_name(proc, o.stack);
         return "first: " + fmt_bytes(o.size) + " from " + o.api + " at " + fmt_time(o.t) + " (seq " + std::to_string(o.seq) +
-               "), " + o.verdict + (asked.empty() ? "" : ", asked for by " + asked);
+               "), " + o.verdict + o.verdict_caveat() + (asked.empty() ? "" : ", asked for by " + asked);
     }
     if (m.value != device_field::leaked_bytes || dev.leaks.empty()) return "";
     const block_view& l = dev.leaks[0];

@@ -148,6 +148,8 @@ struct oom_report {
     // Whether the driver's free memory at the failure was recorded (a nonzero gpu_total).  When it
     // was not, the verdict counted it as 0: the views say "as far as the log says".
     bool gpu_free_recorded() const { return gpu_total != 0; }
+    // What follows the verdict wherever it is shown (report, run's summary, check): the caveat.
+    const char* verdict_caveat() const { return gpu_free_recorded() ? "" : ", as far as the log says"; }
     std::vector<site_row> sites;       // call sites live at that moment, most bytes first
     std::string verdict;               // "capacity", "fragmentation" or "chunk rounding"
     std::string explanation;

@@ -379,7 +379,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
           << "</b> · largest free block <b>" << fmt_bytes(x.largest_free) << "</b> · free on GPU <b>"
           << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b><br>verdict: <span class='verdict-"
           << css_class(x.verdict) << "'>" << html_escape(x.verdict) << "</span>"
-          << (x.gpu_free_recorded() ? "" : ", as far as the log says") << " — " << html_escape(x.explanation) << "</p>\n";
+          << x.verdict_caveat() << " — " << html_escape(x.explanation) << "</p>\n";
         if (x.map.valid) o << segment_map_svg(x.map);
         o << sites_table_html(p, x.sites, "Call sites live at this OOM");
     }

@@ -322,7 +322,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         os << "    requested " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
            << " | largest free block " << fmt_bytes(o.largest_free) << " | free on GPU "
            << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded")) << "\n";
-        os << "    verdict: " << o.verdict << (o.gpu_free_recorded() ? "" : ", as far as the log says") << ": "
+        os << "    verdict: " << o.verdict << o.verdict_caveat() << ": "
            << o.explanation << "\n";
         if (o.map.valid) write_map(os, o.map);
         write_sites_text(os, p, o.sites, "call sites live at this OOM:", 4);

@@ -220,6 +220,14 @@ check_limits)
   expect_rc 1 "$GPUMEM" check "$frag" --max-ooms 0
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 5001, $frag): OOMs 1 > limit 0 (--max-ooms 0); first: 1.14 MiB from cudaMalloc at 7.00 us (seq 6), fragmentation"
   expect_rc 0 "$GPUMEM" check "$frag" --max-ooms 1
+  # An OOM whose driver free memory was not recorded: its verdict carries the report's caveat.
+  { head -1 "$DATA/before.jsonl"
+    echo '{"ev":"alloc_fail","seq":0,"t":1,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x0","size":1073741824,"err":2}'
+  } > "$W/unrecorded.jsonl"
+  expect_rc 1 "$GPUMEM" check "$W/unrecorded.jsonl" --max-ooms 0
+  expect_in "$W/out" "first: 1.00 GiB from cudaMalloc at 1 ns (seq 0), capacity, as far as the log says"
+  expect_rc 1 "$GPUMEM" check "$frag" --max-ooms 0
+  expect_not_in "$W/out" "as far as the log says"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-ooms 0
   for bad in -1 1.5 nan 1e30 abc; do
     expect_rc 2 "$GPUMEM" check "$frag" --max-ooms "$bad"
