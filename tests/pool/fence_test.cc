@@ -45,6 +45,15 @@ pool_config order_each() {
     return c;
 }
 
+// Immediate reuse on virtual memory with plain segments (no arenas): a freed segment is wholly
+// free, and before it is unmapped the pool must wait for every stream.
+pool_config immediate_segments() {
+    pool_config c = immediate_config();
+    c.vmm = true;
+    c.arenas = false;
+    return c;
+}
+
 struct fenced {
     fake_backend dev;
     clock_sink csink;
@@ -416,10 +425,7 @@ TEST_CASE("fences: a capture opened while an OOM settles immediate frees gets no
     // and cuMemFree during a capture are what the pool never does), whichever route opened it.
     const bool unseen = GENERATE(false, true);
     CAPTURE(unseen);
-    pool_config cfg = immediate_config();
-    cfg.vmm = true;
-    cfg.arenas = false;
-    fenced f(cfg, 64 * MiB, 2 * MiB);
+    fenced f(immediate_segments(), 64 * MiB, 2 * MiB);
     f.free(f.alloc(40 * MiB));
     f.dev.capture_after_event_syncs(1, unseen);
     uint64_t p = 0;
@@ -442,10 +448,7 @@ TEST_CASE("fences: a capture opened while release_cached settles immediate frees
     // the segment stays cached until the capture ends.
     const bool unseen = GENERATE(false, true);
     CAPTURE(unseen);
-    pool_config cfg = immediate_config();
-    cfg.vmm = true;
-    cfg.arenas = false;
-    fenced f(cfg, 64 * MiB, 2 * MiB);
+    fenced f(immediate_segments(), 64 * MiB, 2 * MiB);
     f.free(f.alloc(40 * MiB));
     const uint64_t held = f.dev.in_use();
     f.dev.capture_after_event_syncs(1, unseen);
@@ -464,10 +467,7 @@ TEST_CASE("fences: a capture opened while release_cached settles immediate frees
 TEST_CASE("fences: the wait on every stream before unmapping immediate frees is logged with its time", "[fence]") {
     // Immediate reuse: no frees pend, so no release follows to carry the wait's time; its own
     // pool_sync (count 0, by fences, like the drain) must say how long it held the program.
-    pool_config cfg = immediate_config();
-    cfg.vmm = true;
-    cfg.arenas = false;
-    fenced f(cfg, 64 * MiB, 2 * MiB);
+    fenced f(immediate_segments(), 64 * MiB, 2 * MiB);
     // A wait far longer than the calls around it: fence_ns is wall time, and a thread preempted
     // inside a timed call (108 ms once, on a starved CI-like machine) must not pass for the wait.
     constexpr uint64_t k_wait = 250000000;
@@ -1308,10 +1308,7 @@ TEST_CASE("fences: GPUMEM_REUSE=immediate waits for every stream's work, not the
     // Immediate reuse lets the program run a block's work on any stream: cuMemUnmap does not
     // wait for it, so the OOM path waits for every non-blocking stream too (auto before its
     // switch has one issue order, where the legacy stream's event covers it all).
-    pool_config cfg = immediate_config();
-    cfg.vmm = true;
-    cfg.arenas = false;
-    fenced f(cfg, 64 * MiB, 2 * MiB);
+    fenced f(immediate_segments(), 64 * MiB, 2 * MiB);
     const uint64_t a = f.alloc(40 * MiB);
     f.dev.stall_stream(k_stream);  // a long copy from a on the side stream
     f.free(a);
