@@ -266,6 +266,18 @@ std::string file_of(const python_frames& pf, const py_frame& f) {
     return info.file;
 }
 
+// The stack record (the log's "stack" line) of one capture on this thread, through the recorder's
+// own stack table in `mode`, against the fake interpreter.
+std::string record_of_capture(gpumem::stacks::stack_mode mode) {
+    gpumem::stacks::stack_table table;
+    table.init(lookup, mode, 64);
+    const uint32_t id = table.capture();
+    REQUIRE(id != 0);
+    std::string rec;
+    REQUIRE(table.format_record(id, rec));
+    return rec;
+}
+
 }  // namespace
 
 TEST_CASE("3.10 (synthetic): PyFrameObject chain, co_name, f_lasti in code units, unstarted skipped") {
@@ -509,12 +521,7 @@ TEST_CASE("3.13 (synthetic): a Python frame with no line (PyCode_Addr2Line -1) s
     py.frame(f, 4, 0);
     py.frame(module, 8, 0);
     g_first_line.erase(addr(f));  // fake_addr2line answers -1 for it
-    gpumem::stacks::stack_table table;
-    table.init(lookup, gpumem::stacks::stack_mode::python, 64);
-    uint32_t id = table.capture();
-    REQUIRE(id != 0);
-    std::string rec;
-    REQUIRE(table.format_record(id, rec));
+    const std::string rec = record_of_capture(gpumem::stacks::stack_mode::python);
     CHECK(rec == "{\"ev\":\"stack\",\"id\":1,\"frames\":[{\"function\":\"Net.forward\",\"file\":\"/srv/app/model.py\",\"line\":0},"
                  "{\"function\":\"<module>\",\"file\":\"/srv/app/main.py\",\"line\":5}]}\n");
 }
@@ -568,12 +575,7 @@ TEST_CASE("3.13 (synthetic): GPUMEM_STACKS=all records the native frames, then t
     py313 py;
     py.frame(py.code("/srv/app/model.py", "Net.forward", "forward", 10), 4, 0);
     py.frame(py.code("/srv/app/main.py", "<module>", "<module>", 1), 8, 0);
-    gpumem::stacks::stack_table table;
-    table.init(lookup, gpumem::stacks::stack_mode::all, 64);
-    uint32_t id = table.capture();
-    REQUIRE(id != 0);
-    std::string rec;
-    REQUIRE(table.format_record(id, rec));
+    const std::string rec = record_of_capture(gpumem::stacks::stack_mode::all);
     INFO(rec);
     const std::string py_frames = "{\"function\":\"Net.forward\",\"file\":\"/srv/app/model.py\",\"line\":12},"
                                   "{\"function\":\"<module>\",\"file\":\"/srv/app/main.py\",\"line\":5}]}\n";
