@@ -261,8 +261,9 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 std::string w = worst_moment(*l.m, run.proc(r), dev);
                 if (!w.empty()) o.message += "; " + w;
             }
-            o.message += lost_note(run.proc(r), "");
-            o.approximate = !lost_note(run.proc(r), "").empty();
+            const std::string note = lost_note(run.proc(r), "");
+            o.message += note;
+            o.approximate = !note.empty();
             results.push_back(std::move(o));
         }
     }
