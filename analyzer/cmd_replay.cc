@@ -174,11 +174,9 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                     fmt_count(dt.n_free).c_str(), apis.c_str());
         if (tr.skipped_allocs) std::printf("; %s allocations of other APIs left out", fmt_count(tr.skipped_allocs).c_str());
         if (tr.skipped_managed)
-            std::printf("; %s managed allocation%s left out", fmt_count(tr.skipped_managed).c_str(),
-                        tr.skipped_managed == 1 ? "" : "s");
+            std::printf("; %s left out", fmt_counted(tr.skipped_managed, "managed allocation", "managed allocations").c_str());
         if (tr.skipped_vmm)
-            std::printf("; %s cuMemCreate allocation%s left out", fmt_count(tr.skipped_vmm).c_str(),
-                        tr.skipped_vmm == 1 ? "" : "s");
+            std::printf("; %s left out", fmt_counted(tr.skipped_vmm, "cuMemCreate allocation", "cuMemCreate allocations").c_str());
         std::printf("\n");
         if (dt.n_streams == 0)
             std::printf("   streams: the log names none (cudaMalloc and cuMemAlloc have no stream): modelled as one stream\n");
