@@ -1,4 +1,4 @@
-"""What the pool did during static_cudart_app's pair loops: per api and size, the pairs, the fence releases, the waits and the growths, from the gpumem log.
+"""What the pool did during static_cudart_app's pair loops: per api and size, the pairs, the fence releases, the waits, the growths and the host time in the pool's fence calls (fence_ns), from the gpumem log.
 
 Usage: python3 tests/gpu/hit_anatomy.py LOG...
 The bench runs one size at a time, so each pool_sync and segment event belongs to the size of the
@@ -26,6 +26,7 @@ def main(paths):
                     rows[key]["pairs"] += 1
                 elif key and ev == "pool_sync":
                     rows[key]["fence releases" if e.get("fence") else "context syncs"] += 1
+                    rows[key]["fence_ns"] += e.get("fence_ns", 0)
                     if e.get("waited"):
                         rows[key]["waits"] += 1
                 elif key and ev in ("segment_alloc", "segment_map"):
@@ -34,7 +35,8 @@ def main(paths):
         for (api, size), r in sorted(rows.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
             n = max(r["pairs"], 1)
             print(f"  {api} {size} B: {r['pairs']} pairs; per pair {r['fence releases'] / n:.3f} fence releases, "
-                  f"{r['waits'] / n:.3f} waits, {r['context syncs'] / n:.3f} context syncs, {r['growths']} growths")
+                  f"{r['waits'] / n:.3f} waits, {r['context syncs'] / n:.3f} context syncs, {r['growths']} growths, "
+                  f"{r['fence_ns'] / n / 1000:.3f} us in the pool's fence calls")
 
 
 if __name__ == "__main__":

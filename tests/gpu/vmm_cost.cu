@@ -621,9 +621,11 @@ static int offset(CUdevice dev) {
     for (size_t u = 0; u < units; ++u) CK(cuMemsetD32(whole + u * g, unsigned(0x1000 + u), g / 4));
     CUresult rc = cuMemMap(piece, g, g, h, 0);
     printf("offset map rc=%d\n", int(rc));
-    if (rc != CUDA_SUCCESS) {
+    if (rc != CUDA_SUCCESS) {  // run 143 (H200, driver 580.159.04): 801, CUDA_ERROR_NOT_SUPPORTED
         CK(cuMemUnmap(whole, big));
         CK(cuMemRelease(h));
+        CK(cuMemAddressFree(whole, big));
+        CK(cuMemAddressFree(piece, big));
         return 0;
     }
     CK(cuMemSetAccess(piece, g, &ck.acc, 1));
