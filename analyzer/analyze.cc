@@ -305,34 +305,4 @@ combined_report combine(const std::vector<process_report>& procs) {
     return c;
 }
 
-bool parse_moment(const std::string& text, moment& out) {
-    std::string s = text;
-    if (s.empty()) return false;
-    if (s[0] == '#') s = s.substr(1);
-    size_t i = 0;
-    while (i < s.size() && (std::isdigit((unsigned char)s[i]) || s[i] == '.')) ++i;
-    if (i == 0) return false;
-    std::string num = s.substr(0, i), unit = s.substr(i);
-    if (unit.empty()) {
-        if (num.find('.') != std::string::npos) return false;
-        errno = 0;
-        char* end = nullptr;
-        unsigned long long v = std::strtoull(num.c_str(), &end, 10);
-        if (errno || *end) return false;
-        out = {moment::by::seq, v};
-        return true;
-    }
-    double scale;
-    if (unit == "s") scale = 1e9;
-    else if (unit == "ms") scale = 1e6;
-    else if (unit == "us") scale = 1e3;
-    else if (unit == "ns") scale = 1;
-    else return false;
-    char* end = nullptr;
-    double v = std::strtod(num.c_str(), &end);
-    if (*end || !std::isfinite(v) || v < 0 || v * scale > 1.8e19) return false;
-    out = {moment::by::time, uint64_t(std::llround(v * scale))};
-    return true;
-}
-
 }  // namespace gpumem::analysis

@@ -32,7 +32,4 @@ process_report analyze_file(const std::string& path, const analyze_options& opti
 // Peak per rank/device and the imbalance between them.
 combined_report combine(const std::vector<process_report>& processes);
 
-// Parses an --at argument: "1234" (seq), "#1234" (seq), "2.5s", "150ms", "20us", "900ns".
-bool parse_moment(const std::string& text, moment& out);
-
 }  // namespace gpumem::analysis

@@ -1,5 +1,5 @@
 // Loads runs for `gpumem check` and `gpumem diff` (logs or report JSON) into the report model and
-// parses their size and ratio arguments.
+// parses the commands' size, number, ratio and --at arguments.
 #include "cli_input.h"
 
 #include "format_util.h"
@@ -33,35 +33,90 @@ bool parse_size_arg(const std::string& text, uint64_t& out) {
 }
 
 bool parse_number_arg(const std::string& text, double& out) {
-    if (text.empty() || text[0] == '-' || text[0] == '+' || std::isspace((unsigned char)text[0])) return false;
-    // strtod also reads hex ("0x5"), which no one means by a ratio or a number of seconds.
-    if (text.find_first_of("xX") != std::string::npos) return false;
+    // The number of core/size_parse.h's rule, so that a size, a time, a ratio and a count are all
+    // written alike: digits, optionally '.' and more digits.  strtod alone also took "1e2" (where a
+    // size refused "1e3"), ".5", hex, "inf" and "nan".
+    size_t i = 0;
+    while (i < text.size() && std::isdigit((unsigned char)text[i])) ++i;
+    if (i == 0) return false;
+    if (i < text.size() && text[i] == '.') {
+        const size_t fraction = ++i;
+        while (i < text.size() && std::isdigit((unsigned char)text[i])) ++i;
+        if (i == fraction) return false;  // "1." as the size rule: not a number
+    }
+    if (i != text.size()) return false;
     errno = 0;
-    char* end = nullptr;
-    double v = std::strtod(text.c_str(), &end);
-    if (errno || end == text.c_str() || *end || !std::isfinite(v)) return false;
+    double v = std::strtod(text.c_str(), nullptr);
+    if (errno || !std::isfinite(v)) return false;  // 400 digits: past a double
     out = v;
     return true;
 }
 
+namespace {
+
+// "30%" or "30 %" -> "30" (a unit may stand after spaces, as a size's does: core/size_parse.h);
+// false, leaving `t` as it was, without a '%'.
+bool strip_percent(std::string& t) {
+    if (t.empty() || t.back() != '%') return false;
+    t.pop_back();
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+    return true;
+}
+
+}  // namespace
+
 bool parse_ratio_arg(const std::string& text, double& out) {
+    std::string t = text;
     double v = 0;
-    if (!text.empty() && text.back() == '%') {
-        if (!parse_number_arg(text.substr(0, text.size() - 1), v) || v > 100) return false;
+    if (strip_percent(t)) {
+        if (!parse_number_arg(t, v) || v > 100) return false;
         out = v / 100;
         return true;
     }
-    if (!parse_number_arg(text, v) || v > 1) return false;
+    if (!parse_number_arg(t, v) || v > 1) return false;
     out = v;
     return true;
 }
 
 bool parse_percent_arg(const std::string& text, double& out) {
     std::string t = text;
-    if (!t.empty() && t.back() == '%') t.pop_back();
+    strip_percent(t);
     double v = 0;
     if (!parse_number_arg(t, v)) return false;
     out = v / 100;
+    return true;
+}
+
+bool parse_moment(const std::string& text, moment& out) {
+    std::string s = text;
+    if (s.empty()) return false;
+    if (s[0] == '#') s = s.substr(1);
+    size_t i = 0;
+    while (i < s.size() && (std::isdigit((unsigned char)s[i]) || s[i] == '.')) ++i;
+    if (i == 0) return false;
+    const std::string num = s.substr(0, i);
+    // Spaces may stand between the number and its unit, as in a size ("3 us" as "1.5 GiB").
+    size_t u = i;
+    while (u < s.size() && (s[u] == ' ' || s[u] == '\t')) ++u;
+    const std::string unit = s.substr(u);
+    if (unit.empty()) {
+        if (u != i || num.find('.') != std::string::npos) return false;  // "5 ", "1.5": no seq
+        errno = 0;
+        char* end = nullptr;
+        unsigned long long v = std::strtoull(num.c_str(), &end, 10);
+        if (errno || *end) return false;
+        out = {moment::by::seq, v};
+        return true;
+    }
+    double scale;
+    if (unit == "s") scale = 1e9;
+    else if (unit == "ms") scale = 1e6;
+    else if (unit == "us") scale = 1e3;
+    else if (unit == "ns") scale = 1;
+    else return false;
+    double v = 0;
+    if (!parse_number_arg(num, v) || v * scale > 1.8e19) return false;
+    out = {moment::by::time, uint64_t(std::round(v * scale))};  // below 2^64: llround stops at 2^63
     return true;
 }
 

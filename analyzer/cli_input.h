@@ -1,12 +1,13 @@
-// Shared by `gpumem check` and `gpumem diff`: argument parsing of sizes and ratios, and loading a run
-// (logs or `gpumem report --json` output) into the report model with a stable key per (process,
-// device).
+// Shared by the commands: argument parsing of sizes, numbers, ratios and --at moments; and, for
+// `gpumem check` and `gpumem diff`, loading a run (logs or `gpumem report --json` output) into the
+// report model with a stable key per (process, device).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "metrics/metric.h"  // moment, what --at names
 #include "diagnostics.h"
 #include "report_fields.h"
 #include "report_model.h"
@@ -15,13 +16,17 @@ namespace gpumem::analysis {
 
 // "12GiB", "500MB", "1.5 GiB", "4096": core/size_parse.h's parse_size, the rule GPUMEM_* sizes follow.
 bool parse_size_arg(const std::string& text, uint64_t& out);
-// A finite number >= 0 in decimal: "2", "0.5", "1e-3".  No sign, space, hex, nan or inf; the rule
-// of every number argument below.
+// A number >= 0 as the size rule writes it: digits, optionally '.' and more digits ("2", "0.5").
+// No sign, space, exponent ("1e3"), hex, nan or inf: every number argument (sizes, times, ratios,
+// counts, seconds) is written alike, and a size's "1e3" is refused.
 bool parse_number_arg(const std::string& text, double& out);
-// A ratio in [0, 1]: "0.3" or "30%".
+// A ratio in [0, 1]: "0.3", "30%" or "30 %".
 bool parse_ratio_arg(const std::string& text, double& out);
-// A tolerance in percent: "5%" or "5" -> 0.05.  Must be >= 0.
+// A tolerance in percent: "5%", "5 %" or "5" -> 0.05.  Must be >= 0.
 bool parse_percent_arg(const std::string& text, double& out);
+// An --at moment: an event seq, "1234" or "#1234", or a time since the recorder started, a number
+// (parse_number_arg), optionally spaces, and s, ms, us or ns: "2.5s", "150ms", "3 us", "900ns".
+bool parse_moment(const std::string& text, moment& out);
 
 // "-" among the inputs (`zcat LOG.gz | gpumem report -`) is standard input, as for most command-line
 // tools: it becomes /dev/stdin, which every command reads (a pipe is spooled, input_spool.h), and

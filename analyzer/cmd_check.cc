@@ -183,6 +183,10 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         spdlog::warn("--tolerance {} means {}%; for {}% write {} or {}%", tolerance_text, tolerance_text, as_ratio,
                      as_ratio, as_ratio);
     }
+    // Shown as "5%" in each result (and "5 points"), however it was spaced ("5 %").
+    tolerance_text.erase(std::remove_if(tolerance_text.begin(), tolerance_text.end(),
+                                        [](char c) { return c == ' ' || c == '\t'; }),
+                         tolerance_text.end());
     if (tolerance_text.back() != '%') tolerance_text += "%";
     std::vector<std::string> logs = args.logs;
     logs.insert(logs.end(), tail.begin(), tail.end());

@@ -259,7 +259,7 @@ command add_report(CLI::App& top) {
         ->type_name("FILE");
     app->add_option("--at", a->at,
                     "also show the free-block map at MOMENT: an event seq (1234 or #1234) or a time since the "
-                    "recorder started (2.5s, 150ms, 20us, 900ns)")
+                    "recorder started (2.5s, 150ms, 20us or 20 us, 900ns)")
         ->type_name("MOMENT");
     app->add_option("-j,--jobs", a->jobs, "threads, one log each (default: all cores); the output is the same for any N")
         ->type_name("N")

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "analyze.h"
+#include "cli_input.h"  // parse_moment, --at's argument
 #include "log_reader.h"
 #include "report_output.h"
 #include "test_util.h"
@@ -353,6 +354,15 @@ TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
     CHECK_FALSE(parse_moment("1.5", m));
     CHECK_FALSE(parse_moment("5h", m));
     CHECK_FALSE(parse_moment("abc", m));
+    // The size rule's spaces before a unit and its numbers: no exponent, no bare '.'.
+    REQUIRE(parse_moment("3 us", m));
+    CHECK((m.kind == moment::by::time && m.value == 3000));
+    CHECK_FALSE(parse_moment("5 ", m));
+    CHECK_FALSE(parse_moment("1e3us", m));
+    CHECK_FALSE(parse_moment(".5s", m));
+    CHECK_FALSE(parse_moment("1.s", m));
+    REQUIRE(parse_moment("18000000000s", m));  // past 2^63 ns, below 2^64
+    CHECK(m.value == 18000000000000000000ull);
 }
 
 // docs/pool.md, safe reuse (the default): a freed block stays "pending" in its segment, neither

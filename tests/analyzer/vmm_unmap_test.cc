@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "analyze.h"
+#include "cli_input.h"  // parse_moment, --at's argument
 #include "expect_rejected.h"
 #include "log_reader.h"
 #include "report_output.h"

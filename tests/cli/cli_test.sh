@@ -256,6 +256,20 @@ check_limits)
   # Sizes as the size rule writes them: fractions, spaces, decimal and binary units.
   expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 1.5GiB --max-leak "1.5 MiB"
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-leak 1.4MiB
+  # Every number follows the size rule's (digits, optionally '.' and digits): no exponent, for a
+  # ratio, a count or a percentage as for a size (--tolerance 1e2 was taken, --max-peak 1e3 not),
+  # and a unit, '%' too, may stand after spaces.  A bad one is named with its option.
+  for bad in "--max-peak 1e3:a size" "--max-leak 1.5e6:a size" "--max-fragmentation 3e-1:a ratio" \
+             "--max-ooms 1e0:a whole number" "--tolerance 1e2:a percentage" "--tolerance .5:a percentage" \
+             "--max-fragmentation 1.:a ratio" "--tolerance 5%%:a percentage"; do
+    opt=${bad%% *} rest=${bad#* } val=${rest%%:*} what=${rest#*:}
+    expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-reserved 1GiB "$opt" "$val"
+    expect_in "$W/err" "gpumem: error: $opt $val: expected $what"
+  done
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance "5 %"
+  expect_in "$W/out" "+ 5%"
+  expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation "34 %"
+  expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation "30 %"
   # --quiet: only broken limits and the total.
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 3MiB --max-leak 1MiB --max-reserved 8MiB --quiet
   [ "$(wc -l < "$W/out")" = 3 ] || fail "--quiet printed more than the total and 2 FAIL lines: $(cat "$W/out")"
@@ -606,6 +620,15 @@ conventions)
   expect_rc 0 "$GPUMEM" report --html="$W/b.html" --perfetto="$W/b.trace.json" "$DATA/before.jsonl"
   [ -s "$W/b.html" ] && [ -s "$W/b.trace.json" ] || fail "report --html=FILE --perfetto=FILE wrote nothing"
   expect_rc 0 "$GPUMEM" report --at=#2 "$DATA/before.jsonl"
+  # --at's time takes spaces before its unit, as a size does, and the size rule's numbers only.
+  expect_rc 0 "$GPUMEM" report --at '2 us' "$DATA/before.jsonl"
+  cp "$W/out" "$W/at_space"
+  expect_rc 0 "$GPUMEM" report --at 2us "$DATA/before.jsonl"
+  cmp -s "$W/out" "$W/at_space" || fail "--at '2 us' and --at 2us differ: $(diff "$W/out" "$W/at_space")"
+  for bad in 1e3us .5ms "2 " 2us5; do
+    expect_rc 2 "$GPUMEM" report --at "$bad" "$DATA/before.jsonl"
+    expect_in "$W/err" "gpumem: error: --at $bad: expected an event seq"
+  done
   expect_rc 1 "$GPUMEM" check --max-peak=3000KB "$DATA/before.jsonl"
   expect_rc 1 "$GPUMEM" check --max-peak 3000KB "$DATA/before.jsonl"
   expect_rc 0 "$GPUMEM" check --baseline="$W/before.json" --tolerance=0% "$DATA/before.jsonl"
