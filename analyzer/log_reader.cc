@@ -151,15 +151,27 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     if (path == "/dev/stdin")
         return std::string("the input is ") + z + "-compressed: decompress it in the pipe (... | " + cat + gpumem + ")";
     // Quoted for a shell when it holds anything but the usual name characters.
-    std::string word = path;
-    if (word.empty() || word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+-=,:@%") !=
-                            std::string::npos) {
-        word = "'";
-        for (char c : path) word += c == '\'' ? std::string("'\\''") : std::string(1, c);
-        word += "'";
-    }
-    return std::string("the file is ") + z + "-compressed: decompress it first, or read it from a pipe (" + cat + " " +
-           word + gpumem + ")";
+    auto shell_word = [](const std::string& s) {
+        if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+-=,:@%") ==
+                              std::string::npos)
+            return s;
+        std::string w = "'";
+        for (char c : s) w += c == '\'' ? std::string("'\\''") : std::string(1, c);
+        return w + "'";
+    };
+    const std::string word = shell_word(path);
+    if (std::string_view(command) != "diff")
+        return std::string("the file is ") + z + "-compressed: decompress it first, or read it from a pipe (" + cat +
+               " " + word + gpumem + ")";
+    // diff reads two runs and only one input can be "-", and this advice cannot know the other
+    // side's names: the decompressed copy, or process substitution (a pipe, which every command
+    // spools, input_spool.h), goes where the compressed name stood.
+    const std::string ext = k == "gzip" ? ".gz" : k == "zstd" ? ".zst" : k == "xz" ? ".xz" : ".bz2";
+    const bool has_ext = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+    const std::string plain = has_ext ? path.substr(0, path.size() - ext.size()) : path + ".jsonl";
+    return std::string("the file is ") + z + "-compressed: decompress it first (" + cat + " " + word + " > " +
+           shell_word(plain) + ") and give diff that file, or, in bash, give <(" + cat + " " + word +
+           ") in its place";
 }
 
 bool parse_hex(std::string_view s, uint64_t& out) {

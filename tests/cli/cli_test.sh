@@ -438,8 +438,25 @@ check_bad_input)
   expect_in "$W/err" "gpumem: error: $gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem check -)"
   expect_rc 2 "$GPUMEM" report "$gz"
   expect_in "$W/err" "$gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $gz | gpumem report -)"
+  # diff reads two runs, and only one input can be "-": its advice puts the decompressed file, or
+  # process substitution, in the compressed one's place (it once said "zcat B | gpumem diff -",
+  # which dropped the other side), and both work as written, on either side.
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$gz"
-  expect_in "$W/err" "(zcat $gz | gpumem diff -)"
+  expect_in "$W/err" "$gz:1: the file is gzip-compressed: decompress it first (zcat $gz > ${gz%.gz}) and give diff that file, or, in bash, give <(zcat $gz) in its place"
+  expect_not_in "$W/err" "gpumem diff -"
+  cp "$gz" "$W/side.jsonl.gz"
+  expect_rc 2 "$GPUMEM" diff "$W/side.jsonl.gz" "$DATA/before.jsonl"
+  expect_in "$W/err" "(zcat $W/side.jsonl.gz > $W/side.jsonl)"
+  zcat "$W/side.jsonl.gz" > "$W/side.jsonl"
+  expect_rc 0 "$GPUMEM" diff "$W/side.jsonl" "$DATA/before.jsonl"
+  expect_rc 0 bash -c '"$0" diff <(zcat "$1") "$2"' "$GPUMEM" "$gz" "$DATA/before.jsonl"
+  expect_in "$W/out" "rank 0 dev 0"
+  expect_rc 0 bash -c '"$0" diff "$2" <(zcat "$1")' "$GPUMEM" "$gz" "$DATA/before.jsonl"
+  expect_in "$W/out" "rank 0 dev 0"
+  # A name without the compression's extension gets .jsonl; one a shell would split is quoted.
+  cp "$gz" "$W/packed log"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$W/packed log"
+  expect_in "$W/err" "(zcat '$W/packed log' > '$W/packed log.jsonl') and give diff that file, or, in bash, give <(zcat '$W/packed log') in its place"
   # A name a shell would split is quoted; compressed bytes already in a pipe get the decompressor there.
   cp "$gz" "$W/my log's.jsonl.gz"
   expect_rc 2 "$GPUMEM" report "$W/my log's.jsonl.gz"
@@ -455,9 +472,16 @@ check_bad_input)
     "$DATA/before.jsonl" "$W/before.jsonl.xz" "$W/before.jsonl.bz2"
   for cmd in "report" "check --max-peak 1GiB" "diff $DATA/before.jsonl" "replay"; do
     expect_rc 2 "$GPUMEM" $cmd "$W/before.jsonl.xz"
-    expect_in "$W/err" "gpumem: error: $W/before.jsonl.xz:1: the file is xz-compressed: decompress it first, or read it from a pipe (xzcat $W/before.jsonl.xz | gpumem ${cmd%% *} -)"
     expect_rc 2 "$GPUMEM" $cmd "$W/before.jsonl.bz2"
-    expect_in "$W/err" "gpumem: error: $W/before.jsonl.bz2:1: the file is bzip2-compressed: decompress it first, or read it from a pipe (bzcat $W/before.jsonl.bz2 | gpumem ${cmd%% *} -)"
+    if [ "${cmd%% *}" = diff ]; then
+      expect_in "$W/err" "gpumem: error: $W/before.jsonl.bz2:1: the file is bzip2-compressed: decompress it first (bzcat $W/before.jsonl.bz2 > $W/before.jsonl) and give diff that file, or, in bash, give <(bzcat $W/before.jsonl.bz2) in its place"
+      expect_rc 2 "$GPUMEM" $cmd "$W/before.jsonl.xz"
+      expect_in "$W/err" "gpumem: error: $W/before.jsonl.xz:1: the file is xz-compressed: decompress it first (xzcat $W/before.jsonl.xz > $W/before.jsonl) and give diff that file, or, in bash, give <(xzcat $W/before.jsonl.xz) in its place"
+    else
+      expect_in "$W/err" "gpumem: error: $W/before.jsonl.bz2:1: the file is bzip2-compressed: decompress it first, or read it from a pipe (bzcat $W/before.jsonl.bz2 | gpumem ${cmd%% *} -)"
+      expect_rc 2 "$GPUMEM" $cmd "$W/before.jsonl.xz"
+      expect_in "$W/err" "gpumem: error: $W/before.jsonl.xz:1: the file is xz-compressed: decompress it first, or read it from a pipe (xzcat $W/before.jsonl.xz | gpumem ${cmd%% *} -)"
+    fi
     expect_rc 2 bash -c 'cat "$1" | "$0" $2 -' "$GPUMEM" "$W/before.jsonl.xz" "$cmd"
     expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe (... | xzcat | gpumem ${cmd%% *} -)"
   done
