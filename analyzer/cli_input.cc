@@ -140,22 +140,27 @@ bool dash_means_stdin(std::vector<std::string>& paths, std::string& error) {
 }
 
 void drop_repeated_inputs(std::vector<std::string>& paths) {
+    // One per kept input that exists: the file (device and inode) and its first name, kept[first].
+    struct kept_file {
+        dev_t dev;
+        ino_t ino;
+        size_t first;
+    };
     std::vector<std::string> kept;
-    std::vector<std::pair<dev_t, ino_t>> ids;  // of the kept paths that exist
-    std::vector<size_t> id_of;                 // index into kept, per ids entry
+    std::vector<kept_file> files;
     for (std::string& p : paths) {
         struct stat st {};
         if (::stat(p.c_str(), &st) == 0) {
-            const auto id = std::make_pair(st.st_dev, st.st_ino);
-            const auto it = std::find(ids.begin(), ids.end(), id);
-            if (it != ids.end()) {
-                const std::string& first = kept[id_of[size_t(it - ids.begin())]];
+            const auto it = std::find_if(files.begin(), files.end(), [&st](const kept_file& f) {
+                return f.dev == st.st_dev && f.ino == st.st_ino;
+            });
+            if (it != files.end()) {
+                const std::string& first = kept[it->first];
                 spdlog::warn("{}", visible(first == p ? p + " is given more than once: read once"
                                                       : p + " is the same file as " + first + ": read once"));
                 continue;
             }
-            ids.push_back(id);
-            id_of.push_back(kept.size());
+            files.push_back({st.st_dev, st.st_ino, kept.size()});
         }
         kept.push_back(std::move(p));
     }

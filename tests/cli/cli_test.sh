@@ -791,6 +791,10 @@ conventions)
   (cd "$DATA" && "$GPUMEM" report --json before.jsonl ./before.jsonl after.jsonl > "$W/out" 2> "$W/err")
   [ "$(json "$W/out" 'len(d["processes"])')" = 2 ] || fail "report of before, ./before and after: not 2 processes"
   expect_in "$W/err" "gpumem: warning: ./before.jsonl is the same file as before.jsonl: read once"
+  # The repeat is named with its own first name, not the first input's.
+  (cd "$DATA" && "$GPUMEM" report --json before.jsonl after.jsonl ./after.jsonl > "$W/out" 2> "$W/err")
+  [ "$(json "$W/out" 'len(d["processes"])')" = 2 ] || fail "report of before, after and ./after: not 2 processes"
+  expect_in "$W/err" "gpumem: warning: ./after.jsonl is the same file as after.jsonl: read once"
   expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/link.jsonl" -- "$DATA/after.jsonl" "$DATA/after.jsonl"
   expect_in "$W/out" "A = $DATA/before.jsonl (1 process)"
   expect_in "$W/out" "B = $DATA/after.jsonl (1 process)"
