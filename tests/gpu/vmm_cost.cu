@@ -410,6 +410,8 @@ int calls(cudaStream_t side, CUdevice dev, size_t held_mib, const std::string& h
     if (held_mib) snprintf(held, sizeof held, " held_mib=%zu held_as=%s", held_mib, held_as.c_str());
     CUevent ev;
     CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    std::vector<CUevent> ring(64);
+    for (CUevent& e : ring) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
     CUstream other;
     CK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
     for (int busy = 0; busy < 2; ++busy) {
@@ -425,6 +427,11 @@ int calls(cudaStream_t side, CUdevice dev, size_t held_mib, const std::string& h
         t = clk::now();
         for (int i = 0; i < k; ++i) CK(cuEventRecord(ev, CU_STREAM_LEGACY));
         printf("call op=event_record_legacy us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
+        // The pool records a fresh event at each ordered release and keeps up to 64 (k_order_marks):
+        // the same record over 64 events in turn.
+        t = clk::now();
+        for (int i = 0; i < k; ++i) CK(cuEventRecord(ring[i % ring.size()], CU_STREAM_LEGACY));
+        printf("call op=event_record_ring64 us_per_call=%.3f busy=%d%s\n", us_since(t) / k, busy, held);
         CK(cuStreamSynchronize(CU_STREAM_LEGACY));
         t = clk::now();
         for (int i = 0; i < k; ++i) CK(cuStreamWaitEvent(other, ev, 0));
@@ -439,6 +446,7 @@ int calls(cudaStream_t side, CUdevice dev, size_t held_mib, const std::string& h
     CK(cuStreamSynchronize(CUstream(side)));
     CK(cuStreamDestroy(other));
     CK(cuEventDestroy(ev));
+    for (CUevent e : ring) CK(cuEventDestroy(e));
     for (size_t i = 0; i < chunks.size(); ++i) CK(cuMemUnmap(va + i * (va_bytes / chunks.size()), va_bytes / chunks.size()));
     for (CUmemGenericAllocationHandle h : chunks) CK(cuMemRelease(h));
     if (va) CK(cuMemAddressFree(va, va_bytes));
@@ -460,6 +468,8 @@ static int background(CUdevice dev, CUcontext ctx) {
     CK(cuMemAddressReserve(&va, gran * n, 0, 0, 0));
     CUevent ev;
     CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    std::vector<CUevent> ring(64);
+    for (CUevent& e : ring) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
     CUstream other;
     CK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
     const char* names[] = {"none", "busy", "half"};
