@@ -84,7 +84,7 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
 // warnings (warning_lines) on stderr.  On failure returns false with a message naming the file;
 // never throws.
 // progress: the command's --progress flags, for each log's reading (analyze_options::progress).
-// command: "check" or "diff", for messages (analyze_options::command).
+// command: "check", "check --baseline" or "diff", for messages (analyze_options::command).
 bool load_run(const std::vector<std::string>& paths, run_input& out, std::string& error, const progress_flags& progress,
               const char* command);
 

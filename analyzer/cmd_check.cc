@@ -216,7 +216,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         return k_exit_input;
     }
     run_input base;
-    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress, "check")) {
+    if (!baseline_path.empty() && !load_run({baseline_path}, base, error, args.progress, "check --baseline")) {
         spdlog::error("baseline: {}", error);
         return k_exit_input;
     }

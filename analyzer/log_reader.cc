@@ -160,17 +160,21 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
         return w + "'";
     };
     const std::string word = shell_word(path);
-    if (std::string_view(command) != "diff")
+    // A command with an option ("check --baseline") reads the file for that option, where "-"
+    // would be taken for a log.
+    const std::string_view cmd(command);
+    if (cmd != "diff" && cmd.find(' ') == std::string_view::npos)
         return std::string("the file is ") + z + "-compressed: decompress it first, or read it from a pipe (" + cat +
                " " + word + gpumem + ")";
     // diff reads two runs and only one input can be "-", and this advice cannot know the other
-    // side's names: the decompressed copy, or process substitution (a pipe, which every command
-    // spools, input_spool.h), goes where the compressed name stood.
+    // side's names (nor check's logs beside its baseline): the decompressed copy, or process
+    // substitution (a pipe, which every command spools, input_spool.h), goes where the
+    // compressed name stood.
     const std::string ext = k == "gzip" ? ".gz" : k == "zstd" ? ".zst" : k == "xz" ? ".xz" : ".bz2";
     const bool has_ext = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
     const std::string plain = has_ext ? path.substr(0, path.size() - ext.size()) : path + ".jsonl";
     return std::string("the file is ") + z + "-compressed: decompress it first (" + cat + " " + word + " > " +
-           shell_word(plain) + ") and give diff that file, or, in bash, give <(" + cat + " " + word +
+           shell_word(plain) + ") and give " + command + " that file, or, in bash, give <(" + cat + " " + word +
            ") in its place";
 }
 

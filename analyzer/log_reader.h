@@ -145,7 +145,8 @@ const char* compression_of(std::string_view first_line);
 // What to do about a log that compression_of found compressed (`z`), as the header readers say it:
 // decompress it, or pipe it into `command` ("report", "check", ...), both spelled out with `path`
 // so that the line can be copied.  For "diff", whose other run this cannot name and only one of
-// whose inputs can be "-": decompress it into a file, or give <(zcat ...) in its place.
+// whose inputs can be "-", and for a file an option reads ("check --baseline"): decompress it
+// into a file, or give <(zcat ...) in its place.
 std::string compressed_log_advice(const char* z, const std::string& path, const char* command);
 
 }  // namespace gpumem::analysis

@@ -453,6 +453,12 @@ check_bad_input)
   expect_in "$W/out" "rank 0 dev 0"
   expect_rc 0 bash -c '"$0" diff "$2" <(zcat "$1")' "$GPUMEM" "$gz" "$DATA/before.jsonl"
   expect_in "$W/out" "rank 0 dev 0"
+  # check's baseline is read for --baseline, where "-" would be a log: the same advice as diff's
+  # (it once said "zcat B | gpumem check -"), and it works as written.
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/side.jsonl.gz"
+  expect_in "$W/err" "baseline: $W/side.jsonl.gz:1: the file is gzip-compressed: decompress it first (zcat $W/side.jsonl.gz > $W/side.jsonl) and give check --baseline that file, or, in bash, give <(zcat $W/side.jsonl.gz) in its place"
+  expect_not_in "$W/err" "gpumem check -"
+  expect_rc 0 bash -c '"$0" check "$2" --baseline <(zcat "$1") --tolerance 1000%' "$GPUMEM" "$W/side.jsonl.gz" "$DATA/before.jsonl"
   # A name without the compression's extension gets .jsonl; one a shell would split is quoted.
   cp "$gz" "$W/packed log"
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$W/packed log"
