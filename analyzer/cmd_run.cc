@@ -17,6 +17,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "diagnostics.h"
 #include "format_util.h"
 #include "log_reader.h"
+#include "parallel.h"
 #include "views/report_sites.h"
 
 #ifndef GPUMEM_BIN_TO_LIBDIR
@@ -243,13 +245,28 @@ void print_summary(const std::vector<std::string>& logs, const progress_flags& p
     analyze_options opt;
     opt.progress = progress.wanted();
     opt.progress_interval_s = progress.every_s;
-    std::vector<process_report> procs;
-    for (const std::string& path : logs) {
+    // One log per core, as `gpumem report` reads them (a job of many ranks leaves many logs);
+    // each into its own slot, so rows and warnings come in the order of the logs.
+    struct slot {
+        std::optional<process_report> rep;
+        std::string error;
+    };
+    std::vector<slot> slots(logs.size());
+    parallel_for(logs.size(), jobs_or_cores(0), [&](size_t i) {
         try {
-            procs.push_back(analyze_file(path, opt));
+            slots[i].rep = analyze_file(logs[i], opt);
         } catch (const std::exception& e) {
-            spdlog::warn("cannot summarize {}: {}", path, e.what());
+            slots[i].error = e.what();
+        } catch (...) {  // parallel_for's threads must not throw
+            slots[i].error = "unexpected error";
         }
+    });
+    std::vector<process_report> procs;
+    for (size_t i = 0; i < logs.size(); ++i) {
+        if (slots[i].rep)
+            procs.push_back(std::move(*slots[i].rep));
+        else
+            spdlog::warn("cannot summarize {}: {}", logs[i], slots[i].error);
     }
     if (procs.empty()) return;
     std::fprintf(stderr, "\ngpumem summary (peaks per process and GPU; leaks = still allocated at the end)\n");

@@ -115,6 +115,10 @@ run_environment)
   expect_rc 0 "$GPUMEM" run -o "$W/fork/" -- "$EMU/emu_driver_app" fork 10
   expect_in "$W/err" "gpumem run: 2 logs"
   [ "$(ls "$W"/fork/*.jsonl | wc -l)" = 2 ] || fail "fork: expected 2 logs"
+  # The summary reads the logs in parallel, and still shows them in the order it lists them.
+  listed=$(sed -n 's|^  .*/gpumem-\([0-9]*\)\.jsonl$|\1|p' "$W/err" | tr '\n' ' ')
+  rows=$(sed -n '/^gpumem summary/,/^full report/s/^  \([0-9][0-9]*\) .*/\1/p' "$W/err" | tr '\n' ' ')
+  [ -n "$listed" ] && [ "$listed" = "$rows" ] || fail "summary rows ($rows) not in the listed logs' order ($listed)"
   expect_rc 0 "$GPUMEM" check "$W"/fork/*.jsonl --max-fragmentation 100%
   expect_not_in "$W/err" "not measured"
   # %r is the rank; logs that were there before the run are not listed as this run's.
