@@ -147,9 +147,14 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     const std::string cat = k == "gzip" ? "zcat" : k == "zstd" ? "zstdcat" : k == "xz" ? "xzcat" : "bzcat";
     // "-" is standard input, as the guide teaches it.
     const std::string gpumem = std::string(" | gpumem ") + command + " -";
-    // The compressed bytes came through a pipe already: the decompressor goes into that pipe.
-    if (path == "/dev/stdin")
+    // The compressed bytes came through a pipe already: the decompressor goes into that pipe (for
+    // diff, the other run named beside the "-" as before).
+    if (path == "/dev/stdin") {
+        if (std::string_view(command) == "diff")
+            return std::string("the input is ") + z + "-compressed: decompress it in the pipe, the other run named as before (... | " +
+                   cat + " | gpumem diff A.jsonl -)";
         return std::string("the input is ") + z + "-compressed: decompress it in the pipe (... | " + cat + gpumem + ")";
+    }
     // Quoted for a shell when it holds anything but the usual name characters.
     auto shell_word = [](const std::string& s) {
         if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+-=,:@%") ==

@@ -493,7 +493,11 @@ check_bad_input)
       expect_in "$W/err" "gpumem: error: $W/before.jsonl.xz:1: the file is xz-compressed: decompress it first, or read it from a pipe (xzcat $W/before.jsonl.xz | gpumem ${cmd%% *} -)"
     fi
     expect_rc 2 bash -c 'cat "$1" | "$0" $2 -' "$GPUMEM" "$W/before.jsonl.xz" "$cmd"
-    expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe (... | xzcat | gpumem ${cmd%% *} -)"
+    if [ "${cmd%% *}" = diff ]; then  # the other run is kept in the advice
+      expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe, the other run named as before (... | xzcat | gpumem diff A.jsonl -)"
+    else
+      expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe (... | xzcat | gpumem ${cmd%% *} -)"
+    fi
   done
   # A baseline cut short (a full disk, a killed job) is named with the line where the JSON stops.
   "$GPUMEM" report --json "$DATA/before.jsonl" | head -n 20 > "$W/cut.json"
