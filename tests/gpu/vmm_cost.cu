@@ -468,8 +468,6 @@ static int background(CUdevice dev, CUcontext ctx) {
     CK(cuMemAddressReserve(&va, gran * n, 0, 0, 0));
     CUevent ev;
     CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-    std::vector<CUevent> ring(64);
-    for (CUevent& e : ring) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
     CUstream other;
     CK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
     const char* names[] = {"none", "busy", "half"};
