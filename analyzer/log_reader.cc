@@ -147,14 +147,22 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     const std::string cat = k == "gzip" ? "zcat" : k == "zstd" ? "zstdcat" : k == "xz" ? "xzcat" : "bzcat";
     // "-" is standard input, as the guide teaches it.
     const std::string gpumem = std::string(" | gpumem ") + command + " -";
-    // The compressed bytes came through a pipe already: the decompressor goes into that pipe (for
-    // diff, the other run named beside the "-" as before).
+    const std::string_view cmd(command);
+    // The compressed bytes came through a pipe already: the decompressor goes into that pipe, and
+    // whatever else the command reads stays where it was: diff's other run on its side (a diff's
+    // direction matters), check's logs beside a --baseline read from "-".
     if (path == "/dev/stdin") {
-        if (std::string_view(command) == "diff")
-            return std::string("the input is ") + z + "-compressed: decompress it in the pipe, the other run named as before (... | " +
-                   cat + " | gpumem diff A.jsonl -)";
-        return std::string("the input is ") + z + "-compressed: decompress it in the pipe (... | " + cat + gpumem + ")";
+        const std::string in_pipe = std::string("the input is ") + z + "-compressed: decompress it in the pipe";
+        if (cmd == "diff")
+            return in_pipe + ", each run on its side as before (... | " + cat + " | gpumem diff - B.jsonl, or diff A.jsonl -)";
+        if (const size_t sp = cmd.find(' '); sp != std::string_view::npos)
+            return in_pipe + ", the logs named as before (... | " + cat + " | gpumem " + std::string(cmd.substr(0, sp)) +
+                   " LOG..." + std::string(cmd.substr(sp)) + " -)";
+        return in_pipe + " (... | " + cat + gpumem + ")";
     }
+    // A process substitution (bash's <(...)) is a pipe the shell named: the decompressor goes inside.
+    if (path.rfind("/dev/fd/", 0) == 0 || path.rfind("/proc/self/fd/", 0) == 0)
+        return std::string("the input is ") + z + "-compressed: decompress it inside the substitution (<(" + cat + " FILE))";
     // Quoted for a shell when it holds anything but the usual name characters.
     auto shell_word = [](const std::string& s) {
         if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+-=,:@%") ==
@@ -167,7 +175,6 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     const std::string word = shell_word(path);
     // A command with an option ("check --baseline") reads the file for that option, where "-"
     // would be taken for a log.
-    const std::string_view cmd(command);
     if (cmd != "diff" && cmd.find(' ') == std::string_view::npos)
         return std::string("the file is ") + z + "-compressed: decompress it first, or read it from a pipe (" + cat +
                " " + word + gpumem + ")";

@@ -462,6 +462,13 @@ check_bad_input)
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/side.jsonl.gz"
   expect_in "$W/err" "baseline: $W/side.jsonl.gz:1: the file is gzip-compressed: decompress it first (zcat $W/side.jsonl.gz > $W/side.jsonl) and give check --baseline that file, or, in bash, give <(zcat $W/side.jsonl.gz) in its place"
   expect_not_in "$W/err" "gpumem check -"
+  # The same baseline through a pipe: the logs stay named; a process substitution's own name
+  # (/dev/fd/N) is no file to decompress: the decompressor goes inside it.
+  expect_rc 2 bash -c 'cat "$1" | "$0" check "$2" --baseline -' "$GPUMEM" "$W/side.jsonl.gz" "$DATA/before.jsonl"
+  expect_in "$W/err" "the input is gzip-compressed: decompress it in the pipe, the logs named as before (... | zcat | gpumem check LOG... --baseline -)"
+  expect_rc 0 bash -c 'zcat "$1" | "$0" check "$2" --baseline - --tolerance 1000%' "$GPUMEM" "$W/side.jsonl.gz" "$DATA/before.jsonl"
+  expect_rc 2 bash -c '"$0" diff "$2" <(cat "$1")' "$GPUMEM" "$W/side.jsonl.gz" "$DATA/before.jsonl"
+  expect_in "$W/err" "the input is gzip-compressed: decompress it inside the substitution (<(zcat FILE))"
   expect_rc 0 bash -c '"$0" check "$2" --baseline <(zcat "$1") --tolerance 1000%' "$GPUMEM" "$W/side.jsonl.gz" "$DATA/before.jsonl"
   # A name without the compression's extension gets .jsonl; one a shell would split is quoted.
   cp "$gz" "$W/packed log"
@@ -494,7 +501,7 @@ check_bad_input)
     fi
     expect_rc 2 bash -c 'cat "$1" | "$0" $2 -' "$GPUMEM" "$W/before.jsonl.xz" "$cmd"
     if [ "${cmd%% *}" = diff ]; then  # the other run is kept in the advice
-      expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe, the other run named as before (... | xzcat | gpumem diff A.jsonl -)"
+      expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe, each run on its side as before (... | xzcat | gpumem diff - B.jsonl, or diff A.jsonl -)"
     else
       expect_in "$W/err" "/dev/stdin:1: the input is xz-compressed: decompress it in the pipe (... | xzcat | gpumem ${cmd%% *} -)"
     fi
