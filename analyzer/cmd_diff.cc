@@ -285,8 +285,8 @@ command add_diff(CLI::App& top) {
         "\n"
         "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.");
     app->add_option("INPUT", a->inputs, "logs or report JSON files; - reads standard input (one input)");
-    app->add_option("--top", a->top, "how many changes to list per GPU")->type_name("N")->default_str("8")
-        ->check(CLI::Range(size_t(1), size_t(100000)));
+    add_count_option(app, "--top", [a](uint64_t v) { a->top = size_t(v); }, "how many changes to list per GPU", 1, 100000)
+        ->default_str("8");
     add_progress_flags(app, a->progress);
     command c;
     c.app = app;

@@ -539,7 +539,7 @@ void add_options(CLI::App* app, replay_args& a) {
     app->add_flag("--json", a.json, "print the results as JSON");
     app->add_flag("--suggest", a.suggest,
                   "search PyTorch's options for the least peak reserved and print the PYTORCH_CUDA_ALLOC_CONF line");
-    app->add_option("-j,--jobs", a.jobs, "threads (default: all cores)")->type_name("N")->check(CLI::Range(1u, k_max_jobs));
+    add_count_option(app, "-j,--jobs", [&a](uint64_t v) { a.jobs = unsigned(v); }, "threads (default: all cores)", 1, k_max_jobs);
     add_progress_flags(app, a.progress);
     app->footer(
         "Replays each device's allocation requests and frees, in seq order, through each policy and\n"

@@ -261,9 +261,8 @@ command add_report(CLI::App& top) {
                     "also show the free-block map at MOMENT: an event seq (1234 or #1234) or a time since the "
                     "recorder started (2.5s, 150ms, 20us or 20 us, 900ns)")
         ->type_name("MOMENT");
-    app->add_option("-j,--jobs", a->jobs, "threads, one log each (default: all cores); the output is the same for any N")
-        ->type_name("N")
-        ->check(CLI::Range(1u, k_max_jobs));
+    add_count_option(app, "-j,--jobs", [a](uint64_t v) { a->jobs = unsigned(v); },
+                     "threads, one log each (default: all cores); the output is the same for any N", 1, k_max_jobs);
     add_progress_flags(app, a->progress);
     command c;
     c.app = app;

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <cmath>
+
 #include <CLI/CLI.hpp>
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -36,6 +38,23 @@ void add_progress_flags(CLI::App* app, progress_flags& p) {
            },
            "seconds between progress lines")
         ->group("");  // hidden: for the tests, which cannot wait 2 s per line
+}
+
+CLI::Option* add_count_option(CLI::App* app, const std::string& names, std::function<void(uint64_t)> set,
+                              const std::string& description, uint64_t lo, uint64_t hi) {
+    const std::string name = names.substr(names.rfind(',') + 1);  // "-j,--jobs": "--jobs"
+    return app
+        ->add_option_function<std::string>(
+            names,
+            [set = std::move(set), name, lo, hi](const std::string& text) {
+                double v = 0;
+                if (!parse_number_arg(text, v) || v != std::floor(v) || v < double(lo) || v > double(hi))
+                    throw CLI::ValidationError(name + " " + text + ": expected a whole number from " + std::to_string(lo) +
+                                               " to " + std::to_string(hi));
+                set(uint64_t(v));
+            },
+            description)
+        ->type_name("N");
 }
 
 }  // namespace gpumem::analysis

@@ -2,10 +2,15 @@
 // and with -v/--verbose "gpumem: debug: ..." (what was read, how, and how long it took).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <string>
+
 #include <spdlog/spdlog.h>
 
 namespace CLI {
 class App;
+class Option;
 }
 
 namespace gpumem::analysis {
@@ -23,5 +28,11 @@ struct progress_flags {
     bool wanted() const;
 };
 void add_progress_flags(CLI::App* app, progress_flags& p);
+
+// A count option (-j/--jobs, diff's --top): a whole number from lo to hi, written as every number on
+// the command line is (parse_number_arg), so "1e2", "+4" and "0x4", which CLI11's own conversion
+// took or refused unlike the rest, are refused with the option and value named.  `set` receives it.
+CLI::Option* add_count_option(CLI::App* app, const std::string& names, std::function<void(uint64_t)> set,
+                              const std::string& description, uint64_t lo, uint64_t hi);
 
 }  // namespace gpumem::analysis

@@ -787,13 +787,19 @@ conventions)
   # -j: threads, 1 to 1024.  0 and past 1024 were taken (up to 65536 threads for as many logs or
   # replays: a failed thread creation aborts); the option is named for any bad value.
   for cmd in report replay; do
-    for v in 0 -1 abc nan 1.5 1025 4294967296; do
+    # As every number on the command line (the size rule's digits): "+4", "0x4", " 4" and "1e2"
+    # were taken by CLI11's own conversion while --max-ooms refused them.
+    for v in 0 -1 abc nan 1.5 1025 4294967296 +4 0x4 " 4" 1e2; do
       expect_rc 2 "$GPUMEM" $cmd -j "$v" "$DATA/before.jsonl"
-      expect_in "$W/err" "gpumem: error: "
-      expect_in "$W/err" "--jobs"
+      expect_in "$W/err" "gpumem: error: --jobs $v: expected a whole number from 1 to 1024"
     done
     expect_rc 0 "$GPUMEM" $cmd --jobs 1024 "$DATA/before.jsonl"
   done
+  for v in 0 0x4 1e2 100001; do
+    expect_rc 2 "$GPUMEM" diff --top "$v" "$DATA/before.jsonl" "$DATA/after.jsonl"
+    expect_in "$W/err" "gpumem: error: --top $v: expected a whole number from 1 to 100000"
+  done
+  expect_rc 0 "$GPUMEM" diff --top 3 "$DATA/before.jsonl" "$DATA/after.jsonl"
   # replay also says how far its replays are, within one replay too (-j 1: the first of the 4
   # replays is said before it ends, as a replay of a large log takes seconds).
   expect_rc 0 "$GPUMEM" replay -j 1 --progress --progress-every 0 "$W/long.jsonl"
