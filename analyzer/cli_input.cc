@@ -98,7 +98,9 @@ bool parse_moment(const std::string& text, moment& out) {
     // Spaces may stand between the number and its unit, as in a size ("3 us" as "1.5 GiB").
     size_t u = i;
     while (u < s.size() && (s[u] == ' ' || s[u] == '\t')) ++u;
-    const std::string unit = s.substr(u);
+    // In any letter case, as a size's unit ("2US" as "1gib").
+    std::string unit = s.substr(u);
+    for (char& c : unit) c = char(std::tolower((unsigned char)c));
     if (unit.empty()) {
         if (u != i || num.find('.') != std::string::npos) return false;  // "5 ", "1.5": no seq
         errno = 0;

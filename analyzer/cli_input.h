@@ -25,7 +25,8 @@ bool parse_ratio_arg(const std::string& text, double& out);
 // A tolerance in percent: "5%", "5 %" or "5" -> 0.05.  Must be >= 0.
 bool parse_percent_arg(const std::string& text, double& out);
 // An --at moment: an event seq, "1234" or "#1234", or a time since the recorder started, a number
-// (parse_number_arg), optionally spaces, and s, ms, us or ns: "2.5s", "150ms", "3 us", "900ns".
+// (parse_number_arg), optionally spaces, and s, ms, us or ns in any letter case: "2.5s", "150ms",
+// "3 us", "900NS".
 bool parse_moment(const std::string& text, moment& out);
 
 // "-" among the inputs (`zcat LOG.gz | gpumem report -`) is standard input, as for most command-line

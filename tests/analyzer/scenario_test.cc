@@ -363,6 +363,11 @@ TEST_CASE("parse_moment understands seqs and times", "[scenario]") {
     CHECK_FALSE(parse_moment("1.s", m));
     REQUIRE(parse_moment("18000000000s", m));  // past 2^63 ns, below 2^64
     CHECK(m.value == 18000000000000000000ull);
+    // Units in any letter case, as a size's.
+    REQUIRE(parse_moment("2US", m));
+    CHECK((m.kind == moment::by::time && m.value == 2000));
+    REQUIRE(parse_moment("2 Ms", m));
+    CHECK(m.value == 2000000);
 }
 
 // docs/pool.md, safe reuse (the default): a freed block stays "pending" in its segment, neither
