@@ -143,8 +143,18 @@ const char* compression_of(std::string_view l) {
 }
 
 std::string compressed_log_advice(const char* z, const std::string& path, const char* command) {
-    const std::string_view k(z);
-    const std::string cat = k == "gzip" ? "zcat" : k == "zstd" ? "zstdcat" : k == "xz" ? "xzcat" : "bzcat";
+    // Each compression compression_of names: its decompressor to stdout, and its files' extension.
+    struct kind_names {
+        std::string_view kind;
+        const char* cat;
+        const char* ext;
+    };
+    static constexpr kind_names k_kinds[] = {
+        {"gzip", "zcat", ".gz"}, {"zstd", "zstdcat", ".zst"}, {"xz", "xzcat", ".xz"}, {"bzip2", "bzcat", ".bz2"}};
+    const kind_names* names = &k_kinds[3];
+    for (const kind_names& n : k_kinds)
+        if (n.kind == z) names = &n;
+    const std::string cat = names->cat;
     // "-" is standard input, as the guide teaches it.
     const std::string gpumem = std::string(" | gpumem ") + command + " -";
     const std::string_view cmd(command);
@@ -182,7 +192,7 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     // side's names (nor check's logs beside its baseline): the decompressed copy, or process
     // substitution (a pipe, which every command spools, input_spool.h), goes where the
     // compressed name stood.
-    const std::string ext = k == "gzip" ? ".gz" : k == "zstd" ? ".zst" : k == "xz" ? ".xz" : ".bz2";
+    const std::string ext = names->ext;
     const bool has_ext = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
     const std::string plain = has_ext ? path.substr(0, path.size() - ext.size()) : path + ".jsonl";
     return std::string("the file is ") + z + "-compressed: decompress it first (" + cat + " " + word + " > " +
