@@ -206,18 +206,6 @@ void forward_signal(int sig, siginfo_t* info, void*) {
 
 constexpr int k_forwarded[] = {SIGINT, SIGQUIT, SIGTERM, SIGHUP};
 
-// A path as a shell reads it back: bare when it holds only characters no shell treats specially,
-// else in single quotes (a ' inside becomes '\'').
-std::string shell_quote(const std::string& s) {
-    bool plain = !s.empty();
-    for (unsigned char c : s)
-        plain &= std::isalnum(c) || std::strchr("_./%+,:=@-", c) != nullptr;
-    if (plain) return s;
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-}
-
 // The output pattern as a shell glob: %p, %r and %h become a bare *, the rest is quoted.
 std::string shell_glob(const std::string& pattern) {
     std::string out, literal;

@@ -1,10 +1,12 @@
-// Formatting helpers: human-readable sizes, durations, percentages and escaping.
+// Formatting helpers: human-readable sizes, durations, percentages, escaping and shell quoting.
 #include "format_util.h"
 
 #include "report_model.h"
 
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 
 namespace gpumem::analysis {
 
@@ -164,6 +166,16 @@ bool events_bunched(const device_report& d) {
     };
     uint64_t a = time_of(total / 10), b = time_of(total - total / 10);
     return b >= a && (b - a) < (t1 - t0) / 5;  // not (b - a) * 5: it wraps when times span near 2^64
+}
+
+std::string shell_quote(const std::string& s) {
+    bool plain = !s.empty();
+    for (unsigned char c : s)
+        plain &= std::isalnum(c) || std::strchr("_./%+,:=@-", c) != nullptr;
+    if (plain) return s;
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
 }
 
 }  // namespace gpumem::analysis

@@ -15,6 +15,8 @@
 
 #include <simdjson.h>
 
+#include "format_util.h"  // shell_quote, for the advice on a compressed log
+
 namespace gpumem::analysis {
 
 namespace od = simdjson::ondemand;
@@ -173,16 +175,7 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     // A process substitution (bash's <(...)) is a pipe the shell named: the decompressor goes inside.
     if (path.rfind("/dev/fd/", 0) == 0 || path.rfind("/proc/self/fd/", 0) == 0)
         return std::string("the input is ") + z + "-compressed: decompress it inside the substitution (<(" + cat + " FILE))";
-    // Quoted for a shell when it holds anything but the usual name characters.
-    auto shell_word = [](const std::string& s) {
-        if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./+-=,:@%") ==
-                              std::string::npos)
-            return s;
-        std::string w = "'";
-        for (char c : s) w += c == '\'' ? std::string("'\\''") : std::string(1, c);
-        return w + "'";
-    };
-    const std::string word = shell_word(path);
+    const std::string word = shell_quote(path);
     // A command with an option ("check --baseline") reads the file for that option, where "-"
     // would be taken for a log.
     if (cmd != "diff" && cmd.find(' ') == std::string_view::npos)
@@ -196,7 +189,7 @@ std::string compressed_log_advice(const char* z, const std::string& path, const 
     const bool has_ext = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
     const std::string plain = has_ext ? path.substr(0, path.size() - ext.size()) : path + ".jsonl";
     return std::string("the file is ") + z + "-compressed: decompress it first (" + cat + " " + word + " > " +
-           shell_word(plain) + ") and give " + command + " that file, or, in bash, give <(" + cat + " " + word +
+           shell_quote(plain) + ") and give " + command + " that file, or, in bash, give <(" + cat + " " + word +
            ") in its place";
 }
 
