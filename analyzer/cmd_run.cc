@@ -227,20 +227,21 @@ std::string shell_glob(const std::string& pattern) {
     return out;
 }
 
-void print_summary(const std::vector<std::string>& logs, const progress_flags& progress) {
+void print_summary(const std::vector<std::string>& logs, unsigned jobs, const progress_flags& progress) {
     // The logs of a long job are read after it has ended: without progress, gpumem would sit
     // silent for as long as `gpumem report` takes on them (seconds per GB).
     analyze_options opt;
     opt.progress = progress.wanted();
     opt.progress_interval_s = progress.every_s;
-    // One log per core, as `gpumem report` reads them (a job of many ranks leaves many logs);
-    // each into its own slot, so rows and warnings come in the order of the logs.
+    // One log per thread, on all cores unless -j says fewer, as `gpumem report` reads them (a job
+    // of many ranks leaves many logs, and each log being read holds its rebuilt state); each into
+    // its own slot, so rows and warnings come in the order of the logs.
     struct slot {
         std::optional<process_report> rep;
         std::string error;
     };
     std::vector<slot> slots(logs.size());
-    parallel_for(logs.size(), jobs_or_cores(0), [&](size_t i) {
+    parallel_for(logs.size(), jobs_or_cores(jobs), [&](size_t i) {
         try {
             slots[i].rep = analyze_file(logs[i], opt);
         } catch (const std::exception& e) {
@@ -326,6 +327,7 @@ struct run_args {
     std::string pool;
     bool no_summary = false;
     bool tensors = false;
+    unsigned jobs = 0;        // the summary's threads; 0: all cores
     progress_flags progress;  // of the summary's reading
     std::vector<std::string> help_only_command;
 };
@@ -489,7 +491,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s", pattern.c_str());
     for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", l.c_str());
     if (summary) {
-        print_summary(logs, args.progress);
+        print_summary(logs, args.jobs, args.progress);
         std::string all;
         for (const std::string& l : logs) all += " " + shell_quote(l);
         if (all.size() > 200) all = " " + shell_glob(pattern);
@@ -527,6 +529,8 @@ command add_run(CLI::App& top) {
                   "tensor-level mode: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every PyTorch tensor is its own "
                   "allocation with its own call site (gpumem's pool keeps it at native speed; docs/guide.md)");
     app->add_flag("--no-summary", a->no_summary, "list the logs but print no summary");
+    add_count_option(app, "-j,--jobs", [a](uint64_t v) { a->jobs = unsigned(v); },
+                     "threads that read the logs for the summary, one log each (default: all cores)", 1, k_max_jobs);
     add_progress_flags(app, a->progress);
     // Only for --help: main hands the command to run_command before CLI11 parses the options.
     app->add_option("CMD", a->help_only_command, "the program and its arguments, passed on untouched");

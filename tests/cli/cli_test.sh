@@ -119,6 +119,12 @@ run_environment)
   listed=$(sed -n 's|^  .*/gpumem-\([0-9]*\)\.jsonl$|\1|p' "$W/err" | tr '\n' ' ')
   rows=$(sed -n '/^gpumem summary/,/^full report/s/^  \([0-9][0-9]*\) .*/\1/p' "$W/err" | tr '\n' ' ')
   [ -n "$listed" ] && [ "$listed" = "$rows" ] || fail "summary rows ($rows) not in the listed logs' order ($listed)"
+  # -j bounds the summary's threads (and the logs held half-read); one thread gives the same rows.
+  expect_rc 0 "$GPUMEM" run -j 1 -o "$W/fork1/" -- "$EMU/emu_driver_app" fork 10
+  [ "$(sed -n '/^gpumem summary/,/^full report/p' "$W/err" | grep -c '^  [0-9]')" = 2 ] ||
+    fail "run -j 1: expected 2 summary rows: $(cat "$W/err")"
+  expect_rc 2 "$GPUMEM" run -j 0 -- true
+  expect_in "$W/err" "gpumem: error: --jobs 0: expected a whole number from 1 to 1024"
   expect_rc 0 "$GPUMEM" check "$W"/fork/*.jsonl --max-fragmentation 100%
   expect_not_in "$W/err" "not measured"
   # %r is the rank; logs that were there before the run are not listed as this run's.
