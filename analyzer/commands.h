@@ -38,7 +38,8 @@ command add_check(CLI::App& top);
 command add_diff(CLI::App& top);
 command add_replay(CLI::App& top);  // cmd_replay.cc: allocator simulations over logs
 
-// Prints "gpumem: error: MSG" and a one-line hint to `gpumem SUB --help`; returns k_exit_input.
+// Prints "gpumem: error: MSG" and a one-line hint to `gpumem SUB --help`; returns k_exit_input
+// (diagnostics.cc).
 // For argument errors found after parsing (a size that does not parse, a missing input).
 int usage_error(const std::string& sub, const std::string& msg);
 

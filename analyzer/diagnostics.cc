@@ -1,15 +1,17 @@
-// Sets up the analyzer's spdlog logger (diagnostics.h).
+// The analyzer's diagnostics: its spdlog logger, the argument-error line, the shared progress and count options (diagnostics.h).
 #include "diagnostics.h"
 
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include <CLI/CLI.hpp>
 
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include "cli_input.h"
+#include "commands.h"
 
 namespace gpumem::analysis {
 
@@ -20,6 +22,13 @@ void init_diagnostics(bool verbose) {
     logger->set_pattern("gpumem: %l: %v");
     logger->set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
     spdlog::set_default_logger(logger);
+}
+
+int usage_error(const std::string& sub, const std::string& msg) {
+    std::fprintf(stderr, "gpumem: error: %s\n", msg.c_str());
+    if (sub.empty()) std::fprintf(stderr, "(gpumem --help lists the commands)\n");
+    else std::fprintf(stderr, "(gpumem %s --help lists the options)\n", sub.c_str());
+    return k_exit_input;
 }
 
 bool progress_flags::wanted() const { return on || (!off && ::isatty(2) == 1); }

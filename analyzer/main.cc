@@ -16,13 +16,6 @@
 
 namespace gpumem::analysis {
 
-int usage_error(const std::string& sub, const std::string& msg) {
-    std::fprintf(stderr, "gpumem: error: %s\n", msg.c_str());
-    if (sub.empty()) std::fprintf(stderr, "(gpumem --help lists the commands)\n");
-    else std::fprintf(stderr, "(gpumem %s --help lists the options)\n", sub.c_str());
-    return k_exit_input;
-}
-
 namespace {
 
 bool is_option(const std::string& a) { return a.size() > 1 && a[0] == '-'; }
