@@ -32,6 +32,18 @@ bool takes_next_value(const CLI::App& app, const CLI::App& top, const std::strin
     return false;
 }
 
+// Why `next` cannot be the value of `a`, an option that takes the next argument: `--` or one of the
+// options, where the value was forgotten (`report --html --json LOG` wrote an HTML file named
+// --json); empty when it can be.  A value written with = is taken as written.
+std::string not_a_value(const CLI::App& app, const CLI::App& top, const std::string& next) {
+    if (next == "--") return "-- ends gpumem's options (for a file named --, write ./--)";
+    if (!is_option(next)) return "";
+    const std::string name = next.substr(0, next.find('='));
+    if (app.get_option_no_throw(name)) return name + " is one of gpumem " + app.get_name() + "'s options";
+    if (top.get_option_no_throw(name)) return name + " is one of gpumem's options";
+    return "";
+}
+
 }  // namespace
 
 }  // namespace gpumem::analysis
@@ -89,7 +101,12 @@ int main(int argc, char** argv) {
             }
             if (chosen->tail == command::tail_kind::command && !is_option(a)) break;
             head.push_back(a);
-            if (takes_next_value(*chosen->app, app, a) && i + 1 < args.size()) head.push_back(args[++i]);
+            if (takes_next_value(*chosen->app, app, a) && i + 1 < args.size()) {
+                const std::string why = not_a_value(*chosen->app, app, args[i + 1]);
+                if (!why.empty())
+                    return usage_error(chosen->app->get_name(), a + " " + args[i + 1] + ": " + a + " takes a value, and " + why);
+                head.push_back(args[++i]);
+            }
         }
         tail.assign(args.begin() + std::ptrdiff_t(i), args.end());
     }

@@ -706,6 +706,26 @@ conventions)
   done
   expect_rc 2 "$GPUMEM" replay --capacity "" "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --capacity: empty value"
+  # An option whose value was forgotten took the next argument, -- or another option, as its value:
+  # `report --html --json LOG` wrote text and an HTML file named --json, `report --html -- LOG` a
+  # file named --, `run -o -- PROGRAM` logged to a file named --.  Refused, naming both.
+  for args in "report --html --json" "report --html --" "report --perfetto -v" "check --max-peak 1GiB --junit -q" \
+              "check --max-peak 1GiB --junit --"; do
+    set -- $args
+    expect_rc 2 "$GPUMEM" "$@" "$DATA/before.jsonl"
+    opt=${*: -2:1} next=${*: -1}
+    expect_in "$W/err" "gpumem: error: $opt $next: $opt takes a value, and $next "
+    [ "$(wc -l < "$W/err")" = 2 ] || fail "$args: usage error is not two lines: $(cat "$W/err")"
+  done
+  expect_in "$W/err" "for a file named --, write ./--"
+  [ -z "$(ls "$W" | grep -e '^--')" ] || fail "an option took the next argument as its file: $(ls "$W")"
+  expect_rc 2 "$GPUMEM" run -o -- sh -c 'echo ran'
+  expect_in "$W/err" "gpumem: error: -o --: -o takes a value, and -- ends gpumem's options"
+  expect_not_in "$W/out" "ran"
+  expect_rc 2 "$GPUMEM" run -o --pool off -- sh -c 'echo ran'
+  expect_in "$W/err" "gpumem: error: -o --pool: -o takes a value, and --pool is one of gpumem run's options"
+  # A value given with = is the value as written; - is standard input where an input takes it.
+  expect_rc 0 "$GPUMEM" check --max-peak 10GiB --baseline - "$DATA/before.jsonl" < "$W/before.json"
   # An output option that took a log as its FILE (a glob after --html) must not overwrite it: exit 2,
   # the log intact.  The same for an input named twice, and for a report JSON in the way.
   cp "$DATA/before.jsonl" "$DATA/after.jsonl" "$W/"
