@@ -334,10 +334,16 @@ process_report read_process(const json& j, const std::string& path, std::vector<
     get(j, "n_warnings", p.n_warnings);
     for (const json& w : array_of(j, "warnings"))
         if (w.is_string()) p.warnings.push_back(w.get<std::string>());
-    for (const json& dj : array_of(j, "devices")) {
-        // A device without an integer "dev" cannot be matched with anything: left out.
+    // A device without an integer "dev" cannot be matched with anything, and one left out would be
+    // a GPU that a report shows idle and a baseline no longer holds: refused, as is a process
+    // without its list (the writer always writes one, empty for a log without GPU activity).
+    auto devices = j.find("devices");
+    if (devices == j.end() || !devices->is_array()) throw bad_member("it has no \"devices\" list");
+    for (const json& dj : *devices) {
         int dev = 0;
-        if (!dj.is_object() || !get(dj, "dev", dev)) continue;
+        if (!dj.is_object() || !get(dj, "dev", dev))
+            throw bad_member("device " + std::to_string(p.devices.size()) +
+                             " of \"devices\" is not an object with an integer \"dev\", so it cannot be matched with a GPU");
         device_report d;
         d.dev = dev;
         device_fields_present pr;

@@ -434,11 +434,15 @@ check_bad_input)
   echo '{"schema": "something-else"}' > "$W/other.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/other.json"
   expect_in "$W/err" "not a \`gpumem report --json\` file"
+  # A device that cannot be matched with a GPU is named (it was left out without a word).
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
+  expect_in "$W/err" "odd.json: process 0: device 0 of \"devices\" is not an object with an integer \"dev\""
+  printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": []}]}' > "$W/idle.json"
+  expect_rc 2 "$GPUMEM" check "$W/idle.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
   # ... and as a baseline: nothing to compare against is an error, not a pass.
-  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/odd.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/idle.json"
   expect_in "$W/err" "no GPU memory activity to compare against"
   # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it:
   # the pipe spelled out with the file and the command that met it, ready to copy (it once said
@@ -976,6 +980,20 @@ EOF2
     "$W/basic.json" "$W/noleak.json"
   expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
   expect_in "$W/err" "has no \"n_leaks\", \"leaked_bytes\" (a number): shown as 0, which is no measurement"
+  # A device whose "dev" is not an integer, or a "devices" that is not a list, was left out without
+  # a word: the report showed "no device memory events", diff "(not in B)", and a baseline lost the
+  # GPU (held to absolute limits only).  Unusable, with the process and the device named.
+  for edit in 'dev["dev"]="0"' 'del dev["dev"]' 'p["devices"]={"0": dev}' 'p.pop("devices")'; do
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
+      "$W/basic.json" "$W/nodev.json" "$edit"
+    for cmd in "report --no-progress" "check --max-peak 1GiB" "diff $W/basic.json"; do
+      expect_rc 2 "$GPUMEM" $cmd "$W/nodev.json"
+      expect_in "$W/err" "gpumem: error: $W/nodev.json: process 0: "
+    done
+  done
+  expect_in "$W/err" "has no \"devices\" list"
+  expect_rc 2 "$GPUMEM" check --max-peak 1GiB --baseline "$W/nodev.json" "$g/pool_off_basic.jsonl"
+  expect_in "$W/err" "nodev.json: process 0: "
   # A report JSON that counts warnings but lists none (the list cut by a tool): the HTML report
   # quoted the first of an empty list and crashed.
   expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_warnings_unlisted.json" --html "$W/unlisted.html"
