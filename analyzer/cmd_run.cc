@@ -323,7 +323,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
 }  // namespace
 
 struct run_args {
-    std::string pattern = "gpumem-%p.jsonl";
+    std::string pattern;  // -o; empty when not given
     std::string pool;
     bool no_summary = false;
     bool tensors = false;
@@ -333,14 +333,17 @@ struct run_args {
 };
 
 int run_command(run_args& args, const std::vector<std::string>& command_args) {
-    std::string pattern = args.pattern;
+    // Without -o, a GPUMEM_OUT already set is the pattern, as a GPUMEM_POOL already set is the pool
+    // setting without --pool (it was replaced by the default without a word); messages name it.
+    std::string pattern = args.pattern, origin = "-o ";
+    if (const char* env = std::getenv("GPUMEM_OUT"); pattern.empty() && env && *env) pattern = env, origin = "GPUMEM_OUT=";
+    if (pattern.empty()) pattern = config::k_default_out;
     const std::string& pool = args.pool;
     bool summary = !args.no_summary;
-    if (pattern.empty()) return usage_error("run", "-o needs a path pattern");
     // The library keeps an unknown token as written (%q, a typo for %p, would name every
     // process's log alike); refused here, before the command starts.
     if (std::string t = unknown_out_token(pattern); !t.empty())
-        return usage_error("run", "-o " + pattern + ": " + (t == "%" ? "a % at the end" : t) +
+        return usage_error("run", origin + pattern + ": " + (t == "%" ? "a % at the end" : t) +
                                       " is no token; the tokens are " + k_out_tokens);
     if (!pool.empty() && pool != "on" && pool != "off") return usage_error("run", "--pool " + pool + ": expected on or off");
     if (command_args.empty()) return usage_error("run", "no command given");
@@ -377,10 +380,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     char host[256] = "";
     ::gethostname(host, sizeof host - 1);
     if (differs_per_process(dir, host)) {
-        spdlog::warn("-o {}: the directory part holds %p or %r, which gpumem run cannot create ahead; a process "
+        spdlog::warn("{}{}: the directory part holds %p or %r, which gpumem run cannot create ahead; a process "
                      "whose directory is missing writes its log to /tmp instead (put %p and %r in the file name: "
                      "DIR/gpumem-%r-%p.jsonl)",
-                     pattern);
+                     origin, pattern);
     } else {
         dir = expand_out_pattern(dir, 0, host, "");
         if (!make_dirs(dir)) {
@@ -390,7 +393,8 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     }
     // A device or FIFO is written to as it is by every process, never under a .PID name.
     if (pattern.find("%p") == std::string::npos && non_regular_kind(pattern).empty())
-        spdlog::warn("-o {} has no %p: a second process of the same rank writes its log with .PID added to the name", pattern);
+        spdlog::warn("{}{} has no %p: a second process of the same rank writes its log with .PID added to the name", origin,
+                     pattern);
 
     std::map<std::string, file_stamp> before = list_matching(pattern);
 
@@ -512,16 +516,16 @@ command add_run(CLI::App& top) {
         "(or an existing directory) means PATTERN/gpumem-%p.jsonl.  Relative patterns are made absolute,\n"
         "so children that chdir log to the same place; a missing directory is created (one named with\n"
         "%p or %r cannot be: put those in the file name).\n"
-        "Other GPUMEM_* settings and the rest of the environment pass through unchanged.\n"
+        "Without -o, a GPUMEM_OUT already set is the PATTERN.  Other GPUMEM_* settings and the rest\n"
+        "of the environment pass through unchanged.\n"
         "libgpumem.so is taken from $GPUMEM_LIB, else found from this gpumem: installed, <prefix>/lib;\n"
         "build tree, build/preload; or copied into the same folder as gpumem.\n"
         "\n"
         "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
         "executable; 2 for gpumem's own arguments or a missing libgpumem.so.");
     app->add_option("-o,--out", a->pattern,
-                    "log path pattern (GPUMEM_OUT); see below")
-        ->type_name("PATTERN")
-        ->default_str("gpumem-%p.jsonl");
+                    "log path pattern, set as GPUMEM_OUT (default: $GPUMEM_OUT when set, else gpumem-%p.jsonl); see below")
+        ->type_name("PATTERN");
     app->add_option("--pool", a->pool,
                     "GPUMEM_POOL: on (the default), gpumem's pool serves cudaMalloc; off, every call goes to the driver")
         ->type_name("on|off");

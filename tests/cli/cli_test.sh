@@ -83,6 +83,21 @@ run_environment)
   ls "$W"/odd-%q-[0-9]*.jsonl > /dev/null 2>&1 || fail "no odd-%q-PID.jsonl"
   [ "$(grep -c "GPUMEM_OUT='$W/odd-%q-%p.jsonl': %q is no token (the tokens are %p (pid), %r (rank), %h (host) and %% (a percent sign)); kept as written" "$W/err")" = 1 ] ||
     fail "GPUMEM_OUT with %q: not warned of once: $(cat "$W/err")"
+  # GPUMEM_OUT set in the environment is the pattern when -o is not given, as GPUMEM_POOL is the pool
+  # setting when --pool is not: it was replaced by gpumem-%p.jsonl in the current directory without
+  # a word.  Made absolute, its directory made, listed; -o still wins; its typos are refused by name.
+  mkdir -p "$W/envcwd" && cd "$W/envcwd" || fail "cd envcwd"
+  expect_rc 0 env GPUMEM_OUT=envlogs/ "$GPUMEM" run -- "$EMU/emu_rt_shared_app" train 3
+  cd "$W" || fail "cd $W"
+  ls "$W"/envcwd/envlogs/gpumem-[0-9]*.jsonl > /dev/null 2>&1 || fail "GPUMEM_OUT=envlogs/ ignored: $(ls -R "$W/envcwd")"
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/envcwd/envlogs/gpumem-%p.jsonl)"
+  expect_rc 0 env GPUMEM_OUT="$W/envlogs-not/" "$GPUMEM" run -o "$W/envlogs-o/" -- sh -c 'echo "out=$GPUMEM_OUT"'
+  expect_in "$W/out" "out=$W/envlogs-o/gpumem-%p.jsonl"
+  expect_rc 2 env GPUMEM_OUT="$W/typo-%q.jsonl" "$GPUMEM" run -- sh -c 'echo ran'
+  expect_in "$W/err" "gpumem: error: GPUMEM_OUT=$W/typo-%q.jsonl: %q is no token"
+  expect_not_in "$W/out" "ran"
+  expect_rc 0 env GPUMEM_OUT= "$GPUMEM" run -- sh -c 'echo "out=$GPUMEM_OUT"'
+  expect_in "$W/out" "out=$W/gpumem-%p.jsonl"
   # A relative pattern run from a directory whose name holds a % (here "%p"): that % is the
   # directory's, not a token, so the log lands in it and the library warns of nothing.
   mkdir -p "$W/at 100%p" && cd "$W/at 100%p" || fail "cd 'at 100%p'"
