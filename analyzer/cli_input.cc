@@ -214,7 +214,8 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
               const char* command) {
     try {
         for (const std::string& path : paths) {
-            input_spool in(path);  // a pipe is read once, into a file both reads below can open
+            // A pipe is read once, into a file both reads below can open.
+            input_spool in(path, progress.wanted(), progress.every_s);
             if (looks_like_report_json(in.path())) {
                 spdlog::debug("{}: reading as a `gpumem report --json` file", path);
                 report_file r = read_report_json(path, in.path());

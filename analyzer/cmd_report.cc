@@ -142,7 +142,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         log_slot& out = slots[i];
         try {
             // A pipe is read once, into a file that the reads below (and --torch-snapshot's) can open.
-            spools[i] = std::make_unique<input_spool>(path);
+            spools[i] = std::make_unique<input_spool>(path, a.progress.wanted(), a.progress.every_s);
             const input_spool& in = *spools[i];
             if (!a.torch_path.empty() && looks_like_report_json(in.path())) {
                 out.say(spdlog::level::err, path + ": --torch-snapshot needs the event log; a report JSON holds no events");

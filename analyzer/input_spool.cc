@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -44,7 +46,7 @@ bool blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
 }  // namespace
 
-input_spool::input_spool(const std::string& path) : open_path_(path) {
+input_spool::input_spool(const std::string& path, bool progress, double interval_s) : open_path_(path) {
     struct stat st {};
     // A regular file (or one that cannot be stat'ed: the reader then says why) is read in place.
     if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return;
@@ -74,6 +76,8 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
     std::string first;        // the opening line's first 64 KiB
     bool one_object = false;  // the opening line is a whole object: only blanks may follow
     uint64_t copied = 0;
+    const auto start = std::chrono::steady_clock::now();
+    auto said = start;
     for (;;) {
         ssize_t n = ::read(in, buf.data(), buf.size());
         if (n < 0 && errno == EINTR) continue;
@@ -99,6 +103,14 @@ input_spool::input_spool(const std::string& path) : open_path_(path) {
         if (copied == 0 && compression_of(std::string_view(p, size_t(n)))) at = stage::rest;  // copied whole
         if (copied == 0 && n >= 3 && std::memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;  // a UTF-8 byte order mark
         copied += uint64_t(n);
+        if (progress) {
+            const auto now = std::chrono::steady_clock::now();
+            if (std::chrono::duration<double>(now - said).count() >= interval_s) {
+                said = now;
+                std::fprintf(stderr, "gpumem: %s: copying the pipe to a temporary file, %.0f MB so far (%.0f s), then reading it\n",
+                             path.c_str(), double(copied) / 1e6, std::chrono::duration<double>(now - start).count());
+            }
+        }
         if (at == stage::seek) {
             while (p < end && blank(*p)) ++p;
             if (p == end && copied > (uint64_t{64} << 10)) break;  // `yes ''`: no input opens so late

@@ -11,9 +11,11 @@ namespace gpumem::analysis {
 // second pass; a pipe gives its bytes only once, so `cat LOG | gpumem report /dev/stdin` read an
 // empty file.  Construct one per input before the first read and open path() for every read;
 // messages keep naming the user's path.  Throws input_error when the spool cannot be written.
+// `progress`: say on stderr every `interval_s` how much has been copied (the pipe's writer, zcat of
+// a large log, may take as long as the reading after it).
 class input_spool {
 public:
-    explicit input_spool(const std::string& path);
+    explicit input_spool(const std::string& path, bool progress = false, double interval_s = 2.0);
     ~input_spool();
     input_spool(const input_spool&) = delete;
     input_spool& operator=(const input_spool&) = delete;

@@ -818,6 +818,15 @@ conventions)
     expect_not_in "$W/err" "% ("
     expect_rc 2 "$GPUMEM" $cmd --progress --no-progress "$W/long.jsonl"
   done
+  # A pipe is copied to a temporary file before it is read, as long as its writer takes (zcat of a
+  # large log): that copy was silent under --progress.
+  for cmd in "report" "check --max-peak 100GiB" "diff $W/long.jsonl"; do
+    cat "$W/long.jsonl" | expect_rc 0 "$GPUMEM" $cmd --progress --progress-every 0 -
+    expect_in "$W/err" "gpumem: /dev/stdin: copying the pipe to a temporary file, "
+    expect_in "$W/err" "gpumem: /dev/stdin: 10% ("
+    cat "$W/long.jsonl" | expect_rc 0 "$GPUMEM" $cmd --progress-every 0 -
+    expect_not_in "$W/err" "copying the pipe"
+  done
   # --progress-every: seconds from 0 to 3600.  Anything else is named with the option, exit 2 (nan
   # was taken, and the others were said as ": Value abc not in range ...", without the option).
   for v in nan inf -inf -1 abc 1e9 3601 0x10 " 5" ""; do
