@@ -340,6 +340,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     if (pattern.empty()) pattern = config::k_default_out;
     const std::string& pool = args.pool;
     bool summary = !args.no_summary;
+    // As for every output option: "-" is no file here, and the log a file of that name in the
+    // current directory, where standard output was meant.
+    if (pattern == "-")
+        return usage_error("run", origin + "-: give a path pattern; standard output is the program's (a file named - is ./-)");
     // The library keeps an unknown token as written (%q, a typo for %p, would name every
     // process's log alike); refused here, before the command starts.
     if (std::string t = unknown_out_token(pattern); !t.empty())

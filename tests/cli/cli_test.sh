@@ -920,6 +920,14 @@ run_arguments)
   expect_not_in "$W/out" "ran"
   expect_rc 2 "$GPUMEM" run -o "$W/afile/sub/x-%p.jsonl" -- true
   expect_in "$W/err" "gpumem: error: cannot create $W/afile/sub: Not a directory"
+  # -o -: every other output option refuses - (standard output carries the command's own output);
+  # run wrote the log to a file named - in the current directory.
+  mkdir -p "$W/dash" && cd "$W/dash" || fail "cd dash"
+  expect_rc 2 "$GPUMEM" run -o - -- sh -c 'echo ran'
+  cd "$W" || fail "cd $W"
+  expect_in "$W/err" "gpumem: error: -o -: give a path pattern; standard output is the program's (a file named - is ./-)"
+  expect_not_in "$W/out" "ran"
+  [ ! -e "$W/dash/-" ] || fail "-o - wrote a file named -"
   # A folder per host: %h is this host's name for every process, so the folder is made and the log
   # found.  Run made no folder whose name held a token, so the log went to /tmp unlisted.
   expect_rc 0 "$GPUMEM" run -o "$W/byhost/%h/" -- "$EMU/emu_rt_shared_app" train 5
