@@ -50,7 +50,7 @@ std::string worst_moment(const measure& m, const process_report& proc, const dev
 // free raises one): every result on it says so where CI shows it, in the line and the JUnit message,
 // not only in a warning on stderr that a passing job hides.
 std::string lost_note(const process_report& p, const char* whose) {
-    const uint64_t n = std::max(p.lost, p.end_lost);
+    const uint64_t n = p.lost;  // the end line's count included (metrics/totals.h)
     if (!n) return "";
     return std::string("; ") + whose + fmt_counted(n, "event was", "events were") + " lost by the recorder: approximate";
 }

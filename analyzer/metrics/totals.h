@@ -138,6 +138,8 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
         p.end_live_allocs = e.live_allocs;
         p.end_live_bytes = e.live_bytes;
         p.end_lost = e.lost;
+        // Every loss so far, those with no lost line too; lost lines after this one add to it.
+        p.lost = std::max(p.lost, e.lost);
         p.end_unmatched = e.unmatched;
         break;
     default: break;
