@@ -482,7 +482,11 @@ TEST_CASE("json strings: well-formed UTF-8 passes through, each byte of an ill-f
 }
 
 // The issue's stress requirement: >= 8 threads, >= 1M events, exact counts, seq gap-free and in order.
-TEST_CASE("event log: 8 threads x 125000 alloc/free pairs, exact and ordered") {
+// Under ThreadSanitizer (scripts/test.sh's step, gcc defines __SANITIZE_THREAD__) a fifth of the
+// pairs: the threads race the same way through a ring that wraps 100 times instead of 500, and
+// the read-back of 1M lines through nlohmann::json, most of that step's time, was not what it
+// tests (docs/benchmarks.md, "The ThreadSanitizer step at -O1").
+TEST_CASE("event log: 8 threads x 62500 alloc/free pairs (12500 under TSan), exact and ordered") {
     std::string path = temp_path("stress");
     event_log::options o;
     o.capacity = 4096;  // small ring: forces the full-ring wait path many times
@@ -491,7 +495,11 @@ TEST_CASE("event log: 8 threads x 125000 alloc/free pairs, exact and ordered") {
     REQUIRE(log.start(path, "{\"ev\":\"header\",\"format\":\"gpumem-events\",\"version\":1}\n"));
     recorder rec(log);
     constexpr int k_threads = 8;
+#if defined(__SANITIZE_THREAD__)
+    constexpr int k_pairs = 12500;  // 2 events each: 200,000 events in all
+#else
     constexpr int k_pairs = 62500;  // 2 events each: 1M events in all
+#endif
     std::vector<std::thread> ts;
     for (int t = 0; t < k_threads; ++t) {
         ts.emplace_back([&, t] {
