@@ -38,7 +38,8 @@ bool takes_next_value(const CLI::App& app, const CLI::App& top, const std::strin
 std::string not_a_value(const CLI::App& app, const CLI::App& top, const std::string& next) {
     if (next == "--") return "-- ends gpumem's options (for a file named --, write ./--)";
     if (!is_option(next)) return "";
-    const std::string name = next.substr(0, next.find('='));
+    // "-j2" is -j with its value attached, as takes_next_value reads "-ox".
+    const std::string name = next[1] == '-' ? next.substr(0, next.find('=')) : next.substr(0, 2);
     if (app.get_option_no_throw(name)) return name + " is one of gpumem " + app.get_name() + "'s options";
     if (top.get_option_no_throw(name)) return name + " is one of gpumem's options";
     return "";

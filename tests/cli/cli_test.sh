@@ -737,6 +737,11 @@ conventions)
     [ "$(wc -l < "$W/err")" = 2 ] || fail "$args: usage error is not two lines: $(cat "$W/err")"
   done
   expect_in "$W/err" "for a file named --, write ./--"
+  # A short option with its value attached (-j2) is the option as much as -j is: it wrote an HTML
+  # file named -j2 and read the logs on all cores.
+  expect_rc 2 "$GPUMEM" report --html -j2 "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --html -j2: --html takes a value, and -j is one of gpumem report's options"
+  [ ! -e "$W/-j2" ] || fail "--html took -j2 as its file"
   [ -z "$(ls "$W" | grep -e '^--')" ] || fail "an option took the next argument as its file: $(ls "$W")"
   expect_rc 2 "$GPUMEM" run -o -- sh -c 'echo ran'
   expect_in "$W/err" "gpumem: error: -o --: -o takes a value, and -- ends gpumem's options"
