@@ -513,6 +513,7 @@ void event_log::note_losses() noexcept {
     l.tid = uint32_t(current_tid());
     l.c.count = lost_now - lost_reported_;
     lost_reported_ = lost_now;
+    lost_in_lines_ += l.c.count;
     buf_len_ += format_event(l, buf_ + buf_len_, k_buf_size - buf_len_);
 }
 
@@ -801,6 +802,10 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     end_pos_ = end_seq;
     write_all(line, n);
     end_written_ = true;
+    // The end line states every loss it counts, one a producer gave up on after the last lost line
+    // too: a lost line after it states only later ones (the analyzer adds them to its count).
+    lost_reported_ = e.x.lost;
+    lost_in_lines_at_end_ = lost_in_lines_;
     if (end_pos_owned_) {
         // The end line's slot is consumed like an event's (unless a stuck claim still holds it:
         // release_slot frees it past this position later); events claimed after it go out now.
@@ -835,6 +840,10 @@ void event_log::resume_after_failed_exec() noexcept {
                 cut = true;
                 written_ = to;
                 if (!moved) lost_.fetch_add(late_lines, std::memory_order_relaxed);
+                // What only the end line stated (and the late lost lines, when cut with it) is
+                // stated again by the next lost line.
+                if (!moved) lost_in_lines_ = lost_in_lines_at_end_;
+                lost_reported_ = lost_in_lines_;
             }
         }
         if (cut && end_pos_owned_ && !end_pos_forced_ && late_lines == 0) {
@@ -886,6 +895,7 @@ void event_log::reset_after_fork() noexcept {
     started_.store(false);
     lost_.store(0);
     lost_reported_ = 0;
+    lost_in_lines_ = lost_in_lines_at_end_ = 0;
     written_ = 0;
     end_offset_ = -1;
     end_len_ = 0;

@@ -168,6 +168,8 @@ class event_log {
     std::atomic<bool> started_{false};
     std::atomic<uint64_t> lost_{0};
     uint64_t lost_reported_ = 0;                // consumer only
+    uint64_t lost_in_lines_ = 0;                // consumer only: the losses lost lines have stated
+    uint64_t lost_in_lines_at_end_ = 0;         // consumer only: lost_in_lines_ when the end line went out
     int fd_ = -1;
     uint64_t written_ = 0;                      // bytes in fd_ so far (consumer only)
     int64_t end_offset_ = -1;                   // where the end line begins, for resume_after_failed_exec
