@@ -407,6 +407,22 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     if (const char* old = std::getenv("LD_PRELOAD"); old && *old) preload += std::string(":") + old;
     ::setenv("LD_PRELOAD", preload.c_str(), 1);
     ::setenv("GPUMEM_OUT", pattern.c_str(), 1);
+    // Tensor-level mode without the pool makes every tensor a driver call, which the guide advises
+    // against; the run goes on (it is still a valid log), said once before the program's output.
+    // --pool wins over a GPUMEM_POOL already set, which the library reads as parse_bool does.
+    if (args.tensors) {
+        std::string off_by;
+        bool on = true;
+        if (!pool.empty()) {
+            if (pool == "off") off_by = "--pool off";
+        } else if (const char* env = std::getenv("GPUMEM_POOL"); parse_bool(env, &on) && !on) {
+            off_by = std::string("GPUMEM_POOL=") + env;
+        }
+        if (!off_by.empty())
+            spdlog::warn("--tensors with {}: every tensor is a driver call (220-260 us per iteration of a small loop "
+                         "instead of 18-21 us with gpumem's pool; docs/guide.md)",
+                         off_by);
+    }
     if (!pool.empty()) ::setenv("GPUMEM_POOL", pool.c_str(), 1);
     // Tensor-level mode: PyTorch hands every tensor to cudaMalloc, and gpumem's pool keeps that fast.
     if (args.tensors) ::setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);

@@ -110,6 +110,21 @@ run_environment)
   expect_in "$W/out" "nocache=1"
   expect_rc 0 env -u PYTORCH_NO_CUDA_MEMORY_CACHING "$GPUMEM" run -o "$W/t/" -- sh -c 'echo "nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-unset}"'
   expect_in "$W/out" "nocache=unset"
+  # --tensors with the pool off: every tensor a driver call, which the guide advises against; said
+  # once before the command starts (its output follows), and the command runs with its own code.
+  warn="--tensors with --pool off: every tensor is a driver call (220-260 us per iteration of a small loop instead of 18-21 us with gpumem's pool; docs/guide.md)"
+  expect_rc 3 "$GPUMEM" run --tensors --pool off -o "$W/t/" -- sh -c 'echo ran >&2; exit 3'
+  [ "$(grep -cF -- "$warn" "$W/err")" = 1 ] || fail "--tensors --pool off: not warned of once: $(cat "$W/err")"
+  [ "$(sed -n 1p "$W/err")" = "gpumem: warning: $warn" ] || fail "--tensors --pool off: warning not first: $(cat "$W/err")"
+  expect_rc 0 env GPUMEM_POOL=no "$GPUMEM" run --tensors -o "$W/t/" -- true
+  expect_in "$W/err" "--tensors with GPUMEM_POOL=no: every tensor is a driver call"
+  # Not with the pool on (--pool on wins over GPUMEM_POOL), nor --pool off without --tensors.
+  for a in "--tensors" "--tensors --pool on" "--pool off"; do
+    expect_rc 0 env -u GPUMEM_POOL "$GPUMEM" run $a -o "$W/t/" -- true
+    expect_not_in "$W/err" "driver call"
+  done
+  expect_rc 0 env GPUMEM_POOL=off "$GPUMEM" run --tensors --pool on -o "$W/t/" -- true
+  expect_not_in "$W/err" "driver call"
   [ -d "$W/rel" ] || fail "-o rel/x-%p.jsonl did not create $W/rel"
   # --pool off reaches the recorder.
   expect_rc 0 "$GPUMEM" run --pool off -o "$W/p/" -- "$EMU/emu_rt_shared_app" train 5
