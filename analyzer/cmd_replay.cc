@@ -266,8 +266,8 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                         std::printf("     %s: does not replay the whole log (stops at %s: %s)\n", r.policy.c_str(),
                                     moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)]);
                     else
-                        std::printf("     %s: peak reserved %s, %llu driver allocations\n", r.policy.c_str(),
-                                    fmt_bytes(r.peak_reserved).c_str(), (unsigned long long)r.driver_allocs);
+                        std::printf("     %s: peak reserved %s, %s driver allocations\n", r.policy.c_str(),
+                                    fmt_bytes(r.peak_reserved).c_str(), fmt_count(r.driver_allocs).c_str());
                 }
         }
         std::printf("\n");

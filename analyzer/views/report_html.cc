@@ -345,7 +345,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     row("reserved but unallocated", "", fmt_pct(d.reserved_unallocated_at_peak()), "at peak allocated");
     row("rounding overhead", "", fmt_pct(d.rounding_overhead_at_peak()), "at peak allocated");
     uint64_t dur = d.last_t > d.first_t ? d.last_t - d.first_t : 0;
-    row("allocations / frees", std::to_string(d.n_alloc) + " / " + std::to_string(d.n_free),
+    row("allocations / frees", fmt_count(d.n_alloc) + " / " + fmt_count(d.n_free),
         fmt_rate(d.n_alloc, dur) + " / " + fmt_rate(d.n_free, dur), "");
     o << "</table>\n";
 

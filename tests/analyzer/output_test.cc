@@ -74,6 +74,17 @@ TEST_CASE("the HTML page is self-contained", "[output]") {
     CHECK(urls > 0);
 }
 
+TEST_CASE("the HTML page's allocation and free counts have thousands separators, as the text report's", "[output]") {
+    std::vector<process_report> ps{analyze_file(data_path("golden/pool_off_basic.jsonl"), {})};
+    ps[0].devices[0].n_alloc = 1149;
+    ps[0].devices[0].n_free = 1127;
+    std::ostringstream h, t;
+    write_html(h, ps, combine(ps), {});
+    write_text(t, ps, combine(ps), {});
+    CHECK_THAT(t.str(), Catch::Contains("1,149") && Catch::Contains("1,127"));
+    CHECK_THAT(h.str(), Catch::Contains("<td>allocations / frees</td><td>1,149 / 1,127</td>"));
+}
+
 TEST_CASE("the Perfetto trace has counter tracks and OOM markers", "[output]") {
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
     std::ostringstream o;

@@ -101,6 +101,17 @@ out=$("$GPUMEM" replay "$W/mlp.jsonl" --api cudaMalloc --capacity 900MiB --sugge
 echo "$out" | grep -q "peak reserved 826.00 MiB, where the defaults do not fit in 900.00 MiB: they fail at #1063 at 4.251 s (fragmentation)" \
   || fail "--suggest against failing defaults: $out"
 echo "$out" | grep -q "with the defaults" && fail "--suggest compared with the peak of failing defaults: $out"
+# The suggestion's counts read like the "allocations and frees replayed" line above them: 1,200 live
+# 2 MiB tensors are 1,200 of gpumem's chunk mappings, written 1200 there.
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}'
+  for i in $(seq 0 1199); do
+    printf '{"ev":"alloc","seq":%d,"t":%d,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x%x","size":2097152}\n' $i $((i * 1000)) $(( (i + 1) << 24 ))
+  done
+} > "$W/many.jsonl"
+out=$("$GPUMEM" replay "$W/many.jsonl" --policy ideal,gpumem --suggest) || fail "--suggest, many: exit $?"
+echo "$out" | grep -q "1,200 allocations and 0 frees replayed" || fail "--suggest, many: header: $out"
+echo "$out" | grep -q "     gpumem: peak reserved 2.34 GiB, 1,200 driver allocations$" || fail "--suggest, many: no separators: $out"
 # Where even ideal and gpumem stop, their peaks before the stop are no footprint either.
 out=$("$GPUMEM" replay "$W/mlp.jsonl" --api cudaMalloc --capacity 100MiB --suggest) || fail "--suggest 100MiB exit"
 echo "$out" | grep -q "     ideal: does not replay the whole log (stops at #" || fail "--suggest, ideal stops: $out"
