@@ -172,7 +172,8 @@ void drop_repeated_inputs(std::vector<std::string>& paths) {
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
     std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
     if (p.n_warnings > p.warnings.size())
-        lines.push_back(path + ": " + std::to_string(p.n_warnings - p.warnings.size()) + " more warnings not shown");
+        lines.push_back(path + ": " + fmt_counted(p.n_warnings - p.warnings.size(), "more warning", "more warnings") +
+                        " not shown");
     return lines;
 }
 

@@ -170,9 +170,10 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
         std::printf("== %s: device %d\n", tr.file.c_str(), dt.dev);
         std::string apis;
         for (const std::string& a : tr.apis) apis += (apis.empty() ? "" : ", ") + a;
-        std::printf("   %s allocations and %s frees replayed (%s)", fmt_count(dt.n_alloc).c_str(),
-                    fmt_count(dt.n_free).c_str(), apis.c_str());
-        if (tr.skipped_allocs) std::printf("; %s allocations of other APIs left out", fmt_count(tr.skipped_allocs).c_str());
+        std::printf("   %s and %s replayed (%s)", fmt_counted(dt.n_alloc, "allocation", "allocations").c_str(),
+                    fmt_counted(dt.n_free, "free", "frees").c_str(), apis.c_str());
+        if (tr.skipped_allocs)
+            std::printf("; %s of other APIs left out", fmt_counted(tr.skipped_allocs, "allocation", "allocations").c_str());
         if (tr.skipped_managed)
             std::printf("; %s left out", fmt_counted(tr.skipped_managed, "managed allocation", "managed allocations").c_str());
         if (tr.skipped_vmm)
@@ -181,13 +182,13 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
         if (dt.n_streams == 0)
             std::printf("   streams: the log names none (cudaMalloc and cuMemAlloc have no stream): modelled as one stream\n");
         else if (dt.n_no_stream)
-            std::printf("   streams: %llu named; %s allocations name none and share one more\n",
-                        (unsigned long long)dt.n_streams, fmt_count(dt.n_no_stream).c_str());
+            std::printf("   streams: %llu named; %s none and share one more\n", (unsigned long long)dt.n_streams,
+                        fmt_counted(dt.n_no_stream, "allocation names", "allocations name").c_str());
         else
             std::printf("   streams: %llu, each with its own free blocks\n", (unsigned long long)dt.n_streams);
         if (dt.n_freed_twice)
-            std::printf("   note: %s addresses were allocated again without a recorded free; counted as freed\n",
-                        fmt_count(dt.n_freed_twice).c_str());
+            std::printf("   note: %s allocated again without a recorded free; counted as freed\n",
+                        fmt_counted(dt.n_freed_twice, "address was", "addresses were").c_str());
         // The policy column fits the longest name given ("pytorch:max_split_size_mb:128,roundup_...")
         // so that the columns after it stay under their headings.
         int pw = 34;
@@ -266,8 +267,8 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                         std::printf("     %s: does not replay the whole log (stops at %s: %s)\n", r.policy.c_str(),
                                     moment(r.fail_seq, r.fail_t).c_str(), sim::k_failure_reason_names[size_t(r.failure)]);
                     else
-                        std::printf("     %s: peak reserved %s, %s driver allocations\n", r.policy.c_str(),
-                                    fmt_bytes(r.peak_reserved).c_str(), fmt_count(r.driver_allocs).c_str());
+                        std::printf("     %s: peak reserved %s, %s\n", r.policy.c_str(), fmt_bytes(r.peak_reserved).c_str(),
+                                    fmt_counted(r.driver_allocs, "driver allocation", "driver allocations").c_str());
                 }
         }
         std::printf("\n");
@@ -425,9 +426,9 @@ int run_replay(replay_args& a) {
         const auto now = std::chrono::steady_clock::now();
         if (std::chrono::duration<double>(now - last).count() < a.progress.every_s) return;
         last = now;
-        std::fprintf(stderr, "gpumem: replay: %zu of %zu replays done, %.0f%% of their requests (%zu devices, %.0f s)\n",
+        std::fprintf(stderr, "gpumem: replay: %zu of %zu replays done, %.0f%% of their requests (%s, %.0f s)\n",
                      done.load(), tasks.size(), requests ? 100.0 * double(replayed.load()) / double(requests) : 100.0,
-                     djobs.size(), std::chrono::duration<double>(now - start).count());
+                     fmt_counted(djobs.size(), "device", "devices").c_str(), std::chrono::duration<double>(now - start).count());
     };
     parallel_for(tasks.size(), jobs, [&](size_t i) {
         uint64_t counted = 0;  // this replay's requests in `replayed`

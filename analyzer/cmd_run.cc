@@ -299,7 +299,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
                          "-", "-", "-", "-", "no allocations", "-", ended.c_str());
         }
     }
-    if (hidden) std::fprintf(stderr, "  ... %zu more rows: see gpumem report\n", hidden);
+    if (hidden) std::fprintf(stderr, "  ... %s: see gpumem report\n", fmt_counted(hidden, "more row", "more rows").c_str());
     if (unended) std::fprintf(stderr, "  * live when the log stops: the process did not exit, so not a leak\n");
     for (size_t i = 0; i < ooms.size() && i < 3; ++i) {
         const oom_report& o = *ooms[i].second;

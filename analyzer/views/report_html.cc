@@ -224,7 +224,8 @@ std::string segment_map_svg(const state_snapshot& s) {
     }
     o << "</svg>\n";
     if (s.segment_map.size() > max_rows)
-        o << "<p class=meta>… " << s.segment_map.size() - max_rows << " more segments not drawn.</p>\n";
+        o << "<p class=meta>… " << fmt_counted(s.segment_map.size() - max_rows, "more segment", "more segments")
+          << " not drawn.</p>\n";
     return o.str();
 }
 
@@ -324,7 +325,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     // Free space and fragmentation are about pool segments: none where the pool held none.
     const bool pooled = d.segment_count.peak > 0;
     if (pooled) card(o, "max external fragmentation", fmt_pct(d.max_external_fragmentation));
-    card(o, "OOMs", std::to_string(d.n_oom));
+    card(o, d.n_oom == 1 ? "OOM" : "OOMs", fmt_count(d.n_oom));
     card(o, p.has_end ? "leaked at end" : "live when log stops", fmt_bytes(d.leaked_bytes) + " in " + std::to_string(d.n_leaks));
     o << "</div>\n";
     const state_snapshot& k = d.at_peak;
@@ -428,7 +429,7 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
         o << "<p class=meta>" << html_escape(p.file) << " · process " << p.pid << (p.host.empty() ? "" : " on " + html_escape(p.host))
           << (p.rank.empty() ? "" : ", rank " + html_escape(p.rank)) << (cmd.empty() ? "" : " · <code>" + html_escape(cmd) + "</code>")
           << "<br>gpumem " << html_escape(p.gpumem_version) << ", pool " << html_escape(p.pool_mode) << reuse_text(p) << ", "
-          << fmt_count(p.events) << " events over " << fmt_time(p.duration_ns()) << ", "
+          << fmt_counted(p.events, "event", "events") << " over " << fmt_time(p.duration_ns()) << ", "
           << (p.has_end ? "ended: " + html_escape(p.end_reason) : std::string("no end line (killed?)")) << "</p>\n";
         // A report JSON may count warnings it does not list (a tool cut the list): only the count then.
         if (p.n_warnings)

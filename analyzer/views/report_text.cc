@@ -94,7 +94,7 @@ void write_map(std::ostream& os, const state_snapshot& s) {
     size_t n = 0;
     for (const segment_view& whole : s.segment_map) {
         if (n++ == k_max_map_rows) {
-            os << "    ... " << s.segment_map.size() - k_max_map_rows << " more segments\n";
+            os << "    ... " << fmt_counted(s.segment_map.size() - k_max_map_rows, "more segment", "more segments") << "\n";
             break;
         }
         const segment_view v = whole.drawn();
@@ -245,9 +245,10 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     if (d.pending.peak)
         framed(os, pad("Pending frees (unreleased)", 28) + pad(fmt_bytes(d.pending.current), 14, true) + "   peak " +
                        fmt_bytes(d.pending.peak) + ", " +
-                       (d.n_pool_fenced ? std::to_string(d.n_pool_fenced) + " fence releases, " + std::to_string(d.n_pool_sync) + " syncs"
-                                        : std::to_string(d.n_pool_sync) + " device-wide syncs") +
-                       (d.n_pool_wait ? ", " + std::to_string(d.n_pool_wait) + " fence waits" : std::string()));
+                       (d.n_pool_fenced ? fmt_counted(d.n_pool_fenced, "fence release", "fence releases") + ", " +
+                                              fmt_counted(d.n_pool_sync, "sync", "syncs")
+                                        : fmt_counted(d.n_pool_sync, "device-wide sync", "device-wide syncs")) +
+                       (d.n_pool_wait ? ", " + fmt_counted(d.n_pool_wait, "fence wait", "fence waits") : std::string()));
     // Releases that ordered the streams instead of waiting (GPUMEM_FENCE_WAIT=order): a row of
     // their own, as the pending row is full.
     if (d.n_pool_ordered)
@@ -327,7 +328,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         if (o.map.valid) write_map(os, o.map);
         write_sites_text(os, p, o.sites, "call sites live at this OOM:", 4);
         if (i + 1 == 20 && d.ooms.size() > 20) {
-            os << "\n  ... " << d.ooms.size() - 20 << " more OOMs\n";
+            os << "\n  ... " << fmt_counted(d.ooms.size() - 20, "more OOM", "more OOMs") << "\n";
             break;
         }
     }
@@ -359,7 +360,7 @@ void write_text_unfiltered(std::ostream& os, const std::vector<process_report>& 
         os << "\n  gpumem " << (p.gpumem_version.empty() ? "?" : p.gpumem_version) << ", pool "
            << (p.pool_mode.empty() ? "?" : p.pool_mode);
         if (!p.start_time.empty()) os << ", started " << p.start_time;
-        os << ", " << fmt_time(p.duration_ns()) << " of events, " << fmt_count(p.events) << " events, ";
+        os << ", " << fmt_time(p.duration_ns()) << " of events, " << fmt_counted(p.events, "event", "events") << ", ";
         if (p.has_end)
             os << "ended: " << p.end_reason << (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "");
         else

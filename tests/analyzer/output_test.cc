@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "analyze.h"
+#include "cli_input.h"
 #include "format_util.h"
 #include "report_output.h"
 #include "test_util.h"
@@ -83,6 +84,42 @@ TEST_CASE("the HTML page's allocation and free counts have thousands separators,
     write_text(t, ps, combine(ps), {});
     CHECK_THAT(t.str(), Catch::Contains("1,149") && Catch::Contains("1,127"));
     CHECK_THAT(h.str(), Catch::Contains("<td>allocations / frees</td><td>1,149 / 1,127</td>"));
+}
+
+TEST_CASE("a count of one is written singular in the text and HTML reports", "[output]") {
+    // pool_fragmentation has one OOM on one device; the other counts are set to one here.
+    std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
+    process_report& p = ps[0];
+    device_report& d = p.devices[0];
+    REQUIRE(d.n_oom == 1);
+    p.events = 1;
+    d.pending.peak = 1;
+    d.n_pool_fenced = d.n_pool_sync = d.n_pool_wait = 1;
+    REQUIRE(d.at_peak.valid);
+    REQUIRE(d.at_peak.segment_map.size() == 1);
+    d.at_peak.segment_map.resize(49, d.at_peak.segment_map[0]);  // the HTML draws 48, the text 32
+    std::ostringstream h;
+    write_html(h, ps, combine(ps), {});
+    CHECK_THAT(h.str(), Catch::Contains("<div class=v>1</div><div class=k>OOM</div>"));
+    CHECK_THAT(h.str(), Catch::Contains(" 1 event over "));
+    CHECK_THAT(h.str(), Catch::Contains("… 1 more segment not drawn."));
+    d.at_peak.segment_map.resize(33);
+    REQUIRE(d.ooms.size() == 1);
+    d.ooms.resize(21, d.ooms[0]);  // the text shows 20
+    std::ostringstream t;
+    write_text(t, ps, combine(ps), {});
+    CHECK_THAT(t.str(), Catch::Contains(" of events, 1 event, "));
+    CHECK_THAT(t.str(), Catch::Contains("1 fence release, 1 sync, 1 fence wait"));
+    CHECK_THAT(t.str(), Catch::Contains("    ... 1 more segment\n"));
+    CHECK_THAT(t.str(), Catch::Contains("  ... 1 more OOM\n"));
+    d.n_pool_fenced = 0;
+    std::ostringstream t2;
+    write_text(t2, ps, combine(ps), {});
+    CHECK_THAT(t2.str(), Catch::Contains(", 1 device-wide sync, 1 fence wait"));
+    // Warnings past the kept ones, on stderr.
+    p.warnings.assign(k_max_warnings, "w");
+    p.n_warnings = k_max_warnings + 1;
+    CHECK(warning_lines(p, "x.jsonl").back() == "x.jsonl: 1 more warning not shown");
 }
 
 TEST_CASE("the Perfetto trace has counter tracks and OOM markers", "[output]") {

@@ -169,6 +169,11 @@ run_environment)
   hint=$(grep "^full report: " "$W/err" | sed 's/^full report: gpumem report //')
   eval "set -- $hint"
   [ $# = 1 ] && [ -f "$1" ] || fail "the quoted hint does not name the log: $hint"
+  # One row past the summary's screen: "1 more row".  The command writes 17 logs of its own.
+  expect_rc 0 "$GPUMEM" run -o "$W/many/" -- sh -c 'for i in $(seq 1 17); do cp "$0" "${1}gpumem-$i.jsonl"; done' \
+    "$SRC/tests/data/golden/pool_off_basic.jsonl" "$W/many/"
+  expect_in "$W/err" "gpumem run: 17 logs"
+  expect_in "$W/err" "  ... 1 more row: see gpumem report"
   # --no-summary lists the logs only.
   expect_rc 0 "$GPUMEM" run --no-summary -o "$W/q/" -- "$EMU/emu_rt_shared_app" train 5
   expect_in "$W/err" "gpumem run: 1 log"
@@ -877,8 +882,8 @@ conventions)
   # replay also says how far its replays are, within one replay too (-j 1: the first of the 4
   # replays is said before it ends, as a replay of a large log takes seconds).
   expect_rc 0 "$GPUMEM" replay -j 1 --progress --progress-every 0 "$W/long.jsonl"
-  expect_in "$W/err" "gpumem: replay: 0 of 4 replays done, 10% of their requests (1 devices,"
-  expect_in "$W/err" "gpumem: replay: 1 of 4 replays done, 25% of their requests (1 devices,"
+  expect_in "$W/err" "gpumem: replay: 0 of 4 replays done, 10% of their requests (1 device,"
+  expect_in "$W/err" "gpumem: replay: 1 of 4 replays done, 25% of their requests (1 device,"
   expect_rc 0 "$GPUMEM" replay --no-progress --progress-every 0 "$W/long.jsonl"
   expect_not_in "$W/err" "replays done"  # One file named twice in a run (a CI glob and a name, ./x and x, a link and its target) is read
   # once, with a warning: it counted as a second process, "rank 0#2", doubling every total.

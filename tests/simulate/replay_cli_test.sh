@@ -112,6 +112,18 @@ echo "$out" | grep -q "with the defaults" && fail "--suggest compared with the p
 out=$("$GPUMEM" replay "$W/many.jsonl" --policy ideal,gpumem --suggest) || fail "--suggest, many: exit $?"
 echo "$out" | grep -q "1,200 allocations and 0 frees replayed" || fail "--suggest, many: header: $out"
 echo "$out" | grep -q "     gpumem: peak reserved 2.34 GiB, 1,200 driver allocations$" || fail "--suggest, many: no separators: $out"
+# A count of one is singular: in the header, the suggestion and the progress line.
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}'
+  echo '{"ev":"alloc","seq":0,"t":0,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x1000000","size":2097152}'
+  echo '{"ev":"alloc","seq":1,"t":1,"tid":1,"dev":0,"api":"cuMemAlloc_v2","kind":"device","ptr":"0xa000000","size":4096}'
+} > "$W/one.jsonl"
+"$GPUMEM" replay "$W/one.jsonl" --api cudaMalloc --policy ideal,gpumem --suggest --progress --progress-every 0 \
+  > "$W/one.txt" 2> "$W/one.err" || fail "--suggest, one: exit $?"
+grep -q "   1 allocation and 0 frees replayed (cudaMalloc); 1 allocation of other APIs left out$" "$W/one.txt" ||
+  fail "--suggest, one: header: $(cat "$W/one.txt")"
+grep -q "     gpumem: peak reserved 2.00 MiB, 1 driver allocation$" "$W/one.txt" || fail "--suggest, one: $(cat "$W/one.txt")"
+grep -q "(1 device, " "$W/one.err" && ! grep -q "devices" "$W/one.err" || fail "progress, one device: $(cat "$W/one.err")"
 # Where even ideal and gpumem stop, their peaks before the stop are no footprint either.
 out=$("$GPUMEM" replay "$W/mlp.jsonl" --api cudaMalloc --capacity 100MiB --suggest) || fail "--suggest 100MiB exit"
 echo "$out" | grep -q "     ideal: does not replay the whole log (stops at #" || fail "--suggest, ideal stops: $out"
@@ -231,7 +243,7 @@ done
   echo '{"ev":"free","seq":6,"t":6,"tid":1,"dev":0,"api":"cudaFree","kind":"managed","ptr":"0x2000","size":4096}'
 } > "$W/kinds.jsonl"
 "$GPUMEM" replay "$W/kinds.jsonl" --api cudaMalloc 2> "$W/err" > "$W/out"; rc=$?
-[ $rc = 0 ] && grep -qF "1 allocations and 0 frees replayed (cudaMalloc); 1 allocations of other APIs left out; 2 managed allocations left out; 1 cuMemCreate allocation left out" "$W/out" \
+[ $rc = 0 ] && grep -qF "1 allocation and 0 frees replayed (cudaMalloc); 1 allocation of other APIs left out; 2 managed allocations left out; 1 cuMemCreate allocation left out" "$W/out" \
   || fail "managed and cuMemCreate allocations left out unsaid: exit $rc, $(cat "$W/out" "$W/err")"
 "$GPUMEM" replay "$W/kinds.jsonl" --json 2> "$W/err" > "$W/out"; rc=$?
 [ $rc = 0 ] && python3 -c "
