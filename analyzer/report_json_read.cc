@@ -138,6 +138,38 @@ struct bad_member : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// A ratio (report_fields.h) no analysis writes, outside [0, 1], is refused: taken as it was, 7.5
+// was shown as 750% and passed a --baseline.  A value of another type is missing, as ever.
+bool conv_ratio(const json& v, double& out, const std::string& member) {
+    if (!v.is_number()) return false;
+    const double x = v.get<double>();
+    if (!(x >= 0 && x <= 1)) throw bad_member(member + " is " + v.dump() + ", not a ratio from 0 to 1");
+    out = x;
+    return true;
+}
+bool get_ratio(const json& j, const char* key, double& out) {
+    auto it = j.find(key);
+    return it != j.end() && conv_ratio(*it, out, std::string("\"") + key + "\"");
+}
+// A count, size or time of the device's scalars: a negative number (or one past 2^64) read as
+// missing, which report showed as 0; refused, as no analysis writes it.
+bool get_u64(const json& j, const char* key, uint64_t& out) {
+    auto it = j.find(key);
+    if (it == j.end()) return false;
+    if (it->is_number() && !conv(*it, out))
+        throw bad_member(std::string("\"") + key + "\" is " + it->dump() + ", not a whole number from 0 to 2^64 - 1");
+    return conv(*it, out);
+}
+// A bad_member from inside one of the device's members, with that member named after it.
+template <typename F>
+void within(const std::string& member, F&& read) {
+    try {
+        read();
+    } catch (const bad_member& e) {
+        throw bad_member(std::string(e.what()) + " (in " + member + ")");
+    }
+}
+
 void read_ranges(const json& a, uint64_t base, uint64_t size, const char* member,
                  std::vector<std::pair<uint64_t, uint64_t>>& out) {
     uint64_t end_of_last = 0;
@@ -170,7 +202,7 @@ void read_snapshot(const json& j, state_snapshot& s) {
     get(j, "free_in_segments_bytes", s.free_in_segments);
     get(j, "largest_free_bytes", s.largest_free);
     get(j, "free_blocks", s.free_blocks);
-    get(j, "external_fragmentation", s.external_fragmentation);
+    get_ratio(j, "external_fragmentation", s.external_fragmentation);
     for (const json& g : array_of(j, "segment_list")) {
         if (!g.is_object()) continue;
         segment_view v;
@@ -227,7 +259,7 @@ void read_sites(const json& a, stack_store& stacks, std::vector<site_row>& rows)
 void read_device(const json& j, device_report& d, device_fields_present& present, stack_store& stacks) {
     get(j, "name", d.name);
     // The scalars, each marked present only when it is there with a usable type.
-#define GPUMEM_X(name, member, type) present[size_t(device_field::name)] = get(j, #name, d.member);
+#define GPUMEM_X(name, member, type) present[size_t(device_field::name)] = get_##type(j, #name, d.member);
     GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
 #undef GPUMEM_X
     auto rs = j.find("reuse_safe");
@@ -246,9 +278,11 @@ void read_device(const json& j, device_report& d, device_fields_present& present
     read_usage(array_of(j, "by_kind"), d.by_kind);
     read_usage(array_of(j, "by_api"), d.by_api);
     read_histogram(array_of(j, "alloc_size_histogram"), d.alloc_sizes);
-    if (auto it = j.find("at_peak"); it != j.end()) read_snapshot(*it, d.at_peak);
-    if (auto it = j.find("at_request"); it != j.end()) read_snapshot(*it, d.at_request);
-    for (const json& x : array_of(j, "ooms")) {
+    if (auto it = j.find("at_peak"); it != j.end()) within("\"at_peak\"", [&] { read_snapshot(*it, d.at_peak); });
+    if (auto it = j.find("at_request"); it != j.end()) within("\"at_request\"", [&] { read_snapshot(*it, d.at_request); });
+    const json& ooms = array_of(j, "ooms");
+    for (size_t i = 0; i < ooms.size(); ++i) {
+        const json& x = ooms[i];
         if (!x.is_object()) continue;
         oom_report o;
         get(x, "t_ns", o.t);
@@ -268,21 +302,25 @@ void read_device(const json& j, device_report& d, device_fields_present& present
         get(x, "verdict", o.verdict);
         get(x, "explanation", o.explanation);
         if (auto a = x.find("asked_by"); a != x.end() && a->is_object()) o.stack = read_stack(*a, stacks);
-        if (auto m = x.find("map"); m != x.end()) read_snapshot(*m, o.map);
+        if (auto m = x.find("map"); m != x.end())
+            within("\"ooms\" " + std::to_string(i) + ", \"map\"", [&] { read_snapshot(*m, o.map); });
         read_sites(array_of(x, "sites"), stacks, o.sites);
         d.ooms.push_back(std::move(o));
     }
     get(j, "timeline_events_per_point", d.timeline_events_per_point);
     // Timeline rows: the columns of "timeline_columns", in the writer's order.
-    for (const json& row : array_of(j, "timeline")) {
+    const json& timeline = array_of(j, "timeline");
+    for (size_t i = 0; i < timeline.size(); ++i) {
+        const json& row = timeline[i];
         if (!row.is_array() || row.size() < 6) continue;
+        const std::string where = "\"timeline\" row " + std::to_string(i) + ": ";
         time_point t;
         conv(row[0], t.t_first);
         conv(row[1], t.t_last);
         conv(row[2], t.requested_max);
         conv(row[3], t.allocated_max);
         conv(row[4], t.reserved_max);
-        conv(row[5], t.frag_max);
+        conv_ratio(row[5], t.frag_max, where + "\"external_fragmentation_max\"");
         // Columns added later; a report without them draws its charts from the maxima.
         t.events = 1;
         if (row.size() >= 12) {
@@ -291,7 +329,7 @@ void read_device(const json& j, device_report& d, device_fields_present& present
             conv(row[8], t.requested_last);
             conv(row[9], t.allocated_last);
             conv(row[10], t.reserved_last);
-            conv(row[11], t.frag_last);
+            conv_ratio(row[11], t.frag_last, where + "\"external_fragmentation_last\"");
         }
         d.timeline.push_back(t);
     }
@@ -347,7 +385,12 @@ process_report read_process(const json& j, const std::string& path, std::vector<
         device_report d;
         d.dev = dev;
         device_fields_present pr;
-        read_device(dj, d, pr, p.stacks);
+        try {
+            read_device(dj, d, pr, p.stacks);
+        } catch (const bad_member& e) {
+            throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" (dev " + std::to_string(dev) +
+                             "): " + e.what());
+        }
         p.devices.push_back(std::move(d));
         present.push_back(pr);
     }

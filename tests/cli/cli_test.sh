@@ -1025,7 +1025,7 @@ EOF2
   # A report JSON with values no analysis produces is refused with the member named (a segment of
   # 0 bytes made the text writer abort).
   expect_rc 2 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_segment_size_zero.json"
-  expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json: process 0: a segment of \"segment_list\" has no \"size_bytes\""
+  expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json: process 0: device 0 of \"devices\" (dev 0): a segment of \"segment_list\" has no \"size_bytes\""
   # A report JSON without a member CI gates on: shown as 0, with a warning naming it (report_no_peak
   # lacks the peak of requested bytes).
   expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_no_peak.json"
@@ -1049,6 +1049,34 @@ EOF2
     done
   done
   expect_in "$W/err" "has no \"devices\" list"
+  # A ratio outside [0, 1] was taken as it was (max_external_fragmentation 7.5 shown as 750.0%, and
+  # passed by --baseline), and a negative count read as missing (shown as 0): no analysis writes
+  # either, so each is refused, with the process, the device and the member named.
+  while IFS='|' read -r edit says; do
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
+      "$W/frag.json" "$W/range.json" "$edit"
+    for cmd in "report --no-progress" "check --max-fragmentation 50%" "diff $W/frag.json"; do
+      expect_rc 2 "$GPUMEM" $cmd "$W/range.json"
+      expect_in "$W/err" "gpumem: error: $W/range.json: process 0: device 0 of \"devices\" (dev 0): $says"
+      expect_not_in "$W/out" "750.0%"
+    done
+    expect_rc 2 "$GPUMEM" check --baseline "$W/range.json" "$g/pool_fragmentation.jsonl"
+    expect_in "$W/err" "range.json: process 0: device 0 of \"devices\" (dev 0): $says"
+  done <<'EOF2'
+dev["max_external_fragmentation"]=7.5|"max_external_fragmentation" is 7.5, not a ratio from 0 to 1
+dev["end_external_fragmentation"]=-0.25|"end_external_fragmentation" is -0.25, not a ratio from 0 to 1
+dev["peak_requested_bytes"]=-1|"peak_requested_bytes" is -1, not a whole number from 0 to 2^64 - 1
+dev["n_oom"]=-2.5|"n_oom" is -2.5, not a whole number from 0 to 2^64 - 1
+dev["at_peak"]["external_fragmentation"]=1.5|"external_fragmentation" is 1.5, not a ratio from 0 to 1 (in "at_peak")
+dev["ooms"][0]["map"]["external_fragmentation"]=2|"external_fragmentation" is 2, not a ratio from 0 to 1 (in "ooms" 0, "map")
+dev["timeline"][3][5]=7.5|"timeline" row 3: "external_fragmentation_max" is 7.5, not a ratio from 0 to 1
+dev["timeline"][3][11]=-1|"timeline" row 3: "external_fragmentation_last" is -1, not a ratio from 0 to 1
+EOF2
+  # The edges are ratios; a count written as a float within range is read as before.
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); dev=d["processes"][0]["devices"][0]; dev["max_external_fragmentation"]=1; dev["end_external_fragmentation"]=0; dev["n_oom"]=1.0; json.dump(d, open(sys.argv[2], "w"))' \
+    "$W/frag.json" "$W/edges.json"
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/edges.json"
+  expect_in "$W/out" "100.0%"
   expect_rc 2 "$GPUMEM" check --max-peak 1GiB --baseline "$W/nodev.json" "$g/pool_off_basic.jsonl"
   expect_in "$W/err" "nodev.json: process 0: "
   # A report JSON that counts warnings but lists none (the list cut by a tool): the HTML report
