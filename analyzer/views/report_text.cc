@@ -133,7 +133,12 @@ void write_timeline(std::ostream& os, const device_report& d) {
     if (d.timeline.empty()) return;
     // Regroup the stored series into at most k_time_rows rows of equal time span, keeping maxima;
     // of equal event count instead when the events are bunched (else one row would hold them all).
-    uint64_t t0 = d.timeline.front().t_first, t1 = d.timeline.back().t_last;
+    // Seq order is the log's order, and t can step back in it (a thread reads the clock before it
+    // takes its seq; a hand-made log): a point is placed, and its row labelled, at the latest time
+    // seen up to it, so rows stay in seq order (a point before the first time wrapped past the last
+    // row, which then came out last, labelled with that earlier time).
+    uint64_t t0 = d.timeline.front().t_first, t1 = t0, now = t0;
+    for (const time_point& p : d.timeline) t1 = std::max({t1, p.t_first, p.t_last});
     size_t rows = std::min(k_time_rows, d.timeline.size());
     std::vector<time_point> out(rows);
     std::vector<bool> used(rows, false);
@@ -141,15 +146,17 @@ void write_timeline(std::ostream& os, const device_report& d) {
     uint64_t total = 0, before = 0;
     for (const time_point& p : d.timeline) total += p.events;
     for (const time_point& p : d.timeline) {
-        // Clamped: a report JSON can hold 0 events (0/0) or times out of order, and t1 - t0 + 1 wraps
-        // to 0 when the times span 2^64 - 1.
+        now = std::max(now, p.t_first);
+        // Clamped: a report JSON can hold 0 events (0/0), and t1 - t0 + 1 wraps to 0 when the times
+        // span 2^64 - 1.
         size_t r = by_event ? size_t(clamp_to_u64(double(before) * double(rows) / double(total), rows - 1))
-                 : t1 > t0  ? size_t(clamp_to_u64(double(p.t_first - t0) * double(rows) / (double(t1 - t0) + 1.0), rows - 1))
+                 : t1 > t0  ? size_t(clamp_to_u64(double(now - t0) * double(rows) / (double(t1 - t0) + 1.0), rows - 1))
                             : 0;
         before += p.events;
         time_point& o = out[r];
         if (!used[r]) {
             o = p;
+            o.t_first = now;
             used[r] = true;
             continue;
         }

@@ -122,6 +122,34 @@ TEST_CASE("a count of one is written singular in the text and HTML reports", "[o
     CHECK(warning_lines(p, "x.jsonl").back() == "x.jsonl: 1 more warning not shown");
 }
 
+TEST_CASE("the text timeline keeps the log's seq order when its times step back", "[output]") {
+    // Times 20, 15, 10, 5, 0 ms, then 40 to 100 ms: the points before the first time wrapped past
+    // the last row, which came out last as "15.00 ms" with the 100 ms point, while the 20 ms row
+    // showed 1 MiB of the 5 MiB allocated by then.  Seq order is the log's: each point belongs at
+    // the latest time seen up to it.
+    const uint64_t ms = 1000000, ts[] = {20, 15, 10, 5, 0, 40, 60, 80, 100};
+    std::string log = k_header_off;
+    for (uint64_t i = 0; i < std::size(ts); ++i) {
+        std::string line = alloc_line(i, 0x1000000 * (i + 1), 1 << 20);
+        const std::string t = "\"t\":" + std::to_string(i * 100 + 100) + ",";
+        line.replace(line.find(t), t.size(), "\"t\":" + std::to_string(ts[i] * ms) + ",");
+        log += line;
+    }
+    temp_file f(log, "time_back");
+    std::vector<process_report> ps{analyze_file(f.path, {})};
+    std::ostringstream o;
+    write_text(o, ps, combine(ps), {});
+    std::string text = o.str();
+    size_t at = text.find("    from ");
+    REQUIRE(at != std::string::npos);
+    std::istringstream rows(text.substr(text.find('\n', at) + 1));
+    std::vector<std::string> got;
+    for (std::string row; std::getline(rows, row) && !row.empty();) got.push_back(row.substr(4, 28));
+    CHECK(got == std::vector<std::string>{"20.00 ms        5.00 MiB    ", "40.00 ms        6.00 MiB    ",
+                                          "60.00 ms        7.00 MiB    ", "80.00 ms        8.00 MiB    ",
+                                          "100.00 ms       9.00 MiB    "});
+}
+
 TEST_CASE("the Perfetto trace has counter tracks and OOM markers", "[output]") {
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
     std::ostringstream o;
