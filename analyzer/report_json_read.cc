@@ -29,11 +29,6 @@ bool conv(const json& v, uint64_t& out) {
     else return false;
     return true;
 }
-bool conv(const json& v, double& out) {
-    if (!v.is_number()) return false;
-    out = v.get<double>();
-    return true;
-}
 bool conv(const json& v, int64_t& out) {
     if (!v.is_number_integer()) return false;
     out = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
