@@ -396,7 +396,9 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         }
     }
     // A device or FIFO is written to as it is by every process, never under a .PID name.
-    if (pattern.find("%p") == std::string::npos && non_regular_kind(pattern).empty())
+    // Whether %p is there is asked of the expansion, not the text: "%%p" is a percent sign and a p.
+    if (expand_out_pattern(pattern, 1, host, "") == expand_out_pattern(pattern, 2, host, "") &&
+        non_regular_kind(pattern).empty())
         spdlog::warn("{}{} has no %p: a second process of the same rank writes its log with .PID added to the name", origin,
                      pattern);
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "metrics/metric.h"
@@ -126,7 +127,7 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
         if (d) ++d->rep.n_pool_sync;
         break;
     case ev_kind::context_reset: ++p.n_context_reset; break;
-    case ev_kind::lost: p.lost += e.count; break;
+    case ev_kind::lost: p.lost = e.count > UINT64_MAX - p.lost ? UINT64_MAX : p.lost + e.count; break;  // crafted counts saturate
     case ev_kind::end:
         p.has_end = true;
         p.end_reason = e.reason;

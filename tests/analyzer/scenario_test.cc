@@ -298,6 +298,12 @@ TEST_CASE("events lost with no lost line of their own are counted from the end l
         process_report r = analyze_file(f.path, {});
         CHECK(r.lost == 6);
     }
+    SECTION("counts past 2^64 saturate instead of wrapping to a small number") {
+        temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 10) + free_line(1, 0x1000, 10) +
+                    end_lost(2, UINT64_MAX - 1) + lost_line(400, 5));
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.lost == UINT64_MAX);
+    }
     SECTION("a log without an end line counts its lost lines") {
         temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 10) + lost_line(150, 2));
         process_report r = analyze_file(f.path, {});

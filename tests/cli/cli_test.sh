@@ -83,6 +83,12 @@ run_environment)
   ls "$W"/odd-%q-[0-9]*.jsonl > /dev/null 2>&1 || fail "no odd-%q-PID.jsonl"
   [ "$(grep -c "GPUMEM_OUT='$W/odd-%q-%p.jsonl': %q is no token (the tokens are %p (pid), %r (rank), %h (host) and %% (a percent sign)); kept as written" "$W/err")" = 1 ] ||
     fail "GPUMEM_OUT with %q: not warned of once: $(cat "$W/err")"
+  # A pattern without %p is warned of (a second process would add .PID); "%%p" is a percent sign
+  # and a p, not the pid.
+  expect_rc 0 "$GPUMEM" run -o "$W/pp/x%%p.jsonl" --no-summary -- true
+  expect_in "$W/err" "x%%p.jsonl has no %p"
+  expect_rc 0 "$GPUMEM" run -o "$W/pp/y-%p.jsonl" --no-summary -- true
+  expect_not_in "$W/err" "has no %p"
   # GPUMEM_OUT set in the environment is the pattern when -o is not given, as GPUMEM_POOL is the pool
   # setting when --pool is not: it was replaced by gpumem-%p.jsonl in the current directory without
   # a word.  Made absolute, its directory made, listed; -o still wins; its typos are refused by name.
