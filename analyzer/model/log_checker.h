@@ -60,7 +60,6 @@ private:
     u64_map<uint64_t> freed_;      // recently freed address -> line of free
     uint64_t stats_mismatch_warnings_ = 0;
     bool lost_said_ = false;
-    uint64_t lost_lines_ = 0;  // the events the lost lines so far say were lost
 };
 
 }  // namespace gpumem::analysis
