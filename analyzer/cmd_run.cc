@@ -179,6 +179,10 @@ std::vector<std::pair<std::string, std::string>> non_regular_matches(const std::
 bool differs_per_process(const std::string& pattern, const std::string& host) {
     return expand_out_pattern(pattern, 1, host, "0") != expand_out_pattern(pattern, 2, host, "1");
 }
+// Whether a pattern differs by pid alone (%p; "%%p" is a percent sign and a p), by the same rule.
+bool differs_per_pid(const std::string& pattern, const std::string& host) {
+    return expand_out_pattern(pattern, 1, host, "") != expand_out_pattern(pattern, 2, host, "");
+}
 
 // False with errno set when DIR cannot be made or is something else (a file named like it): the
 // library would then write to /tmp (log-format.md, "Fallback"), where run would not find the log.
@@ -396,9 +400,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         }
     }
     // A device or FIFO is written to as it is by every process, never under a .PID name.
-    // Whether %p is there is asked of the expansion, not the text: "%%p" is a percent sign and a p.
-    if (expand_out_pattern(pattern, 1, host, "") == expand_out_pattern(pattern, 2, host, "") &&
-        non_regular_kind(pattern).empty())
+    if (!differs_per_pid(pattern, host) && non_regular_kind(pattern).empty())
         spdlog::warn("{}{} has no %p: a second process of the same rank writes its log with .PID added to the name", origin,
                      pattern);
 
