@@ -151,9 +151,10 @@ bool get_ratio(const json& j, const char* key, double& out) {
 bool get_u64(const json& j, const char* key, uint64_t& out) {
     auto it = j.find(key);
     if (it == j.end()) return false;
-    if (it->is_number() && !conv(*it, out))
+    if (conv(*it, out)) return true;
+    if (it->is_number())
         throw bad_member(std::string("\"") + key + "\" is " + it->dump() + ", not a whole number from 0 to 2^64 - 1");
-    return conv(*it, out);
+    return false;
 }
 // A bad_member from inside one of the device's members, with that member named after it.
 template <typename F>
