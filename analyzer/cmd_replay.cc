@@ -197,7 +197,7 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
         for (size_t ri = 0; ri < d.results.size(); ++ri) {
             const sim::replay_result& r = d.results[ri];
             std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " at #" + std::to_string(r.frag_seq) : "0";
-            std::string drv = std::to_string(r.driver_allocs) + "/" + std::to_string(r.driver_frees);
+            std::string drv = fmt_count(r.driver_allocs) + "/" + fmt_count(r.driver_frees);
             std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
                         r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());

@@ -378,6 +378,11 @@ process_report read_process(const json& j, const std::string& path, std::vector<
         if (!dj.is_object() || !get(dj, "dev", dev))
             throw bad_member("device " + std::to_string(p.devices.size()) +
                              " of \"devices\" is not an object with an integer \"dev\", so it cannot be matched with a GPU");
+        // The log's range (log_reader's "dev"): under -1 would read as host memory, past 65535 as a
+        // GPU that no log can name.
+        if (dev < -1 || dev > 65535)
+            throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" has \"dev\" " +
+                             std::to_string(dev) + ", not -1 (host) or a device ordinal up to 65535");
         device_report d;
         d.dev = dev;
         device_fields_present pr;

@@ -269,8 +269,8 @@ class block_pool {
     bool should_split(pool_id p, uint64_t remaining) const noexcept;
     uint64_t sync_budget() const noexcept;
     bool can_sync() noexcept;
-    // Under ordered release, the pending bytes of a batch for requests of asize
-    // (pool_config::order_batch; 0: none), and whether pool index i's are still fewer: a miss
+    // Under ordered release, the pending bytes of a batch for requests of asize (from
+    // pool_config::order_batch, the rule stated there; 0: none), and whether pool index i's are still fewer: a miss
     // then grows rather than release them.
     uint64_t order_batch_for(uint64_t asize) const noexcept;
     bool batch_pending(int i, uint64_t asize) const noexcept;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pool hit by halves: the static-cudart pair loop under auto and safe reuse, cudart's pairs first or the driver's, ROUNDS rounds.
 #
-# Usage (GPU machine, after scripts/gpu-bundle.sh): tests/gpu/hit_halves.sh [ROUNDS]   (default 3)
+# Usage (GPU machine, after scripts/gpu-bundle.sh): [LIB=path/libgpumem.so] tests/gpu/hit_halves.sh [ROUNDS]   (default 3)
 # Each process prints, per api and size, the median pair and the medians of its allocation and its
 # free alone (build/gpu/static_cudart_app bench); the summary is the median over the processes of
 # each (mode, api, size), with the range of the pair medians.  Pinned to HIT_CPUS (default 2-3):
@@ -11,7 +11,7 @@
 # batches four 20 MiB requests (the 20 MiB pair's next candidate, docs/benchmarks.md).
 set -euo pipefail
 rounds=${1:-3}
-lib=$PWD/build/preload/libgpumem.so
+lib=${LIB:-$PWD/build/preload/libgpumem.so}
 app=${APP:-build/gpu/static_cudart_app}
 cpus=${HIT_CPUS:-2-3}
 out=$(mktemp -d)

@@ -112,6 +112,8 @@ echo "$out" | grep -q "with the defaults" && fail "--suggest compared with the p
 out=$("$GPUMEM" replay "$W/many.jsonl" --policy ideal,gpumem --suggest) || fail "--suggest, many: exit $?"
 echo "$out" | grep -q "1,200 allocations and 0 frees replayed" || fail "--suggest, many: header: $out"
 echo "$out" | grep -q "     gpumem: peak reserved 2.34 GiB, 1,200 driver allocations$" || fail "--suggest, many: no separators: $out"
+# And the policy table's driver allocs column: 1,200 allocations under gpumem, none freed.
+echo "$out" | grep -Eq "^   gpumem +2\.34 GiB .* 1,200/0 " || fail "--suggest, many: table without separators: $out"
 # A count of one is singular: in the header, the suggestion and the progress line.
 {
   echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}'
