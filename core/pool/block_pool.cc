@@ -820,18 +820,19 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             // One fence per batch of frees, recorded now so that it has usually been reached by
             // the time the memory is wanted.  A batch is an eighth of the sync budget and at least
             // fence_batch frees, or the whole budget and as many frees of a size under it
-            // (pool_config::fence_batch says why); a single
-            // free when the last fence had no non-blocking stream to ask, as batches amortize the
-            // per-stream calls and a lone legacy-stream event gains nothing by waiting.
+            // (pool_config::fence_batch says why); a single free when the last fence had no
+            // non-blocking stream to ask, as batches amortize the per-stream calls and a lone
+            // legacy-stream event gains nothing by waiting.
             unfenced_bytes_ += b->size;
             const uint64_t budget = sync_budget();
             // None where ordered release stands in for fences (order_alone): the miss that wants
             // the memory releases it with one event, and a fence here would be a second.
             const uint64_t batch = last_fence_streams_ ? cfg_.fence_batch : 1;
+            uint64_t whole = budget;  // saturated: GPUMEM_FENCE_BATCH goes up to 2^48
+            if (b->size < budget && __builtin_mul_overflow(batch, b->size, &whole)) whole = UINT64_MAX;
             if (!poisoned_ && streams_ && unfenced_bytes_ >= budget / 8 &&
-                (pending_.size() - fenced_end() >= batch ||
-                 unfenced_bytes_ >= (b->size < budget ? std::max(budget, batch * b->size) : budget)) && !order_alone() &&
-                can_sync())
+                (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= std::max(budget, whole)) &&
+                !order_alone() && can_sync())
                 record_fence();
         } else {
             make_free(b);
