@@ -16,7 +16,7 @@ namespace gpumem::analysis {
 
 namespace {
 
-constexpr double k_width = 980, k_row = 17, k_top = 4;
+constexpr double k_svg_width = 980, k_row = 17, k_top = 4;
 
 // A colour from a small palette, the same for the same function: Python frames of the program warm,
 // of installed packages and the standard library pale, native frames blue; grey for what is no frame.
@@ -188,13 +188,13 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
         t.add(0, peak - listed, 0);
     }
     const uint64_t total = std::max<uint64_t>(t.nodes[0].bytes, 1);
-    flame_layout lay{t, k_width / double(total), std::max<uint64_t>(1, uint64_t(double(total) * k_flame_min_share)), peak, {}, 0};
+    flame_layout lay{t, k_svg_width / double(total), std::max<uint64_t>(1, uint64_t(double(total) * k_flame_min_share)), peak, {}, 0};
     lay.place(0, 0, 0);
     if (lay.boxes.empty()) return "";
 
     std::ostringstream o;
     const double H = k_top + double(lay.depth) * k_row;
-    o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << k_width << "' height='" << H << "' viewBox='0 0 " << k_width
+    o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << k_svg_width << "' height='" << H << "' viewBox='0 0 " << k_svg_width
       << ' ' << H << "' role='img' aria-label='flame graph of the bytes live at the peak by call stack'>\n";
     for (const flame_box& b : lay.boxes) {
         double y = k_top + double(b.depth) * k_row;

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -10,6 +11,8 @@
 #include <string>
 
 namespace gpumem::test {
+
+inline constexpr uint64_t MiB = 1 << 20;
 
 inline std::string data_path(const std::string& rel) { return std::string(GPUMEM_TEST_DATA) + "/" + rel; }
 

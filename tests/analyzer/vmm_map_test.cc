@@ -14,7 +14,6 @@ using namespace gpumem::test;
 
 namespace {
 
-constexpr uint64_t MiB = 1 << 20;
 constexpr uint64_t seg = 0x40000000;
 
 std::string hx(uint64_t v) {

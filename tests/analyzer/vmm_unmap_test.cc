@@ -15,7 +15,6 @@ using namespace gpumem::test;
 
 namespace {
 
-constexpr uint64_t MiB = 1 << 20;
 
 std::string unmap_line(uint64_t seq, uint64_t ptr, uint64_t size, uint64_t seg) {
     char b[400];
