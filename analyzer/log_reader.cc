@@ -568,6 +568,27 @@ struct fast_fields {
     GPUMEM_LOG_FIELDS(GPUMEM_X)
 #undef GPUMEM_X
 };
+// This file shares a unity batch with others (analyzer/CMakeLists.txt): its macros end here.
+#undef GPUMEM_FT_u64
+#undef GPUMEM_FT_i64
+#undef GPUMEM_FT_dev
+#undef GPUMEM_FT_hex
+#undef GPUMEM_FT_flag
+#undef GPUMEM_FT_ev
+#undef GPUMEM_FT_api
+#undef GPUMEM_FT_mem_kind
+#undef GPUMEM_FT_pool
+#undef GPUMEM_FT_end_reason
+#undef GPUMEM_FD_api
+#undef GPUMEM_FD_end_reason
+#undef GPUMEM_FD_u64
+#undef GPUMEM_FD_i64
+#undef GPUMEM_FD_dev
+#undef GPUMEM_FD_hex
+#undef GPUMEM_FD_flag
+#undef GPUMEM_FD_ev
+#undef GPUMEM_FD_mem_kind
+#undef GPUMEM_FD_pool
 
 // Reads member F if it comes next.  Absent is fine (the line then simply lacks it, as parse_json
 // would find); present but malformed is a deviation.

@@ -374,7 +374,7 @@ process_report read_process(const json& j, const std::string& path, std::vector<
     auto devices = j.find("devices");
     if (devices == j.end() || !devices->is_array()) throw bad_member("it has no \"devices\" list");
     for (const json& dj : *devices) {
-        int dev = 0;
+        int64_t dev = 0;  // as int64, so that 2^40 is named out of range, not "not an integer"
         if (!dj.is_object() || !get(dj, "dev", dev))
             throw bad_member("device " + std::to_string(p.devices.size()) +
                              " of \"devices\" is not an object with an integer \"dev\", so it cannot be matched with a GPU");
@@ -384,7 +384,7 @@ process_report read_process(const json& j, const std::string& path, std::vector<
             throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" has \"dev\" " +
                              std::to_string(dev) + ", not -1 (host) or a device ordinal up to 65535");
         device_report d;
-        d.dev = dev;
+        d.dev = int(dev);
         device_fields_present pr;
         try {
             read_device(dj, d, pr, p.stacks);

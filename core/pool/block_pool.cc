@@ -77,9 +77,9 @@ uint64_t block_pool::sync_budget() const noexcept {
 
 uint64_t block_pool::order_batch_for(uint64_t asize) const noexcept {
     constexpr uint64_t k_requests = 8;  // a batch is at most this many requests of asize
-    // and, for requests under the batch's bytes, at least this many: with 32 MiB, 20 MiB pairs
-    // released at every other pair, and an allocation's median paid a release (1.42 us a pair on
-    // an H100 against 0.78 with four; replayed GPT-2 peaks within 0.005x, docs/benchmarks.md).
+    // and, for requests under the batch's bytes, at least this many, up to twice those bytes:
+    // with 32 MiB, 20 MiB pairs released at every other pair, and an allocation's median paid a
+    // release (1.42 us a pair on an H100 against 0.78 with four; docs/benchmarks.md, "Run 145").
     constexpr uint64_t k_min_requests = 4;
     // Ordered releases only (events known to work: no driver call here to find out), and not
     // - under a synchronize's release, which has the sync budget for a batch;
@@ -94,8 +94,9 @@ uint64_t block_pool::order_batch_for(uint64_t asize) const noexcept {
     const bool roomy = free_est_ == UINT64_MAX || !total_ || free_est_ >= total_ / 8;
     const bool on = cfg_.order_batch && cfg_.order && !order_off_ && !immediate_ && !exiting_ && events_state_ > 0 &&
                     streams_ && streams_->usable() && !(chunk_ && cfg_.trim) && roomy;
-    const uint64_t batch =
-        asize < cfg_.order_batch ? std::max(cfg_.order_batch, k_min_requests * asize) : cfg_.order_batch;
+    const uint64_t batch = asize < cfg_.order_batch
+                               ? std::max(cfg_.order_batch, std::min(k_min_requests * asize, 2 * cfg_.order_batch))
+                               : cfg_.order_batch;
     return on ? std::min(k_requests * asize, batch) : 0;
 }
 
@@ -819,17 +820,19 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             pending_bytes_[pool_index(b->seg->pool)] += b->size;
             // One fence per batch of frees, recorded now so that it has usually been reached by
             // the time the memory is wanted.  A batch is an eighth of the sync budget and at least
-            // fence_batch frees, or the whole budget and as many frees of a size under it
-            // (pool_config::fence_batch says why); a single free when the last fence had no
-            // non-blocking stream to ask, as batches amortize the per-stream calls and a lone
-            // legacy-stream event gains nothing by waiting.
+            // fence_batch frees, or bytes that reach the budget and, for a free under it,
+            // fence_batch times its size up to twice the budget (pool_config::fence_batch says
+            // why); a single free when the last fence had no non-blocking stream to ask, as
+            // batches amortize the per-stream calls and a lone legacy-stream event gains nothing
+            // by waiting.
             unfenced_bytes_ += b->size;
             const uint64_t budget = sync_budget();
             // None where ordered release stands in for fences (order_alone): the miss that wants
             // the memory releases it with one event, and a fence here would be a second.
             const uint64_t batch = last_fence_streams_ ? cfg_.fence_batch : 1;
-            uint64_t whole = budget;  // saturated: GPUMEM_FENCE_BATCH goes up to 2^48
-            if (b->size < budget && __builtin_mul_overflow(batch, b->size, &whole)) whole = UINT64_MAX;
+            uint64_t whole = budget;  // GPUMEM_FENCE_BATCH goes up to 2^48: the product saturates
+            if (b->size < budget && (__builtin_mul_overflow(batch, b->size, &whole) || whole > 2 * budget))
+                whole = 2 * budget;
             if (!poisoned_ && streams_ && unfenced_bytes_ >= budget / 8 &&
                 (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= std::max(budget, whole)) &&
                 !order_alone() && can_sync())

@@ -28,9 +28,10 @@ struct pool_config {
     uint64_t large_split = 1ull << 20;           // GPUMEM_POOL_LARGE_SPLIT: split a large block if remainder > this
     uint64_t sync_budget = 32ull << 20;          // GPUMEM_SYNC_BUDGET: pending bytes that justify a sync (floor)
     uint64_t sync_budget_div = 16;               // GPUMEM_SYNC_BUDGET_DIV: budget = max(sync_budget, reserved / div)
-    // GPUMEM_FENCE_BATCH: frees a fence covers at least, unless they reach the whole sync budget
-    // (and this many frees of a size under it: 20 MiB frees reached 32 MiB every other pair, as
-    // the ordered releases' batches did, order_batch below).
+    // GPUMEM_FENCE_BATCH: frees a fence covers at least, unless their bytes reach the sync budget
+    // and, where the free that brings them there is under the budget, this many times its size up
+    // to twice the budget (20 MiB frees reached 32 MiB every other pair, as the ordered releases'
+    // batches did, order_batch below).
     // A fence costs a driver call per live stream to record and one to ask (0.79 us on an idle
     // H200); with an eighth of the budget alone every large free made its own.  Batches of 4 cut
     // event records and stream queries per allocation by 40% on a replayed GPT-2 log, for the same
@@ -56,13 +57,14 @@ struct pool_config {
     bool order = true;
     // GPUMEM_ORDER_BATCH: under ordered release, a miss that pending frees of its pool could serve
     // grows the pool instead while they are fewer than a batch: min(8 requests, this many bytes),
-    // but at least 4 requests of a size under this many bytes.  So one release hands out a batch:
-    // a loop of one size then pays an event record every 8 pairs up to 4 MiB (every 4th at 20 MiB)
-    // instead of every pair, for at most a batch more memory held pending (not with trimming, nor
-    // near the device's limit: block_pool.cc, order_batch_for).  Replayed over the H200 GPT-2 log,
-    // 32 MiB reserves what 0 does with the GPU 0, 2 or 20 ms behind (1.108x / 1.110x / 1.109x the
-    // live peak; the 4 requests' floor 1.113x / 1.115x / 1.108x); 64 MiB for every size reserved
-    // 1.122x with the GPU keeping up (docs/benchmarks.md, "Ordered releases in batches").  0 = a
+    // but for a request under this many bytes at least 4 requests, up to twice the bytes.  So one
+    // release hands out a batch: a loop of one size then pays an event record every 8 pairs up to
+    // 4 MiB (every 4th at 20 MiB) instead of every pair, for at most a batch (up to twice this
+    // setting) and one request more memory held pending (not with trimming, nor near the device's
+    // limit: block_pool.cc, order_batch_for).  Replayed over the H200 GPT-2 log, 32 MiB reserves
+    // what 0 does with the GPU 0, 2 or 20 ms behind (1.108x / 1.110x / 1.109x the live peak; the
+    // 4 requests' floor 1.113x / 1.115x / 1.108x); 64 MiB for every size reserved 1.122x with the
+    // GPU keeping up (docs/benchmarks.md, "Ordered releases in batches" and "Run 145").  0 = a
     // release at every such miss, as before 2026-12-04.
     uint64_t order_batch = 32ull << 20;
     // Not a knob (no env var): ordered releases go on beside a stream busy with the program's own

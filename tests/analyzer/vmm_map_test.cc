@@ -38,7 +38,7 @@ std::string chunks_line(const char* ev, uint64_t seq, uint64_t ptr, uint64_t siz
 std::string map_line(uint64_t seq, uint64_t ptr, uint64_t size, uint64_t s = seg) {
     return chunks_line("segment_map", seq, ptr, size, s);
 }
-std::string unmap_line(uint64_t seq, uint64_t ptr, uint64_t size) { return chunks_line("segment_unmap", seq, ptr, size); }
+std::string chunk_unmap_line(uint64_t seq, uint64_t ptr, uint64_t size) { return chunks_line("segment_unmap", seq, ptr, size); }
 
 std::string stats_line(uint64_t seq, uint64_t reserved, uint64_t free_blocks, uint64_t largest) {
     return "{\"ev\":\"stats\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
@@ -186,7 +186,7 @@ TEST_CASE("segment_map: a hole cut by segment_unmap is mapped again in part", "[
     // Mapping [4, 6) joins [6, 7): free [1, 2) and [4, 7); [2, 4) stays a hole.
     const std::string log = header_vmm() + seg_line("segment_alloc", 0, seg, 8 * MiB) +
                             pooled_line("alloc", 1, seg, MiB, MiB, seg) + pooled_line("alloc", 2, seg + 7 * MiB, MiB, MiB, seg) +
-                            unmap_line(3, seg + 2 * MiB, 4 * MiB) + map_line(4, seg + 4 * MiB, 2 * MiB) + end_line(5, 2);
+                            chunk_unmap_line(3, seg + 2 * MiB, 4 * MiB) + map_line(4, seg + 4 * MiB, 2 * MiB) + end_line(5, 2);
     temp_file f(log);
     process_report r = analyze_file(f.path, {});
     const device_report& d = r.devices[0];
@@ -232,7 +232,7 @@ TEST_CASE("segment_map: ranges that are not a hole, or not the segment's, are lo
         // [4, 6) mapped and taken by a block, [2, 4) unmapped: a map of [2, 6) runs from the hole
         // into the block.
         expect_rejected(head + map_line(2, seg + 4 * MiB, 2 * MiB) + pooled_line("alloc", 3, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
-                            unmap_line(4, seg + 2 * MiB, 2 * MiB) + map_line(5, seg + 2 * MiB, 4 * MiB) + end_line(6, 2),
+                            chunk_unmap_line(4, seg + 2 * MiB, 2 * MiB) + map_line(5, seg + 2 * MiB, 4 * MiB) + end_line(6, 2),
                         7, "segment_map of [0x40200000, +4194304) covers the live block [0x40400000, +2097152) allocated at line 5");
     }
     SECTION("outside its segment") {
@@ -262,7 +262,7 @@ TEST_CASE("segment_map: ranges that are not a hole, or not the segment's, are lo
 TEST_CASE("segment_map: touching holes are one hole; a context reset drops an arena's holes", "[scenario][vmm]") {
     // [0, 4) mapped of 8 MiB, free; [2, 4) unmapped touches the never-mapped [4, 8).  One map over
     // [2, 6) crosses from one to the other: free [0, 6), holes [6, 8).
-    const std::string head = header_vmm() + arena_line(0, seg, 8 * MiB, 4 * MiB) + unmap_line(1, seg + 2 * MiB, 2 * MiB) +
+    const std::string head = header_vmm() + arena_line(0, seg, 8 * MiB, 4 * MiB) + chunk_unmap_line(1, seg + 2 * MiB, 2 * MiB) +
                              map_line(2, seg + 2 * MiB, 4 * MiB);
     {
         temp_file f(head + stats_line(3, 6 * MiB, 1, 6 * MiB) + end_line(4));

@@ -1048,7 +1048,7 @@ EOF2
   # GPU (held to absolute limits only).  Unusable, with the process and the device named.
   # A "dev" under -1 (no device's) or past 65535 (past the log's range) read as host memory or as a
   # GPU no log can name: refused too.
-  for edit in 'dev["dev"]=-7' 'dev["dev"]=70000' 'dev["dev"]="0"' 'del dev["dev"]' 'p["devices"]={"0": dev}' 'p.pop("devices")'; do
+  for edit in 'dev["dev"]=-7' 'dev["dev"]=70000' 'dev["dev"]=2**40' 'dev["dev"]="0"' 'del dev["dev"]' 'p["devices"]={"0": dev}' 'p.pop("devices")'; do
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
       "$W/basic.json" "$W/nodev.json" "$edit"
     for cmd in "report --no-progress" "check --max-peak 1GiB" "diff $W/basic.json"; do
@@ -1061,6 +1061,10 @@ EOF2
     "$W/basic.json" "$W/nodev.json"
   expect_rc 2 "$GPUMEM" report --no-progress "$W/nodev.json"
   expect_in "$W/err" "device 0 of \"devices\" has \"dev\" -7, not -1 (host) or a device ordinal up to 65535"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["processes"][0]["devices"][0]["dev"]=2**40; json.dump(d, open(sys.argv[2], "w"))' \
+    "$W/basic.json" "$W/nodev.json"
+  expect_rc 2 "$GPUMEM" report --no-progress "$W/nodev.json"
+  expect_in "$W/err" "has \"dev\" 1099511627776, not -1 (host)"
   # A ratio outside [0, 1] was taken as it was (max_external_fragmentation 7.5 shown as 750.0%, and
   # passed by --baseline), and a negative count read as missing (shown as 0): no analysis writes
   # either, so each is refused, with the process, the device and the member named.

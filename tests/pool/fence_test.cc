@@ -132,6 +132,8 @@ TEST_CASE("fences: by default a fence covers four frees, or one that reaches the
 
     // A loop of 20 MiB pairs on an idle GPU: a fence every other free, and the pool holds one
     // block more than the loop needs instead of recording and asking an event at every pair.
+    // (Once a fence found no non-blocking stream busy, each free over an eighth is fenced alone,
+    // so the miss's fence serves: the count and byte floors below do not apply.)
     fenced g(waits);
     g.dev.set_auto_complete(true);
     const uint64_t reserved0 = g.pool.snapshot().reserved;
@@ -150,6 +152,34 @@ TEST_CASE("fences: by default a fence covers four frees, or one that reaches the
     CHECK(o.pool.snapshot().reserved <= o.pool.snapshot().allocated + 20 * MiB + reserved0);
     CHECK(o.dev.sync_calls() == 0);
     CHECK(o.dev.event_syncs() == 0);
+}
+
+TEST_CASE("fences: frees under the budget are fenced at GPUMEM_FENCE_BATCH times their size, at most twice the budget", "[fence]") {
+    // The budget is 32 MiB.  20 MiB frees passed it every other free; now the bytes must also
+    // reach GPUMEM_FENCE_BATCH frees of that size, up to 64 MiB: the 4th free.  With the count
+    // rule out of reach (8 frees, or 2^48, whose product saturates), the bytes rule alone decides.
+    for (uint64_t n : {uint64_t{8}, uint64_t{1} << 48}) {
+        INFO("fence batch " << n);
+        pool_config cfg = safe_config();
+        cfg.order = false;
+        cfg.fence_batch = n;
+        fenced f(cfg);
+        uint64_t p[5];
+        for (auto& x : p) x = f.alloc(20 * MiB);
+        f.dev.enqueue_work();                  // the legacy stream busy
+        f.dev.enqueue_work_on(k_stream);       // and the program's non-blocking stream
+        for (int i = 0; i < 3; ++i) f.free(p[i]);
+        CHECK(f.dev.records_on(k_stream_legacy) == 0);  // 60 MiB: over the budget, under 64 MiB
+        f.free(p[3]);
+        CHECK(f.dev.records_on(k_stream_legacy) == 1);  // 80 MiB: one fence over the four
+        const uint64_t big = f.alloc(40 * MiB);
+        f.free(p[4]);
+        f.free(big);  // 20 + 40 MiB unfenced; a free of the budget or more is fenced at once
+        CHECK(f.dev.records_on(k_stream_legacy) == 2);
+        f.dev.complete_all();
+        std::string why;
+        CHECK(f.pool.validate(&why));
+    }
 }
 
 TEST_CASE("fences: with no non-blocking stream to ask, a fence covers a single free after the first", "[fence]") {
@@ -773,8 +803,10 @@ TEST_CASE("fences: ordered releases come in batches of min(8 requests, GPUMEM_OR
     // frees are fewer than the batch, then one release hands them all out.  Pending bytes never
     // pass the batch plus a request, so reserved memory stays within that of the loop's block.
     // The frees a release serves, stated apart from the rule: 2 MiB 8 (8 requests are under
-    // 32 MiB), 20 MiB 4 (the floor of 4 requests under 32 MiB; 2 before it), 48 MiB 1 (32 MiB).
-    for (auto [size, per] : {std::pair{2 * MiB, 8ull}, {20 * MiB, 4ull}, {48 * MiB, 1ull}}) {
+    // 32 MiB), 20 MiB 4 (the floor of 4 requests under 32 MiB; 2 before it), 24 and 31 MiB 3 (the
+    // floor's 64 MiB cap), 48 MiB 1 (32 MiB).
+    for (auto [size, per] : {std::pair{2 * MiB, 8ull}, {20 * MiB, 4ull}, {24 * MiB, 3ull}, {31 * MiB, 3ull},
+                             {48 * MiB, 1ull}}) {
         INFO("size " << size);
         pool_config cfg = order_each();
         cfg.order_batch = 32 * MiB;
