@@ -14,6 +14,11 @@ W=$WORK/$case_name
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 . "$SRC/tests/lib/expect.sh"
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+# edit_report SRC DST EDIT: DST is the report JSON SRC after the Python statement EDIT (p is its
+# first process, dev that process's first device).
+edit_report() {
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' "$@"
+}
 
 case $case_name in
 run_exit_codes)
@@ -1039,8 +1044,7 @@ EOF2
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json"
   expect_not_in "$W/err" "which is no measurement"
   # The leak members, which --max-leak and --baseline gate on, too (they read as 0 B of leaks, unsaid).
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); dev=d["processes"][0]["devices"][0]; dev.pop("leaked_bytes"); dev.pop("n_leaks"); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
-    "$W/basic.json" "$W/noleak.json"
+  edit_report "$W/basic.json" "$W/noleak.json" 'dev.pop("leaked_bytes"); dev.pop("n_leaks")'
   expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
   expect_in "$W/err" "has no \"n_leaks\", \"leaked_bytes\" (a number): shown as 0, which is no measurement"
   # A device whose "dev" is not an integer, or a "devices" that is not a list, was left out without
@@ -1049,28 +1053,26 @@ EOF2
   # A "dev" under -1 (no device's) or past 65535 (past the log's range) read as host memory or as a
   # GPU no log can name: refused too.
   for edit in 'dev["dev"]=-7' 'dev["dev"]=70000' 'dev["dev"]=2**40' 'dev["dev"]="0"' 'del dev["dev"]' 'p["devices"]={"0": dev}' 'p.pop("devices")'; do
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
-      "$W/basic.json" "$W/nodev.json" "$edit"
+    edit_report "$W/basic.json" "$W/nodev.json" "$edit"
     for cmd in "report --no-progress" "check --max-peak 1GiB" "diff $W/basic.json"; do
       expect_rc 2 "$GPUMEM" $cmd "$W/nodev.json"
       expect_in "$W/err" "gpumem: error: $W/nodev.json: process 0: "
     done
   done
   expect_in "$W/err" "has no \"devices\" list"
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["processes"][0]["devices"][0]["dev"]=-7; json.dump(d, open(sys.argv[2], "w"))' \
-    "$W/basic.json" "$W/nodev.json"
-  expect_rc 2 "$GPUMEM" report --no-progress "$W/nodev.json"
-  expect_in "$W/err" "device 0 of \"devices\" has \"dev\" -7, not -1 (host) or a device ordinal up to 65535"
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["processes"][0]["devices"][0]["dev"]=2**40; json.dump(d, open(sys.argv[2], "w"))' \
-    "$W/basic.json" "$W/nodev.json"
-  expect_rc 2 "$GPUMEM" report --no-progress "$W/nodev.json"
-  expect_in "$W/err" "has \"dev\" 1099511627776, not -1 (host)"
+  while IFS='|' read -r edit says; do
+    edit_report "$W/basic.json" "$W/nodev.json" "$edit"
+    expect_rc 2 "$GPUMEM" report --no-progress "$W/nodev.json"
+    expect_in "$W/err" "$says"
+  done <<'EOF2'
+dev["dev"]=-7|device 0 of "devices" has "dev" -7, not -1 (host) or a device ordinal up to 65535
+dev["dev"]=2**40|has "dev" 1099511627776, not -1 (host)
+EOF2
   # A ratio outside [0, 1] was taken as it was (max_external_fragmentation 7.5 shown as 750.0%, and
   # passed by --baseline), and a negative count read as missing (shown as 0): no analysis writes
   # either, so each is refused, with the process, the device and the member named.
   while IFS='|' read -r edit says; do
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' \
-      "$W/frag.json" "$W/range.json" "$edit"
+    edit_report "$W/frag.json" "$W/range.json" "$edit"
     for cmd in "report --no-progress" "check --max-fragmentation 50%" "diff $W/frag.json"; do
       expect_rc 2 "$GPUMEM" $cmd "$W/range.json"
       expect_in "$W/err" "gpumem: error: $W/range.json: process 0: device 0 of \"devices\" (dev 0): $says"
