@@ -191,16 +191,23 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                         fmt_counted(dt.n_freed_twice, "address was", "addresses were").c_str());
         // The policy column fits the longest name given ("pytorch:max_split_size_mb:128,roundup_...")
         // so that the columns after it stay under their headings.
-        int pw = 34;
-        for (const sim::replay_result& r : d.results) pw = std::max(pw, int(std::min<size_t>(r.policy.size(), 200)));
-        std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, "policy", "peak reserved", "at", "driver allocs", "peak ext. frag.");
+        // Likewise the driver column fits its widest "allocs/frees" (1,234,567/1,234,567 is 19 wide).
+        int pw = 34, dw = 14;
+        auto driver_calls = [](const sim::replay_result& r) {
+            return fmt_count(r.driver_allocs) + "/" + fmt_count(r.driver_frees);
+        };
+        for (const sim::replay_result& r : d.results) {
+            pw = std::max(pw, int(std::min<size_t>(r.policy.size(), 200)));
+            dw = std::max(dw, int(driver_calls(r).size()));
+        }
+        std::printf("   %-*s %-26s %-24s %-*s %s\n", pw, "policy", "peak reserved", "at", dw, "driver allocs",
+                    "peak ext. frag.");
         for (size_t ri = 0; ri < d.results.size(); ++ri) {
             const sim::replay_result& r = d.results[ri];
             std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " at #" + std::to_string(r.frag_seq) : "0";
-            std::string drv = fmt_count(r.driver_allocs) + "/" + fmt_count(r.driver_frees);
-            std::printf("   %-*s %-26s %-24s %-14s %s\n", pw, r.policy.c_str(),
+            std::printf("   %-*s %-26s %-24s %-*s %s\n", pw, r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
-                        r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", drv.c_str(), frag.c_str());
+                        r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", dw, driver_calls(r).c_str(), frag.c_str());
             if (ri < notes.size() && !notes[ri].empty()) std::printf("   %-*s ^ note: %s\n", pw, "", notes[ri].c_str());
             // Every stop is printed, with or without --capacity: the numbers above cover only the
             // requests before it.

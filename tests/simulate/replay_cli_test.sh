@@ -114,6 +114,22 @@ echo "$out" | grep -q "1,200 allocations and 0 frees replayed" || fail "--sugges
 echo "$out" | grep -q "     gpumem: peak reserved 2.34 GiB, 1,200 driver allocations$" || fail "--suggest, many: no separators: $out"
 # And the policy table's driver allocs column: 1,200 allocations under gpumem, none freed.
 echo "$out" | grep -Eq "^   gpumem +2\.34 GiB .* 1,200/0 " || fail "--suggest, many: table without separators: $out"
+# A driver column wider than its heading (100,001/100,000: each allocation on the other stream finds
+# only the first stream's cached block, which the 20 MiB device must give back) widens the column,
+# so that "peak ext. frag." stays above its values.
+python3 - "$W/wide.jsonl" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write('{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}\n')
+    for i in range(100001):
+        rest = '"tid":1,"dev":0,"kind":"device","ptr":"0x%x","size":12582912,"stream":"0x%x"}\n' % ((1 << 30) + (i % 2 << 28), 16 + i % 2)
+        f.write('{"ev":"alloc","seq":%d,"t":%d,"api":"cudaMallocAsync",%s' % (2 * i, 2 * i, rest))
+        f.write('{"ev":"free","seq":%d,"t":%d,"api":"cudaFreeAsync",%s' % (2 * i + 1, 2 * i + 1, rest))
+PY
+out=$("$GPUMEM" replay "$W/wide.jsonl" --policy pytorch --capacity 20MiB) || fail "wide driver column: exit $?"
+head_col=$(echo "$out" | grep "   policy " | awk '{print index($0, "peak ext. frag.")}')
+row=$(echo "$out" | grep -E "^   pytorch +12\.00 MiB .* 100,001/100,000 +0$") || fail "wide driver column: row: $out"
+[ "$head_col" -gt 0 ] && [ "${#row}" -eq "$head_col" ] || fail "wide driver column: heading at $head_col, value at ${#row}: $out"
 # A count of one is singular: in the header, the suggestion and the progress line.
 {
   echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}'
