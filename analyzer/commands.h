@@ -38,6 +38,10 @@ command add_check(CLI::App& top);
 command add_diff(CLI::App& top);
 command add_replay(CLI::App& top);  // cmd_replay.cc: allocator simulations over logs
 
+// The whole gpumem command line: parses argv and runs the chosen subcommand; returns the exit code
+// (cli_main.cc).
+int run_gpumem(int argc, char** argv);
+
 // Prints "gpumem: error: MSG" and a one-line hint to `gpumem SUB --help`; returns k_exit_input
 // (diagnostics.cc).
 // For argument errors found after parsing (a size that does not parse, a missing input).
