@@ -94,10 +94,7 @@ uint64_t block_pool::order_batch_for(uint64_t asize) const noexcept {
     const bool roomy = free_est_ == UINT64_MAX || !total_ || free_est_ >= total_ / 8;
     const bool on = cfg_.order_batch && cfg_.order && !order_off_ && !immediate_ && !exiting_ && events_state_ > 0 &&
                     streams_ && streams_->usable() && !(chunk_ && cfg_.trim) && roomy;
-    const uint64_t batch = asize < cfg_.order_batch
-                               ? std::max(cfg_.order_batch, std::min(k_min_requests * asize, 2 * cfg_.order_batch))
-                               : cfg_.order_batch;
-    return on ? std::min(k_requests * asize, batch) : 0;
+    return on ? std::min(k_requests * asize, requests_within(k_min_requests, asize, cfg_.order_batch)) : 0;
 }
 
 bool block_pool::batch_pending(int i, uint64_t asize) const noexcept { return pending_bytes_[i] < order_batch_for(asize); }
@@ -830,11 +827,8 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
             // None where ordered release stands in for fences (order_alone): the miss that wants
             // the memory releases it with one event, and a fence here would be a second.
             const uint64_t batch = last_fence_streams_ ? cfg_.fence_batch : 1;
-            uint64_t whole = budget;  // GPUMEM_FENCE_BATCH goes up to 2^48: the product saturates
-            if (b->size < budget && (__builtin_mul_overflow(batch, b->size, &whole) || whole > 2 * budget))
-                whole = 2 * budget;
             if (!poisoned_ && streams_ && unfenced_bytes_ >= budget / 8 &&
-                (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= std::max(budget, whole)) &&
+                (pending_.size() - fenced_end() >= batch || unfenced_bytes_ >= requests_within(batch, b->size, budget)) &&
                 !order_alone() && can_sync())
                 record_fence();
         } else {
