@@ -2,7 +2,7 @@
 // splits off the arguments that are not gpumem's, parses the rest and runs the chosen subcommand.
 //
 // CLI11 (Debian libcli11-dev) gives every subcommand the same conventions: `--flag value` and
-// `--flag=value`, `--help`, and errors that name the option; main adds one error prefix and exit 2.
+// `--flag=value`, `--help`, and errors that name the option; run_gpumem adds one error prefix and exit 2.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
