@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "analyze.h"
+#include "expect_rejected.h"
 #include "log_reader.h"
 #include "test_util.h"
 
@@ -117,6 +118,40 @@ TEST_CASE("a seq on a stack record is not part of the order, for report and repl
     run_result replay = run_gpumem("replay --no-progress --policy ideal " + f.path);
     CHECK(replay.rc == 0);
     CHECK(replay.err.empty());
+}
+
+// A kind this analyzer does not know (a newer recorder's) is skipped wherever it stands: as the
+// first event after the header too, where it is not a second header.
+TEST_CASE("an unknown kind right after the header is skipped, for report and replay alike", "[bad][cli]") {
+    temp_file f(std::string(k_header_off) + "{\"ev\":\"telemetry\",\"seq\":0,\"t\":50,\"tid\":1}\n" +
+                alloc_line(1, 0x1000, 4096) + end_line(2, 1));
+    process_report r = analyze_file(f.path, {});
+    REQUIRE(r.devices.size() == 1);
+    CHECK(r.devices[0].requested.current == 4096);
+    run_result replay = run_gpumem("replay --no-progress --policy ideal " + f.path);
+    CHECK(replay.rc == 0);
+    CHECK(replay.err.empty());
+}
+
+// A double free is named with the line of the free before it, however many other frees came
+// between (the checker remembers the last 2^20).
+TEST_CASE("a double free is named as one after other frees", "[bad]") {
+    std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 10) + free_line(1, 0x1000, 10);
+    uint64_t seq = 2;
+    for (uint64_t p = 0x2000; p < 0x12000; p += 0x1000) {
+        log += alloc_line(seq++, p, 10);
+        log += free_line(seq++, p, 10);
+    }
+    expect_rejected(log + free_line(seq, 0x1000, 10), seq + 2, "double free of pointer 0x1000: it was already freed at line 3");
+}
+
+// A pointer allocated again is no double-free candidate any more: once that allocation is gone
+// without a free (here with its context), a free of it is not a second free of the first one.
+TEST_CASE("a free after an address was allocated again and dropped is not called a double free", "[bad]") {
+    const std::string reset = "{\"ev\":\"context_reset\",\"seq\":3,\"t\":400,\"tid\":1,\"dev\":0,\"count\":0}\n";
+    expect_rejected(std::string(k_header_off) + alloc_line(0, 0x1000, 10) + free_line(1, 0x1000, 10) + alloc_line(2, 0x1000, 10) +
+                        reset + free_line(4, 0x1000, 10),
+                    6, "free of unknown pointer 0x1000");
 }
 
 TEST_CASE("command-line mistakes exit 2 with usage", "[bad][cli]") {

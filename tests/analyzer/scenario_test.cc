@@ -205,13 +205,13 @@ TEST_CASE("the peak map from a second pass equals the one taken inline", "[scena
 }
 
 // The pool's OOM of `request` bytes in one 8 MiB cuMemAlloc segment with 2 MiB live at 0 and at
-// 4 MiB (4 MiB free in two 2 MiB blocks) and 1 MiB free on the GPU; the OOM as reported.
-static oom_report oom_in_two_holes(uint64_t request) {
+// 4 MiB (4 MiB free in two 2 MiB blocks) and `gpu_free` (1 MiB) free on the GPU; the OOM as reported.
+static oom_report oom_in_two_holes(uint64_t request, uint64_t gpu_free = 1 << 20) {
     const uint64_t seg = 0x40000000, MiB = 1 << 20;
     const std::string log = std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
                             pooled_line("alloc", 1, seg, 2 * MiB, 2 * MiB, seg) +
                             pooled_line("alloc", 2, seg + 4 * MiB, 2 * MiB, 2 * MiB, seg) +
-                            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, MiB, 9 * MiB) + end_line(4, 2);
+                            oom_line(3, request, {8 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, 2, 1}, gpu_free, 9 * MiB) + end_line(4, 2);
     temp_file f(log);
     process_report r = analyze_file(f.path, {});
     REQUIRE(r.devices[0].ooms.size() == 1);
@@ -274,6 +274,50 @@ TEST_CASE("after lost events, inconsistencies are warnings, not errors", "[scena
     CHECK(has_warning(r, "3 event(s) were lost"));
     CHECK(has_warning(r, "free of unknown pointer 0x9000"));
     CHECK(has_warning(r, "tolerated"));
+}
+
+// docs/log-format.md, asize: never below size.  Tolerated after lost events, the allocation is
+// then taken as exactly its size, so allocated never falls below requested (a negative rounding).
+TEST_CASE("after lost events, an allocation whose asize is below its size counts as exactly its size", "[scenario]") {
+    const std::string pitched =
+        "{\"ev\":\"alloc\",\"seq\":0,\"t\":100,\"tid\":1,\"dev\":0,\"api\":\"cuMemAllocPitch_v2\",\"kind\":\"device\","
+        "\"ptr\":\"0x1000\",\"size\":1000,\"asize\":10}\n";
+    temp_file f(std::string(k_header_off) + lost_line(50, 1) + pitched + end_line(1, 1));
+    process_report r = analyze_file(f.path, {});
+    CHECK(has_warning(r, ":3: allocation at 0x1000 of 1000 bytes sets aside 10 (asize below size) (tolerated"));
+    const device_report& d = device(r, 0);
+    CHECK(d.requested.current == 1000);
+    CHECK(d.allocated.current == 1000);
+    CHECK(d.allocated.peak == 1000);
+}
+
+// report_model.h: the report keeps the first k_max_warnings warnings and counts the rest.  The
+// first loss is shown even past that cap (the totals are approximate, which "N more warnings"
+// would hide); a later one is an ordinary warning.
+TEST_CASE("warnings past the cap are counted, not kept, but the first loss is always shown", "[scenario]") {
+    std::string log = k_header_off;
+    uint64_t seq = 0;
+    for (uint64_t i = 0; i < k_max_warnings + 10; ++i) {
+        log += alloc_line(seq++, 0x1000 + i * 0x1000, 100);
+        log += free_line(seq++, 0x1000 + i * 0x1000, 99);  // another size than allocated: a warning
+    }
+    temp_file f(log + lost_line(seq * 100, 2) + lost_line(seq * 100 + 50, 3) + end_line(seq));
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.n_warnings == k_max_warnings + 12);
+    REQUIRE(r.warnings.size() == k_max_warnings + 1);
+    CHECK_THAT(r.warnings.back(), Catch::Contains("2 event(s) were lost by the recorder"));
+    CHECK_FALSE(has_warning(r, "3 event(s) were lost"));
+}
+
+// docs/log-format.md: an event after the end line is warned about; a line of a kind this analyzer
+// does not know is skipped by the version policy, there too, even where its seq jumps.
+TEST_CASE("after the end line, a known event is warned about and an unknown kind is not", "[scenario]") {
+    temp_file f(std::string(k_header_off) + alloc_line(0, 0x1000, 4096) + end_line(1, 1) +
+                "{\"ev\":\"telemetry\",\"seq\":3,\"t\":400,\"tid\":1}\n" + free_line(4, 0x1000, 4096));
+    process_report r = analyze_file(f.path, {});
+    CHECK(has_warning(r, ":4: seq jumps from 1 to 3"));
+    CHECK_FALSE(has_warning(r, ":4: event after the end line"));
+    CHECK(has_warning(r, ":5: event after the end line"));
 }
 
 TEST_CASE("events lost with no lost line of their own are counted from the end line", "[scenario]") {
@@ -731,7 +775,7 @@ TEST_CASE("OOM explanations: a free block of exactly the request's size is large
     // Free blocks of 2 MiB and 2 MiB in the segment, 1 MiB free on the GPU (oom_in_two_holes): the
     // largest block comes from the segments, not from the GPU's free memory.
     const uint64_t MiB = 1 << 20;
-    auto oom = oom_in_two_holes;
+    auto oom = [](uint64_t request) { return oom_in_two_holes(request); };
     oom_report o = oom(2 * MiB);
     CHECK(o.verdict == "fragmentation");
     CHECK(o.largest_free == 2 * MiB);
@@ -739,6 +783,12 @@ TEST_CASE("OOM explanations: a free block of exactly the request's size is large
     o = oom(2 * MiB + 1);
     CHECK(o.verdict == "fragmentation");
     CHECK_THAT(o.explanation, Catch::StartsWith("enough free memory exists in total, but no single free block"));
+    // The driver's free memory is such a block: 3 MiB free on the GPU holds the 3 MiB that neither
+    // 2 MiB block in the segment can.
+    o = oom_in_two_holes(3 * MiB, 3 * MiB);
+    CHECK(o.verdict == "fragmentation");
+    CHECK(o.largest_free == 2 * MiB);
+    CHECK_THAT(o.explanation, Catch::StartsWith("enough free memory exists, and a free block is large enough"));
 }
 
 // A call the pool did not serve: when the driver says right after that the request's size is free
@@ -915,5 +965,17 @@ TEST_CASE("a pool_sync count that differs from the pending frees is warned about
         CHECK(has_warning(r, "1 event(s) were lost"));
         CHECK_FALSE(has_warning(r, "pool_sync releases"));
         CHECK(r.devices[0].end_free_in_segments == 4096);
+    }
+    {
+        // A count below the pending frees: said, and a pool_sync that is no fence release still
+        // releases every pending block (only a fence's count picks the oldest ones).
+        temp_file f(k_header_on + seg_line("segment_alloc", 0, seg, 4096) + pooled_line("alloc", 1, seg, 1000, 1024, seg) +
+                    pooled_line("alloc", 2, seg + 2048, 1000, 1024, seg) + pooled_line("free", 3, seg, 1000, 1024, seg) +
+                    pooled_line("free", 4, seg + 2048, 1000, 1024, seg) + pool_sync_line(5, 1) + end_line(6));
+        process_report r = analyze_file(f.path, {});
+        CHECK(r.n_warnings == 1);
+        CHECK(has_warning(r, ":7: pool_sync releases 1 frees; the reconstruction has 2 pending"));
+        CHECK(r.devices[0].end_free_in_segments == 4096);
+        CHECK(r.devices[0].end_free_blocks == 1);
     }
 }

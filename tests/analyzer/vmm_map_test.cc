@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "analyze.h"
+#include "cli_input.h"  // parse_moment, --at's argument
 #include "expect_rejected.h"
 #include "log_reader.h"
 #include "report_output.h"
@@ -311,4 +312,12 @@ TEST_CASE("segment_free of an arena segment takes only its mapped bytes out of r
     CHECK(d.reserved.current == 2 * MiB);
     CHECK(d.unmapped.current == 0);
     CHECK(d.end_free_in_segments == 2 * MiB);
+    // The map after it (--at) has no unmapped bytes left of the old segment's hole either.
+    analyze_options o;
+    REQUIRE(parse_moment("3", o.at));
+    process_report at = analyze_file(f.path, o);
+    const state_snapshot& s = at.devices[0].at_request;
+    REQUIRE(s.valid);
+    CHECK(s.reserved == 2 * MiB);
+    CHECK(s.unmapped == 0);
 }

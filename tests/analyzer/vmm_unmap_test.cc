@@ -204,6 +204,18 @@ TEST_CASE("a pool's oom and the alloc_fail of the same request are one OOM; a fa
         CHECK(d.ooms[1].size == 3 * MiB);
         CHECK(d.ooms[1].err == 2);
     }
+    SECTION("the same size twice: the pool's oom takes the first call, the second is an OOM of its own") {
+        temp_file f(head + fail_line(4, 4 * MiB, true) + fail_line(5, 4 * MiB, false) + end_line(6, 1));
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = r.devices[0];
+        CHECK(d.n_oom == 2);
+        CHECK(d.n_alloc_fail == 2);
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].from_pool);
+        CHECK(d.ooms[0].err == 2);
+        CHECK(!d.ooms[1].from_pool);
+        CHECK(d.ooms[1].seq == 5);
+    }
 }
 
 // Logs of tests/emu/pool_app's fill/fragment/large program under GPUMEM_POOL_VMM=on on the

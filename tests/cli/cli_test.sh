@@ -595,6 +595,16 @@ diff)
   expect_in "$W/out" "+ api cudaMalloc: peak live 3.00 MiB -> 7.00 MiB  [+4.00 MiB"
   expect_in "$W/out" "+ leaks from cudaMallocManaged: 0 B -> 512.00 KiB"
   expect_not_in "$W/out" "no end line"
+  # --top N keeps the N largest changes, a drop ranked by its size as a growth is: against the
+  # larger run as A, the 4 MiB drop comes before the 512 KiB ones, and the rest are counted.
+  expect_rc 0 "$GPUMEM" diff --top 1 "$DATA/after.jsonl" "$DATA/before.jsonl"
+  [ "$(sed -n '/top changes (by bytes)/,$p' "$W/out")" = "  top changes (by bytes)
+    - api cudaMalloc: peak live 7.00 MiB -> 3.00 MiB  [-4.00 MiB; allocations 3 -> 2]
+    ... 6 more (--top N)" ] || fail "diff --top 1: $(cat "$W/out")"
+  # The smallest size class holds requests of 0 and 1 byte: it is named from 0 B.
+  sed 's/"size":2097152/"size":1/g' "$DATA/before.jsonl" > "$W/one_byte.jsonl"
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/one_byte.jsonl"
+  expect_in "$W/out" "+ size class 0 B-2 B: 0 -> 1 allocations  [+1 B; bytes allocated over the run 0 B -> 1 B]"
   # Fragmentation is measured on gpumem's pool segments only (docs/metrics.md): a side that had none
   # (--pool off) is "not measured", not a 0.0% that reads as unfragmented, and has no change (a
   # pool-on run against a pool-off one was "-33.3 points", an improvement that was never measured).

@@ -82,6 +82,10 @@ with tempfile.TemporaryDirectory() as d:
           f"truncated top_sites:\n{out_top}")
     check("    ? train_step (train.py:27) <- <module> (train.py:41) (inside Adam._init_group (adam.py:178))  ?\n"
           "        A < 32.00 MiB (not listed) -> B 8.00 MiB in 1 allocation\n" in out_top, "an unlisted site is unknown")
+    # --top 1: one site, and the count of the rest not shown, the unknown ones among them.
+    out_top1 = device0(run("diff", "--top", "1", jt, jb))
+    check("6 listed on one side only\n" + grew + "    ... 6 more (--top N)\n  leaks by call site" in out_top1,
+          f"truncated top_sites, --top 1:\n{out_top1}")
 
     # Logs without stacks: no site section.
     plain = os.path.join(data, "golden", "pool_off_basic.jsonl")
