@@ -525,6 +525,19 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) {
             if (reclaim(api, true, p, asize) && (b = find_free(p, asize))) return b;
         }
+        // With arenas, first only what the growth lacks, from free blocks other than the ones
+        // beside the hole it will use: giving back every free chunk made the next allocations map
+        // them again, step after step, in a program whose peak is near the device's memory.
+        // (Settled first: settling joins free blocks, which may recycle the one `keep` names.)
+        if (arenas && chunk_) {
+            if (!ordered_frees_settled()) settle_frees(api);
+            const block* keep = nullptr;
+            const uint64_t need = arena_growth(p, asize, &keep);
+            if (!unsettled_frees_ && can_sync() && unmap_free_chunks(api, need, keep, true) >= need) {
+                if (cfg_.headroom && !exiting_) look_at_driver();
+                if (arena_grow(p, asize, api, &b) == k_cuda_success) return b;
+            }
+        }
         release_unused(api);
         // The give-back raised the driver's free memory, which batches look at (order_batch_for):
         // counted again, or they would stay off until the next stats look.

@@ -5,7 +5,8 @@
 // POOL_REPLAY_LAG_US=L: fences instead of syncs (events on), and a GPU that runs L microseconds of
 // the log's time behind the program: the work enqueued at log time t is done at t + L.  The work
 // runs on the legacy stream; POOL_REPLAY_STREAMS=N (default 1) idle non-blocking streams exist
-// besides (PyTorch makes 32 per priority at its first side stream).  It prints the pool's driver calls per allocation (event records, queries,
+// besides (PyTorch makes 32 per priority at its first side stream).  POOL_REPLAY_CAPACITY=M: a device of
+// M MiB.  It prints the pool's driver calls per allocation (event records, queries,
 // waits), the host-side cost that safe reuse adds, and what the peak is made of (allocated,
 // pending and free bytes, and the request that made it).
 #include <nlohmann/json.hpp>
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
         fake_backend dev;
         peak_sink sink;
         dev.set_vmm(2ull << 20);  // the H200's granularity; GPUMEM_POOL_VMM decides whether the pool uses it
+        // POOL_REPLAY_CAPACITY=MiB: a device that holds only that much, to see what the pool pays
+        // where the program's peak is near the device's memory (its out-of-memory path at work).
+        if (const char* cap = std::getenv("POOL_REPLAY_CAPACITY"); cap && *cap) dev.set_capacity(std::strtoull(cap, nullptr, 10) << 20);
         block_pool pool(cfg, dev, &sink, 0);
         const char* lag_env = std::getenv("POOL_REPLAY_LAG_US");
         const bool lagged = lag_env && *lag_env;

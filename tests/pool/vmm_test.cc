@@ -535,6 +535,43 @@ TEST_CASE("arenas, memory short: when the lowest hole needs more than the driver
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("arenas, memory short: the growth's lack goes back first and the other free chunks stay mapped", "[pool][vmm][arena]") {
+    // 17 blocks of 6 MiB fill a 102 MiB device; two of three freed: runs of 12 MiB free at 6, 24,
+    // ..., 78 MiB (60 MiB), and [96, 102) at the arena's end.
+    fake_backend dev(102 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    const std::vector<uint64_t> six = fragment_6mib(pool, 17);
+    REQUIRE(dev.in_use() == 102 * MiB);
+    const uint64_t base = six[0];
+    // 20 MiB fits no free block; the growth joins [96, 102) and lacks 14 MiB, which the driver
+    // has not.  Only those 14 MiB go back (the first free run and a chunk pair of the next), not
+    // all 60: in a program whose peak is near the device's memory the pool would map them again at
+    // once, step after step.
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    CHECK(big == base + 96 * MiB);
+    uint64_t unmapped = 0;
+    for (const event& e : sink.of(ev_kind::segment_unmap)) unmapped += e.b.size;
+    CHECK(unmapped == 14 * MiB);
+    CHECK(pool.snapshot().reserved == 102 * MiB);
+    CHECK(dev.in_use() == 102 * MiB);
+    // 40 MiB: again just its lack (the arena's end is taken now), 46 MiB stay free to give; then
+    // 8 MiB, when the pool holds 6 MiB free in whole chunks: the driver alone would fail it too.
+    uint64_t bigger = 0, more = 0;
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &bigger) == k_cuda_success);
+    unmapped = 0;
+    for (const event& e : sink.of(ev_kind::segment_unmap)) unmapped += e.b.size;
+    CHECK(unmapped == 54 * MiB);
+    CHECK(pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &more) == k_cuda_oom);
+    CHECK(pool.snapshot().reserved <= 102 * MiB);
+    std::string why;
+    INFO(why);
+    CHECK(pool.validate(&why));
+    CHECK(dev.bad_calls() == 0);
+}
+
 TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas off", "[pool][vmm][arena]") {
     const char* env_size[][2] = {{"GPUMEM_POOL_ARENA", "32MiB"}, {nullptr, nullptr}};
     static const char* (*table)[2];
