@@ -514,7 +514,8 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
         return nullptr;
     }
 
-    // OOM: first the pending frees of both pools (waiting on their fences), then the cached free
+    // OOM: first the pending frees of both pools (waiting on their fences), then (arenas) whole
+    // free chunks that make up what the growth lacks and the growth again, then the cached free
     // segments, then (virtual memory) every whole chunk inside a free range, then retry in fresh
     // address space with a segment of just the request, rounded to chunks.  With VMM this makes
     // the pool's limit the driver's: it fails only when the chunks holding live blocks plus the
