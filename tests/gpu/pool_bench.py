@@ -24,6 +24,9 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
     and, as the control, safe with a fence per free (GPUMEM_FENCE_BATCH=1, the rule before batches).
 POOL_BENCH_A_MODES (comma-separated, default raw,gpumem,gpumem-novmm) picks (a)'s modes.
 POOL_BENCH_CPUS (e.g. 0-7) pins every spawned process to those CPUs.
+POOL_BENCH_LEAVE_MIB=N: (b) runs beside a process (no gpumem, PyTorch's own allocator) that holds
+all of the GPU's free memory but N MiB: a program whose peak is near the device's memory, where the
+pool's out-of-memory path runs every step (native PyTorch, which caches twice the peak, may not fit).
 Results: OUTDIR/pool-bench.md (Markdown) and OUTDIR/pool-bench.json; the logs in POOL_BENCH_LOGS (a
 fresh /tmp directory by default).  Exit 1 if a correctness gate
 fails ((a) and (c)); the time and memory targets are printed, not gated (they are what is measured).
@@ -103,6 +106,15 @@ def w_transformer(steps):
             "step_ms": [round(1e3 * t, 2) for t in times], "steps": steps, "losses": losses[-3:],
             "torch_max_reserved": torch.cuda.max_memory_reserved(),
             "torch_max_allocated": torch.cuda.max_memory_allocated()}
+
+
+def w_hog(leave_mib):
+    # Holds all the free memory but leave_mib, then waits to be killed (POOL_BENCH_LEAVE_MIB).
+    import torch
+    free, _ = torch.cuda.mem_get_info()
+    x = torch.empty(max(free - (leave_mib << 20), 0), dtype=torch.uint8, device="cuda")
+    print(json.dumps({"held_mib": x.numel() >> 20, "left_mib": torch.cuda.mem_get_info()[0] >> 20}), flush=True)
+    time.sleep(1e6)
 
 
 def w_race(iters):
@@ -337,13 +349,24 @@ def main():
     b_modes = tuple(os.environ.get("POOL_BENCH_MODES", "native,expandable,gpumem,gpumem-vmm-immediate,"
                                    "gpumem-vmm-nostacks,gpumem-novmm").split(","))
     steps = int(os.environ.get("POOL_BENCH_STEPS", "40"))
+    leave = os.environ.get("POOL_BENCH_LEAVE_MIB")
+    hog = None
+    if leave and "b" in parts:
+        hog = subprocess.Popen(me + ["hog", leave], stdout=subprocess.PIPE, text=True)
+        R["b_hog"] = json.loads(hog.stdout.readline() or "{}")
+        print(f"== (b) beside a process that leaves {R['b_hog'].get('left_mib', '?')} MiB of the GPU free", flush=True)
     # Even rounds run the modes in reverse: a machine that warms up (native sped up 27% from its
     # first round to its fourth in run 43, always running first) must not favour the later modes.
-    for rd in range(1, rounds + 1) if "b" in parts else ():
-        for m in (b_modes if rd % 2 else b_modes[::-1]):
-            r = spawn(outdir, f"tf-{m}-{rd}", m, me + ["transformer", str(steps)])
-            r.update(log_facts(outdir, f"tf-{m}-{rd}"))
-            R["b"].setdefault(m, []).append(r)
+    try:
+        for rd in range(1, rounds + 1) if "b" in parts else ():
+            for m in (b_modes if rd % 2 else b_modes[::-1]):
+                r = spawn(outdir, f"tf-{m}-{rd}", m, me + ["transformer", str(steps)])
+                r.update(log_facts(outdir, f"tf-{m}-{rd}"))
+                R["b"].setdefault(m, []).append(r)
+    finally:
+        if hog:
+            hog.kill()
+            hog.wait()
 
     # (c)
     for m in C_MODES if "c" in parts else ():
@@ -400,7 +423,8 @@ def main():
     if not ok_a and "a" in parts:
         fails.append("a")
 
-    md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds", "",
+    beside = f", beside a process that left {R['b_hog'].get('left_mib', '?')} MiB of the GPU free" if "b_hog" in R else ""
+    md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds{beside}", "",
            "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run; ordered releases, waits after the last) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|---|"]
     nat = R["b"].get("native", [])
@@ -489,7 +513,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "worker":
         what = sys.argv[2]
         args = [int(x) for x in sys.argv[3:]]
-        fn = {"fragment": w_fragment, "transformer": w_transformer, "race": w_race}[what]
+        fn = {"fragment": w_fragment, "transformer": w_transformer, "race": w_race, "hog": w_hog}[what]
         print(json.dumps(fn(*args)), flush=True)
     elif len(sys.argv) > 1 and sys.argv[1] != "worker":
         sys.exit(main())
