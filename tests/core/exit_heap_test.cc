@@ -1,5 +1,6 @@
 // The end of the log for _exit (and for a signal) makes no heap allocation: counted by a global operator new.
 // Standalone (links gpumem_core), as tests/pool/pool_host_alloc_test: the counting operator new is the whole binary's.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,6 +28,35 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
+// Whether every gpumem writer thread of this process sleeps (state S in /proc): after its first
+// drain a writer waits the flush interval (60 s here) in a futex.  A fixed sleep was not enough on
+// a loaded machine (the first drain came late, while finish() was being counted).
+static bool writers_asleep() {
+    DIR* d = opendir("/proc/self/task");
+    if (!d) return false;
+    bool seen = false, asleep = true;
+    while (dirent* t = readdir(d)) {
+        if (t->d_name[0] == '.') continue;
+        std::string dir = std::string("/proc/self/task/") + t->d_name;
+        std::ifstream comm(dir + "/comm");
+        std::string name;
+        if (!std::getline(comm, name) || name != "gpumem-writer") continue;
+        seen = true;
+        std::ifstream stat(dir + "/stat");
+        std::string st;
+        std::getline(stat, st);
+        const size_t close = st.rfind(')');
+        if (close == std::string::npos || close + 2 >= st.size() || st[close + 2] != 'S') asleep = false;
+    }
+    closedir(d);
+    return seen && asleep;
+}
+
+// Waits (up to 10 s) until the log's writer has made its first drain and sleeps.
+static void wait_for_writer_sleep() {
+    for (int i = 0; i < 10000 && !writers_asleep(); ++i) usleep(1000);
+}
+
 // _exit may run in a signal handler that interrupted malloc, so finish(fast_exit) must not allocate.
 // The writer sleeps a long flush interval here, so the 100 events (each would take a node of the
 // live map on the normal path) wait for finish() to drain them.  Returns the failures.
@@ -41,7 +71,7 @@ static int check(end_reason why, const char* name) {
     }
     // The writer drains once as it starts, then sleeps the flush interval: let that first drain
     // pass, or it could take the events (and the map's nodes) while counting.
-    usleep(50000);
+    wait_for_writer_sleep();
     for (int i = 0; i < 100; ++i) {
         event e{};
         e.ev = ev_kind::alloc;
@@ -74,6 +104,7 @@ int main() {
         o.flush_ms = 60000;
         event_log log(o);
         if (log.start(path, "{\"ev\":\"header\"}\n")) {
+            wait_for_writer_sleep();  // or its first drain could take the nodes before the count
             event e{};
             e.ev = ev_kind::alloc;
             e.b.size = 512;
