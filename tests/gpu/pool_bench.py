@@ -34,6 +34,7 @@ fails ((a) and (c)); the time and memory targets are printed, not gated (they ar
 import glob
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -112,7 +113,8 @@ def w_hog(leave_mib):
     # Holds all the free memory but leave_mib, then waits to be killed (POOL_BENCH_LEAVE_MIB).
     import torch
     free, _ = torch.cuda.mem_get_info()
-    x = torch.empty(max(free - (leave_mib << 20), 0), dtype=torch.uint8, device="cuda")
+    # Whole 2 MiB pages: the driver cannot hand out every byte mem_get_info counts as free.
+    x = torch.empty(max(free - (leave_mib << 20), 0) & ~((2 << 20) - 1), dtype=torch.uint8, device="cuda")
     print(json.dumps({"held_mib": x.numel() >> 20, "left_mib": torch.cuda.mem_get_info()[0] >> 20}), flush=True)
     time.sleep(1e6)
 
@@ -207,14 +209,20 @@ def pin_cpus():
         os.sched_setaffinity(0, PIN)
 
 
-def spawn(outdir, name, mode, argv, timeout=600):
-    env_add, preload = mode_env(mode)
+def bare_env():
+    """This process's environment less what picks a mode: each mode sets its own."""
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "GPUMEM_OUT", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
               "GPUMEM_POOL_VMM", "GPUMEM_REUSE", "GPUMEM_STACKS", "GPUMEM_POOL_TRIM", "GPUMEM_POOL_ARENA",
               "GPUMEM_SYNC_BUDGET_DIV", "GPUMEM_POOL_STITCH", "GPUMEM_POOL_STITCH_KEEP", "GPUMEM_POOL_CHUNK", "GPUMEM_FENCE_BATCH",
               "GPUMEM_FENCE_WAIT"):
         env.pop(k, None)
+    return env
+
+
+def spawn(outdir, name, mode, argv, timeout=600):
+    env_add, preload = mode_env(mode)
+    env = bare_env()
     other = env_add.pop("LIB", None)
     lib = os.path.join(os.path.dirname(os.path.dirname(LIB)), "gpu", other, "libgpumem.so") if other else LIB
     env.update(env_add)
@@ -352,9 +360,18 @@ def main():
     leave = os.environ.get("POOL_BENCH_LEAVE_MIB")
     hog = None
     if leave and "b" in parts:
-        hog = subprocess.Popen(me + ["hog", leave], stdout=subprocess.PIPE, text=True)
-        R["b_hog"] = json.loads(hog.stdout.readline() or "{}")
-        print(f"== (b) beside a process that leaves {R['b_hog'].get('left_mib', '?')} MiB of the GPU free", flush=True)
+        # Without gpumem and any mode's settings.  If it cannot hold the memory, (b) is not run:
+        # numbers taken with room would read as numbers taken near the device's memory.
+        hog = subprocess.Popen(me + ["hog", leave], env=bare_env(), stdout=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([hog.stdout], [], [], 300)
+        line = hog.stdout.readline() if ready else ""
+        if not line.startswith("{") or hog.poll() is not None:
+            hog.kill()
+            hog.wait()
+            print(f"pool_bench: the process meant to leave {leave} MiB free did not start (rc {hog.returncode}); (b) not run", file=sys.stderr)
+            return 2
+        R["b_hog"] = json.loads(line)
+        print(f"== (b) beside a process that leaves {R['b_hog']['left_mib']} MiB of the GPU free", flush=True)
     # Even rounds run the modes in reverse: a machine that warms up (native sped up 27% from its
     # first round to its fourth in run 43, always running first) must not favour the later modes.
     try:
@@ -423,7 +440,7 @@ def main():
     if not ok_a and "a" in parts:
         fails.append("a")
 
-    beside = f", beside a process that left {R['b_hog'].get('left_mib', '?')} MiB of the GPU free" if "b_hog" in R else ""
+    beside = f", beside a process that left {R['b_hog']['left_mib']} MiB of the GPU free" if "b_hog" in R else ""
     md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds{beside}", "",
            "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run; ordered releases, waits after the last) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|---|"]
