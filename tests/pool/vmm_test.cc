@@ -207,8 +207,9 @@ TEST_CASE("arenas off, memory short: a hole is mapped again, joined to the free 
         CHECK(sink.count(ev_kind::segment_alloc) == 1);
         CHECK(dev.in_use() == 14 * MiB);
         std::string why;
+        const bool valid = pool.validate(&why);
         INFO(why);
-        CHECK(pool.validate(&why));
+        CHECK(valid);
         for (uint64_t p : {a, c, r}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
         pool.release_cached();
         CHECK(dev.in_use() == 0);
@@ -242,8 +243,9 @@ TEST_CASE("arenas off, memory short: the segment of just the request spans a seg
     for (size_t k = 7; k < ps.size(); ++k) CHECK(ps[k] == ps[6] + (k - 6) * 3 * MiB);
     CHECK(dev.in_use() == 30 * MiB);
     std::string why;
+    const bool valid = pool.validate(&why);
     INFO(why);
-    CHECK(pool.validate(&why));
+    CHECK(valid);
     int rc = -1;
     for (uint64_t p : ps) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
     pool.release_cached();
@@ -454,8 +456,9 @@ TEST_CASE("arenas: one address range per pool, mapped as it grows, holes mapped 
     CHECK(dev.in_use() == 80 * MiB);
     CHECK(pool.snapshot().reserved == 80 * MiB);
     std::string why;
+    const bool valid = pool.validate(&why);
     INFO(why);
-    CHECK(pool.validate(&why));
+    CHECK(valid);
     for (uint64_t p : {x, y, z}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
     pool.release_cached();
     CHECK(dev.in_use() == 0);
@@ -490,8 +493,9 @@ TEST_CASE("arenas: the rest before a hole splits off, however small, after exit 
     CHECK(dev.map_calls() == maps);
     CHECK(dev.reservations() == reserves);
     std::string why;
+    const bool valid = pool.validate(&why);
     INFO(why);
-    CHECK(pool.validate(&why));
+    CHECK(valid);
 }
 
 // Memory short with arenas: the growth maps into the lowest hole that fits, and when that one
@@ -526,8 +530,9 @@ TEST_CASE("arenas, memory short: when the lowest hole needs more than the driver
     CHECK(maps.back().b.size == 2 * MiB);
     CHECK(dev.in_use() == 16 * MiB);
     std::string why;
+    const bool valid = pool.validate(&why);
     INFO(why);
-    CHECK(pool.validate(&why));
+    CHECK(valid);
     for (uint64_t p : {a, b, d, e, r}) REQUIRE(pool.deallocate(p, api_id::cuMemFree_v2, &rc));
     pool.release_cached();
     CHECK(dev.in_use() == 0);
@@ -567,8 +572,9 @@ TEST_CASE("arenas, memory short: the growth's lack goes back first and the other
     CHECK(pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &more) == k_cuda_oom);
     CHECK(pool.snapshot().reserved <= 102 * MiB);
     std::string why;
+    const bool valid = pool.validate(&why);
     INFO(why);
-    CHECK(pool.validate(&why));
+    CHECK(valid);
     CHECK(dev.bad_calls() == 0);
 }
 
