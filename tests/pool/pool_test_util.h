@@ -27,6 +27,12 @@ struct recording_sink final : event_sink {
         for (const event& e : events) n += e.ev == k;
         return n;
     }
+    uint64_t bytes(ev_kind k) {  // the sizes of the events of kind k, summed (segment_unmap: bytes given back)
+        std::lock_guard<std::mutex> lk(mu);
+        uint64_t n = 0;
+        for (const event& e : events) n += e.ev == k ? e.b.size : 0;
+        return n;
+    }
     std::vector<event> of(ev_kind k) {
         std::lock_guard<std::mutex> lk(mu);
         std::vector<event> r;
