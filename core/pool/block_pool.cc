@@ -534,7 +534,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             if (!ordered_frees_settled()) settle_frees(api);
             const block* keep = nullptr;
             const uint64_t need = arena_growth(p, asize, &keep);
-            if (need && !unsettled_frees_ && can_sync() && unmap_free_chunks(api, need, keep, true) >= need) {
+            if (need && unmap_settled(api, need, keep, true) >= need) {
                 if (cfg_.headroom && !exiting_) look_at_driver();
                 if (arena_grow(p, asize, api, &b) == k_cuda_success) return b;
             }

@@ -352,6 +352,9 @@ class block_pool {
     // keep: a hole whose free neighbours stay mapped (the trim before an arena maps into it).
     // part: a free block may go back in part, the front chunks that make up `want` (headroom).
     uint64_t unmap_free_chunks(api_id api, uint64_t want = UINT64_MAX, const block* keep = nullptr, bool part = false);
+    // The same, only when it may run: chunks in use (VMM), no free block's last work left to wait
+    // for (unsettled_frees_ == 0) and no capture open (cuMemUnmap does not wait); 0 otherwise.
+    uint64_t unmap_settled(api_id api, uint64_t want, const block* keep, bool part);
     // After the pending frees were released (OOM, give_back): settles the rest, dissolves idle
     // stitched segments, returns empty segments and unmaps every whole free chunk; nothing inside
     // a capture.

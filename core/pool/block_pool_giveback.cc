@@ -207,6 +207,10 @@ void block_pool::release_cached() noexcept {
     check_after_op();
 }
 
+uint64_t block_pool::unmap_settled(api_id api, uint64_t want, const block* keep, bool part) {
+    return chunk_ && !unsettled_frees_ && can_sync() ? unmap_free_chunks(api, want, keep, part) : 0;
+}
+
 void block_pool::release_unused(api_id api, uint64_t want) {
     // Again: a capture opened on another thread during the caller's waits forbids the frees below.
     if (!can_sync()) return;
@@ -216,14 +220,12 @@ void block_pool::release_unused(api_id api, uint64_t want) {
     auto given = [&] { return before > reserved_ ? before - reserved_ : 0; };
     // Some bytes only (headroom): free chunks may be enough, and an empty arena is the pool's whole
     // memory, which the next growth would map again.
-    if (want != UINT64_MAX && chunk_ && !unsettled_frees_ && can_sync() && unmap_free_chunks(api, want, nullptr, true) >= want)
-        return;
+    if (want != UINT64_MAX && unmap_settled(api, want, nullptr, true) >= want) return;
     dissolve_free_stitched(api);
     // cuMemAlloc segments: as many as make up want.
     if (given() < want) release_free_segments(api, want == UINT64_MAX ? want : want - given());
     // Again: settle_frees may have waited (a capture opened meanwhile forbids unmapping).
-    if (chunk_ && !unsettled_frees_ && can_sync() && given() < want)
-        unmap_free_chunks(api, want - given(), nullptr, want != UINT64_MAX);
+    if (given() < want) unmap_settled(api, want - given(), nullptr, want != UINT64_MAX);
 }
 
 uint64_t block_pool::headroom_limit() const noexcept {
