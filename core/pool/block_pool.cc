@@ -277,7 +277,7 @@ void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
     e.err = k_cuda_oom;
     e.p = snapshot_locked();
     e.p.size = size;
-    if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    if (!exiting_) mem_info(&e.p.gpu_free, &e.p.gpu_total);
     if (!exiting_) note_driver_free(e.p.gpu_free, e.p.gpu_total);
     if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
     sink_->emit(e);
@@ -336,7 +336,7 @@ void block_pool::backend_release(segment* s) noexcept {
     drop_aliases(0, true);
     // The mapped chunks (the unmapped ones went back earlier), then the address space.
     for_each_mapped_run(s->chunks, [&](size_t i, size_t n) {
-        backend_.unmap_chunks(s->base + i * chunk_, chunk_, n, &s->chunks[i]);
+        unmap_chunks(s->base + i * chunk_, n, &s->chunks[i]);
         for (size_t k = i; k < i + n; ++k) s->chunks[k] = 0;
     });
     backend_.va_free(s->base, s->size);
@@ -360,7 +360,7 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
         }
         int rc = backend_.va_reserve(seg_size, &base);
         if (rc == k_cuda_success) {
-            rc = backend_.map_chunks(base, chunk_, map_bytes / chunk_, s->chunks.data());
+            rc = map_chunks(base, map_bytes / chunk_, s->chunks.data());
             if (rc != k_cuda_success) backend_.va_free(base, seg_size);
         }
         if (rc != k_cuda_success) {
@@ -1108,7 +1108,7 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     e.ev = ev_kind::stats;
     e.dev = device_;
     e.p = snapshot_locked();
-    if (!exiting_) backend_.mem_info(&e.p.gpu_free, &e.p.gpu_total);
+    if (!exiting_) mem_info(&e.p.gpu_free, &e.p.gpu_total);
     if (!exiting_) note_driver_free(e.p.gpu_free, e.p.gpu_total);
     if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
     sink_->emit(e);

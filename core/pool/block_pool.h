@@ -108,6 +108,16 @@ class block_pool {
     // Stitched ranges kept mapped with no segment on them (GPUMEM_POOL_STITCH_KEEP): address
     // reservations that are no segment's.
     size_t kept_ranges() const noexcept;
+    // The pool's own chunk calls, so far (stitching's second mappings are stitch_driver's): chunks
+    // mapped (cuMemCreate, cuMemMap, cuMemSetAccess), maps the driver refused for memory, chunks
+    // unmapped (cuMemUnmap, cuMemRelease), looks at the driver's free memory (cuMemGetInfo), and
+    // the host ns of each kind of call.  Near the device's memory the out-of-memory path cycles
+    // chunks through these calls every step: what that costs the program (docs/pool.md).
+    struct driver_tally {
+        uint64_t mapped = 0, refused = 0, unmapped = 0, looks = 0;
+        uint64_t map_ns = 0, unmap_ns = 0, look_ns = 0;
+    };
+    driver_tally chunk_driver() const noexcept;
 
     // Fences (docs/pool.md, "safe: fences"): with a stream set and a backend that has events,
     // pending frees are released by events recorded on the legacy stream and on every
@@ -355,6 +365,10 @@ class block_pool {
     // The same, only when it may run: chunks in use (VMM), no free block's last work left to wait
     // for (unsettled_frees_ == 0) and no capture open (cuMemUnmap does not wait); 0 otherwise.
     uint64_t unmap_settled(api_id api, uint64_t want, const block* keep, bool part);
+    // The backend's chunk and memory-info calls, counted and timed into tally_.
+    int map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept;
+    void unmap_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept;
+    void mem_info(uint64_t* free_b, uint64_t* total_b) noexcept;
     // After the pending frees were released (OOM, give_back): settles the rest, dissolves idle
     // stitched segments, returns empty segments and unmaps every whole free chunk; nothing inside
     // a capture.
@@ -446,6 +460,7 @@ class block_pool {
     };
     std::set<block*, by_addr> holes_[2];     // unmapped blocks by address (arenas map them again)
     uint64_t arena_size_ = 0;                // address space of a new arena; 0 = no arenas (decided once)
+    driver_tally tally_;                     // chunk_driver()
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
     std::vector<std::multiset<uint64_t>::node_type> spare_large_nodes_;  // for its inserts

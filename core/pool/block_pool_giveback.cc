@@ -172,7 +172,7 @@ uint64_t block_pool::unmap_free_chunks(api_id api, uint64_t want, const block* k
             }
             emit_chunks(api, s, s->base + lo, hi - lo);
             const size_t i = lo / chunk_, n = (hi - lo) / chunk_;
-            backend_.unmap_chunks(s->base + lo, chunk_, n, &s->chunks[i]);
+            unmap_chunks(s->base + lo, n, &s->chunks[i]);
             for (size_t k = i; k < i + n; ++k) s->chunks[k] = 0;
             s->mapped -= hi - lo;
             reserved_ -= hi - lo;
@@ -245,7 +245,7 @@ void block_pool::note_driver_free(uint64_t free_b, uint64_t total) noexcept {
 
 uint64_t block_pool::look_at_driver() noexcept {
     uint64_t free_b = 0, total = 0;
-    backend_.mem_info(&free_b, &total);
+    mem_info(&free_b, &total);
     note_driver_free(free_b, total);
     return free_b;
 }

@@ -24,7 +24,7 @@ bool block_pool::use_arenas() noexcept {
         uint64_t a = cfg_.arena;
         if (a == 0) {
             uint64_t free_b = 0, total = 0;
-            backend_.mem_info(&free_b, &total);
+            mem_info(&free_b, &total);
             a = total ? total + total / 8 : 256ull << 30;
         }
         // At most 1 TiB: the arena keeps one handle slot per chunk (4 MiB of host memory for
@@ -85,7 +85,7 @@ int block_pool::map_hole(block* u, uint64_t bytes, api_id api, block** out) {
         }
     }
     const size_t i = (u->addr - s->base) / chunk_;
-    const int rc = backend_.map_chunks(u->addr, chunk_, bytes / chunk_, &s->chunks[i]);
+    const int rc = map_chunks(u->addr, bytes / chunk_, &s->chunks[i]);
     if (rc != k_cuda_success) {
         // The backend made nothing; its handles must not look mapped.
         std::fill(s->chunks.begin() + i, s->chunks.begin() + i + bytes / chunk_, 0);
@@ -502,6 +502,34 @@ int block_pool::alias_unmap(uint64_t addr, size_t n) noexcept {
     alias_ns_ += steady_ns() - t0;
     if (rc == k_cuda_success) alias_unmapped_ += n;
     return rc;
+}
+
+int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept {
+    const uint64_t t0 = steady_ns();
+    const int rc = backend_.map_chunks(addr, chunk_, n, handles);
+    tally_.map_ns += steady_ns() - t0;
+    if (rc == k_cuda_success) tally_.mapped += n;
+    else if (rc == k_cuda_oom) ++tally_.refused;
+    return rc;
+}
+
+void block_pool::unmap_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept {
+    const uint64_t t0 = steady_ns();
+    backend_.unmap_chunks(addr, chunk_, n, handles);
+    tally_.unmap_ns += steady_ns() - t0;
+    tally_.unmapped += n;
+}
+
+void block_pool::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {
+    const uint64_t t0 = steady_ns();
+    backend_.mem_info(free_b, total_b);
+    tally_.look_ns += steady_ns() - t0;
+    ++tally_.looks;
+}
+
+block_pool::driver_tally block_pool::chunk_driver() const noexcept {
+    held lk(*this);
+    return tally_;
 }
 
 void block_pool::stitch_driver(uint64_t* unmapped_chunks, uint64_t* ns) const noexcept {

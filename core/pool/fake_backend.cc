@@ -319,6 +319,7 @@ uint64_t fake_backend::records_on(uint64_t stream) const noexcept {
 }
 
 void fake_backend::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {
+    nap(chunk_sleep_ns_);
     std::lock_guard<std::mutex> lk(mu_);
     *free_b = capacity_ > in_use_ ? capacity_ - in_use_ : 0;
     *total_b = capacity_;
@@ -397,6 +398,7 @@ int fake_backend::check_map(uint64_t addr, uint64_t chunk, size_t n, const void*
 
 int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* handles) noexcept {
     ++map_calls_;
+    nap(chunk_sleep_ns_);
     std::lock_guard<std::mutex> lk(mu_);
     if (int bad = check_map(addr, chunk, n, handles)) return bad;
     int rc = k_cuda_success;
@@ -447,6 +449,7 @@ int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* 
 
 int fake_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
     ++unmap_calls_;
+    nap(chunk_sleep_ns_);
     std::lock_guard<std::mutex> lk(mu_);
     // cuMemUnmap does not wait for device work: unmapping during a capture is a pool bug.
     if (capturing()) ++bad_calls_;

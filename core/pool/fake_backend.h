@@ -75,6 +75,9 @@ class fake_backend final : public pool_backend {
     // Each event_record, event_query, stream_query and stream_wait_event takes this long (a
     // driver's call cost), so that a test can see the pool report its calls' time (fence_ns).
     void set_call_sleep_ns(uint64_t ns) noexcept { call_sleep_ns_ = ns; }
+    // Each map_chunks, unmap_chunks and mem_info takes this long, so that a test can see the pool
+    // report its chunk calls' time (block_pool::chunk_driver).
+    void set_chunk_sleep_ns(uint64_t ns) noexcept { chunk_sleep_ns_ = ns; }
 
     // Peer access: devices granted on every chunk mapped from now on, and a query per chunk.
     void add_peer(int device) noexcept override;
@@ -168,7 +171,7 @@ class fake_backend final : public pool_backend {
     std::atomic<uint64_t> capture_asks_{0};
     bool capturing() const noexcept { return capturing_ || capturing_unseen_; }  // for bad_calls_
     std::atomic<int> sync_result_{k_cuda_success};
-    std::atomic<uint64_t> wait_sleep_ns_{0}, call_sleep_ns_{0};
+    std::atomic<uint64_t> wait_sleep_ns_{0}, call_sleep_ns_{0}, chunk_sleep_ns_{0};
     static void nap(const std::atomic<uint64_t>& ns) noexcept;  // sleeps that long, if not 0
     std::atomic<uint64_t> alloc_calls_{0}, free_calls_{0}, sync_calls_{0}, bad_calls_{0};
     std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0};

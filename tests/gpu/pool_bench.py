@@ -27,6 +27,7 @@ POOL_BENCH_CPUS (e.g. 0-7) pins every spawned process to those CPUs.
 POOL_BENCH_LEAVE_MIB=N: (b) runs beside a process (no gpumem, PyTorch's own allocator) that holds
 all of the GPU's free memory but N MiB: a program whose peak is near the device's memory, where the
 pool's out-of-memory path runs every step (native PyTorch, which caches twice the peak, may not fit).
+With GPUMEM_LOG_LEVEL=info, (b) also lists the host ms a step in the pool's chunk calls (its exit line).
 Results: OUTDIR/pool-bench.md (Markdown) and OUTDIR/pool-bench.json; the logs in POOL_BENCH_LOGS (a
 fresh /tmp directory by default).  Exit 1 if a correctness gate
 fails ((a) and (c)); the time and memory targets are printed, not gated (they are what is measured).
@@ -34,6 +35,7 @@ fails ((a) and (c)); the time and memory targets are printed, not gated (they ar
 import glob
 import json
 import os
+import re
 import select
 import statistics
 import subprocess
@@ -258,6 +260,15 @@ def spawn(outdir, name, mode, argv, timeout=600):
                 res["stitch_line"] = line.split("stitching made ", 1)[1]
             except (IndexError, ValueError):
                 pass
+        # ... and on its own chunk calls: "the pool mapped N chunks (R maps refused for memory) and
+        # unmapped U: A ms mapping, B ms unmapping; L looks at the driver's free memory: C ms".
+        m = re.search(r"the pool mapped (\d+) chunks \((\d+) maps refused for memory\) and unmapped (\d+): "
+                      r"([\d.]+) ms mapping, ([\d.]+) ms unmapping; (\d+) looks at the driver's free memory: ([\d.]+) ms", line)
+        if m:
+            c = res.setdefault("chunk_calls", {"mapped": 0, "refused": 0, "unmapped": 0, "map_ms": 0.0, "unmap_ms": 0.0,
+                                               "looks": 0, "look_ms": 0.0})
+            for k, v in zip(("mapped", "refused", "unmapped", "map_ms", "unmap_ms", "looks", "look_ms"), m.groups()):
+                c[k] += float(v) if k.endswith("_ms") else int(v)
     print(f"== {name} [{mode}] rc={rc} {res.get('wall_s')} s: {json.dumps({k: v for k, v in res.items() if k not in ('stderr_tail', 'sums', 'stdout')})[:300]}", flush=True)
     return res
 
@@ -489,6 +500,16 @@ def main():
             md.append(f"- {m}: host time in stitching's map/unmap calls, ms per step, per round: "
                       + " / ".join(f"{t / steps:.2f}" + (f" ({100 * t / steps / s:.1f}% of the step)" if s else "") for t, s, _ in sm)
                       + "; " + " / ".join(x for _, _, x in sm))
+    # What the pool's own chunk calls cost the host (its exit line), per step of the whole run:
+    # near the device's memory the out-of-memory path cycles chunks every step.
+    for m, rs in R["b"].items():
+        cc = [(r.get("chunk_calls"), r.get("ms_per_step")) for r in rs if r.get("chunk_calls")]
+        if cc:
+            md.append(f"- {m}: host ms a step in the pool's chunk calls (map / unmap / cuMemGetInfo), per round: "
+                      + " / ".join(f"{c['map_ms'] / steps:.2f} + {c['unmap_ms'] / steps:.2f} + {c['look_ms'] / steps:.2f}"
+                                   + (f" ({100 * (c['map_ms'] + c['unmap_ms'] + c['look_ms']) / steps / s:.1f}% of the step)" if s else "")
+                                   + f" [{c['mapped']} mapped, {c['refused']} refused, {c['unmapped']} unmapped, {c['looks']} looks]"
+                                   for c, s in cc))
     # One figure per mode over the rounds: the geometric mean of its per-round ratios, with the range.
     for m, rs in R["b"].items():
         ratio = [r.get("ms_per_step") / n.get("ms_per_step") for r, n in zip(rs, nat) if r.get("ms_per_step") and n.get("ms_per_step")]

@@ -574,6 +574,43 @@ TEST_CASE("arenas, memory short: the growth's lack goes back first and the other
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps and looks at the driver", "[pool][vmm][arena]") {
+    // The bounded give-back's program (above): every growth near the device's limit is refused
+    // first, then served after a give-back; the counts must match what the driver and the log saw.
+    fake_backend dev(102 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 8 * MiB;  // near the line every growth looks at the driver (after_growth)
+    block_pool pool(cfg, dev, &sink, 0);
+    fragment_6mib(pool, 17);
+    const block_pool::driver_tally filled = pool.chunk_driver();
+    CHECK(filled.mapped == 51);  // 102 MiB in 2 MiB chunks
+    CHECK(filled.refused == 0);
+    CHECK(filled.unmapped == 0);
+    CHECK(filled.looks > 0);
+    constexpr uint64_t nap = 200000;  // 0.2 ms a call
+    dev.set_chunk_sleep_ns(nap);
+    const uint64_t calls_before = dev.map_calls() + dev.unmap_calls();
+    uint64_t big = 0, bigger = 0, more = 0;
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    const block_pool::driver_tally one = pool.chunk_driver();
+    CHECK(one.refused == filled.refused + 1);  // the growth, refused before the give-back
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &bigger) == k_cuda_success);
+    CHECK(pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &more) == k_cuda_oom);
+    const block_pool::driver_tally t = pool.chunk_driver();
+    CHECK(t.refused > one.refused);
+    CHECK(t.unmapped * 2 * MiB == sink.bytes(ev_kind::segment_unmap));
+    CHECK(t.mapped - t.unmapped == dev.mapped_chunks());
+    CHECK(t.looks > filled.looks);
+    // Every map and unmap call slept: the time counted is at least theirs (mem_info naps too).
+    const uint64_t calls = dev.map_calls() + dev.unmap_calls() - calls_before;
+    CHECK(calls > 0);
+    CHECK(t.map_ns + t.unmap_ns - filled.map_ns - filled.unmap_ns >= calls * nap);
+    CHECK(t.look_ns - filled.look_ns >= (t.looks - filled.looks) * nap);
+    CHECK(dev.bad_calls() == 0);
+}
+
 TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas off", "[pool][vmm][arena]") {
     const char* env_size[][2] = {{"GPUMEM_POOL_ARENA", "32MiB"}, {nullptr, nullptr}};
     static const char* (*table)[2];
