@@ -515,9 +515,9 @@ int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept 
 
 void block_pool::unmap_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept {
     const uint64_t t0 = steady_ns();
-    backend_.unmap_chunks(addr, chunk_, n, handles);
+    const int rc = backend_.unmap_chunks(addr, chunk_, n, handles);
     tally_.unmap_ns += steady_ns() - t0;
-    tally_.unmapped += n;
+    if (rc == k_cuda_success) tally_.unmapped += n;  // (the pool forgets them either way)
 }
 
 void block_pool::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {
