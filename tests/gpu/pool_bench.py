@@ -485,6 +485,10 @@ def main():
             per.append(statistics.median(q) if q else None)
         if m != "native" and any(per):
             md.append(f"- {m}: median of per-step ratios to native, per round: {' / '.join(f'{x:.3f}' if x else '?' for x in per)}")
+    def share(ms, step_ms):
+        """ms spent over the whole run, as a share of the mean step (none without a step time)."""
+        return f" ({100 * ms / steps / step_ms:.1f}% of the step)" if step_ms else ""
+
     # What safe reuse costs the host without waiting (the pool_sync lines' fence_ns), per step of
     # the whole log (start-up included): an upper bound on its share of the step that the
     # machine's noise from one process to the next does not move.
@@ -492,13 +496,13 @@ def main():
         fm = [(r.get("fence_ms"), r.get("ms_per_step")) for r in rs if r.get("fence_ms") is not None]
         if fm:
             md.append(f"- {m}: host time in the pool's fence calls (fence_ns), ms per step, per round: "
-                      + " / ".join(f"{f / steps:.2f}" + (f" ({100 * f / steps / s:.1f}% of the step)" if s else "") for f, s in fm))
+                      + " / ".join(f"{f / steps:.2f}" + share(f, s) for f, s in fm))
     # What stitching's remaps cost the host (the pool's exit line), per step of the whole run.
     for m, rs in R["b"].items():
         sm = [(r.get("stitch_ms"), r.get("ms_per_step"), r.get("stitch_line", "")) for r in rs if r.get("stitch_ms") is not None]
         if sm:
             md.append(f"- {m}: host time in stitching's map/unmap calls, ms per step, per round: "
-                      + " / ".join(f"{t / steps:.2f}" + (f" ({100 * t / steps / s:.1f}% of the step)" if s else "") for t, s, _ in sm)
+                      + " / ".join(f"{t / steps:.2f}" + share(t, s) for t, s, _ in sm)
                       + "; " + " / ".join(x for _, _, x in sm))
     # What the pool's own chunk calls cost the host (its exit line), per step of the whole run:
     # near the device's memory the out-of-memory path cycles chunks every step.
@@ -507,7 +511,7 @@ def main():
         if cc:
             md.append(f"- {m}: host ms a step in the pool's chunk calls (map / unmap / cuMemGetInfo), per round: "
                       + " / ".join(f"{c['map_ms'] / steps:.2f} + {c['unmap_ms'] / steps:.2f} + {c['look_ms'] / steps:.2f}"
-                                   + (f" ({100 * (c['map_ms'] + c['unmap_ms'] + c['look_ms']) / steps / s:.1f}% of the step)" if s else "")
+                                   + share(c['map_ms'] + c['unmap_ms'] + c['look_ms'], s)
                                    + f" [{c['mapped']} mapped, {c['refused']} refused, {c['unmapped']} unmapped, {c['looks']} looks]"
                                    for c, s in cc))
     # One figure per mode over the rounds: the geometric mean of its per-round ratios, with the range.
