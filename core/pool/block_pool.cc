@@ -131,9 +131,11 @@ block_pool::block* block_pool::new_block() noexcept {
         spare_blocks_ = b->next;
         --n_spare_blocks_;
         *b = block{};
-        return b;
+    } else {
+        b = new (std::nothrow) block{};
     }
-    return new (std::nothrow) block{};
+    if (b) b->pos = blocks_.end();
+    return b;
 }
 
 void block_pool::recycle(block* b) noexcept {
@@ -146,21 +148,26 @@ void block_pool::recycle(block* b) noexcept {
     ++n_spare_blocks_;
 }
 
-void block_pool::addr_insert(block* b) {
+void block_pool::addr_insert(block* b, const block* after) {
+    // The hint is exact (b sorts right after `after`), so the insert takes amortized constant time.
+    const addr_map::iterator hint = after && after->pos != blocks_.end() ? std::next(after->pos) : blocks_.end();
     if (!spare_addr_nodes_.empty()) {
         addr_map::node_type nh = std::move(spare_addr_nodes_.back());
         spare_addr_nodes_.pop_back();
         nh.key() = b->addr;
         nh.mapped() = b;
-        blocks_.insert(std::move(nh));
+        b->pos = after ? blocks_.insert(hint, std::move(nh)) : blocks_.insert(std::move(nh)).position;
     } else {
-        blocks_.emplace(b->addr, b);
+        b->pos = blocks_.emplace_hint(hint, b->addr, b);
     }
+    if (b->pos->second != b) b->pos = blocks_.end();  // its address taken (never, validate says): erase nothing
 }
 
 void block_pool::addr_erase(block* b) noexcept {
-    addr_map::node_type nh = blocks_.extract(b->addr);
-    if (nh && spare_addr_nodes_.size() < spare_addr_nodes_.capacity()) spare_addr_nodes_.push_back(std::move(nh));
+    if (b->pos == blocks_.end()) return;
+    addr_map::node_type nh = blocks_.extract(b->pos);
+    b->pos = blocks_.end();
+    if (spare_addr_nodes_.size() < spare_addr_nodes_.capacity()) spare_addr_nodes_.push_back(std::move(nh));
 }
 
 void block_pool::pending_large_erase(std::multiset<uint64_t>::iterator it) noexcept {
@@ -611,7 +618,7 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
             r->state = block_state::free;
             bool ok = true;
             try {
-                addr_insert(r);
+                addr_insert(r, b);
             } catch (...) {
                 ok = false;
             }
@@ -1184,6 +1191,7 @@ bool block_pool::validate_locked(std::string* why) const {
             if (b->size > s->base + s->size - b->addr) return fail("block runs past its segment", b->addr);
             auto it = blocks_.find(b->addr);
             if (it == blocks_.end() || it->second != b) return fail("block missing from address map", b->addr);
+            if (b->pos != it) return fail("block's address map position is stale", b->addr);
             switch (b->state) {
                 case block_state::free:
                     if (prev && prev->state == block_state::free) return fail("adjacent free blocks not merged", b->addr);
