@@ -266,11 +266,12 @@ void pool_at_exit() noexcept {
         // What the pool's own chunks cost: near the device's memory its out-of-memory path
         // cycles them through the driver every step (docs/pool.md, "When memory is short").
         const block_pool::driver_tally t = s.pool->chunk_driver();
-        if (t.mapped || t.refused)
-            GPUMEM_INFO("device {}: the pool mapped {} chunks ({} maps refused for memory) and unmapped {}: "
-                        "{:.1f} ms mapping, {:.1f} ms unmapping; {} looks at the driver's free memory: {:.1f} ms",
-                        s.device, t.mapped, t.refused, t.unmapped, double(t.map_ns) / 1e6, double(t.unmap_ns) / 1e6,
-                        t.looks, double(t.look_ns) / 1e6);
+        if (t.mapped || t.refused || t.foreseen)
+            GPUMEM_INFO("device {}: the pool mapped {} chunks ({} maps refused for memory, {} not tried: too "
+                        "little free) and unmapped {}: {:.1f} ms mapping, {:.1f} ms unmapping; {} looks at the "
+                        "driver's free memory: {:.1f} ms",
+                        s.device, t.mapped, t.refused, t.foreseen, t.unmapped, double(t.map_ns) / 1e6,
+                        double(t.unmap_ns) / 1e6, t.looks, double(t.look_ns) / 1e6);
     });
 }
 

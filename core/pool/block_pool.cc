@@ -86,12 +86,12 @@ uint64_t block_pool::order_batch_for(uint64_t asize) const noexcept {
     // - with trimming, which would unmap free chunks while the batch keeps grown ones pending:
     //   replayed over the GPT-2 log with GPUMEM_POOL_TRIM=32MiB, 1.154x the live peak against
     //   1.125x (docs/benchmarks.md, "Ordered releases in batches");
-    // - once the driver's free memory, as last counted (free_est_, only lowered by growth between
-    //   looks), is under an eighth of the device: near the limit a batch's growth scatters the live
+    // - once the driver's free memory, as counted (free_est()), is under an eighth of the device: near the limit a batch's growth scatters the live
     //   blocks over more chunks (the emulated training loop that needs 146 MiB under safe reuse
     //   without batches needed 152 with them), and the headroom kept for lazy loads is safe;
     // - once exit has begun (no driver call may follow).
-    const bool roomy = free_est_ == UINT64_MAX || !total_ || free_est_ >= total_ / 8;
+    const uint64_t free_now = free_est();
+    const bool roomy = free_now == UINT64_MAX || !total_ || free_now >= total_ / 8;
     const bool on = cfg_.order_batch && cfg_.order && !order_off_ && !immediate_ && !exiting_ && events_state_ > 0 &&
                     streams_ && streams_->usable() && !(chunk_ && cfg_.trim) && roomy;
     return on ? std::min(k_requests * asize, requests_within(k_min_requests, asize, cfg_.order_batch)) : 0;
@@ -504,7 +504,15 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     if (arenas && cfg_.stitch && p == pool_id::large && !immediate_ &&
         reserved_ + arena_growth(p, asize, nullptr) > hwm_ && (b = stitch(p, asize, api)))
         return b;
-    int rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
+    int rc;
+    {
+        struct foresight {  // foresee_ for this growth only, however it ends
+            bool& on;
+            explicit foresight(bool& f) : on(f) { on = true; }
+            ~foresight() { on = false; }
+        } f(foresee_);
+        rc = arenas ? arena_grow(p, asize, api, &b) : new_segment(p, seg_size, api, &b);
+    }
     // An arena the driver would not reserve for another reason than memory (its size): a segment.
     if (arenas && rc != k_cuda_success && rc != k_cuda_oom) rc = new_segment(p, seg_size, api, &b);
     // Virtual memory refused for another reason than memory (a setting that forbids cuMemCreate or
@@ -703,7 +711,7 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
             }
             const uint64_t reserved_before = reserved_;
             if (!b) b = grow(p, asize, api, &err);
-            if (reserved_ > reserved_before) after_growth(reserved_ - reserved_before);
+            if (reserved_ > reserved_before) after_growth();
             if (reserved_ > hwm_) hwm_ = reserved_;
             if (b) {
                 take(b, asize, size);
@@ -866,7 +874,7 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
 
 void block_pool::forget_all() noexcept {
     set_short(false);
-    free_est_ = UINT64_MAX;
+    free_at_look_ = UINT64_MAX;
     for (auto& [base, s] : segments_) {
         for (block* b = s->first; b;) {
             block* n = b->next;

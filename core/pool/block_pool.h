@@ -115,6 +115,7 @@ class block_pool {
     // chunks through these calls every step: what that costs the program (docs/pool.md).
     struct driver_tally {
         uint64_t mapped = 0, refused = 0, unmapped = 0, looks = 0;
+        uint64_t foreseen = 0;  // growths not tried: a fresh look said the driver had too little
         uint64_t map_ns = 0, unmap_ns = 0, look_ns = 0;
     };
     driver_tally chunk_driver() const noexcept;
@@ -384,7 +385,7 @@ class block_pool {
     uint64_t look_at_driver() noexcept;  // mem_info, then note_driver_free; returns the free bytes
     void set_short(bool now) noexcept;   // short_, and the process's count of short pools with it
     uint64_t headroom_limit() const noexcept;  // min(cfg.headroom, the device / 64)
-    void after_growth(uint64_t grown) noexcept;  // counts the estimate down; measures near the line
+    void after_growth() noexcept;  // looks at the driver when free_est() is near the line
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set
@@ -467,6 +468,10 @@ class block_pool {
     std::set<block*, by_addr> holes_[2];     // unmapped blocks by address (arenas map them again)
     uint64_t arena_size_ = 0;                // address space of a new arena; 0 = no arenas (decided once)
     driver_tally tally_;                     // chunk_driver()
+    // Set around a miss's first growth only (grow): map_chunks may then decline a growth that a
+    // fresh look says the driver cannot hold, without asking for it (docs/pool.md, "When memory is
+    // short").  Never around a retry, so the pool's last word is always the driver's own.
+    bool foresee_ = false;
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
     std::vector<std::multiset<uint64_t>::node_type> spare_large_nodes_;  // for its inserts
@@ -579,10 +584,20 @@ class block_pool {
 
     std::atomic<uint64_t> next_stats_ns_{0};
     mutable std::atomic<uint64_t> giveable_last_{0};  // giveable_bytes' last count (its answer while the lock is held)
-    // Headroom: the driver's free memory at the last look less the pool's growth since
-    // (UINT64_MAX: never looked), the device's size, whether below the headroom, and how many pools
-    // of the process are (the hooks' one load per launch).
-    uint64_t free_est_ = UINT64_MAX, total_ = 0;
+    // Headroom: the driver's free memory at the last look (UINT64_MAX: never looked) and the pool's
+    // reserved bytes then, the device's size, whether below the headroom, and how many pools of the
+    // process are (the hooks' one load per launch).
+    uint64_t free_at_look_ = UINT64_MAX, reserved_at_look_ = 0, total_ = 0;
+    // The driver's free memory as counted: at the last look, less what the pool has mapped since
+    // and plus what it has given back (UINT64_MAX: never looked).  Exact for the pool's own calls;
+    // other allocators' are seen at the next look.  (Lowered by net growth only, before 2026-12-06, a
+    // give-back and growth in one miss counted the give-back twice: replayed near the device's
+    // memory, the count said 774 MiB free where a 410 MiB growth was refused.)
+    uint64_t free_est() const noexcept {
+        if (free_at_look_ == UINT64_MAX) return UINT64_MAX;
+        const uint64_t up = free_at_look_ + reserved_at_look_;
+        return up > reserved_ ? up - reserved_ : 0;
+    }
     std::atomic<bool> short_{false};
     static inline std::atomic<int> short_pools_{0};
 };

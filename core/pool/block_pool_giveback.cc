@@ -239,7 +239,8 @@ void block_pool::set_short(bool now) noexcept {
 void block_pool::note_driver_free(uint64_t free_b, uint64_t total) noexcept {
     if (!cfg_.headroom || total == 0) return;  // off, or a backend that cannot say
     total_ = total;
-    free_est_ = free_b;
+    free_at_look_ = free_b;
+    reserved_at_look_ = reserved_;
     set_short(free_b < headroom_limit());
 }
 
@@ -250,12 +251,12 @@ uint64_t block_pool::look_at_driver() noexcept {
     return free_b;
 }
 
-void block_pool::after_growth(uint64_t grown) noexcept {
+void block_pool::after_growth() noexcept {
     if (!cfg_.headroom || exiting_) return;
-    if (free_est_ != UINT64_MAX) free_est_ -= std::min(free_est_, grown);
     // One cuMemGetInfo per growth only near the line: other allocators' memory may have brought
     // it closer than the count says, which the stats event's look (every GPUMEM_STATS_MS) catches.
-    if (free_est_ == UINT64_MAX || free_est_ < 2 * headroom_limit()) look_at_driver();
+    const uint64_t free_now = free_est();
+    if (free_now == UINT64_MAX || free_now < 2 * headroom_limit()) look_at_driver();
 }
 
 uint64_t block_pool::make_headroom(api_id api) noexcept {

@@ -442,6 +442,7 @@ int fake_backend::map_chunks(uint64_t addr, uint64_t chunk, size_t n, uint64_t* 
     }
     if (rc != k_cuda_success) {
         for (size_t i = 0; i < done; ++i) unmap_one(addr + i * chunk);  // all or nothing
+        undone_ += done;
         return rc;
     }
     return k_cuda_success;

@@ -133,6 +133,9 @@ class fake_backend final : public pool_backend {
     uint64_t bad_calls() const noexcept { return bad_calls_; }
     uint64_t map_calls() const noexcept { return map_calls_; }
     uint64_t unmap_calls() const noexcept { return unmap_calls_; }
+    // Chunks that map_chunks calls refused in the end made and then unmade (all or nothing), as a
+    // driver creates, maps and releases them one by one: what a doomed growth costs.
+    uint64_t undone_chunks() const noexcept { return undone_; }
     uint64_t mapped_chunks() const noexcept;   // chunks mapped now
     uint64_t alias_chunks() const noexcept { return alias_chunks_; }  // chunks map_alias mapped, ever
     uint64_t alias_unmapped_chunks() const noexcept { return alias_unmapped_; }  // chunks unmap_alias unmapped, ever
@@ -174,7 +177,7 @@ class fake_backend final : public pool_backend {
     std::atomic<uint64_t> wait_sleep_ns_{0}, call_sleep_ns_{0}, chunk_sleep_ns_{0};
     static void nap(const std::atomic<uint64_t>& ns) noexcept;  // sleeps that long, if not 0
     std::atomic<uint64_t> alloc_calls_{0}, free_calls_{0}, sync_calls_{0}, bad_calls_{0};
-    std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0};
+    std::atomic<uint64_t> map_calls_{0}, unmap_calls_{0}, undone_{0};
 
     bool in_reservation(uint64_t addr, uint64_t bytes) const noexcept;  // mu_ held
     // map_chunks' and map_alias's arguments: granularity, alignment, inside a reservation (mu_ held).

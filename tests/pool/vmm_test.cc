@@ -595,7 +595,8 @@ TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps
     uint64_t big = 0, bigger = 0, more = 0;
     REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
     const block_pool::driver_tally one = pool.chunk_driver();
-    CHECK(one.refused == filled.refused + 1);  // the growth, refused before the give-back
+    CHECK(one.foreseen == filled.foreseen + 1);  // the growth, not tried before the give-back
+    CHECK(one.refused == filled.refused);
     REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &bigger) == k_cuda_success);
     CHECK(pool.allocate(8 * MiB, api_id::cuMemAlloc_v2, &more) == k_cuda_oom);
     const block_pool::driver_tally t = pool.chunk_driver();
@@ -609,6 +610,39 @@ TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps
     CHECK(calls > 0);
     CHECK(t.map_ns + t.unmap_ns - filled.map_ns - filled.unmap_ns >= calls * nap);
     CHECK(t.look_ns - filled.look_ns >= (t.looks - filled.looks) * nap);
+    CHECK(dev.bad_calls() == 0);
+}
+
+TEST_CASE("a growth the driver cannot hold is not tried, and a count made stale by memory freed elsewhere is looked at again", "[pool][vmm][arena]") {
+    // A refused growth makes and unmakes every chunk before the one the driver refuses; the pool
+    // counts the driver's free memory and, when that is too little, looks once more and does not
+    // try.  The count must never stop a growth the driver would serve: the look decides.
+    fake_backend dev(102 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 8 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    fragment_6mib(pool, 17);  // the device full: 51 chunks, 66 MiB of them in free blocks
+    const uint64_t maps = dev.map_calls(), looks = pool.chunk_driver().looks;
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    CHECK(pool.chunk_driver().foreseen == 1);
+    CHECK(pool.chunk_driver().refused == 0);
+    CHECK(dev.undone_chunks() == 0);                 // no chunk made and unmade
+    CHECK(pool.chunk_driver().looks > looks);        // the look that confirmed it
+    CHECK(sink.bytes(ev_kind::segment_unmap) > 0);   // served from the give-back
+    CHECK(dev.map_calls() == maps + 1);              // one map: the growth after it
+    // Another allocator frees 64 MiB: the pool's count still says the device is full.  A growth
+    // the driver can hold now must be made, with nothing given back.
+    dev.set_capacity(166 * MiB);
+    const uint64_t unmapped = sink.bytes(ev_kind::segment_unmap);
+    uint64_t more = 0;
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &more) == k_cuda_success);
+    CHECK(pool.chunk_driver().foreseen == 1);
+    CHECK(sink.bytes(ev_kind::segment_unmap) == unmapped);
+    std::string why;
+    CHECK(pool.validate(&why));
     CHECK(dev.bad_calls() == 0);
 }
 
