@@ -232,6 +232,29 @@ int driver_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcep
     return first;
 }
 
+// Moves: the same driver calls as a stitch's (a kept chunk is a handle mapped nowhere), and a
+// release apart.
+int driver_backend::unmap_keep(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    (void)handles;
+    return unmap_alias(addr, chunk, n);
+}
+
+int driver_backend::map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    return map_alias(addr, chunk, n, handles);
+}
+
+int driver_backend::release_kept(uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    (void)chunk;
+    auto release = GPUMEM_REAL(cuMemRelease);
+    if (!release) return CUDA_ERROR_NOT_SUPPORTED;
+    int first = CUDA_SUCCESS;
+    for (size_t i = 0; i < n; ++i) {
+        const CUresult r = release(CUmemGenericAllocationHandle(handles[i]));
+        if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = int(r);
+    }
+    return first;
+}
+
 int driver_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
     auto unmap = GPUMEM_REAL(cuMemUnmap);
     auto release = GPUMEM_REAL(cuMemRelease);

@@ -47,6 +47,9 @@ class driver_backend final : public pool_backend {
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     int map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     int unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept override;
+    int unmap_keep(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int release_kept(uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     void add_peer(int device) noexcept override;
     int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
     int event_create(uint64_t* ev) noexcept override;

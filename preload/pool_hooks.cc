@@ -267,10 +267,10 @@ void pool_at_exit() noexcept {
         // cycles them through the driver every step (docs/pool.md, "When memory is short").
         const block_pool::driver_tally t = s.pool->chunk_driver();
         if (t.mapped || t.refused || t.foreseen)
-            GPUMEM_INFO("device {}: the pool mapped {} chunks ({} maps refused for memory, {} not tried: too "
-                        "little free) and unmapped {}: {:.1f} ms mapping, {:.1f} ms unmapping; {} looks at the "
-                        "driver's free memory: {:.1f} ms",
-                        s.device, t.mapped, t.refused, t.foreseen, t.unmapped, double(t.map_ns) / 1e6,
+            GPUMEM_INFO("device {}: the pool mapped {} chunks ({} moved from its give-backs, {} maps refused "
+                        "for memory, {} not tried: too little free) and unmapped {}: {:.1f} ms mapping, {:.1f} ms "
+                        "unmapping; {} looks at the driver's free memory: {:.1f} ms",
+                        s.device, t.mapped, t.moved, t.refused, t.foreseen, t.unmapped, double(t.map_ns) / 1e6,
                         double(t.unmap_ns) / 1e6, t.looks, double(t.look_ns) / 1e6);
     });
 }

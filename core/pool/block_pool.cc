@@ -549,9 +549,30 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             if (!ordered_frees_settled()) settle_frees(api);
             const block* keep = nullptr;
             const uint64_t need = arena_growth(p, asize, &keep);
-            if (need && unmap_settled(api, need, keep, true) >= need) {
-                if (cfg_.headroom && !exiting_) look_at_driver();
-                if (arena_grow(p, asize, api, &b) == k_cuda_success) return b;
+            // The chunks it gives back are kept and mapped again by the growth (moves), which saves
+            // a release and a create each; those the growth does not take go back after it.
+            // (No look at the driver here: the count of its free memory follows the pool's own
+            // calls, and a look while chunks are kept would count them as the driver's.)
+            struct mover {
+                block_pool& pool;
+                mover(block_pool& p, uint64_t chunks) : pool(p) {
+                    try {
+                        pool.loose_.reserve(chunks);
+                        pool.moving_ = true;
+                    } catch (...) {  // no host memory for the list: released as before
+                    }
+                }
+                ~mover() {
+                    pool.moving_ = false;
+                    pool.release_loose();
+                }
+            };
+            if (need) {
+                mover mv(*this, need / chunk_);
+                if (unmap_settled(api, need, keep, true) >= need) {
+                    moving_ = false;  // the growth below only takes
+                    if (arena_grow(p, asize, api, &b) == k_cuda_success) return b;
+                }
             }
         }
         release_unused(api);
@@ -1149,6 +1170,7 @@ bool block_pool::validate_locked(std::string* why) const {
              dead = 0;
     size_t n_free[2] = {0, 0}, n_holes[2] = {0, 0}, n_blocks = 0, n_pending = 0;
     uint64_t prev_end = 0;
+    if (moving_ || !loose_.empty()) return fail("chunks kept for a move outside a give-back", 0);
     for (const auto& [base, s] : segments_) {
         if (!s || s->base != base) return fail("segment keyed by wrong base", base);
         if (s->base < prev_end) return fail("segments overlap", base);

@@ -116,6 +116,7 @@ class block_pool {
     struct driver_tally {
         uint64_t mapped = 0, refused = 0, unmapped = 0, looks = 0;
         uint64_t foreseen = 0;  // growths not tried: a fresh look said the driver had too little
+        uint64_t moved = 0;     // of `mapped`, chunks given back and mapped again without a release
         uint64_t map_ns = 0, unmap_ns = 0, look_ns = 0;
     };
     driver_tally chunk_driver() const noexcept;
@@ -472,6 +473,13 @@ class block_pool {
     // fresh look says the driver cannot hold, without asking for it (docs/pool.md, "When memory is
     // short").  Never around a retry, so the pool's last word is always the driver's own.
     bool foresee_ = false;
+    // Moves (memory short, the bounded give-back): while moving_, unmap_chunks keeps the chunks it
+    // unmaps (loose_, up to its capacity) instead of releasing them, and map_chunks maps loose ones
+    // before it creates any; what is left goes back at the end of the give-back (release_loose).
+    // A move saves a cuMemRelease and a cuMemCreate a chunk (docs/pool.md, "When memory is short").
+    bool moving_ = false;
+    std::vector<uint64_t> loose_;
+    void release_loose() noexcept;
     std::vector<block*> pending_;            // freed, waiting for a synchronize (safe mode)
     std::multiset<uint64_t> pending_large_;  // sizes of the large pool's pending blocks
     std::vector<std::multiset<uint64_t>::node_type> spare_large_nodes_;  // for its inserts

@@ -505,6 +505,33 @@ int block_pool::alias_unmap(uint64_t addr, size_t n) noexcept {
 }
 
 int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept {
+    if (!loose_.empty()) {  // the give-back's chunks first: a map and an access grant, no create
+        const size_t k = std::min(n, loose_.size());
+        const uint64_t* from = loose_.data() + loose_.size() - k;
+        uint64_t t0 = steady_ns();
+        int rc = backend_.map_kept(addr, chunk_, k, from);
+        tally_.map_ns += steady_ns() - t0;
+        if (rc == k_cuda_success) {
+            std::copy(from, from + k, handles);
+            loose_.resize(loose_.size() - k);  // shrinking keeps the capacity: no allocation
+            if (k < n && (rc = map_chunks(addr + k * chunk_, n - k, handles + k)) != k_cuda_success) {
+                // All or nothing: the moved ones are loose again (the capacity holds them).
+                t0 = steady_ns();
+                if (backend_.unmap_keep(addr, chunk_, k, handles) == k_cuda_success) {
+                    loose_.insert(loose_.end(), handles, handles + k);
+                } else {
+                    backend_.release_kept(chunk_, k, handles);  // what unmap_chunks would have done
+                }
+                tally_.unmap_ns += steady_ns() - t0;
+                return rc;
+            }
+            tally_.mapped += k;
+            tally_.moved += k;
+            return k_cuda_success;
+        }
+        // Not mapped (a backend without moves, say): released now, and the chunks made below.
+        release_loose();
+    }
     // A growth the driver cannot hold makes and unmakes every chunk before the one it refuses
     // (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease each): near the device's memory a refused
     // growth a step cost the H200 tens of ms (run 148).  The count of the driver's free memory
@@ -523,9 +550,30 @@ int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept 
 
 void block_pool::unmap_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept {
     const uint64_t t0 = steady_ns();
+    if (moving_ && loose_.capacity() - loose_.size() >= n) {
+        int rc = backend_.unmap_keep(addr, chunk_, n, handles);
+        if (rc == k_cuda_success) {
+            loose_.insert(loose_.end(), handles, handles + n);  // within the capacity: no allocation
+        } else if (rc != k_cuda_not_supported) {
+            rc = backend_.release_kept(chunk_, n, handles);  // unmapped or not, released: as unmap_chunks
+        } else {
+            rc = backend_.unmap_chunks(addr, chunk_, n, handles);
+        }
+        tally_.unmap_ns += steady_ns() - t0;
+        if (rc == k_cuda_success) tally_.unmapped += n;
+        return;
+    }
     const int rc = backend_.unmap_chunks(addr, chunk_, n, handles);
     tally_.unmap_ns += steady_ns() - t0;
     if (rc == k_cuda_success) tally_.unmapped += n;  // (the pool forgets them either way)
+}
+
+void block_pool::release_loose() noexcept {
+    if (loose_.empty()) return;
+    const uint64_t t0 = steady_ns();
+    backend_.release_kept(chunk_, loose_.size(), loose_.data());
+    tally_.unmap_ns += steady_ns() - t0;
+    loose_.clear();
 }
 
 void block_pool::mem_info(uint64_t* free_b, uint64_t* total_b) noexcept {

@@ -535,6 +535,91 @@ int fake_backend::unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept 
     return rc;
 }
 
+int fake_backend::unmap_keep(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    if (!moves_) return k_cuda_not_supported;
+    ++unmap_calls_;
+    nap(chunk_sleep_ns_);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing()) ++bad_calls_;  // as unmap_chunks: cuMemUnmap does not wait for device work
+    int rc = k_cuda_success;
+    for (size_t i = 0; i < n; ++i) {
+        const uint64_t a = addr + i * chunk;
+        auto it = chunks_.find(a);
+        auto sz = it == chunks_.end() ? chunk_size_.end() : chunk_size_.find(it->second);
+        if (it == chunks_.end() || it->second != handles[i] || sz == chunk_size_.end() || sz->second != chunk) {
+            ++bad_calls_;
+            rc = k_cuda_invalid_value;
+            continue;
+        }
+        // A chunk moved while a stitched range still maps it would serve two blocks at once.
+        if (alias_count_.count(handles[i])) ++bad_calls_;
+        sz->second |= k_kept;
+        access_.erase(a);
+        chunks_.erase(it);
+    }
+    return rc;
+}
+
+int fake_backend::map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    ++map_calls_;
+    nap(chunk_sleep_ns_);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (int bad = check_map(addr, chunk, n, handles)) return bad;
+    for (size_t i = 0; i < n; ++i) {
+        const uint64_t a = addr + i * chunk;
+        auto sz = chunk_size_.find(handles[i]);
+        if (sz == chunk_size_.end() || sz->second != (chunk | k_kept) || chunks_.count(a) || aliases_.count(a)) {
+            ++bad_calls_;
+            return k_cuda_invalid_value;
+        }
+    }
+    if (fail_n_ > 0) {  // an injected failure, before anything is mapped (all or nothing)
+        --fail_n_;
+        return fail_code_;
+    }
+    size_t done = 0;
+    try {
+        for (; done < n; ++done) chunks_.emplace(addr + done * chunk, handles[done]);
+    } catch (...) {
+        for (size_t i = 0; i < done; ++i) chunks_.erase(addr + i * chunk);
+        return k_cuda_oom;
+    }
+    for (size_t i = 0; i < n; ++i) chunk_size_[handles[i]] = chunk;  // found above: no insertion
+    if (!peers_.empty()) {
+        try {
+            for (size_t i = 0; i < n; ++i) access_[addr + i * chunk] = peers_;
+        } catch (...) {
+            for (size_t i = 0; i < n; ++i) access_.erase(addr + i * chunk);
+        }
+    }
+    moved_ += n;
+    return k_cuda_success;
+}
+
+int fake_backend::release_kept(uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    ++unmap_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    int rc = k_cuda_success;
+    for (size_t i = 0; i < n; ++i) {
+        auto sz = chunk_size_.find(handles[i]);
+        if (sz == chunk_size_.end() || sz->second != (chunk | k_kept)) {
+            ++bad_calls_;  // not kept: mapped, released already, or never made
+            rc = k_cuda_invalid_value;
+            continue;
+        }
+        in_use_ -= chunk;
+        chunk_size_.erase(sz);
+    }
+    return rc;
+}
+
+uint64_t fake_backend::kept_chunks() const noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t n = 0;
+    for (const auto& [h, size] : chunk_size_) n += (size & k_kept) != 0;
+    return n;
+}
+
 uint64_t fake_backend::aliases() const noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     return aliases_.size();

@@ -43,6 +43,9 @@ class fake_backend final : public pool_backend {
     int unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     int map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     int unmap_alias(uint64_t addr, uint64_t chunk, size_t n) noexcept override;
+    int unmap_keep(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
+    int release_kept(uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     int event_create(uint64_t* ev) noexcept override;
     int event_record(uint64_t ev, uint64_t stream) noexcept override;
     int event_query(uint64_t ev) noexcept override;
@@ -138,6 +141,9 @@ class fake_backend final : public pool_backend {
     uint64_t undone_chunks() const noexcept { return undone_; }
     uint64_t mapped_chunks() const noexcept;   // chunks mapped now
     uint64_t alias_chunks() const noexcept { return alias_chunks_; }  // chunks map_alias mapped, ever
+    uint64_t kept_chunks() const noexcept;     // chunks unmap_keep kept and nothing mapped or released since
+    uint64_t moved_chunks() const noexcept { return moved_; }  // chunks map_kept mapped, ever
+    void set_moves(bool on) noexcept { moves_ = on; }  // off: unmap_keep is not supported (a backend without moves)
     uint64_t alias_unmapped_chunks() const noexcept { return alias_unmapped_; }  // chunks unmap_alias unmapped, ever
     uint64_t aliases() const noexcept;         // second mappings held now
     void fail_unmap_alias(bool on) noexcept { fail_unmap_alias_ = on; }  // unmap_alias refuses (a broken context)
@@ -159,8 +165,12 @@ class fake_backend final : public pool_backend {
     std::map<uint64_t, uint64_t> chunks_;    // mapped chunks: address -> handle
     std::map<uint64_t, uint64_t> chunk_size_;  // handle -> bytes
     std::map<uint64_t, uint64_t> aliases_;     // second mappings (map_alias): address -> handle
+    // A handle unmap_keep unmapped and kept (still in use) has this bit in its chunk_size_ entry, so
+    // that keeping one allocates nothing (a move must not fail halfway for the fake's own memory).
+    static constexpr uint64_t k_kept = 1ull << 63;
+    std::atomic<bool> moves_{true};
     std::map<uint64_t, uint64_t> alias_count_; // handle -> its second mappings
-    std::atomic<uint64_t> alias_chunks_{0}, alias_unmapped_{0};
+    std::atomic<uint64_t> alias_chunks_{0}, alias_unmapped_{0}, moved_{0};
     std::atomic<bool> fail_unmap_alias_{false};
     std::atomic<int> fail_unmap_alias_n_{0};
     uint64_t next_handle_ = 1;

@@ -79,6 +79,28 @@ struct pool_backend {
         return k_cuda_not_supported;
     }
 
+    // ---- Moves (memory short: docs/pool.md, "When memory is short").  Optional: a backend that
+    // keeps these defaults releases what the pool gives back and creates what it maps.
+    // cuMemUnmap of n chunks mapped by map_chunks, keeping them allocated: map_kept maps them
+    // elsewhere, release_kept gives them back.  The rules of unmap_chunks (no wait for device
+    // work).  Returns the first error, after trying every chunk.
+    virtual int unmap_keep(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+        (void)addr, (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
+    // cuMemMap of n kept chunks at [addr, addr + n * chunk), then cuMemSetAccess over the range as
+    // map_chunks grants it.  All or nothing: on an error none is mapped and all stay kept.
+    virtual int map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+        (void)addr, (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
+    // cuMemRelease of n kept chunks (or of chunks an unmap_keep that failed may have left mapped:
+    // their memory goes when their mapping does).  Returns the first error.
+    virtual int release_kept(uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+        (void)chunk, (void)n, (void)handles;
+        return k_cuda_not_supported;
+    }
+
     // ---- Stitching (docs/pool.md, "Stitching").  Optional: a backend that keeps these defaults
     // never stitches.  Maps n chunks the pool made with map_chunks, still mapped where they were,
     // a second time at [addr, addr + n * chunk) of a reservation (cuMemMap of each handle, then one

@@ -260,15 +260,17 @@ def spawn(outdir, name, mode, argv, timeout=600):
                 res["stitch_line"] = line.split("stitching made ", 1)[1]
             except (IndexError, ValueError):
                 pass
-        # ... and on its own chunk calls: "the pool mapped N chunks (R maps refused for memory, F not
-        # tried: too little free) and unmapped U: A ms mapping, B ms unmapping; L looks at the
-        # driver's free memory: C ms" (libraries before 2026-12-06 print no "not tried" part).
-        m = re.search(r"the pool mapped (\d+) chunks \((\d+) maps refused for memory(?:, (\d+) not tried: too little free)?\) "
-                      r"and unmapped (\d+): ([\d.]+) ms mapping, ([\d.]+) ms unmapping; (\d+) looks at the driver's free memory: ([\d.]+) ms", line)
+        # ... and on its own chunk calls: "the pool mapped N chunks (M moved from its give-backs, R maps
+        # refused for memory, F not tried: too little free) and unmapped U: A ms mapping, B ms
+        # unmapping; L looks at the driver's free memory: C ms" (libraries before 2026-12-06 print
+        # neither the moved nor the not-tried part).
+        m = re.search(r"the pool mapped (\d+) chunks \((?:(\d+) moved from its give-backs, )?(\d+) maps refused for memory"
+                      r"(?:, (\d+) not tried: too little free)?\) and unmapped (\d+): ([\d.]+) ms mapping, ([\d.]+) ms "
+                      r"unmapping; (\d+) looks at the driver's free memory: ([\d.]+) ms", line)
         if m:
-            c = res.setdefault("chunk_calls", {"mapped": 0, "refused": 0, "foreseen": 0, "unmapped": 0, "map_ms": 0.0,
-                                               "unmap_ms": 0.0, "looks": 0, "look_ms": 0.0})
-            for k, v in zip(("mapped", "refused", "foreseen", "unmapped", "map_ms", "unmap_ms", "looks", "look_ms"), m.groups()):
+            c = res.setdefault("chunk_calls", {"mapped": 0, "moved": 0, "refused": 0, "foreseen": 0, "unmapped": 0,
+                                               "map_ms": 0.0, "unmap_ms": 0.0, "looks": 0, "look_ms": 0.0})
+            for k, v in zip(("mapped", "moved", "refused", "foreseen", "unmapped", "map_ms", "unmap_ms", "looks", "look_ms"), m.groups()):
                 c[k] += float(v) if k.endswith("_ms") else int(v or 0)
     print(f"== {name} [{mode}] rc={rc} {res.get('wall_s')} s: {json.dumps({k: v for k, v in res.items() if k not in ('stderr_tail', 'sums', 'stdout')})[:300]}", flush=True)
     return res
@@ -513,7 +515,7 @@ def main():
             md.append(f"- {m}: host ms a step in the pool's chunk calls (map / unmap / cuMemGetInfo), per round: "
                       + " / ".join(f"{c['map_ms'] / steps:.2f} + {c['unmap_ms'] / steps:.2f} + {c['look_ms'] / steps:.2f}"
                                    + share(c['map_ms'] + c['unmap_ms'] + c['look_ms'], s)
-                                   + f" [{c['mapped']} mapped, {c['refused']} refused, {c.get('foreseen', 0)} not tried, {c['unmapped']} unmapped, {c['looks']} looks]"
+                                   + f" [{c['mapped']} mapped ({c.get('moved', 0)} moved), {c['refused']} refused, {c.get('foreseen', 0)} not tried, {c['unmapped']} unmapped, {c['looks']} looks]"
                                    for c, s in cc))
     # One figure per mode over the rounds: the geometric mean of its per-round ratios, with the range.
     for m, rs in R["b"].items():

@@ -134,11 +134,12 @@ int main(int argc, char** argv) {
         // What a real driver would charge per chunk and per look (docs/benchmarks.md, "What each
         // virtual-memory call costs"): near the device's memory the out-of-memory path pays these.
         const block_pool::driver_tally t = pool.chunk_driver();
-        printf("  the pool's chunk calls: %llu chunks mapped, %llu maps refused for memory (%llu chunks made and "
-               "unmade by them), %llu not tried (too little free), %llu chunks unmapped, %llu looks at the driver's "
-               "free memory\n",
-               (unsigned long long)t.mapped, (unsigned long long)t.refused, (unsigned long long)dev.undone_chunks(),
-               (unsigned long long)t.foreseen, (unsigned long long)t.unmapped, (unsigned long long)t.looks);
+        printf("  the pool's chunk calls: %llu chunks mapped (%llu of them moved: given back and mapped again "
+               "without a release), %llu maps refused for memory (%llu chunks made and unmade by them), %llu not "
+               "tried (too little free), %llu chunks unmapped, %llu looks at the driver's free memory\n",
+               (unsigned long long)t.mapped, (unsigned long long)t.moved, (unsigned long long)t.refused,
+               (unsigned long long)dev.undone_chunks(), (unsigned long long)t.foreseen, (unsigned long long)t.unmapped,
+               (unsigned long long)t.looks);
         uint64_t made = 0, stitched = 0, dissolved = 0, reused = 0;
         pool.stitch_counts(&made, &stitched, &dissolved, &reused);
         if (made)

@@ -574,6 +574,44 @@ TEST_CASE("arenas, memory short: the growth's lack goes back first and the other
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("arenas, memory short: the chunks given back for a growth are moved there, not released and made again", "[pool][vmm][arena]") {
+    // The program above: 20 MiB lacks 14 MiB, which go back from free blocks and are mapped at
+    // the arena's end.  Moved, they cost an unmap and a map each, no cuMemRelease or cuMemCreate;
+    // the layout and the log are those of a release and a create.
+    auto run = [](fake_backend& dev, int fail_moves) {
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        block_pool pool(vmm_config(), dev, &sink, 0);
+        const std::vector<uint64_t> six = fragment_6mib(pool, 17);
+        if (fail_moves) dev.fail_next_allocs(fail_moves);  // the growth's map of the kept chunks
+        const uint64_t mapped = sink.bytes(ev_kind::segment_map);
+        uint64_t big = 0;
+        REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+        CHECK(big == six[0] + 96 * MiB);
+        CHECK(sink.bytes(ev_kind::segment_unmap) == 14 * MiB);
+        CHECK(sink.bytes(ev_kind::segment_map) - mapped == 14 * MiB);  // at the arena's end, joined to [96, 102)
+        CHECK(dev.in_use() == 102 * MiB);
+        CHECK(dev.kept_chunks() == 0);  // none left kept: moved or released
+        CHECK(dev.mapped_chunks() == 51);
+        std::string why;
+        const bool valid = pool.validate(&why);
+        INFO(why);
+        CHECK(valid);
+        CHECK(dev.bad_calls() == 0);
+        return pool.chunk_driver().moved;
+    };
+    fake_backend dev(102 * MiB);
+    CHECK(run(dev, 0) == 7);
+    CHECK(dev.moved_chunks() == 7);
+    fake_backend plain(102 * MiB);  // a backend without moves: released and made, as before
+    plain.set_moves(false);
+    CHECK(run(plain, 0) == 0);
+    CHECK(plain.moved_chunks() == 0);
+    fake_backend refusing(102 * MiB);  // the map of the kept chunks fails: released, then made
+    CHECK(run(refusing, 1) == 0);
+    CHECK(refusing.moved_chunks() == 0);
+}
+
 TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps and looks at the driver", "[pool][vmm][arena]") {
     // The bounded give-back's program (above): every growth near the device's limit is refused
     // first, then served after a give-back; the counts must match what the driver and the log saw.
