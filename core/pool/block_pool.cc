@@ -551,8 +551,6 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
             const uint64_t need = arena_growth(p, asize, &keep);
             // The chunks it gives back are kept and mapped again by the growth (moves), which saves
             // a release and a create each; those the growth does not take go back after it.
-            // (No look at the driver here: the count of its free memory follows the pool's own
-            // calls, and a look while chunks are kept would count them as the driver's.)
             struct mover {
                 block_pool& pool;
                 mover(block_pool& p, uint64_t chunks) : pool(p) {
@@ -568,11 +566,20 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
                 }
             };
             if (need) {
-                mover mv(*this, need / chunk_);
-                if (unmap_settled(api, need, keep, true) >= need) {
-                    moving_ = false;  // the growth below only takes
-                    if (arena_grow(p, asize, api, &b) == k_cuda_success) return b;
+                bool grown = false;
+                {
+                    mover mv(*this, need / chunk_);
+                    if (unmap_settled(api, need, keep, true) >= need) {
+                        moving_ = false;  // the growth below only takes
+                        grown = arena_grow(p, asize, api, &b) == k_cuda_success;
+                    }
                 }
+                // Then a look (the kept chunks that went unused are the driver's again): a growth
+                // the driver refused where the count said it would fit means other allocators
+                // took memory, which the count would otherwise learn only at the next stats look,
+                // and every miss until then would try a growth the driver refuses.
+                if (cfg_.headroom && !exiting_) look_at_driver();
+                if (grown) return b;
             }
         }
         release_unused(api);

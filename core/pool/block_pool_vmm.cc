@@ -536,9 +536,14 @@ int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept 
     // (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease each): near the device's memory a refused
     // growth a step cost the H200 tens of ms (run 148).  The count of the driver's free memory
     // (free_est(), exact for the pool's own calls) says when one is likely; a look confirms it.
-    if (foresee_ && n * chunk_ > free_est() && look_at_driver() < n * chunk_) {
-        ++tally_.foreseen;
-        return k_cuda_oom;
+    if (foresee_ && n * chunk_ > free_est()) {
+        uint64_t free_b = 0, total = 0;
+        mem_info(&free_b, &total);
+        note_driver_free(free_b, total);
+        if (total != 0 && free_b < n * chunk_) {  // (a driver that cannot say: asked)
+            ++tally_.foreseen;
+            return k_cuda_oom;
+        }
     }
     const uint64_t t0 = steady_ns();
     const int rc = backend_.map_chunks(addr, chunk_, n, handles);

@@ -684,6 +684,33 @@ TEST_CASE("a growth the driver cannot hold is not tried, and a count made stale 
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("a growth refused where the count said it would fit makes the pool look again, so the next miss does not try", "[pool][vmm][arena]") {
+    // Another allocator takes the 64 MiB the pool counts as the driver's: the first miss's growth
+    // is tried and refused, served by a move; the look after it must correct the count, or every
+    // miss until the next stats look would try a growth the driver refuses (a review found the
+    // look gone with the first cut of moves).
+    fake_backend dev(166 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 8 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    fragment_6mib(pool, 17);
+    dev.set_capacity(102 * MiB);
+    uint64_t big = 0, bigger = 0;
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    const block_pool::driver_tally one = pool.chunk_driver();
+    CHECK(one.refused == 1);
+    CHECK(one.moved > 0);
+    CHECK(pool.headroom_short());  // the driver has nothing left, under the 8 MiB headroom
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &bigger) == k_cuda_success);
+    CHECK(pool.chunk_driver().refused == one.refused);
+    CHECK(pool.chunk_driver().foreseen == one.foreseen + 1);
+    std::string why;
+    CHECK(pool.validate(&why));
+    CHECK(dev.bad_calls() == 0);
+}
+
 TEST_CASE("arenas: GPUMEM_POOL_ARENA sizes the address range, off turns arenas off", "[pool][vmm][arena]") {
     const char* env_size[][2] = {{"GPUMEM_POOL_ARENA", "32MiB"}, {nullptr, nullptr}};
     static const char* (*table)[2];
