@@ -470,14 +470,13 @@ int fake_backend::unmap_chunks(uint64_t addr, uint64_t chunk, size_t n, const ui
     return rc;
 }
 
-int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
-    ++map_calls_;
-    std::lock_guard<std::mutex> lk(mu_);
+int fake_backend::check_handles(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles,
+                                uint64_t entry) noexcept {
     if (int bad = check_map(addr, chunk, n, handles)) return bad;
     for (size_t i = 0; i < n; ++i) {
         const uint64_t a = addr + i * chunk;
         auto sz = chunk_size_.find(handles[i]);
-        if (sz == chunk_size_.end() || sz->second != chunk || chunks_.count(a) || aliases_.count(a)) {
+        if (sz == chunk_size_.end() || sz->second != entry || chunks_.count(a) || aliases_.count(a)) {
             ++bad_calls_;
             return k_cuda_invalid_value;
         }
@@ -486,6 +485,22 @@ int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint6
         --fail_n_;
         return fail_code_;
     }
+    return k_cuda_success;
+}
+
+void fake_backend::grant_peers(uint64_t addr, uint64_t chunk, size_t n) noexcept {
+    if (peers_.empty()) return;
+    try {
+        for (size_t i = 0; i < n; ++i) access_[addr + i * chunk] = peers_;
+    } catch (...) {
+        for (size_t i = 0; i < n; ++i) access_.erase(addr + i * chunk);  // mapped for the device alone
+    }
+}
+
+int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept {
+    ++map_calls_;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (int rc = check_handles(addr, chunk, n, handles, chunk)) return rc;
     size_t done = 0;
     try {
         for (; done < n; ++done) {
@@ -500,14 +515,7 @@ int fake_backend::map_alias(uint64_t addr, uint64_t chunk, size_t n, const uint6
         }
         return k_cuda_oom;
     }
-    // The driver backend's access grant names the peers added so far, as map_chunks' does.
-    if (!peers_.empty()) {
-        try {
-            for (size_t i = 0; i < n; ++i) access_[addr + i * chunk] = peers_;
-        } catch (...) {
-            for (size_t i = 0; i < n; ++i) access_.erase(addr + i * chunk);  // mapped for the device alone
-        }
-    }
+    grant_peers(addr, chunk, n);
     alias_chunks_ += n;
     return k_cuda_success;
 }
@@ -564,19 +572,7 @@ int fake_backend::map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64
     ++map_calls_;
     nap(chunk_sleep_ns_);
     std::lock_guard<std::mutex> lk(mu_);
-    if (int bad = check_map(addr, chunk, n, handles)) return bad;
-    for (size_t i = 0; i < n; ++i) {
-        const uint64_t a = addr + i * chunk;
-        auto sz = chunk_size_.find(handles[i]);
-        if (sz == chunk_size_.end() || sz->second != (chunk | k_kept) || chunks_.count(a) || aliases_.count(a)) {
-            ++bad_calls_;
-            return k_cuda_invalid_value;
-        }
-    }
-    if (fail_n_ > 0) {  // an injected failure, before anything is mapped (all or nothing)
-        --fail_n_;
-        return fail_code_;
-    }
+    if (int rc = check_handles(addr, chunk, n, handles, chunk | k_kept)) return rc;
     size_t done = 0;
     try {
         for (; done < n; ++done) chunks_.emplace(addr + done * chunk, handles[done]);
@@ -585,13 +581,7 @@ int fake_backend::map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64
         return k_cuda_oom;
     }
     for (size_t i = 0; i < n; ++i) chunk_size_[handles[i]] = chunk;  // found above: no insertion
-    if (!peers_.empty()) {
-        try {
-            for (size_t i = 0; i < n; ++i) access_[addr + i * chunk] = peers_;
-        } catch (...) {
-            for (size_t i = 0; i < n; ++i) access_.erase(addr + i * chunk);
-        }
-    }
+    grant_peers(addr, chunk, n);
     moved_ += n;
     return k_cuda_success;
 }

@@ -192,6 +192,12 @@ class fake_backend final : public pool_backend {
     bool in_reservation(uint64_t addr, uint64_t bytes) const noexcept;  // mu_ held
     // map_chunks' and map_alias's arguments: granularity, alignment, inside a reservation (mu_ held).
     int check_map(uint64_t addr, uint64_t chunk, size_t n, const void* handles) noexcept;
+    // map_alias's and map_kept's checks (mu_ held): check_map, then each handle's chunk_size_ entry
+    // equal to `entry` (chunk, or chunk | k_kept) and its place free, then an injected failure.
+    // All before anything is mapped (all or nothing).
+    int check_handles(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles, uint64_t entry) noexcept;
+    // The driver backend's access grant names the peers added so far, as map_chunks' does (mu_ held).
+    void grant_peers(uint64_t addr, uint64_t chunk, size_t n) noexcept;
     void unmap_one(uint64_t addr) noexcept;                              // mu_ held
     // The mapped chunk holding addr (a chunk may be several granules), or chunks_.end() (mu_ held).
     std::map<uint64_t, uint64_t>::const_iterator chunk_at(uint64_t addr) const noexcept;
