@@ -383,7 +383,8 @@ class block_pool {
     void release_unused(api_id api, uint64_t want = UINT64_MAX);
     // Headroom: the driver's free memory as just measured (under the lock); sets short_.
     void note_driver_free(uint64_t free_b, uint64_t total) noexcept;
-    uint64_t look_at_driver() noexcept;  // mem_info, then note_driver_free; returns the free bytes
+    // mem_info, then note_driver_free; returns the free bytes (*total: the device's, 0 when it cannot say)
+    uint64_t look_at_driver(uint64_t* total = nullptr) noexcept;
     void set_short(bool now) noexcept;   // short_, and the process's count of short pools with it
     uint64_t headroom_limit() const noexcept;  // min(cfg.headroom, the device / 64)
     void after_growth() noexcept;  // looks at the driver when free_est() is near the line

@@ -244,10 +244,11 @@ void block_pool::note_driver_free(uint64_t free_b, uint64_t total) noexcept {
     set_short(free_b < headroom_limit());
 }
 
-uint64_t block_pool::look_at_driver() noexcept {
+uint64_t block_pool::look_at_driver(uint64_t* total_out) noexcept {
     uint64_t free_b = 0, total = 0;
     mem_info(&free_b, &total);
     note_driver_free(free_b, total);
+    if (total_out) *total_out = total;
     return free_b;
 }
 

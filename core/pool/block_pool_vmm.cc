@@ -537,9 +537,8 @@ int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept 
     // growth a step cost the H200 tens of ms (run 148).  The count of the driver's free memory
     // (free_est(), exact for the pool's own calls) says when one is likely; a look confirms it.
     if (foresee_ && n * chunk_ > free_est()) {
-        uint64_t free_b = 0, total = 0;
-        mem_info(&free_b, &total);
-        note_driver_free(free_b, total);
+        uint64_t total = 0;
+        const uint64_t free_b = look_at_driver(&total);
         if (total != 0 && free_b < n * chunk_) {  // (a driver that cannot say: asked)
             ++tally_.foreseen;
             return k_cuda_oom;
