@@ -96,6 +96,40 @@ size_t fill_fragment_large(bool vmm, uint64_t capacity, uint64_t big, fake_backe
     return served;
 }
 
+// Forwards the calls a VMM pool makes to a fake_backend, and can change two answers: mem_info
+// that cannot say (0 free of 0, as a driver whose cuMemGetInfo fails), and unmap_keep that
+// unmaps and keeps the chunks yet reports an error (`keep_error`: the driver's word).
+struct forwarding_backend final : pool_backend {
+    fake_backend& d;
+    bool blind = false;  // mem_info says 0 of 0
+    int keep_error = 0;  // not 0: unmap_keep's answer after the fake has kept the chunks
+    explicit forwarding_backend(fake_backend& f) : d(f) {}
+    int segment_alloc(uint64_t b, uint64_t* p) noexcept override { return d.segment_alloc(b, p); }
+    int segment_free(uint64_t b) noexcept override { return d.segment_free(b); }
+    int synchronize() noexcept override { return d.synchronize(); }
+    bool may_synchronize() noexcept override { return d.may_synchronize(); }
+    void mem_info(uint64_t* f, uint64_t* t) noexcept override {
+        if (blind) {
+            *f = *t = 0;
+            return;
+        }
+        d.mem_info(f, t);
+    }
+    uint64_t vmm_granularity() noexcept override { return d.vmm_granularity(); }
+    int va_reserve(uint64_t b, uint64_t* p) noexcept override { return d.va_reserve(b, p); }
+    int va_free(uint64_t b, uint64_t n) noexcept override { return d.va_free(b, n); }
+    int map_chunks(uint64_t a, uint64_t c, size_t n, uint64_t* h) noexcept override { return d.map_chunks(a, c, n, h); }
+    int unmap_chunks(uint64_t a, uint64_t c, size_t n, const uint64_t* h) noexcept override {
+        return d.unmap_chunks(a, c, n, h);
+    }
+    int unmap_keep(uint64_t a, uint64_t c, size_t n, const uint64_t* h) noexcept override {
+        const int rc = d.unmap_keep(a, c, n, h);
+        return rc == k_cuda_success && keep_error ? keep_error : rc;
+    }
+    int map_kept(uint64_t a, uint64_t c, size_t n, const uint64_t* h) noexcept override { return d.map_kept(a, c, n, h); }
+    int release_kept(uint64_t c, size_t n, const uint64_t* h) noexcept override { return d.release_kept(c, n, h); }
+};
+
 }  // namespace
 
 TEST_CASE("fill, fragment, then large requests: served as the driver alone would serve them", "[pool][vmm]") {
@@ -610,6 +644,225 @@ TEST_CASE("arenas, memory short: the chunks given back for a growth are moved th
     fake_backend refusing(102 * MiB);  // the map of the kept chunks fails: released, then made
     CHECK(run(refusing, 1) == 0);
     CHECK(refusing.moved_chunks() == 0);
+}
+
+TEST_CASE("foresight at its edges: a growth one chunk short is not tried, one that fits exactly is tried without a look before it", "[pool][vmm][arena]") {
+    // The program above on a device with `spare` MiB beyond the 102 the blocks take: 20 MiB joins
+    // [96, 102) at the arena's end and lacks 14 MiB (7 chunks).  The count is exact (no other
+    // allocator), so only a count under 14 MiB may stop the growth, and then only after a look.
+    SECTION("12 MiB free: one chunk short, not tried, served by moves") {
+        fake_backend dev(114 * MiB);
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        pool_config cfg = vmm_config();
+        cfg.headroom = 8 * MiB;
+        block_pool pool(cfg, dev, &sink, 0);
+        fragment_6mib(pool, 17);
+        REQUIRE(dev.in_use() == 102 * MiB);
+        uint64_t big = 0;
+        REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+        const block_pool::driver_tally t = pool.chunk_driver();
+        CHECK(t.foreseen == 1);
+        CHECK(t.refused == 0);
+        CHECK(dev.undone_chunks() == 0);  // tried, it would have made and unmade 6 chunks
+        CHECK(t.moved == 7);
+        CHECK(sink.bytes(ev_kind::segment_unmap) == 14 * MiB);
+        CHECK(dev.in_use() == 102 * MiB);  // the driver's 12 MiB untouched
+        std::string why;
+        const bool valid = pool.validate(&why);
+        INFO(why);
+        CHECK(valid);
+        CHECK(dev.bad_calls() == 0);
+    }
+    SECTION("14 MiB free: it fits exactly, tried at once") {
+        fake_backend dev(116 * MiB);
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        pool_config cfg = vmm_config();
+        cfg.headroom = 8 * MiB;
+        block_pool pool(cfg, dev, &sink, 0);
+        fragment_6mib(pool, 17);
+        const uint64_t looks = pool.chunk_driver().looks, maps = dev.map_calls();
+        uint64_t big = 0;
+        REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+        const block_pool::driver_tally t = pool.chunk_driver();
+        CHECK(t.foreseen == 0);
+        CHECK(t.refused == 0);
+        CHECK(dev.map_calls() == maps + 1);
+        CHECK(sink.bytes(ev_kind::segment_unmap) == 0);
+        CHECK(dev.in_use() == 116 * MiB);
+        // One look: after_growth's, the count being under twice the headroom's limit now.  The
+        // count said the growth fits, so none before it.
+        CHECK(t.looks == looks + 1);
+        CHECK(dev.bad_calls() == 0);
+    }
+    SECTION("the count says full, the driver has exactly 14 MiB (freed elsewhere): the look lets it be tried") {
+        fake_backend dev(102 * MiB);
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        pool_config cfg = vmm_config();
+        cfg.headroom = 8 * MiB;
+        block_pool pool(cfg, dev, &sink, 0);
+        fragment_6mib(pool, 17);
+        dev.set_capacity(116 * MiB);
+        uint64_t big = 0;
+        REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+        CHECK(pool.chunk_driver().foreseen == 0);
+        CHECK(pool.chunk_driver().moved == 0);
+        CHECK(sink.bytes(ev_kind::segment_unmap) == 0);  // nothing given back
+        CHECK(dev.in_use() == 116 * MiB);
+        CHECK(dev.bad_calls() == 0);
+    }
+    SECTION("the count says 64 MiB free, the driver has 4 MiB (taken elsewhere): tried, 2 chunks made and unmade") {
+        fake_backend dev(166 * MiB);
+        dev.set_vmm(2 * MiB);
+        recording_sink sink;
+        pool_config cfg = vmm_config();
+        cfg.headroom = 8 * MiB;
+        block_pool pool(cfg, dev, &sink, 0);
+        fragment_6mib(pool, 17);
+        dev.set_capacity(106 * MiB);
+        uint64_t big = 0;
+        REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+        CHECK(pool.chunk_driver().refused == 1);
+        CHECK(pool.chunk_driver().foreseen == 0);
+        CHECK(dev.undone_chunks() == 2);  // the 2 that fit, before the third was refused
+        CHECK(dev.kept_chunks() == 0);
+        CHECK(dev.bad_calls() == 0);
+    }
+}
+
+TEST_CASE("a driver that cannot say its free memory is asked for the growth, not foreseen to refuse it", "[pool][vmm][arena]") {
+    // The count says the device is full; then cuMemGetInfo cannot answer (0 of 0) and another
+    // allocator frees 64 MiB.  The foresight's look says nothing, so the growth is tried, and made.
+    fake_backend dev(102 * MiB);
+    dev.set_vmm(2 * MiB);
+    forwarding_backend be(dev);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 8 * MiB;
+    block_pool pool(cfg, be, &sink, 0);
+    fragment_6mib(pool, 17);
+    be.blind = true;
+    dev.set_capacity(166 * MiB);
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    CHECK(pool.chunk_driver().foreseen == 0);
+    CHECK(pool.chunk_driver().refused == 0);
+    CHECK(sink.bytes(ev_kind::segment_unmap) == 0);  // nothing given back
+    CHECK(dev.in_use() == 116 * MiB);
+    CHECK(dev.bad_calls() == 0);
+}
+
+TEST_CASE("arenas, memory short: chunks a failed unmap_keep left kept are released, and the growth makes new ones", "[pool][vmm][arena]") {
+    // The move program (20 MiB lacking 14 on a full 102 MiB device), with every unmap_keep
+    // reporting an error after it kept its chunks: they are released at once (as unmap_chunks
+    // would have), none is moved, and the growth creates its 7 chunks from the memory freed.
+    fake_backend dev(102 * MiB);
+    dev.set_vmm(2 * MiB);
+    forwarding_backend be(dev);
+    recording_sink sink;
+    block_pool pool(vmm_config(), be, &sink, 0);
+    const std::vector<uint64_t> six = fragment_6mib(pool, 17);
+    be.keep_error = 1;  // CUDA_ERROR_INVALID_VALUE
+    uint64_t big = 0;
+    REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    CHECK(big == six[0] + 96 * MiB);
+    CHECK(sink.bytes(ev_kind::segment_unmap) == 14 * MiB);
+    CHECK(pool.chunk_driver().moved == 0);
+    CHECK(pool.chunk_driver().unmapped == 7);  // released: the pool counts them given back
+    CHECK(dev.moved_chunks() == 0);
+    CHECK(dev.kept_chunks() == 0);
+    CHECK(dev.in_use() == 102 * MiB);
+    CHECK(dev.mapped_chunks() == 51);
+    std::string why;
+    const bool valid = pool.validate(&why);
+    INFO(why);
+    CHECK(valid);
+    CHECK(dev.bad_calls() == 0);
+}
+
+TEST_CASE("fake backend: a kept chunk holds its memory, leaves its place, is granted anew where it is mapped, and wrong calls count", "[pool][vmm]") {
+    // The fake stands for the driver in every moves test: what it accepts and refuses must be a
+    // driver's (cuMemUnmap ends a mapping and its access; cuMemMap needs a free place and a handle
+    // that is not mapped; cuMemRelease of a kept handle frees its memory).
+    fake_backend dev(64 * MiB);
+    dev.set_vmm(2 * MiB);
+    uint64_t base = 0;
+    REQUIRE(dev.va_reserve(32 * MiB, &base) == k_cuda_success);
+    uint64_t h[2] = {0, 0};
+    REQUIRE(dev.map_chunks(base, 2 * MiB, 2, h) == k_cuda_success);
+    SECTION("moved: the old place's grant goes with its mapping, the peers added so far are granted at the new one") {
+        REQUIRE(dev.set_peer_access(base, 4 * MiB, 1) == k_cuda_success);
+        REQUIRE(dev.peer_can_access(base, 1));
+        REQUIRE(dev.unmap_keep(base, 2 * MiB, 2, h) == k_cuda_success);
+        CHECK(dev.kept_chunks() == 2);
+        CHECK(dev.mapped_chunks() == 0);
+        CHECK(dev.in_use() == 4 * MiB);  // kept: still allocated
+        REQUIRE(dev.map_kept(base, 2 * MiB, 1, h) == k_cuda_success);  // the same place, no peer added
+        CHECK_FALSE(dev.peer_can_access(base, 1));
+        dev.add_peer(1);
+        REQUIRE(dev.map_kept(base + 8 * MiB, 2 * MiB, 1, h + 1) == k_cuda_success);
+        CHECK(dev.peer_can_access(base + 8 * MiB, 1));
+        CHECK(dev.moved_chunks() == 2);
+        CHECK(dev.kept_chunks() == 0);
+        CHECK(dev.mapped_chunks() == 2);
+        CHECK(dev.bad_calls() == 0);
+    }
+    SECTION("released: the memory goes back") {
+        REQUIRE(dev.unmap_keep(base, 2 * MiB, 2, h) == k_cuda_success);
+        REQUIRE(dev.release_kept(2 * MiB, 2, h) == k_cuda_success);
+        CHECK(dev.in_use() == 0);
+        CHECK(dev.kept_chunks() == 0);
+        CHECK(dev.bad_calls() == 0);
+    }
+    SECTION("wrong calls: refused and counted, nothing changed") {
+        const uint64_t swapped[2] = {h[1], h[0]};
+        CHECK(dev.unmap_keep(base, 2 * MiB, 2, swapped) == k_cuda_invalid_value);  // not the handles mapped there
+        CHECK(dev.bad_calls() == 2);
+        CHECK(dev.mapped_chunks() == 2);
+        CHECK(dev.map_kept(base + 8 * MiB, 2 * MiB, 1, h) == k_cuda_invalid_value);  // h[0] is mapped, not kept
+        CHECK(dev.bad_calls() == 3);
+        CHECK(dev.release_kept(2 * MiB, 1, h) == k_cuda_invalid_value);  // nor can it be released so
+        CHECK(dev.bad_calls() == 4);
+        CHECK(dev.in_use() == 4 * MiB);
+        REQUIRE(dev.unmap_keep(base + 2 * MiB, 2 * MiB, 1, h + 1) == k_cuda_success);
+        CHECK(dev.map_kept(base, 2 * MiB, 1, h + 1) == k_cuda_invalid_value);  // onto h[0]'s mapping
+        CHECK(dev.bad_calls() == 5);
+        CHECK(dev.kept_chunks() == 1);
+        CHECK(dev.mapped_chunks() == 1);
+    }
+    SECTION("a chunk still mapped a second time (stitched), or unmapped during a capture: counted") {
+        REQUIRE(dev.map_alias(base + 8 * MiB, 2 * MiB, 1, h) == k_cuda_success);
+        REQUIRE(dev.unmap_keep(base, 2 * MiB, 1, h) == k_cuda_success);
+        CHECK(dev.bad_calls() == 1);
+        dev.set_capturing(true);
+        REQUIRE(dev.unmap_keep(base + 2 * MiB, 2 * MiB, 1, h + 1) == k_cuda_success);
+        CHECK(dev.bad_calls() == 2);
+        dev.end_captures();
+    }
+}
+
+TEST_CASE("after a growth the pool looks at the driver only once the count is under twice the headroom's limit", "[pool][vmm][arena]") {
+    // 128 MiB device: the limit is 2 MiB (a 64th), the line 4 MiB.  The first growth looks (no
+    // count yet); one that leaves exactly 4 MiB counted is not near the line; one under it is.
+    fake_backend dev(128 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 8 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, b = 0, c = 0;
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    const uint64_t first = pool.chunk_driver().looks;
+    CHECK(first >= 1);
+    REQUIRE(pool.allocate(64 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    REQUIRE(dev.in_use() == 124 * MiB);
+    CHECK(pool.chunk_driver().looks == first);  // 4 MiB counted: on the line, not under it
+    REQUIRE(pool.allocate(2 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+    CHECK(pool.chunk_driver().looks == first + 1);  // 2 MiB counted: under the line
+    CHECK_FALSE(pool.headroom_short());  // 2 MiB free is not under the 2 MiB limit
+    CHECK(dev.bad_calls() == 0);
 }
 
 TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps and looks at the driver", "[pool][vmm][arena]") {
