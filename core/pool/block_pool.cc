@@ -359,6 +359,14 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
         // ranges can go back to the driver one by one (unmap_free_chunks).
         seg_size = round_up(seg_size, chunk_);
         map_bytes = map_bytes ? std::min(round_up(map_bytes, chunk_), seg_size) : seg_size;
+        // A growth the driver cannot hold (map_chunks would decline it): declined before the
+        // address space and the slot list (an arena's: one per chunk of the device and an eighth),
+        // which it would make only to undo.  Kept chunks map first, so only the rest counts.
+        const uint64_t kept = uint64_t(loose_.size()) * chunk_;
+        if (map_bytes > kept && foreseen_short(map_bytes - kept)) {
+            delete s;
+            return k_cuda_oom;
+        }
         try {
             s->chunks.assign(seg_size / chunk_, 0);
         } catch (...) {

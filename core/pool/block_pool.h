@@ -388,6 +388,9 @@ class block_pool {
     void set_short(bool now) noexcept;   // short_, and the process's count of short pools with it
     uint64_t headroom_limit() const noexcept;  // min(cfg.headroom, the device / 64)
     void after_growth() noexcept;  // looks at the driver when free_est() is near the line
+    // Under foresee_: true (counted as foreseen) when bytes more than free_est() and a fresh look
+    // agree that the driver cannot hold them; false otherwise, or when the driver cannot say.
+    bool foreseen_short(uint64_t bytes) noexcept;
     void take(block* b, uint64_t asize, uint64_t requested);
     void absorb_next(block* left);  // merges left->next into left
     void make_free(block* b);  // pending/allocated -> free, coalesced, in its free set

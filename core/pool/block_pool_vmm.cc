@@ -536,20 +536,22 @@ int block_pool::map_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept 
     // (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease each): near the device's memory a refused
     // growth a step cost the H200 tens of ms (run 148).  The count of the driver's free memory
     // (free_est(), exact for the pool's own calls) says when one is likely; a look confirms it.
-    if (foresee_ && n * chunk_ > free_est()) {
-        uint64_t total = 0;
-        const uint64_t free_b = look_at_driver(&total);
-        if (total != 0 && free_b < n * chunk_) {  // (a driver that cannot say: asked)
-            ++tally_.foreseen;
-            return k_cuda_oom;
-        }
-    }
+    if (foreseen_short(n * chunk_)) return k_cuda_oom;
     const uint64_t t0 = steady_ns();
     const int rc = backend_.map_chunks(addr, chunk_, n, handles);
     tally_.map_ns += steady_ns() - t0;
     if (rc == k_cuda_success) tally_.mapped += n;
     else if (rc == k_cuda_oom) ++tally_.refused;
     return rc;
+}
+
+bool block_pool::foreseen_short(uint64_t bytes) noexcept {
+    if (!foresee_ || bytes <= free_est()) return false;
+    uint64_t total = 0;
+    const uint64_t free_b = look_at_driver(&total);
+    if (total == 0 || free_b >= bytes) return false;  // (a driver that cannot say: asked)
+    ++tally_.foreseen;
+    return true;
 }
 
 void block_pool::unmap_chunks(uint64_t addr, size_t n, uint64_t* handles) noexcept {

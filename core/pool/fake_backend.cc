@@ -348,6 +348,7 @@ int fake_backend::va_reserve(uint64_t bytes, uint64_t* base) noexcept {
         return k_cuda_oom;
     }
     next_ = b + bytes + g;  // a gap, as between segments
+    ++va_reserves_;
     *base = b;
     return k_cuda_success;
 }

@@ -149,6 +149,7 @@ class fake_backend final : public pool_backend {
     void fail_unmap_alias(bool on) noexcept { fail_unmap_alias_ = on; }  // unmap_alias refuses (a broken context)
     void fail_next_unmap_alias(int n) noexcept { fail_unmap_alias_n_ = n; }  // the next n unmap_alias calls refuse
     uint64_t reservations() const noexcept;    // reservations held now
+    uint64_t va_reserves() const noexcept { return va_reserves_; }  // va_reserve calls that reserved, ever
     uint64_t records() const noexcept { return records_; }
     uint64_t queries() const noexcept { return queries_; }
     uint64_t stream_queries() const noexcept { return stream_queries_; }
@@ -170,7 +171,7 @@ class fake_backend final : public pool_backend {
     static constexpr uint64_t k_kept = 1ull << 63;
     std::atomic<bool> moves_{true};
     std::map<uint64_t, uint64_t> alias_count_; // handle -> its second mappings
-    std::atomic<uint64_t> alias_chunks_{0}, alias_unmapped_{0}, moved_{0};
+    std::atomic<uint64_t> alias_chunks_{0}, alias_unmapped_{0}, moved_{0}, va_reserves_{0};
     std::atomic<bool> fail_unmap_alias_{false};
     std::atomic<int> fail_unmap_alias_n_{0};
     uint64_t next_handle_ = 1;

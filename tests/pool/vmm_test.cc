@@ -937,6 +937,41 @@ TEST_CASE("a growth the driver cannot hold is not tried, and a count made stale 
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("a growth that needs a new arena and that the driver cannot hold reserves no address space before it is declined", "[pool][vmm][arena]") {
+    // 32 MiB arenas on an 80 MiB device: two 30 MiB blocks fill one arena each, the first is freed,
+    // and a 40 MiB request fits no hole, so its growth needs an arena of its own, 40 MiB, where
+    // the driver has 20.  The look declines it before any address space is reserved (a review
+    // found the first cut reserving the arena, with a slot per chunk, only to free it); the give-
+    // back then makes room and the retry reserves once.
+    fake_backend dev(80 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.arena = 32 * MiB;
+    cfg.headroom = 8 * MiB;
+    block_pool pool(cfg, dev, &sink, 0);
+    const uint64_t a = alloc_ok(pool, 30 * MiB);
+    const uint64_t b = alloc_ok(pool, 30 * MiB);
+    REQUIRE(dev.in_use() == 60 * MiB);
+    REQUIRE(sink.of(ev_kind::segment_alloc).size() == 2);
+    free_ok(pool, a);
+    const uint64_t reserves = dev.va_reserves();
+    const uint64_t foreseen = pool.chunk_driver().foreseen;
+    uint64_t c = 0;
+    REQUIRE(pool.allocate(40 * MiB, api_id::cuMemAlloc_v2, &c) == k_cuda_success);
+    CHECK(pool.chunk_driver().foreseen == foreseen + 1);
+    CHECK(dev.va_reserves() == reserves + 1);  // the retry's arena only
+    CHECK(sink.bytes(ev_kind::segment_unmap) == 30 * MiB);  // the freed block went back for it
+    CHECK(dev.in_use() == 70 * MiB);
+    std::string why;
+    const bool valid = pool.validate(&why);
+    INFO(why);
+    CHECK(valid);
+    free_ok(pool, b);
+    free_ok(pool, c);
+    CHECK(dev.bad_calls() == 0);
+}
+
 TEST_CASE("a growth refused where the count said it would fit makes the pool look again, so the next miss does not try", "[pool][vmm][arena]") {
     // Another allocator takes the 64 MiB the pool counts as the driver's: the first miss's growth
     // is tried and refused, served by a move; the look after it must correct the count, or every
