@@ -68,6 +68,24 @@ struct stitch_pool {
     }
 };
 
+// Near the device's limit: `capacity` of 2 MiB chunks, a pool on virtual memory whose headroom
+// (8 MiB) keeps the count of the driver's free memory and looks at it near the line, and 17 blocks
+// of 6 MiB (102 MiB), two of three freed (fragment_6mib): where the tests of the bounded give-back,
+// moves and foresight start.
+struct full_pool {
+    fake_backend dev;
+    recording_sink sink;
+    block_pool pool;
+    static pool_config config() {
+        pool_config cfg = vmm_config();
+        cfg.headroom = 8 * MiB;
+        return cfg;
+    }
+    explicit full_pool(uint64_t capacity) : dev(capacity), pool(config(), with_vmm(dev), &sink, 0) {
+        fragment_6mib(pool, 17);
+    }
+};
+
 size_t fill_fragment_large(bool vmm, uint64_t capacity, uint64_t big, fake_backend& dev, recording_sink& sink) {
     dev.set_vmm(2 * MiB);
     pool_config cfg = immediate_config();
@@ -651,13 +669,8 @@ TEST_CASE("foresight at its edges: a growth one chunk short is not tried, one th
     // [96, 102) at the arena's end and lacks 14 MiB (7 chunks).  The count is exact (no other
     // allocator), so only a count under 14 MiB may stop the growth, and then only after a look.
     SECTION("12 MiB free: one chunk short, not tried, served by moves") {
-        fake_backend dev(114 * MiB);
-        dev.set_vmm(2 * MiB);
-        recording_sink sink;
-        pool_config cfg = vmm_config();
-        cfg.headroom = 8 * MiB;
-        block_pool pool(cfg, dev, &sink, 0);
-        fragment_6mib(pool, 17);
+        full_pool fp(114 * MiB);
+        auto& [dev, sink, pool] = fp;
         REQUIRE(dev.in_use() == 102 * MiB);
         uint64_t big = 0;
         REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -675,13 +688,8 @@ TEST_CASE("foresight at its edges: a growth one chunk short is not tried, one th
         CHECK(dev.bad_calls() == 0);
     }
     SECTION("14 MiB free: it fits exactly, tried at once") {
-        fake_backend dev(116 * MiB);
-        dev.set_vmm(2 * MiB);
-        recording_sink sink;
-        pool_config cfg = vmm_config();
-        cfg.headroom = 8 * MiB;
-        block_pool pool(cfg, dev, &sink, 0);
-        fragment_6mib(pool, 17);
+        full_pool fp(116 * MiB);
+        auto& [dev, sink, pool] = fp;
         const uint64_t looks = pool.chunk_driver().looks, maps = dev.map_calls();
         uint64_t big = 0;
         REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -697,13 +705,8 @@ TEST_CASE("foresight at its edges: a growth one chunk short is not tried, one th
         CHECK(dev.bad_calls() == 0);
     }
     SECTION("the count says full, the driver has exactly 14 MiB (freed elsewhere): the look lets it be tried") {
-        fake_backend dev(102 * MiB);
-        dev.set_vmm(2 * MiB);
-        recording_sink sink;
-        pool_config cfg = vmm_config();
-        cfg.headroom = 8 * MiB;
-        block_pool pool(cfg, dev, &sink, 0);
-        fragment_6mib(pool, 17);
+        full_pool fp(102 * MiB);
+        auto& [dev, sink, pool] = fp;
         dev.set_capacity(116 * MiB);
         uint64_t big = 0;
         REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -714,13 +717,8 @@ TEST_CASE("foresight at its edges: a growth one chunk short is not tried, one th
         CHECK(dev.bad_calls() == 0);
     }
     SECTION("the count says 64 MiB free, the driver has 4 MiB (taken elsewhere): tried, 2 chunks made and unmade") {
-        fake_backend dev(166 * MiB);
-        dev.set_vmm(2 * MiB);
-        recording_sink sink;
-        pool_config cfg = vmm_config();
-        cfg.headroom = 8 * MiB;
-        block_pool pool(cfg, dev, &sink, 0);
-        fragment_6mib(pool, 17);
+        full_pool fp(166 * MiB);
+        auto& [dev, sink, pool] = fp;
         dev.set_capacity(106 * MiB);
         uint64_t big = 0;
         REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -868,13 +866,8 @@ TEST_CASE("after a growth the pool looks at the driver only once the count is un
 TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps and looks at the driver", "[pool][vmm][arena]") {
     // The bounded give-back's program (above): every growth near the device's limit is refused
     // first, then served after a give-back; the counts must match what the driver and the log saw.
-    fake_backend dev(102 * MiB);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.headroom = 8 * MiB;  // near the line every growth looks at the driver (after_growth)
-    block_pool pool(cfg, dev, &sink, 0);
-    fragment_6mib(pool, 17);
+    full_pool fp(102 * MiB);
+    auto& [dev, sink, pool] = fp;
     const block_pool::driver_tally filled = pool.chunk_driver();
     CHECK(filled.mapped == 51);  // 102 MiB in 2 MiB chunks
     CHECK(filled.refused == 0);
@@ -908,13 +901,8 @@ TEST_CASE("a growth the driver cannot hold is not tried, and a count made stale 
     // A refused growth makes and unmakes every chunk before the one the driver refuses; the pool
     // counts the driver's free memory and, when that is too little, looks once more and does not
     // try.  The count must never stop a growth the driver would serve: the look decides.
-    fake_backend dev(102 * MiB);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.headroom = 8 * MiB;
-    block_pool pool(cfg, dev, &sink, 0);
-    fragment_6mib(pool, 17);  // the device full: 51 chunks, 66 MiB of them in free blocks
+    full_pool fp(102 * MiB);  // the device full: 51 chunks, 66 MiB of them in free blocks
+    auto& [dev, sink, pool] = fp;
     const uint64_t maps = dev.map_calls(), looks = pool.chunk_driver().looks;
     uint64_t big = 0;
     REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
@@ -977,13 +965,8 @@ TEST_CASE("a growth refused where the count said it would fit makes the pool loo
     // is tried and refused, served by a move; the look after it must correct the count, or every
     // miss until the next stats look would try a growth the driver refuses (a review found the
     // look gone with the first cut of moves).
-    fake_backend dev(166 * MiB);
-    dev.set_vmm(2 * MiB);
-    recording_sink sink;
-    pool_config cfg = vmm_config();
-    cfg.headroom = 8 * MiB;
-    block_pool pool(cfg, dev, &sink, 0);
-    fragment_6mib(pool, 17);
+    full_pool fp(166 * MiB);
+    auto& [dev, sink, pool] = fp;
     dev.set_capacity(102 * MiB);
     uint64_t big = 0, bigger = 0;
     REQUIRE(pool.allocate(20 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
