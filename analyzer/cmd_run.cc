@@ -367,8 +367,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     }
 
     // A directory gets the library's default name inside it (config::k_default_out; the library
-    // applies the same rule to GPUMEM_OUT, core/config.h log_path_for).
-    if (pattern.back() == '/' || is_dir(pattern))
+    // applies the same rule to GPUMEM_OUT, core/config.h log_path_for): lstat, as there, so a
+    // symlink to a directory counts only with a trailing '/'.
+    struct stat st;
+    if (pattern.back() == '/' || (::lstat(pattern.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
         pattern = (pattern.back() == '/' ? pattern : pattern + "/") + config::k_default_out;
     if (pattern[0] != '/') {
         char cwd[PATH_MAX];

@@ -116,6 +116,14 @@ run_environment)
   cd "$W" || fail "cd $W"
   ls "$W/at 100%p"/x-[0-9]*.jsonl > /dev/null 2>&1 || fail "no log in 'at 100%p': $(ls -R "$W" | head -20)"
   expect_not_in "$W/err" "is no token"
+  # A symlink to a directory counts as one only with a trailing '/', as GPUMEM_OUT does without
+  # run (lstat, log-format.md "File safety"): without it the name is taken, and the log gets .PID.
+  mkdir -p "$W/real" && ln -s "$W/real" "$W/link"
+  expect_rc 0 "$GPUMEM" run -o "$W/link" --no-summary -- "$EMU/emu_rt_shared_app" train 3
+  ls "$W"/link.[0-9]* > /dev/null 2>&1 || fail "-o LINK: no LINK.PID log: $(ls "$W")"
+  [ -z "$(ls -A "$W/real")" ] || fail "-o LINK: the link was followed: $(ls "$W/real")"
+  expect_rc 0 "$GPUMEM" run -o "$W/link/" --no-summary -- "$EMU/emu_rt_shared_app" train 3
+  ls "$W"/real/gpumem-[0-9]*.jsonl > /dev/null 2>&1 || fail "-o LINK/: no log in the directory: $(ls "$W/real")"
   # --tensors: PyTorch's caching off for the child, and only with the flag.
   expect_rc 0 "$GPUMEM" run --tensors -o "$W/t/" -- sh -c 'echo "nocache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-unset}"'
   expect_in "$W/out" "nocache=1"
