@@ -249,8 +249,10 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                         capacity ? " that fit" : "");
             // A replay that stopped has a peak of the requests before the stop only: it is no
             // footprint to beat or to measure a saving against.
-            if (capacity && best.failure != sim::failure_reason::none)
+            if (best.failure != sim::failure_reason::none && capacity)
                 std::printf("     no setting fits in %s\n", fmt_bytes(capacity).c_str());
+            else if (best.failure != sim::failure_reason::none)
+                std::printf("     no setting serves every request\n");
             else if (d.grid_confs[b].empty())
                 std::printf("     the defaults: no PYTORCH_CUDA_ALLOC_CONF beats them (%s)\n", fmt_bytes(def.peak_reserved).c_str());
             else if (def.failure != sim::failure_reason::none)
@@ -513,7 +515,9 @@ int run_replay(replay_args& a) {
                 if (!d.grid.empty()) {
                     size_t b = best_of(d);
                     ojson s = result_json(d.grid[b], capacity);
-                    s["pytorch_cuda_alloc_conf"] = d.grid_confs[b];
+                    // None fits (the best stopped too): no setting to apply, as the text says.
+                    if (d.grid[b].failure == sim::failure_reason::none) s["pytorch_cuda_alloc_conf"] = d.grid_confs[b];
+                    else s["pytorch_cuda_alloc_conf"] = nullptr;
                     s["configurations_tried"] = d.grid.size();
                     dj["suggestion"] = s;
                 }

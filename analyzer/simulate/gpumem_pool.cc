@@ -105,15 +105,20 @@ gpumem_pool_policy::gpumem_pool_policy(const pool_config& cfg, uint64_t capacity
     if (cfg.vmm) backend_.inner.set_vmm(k_replay_chunk);
 }
 
+void gpumem_pool_policy::take_snapshot() noexcept {
+    snap_ = pool_.snapshot();
+    pending_ = pool_.pending_bytes();
+}
+
 bool gpumem_pool_policy::allocate(uint32_t id, uint64_t size, uint16_t) {
     uint64_t ptr = 0;
     if (pool_.allocate(size, api_id::cuMemAlloc_v2, &ptr) != k_cuda_success) {
-        snap_ = pool_.snapshot();
+        take_snapshot();
         return false;
     }
     if (id >= ptrs_.size()) ptrs_.resize(std::max<size_t>(size_t(id) + 1, ptrs_.size() * 2), 0);
     ptrs_[id] = ptr;
-    snap_ = pool_.snapshot();
+    take_snapshot();
     return true;
 }
 
@@ -122,7 +127,7 @@ void gpumem_pool_policy::release(uint32_t id) {
     int result = 0;
     pool_.deallocate(ptrs_[id], api_id::cuMemFree_v2, &result);
     ptrs_[id] = 0;
-    snap_ = pool_.snapshot();
+    take_snapshot();
 }
 
 }  // namespace gpumem::simulate

@@ -24,6 +24,7 @@ public:
     uint64_t reserved() const override { return snap_.reserved; }
     uint64_t allocated() const override { return snap_.allocated; }
     uint64_t largest_free() const override { return snap_.largest_free; }
+    uint64_t pending() const override { return pending_; }
     uint64_t driver_allocs() const override { return backend_.allocs; }
     uint64_t driver_frees() const override { return backend_.frees; }
     bool unmaps_free_chunks() const override { return pool_.chunk_size() != 0; }
@@ -80,6 +81,8 @@ private:
     block_pool pool_;
     std::vector<uint64_t> ptrs_;
     pool_state snap_{};
+    uint64_t pending_ = 0;
+    void take_snapshot() noexcept;  // snap_ and pending_ after each call
 };
 
 }  // namespace gpumem::simulate

@@ -25,11 +25,15 @@ public:
     virtual uint64_t allocated() const = 0;
     // The largest free block inside reserved memory (docs/metrics.md, external fragmentation).
     virtual uint64_t largest_free() const = 0;
+    // Bytes freed but not yet reusable (gpumem's pool under safe reuse: frees whose fences are
+    // not reached): neither allocated nor free, so free in segments is reserved - allocated - this.
+    virtual uint64_t pending() const { return 0; }
     // Driver calls: allocations (cudaMalloc, or cuMemMap of new pages) and frees.
     virtual uint64_t driver_allocs() const = 0;
     virtual uint64_t driver_frees() const = 0;
     // True for an allocator that gives back every whole free chunk of physical memory before it
-    // fails (gpumem's pool on virtual memory): its failures can be "chunk rounding".
+    // fails (gpumem's pool on virtual memory, PyTorch's expandable segments with their 2 and
+    // 20 MiB pages): its failures can be "chunk rounding".
     virtual bool unmaps_free_chunks() const { return false; }
     // A limit the allocator keeps itself to below the device's memory (PyTorch's
     // per_process_memory_fraction), in bytes (0 refuses every segment); none when it has none.

@@ -34,6 +34,9 @@ public:
     uint64_t largest_free() const override;
     uint64_t driver_allocs() const override { return driver_allocs_; }
     uint64_t driver_frees() const override { return driver_frees_; }
+    // Expandable segments unmap every free page before an out-of-memory fails (release_cached_blocks):
+    // a failure with the driver's memory too small for one more page is their page rounding.
+    bool unmaps_free_chunks() const override { return cfg_.expandable; }
     std::optional<uint64_t> memory_limit() const override {
         return has_limit_ ? std::optional<uint64_t>(limit_) : std::nullopt;
     }

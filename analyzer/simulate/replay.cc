@@ -6,6 +6,14 @@
 
 namespace gpumem::simulate {
 
+namespace {
+// docs/metrics.md: reserved - allocated - pending (a pending block is not usable yet).
+uint64_t free_in_segments(const policy& p) {
+    const uint64_t used = p.allocated() + p.pending();
+    return p.reserved() > used ? p.reserved() - used : 0;
+}
+}  // namespace
+
 replay_result replay(const device_trace& tr, policy& p, const std::string& name, uint64_t capacity,
                      const replay_progress& progress) {
     replay_result r;
@@ -27,7 +35,7 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
             // allocator, chunk rounding when no free block holds it; else fragmentation.  A
             // request no device could hold is not offered to the policy at all.
             const bool chunked = p.unmaps_free_chunks();  // decided by the pool at its first segment
-            uint64_t res = p.reserved(), alloc = p.allocated(), free_in = res - alloc;
+            uint64_t res = p.reserved(), alloc = p.allocated(), free_in = free_in_segments(p);
             // The device's untouched memory: up to the allocator's own limit when it has one
             // below the device (per_process_memory_fraction), else up to --capacity.
             uint64_t bound = capacity;
@@ -56,7 +64,7 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
             r.peak_t = q.t;
         }
         if (alloc > r.peak_allocated) r.peak_allocated = alloc;
-        uint64_t free_in = res - alloc;
+        uint64_t free_in = free_in_segments(p);
         if (free_in > 0) {
             double f = 1.0 - double(p.largest_free()) / double(free_in);
             if (f > r.peak_fragmentation) {

@@ -94,6 +94,10 @@ PY
 # No setting fits: the defaults, which fail too, are not said to be unbeaten.
 echo "$out" | grep -q "no setting fits in 40.00 MiB" || fail "--suggest, none fits: $out"
 echo "$out" | grep -q "no PYTORCH_CUDA_ALLOC_CONF beats them" && fail "--suggest, none fits, praised the defaults: $out"
+# The same in --json: no setting to apply (a script reading the member would set one that fails).
+"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest --json > "$W/nofit.json" || fail "--suggest --json exit"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["suggestion"]; assert s["pytorch_cuda_alloc_conf"] is None and s["fits"] is False, s' \
+  "$W/nofit.json" || fail "--suggest --json, none fits: a setting was suggested"
 # The defaults fail on 900 MiB where a setting fits: their peak before the failure (898 MiB) is
 # no footprint to measure a saving against.
 zcat "$DATA/mlp-nocache.jsonl.gz" > "$W/mlp.jsonl"
@@ -462,6 +466,40 @@ import re, sys
 peak = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s+(gpumem\S*)\s+\S+ \S+ \((\d+)\)", open(sys.argv[1]).read(), re.M)}
 assert peak["gpumem:reuse=safe,pool_stitch=on"] < peak["gpumem:reuse=safe"], peak
 assert peak["gpumem:reuse=safe,pool_trim=32MiB"] < peak["gpumem:reuse=safe"], peak
+PY
+
+# docs/guide.md's replay outputs, as printed today: its three blocks on these logs (the MLP's on
+# 900 MiB once kept a gpumem line of an older pool).  Each line of a block must be a line of the
+# command's output (the 900 MiB block shows the policy lines only).
+GUIDE=$(dirname "$0")/../../docs/guide.md
+DATA_ABS=$(cd "$DATA" && pwd)
+GPUMEM_ABS=$(cd "$(dirname "$GPUMEM")" && pwd)/$(basename "$GPUMEM")
+(cd "$W" && zcat "$DATA_ABS/transformer-nocache.jsonl.gz" > transformer-nocache.jsonl && zcat "$DATA_ABS/mlp-nocache.jsonl.gz" > mlp-nocache.jsonl
+ "$GPUMEM_ABS" replay transformer-nocache.jsonl --api cudaMalloc --suggest > guide-t.txt 2>/dev/null
+ "$GPUMEM_ABS" replay mlp-nocache.jsonl --api cudaMalloc --capacity 950MiB > guide-950.txt 2>/dev/null
+ "$GPUMEM_ABS" replay mlp-nocache.jsonl --api cudaMalloc --capacity 900MiB > guide-900.txt 2>/dev/null)
+python3 - "$GUIDE" "$W" <<'PY' || fail "docs/guide.md's replay outputs differ from the binary's"
+import re, sys
+guide, w = open(sys.argv[1]).read(), sys.argv[2]
+blocks, cur = [], None  # fenced blocks, by their fence lines
+for l in guide.splitlines():
+    if l.startswith("```"):
+        cur = [] if cur is None else blocks.append("\n".join(cur))
+    elif cur is not None:
+        cur.append(l)
+def block(marker):
+    found = [b for b in blocks if marker in b]
+    assert len(found) == 1, (marker, len(found))
+    return [l for l in found[0].splitlines() if l.strip() and not l.startswith("gpumem ")]
+bad = 0
+for marker, out in (("== transformer-nocache.jsonl: device 0", "guide-t.txt"),
+                    ("with 950.00 MiB:", "guide-950.txt"), ("with 900.00 MiB:", "guide-900.txt")):
+    have = set(open(f"{w}/{out}").read().splitlines())
+    for line in block(marker):
+        if line not in have:
+            print(f"{out}: the guide's line is not printed:\n  {line}")
+            bad += 1
+sys.exit(bad > 0)
 PY
 
 [ $fails = 0 ] && echo "replay_cli_test: all passed" || echo "replay_cli_test: $fails failed"

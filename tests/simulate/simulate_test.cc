@@ -738,3 +738,39 @@ TEST_CASE("load_trace: streams get dense indexes from 1, and 0 stays the request
     CHECK(d.n_streams == 2);
     CHECK(d.n_no_stream == 1);
 }
+
+TEST_CASE("replay of gpumem under safe reuse: pending blocks are neither allocated nor free") {
+    // docs/metrics.md: free in segments = reserved - allocated - pending.  Under safe reuse (no GPU
+    // in a replay, so no fence is ever reached) a freed block stays pending, and the pool's largest
+    // free block leaves it out: counted as free, the freed 8 MiB made the replay's fragmentation
+    // 100% (8 MiB free, no free block), which the report of the same log never shows.
+    gpumem::pool_config cfg;
+    REQUIRE(gpumem_pool_config("{\"reuse\":\"safe\"}", "", cfg) == "");
+    gpumem_pool_policy p(cfg, 0);
+    device_trace t = steps({A(0, 8 * MiB), A(1, 8 * MiB), F(0), A(2, 2 * MiB)});
+    replay_result r = replay(t, p, "gpumem", 0);
+    REQUIRE(r.failure == failure_reason::none);
+    CHECK(p.pending() == 8 * MiB);
+    CHECK(p.largest_free() == 0);
+    CHECK(p.reserved() - p.allocated() - p.pending() == 0);
+    CHECK(r.peak_fragmentation == 0.0);
+}
+
+TEST_CASE("replay's verdict for expandable segments short of one more 20 MiB page is chunk rounding") {
+    // A 30 MiB device: 15 MiB maps one 20 MiB page of the large pool; 10 MiB more needs a second
+    // page with 5 MiB free in the first and 10 MiB left on the device.  Enough bytes in total
+    // (15 MiB), and the driver would place 10 MiB; what fails is the page, as metrics.md's chunk
+    // rounding says, not a layout that max_split_size_mb could change (fragmentation).
+    device_trace t = steps({A(0, 15 * MiB), A(1, 10 * MiB)});
+    std::string err;
+    auto p = make_policy(parse_policy_name("pytorch-expandable"), 30 * MiB, 30 * MiB, "{}", &err);
+    REQUIRE(p);
+    replay_result r = replay(t, *p, "pytorch-expandable", 30 * MiB);
+    CHECK(r.failure == failure_reason::chunk_rounding);
+    CHECK(r.fail_seq == 1);
+    CHECK(r.fail_reserved == 20 * MiB);
+    CHECK(r.fail_free_in_segments == 5 * MiB);
+    // The default allocator sizes its segments to the request (16 and 10 MiB) and serves both.
+    pytorch_policy d(pt_config{}, 30 * MiB, 30 * MiB);
+    CHECK(replay(t, d, "pytorch", 30 * MiB).failure == failure_reason::none);
+}
