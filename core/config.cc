@@ -6,6 +6,7 @@
 #include <cstring>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace gpumem {
 
@@ -51,7 +52,7 @@ bool parse_routes(const char* s, unsigned* out) noexcept {
 }
 
 static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field, std::string* warnings) {
-    const char* s = getenv(name);
+    const char* s = setting_env(name);
     if (!s) return;
     uint64_t v = 0;
     bool parsed = parse_size(s, &v);
@@ -70,12 +71,12 @@ static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field
 config config::from_env(std::string* warnings) noexcept {
     config c;
     try {
-        if (const char* s = getenv("GPUMEM_POOL")) {
+        if (const char* s = setting_env("GPUMEM_POOL")) {
             bool b;
             if (parse_bool(s, &b)) c.pool = b;
             else if (warnings) *warnings += std::string("GPUMEM_POOL='") + s + "' is not on/off; using on\n";
         }
-        if (const char* s = getenv("GPUMEM_OUT"); s && *s) {
+        if (const char* s = setting_env("GPUMEM_OUT"); s && *s) {
             c.out = s;
             // Kept as written (a log is still better than none), but a typo for %p would put every
             // process's log under one name: said.
@@ -88,7 +89,7 @@ config config::from_env(std::string* warnings) noexcept {
         read_u32("GPUMEM_BUFFER_EVENTS", 1024, 1u << 24, &c.buffer_events, warnings);
         read_u32("GPUMEM_WAIT_MS", 0, 600000, &c.wait_ms, warnings);
         read_u32("GPUMEM_SINK_STALL_MS", 0, 3600000, &c.sink_stall_ms, warnings);
-        if (const char* s = getenv("GPUMEM_STACKS")) {
+        if (const char* s = setting_env("GPUMEM_STACKS")) {
             bool found = false;
             for (size_t i = 0; i < size_t(stacks::stack_mode::count_); ++i)
                 if (!strcasecmp(s, stacks::k_stack_mode_names[i])) {
@@ -99,10 +100,10 @@ config config::from_env(std::string* warnings) noexcept {
                 *warnings += std::string("GPUMEM_STACKS='") + s + "' is not off, python, native or all; using python\n";
         }
         read_u32("GPUMEM_STACK_DEPTH", 1, 256, &c.stack_depth, warnings);
-        if (const char* s = getenv("GPUMEM_LOG_LEVEL"); s && !parse_log_level(s, &c.log_level) && warnings)
+        if (const char* s = setting_env("GPUMEM_LOG_LEVEL"); s && !parse_log_level(s, &c.log_level) && warnings)
             *warnings += std::string("GPUMEM_LOG_LEVEL='") + s +
                          "' is not trace, debug, info, warn, error, critical, off or 0-6; using warn\n";
-        if (const char* s = getenv("GPUMEM_ROUTES"); s && *s) {
+        if (const char* s = setting_env("GPUMEM_ROUTES"); s && *s) {
             c.routes_set = parse_routes(s, &c.routes);
             if (!c.routes_set && warnings)
                 *warnings += std::string("GPUMEM_ROUTES='") + s +
@@ -117,9 +118,35 @@ config config::from_env(std::string* warnings) noexcept {
     return c;
 }
 
+namespace {
+// The start-up copies: "NAME=value" strings, set once before any reader (snapshot_settings_env).
+constexpr size_t k_max_kept = 128;
+const char* g_kept[k_max_kept];
+size_t g_n_kept = 0;
+
+bool is_setting(const char* entry) noexcept {
+    return !strncmp(entry, "GPUMEM_", 7) || !strncmp(entry, "RANK=", 5) || !strncmp(entry, "LOCAL_RANK=", 11);
+}
+}  // namespace
+
+void snapshot_settings_env() noexcept {
+    if (g_n_kept || !environ) return;
+    for (char** e = environ; *e && g_n_kept < k_max_kept; ++e)
+        if (is_setting(*e))
+            if (char* copy = strdup(*e)) g_kept[g_n_kept++] = copy;
+}
+
+const char* setting_env(const char* name) noexcept {
+    if (const char* now = getenv(name)) return now;
+    const size_t n = strlen(name);
+    for (size_t i = 0; i < g_n_kept; ++i)
+        if (!strncmp(g_kept[i], name, n) && g_kept[i][n] == '=') return g_kept[i] + n + 1;
+    return nullptr;
+}
+
 std::string rank_from_env() {
-    if (const char* r = getenv("RANK"); r && *r) return r;
-    if (const char* r = getenv("LOCAL_RANK"); r && *r) return r;
+    if (const char* r = setting_env("RANK"); r && *r) return r;
+    if (const char* r = setting_env("LOCAL_RANK"); r && *r) return r;
     return "0";
 }
 

@@ -51,6 +51,16 @@ std::string log_path_for(const std::string& pattern, long pid, const std::string
 // $RANK, else $LOCAL_RANK, else "0".
 std::string rank_from_env();
 
+// A setting's variable (GPUMEM_*, RANK, LOCAL_RANK) as the program's environment holds it now, or,
+// when it holds it no longer (clearenv, unsetenv before the first allocation, where the settings
+// are read), as it was when libgpumem.so was loaded: the user's GPUMEM_POOL=off must not turn into
+// the default because the program scrubbed its environment.  Null when neither has it.  Reads
+// only; no allocation.
+const char* setting_env(const char* name) noexcept;
+// Keeps those variables as they are now, for setting_env: called once, by the preload's
+// constructor (before the program runs; no CUDA call, only the environment read and copied).
+void snapshot_settings_env() noexcept;
+
 // Parses a GPUMEM_LOG_LEVEL: trace, debug, info, warn (warning), error (err), critical, off in any
 // case, or 0-6 in that order (spdlog's levels).  False, leaving *out, for anything else.  No allocation.
 bool parse_log_level(const char* s, int* out) noexcept;

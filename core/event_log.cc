@@ -196,7 +196,7 @@ event_log::~event_log() {
     stop_.store(true);
     wake_writer();
     for (int i = 0; i < 2000 && writer_running_.load(); ++i) sleep_ns(1000000);
-    if (fd_ >= 0) close(fd_);
+    drop_fd();
     if (ring_) munmap(ring_, sizeof(slot) * (mask_ + 1));
     if (buf_) munmap(buf_, k_buf_size);
 }
@@ -240,7 +240,7 @@ bool event_log::start(const std::string& path, const std::string& header_line) n
         path_ = used;
     } catch (...) {
     }
-    fd_ = fd;
+    adopt_fd(fd);
     written_ = 0;
     write_all(header_line.data(), header_line.size());
     started_.store(true, std::memory_order_release);
@@ -397,7 +397,64 @@ void event_log::record(const event& e) noexcept {
     publish(slot_event);
 }
 
+// Above the numbers a program's own open() takes first, so that ours is not the one it expects
+// (3, after a lazy first allocation) nor the next it is given; within RLIMIT_NOFILE (else kept).
+constexpr int k_log_fd_floor = 512;
+
+bool event_log::fd_ours() const noexcept {
+    struct stat st;
+    return fd_ >= 0 && fstat(fd_, &st) == 0 && st.st_dev == fd_dev_ && st.st_ino == fd_ino_;
+}
+
+void event_log::adopt_fd(int fd) noexcept {
+    if (fd >= 0 && fd < k_log_fd_floor) {
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, k_log_fd_floor);
+        if (high >= 0) {
+            close(fd);
+            fd = high;
+        }
+    }
+    struct stat st;
+    fd_ = fd;
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+        fd_dev_ = st.st_dev;
+        fd_ino_ = st.st_ino;
+    }
+}
+
+void event_log::drop_fd() noexcept {
+    if (fd_ours()) close(fd_);
+    fd_ = -1;
+}
+
+bool event_log::reopen_lost_fd() noexcept {
+    // The number is the program's now (or nothing's): never written, truncated or closed by us
+    // again.  The log's own file, opened anew by its name, goes on where it stopped.  open, fstat,
+    // lseek and write_stderr are async-signal-safe: a crash handler's last flush may come here.
+    fd_ = -1;
+    struct stat st;
+    int fd = -1;
+    if (lstat(path_.c_str(), &st) == 0 && st.st_dev == fd_dev_ && st.st_ino == fd_ino_)
+        fd = S_ISREG(st.st_mode) ? open(path_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC) : open_existing_sink(path_.c_str());
+    struct stat got;
+    if (fd >= 0 && (fstat(fd, &got) != 0 || got.st_dev != fd_dev_ || got.st_ino != fd_ino_ ||
+                    (S_ISREG(got.st_mode) && lseek(fd, off_t(written_), SEEK_SET) != off_t(written_)))) {
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) {
+        write_failed_ = true;
+        write_stderr({"gpumem: the program closed the log's descriptor, and ", path_,
+                      " cannot be opened again; the log ends there\n"});
+        return false;
+    }
+    adopt_fd(fd);
+    write_stderr({"gpumem: the program closed the log's descriptor; ", path_, " was opened again and the log goes on\n"});
+    return true;
+}
+
 void event_log::write_all(const char* p, size_t n) noexcept {
+    if (fd_ >= 0 && !fd_ours() && !reopen_lost_fd()) return;
     sigpipe_guard no_sigpipe;  // a FIFO whose reader left: EPIPE, then the /tmp move
     uint64_t stalled_since = 0;  // a full FIFO (EAGAIN): when it last took a byte
     while (n && fd_ >= 0) {
@@ -437,15 +494,20 @@ void event_log::write_all(const char* p, size_t n) noexcept {
 bool event_log::switch_after_write_error(int err) noexcept {
     // Moving to a new file builds its name on the heap: not from a signal handler, which may have
     // interrupted malloc.  There the log ends where the write failed, and stderr says so.
-    int old = fd_;
+    // A number that is no longer ours (write_all asks before it writes, but a crash handler may
+    // run between): neither read back nor closed.
+    const bool ours = fd_ours();
+    int old = ours ? fd_ : -1;
     fd_ = -1;
     if (write_failed_) {
-        close(old);
+        // The fallback failed too (or the log's file was lost): the log ends here, and says so.
+        if (old >= 0) close(old);
+        write_stderr({"gpumem: writing ", path_, " failed too (errno ", decimal(err), "); the log ends there\n"});
         return false;
     }
     if (in_signal_) {
         write_failed_ = true;
-        close(old);
+        if (old >= 0) close(old);
         write_stderr({"gpumem: writing ", path_, " failed (errno ", decimal(err),
                       ") while the process ended (a signal or _exit); the log ends there\n"});
         return false;
@@ -461,7 +523,7 @@ bool event_log::switch_after_write_error(int err) noexcept {
     }
     // Carry over what the first file holds, so the new one starts with the header.
     struct stat st;
-    const bool readable = written_ == 0 || (fstat(old, &st) == 0 && S_ISREG(st.st_mode));  // not a FIFO
+    const bool readable = written_ == 0 || (old >= 0 && fstat(old, &st) == 0 && S_ISREG(st.st_mode));  // not a FIFO
     bool carried = fd >= 0 && readable;
     if (fd >= 0 && written_ > 0 && carried) {
         char copy[4096];
@@ -477,10 +539,10 @@ bool event_log::switch_after_write_error(int err) noexcept {
             off += uint64_t(r > 0 ? r : 0);
         }
     }
-    close(old);
+    if (old >= 0) close(old);
     if (fd >= 0 && carried) {
         write_stderr({"gpumem: writing ", path_, " failed (", strerror(err), "); the log continues in ", used, "\n"});
-        fd_ = fd;
+        adopt_fd(fd);
         try {
             path_ = used;
         } catch (...) {
@@ -826,6 +888,7 @@ void event_log::resume_after_failed_exec() noexcept {
         // be cut (a FIFO) keeps the end line, and the log goes on after it.
         bool cut = false;
         uint64_t late_lines = tail_ > end_pos_ + 1 ? tail_ - end_pos_ - 1 : 0;
+        if (fd_ >= 0 && !fd_ours()) reopen_lost_fd();  // never cut a file the program opened under our number
         if (fd_ >= 0 && end_offset_ >= 0 && buf_) {
             uint64_t from = uint64_t(end_offset_ + end_len_), to = uint64_t(end_offset_);
             bool moved = true;
@@ -873,8 +936,7 @@ void event_log::resume_after_failed_exec() noexcept {
 void event_log::reset_after_fork() noexcept {
     // Only the forking thread exists in the child; the parent's writer and any half-written slot are
     // gone.  The parent keeps writing its own copy of these events, so the child starts empty.
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
+    drop_fd();  // the parent's file, unless the program's own now holds the number
     slot* old_ring = ring_;
     char* old_buf = buf_;
     uint64_t old_cap = mask_ + 1;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -171,6 +172,15 @@ class event_log {
     uint64_t lost_in_lines_ = 0;                // consumer only: the losses lost lines have stated
     uint64_t lost_in_lines_at_end_ = 0;         // consumer only: lost_in_lines_ when the end line went out
     int fd_ = -1;
+    // fd_'s file: a program that closes every descriptor (a daemon, a close-all loop) or dup2's
+    // over ours may open its own file under the same number, which the log must never write,
+    // truncate or close.  Checked (fstat) before each write and close: fd_ours.
+    dev_t fd_dev_ = 0;
+    ino_t fd_ino_ = 0;
+    bool fd_ours() const noexcept;
+    void adopt_fd(int fd) noexcept;              // fd_ = fd (moved up, out of the program's way), its file noted
+    bool reopen_lost_fd() noexcept;              // fd_ is no longer ours: path_ again, else the log ends (said)
+    void drop_fd() noexcept;                     // closes fd_ if ours; fd_ = -1
     uint64_t written_ = 0;                      // bytes in fd_ so far (consumer only)
     int64_t end_offset_ = -1;                   // where the end line begins, for resume_after_failed_exec
     int64_t end_len_ = 0;                       // its length

@@ -39,9 +39,9 @@ int current_level() noexcept {
     int l = g_level.load(std::memory_order_relaxed);
     if (l >= 0) return l;
     // Before the config is read (a hook reporting while the process starts): the same variable,
-    // the same rule, through getenv alone (no allocation).
+    // the same rule, through setting_env alone (no allocation).
     int v = warn;
-    if (!parse_log_level(getenv("GPUMEM_LOG_LEVEL"), &v)) v = warn;
+    if (!parse_log_level(setting_env("GPUMEM_LOG_LEVEL"), &v)) v = warn;
     int expected = -1;
     g_level.compare_exchange_strong(expected, v, std::memory_order_relaxed);
     return g_level.load(std::memory_order_relaxed);

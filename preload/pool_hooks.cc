@@ -160,7 +160,7 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
     }
     try {
         if (!g_pool_cfg) {
-            g_pool_cfg = new pool_config(pool_config::from_env());
+            g_pool_cfg = new pool_config(pool_config::from_env(setting_env));
             const std::string& w = g_pool_cfg->warnings;  // one warning a line
             for (size_t b = 0, e; b < w.size(); b = e + 1) {
                 e = w.find('\n', b);

@@ -73,7 +73,7 @@ void* real_driver(drv d) noexcept {
 static unsigned routes_from_env() noexcept {
     static_assert(k_all_routes == (route_a | route_b | route_c | route_d));
     unsigned r = k_all_routes;
-    parse_routes(getenv("GPUMEM_ROUTES"), &r);
+    parse_routes(setting_env("GPUMEM_ROUTES"), &r);
     return r;
 }
 

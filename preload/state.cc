@@ -154,7 +154,7 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     h.config.buffer_events = st.cfg.buffer_events;
     h.config.stacks = stacks::k_stack_mode_names[size_t(st.cfg.stacks)];
     h.config.stack_depth = st.cfg.stack_depth;
-    if (const char* r = getenv("GPUMEM_ROUTES"); r && st.cfg.routes_set) h.config.routes = r;
+    if (const char* r = setting_env("GPUMEM_ROUTES"); r && st.cfg.routes_set) h.config.routes = r;
     h.config.reuse = pool_json;
     h.gpumem_version = GPUMEM_VERSION;
     h.forked_from = st.forked_from;
@@ -317,7 +317,10 @@ void after_fork_child() {
     stack_table().unlock_after_fork();
     pool_after_fork();
     st.starter_tid.store(0);
-    st.phase.store(st.rec ? not_started : disabled);
+    // A parent that never recorded (it never touched CUDA, as a multiprocessing parent that forks
+    // its workers) leaves no log behind: the child starts its own at its first call, as any
+    // process does.  Off only where the child's recorder could not be made.
+    st.phase.store(st.log && !st.rec ? disabled : not_started);
     GPUMEM_DEBUG("fork: process {} of parent {} writes its own log from its first allocation", long(getpid()),
                  st.forked_from);
 }
@@ -325,8 +328,10 @@ void after_fork_child() {
 void on_quick_exit();
 
 __attribute__((constructor)) void gpumem_init() {
-    // Registering a fork handler and a quick_exit handler is all the constructor does: no CUDA, no
-    // files, no threads.
+    // Registering a fork handler and a quick_exit handler, and keeping the settings' variables
+    // (a program that clears its environment before its first allocation keeps them: setting_env),
+    // is all the constructor does: no CUDA, no files, no threads.
+    snapshot_settings_env();
     pthread_atfork([] { stack_table().lock_for_fork(); }, [] { stack_table().unlock_after_fork(); },
                    after_fork_child);
     // quick_exit skips atexit and destructors and ends through glibc's internal _exit, which never

@@ -6,6 +6,7 @@
 #include <cuda.h>
 #undef cuGetProcAddress
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -539,6 +540,72 @@ void stacks_in_dlopen_case(const char* lib) {
     printf("done=1\n");
 }
 
+// A parent that never touches CUDA forks workers that do (multiprocessing with fork): each child
+// records its own log from its first allocation.
+void fork_first_case(int n) {
+    pid_t child = fork();
+    if (child == 0) {
+        driver_api a = direct_api();
+        setup(a);
+        for (int i = 0; i < n; ++i) {
+            CUdeviceptr q;
+            CHECK(a.alloc(&q, 2048));
+            CHECK(a.free(q));
+        }
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child=%d\nchild_status=%d\n", int(child), status);
+}
+
+// A program that scrubs its environment before its first allocation (a sandbox, a launcher):
+// the settings it was started with still hold.
+void clearenv_case() {
+    clearenv();
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 1 << 20));
+    CHECK(a.free(p));
+    printf("done=1\n");
+}
+
+// A program that closes every descriptor past stderr after its first allocation (a daemon, a
+// close_fds loop) and opens a file of its own, which may get the log's old number: its file must
+// hold only what it wrote, and, with "fork", a forked child must still write to it.
+void fd_reuse_case(const char* path, bool with_fork) {
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 1 << 20));
+    usleep(50000);  // the writer has flushed the header
+    for (int fd = 3; fd < 1024; ++fd) close(fd);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) fail("open", errno);
+    if (write(fd, "A\n", 2) != 2) fail("write A", errno);
+    for (int i = 0; i < 200; ++i) {
+        CUdeviceptr q;
+        CHECK(a.alloc(&q, 4096));
+        CHECK(a.free(q));
+    }
+    usleep(100000);  // several flushes of the log
+    if (with_fork) {
+        pid_t child = fork();
+        if (child == 0) _exit(write(fd, "C\n", 2) == 2 ? 0 : 1);
+        int status = 0;
+        waitpid(child, &status, 0);
+        printf("child_status=%d\n", status);
+    }
+    if (write(fd, "B\n", 2) != 2) fail("write B", errno);
+    CHECK(a.free(p));
+    char got[4096] = {};
+    ssize_t n = pread(fd, got, sizeof got - 1, 0);
+    close(fd);
+    const char* want = with_fork ? "A\nC\nB\n" : "A\nB\n";
+    printf("file_ok=%d\nfile_bytes=%zd\n", n >= 0 && !strcmp(got, want), n);
+}
+
 // A vfork child shares the parent's memory and runs no fork handlers; Python's subprocess ends such
 // a child with _exit when exec fails.  The parent's log must not be ended by it.
 void vfork_case() {
@@ -653,6 +720,9 @@ int main(int argc, char** argv) {
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100, false);
     else if (s == "vfork") vfork_case();
+    else if (s == "fork-first") fork_first_case(argc > 2 ? atoi(argv[2]) : 100);
+    else if (s == "clearenv") clearenv_case();
+    else if (s == "fd-reuse" && argc > 2) fd_reuse_case(argv[2], argc > 3 && !strcmp(argv[3], "fork"));
     else if (s == "stacks-in-dlopen" && argc > 2) stacks_in_dlopen_case(argv[2]);
     else if (s == "fork-primary") fork_primary_case(argc > 2 ? atoi(argv[2]) : 10);
     else if (s == "fork-signal") fork_case(1, true);

@@ -816,6 +816,64 @@ TEST_CASE("#5 losses under sustained load are in the log before a SIGKILL, and t
     CHECK(out.find("lost by the recorder") != std::string::npos);
 }
 
+TEST_CASE("fork: a parent that never recorded forks a worker that allocates: the worker writes its own log") {
+    // multiprocessing with fork: the parent never touches CUDA.  The child was left unrecorded, and
+    // nothing said so.
+    auto r = run({EMU_DRIVER_APP, "fork-first", "50"});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    auto v = values(r.out);
+    REQUIRE(v["child_status"] == "0");
+    REQUIRE(r.logs.size() == 1);
+    CHECK(r.logs[0].find("gpumem-" + v["child"] + ".jsonl") != std::string::npos);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls, "_exit");
+    CHECK(ls.front().contains("forked_from"));
+    CHECK(count_ev(ls, "alloc") == 50);
+    CHECK(count_ev(ls, "free") == 50);
+}
+
+TEST_CASE("a program that clears its environment before its first allocation keeps gpumem's settings") {
+    // The settings are read at the first allocation; clearenv() before it turned GPUMEM_POOL=off
+    // into the pool on and sent the log to the default name.
+    auto r = run({EMU_DRIVER_APP, "clearenv"}, {{"GPUMEM_POOL", "off"}, {"GPUMEM_OUT", "kept-%p.jsonl"}});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    REQUIRE(r.logs.size() == 1);
+    CHECK(r.logs[0].find("/kept-") != std::string::npos);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls, "exit");
+    CHECK(ls.front()["config"]["pool"] == "off");
+    for (auto& j : ls)
+        if (j["ev"] == "alloc") CHECK(!j.contains("pooled"));
+}
+
+TEST_CASE("a program that closes every descriptor and opens its own file: the log never touches it and goes on") {
+    // After its first allocation the program closes fds 3-1023 and opens a file, which took the
+    // log's old number: the log's lines went into the program's file; with a fork, the child's
+    // reset closed the program's descriptor and its write failed.
+    for (bool with_fork : {false, true}) {
+        INFO("fork " << with_fork);
+        char tmpl[] = "/tmp/gpumem-it-mine-XXXXXX";
+        REQUIRE(mkdtemp(tmpl));
+        run_dirs().push_back(tmpl);
+        std::string mine = std::string(tmpl) + "/mine.txt";
+        std::vector<std::string> argv{EMU_DRIVER_APP, "fd-reuse", mine};
+        if (with_fork) argv.push_back("fork");
+        auto r = run(argv);
+        REQUIRE(WEXITSTATUS(r.status) == 0);
+        INFO(r.out << r.err);
+        auto v = values(r.out);
+        CHECK(v["file_ok"] == "1");
+        if (with_fork) CHECK(v["child_status"] == "0");
+        CHECK(count_of(r.err, "the program closed the log's descriptor; ") == 1);
+        REQUIRE(r.logs.size() == 1);
+        auto ls = lines_of(r.logs[0]);
+        check_header_and_end(ls, "exit");
+        CHECK(count_ev(ls, "alloc") == 201);
+        CHECK(count_ev(ls, "free") == 201);
+        CHECK(ls.back()["lost"] == 0);
+    }
+}
+
 TEST_CASE("#6 GPUMEM_OUT=/dev/full: stderr says so once and the log moves to /tmp") {
     auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", "/dev/full"}});
     REQUIRE(WEXITSTATUS(r.status) == 0);
