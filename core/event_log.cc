@@ -624,6 +624,13 @@ void event_log::account(event& e, bool from_signal) noexcept {
         case ev_kind::alloc_fail:
             totals_.n_fail++;
             break;
+        case ev_kind::map: {
+            // cuMemMap names no device: the mapped memory is on its handle's (cuMemCreate's location).
+            if (e.dev >= 0) break;
+            auto it = live_vmm_.find(e.b.handle);
+            if (it != live_vmm_.end()) e.dev = it->second.dev;
+            break;
+        }
         case ev_kind::context_reset: {
             // The device's allocations died with its context (docs/log-format.md, layout rule 6);
             // the analyzer drops them there too, so the end line's live counts agree with it.

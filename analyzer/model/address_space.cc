@@ -47,7 +47,14 @@ bool address_space::pends(const device_state& d) {
 
 void address_space::apply(const log_event& e, uint64_t line) {
     bool has_dev = e.has(fd_dev);
-    device_state* d = has_dev ? &dev(e.dev) : nullptr;
+    // A map is on its handle's device.  The recorder writes it; logs before 2026-12-06 wrote -1,
+    // and other writers may write none: then the handle tells.
+    int map_dev = -1;
+    if (e.ev == ev_kind::map) {
+        map_dev = has_dev ? e.dev : -1;
+        if (const live_alloc* h = map_dev < 0 ? live_vmm_.find(e.handle) : nullptr) map_dev = h->dev;
+    }
+    device_state* d = e.ev == ev_kind::map ? &dev(map_dev) : has_dev ? &dev(e.dev) : nullptr;
     event_dev_ = d;
     // A pending peak snapshot must be taken before anything but a growth changes the state
     // (reuse_safe changes no block, only what later frees do).
@@ -58,15 +65,10 @@ void address_space::apply(const log_event& e, uint64_t line) {
     switch (e.ev) {
     case ev_kind::alloc: on_alloc(e, line); break;
     case ev_kind::free: on_free(e, line); break;
-    case ev_kind::map: {
-        // The recorder writes dev; older or other writers may not, then the handle tells.
-        int md = has_dev ? e.dev : -1;
-        const live_alloc* h = live_vmm_.find(e.handle);
-        if (!has_dev && h) md = h->dev;
-        maps_[e.ptr] = mapping{e.size, md};
-        obs_.mapped(dev(md), e, line);
+    case ev_kind::map:
+        maps_[e.ptr] = mapping{e.size, map_dev};
+        obs_.mapped(dev(map_dev), e, line);
         break;
-    }
     case ev_kind::unmap: {
         auto m = maps_.find(e.ptr);
         if (m == maps_.end()) {

@@ -87,16 +87,18 @@ class device_export {
         switch (e.ev) {
         case ev_kind::alloc: on_alloc(e); break;
         case ev_kind::free: on_free(e); break;
-        case ev_kind::map:
-            if (e.dev != dev_) break;
+        case ev_kind::map: {
+            // On its handle's device: logs before 2026-12-06 wrote dev -1 on every map.
+            auto h = handles_.find(e.handle);
+            if ((e.dev >= 0 ? e.dev : h == handles_.end() ? -1 : h->second.dev) != dev_) break;
             if (maps_.count(e.ptr)) close_whole(maps_, e.ptr, e.t);
             {
-                auto h = handles_.find(e.handle);
-                whole m{e.size, e.size, 0, h == handles_.end() ? 0u : h->second};
+                whole m{e.size, e.size, 0, h == handles_.end() ? 0u : h->second.stack};
                 maps_[e.ptr] = m;
                 open_whole(e.ptr, m, e.t);
             }
             break;
+        }
         case ev_kind::unmap:
             if (maps_.count(e.ptr)) close_whole(maps_, e.ptr, e.t);
             break;
@@ -358,7 +360,7 @@ class device_export {
         if (e.ptr == 0) return;  // a zero-byte allocation: nothing is held
         uint32_t stack = stack_of(e);
         if (e.kind == mem_kind::vmm) {
-            handles_[e.ptr] = stack;  // physical memory: it shows where it is mapped
+            handles_[e.ptr] = handle{stack, e.dev};  // physical memory: it shows where it is mapped
             return;
         }
         if (e.dev != dev_) return;
@@ -555,7 +557,11 @@ class device_export {
     std::map<uint64_t, pool_segment> segs_;
     std::deque<std::pair<uint64_t, uint64_t>> pending_;  // (segment base, block), in free order
     std::unordered_map<uint64_t, whole> plain_, maps_;
-    std::unordered_map<uint64_t, uint32_t> handles_;  // cuMemCreate handle -> its stack
+    struct handle {
+        uint32_t stack;
+        int dev;
+    };
+    std::unordered_map<uint64_t, handle> handles_;  // cuMemCreate handle -> its stack and device
 };
 
 // One pass over the log for `dev`.  The log was analyzed already, so a line that does not parse now

@@ -2,6 +2,7 @@
 // of pools, VMM and pool-off logs, checked number by number against analyze_file.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <sstream>
 
 #include "analyze.h"
@@ -202,6 +203,30 @@ TEST_CASE("the peak map from a second pass equals the one taken inline", "[scena
     CHECK(y.free_blocks == x.free_blocks);
     CHECK(y.segment_map.size() == 1);
     CHECK(y.segment_map[0].blocks == x.segment_map[0].blocks);
+}
+
+TEST_CASE("a map written with dev -1 (recorders before 2026-12-06) is on its handle's device", "[scenario]") {
+    // The same log with its map and unmap as the recorder wrote them: cuMemMap names no device.
+    // They made a "dev -1" section of maps alone, and --torch-snapshot left every mapping out.
+    std::ifstream in(data_path("golden/pool_off_kinds.jsonl"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string log = ss.str();
+    for (const char* ev : {"\"ev\":\"map\"", "\"ev\":\"unmap\""}) {
+        size_t at = log.find(ev);
+        REQUIRE(at != std::string::npos);
+        size_t d = log.find("\"dev\":0", at);
+        REQUIRE(d != std::string::npos);
+        log.replace(d, 7, "\"dev\":-1");
+    }
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = device(r, 0);
+    CHECK(d.n_map == 1);
+    CHECK(d.n_unmap == 1);
+    CHECK(d.mapped.peak == 2097152);
+    for (const device_report& x : r.devices)
+        if (x.dev < 0) CHECK(x.n_map == 0);
 }
 
 // The pool's OOM of `request` bytes in one 8 MiB cuMemAlloc segment with 2 MiB live at 0 and at

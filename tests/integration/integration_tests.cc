@@ -299,6 +299,7 @@ TEST_CASE("way d: VMM functions from cudaGetDriverEntryPointByVersion, as expand
         if (j["ev"] == "map") {
             CHECK(j["size"] == 4 << 20);
             CHECK(j["offset"] == 0);
+            CHECK(j["dev"] == 0);  // its handle's device: cuMemMap names none (it was written -1)
         }
         if (j["ev"] == "reserve") CHECK(j["size"] == 64 << 20);
     }

@@ -80,7 +80,7 @@ def expected(header, stacks, events, dev):
         kind, ptr = e.get("kind"), int(e.get("ptr", "0x0"), 16)
         st = torch_frames(stacks.get(e.get("stack"))) if e.get("stack") in stacks else []
         if ev == "alloc" and kind == "vmm":
-            handles[ptr] = st
+            handles[ptr] = (st, d)
         elif ev == "alloc" and d == dev and ptr:
             (live_pooled if e.get("pooled") else live_plain).add(ptr)
             if not e.get("pooled"):
@@ -94,11 +94,11 @@ def expected(header, stacks, events, dev):
             if not e.get("pooled"):
                 c["free_completed"] += 1
                 c["segment_free"] += 1
-        elif ev == "map" and d == dev:
+        elif ev == "map" and (d if d >= 0 else handles.get(int(e["handle"], 16), ([], -1))[1]) == dev:
             maps[ptr] = True
             c["segment_alloc"] += 1
             c["alloc"] += 1
-            frames.append((ptr, handles.get(int(e["handle"], 16), [])))
+            frames.append((ptr, handles.get(int(e["handle"], 16), ([], -1))[0]))
         elif ev == "unmap" and maps.pop(ptr, None):
             c["free_requested"] += 1
             c["free_completed"] += 1
@@ -244,9 +244,14 @@ def check_snapshot(log, snap_path, where, expect_pending=None):
         if expect_pending is not None:
             check(pend == expect_pending.get(dev, 0), f"{w}: {pend} pending blocks, expected {expect_pending.get(dev, 0)}")
         # Live at the end by the log alone: each allocation not freed (pooled or not) is one active block.
-        live = {}
+        live, handle_dev = {}, {}
         for e in events:
-            if e.get("dev") != dev or e.get("kind") == "vmm":
+            if e["ev"] == "alloc" and e.get("kind") == "vmm":
+                handle_dev[e["ptr"]] = e.get("dev", -1)
+            d = e.get("dev", -1)
+            if e["ev"] == "map" and d < 0:
+                d = handle_dev.get(e["handle"], -1)  # a map is on its handle's device
+            if d != dev or e.get("kind") == "vmm":
                 continue
             p = int(e.get("ptr", "0x0"), 16)
             if e["ev"] == "alloc" and p:

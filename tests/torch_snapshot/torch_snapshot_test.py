@@ -95,7 +95,8 @@ rules = [
     {"ev": "alloc", "dev": 0, "api": "cuMemCreate", "kind": "vmm", "ptr": "0x77", "size": 2 * MiB, "stack": 2},
     {"ev": "map", "dev": 0, "api": "cuMemMap", "ptr": "0x40000000", "size": 2 * MiB, "handle": "0x77", "offset": 0},
     {"ev": "unmap", "dev": 0, "api": "cuMemUnmap", "ptr": "0x40000000", "size": 2 * MiB},
-    {"ev": "map", "dev": 0, "api": "cuMemMap", "ptr": "0x40000000", "size": 2 * MiB, "handle": "0x77", "offset": 0},
+    # As recorders before 2026-12-06 wrote a map: dev -1; it is on its handle's device.
+    {"ev": "map", "dev": -1, "api": "cuMemMap", "ptr": "0x40000000", "size": 2 * MiB, "handle": "0x77", "offset": 0},
     {"ev": "alloc", "dev": -1, "api": "cuMemHostAlloc", "kind": "host", "ptr": "0x50000000", "size": 4096},
     seg("segment_alloc", 1, S3, 2 * MiB, "small"),
     pooled("alloc", 1, S3, 512, S3, stack=1),                     # its frames: the memo of device 0's
