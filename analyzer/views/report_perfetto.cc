@@ -41,17 +41,25 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
         const uint64_t offset_ns = p.start_unix_ns && t0 != UINT64_MAX ? p.start_unix_ns - t0 : 0;
         // Two logs may carry the same pid (different hosts); the trace needs distinct ones.
         int64_t pid = p.pid > 0 ? p.pid : int64_t(i + 1);
-        for (size_t k = 0; k < i; ++k)
-            if (procs[k].pid == p.pid) pid = int64_t(1000000000 + i);
+        bool shared_pid = false;  // then the track names say the host, or the two read the same
+        for (size_t k = 0; k < procs.size(); ++k)
+            if (k != i && procs[k].pid == p.pid) {
+                shared_pid = true;
+                if (k < i) pid = int64_t(1000000000 + i);
+            }
         std::string cmd;
         for (const std::string& a : p.cmdline) cmd += (cmd.empty() ? "" : " ") + a;
         events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
-                          {"args", {{"name", "gpumem " + std::to_string(p.pid) + (p.rank.empty() ? "" : " rank " + p.rank) +
+                          {"args", {{"name", "gpumem " + std::to_string(p.pid) + (shared_pid && !p.host.empty() ? " on " + p.host : "") +
+                                                 (p.rank.empty() ? "" : " rank " + p.rank) +
                                                  (p.forked_from ? " (forked from " + std::to_string(p.forked_from) + ")" : "") +
                                                  (cmd.empty() ? "" : ": " + cmd.substr(0, 80))}}}});
         events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", sort_index[i]}}}});
         for (const device_report& d : p.devices) {
             std::string dev = d.dev < 0 ? "host" : "dev" + std::to_string(d.dev);
+            // Fragmentation is of free space in gpumem's pool segments: without any it is not
+            // measured, and a flat 0 would read as "not fragmented" (docs/metrics.md).
+            const bool pooled = d.segment_count.peak > 0;
             auto ts = [&](uint64_t ns) { return double(offset_ns + ns) / 1000.0; };  // trace time is in us
             auto counter = [&](const std::string& name, double t_us, ojson args) {
                 events.push_back({{"name", name}, {"ph", "C"}, {"ts", t_us}, {"pid", pid}, {"args", std::move(args)}});
@@ -61,11 +69,13 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
                 // last values at its end keep the level right between points.
                 counter(dev + " memory (bytes)", ts(t.t_first),
                         {{"requested", t.requested_max}, {"allocated", t.allocated_max}, {"reserved", t.reserved_max}});
-                counter(dev + " external fragmentation", ts(t.t_first), {{"fragmentation", std::round(t.frag_max * 1e6) / 1e6}});
+                if (pooled)
+                    counter(dev + " external fragmentation", ts(t.t_first), {{"fragmentation", std::round(t.frag_max * 1e6) / 1e6}});
                 if (t.events > 1 && t.t_last != t.t_first) {
                     counter(dev + " memory (bytes)", ts(t.t_last),
                             {{"requested", t.requested_last}, {"allocated", t.allocated_last}, {"reserved", t.reserved_last}});
-                    counter(dev + " external fragmentation", ts(t.t_last), {{"fragmentation", std::round(t.frag_last * 1e6) / 1e6}});
+                    if (pooled)
+                        counter(dev + " external fragmentation", ts(t.t_last), {{"fragmentation", std::round(t.frag_last * 1e6) / 1e6}});
                 }
             }
             for (const oom_report& o : d.ooms) {

@@ -3,6 +3,7 @@
 // golden test.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <sstream>
 
 #include "analyze.h"
@@ -170,6 +171,38 @@ TEST_CASE("the Perfetto trace has counter tracks and OOM markers", "[output]") {
     }
     CHECK(counters > 0);
     CHECK(instants == 1);
+}
+
+TEST_CASE("Perfetto: logs sharing a pid are named by host; no fragmentation track without pool segments", "[output]") {
+    // Two logs of pid 7 from two hosts read "gpumem 7 rank 0" twice; a device without pool
+    // segments (pool off) drew a flat 0% fragmentation, which reads as "not fragmented".
+    time_point t;
+    t.t_first = t.t_last = 1000;
+    t.events = 1;
+    auto proc = [&](const char* host, uint64_t peak_segments) {
+        process_report pr;
+        pr.pid = 7;
+        pr.host = host;
+        pr.rank = "0";
+        device_report d;
+        d.dev = 0;
+        d.segment_count.peak = peak_segments;
+        d.timeline = {t};
+        pr.devices.push_back(d);
+        return pr;
+    };
+    std::ostringstream o;
+    write_perfetto(o, {proc("a", 0), proc("b", 3)});
+    const auto j = nlohmann::json::parse(o.str());
+    std::vector<std::string> names;
+    std::map<int64_t, int> frag;  // pid -> fragmentation counter events
+    for (const auto& e : j["traceEvents"]) {
+        if (e["name"] == "process_name") names.push_back(e["args"]["name"].get<std::string>());
+        if (e["ph"] == "C" && e["name"] == "dev0 external fragmentation") ++frag[e["pid"].get<int64_t>()];
+    }
+    CHECK(names == std::vector<std::string>{"gpumem 7 on a rank 0", "gpumem 7 on b rank 0"});
+    CHECK(frag.size() == 1);
+    CHECK(frag.count(7) == 0);
 }
 
 TEST_CASE("a Perfetto timeline point of several events closes with its last values at its end", "[output]") {
