@@ -48,6 +48,9 @@ struct block {
     uint64_t asize, size, stream;
     uint32_t stack;
     bool pending;
+    // Its trace entries' size: the requested bytes, as PyTorch's (record_trace's orig_size and
+    // requested_size), never past the block (a hostile log).
+    uint64_t shown() const { return std::min(size, asize); }
 };
 
 struct pool_segment {
@@ -323,17 +326,19 @@ class device_export {
         oom_entry(held_.size, held_.device_free, held_.t, stack);
     }
 
+    // Trace entries of blocks carry the requested size, as PyTorch's record_trace(ALLOC, ..., orig_size)
+    // and its frees' block->requested_size; segments their whole size.
     void open_whole(uint64_t ptr, const whole& x, uint64_t t) {
         entry(torch_action::segment_alloc, ptr, x.size, x.stream, t, x.stack);
-        entry(torch_action::alloc, ptr, x.size, x.stream, t, x.stack);
+        entry(torch_action::alloc, ptr, std::min(x.requested, x.size), x.stream, t, x.stack);
     }
 
     void close_whole(std::unordered_map<uint64_t, whole>& m, uint64_t ptr, uint64_t t) {
         auto it = m.find(ptr);
         if (it == m.end()) return;
         const whole& x = it->second;
-        entry(torch_action::free_requested, ptr, x.size, x.stream, t, x.stack);
-        entry(torch_action::free_completed, ptr, x.size, x.stream, t, x.stack);
+        entry(torch_action::free_requested, ptr, std::min(x.requested, x.size), x.stream, t, x.stack);
+        entry(torch_action::free_completed, ptr, std::min(x.requested, x.size), x.stream, t, x.stack);
         entry(torch_action::segment_free, ptr, x.size, x.stream, t, x.stack);
         m.erase(it);
     }
@@ -375,12 +380,12 @@ class device_export {
             auto old = s->blocks.find(e.ptr);
             if (old != s->blocks.end()) {
                 // A block placed over a live one (a log missing its free): the old one ends here.
-                if (!old->second.pending) entry(torch_action::free_requested, e.ptr, old->second.asize, old->second.stream, e.t, old->second.stack);
-                entry(torch_action::free_completed, e.ptr, old->second.asize, old->second.stream, e.t, old->second.stack);
+                if (!old->second.pending) entry(torch_action::free_requested, e.ptr, old->second.shown(), old->second.stream, e.t, old->second.stack);
+                entry(torch_action::free_completed, e.ptr, old->second.shown(), old->second.stream, e.t, old->second.stack);
                 s->blocks.erase(old);
             }
             s->blocks[e.ptr] = block{e.set_aside(), e.size, stream, stack, false};
-            entry(torch_action::alloc, e.ptr, e.set_aside(), stream, e.t, stack);
+            entry(torch_action::alloc, e.ptr, s->blocks[e.ptr].shown(), stream, e.t, stack);
             return;
         }
         if (plain_.count(e.ptr)) close_whole(plain_, e.ptr, e.t);
@@ -408,12 +413,12 @@ class device_export {
             return;
         }
         block& k = b->second;
-        entry(torch_action::free_requested, e.ptr, k.asize, k.stream, e.t, k.stack);
+        entry(torch_action::free_requested, e.ptr, k.shown(), k.stream, e.t, k.stack);
         if (pends()) {
             k.pending = true;
             pending_.push_back({base, e.ptr});
         } else {
-            entry(torch_action::free_completed, e.ptr, k.asize, k.stream, e.t, k.stack);
+            entry(torch_action::free_completed, e.ptr, k.shown(), k.stream, e.t, k.stack);
             s->blocks.erase(b);
         }
     }
@@ -427,7 +432,7 @@ class device_export {
             if (s == segs_.end()) continue;
             auto b = s->second.blocks.find(ptr);
             if (b == s->second.blocks.end() || !b->second.pending) continue;
-            entry(torch_action::free_completed, ptr, b->second.asize, b->second.stream, t, b->second.stack);
+            entry(torch_action::free_completed, ptr, b->second.shown(), b->second.stream, t, b->second.stack);
             s->second.blocks.erase(b);
         }
         pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(n));
@@ -439,8 +444,8 @@ class device_export {
         auto it = segs_.find(base);
         pool_segment& s = it->second;
         for (const auto& [ptr, b] : s.blocks) {
-            if (!b.pending) entry(torch_action::free_requested, ptr, b.asize, b.stream, t, b.stack);
-            entry(torch_action::free_completed, ptr, b.asize, b.stream, t, b.stack);
+            if (!b.pending) entry(torch_action::free_requested, ptr, b.shown(), b.stream, t, b.stack);
+            entry(torch_action::free_completed, ptr, b.shown(), b.stream, t, b.stack);
         }
         uint64_t cur = base;
         const torch_action gone = s.arena ? torch_action::segment_unmap : torch_action::segment_free;

@@ -232,7 +232,8 @@ def check_snapshot(log, snap_path, where, expect_pending=None):
                 cur += b["size"]
                 check(0 <= b["requested_size"] <= b["size"], f"{w}: requested_size past size")
                 if b["state"] != "inactive":
-                    got_blocks[b["address"]] = (b["size"], b["state"] == "active_pending_free")
+                    # The trace's alloc and free entries carry the requested size, as PyTorch's do.
+                    got_blocks[b["address"]] = (b["requested_size"], b["state"] == "active_pending_free")
             check(cur == s["address"] + s["total_size"], f"{w}: blocks sum to total_size")
             act = [b for b in s["blocks"] if b["state"] == "active_allocated"]
             check(s["allocated_size"] == sum(b["size"] for b in act), f"{w}: allocated_size")
@@ -255,7 +256,7 @@ def check_snapshot(log, snap_path, where, expect_pending=None):
                 continue
             p = int(e.get("ptr", "0x0"), 16)
             if e["ev"] == "alloc" and p:
-                live[p] = e.get("asize", e["size"])
+                live[p] = e["size"]
             elif e["ev"] == "free":
                 live.pop(p, None)
             elif e["ev"] == "map":

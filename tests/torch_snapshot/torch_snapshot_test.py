@@ -131,6 +131,9 @@ with tempfile.TemporaryDirectory() as d:
               "rules: an unsymbolized native frame is its module and address")
         check(t0[0]["time_us"] == 1_000_000 + 1, f"rules: time_us is wall-clock µs ({t0[0]['time_us']})")
         check([e["stream"] for e in t0 if e["action"] == "alloc"][0] == 5, "rules: the stream is kept")
+        # As PyTorch's trace: an entry of a block carries the requested bytes (1000), not the block's (1024).
+        check([e["size"] for e in t0 if e.get("addr") == S0 and e["action"] in ("alloc", "free_requested", "free_completed")][:3] ==
+              [1000, 1000, 1000], "rules: trace entries carry the requested size")
         ooms = [e for e in t0 if e["action"] == "oom"]
         check([(e["size"], e["device_free"]) for e in ooms] == [(1 << 30, 5 * MiB), (2 << 30, 7 * MiB)], f"rules: ooms {ooms}")
         # Each OOM carries the failing call's frames: the pool's "oom" line takes them from the
