@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -52,7 +53,7 @@ int open_existing_sink(const char* path) noexcept {
     if (lstat(path, &st) != 0) return -1;
     bool ok = S_ISCHR(st.st_mode) || (S_ISFIFO(st.st_mode) && st.st_uid == geteuid());
     if (!ok) return -1;
-    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);  // never the process's terminal
     if (fd < 0) return -1;
     struct stat got;
     // The name may have been swapped between lstat and open: judge what was opened.
@@ -401,9 +402,28 @@ void event_log::record(const event& e) noexcept {
 // (3, after a lazy first allocation) nor the next it is given; within RLIMIT_NOFILE (else kept).
 constexpr int k_log_fd_floor = 512;
 
-bool event_log::fd_ours() const noexcept {
+// The file a descriptor holds, by device and inode.  statx asks for the inode alone and without a
+// sync: fstat on NFS writes the file's dirty pages back first (for an exact mtime), which would
+// make every write of the log wait for the server.  fstat where the kernel has no statx.
+static bool fd_identity(int fd, dev_t* dev, ino_t* ino) noexcept {
+    struct statx sx;
+    if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &sx) == 0) {
+        *dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+        *ino = ino_t(sx.stx_ino);
+        return true;
+    }
+    if (errno != ENOSYS) return false;  // EBADF: closed
     struct stat st;
-    return fd_ >= 0 && fstat(fd_, &st) == 0 && st.st_dev == fd_dev_ && st.st_ino == fd_ino_;
+    if (fstat(fd, &st) != 0) return false;
+    *dev = st.st_dev;
+    *ino = st.st_ino;
+    return true;
+}
+
+bool event_log::fd_ours() const noexcept {
+    dev_t dev;
+    ino_t ino;
+    return fd_ >= 0 && fd_identity(fd_, &dev, &ino) && dev == fd_dev_ && ino == fd_ino_;
 }
 
 void event_log::adopt_fd(int fd) noexcept {
@@ -414,12 +434,8 @@ void event_log::adopt_fd(int fd) noexcept {
             fd = high;
         }
     }
-    struct stat st;
     fd_ = fd;
-    if (fd >= 0 && fstat(fd, &st) == 0) {
-        fd_dev_ = st.st_dev;
-        fd_ino_ = st.st_ino;
-    }
+    if (fd >= 0) fd_identity(fd, &fd_dev_, &fd_ino_);
 }
 
 void event_log::drop_fd() noexcept {
@@ -436,28 +452,31 @@ bool event_log::reopen_lost_fd() noexcept {
     int fd = -1;
     if (lstat(path_.c_str(), &st) == 0 && st.st_dev == fd_dev_ && st.st_ino == fd_ino_)
         fd = S_ISREG(st.st_mode) ? open(path_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC) : open_existing_sink(path_.c_str());
-    struct stat got;
-    if (fd >= 0 && (fstat(fd, &got) != 0 || got.st_dev != fd_dev_ || got.st_ino != fd_ino_ ||
-                    (S_ISREG(got.st_mode) && lseek(fd, off_t(written_), SEEK_SET) != off_t(written_)))) {
+    dev_t dev;
+    ino_t ino;
+    if (fd >= 0 && (!fd_identity(fd, &dev, &ino) || dev != fd_dev_ || ino != fd_ino_ ||
+                    (S_ISREG(st.st_mode) && lseek(fd, off_t(written_), SEEK_SET) != off_t(written_)))) {
         close(fd);
         fd = -1;
     }
     if (fd < 0) {
         write_failed_ = true;
-        write_stderr({"gpumem: the program closed the log's descriptor, and ", path_,
+        write_stderr({"gpumem: the program closed or reused the log's descriptor, and ", path_,
                       " cannot be opened again; the log ends there\n"});
         return false;
     }
     adopt_fd(fd);
-    write_stderr({"gpumem: the program closed the log's descriptor; ", path_, " was opened again and the log goes on\n"});
+    write_stderr({"gpumem: the program closed or reused the log's descriptor; ", path_, " was opened again and the log goes on\n"});
     return true;
 }
 
 void event_log::write_all(const char* p, size_t n) noexcept {
-    if (fd_ >= 0 && !fd_ours() && !reopen_lost_fd()) return;
     sigpipe_guard no_sigpipe;  // a FIFO whose reader left: EPIPE, then the /tmp move
     uint64_t stalled_since = 0;  // a full FIFO (EAGAIN): when it last took a byte
     while (n && fd_ >= 0) {
+        // Before every write, a stalled FIFO's and a partial write's next one included: the
+        // program may have closed the number, or dup2'ed its own file onto it, meanwhile.
+        if (!fd_ours() && !reopen_lost_fd()) return;
         ssize_t w = write(fd_, p, n);
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             // A FIFO sink whose reader is slow waits; one that took nothing for sink_stall_ms
@@ -496,8 +515,10 @@ bool event_log::switch_after_write_error(int err) noexcept {
     // interrupted malloc.  There the log ends where the write failed, and stderr says so.
     // A number that is no longer ours (write_all asks before it writes, but a crash handler may
     // run between): neither read back nor closed.
-    const bool ours = fd_ours();
-    int old = ours ? fd_ : -1;
+    // A write that failed because the number stopped being ours (closed between the check and
+    // the write: EBADF) needs the file again, not the /tmp move.
+    if (!fd_ours()) return reopen_lost_fd();
+    int old = fd_;
     fd_ = -1;
     if (write_failed_) {
         // The fallback failed too (or the log's file was lost): the log ends here, and says so.

@@ -304,6 +304,10 @@ void start_recording(process_state& st) noexcept {
 // ---------------------------------------------------------------------------------------------
 // fork: the child writes its own file, named by the pattern with its own pid.
 void after_fork_child() {
+    // The phase fork copied: a parent that was starting its log on another thread (between
+    // "starting" and the log's creation, its settings half assigned) leaves a child that must not
+    // start one over that state.
+    const int parent_phase = state().phase.load(std::memory_order_acquire);
     note_fork();
     diag::after_fork_child();
     process_state& st = state();
@@ -320,7 +324,7 @@ void after_fork_child() {
     // A parent that never recorded (it never touched CUDA, as a multiprocessing parent that forks
     // its workers) leaves no log behind: the child starts its own at its first call, as any
     // process does.  Off only where the child's recorder could not be made.
-    st.phase.store(st.log && !st.rec ? disabled : not_started);
+    st.phase.store((st.log && !st.rec) || (!st.log && parent_phase == starting) ? disabled : not_started);
     GPUMEM_DEBUG("fork: process {} of parent {} writes its own log from its first allocation", long(getpid()),
                  st.forked_from);
 }

@@ -574,14 +574,33 @@ void clearenv_case() {
 // A program that closes every descriptor past stderr after its first allocation (a daemon, a
 // close_fds loop) and opens a file of its own, which may get the log's old number: its file must
 // hold only what it wrote, and, with "fork", a forked child must still write to it.
-void fd_reuse_case(const char* path, bool with_fork) {
+// With "dup2", the program's file is dup2'ed onto the log's own number instead (found in
+// /proc/self/fd), so the number stays open but holds another file.
+void fd_reuse_case(const char* path, bool with_fork, bool onto_log) {
     driver_api a = direct_api();
     setup(a);
     CUdeviceptr p;
     CHECK(a.alloc(&p, 1 << 20));
     usleep(50000);  // the writer has flushed the header
-    for (int fd = 3; fd < 1024; ++fd) close(fd);
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    int fd = -1;
+    if (onto_log) {
+        int log_fd = -1;
+        for (int i = 3; i < 4096 && log_fd < 0; ++i) {
+            char link[64], target[4096];
+            snprintf(link, sizeof link, "/proc/self/fd/%d", i);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n > 6 && !memcmp(target + n - 6, ".jsonl", 6)) log_fd = i;
+        }
+        if (log_fd < 0) fail("no .jsonl descriptor", 0);
+        int mine = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+        if (mine < 0 || dup2(mine, log_fd) != log_fd) fail("dup2", errno);
+        close(mine);
+        fd = log_fd;
+        printf("log_fd=%d\n", log_fd);
+    } else {
+        for (int i = 3; i < 1024; ++i) close(i);
+        fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    }
     if (fd < 0) fail("open", errno);
     if (write(fd, "A\n", 2) != 2) fail("write A", errno);
     for (int i = 0; i < 200; ++i) {
@@ -722,7 +741,8 @@ int main(int argc, char** argv) {
     else if (s == "vfork") vfork_case();
     else if (s == "fork-first") fork_first_case(argc > 2 ? atoi(argv[2]) : 100);
     else if (s == "clearenv") clearenv_case();
-    else if (s == "fd-reuse" && argc > 2) fd_reuse_case(argv[2], argc > 3 && !strcmp(argv[3], "fork"));
+    else if (s == "fd-reuse" && argc > 2)
+        fd_reuse_case(argv[2], argc > 3 && strstr(argv[3], "fork"), argc > 3 && strstr(argv[3], "dup2"));
     else if (s == "stacks-in-dlopen" && argc > 2) stacks_in_dlopen_case(argv[2]);
     else if (s == "fork-primary") fork_primary_case(argc > 2 ? atoi(argv[2]) : 10);
     else if (s == "fork-signal") fork_case(1, true);

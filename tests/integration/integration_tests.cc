@@ -851,21 +851,24 @@ TEST_CASE("a program that closes every descriptor and opens its own file: the lo
     // After its first allocation the program closes fds 3-1023 and opens a file, which took the
     // log's old number: the log's lines went into the program's file; with a fork, the child's
     // reset closed the program's descriptor and its write failed.
-    for (bool with_fork : {false, true}) {
-        INFO("fork " << with_fork);
+    // "dup2": the program's file dup2'ed onto the log's own number, which stays open: only the
+    // file's identity (device and inode) tells it from the log's.
+    for (const char* mode : {"", "fork", "dup2", "dup2-fork"}) {
+        const bool with_fork = strstr(mode, "fork");
+        INFO("mode " << mode);
         char tmpl[] = "/tmp/gpumem-it-mine-XXXXXX";
         REQUIRE(mkdtemp(tmpl));
         run_dirs().push_back(tmpl);
         std::string mine = std::string(tmpl) + "/mine.txt";
         std::vector<std::string> argv{EMU_DRIVER_APP, "fd-reuse", mine};
-        if (with_fork) argv.push_back("fork");
+        if (*mode) argv.push_back(mode);
         auto r = run(argv);
         REQUIRE(WEXITSTATUS(r.status) == 0);
         INFO(r.out << r.err);
         auto v = values(r.out);
         CHECK(v["file_ok"] == "1");
         if (with_fork) CHECK(v["child_status"] == "0");
-        CHECK(count_of(r.err, "the program closed the log's descriptor; ") == 1);
+        CHECK(count_of(r.err, "the program closed or reused the log's descriptor; ") == 1);
         REQUIRE(r.logs.size() == 1);
         auto ls = lines_of(r.logs[0]);
         check_header_and_end(ls, "exit");
