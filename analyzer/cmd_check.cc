@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
 
 #include "cli_input.h"
@@ -64,6 +66,12 @@ struct outcome {
     bool approximate = false;  // on a log (or baseline) whose recorder lost events: lost_note
 };
 
+// A ratio as the report JSON keeps it (6 decimals): a log and its own report JSON, or a run and a
+// baseline JSON of the same run, must compare equal under --tolerance 0 (they read 9.4% > 9.4%).
+double at_json_precision(const measure& m, double v) {
+    return m.unit == measure_unit::ratio ? std::round(v * 1e6) / 1e6 : v;
+}
+
 // "rank 0#2 dev 1" -> "gpumem.rank_0_2.dev_1": CI viewers group test cases by the dotted parts.
 std::string junit_class(const std::string& key) {
     std::string k = key;
@@ -78,7 +86,14 @@ std::string junit_class(const std::string& key) {
 // XML 1.0 allows no control characters but tab, newline and carriage return, not even as character
 // references; a rank or file name can hold any byte, so they are shown as the text report shows
 // them ("^[" for ESC: format_util.h visible), newlines included.
-std::string xml_text(const std::string& s) { return html_escape(visible(s)); }
+// U+FFFE and U+FFFF are valid UTF-8 but no XML characters (a parser refuses the whole file):
+// written as U+FFFD, the replacement character.
+std::string xml_text(const std::string& s) {
+    std::string t = html_escape(visible(s));
+    for (size_t i = 0; (i = t.find("\xEF\xBF", i)) != std::string::npos; i += 3)
+        if (i + 2 < t.size() && (t[i + 2] == '\xBE' || t[i + 2] == '\xBF')) t[i + 2] = '\xBD';
+    return t;
+}
 
 bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     return write_whole(path, "--junit", [&](std::ostream& f) {
@@ -197,7 +212,22 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         if (!baseline_path.empty()) all.push_back(&baseline_path);
         if (std::string err; !dash_means_stdin(all, err)) return usage_error("check", err);
     }
-    drop_repeated_inputs(logs);  // the baseline is another run: it may be one of the logs
+    drop_repeated_inputs(logs);
+    // The baseline among other logs (a glob that matches it too) would be checked against itself
+    // and pass, and take the run's rank key from the run it stands for: left out of the runs, and
+    // said.  Given as the only log, it is checked against itself, as asked.
+    if (struct stat b {}; !baseline_path.empty() && baseline_path != "-" && ::stat(baseline_path.c_str(), &b) == 0) {
+        auto is_baseline = [&](const std::string& p) {
+            struct stat s {};
+            return ::stat(p.c_str(), &s) == 0 && s.st_dev == b.st_dev && s.st_ino == b.st_ino;
+        };
+        const size_t others = size_t(std::count_if(logs.begin(), logs.end(), [&](const std::string& p) { return !is_baseline(p); }));
+        if (others && others < logs.size()) {
+            for (const std::string& p : logs)
+                if (is_baseline(p)) spdlog::warn("{}", visible(p + " is the --baseline: left out of the runs checked"));
+            logs.erase(std::remove_if(logs.begin(), logs.end(), is_baseline), logs.end());
+        }
+    }
     // The --max-* limits are absolute: a tolerance given for them would silently do nothing.
     if (args.tolerance_opt->count() && baseline_path.empty())
         spdlog::warn("--tolerance {} applies to --baseline only; the --max-* limits are not stretched by it",
@@ -250,7 +280,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             o.where = r.where;
             o.classname = junit_class(r.key);
             double measured = measure_value(dev, *l.m);
-            o.passed = measured <= l.value;
+            o.passed = at_json_precision(*l.m, measured) <= l.value;
             // Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): a device
             // that never had one (recorded with --pool off, or a device without virtual memory,
             // which gets no pool) reads 0 and passes any limit.
@@ -303,7 +333,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                                  "(recorded with the pool off, or a device without virtual memory?), where the "
                                  "baseline had some: its fragmentation is not measured, so this limit cannot fail",
                                  r.where);
-                o.passed = measured <= allowed + 1e-9;
+                o.passed = at_json_precision(*m, measured) <= at_json_precision(*m, allowed) + 1e-9;
                 o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
                             "baseline " + fmt_value(*m, was) + " + " +
                             (ratio ? tolerance_text.substr(0, tolerance_text.size() - 1) + " points" : tolerance_text) +

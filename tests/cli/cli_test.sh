@@ -387,6 +387,19 @@ check_baseline)
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
   expect_in "$W/out" "FAIL rank 1 dev 1: in the baseline"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance 0%
+  # The baseline among other logs (a glob that matches it too) was read as a run: the older one
+  # took "rank 0", was checked against itself and passed, and the real run was only warned of.
+  # Left out of the runs, and said; given as the only log, it is checked against itself, as asked.
+  mkdir -p "$W/g" && cp "$DATA/after.jsonl" "$W/g/gpumem-2002.jsonl" && cp "$W/baseline.json" "$W/g/baseline.json"
+  expect_rc 1 "$GPUMEM" check "$W/g/baseline.json" "$W/g/gpumem-2002.jsonl" --baseline "$W/g/baseline.json"
+  expect_in "$W/err" "$W/g/baseline.json is the --baseline: left out of the runs checked"
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $W/g/gpumem-2002.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl"
+  expect_not_in "$W/err" "is the --baseline"
+  # A ratio compares at the report JSON's 6 decimals: a real log against its own report JSON under
+  # --tolerance 0 read "max external fragmentation 9.4% > baseline 9.4% + 0 points = 9.4%".
+  "$GPUMEM" report --json "$SRC/tests/data/h200/torch-default-pool-on.jsonl" > "$W/h200.json" || fail "report --json h200"
+  expect_rc 0 "$GPUMEM" check "$SRC/tests/data/h200/torch-default-pool-on.jsonl" --baseline "$W/h200.json" --tolerance 0
   # A report JSON is accepted in place of a log.
   expect_rc 1 "$GPUMEM" check "$W/ranks.json" --max-peak 1GiB
   # ... also re-serialized with sorted keys (its first key is then "processes") or after a UTF-8
@@ -443,6 +456,11 @@ PY
   expect_rc 1 "$GPUMEM" check "$badname" --max-peak 1KiB --junit "$W/badname.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; ET.parse(sys.argv[1])" "$W/badname.xml" || fail "JUnit XML with a non-UTF-8 file name is not well-formed"
   expect_in "$W/out" 'after\xFF.jsonl)'
+  # U+FFFE and U+FFFF are valid UTF-8 but no XML characters: a parser refused the whole report.
+  sed 's/"rank":"0"/"rank":"a\\uFFFEb\\uFFFF"/' "$DATA/after.jsonl" > "$W/nonchar.jsonl"
+  expect_rc 1 "$GPUMEM" check "$W/nonchar.jsonl" --max-peak 1KiB --junit "$W/nonchar.xml"
+  python3 -c "import sys,xml.etree.ElementTree as ET; ET.parse(sys.argv[1])" "$W/nonchar.xml" || fail "JUnit XML with U+FFFE is not well-formed"
+  expect_in "$W/nonchar.xml" "rank_a$(printf '\xef\xbf\xbd')b"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 8MiB --junit "$W/pass.xml"
   python3 -c "import sys,xml.etree.ElementTree as ET; r=ET.parse(sys.argv[1]).getroot(); assert r.get('failures')=='0' and len(r.findall('.//testcase'))==1" "$W/pass.xml" || fail "passing JUnit"
   ;;
