@@ -217,16 +217,15 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     // and pass, and take the run's rank key from the run it stands for: left out of the runs, and
     // said.  Given as the only log, it is checked against itself, as asked.
     if (struct stat b {}; !baseline_path.empty() && baseline_path != "-" && ::stat(baseline_path.c_str(), &b) == 0) {
-        auto is_baseline = [&](const std::string& p) {
+        std::vector<std::string> others, same;
+        for (std::string& p : logs) {
             struct stat s {};
-            return ::stat(p.c_str(), &s) == 0 && s.st_dev == b.st_dev && s.st_ino == b.st_ino;
-        };
-        const size_t others = size_t(std::count_if(logs.begin(), logs.end(), [&](const std::string& p) { return !is_baseline(p); }));
-        if (others && others < logs.size()) {
-            for (const std::string& p : logs)
-                if (is_baseline(p)) spdlog::warn("{}", visible(p + " is the --baseline: left out of the runs checked"));
-            logs.erase(std::remove_if(logs.begin(), logs.end(), is_baseline), logs.end());
+            const bool is_baseline = ::stat(p.c_str(), &s) == 0 && s.st_dev == b.st_dev && s.st_ino == b.st_ino;
+            (is_baseline ? same : others).push_back(std::move(p));
         }
+        if (others.empty()) others.swap(same);  // the only log: checked against itself, nothing said
+        for (const std::string& p : same) spdlog::warn("{}", visible(p + " is the --baseline: left out of the runs checked"));
+        logs = std::move(others);
     }
     // The --max-* limits are absolute: a tolerance given for them would silently do nothing.
     if (args.tolerance_opt->count() && baseline_path.empty())

@@ -420,11 +420,13 @@ static bool fd_identity(int fd, dev_t* dev, ino_t* ino) noexcept {
     return true;
 }
 
-bool event_log::fd_ours() const noexcept {
+bool event_log::holds_log_file(int fd) const noexcept {
     dev_t dev;
     ino_t ino;
-    return fd_ >= 0 && fd_identity(fd_, &dev, &ino) && dev == fd_dev_ && ino == fd_ino_;
+    return fd >= 0 && fd_identity(fd, &dev, &ino) && dev == fd_dev_ && ino == fd_ino_;
 }
+
+bool event_log::fd_ours() const noexcept { return holds_log_file(fd_); }
 
 void event_log::adopt_fd(int fd) noexcept {
     if (fd >= 0 && fd < k_log_fd_floor) {
@@ -452,10 +454,7 @@ bool event_log::reopen_lost_fd() noexcept {
     int fd = -1;
     if (lstat(path_.c_str(), &st) == 0 && st.st_dev == fd_dev_ && st.st_ino == fd_ino_)
         fd = S_ISREG(st.st_mode) ? open(path_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC) : open_existing_sink(path_.c_str());
-    dev_t dev;
-    ino_t ino;
-    if (fd >= 0 && (!fd_identity(fd, &dev, &ino) || dev != fd_dev_ || ino != fd_ino_ ||
-                    (S_ISREG(st.st_mode) && lseek(fd, off_t(written_), SEEK_SET) != off_t(written_)))) {
+    if (fd >= 0 && (!holds_log_file(fd) || (S_ISREG(st.st_mode) && lseek(fd, off_t(written_), SEEK_SET) != off_t(written_)))) {
         close(fd);
         fd = -1;
     }
@@ -513,22 +512,20 @@ void event_log::write_all(const char* p, size_t n) noexcept {
 bool event_log::switch_after_write_error(int err) noexcept {
     // Moving to a new file builds its name on the heap: not from a signal handler, which may have
     // interrupted malloc.  There the log ends where the write failed, and stderr says so.
-    // A number that is no longer ours (write_all asks before it writes, but a crash handler may
-    // run between): neither read back nor closed.
     // A write that failed because the number stopped being ours (closed between the check and
-    // the write: EBADF) needs the file again, not the /tmp move.
+    // the write: EBADF) needs the file again, not the /tmp move.  From here on old is ours.
     if (!fd_ours()) return reopen_lost_fd();
     int old = fd_;
     fd_ = -1;
     if (write_failed_) {
         // The fallback failed too (or the log's file was lost): the log ends here, and says so.
-        if (old >= 0) close(old);
+        close(old);
         write_stderr({"gpumem: writing ", path_, " failed too (errno ", decimal(err), "); the log ends there\n"});
         return false;
     }
     if (in_signal_) {
         write_failed_ = true;
-        if (old >= 0) close(old);
+        close(old);
         write_stderr({"gpumem: writing ", path_, " failed (errno ", decimal(err),
                       ") while the process ended (a signal or _exit); the log ends there\n"});
         return false;
@@ -544,7 +541,7 @@ bool event_log::switch_after_write_error(int err) noexcept {
     }
     // Carry over what the first file holds, so the new one starts with the header.
     struct stat st;
-    const bool readable = written_ == 0 || (old >= 0 && fstat(old, &st) == 0 && S_ISREG(st.st_mode));  // not a FIFO
+    const bool readable = written_ == 0 || (fstat(old, &st) == 0 && S_ISREG(st.st_mode));  // not a FIFO
     bool carried = fd >= 0 && readable;
     if (fd >= 0 && written_ > 0 && carried) {
         char copy[4096];
@@ -560,7 +557,7 @@ bool event_log::switch_after_write_error(int err) noexcept {
             off += uint64_t(r > 0 ? r : 0);
         }
     }
-    if (old >= 0) close(old);
+    close(old);
     if (fd >= 0 && carried) {
         write_stderr({"gpumem: writing ", path_, " failed (", strerror(err), "); the log continues in ", used, "\n"});
         adopt_fd(fd);

@@ -174,10 +174,11 @@ class event_log {
     int fd_ = -1;
     // fd_'s file: a program that closes every descriptor (a daemon, a close-all loop) or dup2's
     // over ours may open its own file under the same number, which the log must never write,
-    // truncate or close.  Checked (fstat) before each write and close: fd_ours.
+    // truncate or close.  Checked (statx) before each write and close: fd_ours.
     dev_t fd_dev_ = 0;
     ino_t fd_ino_ = 0;
-    bool fd_ours() const noexcept;
+    bool holds_log_file(int fd) const noexcept;  // fd holds the file fd_dev_ and fd_ino_ name
+    bool fd_ours() const noexcept;               // holds_log_file(fd_)
     void adopt_fd(int fd) noexcept;              // fd_ = fd (moved up, out of the program's way), its file noted
     bool reopen_lost_fd() noexcept;              // fd_ is no longer ours: path_ again, else the log ends (said)
     void drop_fd() noexcept;                     // closes fd_ if ours; fd_ = -1

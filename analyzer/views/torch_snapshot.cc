@@ -66,6 +66,7 @@ struct pool_segment {
 struct whole {
     uint64_t size, requested, stream;
     uint32_t stack;
+    uint64_t shown() const { return std::min(requested, size); }  // as block::shown
 };
 
 // What the pickle's memo holds, shared by every device's pass: stack id -> its frame list, and each
@@ -330,15 +331,15 @@ class device_export {
     // and its frees' block->requested_size; segments their whole size.
     void open_whole(uint64_t ptr, const whole& x, uint64_t t) {
         entry(torch_action::segment_alloc, ptr, x.size, x.stream, t, x.stack);
-        entry(torch_action::alloc, ptr, std::min(x.requested, x.size), x.stream, t, x.stack);
+        entry(torch_action::alloc, ptr, x.shown(), x.stream, t, x.stack);
     }
 
     void close_whole(std::unordered_map<uint64_t, whole>& m, uint64_t ptr, uint64_t t) {
         auto it = m.find(ptr);
         if (it == m.end()) return;
         const whole& x = it->second;
-        entry(torch_action::free_requested, ptr, std::min(x.requested, x.size), x.stream, t, x.stack);
-        entry(torch_action::free_completed, ptr, std::min(x.requested, x.size), x.stream, t, x.stack);
+        entry(torch_action::free_requested, ptr, x.shown(), x.stream, t, x.stack);
+        entry(torch_action::free_completed, ptr, x.shown(), x.stream, t, x.stack);
         entry(torch_action::segment_free, ptr, x.size, x.stream, t, x.stack);
         m.erase(it);
     }
@@ -384,8 +385,8 @@ class device_export {
                 entry(torch_action::free_completed, e.ptr, old->second.shown(), old->second.stream, e.t, old->second.stack);
                 s->blocks.erase(old);
             }
-            s->blocks[e.ptr] = block{e.set_aside(), e.size, stream, stack, false};
-            entry(torch_action::alloc, e.ptr, s->blocks[e.ptr].shown(), stream, e.t, stack);
+            const block& placed = s->blocks[e.ptr] = block{e.set_aside(), e.size, stream, stack, false};
+            entry(torch_action::alloc, e.ptr, placed.shown(), stream, e.t, stack);
             return;
         }
         if (plain_.count(e.ptr)) close_whole(plain_, e.ptr, e.t);
@@ -534,7 +535,7 @@ class device_export {
     }
 
     void write_whole_segment(uint64_t addr, const whole& x) {
-        uint64_t requested = std::min(x.requested, x.size);
+        uint64_t requested = x.shown();
         w_.begin_dict();
         segment_head(addr, x.size, x.size, x.size, requested, x.stream, "large", false, x.stack);
         w_.str_memo("blocks");
