@@ -191,11 +191,16 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
                     cell(b, hb, unmeasured_b, vb).c_str(), comparable ? fmt_change(r.unit, va, vb).c_str() : "");
     }
     if (!a || !b) return;
-    // Every site live at the peak when the input was a log; the top ones of a report JSON.
+    // Every site live at the peak, and at the end, when the input was a log; the top ones of a
+    // report JSON.
     const process_report &pa = ra.proc(*a), &pb = rb.proc(*b);
-    print_sites("call sites at the peak of requested memory", pa, da.peak_sites.empty() ? da.top_sites : da.peak_sites,
-                da.requested.peak, pb, db.peak_sites.empty() ? db.top_sites : db.peak_sites, db.requested.peak, top);
-    print_sites(ended ? "leaks by call site" : "live at log end by call site", pa, da.leak_sites, da.leaked_bytes, pb, db.leak_sites, db.leaked_bytes, top);
+    auto all_or_top = [](const std::vector<site_row>& all, const std::vector<site_row>& top_rows) -> const std::vector<site_row>& {
+        return all.empty() ? top_rows : all;
+    };
+    print_sites("call sites at the peak of requested memory", pa, all_or_top(da.peak_sites, da.top_sites),
+                da.requested.peak, pb, all_or_top(db.peak_sites, db.top_sites), db.requested.peak, top);
+    print_sites(ended ? "leaks by call site" : "live at log end by call site", pa, all_or_top(da.end_sites, da.leak_sites),
+                da.leaked_bytes, pb, all_or_top(db.end_sites, db.leak_sites), db.leaked_bytes, top);
     std::vector<change> changes;
     usage_changes(da.by_api, db.by_api, "api", changes);
     usage_changes(da.by_kind, db.by_kind, "kind", changes);

@@ -217,9 +217,11 @@ struct device_report {
     // of requested memory, and the leaks grouped by stack.  Empty when the log has no stacks.
     std::vector<site_row> top_sites;
     std::vector<site_row> leak_sites;
-    // Every stack live at that peak (at most k_flame_stacks), for the HTML flame graph; not in the
-    // report JSON, so empty when the report was read back from one.
+    // Every stack live at that peak (at most k_flame_stacks), for the HTML flame graph, and every
+    // one live at the end, for `gpumem diff` (leak_sites keeps the top ones); not in the report
+    // JSON, so empty when the report was read back from one.
     std::vector<site_row> peak_sites;
+    std::vector<site_row> end_sites;
 
     // Derived ratios at the peak of allocated bytes and at the end (docs/metrics.md).
     double reserved_unallocated_at_peak() const {

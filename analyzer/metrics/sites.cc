@@ -114,7 +114,8 @@ void summarize_sites(process_report& rep, const site_tracker& sites) {
             d.peak_sites = sites.live_at(d.dev, d.requested.peak_seq, k_flame_stacks);
             d.top_sites.assign(d.peak_sites.begin(), d.peak_sites.begin() + std::ptrdiff_t(std::min(k_top_sites, d.peak_sites.size())));
         }
-        d.leak_sites = sites.live_at(d.dev, UINT64_MAX - 1, k_top_sites);
+        d.end_sites = sites.live_at(d.dev, UINT64_MAX - 1, k_flame_stacks);
+        d.leak_sites.assign(d.end_sites.begin(), d.end_sites.begin() + std::ptrdiff_t(std::min(k_top_sites, d.end_sites.size())));
         for (oom_report& o : d.ooms) o.sites = sites.live_at(d.dev, o.seq, k_top_sites);
     }
 }

@@ -93,8 +93,8 @@ class site_tracker {
 bool parse_stack_record(std::string_view line, uint32_t& id, std::vector<frame_view>& frames, std::string& error);
 
 struct process_report;
-// Fills each device's top_sites and peak_sites (at its peak of requested bytes), leak_sites (at the end) and each
-// OOM's sites from the tracker.  Leaves them empty when no allocation carried a stack.
+// Fills each device's top_sites and peak_sites (at its peak of requested bytes), leak_sites and end_sites (at
+// the end) and each OOM's sites from the tracker.  Leaves them empty when no allocation carried a stack.
 void summarize_sites(process_report& rep, const site_tracker& sites);
 // Names the native frames of every stack with libdw, once per unique module and address.
 void symbolize_stacks(process_report& rep);

@@ -101,6 +101,36 @@ with tempfile.TemporaryDirectory() as d:
     check("  call sites at the peak of requested memory: only in A (the other run's log has no stacks, or nothing was live)\n"
           in out_off, f"one side without stacks:\n{out_off}")
 
+# Twelve leak sites, the smallest grown in B: from logs every site live at the end counts (a
+# report JSON lists the top 10), so the twelfth is matched and shown as grown, not as unknown.
+def leak_log(path, grow_last):
+    hdr = json.loads(open(a).readline())
+    ev = [hdr]
+    seq = 0
+    live = 0
+    for i in range(12):
+        size = (12 - i) * MiB + (MiB if grow_last and i == 11 else 0)
+        ev.append({"ev": "stack", "id": i + 1, "frames": [{"function": f"site{i}", "file": "/src/leak.py", "line": 10 + i}]})
+        ev.append({"ev": "alloc", "seq": seq, "t": 1000 * (seq + 1), "tid": 7100, "dev": 0, "api": "cudaMalloc",
+                   "kind": "device", "ptr": hex(0x7f0000000000 + i * (64 * MiB)), "size": size, "stack": i + 1})
+        seq += 1
+        live += size
+    ev.append({"ev": "end", "seq": seq, "t": 1000 * (seq + 1), "tid": 7100, "reason": "exit", "events": seq,
+               "n_alloc": 12, "n_free": 0, "n_fail": 0, "live_allocs": 12, "live_bytes": live, "lost": 0, "unmatched": 0})
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in ev)
+
+
+with tempfile.TemporaryDirectory() as d:
+    la, lb = os.path.join(d, "la.jsonl"), os.path.join(d, "lb.jsonl")
+    leak_log(la, False)
+    leak_log(lb, True)
+    out = run("diff", la, lb)
+    check("  leaks by call site: 1 grew, 0 shrank, 11 unchanged\n"
+          "    + site11 (leak.py:21)  +1.00 MiB (+100.0%)\n"
+          "        A 1.00 MiB in 1 allocation -> B 2.00 MiB in 1 allocation\n" in out, f"the twelfth leak site from logs:\n{out}")
+
+
 # A log whose only stacked allocation is freed before the peak: its sites are all "no stack", yet
 # the report has site tables, and a report JSON of it round-trips with them.
 with tempfile.TemporaryDirectory() as d:
