@@ -80,23 +80,21 @@ std::vector<std::string> split_policies(const std::vector<std::string>& given) {
 }
 
 // The configurations --suggest tries: every combination of the options that change the layout.
-std::vector<sim::pt_config> suggest_grid(bool with_capacity) {
+// garbage_collection_threshold is not among them: it acts only under per_process_memory_fraction
+// below 1, a cap on the program that a suggestion must not slip in.
+std::vector<sim::pt_config> suggest_grid() {
     std::vector<sim::pt_config> grid;
     const uint64_t mss_mb[] = {0, 32, 64, 128, 256, 512, 1024};
     const uint64_t divs[] = {0, 2, 4, 8, 16};
-    const double gcs[] = {0, 0.8};
     for (bool exp : {false, true})
         for (uint64_t m : mss_mb)
-            for (uint64_t d : divs)
-                for (double gc : gcs) {
-                    if (gc > 0 && !with_capacity) continue;  // the threshold needs a memory limit
-                    sim::pt_config c;
-                    c.expandable = exp;
-                    if (m) c.max_split_size = m << 20;
-                    c.roundup_divisions.fill(d);
-                    c.gc_threshold = gc;
-                    grid.push_back(c);
-                }
+            for (uint64_t d : divs) {
+                sim::pt_config c;
+                c.expandable = exp;
+                if (m) c.max_split_size = m << 20;
+                c.roundup_divisions.fill(d);
+                grid.push_back(c);
+            }
     return grid;
 }
 
@@ -312,7 +310,7 @@ int run_replay(replay_args& a) {
     // Options that cannot act in this replay (garbage_collection_threshold without a memory limit)
     // leave that policy's numbers as without them: said beside its results, not left to the guide.
     std::vector<std::string> notes;
-    for (const sim::policy_spec& s : specs) notes.push_back(sim::policy_note(s, capacity));
+    for (const sim::policy_spec& s : specs) notes.push_back(sim::policy_note(s));
     std::vector<std::string> apis;
     for (const std::string& g : a.apis) {
         size_t pos = 0;
@@ -405,7 +403,7 @@ int run_replay(replay_args& a) {
     std::vector<device_job> djobs;
     for (size_t i = 0; i < traces.size(); ++i)
         for (const sim::device_trace& d : traces[i].devices) djobs.push_back(device_job{i, &d, {}, {}, {}});
-    std::vector<sim::pt_config> grid = a.suggest ? suggest_grid(capacity != 0) : std::vector<sim::pt_config>{};
+    std::vector<sim::pt_config> grid = a.suggest ? suggest_grid() : std::vector<sim::pt_config>{};
     std::vector<task> tasks;
     for (device_job& d : djobs) {
         d.results.resize(specs.size());
@@ -420,7 +418,7 @@ int run_replay(replay_args& a) {
     }
     std::vector<std::string> task_errors(tasks.size());
     // Progress: how many replays are done and how many of their requests are replayed, every 2 s by
-    // default (--suggest replays a log 140 times; one replay of a large log alone takes seconds).
+    // default (--suggest replays a log 70 times; one replay of a large log alone takes seconds).
     const bool progress = a.progress.wanted();
     std::atomic<size_t> done{0};
     std::atomic<uint64_t> replayed{0};

@@ -14,13 +14,13 @@ policy_spec parse_policy_name(const std::string& text) {
     return s;
 }
 
-std::string policy_note(const policy_spec& spec, uint64_t capacity) {
+std::string policy_note(const policy_spec& spec) {
     std::string base = spec.name.substr(0, spec.name.find(':'));
     if (base != "pytorch" && base != "pytorch-expandable") return "";
     pt_config cfg;
-    if (!parse_pt_config(spec.options, cfg).empty() || cfg.gc_threshold == 0 || pt_gc_acts(cfg, capacity)) return "";
+    if (!parse_pt_config(spec.options, cfg).empty() || cfg.gc_threshold == 0 || pt_gc_acts(cfg)) return "";
     return "garbage_collection_threshold has no effect here: PyTorch collects only under a memory limit; "
-           "add per_process_memory_fraction, or give --capacity";
+           "add per_process_memory_fraction below 1";
 }
 
 std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, uint64_t device_total,

@@ -54,10 +54,10 @@ struct policy_spec {
 std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, uint64_t device_total,
                                     const std::string& log_config_json, std::string* error);
 
-// What the replay must say beside a policy whose options cannot act on a device of `capacity`
-// bytes (0: no --capacity), so that a number unchanged by them is not read as their effect: ""
+// What the replay must say beside a policy whose options cannot act (garbage_collection_threshold
+// without a memory limit), so that a number unchanged by them is not read as their effect: ""
 // when there is nothing to say (or the name is not understood: make_policy says why).
-std::string policy_note(const policy_spec& spec, uint64_t capacity);
+std::string policy_note(const policy_spec& spec);
 
 // "pytorch:roundup_power2_divisions:4" -> {"pytorch:roundup_power2_divisions:4", "roundup_power2_divisions:4"}.
 policy_spec parse_policy_name(const std::string& text);

@@ -18,9 +18,7 @@ namespace gpumem::simulate {
 // (pytorch_expandable.cc).  Addresses are made up (see alloc_block for their order).
 class pytorch_policy final : public policy {
 public:
-    // capacity: the device's memory (0 = unlimited).  Without per_process_memory_fraction it also
-    // plays the memory limit that garbage_collection_threshold needs (as if
-    // torch.cuda.set_per_process_memory_fraction had set it to the whole card).
+    // capacity: the device's memory (0 = unlimited).
     // device_total: the device's size, for the address space of an expandable segment and, where
     // no capacity is given, the memory per_process_memory_fraction takes its share of (make_policy
     // refuses that fraction when neither is known).
@@ -120,10 +118,9 @@ private:
     void unmap_block(block* b);
     void release_expandable_segment(block* b);
 
-    // garbage_collection_threshold is on only under a limit: per_process_memory_fraction's, else
-    // --capacity's.
-    bool gc_on() const { return pt_gc_acts(cfg_, capacity_); }
-    uint64_t gc_limit() const { return has_limit_ ? limit_ : capacity_; }
+    // garbage_collection_threshold is on only under per_process_memory_fraction's limit.
+    bool gc_on() const { return pt_gc_acts(cfg_); }
+    uint64_t gc_limit() const { return limit_; }
 
     const pt_config cfg_;
     const uint64_t capacity_;

@@ -34,11 +34,12 @@ struct pt_config {
     std::string to_conf() const;
 };
 
-// Whether garbage_collection_threshold acts in a replay on a device of `capacity` bytes (0: none
-// given).  PyTorch collects only under its memory limit (per_process_memory_fraction); the replay
-// takes --capacity as that limit when no fraction is set, and with neither the threshold does nothing.
-inline bool pt_gc_acts(const pt_config& cfg, uint64_t capacity) {
-    return cfg.gc_threshold > 0 && (cfg.memory_fraction < 1 || capacity);
+// Whether garbage_collection_threshold acts.  PyTorch collects only under its memory limit
+// (allowed_memory_maximum), which only per_process_memory_fraction below 1 sets: not the card's
+// size, nor a fraction of exactly 1 (measured on torch 2.11: docs/gpu-results.md, run 139), so
+// --capacity, a smaller card, does not turn it on either.
+inline bool pt_gc_acts(const pt_config& cfg) {
+    return cfg.gc_threshold > 0 && cfg.memory_fraction < 1;
 }
 
 // Parses "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],expandable_segments:True".

@@ -470,10 +470,11 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through
           "max_split_size_mb:64,max_non_split_rounding_mb:30");
 }
 
-TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold * capacity") {
-    // Capacity 100 MiB, threshold 0.5: after two 30 MiB segments are cached (60 MiB reserved), a
-    // request that finds no free block first frees the cached ones down past 50 MiB.
-    pytorch_policy gc(conf("garbage_collection_threshold:0.5"), 100 * MiB, 0);
+TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold * the fraction's limit") {
+    // A 200 MiB card at fraction 0.5 (a 100 MiB limit), threshold 0.5: after two 30 MiB segments
+    // are cached (60 MiB reserved), a request that finds no free block first frees the cached
+    // ones down past 50 MiB.
+    pytorch_policy gc(conf("garbage_collection_threshold:0.5,per_process_memory_fraction:0.5"), 200 * MiB, 0);
     REQUIRE(gc.allocate(0, 30 * MiB, 0));
     REQUIRE(gc.allocate(1, 30 * MiB, 0));
     gc.release(0);
@@ -488,13 +489,24 @@ TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold 
     plain.release(1);
     REQUIRE(plain.allocate(2, 36 * MiB, 0));
     CHECK(plain.reserved() == 96 * MiB);
+    // The card's size is no limit: torch 2.11 collects only under a fraction below 1, so a
+    // smaller card (--capacity) alone changes nothing.
+    pytorch_policy card(conf("garbage_collection_threshold:0.5"), 100 * MiB, 0);
+    REQUIRE(card.allocate(0, 30 * MiB, 0));
+    REQUIRE(card.allocate(1, 30 * MiB, 0));
+    card.release(0);
+    card.release(1);
+    REQUIRE(card.allocate(2, 36 * MiB, 0));
+    CHECK(card.driver_frees() == 0);
+    CHECK(card.reserved() == 96 * MiB);
 }
 
 TEST_CASE("garbage_collection_threshold frees blocks at least as old as the average first, and stops once enough is back") {
     // garbage_collect_cached_blocks(): a block's age is the large pool's get_free_block calls since
     // it became free (any stream's); each pass frees the unsplit cached blocks whose age is >= the
-    // average, until the excess over threshold * limit is reclaimed.  200 MiB, 0.5: 100 MiB.
-    pytorch_policy p(conf("garbage_collection_threshold:0.5"), 200 * MiB, 0);
+    // average, until the excess over threshold * limit is reclaimed.  A 400 MiB card at fraction
+    // 0.5 (200 MiB allowed), threshold 0.5: 100 MiB.
+    pytorch_policy p(conf("garbage_collection_threshold:0.5,per_process_memory_fraction:0.5"), 400 * MiB, 0);
     REQUIRE(p.allocate(0, 30 * MiB, 0));  // get_free_block calls 1, 2, 3: three 30 MiB segments
     REQUIRE(p.allocate(1, 30 * MiB, 0));
     REQUIRE(p.allocate(2, 30 * MiB, 0));
