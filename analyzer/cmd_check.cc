@@ -57,13 +57,22 @@ std::string lost_note(const process_report& p, const char* whose) {
     return std::string("; ") + whose + fmt_counted(n, "event was", "events were") + " lost by the recorder: approximate";
 }
 
+// The same for a log with no end line (killed, or still running): its peaks are those it reached
+// before it stopped, which a later part of the run might have passed.  Said on each result as the
+// lost events are, since a job that was killed can still pass its limits.
+std::string unended_note(const process_report& p, const char* whose) {
+    if (p.has_end) return "";
+    return std::string("; ") + whose + "the log has no end line (killed or still running): values up to where it stops";
+}
+
 struct outcome {
     std::string name;       // testcase name: "max-peak (requested)", "baseline peak reserved"
     std::string where;      // device_ref::where
-    std::string classname;  // "gpumem.rank_0.dev_0"
+    std::string key;        // device_ref::key, "rank 0 dev 0": junit_classes names it
     bool passed = true;
     std::string message;    // "1.93 MiB > limit 1.00 MiB (--max-peak); at ..."
     bool approximate = false;  // on a log (or baseline) whose recorder lost events: lost_note
+    bool incomplete = false;   // on a log (or baseline) with no end line: unended_note
 };
 
 // A ratio as the report JSON keeps it (6 decimals): a log and its own report JSON, or a run and a
@@ -83,6 +92,21 @@ std::string junit_class(const std::string& key) {
     return c;
 }
 
+// Each device's JUnit class name, one per key: two keys that junit_class spells alike (ranks
+// "0#2" and "0_2") get "_2", "_3" after the second's, or a CI viewer would merge their cases.
+std::map<std::string, std::string> junit_classes(const std::vector<outcome>& results) {
+    std::map<std::string, std::string> by_key;
+    std::map<std::string, std::string> taken;  // class name -> key
+    for (const outcome& r : results) {
+        if (by_key.count(r.key)) continue;
+        std::string c = junit_class(r.key);
+        for (int n = 2; taken.count(c); ++n) c = junit_class(r.key) + "_" + std::to_string(n);
+        taken[c] = r.key;
+        by_key[r.key] = c;
+    }
+    return by_key;
+}
+
 // XML 1.0 allows no control characters but tab, newline and carriage return, not even as character
 // references; a rank or file name can hold any byte, so they are shown as the text report shows
 // them ("^[" for ESC: format_util.h visible), newlines included.
@@ -99,12 +123,13 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
     return write_whole(path, "--junit", [&](std::ostream& f) {
         size_t failures = 0;
         for (const outcome& r : results) failures += !r.passed;
+        const std::map<std::string, std::string> classes = junit_classes(results);
         f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
           << "<testsuites tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n"
           << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
         for (const outcome& r : results) {
-            f << "    <testcase classname=\"" << xml_text(r.classname) << "\" name=\"" << xml_text(r.name) << "\"";
-            if (r.passed && !r.approximate) {
+            f << "    <testcase classname=\"" << xml_text(classes.at(r.key)) << "\" name=\"" << xml_text(r.name) << "\"";
+            if (r.passed && !r.approximate && !r.incomplete) {
                 f << "/>\n";
                 continue;
             }
@@ -277,7 +302,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             outcome o;
             o.name = l.name;
             o.where = r.where;
-            o.classname = junit_class(r.key);
+            o.key = r.key;
             double measured = measure_value(dev, *l.m);
             o.passed = at_json_precision(*l.m, measured) <= l.value;
             // Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): a device
@@ -294,9 +319,10 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 std::string w = worst_moment(*l.m, run.proc(r), dev);
                 if (!w.empty()) o.message += "; " + w;
             }
-            const std::string note = lost_note(run.proc(r), "");
-            o.message += note;
+            const std::string note = lost_note(run.proc(r), ""), cut = unended_note(run.proc(r), "");
+            o.message += note + cut;
             o.approximate = !note.empty();
+            o.incomplete = !cut.empty();
             results.push_back(std::move(o));
         }
     }
@@ -317,7 +343,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 outcome o;
                 o.name = std::string("baseline ") + m->title;
                 o.where = r.where;
-                o.classname = junit_class(r.key);
+                o.key = r.key;
                 double measured = measure_value(dev, *m);
                 double was = measure_value(bdev, *m);
                 // Bytes may grow by the tolerance as a fraction; a ratio by the tolerance in points
@@ -342,8 +368,10 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                     if (!w.empty()) o.message += "; " + w;
                 }
                 const std::string notes = lost_note(run.proc(r), "") + lost_note(base.proc(*bref), "in the baseline, ");
-                o.message += notes;
+                const std::string cuts = unended_note(run.proc(r), "") + unended_note(base.proc(*bref), "in the baseline, ");
+                o.message += notes + cuts;
                 o.approximate = !notes.empty();
+                o.incomplete = !cuts.empty();
                 results.push_back(std::move(o));
             }
         }
@@ -353,19 +381,20 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             outcome o;
             o.name = "baseline device present";
             o.where = visible(key);
-            o.classname = junit_class(key);
+            o.key = key;
             o.passed = false;
             o.message = "in the baseline (" + b->where + ") but not in this run";
             results.push_back(std::move(o));
         }
     }
 
-    size_t failed = 0, approximate = 0;
-    for (const outcome& o : results) failed += !o.passed, approximate += o.approximate;
-    std::printf("gpumem check: %zu limit%s on %zu GPU%s of %zu process%s: %zu broken%s\n", results.size(),
+    size_t failed = 0, approximate = 0, incomplete = 0;
+    for (const outcome& o : results) failed += !o.passed, approximate += o.approximate, incomplete += o.incomplete;
+    std::printf("gpumem check: %zu limit%s on %zu GPU%s of %zu process%s: %zu broken%s%s\n", results.size(),
                 results.size() == 1 ? "" : "s", run.devices.size(), run.devices.size() == 1 ? "" : "s",
                 run.processes.size(), run.processes.size() == 1 ? "" : "es", failed,
-                approximate ? (", " + std::to_string(approximate) + " on logs that lost events (approximate)").c_str() : "");
+                approximate ? (", " + std::to_string(approximate) + " on logs that lost events (approximate)").c_str() : "",
+                incomplete ? (", " + std::to_string(incomplete) + " on logs with no end line (incomplete)").c_str() : "");
     for (const outcome& o : results)
         if (!o.passed) std::printf("  FAIL %s: %s\n", o.where.c_str(), o.message.c_str());
     if (!args.quiet)

@@ -252,7 +252,9 @@ check_limits)
   expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak reserved 7.00 MiB <= limit 8.00 MiB"
   # A log with no end line (a killed process): what is allocated when it stops is not called leaked
   # (check once did, where report says "live when the log stops"); the limit counts the same bytes
-  # (docs/metrics.md, Leaks), from the log or its report JSON, and the JUnit names stay.
+  # (docs/metrics.md, Leaks), from the log or its report JSON, and the JUnit names stay.  Every
+  # result on it says the log stopped short, as results on lossy logs say so: a killed run could
+  # pass its limits with only a stderr warning, which a passing CI job hides.
   killed=$SRC/tests/data/golden/killed_truncated.jsonl
   "$GPUMEM" report --json "$killed" > "$W/killed.json" 2>/dev/null
   for in in "$killed" "$W/killed.json"; do
@@ -261,8 +263,15 @@ check_limits)
     expect_in "$W/out" "ok   rank 0 dev 0 (pid 7001, $killed): live when the log stops 2.00 MiB <= baseline 2.00 MiB + 0% = 2.00 MiB"
     expect_not_in "$W/out" "leaked"
     expect_in "$W/killed.xml" '<failure message="live when the log stops 2.00 MiB &gt; limit'
-    expect_in "$W/killed.xml" 'name="baseline leaked"/>'
+    expect_in "$W/killed.xml" 'name="baseline leaked">'
+    expect_in "$W/killed.xml" '= 2.00 MiB; the log has no end line (killed or still running): values up to where it stops; in the baseline, the log has no end line (killed or still running): values up to where it stops</system-out>'
+    expect_in "$W/out" "6 limits on 1 GPU of 1 process: 1 broken, 6 on logs with no end line (incomplete)"
+    expect_in "$W/out" "(--max-leak 1MiB); largest: 2.00 MiB from cudaMalloc at 2.00 us (seq 1); the log has no end line (killed or still running): values up to where it stops"
   done
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --baseline "$killed"
+  expect_in "$W/out" "; in the baseline, the log has no end line (killed or still running): values up to where it stops"
+  expect_not_in "$W/out" "; the log has no end line"
+  expect_in "$W/out" "on logs with no end line (incomplete)"
   # A log whose recorder lost events: every result on it says its values are approximate, in the
   # line and the JUnit message (a passing job's stderr warning goes unread), the baseline's too.
   lossy=$SRC/tests/data/bad/lost_record_end_count.jsonl
@@ -450,6 +459,16 @@ PY
   expect_rc 0 "$GPUMEM" diff "$W/rank_0.jsonl" "$W/rank_1.jsonl" -- "$W/rank_0.jsonl" "$W/rank_1.jsonl"
   grep -Fxq 'rank ? dev 0' "$W/out" || fail "diff: no block for the empty rank"
   grep -Fxq 'rank "?" dev 0' "$W/out" || fail "diff: no block for the rank \"?\""
+  # Two processes of rank 0 ("rank 0#2" for the second) and one of rank "0_2": three JUnit classes,
+  # not two (junit_class spells "0#2" and "0_2" alike, and a CI viewer merged their cases).
+  sed 's/"pid":1001/"pid":1002/' "$DATA/before.jsonl" > "$W/rank0_again.jsonl"
+  sed 's/"rank":"0"/"rank":"0_2"/; s/"pid":1001/"pid":1003/' "$DATA/before.jsonl" > "$W/rank0_2.jsonl"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" "$W/rank0_again.jsonl" "$W/rank0_2.jsonl" --max-peak 1GiB --junit "$W/ranks.xml"
+  python3 - "$W/ranks.xml" <<'PY' || fail "JUnit classes of ranks 0, 0#2 and 0_2: $(cat "$W/ranks.xml")"
+import sys, xml.etree.ElementTree as ET
+names = sorted(c.get("classname") for c in ET.parse(sys.argv[1]).getroot().findall("./testsuite/testcase"))
+assert names == ["gpumem.rank_0.dev_0", "gpumem.rank_0_2.dev_0", "gpumem.rank_0_2.dev_0_2"], names
+PY
   # A file name that is not UTF-8 (byte 0xff): the XML stays well-formed, the byte shows as \xFF.
   badname=$W/$(printf 'after\xff.jsonl')
   cp "$DATA/after.jsonl" "$badname"
