@@ -72,6 +72,7 @@ void read_header(std::string_view line, const std::string& path, process_report&
     take(h, header_key::start_time, rep.start_time);
     take(h, header_key::start_unix_ns, rep.start_unix_ns);
     take(h, header_key::gpumem_version, rep.gpumem_version);
+    take(h, header_key::stacks_off, rep.stacks_off);
     auto cmd = h.find(header_key::cmdline);
     if (cmd != h.end() && cmd->is_array())
         for (const json& a : *cmd)
@@ -240,6 +241,14 @@ process_report analyze_file(const std::string& path, const analyze_options& opt,
     if (!rep.has_end)
         rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
                    "the last flush interval of events may be missing", true);
+    // Call sites missing for a reason of the recorder's, not the program's: said, so that "(no
+    // stack)" is not read as a thread without Python frames.
+    if (!rep.stacks_off.empty()) rp.warn(0, "no Python call stacks in this process: " + rep.stacks_off, true);
+    if (rep.stacks_lost)
+        rp.warn(0, fmt_counted(rep.stacks_lost, "allocation was", "allocations were") +
+                       " recorded without their call stack: the recorder's stack table was full, or the "
+                       "interpreter's frames could not be read",
+                true);
     if (opt.at.kind != moment::by::none) {
         // --at copies the devices that had events by then; one whose first event comes later held
         // nothing and gets no map.  Said, so that a map asked for is not missing without a word.

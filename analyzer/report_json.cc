@@ -211,6 +211,8 @@ nlohmann::ordered_json to_json(const std::vector<process_report>& procs, const c
         j["start_time"] = p.start_time;
         j["start_unix_ns"] = p.start_unix_ns;
         j["gpumem_version"] = p.gpumem_version;
+        if (!p.stacks_off.empty()) j["stacks_off"] = p.stacks_off;
+        if (p.stacks_lost) j["stacks_lost"] = p.stacks_lost;
         j["pool"] = p.pool_mode;
         j["reuse"] = p.reuse_mode;
         j["lines"] = p.lines;

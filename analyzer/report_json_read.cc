@@ -347,6 +347,8 @@ process_report read_process(const json& j, const std::string& path, std::vector<
     get(j, "start_time", p.start_time);
     get(j, "start_unix_ns", p.start_unix_ns);
     get(j, "gpumem_version", p.gpumem_version);
+    get(j, "stacks_off", p.stacks_off);
+    get(j, "stacks_lost", p.stacks_lost);
     get(j, "pool", p.pool_mode);
     get(j, "reuse", p.reuse_mode);
     get(j, "lines", p.lines);

@@ -252,6 +252,9 @@ struct process_report {
     // allows it (docs/pool.md); "" when absent (older logs, pool off).
     std::string pool_vmm;
     uint64_t start_unix_ns = 0;
+    // Why the recorder took no Python stacks though asked to (the header's stacks_off): "" when
+    // it took them, or the process ran no Python.
+    std::string stacks_off;
     std::vector<std::string> cmdline;
     std::vector<header_device> header_devices;
     // Body.
@@ -269,6 +272,7 @@ struct process_report {
     int64_t end_signal = 0;
     uint64_t end_events = 0, end_n_alloc = 0, end_n_free = 0, end_n_fail = 0;
     uint64_t end_live_allocs = 0, end_live_bytes = 0, end_lost = 0, end_unmatched = 0;
+    uint64_t stacks_lost = 0;  // allocations recorded without their stack (the end line's stacks_lost)
 
     stack_store stacks;                 // the log's stack records, by id
     std::vector<std::string> warnings;  // "file:line: text", the first k_max_warnings

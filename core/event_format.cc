@@ -110,6 +110,7 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::live_bytes: v = e.x.live_bytes; return true;
         case log_field::lost: v = e.x.lost; return true;
         case log_field::unmatched: v = e.x.unmatched; return true;
+        case log_field::stacks_lost: v = e.x.stacks_lost; return v != 0;
         case log_field::count_: break;
     }
     return false;
@@ -264,6 +265,7 @@ std::string format_header(const header_values& h) {
     out += k_ev_names[size_t(ev_kind::header)];
     out += '"';
 #define GPUMEM_OPT_str false
+#define GPUMEM_OPT_opt_str true
 #define GPUMEM_OPT_int false
 #define GPUMEM_OPT_opt_int true
 #define GPUMEM_OPT_strs false

@@ -873,7 +873,7 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     e.t_ns = now_ns();
     e.tid = uint32_t(current_tid());
     e.x.reason = why;
-    e.x.signal = sig;
+    e.x.signal = int16_t(sig);
     e.x.events = totals_.events;
     e.x.n_alloc = totals_.n_alloc;
     e.x.n_free = totals_.n_free;
@@ -882,6 +882,8 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     e.x.live_bytes = totals_.live_bytes;
     e.x.lost = lost_.load(std::memory_order_relaxed);
     e.x.unmatched = unmatched;
+    // Lock-free: the crash path writes this line too.
+    e.x.stacks_lost = uint32_t(std::min<uint64_t>(stacks_ ? stacks_->dropped() : 0, UINT32_MAX));
     char line[k_max_event_line];
     size_t n = format_event(e, line, sizeof line);
     end_offset_ = fd_ >= 0 ? int64_t(written_) : -1;

@@ -191,7 +191,10 @@ struct count_fields {
 // The end line (event_log::finish).
 struct end_fields {
     end_reason reason;     // "reason"
-    int32_t signal;        // "signal": written for reason signal
+    int16_t signal;        // "signal": written for reason signal (16 bits: keeps the event at 104 bytes)
+    // "stacks_lost": allocations recorded without their stack (stack_table::dropped), written
+    // when not 0; saturates at 2^32-1.
+    uint32_t stacks_lost;
     uint64_t events;       // "events": events recorded, the end line excluded
     uint64_t n_alloc;      // "n_alloc"
     uint64_t n_free;       // "n_free"

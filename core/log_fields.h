@@ -106,7 +106,8 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
     X(live_allocs, "live_allocs", u64, GPUMEM_K(end), 0)                                                  \
     X(live_bytes, "live_bytes", u64, GPUMEM_K(end), 0)                                                    \
     X(lost, "lost", u64, GPUMEM_K(end), 0)                                                                \
-    X(unmatched, "unmatched", u64, GPUMEM_K(end), 0)
+    X(unmatched, "unmatched", u64, GPUMEM_K(end), 0)                                                      \
+    X(stacks_lost, "stacks_lost", u64, GPUMEM_K(end), 0)
 
 enum class log_field : uint8_t {
 #define GPUMEM_X(id, name, type, carried, required) id,
@@ -165,7 +166,8 @@ inline constexpr kind_member_list k_kind_members = make_kind_members<K>();
     X(devices, "devices", devices)                \
     X(config, "config", config)                   \
     X(gpumem_version, "gpumem_version", str)      \
-    X(forked_from, "forked_from", opt_int)
+    X(forked_from, "forked_from", opt_int)        \
+    X(stacks_off, "stacks_off", opt_str)
 
 // One element of the header's "devices".  X(id, "json name", type)
 #define GPUMEM_DEVICE_FIELDS(X) \

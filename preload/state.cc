@@ -126,6 +126,20 @@ std::vector<header_device> devices() {
     return out;
 }
 
+// Why this process records no Python stacks although GPUMEM_STACKS asks for them: the interpreter
+// is one gpumem cannot read ("Python stacks need CPython 3.10 to 3.13 (Python 3.14.0)"); "" when
+// it records them, or runs no Python.  In the header, so that a report can say why its sites have
+// no stack instead of blaming the thread.
+std::string python_stacks_off(const process_state& st) {
+    if (st.cfg.stacks != stacks::stack_mode::python && st.cfg.stacks != stacks::stack_mode::all) return "";
+    const stacks::python_frames& py = stack_table().python();
+    const char* why = py.why_off();
+    if (!why || !*why) return "";
+    std::string v = py.version();
+    v = v.substr(0, v.find(' '));
+    return v.empty() ? why : std::string(why) + " (Python " + v + ")";
+}
+
 // The header's values; core/event_format.cc writes them in the order of core/log_fields.h.
 std::string header_line(const process_state& st, const std::string& pool_json, uint64_t start_unix_ns) {
     char host[256] = "";
@@ -158,6 +172,7 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     h.config.reuse = pool_json;
     h.gpumem_version = GPUMEM_VERSION;
     h.forked_from = st.forked_from;
+    h.stacks_off = python_stacks_off(st);
     return format_header(h);
 }
 
@@ -274,8 +289,7 @@ void start_recording(process_state& st) noexcept {
         if (st.cfg.stacks != stacks::stack_mode::off) {
             stack_table().init([](const char* name) { return real_dlsym(RTLD_DEFAULT, name); }, st.cfg.stacks,
                                st.cfg.stack_depth);
-            const char* why = stack_table().python().why_off();
-            if (why && *why) GPUMEM_WARN("no Python call stacks: {}", why);
+            if (std::string why = python_stacks_off(st); !why.empty()) GPUMEM_WARN("no Python call stacks: {}", why);
             st.rec->set_stacks(&stack_table());
             st.log->set_stacks(&stack_table());
         }

@@ -142,6 +142,7 @@ inline void totals::after_event(device_state* d, const log_event& e, uint64_t) {
         // Every loss so far, those with no lost line too; lost lines after this one add to it.
         p.lost = std::max(p.lost, e.lost);
         p.end_unmatched = e.unmatched;
+        p.stacks_lost = e.stacks_lost;
         break;
     default: break;
     }

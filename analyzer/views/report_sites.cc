@@ -179,7 +179,10 @@ void write_sites_text(std::ostream& os, const process_report& p, const std::vect
         os << row << fmt_bytes(r.bytes) << " in " << fmt_counted(r.count, "allocation", "allocations") << "  ";
         const auto* fr = p.stacks.find(r.stack);
         if (!fr || fr->empty()) {
-            os << "(no stack: a thread with no Python frames, such as the autograd engine's)\n";
+            // Why: the recorder's own reason when the header gives one (an interpreter it cannot
+            // read), else the usual one.
+            if (!p.stacks_off.empty()) os << "(no stack: " << visible(p.stacks_off) << ")\n";
+            else os << "(no stack: a thread with no Python frames, such as the autograd engine's)\n";
             continue;
         }
         write_frames_text(os, *fr, sub);

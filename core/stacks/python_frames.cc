@@ -2,6 +2,8 @@
 // walks the thread's frames at per-version offsets, and checks the layout once before trusting it.
 #include "python_frames.h"
 
+#include "stderr_write.h"
+
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -118,10 +120,13 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     active_ = false;
     debug_offsets_ = false;
     why_off_ = "";
+    version_ = "";
+    unreadable_.store(0, std::memory_order_relaxed);
     layout_state_.store(0, std::memory_order_release);
     auto version = reinterpret_cast<const char* (*)()>(lookup("Py_GetVersion"));
     if (!version) return false;  // no interpreter in this process: nothing to say
     const char* v = version();
+    if (v) version_ = v;  // a static buffer of the interpreter's
     if (!v || v[0] != '3' || v[1] != '.') {
         why_off_ = "unrecognised Py_GetVersion";
         return false;
@@ -302,7 +307,10 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
     uint64_t ts = reinterpret_cast<uint64_t>(tstate_get_());
     if (!ts) return 0;
     int state = layout_state_.load(std::memory_order_acquire);
-    if (state == 2) return 0;
+    if (state == 2) {
+        unreadable_.fetch_add(1, std::memory_order_relaxed);
+        return 0;
+    }
     if (state == 0) {
         // Several threads may check at once: the walk only reads, and every good walk says the same.
         if (!check_layout(ts)) {
@@ -310,7 +318,16 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
             // unless the walk itself went wrong.
             uint64_t frame = 0;
             bool empty = first_frame(ts, frame) && frame == 0;
-            if (!empty) layout_state_.store(2, std::memory_order_release);
+            if (!empty) {
+                unreadable_.fetch_add(1, std::memory_order_relaxed);
+                int expected = 0;
+                // Said once, by the thread that turned capture off: the log's end line counts
+                // the allocations recorded without their stack from here on.
+                if (layout_state_.compare_exchange_strong(expected, 2, std::memory_order_acq_rel))
+                    write_stderr({"gpumem: no Python call stacks from here on: this interpreter's frames do not have "
+                                  "the layout gpumem reads for CPython 3.", decimal(minor_).view(),
+                                  " (its allocations are recorded without stacks; the log's end line counts them)\n"});
+            }
             return 0;
         }
         layout_state_.store(1, std::memory_order_release);

@@ -61,6 +61,11 @@ class python_frames {
     bool from_debug_offsets() const noexcept { return debug_offsets_; }
     // Why init() turned capture off (empty when active or when there is no interpreter at all).
     const char* why_off() const noexcept { return why_off_; }
+    // Py_GetVersion's text ("3.14.0 (main, ...) [GCC ...]"), empty without an interpreter.
+    const char* version() const noexcept { return version_; }
+    // Captures on a thread with a Python thread state after the layout check failed (capture
+    // off): allocations recorded without the stack they had.
+    uint64_t unreadable() const noexcept { return unreadable_.load(std::memory_order_relaxed); }
 
     // Fills up to `max` frames of the calling thread, innermost first.  Returns the number filled:
     // 0 when the thread has no Python thread state or no Python frames.
@@ -86,6 +91,8 @@ class python_frames {
     bool debug_offsets_ = false;
     int minor_ = 0;
     const char* why_off_ = "";
+    const char* version_ = "";
+    mutable std::atomic<uint64_t> unreadable_{0};
     py_walk walk_ = py_walk::cframe;
     // Whether the layout was checked before being trusted: 0 not yet, 1 good, 2 bad (capture off).
     // Per instance, reset by init(), so that another interpreter image (the tests') starts unchecked.

@@ -57,7 +57,7 @@ uint32_t stack_table::capture() noexcept {
             if (n_native == 0) return intern_locked(buf, n, h, nullptr);
             if (uint32_t id = find_locked(buf, n, h)) return id;
             if (key_entries_.size() >= max_stacks_) {  // full: no module lookups for a stack not kept
-                ++overflow_;
+                overflow_.fetch_add(1, std::memory_order_relaxed);
                 return 0;
             }
         }
@@ -93,7 +93,7 @@ uint32_t stack_table::find_locked(const raw_frame* f, size_t n, uint64_t hash) c
 uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash, const native_place* places) {
     if (uint32_t id = find_locked(f, n, hash)) return id;
     if (key_entries_.size() >= max_stacks_) {
-        ++overflow_;
+        overflow_.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }
     uint32_t id = describe_locked(f, n, places);
@@ -155,7 +155,7 @@ uint32_t stack_table::describe_locked(const raw_frame* f, size_t n, const native
     }
     if (stacks_.size() >= max_stacks_) {
         frames_.resize(first);
-        ++overflow_;
+        overflow_.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }
     stacks_.push_back(stack_entry{first, uint32_t(n)});
@@ -213,9 +213,5 @@ size_t stack_table::size() const noexcept {
     return stacks_.size();
 }
 
-uint64_t stack_table::overflow() const noexcept {
-    std::lock_guard<std::mutex> g(mu_);
-    return overflow_;
-}
 
 }  // namespace gpumem::stacks

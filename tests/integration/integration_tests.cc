@@ -1005,3 +1005,53 @@ TEST_CASE("issue 10: gpumem run -o without %p lists the second process's .PID lo
     CHECK(out.find(dir + "/single." + child + ".jsonl") != std::string::npos);
     CHECK(out.find("overwrite") == std::string::npos);
 }
+
+TEST_CASE("Python stacks off: an interpreter gpumem cannot read is named in the header, warned of and reported") {
+    // A process on CPython 3.14 (which gpumem does not read) had only a start-up warning: its
+    // header said "stacks":"python", and every site read "(no stack: a thread with no Python
+    // frames ...)", blaming the program's threads.
+    auto r = run({EMU_DRIVER_APP, "basic"},
+                 {{"LD_PRELOAD", std::string(GPUMEM_LIB) + ":" + EMU_FAKE_PYTHON_LIB}, {"GPUMEM_STACKS", "python"}});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.err.find("no Python call stacks: Python stacks need CPython 3.10 to 3.13 (Python 3.14.0)") != std::string::npos);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    REQUIRE(!ls.empty());
+    CHECK(ls[0]["stacks_off"] == "Python stacks need CPython 3.10 to 3.13 (Python 3.14.0)");
+    CHECK(count_ev(ls, "stack") == 0);
+    CHECK(!ls.back().contains("stacks_lost"));  // refused at start: no allocation had a stack to lose
+    auto [rc, out] = report(r.logs[0]);
+    CHECK(rc == 0);
+    CHECK(out.find("no Python call stacks in this process: Python stacks need CPython 3.10 to 3.13 (Python 3.14.0)") !=
+          std::string::npos);
+}
+
+TEST_CASE("Python stacks lost: frames of an unexpected layout turn capture off, said once, counted in the end line") {
+    // A 3.12 interpreter whose thread state does not have 3.12's layout: the check at the first
+    // capture refuses it (without faulting) and capture stays off.  That was silent: allocations
+    // went without stacks and nothing in the log said so.
+    auto r = run({EMU_DRIVER_APP, "basic"}, {{"LD_PRELOAD", std::string(GPUMEM_LIB) + ":" + EMU_FAKE_PYTHON_LIB},
+                                             {"FAKE_PY_VERSION", "3.12.1 (fake)"},
+                                             {"GPUMEM_STACKS", "python"}});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    INFO(r.err);
+    size_t said = r.err.find("gpumem: no Python call stacks from here on: this interpreter's frames do not have the "
+                             "layout gpumem reads for CPython 3.12");
+    CHECK(said != std::string::npos);
+    CHECK(r.err.find("no Python call stacks from here on", said + 20) == std::string::npos);  // once
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    REQUIRE(!ls.empty());
+    CHECK(!ls[0].contains("stacks_off"));  // the version is one gpumem reads
+    const json& end = ls.back();
+    REQUIRE(end["ev"] == "end");
+    const size_t allocs = count_ev(ls, "alloc") + count_ev(ls, "alloc_fail");
+    CHECK(allocs > 0);
+    CHECK(end.value("stacks_lost", uint64_t(0)) == allocs);
+    auto [rc, out] = report(r.logs[0]);
+    CHECK(rc == 0);
+    CHECK(out.find(std::to_string(allocs) + " allocation") != std::string::npos);
+    CHECK(out.find("recorded without their call stack") != std::string::npos);
+}
