@@ -129,6 +129,7 @@ ojson result_json(const sim::replay_result& r, uint64_t capacity, const std::str
     j["segment_frees"] = r.driver_frees;
     j["peak_fragmentation"] = r.peak_fragmentation;
     j["peak_fragmentation_seq"] = r.frag_seq;
+    j["peak_fragmentation_free_bytes"] = r.frag_free;
     j["events"] = r.events;
     if (capacity) j["fits"] = r.failure == sim::failure_reason::none;
     // In every mode: a replay that stopped early (a request larger than any device stops it even
@@ -202,7 +203,10 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                     "peak ext. frag.");
         for (size_t ri = 0; ri < d.results.size(); ++ri) {
             const sim::replay_result& r = d.results[ri];
-            std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " at #" + std::to_string(r.frag_seq) : "0";
+            // With the free bytes it is of: 50% of 1 KiB free is no 50% of 70 MiB.
+            std::string frag = r.peak_fragmentation > 0 ? fmt_pct(r.peak_fragmentation) + " of " + fmt_bytes(r.frag_free) +
+                                                              " at #" + std::to_string(r.frag_seq)
+                                                        : "0";
             std::printf("   %-*s %-26s %-24s %-*s %s\n", pw, r.policy.c_str(),
                         (fmt_bytes(r.peak_reserved) + " (" + std::to_string(r.peak_reserved) + ")").c_str(),
                         r.events ? moment(r.peak_seq, r.peak_t).c_str() : "-", dw, driver_calls(r).c_str(), frag.c_str());

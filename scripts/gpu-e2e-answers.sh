@@ -41,6 +41,22 @@ PY
     short() { if [ "$1" = "$base" ]; then echo same; else echo "$1" | cut -c1-300; fi; }
     echo "| $name | $(echo "$base" | cut -c1-300) | $(short "$vmm") | $(short "$novmm") | $verdict |"
   done
+  # Pointer ranges of pooled blocks (tests/gpu/address_range.cu: cuMemGetAddressRange and
+  # cuPointerGetAttribute's RANGE_START_ADDR / RANGE_SIZE at a block's start, middle and last
+  # byte, sizes from 1 byte to 20 MiB + 7): the pool answers them itself, as the driver would.
+  ar=build/gpu/address_range
+  if [ -x "$ar" ]; then
+    base=$("$ar" 2>&1)
+    vmm=$(GPUMEM_OUT="$LOGS/same-range.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1)
+    novmm=$(GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/same-range-novmm.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1)
+    printf '%s\n' "$base" > "$LOGS/same-range-native.txt"
+    printf '%s\n' "$vmm" > "$LOGS/same-range-gpumem.txt"
+    printf '%s\n' "$novmm" > "$LOGS/same-range-novmm.txt"
+    verdict=PASS
+    if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ] || [ -z "$base" ]; then verdict=FAIL; fails=$((fails + 1)); fi
+    diffs() { if [ "$1" = "$base" ]; then echo same; else diff <(printf '%s\n' "$base") <(printf '%s\n' "$1") | grep '^>' | head -3 | tr '\n' ' '; fi; }
+    echo "| address ranges (27 queries) | $(echo "$base" | wc -l) lines, e.g. $(echo "$base" | sed -n 4p) | $(diffs "$vmm") | $(diffs "$novmm") | $verdict |"
+  fi
   # The stream-ordered allocations those runs made are in their logs, on the GPU they are on
   # (cuMemAllocAsync on its stream's device, cuMemAllocFromPoolAsync on its pointer's: device 0).
   for api in cuMemAllocAsync cuMemAllocFromPoolAsync; do

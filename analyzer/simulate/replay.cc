@@ -71,6 +71,7 @@ replay_result replay(const device_trace& tr, policy& p, const std::string& name,
                 r.peak_fragmentation = f;
                 r.frag_seq = q.seq;
                 r.frag_t = q.t;
+                r.frag_free = free_in;
             }
         }
     }

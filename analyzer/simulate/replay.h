@@ -36,6 +36,7 @@ struct replay_result {
     uint64_t driver_allocs = 0, driver_frees = 0;
     double peak_fragmentation = 0;  // max over events of 1 - largest free / free in segments
     uint64_t frag_seq = 0, frag_t = 0;
+    uint64_t frag_free = 0;         // free in segments then: a maximum on 1 KiB free means little
     uint64_t events = 0;            // requests replayed (up to the failure, if any)
     // The first request the allocator could not serve, where the replay stopped: with a capacity,
     // for want of memory; in every mode, a request above k_max_replay_request, or one after which
