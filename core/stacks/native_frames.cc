@@ -1,6 +1,8 @@
 // Native stack capture with the linked-in unwinder, and module lookup for new stacks only.
 #include "native_frames.h"
 
+#include <atomic>
+
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
@@ -25,11 +27,15 @@ _Unwind_Reason_Code step(_Unwind_Context* ctx, void* arg) {
     return _URC_NO_REASON;
 }
 
-// The address range of the object this function is in, found once.
+// The address range of the object this function is in, found once.  Atomics, not a static
+// initializer: its guard would be held across dladdr1 (the loader's lock), which a thread in a
+// library's constructor holds while its own allocation comes here.  Two first captures at once
+// both look it up and store the same range; `done` is published after it, so no thread reads a
+// range of 0 and records gpumem's own frames.
 void self_range(uint64_t& lo, uint64_t& hi) {
-    static uint64_t s_lo = 0, s_hi = 0;
-    static bool done = false;
-    if (!done) {
+    static std::atomic<uint64_t> s_lo{0}, s_hi{0};
+    static std::atomic<bool> done{false};
+    if (!done.load(std::memory_order_acquire)) {
         Dl_info info{};
         link_map* lm = nullptr;
         if (dladdr1(reinterpret_cast<void*>(&self_range), &info, reinterpret_cast<void**>(&lm),
@@ -49,12 +55,15 @@ void self_range(uint64_t& lo, uint64_t& hi) {
                     return 1;
                 },
                 &c);
-            if (c.hi > c.lo) s_lo = c.lo, s_hi = c.hi;
+            if (c.hi > c.lo) {
+                s_lo.store(c.lo, std::memory_order_relaxed);
+                s_hi.store(c.hi, std::memory_order_relaxed);
+            }
         }
-        done = true;
+        done.store(true, std::memory_order_release);
     }
-    lo = s_lo;
-    hi = s_hi;
+    lo = s_lo.load(std::memory_order_relaxed);
+    hi = s_hi.load(std::memory_order_relaxed);
 }
 }  // namespace
 
