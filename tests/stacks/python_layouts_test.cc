@@ -1,13 +1,14 @@
-// python_frames walked over synthetic CPython 3.10 and 3.13 images built in memory: the only check
-// of those two versions, since the build machine has no 3.10 or 3.13 interpreter.
+// python_frames walked over synthetic CPython 3.10 and 3.13 images built in memory: the check of
+// those two versions that runs everywhere (CI's python3 may be neither; python_stacks_test.py is
+// the real-interpreter test).
 //
 // Every offset below is written out here, independently of core/stacks/python_frames.cc, from
 // offsetof/sizeof on py-spy's bindgen bindings of the CPython headers
 // (src/python_bindings/v3_10_0.rs, v3_13_0.rs; computed with rustc's offset_of!).  So a wrong
 // number in python_frames.cc's table or in its reading of _Py_DebugOffsets makes these tests
-// fail.  What they cannot show is that a real 3.10 or 3.13 interpreter matches those bindings:
-// that, and PyCode_Addr2Line itself, were not run here (the real-interpreter test is
-// python_stacks_test.py, on whatever python3 the build finds).
+// fail.  What they cannot show is that a real 3.10 or 3.13 interpreter matches those bindings, or
+// what PyCode_Addr2Line answers: that is python_stacks_test.py's, run on 2026-12-06 under real
+// 3.10.13 to 3.13.0 (pyenv's) and on CI under whatever python3 the build finds.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
