@@ -22,7 +22,7 @@ struct config {
     uint32_t wait_ms = 2000;          // GPUMEM_WAIT_MS: how long a caller waits for ring space before the event is counted lost
     uint32_t sink_stall_ms = 10000;   // GPUMEM_SINK_STALL_MS: a FIFO log that takes nothing this long is a failed write; 0: wait for ever
     stacks::stack_mode stacks = stacks::stack_mode::python;  // GPUMEM_STACKS: off|python|native|all
-    uint32_t stack_depth = 64;        // GPUMEM_STACK_DEPTH: frames kept per stack, innermost first (1..256)
+    uint32_t stack_depth = 64;        // GPUMEM_STACK_DEPTH: frames kept per stack and kind, innermost first (1..256)
     int log_level = 3;                // GPUMEM_LOG_LEVEL: trace debug info warn (default) error critical off, or 0-6
     unsigned routes = k_all_routes;   // GPUMEM_ROUTES: the ways in that substitute wrappers (parse_routes)
     bool routes_set = false;          // GPUMEM_ROUTES held a value parse_routes accepts (the header records it)

@@ -24,7 +24,10 @@
 namespace gpumem::stacks {
 
 // One Python frame as captured: the code object and the byte offset of the instruction running in
-// it.  The line is computed later, once per unique stack (python_frames::describe).
+// it.  The line is computed later, once per unique stack (python_frames::line_of).  stack_table
+// also keeps native frames in this form (offset -1).  No default member initializers: capture keeps
+// 2 x 256 of them on the program's stack, and an initializer made every capture zero them first (a
+// loop over 8 KiB on every allocation).
 struct py_frame {
     uint64_t code;
     int32_t offset;

@@ -34,7 +34,12 @@ uint32_t stack_table::capture() noexcept {
     if (!ready_.load(std::memory_order_acquire) || mode_ == stack_mode::off) return 0;
     // Python stacks in a process without a usable interpreter (a CUDA C++ program): nothing to walk.
     if (mode_ == stack_mode::python && !py_.active()) return 0;
-    raw_frame buf[k_max_depth];  // 4 KiB of the caller's stack: fine for any thread that calls CUDA
+    // Native and Python frames have a limit of depth_ each: with one shared limit the native
+    // frames (about 30 from cudaMalloc up to the interpreter in a PyTorch program, more per
+    // nn.Module level) filled it and `all` kept no Python frame.  8 KiB of keys and 2 KiB of return
+    // addresses on the caller's stack, not zeroed (py_frame has no initializers): fine for any
+    // thread that calls CUDA.
+    raw_frame buf[2 * k_max_depth];
     size_t n = 0, n_native = 0;
     if (mode_ == stack_mode::native || mode_ == stack_mode::all) {
         uint64_t pcs[k_max_depth];
@@ -42,15 +47,12 @@ uint32_t stack_table::capture() noexcept {
         for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pcs[i], -1, 0};
         n_native = n;
     }
-    if ((mode_ == stack_mode::python || mode_ == stack_mode::all) && py_.active() && n < depth_) {
-        py_frame pf[k_max_depth];
-        size_t m = py_.capture(pf, depth_ - n);
-        for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pf[i].code, pf[i].offset, pf[i].ident};
-    }
+    if ((mode_ == stack_mode::python || mode_ == stack_mode::all) && py_.active())
+        n += py_.capture(buf + n, depth_);
     if (n == 0) return 0;
     uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
     for (size_t i = 0; i < n; ++i)
-        h = mix(h, buf[i].addr ^ (uint64_t(uint32_t(buf[i].offset)) << 40) ^ (uint64_t(buf[i].ident) << 20));
+        h = mix(h, buf[i].code ^ (uint64_t(uint32_t(buf[i].offset)) << 40) ^ (uint64_t(buf[i].ident) << 20));
     try {
         {
             std::lock_guard<std::mutex> g(mu_);
@@ -66,9 +68,9 @@ uint32_t stack_table::capture() noexcept {
         // its own allocation waits for mu_ (two such threads deadlocked with GPUMEM_STACKS=native).
         std::vector<native_place> places(n_native);
         for (size_t i = 0; i < n_native; ++i)
-            if (!describe_native(buf[i].addr, places[i].module, places[i].offset)) {
+            if (!describe_native(buf[i].code, places[i].module, places[i].offset)) {
                 places[i].module.assign(1, '?');  // (= "?" trips GCC 12's -Wrestrict)
-                places[i].offset = buf[i].addr;
+                places[i].offset = buf[i].code;
             }
         std::lock_guard<std::mutex> g(mu_);
         return intern_locked(buf, n, h, places.data());
@@ -79,7 +81,7 @@ uint32_t stack_table::capture() noexcept {
 
 uint32_t stack_table::find_locked(const raw_frame* f, size_t n, uint64_t hash) const {
     auto same = [](const raw_frame& a, const raw_frame& b) {
-        return a.addr == b.addr && a.offset == b.offset && a.ident == b.ident;
+        return a.code == b.code && a.offset == b.offset && a.ident == b.ident;
     };
     auto range = by_key_.equal_range(hash);
     for (auto it = range.first; it != range.second; ++it) {
@@ -105,7 +107,7 @@ uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash,
 }
 
 stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f, const native_place* place) {
-    if (f.native()) {
+    if (native(f)) {
         const std::string& module = place->module;
         const uint64_t offset = place->offset;
         auto it = module_ids_.find(module);
@@ -118,20 +120,20 @@ stack_table::frame_info stack_table::describe_frame_locked(const raw_frame& f, c
         }
         return frame_info{idx, -1, offset};
     }
-    auto it = code_ids_.find({f.addr, f.ident});
+    auto it = code_ids_.find({f.code, f.ident});
     uint32_t idx;
     if (it != code_ids_.end()) idx = it->second;
     else {
         py_code_info info;
-        if (!py_.describe_code(f.addr, info)) info = {"?", "?"};
+        if (!py_.describe_code(f.code, info)) info = {"?", "?"};
         codes_.push_back(std::move(info));
         idx = uint32_t(codes_.size() - 1);
-        code_ids_.emplace(std::make_pair(f.addr, f.ident), idx);
+        code_ids_.emplace(std::make_pair(f.code, f.ident), idx);
     }
     // PyCode_Addr2Line answers -1 for an instruction without a line (CPython 3.11+): that is line
     // 0, "unknown", since a negative line marks a native frame (format_record would take the
     // frame for one and index modules_ with a code's index).
-    int line = py_.line_of(py_frame{f.addr, f.offset, f.ident});
+    int line = py_.line_of(f);
     return frame_info{idx, line < 0 ? 0 : line, 0};
 }
 
@@ -141,7 +143,7 @@ uint32_t stack_table::describe_locked(const raw_frame* f, size_t n, const native
     uint32_t first = uint32_t(frames_.size());
     uint64_t h = 0xcbf29ce484222325ull ^ n;
     for (size_t i = 0; i < n; ++i) {
-        frame_info fi = describe_frame_locked(f[i], f[i].native() ? &places[i] : nullptr);
+        frame_info fi = describe_frame_locked(f[i], native(f[i]) ? &places[i] : nullptr);
         frames_.push_back(fi);
         h = mix(h, (uint64_t(fi.text) << 32 | uint32_t(fi.line)) ^ fi.address);
     }

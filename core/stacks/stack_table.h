@@ -23,7 +23,9 @@ namespace gpumem::stacks {
 
 class stack_table {
   public:
-    static constexpr size_t k_max_depth = 256;  // GPUMEM_STACK_DEPTH is capped here
+    // GPUMEM_STACK_DEPTH is capped here.  It bounds native and Python frames each, so a capture
+    // under GPUMEM_STACKS=all holds up to twice as many frames.
+    static constexpr size_t k_max_depth = 256;
 
     explicit stack_table(size_t max_stacks = 1u << 20) noexcept : max_stacks_(max_stacks) {}
 
@@ -53,16 +55,12 @@ class stack_table {
     const python_frames& python() const noexcept { return py_; }
 
   private:
-    // A frame as captured.  Python: the code object, the byte offset of its instruction and the
-    // code object's identity (py_frame::ident).  Native: the return address, with offset -1.
-    // No default member initializers: capture() keeps k_max_depth of them on its stack, and an
-    // initializer made every capture zero 4 KiB first (a 256-step loop on every allocation).
-    struct raw_frame {
-        uint64_t addr;
-        int32_t offset;
-        uint32_t ident;
-        bool native() const { return offset < 0; }
-    };
+    // A frame as captured: a py_frame, so that Python frames are captured straight into the key
+    // buffer (no second buffer on the capturing thread's stack).  Python: the code object, the byte
+    // offset of its instruction and the code object's identity (py_frame::ident).  Native: the
+    // return address in `code`, offset -1, ident 0.
+    using raw_frame = py_frame;
+    static bool native(const raw_frame& f) { return f.offset < 0; }
     // A frame as described.  Python: `text` indexes codes_ and `line` is set.  Native: `text`
     // indexes modules_, `line` is -1 and `address` is the offset in the module.
     struct frame_info {

@@ -1,5 +1,6 @@
 # Checks gpumem's in-process Python stack capture in a real interpreter: names, files and lines of
-# known call sites, interning, threads with and without the GIL, and the depth limit.
+# known call sites, interning, threads with and without the GIL, the depth limit, and
+# GPUMEM_STACKS=all's two limits (native and Python frames each).
 # Runs under any CPython 3.10 to 3.13 (3.10 has no qualified names: bare ones are expected there).
 import ctypes
 import json
@@ -9,7 +10,10 @@ import sys
 import threading
 
 probe_path = sys.argv[1]
-depth = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+# A second argument runs one case in its own process (the probe's table is one per process): a
+# depth, or "all" or "all256" (run with PROBE_STACKS=all).
+case = sys.argv[2] if len(sys.argv) > 2 else ""
+depth = int(case) if case.isdigit() else 64
 here = os.path.abspath(__file__)
 with_gil = ctypes.PyDLL(probe_path)      # PyDLL keeps the GIL during the call
 without_gil = ctypes.CDLL(probe_path)    # CDLL releases it, as most extensions do around C work
@@ -39,6 +43,10 @@ def qual(qualified):
     return qualified if sys.version_info >= (3, 11) else qualified.rsplit(".", 1)[-1]
 
 
+def is_native(frame):
+    return "module" in frame
+
+
 def line_of(marker):
     with open(here) as f:
         for i, text in enumerate(f, 1):
@@ -66,7 +74,63 @@ def recurse(n):
     return recurse(n - 1)
 
 
+class Link:
+    """One of a chain of objects calling each other through __call__, as nn.Module levels do: each
+    call goes through C (slot_tp_call), so it adds native frames as well as a Python one."""
+
+    def __init__(self, nxt):
+        self.nxt = nxt
+
+    def __call__(self):
+        if self.nxt is None:
+            return with_gil.probe_capture()  # site-link
+        return self.nxt()
+
+
+def chain(n):
+    link = None
+    for _ in range(n):
+        link = Link(link)
+    return link
+
+
+def split(frames):
+    """(native, python) frames of an `all` stack, checking that the native ones come first."""
+    k = next((i for i, f in enumerate(frames) if not is_native(f)), len(frames))
+    native, python = frames[:k], frames[k:]
+    check(not any(is_native(f) for f in python), "all: native frames first, then Python ones")
+    return native, python
+
+
+def all_case():
+    """GPUMEM_STACKS=all: native and Python frames have a limit of the depth each."""
+    check(with_gil.probe_init(64) == 1, "all: capture active")
+    # The reviewer's case: 8 levels of __call__ put more than 64 native frames below the first
+    # Python one, and the Python frames were all cut.
+    native, python = split(record(chain(8)()))
+    check(len(native) > 16 and len(native) <= 64, f"all: {len(native)} native frames, at most 64")
+    check(len(python) >= 10, f"all, 8 levels of __call__: {len(python)} Python frames kept")
+    check(python and python[0]["function"] == qual("Link.__call__") and python[0]["line"] == line_of("site-link"),
+          f"all: innermost Python frame {python[:1]}")
+    check(python and python[-1]["function"] == "<module>", f"all: outermost Python frame {python[-1:]}")
+    # 80 levels: both limits reached at once, 64 + 64 frames.
+    native, python = split(record(chain(80)()))
+    check((len(native), len(python)) == (64, 64), f"all, 80 levels: {len(native)} native + {len(python)} Python frames")
+    check(python and python[0]["line"] == line_of("site-link"), "all, 80 levels: innermost Python frame kept")
+
+
+def all_max_case():
+    """GPUMEM_STACKS=all at the largest depth, 256: up to 512 frames, none written past the buffer."""
+    check(with_gil.probe_init(256) == 1, "all 256: capture active")
+    native, python = split(record(chain(300)()))
+    check((len(native), len(python)) == (256, 256), f"all 256, 300 levels: {len(native)} native + {len(python)} Python frames")
+
+
 def main():
+    if case == "all":
+        return all_case()
+    if case == "all256":
+        return all_max_case()
     if depth != 64:  # the depth case, in its own process
         check(with_gil.probe_init(depth) == 1, "capture active")
         frames = record(recurse(20))
@@ -115,6 +179,9 @@ def main():
 
     r = subprocess.run([sys.executable, here, probe_path, "3"])
     check(r.returncode == 0, "depth limit case")
+    for c in ("all", "all256"):
+        r = subprocess.run([sys.executable, here, probe_path, c], env=dict(os.environ, PROBE_STACKS="all"))
+        check(r.returncode == 0, f"GPUMEM_STACKS=all case {c}")
 
 
 main()
