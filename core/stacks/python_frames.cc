@@ -47,6 +47,9 @@ constexpr layout k_layouts[] = {
 };
 constexpr size_t k_str_state = 32;   // PyASCIIObject.state, after refcount, type, length and hash
 constexpr size_t k_str_length = 16;  // PyASCIIObject.length
+// PyBytesObject (co_linetable): ob_size after refcount and type, then ob_shash, then the bytes;
+// the same in 3.10 to 3.13 (Include/cpython/bytesobject.h).
+constexpr size_t k_bytes_size = 16, k_bytes_data = 32;
 constexpr int k_owner_generator = 1;  // FRAME_OWNED_BY_GENERATOR (3.12, 3.13)
 
 // PyTypeObject members read to learn the code object's own layout (stable since CPython 3.0 in the
@@ -98,12 +101,36 @@ static_assert(offsetof(debug_offsets_313, interpreter_frame) == 224, "3.13 _Py_D
 static_assert(offsetof(debug_offsets_313, code_object) == 272, "3.13 _Py_DebugOffsets");
 static_assert(offsetof(debug_offsets_313, pyobject) == 352, "3.13 _Py_DebugOffsets");
 static_assert(offsetof(debug_offsets_313, unicode_object) == 536, "3.13 _Py_DebugOffsets");
+static_assert(offsetof(debug_offsets_313, bytes_object) == 512, "3.13 _Py_DebugOffsets");
 
 template <typename T>
 T load(uint64_t addr) noexcept {
     T v;
     std::memcpy(&v, reinterpret_cast<const void*>(addr), sizeof v);
     return v;
+}
+
+// The last (up to) 8 bytes of an object's data [begin, end), as one word.  The 8 bytes before `end`
+// are always inside the object, since every str and bytes object has a header of 32 bytes or more
+// before its data; those of the header are shifted out (little-endian: they are the low bytes),
+// since a header changes under us (a cached hash, 3.10's wstr, 3.12's utf8 pointer).
+uint64_t tail_word(uint64_t begin, uint64_t end) noexcept {
+    const uint64_t n = end - begin;
+    if (n == 0) return 0;
+    const uint64_t v = load<uint64_t>(end - 8);
+    return n >= 8 ? v : v >> (64 - 8 * n);
+}
+
+// A compact str's characters [begin, end), from its state and length (the characters follow the
+// PyASCIIObject, or the PyCompactUnicodeObject when not ASCII); false for a legacy (non-compact) or
+// not-ready string, or a length out of bounds, whose characters are not read.
+inline bool str_span(uint64_t obj, uint32_t state, int64_t len, size_t ascii_size, size_t compact_size,
+                     uint64_t& begin, uint64_t& end) noexcept {
+    const unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    if (!compact || (kind != 1 && kind != 2 && kind != 4) || len < 0 || len > (int64_t(1) << 28)) return false;
+    begin = obj + (ascii ? ascii_size : compact_size);
+    end = begin + uint64_t(len) * kind;
+    return true;
 }
 
 // Reads `n` bytes at `addr` without faulting: process_vm_readv on ourselves returns EFAULT for an
@@ -172,9 +199,10 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     co_code_ = walk_ == py_walk::frame_object ? 0 : basicsize;
     auto* members = load<const py_member_def*>(type + k_tp_members);
     size_t qualname = 0, name = 0;
-    co_filename_ = co_firstlineno_ = 0;
+    co_filename_ = co_firstlineno_ = co_linetable_ = 0;
     for (const py_member_def* m = members; m && m->name; ++m) {
         if (!std::strcmp(m->name, "co_filename")) co_filename_ = size_t(m->offset);
+        if (!std::strcmp(m->name, "co_linetable")) co_linetable_ = size_t(m->offset);
         if (!std::strcmp(m->name, "co_qualname")) qualname = size_t(m->offset);
         if (!std::strcmp(m->name, "co_name")) name = size_t(m->offset);
         if (!std::strcmp(m->name, "co_firstlineno")) co_firstlineno_ = size_t(m->offset);
@@ -183,6 +211,7 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     // Every field read in the hot loop must lie inside the code object's fixed part.
     if (!co_filename_ || !co_name_ || !co_firstlineno_ || basicsize < 64 || basicsize > 1024 ||
         co_filename_ + 8 > basicsize || co_name_ + 8 > basicsize || co_firstlineno_ + 4 > basicsize ||
+        co_linetable_ + 8 > basicsize ||
         (co_firsttraceable_ && co_firsttraceable_ + 4 > basicsize)) {
         why_off_ = "unexpected code object layout";
         return false;
@@ -231,7 +260,9 @@ bool python_frames::apply_debug_offsets(const void* runtime) noexcept {
                 str.asciiobject_size <= 128;
     // The code object's offsets must agree with PyCode_Type's own tp_members and tp_basicsize.
     bool agree = co.filename == co_filename_ && co.qualname == co_name_ &&
-                 co.firstlineno == co_firstlineno_ && co.co_code_adaptive == co_code_;
+                 co.firstlineno == co_firstlineno_ && co.co_code_adaptive == co_code_ &&
+                 (!co_linetable_ || co.linetable == co_linetable_) &&
+                 d.bytes_object.ob_size == k_bytes_size && d.bytes_object.ob_sval == k_bytes_data;
     if (!sane || !agree) {
         why_off_ = sane ? "3.13 debug offsets disagree with PyCode_Type" : "unexpected 3.13 debug offsets";
         return false;
@@ -283,7 +314,8 @@ bool python_frames::check_layout(uint64_t ts) const noexcept {
         if (owner != owner_cstack_) {
             uint64_t names[2] = {0, 0};
             if (!safe_read(code + k_ob_type, &type, 8) || type != code_type ||
-                !safe_read(code + co_filename_, &names[0], 8) || !safe_read(code + co_name_, &names[1], 8))
+                !safe_read(code + co_filename_, &names[0], 8) || !safe_read(code + co_name_, &names[1], 8) ||
+                !check_ident_reads(code))
                 return false;
             if (co_firsttraceable_ != k_none) {
                 int32_t first = -1;
@@ -297,10 +329,57 @@ bool python_frames::check_layout(uint64_t ts) const noexcept {
     return checked > 0;
 }
 
-uint32_t python_frames::ident_of(uint64_t code) const noexcept {
-    uint64_t ident = load<uint64_t>(code + co_filename_) ^ (load<uint64_t>(code + co_name_) << 7) ^
-                     uint64_t(load<int32_t>(code + co_firstlineno_));
-    return uint32_t(ident ^ (ident >> 32));
+// Where ident_of reads a code object's file name and line table, faulting-safe (check_layout): the
+// same addresses, so that one good walk vouches for the reads ident_of makes on every capture.
+bool python_frames::check_ident_reads(uint64_t code) const noexcept {
+    uint64_t file = 0, table = 0, word = 0;
+    if (!safe_read(code + co_filename_, &file, 8)) return false;
+    if (file) {
+        uint32_t state = 0;
+        int64_t len = 0;
+        if (!safe_read(file + k_str_state, &state, 4) || !safe_read(file + k_str_length, &len, 8)) return false;
+        uint64_t begin = 0, end = 0;
+        if (str_span(file, state, len, ascii_size_, compact_size_, begin, end) && end > begin &&
+            !safe_read(end - 8, &word, 8))
+            return false;
+    }
+    if (!co_linetable_) return true;
+    if (!safe_read(code + co_linetable_, &table, 8)) return false;
+    if (!table) return true;
+    int64_t size = 0;
+    if (!safe_read(table + k_bytes_size, &size, 8) || size < 0 || size > (int64_t(1) << 30)) return false;
+    return size == 0 || safe_read(table + k_bytes_data + uint64_t(size) - 8, &word, 8);
+}
+
+// Without the GIL no reference is taken, so a code object freed after its stack was interned can
+// be followed by another at the same address, its file name string too, with the same first line
+// (a notebook's cells, compiled and run one after another).  The addresses alone then gave the old
+// stack id, with the old cell's file and line.  So the identity also holds what the new object
+// says: the file name's length and last 8 bytes of characters, and the line table's size, first
+// and last 8 bytes (the first line's offset is coded near its start).  Per frame, that is a few
+// loads from objects the frame keeps alive, at offsets check_ident_reads tried once.
+// Inlined into the walks (one call per frame, with its spills, cost more than the reads).
+[[gnu::always_inline]] inline uint32_t python_frames::ident_of(uint64_t code) const noexcept {
+    // The parts are xor-ed, each spread by its own odd constant, and folded once at the end: few
+    // instructions and no chain of dependent multiplies (a splitmix64 per part, with ident_of
+    // called out of line, cost twice as much as this on a capture 30 frames deep).
+    const uint64_t file = load<uint64_t>(code + co_filename_);
+    uint64_t h = file ^ (load<uint64_t>(code + co_name_) << 7) ^ uint64_t(uint32_t(load<int32_t>(code + co_firstlineno_)));
+    if (file) {
+        const int64_t len = load<int64_t>(file + k_str_length);
+        uint64_t begin = 0, end = 0;
+        if (str_span(file, load<uint32_t>(file + k_str_state), len, ascii_size_, compact_size_, begin, end))
+            h ^= (tail_word(begin, end) ^ uint64_t(len) << 48) * 0x9e3779b97f4a7c15ull;
+    }
+    if (co_linetable_)
+        if (const uint64_t table = load<uint64_t>(code + co_linetable_)) {
+            const uint64_t size = load<uint64_t>(table + k_bytes_size), begin = table + k_bytes_data;
+            if (size - 1 < (uint64_t(1) << 30))  // 1 to 2^30 bytes
+                h ^= (tail_word(begin, begin + size) ^ size << 40) * 0xbf58476d1ce4e5b9ull ^
+                     (size > 8 ? load<uint64_t>(begin) * 0x94d049bb133111ebull : 0);
+        }
+    h = (h ^ (h >> 31)) * 0xc4ceb9fe1a85ec53ull;
+    return uint32_t(h ^ (h >> 32));
 }
 
 size_t python_frames::capture(py_frame* out, size_t max) const noexcept {

@@ -31,9 +31,10 @@ namespace gpumem::stacks {
 struct py_frame {
     uint64_t code;
     int32_t offset;
-    // Identity of the code object beyond its address (its file and name objects, first line):
-    // without the GIL no reference is taken, so a freed code object's address may come back as
-    // another code object, and this tells the two apart.
+    // Identity of the code object beyond its address (its file and name objects' addresses, first
+    // line, the file name's length and last characters, its line table's size and ends): without
+    // the GIL no reference is taken, so a freed code object's address may come back as another
+    // code object, and this tells the two apart (python_frames::ident_of).
     uint32_t ident;
 };
 
@@ -89,7 +90,8 @@ class python_frames {
     size_t walk_frame_objects(uint64_t ts, py_frame* out, size_t max) const noexcept;
     size_t walk_cframe(uint64_t ts, py_frame* out, size_t max) const noexcept;
     size_t walk_direct(uint64_t ts, py_frame* out, size_t max) const noexcept;
-    uint32_t ident_of(uint64_t code) const noexcept;
+    inline uint32_t ident_of(uint64_t code) const noexcept;  // defined and used in python_frames.cc only
+    bool check_ident_reads(uint64_t code) const noexcept;
 
     bool active_ = false;
     bool debug_offsets_ = false;
@@ -119,6 +121,8 @@ class python_frames {
     // Found at run time in PyCode_Type's member table, so no guess is needed for these.  co_name_
     // is co_qualname, or co_name on 3.10, which has no qualified name.
     size_t co_filename_ = 0, co_name_ = 0, co_firstlineno_ = 0;
+    // co_linetable (a bytes object), read for the code object's identity; 0 if the type lacks it.
+    size_t co_linetable_ = 0;
     // str objects: sizes of PyASCIIObject and PyCompactUnicodeObject, where the characters follow.
     size_t ascii_size_ = 0, compact_size_ = 0;
     bool read_str(uint64_t obj, std::string& out) const noexcept;

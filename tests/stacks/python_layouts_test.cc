@@ -91,6 +91,17 @@ uint8_t* make_str(image& im, const std::string& latin1, size_t ascii_size, size_
     return s;
 }
 
+// PyBytesObject: refcount, type, ob_size (16), ob_shash (24), then the bytes (32).  A code object's
+// co_linetable.
+uint8_t* make_bytes(image& im, const std::string& data) {
+    uint8_t* b = im.alloc(32 + data.size() + 1);
+    put<int64_t>(b, 0, 1);
+    put<int64_t>(b, 16, int64_t(data.size()));
+    put<int64_t>(b, 24, -1);
+    std::memcpy(b + 32, data.data(), data.size());
+    return b;
+}
+
 // A compact non-ASCII str of kind 2 (UCS-2) or 4 (UCS-4): its code points follow the
 // PyCompactUnicodeObject, 2 or 4 bytes each.
 uint8_t* make_wide_str(image& im, const std::u32string& text, unsigned kind, size_t compact_size) {
@@ -109,8 +120,8 @@ uint8_t* make_wide_str(image& im, const std::u32string& text, unsigned kind, siz
 // ---- CPython 3.10 --------------------------------------------------------------------------
 // PyThreadState.frame 24.  PyFrameObject: ob_type 8, f_back 24, f_code 32, f_lasti 96 (int, in
 // code units, -1 before the first instruction); sizeof 360.  PyCodeObject: co_firstlineno 40,
-// co_code 48 (a bytes object), co_filename 104, co_name 112, no co_qualname; sizeof 176 (its
-// tp_basicsize).  PyASCIIObject 48 bytes, PyCompactUnicodeObject 72.
+// co_code 48 (a bytes object), co_filename 104, co_name 112, no co_qualname, co_linetable 120;
+// sizeof 176 (its tp_basicsize).  PyASCIIObject 48 bytes, PyCompactUnicodeObject 72.
 struct py310 {
     image im;
     uint8_t* code_type;
@@ -124,7 +135,8 @@ struct py310 {
         frame_type = im.alloc(k_type_size);
         members = {{"co_argcount", 1, 16, 1, nullptr},  {"co_code", 16, 48, 1, nullptr},
                    {"co_filename", 16, 104, 1, nullptr}, {"co_name", 16, 112, 1, nullptr},
-                   {"co_firstlineno", 1, 40, 1, nullptr}, {nullptr, 0, 0, 0, nullptr}};
+                   {"co_firstlineno", 1, 40, 1, nullptr}, {"co_linetable", 16, 120, 1, nullptr},
+                   {nullptr, 0, 0, 0, nullptr}};
         put<long>(code_type, k_tp_basicsize, 176);
         put(code_type, k_tp_members, members.data());
         ts = im.alloc(400);
@@ -145,6 +157,7 @@ struct py310 {
         put<int32_t>(c, 40, firstline);
         put(c, 104, make_str(im, file, 48, 72));
         put(c, 112, make_str(im, name, 48, 72));
+        put(c, 120, make_bytes(im, std::string("\x0a\x00", 2)));
         g_first_line[addr(c)] = firstline;
         return c;
     }
@@ -172,7 +185,7 @@ struct py310 {
 // co_code_adaptive 200 (= tp_basicsize).  PyASCIIObject 40 bytes, PyCompactUnicodeObject 56.
 // _Py_DebugOffsets at the start of _PyRuntime: cookie "xdebugpy", version (PY_VERSION_HEX) 8,
 // free_threaded 16, thread_state 152, interpreter_frame 224, code_object 272, pyobject 352,
-// unicode_object 536; every member a uint64_t.
+// bytes_object 512, unicode_object 536; every member a uint64_t.
 struct frame_offsets {  // where a 3.13 image puts a frame's fields (varied to test the debug offsets)
     size_t current_frame = 72, executable = 0, previous = 8, instr_ptr = 56, owner = 70;
 };
@@ -213,6 +226,9 @@ struct py313 {
         put<uint64_t>(runtime, 224 + 40, at.owner);
         const uint64_t code_object[] = {208, 112, 120, 128, 136, 68, 52, 96, 104, 200};
         for (size_t i = 0; i < 10; ++i) put<uint64_t>(runtime, 272 + 8 * i, code_object[i]);
+        put<uint64_t>(runtime, 512, 40);  // bytes_object.size
+        put<uint64_t>(runtime, 520, 16);  // .ob_size
+        put<uint64_t>(runtime, 528, 32);  // .ob_sval
         put<uint64_t>(runtime, 352, 16);  // pyobject.size
         put<uint64_t>(runtime, 360, 8);   // pyobject.ob_type
         put<uint64_t>(runtime, 536, 56);  // unicode_object.size
@@ -239,6 +255,7 @@ struct py313 {
         put(c, 112, make_str(im, file, 40, 56));
         put(c, 120, make_str(im, name, 40, 56));
         put(c, 128, make_str(im, qualname, 40, 56));
+        put(c, 136, make_bytes(im, std::string("\x80\x00\xd8\x04\x09\x80\x45\x81\x47\x84\x47", 11)));
         put<int32_t>(c, 184, firsttraceable);
         g_first_line[addr(c)] = firstline;
         return c;
@@ -372,6 +389,77 @@ TEST_CASE("3.13 (synthetic): current_frame chain from the debug offsets, shims a
     n = pf.capture(out, 16);
     REQUIRE(n == 2);
     CHECK(out[0].code == addr(gen));
+}
+
+TEST_CASE("3.13 (synthetic): a code object at a freed one's addresses differs by file name and line table") {
+    // A notebook cell's code object and file name are freed after the cell runs, and the next cell's
+    // can take the same addresses, with the same first line: the identity reads what they hold.
+    py313 py;
+    uint8_t* cell = py.code("/tmp/ipykernel_1/12.py", "<module>", "<module>", 1);
+    py.frame(cell, 4, 0);
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    py_frame out[4];
+    REQUIRE(pf.capture(out, 4) == 1);
+    const uint32_t first = out[0].ident;
+    auto ident_now = [&] {
+        REQUIRE(pf.capture(out, 4) == 1);
+        return out[0].ident;
+    };
+    CHECK(ident_now() == first);  // stable while nothing changes
+    uint8_t* file = reinterpret_cast<uint8_t*>(*reinterpret_cast<uint64_t*>(cell + 112));
+    uint8_t* table = reinterpret_cast<uint8_t*>(*reinterpret_cast<uint64_t*>(cell + 136));
+    put<int64_t>(file, 24, 12345);  // the str's cached hash: a header field, not what the str holds
+    CHECK(ident_now() == first);
+    std::memcpy(file + 40, "/tmp/ipykernel_1/13.py", 22);  // another cell's name, same length
+    const uint32_t other_file = ident_now();
+    CHECK(other_file != first);
+    put<int64_t>(file, 16, 21);  // a shorter name: "/tmp/ipykernel_1/13.p"
+    CHECK(ident_now() != other_file);
+    std::memcpy(file + 40, "/tmp/ipykernel_1/12.py", 22);
+    put<int64_t>(file, 16, 22);
+    CHECK(ident_now() == first);
+    table[32 + 3] = 0x0a;  // the same file, another first statement's line: its line table's start
+    CHECK(ident_now() != first);
+    table[32 + 3] = 0x04;
+    table[32 + 10] = 0x48;  // its end
+    CHECK(ident_now() != first);
+    table[32 + 10] = 0x47;
+    CHECK(ident_now() == first);
+
+    // A short file name (under 8 bytes): only its characters count, not the header before them.
+    uint8_t* small = py.code("<cell>", "<module>", "<module>", 1);
+    py.frames.clear();
+    py.frame(small, 4, 0);
+    const uint32_t s0 = ident_now();
+    uint8_t* sfile = reinterpret_cast<uint8_t*>(*reinterpret_cast<uint64_t*>(small + 112));
+    put<uint32_t>(sfile, 36, 0xdeadbeef);  // padding after the state, before the characters
+    CHECK(ident_now() == s0);
+    sfile[40 + 1] = 'd';
+    CHECK(ident_now() != s0);
+}
+
+TEST_CASE("3.10 (synthetic): a code object's identity holds its file name's characters and line table") {
+    py310 py;
+    uint8_t* cell = py.code("/tmp/ipykernel_1/3.py", "<module>", 1);
+    py.frame(cell, 2);
+    python_frames pf;
+    REQUIRE(pf.init(lookup));
+    py_frame out[4];
+    REQUIRE(pf.capture(out, 4) == 1);
+    const uint32_t first = out[0].ident;
+    uint8_t* file = reinterpret_cast<uint8_t*>(*reinterpret_cast<uint64_t*>(cell + 104));
+    uint8_t* table = reinterpret_cast<uint8_t*>(*reinterpret_cast<uint64_t*>(cell + 120));
+    put<uint64_t>(file, 40, 0x1234);  // 3.10's wstr, filled in lazily: not what the str holds
+    REQUIRE(pf.capture(out, 4) == 1);
+    CHECK(out[0].ident == first);
+    file[48 + 17] = '4';  // "/tmp/ipykernel_1/4.py"
+    REQUIRE(pf.capture(out, 4) == 1);
+    CHECK(out[0].ident != first);
+    file[48 + 17] = '3';
+    table[32 + 1] = 0x05;  // a 2-byte line table: another line delta
+    REQUIRE(pf.capture(out, 4) == 1);
+    CHECK(out[0].ident != first);
 }
 
 TEST_CASE("3.13 (synthetic): without _PyRuntime the fixed table is used, and check_layout gates it") {

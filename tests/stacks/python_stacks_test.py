@@ -1,6 +1,6 @@
 # Checks gpumem's in-process Python stack capture in a real interpreter: names, files and lines of
-# known call sites, interning, threads with and without the GIL, the depth limit, and
-# GPUMEM_STACKS=all's two limits (native and Python frames each).
+# known call sites, interning, threads with and without the GIL, code objects whose addresses come
+# back, the depth limit, and GPUMEM_STACKS=all's two limits (native and Python frames each).
 # Runs under any CPython 3.10 to 3.13 (3.10 has no qualified names: bare ones are expected there).
 import ctypes
 import json
@@ -126,6 +126,30 @@ def all_max_case():
     check((len(native), len(python)) == (256, 256), f"all 256, 300 levels: {len(native)} native + {len(python)} Python frames")
 
 
+def reused_code_case():
+    """Cells compiled and run one after another, as a notebook does: each code object (and its file
+    name) is freed after its run, and the next one's often gets the same addresses and first line.
+    Each cell must still get its own file and line, not an earlier cell's stack."""
+    wrong = []
+    for n in range(20):
+        file = f"/tmp/ipykernel_1/{n}.py"
+        cell = {"probe": with_gil.probe_capture}
+        exec(compile("\n" * n + "x = probe()", file, "exec"), cell)
+        f = record(cell["x"])[0]
+        if (f["file"], f["line"]) != (file, n + 1):
+            wrong.append((n, f["file"], f["line"]))
+    check(not wrong, f"compiled cells with their own file: {len(wrong)} of 20 got another's: {wrong[:4]}")
+    # The same file name each time: only the code (its line table) tells the cells apart.
+    wrong = []
+    for n in range(20):
+        cell = {"probe": with_gil.probe_capture}
+        exec(compile("\n" * (n + 3) + "x = probe()", "/tmp/cell.py", "exec"), cell)
+        f = record(cell["x"])[0]
+        if (f["file"], f["line"]) != ("/tmp/cell.py", n + 4):
+            wrong.append((n, f["file"], f["line"]))
+    check(not wrong, f"compiled cells of one file: {len(wrong)} of 20 got another's line: {wrong[:4]}")
+
+
 def main():
     if case == "all":
         return all_case()
@@ -176,6 +200,8 @@ def main():
           f"main thread without the GIL: frame {fm[0]}")
     check(with_gil.probe_capture_native_thread() == 0, "a native thread has no Python stack")
     check(with_gil.probe_size() == 6, f"6 unique stacks interned, got {with_gil.probe_size()}")
+
+    reused_code_case()
 
     r = subprocess.run([sys.executable, here, probe_path, "3"])
     check(r.returncode == 0, "depth limit case")
