@@ -10,8 +10,19 @@
 namespace gpumem::analysis {
 
 bool in_library(const std::string& file) {
-    return file.find("site-packages/") != std::string::npos || file.find("dist-packages/") != std::string::npos ||
-           file.find("/lib/python3") != std::string::npos || file.rfind("<frozen", 0) == 0;
+    auto has = [&](const char* s) { return file.find(s) != std::string::npos; };
+    auto starts = [&](const char* s) { return file.rfind(s, 0) == 0; };
+    if (has("site-packages/") || has("dist-packages/") || has("/lib/python3") || starts("<frozen")) return true;
+    // Generated code is no line the user wrote, though its file is outside any package: under
+    // torch.compile the innermost such frame is TorchInductor's output module (its cache,
+    // /tmp/torchinductor_<user>/xx/cxxxx.py by default) or torch.fx's GraphModule code
+    // ("<eval_with_key>.N"), and the user's line is the one that called the compiled model.
+    if (has("/torchinductor_") || starts("torchinductor_") || starts("<eval_with_key>")) return true;
+    // Other "<...>" pseudo-files stay the user's: "<string>" is what `python -c` and exec() of
+    // source text name the program's own code (as "<stdin>" and IPython's "<ipython-input-N-...>"
+    // are), and where it is generated instead (a dataclass's __init__), the row still shows its
+    // caller next to it.
+    return false;
 }
 
 namespace {

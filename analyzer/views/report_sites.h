@@ -19,13 +19,15 @@ nlohmann::ordered_json sites_json(const process_report& p, const std::vector<sit
 // failing call, "asked_by").
 nlohmann::ordered_json stack_json(const process_report& p, uint32_t stack);
 
-// Whether a Python file is an installed package's or the standard library's (site-packages,
-// dist-packages, lib/pythonX.Y, <frozen ...>) rather than the program's own.
+// Whether a Python file is not the program's own: an installed package's or the standard
+// library's (site-packages, dist-packages, lib/pythonX.Y, <frozen ...>), or code generated at run
+// time by torch.compile (TorchInductor's output modules under a torchinductor_* directory,
+// torch.fx's "<eval_with_key>.N").
 bool in_library(const std::string& file);
 
-// The frame a reader wants first: the innermost one in the program's own code, skipping frames in
-// installed packages and the standard library (site-packages, dist-packages, lib/pythonX.Y), and
-// frames with no name.  Falls back to the innermost frame.  Returns an index into `frames`.
+// The frame a reader wants first: the innermost one in the program's own code, skipping frames
+// in_library() names, and frames with no name.  Falls back to the innermost frame.  Returns an
+// index into `frames`.
 size_t user_frame(const std::vector<frame_view>& frames);
 
 // "load_weights (train.py:29)" for a Python frame; "f (lib.so+0x1a2b)" for an unnamed native one.
