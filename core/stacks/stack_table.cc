@@ -58,7 +58,7 @@ uint32_t stack_table::capture() noexcept {
             std::lock_guard<std::mutex> g(mu_);
             if (n_native == 0) return intern_locked(buf, n, h, nullptr);
             if (uint32_t id = find_locked(buf, n, h)) return id;
-            if (key_entries_.size() >= max_stacks_) {  // full: no module lookups for a stack not kept
+            if (full_locked(n)) {  // full: no module lookups for a stack not kept
                 overflow_.fetch_add(1, std::memory_order_relaxed);
                 return 0;
             }
@@ -94,7 +94,7 @@ uint32_t stack_table::find_locked(const raw_frame* f, size_t n, uint64_t hash) c
 // Another thread may have interned the same capture since find_locked: looked up again.
 uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash, const native_place* places) {
     if (uint32_t id = find_locked(f, n, hash)) return id;
-    if (key_entries_.size() >= max_stacks_) {
+    if (full_locked(n)) {
         overflow_.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

@@ -3,8 +3,8 @@
 //
 // The caller's thread pays only for the capture, a hash and one table probe; file names, function
 // names, lines and modules are worked out once per new stack.  Memory is bounded: past
-// `max_stacks` unique stacks, capture() returns 0 ("no stack") and counts the overflow instead of
-// growing.
+// `max_stacks` unique stacks or `max_frames` frames in all, capture() returns 0 ("no stack") and
+// counts the overflow instead of growing.
 #pragma once
 
 #include <atomic>
@@ -27,7 +27,11 @@ class stack_table {
     // under GPUMEM_STACKS=all holds up to twice as many frames.
     static constexpr size_t k_max_depth = 256;
 
-    explicit stack_table(size_t max_stacks = 1u << 20) noexcept : max_stacks_(max_stacks) {}
+    // The table's bounds: unique stacks, and frames kept over all of them (each kept twice, as
+    // captured and as described, 32 bytes in all: 8M frames are 256 MiB of the program's memory,
+    // up to twice that while a vector grows).  1M stacks of 64 frames would have been 2 GiB.
+    explicit stack_table(size_t max_stacks = 1u << 20, size_t max_frames = 1u << 23) noexcept
+        : max_stacks_(max_stacks), max_frames_(max_frames) {}
 
     // Finds the interpreter (lazily, on the first allocation, never from a constructor).
     void init(python_frames::symbol_lookup lookup, stack_mode mode, size_t depth) noexcept;
@@ -95,6 +99,9 @@ class stack_table {
     stack_mode mode_ = stack_mode::off;
     size_t depth_ = 64;
     size_t max_stacks_;
+    size_t max_frames_;
+    // Whether a new capture of n frames would pass a bound: it is then recorded without a stack.
+    bool full_locked(size_t n) const { return key_entries_.size() >= max_stacks_ || keys_.size() + n > max_frames_; }
     std::atomic<bool> ready_{false};
 
     mutable std::mutex mu_;

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -994,6 +995,45 @@ TEST_CASE("recorder: a failed allocation records its call stack, written after t
     CHECK(fails == 1);
     CHECK(allocs == 1);
     CHECK(defined.size() >= 1);
+    unlink(path.c_str());
+}
+
+namespace {
+stacks::stack_table* g_sorted_table = nullptr;
+uint32_t g_sorted_id = 1;
+}  // namespace
+
+TEST_CASE("stacks: the table's frame bound: a new stack past it is recorded without one, and counted") {
+    // The table once bounded only unique stacks (1M of up to 256 frames: gigabytes in the
+    // program's process).  Native frames: this binary's own are left out as gpumem's, so a capture
+    // here holds libc's start-up frames, and one inside qsort's comparator holds qsort's too.
+    uint64_t pcs[64];
+    const size_t direct = stacks::capture_native(pcs, 64);
+    REQUIRE(direct >= 1);
+    stacks::stack_table table(1u << 20, direct);
+    table.init([](const char*) -> void* { return nullptr; }, stacks::stack_mode::native, 64);
+    CHECK(table.capture() == 1);
+    CHECK(table.capture() == 1);  // seen before: no new frames
+    CHECK(table.dropped() == 0);
+    g_sorted_table = &table;
+    int v[2] = {2, 1};
+    qsort(v, 2, sizeof v[0], [](const void* a, const void* b) {
+        g_sorted_id = g_sorted_table->capture();  // more frames than the bound leaves room for
+        return *static_cast<const int*>(a) - *static_cast<const int*>(b);
+    });
+    CHECK(g_sorted_id == 0);
+    CHECK(table.dropped() >= 1);
+    CHECK(table.size() == 1);
+    // The end line says how many: stacks_lost.
+    std::string path = temp_path("stacks-lost");
+    event_log::options o;
+    event_log log(o);
+    log.set_stacks(&table);
+    REQUIRE(log.start(path, "{}\n"));
+    log.finish(end_reason::exit, 0, 0, 0);
+    auto lines = read_lines(path);
+    REQUIRE(!lines.empty());
+    CHECK(lines.back()["stacks_lost"] == table.dropped());
     unlink(path.c_str());
 }
 
