@@ -75,11 +75,11 @@ uint64_t pytorch_policy::round_size(uint64_t size, const pt_config& cfg) {
     return round_up(size, k_pt_min_block);
 }
 
-// get_allocation_size(): small requests get a 2 MiB segment, 1-10 MiB a 20 MiB one, larger ones
-// their own size rounded up to 2 MiB.
-uint64_t pytorch_policy::allocation_size(uint64_t size) {
+// get_allocation_size(): small requests get a 2 MiB segment, 1-10 MiB a large segment
+// (large_segment_size_mb, 20 MiB by default), larger ones their own size rounded up to 2 MiB.
+uint64_t pytorch_policy::allocation_size(uint64_t size) const {
     if (size <= k_pt_small_size) return k_pt_small_buffer;
-    if (size < k_pt_min_large_alloc) return k_pt_large_buffer;
+    if (size < k_pt_min_large_alloc) return cfg_.large_segment;
     return round_up(size, k_pt_round_large);
 }
 

@@ -41,7 +41,7 @@ public:
 
     // The allocator's size rules, exposed for tests.
     static uint64_t round_size(uint64_t size, const pt_config& cfg);  // round_size()
-    static uint64_t allocation_size(uint64_t size);                    // get_allocation_size()
+    uint64_t allocation_size(uint64_t size) const;                     // get_allocation_size()
     uint64_t live_segments() const { return segments_; }
     // Size of the block serving a live allocation (0 if none).
     uint64_t block_size(uint32_t id) const;

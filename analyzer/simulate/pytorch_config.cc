@@ -52,6 +52,7 @@ std::string pt_config::to_conf() const {
         add("max_split_size_mb:" + std::to_string(max_split_size >> 20));
     if (max_non_split_rounding != k_pt_large_buffer)
         add("max_non_split_rounding_mb:" + std::to_string(max_non_split_rounding >> 20));
+    if (large_segment != k_pt_large_buffer) add("large_segment_size_mb:" + std::to_string(large_segment >> 20));
     bool uniform = std::all_of(roundup_divisions.begin(), roundup_divisions.end(),
                                [&](uint64_t d) { return d == roundup_divisions[0]; });
     if (uniform && roundup_divisions[0] != 0) {
@@ -98,6 +99,13 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
             if (mb < (k_pt_large_buffer >> 20)) return key + " too small, must be >= 20";
             mb = std::min<uint64_t>(mb, std::numeric_limits<uint64_t>::max() >> 20);
             (key == "max_split_size_mb" ? out.max_split_size : out.max_non_split_rounding) = mb << 20;
+            ++i;
+        } else if (key == "large_segment_size_mb") {
+            // AcceleratorAllocatorConfig::parseLargeSegmentSize: more than kMinLargeAlloc (10 MiB).
+            uint64_t mb;
+            if (!to_u64(t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
+            if (mb <= (k_pt_min_large_alloc >> 20)) return key + " must be > 10";
+            out.large_segment = std::min<uint64_t>(mb, std::numeric_limits<uint64_t>::max() >> 20) << 20;
             ++i;
         } else if (key == "roundup_power2_divisions") {
             if (t[i] == "[") {

@@ -13,7 +13,7 @@ namespace gpumem::simulate {
 inline constexpr uint64_t k_pt_min_block = 512;              // kMinBlockSize: every size is rounded to 512 B
 inline constexpr uint64_t k_pt_small_size = 1ull << 20;      // kSmallSize: requests <= 1 MiB use the small pool
 inline constexpr uint64_t k_pt_small_buffer = 2ull << 20;    // kSmallBuffer: small pool segments are 2 MiB
-inline constexpr uint64_t k_pt_large_buffer = 20ull << 20;   // kLargeBuffer: 1-10 MiB requests share 20 MiB segments
+inline constexpr uint64_t k_pt_large_buffer = 20ull << 20;   // kLargeBuffer: 1-10 MiB requests share 20 MiB segments (large_segment_size_mb's default)
 inline constexpr uint64_t k_pt_min_large_alloc = 10ull << 20;  // kMinLargeAlloc: from here a segment is the request
 inline constexpr uint64_t k_pt_round_large = 2ull << 20;     // kRoundLarge: ... rounded up to 2 MiB
 inline constexpr size_t k_pt_roundup_intervals = 16;         // roundup_power2_divisions: 1 MiB .. 64 GiB, per power of 2
@@ -21,10 +21,13 @@ inline constexpr size_t k_pt_roundup_intervals = 16;         // roundup_power2_d
 struct pt_config {
     uint64_t max_split_size = std::numeric_limits<uint64_t>::max();  // max_split_size_mb (unlimited)
     uint64_t max_non_split_rounding = k_pt_large_buffer;              // max_non_split_rounding_mb
+    // large_segment_size_mb (torch 2.11 takes it; measured on the GPU): the segment of a 1-10 MiB
+    // request and the page of a large expandable segment, kLargeBuffer by default.
+    uint64_t large_segment = k_pt_large_buffer;
     std::array<uint64_t, k_pt_roundup_intervals> roundup_divisions{};  // roundup_power2_divisions; 0 = off
     double gc_threshold = 0;  // garbage_collection_threshold (acts only under a memory limit, below)
     // per_process_memory_fraction: below 1, the allocator's own limit (allowed_memory_maximum) is
-    // this share of the device's memory.  Without it --capacity stands in for that limit too.
+    // this share of the device's memory (--capacity's when given).
     double memory_fraction = 1;
     bool expandable = false;  // expandable_segments
 

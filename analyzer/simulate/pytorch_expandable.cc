@@ -34,7 +34,7 @@ pytorch_policy::block* pytorch_policy::find_expandable_block(block_pool& p, uint
         if (has_room(c)) return c;
     }
     auto* es = new exp_segment;
-    es->granule = p.small ? k_pt_small_buffer : k_pt_large_buffer;
+    es->granule = p.small ? k_pt_small_buffer : cfg_.large_segment;
     es->n_pages = div_up(device_total_ + device_total_ / 8, es->granule);
     es->base = next_addr_;
     next_addr_ += es->n_pages * es->granule + es->granule;

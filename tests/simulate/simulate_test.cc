@@ -110,12 +110,26 @@ TEST_CASE("roundup_power2_divisions list: '>' sets the intervals after the last 
 }
 
 TEST_CASE("allocation_size: 2 MiB small segments, 20 MiB below 10 MiB, else rounded to 2 MiB") {
-    CHECK(pytorch_policy::allocation_size(512) == 2 * MiB);
-    CHECK(pytorch_policy::allocation_size(1 * MiB) == 2 * MiB);
-    CHECK(pytorch_policy::allocation_size(1 * MiB + 512) == 20 * MiB);
-    CHECK(pytorch_policy::allocation_size(10 * MiB - 512) == 20 * MiB);
-    CHECK(pytorch_policy::allocation_size(10 * MiB) == 10 * MiB);
-    CHECK(pytorch_policy::allocation_size(11 * MiB + 1) == 12 * MiB);
+    pytorch_policy p(pt_config{}, 0, 0);
+    CHECK(p.allocation_size(512) == 2 * MiB);
+    CHECK(p.allocation_size(1 * MiB) == 2 * MiB);
+    CHECK(p.allocation_size(1 * MiB + 512) == 20 * MiB);
+    CHECK(p.allocation_size(10 * MiB - 512) == 20 * MiB);
+    CHECK(p.allocation_size(10 * MiB) == 10 * MiB);
+    CHECK(p.allocation_size(11 * MiB + 1) == 12 * MiB);
+    // large_segment_size_mb (torch 2.11) sets the 1-10 MiB segment; it must be above 10 MiB.
+    pytorch_policy big(conf("large_segment_size_mb:64"), 0, 0);
+    CHECK(big.allocation_size(1 * MiB + 512) == 64 * MiB);
+    CHECK(big.allocation_size(10 * MiB) == 10 * MiB);
+    CHECK(big.allocation_size(1 * MiB) == 2 * MiB);
+    pt_config c;
+    CHECK(parse_pt_config("large_segment_size_mb:10", c) != "");
+    CHECK(parse_pt_config("large_segment_size_mb:11", c) == "");
+    CHECK(conf("large_segment_size_mb:40").to_conf() == "large_segment_size_mb:40");
+    // An expandable segment's large pages are that size too: one 3 MiB request maps a 64 MiB page.
+    pytorch_policy ex(conf("expandable_segments:True,large_segment_size_mb:64"), 0, 1ull << 34);
+    REQUIRE(ex.allocate(0, 3 * MiB, 0));
+    CHECK(ex.reserved() == 64 * MiB);
 }
 
 TEST_CASE("small pool: requests share a 2 MiB segment, remainders of 512 B or more are split off") {
