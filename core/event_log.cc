@@ -220,6 +220,9 @@ uint64_t event_log::now_ns() const noexcept { return monotonic_ns() - t0_; }
 
 bool event_log::start(const std::string& path, const std::string& header_line) noexcept {
     if (!ring_ || started_.load()) return started_.load();
+    // The end line counts the stacks lost while this log ran: a forked child's table carries its
+    // parent's count, for allocations in the parent's log.
+    stacks_lost_base_ = stacks_ ? stacks_->dropped() : 0;
     long pid = long(getpid());
     std::string used;
     int fd = open_log_file(path, pid, &used);
@@ -883,7 +886,7 @@ void event_log::finish(end_reason why, int sig, uint64_t unmatched, uint32_t in_
     e.x.lost = lost_.load(std::memory_order_relaxed);
     e.x.unmatched = unmatched;
     // Lock-free: the crash path writes this line too.
-    e.x.stacks_lost = uint32_t(std::min<uint64_t>(stacks_ ? stacks_->dropped() : 0, UINT32_MAX));
+    e.x.stacks_lost = uint32_t(std::min<uint64_t>(stacks_ ? stacks_->dropped() - stacks_lost_base_ : 0, UINT32_MAX));
     char line[k_max_event_line];
     size_t n = format_event(e, line, sizeof line);
     end_offset_ = fd_ >= 0 ? int64_t(written_) : -1;

@@ -216,6 +216,7 @@ class event_log {
     // handler the record cannot be formatted (it allocates): the event then goes out without it.
     void write_stack_record(event& e, bool from_signal) noexcept;
     const stacks::stack_table* stacks_ = nullptr;
+    uint64_t stacks_lost_base_ = 0;  // stacks_->dropped() when this log started (end line: the difference)
     std::vector<bool> stack_written_;           // consumer only: index = stack id
     char* buf_ = nullptr;                       // consumer's formatting buffer
     size_t buf_len_ = 0;

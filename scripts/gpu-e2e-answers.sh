@@ -45,15 +45,21 @@ PY
   # cuPointerGetAttribute's RANGE_START_ADDR / RANGE_SIZE at a block's start, middle and last
   # byte, sizes from 1 byte to 20 MiB + 7): the pool answers them itself, as the driver would.
   ar=build/gpu/address_range
-  if [ -x "$ar" ]; then
-    base=$("$ar" 2>&1)
-    vmm=$(GPUMEM_OUT="$LOGS/same-range.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1)
-    novmm=$(GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/same-range-novmm.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1)
+  if [ ! -x "$ar" ]; then
+    fails=$((fails + 1))
+    echo "| address ranges | $ar missing (run scripts/gpu-bundle.sh) | | | FAIL |"
+  else
+    # Each run must succeed on its own: two failing runs would print the same lines.
+    base=$("$ar" 2>&1) || base="exit $?: $base"
+    vmm=$(GPUMEM_OUT="$LOGS/same-range.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1) || vmm="exit $?: $vmm"
+    novmm=$(GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/same-range-novmm.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1) || novmm="exit $?: $novmm"
     printf '%s\n' "$base" > "$LOGS/same-range-native.txt"
     printf '%s\n' "$vmm" > "$LOGS/same-range-gpumem.txt"
     printf '%s\n' "$novmm" > "$LOGS/same-range-novmm.txt"
     verdict=PASS
-    if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ] || [ -z "$base" ]; then verdict=FAIL; fails=$((fails + 1)); fi
+    if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ] || [ -z "$base" ] || [ "${base#exit }" != "$base" ]; then
+      verdict=FAIL; fails=$((fails + 1))
+    fi
     diffs() { if [ "$1" = "$base" ]; then echo same; else diff <(printf '%s\n' "$base") <(printf '%s\n' "$1") | grep '^>' | head -3 | tr '\n' ' '; fi; }
     echo "| address ranges (27 queries) | $(echo "$base" | wc -l) lines, e.g. $(echo "$base" | sed -n 4p) | $(diffs "$vmm") | $(diffs "$novmm") | $verdict |"
   fi

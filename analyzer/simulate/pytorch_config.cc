@@ -105,7 +105,10 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
             uint64_t mb;
             if (!to_u64(t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
             if (mb <= (k_pt_min_large_alloc >> 20)) return key + " must be > 10";
-            out.large_segment = std::min<uint64_t>(mb, std::numeric_limits<uint64_t>::max() >> 20) << 20;
+            // PyTorch takes any size; a page past 1 TiB is more than any device maps, and would
+            // overflow the replay's made-up address space.
+            if (mb > (1ull << 20)) return key + ": " + t[i] + " MiB is larger than any device (at most 1048576 here)";
+            out.large_segment = mb << 20;
             ++i;
         } else if (key == "roundup_power2_divisions") {
             if (t[i] == "[") {

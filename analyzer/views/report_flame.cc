@@ -133,7 +133,7 @@ struct flame_layout {
             if (k.frame == flame_tree::no_stack) {
                 b.label = "(no stack)";
                 b.title = "no stack recorded: a thread with no Python frames, such as the autograd engine's, or "
-                          "stacks off\n" + amount(k.bytes, k.count);
+                          "stacks off or lost (the report's warnings say which)\n" + amount(k.bytes, k.count);
                 b.fill = k_no_stack_colour;
             } else if (k.frame == flame_tree::other) {
                 b.label = "(other stacks)";

@@ -9,6 +9,21 @@
 
 namespace gpumem::analysis {
 
+namespace {
+// TorchInductor's output module: "<dir>/torchinductor_<user>/<2 characters>/c<hash>.py", so a
+// user's own tree that merely has "torchinductor_" in a folder name stays the user's.
+bool inductor_output(const std::string& file) {
+    const size_t at = file.rfind("torchinductor_");
+    if (at == std::string::npos || (at > 0 && file[at - 1] != '/')) return false;
+    const size_t user_end = file.find('/', at);
+    if (user_end == std::string::npos) return false;
+    const size_t dir_end = file.find('/', user_end + 1);
+    if (dir_end != user_end + 3 || file.find('/', dir_end + 1) != std::string::npos) return false;
+    const std::string name = file.substr(dir_end + 1);
+    return name.size() > 4 && name[0] == 'c' && name.compare(name.size() - 3, 3, ".py") == 0;
+}
+}  // namespace
+
 bool in_library(const std::string& file) {
     auto has = [&](const char* s) { return file.find(s) != std::string::npos; };
     auto starts = [&](const char* s) { return file.rfind(s, 0) == 0; };
@@ -17,7 +32,7 @@ bool in_library(const std::string& file) {
     // torch.compile the innermost such frame is TorchInductor's output module (its cache,
     // /tmp/torchinductor_<user>/xx/cxxxx.py by default) or torch.fx's GraphModule code
     // ("<eval_with_key>.N"), and the user's line is the one that called the compiled model.
-    if (has("/torchinductor_") || starts("torchinductor_") || starts("<eval_with_key>")) return true;
+    if (inductor_output(file) || starts("<eval_with_key>")) return true;
     // Other "<...>" pseudo-files stay the user's: "<string>" is what `python -c` and exec() of
     // source text name the program's own code (as "<stdin>" and IPython's "<ipython-input-N-...>"
     // are), and where it is generated instead (a dataclass's __init__), the row still shows its
@@ -193,6 +208,9 @@ void write_sites_text(std::ostream& os, const process_report& p, const std::vect
             // Why: the recorder's own reason when the header gives one (an interpreter it cannot
             // read), else the usual one.
             if (!p.stacks_off.empty()) os << "(no stack: " << visible(p.stacks_off) << ")\n";
+            else if (p.stacks_lost)
+                os << "(no stack: a thread with no Python frames, such as the autograd engine's, or one of the "
+                   << fmt_count(p.stacks_lost) << " allocations the recorder could not record a stack for)\n";
             else os << "(no stack: a thread with no Python frames, such as the autograd engine's)\n";
             continue;
         }

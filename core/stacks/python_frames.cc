@@ -21,11 +21,9 @@ namespace {
 // (3.10's PyFrameObject), Include/internal/pycore_frame.h (_PyInterpreterFrame) and
 // Include/cpython/unicodeobject.h (str objects: PyASCIIObject lost its wstr member in 3.12).  Every
 // number below equals offsetof/sizeof on py-spy's bindgen bindings of those headers
-// (src/python_bindings/v3_1x_0.rs), computed with rustc's offset_of!.  All four have run against
-// real interpreters (tests/stacks/python_stacks_test.py under 3.10.13, 3.11.7, 3.12.1 and 3.13.0 on
-// 2026-12-06; 3.11 and 3.12 also in the H200 runs); CI runs that test on its system python3, and
-// everywhere the synthetic images laid out from the same bindings (python_layouts_test.cc).  All
-// of them are checked at run time by check_layout() before the first stack is trusted.
+// (src/python_bindings/v3_1x_0.rs), computed with rustc's offset_of!.  Which interpreters they were
+// tested on: docs/log-format.md, "stack".  All of them are checked at run time by check_layout()
+// before the first stack is trusted.
 constexpr size_t k_none = 0;
 struct layout {
     int minor;
@@ -149,7 +147,6 @@ bool python_frames::init(symbol_lookup lookup) noexcept {
     debug_offsets_ = false;
     why_off_ = "";
     version_ = "";
-    unreadable_.store(0, std::memory_order_relaxed);
     layout_state_.store(0, std::memory_order_release);
     auto version = reinterpret_cast<const char* (*)()>(lookup("Py_GetVersion"));
     if (!version) return false;  // no interpreter in this process: nothing to say
@@ -382,13 +379,13 @@ bool python_frames::check_ident_reads(uint64_t code) const noexcept {
     return uint32_t(h ^ (h >> 32));
 }
 
-size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
+size_t python_frames::capture(py_frame* out, size_t max, bool* refused) const noexcept {
     if (!active_ || max == 0 || !is_initialized_()) return 0;
     uint64_t ts = reinterpret_cast<uint64_t>(tstate_get_());
     if (!ts) return 0;
     int state = layout_state_.load(std::memory_order_acquire);
     if (state == 2) {
-        unreadable_.fetch_add(1, std::memory_order_relaxed);
+        if (refused) *refused = true;
         return 0;
     }
     if (state == 0) {
@@ -399,10 +396,11 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
             uint64_t frame = 0;
             bool empty = first_frame(ts, frame) && frame == 0;
             if (!empty) {
-                unreadable_.fetch_add(1, std::memory_order_relaxed);
+                if (refused) *refused = true;
+                // Said once, by the thread that turned capture off (a good walk of another
+                // thread meanwhile cannot turn it back on: 1 is stored only over 0): the log's
+                // end line counts the allocations recorded without their stack from here on.
                 int expected = 0;
-                // Said once, by the thread that turned capture off: the log's end line counts
-                // the allocations recorded without their stack from here on.
                 if (layout_state_.compare_exchange_strong(expected, 2, std::memory_order_acq_rel))
                     write_stderr({"gpumem: no Python call stacks from here on: this interpreter's frames do not have "
                                   "the layout gpumem reads for CPython 3.", decimal(minor_).view(),
@@ -410,7 +408,11 @@ size_t python_frames::capture(py_frame* out, size_t max) const noexcept {
             }
             return 0;
         }
-        layout_state_.store(1, std::memory_order_release);
+        int expected = 0;
+        if (!layout_state_.compare_exchange_strong(expected, 1, std::memory_order_acq_rel) && expected == 2) {
+            if (refused) *refused = true;  // another thread's walk failed meanwhile: capture is off
+            return 0;
+        }
     }
     switch (walk_) {
         case py_walk::cframe: return walk_cframe(ts, out, max);

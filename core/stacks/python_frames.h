@@ -11,9 +11,7 @@
 // Frames are read at offsets fixed per CPython minor version (3.10 to 3.13; 3.13's are taken from
 // the interpreter's own _Py_DebugOffsets when it publishes them) and checked once with
 // process_vm_readv, so a layout we got wrong turns capture off instead of crashing the program.
-// All four ran against real interpreters (tests/stacks/python_stacks_test.py under pyenv's 3.10.13,
-// 3.11.7, 3.12.1 and 3.13.0 on 2026-12-06); CI runs that test on its system python3 only, and
-// tests/stacks/python_layouts_test.cc's synthetic 3.10 and 3.13 frames everywhere.
+// Which interpreters each version was tested on: docs/log-format.md, "stack".
 #pragma once
 
 #include <atomic>
@@ -68,13 +66,12 @@ class python_frames {
     const char* why_off() const noexcept { return why_off_; }
     // Py_GetVersion's text ("3.14.0 (main, ...) [GCC ...]"), empty without an interpreter.
     const char* version() const noexcept { return version_; }
-    // Captures on a thread with a Python thread state after the layout check failed (capture
-    // off): allocations recorded without the stack they had.
-    uint64_t unreadable() const noexcept { return unreadable_.load(std::memory_order_relaxed); }
 
     // Fills up to `max` frames of the calling thread, innermost first.  Returns the number filled:
     // 0 when the thread has no Python thread state or no Python frames.
-    size_t capture(py_frame* out, size_t max) const noexcept;
+    // `refused`, when given, is set when the thread has a Python thread state but capture is off
+    // because the layout check failed: its frames were there, unread.
+    size_t capture(py_frame* out, size_t max, bool* refused = nullptr) const noexcept;
 
     // Line of `f` and the names of its code object, for stacks not seen before, right after
     // capture() on the same thread (the frame, and so its code object, is still live).
@@ -98,7 +95,6 @@ class python_frames {
     int minor_ = 0;
     const char* why_off_ = "";
     const char* version_ = "";
-    mutable std::atomic<uint64_t> unreadable_{0};
     py_walk walk_ = py_walk::cframe;
     // Whether the layout was checked before being trusted: 0 not yet, 1 good, 2 bad (capture off).
     // Per instance, reset by init(), so that another interpreter image (the tests') starts unchecked.

@@ -47,9 +47,14 @@ uint32_t stack_table::capture() noexcept {
         for (size_t i = 0; i < m; ++i) buf[n++] = raw_frame{pcs[i], -1, 0};
         n_native = n;
     }
+    bool refused = false;
     if ((mode_ == stack_mode::python || mode_ == stack_mode::all) && py_.active())
-        n += py_.capture(buf + n, depth_);
-    if (n == 0) return 0;
+        n += py_.capture(buf + n, depth_, &refused);
+    if (n == 0) {
+        // Python frames there but unread, and no native ones kept instead: a stack lost.
+        if (refused) lost_.fetch_add(1, std::memory_order_relaxed);
+        return 0;
+    }
     uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
     for (size_t i = 0; i < n; ++i)
         h = mix(h, buf[i].code ^ (uint64_t(uint32_t(buf[i].offset)) << 40) ^ (uint64_t(buf[i].ident) << 20));
@@ -59,7 +64,7 @@ uint32_t stack_table::capture() noexcept {
             if (n_native == 0) return intern_locked(buf, n, h, nullptr);
             if (uint32_t id = find_locked(buf, n, h)) return id;
             if (full_locked(n)) {  // full: no module lookups for a stack not kept
-                overflow_.fetch_add(1, std::memory_order_relaxed);
+                lost_.fetch_add(1, std::memory_order_relaxed);
                 return 0;
             }
         }
@@ -95,7 +100,7 @@ uint32_t stack_table::find_locked(const raw_frame* f, size_t n, uint64_t hash) c
 uint32_t stack_table::intern_locked(const raw_frame* f, size_t n, uint64_t hash, const native_place* places) {
     if (uint32_t id = find_locked(f, n, hash)) return id;
     if (full_locked(n)) {
-        overflow_.fetch_add(1, std::memory_order_relaxed);
+        lost_.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }
     uint32_t id = describe_locked(f, n, places);
@@ -157,7 +162,7 @@ uint32_t stack_table::describe_locked(const raw_frame* f, size_t n, const native
     }
     if (stacks_.size() >= max_stacks_) {
         frames_.resize(first);
-        overflow_.fetch_add(1, std::memory_order_relaxed);
+        lost_.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }
     stacks_.push_back(stack_entry{first, uint32_t(n)});

@@ -50,12 +50,11 @@ class stack_table {
     void unlock_after_fork() noexcept { mu_.unlock(); }
 
     size_t size() const noexcept;
-    // Captures that had frames but gave "no stack": the table was full, or the interpreter's
-    // frames could not be read (python_frames::unreadable).  Lock-free, for the end line, which
-    // the crash path writes while another thread may hold the table's lock.
-    uint64_t dropped() const noexcept {
-        return overflow_.load(std::memory_order_relaxed) + py_.unreadable();
-    }
+    // Captures that gave "no stack" though the thread had frames: the table was full, or the
+    // thread's Python frames went unread (the layout check had turned Python capture off) and it
+    // had no native ones.  Lock-free, for the end line, which the crash path writes while another
+    // thread may hold the table's lock.
+    uint64_t dropped() const noexcept { return lost_.load(std::memory_order_relaxed); }
     const python_frames& python() const noexcept { return py_; }
 
   private:
@@ -117,7 +116,7 @@ class stack_table {
     std::vector<py_code_info> codes_;
     std::unordered_map<std::string, uint32_t> module_ids_;  // module path -> index into modules_
     std::vector<std::string> modules_;
-    std::atomic<uint64_t> overflow_{0};  // changed under mu_, read without it (dropped)
+    std::atomic<uint64_t> lost_{0};  // dropped(); read without mu_
 };
 
 }  // namespace gpumem::stacks

@@ -125,6 +125,7 @@ TEST_CASE("allocation_size: 2 MiB small segments, 20 MiB below 10 MiB, else roun
     pt_config c;
     CHECK(parse_pt_config("large_segment_size_mb:10", c) != "");
     CHECK(parse_pt_config("large_segment_size_mb:11", c) == "");
+    CHECK(parse_pt_config("large_segment_size_mb:17592186044415", c) != "");  // no address-space overflow
     CHECK(conf("large_segment_size_mb:40").to_conf() == "large_segment_size_mb:40");
     // An expandable segment's large pages are that size too: one 3 MiB request maps a 64 MiB page.
     pytorch_policy ex(conf("expandable_segments:True,large_segment_size_mb:64"), 0, 1ull << 34);

@@ -44,8 +44,10 @@ stacks = {
         {"function": "Net.tail", "file": "/src/model.py", "line": 50}] + user,
     # python -c: the program's own code is "<string>", kept.
     4: [{"function": "<module>", "file": "<string>", "line": 3}],
+    # A user's own tree that merely has "torchinductor_" in a folder's name: the user's.
+    5: [{"function": "bench", "file": "/home/u/torchinductor_bench/run.py", "line": 7}] + user,
 }
-sizes = {1: 64 * MiB, 2: 32 * MiB, 3: 16 * MiB, 4: 8 * MiB}
+sizes = {1: 64 * MiB, 2: 32 * MiB, 3: 16 * MiB, 4: 8 * MiB, 5: 4 * MiB}
 
 
 def write_log(path, grow=0):
@@ -63,7 +65,7 @@ def write_log(path, grow=0):
     seq += 1
     live = sum(sizes.values()) + grow
     lines.append({"ev": "end", "seq": seq, "t": 1000 * (seq + 1), "tid": 1, "reason": "exit", "events": seq,
-                  "n_alloc": 4, "n_free": 0, "n_fail": 1, "live_allocs": 4, "live_bytes": live, "lost": 0, "unmatched": 0})
+                  "n_alloc": len(stacks), "n_free": 0, "n_fail": 1, "live_allocs": len(stacks), "live_bytes": live, "lost": 0, "unmatched": 0})
     with open(path, "w") as f:
         f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in lines)
 
@@ -82,6 +84,7 @@ with tempfile.TemporaryDirectory() as d:
     check(f"32.00 MiB in 1 allocation  {fx}\n" in text, f"fx site named by the user's frame:\n{text[-2500:]}")
     check(f"16.00 MiB in 1 allocation  {both}\n" in text, f"relative inductor cache and plain fx key skipped:\n{text[-2500:]}")
     check("8.00 MiB in 1 allocation  <module> (<string>:3)\n" in text, f"<string> stays the user's frame:\n{text[-2500:]}")
+    check("4.00 MiB in 1 allocation  bench (run.py:7)\n" in text, f"a user's torchinductor_* folder stays the user's:\n{text[-2500:]}")
     check(f"asked for by {inductor}\n" in text, f"the OOM's failing call named by the user's frame:\n{text[-2500:]}")
 
     run("report", "--no-progress", a, "--html", os.path.join(d, "a.html"))

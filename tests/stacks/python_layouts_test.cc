@@ -7,8 +7,8 @@
 // (src/python_bindings/v3_10_0.rs, v3_13_0.rs; computed with rustc's offset_of!).  So a wrong
 // number in python_frames.cc's table or in its reading of _Py_DebugOffsets makes these tests
 // fail.  What they cannot show is that a real 3.10 or 3.13 interpreter matches those bindings, or
-// what PyCode_Addr2Line answers: that is python_stacks_test.py's, run on 2026-12-06 under real
-// 3.10.13 to 3.13.0 (pyenv's) and on CI under whatever python3 the build finds.
+// what PyCode_Addr2Line answers: that is python_stacks_test.py's (docs/log-format.md, "stack",
+// says on which interpreters it ran).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
