@@ -34,9 +34,12 @@ std::string fmt_value(const measure& m, double v) {
 // "at 1.23 s (seq 4567)"; for leaks the largest leaked block's allocation, for OOMs the first (and
 // the line that asked, when the log recorded its stack).
 std::string worst_moment(const measure& m, const process_report& proc, const device_report& dev) {
-    if (m.t_ns != device_field::count)
-        return "at " + fmt_time(uint64_t(field_value(dev, m.t_ns))) + " (seq " +
-               std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
+    if (m.t_ns != device_field::count) {
+        // Fragmentation with the free bytes it is of: a maximum on 1 KiB free is no real trouble.
+        const bool frag = m.value == device_field::max_external_fragmentation && dev.max_external_fragmentation_free;
+        return std::string(frag ? "of " + fmt_bytes(dev.max_external_fragmentation_free) + " free " : "") + "at " +
+               fmt_time(uint64_t(field_value(dev, m.t_ns))) + " (seq " + std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
+    }
     if (m.value == device_field::n_oom && !dev.ooms.empty()) {
         const oom_report& o = dev.ooms[0];
         const std::string asked = asked_by_name(proc, o.stack);

@@ -32,6 +32,7 @@ namespace gpumem::analysis {
     X(max_external_fragmentation, max_external_fragmentation, ratio)                         \
     X(max_external_fragmentation_t_ns, max_external_fragmentation_t, u64)                    \
     X(max_external_fragmentation_seq, max_external_fragmentation_seq, u64)                   \
+    X(max_external_fragmentation_free_bytes, max_external_fragmentation_free, u64)           \
     X(end_external_fragmentation, end_external_fragmentation, ratio)                         \
     X(end_free_in_segments_bytes, end_free_in_segments, u64)                                 \
     X(end_largest_free_bytes, end_largest_free, u64)                                         \

@@ -195,6 +195,8 @@ struct device_report {
     // Fragmentation.
     double max_external_fragmentation = 0;
     uint64_t max_external_fragmentation_t = 0, max_external_fragmentation_seq = 0;
+    // Free in segments at that moment: a maximum reached with 1 KiB free means little.
+    uint64_t max_external_fragmentation_free = 0;
     double end_external_fragmentation = 0;
     uint64_t end_free_in_segments = 0, end_largest_free = 0, end_free_blocks = 0;
     uint64_t max_free_blocks = 0;

@@ -11,6 +11,7 @@ void timeline::point(device_state& d, uint64_t t, uint64_t seq) {
         d.rep.max_external_fragmentation = f;
         d.rep.max_external_fragmentation_t = t;
         d.rep.max_external_fragmentation_seq = seq;
+        d.rep.max_external_fragmentation_free = d.free_total();
     }
     d.rep.max_free_blocks = std::max(d.rep.max_free_blocks, d.n_gaps());
     series_[d.slot].add(t, seq, d.rep.requested.current, d.rep.allocated.current, d.rep.reserved.current, f);

@@ -341,7 +341,10 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         row("segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak), "");
         row("largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "at peak allocated");
         row("external fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation) + " (max " +
-            fmt_pct(d.max_external_fragmentation) + ")", d.max_external_fragmentation > 0 ? "max at " + when(d.max_external_fragmentation_t, d.max_external_fragmentation_seq) : "");
+            fmt_pct(d.max_external_fragmentation) + ")", d.max_external_fragmentation > 0
+                 ? "max" + (d.max_external_fragmentation_free ? " of " + fmt_bytes(d.max_external_fragmentation_free) + " free" : std::string()) +
+                       " at " + when(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
+                 : "");
     }
     row("reserved but unallocated", "", fmt_pct(d.reserved_unallocated_at_peak()), "at peak allocated");
     row("rounding overhead", "", fmt_pct(d.rounding_overhead_at_peak()), "at peak allocated");

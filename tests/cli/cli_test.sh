@@ -287,7 +287,7 @@ check_limits)
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak=3000KB
   frag=$SRC/tests/data/golden/pool_fragmentation.jsonl
   expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation 30%
-  expect_in "$W/out" "max external fragmentation 33.3% > limit 30.0% (--max-fragmentation 30%); at 6.00 us (seq 5)"
+  expect_in "$W/out" "max external fragmentation 33.3% > limit 30.0% (--max-fragmentation 30%); of 1.50 MiB free at 6.00 us (seq 5)"
   expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation 0.34
   # --max-ooms: a program that caught its OOM exits 0; the log still had one (this log's 1.14 MiB).
   expect_rc 1 "$GPUMEM" check "$frag" --max-ooms 0
