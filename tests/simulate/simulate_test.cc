@@ -24,6 +24,16 @@ pt_config conf(const std::string& text) {
     return c;
 }
 
+// Two 30 MiB segments allocated and freed (60 MiB cached), then a 36 MiB request that none of them
+// serves: what garbage_collection_threshold acts on, or does not.
+void cache_two_then_ask(pytorch_policy& p) {
+    REQUIRE(p.allocate(0, 30 * MiB, 0));
+    REQUIRE(p.allocate(1, 30 * MiB, 0));
+    p.release(0);
+    p.release(1);
+    REQUIRE(p.allocate(2, 36 * MiB, 0));
+}
+
 // A device trace from "+id size" / "-id" steps, seq = position.
 device_trace steps(std::initializer_list<std::pair<int64_t, uint64_t>> s) {
     device_trace t;
@@ -490,28 +500,16 @@ TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold 
     // are cached (60 MiB reserved), a request that finds no free block first frees the cached
     // ones down past 50 MiB.
     pytorch_policy gc(conf("garbage_collection_threshold:0.5,per_process_memory_fraction:0.5"), 200 * MiB, 0);
-    REQUIRE(gc.allocate(0, 30 * MiB, 0));
-    REQUIRE(gc.allocate(1, 30 * MiB, 0));
-    gc.release(0);
-    gc.release(1);
-    REQUIRE(gc.allocate(2, 36 * MiB, 0));
+    cache_two_then_ask(gc);
     CHECK(gc.driver_frees() == 2);
     CHECK(gc.reserved() == 36 * MiB);
     pytorch_policy plain(pt_config{}, 100 * MiB, 0);  // without it both stay cached: 96 MiB
-    REQUIRE(plain.allocate(0, 30 * MiB, 0));
-    REQUIRE(plain.allocate(1, 30 * MiB, 0));
-    plain.release(0);
-    plain.release(1);
-    REQUIRE(plain.allocate(2, 36 * MiB, 0));
+    cache_two_then_ask(plain);
     CHECK(plain.reserved() == 96 * MiB);
     // The card's size is no limit: torch 2.11 collects only under a fraction below 1, so a
     // smaller card (--capacity) alone changes nothing.
     pytorch_policy card(conf("garbage_collection_threshold:0.5"), 100 * MiB, 0);
-    REQUIRE(card.allocate(0, 30 * MiB, 0));
-    REQUIRE(card.allocate(1, 30 * MiB, 0));
-    card.release(0);
-    card.release(1);
-    REQUIRE(card.allocate(2, 36 * MiB, 0));
+    cache_two_then_ask(card);
     CHECK(card.driver_frees() == 0);
     CHECK(card.reserved() == 96 * MiB);
 }
@@ -571,19 +569,11 @@ TEST_CASE("per_process_memory_fraction: the allocator's own limit, which garbage
     // segments (60 MiB reserved, both aged 1 get_free_block call, the average) are freed before
     // the 36 MiB segment is allocated.
     pytorch_policy gc(conf("per_process_memory_fraction:0.5,garbage_collection_threshold:0.5"), 0, 200 * MiB);
-    REQUIRE(gc.allocate(0, 30 * MiB, 0));
-    REQUIRE(gc.allocate(1, 30 * MiB, 0));
-    gc.release(0);
-    gc.release(1);
-    REQUIRE(gc.allocate(2, 36 * MiB, 0));
+    cache_two_then_ask(gc);
     CHECK(gc.driver_frees() == 2);
     CHECK(gc.reserved() == 36 * MiB);
     pytorch_policy no_limit(conf("garbage_collection_threshold:0.5"), 0, 200 * MiB);  // no limit: no GC
-    REQUIRE(no_limit.allocate(0, 30 * MiB, 0));
-    REQUIRE(no_limit.allocate(1, 30 * MiB, 0));
-    no_limit.release(0);
-    no_limit.release(1);
-    REQUIRE(no_limit.allocate(2, 36 * MiB, 0));
+    cache_two_then_ask(no_limit);
     CHECK(no_limit.reserved() == 96 * MiB);
 
     // With expandable segments the limit is still checked against get_allocation_size's
