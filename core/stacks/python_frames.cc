@@ -488,17 +488,17 @@ int python_frames::line_of(const py_frame& f) const noexcept {
 // are), Latin-1, UCS-2 or UCS-4 transcoded.  No allocation inside the interpreter, no reference.
 bool python_frames::read_str(uint64_t obj, std::string& out) const noexcept {
     if (!obj) return false;
-    uint32_t state = load<uint32_t>(obj + k_str_state);
-    unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
-    int64_t len = load<int64_t>(obj + k_str_length);
-    if (!compact || len < 0 || len > 4096) return false;
-    uint64_t data = obj + (ascii ? ascii_size_ : compact_size_);
+    const uint32_t state = load<uint32_t>(obj + k_str_state);
+    const int64_t len = load<int64_t>(obj + k_str_length);
+    uint64_t data = 0, end = 0;
+    if (len > 4096 || !str_span(obj, state, len, ascii_size_, compact_size_, data, end)) return false;
+    const unsigned kind = (state >> 2) & 7;  // 1, 2 or 4: str_span took no other
     try {
         out.clear();
         for (int64_t i = 0; i < len; ++i) {
             uint32_t c = kind == 1 ? load<uint8_t>(data + uint64_t(i))
                          : kind == 2 ? load<uint16_t>(data + 2 * uint64_t(i))
-                         : kind == 4 ? load<uint32_t>(data + 4 * uint64_t(i)) : 0xfffd;
+                                     : load<uint32_t>(data + 4 * uint64_t(i));
             if (c >= 0xd800 && c < 0xe000) c = 0xfffd;  // a lone surrogate has no UTF-8 form
             if (c < 0x80) out += char(c);
             else if (c < 0x800) out += {char(0xc0 | c >> 6), char(0x80 | (c & 0x3f))};
