@@ -60,12 +60,28 @@ std::string real_path(const std::string& p) {
     return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
 }
 
+// ld.so splits LD_PRELOAD at spaces and colons, with no way to quote them: a library path holding
+// one is preloaded as two names that do not exist, ld.so prints its own error, and the run records
+// nothing.
+bool preloadable(const std::string& p) { return p.find_first_of(" :") == std::string::npos; }
+
+// The error for a library whose path LD_PRELOAD cannot carry: what to do instead.
+std::string unpreloadable(const std::string& lib) {
+    return "libgpumem.so's path '" + lib +
+           "' holds a space or a colon, which LD_PRELOAD cannot carry (ld.so splits its list there); link it "
+           "from a path without (ln -s '" + lib + "' /tmp/libgpumem.so) and set GPUMEM_LIB=/tmp/libgpumem.so";
+}
+
 // libgpumem.so: $GPUMEM_LIB, else relative to this executable (install layout, then build tree).
 bool find_library(std::string& lib, std::string& error) {
     if (const char* env = std::getenv("GPUMEM_LIB"); env && *env) {
         if (is_file(env)) {
-            lib = real_path(env);
-            return true;
+            // A link the user made to get around a space in the real path is kept as given.
+            const std::string given = env[0] == '/' ? std::string(env) : std::string();
+            lib = !given.empty() && preloadable(given) ? given : real_path(env);
+            if (preloadable(lib)) return true;
+            error = unpreloadable(lib);
+            return false;
         }
         error = std::string("GPUMEM_LIB=") + env + " is not a file";
         return false;
@@ -89,7 +105,9 @@ bool find_library(std::string& lib, std::string& error) {
     for (const std::string& t : tried) {
         if (is_file(t)) {
             lib = real_path(t);
-            return true;
+            if (preloadable(lib)) return true;
+            error = unpreloadable(lib);
+            return false;
         }
     }
     error = "libgpumem.so not found; tried";
@@ -545,7 +563,8 @@ command add_run(CLI::App& top) {
         "Without -o, a GPUMEM_OUT already set is the PATTERN.  Other GPUMEM_* settings and the rest\n"
         "of the environment pass through unchanged.\n"
         "libgpumem.so is taken from $GPUMEM_LIB, else found from this gpumem: installed, <prefix>/lib;\n"
-        "build tree, build/preload; or copied into the same folder as gpumem.\n"
+        "build tree, build/preload; or copied into the same folder as gpumem.  Its path may hold no\n"
+        "space or colon (LD_PRELOAD splits there): link it from one without, named in GPUMEM_LIB.\n"
         "\n"
         "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
         "executable; 2 for gpumem's own arguments or a missing libgpumem.so.");

@@ -241,6 +241,22 @@ run_installed)
   mkdir -p "$W/flat" && cp "$W/prefix/bin/gpumem" "$installed_lib" "$W/flat/"
   expect_rc 0 "$W/flat/gpumem" run -- sh -c 'echo "preload=$LD_PRELOAD"'
   expect_in "$W/out" "preload=$W/flat/libgpumem.so"
+  # A folder with a space in its name: LD_PRELOAD splits there, so ld.so printed its own error and
+  # the run recorded nothing ("no log ... was written").  Refused before the command runs, with the
+  # way out: a link from a path without, in GPUMEM_LIB, which is kept as given (it was resolved
+  # back to the spaced path).
+  mkdir -p "$W/my tools" && cp "$W/prefix/bin/gpumem" "$installed_lib" "$W/my tools/"
+  expect_rc 2 "$W/my tools/gpumem" run -o "$W/spaced/" -- sh -c 'echo ran'
+  expect_in "$W/err" "gpumem: error: libgpumem.so's path '$W/my tools/libgpumem.so' holds a space or a colon"
+  expect_in "$W/err" "set GPUMEM_LIB="
+  expect_not_in "$W/out" "ran"
+  expect_not_in "$W/err" "cannot be preloaded"
+  expect_rc 2 env GPUMEM_LIB="$W/my tools/libgpumem.so" "$W/prefix/bin/gpumem" run -- true
+  expect_in "$W/err" "holds a space or a colon"
+  ln -s "$W/my tools/libgpumem.so" "$W/linked.so"
+  expect_rc 0 env GPUMEM_LIB="$W/linked.so" "$W/my tools/gpumem" run -o "$W/spaced/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_not_in "$W/err" "cannot be preloaded"
+  expect_in "$W/err" "2 / 6.00 MiB"
   ;;
 check_limits)
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 3MiB --max-reserved 3MiB --max-leak 1MiB
