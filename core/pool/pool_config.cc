@@ -16,12 +16,16 @@ bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 constexpr uint64_t k_max_size = 1ull << 48;  // no GPU has more; keeps size arithmetic from overflow
 
+// What a knob's value counts, for the message that refuses one: "expected a size from 1 to ...".
+enum class knob_unit { bytes, count, ms };
+
 struct size_knob {
     const char* env;
     uint64_t pool_config::*field;
     uint64_t min;  // smallest accepted value
     bool pow2;     // must be a power of two (alignment-like knobs)
     uint64_t max = k_max_size;  // largest accepted value (check() says the same of the sizes)
+    knob_unit unit = knob_unit::bytes;
 };
 
 // The table is the single list of numeric knobs: parsing and the header description both use it,
@@ -36,14 +40,32 @@ constexpr size_knob k_size_knobs[] = {
     {"GPUMEM_POOL_LARGE_ROUND", &pool_config::large_round, 1, true},
     {"GPUMEM_POOL_LARGE_SPLIT", &pool_config::large_split, 0, false},
     {"GPUMEM_SYNC_BUDGET", &pool_config::sync_budget, 0, false},
-    {"GPUMEM_SYNC_BUDGET_DIV", &pool_config::sync_budget_div, 1, false},
-    {"GPUMEM_FENCE_BATCH", &pool_config::fence_batch, 1, false},
+    {"GPUMEM_SYNC_BUDGET_DIV", &pool_config::sync_budget_div, 1, false, k_max_size, knob_unit::count},
+    {"GPUMEM_FENCE_BATCH", &pool_config::fence_batch, 1, false, k_max_size, knob_unit::count},
     {"GPUMEM_ORDER_BATCH", &pool_config::order_batch, 0, false},
-    {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false},
+    {"GPUMEM_STATS_MS", &pool_config::stats_ms, 0, false, k_max_size, knob_unit::ms},
     {"GPUMEM_POOL_TRIM", &pool_config::trim, 0, false},
     {"GPUMEM_POOL_CHUNK", &pool_config::chunk, 0, false, 1ull << 30},
     {"GPUMEM_POOL_HEADROOM", &pool_config::headroom, 0, false},
 };
+
+// A bound as people write it: 2^48 and 1 GiB by those names, as docs/pool.md gives them.
+std::string bound_text(uint64_t v) {
+    if (v == k_max_size) return "2^48";
+    if (v >= (1ull << 30) && v % (1ull << 30) == 0) return std::to_string(v >> 30) + "GiB";
+    return std::to_string(v);
+}
+
+// What a knob accepts, for the warning that refuses a value ("GPUMEM_POOL_ROUND=300: not a valid
+// value (expected a power of two from 256 to 2^48 bytes)"): a bare "not a valid value" left the user
+// to find the rule in docs/pool.md.
+std::string accepted_text(const size_knob& k) {
+    const std::string range = "from " + bound_text(k.min) + " to " + bound_text(k.max);
+    if (k.pow2) return "a power of two " + range + " bytes";
+    if (k.unit == knob_unit::count) return "a whole number " + range;
+    if (k.unit == knob_unit::ms) return "milliseconds " + range + " (0: never)";
+    return "a size " + range + " bytes, such as 2MiB";
+}
 
 // The knobs from_env reads by hand, before the table's: knob_env_names() lists them with it.
 constexpr const char* k_reuse_env = "GPUMEM_REUSE";
@@ -140,9 +162,8 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             // knob, GPUMEM_REUSE=safe included, and lost the warnings.
             const bool parsed = parse_size(v, &x);
             if (!parsed || x < k.min || x > k.max || (k.pow2 && !is_pow2(x))) {
-                c.warnings += std::string(k.env) + "=" + v + ": not a valid value" +
-                              (parsed && x > k.max ? " (at most " + std::to_string(k.max) + ")" : std::string()) + "; using " +
-                              std::to_string(c.*k.field) + "\n";
+                c.warnings += std::string(k.env) + "=" + v + ": not a valid value (expected " + accepted_text(k) +
+                              "); using " + std::to_string(c.*k.field) + "\n";
                 continue;
             }
             c.*k.field = x;

@@ -116,7 +116,8 @@ TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     // A chunk larger than any device would turn caching off: refused, and the default kept.
     const pool_config huge = with({{"GPUMEM_POOL_CHUNK", "2GiB"}});
     CHECK(huge.chunk == 0);
-    CHECK(huge.warnings.find("GPUMEM_POOL_CHUNK=2GiB: not a valid value (at most 1073741824); using 0") != std::string::npos);
+    CHECK(huge.warnings.find("GPUMEM_POOL_CHUNK=2GiB: not a valid value (expected a size from 0 to 1GiB bytes, such as 2MiB); using 0") !=
+          std::string::npos);
     CHECK(with({{"GPUMEM_POOL_CHUNK", "20MiB"}}).chunk == 20u << 20);
 }
 
@@ -131,10 +132,27 @@ TEST_CASE("config: a size out of range is refused alone, and every other choice 
         CHECK(!c.vmm);
         CHECK(!c.order);
         CHECK(c.stats_ms == 250);
-        CHECK(c.warnings.find(std::string(knob) + "=1125899906842624: not a valid value (at most 281474976710656)") !=
+        CHECK(c.warnings.find(std::string(knob) + "=1125899906842624: not a valid value (expected a size from 0 to 2^48 bytes") !=
               std::string::npos);
         CHECK(c.check().empty());
     }
+}
+
+TEST_CASE("config: a refused value says what the knob accepts", "[pool][config]") {
+    // "GPUMEM_POOL_ROUND=300: not a valid value; using 512" left the rule (a power of two >= 256)
+    // to docs/pool.md.
+    const pool_config c = with({{"GPUMEM_POOL_ROUND", "300"},
+                                {"GPUMEM_POOL_SMALL_SPLIT", "0"},
+                                {"GPUMEM_FENCE_BATCH", "0"},
+                                {"GPUMEM_STATS_MS", "1s"}});
+    CHECK(c.warnings.find("GPUMEM_POOL_ROUND=300: not a valid value (expected a power of two from 256 to 2^48 bytes); using 512\n") !=
+          std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_POOL_SMALL_SPLIT=0: not a valid value (expected a size from 1 to 2^48 bytes, such as 2MiB); "
+                          "using 512\n") != std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_FENCE_BATCH=0: not a valid value (expected a whole number from 1 to 2^48); using 4\n") !=
+          std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_STATS_MS=1s: not a valid value (expected milliseconds from 0 to 2^48 (0: never)); using 1000\n") !=
+          std::string::npos);
 }
 
 TEST_CASE("config describes itself for the log header", "[pool][config]") {
