@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <strings.h>
 
 #include "core/config.h"
 #include "core/log_fields.h"
@@ -116,10 +117,12 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
     pool_config c;
     if (!get) get = [](const char* n) -> const char* { return std::getenv(n); };
     try {
+        // Words in any case, as GPUMEM_POOL, GPUMEM_STACKS and GPUMEM_LOG_LEVEL read them:
+        // GPUMEM_REUSE=Immediate ran as safe and GPUMEM_POOL_ARENA=OFF with arenas.
         if (const char* v = get(k_reuse_env); v && *v) {
-            if (!std::strcmp(v, config_value::reuse_auto)) c.reuse = reuse_mode::automatic;
-            else if (!std::strcmp(v, config_value::reuse_safe)) c.reuse = reuse_mode::safe;
-            else if (!std::strcmp(v, config_value::reuse_immediate)) c.reuse = reuse_mode::immediate;
+            if (!strcasecmp(v, config_value::reuse_auto)) c.reuse = reuse_mode::automatic;
+            else if (!strcasecmp(v, config_value::reuse_safe)) c.reuse = reuse_mode::safe;
+            else if (!strcasecmp(v, config_value::reuse_immediate)) c.reuse = reuse_mode::immediate;
             else {
                 // A value we cannot read gets the mode that is safe for every program.
                 c.reuse = reuse_mode::safe;
@@ -142,15 +145,15 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
         if (c.stitch && c.reuse == reuse_mode::immediate)
             c.warnings += "GPUMEM_POOL_STITCH=on has no effect with GPUMEM_REUSE=immediate (stitching needs fenced frees)\n";
         if (const char* v = get(k_wait_env); v && *v) {
-            if (!std::strcmp(v, "old")) c.wait_any = c.order = false;
-            else if (!std::strcmp(v, "any")) c.wait_any = true, c.order = false;
-            else if (!std::strcmp(v, "order")) c.order = true;
+            if (!strcasecmp(v, "old")) c.wait_any = c.order = false;
+            else if (!strcasecmp(v, "any")) c.wait_any = true, c.order = false;
+            else if (!strcasecmp(v, "order")) c.order = true;
             else c.warnings += std::string("GPUMEM_FENCE_WAIT=") + v + ": expected order, old or any; using order\n";
         }
         if (const char* v = get(k_arena_env); v && *v) {
             uint64_t x = 0;
-            if (!std::strcmp(v, "off")) c.arenas = false;
-            else if (!std::strcmp(v, "auto") || !std::strcmp(v, "on")) c.arena = 0;
+            if (!strcasecmp(v, "off")) c.arenas = false;
+            else if (!strcasecmp(v, "auto") || !strcasecmp(v, "on")) c.arena = 0;
             else if (parse_size(v, &x) && x > 0 && x <= (1ull << 48)) c.arena = x;
             else c.warnings += std::string("GPUMEM_POOL_ARENA=") + v + ": expected auto, off or a size; using auto\n";
         }

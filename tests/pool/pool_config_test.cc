@@ -155,6 +155,24 @@ TEST_CASE("config: a refused value says what the knob accepts", "[pool][config]"
           std::string::npos);
 }
 
+TEST_CASE("config: word values in any case, as GPUMEM_POOL and GPUMEM_STACKS take them", "[pool][config]") {
+    // GPUMEM_REUSE=Immediate ran as safe, GPUMEM_FENCE_WAIT=Old as order, GPUMEM_POOL_ARENA=OFF with
+    // arenas, each with a warning, where GPUMEM_POOL=OFF and GPUMEM_STACKS=Native were taken.
+    const pool_config c = with({{"GPUMEM_REUSE", "Immediate"}, {"GPUMEM_FENCE_WAIT", "OLD"}, {"GPUMEM_POOL_ARENA", "Off"}});
+    CHECK(c.reuse == reuse_mode::immediate);
+    CHECK(!c.order);
+    CHECK(!c.wait_any);
+    CHECK(!c.arenas);
+    CHECK(c.warnings.empty());
+    const pool_config d = with({{"GPUMEM_REUSE", "AUTO"}, {"GPUMEM_FENCE_WAIT", "Any"}, {"GPUMEM_POOL_ARENA", "ON"}});
+    CHECK(d.reuse == reuse_mode::automatic);
+    CHECK(d.wait_any);
+    CHECK(d.arenas);
+    CHECK(d.arena == 0);
+    CHECK(d.warnings.empty());
+    CHECK(with({{"GPUMEM_REUSE", "Safe"}}).warnings.empty());
+}
+
 TEST_CASE("config describes itself for the log header", "[pool][config]") {
     pool_config c = with({{"GPUMEM_REUSE", "immediate"}});
     std::string s = "{";
