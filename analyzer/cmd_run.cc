@@ -527,7 +527,8 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         for (const auto& [path, kind] : sinks)
             std::fprintf(stderr,
                          "\ngpumem run: %s is %s, not a regular file: a log written there cannot be read back, so "
-                         "there is no log to list or summarize\n",
+                         "there is no log to list or summarize (where a write there failed, as on /dev/full, the log "
+                         "moved to /tmp: a message above names it, for gpumem report)\n",
                          path.c_str(), kind.c_str());
         if (!sinks.empty()) return rc;
         std::fprintf(stderr,

@@ -1054,6 +1054,13 @@ run_arguments)
   expect_not_in "$W/err" "CUDA call"
   expect_not_in "$W/err" "no log matching"
   expect_not_in "$W/err" "has no %p"
+  # -o /dev/full: the library's first write fails and the log moves to /tmp/full, which run said
+  # did not exist ("there is no log"); it now points at the message that names the moved log.
+  expect_rc 0 "$GPUMEM" run -o /dev/full -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/err" "the log continues in /tmp/full"
+  expect_in "$W/err" "(where a write there failed, as on /dev/full, the log moved to /tmp: a message above names it"
+  moved=$(sed -n 's/.*the log continues in \(\/tmp\/full[0-9.-]*\)$/\1/p' "$W/err")
+  [ -n "$moved" ] && rm -f "$moved"
   # A FIFO of ours with a reader gets the log as it is too.  Opening fd 3 for writing waits until
   # cat has the FIFO open, so the library finds its reader; cat ends once both writers are gone.
   mkfifo "$W/fifo"
