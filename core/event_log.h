@@ -93,6 +93,8 @@ class event_log {
     void set_stacks(const stacks::stack_table* t) noexcept { stacks_ = t; }
 
     uint64_t lost() const noexcept { return lost_.load(std::memory_order_relaxed); }
+    // Events that never reached the log (calls passed through unrecorded), stated as lost ones are.
+    void count_lost(uint64_t n) noexcept { lost_.fetch_add(n, std::memory_order_relaxed); }
     log_totals totals() const noexcept { return totals_; }
     uint64_t now_ns() const noexcept;
 

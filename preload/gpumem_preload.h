@@ -145,8 +145,11 @@ void* watch_per_thread(void* fn, bool* handled) noexcept;
 uint64_t unmatched_count() noexcept;
 
 // Process state.  recorder_or_null() starts the log on first use (lazily: no CUDA before the
-// program's own first allocation call) and returns nullptr when recording is impossible.
-recorder* recorder_or_null() noexcept;
+// program's own first allocation call) and returns nullptr when recording is impossible.  A call
+// that finds another thread's start stuck (over 1 s) returns nullptr too, and counts one event
+// lost unless `count_if_unrecorded` is false: pool_alloc passes false, since the hook that asked
+// records the call (or counts it) after the driver's answer.
+recorder* recorder_or_null(bool count_if_unrecorded = true) noexcept;
 int current_device() noexcept;
 
 // Re-entrancy guard: set while gpumem's own code runs, so a hooked call made from inside it (by a

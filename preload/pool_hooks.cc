@@ -279,7 +279,7 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
     if (in_gpumem_lock()) return false;
     // The log (and pool_configure) starts on the first allocation.  Without a running log the
     // pool stays off, so its events never wait on a ring that nobody drains.
-    recorder* rec = recorder_or_null();
+    recorder* rec = recorder_or_null(false);  // a call turned away is counted by the hook's record_alloc
     if (!rec || !g_enabled.load(std::memory_order_acquire)) return false;
     auto_switch().settle_deferred();
     pool_registry::slot* s = current_slot();

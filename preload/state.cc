@@ -24,6 +24,7 @@
 #include "diag.h"
 #include "stacks/stack_table.h"
 #include "event_format.h"
+#include "stderr_write.h"
 #include "gpumem_preload.h"
 
 #ifndef GPUMEM_VERSION
@@ -41,6 +42,13 @@ namespace {
 // The real _exit, looked up when recording begins: _exit may run in a signal handler, where dlsym
 // may not (finish_and_exit below).
 std::atomic<void (*)(int)> g_real_exit{nullptr};
+
+// A thread that finds another starting the log waits at most this long (recorder_or_null says why).
+constexpr uint64_t k_start_wait_ns = 1000000000ull;
+// Set once a wait ran out: until the start ends no call waits again.
+std::atomic<bool> g_start_stuck{false};
+// Calls that went to the driver unrecorded while the start was stuck, for the log's `lost` count.
+std::atomic<uint64_t> g_unrecorded{0};
 
 enum phase_t : int { not_started = 0, starting = 1, recording = 2, disabled = 3 };
 
@@ -183,6 +191,15 @@ bool owns_log(const process_state& st) noexcept {
     return st.phase.load() == recording && st.owner_pid.load() == long(getpid());
 }
 
+// One call that went to the driver unrecorded while the log was starting.  Counted where the
+// starter will add it to the log's `lost` (it takes the count after it sets the phase), or, if
+// the start ended meanwhile, added here: one of the two sees the other's store.
+void count_unrecorded(process_state& st) noexcept {
+    g_unrecorded.fetch_add(1);
+    if (st.phase.load() == recording)
+        if (uint64_t n = g_unrecorded.exchange(0)) st.log->count_lost(n);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Signals: flush on the way down; the end line only when the signal really ends the process.
 constexpr int k_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
@@ -306,7 +323,9 @@ void start_recording(process_state& st) noexcept {
         install_signal_handlers();
         g_real_exit.store(reinterpret_cast<void (*)(int)>(real_dlsym(RTLD_NEXT, "_exit")), std::memory_order_release);
         st.owner_pid.store(long(getpid()));
-        st.phase.store(recording, std::memory_order_release);
+        st.phase.store(recording);  // sequentially consistent: count_unrecorded's check pairs with it
+        if (uint64_t n = g_unrecorded.exchange(0)) st.log->count_lost(n);
+        g_start_stuck.store(false);
         GPUMEM_DEBUG("recording to {} (pool {}, ring of {} events, flush every {} ms)", st.log->path(),
                      st.cfg.pool ? "on" : "off", st.cfg.buffer_events, st.cfg.flush_ms);
     } catch (...) {
@@ -335,6 +354,8 @@ void after_fork_child() {
     stack_table().unlock_after_fork();
     pool_after_fork();
     st.starter_tid.store(0);
+    g_start_stuck.store(false);  // the parent's start, and what it missed, are the parent's
+    g_unrecorded.store(0);
     // A parent that never recorded (it never touched CUDA, as a multiprocessing parent that forks
     // its workers) leaves no log behind: the child starts its own at its first call, as any
     // process does.  Off only where the child's recorder could not be made.
@@ -377,7 +398,7 @@ __attribute__((destructor)) void gpumem_fini() {
 
 }  // namespace
 
-recorder* recorder_or_null() noexcept {
+recorder* recorder_or_null(bool count_if_unrecorded) noexcept {
     process_state& st = state();
     int ph = st.phase.load(std::memory_order_acquire);
     if (ph == recording) return st.rec;
@@ -391,11 +412,30 @@ recorder* recorder_or_null() noexcept {
     // Another thread is starting the log (a few hundred µs at most); the starter itself, re-entering
     // through a hooked call, must not wait for itself.
     if (st.starter_tid.load() == current_tid()) return nullptr;
-    while (st.phase.load(std::memory_order_acquire) == starting) {
-        timespec ts{0, 100000};
-        nanosleep(&ts, nullptr);
+    // The wait is bounded: the start looks up libcuda's functions and the interpreter's (dlsym and
+    // dlopen take the loader's lock), and a thread inside dlopen, whose library's constructor
+    // allocates, holds that lock while it waits here.  Unbounded, the two waited for each other
+    // for ever (integration test "a first allocation while a library's constructor allocates").
+    // Past the bound the call goes to the driver unrecorded, counted lost, and so does every call
+    // until the start ends, without waiting again.
+    if (!g_start_stuck.load(std::memory_order_acquire)) {
+        const uint64_t since = monotonic_ns();
+        while (st.phase.load(std::memory_order_acquire) == starting) {
+            if (monotonic_ns() - since > k_start_wait_ns) {
+                if (!g_start_stuck.exchange(true))
+                    write_stderr({"gpumem: the log's start on another thread takes over 1 s (perhaps waiting for this "
+                                  "thread, inside dlopen); calls made meanwhile go to the driver unrecorded and are "
+                                  "counted lost\n"});
+                break;
+            }
+            timespec ts{0, 100000};
+            nanosleep(&ts, nullptr);
+        }
     }
-    return st.phase.load() == recording ? st.rec : nullptr;
+    ph = st.phase.load();
+    if (ph == recording) return st.rec;
+    if (ph == starting && count_if_unrecorded) count_unrecorded(st);
+    return nullptr;
 }
 
 const config& current_config() noexcept { return state().cfg; }

@@ -540,6 +540,30 @@ void stacks_in_dlopen_case(const char* lib) {
     printf("done=1\n");
 }
 
+// The process's first recorded allocation while another thread is inside dlopen, whose library's
+// constructor allocates meanwhile (tests/emu/alloc_in_ctor.cc: it sleeps 300 ms, then allocates).
+// The driver's functions are resolved first, as a runtime's initialisation does (cudaFree(0)), so
+// the first allocation goes straight to starting the log, which looks up libcuda functions of its
+// own and so needs the loader's lock that the constructor's thread holds.  The program must
+// finish; a hang ends by SIGALRM after 5 s.
+void start_in_dlopen_case(const char* lib) {
+    alarm(5);
+    driver_api a = direct_api();
+    setup(a);
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult q;
+    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &q));  // every hook's real function found
+    std::thread t([lib] {
+        if (!dlopen(lib, RTLD_NOW)) fail(dlerror(), -1);
+    });
+    usleep(100000);  // the loader is in the constructor now
+    CUdeviceptr q2;
+    CHECK(a.alloc(&q2, 8192));
+    t.join();
+    CHECK(a.free(q2));
+    printf("done=1\n");
+}
+
 // A parent that never touches CUDA forks workers that do (multiprocessing with fork): each child
 // records its own log from its first allocation.
 void fork_first_case(int n) {
@@ -744,6 +768,7 @@ int main(int argc, char** argv) {
     else if (s == "fd-reuse" && argc > 2)
         fd_reuse_case(argv[2], argc > 3 && strstr(argv[3], "fork"), argc > 3 && strstr(argv[3], "dup2"));
     else if (s == "stacks-in-dlopen" && argc > 2) stacks_in_dlopen_case(argv[2]);
+    else if (s == "start-in-dlopen" && argc > 2) start_in_dlopen_case(argv[2]);
     else if (s == "fork-primary") fork_primary_case(argc > 2 ? atoi(argv[2]) : 10);
     else if (s == "fork-signal") fork_case(1, true);
     else if (s == "handled-signal") handled_signal_case();

@@ -518,6 +518,28 @@ TEST_CASE("native stacks: an allocation inside a library's constructor beside on
     CHECK(count_ev(ls, "stack") >= 3);
 }
 
+TEST_CASE("a first allocation while a library's constructor allocates: no deadlock, the calls it missed counted lost") {
+    // The first allocation starts the log, which looks up libcuda's functions (dlopen, dlsym: the
+    // loader's lock); the constructor's thread holds that lock and waited, unbounded, for the
+    // start to end: both hung (SIGALRM after 5 s).  Now it waits 1 s, then its alloc and free go
+    // to the driver unrecorded and the end line counts them lost.
+    auto r = run({EMU_DRIVER_APP, "start-in-dlopen", EMU_ALLOC_IN_CTOR_LIB});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("done=1") != std::string::npos);
+    CHECK(r.err.find("counted lost") != std::string::npos);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    std::vector<json> events;
+    for (const json& j : ls)
+        if (j["ev"] != "stack") events.push_back(j);
+    REQUIRE(events.back()["ev"] == "end");
+    CHECK(events.back()["reason"] == "exit");
+    CHECK(events.back()["lost"] == 2);  // the constructor's cuMemAlloc and cuMemFree
+    CHECK(count_ev(ls, "alloc") == 1);  // the main thread's, recorded once the start ended
+    CHECK(count_ev(ls, "free") == 1);
+}
+
 TEST_CASE("a signal the program ignores with SA_SIGINFO set stays ignored") {
     // gpumem took SIG_IGN for a handler when SA_SIGINFO was set (Go's signal.Ignore), installed
     // its own over it and, at the signal, called address 1: SIGSEGV where the program goes on.
