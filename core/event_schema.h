@@ -114,7 +114,11 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", none) \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", none) \
     X(cuGraphUpload, "cuGraphUpload", none)                       \
-    X(cuGraphLaunch, "cuGraphLaunch", none)
+    X(cuGraphLaunch, "cuGraphLaunch", none)                       \
+    X(cuArrayCreate_v2, "cuArrayCreate_v2", none)                 \
+    X(cuArray3DCreate_v2, "cuArray3DCreate_v2", none)             \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", none)     \
+    X(cuCtxSetLimit, "cuCtxSetLimit", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

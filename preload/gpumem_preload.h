@@ -77,7 +77,11 @@ namespace gpumem {
     X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
     X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
     X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a) \
-    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a)
+    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a) \
+    X(cuArrayCreate_v2, (CUarray* a, const CUDA_ARRAY_DESCRIPTOR* b), (a, b), nullptr) \
+    X(cuArray3DCreate_v2, (CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* b), (a, b), nullptr) \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray* a, const CUDA_ARRAY3D_DESCRIPTOR* b, unsigned int c), (a, b, c), nullptr) \
+    X(cuCtxSetLimit, (CUlimit a, size_t b), (a, b), nullptr)
 #define GPUMEM_OOM_RETRY_NAME(NAME, PARAMS, ARGS, KEY) GPUMEM_X(NAME)
 
 // Every other libcuda function gpumem itself calls (pool backend, contexts, device facts).  Not

@@ -808,6 +808,53 @@ EMU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t size, unsigned int)
     bump("cuMemAllocManaged");
     return device_alloc(p, size, 1);
 }
+// CUDA arrays (textures): device memory of width x height x depth elements of 4 bytes a channel
+// (every format is charged as a float), the handle the allocation's address.  A mipmapped array
+// is charged its level 0 twice.  Failed for want of memory, they did nothing.
+static CUresult array_alloc(void* handle_out, size_t w, size_t h, size_t d, unsigned channels, size_t times) {
+    if (!handle_out) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr p = 0;
+    const uint64_t bytes = uint64_t(w) * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * 4 * times;
+    if (CUresult r = device_alloc(&p, bytes, 0)) return r;
+    *static_cast<void**>(handle_out) = reinterpret_cast<void*>(uintptr_t(p));
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
+    bump("cuArrayCreate_v2");
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_alloc(a, d->Width, d->Height, 0, d->NumChannels, 1);
+}
+EMU_EXPORT CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+    bump("cuArray3DCreate_v2");
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_alloc(a, d->Width, d->Height, d->Depth, d->NumChannels, 1);
+}
+EMU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* a, const CUDA_ARRAY3D_DESCRIPTOR* d, unsigned int levels) {
+    bump("cuMipmappedArrayCreate");
+    if (!d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+    return array_alloc(a, d->Width, d->Height, d->Depth, d->NumChannels, levels > 1 ? 2 : 1);
+}
+EMU_EXPORT CUresult cuArrayDestroy(CUarray a) { return device_free(CUdeviceptr(reinterpret_cast<uintptr_t>(a))); }
+EMU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
+    return device_free(CUdeviceptr(reinterpret_cast<uintptr_t>(a)));
+}
+// cuCtxSetLimit's malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE) is device memory of its size, per device;
+// the old heap goes when a new one is made.  Other limits take nothing.
+EMU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    bump("cuCtxSetLimit");
+    if (limit != CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_SUCCESS;
+    static std::mutex mu;
+    static CUdeviceptr heap[16] = {};
+    const int dev = current_dev();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard<std::mutex> lk(mu);
+    CUdeviceptr p = 0;
+    if (value)
+        if (CUresult r = device_alloc(&p, value, 0)) return r;
+    if (heap[dev]) device_free(heap[dev]);
+    heap[dev] = p;
+    return CUDA_SUCCESS;
+}
 // A stream-ordered allocation on a capturing stream is a graph allocation, which the capture may free
 // (freed at once here: the emulated device launches no graph).
 static CUresult ordered_alloc(CUdeviceptr* p, size_t size, CUstream s) {

@@ -288,6 +288,37 @@ void other_allocators() {
     print_counts("");
 }
 
+// CUDA arrays and the device malloc heap, after the program freed 192 MiB into the pool (of a
+// 256 MiB device): cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate of 192 MiB, and
+// cuCtxSetLimit of a 192 MiB heap.  Without gpumem each is served.
+void arrays() {
+    setup();
+    CUDA_ARRAY_DESCRIPTOR d2 = {};
+    d2.Width = 1u << 20, d2.Height = 48, d2.Format = CU_AD_FORMAT_FLOAT, d2.NumChannels = 1;  // 192 MiB
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {};
+    d3.Width = 1u << 20, d3.Height = 12, d3.Depth = 4, d3.Format = CU_AD_FORMAT_FLOAT, d3.NumChannels = 1;
+    CUDA_ARRAY3D_DESCRIPTOR dm = d3;
+    dm.Depth = 2;  // two levels: charged twice its level 0
+    fill_and_free();
+    CUarray a = nullptr;
+    int rc = int(cuArrayCreate(&a, &d2));
+    printf("array_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuArrayDestroy(a));
+    fill_and_free();
+    rc = int(cuArray3DCreate(&a, &d3));
+    printf("array3d_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuArrayDestroy(a));
+    fill_and_free();
+    CUmipmappedArray m = nullptr;
+    rc = int(cuMipmappedArrayCreate(&m, &dm, 2));
+    printf("mipmapped_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMipmappedArrayDestroy(m));
+    fill_and_free();
+    rc = int(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 192u << 20));
+    printf("heap_rc=%d\n", rc);
+    print_counts("");
+}
+
 // A CUkernel's attribute query on device 1 while device 0's context is current (needs
 // GPUMEM_EMU_DEVICES=2 and GPUMEM_EMU_MODULE_BYTES): the lazy load happens on device 1, whose
 // memory the program filled and freed, so device 1's pool must make the headroom.
@@ -966,6 +997,7 @@ int main(int argc, char** argv) {
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
     else if (s == "capture-modes") capture_modes();
     else if (s == "other-allocators") other_allocators();
+    else if (s == "arrays") arrays();
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -982,7 +1014,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | kernel-attr-device | async-other-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | kernel-attr-device | async-other-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;
