@@ -267,8 +267,10 @@ void install_signal_handlers() noexcept {
                 // The program's handler runs as it was installed: with its mask, and without
                 // SA_RESTART where it had none (Python's SIGINT handler: a blocking read must return
                 // EINTR so that the interpreter runs its handler; restarted, Ctrl-C did nothing
-                // until the read ended).
-                sa.sa_flags = SA_SIGINFO | SA_ONSTACK | (old.sa_flags & (SA_RESTART | SA_NODEFER));
+                // until the read ended), and on the alternate stack only where it asked for it (a
+                // small one kept for a stack-overflow handler: a SIGTERM handler that needs more
+                // ran off its end and the program died of SIGSEGV, emu_app handler-stack).
+                sa.sa_flags = SA_SIGINFO | (old.sa_flags & (SA_RESTART | SA_NODEFER | SA_ONSTACK));
                 sa.sa_mask = old.sa_mask;
             }
             struct sigaction replaced;

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -482,6 +483,34 @@ void handler_flags_case(bool resethand) {
     if (resethand) raise(SIGINT);  // the handler is gone: the default action ends the program
 }
 
+// A program with a small alternate signal stack (for its stack-overflow handler, say) and a SIGTERM
+// handler installed without SA_ONSTACK, which needs 256 KiB of stack: it runs on the thread's own
+// stack, as the program asked.  Below the 16 KiB alternate stack lies 1 MiB of PROT_NONE, so a
+// handler run there faults.
+void handler_stack_case() {
+    const size_t guard = 1u << 20, alt = 16u << 10;
+    char* region = static_cast<char*>(mmap(nullptr, guard + alt, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (region == MAP_FAILED || mprotect(region + guard, alt, PROT_READ | PROT_WRITE) != 0) fail("mmap", errno);
+    stack_t ss{};
+    ss.ss_sp = region + guard;
+    ss.ss_size = alt;
+    if (sigaltstack(&ss, nullptr) != 0) fail("sigaltstack", errno);
+    static volatile int handled = 0;
+    set_action(SIGTERM, [](int) {
+        volatile char big[256 << 10];
+        big[0] = 1;
+        big[sizeof big - 1] = 1;
+        handled = big[0] + big[sizeof big - 1];
+    }, 0);
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));  // the log starts: gpumem's handlers go in front of the program's
+    raise(SIGTERM);
+    printf("handled=%d\n", int(handled));
+    CHECK(a.free(p));
+}
+
 // A thread retains and releases the primary context in a loop (gpumem's hook holds its primary-
 // context lock across the driver's release, slowed by GPUMEM_EMU_LATENCY_NS) while the main thread
 // forks; each child releases once too and must not wait for a lock its parent's thread held at the
@@ -774,6 +803,7 @@ int main(int argc, char** argv) {
     else if (s == "handled-signal") handled_signal_case();
     else if (s == "ignored-signal") ignored_signal_case();
     else if (s == "handler-flags") handler_flags_case(argc > 2 && !strcmp(argv[2], "resethand"));
+    else if (s == "handler-stack") handler_stack_case();
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
     else if (s == "sustain-exit") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000, true);

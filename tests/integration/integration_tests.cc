@@ -569,6 +569,20 @@ TEST_CASE("the program's signal handler keeps its flags: without SA_RESTART a re
     CHECK(count_ev(ls, "free") == 1);
 }
 
+TEST_CASE("the program's signal handler runs on the stack it asked for, not on a small alternate stack") {
+    // gpumem installed its handler in front of the program's with SA_ONSTACK always: a SIGTERM
+    // handler installed without it, needing 256 KiB of stack, ran on the program's 16 KiB
+    // alternate stack and the program died of SIGSEGV (it exits 0 without gpumem).
+    auto r = run({EMU_DRIVER_APP, "handler-stack"});
+    REQUIRE(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.out.find("handled=2") != std::string::npos);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0]);
+    check_header_and_end(ls, "exit");
+    CHECK(count_ev(ls, "free") == 1);
+}
+
 TEST_CASE("GPUMEM_OUT pattern: pid and rank") {
     auto r = run({EMU_DRIVER_APP, "basic"}, {{"GPUMEM_OUT", "run-r%r-%p.jsonl"}, {"RANK", "3"}});
     REQUIRE(r.logs.size() == 1);
