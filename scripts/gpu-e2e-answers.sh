@@ -4,7 +4,7 @@
 # Answers the driver gives that the pool must not change (docs/pool.md): calls inside stream
 # captures (tests/gpu/capture_mode_check.py, every capture mode x thread x thread mode), and
 # memory the program freed into the pool, asked for again by calls the pool does not serve
-# (tests/gpu/other_allocators_check.py: cuMemCreate, cudaMallocAsync, managed memory, module loads,
+# (tests/gpu/other_allocators_check.py: cuMemCreate, cudaMallocAsync, managed memory, CUDA arrays, the device malloc heap, module loads,
 # a first cuSOLVER call), with lazy and with eager module loading, and after a device reset
 # (tests/gpu/reset_check.py: the GPU filled again after cudaDeviceReset, and after a primary context's
 # last release, three times).  Each outcome, with gpumem and

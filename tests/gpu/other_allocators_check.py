@@ -5,7 +5,7 @@ and into gpumem's pool with it.  Before each step the program fills the GPU with
 the driver refuses one, then frees them all; the step then asks for memory another way: through
 cuMemCreate (as NCCL's buffers do), cuMemAllocAsync (cudaMallocAsync's pool), cuMemAllocFromPoolAsync
 (a pool of the program's own, cuMemPoolCreate, as cudaMallocFromPoolAsync), cuMemAllocManaged,
-by loading and launching a module never loaded before (CuPy RawKernel: cuModuleLoadData and
+a CUDA array (cuArrayCreate_v2, as cudaMallocArray), a device malloc heap (cuCtxSetLimit), by loading and launching a module never loaded before (CuPy RawKernel: cuModuleLoadData and
 cuLaunchKernel), and by a PyTorch operator not used before (lazy loading of its kernels).
 Without gpumem each is served; it must be under gpumem too (docs/pool.md, "OOM behaviour").
 Prints one JSON object (each step's result, and cuMemGetInfo's free after the frees).
@@ -106,6 +106,29 @@ def managed():
     return rc
 
 
+class ArrayDesc(ctypes.Structure):  # CUDA_ARRAY_DESCRIPTOR
+    _fields_ = [("Width", ctypes.c_size_t), ("Height", ctypes.c_size_t), ("Format", ctypes.c_int),
+                ("NumChannels", ctypes.c_uint)]
+
+
+def array():
+    """A 2D CUDA array (textures, cudaMallocArray) of float4, 65536 wide, as tall as `want` allows."""
+    width = 65536
+    desc = ArrayDesc(Width=width, Height=min(65536, want // (width * 16)), Format=0x20, NumChannels=4)
+    a = ctypes.c_void_p(0)
+    rc = cu.cuArrayCreate_v2(ctypes.byref(a), ctypes.byref(desc))
+    if rc == 0:
+        cu.cuArrayDestroy(a)
+    return rc
+
+
+def malloc_heap():
+    """The device malloc heap set to `want`, then back to the default 8 MiB."""
+    rc = cu.cuCtxSetLimit(ctypes.c_int(2), ctypes.c_size_t(want))  # CU_LIMIT_MALLOC_HEAP_SIZE
+    cu.cuCtxSetLimit(ctypes.c_int(2), ctypes.c_size_t(8 * MiB))
+    return rc
+
+
 def new_module():
     """A module never loaded before, with a large global array (device memory at load)."""
     try:
@@ -132,7 +155,7 @@ def new_torch_op():
 out = {"free_at_start_gib": round(free0 / GiB, 2), "asked_gib": round(want / GiB, 2)}
 only = os.environ.get("OTHER_ALLOCATORS_ONLY", "").split(",")  # steps' names: those alone
 for name, step in (("cuMemCreate", create), ("cuMemAllocAsync", alloc_async), ("cuMemAllocFromPoolAsync", alloc_from_pool),
-                   ("cuMemAllocManaged", managed),
+                   ("cuMemAllocManaged", managed), ("cuArrayCreate", array), ("cuCtxSetLimit_heap", malloc_heap),
                    ("new_module", new_module), ("new_torch_op", new_torch_op)):
     if only != [""] and name not in only:
         continue
