@@ -434,6 +434,11 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
           << "<br>gpumem " << html_escape(p.gpumem_version) << ", pool " << html_escape(p.pool_mode) << reuse_text(p) << ", "
           << fmt_counted(p.events, "event", "events") << " over " << fmt_time(p.duration_ns()) << ", "
           << (p.has_end ? "ended: " + html_escape(p.end_reason) : std::string("no end line (killed?)")) << "</p>\n";
+        // Said as the text report says it: the first warning shown below may be another one (a blank
+        // line), and a page without it gave a lossy log's totals as exact.
+        if (p.lost)
+            o << "<p class=warn>" << fmt_counted(p.lost, "event was", "events were")
+              << " lost by the recorder: totals are approximate</p>\n";
         // A report JSON may count warnings it does not list (a tool cut the list): only the count then.
         if (p.n_warnings)
             o << "<p class=warn>" << fmt_counted(p.n_warnings, "warning", "warnings")

@@ -87,6 +87,27 @@ TEST_CASE("the HTML page's allocation and free counts have thousands separators,
     CHECK_THAT(h.str(), Catch::Contains("<td>allocations / frees</td><td>1,149 / 1,127</td>"));
 }
 
+TEST_CASE("the HTML page says a log's lost events make its totals approximate, as the text report does", "[output]") {
+    // A warning listed first (a blank line) no longer hides the loss: the page said nothing of it.
+    std::vector<process_report> ps{analyze_file(data_path("golden/pool_off_basic.jsonl"), {})};
+    ps[0].lost = 7;
+    ps[0].warnings = {"x.jsonl:2: blank line skipped"};
+    ps[0].n_warnings = 2;
+    std::ostringstream h, t;
+    write_html(h, ps, combine(ps), {});
+    write_text(t, ps, combine(ps), {});
+    CHECK_THAT(t.str(), Catch::Contains("7 events were lost by the recorder: totals are approximate"));
+    CHECK_THAT(h.str(), Catch::Contains("<p class=warn>7 events were lost by the recorder: totals are approximate</p>"));
+    ps[0].lost = 1;
+    std::ostringstream h1;
+    write_html(h1, ps, combine(ps), {});
+    CHECK_THAT(h1.str(), Catch::Contains("1 event was lost by the recorder"));
+    ps[0].lost = 0;
+    std::ostringstream h0;
+    write_html(h0, ps, combine(ps), {});
+    CHECK_THAT(h0.str(), !Catch::Contains("lost by the recorder"));
+}
+
 TEST_CASE("a count of one is written singular in the text and HTML reports", "[output]") {
     // pool_fragmentation has one OOM on one device; the other counts are set to one here.
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
