@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -169,6 +170,13 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     if (!ended)
         std::printf("  (%s: killed or still running, so what was live at the end is not called a leak)\n",
                     !ended_a && !ended_b ? "neither log has an end line" : !ended_a ? "A's log has no end line" : "B's log has no end line");
+    // A side whose recorder lost events has approximate numbers (a lost allocation lowers a peak, a
+    // lost free raises one): a change of a few percent may be the loss, which check says on every
+    // result and the report at the top; here above the table, or the changes read as exact.
+    for (const auto& [side, run, ref] : {std::tuple{"A", &ra, a}, std::tuple{"B", &rb, b}})
+        if (ref && run->proc(*ref).lost)
+            std::printf("  (%s's log: %s lost by the recorder, so its numbers are approximate)\n", side,
+                        fmt_counted(run->proc(*ref).lost, "event was", "events were").c_str());
     std::printf("  %-28s %14s %14s   %s\n", "", "A", "B", "change");
     // Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): on a device that
     // never had one (--pool off) it reads 0, which is no measurement, so it is said as such and
