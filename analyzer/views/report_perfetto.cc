@@ -79,11 +79,15 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
                 }
             }
             for (const oom_report& o : d.ooms) {
+                // The verdict as the text, HTML and check give it: one that counted the driver's
+                // free memory as 0, since the log did not record it, says so (docs/metrics.md).
+                const std::string verdict = o.verdict + o.verdict_caveat();
                 ojson args = {{"device", d.dev}, {"size", o.size}, {"largest_free", o.largest_free},
-                              {"free_in_segments", o.free_in_segments}, {"verdict", o.verdict}};
+                              {"free_in_segments", o.free_in_segments}, {"verdict", verdict}};
+                if (o.gpu_free_recorded()) args["gpu_free"] = o.gpu_free;
                 // The failing call's site, named as gpumem diff names sites, when its stack was recorded.
                 if (std::string asked = asked_by_name(p, o.stack); !asked.empty()) args["asked_by"] = asked;
-                events.push_back({{"name", "OOM " + fmt_bytes(o.size) + " (" + o.verdict + ")"}, {"ph", "i"}, {"s", "p"},
+                events.push_back({{"name", "OOM " + fmt_bytes(o.size) + " (" + verdict + ")"}, {"ph", "i"}, {"s", "p"},
                                   {"ts", ts(o.t)}, {"pid", pid}, {"tid", 0}, {"args", args}});
             }
         }

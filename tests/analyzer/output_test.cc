@@ -369,6 +369,20 @@ TEST_CASE("an OOM whose driver free memory was not recorded gets its verdict as 
     REQUIRE(run_gpumem("report --no-progress --html " + html_out.path + " " + f.path).rc == 0);
     CHECK_THAT(read_all(html_out.path), Catch::Contains("capacity</span>, as far as the log says — the request is larger"));
     CHECK_THAT(read_all(html_out.path), Catch::Contains("at the failure was not recorded and is counted as 0</p>"));
+    // And in the Perfetto trace's OOM marker, which said a bare "capacity" (with no free memory of the GPU).
+    temp_file trace_out("", "oom_unrecorded_trace");
+    std::remove(trace_out.path.c_str());
+    REQUIRE(run_gpumem("report --no-progress --perfetto " + trace_out.path + " " + f.path).rc == 0);
+    auto oom_marker = [](const std::string& path) {
+        const auto trace = nlohmann::json::parse(read_all(path));
+        for (const auto& e : trace["traceEvents"])
+            if (e["ph"] == "i") return e;
+        return nlohmann::json();
+    };
+    const auto marker = oom_marker(trace_out.path);
+    CHECK(marker["name"] == "OOM 1.00 GiB (capacity, as far as the log says)");
+    CHECK(marker["args"]["verdict"] == "capacity, as far as the log says");
+    CHECK_FALSE(marker["args"].contains("gpu_free"));
     // Read back from its JSON, the report says the same.
     temp_file report(js.out, "oom_unrecorded_report");
     auto again = run_gpumem("report --no-progress " + report.path);
@@ -383,6 +397,12 @@ TEST_CASE("an OOM whose driver free memory was not recorded gets its verdict as 
     CHECK(ro["verdict"] == "fragmentation");
     CHECK_THAT(ro["explanation"].get<std::string>(), !Catch::Contains("not recorded"));
     CHECK_THAT(run_gpumem("report --no-progress " + rec.path).out, !Catch::Contains("as far as the log says"));
+    temp_file rec_trace("", "oom_recorded_trace");
+    std::remove(rec_trace.path.c_str());
+    REQUIRE(run_gpumem("report --no-progress --perfetto " + rec_trace.path + " " + rec.path).rc == 0);
+    const auto rec_marker = oom_marker(rec_trace.path);
+    CHECK(rec_marker["name"] == "OOM 1.00 GiB (fragmentation)");
+    CHECK(rec_marker["args"]["gpu_free"] == 2147483648u);
 }
 
 TEST_CASE("past the report's 1000 OOMs, a later failure's stack is not given to the last OOM kept", "[output]") {
