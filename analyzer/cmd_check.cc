@@ -259,8 +259,9 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (args.tolerance_opt->count() && baseline_path.empty())
         spdlog::warn("--tolerance {} applies to --baseline only; the --max-* limits are not stretched by it",
                      args.tolerance_text);
-    bool any_limit = !baseline_path.empty();
-    for (const limit& l : limits) any_limit |= l.set;
+    bool any_absolute = false;
+    for (const limit& l : limits) any_absolute |= l.set;
+    const bool any_limit = any_absolute || !baseline_path.empty();
     if (!any_limit) return usage_error("check", "nothing to check: give a --max-* limit or --baseline");
     std::vector<std::string> inputs = logs;
     if (!baseline_path.empty()) inputs.push_back(baseline_path);
@@ -335,7 +336,21 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         for (const device_ref& r : run.devices) {
             auto it = base_by_key.find(r.key);
             if (it == base_by_key.end()) {
-                spdlog::warn("{} is not in the baseline; only absolute limits apply to it", r.where);
+                if (any_absolute) {
+                    spdlog::warn("{} is not in the baseline; only absolute limits apply to it", r.where);
+                    continue;
+                }
+                // With no --max-* limit nothing would check this GPU (a rank the baseline run did
+                // not have, a data-loader worker that now touches CUDA), yet the total counted it
+                // among the GPUs checked and passed: the job changed shape, as for a missing one.
+                outcome o;
+                o.name = "baseline device present";
+                o.where = r.where;
+                o.key = r.key;
+                o.passed = false;
+                o.message = "not in the baseline, and no --max-* limit is given: nothing checks this GPU (record the "
+                            "baseline from a run of this shape, or give a --max-* limit)";
+                results.push_back(std::move(o));
                 continue;
             }
             const device_report& dev = run.dev(r);

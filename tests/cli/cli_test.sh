@@ -409,8 +409,18 @@ check_baseline)
   expect_not_in "$W/err" "warning"
   # A baseline rank missing from the run is a failure; a baseline given as a log works too.
   "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" > "$W/ranks.json"
+  "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" > "$W/rank0.json"
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
   expect_in "$W/out" "FAIL rank 1 dev 1: in the baseline"
+  # A GPU of the run that the baseline lacks is held to the --max-* limits; with none given nothing
+  # checked it, and the run passed ("5 limits on 2 GPUs ... 0 broken", a warning on stderr only).
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --baseline "$W/rank0.json"
+  expect_in "$W/out" "FAIL rank 1 dev 1 (pid "
+  expect_in "$W/out" "not in the baseline, and no --max-* limit is given: nothing checks this GPU"
+  expect_rc 0 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --baseline "$W/rank0.json" --max-peak 1TiB
+  expect_in "$W/err" "rank 1 dev 1 (pid "
+  expect_in "$W/err" "is not in the baseline; only absolute limits apply to it"
+  expect_not_in "$W/out" "nothing checks"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance 0%
   # The baseline among other logs (a glob that matches it too) was read as a run: the older one
   # took "rank 0", was checked against itself and passed, and the real run was only warned of.
