@@ -368,6 +368,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 // (a relative tolerance on a baseline fragmentation of 0 would allow nothing).
                 bool ratio = m->unit == measure_unit::ratio;
                 double allowed = ratio ? was + tolerance : was * (1 + tolerance);
+                if (m->unit == measure_unit::count) allowed = std::floor(allowed + 1e-9);  // whole OOMs, as printed
                 // A run without pool segments (--pool off) reads 0 fragmentation and passes any
                 // baseline; said, as for --max-fragmentation, where the baseline measured some.
                 if (m == &k_max_fragmentation && run.has(r, device_field::peak_segments) && dev.segment_count.peak == 0 &&
@@ -431,7 +432,8 @@ command add_check(CLI::App& top) {
     app->footer(
         "Holds every GPU of every process in the logs (or `gpumem report --json` files) to limits;\n"
         "give at least one limit or --baseline.  Against a baseline, peak requested, allocated and\n"
-        "reserved and leaked bytes may grow by the tolerance, fragmentation by the tolerance in points.\n"
+        "reserved and leaked bytes and OOMs may grow by the tolerance (OOMs in whole ones: none over a\n"
+        "baseline of 0), fragmentation by the tolerance in points.\n"
         "METRIC (docs/metrics.md): requested = what the program asked for and has not freed, PyTorch's\n"
         "torch.cuda.max_memory_allocated(); allocated = the pool blocks holding it, with the pool's\n"
         "rounding; reserved = held from the driver, PyTorch's max_memory_reserved().\n"

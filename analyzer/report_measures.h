@@ -52,9 +52,10 @@ inline const measure* peak_measure(const std::string& metric) {
     return nullptr;
 }
 
-// What a baseline holds a run to, in this order.
+// What a baseline holds a run to, in this order.  OOMs too: a program that catches one (PyTorch
+// empties its cache and retries) runs on and exits 0, and only the count says it reached the limit.
 inline constexpr const measure* k_baseline_measures[] = {&k_peak_requested, &k_peak_allocated, &k_peak_reserved,
-                                                         &k_max_fragmentation, &k_leaked};
+                                                         &k_max_fragmentation, &k_leaked, &k_ooms};
 
 // The rows `gpumem diff` prints side by side, in this order.
 inline constexpr measure k_diff_rows[] = {

@@ -281,7 +281,7 @@ check_limits)
     expect_in "$W/killed.xml" '<failure message="live when the log stops 2.00 MiB &gt; limit'
     expect_in "$W/killed.xml" 'name="baseline leaked">'
     expect_in "$W/killed.xml" '= 2.00 MiB; the log has no end line (killed or still running): values up to where it stops; in the baseline, the log has no end line (killed or still running): values up to where it stops</system-out>'
-    expect_in "$W/out" "6 limits on 1 GPU of 1 process: 1 broken, 6 on logs with no end line (incomplete)"
+    expect_in "$W/out" "7 limits on 1 GPU of 1 process: 1 broken, 7 on logs with no end line (incomplete)"
     expect_in "$W/out" "(--max-leak 1MiB); largest: 2.00 MiB from cudaMalloc at 2.00 us (seq 1); the log has no end line (killed or still running): values up to where it stops"
   done
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --baseline "$killed"
@@ -292,7 +292,7 @@ check_limits)
   # line and the JUnit message (a passing job's stderr warning goes unread), the baseline's too.
   lossy=$SRC/tests/data/bad/lost_record_end_count.jsonl
   expect_rc 0 "$GPUMEM" check "$lossy" --max-peak 1GiB --baseline "$lossy" --junit "$W/lossy.xml"
-  expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken, 6 on logs that lost events (approximate)"
+  expect_in "$W/out" "7 limits on 1 GPU of 1 process: 0 broken, 7 on logs that lost events (approximate)"
   expect_in "$W/out" "ok   rank 0 dev 0 (pid 1, $lossy): peak requested 256 B <= limit 1.00 GiB (--max-peak 1GiB); 4 events were lost by the recorder: approximate"
   expect_in "$W/out" "= 268 B; 4 events were lost by the recorder: approximate; in the baseline, 4 events were lost by the recorder: approximate"
   expect_in "$W/lossy.xml" '<system-out>rank 0 dev 0 (pid 1, '"$lossy"'): peak requested 256 B &lt;= limit 1.00 GiB (--max-peak 1GiB); 4 events were lost by the recorder: approximate</system-out>'
@@ -370,7 +370,7 @@ check_limits)
 check_baseline)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json" || fail "report --json"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json"
-  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken"
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 10%
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
@@ -412,6 +412,19 @@ check_baseline)
   "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" > "$W/rank0.json"
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
   expect_in "$W/out" "FAIL rank 1 dev 1: in the baseline"
+  # OOMs may not grow over the baseline's: a run that caught one (PyTorch's retry after emptying its
+  # cache) exits 0, and the baseline passed it with no limit on OOMs.
+  "$GPUMEM" report --json "$SRC/tests/data/golden/pool_off_kinds.jsonl" > "$W/kinds.json"
+  python3 - "$SRC/tests/data/golden/pool_off_kinds.jsonl" "$W/kinds_no_oom.jsonl" <<'PY'
+import sys
+open(sys.argv[2], "w").writelines(l for l in open(sys.argv[1]) if '"alloc_fail"' not in l)
+PY
+  expect_rc 0 "$GPUMEM" check "$W/kinds_no_oom.jsonl" --baseline "$W/kinds.json"
+  expect_in "$W/out" "OOMs 0 <= baseline 1 + 5% = 1"
+  "$GPUMEM" report --json "$W/kinds_no_oom.jsonl" > "$W/kinds_no_oom.json"
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/pool_off_kinds.jsonl" --baseline "$W/kinds_no_oom.json" -q
+  expect_in "$W/out" "FAIL rank 1 dev 0 (pid 6001, $SRC/tests/data/golden/pool_off_kinds.jsonl): OOMs 1 > baseline 0 + 5% = 0; first: 186.26 GiB from cudaMalloc at 13.00 us (seq 13), capacity, as far as the log says"
+  expect_in "$W/out" "1 broken"
   # A GPU of the run that the baseline lacks is held to the --max-* limits; with none given nothing
   # checked it, and the run passed ("5 limits on 2 GPUs ... 0 broken", a warning on stderr only).
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --baseline "$W/rank0.json"
@@ -441,10 +454,10 @@ check_baseline)
   # byte order mark: it was read as a log and refused ("line 1 is not a header").
   python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1])), sort_keys=True, separators=(',', ':')))" "$W/baseline.json" > "$W/sorted.json"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/sorted.json"
-  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken"
   { printf '\xef\xbb\xbf'; cat "$W/baseline.json"; } > "$W/bom.json"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/bom.json"
-  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken"
   # A baseline with no GPU in it compares nothing: unusable (it passed with "0 limits").
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": []}' > "$W/nogpu.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/nogpu.json"
@@ -457,11 +470,12 @@ check_junit)
 import sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 cases = root.findall("./testsuite/testcase")
-# 2 limits + 5 baseline comparisons on one GPU.
-assert len(cases) == 7, len(cases)
+# 2 limits + 6 baseline comparisons on one GPU.
+assert len(cases) == 8, len(cases)
 failed = {c.get("name") for c in cases if c.find("failure") is not None}
 assert failed == {"max-leak", "baseline peak requested", "baseline peak allocated", "baseline peak reserved", "baseline leaked"}, failed
-assert root.get("failures") == "5" and root.find("testsuite").get("tests") == "7"
+assert root.get("failures") == "5" and root.find("testsuite").get("tests") == "8"
+assert "baseline OOMs" in {c.get("name") for c in cases}
 assert all(c.get("classname") == "gpumem.rank_0.dev_0" for c in cases)
 # The JUnit name says which bytes --max-peak held (requested unless --metric says otherwise).
 assert "max-peak (requested)" in {c.get("name") for c in cases}, [c.get("name") for c in cases]
@@ -1389,7 +1403,7 @@ PY
   expect_rc 1 bash -c 'cat "$1" | "$0" check - --max-peak 3MiB' "$GPUMEM" "$DATA/after.jsonl"
   expect_in "$W/out" "peak requested 7.00 MiB > limit 3.00 MiB"
   expect_rc 0 bash -c 'cat "$1" | "$0" check "$2" --baseline -' "$GPUMEM" "$W/after.json" "$DATA/after.jsonl"
-  expect_in "$W/out" "5 limits on 1 GPU of 1 process: 0 broken"
+  expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken"
   expect_rc 0 bash -c 'cat "$1" | "$0" diff - "$2"' "$GPUMEM" "$DATA/before.jsonl" "$DATA/after.jsonl"
   expect_in "$W/out" "A = /dev/stdin (1 process)"
   expect_rc 0 bash -c 'cat "$1" | "$0" replay -' "$GPUMEM" "$DATA/before.jsonl"
