@@ -76,7 +76,17 @@ struct outcome {
     std::string message;    // "1.93 MiB > limit 1.00 MiB (--max-peak); at ..."
     bool approximate = false;  // on a log (or baseline) whose recorder lost events: lost_note
     bool incomplete = false;   // on a log (or baseline) with no end line: unended_note
+    bool unmeasured = false;   // fragmentation on a GPU without gpumem pool segments: passes, said as such
 };
+
+// Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): a GPU that never had
+// one (recorded with --pool off, or a device without virtual memory, which gets no pool) reads 0,
+// which is no measurement.  diff and the reports say "not measured"; so does each result line here.
+bool frag_unmeasured(const measure& m, const run_input& run, const device_ref& r) {
+    return m.value == device_field::max_external_fragmentation && run.has(r, device_field::peak_segments) &&
+           run.dev(r).segment_count.peak == 0;
+}
+constexpr const char* k_not_measured = "not measured (no gpumem pool segments on this GPU)";
 
 // A ratio as the report JSON keeps it (6 decimals): a log and its own report JSON, or a run and a
 // baseline JSON of the same run, must compare equal under --tolerance 0 (they read 9.4% > 9.4%).
@@ -132,7 +142,7 @@ bool write_junit(const std::string& path, const std::vector<outcome>& results) {
           << "  <testsuite name=\"gpumem check\" tests=\"" << results.size() << "\" failures=\"" << failures << "\">\n";
         for (const outcome& r : results) {
             f << "    <testcase classname=\"" << xml_text(classes.at(r.key)) << "\" name=\"" << xml_text(r.name) << "\"";
-            if (r.passed && !r.approximate && !r.incomplete) {
+            if (r.passed && !r.approximate && !r.incomplete && !r.unmeasured) {
                 f << "/>\n";
                 continue;
             }
@@ -317,8 +327,13 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                              "off, or a device without virtual memory?): its fragmentation is not measured, so the "
                              "limit cannot fail",
                              r.where);
-            o.message = measure_title(*l.m, run.proc(r).has_end) + " " + fmt_value(*l.m, measured) + (o.passed ? " <= " : " > ") +
-                        "limit " + fmt_value(*l.m, l.value) + " (" + l.flag + " " + l.text + ")";
+            o.unmeasured = frag_unmeasured(*l.m, run, r);
+            o.passed |= o.unmeasured;  // 0 in any analysis; a report edited by hand is no measurement either
+            o.message = o.unmeasured ? measure_title(*l.m, true) + " " + k_not_measured + ": " + l.flag + " " + l.text +
+                                           " cannot fail here"
+                                     : measure_title(*l.m, run.proc(r).has_end) + " " + fmt_value(*l.m, measured) +
+                                           (o.passed ? " <= " : " > ") + "limit " + fmt_value(*l.m, l.value) + " (" +
+                                           l.flag + " " + l.text + ")";
             if (!o.passed) {
                 std::string w = worst_moment(*l.m, run.proc(r), dev);
                 if (!w.empty()) o.message += "; " + w;
@@ -378,10 +393,23 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                                  "baseline had some: its fragmentation is not measured, so this limit cannot fail",
                                  r.where);
                 o.passed = at_json_precision(*m, measured) <= at_json_precision(*m, allowed) + 1e-9;
-                o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) + (o.passed ? " <= " : " > ") +
-                            "baseline " + fmt_value(*m, was) + " + " +
-                            (ratio ? tolerance_text.substr(0, tolerance_text.size() - 1) + " points" : tolerance_text) +
-                            " = " + fmt_value(*m, allowed);
+                const std::string stretch =
+                    " + " + (ratio ? tolerance_text.substr(0, tolerance_text.size() - 1) + " points" : tolerance_text);
+                // Without pool segments on either side the value is no measurement: said, not shown
+                // as 0.0%.  The run's passes (nothing to compare); against a baseline without any,
+                // the run's fragmentation is held to the tolerance alone, as before.
+                o.unmeasured = frag_unmeasured(*m, run, r);
+                o.passed |= o.unmeasured;
+                const bool base_unmeasured = frag_unmeasured(*m, base, *bref);
+                if (o.unmeasured)
+                    o.message = measure_title(*m, true) + " " + k_not_measured + ": not compared with the baseline's " +
+                                (base_unmeasured ? std::string("(not measured either)") : fmt_value(*m, was));
+                else
+                    o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) +
+                                (o.passed ? " <= " : " > ") + "baseline " +
+                                (base_unmeasured ? std::string("not measured (no gpumem pool segments there)")
+                                                 : fmt_value(*m, was)) +
+                                stretch + " = " + fmt_value(*m, allowed);
                 if (!o.passed) {
                     std::string w = worst_moment(*m, run.proc(r), dev);
                     if (!w.empty()) o.message += "; " + w;

@@ -374,7 +374,8 @@ check_baseline)
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 10%
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
-  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): max external fragmentation 0.0% <= baseline 0.0% + 10 points = 10.0%"
+  # Both runs had the pool off: fragmentation is not measured, and said so, not "0.0% <= 0.0%".
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): max external fragmentation not measured (no gpumem pool segments on this GPU): not compared with the baseline's (not measured either)"
   # Growth of 133% (peak) and 50% (leak) passes a 150% tolerance.
   expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 150
   expect_not_in "$W/err" "--tolerance"
@@ -391,14 +392,24 @@ check_baseline)
     expect_not_in "$W/err" "warning"
   done
   # Fragmentation grows by the tolerance in points, printed as given (one decimal said 0.1 for 0.05).
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 0.05%
-  expect_in "$W/out" "+ 0.05 points ="
+  "$GPUMEM" report --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/pooled.json" || fail "report --json"
+  expect_rc 0 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/pooled.json" --tolerance 0.05%
+  expect_in "$W/out" "max external fragmentation 33.3% <= baseline 33.3% + 0.05 points ="
   expect_not_in "$W/out" "+ 0.1 points"
   # Fragmentation is measured on gpumem's pool segments: a run without any (--pool off) against a
-  # baseline that had them read 0.0% and passed without a word; said, as --max-fragmentation says it.
-  "$GPUMEM" report --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/pooled.json" || fail "report --json"
-  expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/pooled.json"
+  # baseline that had them read 0.0% and passed without a word; said, as --max-fragmentation says it,
+  # and on the result line (JUnit: its system-out), where it read "0.0% <= baseline 33.3%".
+  expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/pooled.json" --junit "$W/unmeasured.xml"
   expect_in "$W/err" "rank 0 dev 0 (pid 1001, $DATA/before.jsonl): baseline max external fragmentation: no gpumem pool segments on this device"
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 1001, $DATA/before.jsonl): max external fragmentation not measured (no gpumem pool segments on this GPU): not compared with the baseline's 33.3%"
+  expect_in "$W/unmeasured.xml" "<system-out>rank 0 dev 0 (pid 1001, $DATA/before.jsonl): max external fragmentation not measured"
+  # The other way round the run's fragmentation is held to the tolerance alone, and the baseline's
+  # is named as not measured, not as 0.0%.
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/baseline.json"
+  expect_in "$W/out" "max external fragmentation 33.3% > baseline not measured (no gpumem pool segments there) + 5 points = 5.0%"
+  # --max-fragmentation on such a GPU cannot fail: the line says so.
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --max-fragmentation 10%
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 1001, $DATA/before.jsonl): max external fragmentation not measured (no gpumem pool segments on this GPU): --max-fragmentation 10% cannot fail here"
   # Not said of a run that has them.
   expect_rc 0 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/pooled.json"
   expect_not_in "$W/err" "no gpumem pool segments"
