@@ -214,11 +214,13 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         row4(os, "Largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "");
         row4(os, "Free blocks", std::to_string(d.end_free_blocks), std::to_string(k.free_blocks),
              std::to_string(d.max_free_blocks));
+        // The maximum's free bytes and moment take a row each: one cell held both only up to a
+        // 7-digit seq, and a large percentage of a few KiB free must not read as the run's worst.
+        const bool worst = d.max_external_fragmentation > 0;
         row4(os, "External fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation),
              fmt_pct(d.max_external_fragmentation) +
-                 (d.max_external_fragmentation > 0
-                      ? " at " + at_text(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
-                      : ""));
+                 (worst ? " of " + fmt_bytes(d.max_external_fragmentation_free) + " free" : ""));
+        if (worst) row4(os, "", "", "", "at " + at_text(d.max_external_fragmentation_t, d.max_external_fragmentation_seq));
     }
     double end_ru = d.reserved.current ? 1.0 - double(d.allocated.current) / double(d.reserved.current) : 0;
     double end_ro = d.allocated.current ? 1.0 - double(d.requested.current) / double(d.allocated.current) : 0;
