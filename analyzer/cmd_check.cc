@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -309,6 +310,9 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (!usable) return k_exit_input;
 
     std::vector<outcome> results;
+    // The GPUs some --max-* limit really checks: one that cannot fail there (--max-fragmentation on
+    // a GPU without pool segments) checks nothing, so a GPU the baseline lacks is not held by it.
+    std::set<std::string> held_by_limit;
     for (const device_ref& r : run.devices) {
         const device_report& dev = run.dev(r);
         for (const limit& l : limits) {
@@ -329,6 +333,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                              r.where);
             o.unmeasured = frag_unmeasured(*l.m, run, r);
             o.passed |= o.unmeasured;  // 0 in any analysis; a report edited by hand is no measurement either
+            if (!o.unmeasured) held_by_limit.insert(r.key);
             o.message = o.unmeasured ? measure_title(*l.m, true) + " " + k_not_measured + ": " + l.flag + " " + l.text +
                                            " cannot fail here"
                                      : measure_title(*l.m, run.proc(r).has_end) + " " + fmt_value(*l.m, measured) +
@@ -351,20 +356,26 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         for (const device_ref& r : run.devices) {
             auto it = base_by_key.find(r.key);
             if (it == base_by_key.end()) {
-                if (any_absolute) {
+                if (held_by_limit.count(r.key)) {
                     spdlog::warn("{} is not in the baseline; only absolute limits apply to it", r.where);
                     continue;
                 }
-                // With no --max-* limit nothing would check this GPU (a rank the baseline run did
-                // not have, a data-loader worker that now touches CUDA), yet the total counted it
-                // among the GPUs checked and passed: the job changed shape, as for a missing one.
+                // With no --max-* limit that can fail on it nothing would check this GPU (a rank the
+                // baseline run did not have, a data-loader worker that now touches CUDA), yet the
+                // total counted it among the GPUs checked and passed: the job changed shape, as for
+                // a missing one.  So too where the only limits given cannot fail there
+                // (--max-fragmentation on a GPU without gpumem pool segments).
                 outcome o;
                 o.name = "baseline device present";
                 o.where = r.where;
                 o.key = r.key;
                 o.passed = false;
-                o.message = "not in the baseline, and no --max-* limit is given: nothing checks this GPU (record the "
-                            "baseline from a run of this shape, or give a --max-* limit)";
+                o.message = any_absolute
+                                ? "not in the baseline, and no --max-* limit given can fail on it (fragmentation is not "
+                                  "measured without gpumem pool segments): nothing checks this GPU (record the baseline "
+                                  "from a run of this shape, or give another --max-* limit)"
+                                : "not in the baseline, and no --max-* limit is given: nothing checks this GPU (record the "
+                                  "baseline from a run of this shape, or give a --max-* limit)";
                 results.push_back(std::move(o));
                 continue;
             }

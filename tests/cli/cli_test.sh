@@ -445,6 +445,12 @@ PY
   expect_in "$W/err" "rank 1 dev 1 (pid "
   expect_in "$W/err" "is not in the baseline; only absolute limits apply to it"
   expect_not_in "$W/out" "nothing checks"
+  # A limit that cannot fail on that GPU checks nothing there: --max-fragmentation on a GPU without
+  # pool segments (these logs have none) passed it as "not measured", 0 broken.
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --baseline "$W/rank0.json" --max-fragmentation 10%
+  expect_in "$W/out" "FAIL rank 1 dev 1 (pid "
+  expect_in "$W/out" "not in the baseline, and no --max-* limit given can fail on it"
+  expect_in "$W/out" "1 broken"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance 0%
   # The baseline among other logs (a glob that matches it too) was read as a run: the older one
   # took "rank 0", was checked against itself and passed, and the real run was only warned of.
