@@ -69,7 +69,9 @@ bool preloadable(const std::string& p) { return p.find_first_of(" :") == std::st
 std::string unpreloadable(const std::string& lib) {
     return "libgpumem.so's path '" + lib +
            "' holds a space or a colon, which LD_PRELOAD cannot carry (ld.so splits its list there); link it "
-           "from a path without (ln -s '" + lib + "' /tmp/libgpumem.so) and set GPUMEM_LIB=/tmp/libgpumem.so";
+           "from a path of your own without either and name the link in GPUMEM_LIB (e.g. mkdir -p ~/.local/lib && "
+           "ln -sfn \"" + lib + "\" ~/.local/lib/libgpumem.so, then set GPUMEM_LIB=~/.local/lib/libgpumem.so; not /tmp, "
+           "where another user may have made that name first)";
 }
 
 // libgpumem.so: $GPUMEM_LIB, else relative to this executable (install layout, then build tree).
