@@ -62,10 +62,12 @@ std::string bound_text(uint64_t v) {
 // to find the rule in docs/pool.md.
 std::string accepted_text(const size_knob& k) {
     const std::string range = "from " + bound_text(k.min) + " to " + bound_text(k.max);
-    if (k.pow2) return "a power of two " + range + " bytes";
+    // "to 1GiB" names its unit already; "to 2^48" and bare numbers take "bytes".
+    const std::string bytes = range.size() > 3 && range.compare(range.size() - 3, 3, "GiB") == 0 ? "" : " bytes";
+    if (k.pow2) return "a power of two " + range + bytes;
     if (k.unit == knob_unit::count) return "a whole number " + range;
     if (k.unit == knob_unit::ms) return "milliseconds " + range + " (0: never)";
-    return "a size " + range + " bytes, such as 2MiB";
+    return "a size " + range + bytes + ", such as 2MiB";
 }
 
 // The knobs from_env reads by hand, before the table's: knob_env_names() lists them with it.

@@ -116,7 +116,7 @@ TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     // A chunk larger than any device would turn caching off: refused, and the default kept.
     const pool_config huge = with({{"GPUMEM_POOL_CHUNK", "2GiB"}});
     CHECK(huge.chunk == 0);
-    CHECK(huge.warnings.find("GPUMEM_POOL_CHUNK=2GiB: not a valid value (expected a size from 0 to 1GiB bytes, such as 2MiB); using 0") !=
+    CHECK(huge.warnings.find("GPUMEM_POOL_CHUNK=2GiB: not a valid value (expected a size from 0 to 1GiB, such as 2MiB); using 0") !=
           std::string::npos);
     CHECK(with({{"GPUMEM_POOL_CHUNK", "20MiB"}}).chunk == 20u << 20);
 }
