@@ -4,25 +4,16 @@
 # JSON that lists fewer sites than were live (a site missing there is unknown, not 0).
 import json
 import os
-import subprocess
 import sys
 import tempfile
+from stack_checks import check, finish, run_gpumem
 
 gpumem, data = sys.argv[1:3]
 MiB = 1 << 20
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def run(*args):
-    r = subprocess.run([gpumem, *args], capture_output=True, text=True)
-    check(r.returncode == 0, f"gpumem {' '.join(args)}: exit {r.returncode}: {r.stderr[-400:]}")
-    return r.stdout
+    return run_gpumem(gpumem, *args)
 
 
 def device0(out):
@@ -150,7 +141,4 @@ with tempfile.TemporaryDirectory() as d:
     open(p1, "w").write(j1)
     check(run("report", "--no-progress", "--json", p1) == j1, "a report JSON whose sites are all stack 0 round-trips")
 
-if failures:
-    print(f"{len(failures)} failed")
-    sys.exit(1)
-print("ok")
+finish()

@@ -8,15 +8,9 @@ import re
 import subprocess
 import sys
 import tempfile
+from stack_checks import check, finish
 
 gpumem, data = sys.argv[1:3]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 class page(html.parser.HTMLParser):
@@ -166,7 +160,4 @@ with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([gpumem, "report", "--no-progress", log] + args, capture_output=True)
         check(r.returncode == 0 and b"\x1b" not in r.stdout, f"report {args} on hostile stacks: exit {r.returncode}")
 
-if failures:
-    print(f"{len(failures)} failed")
-    sys.exit(1)
-print("ok")
+finish()

@@ -4,25 +4,16 @@
 # exec of source) stays the user's own.  A synthetic log, through the real gpumem binary.
 import json
 import os
-import subprocess
 import sys
 import tempfile
+from stack_checks import check, finish, run_gpumem
 
 gpumem = sys.argv[1]
 MiB = 1 << 20
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def run(*args):
-    r = subprocess.run([gpumem, *args], capture_output=True, text=True)
-    check(r.returncode == 0, f"gpumem {' '.join(args)}: exit {r.returncode}: {r.stderr[-400:]}")
-    return r.stdout
+    return run_gpumem(gpumem, *args)
 
 
 torch = "/usr/lib/python3/dist-packages/torch"
@@ -96,7 +87,4 @@ with tempfile.TemporaryDirectory() as d:
     check(f"+ {inductor} <- train_step (train.py:25) (inside call (cabcdefgh.py:120))  +8.00 MiB" in diff,
           f"diff names the grown site by its user frame:\n{diff}")
 
-if failures:
-    print(f"{len(failures)} failed")
-    sys.exit(1)
-print("ok")
+finish()

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from stack_checks import check, finish
 
 probe_path = sys.argv[1]
 # A second argument runs one case in its own process (the probe's table is one per process): a
@@ -18,13 +19,6 @@ here = os.path.abspath(__file__)
 with_gil = ctypes.PyDLL(probe_path)      # PyDLL keeps the GIL during the call
 without_gil = ctypes.CDLL(probe_path)    # CDLL releases it, as most extensions do around C work
 with_gil.probe_record.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_int]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def record(stack_id):
@@ -211,7 +205,4 @@ def main():
 
 
 main()
-if failures:
-    print(f"{len(failures)} failed")
-    sys.exit(1)
-print("ok")
+finish()

@@ -6,17 +6,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from stack_checks import check, finish
 
 gpumem, lib, driver_dir = sys.argv[1:4]
 app = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_alloc_app.py")
 MiB = 1 << 20
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def line_of(marker):
@@ -72,7 +66,4 @@ for pool in ("on", "off"):
         j = json.loads(subprocess.run([gpumem, "report", "--json", off], capture_output=True, text=True).stdout)
         check("top_sites" not in j["processes"][0]["devices"][0], f"pool {pool}: no top_sites without stacks")
 
-if failures:
-    print(f"{len(failures)} failed")
-    sys.exit(1)
-print("ok")
+finish()

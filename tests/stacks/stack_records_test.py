@@ -8,16 +8,10 @@ import pickle
 import subprocess
 import sys
 import tempfile
+from stack_checks import check, finish
 
 gpumem = sys.argv[1]
 bad = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "bad")
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 # file: (exit code, [(line, text in the message)], [(stack, bytes) of top_sites] or None)
@@ -95,7 +89,4 @@ with tempfile.TemporaryDirectory() as d:
               [(fifo, "0x1234", ""), (d, "0x10", "")], f"a FIFO as a frame's module: frames {frames}")
     except subprocess.TimeoutExpired:
         check(False, "a FIFO as a frame's module: gpumem report hung opening it")
-if failures:
-    print(f"{len(failures)} failed")
-    sys.exit(1)
-print("ok")
+finish()
