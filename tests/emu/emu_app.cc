@@ -551,12 +551,8 @@ void fork_primary_case(int forks) {
 // loader's lock all along; meanwhile this thread allocates from a call site not seen before.  With
 // native stacks both captures describe new frames (dladdr1, which takes the loader's lock): the
 // program must finish, and a hang ends by SIGALRM after 5 s.
-void stacks_in_dlopen_case(const char* lib) {
-    alarm(5);
-    driver_api a = direct_api();
-    setup(a);
-    CUdeviceptr p;
-    CHECK(a.alloc(&p, 4096));
+// 8 KiB allocated and freed while another thread is inside dlopen(lib), its constructor running.
+void alloc_during_dlopen(driver_api& a, const char* lib) {
     std::thread t([lib] {
         if (!dlopen(lib, RTLD_NOW)) fail(dlerror(), -1);
     });
@@ -565,6 +561,15 @@ void stacks_in_dlopen_case(const char* lib) {
     CHECK(a.alloc(&q, 8192));
     t.join();
     CHECK(a.free(q));
+}
+
+void stacks_in_dlopen_case(const char* lib) {
+    alarm(5);
+    driver_api a = direct_api();
+    setup(a);
+    CUdeviceptr p;
+    CHECK(a.alloc(&p, 4096));
+    alloc_during_dlopen(a, lib);
     CHECK(a.free(p));
     printf("done=1\n");
 }
@@ -582,14 +587,7 @@ void start_in_dlopen_case(const char* lib) {
     void* fn = nullptr;
     CUdriverProcAddressQueryResult q;
     CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &q));  // every hook's real function found
-    std::thread t([lib] {
-        if (!dlopen(lib, RTLD_NOW)) fail(dlerror(), -1);
-    });
-    usleep(100000);  // the loader is in the constructor now
-    CUdeviceptr q2;
-    CHECK(a.alloc(&q2, 8192));
-    t.join();
-    CHECK(a.free(q2));
+    alloc_during_dlopen(a, lib);
     printf("done=1\n");
 }
 
