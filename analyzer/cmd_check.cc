@@ -323,15 +323,13 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             o.key = r.key;
             double measured = measure_value(dev, *l.m);
             o.passed = at_json_precision(*l.m, measured) <= l.value;
-            // Fragmentation is of free space in gpumem's pool segments (docs/metrics.md): a device
-            // that never had one (recorded with --pool off, or a device without virtual memory,
-            // which gets no pool) reads 0 and passes any limit.
-            if (l.m == &k_max_fragmentation && run.has(r, device_field::peak_segments) && dev.segment_count.peak == 0)
+            // A device without gpumem pool segments reads 0 fragmentation: no measurement, said.
+            o.unmeasured = frag_unmeasured(*l.m, run, r);
+            if (o.unmeasured)
                 spdlog::warn("{}: --max-fragmentation: no gpumem pool segments on this device (recorded with the pool "
                              "off, or a device without virtual memory?): its fragmentation is not measured, so the "
                              "limit cannot fail",
                              r.where);
-            o.unmeasured = frag_unmeasured(*l.m, run, r);
             o.passed |= o.unmeasured;  // 0 in any analysis; a report edited by hand is no measurement either
             if (!o.unmeasured) held_by_limit.insert(r.key);
             o.message = o.unmeasured ? measure_title(*l.m, true) + " " + k_not_measured + ": " + l.flag + " " + l.text +
@@ -395,10 +393,14 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 bool ratio = m->unit == measure_unit::ratio;
                 double allowed = ratio ? was + tolerance : was * (1 + tolerance);
                 if (m->unit == measure_unit::count) allowed = std::floor(allowed + 1e-9);  // whole OOMs, as printed
-                // A run without pool segments (--pool off) reads 0 fragmentation and passes any
-                // baseline; said, as for --max-fragmentation, where the baseline measured some.
-                if (m == &k_max_fragmentation && run.has(r, device_field::peak_segments) && dev.segment_count.peak == 0 &&
-                    base.has(*bref, device_field::peak_segments) && bdev.segment_count.peak > 0)
+                // Without pool segments on either side the value is no measurement: said, not shown
+                // as 0.0%.  The run's passes (nothing to compare); against a baseline without any,
+                // the run's fragmentation is held to the tolerance alone, as before.
+                o.unmeasured = frag_unmeasured(*m, run, r);
+                const bool base_unmeasured = frag_unmeasured(*m, base, *bref);
+                // A run without pool segments (--pool off) passes any baseline; said, as for
+                // --max-fragmentation, where the baseline measured some.
+                if (o.unmeasured && base.has(*bref, device_field::peak_segments) && !base_unmeasured)
                     spdlog::warn("{}: baseline max external fragmentation: no gpumem pool segments on this device "
                                  "(recorded with the pool off, or a device without virtual memory?), where the "
                                  "baseline had some: its fragmentation is not measured, so this limit cannot fail",
@@ -406,12 +408,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 o.passed = at_json_precision(*m, measured) <= at_json_precision(*m, allowed) + 1e-9;
                 const std::string stretch =
                     " + " + (ratio ? tolerance_text.substr(0, tolerance_text.size() - 1) + " points" : tolerance_text);
-                // Without pool segments on either side the value is no measurement: said, not shown
-                // as 0.0%.  The run's passes (nothing to compare); against a baseline without any,
-                // the run's fragmentation is held to the tolerance alone, as before.
-                o.unmeasured = frag_unmeasured(*m, run, r);
                 o.passed |= o.unmeasured;
-                const bool base_unmeasured = frag_unmeasured(*m, base, *bref);
                 if (o.unmeasured)
                     o.message = measure_title(*m, true) + " " + k_not_measured + ": not compared with the baseline's " +
                                 (base_unmeasured ? std::string("(not measured either)") : fmt_value(*m, was));
