@@ -61,9 +61,10 @@ std::string bound_text(uint64_t v) {
 // value (expected a power of two from 256 to 2^48 bytes)"): a bare "not a valid value" left the user
 // to find the rule in docs/pool.md.
 std::string accepted_text(const size_knob& k) {
-    const std::string range = "from " + bound_text(k.min) + " to " + bound_text(k.max);
+    const std::string hi = bound_text(k.max);
+    const std::string range = "from " + bound_text(k.min) + " to " + hi;
     // "to 1GiB" names its unit already; "to 2^48" and bare numbers take "bytes".
-    const std::string bytes = range.size() > 3 && range.compare(range.size() - 3, 3, "GiB") == 0 ? "" : " bytes";
+    const std::string bytes = hi.back() == 'B' ? "" : " bytes";
     if (k.pow2) return "a power of two " + range + bytes;
     if (k.unit == knob_unit::count) return "a whole number " + range;
     if (k.unit == knob_unit::ms) return "milliseconds " + range + " (0: never)";
