@@ -55,7 +55,8 @@ static void read_u32(const char* name, uint32_t lo, uint32_t hi, uint32_t* field
     const char* s = setting_env(name);
     if (!s) return;
     uint64_t v = 0;
-    bool parsed = parse_size(s, &v);
+    // Counts and milliseconds: digits alone (under the size rule "1k" ms read as 1024, silently).
+    bool parsed = parse_count(s, &v);
     if (parsed && v >= lo && v <= hi) {
         *field = uint32_t(v);
     } else if (parsed && warnings) {

@@ -1,4 +1,5 @@
-// The one rule for sizes written by people (core/size_parse.h): number, optional spaces, unit.
+// The one rule for sizes written by people (core/size_parse.h): number, optional spaces, unit;
+// and for whole counts: digits alone.
 #include "size_parse.h"
 
 namespace gpumem {
@@ -55,6 +56,18 @@ bool parse_size(const char* s, uint64_t* out) noexcept {
     if (!mult) return false;
     unsigned __int128 v = whole * mult + (unsigned __int128)frac * mult / scale;
     if (v > UINT64_MAX) return false;
+    *out = uint64_t(v);
+    return true;
+}
+
+bool parse_count(const char* s, uint64_t* out) noexcept {
+    if (!s || !out || !*s) return false;
+    unsigned __int128 v = 0;
+    for (const char* p = s; *p; ++p) {
+        if (*p < '0' || *p > '9') return false;
+        v = v * 10 + unsigned(*p - '0');
+        if (v > UINT64_MAX) return false;
+    }
     *out = uint64_t(v);
     return true;
 }

@@ -1,4 +1,5 @@
-// The one rule for sizes written by people: GPUMEM_* environment variables and the CLI's arguments.
+// The one rule for sizes (and whole counts) written by people: GPUMEM_* environment variables and
+// the CLI's arguments.
 #pragma once
 
 #include <cstdint>
@@ -15,5 +16,10 @@ namespace gpumem {
 // Examples: "4096", "4 KiB" (4096), "512MB" (512000000), "1.5GiB" (1610612736), "64M" (67108864).
 // Allocation-free and locale-free: safe to call while the preload starts.
 bool parse_size(const char* s, uint64_t* out) noexcept;
+
+// Parses a whole count (a number of frees, milliseconds): decimal digits only, no unit, no
+// fraction, up to 2^64-1.  A knob counted in frees or milliseconds read "2MiB" as 2,097,152 under
+// the size rule, silently.  Returns false, leaving *out as it was, on anything else.
+bool parse_count(const char* s, uint64_t* out) noexcept;
 
 }  // namespace gpumem

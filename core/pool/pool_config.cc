@@ -166,7 +166,8 @@ pool_config pool_config::from_env(env_lookup get) noexcept {
             uint64_t x = 0;
             // Out of range is refused here, knob by knob: found by check() below, it reset every
             // knob, GPUMEM_REUSE=safe included, and lost the warnings.
-            const bool parsed = parse_size(v, &x);
+            // Counts and milliseconds take digits alone: "2MiB" frees is no count.
+            const bool parsed = k.unit == knob_unit::bytes ? parse_size(v, &x) : parse_count(v, &x);
             if (!parsed || x < k.min || x > k.max || (k.pow2 && !is_pow2(x))) {
                 c.warnings += std::string(k.env) + "=" + v + ": not a valid value (expected " + accepted_text(k) +
                               "); using " + std::to_string(c.*k.field) + "\n";

@@ -109,6 +109,22 @@ TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
     CHECK_FALSE(parse_size("", &v));
 }
 
+TEST_CASE("parse_count: digits alone, no unit, no fraction") {
+    auto count = [](const char* s) {
+        uint64_t v = 12345;  // unchanged on failure
+        bool ok = parse_count(s, &v);
+        return ok ? std::to_string(v) : std::string("no (") + std::to_string(v) + ")";
+    };
+    CHECK(count("0") == "0");
+    CHECK(count("250") == "250");
+    CHECK(count("18446744073709551615") == "18446744073709551615");
+    for (const char* bad : {"", "2MiB", "1k", "1.5", "-1", "+4", " 4", "4 ", "0x10", "1e3", "18446744073709551616"}) {
+        INFO(bad);
+        CHECK(count(bad) == "no (12345)");
+    }
+    CHECK(count(nullptr) == "no (12345)");
+}
+
 TEST_CASE("GPUMEM_LOG_LEVEL: spdlog's level names in any case, or 0-6") {
     int l = -1;
     CHECK(parse_log_level("trace", &l));
@@ -286,6 +302,20 @@ TEST_CASE("config from env: each range's ends are allowed, one past is refused w
     CHECK(c.wait_ms == 2000);
     CHECK(warnings == "GPUMEM_FLUSH_MS='60001' is too large: the maximum is 60000; using 20\n"
                       "GPUMEM_WAIT_MS='600001' is too large: the maximum is 600000; using 2000\n");
+    // Counts and milliseconds take no unit and no fraction.
+    setenv("GPUMEM_FLUSH_MS", "1k", 1);
+    setenv("GPUMEM_WAIT_MS", "100", 1);
+    setenv("GPUMEM_BUFFER_EVENTS", "64KiB", 1);
+    setenv("GPUMEM_STACK_DEPTH", "1.5", 1);
+    warnings.clear();
+    c = config::from_env(&warnings);
+    CHECK(c.flush_ms == 20);
+    CHECK(c.wait_ms == 100);
+    CHECK(c.buffer_events == 65536);
+    CHECK(c.stack_depth == 64);
+    CHECK(warnings == "GPUMEM_FLUSH_MS='1k' is not a number in [1, 60000]; using 20\n"
+                      "GPUMEM_BUFFER_EVENTS='64KiB' is not a number in [1024, 16777216]; using 65536\n"
+                      "GPUMEM_STACK_DEPTH='1.5' is not a number in [1, 256]; using 64\n");
     for (const char* v : {"GPUMEM_FLUSH_MS", "GPUMEM_BUFFER_EVENTS", "GPUMEM_WAIT_MS", "GPUMEM_SINK_STALL_MS", "GPUMEM_STACK_DEPTH"})
         unsetenv(v);
 }

@@ -103,6 +103,24 @@ TEST_CASE("config keeps defaults for malformed values and says why", "[pool][con
     CHECK(c.warnings.find("GPUMEM_STATS_MS=") != std::string::npos);
 }
 
+TEST_CASE("config: counts and milliseconds take digits alone", "[pool][config]") {
+    // Under the size rule "2MiB" frees read as 2,097,152 and "1k" ms as 1024, silently.
+    const pool_config c = with({{"GPUMEM_FENCE_BATCH", "2MiB"}, {"GPUMEM_STATS_MS", "1k"}, {"GPUMEM_SYNC_BUDGET_DIV", "1.5"}});
+    CHECK(c.fence_batch == 4);
+    CHECK(c.stats_ms == 1000);
+    CHECK(c.sync_budget_div == 16);
+    CHECK(c.warnings.find("GPUMEM_FENCE_BATCH=2MiB: not a valid value (expected a whole number from 1 to 2^48); using 4") !=
+          std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_STATS_MS=1k: not a valid value (expected milliseconds from 0 to 2^48 (0: never)); using 1000") !=
+          std::string::npos);
+    CHECK(c.warnings.find("GPUMEM_SYNC_BUDGET_DIV=1.5") != std::string::npos);
+    const pool_config ok = with({{"GPUMEM_FENCE_BATCH", "8"}, {"GPUMEM_STATS_MS", "250"}, {"GPUMEM_SYNC_BUDGET_DIV", "32"}});
+    CHECK(ok.fence_batch == 8);
+    CHECK(ok.stats_ms == 250);
+    CHECK(ok.sync_budget_div == 32);
+    CHECK(ok.warnings.empty());
+}
+
 TEST_CASE("config resets sizes that contradict each other", "[pool][config]") {
     // A small pool whose largest request cannot fit a small segment.
     const pool_config c = with({{"GPUMEM_POOL_SMALL_SIZE", "4M"}, {"GPUMEM_STATS_MS", "250"}, {"GPUMEM_FENCE_BATCH", "1"},
