@@ -5,7 +5,9 @@
 #include <dlfcn.h>
 
 #include "gpumem_preload.h"
+#include "diag.h"
 #include "driver_backend.h"
+#include "handle_refs.h"
 #include "core/pool/context_end.h"
 
 namespace gpumem {
@@ -439,11 +441,21 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemCreate(CUmemGenericAllocationHandle* h,
     return r;
 }
 
+// The extra references cuMemRetainAllocationHandle gave the program (core/handle_refs.h).
+static handle_refs g_retained;
+
+// A release that takes back a reference cuMemRetainAllocationHandle gave is no free: the handle
+// and its memory live on.  Only the release that finds no extra reference left is logged.
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemRelease(CUmemGenericAllocationHandle h) {
     auto f = real<CUresult (*)(CUmemGenericAllocationHandle)>(drv::cuMemRelease);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     if (guard::active()) return f(h);
     guard g;
+    if (g_retained.take(uint64_t(h))) {
+        const CUresult r = f(h);
+        if (r != CUDA_SUCCESS) g_retained.add(uint64_t(h));  // refused: the reference is still there
+        return r;
+    }
     return recorded_free(api_id::cuMemRelease, mem_kind::vmm, uint64_t(h), false, 0, [&] { return f(h); });
 }
 
@@ -623,12 +635,22 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuIpcCloseMemHandle(CUdeviceptr p) {
     return f ? f(p) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+// A pooled block is no cuMemCreate allocation to the program (pool_hooks.cc).  Any other handle the
+// driver retains is the one cuMemCreate gave, with a reference more: kept, so that the release that
+// takes it back is not logged as the handle's free (w_cuMemRelease).
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h, void* addr) {
     auto f = real<CUresult (*)(CUmemGenericAllocationHandle*, void*)>(drv::cuMemRetainAllocationHandle);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     bool handled = false;
     CUresult r = pool_retain_handle(addr, &handled);
-    return handled ? r : f(h, addr);
+    if (handled) return r;
+    r = f(h, addr);
+    if (r == CUDA_SUCCESS && h && *h && !guard::active() && !g_retained.add(uint64_t(*h))) {
+        static std::atomic<bool> said{false};
+        GPUMEM_WARN_ONCE(said, "more than {} references from cuMemRetainAllocationHandle held at once: the release of "
+                         "one past them is logged as its handle's free", handle_refs::k_slots);
+    }
+    return r;
 }
 
 // Peer access opens the peer context's memory to this context's device: the pool's chunks of

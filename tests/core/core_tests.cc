@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -27,6 +28,7 @@
 #include "config.h"
 #include "event_format.h"
 #include "event_log.h"
+#include "handle_refs.h"
 #include "recorder.h"
 #include "stacks/native_frames.h"
 #include "stderr_write.h"
@@ -1353,4 +1355,44 @@ TEST_CASE("event log: the fallback message names a long path and the fallback fi
     CHECK(path.size() > 1024);
     CHECK(err == "gpumem: cannot create " + path + " (No such file or directory); writing the log to " + moved + "\n");
     unlink(moved.c_str());
+}
+
+TEST_CASE("handle_refs: each extra reference is taken back once, by value, and a full table keeps none more") {
+    auto refs = std::make_unique<handle_refs>();
+    CHECK_FALSE(refs->take(0x1000));  // nothing kept: the handle's release is its last
+    CHECK_FALSE(refs->add(0));        // 0 is no handle
+    CHECK(refs->add(0x1000));
+    CHECK(refs->add(0x1000));
+    CHECK(refs->add(0x2000));
+    CHECK(refs->size() == 3);
+    CHECK_FALSE(refs->take(0x3000));
+    CHECK(refs->take(0x1000));
+    CHECK(refs->take(0x2000));
+    CHECK(refs->take(0x1000));
+    CHECK_FALSE(refs->take(0x1000));  // two added, two taken
+    CHECK(refs->size() == 0);
+    for (int i = 0; i < handle_refs::k_slots; ++i) REQUIRE(refs->add(0x5000 + uint64_t(i)));
+    CHECK_FALSE(refs->add(0x9999));
+    CHECK(refs->size() == handle_refs::k_slots);
+    CHECK(refs->take(0x5000));
+    CHECK(refs->add(0x9999));  // a slot given back is used again
+    CHECK(refs->take(0x9999));
+}
+
+TEST_CASE("handle_refs: threads adding and taking their own handles lose and invent no reference") {
+    auto refs = std::make_unique<handle_refs>();
+    constexpr int k_threads = 4, k_rounds = 20000;
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < k_threads; ++t)
+        ts.emplace_back([&, t] {
+            const uint64_t h = 0x100 + uint64_t(t);
+            for (int i = 0; i < k_rounds; ++i) {
+                if (!refs->add(h) || !refs->add(h)) ++wrong;
+                if (!refs->take(h) || !refs->take(h) || refs->take(h)) ++wrong;
+            }
+        });
+    for (auto& th : ts) th.join();
+    CHECK(wrong == 0);
+    CHECK(refs->size() == 0);
 }

@@ -70,13 +70,15 @@ struct driver_api {
     CUresult (*address_free)(CUdeviceptr, size_t);
     CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
     CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*retain_handle)(CUmemGenericAllocationHandle*, void*);
 };
 
 #ifdef EMU_APP_DRIVER
 driver_api direct_api() {
     return driver_api{cuInit, cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2,
                       cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemHostAlloc, cuMemAllocHost_v2, cuMemFreeHost,
-                      cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap};
+                      cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap,
+                      cuMemRetainAllocationHandle};
 }
 #endif
 
@@ -109,6 +111,7 @@ void sym(void* h, const char* name, F* out) {
     sym(h, "cuMemAddressFree", &a.address_free);
     sym(h, "cuMemMap", &a.map);
     sym(h, "cuMemUnmap", &a.unmap);
+    sym(h, "cuMemRetainAllocationHandle", &a.retain_handle);
     return a;
 }
 
@@ -169,6 +172,39 @@ void vmm_driver(const driver_api& a) {
     CHECK(a.release(h));
     CHECK(a.address_free(va, 64 << 20));
     printf("handle=0x%llx\nva=0x%llx\n", (unsigned long long)h, (unsigned long long)va);
+}
+
+// NCCL's cuMem buffers (ncclCuMemAlloc / ncclCuMemFree): the handle is kept while the buffer
+// lives, and the free finds it again from the address with cuMemRetainAllocationHandle, which
+// takes a new reference: release that one, unmap, release the handle, free the range.  The memory
+// goes at the second release.  Two buffers, so a wrong count in either shows.
+[[maybe_unused]] void vmm_retain_driver(const driver_api& a) {
+    setup(a);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    const size_t sizes[] = {4 << 20, 8 << 20};
+    CUmemGenericAllocationHandle hs[2];
+    CUdeviceptr vas[2];
+    for (int i = 0; i < 2; ++i) {
+        CHECK(a.create(&hs[i], sizes[i], &prop, 0));
+        CHECK(a.reserve(&vas[i], sizes[i], 0, 0, 0));
+        CHECK(a.map(vas[i], sizes[i], 0, hs[i], 0));
+    }
+    for (int i = 0; i < 2; ++i) {
+        CUmemGenericAllocationHandle h = 0;
+        CHECK(a.retain_handle(&h, reinterpret_cast<void*>(uintptr_t(vas[i]))));
+        if (h != hs[i]) fail("cuMemRetainAllocationHandle gave another handle", 1);
+        CHECK(a.release(h));
+        CHECK(a.unmap(vas[i], sizes[i]));
+        CHECK(a.release(h));
+        CHECK(a.address_free(vas[i], sizes[i]));
+    }
+    // A third release of a handle gone is the driver's error, and the log's free_fail.
+    const CUresult again = a.release(hs[0]);
+    printf("handle0=0x%llx\nhandle1=0x%llx\nrelease_again=%d\n", (unsigned long long)hs[0], (unsigned long long)hs[1],
+           int(again));
 }
 
 #ifdef EMU_APP_RUNTIME
@@ -786,6 +822,8 @@ int main(int argc, char** argv) {
     else if (s == "basic-dlsym") basic_driver(dlsym_api());
     else if (s == "vmm") vmm_driver(direct_api());
     else if (s == "vmm-dlsym") vmm_driver(dlsym_api());
+    else if (s == "vmm-retain") vmm_retain_driver(direct_api());
+    else if (s == "vmm-retain-dlsym") vmm_retain_driver(dlsym_api());
     else if (s == "stress") stress(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 100000);
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100, false);

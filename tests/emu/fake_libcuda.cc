@@ -59,7 +59,8 @@ struct vmm_handle {
     uint64_t size;
     int dev;
     int mappings;   // live mappings of it
-    bool released;  // cuMemRelease was called: freed when mappings reaches 0
+    bool released;  // every reference was released: freed when mappings reaches 0
+    int extra_refs = 0;  // cuMemRetainAllocationHandle's references, each taken back by a cuMemRelease
     bool exportable = false;     // made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (or imported)
     bool imported = false;       // another handle's memory, maybe another process's: never charged here
     int origin_pid = 0;          // whose chunk it is: this process and this handle for a local one,
@@ -1135,6 +1136,12 @@ EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     std::lock_guard<std::mutex> g(s.mu);
     auto it = s.handles.find(h);
     if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+    // As the driver counts them: the handle goes with its last reference (cuMemCreate's, or a
+    // cuMemRetainAllocationHandle's), whichever call releases it last.
+    if (it->second.extra_refs > 0) {
+        --it->second.extra_refs;
+        return CUDA_SUCCESS;
+    }
     it->second.released = true;
     maybe_free_handle(s, it);
     return CUDA_SUCCESS;
@@ -1252,8 +1259,9 @@ EMU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-// The cuMemCreate handle mapped at addr (a new reference); CUDA_ERROR_INVALID_VALUE for memory
-// that is not mapped from one, cuMemAlloc memory included.
+// The cuMemCreate handle mapped at addr, the same value cuMemCreate returned, with a new reference
+// that a cuMemRelease must take back (NCCL's free releases it, unmaps, and releases the handle
+// again); CUDA_ERROR_INVALID_VALUE for memory that is not mapped from one, cuMemAlloc memory included.
 EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h, void* addr) {
     bump("cuMemRetainAllocationHandle");
     if (!h) return CUDA_ERROR_INVALID_VALUE;
@@ -1264,6 +1272,11 @@ EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h,
     if (m == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
     --m;
     if (a - m->first >= m->second.size) return CUDA_ERROR_INVALID_VALUE;
+    auto hit = s.handles.find(m->second.handle);
+    if (hit == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+    // A reference again, also where every earlier one was released (the mapping kept the memory).
+    if (hit->second.released) hit->second.released = false;
+    else ++hit->second.extra_refs;
     *h = CUmemGenericAllocationHandle(m->second.handle);
     return CUDA_SUCCESS;
 }

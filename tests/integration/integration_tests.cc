@@ -1091,3 +1091,68 @@ TEST_CASE("Python stacks lost: frames of an unexpected layout turn capture off, 
     CHECK(out.find(std::to_string(allocs) + " allocation") != std::string::npos);
     CHECK(out.find("recorded without their call stack") != std::string::npos);
 }
+
+TEST_CASE("NCCL's cuMem free: only the last release of a handle is its free, not that of a reference cuMemRetainAllocationHandle took") {
+    // ncclCuMemFree retains the handle from the address, releases that reference, unmaps, releases
+    // the handle and frees the range.  The retained handle is the cuMemCreate handle itself, so the
+    // first release was logged as the buffer's free (before its unmap, with the memory still held)
+    // and the real one as a free of an unknown pointer.
+    for (const char* scenario : {"vmm-retain", "vmm-retain-dlsym"}) {
+        INFO(scenario);
+        auto r = run({EMU_DRIVER_APP, scenario});
+        INFO(r.err);
+        REQUIRE(WIFEXITED(r.status));
+        REQUIRE(WEXITSTATUS(r.status) == 0);
+        REQUIRE(r.logs.size() == 1);
+        auto v = values(r.out);
+        CHECK(v["release_again"] == "1");  // the driver's CUDA_ERROR_INVALID_VALUE: the handle is gone
+        auto ls = lines_of(r.logs[0]);
+        check_header_and_end(ls);
+        CHECK(count_ev(ls, "alloc") == 2);
+        CHECK(count_ev(ls, "free") == 2);
+        CHECK(count_ev(ls, "free_fail") == 1);
+        CHECK(count_ev(ls, "map") == 2);
+        CHECK(count_ev(ls, "unmap") == 2);
+        for (const char* k : {"handle0", "handle1"}) {
+            const std::string handle = v[k];
+            INFO(k << " " << handle);
+            std::string va;
+            int64_t alloc_seq = -1, unmap_seq = -1, free_seq = -1;
+            uint64_t alloc_size = 0;
+            int frees = 0;
+            for (auto& j : ls) {
+                if (j["ev"] == "alloc" && j["ptr"] == handle) {
+                    alloc_seq = j["seq"];
+                    alloc_size = j["size"];
+                }
+                if (j["ev"] == "map" && j["handle"] == handle) va = j["ptr"];
+                if (j["ev"] == "unmap" && !va.empty() && j["ptr"] == va) unmap_seq = j["seq"];
+                if (j["ev"] == "free" && j["ptr"] == handle) {
+                    ++frees;
+                    free_seq = j["seq"];
+                    CHECK(j["api"] == "cuMemRelease");
+                    CHECK(j["kind"] == "vmm");
+                    CHECK(!j.contains("unknown"));
+                    CHECK(j["size"] == alloc_size);
+                }
+            }
+            CHECK(frees == 1);
+            CHECK(alloc_seq >= 0);
+            CHECK(unmap_seq > alloc_seq);
+            CHECK(free_seq > unmap_seq);  // freed at the handle's last release, after its unmap
+        }
+        // The free_fail is the third release's, of handle 0.
+        for (auto& j : ls)
+            if (j["ev"] == "free_fail") {
+                CHECK(j["ptr"] == v["handle0"]);
+                CHECK(j["err"] == 1);
+            }
+        auto [rc, out] = report(r.logs[0], "--json");
+        REQUIRE(rc == 0);
+        const json proc = json::parse(out)["processes"][0];
+        for (auto& d : proc["devices"]) {
+            CHECK(d["n_unknown_free"] == 0);
+            CHECK(d["end_requested_bytes"] == 0);
+        }
+    }
+}
