@@ -113,6 +113,7 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", none) \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", none) \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", none) \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", none) \
     X(cuGraphUpload, "cuGraphUpload", none)                       \
     X(cuGraphLaunch, "cuGraphLaunch", none)                       \
     X(cuArrayCreate_v2, "cuArrayCreate_v2", none)                 \

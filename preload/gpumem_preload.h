@@ -76,6 +76,7 @@ namespace gpumem {
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d), b) \
     X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
     X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
+    X(cuGraphInstantiateWithParams, (CUgraphExec* a, CUgraph b, CUDA_GRAPH_INSTANTIATE_PARAMS* c), (a, b, c), b) \
     X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a) \
     X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a) \
     X(cuArrayCreate_v2, (CUarray* a, const CUDA_ARRAY_DESCRIPTOR* b), (a, b), nullptr) \
