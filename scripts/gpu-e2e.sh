@@ -19,6 +19,11 @@ export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 CHECK="python3 tests/gpu/e2e_checks.py"
 fails=0
+# A value that names no part (a typo: "pools") ran no case at all and passed with "failed cases: 0".
+case ${GPUMEM_E2E_ONLY:-} in
+  "" | base | pool | stacks | answers) ;;
+  *) echo "gpu-e2e: GPUMEM_E2E_ONLY=$GPUMEM_E2E_ONLY: expected base, pool, stacks or answers" >&2; exit 2 ;;
+esac
 
 {
   echo "## gpu-e2e $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -95,7 +100,10 @@ for extra in scripts/gpu-e2e-pool.sh scripts/gpu-e2e-run.sh scripts/gpu-e2e-stac
     :* | pool:*pool.sh | pool:*run.sh | stacks:*stacks.sh | answers:*answers.sh) ;;
     *) continue ;;
   esac
-  [ -x "$extra" ] && . "$extra"
+  # A part that is missing fails the run: it was skipped without a word.
+  if [ -f "$extra" ]; then . "$extra"; else
+    echo "| $extra | | missing | FAIL |" >> "$RESULTS"; fails=$((fails + 1))
+  fi
 done
 
 echo "failed cases: $fails" >> "$RESULTS"
