@@ -16,6 +16,11 @@ for pool in off on; do
   GPUMEM_POOL=$pool GPUMEM_OUT="$LOGS/nccl-$pool-%r.%p.jsonl" LD_PRELOAD="$LIB" \
     torchrun --standalone --nproc_per_node=2 tests/gpu/nccl_workload.py > "$LOGS/nccl-$pool.out" 2>&1
   rc=$?
+  # One log per rank: a rank that wrote none was not checked at all, and the other's row passed.
+  n_logs=$(ls "$LOGS"/nccl-$pool-*.jsonl 2>/dev/null | wc -l)
+  if [ "$n_logs" != 2 ]; then
+    echo "| nccl pool $pool | | | | | | | | FAIL: $n_logs logs for 2 ranks |"; fails=$((fails + 1))
+  fi
   for log in "$LOGS"/nccl-$pool-*.jsonl; do
     r=$(basename "$log" | sed 's/.*-\([0-9]*\)\.[0-9]*\.jsonl/\1/')
     sum_ok=$(grep -c "rank $r: .* ok=True" "$LOGS/nccl-$pool.out")
