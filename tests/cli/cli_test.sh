@@ -974,12 +974,13 @@ conventions)
     expect_rc 2 "$GPUMEM" $cmd --progress --no-progress "$W/long.jsonl"
   done
   # A pipe is copied to a temporary file before it is read, as long as its writer takes (zcat of a
-  # large log): that copy was silent under --progress.
+  # large log): that copy was silent under --progress.  The pipe comes from a process substitution:
+  # expect_rc at the end of `cat | expect_rc` ran in a subshell, and the failure it counted was lost.
   for cmd in "report" "check --max-peak 100GiB" "diff $W/long.jsonl"; do
-    cat "$W/long.jsonl" | expect_rc 0 "$GPUMEM" $cmd --progress --progress-every 0 -
+    expect_rc 0 "$GPUMEM" $cmd --progress --progress-every 0 - < <(cat "$W/long.jsonl")
     expect_in "$W/err" "gpumem: /dev/stdin: copying the pipe to a temporary file, "
     expect_in "$W/err" "gpumem: /dev/stdin: 10% ("
-    cat "$W/long.jsonl" | expect_rc 0 "$GPUMEM" $cmd --progress-every 0 -
+    expect_rc 0 "$GPUMEM" $cmd --progress-every 0 - < <(cat "$W/long.jsonl")
     expect_not_in "$W/err" "copying the pipe"
   done
   # --progress-every: seconds from 0 to 3600.  Anything else is named with the option, exit 2 (nan
