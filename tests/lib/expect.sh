@@ -18,6 +18,9 @@ expect_rc() {
 expect_in() {
   grep -qF -- "$2" "$1" || { fail "'$2' not in $(basename "$1"):"; sed 's/^/    /' "$1" | head -40; }
 }
+# expect_not_in FILE TEXT: TEXT does not occur in FILE, which must exist (a file never written
+# holds no text, and a missing output passed as if it were clean).
 expect_not_in() {
+  if [ ! -r "$1" ]; then fail "$(basename "$1") is missing: cannot show '$2' is not in it"; return; fi
   ! grep -qF -- "$2" "$1" || fail "'$2' unexpectedly in $(basename "$1")"
 }
