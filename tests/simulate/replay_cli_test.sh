@@ -12,6 +12,9 @@ W=$(mktemp -d /tmp/replay-cli.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# A check of gpumem's output reads the file gpumem wrote (gpumem ... > F && check F): piped into
+# python3 or grep, its exit code was lost (no pipefail here), and a replay that failed after
+# printing passed.
 
 # Six 6 MiB tensors fill two 20 MiB PyTorch segments; freeing the 1st and 5th leaves 16 MiB free in
 # 6 and 2 MiB pieces, so 10 MiB fails on a 40 MiB device by fragmentation (docs/metrics.md).
@@ -44,9 +47,9 @@ PY
 # per_process_memory_fraction takes its share of the header's device memory (40 GiB) without
 # --capacity: 0.0009 allows 38,654,705 B, so the fourth 6 MiB tensor (seq 3) finds no room for a
 # second 20 MiB segment.  A log whose header gives no device memory cannot say what it allows.
-"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --policy pytorch:per_process_memory_fraction:0.0009 --json \
-  | python3 -c 'import json,sys; r=json.load(sys.stdin)["logs"][0]["devices"][0]["policies"][0]; assert r["failure"]["seq"]==3 and r["peak_reserved_bytes"]==20<<20, r' \
-  || fail "per_process_memory_fraction"
+"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --policy pytorch:per_process_memory_fraction:0.0009 --json > "$W/fraction.json" \
+  && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"][0]; assert r["failure"]["seq"]==3 and r["peak_reserved_bytes"]==20<<20, r' "$W/fraction.json" \
+  || fail "per_process_memory_fraction: exit or numbers"
 sed 's/,"total":42949672960//' "$W/frag.jsonl" > "$W/nototal.jsonl"
 "$GPUMEM" replay "$W/nototal.jsonl" --policy pytorch:per_process_memory_fraction:0.5 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -q "nototal.jsonl:1: .*per_process_memory_fraction: the device's memory is unknown" "$W/err" \
@@ -67,9 +70,9 @@ assert "^ note: garbage_collection_threshold has no effect here: PyTorch collect
        "add per_process_memory_fraction below 1" in lines[i + 1], lines
 assert sum("note:" in l for l in lines) == 1, lines  # not under plain pytorch
 PY
-"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch,$gc" --json \
-  | python3 -c 'import json,sys; p=json.load(sys.stdin)["logs"][0]["devices"][0]["policies"]; assert "note" not in p[0] and "has no effect" in p[1]["note"], p' \
-  || fail "gc threshold without a limit: no note in --json"
+"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch,$gc" --json > "$W/gc.json" \
+  && python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]; assert "note" not in p[0] and "has no effect" in p[1]["note"], p' "$W/gc.json" \
+  || fail "gc threshold without a limit: exit, or no note in --json"
 "$GPUMEM" replay "$W/frag.jsonl" --policy "$gc,per_process_memory_fraction:0.5" > "$W/gc.txt" 2>&1 || fail "gc threshold under a fraction: exit $?"
 grep -q "note:" "$W/gc.txt" && fail "gc threshold under a fraction: a note: $(cat "$W/gc.txt")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy "$gc,per_process_memory_fraction:1" --capacity 40MiB > "$W/gc.txt" 2>&1 || fail "gc threshold, fraction 1: exit $?"
@@ -79,7 +82,7 @@ grep -q "note: garbage_collection_threshold has no effect" "$W/gc.txt" || fail "
 grep -q "garbage_collection_threshold" "$W/gc.txt" && fail "--suggest proposed garbage_collection_threshold: $(cat "$W/gc.txt")"
 grep -q "of 70 PyTorch settings" "$W/gc.txt" || fail "--suggest with --capacity: not 70 settings: $(cat "$W/gc.txt")"
 # Without --api, cuMemAlloc_v2 is replayed too: 8 allocations, 1 KiB more at the peak.
-"$GPUMEM" replay "$W/frag.jsonl" --policy ideal --json | python3 -c 'import json,sys; d=json.load(sys.stdin)["logs"][0]["devices"][0]; assert d["allocations"]==8 and d["policies"][0]["peak_reserved_bytes"]==36*2**20+1024, d' || fail "--api default"
+"$GPUMEM" replay "$W/frag.jsonl" --policy ideal --json > "$W/allapis.json" && python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]; assert d["allocations"]==8 and d["policies"][0]["peak_reserved_bytes"]==36*2**20+1024, d' "$W/allapis.json" || fail "--api default: exit or numbers"
 out=$("$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest) || fail "--suggest exit"
 echo "$out" | grep -q "streams: the log names none" || fail "streams note missing: $out"
 echo "$out" | grep -q "would fail at #9 .*: fragmentation" || fail "failure line missing: $out"
@@ -187,7 +190,7 @@ grep -q "pools.report.json:1: a \`gpumem report --json\` file holds no events: r
 } > "$W/streams.jsonl"
 "$GPUMEM" replay "$W/streams.jsonl" --policy pytorch --json > "$W/streams.json" || fail "streams: exit $?"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]; assert d["streams"]==2 and d["policies"][0]["segments"]==2, d' "$W/streams.json" || fail "streams: per-stream pools"
-"$GPUMEM" replay "$W/streams.jsonl" | grep -q "streams: 2, each with its own free blocks" || fail "streams: text note"
+"$GPUMEM" replay "$W/streams.jsonl" > "$W/streams.txt" && grep -q "streams: 2, each with its own free blocks" "$W/streams.txt" || fail "streams: exit, or no text note"
 
 # A request no device could hold (2^63 bytes) stops every policy there, and the replay says so in
 # every mode, not only with --capacity: a truncated replay must not read as a complete one.
