@@ -468,12 +468,15 @@ TEST_CASE("fork: a recording child dies of its own signal, with its end line") {
     REQUIRE(r.logs.size() == 2);
     std::string child_pid = r.out.substr(r.out.find("child=") + 6);
     child_pid = child_pid.substr(0, child_pid.find('\n'));
+    int child_logs = 0;  // the child's log must be found: a loop that checked none passed
     for (auto& path : r.logs) {
         auto ls = lines_of(path);
         if (path.find("gpumem-" + child_pid + ".jsonl") == std::string::npos) continue;
+        ++child_logs;
         check_header_and_end(ls, "signal");
         CHECK(ls.back()["signal"] == SIGTERM);
     }
+    CHECK(child_logs == 1);
 }
 
 TEST_CASE("a signal the program handles leaves the log's accounting whole") {
