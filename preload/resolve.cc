@@ -268,6 +268,23 @@ static bool answer_without_gpumem(void* handle, const char* name, void* caller, 
     return known;
 }
 
+// Whether dlsym(handle, name) of one of gpumem's runtime exports (cudaMalloc and the others of
+// hooks_runtime.cc, cudaGetDriverEntryPoint*) from caller must answer NULL: where glibc would find
+// gpumem's export and no libcudart past it defines the name.  Without gpumem the answer is NULL
+// there (no runtime loaded, one loaded RTLD_LOCAL, or one without the name: cudart 13 has no
+// cudaGetDriverEntryPoint), and a program that probes for the runtime so takes its other path;
+// gpumem's export, called, could only answer cudaErrorInitializationError.  Where a runtime is
+// found, glibc's answer (gpumem's export, which forwards to it) stands.
+static bool runtime_export_unbacked(void* handle, const char* name, void* caller) noexcept {
+    if (handle == RTLD_NEXT) {
+        bool known = false;
+        void* d = next_answer(name, caller, nullptr, &known);
+        return known && !d;
+    }
+    void* d = real_dlsym(handle, name);
+    return d && in_this_library(d) && !lookup_past_gpumem(handle, name, caller);
+}
+
 // caller: the return address of the program's dlsym call (the trampoline passes it).
 // Returns NULL to let glibc answer (the trampoline jumps to it, as the caller), k_dlsym_null for a
 // NULL answer, or the answer.  Wherever gpumem's own export would be glibc's answer, the answer is
@@ -296,6 +313,7 @@ extern "C" GPUMEM_HIDDEN void* gpumem_dlsym_substitute(void* handle, const char*
         void* w = watch_per_thread(d, &handled);
         return w != d ? found(w) : nullptr;
     }
+    if (name[2] == 'd' && name[3] == 'a' && runtime_export_unbacked(handle, name, caller)) return k_dlsym_null;
     return nullptr;
 }
 

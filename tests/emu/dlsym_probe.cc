@@ -75,6 +75,11 @@ int main(int argc, char** argv) {
     probe("before_alloc", "cuMemAlloc_v2");
     probe("before_resolver", "cuGetProcAddress_v2");
     probe("before_green", "cuGreenCtxCreate");
+    // No libcudart in the process at all: gpumem's runtime exports must not stand in for one (a
+    // program that probes for the runtime so would call an export that can only fail).
+    probe("no_runtime_malloc", "cudaMalloc");
+    probe("no_runtime_entry", "cudaGetDriverEntryPoint");
+    probe("no_runtime_entry_v", "cudaGetDriverEntryPointByVersion");
     // Loaded as PyTorch's runtime loads it, RTLD_LOCAL: still outside the global scope.
     void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     printf("loaded=%d\n", h != nullptr);

@@ -155,6 +155,9 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
         CHECK(b.at(std::string("after_alloc_") + way) == "1");
         CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
         CHECK(b.at(std::string("local_ptsz_") + way) == "0");
+        // No libcudart in the process: gpumem's runtime exports must not answer for one.
+        for (const char* rt : {"no_runtime_malloc_", "no_runtime_entry_", "no_runtime_entry_v_"})
+            CHECK(b.at(rt + std::string(way)) == "0");
         if (!strcmp(way, "next") || !strcmp(way, "libnext")) continue;  // probe_own asks the other two ways
         // The program's own cuMemAllocManaged, before and after the driver is global: gpumem's
         // wrapper answered the program's handle (calling libcuda's, or failing without it).
