@@ -191,6 +191,28 @@ bool owns_log(const process_state& st) noexcept {
     return st.phase.load() == recording && st.owner_pid.load() == long(getpid());
 }
 
+// Waits while another thread starts the log, at most k_start_wait_ns, and not at all once a start
+// was found stuck.  The wait is bounded: the start looks up libcuda's functions and the
+// interpreter's (dlsym and dlopen take the loader's lock), and a thread inside dlopen, whose
+// library's constructor allocates, holds that lock while it waits here.  Unbounded, the two waited
+// for each other for ever (integration test "a first allocation while a library's constructor
+// allocates").  The first wait past the bound says so on stderr, naming what `after` says happens.
+void wait_for_others_start(process_state& st, const char* after) noexcept {
+    if (st.phase.load(std::memory_order_acquire) != starting || st.starter_tid.load() == current_tid()) return;
+    if (g_start_stuck.load(std::memory_order_acquire)) return;
+    const uint64_t since = monotonic_ns();
+    while (st.phase.load(std::memory_order_acquire) == starting) {
+        if (monotonic_ns() - since > k_start_wait_ns) {
+            if (!g_start_stuck.exchange(true))
+                write_stderr({"gpumem: the log's start on another thread takes over 1 s (perhaps waiting for this "
+                              "thread, inside dlopen); ", after, "\n"});
+            return;
+        }
+        timespec ts{0, 100000};
+        nanosleep(&ts, nullptr);
+    }
+}
+
 // One call that went to the driver unrecorded while the log was starting.  Counted where the
 // starter will add it to the log's `lost` (it takes the count after it sets the phase), or, if
 // the start ended meanwhile, added here: one of the two sees the other's store.
@@ -390,6 +412,11 @@ __attribute__((destructor)) void gpumem_fini() {
     // ELF destructor functions of dlopen'd modules: their frees follow the end line
     // (event_log::publish writes them; tests: GPUMEM_EMU_LATE_ALLOC).
     process_state& st = state();
+    // A log another thread is still starting (its first allocation just before the exit) would
+    // otherwise end without its events or an end line, silently: the header alone, under load
+    // (integration test "threads still allocating at exit ...").  glibc runs destructors without
+    // the loader's lock, so the start can finish meanwhile.
+    wait_for_others_start(st, "the process exits before it ends, and the log has no end line");
     pool_at_exit();
     if (owns_log(st)) {
         st.log->finish(end_reason::exit, 0, unmatched_count(), 200);
@@ -414,26 +441,9 @@ recorder* recorder_or_null(bool count_if_unrecorded) noexcept {
     // Another thread is starting the log (a few hundred µs at most); the starter itself, re-entering
     // through a hooked call, must not wait for itself.
     if (st.starter_tid.load() == current_tid()) return nullptr;
-    // The wait is bounded: the start looks up libcuda's functions and the interpreter's (dlsym and
-    // dlopen take the loader's lock), and a thread inside dlopen, whose library's constructor
-    // allocates, holds that lock while it waits here.  Unbounded, the two waited for each other
-    // for ever (integration test "a first allocation while a library's constructor allocates").
     // Past the bound the call goes to the driver unrecorded, counted lost, and so does every call
     // until the start ends, without waiting again.
-    if (!g_start_stuck.load(std::memory_order_acquire)) {
-        const uint64_t since = monotonic_ns();
-        while (st.phase.load(std::memory_order_acquire) == starting) {
-            if (monotonic_ns() - since > k_start_wait_ns) {
-                if (!g_start_stuck.exchange(true))
-                    write_stderr({"gpumem: the log's start on another thread takes over 1 s (perhaps waiting for this "
-                                  "thread, inside dlopen); calls made meanwhile go to the driver unrecorded and are "
-                                  "counted lost\n"});
-                break;
-            }
-            timespec ts{0, 100000};
-            nanosleep(&ts, nullptr);
-        }
-    }
+    wait_for_others_start(st, "calls made meanwhile go to the driver unrecorded and are counted lost");
     ph = st.phase.load();
     if (ph == recording) return st.rec;
     if (ph == starting && count_if_unrecorded) count_unrecorded(st);
@@ -456,6 +466,7 @@ int current_device() noexcept {
 // heap (end_reason::fast_exit), and the real _exit was looked up when recording began.
 static void finish_fast() noexcept {
     process_state& st = state();
+    wait_for_others_start(st, "the process exits before it ends, and the log has no end line");  // as gpumem_fini
     if (owns_log(st)) {
         st.log->let_writer_drain(100);
         st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);

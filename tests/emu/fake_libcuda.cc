@@ -14,6 +14,8 @@
 //                         when GPUMEM_EMU_VMM is on
 //   GPUMEM_EMU_LATE_ALLOC N alloc/free pairs made by this library's destructor at exit (below)
 //   GPUMEM_EMU_LATE_ALLOC_SIZE  their size in bytes (4096)
+//   GPUMEM_EMU_SLOW_NAME_MS     cuDeviceGetName sleeps this long (a log start slowed by a loaded
+//                         machine: gpumem asks every device's name for the log's header)
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
@@ -348,6 +350,7 @@ EMU_EXPORT CUresult cuDeviceGet(CUdevice* d, int ordinal) {
 EMU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, size_t(len), "gpumem emulated device %d", d);
+    if (const char* ms = getenv("GPUMEM_EMU_SLOW_NAME_MS")) usleep(useconds_t(atoi(ms)) * 1000);
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {

@@ -115,11 +115,21 @@ inline std::map<std::string, std::string> values(const std::string& out) {
     return m;
 }
 
-inline std::vector<json> lines_of(const std::string& path) {
+// last_may_be_cut: a thread still writing when the process ended may leave its line cut short
+// (the kernel stops a killed thread's write at a page), which the analyzer reads as such; only a
+// last line without its newline may be.
+inline std::vector<json> lines_of(const std::string& path, bool last_may_be_cut = false) {
     std::ifstream in(path);
     std::vector<json> out;
     std::string line;
-    while (std::getline(in, line)) out.push_back(json::parse(line));
+    while (std::getline(in, line)) {
+        if (last_may_be_cut && in.eof()) {
+            json j = json::parse(line, nullptr, false);
+            if (!j.is_discarded()) out.push_back(std::move(j));
+            break;
+        }
+        out.push_back(json::parse(line));
+    }
     return out;
 }
 

@@ -759,7 +759,7 @@ TEST_CASE("threads still allocating at exit log after the end line in seq order,
     auto r = run({EMU_DRIVER_APP, "sustain-exit", "1", "10"}, {{"GPUMEM_POOL", "off"}, {"GPUMEM_EMU_LATE_ALLOC", "3"}});
     REQUIRE(WEXITSTATUS(r.status) == 0);
     REQUIRE(r.logs.size() == 1);
-    auto ls = lines_of(r.logs[0]);
+    auto ls = lines_of(r.logs[0], true);  // the worker thread may be cut mid-line at the exit
     size_t end_at = 0;
     for (size_t i = 0; i < ls.size(); ++i)
         if (ls[i]["ev"] == "end") end_at = i;
@@ -780,6 +780,25 @@ TEST_CASE("threads still allocating at exit log after the end line in seq order,
     INFO(out);
     CHECK(rc == 0);
     CHECK(out.find("event after the end line") != std::string::npos);
+}
+
+TEST_CASE("a process that exits while another thread starts the log still ends the log with its events") {
+    // sustain-exit's worker thread makes the first allocation, so it starts the log while the main
+    // thread sleeps 10 ms and exits.  Under CI's load the start outlasted the sleep: gpumem's
+    // destructor found the log still starting, did nothing, and the log held its header alone (no
+    // event, no end line, nothing said).  A start slowed to 200 ms makes that certain here.
+    auto r = run({EMU_DRIVER_APP, "sustain-exit", "1", "10"},
+                 {{"GPUMEM_POOL", "off"}, {"GPUMEM_EMU_SLOW_NAME_MS", "200"}});
+    REQUIRE(WEXITSTATUS(r.status) == 0);
+    REQUIRE(r.logs.size() == 1);
+    auto ls = lines_of(r.logs[0], true);  // the worker thread may be cut mid-line at the exit
+    INFO(r.err);
+    REQUIRE(count_ev(ls, "end") == 1);
+    CHECK(count_ev(ls, "alloc") >= 1);
+    CHECK(r.err.find("takes over 1 s") == std::string::npos);
+    auto [rc, out] = report(r.logs[0]);
+    INFO(out);
+    CHECK(rc == 0);
 }
 
 TEST_CASE("#4 exec: the old image's log ends with reason exec, the new image writes its own file") {
