@@ -15,7 +15,8 @@
 //   GPUMEM_EMU_LATE_ALLOC N alloc/free pairs made by this library's destructor at exit (below)
 //   GPUMEM_EMU_LATE_ALLOC_SIZE  their size in bytes (4096)
 //   GPUMEM_EMU_SLOW_NAME_MS     cuDeviceGetName sleeps this long (a log start slowed by a loaded
-//                         machine: gpumem asks every device's name for the log's header)
+//                         machine: gpumem asks every device's name for the log's header);
+//                         gpumem_emu_names_asked() says how many calls began
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
@@ -347,7 +348,11 @@ EMU_EXPORT CUresult cuDeviceGet(CUdevice* d, int ordinal) {
     *d = ordinal;
     return CUDA_SUCCESS;
 }
+static std::atomic<int> g_names_asked{0};
+// Not a driver function: lets a program wait until the log's start is under way (emu_app exit-in-start).
+EMU_EXPORT int gpumem_emu_names_asked() { return g_names_asked.load(); }
 EMU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+    g_names_asked.fetch_add(1);
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, size_t(len), "gpumem emulated device %d", d);
     if (const char* ms = getenv("GPUMEM_EMU_SLOW_NAME_MS")) usleep(useconds_t(atoi(ms)) * 1000);
