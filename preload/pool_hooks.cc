@@ -144,6 +144,18 @@ pool_registry::slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexc
     return registry().owner_of(addr, bi);
 }
 
+// lookup_any for a pointer query: an allocated block counts as the program's allocation only up to
+// the bytes it asked for.  The driver knows a cuMemAlloc allocation that far and no further (past
+// it, inside what it charged, cuMemGetAddressRange says CUDA_ERROR_NOT_FOUND and
+// cuPointerGetAttribute CUDA_ERROR_INVALID_VALUE: an H100), so the block's rounding (up
+// to 511 B, or a large block's tail kept whole) answers as free memory inside a segment does,
+// never with a range that does not hold the pointer.
+pool_registry::slot* lookup_asked(uint64_t addr, block_pool::block_info* bi) noexcept {
+    pool_registry::slot* s = lookup_any(addr, bi);
+    if (s && bi->allocated && addr - bi->block >= bi->requested) bi->allocated = false;
+    return s;
+}
+
 }  // namespace
 
 bool capture_active() noexcept { return g_captures.load(std::memory_order_acquire) > 0; }
@@ -361,12 +373,13 @@ bool pool_owns(uint64_t ptr) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Pointer queries.  For an allocated block the program sees the block as its own allocation:
 // start = the block, size = the bytes it asked for.  Inside a segment but outside any allocated
-// block the answer is the driver's for a pointer it does not know.  Every other attribute is the
-// same for a block as for its segment and is the driver's answer.
+// block (or past the bytes the program asked for: lookup_asked) the answer is the driver's for a
+// pointer it does not know.  Every other attribute is the same for a block as for its segment and
+// is the driver's answer.
 
 CUresult pool_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p, bool* handled) noexcept {
     block_pool::block_info bi{};
-    if (!lookup_any(uint64_t(p), &bi)) {
+    if (!lookup_asked(uint64_t(p), &bi)) {
         *handled = false;
         return CUDA_SUCCESS;
     }
@@ -412,7 +425,7 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
     if (!block_attribute(a)) {
         // Free or pending memory inside a segment is no allocation of the program's.
         block_pool::block_info bi{};
-        pool_registry::slot* owner = lookup_any(uint64_t(p), &bi);
+        pool_registry::slot* owner = lookup_asked(uint64_t(p), &bi);
         if (owner && !bi.allocated) {
             *handled = true;
             return CUDA_ERROR_INVALID_VALUE;
@@ -427,7 +440,7 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
         return CUDA_SUCCESS;
     }
     block_pool::block_info bi{};
-    if (!lookup_any(uint64_t(p), &bi)) return CUDA_SUCCESS;
+    if (!lookup_asked(uint64_t(p), &bi)) return CUDA_SUCCESS;
     *handled = true;
     if (!bi.allocated || !data) return CUDA_ERROR_INVALID_VALUE;
     say_block_attribute(data, a, bi);
@@ -436,7 +449,7 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
 
 CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p, bool* handled) noexcept {
     block_pool::block_info bi{};
-    pool_registry::slot* owner = a && data ? lookup_any(uint64_t(p), &bi) : nullptr;
+    pool_registry::slot* owner = a && data ? lookup_asked(uint64_t(p), &bi) : nullptr;
     if (!owner) {
         *handled = false;
         return CUDA_SUCCESS;

@@ -56,6 +56,11 @@ struct allocation {
     uint64_t size;
     int dev;
     int kind;  // 0 device, 1 managed, 2 vmm handle, 3 opened legacy IPC memory
+    // The bytes the program asked for (device and managed memory): what pointer queries see.  The
+    // driver answers a cuMemAlloc allocation's own size (1000 for 1000 bytes) and knows no address
+    // past it, though it charged more: cuMemGetAddressRange there is CUDA_ERROR_NOT_FOUND and
+    // cuPointerGetAttribute CUDA_ERROR_INVALID_VALUE (an H100, 2026-12-06).
+    uint64_t requested = 0;
 };
 
 struct vmm_handle {
@@ -205,13 +210,16 @@ CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
     spin_latency();
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
+    // Sizes near 2^64 would wrap in the rounding: out of memory, as the driver says (2 for 2^64-1,
+    // 2^63 and 2^48+1 on an H100).
+    if (size > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charged = align_up(size, 512);
     if (s.used[dev] + charged > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t align = size >= (1u << 20) ? (2u << 20) : 512;
     uint64_t base = align_up(s.next_va[dev], align);
     s.next_va[dev] = base + charged;
     s.used[dev] += charged;
-    s.device_allocs[base] = allocation{charged, dev, kind};
+    s.device_allocs[base] = allocation{charged, dev, kind, size};
     *p = CUdeviceptr(base);
     return CUDA_SUCCESS;
 }
@@ -229,14 +237,15 @@ CUresult device_free(CUdeviceptr p) {
 }
 
 // The allocation containing p, if any: a cuMemAlloc allocation or (with_vmm) a VMM mapping or
-// opened IPC memory.
-bool find_alloc(uint64_t p, uint64_t* base, allocation* out, bool with_vmm = true) {
+// opened IPC memory.  asked: as a pointer query sees it, a cuMemAlloc allocation only up to the
+// bytes the program asked for (allocation::requested).
+bool find_alloc(uint64_t p, uint64_t* base, allocation* out, bool with_vmm = true, bool asked = false) {
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
     auto it = s.device_allocs.upper_bound(p);
     if (it != s.device_allocs.begin()) {
         --it;
-        if (p < it->first + it->second.size) {
+        if (p < it->first + (asked && it->second.requested ? it->second.requested : it->second.size)) {
             *base = it->first;
             *out = it->second;
             return true;
@@ -922,19 +931,19 @@ EMU_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUd
     bump("cuMemGetAddressRange_v2");
     uint64_t b;
     allocation a;
-    if (!find_alloc(uint64_t(p), &b, &a)) return CUDA_ERROR_NOT_FOUND;
+    if (!find_alloc(uint64_t(p), &b, &a, true, true)) return CUDA_ERROR_NOT_FOUND;
     if (base) *base = CUdeviceptr(b);
-    if (size) *size = a.size;
+    if (size) *size = a.requested ? a.requested : a.size;
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr p) {
     bump("cuPointerGetAttribute");
     uint64_t b;
     allocation a;
-    if (!find_alloc(uint64_t(p), &b, &a)) return CUDA_ERROR_INVALID_VALUE;
+    if (!find_alloc(uint64_t(p), &b, &a, true, true)) return CUDA_ERROR_INVALID_VALUE;
     switch (attr) {
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(b); return CUDA_SUCCESS;
-        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = a.size; return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = a.requested ? a.requested : a.size; return CUDA_SUCCESS;
         // The mapping: the allocation itself here (one cuMemAlloc, or one cuMemCreate chunk mapped).
         case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *static_cast<void**>(data) = reinterpret_cast<void*>(b); return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *static_cast<size_t*>(data) = a.size; return CUDA_SUCCESS;

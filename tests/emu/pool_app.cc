@@ -629,6 +629,56 @@ void query() {
     CHECK(cuMemFree(a));
 }
 
+// Answers at the edges, each line the same with and without the pool: requests of 0 bytes and of
+// sizes no device holds, and pointer queries at a block's last byte and just past the bytes the
+// program asked for, inside the block's rounding (the driver knows no address there).
+void edges() {
+    setup();
+    size_t free_b = 0, total = 0;
+    CHECK(cuMemGetInfo(&free_b, &total));
+    const unsigned long long sizes[] = {0, ~0ull, ~0ull - 255, 1ull << 63, (1ull << 48) + 1, total + 1};
+    const char* names[] = {"0", "2^64-1", "2^64-256", "2^63", "2^48+1", "total+1"};
+    for (int i = 0; i < 6; ++i) {
+        CUdeviceptr p = 0;
+        const int r = int(cuMemAlloc(&p, size_t(sizes[i])));
+        printf("alloc_%s=%d\n", names[i], r);
+        if (r == 0) CHECK(cuMemFree(p));
+    }
+    CUdeviceptr a, b, e;
+    CHECK(cuMemAlloc(&a, 1000));
+    CHECK(cuMemAlloc(&b, 1000));
+    CHECK(cuMemAlloc(&e, (3u << 20) + 100));
+    struct at {
+        const char* name;
+        CUdeviceptr base, p;
+    } points[] = {{"a+0", a, a}, {"a+999", a, a + 999}, {"a+1000", a, a + 1000}, {"a+1023", a, a + 1023},
+                  {"e+last", e, e + (3u << 20) + 99}, {"e+size", e, e + (3u << 20) + 100}, {"e+size+411", e, e + (3u << 20) + 511}};
+    for (const at& x : points) {
+        if (x.p >= b && x.p < b + 1000) continue;  // b's own bytes
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        const int r = int(cuMemGetAddressRange(&base, &size, x.p));
+        printf("range_%s=%d base_ok=%d size=%zu\n", x.name, r, r == 0 && base == x.base, r == 0 ? size : 0);
+        CUdeviceptr start = 0;
+        size_t rsize = 0;
+        int ordinal = -1;
+        const int r1 = int(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, x.p));
+        const int r2 = int(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, x.p));
+        const int r3 = int(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, x.p));
+        printf("attr_%s=%d,%d,%d start_ok=%d size=%zu\n", x.name, r1, r2, r3, r1 == 0 && start == x.base, r2 == 0 ? rsize : 0);
+        CUpointer_attribute list[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+        start = 0;
+        rsize = 0;
+        void* data[] = {&start, &rsize};
+        const int r4 = int(cuPointerGetAttributes(2, list, data, x.p));
+        printf("attrs_%s=%d start_ok=%d size=%zu\n", x.name, r4, start == x.base, rsize);
+    }
+    printf("free_a+1000=%d\n", int(cuMemFree(a + 1000)));
+    CHECK(cuMemFree(a));
+    CHECK(cuMemFree(b));
+    CHECK(cuMemFree(e));
+}
+
 // The exporting half of a two-process IPC test: n blocks of `size` bytes, kept, and the last one's
 // IPC handle (128 hex digits) with where its first and last bytes lie.  Then it waits for a line on
 // stdin (the importer is done: the memory must stay alive until then) and frees everything.
@@ -993,6 +1043,7 @@ int main(int argc, char** argv) {
         capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end",
                 argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
+    else if (s == "edges") edges();
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
     else if (s == "capture-modes") capture_modes();
@@ -1014,7 +1065,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | kernel-attr-device | async-other-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | kernel-attr-device | async-other-device | reset-launch [v1] | reset | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

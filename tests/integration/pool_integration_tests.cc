@@ -1008,6 +1008,33 @@ TEST_CASE("pool: pointer queries see the block, IPC hands out real or gpumem han
     check_rebuild(ls);
 }
 
+TEST_CASE("pool: pointer queries past the bytes asked for and requests no device holds answer as without gpumem") {
+    // The driver knows a cuMemAlloc allocation up to the bytes asked for (an H100: at
+    // 1000 B into a 1000 B allocation cuMemGetAddressRange says 500 and cuPointerGetAttribute 1);
+    // a pooled block's rounding must not answer there with a range that does not hold the pointer.
+    auto alone = run({EMU_POOL_APP, "edges"}, {}, false);
+    INFO(alone.err);
+    REQUIRE(WIFEXITED(alone.status));
+    REQUIRE(WEXITSTATUS(alone.status) == 0);
+    auto v = values(alone.out);
+    CHECK(num(v, "alloc_0") == 1);
+    CHECK(num(v, "alloc_2^64-1") == 2);
+    CHECK(num(v, "alloc_total+1") == 2);
+    CHECK(v["range_a+999"] == "0 base_ok=1 size=1000");
+    CHECK(v["range_a+1000"] == "500 base_ok=0 size=0");
+    CHECK(v["attr_e+size"] == "1,1,1 start_ok=0 size=0");
+    CHECK(num(v, "free_a+1000") == 1);
+    for (auto env : std::vector<std::map<std::string, std::string>>{
+             {{"GPUMEM_POOL", "off"}}, {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_REUSE", "safe"}}}) {
+        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+        auto r = run({EMU_POOL_APP, "edges"}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(r.out == alone.out);
+        check_rebuild(ls);
+    }
+}
+
 // Two processes under gpumem: the exporter allocates three 5000 B blocks (the third lies inside a
 // shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
 // emulated driver says where each process's pointer lands: the importer's must land on the
