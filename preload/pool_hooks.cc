@@ -405,13 +405,18 @@ bool ipc_capable(const pool_registry::slot* owner, const block_pool::block_info&
 // The attributes answered from the block: its range, and its mapping, which on virtual memory the
 // driver would give as the one 2 MiB chunk under the pointer (a caller registering a buffer by its
 // mapping would cover part of it).  The mapping is the block's bytes in the pool (the request
-// rounded up), as cudaMalloc memory's mapping holds at least the allocation.
+// rounded up), as cudaMalloc memory's mapping holds at least the allocation.  And its context: the
+// driver names the context of a cuMemAlloc allocation, but none for cuMemCreate memory (an
+// H100), and a caller that makes the buffer's context current (MPI libraries do) would make
+// no context current.
 bool block_attribute(CUpointer_attribute a) noexcept {
     return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
-           a == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR || a == CU_POINTER_ATTRIBUTE_MAPPING_SIZE;
+           a == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR || a == CU_POINTER_ATTRIBUTE_MAPPING_SIZE ||
+           a == CU_POINTER_ATTRIBUTE_CONTEXT;
 }
-void say_block_attribute(void* data, CUpointer_attribute a, const block_pool::block_info& bi) noexcept {
+void say_block_attribute(void* data, CUpointer_attribute a, const block_pool::block_info& bi, const pool_registry::slot* owner) noexcept {
     switch (a) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = CUcontext(uintptr_t(owner->ctx.load(std::memory_order_acquire))); break;
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(bi.block); break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = size_t(bi.requested); break;
         case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *static_cast<void**>(data) = reinterpret_cast<void*>(uintptr_t(bi.block)); break;
@@ -440,10 +445,11 @@ CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p
         return CUDA_SUCCESS;
     }
     block_pool::block_info bi{};
-    if (!lookup_asked(uint64_t(p), &bi)) return CUDA_SUCCESS;
+    const pool_registry::slot* owner = lookup_asked(uint64_t(p), &bi);
+    if (!owner) return CUDA_SUCCESS;
     *handled = true;
     if (!bi.allocated || !data) return CUDA_ERROR_INVALID_VALUE;
-    say_block_attribute(data, a, bi);
+    say_block_attribute(data, a, bi, owner);
     return CUDA_SUCCESS;
 }
 
@@ -465,7 +471,7 @@ CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data
     if (r != CUDA_SUCCESS) return r;
     for (unsigned i = 0; i < n; ++i) {
         if (!data[i]) continue;
-        if (block_attribute(a[i])) say_block_attribute(data[i], a[i], bi);
+        if (block_attribute(a[i])) say_block_attribute(data[i], a[i], bi, owner);
         if (a[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE && capable) say_ipc_capable(data[i]);
     }
     return r;

@@ -949,7 +949,9 @@ EMU_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, 
         case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *static_cast<size_t*>(data) = a.size; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = a.dev; return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
-        case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = ctx_of(a.dev); return CUDA_SUCCESS;
+        // cuMemCreate memory belongs to no context: the driver answers success and not the context
+        // that mapped it (an H100), where a cuMemAlloc allocation names its own.
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = a.kind == 2 ? nullptr : ctx_of(a.dev); return CUDA_SUCCESS;
         // A boolean: cuMemAlloc memory can be shared through legacy IPC, cuMemCreate chunks cannot.
         case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<bool*>(data) = a.kind == 0; return CUDA_SUCCESS;
         default: return CUDA_ERROR_NOT_SUPPORTED;

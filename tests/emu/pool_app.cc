@@ -633,7 +633,7 @@ void query() {
 // sizes no device holds, and pointer queries at a block's last byte and just past the bytes the
 // program asked for, inside the block's rounding (the driver knows no address there).
 void edges() {
-    setup();
+    const CUcontext current = setup();
     size_t free_b = 0, total = 0;
     CHECK(cuMemGetInfo(&free_b, &total));
     const unsigned long long sizes[] = {0, ~0ull, ~0ull - 255, 1ull << 63, (1ull << 48) + 1, total + 1};
@@ -672,6 +672,13 @@ void edges() {
         void* data[] = {&start, &rsize};
         const int r4 = int(cuPointerGetAttributes(2, list, data, x.p));
         printf("attrs_%s=%d start_ok=%d size=%zu\n", x.name, r4, start == x.base, rsize);
+        // The context that allocated it, alone and in a list.
+        CUcontext ctx = nullptr, listed = nullptr;
+        const int r5 = int(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, x.p));
+        CUpointer_attribute ctx_list[] = {CU_POINTER_ATTRIBUTE_CONTEXT};
+        void* ctx_data[] = {&listed};
+        const int r6 = int(cuPointerGetAttributes(1, ctx_list, ctx_data, x.p));
+        printf("ctx_%s=%d,%d is_current=%d,%d\n", x.name, r5, r6, ctx == current, listed == current);
     }
     printf("free_a+1000=%d\n", int(cuMemFree(a + 1000)));
     CHECK(cuMemFree(a));

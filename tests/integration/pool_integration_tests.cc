@@ -1024,6 +1024,9 @@ TEST_CASE("pool: pointer queries past the bytes asked for and requests no device
     CHECK(v["range_a+1000"] == "500 base_ok=0 size=0");
     CHECK(v["attr_e+size"] == "1,1,1 start_ok=0 size=0");
     CHECK(num(v, "free_a+1000") == 1);
+    // And a block names the context that allocated it, where the driver names none for the pool's
+    // cuMemCreate chunks.
+    CHECK(v["ctx_a+0"] == "0,0 is_current=1,1");
     for (auto env : std::vector<std::map<std::string, std::string>>{
              {{"GPUMEM_POOL", "off"}}, {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_REUSE", "safe"}}}) {
         INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
