@@ -201,11 +201,19 @@ int dev_of(CUcontext c) { return int(reinterpret_cast<uintptr_t>(c) - 0xC0000); 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // dev: the device to allocate on; -1, the current context's.
+// A reset primary context is inactive, its retains notwithstanding, until the next retain makes it
+// anew with the same handle; meanwhile an allocation or a free with the old handle current is
+// refused with CUDA_ERROR_CONTEXT_IS_DESTROYED (709) (an H100, 2026-12-06).
+static std::atomic<bool>* primary_reset() {
+    static std::atomic<bool>* r = new std::atomic<bool>[16]();
+    return r;
+}
 CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0) dev = current_dev();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (primary_reset()[dev].load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     spin_latency();
     emu_state& s = st();
@@ -226,6 +234,7 @@ CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
 
 CUresult device_free(CUdeviceptr p) {
     if (p == 0) return CUDA_SUCCESS;
+    if (const int dev = current_dev(); dev >= 0 && primary_reset()[dev].load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     spin_latency();
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
@@ -406,6 +415,7 @@ static std::atomic<int>* primary_refs() {
 }
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    primary_reset()[d].store(false);
     primary_refs()[d].fetch_add(1);
     *c = ctx_of(d);
     return CUDA_SUCCESS;
@@ -434,7 +444,7 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, 
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
     *flags = 0;
-    *active = primary_refs()[d].load() > 0;
+    *active = primary_refs()[d].load() > 0 && !primary_reset()[d].load();
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
@@ -528,6 +538,7 @@ EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
 EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     drop_device_memory(d);
     forget_modules(d);
+    if (d >= 0 && d < 16) primary_reset()[d].store(true);
     return CUDA_SUCCESS;
 }
 static CUresult make_stream(CUstream* s) {
