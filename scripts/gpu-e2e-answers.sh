@@ -65,7 +65,7 @@ PY
       verdict=FAIL; fails=$((fails + 1))
     fi
     diffs() { if [ "$1" = "$base" ]; then echo same; else diff <(printf '%s\n' "$base") <(printf '%s\n' "$1") | grep '^>' | head -3 | tr '\n' ' '; fi; }
-    echo "| address ranges (27 queries) | $(echo "$base" | wc -l) lines, e.g. $(echo "$base" | sed -n 4p) | $(diffs "$vmm") | $(diffs "$novmm") | $verdict |"
+    echo "| address ranges (36 queries) | $(echo "$base" | wc -l) lines, e.g. $(echo "$base" | sed -n 4p) | $(diffs "$vmm") | $(diffs "$novmm") | $verdict |"
   fi
   # The stream-ordered allocations those runs made are in their logs, on the GPU they are on
   # (cuMemAllocAsync on its stream's device, cuMemAllocFromPoolAsync on its pointer's: device 0).

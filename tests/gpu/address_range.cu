@@ -1,5 +1,5 @@
 // What cuMemGetAddressRange and cuPointerGetAttribute(RANGE_*) answer for allocations of sizes that
-// are not multiples of anything, asked at their start and inside them: run once alone and once
+// are not multiples of anything, asked at their start, inside them and one byte past them: run once alone and once
 // under libgpumem.so (pool on), the two outputs must be the same (scripts/gpu-e2e.sh, base).
 #include <cstdio>
 
@@ -18,7 +18,8 @@ int main() {
             continue;
         }
         const CUdeviceptr d = CUdeviceptr(p);
-        for (size_t off : {size_t(0), s / 2, s - 1}) {
+        // s: one byte past what was asked, inside the pool's rounding or the driver's own.
+        for (size_t off : {size_t(0), s / 2, s - 1, s}) {
             CUdeviceptr base = 0;
             size_t size = 0;
             CUresult r = cuMemGetAddressRange(&base, &size, d + off);
