@@ -545,6 +545,13 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // request do not fit (docs/pool.md).  Unmapping needs every earlier free's work done
     // (cuMemUnmap does not wait, unlike cuMemFree): a block freed for immediate reuse since the
     // last sync may still have its last owner's work queued, so wait for every stream first.
+    // A request larger than the whole device (its size known from the last look at the driver)
+    // fails here, as the driver fails it, at once: no give-back could make room, and one emptied
+    // the cache of a program probing for the largest allocation that fits.
+    if (total_ && asize > total_) {
+        *err = k_cuda_oom;
+        return nullptr;
+    }
     if (can_sync()) {
         if ((pending_bytes_[0] | pending_bytes_[1]) != 0) {
             if (reclaim(api, true, p, asize) && (b = find_free(p, asize))) return b;

@@ -863,6 +863,32 @@ TEST_CASE("after a growth the pool looks at the driver only once the count is un
     CHECK(dev.bad_calls() == 0);
 }
 
+TEST_CASE("a request larger than the whole device fails at once and keeps the cache", "[pool][vmm][arena]") {
+    // No give-back can make room for more than the device holds; giving back only emptied the
+    // cache of a program that probes for the largest allocation that fits (each probe over the
+    // device's size cost every cached chunk, mapped again at the next allocations).  The driver
+    // answers such a request OUT_OF_MEMORY at once; so does the pool now, once it knows the size.
+    fake_backend dev(128 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    pool_config cfg = vmm_config();
+    cfg.headroom = 8 * MiB;  // the pool looks at the driver, and so learns the device's size
+    block_pool pool(cfg, dev, &sink, 0);
+    uint64_t a = 0, big = 0;
+    int rc = 0;
+    REQUIRE(pool.allocate(60 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    REQUIRE(pool.deallocate(a, api_id::cuMemFree_v2, &rc));
+    const uint64_t cached = dev.in_use();
+    REQUIRE(cached >= 60 * MiB);
+    CHECK(pool.allocate(129 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_oom);
+    CHECK(dev.in_use() == cached);
+    CHECK(sink.bytes(ev_kind::segment_unmap) == 0);
+    CHECK(sink.count(ev_kind::segment_free) == 0);
+    // A request the device could hold still gets the whole give-back path, and is served.
+    REQUIRE(pool.allocate(120 * MiB, api_id::cuMemAlloc_v2, &big) == k_cuda_success);
+    CHECK(dev.bad_calls() == 0);
+}
+
 TEST_CASE("the pool counts and times its own chunk calls: maps, refusals, unmaps and looks at the driver", "[pool][vmm][arena]") {
     // The bounded give-back's program (above): every growth near the device's limit is refused
     // first, then served after a give-back; the counts must match what the driver and the log saw.
