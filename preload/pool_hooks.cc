@@ -624,18 +624,19 @@ namespace {
 // pool_context_gone's work; pool_primary_release calls it inside its own critical section.
 void context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     ipc_context_gone(ctx, dev);  // IPC memory opened in it, pool or no pool
-    if (registry().count() == 0) return;
     // cuDevicePrimaryCtxReset names a device: its primary context's handle, if active.  The handle
     // stays current on every thread that had it, and until a retain makes the context anew (with
     // the same handle) the driver refuses an allocation there with CUDA_ERROR_CONTEXT_IS_DESTROYED
     // (an H100): no pool is made for it meanwhile, as after a last release, or one on
     // virtual memory would serve from fresh chunks.  Entered before the driver's reset: the entry
     // counts only while the context is inactive (is_ended_primary), so a refused reset leaves none.
+    // Entered with no pool yet, too: the stale handle's first allocation would make one
+    // (emu_pool_app reset-stale first).
     if (!ctx && dev >= 0) {
         ctx = primary_if_active(CUdevice(dev));
         if (ctx && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(ctx)), std::memory_order_release);
     }
-    if (!ctx) return;
+    if (!ctx || registry().count() == 0) return;
     // Its streams died with it, without cuStreamDestroy: fences must not record on their handles,
     // which new streams may reuse (the primary context keeps its handle across a reset).
     streams().forget_context(uint64_t(uintptr_t(ctx)));

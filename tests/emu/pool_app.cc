@@ -845,13 +845,16 @@ void reset() {
 // A primary context reset while its handle stays current (the program keeps its retain): until a
 // retain makes the context anew, the driver refuses an allocation and a free there with
 // CUDA_ERROR_CONTEXT_IS_DESTROYED (709); after it, both work again.  Each line is the same with and
-// without gpumem.
-void reset_stale() {
+// without gpumem.  first: the reset comes before the program's first allocation, when no pool
+// exists yet (the stale handle's first allocation would make one).
+void reset_stale(bool first) {
     const CUcontext ctx = setup();
-    CUdeviceptr p, q = 0, r = 0;
-    CHECK(cuMemAlloc(&p, 1 << 20));
-    CHECK(cuMemAlloc(&q, 4096));
-    CHECK(cuMemFree(q));  // a cached block, under the pool
+    CUdeviceptr p = 0, q = 0, r = 0;
+    if (!first) {
+        CHECK(cuMemAlloc(&p, 1 << 20));
+        CHECK(cuMemAlloc(&q, 4096));
+        CHECK(cuMemFree(q));  // a cached block, under the pool
+    }
     CHECK(cuDevicePrimaryCtxReset(0));
     unsigned flags = 0;
     int active = -1;
@@ -860,7 +863,7 @@ void reset_stale() {
     const int stale_small = int(cuMemAlloc(&q, 4096));
     const int stale_large = int(cuMemAlloc(&r, 64u << 20));
     printf("stale_alloc_result=%d\nstale_large_alloc_result=%d\n", stale_small, stale_large);
-    printf("stale_free_dead_result=%d\n", int(cuMemFree(p)));
+    if (!first) printf("stale_free_dead_result=%d\n", int(cuMemFree(p)));
     CUcontext again = nullptr;
     CHECK(cuDevicePrimaryCtxRetain(&again, 0));
     printf("same_handle=%d\n", again == ctx);
@@ -1087,7 +1090,7 @@ int main(int argc, char** argv) {
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
     else if (s == "reset") reset();
-    else if (s == "reset-stale") reset_stale();
+    else if (s == "reset-stale") reset_stale(argc > 2 && !strcmp(argv[2], "first"));
     else if (s == "release-cycle") release_cycle(argc > 2 && !strcmp(argv[2], "v1"));
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
@@ -1100,7 +1103,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1140,24 +1140,28 @@ TEST_CASE("pool: peer access reaches pooled blocks as it reaches cudaMalloc memo
 
 TEST_CASE("pool: after a primary context reset its stale handle gets no pool until a retain makes the context anew") {
     // The driver refuses an allocation with the reset context's handle current (709, an H100, driver
-    // 580); a pool made for it served one from fresh virtual-memory chunks.
-    auto alone = run({EMU_POOL_APP, "reset-stale"}, {}, false);
-    INFO(alone.err);
-    REQUIRE(WIFEXITED(alone.status));
-    REQUIRE(WEXITSTATUS(alone.status) == 0);
-    auto v = values(alone.out);
-    CHECK(num(v, "active_after_reset") == 0);
-    CHECK(num(v, "stale_alloc_result") == 709);
-    CHECK(num(v, "stale_large_alloc_result") == 709);
-    CHECK(num(v, "same_handle") == 1);
-    CHECK(num(v, "alloc_after_retain_result") == 0);
-    for (auto env : std::vector<std::map<std::string, std::string>>{{}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
-        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
-        auto r = run({EMU_POOL_APP, "reset-stale"}, env);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(r.out == alone.out);
-        check_rebuild(ls);
+    // 580); a pool made for it served one from fresh virtual-memory chunks.  "first": the reset
+    // comes before the first allocation, so no pool exists yet when it is seen.
+    for (const char* when : {"after-allocations", "first"}) {
+        INFO(when);
+        auto alone = run({EMU_POOL_APP, "reset-stale", when}, {}, false);
+        INFO(alone.err);
+        REQUIRE(WIFEXITED(alone.status));
+        REQUIRE(WEXITSTATUS(alone.status) == 0);
+        auto v = values(alone.out);
+        CHECK(num(v, "active_after_reset") == 0);
+        CHECK(num(v, "stale_alloc_result") == 709);
+        CHECK(num(v, "stale_large_alloc_result") == 709);
+        CHECK(num(v, "same_handle") == 1);
+        CHECK(num(v, "alloc_after_retain_result") == 0);
+        for (auto env : std::vector<std::map<std::string, std::string>>{{}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
+            INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+            auto r = run({EMU_POOL_APP, "reset-stale", when}, env);
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            CHECK(r.out == alone.out);
+            check_rebuild(ls);
+        }
     }
 }
 
