@@ -58,6 +58,7 @@ struct process_state {
     recorder* rec = nullptr;
     std::atomic<int> phase{not_started};
     std::atomic<int> starter_tid{0};
+    std::atomic<long> starter_pid{0};  // the process whose thread starts the log (a vfork child is another)
     std::atomic<long> owner_pid{0};  // the process whose log this is
     long forked_from = 0;
 };
@@ -199,6 +200,8 @@ bool owns_log(const process_state& st) noexcept {
 // allocates").  The first wait past the bound says so on stderr, naming what `after` says happens.
 void wait_for_others_start(process_state& st, const char* after) noexcept {
     if (st.phase.load(std::memory_order_acquire) != starting || st.starter_tid.load() == current_tid()) return;
+    // A vfork child shares the phase but not the log: its exec or _exit never waits for its parent.
+    if (st.starter_pid.load() != long(getpid())) return;
     if (g_start_stuck.load(std::memory_order_acquire)) return;
     const uint64_t since = monotonic_ns();
     while (st.phase.load(std::memory_order_acquire) == starting) {
@@ -378,6 +381,7 @@ void after_fork_child() {
     stack_table().unlock_after_fork();
     pool_after_fork();
     st.starter_tid.store(0);
+    st.starter_pid.store(0);
     g_start_stuck.store(false);  // the parent's start, and what it missed, are the parent's
     g_unrecorded.store(0);
     // A parent that never recorded (it never touched CUDA, as a multiprocessing parent that forks
@@ -415,7 +419,8 @@ __attribute__((destructor)) void gpumem_fini() {
     // A log another thread is still starting (its first allocation just before the exit) would
     // otherwise end without its events or an end line, silently: the header alone, under load
     // (integration test "threads still allocating at exit ...").  glibc runs destructors without
-    // the loader's lock, so the start can finish meanwhile.
+    // the loader's lock, so the start can finish meanwhile (not after an exit called inside dlopen,
+    // a library constructor's: then the wait ends at its bound).
     wait_for_others_start(st, "the process exits before it ends, and the log has no end line");
     pool_at_exit();
     if (owns_log(st)) {
@@ -434,6 +439,7 @@ recorder* recorder_or_null(bool count_if_unrecorded) noexcept {
     if (ph == disabled) return nullptr;
     int expected = not_started;
     if (ph == not_started && st.phase.compare_exchange_strong(expected, starting)) {
+        st.starter_pid.store(long(getpid()));
         st.starter_tid.store(current_tid());
         start_recording(st);
         return st.phase.load() == recording ? st.rec : nullptr;
@@ -503,6 +509,9 @@ namespace {
 // another through its PLT) finds the log already finished.
 bool finish_for_exec() noexcept {
     process_state& st = state();
+    // A log another thread is still starting would end at the exec with its header alone, if
+    // that (as at exit, gpumem_fini).
+    wait_for_others_start(st, "the exec comes before it ends, and the old image's log has no end line");
     if (!owns_log(st) || st.log->finished()) return false;
     st.log->finish(end_reason::exec, 0, unmatched_count(), 200);
     return true;

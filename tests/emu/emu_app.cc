@@ -788,9 +788,9 @@ void sustain(int threads, int ms, bool end_by_exit = false) {
 
 // The process exits while another thread is starting the log: a worker makes the process's first
 // allocation, and main exits once gpumem's start is under way on it (it asks the device's name for
-// the header; GPUMEM_EMU_SLOW_NAME_MS holds it there).  Without gpumem nothing asks: main exits
-// after 5 s, the worker's pair long done.
-void exit_in_start() {
+// the header; GPUMEM_EMU_SLOW_NAME_MS holds it there), or execs /bin/true then (`exec`).
+// Without gpumem nothing asks: main exits after 5 s, the worker's pair long done.
+void exit_in_start(bool by_exec) {
     driver_api a = direct_api();
     setup(a);
     CUcontext ctx;
@@ -804,6 +804,7 @@ void exit_in_start() {
     for (int i = 0; i < 5000 && asked && asked() == 0; ++i) usleep(1000);
     printf("names_asked=%d\n", asked ? asked() : -1);
     fflush(stdout);
+    if (by_exec) execl("/bin/true", "true", static_cast<char*>(nullptr));  // a program without CUDA
     exit(0);
 }
 
@@ -863,7 +864,7 @@ int main(int argc, char** argv) {
     else if (s == "handler-stack") handler_stack_case();
     else if (s == "exec") exec_case(argv[0], argc > 2 ? argv[2] : "execv", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "sustain") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000);
-    else if (s == "exit-in-start") exit_in_start();
+    else if (s == "exit-in-start") exit_in_start(argc > 2 && !strcmp(argv[2], "exec"));
     else if (s == "sustain-exit") sustain(argc > 2 ? atoi(argv[2]) : 4, argc > 3 ? atoi(argv[3]) : 1000, true);
     else if (s == "bench")
         bench(argc > 2 ? atol(argv[2]) : 51, argc > 3 ? atol(argv[3]) : 20000, argc > 4 ? size_t(atol(argv[4])) : 4096,

@@ -803,6 +803,17 @@ TEST_CASE("a process that exits while another thread starts the log still ends t
     auto [rc, out] = report(r.logs[0]);
     INFO(out);
     CHECK(rc == 0);
+    // The same at an exec (the new image, /bin/true, makes no log of its own): the old image's log
+    // ended with its header alone before.
+    auto x = run({EMU_DRIVER_APP, "exit-in-start", "exec"}, {{"GPUMEM_POOL", "off"}, {"GPUMEM_EMU_SLOW_NAME_MS", "200"}});
+    REQUIRE(WEXITSTATUS(x.status) == 0);
+    CHECK(x.out.find("names_asked=1") != std::string::npos);
+    REQUIRE(x.logs.size() == 1);
+    auto xs = lines_of(x.logs[0], true);
+    INFO(x.err);
+    REQUIRE(count_ev(xs, "end") == 1);
+    for (auto& j : xs)
+        if (j["ev"] == "end") CHECK(j["reason"] == "exec");
 }
 
 TEST_CASE("#4 exec: the old image's log ends with reason exec, the new image writes its own file") {
