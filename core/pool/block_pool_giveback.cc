@@ -237,8 +237,9 @@ void block_pool::set_short(bool now) noexcept {
 }
 
 void block_pool::note_driver_free(uint64_t free_b, uint64_t total) noexcept {
-    if (!cfg_.headroom || total == 0) return;  // off, or a backend that cannot say
-    total_ = total;
+    if (total == 0) return;  // a backend that cannot say
+    total_ = total;  // the device's size: also what no request can exceed (allocate's OOM path)
+    if (!cfg_.headroom) return;  // the headroom off: its count is not kept
     free_at_look_ = free_b;
     reserved_at_look_ = reserved_;
     set_short(free_b < headroom_limit());
