@@ -111,12 +111,16 @@ TEST_CASE("sizes and booleans parse with suffixes and reject junk") {
     CHECK_FALSE(parse_size("", &v));
 }
 
+// What a number parser (parse_size, parse_count) makes of s: the value, or "no (12345)" with what
+// it left in its output, which must be unchanged on failure.
+static std::string parsed_by(bool (*parse)(const char*, uint64_t*) noexcept, const char* s) {
+    uint64_t v = 12345;
+    bool ok = parse(s, &v);
+    return ok ? std::to_string(v) : std::string("no (") + std::to_string(v) + ")";
+}
+
 TEST_CASE("parse_count: digits alone, no unit, no fraction") {
-    auto count = [](const char* s) {
-        uint64_t v = 12345;  // unchanged on failure
-        bool ok = parse_count(s, &v);
-        return ok ? std::to_string(v) : std::string("no (") + std::to_string(v) + ")";
-    };
+    auto count = [](const char* s) { return parsed_by(parse_count, s); };
     CHECK(count("0") == "0");
     CHECK(count("250") == "250");
     CHECK(count("18446744073709551615") == "18446744073709551615");
@@ -154,11 +158,7 @@ TEST_CASE("GPUMEM_LOG_LEVEL: spdlog's level names in any case, or 0-6") {
 }
 
 TEST_CASE("parse_size: one rule, KB..TB powers of 1000, K/KiB..T/TiB powers of 1024") {
-    auto size = [](const char* s) {
-        uint64_t v = 12345;  // unchanged on failure
-        bool ok = parse_size(s, &v);
-        return ok ? std::to_string(v) : std::string("no (") + std::to_string(v) + ")";
-    };
+    auto size = [](const char* s) { return parsed_by(parse_size, s); };
     // The examples of issue 9 and docs.
     CHECK(size("1.5GiB") == "1610612736");
     CHECK(size("512MB") == "512000000");

@@ -239,6 +239,29 @@ void check_complete(const run_result& r, std::vector<json>* ls_out) {
     *ls_out = std::move(ls);
 }
 
+// What a program prints without gpumem (it must exit 0), as key=value pairs in run.out.
+run_result run_alone(const std::vector<std::string>& args) {
+    run_result alone = run(args, {}, false);
+    INFO(alone.err);
+    REQUIRE(WIFEXITED(alone.status));
+    REQUIRE(WEXITSTATUS(alone.status) == 0);
+    return alone;
+}
+
+// Under gpumem with each of `settings` ({} is the defaults) the program prints what it printed
+// alone, and its log is complete and rebuilds.
+void same_output_under(const std::vector<std::string>& args, const run_result& alone,
+                       const std::vector<std::map<std::string, std::string>>& settings) {
+    for (const auto& env : settings) {
+        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+        auto r = run(args, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(r.out == alone.out);
+        check_rebuild(ls);
+    }
+}
+
 }  // namespace
 
 // The rebuild itself, on lines written by hand: an arena segment (asize), its growth by
@@ -1012,10 +1035,7 @@ TEST_CASE("pool: pointer queries past the bytes asked for and requests no device
     // The driver knows a cuMemAlloc allocation up to the bytes asked for (an H100: at
     // 1000 B into a 1000 B allocation cuMemGetAddressRange says 500 and cuPointerGetAttribute 1);
     // a pooled block's rounding must not answer there with a range that does not hold the pointer.
-    auto alone = run({EMU_POOL_APP, "edges"}, {}, false);
-    INFO(alone.err);
-    REQUIRE(WIFEXITED(alone.status));
-    REQUIRE(WEXITSTATUS(alone.status) == 0);
+    auto alone = run_alone({EMU_POOL_APP, "edges"});
     auto v = values(alone.out);
     CHECK(num(v, "alloc_0") == 1);
     CHECK(num(v, "alloc_2^64-1") == 2);
@@ -1027,15 +1047,8 @@ TEST_CASE("pool: pointer queries past the bytes asked for and requests no device
     // And a block names the context that allocated it, where the driver names none for the pool's
     // cuMemCreate chunks.
     CHECK(v["ctx_a+0"] == "0,0 is_current=1,1");
-    for (auto env : std::vector<std::map<std::string, std::string>>{
-             {{"GPUMEM_POOL", "off"}}, {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_REUSE", "safe"}}}) {
-        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
-        auto r = run({EMU_POOL_APP, "edges"}, env);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(r.out == alone.out);
-        check_rebuild(ls);
-    }
+    same_output_under({EMU_POOL_APP, "edges"}, alone,
+                      {{{"GPUMEM_POOL", "off"}}, {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_REUSE", "safe"}}});
 }
 
 // Two processes under gpumem: the exporter allocates three 5000 B blocks (the third lies inside a
@@ -1144,24 +1157,14 @@ TEST_CASE("pool: after a primary context reset its stale handle gets no pool unt
     // comes before the first allocation, so no pool exists yet when it is seen.
     for (const char* when : {"after-allocations", "first"}) {
         INFO(when);
-        auto alone = run({EMU_POOL_APP, "reset-stale", when}, {}, false);
-        INFO(alone.err);
-        REQUIRE(WIFEXITED(alone.status));
-        REQUIRE(WEXITSTATUS(alone.status) == 0);
+        auto alone = run_alone({EMU_POOL_APP, "reset-stale", when});
         auto v = values(alone.out);
         CHECK(num(v, "active_after_reset") == 0);
         CHECK(num(v, "stale_alloc_result") == 709);
         CHECK(num(v, "stale_large_alloc_result") == 709);
         CHECK(num(v, "same_handle") == 1);
         CHECK(num(v, "alloc_after_retain_result") == 0);
-        for (auto env : std::vector<std::map<std::string, std::string>>{{}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
-            INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
-            auto r = run({EMU_POOL_APP, "reset-stale", when}, env);
-            std::vector<json> ls;
-            check_complete(r, &ls);
-            CHECK(r.out == alone.out);
-            check_rebuild(ls);
-        }
+        same_output_under({EMU_POOL_APP, "reset-stale", when}, alone, {{}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}});
     }
 }
 
