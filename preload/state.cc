@@ -201,7 +201,9 @@ bool owns_log(const process_state& st) noexcept {
 void wait_for_others_start(process_state& st, const char* after) noexcept {
     if (st.phase.load(std::memory_order_acquire) != starting || st.starter_tid.load() == current_tid()) return;
     // A vfork child shares the phase but not the log: its exec or _exit never waits for its parent.
-    if (st.starter_pid.load() != long(getpid())) return;
+    // (0: the starter has not stored its pid yet, just after it claimed the start: this process's.)
+    const long starter = st.starter_pid.load();
+    if (starter != 0 && starter != long(getpid())) return;
     if (g_start_stuck.load(std::memory_order_acquire)) return;
     const uint64_t since = monotonic_ns();
     while (st.phase.load(std::memory_order_acquire) == starting) {
