@@ -45,28 +45,33 @@ PY
     short() { if [ "$1" = "$base" ]; then echo same; else echo "$1" | cut -c1-300; fi; }
     echo "| $name | $(echo "$base" | cut -c1-300) | $(short "$vmm") | $(short "$novmm") | $verdict |"
   done
-  # Pointer ranges of pooled blocks (tests/gpu/address_range.cu: cuMemGetAddressRange and
-  # cuPointerGetAttribute's RANGE_START_ADDR / RANGE_SIZE at a block's start, middle and last
-  # byte, sizes from 1 byte to 20 MiB + 7): the pool answers them itself, as the driver would.
-  ar=build/gpu/address_range
-  if [ ! -x "$ar" ]; then
-    fails=$((fails + 1))
-    echo "| address ranges | $ar missing (run scripts/gpu-bundle.sh) | | | FAIL |"
-  else
+  # Programs whose whole output must be the same alone, under the pool and with GPUMEM_POOL_VMM=off:
+  # tests/gpu/address_range.cu (cuMemGetAddressRange and cuPointerGetAttribute's RANGE_START_ADDR /
+  # RANGE_SIZE at a block's start, middle, last byte and one past it, sizes from 1 byte to 20 MiB + 7:
+  # the pool answers them itself, as the driver would) and tests/gpu/huge_request.cu (a request
+  # larger than the device fails at once and leaves the pool's cache, as the driver keeps its memory).
+  for spec in "range:address_range:address ranges (36 queries)" "huge:huge_request:request larger than the device"; do
+    IFS=: read -r tag prog label <<< "$spec"
+    ar=build/gpu/$prog
+    if [ ! -x "$ar" ]; then
+      fails=$((fails + 1))
+      echo "| $label | $ar missing (run scripts/gpu-bundle.sh) | | | FAIL |"
+      continue
+    fi
     # Each run must succeed on its own: two failing runs would print the same lines.
     base=$("$ar" 2>&1) || base="exit $?: $base"
-    vmm=$(GPUMEM_OUT="$LOGS/same-range.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1) || vmm="exit $?: $vmm"
-    novmm=$(GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/same-range-novmm.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1) || novmm="exit $?: $novmm"
-    printf '%s\n' "$base" > "$LOGS/same-range-native.txt"
-    printf '%s\n' "$vmm" > "$LOGS/same-range-gpumem.txt"
-    printf '%s\n' "$novmm" > "$LOGS/same-range-novmm.txt"
+    vmm=$(GPUMEM_OUT="$LOGS/same-$tag.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1) || vmm="exit $?: $vmm"
+    novmm=$(GPUMEM_POOL_VMM=off GPUMEM_OUT="$LOGS/same-$tag-novmm.%p.jsonl" LD_PRELOAD="$LIB" "$ar" 2>&1) || novmm="exit $?: $novmm"
+    printf '%s\n' "$base" > "$LOGS/same-$tag-native.txt"
+    printf '%s\n' "$vmm" > "$LOGS/same-$tag-gpumem.txt"
+    printf '%s\n' "$novmm" > "$LOGS/same-$tag-novmm.txt"
     verdict=PASS
     if [ "$vmm" != "$base" ] || [ "$novmm" != "$base" ] || [ -z "$base" ] || [ "${base#exit }" != "$base" ]; then
       verdict=FAIL; fails=$((fails + 1))
     fi
     diffs() { if [ "$1" = "$base" ]; then echo same; else diff <(printf '%s\n' "$base") <(printf '%s\n' "$1") | grep '^>' | head -3 | tr '\n' ' '; fi; }
-    echo "| address ranges (36 queries) | $(echo "$base" | wc -l) lines, e.g. $(echo "$base" | sed -n 4p) | $(diffs "$vmm") | $(diffs "$novmm") | $verdict |"
-  fi
+    echo "| $label | $(echo "$base" | wc -l) lines, e.g. $(echo "$base" | sed -n 2p) | $(diffs "$vmm") | $(diffs "$novmm") | $verdict |"
+  done
   # The stream-ordered allocations those runs made are in their logs, on the GPU they are on
   # (cuMemAllocAsync on its stream's device, cuMemAllocFromPoolAsync on its pointer's: device 0).
   for api in cuMemAllocAsync cuMemAllocFromPoolAsync; do

@@ -1,4 +1,4 @@
-// What cuMemGetAddressRange and cuPointerGetAttribute(RANGE_*) answer for allocations of sizes that
+// What cuMemGetAddressRange, cuPointerGetAttribute(RANGE_*) and cuIpcGetMemHandle answer for allocations of sizes that
 // are not multiples of anything, asked at their start, inside them and one byte past them: run once alone and once
 // under libgpumem.so (pool on), the two outputs must be the same (scripts/gpu-e2e.sh, base).
 #include <cstdio>
@@ -27,8 +27,11 @@ int main() {
             size_t asize = 0;
             CUresult r2 = cuPointerGetAttribute(&abase, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d + off);
             CUresult r3 = cuPointerGetAttribute(&asize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, d + off);
-            std::printf("size=%zu off=%zu range rc=%d base_is_ptr=%d size=%zu attr rc=%d,%d start_is_ptr=%d attr_size=%zu\n",
-                        s, off, int(r), int(base == d), size, int(r2), int(r3), int(abase == d), asize);
+            // Legacy IPC export at that byte: whether the driver hands out a handle there.
+            CUipcMemHandle h;
+            CUresult r4 = cuIpcGetMemHandle(&h, d + off);
+            std::printf("size=%zu off=%zu range rc=%d base_is_ptr=%d size=%zu attr rc=%d,%d start_is_ptr=%d attr_size=%zu ipc rc=%d\n",
+                        s, off, int(r), int(base == d), size, int(r2), int(r3), int(abase == d), asize, int(r4));
         }
         cudaFree(p);
     }
