@@ -57,7 +57,8 @@ inline constexpr const char* k_mem_kind_names[] = {"none", "device", "managed", 
 static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(mem_kind::count_));
 
 // "api" values: the entry point the program called (or, for segment events, the pool's backend).
-// X(id, name, kind)
+// X(id, name, kind): kind is the memory the call allocates, except cuMemAllocFromPoolAsync's, which
+// is its memory pool's (device unless the pool was made of host or managed memory: hooks_driver.cc).
 #define GPUMEM_API_LIST(X)                                          \
     X(none, "none", none)                                          \
     X(cuMemAlloc_v2, "cuMemAlloc_v2", device)                      \

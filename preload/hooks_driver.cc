@@ -8,6 +8,7 @@
 #include "diag.h"
 #include "driver_backend.h"
 #include "handle_refs.h"
+#include "mempool_kinds.h"
 #include "core/pool/context_end.h"
 
 namespace gpumem {
@@ -354,6 +355,53 @@ static int device_of_pointer(CUdeviceptr p) noexcept {
 GPUMEM_ALLOC_ASYNC(cuMemAllocAsync)
 GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
 
+// Memory pools the program makes.  What cuMemAllocFromPoolAsync hands out is its pool's memory:
+// pinned host memory from a pool of a host location, managed memory from a managed pool (CUDA 13),
+// which no pool attribute tells (core/mempool_kinds.h).  So each pool's kind is noted when
+// cuMemPoolCreate made it, from the properties it was made with, and dropped at its destroy.  Both
+// calls go to the driver unchanged and are not logged.  A pool imported from another process
+// (cuMemPoolImportFromShareableHandle) is not noted: the driver lets no allocation be made from one.
+static mempool_kinds g_mempools;
+
+static mem_kind kind_of_pool(const CUmemPoolProps& p) noexcept {
+    if (p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED) return mem_kind::managed;
+    switch (p.location.type) {
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: return mem_kind::host;
+        default: return mem_kind::device;
+    }
+}
+
+// The properties are read after the driver took them: a pointer it refused may be one that cannot
+// be read.
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+    auto f = real<CUresult (*)(CUmemoryPool*, const CUmemPoolProps*)>(drv::cuMemPoolCreate);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    const CUresult r = f(pool, props);
+    if (r != CUDA_SUCCESS || !pool || !props) return r;
+    const mem_kind k = kind_of_pool(*props);
+    if (!g_mempools.note(uint64_t(uintptr_t(*pool)), k)) {
+        static std::atomic<bool> said{false};
+        GPUMEM_WARN_ONCE(said, "more than {} memory pools of host or managed memory at once: allocations from the "
+                         "ones past them are logged as device memory", mempool_kinds::k_slots);
+    }
+    return r;
+}
+
+// Forgotten before the driver destroys the pool: once it has, another thread's cuMemPoolCreate may
+// get the same handle back for a pool of its own, and note it first.  Noted again if refused.
+extern "C" GPUMEM_HIDDEN CUresult w_cuMemPoolDestroy(CUmemoryPool pool) {
+    auto f = real<CUresult (*)(CUmemoryPool)>(drv::cuMemPoolDestroy);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    const mem_kind k = g_mempools.forget(uint64_t(uintptr_t(pool)));
+    const CUresult r = f(pool);
+    if (r != CUDA_SUCCESS && k != mem_kind::device) g_mempools.note(uint64_t(uintptr_t(pool)), k);
+    return r;
+}
+
+// The allocation is of its pool's kind.  Host memory is none of what gpumem's pools hold: no
+// give-back before it fails (as for cuMemCreate's), and no device (-1, as cuMemHostAlloc's).
 #define GPUMEM_ALLOC_FROM_POOL(NAME)                                                                  \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) { \
         auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)>(drv::NAME);           \
@@ -362,10 +410,13 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         if (guard::active() || !dptr) return f(dptr, bytes, pool, s);                                  \
         guard g;                                                                                       \
         api_id api = alloc_api(api_id::NAME, bytes);                                                   \
+        const mem_kind kind = g_mempools.kind_of(uint64_t(uintptr_t(pool)));                           \
+        const bool host = kind == mem_kind::host;                                                      \
         /* the memory pool's location may be any device: every pool gives back */                      \
-        CUresult r = retry_after_give_back(api, -2, [&] { return f(dptr, bytes, pool, s); });          \
-        record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
-                     uint64_t(s), uint64_t(pool), r == CUDA_SUCCESS ? device_of_pointer(*dptr) : k_current_device); \
+        CUresult r = host ? f(dptr, bytes, pool, s)                                                    \
+                          : retry_after_give_back(api, -2, [&] { return f(dptr, bytes, pool, s); });   \
+        record_alloc(api, kind, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, uint64_t(s), \
+                     uint64_t(pool), r == CUDA_SUCCESS && !host ? device_of_pointer(*dptr) : k_current_device); \
         return r;                                                                                      \
     }
 GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
@@ -948,6 +999,8 @@ GPUMEM_EXPORT_HOOK(cuMemFreeAsync, (CUdeviceptr a, CUstream b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemFreeAsync_ptsz, (CUdeviceptr a, CUstream b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemAllocFromPoolAsync, (CUdeviceptr* a, size_t b, CUmemoryPool c, CUstream d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr* a, size_t b, CUmemoryPool c, CUstream d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuMemPoolCreate, (CUmemoryPool* a, const CUmemPoolProps* b), (a, b))
+GPUMEM_EXPORT_HOOK(cuMemPoolDestroy, (CUmemoryPool a), (a))
 GPUMEM_EXPORT_HOOK(cuMemCreate, (CUmemGenericAllocationHandle* a, size_t b, const CUmemAllocationProp* c, unsigned long long d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuMemRelease, (CUmemGenericAllocationHandle a), (a))
 GPUMEM_EXPORT_HOOK(cuMemMap, (CUdeviceptr a, size_t b, size_t c, CUmemGenericAllocationHandle d, unsigned long long e), (a, b, c, d, e))

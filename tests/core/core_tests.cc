@@ -29,6 +29,7 @@
 #include "event_format.h"
 #include "event_log.h"
 #include "handle_refs.h"
+#include "mempool_kinds.h"
 #include "recorder.h"
 #include "stacks/native_frames.h"
 #include "stderr_write.h"
@@ -1395,4 +1396,58 @@ TEST_CASE("handle_refs: threads adding and taking their own handles lose and inv
     for (auto& th : ts) th.join();
     CHECK(wrong == 0);
     CHECK(refs->size() == 0);
+}
+
+TEST_CASE("mempool_kinds: a pool is of the kind noted at its creation until its destroy, device otherwise") {
+    auto pools = std::make_unique<mempool_kinds>();
+    CHECK(pools->kind_of(0x1000) == mem_kind::device);  // never noted: a default or device pool
+    CHECK(pools->note(0x1000, mem_kind::host));
+    CHECK(pools->note(0x2000, mem_kind::managed));
+    CHECK(pools->note(0x3000, mem_kind::device));  // the default: not kept
+    CHECK(pools->size() == 2);
+    CHECK(pools->kind_of(0x1000) == mem_kind::host);
+    CHECK(pools->kind_of(0x2000) == mem_kind::managed);
+    CHECK(pools->kind_of(0x3000) == mem_kind::device);
+    CHECK(pools->kind_of(0) == mem_kind::device);
+    // Destroyed: forgotten, and its kind handed back (a refused destroy notes it again).
+    CHECK(pools->forget(0x1000) == mem_kind::host);
+    CHECK(pools->kind_of(0x1000) == mem_kind::device);
+    CHECK(pools->forget(0x1000) == mem_kind::device);
+    CHECK(pools->forget(0x3000) == mem_kind::device);
+    // A handle that comes back for a new pool takes the new pool's kind, device included, even where
+    // its destroy was never seen.
+    CHECK(pools->note(0x2000, mem_kind::host));
+    CHECK(pools->kind_of(0x2000) == mem_kind::host);
+    CHECK(pools->size() == 1);
+    CHECK(pools->note(0x2000, mem_kind::device));
+    CHECK(pools->kind_of(0x2000) == mem_kind::device);
+    CHECK(pools->size() == 0);
+    // A full table keeps no more (the caller says so), and a slot given back is taken again.
+    for (int i = 0; i < mempool_kinds::k_slots; ++i) REQUIRE(pools->note(0x10000 + uint64_t(i), mem_kind::host));
+    CHECK_FALSE(pools->note(0x9999, mem_kind::managed));
+    CHECK(pools->kind_of(0x9999) == mem_kind::device);
+    CHECK(pools->kind_of(0x10000 + mempool_kinds::k_slots - 1) == mem_kind::host);
+    CHECK(pools->forget(0x10000 + 7) == mem_kind::host);
+    CHECK(pools->note(0x9999, mem_kind::managed));
+    CHECK(pools->kind_of(0x9999) == mem_kind::managed);
+    CHECK(pools->size() == mempool_kinds::k_slots);
+}
+
+TEST_CASE("mempool_kinds: threads making and destroying their own pools never see another's kind") {
+    auto pools = std::make_unique<mempool_kinds>();
+    constexpr int k_threads = 4, k_rounds = 20000;
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < k_threads; ++t)
+        ts.emplace_back([&, t] {
+            const uint64_t pool = 0x100 + uint64_t(t);
+            const mem_kind k = t % 2 ? mem_kind::host : mem_kind::managed;
+            for (int i = 0; i < k_rounds; ++i) {
+                if (!pools->note(pool, k) || pools->kind_of(pool) != k) ++wrong;
+                if (pools->forget(pool) != k || pools->kind_of(pool) != mem_kind::device) ++wrong;
+            }
+        });
+    for (auto& th : ts) th.join();
+    CHECK(wrong == 0);
+    CHECK(pools->size() == 0);
 }

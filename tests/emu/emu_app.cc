@@ -71,6 +71,10 @@ struct driver_api {
     CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
     CUresult (*unmap)(CUdeviceptr, size_t);
     CUresult (*retain_handle)(CUmemGenericAllocationHandle*, void*);
+    CUresult (*pool_create)(CUmemoryPool*, const CUmemPoolProps*);
+    CUresult (*pool_destroy)(CUmemoryPool);
+    CUresult (*alloc_from_pool)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+    CUresult (*default_pool)(CUmemoryPool*, CUdevice);
 };
 
 #ifdef EMU_APP_DRIVER
@@ -78,7 +82,8 @@ driver_api direct_api() {
     return driver_api{cuInit, cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2,
                       cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemHostAlloc, cuMemAllocHost_v2, cuMemFreeHost,
                       cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap,
-                      cuMemRetainAllocationHandle};
+                      cuMemRetainAllocationHandle, cuMemPoolCreate, cuMemPoolDestroy, cuMemAllocFromPoolAsync,
+                      cuDeviceGetDefaultMemPool};
 }
 #endif
 
@@ -112,6 +117,10 @@ void sym(void* h, const char* name, F* out) {
     sym(h, "cuMemMap", &a.map);
     sym(h, "cuMemUnmap", &a.unmap);
     sym(h, "cuMemRetainAllocationHandle", &a.retain_handle);
+    sym(h, "cuMemPoolCreate", &a.pool_create);
+    sym(h, "cuMemPoolDestroy", &a.pool_destroy);
+    sym(h, "cuMemAllocFromPoolAsync", &a.alloc_from_pool);
+    sym(h, "cuDeviceGetDefaultMemPool", &a.default_pool);
     return a;
 }
 
@@ -206,6 +215,86 @@ void vmm_driver(const driver_api& a) {
     printf("handle0=0x%llx\nhandle1=0x%llx\nrelease_again=%d\n", (unsigned long long)hs[0], (unsigned long long)hs[1],
            int(again));
 }
+
+// Memory pools of each kind the driver makes, one allocation from each (its size says which pool),
+// then one from the device's default pool.  The host pool is destroyed and its handle comes back
+// (the emulated driver gives it to the next pool made) for a device pool.  A pool the driver refuses
+// to make, and a destroy it refuses (the default pool), pass through.  Pool handles printed.
+[[maybe_unused]] void mempools_driver(const driver_api& a) {
+    setup(a);
+    const auto s = reinterpret_cast<CUstream>(0x5000);
+    auto props = [](CUmemAllocationType type, CUmemLocationType loc, int id) {
+        CUmemPoolProps p{};
+        p.allocType = type;
+        p.location.type = loc;
+        p.location.id = id;
+        return p;
+    };
+    const CUmemPoolProps host = props(CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_HOST, 0);
+    const CUmemPoolProps numa = props(CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_HOST_NUMA, 0);
+    const CUmemPoolProps device = props(CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    const CUmemPoolProps managed = props(CU_MEM_ALLOCATION_TYPE_MANAGED, CU_MEM_LOCATION_TYPE_NONE, 0);
+    const CUmemPoolProps current = props(CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, 0);
+    CUmemoryPool ph, pn, pd, pm, pdef, bad = nullptr;
+    CHECK(a.pool_create(&ph, &host));
+    CHECK(a.pool_create(&pn, &numa));
+    CHECK(a.pool_create(&pd, &device));
+    CHECK(a.pool_create(&pm, &managed));
+    CHECK(a.default_pool(&pdef, 0));
+    const CUresult bad_rc = a.pool_create(&bad, &current);
+    CUdeviceptr h, n, d, m, def;
+    CHECK(a.alloc_from_pool(&h, 1000, ph, s));
+    CHECK(a.alloc_from_pool(&n, 2000, pn, s));
+    CHECK(a.alloc_from_pool(&d, 3000, pd, s));
+    CHECK(a.alloc_from_pool(&m, 4000, pm, s));
+    CHECK(a.alloc_from_pool(&def, 5000, pdef, s));
+    memset(reinterpret_cast<void*>(uintptr_t(h)), 1, 1000);  // host memory: the program writes it
+    memset(reinterpret_cast<void*>(uintptr_t(n)), 1, 2000);
+    for (CUdeviceptr p : {h, n, d, m, def}) CHECK(a.free_async(p, s));
+    CHECK(a.pool_destroy(ph));
+    CUmemoryPool again;
+    CHECK(a.pool_create(&again, &device));
+    CUdeviceptr r;
+    CHECK(a.alloc_from_pool(&r, 6000, again, s));
+    CHECK(a.free_async(r, s));
+    const CUresult default_destroy_rc = a.pool_destroy(pdef);
+    for (CUmemoryPool p : {pn, pd, pm, again}) CHECK(a.pool_destroy(p));
+    printf("host_pool=%p\nnuma_pool=%p\ndevice_pool=%p\nmanaged_pool=%p\ndefault_pool=%p\nagain_pool=%p\n",
+           static_cast<void*>(ph), static_cast<void*>(pn), static_cast<void*>(pd), static_cast<void*>(pm),
+           static_cast<void*>(pdef), static_cast<void*>(again));
+    printf("bad_pool_rc=%d\ndefault_destroy_rc=%d\n", int(bad_rc), int(default_destroy_rc));
+}
+
+#ifdef EMU_APP_RUNTIME
+extern "C" {
+int cudaMemPoolCreate(void**, const CUmemPoolProps*);
+int cudaMemPoolDestroy(void*);
+int cudaMallocFromPoolAsync(void**, size_t, void*, void*);
+}
+
+// cudaMallocFromPoolAsync from a pool of host memory, and from a device pool, through the runtime.
+void mempools_runtime() {
+    CUmemPoolProps host{};
+    host.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    host.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CUmemPoolProps device = host;
+    device.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    void* ph;
+    void* pd;
+    CHECK(cudaMemPoolCreate(&ph, &host));
+    CHECK(cudaMemPoolCreate(&pd, &device));
+    void* h;
+    void* d;
+    CHECK(cudaMallocFromPoolAsync(&h, 1000, ph, reinterpret_cast<void*>(0x5000)));
+    CHECK(cudaMallocFromPoolAsync(&d, 3000, pd, reinterpret_cast<void*>(0x5000)));
+    memset(h, 1, 1000);
+    CHECK(cudaFreeAsync(h, reinterpret_cast<void*>(0x5000)));
+    CHECK(cudaFreeAsync(d, reinterpret_cast<void*>(0x5000)));
+    CHECK(cudaMemPoolDestroy(ph));
+    CHECK(cudaMemPoolDestroy(pd));
+    printf("host_pool=%p\ndevice_pool=%p\n", ph, pd);
+}
+#endif
 
 #ifdef EMU_APP_RUNTIME
 void basic_runtime() {
@@ -846,6 +935,8 @@ int main(int argc, char** argv) {
     else if (s == "vmm-dlsym") vmm_driver(dlsym_api());
     else if (s == "vmm-retain") vmm_retain_driver(direct_api());
     else if (s == "vmm-retain-dlsym") vmm_retain_driver(dlsym_api());
+    else if (s == "mempools") mempools_driver(direct_api());
+    else if (s == "mempools-dlsym") mempools_driver(dlsym_api());
     else if (s == "stress") stress(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 100000);
     else if (s == "crash") crash(argc > 2 ? argv[2] : "abort", argc > 3 ? atoi(argv[3]) : 100);
     else if (s == "fork") fork_case(argc > 2 ? atoi(argv[2]) : 100, false);
@@ -875,6 +966,7 @@ int main(int argc, char** argv) {
     else if (s == "train") train_runtime(argc > 2 ? atoi(argv[2]) : 200);
     else if (s == "exit-in-handler") exit_in_handler_runtime();
     else if (s == "free-async-capture") free_async_capture_runtime();
+    else if (s == "mempools") mempools_runtime();
 #endif
     else {
         fprintf(stderr, "unknown scenario %s\n", s.c_str());

@@ -41,6 +41,9 @@ struct driver_table {
     CUresult (*free_async)(CUdeviceptr, CUstream) = nullptr;
     CUresult (*host_alloc)(void**, size_t, unsigned) = nullptr;
     CUresult (*free_host)(void*) = nullptr;
+    CUresult (*pool_create)(CUmemoryPool*, const CUmemPoolProps*) = nullptr;
+    CUresult (*pool_destroy)(CUmemoryPool) = nullptr;
+    CUresult (*alloc_from_pool)(CUdeviceptr*, size_t, CUmemoryPool, CUstream) = nullptr;
     bool ok = false;
 };
 
@@ -79,6 +82,9 @@ void init_once() {
     get("cuMemFreeAsync", &g_drv.free_async, 11020);
     get("cuMemHostAlloc", &g_drv.host_alloc, 2020);
     get("cuMemFreeHost", &g_drv.free_host, 2000);
+    get("cuMemPoolCreate", &g_drv.pool_create, 11020);
+    get("cuMemPoolDestroy", &g_drv.pool_destroy, 11020);
+    get("cuMemAllocFromPoolAsync", &g_drv.alloc_from_pool, 11020);
     if (!g_drv.init || g_drv.init(0) != CUDA_SUCCESS) return;
     CUcontext ctx = nullptr;
     if (!g_drv.retain || g_drv.retain(&ctx, 0) != CUDA_SUCCESS) return;
@@ -162,6 +168,28 @@ RT_EXPORT int cudaFreeAsync(void* p, void* stream) {
     SERVED();
     if (!ready()) return k_initialization;
     return to_rt(g_drv.free_async(CUdeviceptr(p), static_cast<CUstream>(stream)));
+}
+// The memory pool calls.  cudaMemPoolProps has CUmemPoolProps' layout; the driver's is taken here.
+RT_EXPORT int cudaMemPoolCreate(void** pool, const CUmemPoolProps* props) {
+    SERVED();
+    if (!ready()) return k_initialization;
+    if (!g_drv.pool_create) return k_initialization;
+    return to_rt(g_drv.pool_create(reinterpret_cast<CUmemoryPool*>(pool), props));
+}
+RT_EXPORT int cudaMemPoolDestroy(void* pool) {
+    SERVED();
+    if (!ready()) return k_initialization;
+    if (!g_drv.pool_destroy) return k_initialization;
+    return to_rt(g_drv.pool_destroy(static_cast<CUmemoryPool>(pool)));
+}
+RT_EXPORT int cudaMallocFromPoolAsync(void** p, size_t size, void* pool, void* stream) {
+    SERVED();
+    if (!ready()) return k_initialization;
+    if (!p || !g_drv.alloc_from_pool) return k_invalid_value;
+    CUdeviceptr d = 0;
+    CUresult r = g_drv.alloc_from_pool(&d, size, static_cast<CUmemoryPool>(pool), static_cast<CUstream>(stream));
+    *p = r == CUDA_SUCCESS ? reinterpret_cast<void*>(d) : nullptr;
+    return to_rt(r);
 }
 RT_EXPORT int cudaMallocHost(void** p, size_t size) {
     SERVED();

@@ -24,6 +24,13 @@
 // whole mappings; a released handle's memory is freed once its last mapping goes; access must be
 // set on mapped bytes only.
 //
+// Memory pools (cuMemPoolCreate) keep the location and allocation type they were made with, and
+// cuMemAllocFromPoolAsync hands out their memory: real malloc memory from a pool of a host
+// location (pinned host memory, which programs write), managed memory from a managed pool, device
+// memory from a device pool; a destroyed pool's handle is given to the next pool made, as a heap
+// would give back its address.  A pool handle the emulated driver did not make (a made-up one) is a
+// device pool of the stream's device, as a device's default pool (cuDeviceGetDefaultMemPool) is.
+//
 // IPC works between real processes, though no memory is shared: what crosses is the name of the
 // exporter's memory, so that a test can ask (gpumem_emu_backing) which process's allocation, and
 // where in it, an importer's pointer lands.  A chunk made exportable is exported as a real memfd
@@ -123,6 +130,12 @@ struct emu_state {
     // A stream's device (the current one at its creation), for cuStreamGetDevice and the
     // stream-ordered allocations, which draw from their stream's device as the driver's do.
     std::map<CUstream, int> stream_devices;
+    // Memory pools made by cuMemPoolCreate, by handle; handles of destroyed ones, given out again
+    // lowest first; and the host memory their allocations got, by address (its bytes).
+    std::map<uint64_t, CUmemPoolProps> mem_pools;
+    std::set<uint64_t> free_pool_handles;
+    uint64_t next_pool_handle = 0xB000;
+    std::map<uint64_t, uint64_t> host_pool_allocs;
 };
 
 emu_state& st() {
@@ -174,6 +187,7 @@ counter g_counters[] = {
     {"unsafe_call_in_capture", {0}},  // cuMemAlloc/cuMemFree refused inside a capture (900)
     {"cuMemCreate_made", {0}},        // the cuMemCreate calls that made a chunk
     {"primary_context_ended", {0}}, {"cuDevicePrimaryCtxRelease", {0}},
+    {"cuMemPoolCreate", {0}}, {"cuMemPoolDestroy", {0}},
 };
 void bump(const char* name) {
     for (auto& c : g_counters)
@@ -822,9 +836,11 @@ EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
     if (unsafe_call_refused()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return device_alloc(p, size, 0);
 }
+static bool host_pool_free(CUdeviceptr p);
 EMU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     bump("cuMemFree_v2");
     if (unsafe_call_refused()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (host_pool_free(p)) return CUDA_SUCCESS;
     return device_free(p);
 }
 EMU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned int) {
@@ -911,12 +927,91 @@ EMU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     } else if (unsafe_call_refused()) {
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // on a stream no capture holds: as cuMemFree (H200, run 97)
     }
+    if (host_pool_free(p)) return CUDA_SUCCESS;
     return device_free(p);
 }
 EMU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
-EMU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t size, CUmemoryPool, CUstream s) {
+// A device's default pool: one handle per device, never made nor destroyed by the program.
+static CUmemoryPool default_pool(int dev) { return reinterpret_cast<CUmemoryPool>(uintptr_t(0xD000 + dev)); }
+EMU_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = default_pool(dev);
+    return CUDA_SUCCESS;
+}
+// The driver's rules for a pool's properties (cuda.h, cuMemPoolCreate): a pinned pool on a device,
+// the host (handleTypes 0: not IPC capable) or a host NUMA node; a managed pool anywhere of those or
+// nowhere (CU_MEM_LOCATION_TYPE_NONE).  HOST_NUMA_CURRENT is refused.
+static bool pool_props_valid(const CUmemPoolProps& p) {
+    const int loc = p.location.type;
+    if (p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED && loc == CU_MEM_LOCATION_TYPE_NONE) return true;
+    if (p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED && p.allocType != CU_MEM_ALLOCATION_TYPE_MANAGED) return false;
+    if (loc == CU_MEM_LOCATION_TYPE_DEVICE) return p.location.id >= 0 && p.location.id < st().devices;
+    if (loc == CU_MEM_LOCATION_TYPE_HOST) return p.handleTypes == CU_MEM_HANDLE_TYPE_NONE;
+    return loc == CU_MEM_LOCATION_TYPE_HOST_NUMA && p.location.id >= 0;
+}
+EMU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+    bump("cuMemPoolCreate");
+    if (!pool || !props || !pool_props_valid(*props)) return CUDA_ERROR_INVALID_VALUE;
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    uint64_t h = s.next_pool_handle;
+    if (!s.free_pool_handles.empty()) {
+        h = *s.free_pool_handles.begin();
+        s.free_pool_handles.erase(s.free_pool_handles.begin());
+    } else {
+        s.next_pool_handle += 0x10;
+    }
+    s.mem_pools[h] = *props;
+    *pool = reinterpret_cast<CUmemoryPool>(uintptr_t(h));
+    return CUDA_SUCCESS;
+}
+// Outstanding allocations stay valid, as the driver's do (freed once the last goes).
+EMU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    bump("cuMemPoolDestroy");
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.mem_pools.find(uint64_t(uintptr_t(pool)));
+    if (it == s.mem_pools.end()) return CUDA_ERROR_INVALID_VALUE;  // a default pool, or none
+    s.free_pool_handles.insert(it->first);
+    s.mem_pools.erase(it);
+    return CUDA_SUCCESS;
+}
+// Whether pool is one cuMemPoolCreate made, and its properties.
+static bool made_pool(CUmemoryPool pool, CUmemPoolProps* out) {
+    std::lock_guard<std::mutex> g(st().mu);
+    auto it = st().mem_pools.find(uint64_t(uintptr_t(pool)));
+    if (it == st().mem_pools.end()) return false;
+    *out = it->second;
+    return true;
+}
+// Host memory from a pool: freed by the stream-ordered free or cuMemFree, like the pool's device
+// memory.  True if p was such memory.
+static bool host_pool_free(CUdeviceptr p) {
+    std::lock_guard<std::mutex> g(st().mu);
+    auto it = st().host_pool_allocs.find(uint64_t(p));
+    if (it == st().host_pool_allocs.end()) return false;
+    free(reinterpret_cast<void*>(uintptr_t(it->first)));
+    st().host_pool_allocs.erase(it);
+    return true;
+}
+EMU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t size, CUmemoryPool pool, CUstream s) {
     bump("cuMemAllocFromPoolAsync");
-    return ordered_alloc(p, size, s);
+    CUmemPoolProps props{};
+    if (!made_pool(pool, &props)) return ordered_alloc(p, size, s);
+    if (!p || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    const int loc = props.location.type;
+    if (props.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED)
+        return device_alloc(p, size, 1, loc == CU_MEM_LOCATION_TYPE_DEVICE ? props.location.id : stream_device(s));
+    if (loc == CU_MEM_LOCATION_TYPE_DEVICE) return device_alloc(p, size, 0, props.location.id);
+    void* h = malloc(size);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> g(st().mu);
+    st().host_pool_allocs[uint64_t(uintptr_t(h))] = size;
+    *p = CUdeviceptr(uintptr_t(h));
+    return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, size_t size, CUmemoryPool pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, size, pool, s);
@@ -1399,7 +1494,7 @@ const fn_entry k_functions[] = {
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
-    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
+    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuDeviceGetDefaultMemPool), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
     E(cuIpcOpenMemHandle_v2), E(cuIpcCloseMemHandle), E(cuCtxEnablePeerAccess), E(cuMemRetainAllocationHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),

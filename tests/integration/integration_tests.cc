@@ -1191,3 +1191,81 @@ TEST_CASE("NCCL's cuMem free: only the last release of a handle is its free, not
         }
     }
 }
+
+// An allocation from a memory pool the program made is of its pool's memory: pinned host memory
+// from a pool of a host location (no device), managed memory from a managed pool (cuMemPoolCreate's
+// properties; until 2026-12-06 every one was logged as device memory of the pointer's device, here
+// device 0).  A device's default pool, and a device pool that got a destroyed host pool's handle
+// back, are device memory.  Each free carries its allocation's kind.  By way a, b (dlsym) and c (a
+// runtime's cudaMallocFromPoolAsync, resolved through cuGetProcAddress, _ptsz included).
+TEST_CASE("memory pools: an allocation from a pool of host or managed memory is logged with its pool's kind") {
+    struct expect {
+        const char* kind;
+        int dev;
+        const char* pool;  // the key of the program's output that names its pool
+    };
+    const std::map<uint64_t, expect> driver_sizes = {
+        {1000, {"host", -1, "host_pool"}},        {2000, {"host", -1, "numa_pool"}},
+        {3000, {"device", 0, "device_pool"}},     {4000, {"managed", 0, "managed_pool"}},
+        {5000, {"device", 0, "default_pool"}},    {6000, {"device", 0, "again_pool"}}};
+    const std::map<uint64_t, expect> runtime_sizes = {{1000, {"host", -1, "host_pool"}},
+                                                      {3000, {"device", 0, "device_pool"}}};
+    struct way {
+        const char* app;
+        const char* scenario;
+        std::map<std::string, std::string> env;
+        const char* api;
+        const std::map<uint64_t, expect>* sizes;
+    };
+    const way ways[] = {
+        {EMU_DRIVER_APP, "mempools", {{"GPUMEM_ROUTES", "a"}}, "cuMemAllocFromPoolAsync", &driver_sizes},
+        {EMU_DRIVER_APP, "mempools-dlsym", {{"GPUMEM_ROUTES", "b"}}, "cuMemAllocFromPoolAsync", &driver_sizes},
+        {EMU_RT_STATIC_APP, "mempools", {{"GPUMEM_ROUTES", "c"}}, "cuMemAllocFromPoolAsync", &runtime_sizes},
+        {EMU_RT_STATIC_APP, "mempools", {{"GPUMEM_EMU_PTDS", "1"}}, "cuMemAllocFromPoolAsync_ptsz", &runtime_sizes},
+        {EMU_RT_SHARED_APP, "mempools", {}, "cuMemAllocFromPoolAsync", &runtime_sizes}};
+    for (const way& w : ways) {
+        INFO(w.app << " " << w.scenario << " " << (w.env.empty() ? "" : w.env.begin()->second));
+        auto bare_env = w.env;
+        bare_env.erase("GPUMEM_ROUTES");
+        const auto bare = values(run({w.app, w.scenario}, bare_env, false).out);
+        REQUIRE(!bare.empty());
+        auto r = run({w.app, w.scenario}, w.env);
+        const auto v = same_as_bare(r, bare);  // the calls answered as without gpumem
+        if (w.sizes == &driver_sizes) {
+            CHECK(v.at("bad_pool_rc") == "1");  // HOST_NUMA_CURRENT: CUDA_ERROR_INVALID_VALUE
+            CHECK(v.at("default_destroy_rc") == "1");
+            REQUIRE(v.at("again_pool") == v.at("host_pool"));  // the handle came back, for a device pool
+        }
+        REQUIRE(r.logs.size() == 1);
+        auto ls = lines_of(r.logs[0]);
+        check_header_and_end(ls);
+        size_t allocs = 0, frees = 0;
+        for (auto& j : ls) {
+            if (j["ev"] != "alloc" && j["ev"] != "free") continue;
+            INFO(j.dump());
+            auto it = w.sizes->find(j["size"].get<uint64_t>());
+            REQUIRE(it != w.sizes->end());
+            CHECK(j["kind"] == it->second.kind);
+            CHECK(j["dev"] == it->second.dev);
+            if (j["ev"] == "alloc") {
+                ++allocs;
+                CHECK(j["api"] == w.api);
+                CHECK(j["mempool"] == v.at(it->second.pool));
+            } else {
+                ++frees;
+                CHECK(!j.contains("unknown"));
+            }
+        }
+        CHECK(allocs == w.sizes->size());
+        CHECK(frees == w.sizes->size());
+        CHECK(ls.back()["live_allocs"] == 0);
+        // The report puts the host memory on no device: device 0 peaks at what its pools held.
+        auto [rc, out] = report(r.logs[0], "--json");
+        REQUIRE(rc == 0);
+        const json rep = json::parse(out);
+        std::map<int, uint64_t> peaks;
+        for (auto& d : rep["processes"][0]["devices"]) peaks[d["dev"].get<int>()] = d["peak_requested_bytes"];
+        const bool driver = w.sizes == &driver_sizes;
+        CHECK(peaks == std::map<int, uint64_t>{{-1, driver ? 3000 : 1000}, {0, driver ? 12000 : 3000}});
+    }
+}
