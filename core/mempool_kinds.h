@@ -4,7 +4,8 @@
 // memory: pinned host memory from a pool made with a host location (CU_MEM_LOCATION_TYPE_HOST,
 // _HOST_NUMA), managed memory from one made with CU_MEM_ALLOCATION_TYPE_MANAGED (CUDA 13).  No pool
 // attribute says which (cuMemPoolGetAttribute knows none), so the hooks note each pool here when
-// cuMemPoolCreate makes it and drop it when cuMemPoolDestroy destroys it.  Only pools of another
+// cuMemPoolCreate makes it (or CUDA 13's cuMemGetDefaultMemPool / cuMemGetMemPool names a
+// location's pool) and drop it when cuMemPoolDestroy destroys it.  Only pools of another
 // kind than device are kept: a pool the table does not know (a device's default or current pool, a
 // device pool, one past a full table) hands out device memory.
 #pragma once

@@ -358,19 +358,28 @@ GPUMEM_ALLOC_ASYNC(cuMemAllocAsync_ptsz)
 // Memory pools the program makes.  What cuMemAllocFromPoolAsync hands out is its pool's memory:
 // pinned host memory from a pool of a host location, managed memory from a managed pool (CUDA 13),
 // which no pool attribute tells (core/mempool_kinds.h).  So each pool's kind is noted when
-// cuMemPoolCreate made it, from the properties it was made with, and dropped at its destroy.  Both
-// calls go to the driver unchanged and are not logged.  A pool imported from another process
+// cuMemPoolCreate made it, from the properties it was made with, and dropped at its destroy; and
+// when CUDA 13's cuMemGetDefaultMemPool or cuMemGetMemPool hands out a location's pool of a kind
+// (the host's, a managed one), from the location and type asked.  These calls go to the driver
+// unchanged and are not logged.  A pool imported from another process
 // (cuMemPoolImportFromShareableHandle) is not noted: the driver lets no allocation be made from one.
 static mempool_kinds g_mempools;
 
-static mem_kind kind_of_pool(const CUmemPoolProps& p) noexcept {
-    if (p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED) return mem_kind::managed;
-    switch (p.location.type) {
+static mem_kind kind_of_pool(CUmemAllocationType type, CUmemLocationType location) noexcept {
+    if (type == CU_MEM_ALLOCATION_TYPE_MANAGED) return mem_kind::managed;
+    switch (location) {
         case CU_MEM_LOCATION_TYPE_HOST:
         case CU_MEM_LOCATION_TYPE_HOST_NUMA:
         case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: return mem_kind::host;
         default: return mem_kind::device;
     }
+}
+
+static void note_pool(CUmemoryPool pool, mem_kind k) noexcept {
+    if (g_mempools.note(uint64_t(uintptr_t(pool)), k)) return;
+    static std::atomic<bool> said{false};
+    GPUMEM_WARN_ONCE(said, "more than {} memory pools of host or managed memory at once: allocations from the ones "
+                     "past them are logged as device memory", mempool_kinds::k_slots);
 }
 
 // The properties are read after the driver took them: a pointer it refused may be one that cannot
@@ -380,14 +389,21 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemPoolCreate(CUmemoryPool* pool, const CU
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     const CUresult r = f(pool, props);
     if (r != CUDA_SUCCESS || !pool || !props) return r;
-    const mem_kind k = kind_of_pool(*props);
-    if (!g_mempools.note(uint64_t(uintptr_t(*pool)), k)) {
-        static std::atomic<bool> said{false};
-        GPUMEM_WARN_ONCE(said, "more than {} memory pools of host or managed memory at once: allocations from the "
-                         "ones past them are logged as device memory", mempool_kinds::k_slots);
-    }
+    note_pool(*pool, kind_of_pool(props->allocType, props->location.type));
     return r;
 }
+
+// A location's default or current pool of an allocation type (CUDA 13), noted as one made.
+#define GPUMEM_GET_MEMPOOL(NAME)                                                                      \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) { \
+        auto f = real<CUresult (*)(CUmemoryPool*, CUmemLocation*, CUmemAllocationType)>(drv::NAME);     \
+        if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        const CUresult r = f(pool, location, type);                                                    \
+        if (r == CUDA_SUCCESS && pool && location) note_pool(*pool, kind_of_pool(type, location->type));  \
+        return r;                                                                                      \
+    }
+GPUMEM_GET_MEMPOOL(cuMemGetDefaultMemPool)
+GPUMEM_GET_MEMPOOL(cuMemGetMemPool)
 
 // Forgotten before the driver destroys the pool: once it has, another thread's cuMemPoolCreate may
 // get the same handle back for a pool of its own, and note it first.  Noted again if refused.
@@ -1001,6 +1017,8 @@ GPUMEM_EXPORT_HOOK(cuMemAllocFromPoolAsync, (CUdeviceptr* a, size_t b, CUmemoryP
 GPUMEM_EXPORT_HOOK(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr* a, size_t b, CUmemoryPool c, CUstream d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuMemPoolCreate, (CUmemoryPool* a, const CUmemPoolProps* b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemPoolDestroy, (CUmemoryPool a), (a))
+GPUMEM_EXPORT_HOOK(cuMemGetDefaultMemPool, (CUmemoryPool* a, CUmemLocation* b, CUmemAllocationType c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuMemGetMemPool, (CUmemoryPool* a, CUmemLocation* b, CUmemAllocationType c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuMemCreate, (CUmemGenericAllocationHandle* a, size_t b, const CUmemAllocationProp* c, unsigned long long d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuMemRelease, (CUmemGenericAllocationHandle a), (a))
 GPUMEM_EXPORT_HOOK(cuMemMap, (CUdeviceptr a, size_t b, size_t c, CUmemGenericAllocationHandle d, unsigned long long e), (a, b, c, d, e))

@@ -101,7 +101,8 @@ static bool is_stream_base(const char* s) noexcept {
 static bool is_hooked_base(const char* s) noexcept {
     static const char* const bases[] = {
         "cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync",
-        "cuMemAllocFromPoolAsync", "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
+        "cuMemAllocFromPoolAsync", "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemGetDefaultMemPool", "cuMemGetMemPool",
+        "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
         "cuMemAddressReserve", "cuMemAddressFree", "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost",
         "cuGetProcAddress",
         // Captures and capture modes: unseen, the pool could answer a call the driver refuses.

@@ -75,6 +75,8 @@ struct driver_api {
     CUresult (*pool_destroy)(CUmemoryPool);
     CUresult (*alloc_from_pool)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
     CUresult (*default_pool)(CUmemoryPool*, CUdevice);
+    CUresult (*location_default_pool)(CUmemoryPool*, CUmemLocation*, CUmemAllocationType);
+    CUresult (*location_current_pool)(CUmemoryPool*, CUmemLocation*, CUmemAllocationType);
 };
 
 #ifdef EMU_APP_DRIVER
@@ -83,7 +85,7 @@ driver_api direct_api() {
                       cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemHostAlloc, cuMemAllocHost_v2, cuMemFreeHost,
                       cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap,
                       cuMemRetainAllocationHandle, cuMemPoolCreate, cuMemPoolDestroy, cuMemAllocFromPoolAsync,
-                      cuDeviceGetDefaultMemPool};
+                      cuDeviceGetDefaultMemPool, cuMemGetDefaultMemPool, cuMemGetMemPool};
 }
 #endif
 
@@ -121,6 +123,8 @@ void sym(void* h, const char* name, F* out) {
     sym(h, "cuMemPoolDestroy", &a.pool_destroy);
     sym(h, "cuMemAllocFromPoolAsync", &a.alloc_from_pool);
     sym(h, "cuDeviceGetDefaultMemPool", &a.default_pool);
+    sym(h, "cuMemGetDefaultMemPool", &a.location_default_pool);
+    sym(h, "cuMemGetMemPool", &a.location_current_pool);
     return a;
 }
 
@@ -219,7 +223,9 @@ void vmm_driver(const driver_api& a) {
 // Memory pools of each kind the driver makes, one allocation from each (its size says which pool),
 // then one from the device's default pool.  The host pool is destroyed and its handle comes back
 // (the emulated driver gives it to the next pool made) for a device pool.  A pool the driver refuses
-// to make, and a destroy it refuses (the default pool), pass through.  Pool handles printed.
+// to make, and a destroy it refuses (the default pool), pass through.  Last, CUDA 13's location
+// pools: the host's default pool, the managed default pool of no location, and device 0's current
+// pool (its default) as cuMemGetMemPool names it.  Pool handles printed.
 [[maybe_unused]] void mempools_driver(const driver_api& a) {
     setup(a);
     const auto s = reinterpret_cast<CUstream>(0x5000);
@@ -259,6 +265,20 @@ void vmm_driver(const driver_api& a) {
     CHECK(a.free_async(r, s));
     const CUresult default_destroy_rc = a.pool_destroy(pdef);
     for (CUmemoryPool p : {pn, pd, pm, again}) CHECK(a.pool_destroy(p));
+    CUmemLocation at_host{CU_MEM_LOCATION_TYPE_HOST, 0}, nowhere{CU_MEM_LOCATION_TYPE_NONE, 0},
+        at_device{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemoryPool lh, lm, ld;
+    CHECK(a.location_default_pool(&lh, &at_host, CU_MEM_ALLOCATION_TYPE_PINNED));
+    CHECK(a.location_default_pool(&lm, &nowhere, CU_MEM_ALLOCATION_TYPE_MANAGED));
+    CHECK(a.location_current_pool(&ld, &at_device, CU_MEM_ALLOCATION_TYPE_PINNED));
+    CUdeviceptr l1, l2, l3;
+    CHECK(a.alloc_from_pool(&l1, 700, lh, s));
+    CHECK(a.alloc_from_pool(&l2, 800, lm, s));
+    CHECK(a.alloc_from_pool(&l3, 900, ld, s));
+    memset(reinterpret_cast<void*>(uintptr_t(l1)), 1, 700);
+    for (CUdeviceptr p : {l1, l2, l3}) CHECK(a.free_async(p, s));
+    printf("host_default_pool=%p\nmanaged_default_pool=%p\ndevice_current_pool=%p\n", static_cast<void*>(lh),
+           static_cast<void*>(lm), static_cast<void*>(ld));
     printf("host_pool=%p\nnuma_pool=%p\ndevice_pool=%p\nmanaged_pool=%p\ndefault_pool=%p\nagain_pool=%p\n",
            static_cast<void*>(ph), static_cast<void*>(pn), static_cast<void*>(pd), static_cast<void*>(pm),
            static_cast<void*>(pdef), static_cast<void*>(again));

@@ -28,8 +28,11 @@
 // cuMemAllocFromPoolAsync hands out their memory: real malloc memory from a pool of a host
 // location (pinned host memory, which programs write), managed memory from a managed pool, device
 // memory from a device pool; a destroyed pool's handle is given to the next pool made, as a heap
-// would give back its address.  A pool handle the emulated driver did not make (a made-up one) is a
-// device pool of the stream's device, as a device's default pool (cuDeviceGetDefaultMemPool) is.
+// would give back its address.  A location's default pool of a type (CUDA 13's
+// cuMemGetDefaultMemPool, and cuMemGetMemPool, which answers the same: there is no cuMemSetMemPool
+// here) hands out its location's memory too, and cannot be destroyed.  A pool handle the emulated
+// driver did not make (a made-up one) is a device pool of the stream's device, as a device's default
+// pool (cuDeviceGetDefaultMemPool) is.
 //
 // IPC works between real processes, though no memory is shared: what crosses is the name of the
 // exporter's memory, so that a test can ask (gpumem_emu_backing) which process's allocation, and
@@ -133,6 +136,7 @@ struct emu_state {
     // Memory pools made by cuMemPoolCreate, by handle; handles of destroyed ones, given out again
     // lowest first; and the host memory their allocations got, by address (its bytes).
     std::map<uint64_t, CUmemPoolProps> mem_pools;
+    std::map<uint64_t, CUmemPoolProps> default_pools;  // CUDA 13's location defaults other than a device's
     std::set<uint64_t> free_pool_handles;
     uint64_t next_pool_handle = 0xB000;
     std::map<uint64_t, uint64_t> host_pool_allocs;
@@ -979,13 +983,48 @@ EMU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     s.mem_pools.erase(it);
     return CUDA_SUCCESS;
 }
-// Whether pool is one cuMemPoolCreate made, and its properties.
+// A location's default pool of a type: the device's own for pinned memory on a device (as
+// cuDeviceGetDefaultMemPool), else one handle per location and type, made at the first ask.
+static CUresult location_default_pool(CUmemoryPool* pool, const CUmemLocation* location, CUmemAllocationType type) {
+    if (!pool || !location) return CUDA_ERROR_INVALID_VALUE;
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    CUmemPoolProps props{};
+    props.allocType = type;
+    props.location = *location;
+    if (location->type == CU_MEM_LOCATION_TYPE_HOST) props.location.id = 0;
+    if (!pool_props_valid(props)) return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_ALLOCATION_TYPE_PINNED && location->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        *pool = default_pool(location->id);
+        return CUDA_SUCCESS;
+    }
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    uint64_t h = 0;
+    for (const auto& [handle, p] : s.default_pools)
+        if (p.allocType == type && p.location.type == props.location.type && p.location.id == props.location.id) h = handle;
+    if (!h) {
+        h = 0xE000 + 0x10 * s.default_pools.size();
+        s.default_pools[h] = props;
+    }
+    *pool = reinterpret_cast<CUmemoryPool>(uintptr_t(h));
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+    return location_default_pool(pool, location, type);
+}
+EMU_EXPORT CUresult cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+    return location_default_pool(pool, location, type);
+}
+// Whether pool is one cuMemPoolCreate made or a location's default one, and its properties.
 static bool made_pool(CUmemoryPool pool, CUmemPoolProps* out) {
     std::lock_guard<std::mutex> g(st().mu);
-    auto it = st().mem_pools.find(uint64_t(uintptr_t(pool)));
-    if (it == st().mem_pools.end()) return false;
-    *out = it->second;
-    return true;
+    for (const auto* pools : {&st().mem_pools, &st().default_pools}) {
+        auto it = pools->find(uint64_t(uintptr_t(pool)));
+        if (it == pools->end()) continue;
+        *out = it->second;
+        return true;
+    }
+    return false;
 }
 // Host memory from a pool: freed by the stream-ordered free or cuMemFree, like the pool's device
 // memory.  True if p was such memory.
@@ -1494,7 +1533,8 @@ const fn_entry k_functions[] = {
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
     E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocPitch_v2), E(cuMemAllocManaged), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemFreeAsync_ptsz), E(cuMemAllocFromPoolAsync),
-    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuDeviceGetDefaultMemPool), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
+    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuDeviceGetDefaultMemPool),
+    E(cuMemGetDefaultMemPool), E(cuMemGetMemPool), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
     E(cuIpcOpenMemHandle_v2), E(cuIpcCloseMemHandle), E(cuCtxEnablePeerAccess), E(cuMemRetainAllocationHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),

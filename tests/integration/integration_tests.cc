@@ -1195,8 +1195,9 @@ TEST_CASE("NCCL's cuMem free: only the last release of a handle is its free, not
 // An allocation from a memory pool the program made is of its pool's memory: pinned host memory
 // from a pool of a host location (no device), managed memory from a managed pool (cuMemPoolCreate's
 // properties; until 2026-12-06 every one was logged as device memory of the pointer's device, here
-// device 0).  A device's default pool, and a device pool that got a destroyed host pool's handle
-// back, are device memory.  Each free carries its allocation's kind.  By way a, b (dlsym) and c (a
+// device 0); and from CUDA 13's default pools of the host and of managed memory
+// (cuMemGetDefaultMemPool).  A device's default or current pool, and a device pool that got a
+// destroyed host pool's handle back, are device memory.  Each free carries its allocation's kind.  By way a, b (dlsym) and c (a
 // runtime's cudaMallocFromPoolAsync, resolved through cuGetProcAddress, _ptsz included).
 TEST_CASE("memory pools: an allocation from a pool of host or managed memory is logged with its pool's kind") {
     struct expect {
@@ -1207,7 +1208,9 @@ TEST_CASE("memory pools: an allocation from a pool of host or managed memory is 
     const std::map<uint64_t, expect> driver_sizes = {
         {1000, {"host", -1, "host_pool"}},        {2000, {"host", -1, "numa_pool"}},
         {3000, {"device", 0, "device_pool"}},     {4000, {"managed", 0, "managed_pool"}},
-        {5000, {"device", 0, "default_pool"}},    {6000, {"device", 0, "again_pool"}}};
+        {5000, {"device", 0, "default_pool"}},    {6000, {"device", 0, "again_pool"}},
+        {700, {"host", -1, "host_default_pool"}}, {800, {"managed", 0, "managed_default_pool"}},
+        {900, {"device", 0, "device_current_pool"}}};
     const std::map<uint64_t, expect> runtime_sizes = {{1000, {"host", -1, "host_pool"}},
                                                       {3000, {"device", 0, "device_pool"}}};
     struct way {
