@@ -214,6 +214,14 @@ void* real_runtime_for(const char* name, const void* caller) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
+// A free that cannot reach the pool now: this thread is inside gpumem (a hook's guard, so a signal
+// handler's free, or gpumem's own driver call come back through another interposer).  True, with
+// *result = 0, when ptr lies in a pool's segment: the driver never allocated it, so the free waits
+// for the next pool call (docs/pool.md, Lifecycle).  False: the driver's.  Async-signal-safe.
+bool pool_free_from_inside(api_id api, uint64_t ptr, int* result) noexcept;
+// The log ends (a signal, _exit, exec): frees still waiting for a pool call are counted lost.
+// Async-signal-safe.
+void pool_frees_left_lost() noexcept;
 // A call the pools do not serve ran out of memory: every pool of `device` (-1: of the current
 // context's device; -2: of every device) gives back the memory it holds free (block_pool::give_back).
 // Returns the bytes given back, 0 when none was (then a retry would fail the same way).

@@ -82,6 +82,16 @@ static bool pooled_free(api_id api, CUdeviceptr p, CUresult* r) noexcept {
     return true;
 }
 
+// A free made while this thread is already inside a hook: a signal handler's that interrupted
+// gpumem, or gpumem's own driver call come back through another interposer.  A block in a pool's
+// segment waits for the next pool call (pool_free_from_inside); anything else is the driver's,
+// unrecorded as before.
+template <class F>
+static CUresult free_from_inside(api_id api, CUdeviceptr p, F&& real_call) noexcept {
+    int pr = 0;
+    return pool_free_from_inside(api, uint64_t(p), &pr) ? CUresult(pr) : real_call();
+}
+
 // Runs a driver free with the free ordered before the real call (see recorder.h).
 template <class F>
 CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
@@ -264,7 +274,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byte
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemFree_v2(CUdeviceptr dptr) {
     auto f = real<CUresult (*)(CUdeviceptr)>(drv::cuMemFree_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || dptr == 0) return f(dptr);
+    if (dptr == 0) return f(dptr);
+    if (guard::active()) return free_from_inside(api_id::cuMemFree_v2, dptr, [&] { return f(dptr); });
     guard g;
     CUresult refusal = CUDA_SUCCESS;
     if (capture_may_refuse() && pool_owns(uint64_t(dptr)) && driver_refuses_unsafe_call(&refusal))
@@ -470,7 +481,8 @@ static bool capturing(CUstream s) noexcept {
         auto f = real<CUresult (*)(CUdeviceptr, CUstream)>(drv::NAME);                                  \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
-        if (guard::active() || p == 0) return f(p, s);                                                 \
+        if (p == 0) return f(p, s);                                                                    \
+        if (guard::active()) return free_from_inside(api_id::NAME, p, [&] { return f(p, s); });        \
         guard g;                                                                                       \
         if (pool_owns(uint64_t(p)) && capturing(named_stream<is_ptsz(#NAME)>(s)))                        \
             return captured_free(api_id::NAME, p, true, s, [&] { return f(p, s); });                         \

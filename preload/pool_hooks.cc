@@ -45,6 +45,10 @@ class recorder_sink final : public event_sink {
         if (recorder* r = rec_.load(std::memory_order_acquire)) r->emit(e);
     }
     void set(recorder* r) noexcept { rec_.store(r, std::memory_order_release); }
+    // Events that will never be written: the log's end line says so.  Async-signal-safe.
+    void count_lost(uint64_t n) noexcept {
+        if (recorder* r = rec_.load(std::memory_order_acquire)) r->log().count_lost(n);
+    }
 
   private:
     std::atomic<recorder*> rec_{nullptr};
@@ -136,8 +140,92 @@ pool_registry::slot* current_slot() noexcept {
 
 // Every pool query and operation of the hooks first asks in_gpumem_lock(): a signal handler (one
 // that calls exit(), whose exit handlers call CUDA) running on a thread that holds or is taking a
-// gpumem lock passes straight to the driver, never waiting for that lock (critical_section.h).
+// gpumem lock passes straight to the driver, never waiting for that lock (critical_section.h);
+// only a free of a pooled block does not (pool_free_from_inside).
 bool in_gpumem_lock() noexcept { return critical_section::active(); }
+
+// Frees of pooled blocks that a signal handler made while its thread was inside gpumem
+// (pool_free_from_inside): the pool could not be asked then, its lock perhaps this thread's, and the
+// driver, which never allocated them, must not be (docs/pool.md, Lifecycle).  A fixed table with
+// no lock and no heap: a handler claims an empty entry with one CAS; the next pool call, on any
+// thread, carries the frees out (and logs them); the log's end counts those still here lost.
+class deferred_frees {
+  public:
+    static constexpr int k_entries = 64;
+    // False when every entry is taken.
+    bool push(uint64_t ptr, api_id api) noexcept {
+        for (entry& e : entries_) {
+            uint64_t empty = 0;
+            if (!e.ptr.compare_exchange_strong(empty, k_claimed, std::memory_order_acquire)) continue;
+            e.api.store(int(api), std::memory_order_relaxed);
+            waiting_.fetch_add(1, std::memory_order_relaxed);
+            e.ptr.store(ptr, std::memory_order_release);
+            return true;
+        }
+        return false;
+    }
+    bool any() const noexcept { return waiting_.load(std::memory_order_acquire) > 0; }
+    // Takes one waiting free out (false: none).
+    bool pop(uint64_t* ptr, api_id* api) noexcept {
+        for (entry& e : entries_) {
+            uint64_t v = e.ptr.load(std::memory_order_acquire);
+            if (v == 0 || v == k_claimed) continue;
+            const int a = e.api.load(std::memory_order_relaxed);
+            if (!e.ptr.compare_exchange_strong(v, 0, std::memory_order_acq_rel)) continue;
+            waiting_.fetch_sub(1, std::memory_order_relaxed);
+            *ptr = v;
+            *api = api_id(a);
+            return true;
+        }
+        return false;
+    }
+    void clear() noexcept {  // a fork child: the parent's frees, of the parent's pools
+        for (entry& e : entries_) e.ptr.store(0, std::memory_order_relaxed);
+        waiting_.store(0, std::memory_order_relaxed);
+    }
+
+  private:
+    static constexpr uint64_t k_claimed = 1;  // an entry being filled (no block starts at 1)
+    struct entry {
+        std::atomic<uint64_t> ptr{0};
+        std::atomic<int> api{0};
+    };
+    entry entries_[k_entries];
+    std::atomic<int> waiting_{0};
+};
+constinit deferred_frees g_deferred;
+// Frees from inside gpumem the pool could not keep: the table was full, or the pool's exit had
+// run (nothing carries them out any more), counted lost at once; or the pools' segment tables
+// could not tell (more segments than they hold), passed to the driver.  Said at exit.
+std::atomic<uint64_t> g_deferred_dropped{0}, g_deferred_unknown{0};
+
+// Carries out the frees waiting in g_deferred; from a pool call, never inside a gpumem lock.
+bool free_in_pools(api_id api, uint64_t ptr, int* result) noexcept;  // below, pool_free's search
+void carry_out_deferred_frees() noexcept {
+    if (!g_deferred.any()) return;
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+        GPUMEM_INFO("a free that a signal handler made while its thread was inside gpumem is carried out at a later "
+                    "pool call (docs/pool.md, Lifecycle)");
+    uint64_t ptr = 0;
+    api_id api = api_id::none;
+    while (g_deferred.pop(&ptr, &api)) {
+        int r = 0;
+        // Its segment went meanwhile (its context ended): nothing is left to free, nor to log.
+        if (!free_in_pools(api, ptr, &r)) GPUMEM_WARN("a free from a signal handler of {:#x} found no pool segment when it was carried out", ptr);
+    }
+}
+
+// The waiting frees out of the table, counted lost: the log ends before a pool call can carry
+// them out.  How many.  Async-signal-safe.
+uint64_t deferred_frees_lost() noexcept {
+    if (!g_deferred.any()) return 0;
+    uint64_t n = 0, ptr = 0;
+    api_id api = api_id::none;
+    while (g_deferred.pop(&ptr, &api)) ++n;
+    if (n) sink().count_lost(n);
+    return n;
+}
 
 pool_registry::slot* lookup_any(uint64_t addr, block_pool::block_info* bi) noexcept {
     if (in_gpumem_lock()) return nullptr;
@@ -248,6 +336,7 @@ void peer_and_primary_after_fork() noexcept;
 void pool_after_fork() noexcept {
     // A fork from a handler that interrupted a gpumem lock: the child has its own locks anew.
     critical_section::depth = 0;
+    g_deferred.clear();
     // The child has one thread and a copy of the parent's pools, whose segments belong to the
     // parent's contexts (CUDA does not survive fork).  Forget them all; the objects are leaked.
     registry().reset_after_fork();
@@ -263,10 +352,14 @@ void pool_at_exit() noexcept {
     // The driver may be unloaded by now: no pool calls it again.  Segments are leaked to the OS;
     // late frees from other destructors still find their blocks.
     g_exiting.store(true);
-    registry().for_each([](pool_registry::slot& s) {
+    bool all_taken = true;
+    registry().for_each([&](pool_registry::slot& s) {
         // Not taken: an operation of this thread was interrupted by a handler that called exit(),
         // and the counts below would wait for its lock for ever.
-        if (!s.pool->release_all_at_exit()) return;
+        if (!s.pool->release_all_at_exit()) {
+            all_taken = false;
+            return;
+        }
         // What stitching cost, for a user weighing GPUMEM_POOL_STITCH (at GPUMEM_LOG_LEVEL=info).
         uint64_t made = 0, mapped = 0, dissolved = 0, kept = 0, unmapped = 0, ns = 0;
         s.pool->stitch_counts(&made, &mapped, &dissolved, &kept);
@@ -285,10 +378,26 @@ void pool_at_exit() noexcept {
                         s.device, t.mapped, t.moved, t.refused, t.foreseen, t.unmapped, double(t.map_ns) / 1e6,
                         double(t.unmap_ns) / 1e6, t.looks, double(t.look_ns) / 1e6);
     });
+    // Frees a signal handler left waiting: carried out now where every pool's lock could be taken
+    // (late frees still find their blocks), else (exit() from the handler, the pool's lock held by
+    // this thread) counted lost, their blocks leaked with the rest.
+    if (all_taken && !in_gpumem_lock()) carry_out_deferred_frees();
+    const uint64_t lost = deferred_frees_lost();
+    const uint64_t dropped = g_deferred_dropped.load(), unknown = g_deferred_unknown.load();
+    if (lost + dropped)
+        GPUMEM_WARN("{} frees that signal handlers made while gpumem's pool was busy were never carried out (the "
+                    "process exited before the pool could, or too many waited): their blocks stayed allocated, "
+                    "and the log counts the frees lost",
+                    lost + dropped);
+    if (unknown)
+        GPUMEM_WARN("{} frees made inside gpumem (a signal handler's) went to the driver unasked: the pool holds more "
+                    "segments than its table for them ({}), and one of them may have been a pooled block",
+                    unknown, segment_ranges::k_slots);
 }
 
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept {
     if (in_gpumem_lock()) return false;
+    carry_out_deferred_frees();
     // The log (and pool_configure) starts on the first allocation.  Without a running log the
     // pool stays off, so its events never wait on a ring that nobody drains.
     recorder* rec = recorder_or_null(false);  // a call turned away is counted by the hook's record_alloc
@@ -345,11 +454,10 @@ uint64_t pool_giveable(int device) noexcept {
     return n;
 }
 
-bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
+namespace {
+bool free_in_pools(api_id api, uint64_t ptr, int* result) noexcept {
     pool_registry& reg = registry();
     const int n = reg.count();
-    if (n == 0 || in_gpumem_lock()) return false;
-    auto_switch().settle_deferred();
     // Most frees come from the allocating context; any pool may own the block, though (another
     // thread, another context current).
     // An export names a live block by its start, so it ends here, before the block can be handed
@@ -363,10 +471,40 @@ bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
     }
     return false;
 }
+}  // namespace
+
+bool pool_free(api_id api, uint64_t ptr, int* result) noexcept {
+    if (registry().count() == 0) return false;
+    if (in_gpumem_lock()) return pool_free_from_inside(api, ptr, result);
+    auto_switch().settle_deferred();
+    carry_out_deferred_frees();
+    return free_in_pools(api, ptr, result);
+}
+
+bool pool_free_from_inside(api_id api, uint64_t ptr, int* result) noexcept {
+    // No pool yet: no table to ask (and none is made here, perhaps in a handler).
+    if (ptr == 0 || !g_enabled.load(std::memory_order_acquire)) return false;
+    const int held = registry().holds(ptr);
+    if (held < 0) g_deferred_unknown.fetch_add(1, std::memory_order_relaxed);
+    if (held <= 0) return false;
+    // Answered as the driver answers a live allocation's free; a double free or an interior
+    // pointer gets its free_fail in the log when carried out.  Once the pool's exit has run no
+    // pool call carries a free out reliably: counted lost now, as one the table has no room for.
+    if (g_exiting.load(std::memory_order_acquire) || !g_deferred.push(ptr, api)) {
+        g_deferred_dropped.fetch_add(1, std::memory_order_relaxed);
+        sink().count_lost(1);
+    }
+    *result = 0;
+    return true;
+}
+
+void pool_frees_left_lost() noexcept { deferred_frees_lost(); }
 
 bool pool_owns(uint64_t ptr) noexcept {
     // Any address inside a segment: exactly the pointers pool_free answers for (a double free or
-    // an interior pointer gets free_fail from the pool, never the driver).
+    // an interior pointer gets free_fail from the pool, never the driver).  Inside a gpumem lock
+    // (a signal handler's call) the segments' table answers, as pool_free does there.
+    if (ptr != 0 && in_gpumem_lock()) return g_enabled.load(std::memory_order_acquire) && registry().holds(ptr) == 1;
     return ptr != 0 && lookup_any(ptr, nullptr) != nullptr;
 }
 

@@ -258,7 +258,10 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
         errno = saved_errno;
         return;
     }
-    if (owns_log(st)) st.log->finish(end_reason::signal, sig, unmatched_count(), 200);
+    if (owns_log(st)) {
+        pool_frees_left_lost();  // frees a handler left to a pool call that will not come
+        st.log->finish(end_reason::signal, sig, unmatched_count(), 200);
+    }
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -477,6 +480,7 @@ static void finish_fast() noexcept {
     wait_for_others_start(st, "the process exits before it ends, and the log has no end line");  // as gpumem_fini
     if (owns_log(st)) {
         st.log->let_writer_drain(100);
+        pool_frees_left_lost();
         st.log->finish(end_reason::fast_exit, 0, unmatched_count(), 200);
     }
 }
@@ -515,6 +519,7 @@ bool finish_for_exec() noexcept {
     // that (as at exit, gpumem_fini).
     wait_for_others_start(st, "the exec comes before it ends, and the old image's log has no end line");
     if (!owns_log(st) || st.log->finished()) return false;
+    pool_frees_left_lost();  // their blocks stay allocated if the exec fails
     st.log->finish(end_reason::exec, 0, unmatched_count(), 200);
     return true;
 }

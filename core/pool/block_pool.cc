@@ -334,7 +334,22 @@ static void for_each_mapped_run(const std::vector<uint64_t>& chunks, F&& f) {
     }
 }
 
+void block_pool::track(segment* s) noexcept {
+    if (s->in_ranges) return;
+    s->range_slot = ranges_.add(s->base, s->size);
+    s->in_ranges = true;
+}
+
+void block_pool::untrack(segment* s) noexcept {
+    if (!s->in_ranges) return;
+    ranges_.remove(s->range_slot);
+    s->in_ranges = false;
+}
+
 void block_pool::backend_release(segment* s) noexcept {
+    // Out of the table before the driver call: a cuMemFree of the segment that comes back into the
+    // hooks (through another interposer) must reach the driver.
+    untrack(s);
     if (!s->vmm()) {
         backend_.segment_free(s->base);
         return;
@@ -436,6 +451,7 @@ int block_pool::new_segment(pool_id p, uint64_t seg_size, api_id api, block** ou
     }
     reserved_ += mapped;
     free_bytes_ += mapped;
+    track(s);
     emit_segment(ev_kind::segment_alloc, api, s);
     *out = b;
     return k_cuda_success;
@@ -927,6 +943,7 @@ void block_pool::forget_all() noexcept {
         delete s;
     }
     segments_.clear();
+    ranges_.clear();
     aliases_.clear();
     alias_stuck_ = false;
     blocks_.clear();

@@ -16,6 +16,7 @@
 #include "core/pool/event_sink.h"
 #include "core/pool/pool_backend.h"
 #include "core/pool/pool_config.h"
+#include "core/pool/segment_ranges.h"
 #include "core/pool/stream_set.h"
 
 namespace gpumem {
@@ -61,6 +62,10 @@ class block_pool {
     // cuMemGetAddressRange / cuPointerGetAttribute(RANGE_START/RANGE_SIZE) with the block's own
     // range instead of the segment's, and step aside (e.g. cuIpcGetMemHandle) for pooled blocks.
     bool lookup(uint64_t addr, block_info* out) const noexcept;
+    // Whether addr lies in one of this pool's segments, without the lock and async-signal-safe,
+    // for a signal handler that interrupted a pool operation (segment_ranges.h): 1 yes, 0 no,
+    // -1 cannot tell (more segments than the table holds).
+    int holds(uint64_t addr) const noexcept { return ranges_.holds(addr); }
 
     // Sharing a block with another process (docs/pool.md, "Sharing memory between processes"):
     // the physical chunks under [addr, addr + requested) of the allocated block that starts at
@@ -238,6 +243,8 @@ class block_pool {
         // Stitched: the last ordered release that handed out one of its blocks (0: none).  Its
         // range is unmapped (dissolved) only once that release's work is done (order_reached).
         uint64_t settle_gen = 0;
+        bool in_ranges = false;  // in ranges_ (holds()), at range_slot
+        int range_slot = -1;
         bool stitched() const noexcept { return !lent.empty(); }
         bool vmm() const noexcept { return !chunks.empty(); }
     };
@@ -363,7 +370,10 @@ class block_pool {
     void hole_insert(block* u);
     void hole_erase(block* u) noexcept;
     bool use_vmm() noexcept;  // decides once, at the first segment, from the config and backend
-    void backend_release(segment* s) noexcept;  // unmap + address free, or segment_free
+    void backend_release(segment* s) noexcept;  // unmap + address free, or segment_free (untracked first)
+    // A segment the pool now holds goes into ranges_ / leaves it, before anything goes back to the driver.
+    void track(segment* s) noexcept;
+    void untrack(segment* s) noexcept;
     // Whole chunks inside free blocks go back to the driver, until `want` bytes have (all of them
     // on OOM; GPUMEM_POOL_TRIM's excess before growing).  Returns the bytes given back.
     // keep: a hole whose free neighbours stay mapped (the trim before an arena maps into it).
@@ -465,6 +475,7 @@ class block_pool {
 
     mutable std::mutex mu_;
     std::map<uint64_t, segment*> segments_;  // by base
+    segment_ranges ranges_;                  // their ranges, for holds()
     addr_map blocks_;                        // every block of every segment, by address
     free_set free_[2];                       // reusable free blocks: [0] small pool, [1] large pool
     struct by_addr {

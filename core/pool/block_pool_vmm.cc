@@ -476,6 +476,7 @@ block_pool::block* block_pool::stitch(pool_id p, uint64_t asize, api_id api) {
         delete st;
         return nullptr;
     }
+    track(st);
     al->user = st;
     al->used = ++stitches_;
     free_bytes_ += need;
@@ -684,6 +685,7 @@ void block_pool::dissolve(segment* st, api_id api) {
     }
     // Logged before the address space goes back: after va_free the range may be anyone's.
     emit_segment(ev_kind::segment_free, api, st);
+    untrack(st);
     if (al) {
         al->user = nullptr;
         if (!cfg_.stitch_keep) {

@@ -5,7 +5,8 @@
 // thread: any of them that waited for a lock this thread holds would wait for ever (programs that
 // exit from a timer's handler hung at exit, docs/pool.md, Lifecycle).  The count rises before the
 // lock is taken and falls after it is released, so no instant in between escapes it.  The hooks
-// pass straight through while it is not zero, and release_all_at_exit does not wait.
+// pass straight through while it is not zero (but for a free of a pooled block, which waits for a
+// later pool call: pool_free_from_inside), and release_all_at_exit does not wait.
 #pragma once
 
 namespace gpumem {

@@ -71,6 +71,17 @@ pool_registry::slot* pool_registry::owner_of(uint64_t addr, block_pool::block_in
     return nullptr;
 }
 
+int pool_registry::holds(uint64_t addr) const noexcept {
+    const int n = count();
+    int answer = 0;
+    for (int i = 0; i < n; ++i) {
+        const int h = slots_[i].pool->holds(addr);
+        if (h == 1) return 1;
+        if (h < 0) answer = -1;
+    }
+    return answer;
+}
+
 bool pool_registry::retire(uint64_t ctx, context_end when) noexcept {
     if (ctx == 0 || count() == 0) return false;
     create_lock lk(create_lock_);  // no pool is made for this handle while it is being retired

@@ -59,6 +59,10 @@ class pool_registry {
     slot* find_or_create(uint64_t ctx, bool* full = nullptr) noexcept;
     // The pool holding addr (any address inside one of its segments), and its block.
     slot* owner_of(uint64_t addr, block_pool::block_info* bi) const noexcept;
+    // Whether addr lies in a segment of any pool, asked without a lock (block_pool::holds): for a
+    // signal handler on a thread inside a pool's lock, where owner_of would wait for ever.
+    // 1 yes, 0 no, -1 cannot tell.  Async-signal-safe.
+    int holds(uint64_t addr) const noexcept;
     // The context ends: its slot stops matching (under the create lock, so no pool is made for
     // the handle meanwhile), then its pool gives back its virtual memory and forgets the rest
     // (drop_all(when)).  False if none.

@@ -43,6 +43,7 @@
 #include <dlfcn.h>
 #undef cuGetProcAddress
 #undef cuIpcOpenMemHandle  // the header renames it to _v2; the driver exports both names
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -193,9 +194,27 @@ counter g_counters[] = {
     {"primary_context_ended", {0}}, {"cuDevicePrimaryCtxRelease", {0}},
     {"cuMemPoolCreate", {0}}, {"cuMemPoolDestroy", {0}},
 };
+// gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
+char g_raise_names[256];
+std::atomic<int> g_raise_sig{0};
+bool named_in(const char* list, const char* name) {
+    const size_t n = strlen(name);
+    for (const char* p = list; *p;) {
+        const char* e = strchr(p, ',');
+        const size_t len = e ? size_t(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+// Counts a call; called at a function's entry, before any lock of the emulated driver's.
 void bump(const char* name) {
     for (auto& c : g_counters)
         if (!strcmp(c.name, name)) c.n.fetch_add(1, std::memory_order_relaxed);
+    if (g_raise_sig.load(std::memory_order_acquire) && named_in(g_raise_names, name))
+        if (int sig = g_raise_sig.exchange(0)) raise(sig);
 }
 
 void spin_latency() {
@@ -313,6 +332,13 @@ EMU_EXPORT uint64_t gpumem_emu_used(int dev) {
 EMU_EXPORT uint64_t gpumem_emu_live_allocations() {
     std::lock_guard<std::mutex> g(st().mu);
     return st().device_allocs.size();
+}
+// The next call of one of `names` (comma-separated counter names, at most 255 bytes) raises `sig`
+// at its entry, before any lock of this driver's, once: a signal that lands inside a driver call,
+// as a timer's may, here on purpose (pool_app free-in-handler: inside the pool's growth).
+EMU_EXPORT void gpumem_emu_raise_in(const char* names, int sig) {
+    snprintf(g_raise_names, sizeof g_raise_names, "%s", names ? names : "");
+    g_raise_sig.store(sig, std::memory_order_release);
 }
 // Physical VMM handles not yet freed, mappings and reservations held (leak checks).
 EMU_EXPORT uint64_t gpumem_emu_live_vmm(const char* what) {

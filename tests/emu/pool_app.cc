@@ -6,6 +6,7 @@
 #include <cuda.h>
 #undef cuGetProcAddress
 #include <dlfcn.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -578,6 +579,50 @@ void capture_modes() {
 }
 
 // Pointer queries, IPC and bad frees on pooled blocks.
+// Whether the emulated driver has memory under p (its cuMemAlloc allocation or a mapped chunk):
+// printed as `<name>_mapped=`.
+void print_mapped(const char* name, CUdeviceptr p) {
+    using fn = int (*)(CUdeviceptr, int*, unsigned long long*, unsigned long long*);
+    static fn f = reinterpret_cast<fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_backing"));
+    if (!f) fail("dlsym gpumem_emu_backing", -1);
+    printf("%s_mapped=%d\n", name, f(p, nullptr, nullptr, nullptr) == 0);
+}
+
+// A signal handler frees a block while this thread is inside a driver allocation: under gpumem
+// inside the pool's growth, its lock held (the emulated driver raises SIGUSR1 at the entry of
+// cuMemAlloc_v2, cuMemAddressReserve or cuMemCreate, where a timer's signal may land).  The block
+// freed starts a cuMemAlloc segment with GPUMEM_POOL_VMM=off, and another live block shares it.
+// Alone the free is the driver's: success, and the other block keeps its memory.  `exit`: the
+// handler then calls exit(0), as programs that end from a SIGINT handler do (whose atexit handlers
+// free device memory, PyTorch's among them).
+CUdeviceptr g_handler_a = 0, g_handler_b = 0;
+volatile sig_atomic_t g_handler_result = -1;
+bool g_handler_exits = false;
+void free_in_handler(bool then_exit) {
+    setup();
+    g_handler_exits = then_exit;
+    CHECK(cuMemAlloc(&g_handler_a, 1000));  // the first block of a small segment
+    CHECK(cuMemAlloc(&g_handler_b, 5000));  // the next block of the same segment
+    signal(SIGUSR1, [](int) {
+        g_handler_result = int(cuMemFree(g_handler_a));
+        if (!g_handler_exits) return;
+        printf("handler_free_result=%d\n", int(g_handler_result));
+        print_mapped("b", g_handler_b);
+        exit(0);
+    });
+    using arm_fn = void (*)(const char*, int);
+    auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
+    if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
+    arm("cuMemAlloc_v2,cuMemAddressReserve,cuMemCreate", SIGUSR1);
+    CUdeviceptr c;
+    CHECK(cuMemAlloc(&c, 64 << 20));  // no cached block holds it: the driver is asked
+    printf("handler_free_result=%d\n", int(g_handler_result));
+    print_mapped("b", g_handler_b);
+    CHECK(cuMemFree(g_handler_b));
+    CHECK(cuMemFree(c));
+    printf("free_again_result=%d\n", int(cuMemFree(g_handler_a)));  // freed by the handler: an error now
+}
+
 void query() {
     setup();
     CUdeviceptr a, b;
@@ -1080,6 +1125,7 @@ int main(int argc, char** argv) {
         capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end",
                 argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
+    else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"));
     else if (s == "edges") edges();
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");

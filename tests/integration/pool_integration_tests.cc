@@ -1051,6 +1051,66 @@ TEST_CASE("pool: pointer queries past the bytes asked for and requests no device
                       {{{"GPUMEM_POOL", "off"}}, {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_REUSE", "safe"}}});
 }
 
+TEST_CASE("pool: a free from a signal handler that interrupted the pool gets the driver's answer, and no other block loses memory") {
+    // The emulated driver raises SIGUSR1 inside the pool's growth, with the pool's lock held by this
+    // thread, and the handler frees block a (a cuMemAlloc segment's start with GPUMEM_POOL_VMM=off;
+    // block b shares the segment).  Before, every free there went to the driver, which never
+    // allocated a: on virtual memory it answered 1 (CUDA_ERROR_INVALID_VALUE), on cuMemAlloc
+    // segments it freed the whole segment, b's memory with it; the log had no free of a, and the
+    // program's second free of a succeeded (the pool still held it live).
+    auto alone = run_alone({EMU_POOL_APP, "free-in-handler"});
+    auto v = values(alone.out);
+    CHECK(num(v, "handler_free_result") == 0);
+    CHECK(num(v, "b_mapped") == 1);
+    CHECK(num(v, "free_again_result") == 1);
+    for (const std::map<std::string, std::string>& env : std::vector<std::map<std::string, std::string>>{
+             {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
+        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+        auto r = run({EMU_POOL_APP, "free-in-handler"}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(r.out == alone.out);
+        check_rebuild(ls);
+        if (env.count("GPUMEM_POOL")) continue;  // a is the driver's: its free is the driver's
+        // a's free is logged (carried out at the next pool call), then the second free's failure.
+        std::string a;
+        for (auto& j : ls)
+            if (j["ev"] == "alloc" && j["size"] == 1000) a = j["ptr"];
+        REQUIRE(!a.empty());
+        size_t frees = 0, fails = 0;
+        for (auto& j : ls) {
+            if (!j.contains("ptr") || j["ptr"] != a) continue;
+            frees += j["ev"] == "free";
+            fails += j["ev"] == "free_fail";
+        }
+        CHECK(frees == 1);
+        CHECK(fails == 1);
+    }
+
+    // The handler calls exit(0) after its free: the pool's lock stays held, so the free cannot be
+    // carried out before the log ends.  It is counted lost on the end line, and said on stderr.
+    auto ealone = run_alone({EMU_POOL_APP, "free-in-handler", "exit"});
+    auto ev = values(ealone.out);
+    CHECK(num(ev, "handler_free_result") == 0);
+    CHECK(num(ev, "b_mapped") == 1);
+    for (const std::map<std::string, std::string>& env : std::vector<std::map<std::string, std::string>>{
+             {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
+        const bool pooled = env.empty() || env.begin()->first != "GPUMEM_POOL";
+        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+        auto r = run({EMU_POOL_APP, "free-in-handler", "exit"}, env);
+        INFO(r.err);
+        REQUIRE(WIFEXITED(r.status));
+        CHECK(WEXITSTATUS(r.status) == 0);
+        CHECK(r.out == ealone.out);
+        REQUIRE(r.logs.size() == 1);
+        auto ls = lines_of(r.logs[0]);
+        REQUIRE(ls.back()["ev"] == "end");
+        CHECK(ls.back()["reason"] == "exit");
+        CHECK(ls.back()["lost"] == (pooled ? 1 : 0));
+        CHECK((r.err.find("signal handler") != std::string::npos) == pooled);
+    }
+}
+
 // Two processes under gpumem: the exporter allocates three 5000 B blocks (the third lies inside a
 // shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
 // emulated driver says where each process's pointer lands: the importer's must land on the

@@ -1,6 +1,7 @@
 // Unit tests of block_pool against fake_backend: sizes, splitting, best fit, coalescing, events,
 // hand-computed fragmentation outcomes, OOM and retry, reuse safety, capture, lifecycle.
 #include <chrono>
+#include <memory>
 #include <catch2/catch.hpp>
 
 #include "pool_test_util.h"
@@ -664,6 +665,65 @@ TEST_CASE("release_all_at_exit from inside a pool operation of the same thread r
     uint64_t p = 0;
     CHECK(pool.allocate(64 * MiB, A, &p) == k_pool_declined);  // the exit took effect at this operation
     CHECK(dev.alloc_calls() + dev.free_calls() + dev.sync_calls() == calls);
+}
+
+// A signal handler's free on a thread inside a pool operation cannot ask the pool (its lock may be
+// this thread's): holds() answers from the segments' table, without the lock.  Here the sink,
+// which the pool calls with its lock held, stands in for the handler.
+TEST_CASE("holds: a segment's addresses while the pool holds it, asked inside its own operation, and none after it goes back", "[pool]") {
+    struct asking_sink final : event_sink {
+        block_pool* pool = nullptr;
+        uint64_t ask = 0;
+        int answer = -2;
+        void emit(event& e) noexcept override {
+            if (e.ev == ev_kind::alloc && pool && answer == -2) answer = pool->holds(ask);
+        }
+    } sink;
+    fake_backend dev;
+    block_pool pool(safe_config(), dev, &sink, 0);
+    const uint64_t a = must_alloc(pool, 1000);
+    CHECK(pool.holds(a) == 1);
+    CHECK(pool.holds(a + 2 * MiB - 1) == 1);  // the small segment's last byte
+    CHECK(pool.holds(a + 2 * MiB) == 0);
+    CHECK(pool.holds(a - 1) == 0);
+    sink.pool = &pool;
+    sink.ask = a + 4096;
+    const uint64_t b = must_alloc(pool, 1000);  // its alloc event asks, the lock held
+    CHECK(sink.answer == 1);
+    const uint64_t c = must_alloc(pool, 3 * MiB);  // a large segment
+    CHECK(pool.holds(c + 3 * MiB) == 1);           // free memory inside it: still the pool's
+    must_free(pool, a);
+    must_free(pool, b);
+    must_free(pool, c);
+    pool.release_cached();  // both segments go back to the driver
+    CHECK(dev.live_segments() == 0);
+    CHECK(pool.holds(a) == 0);
+    CHECK(pool.holds(c) == 0);
+    const uint64_t d = must_alloc(pool, 1000);  // a new segment (fresh addresses), in an emptied slot
+    CHECK(d != a);
+    CHECK(pool.holds(d) == 1);
+    CHECK(pool.holds(a) == 0);
+}
+
+TEST_CASE("segment_ranges: a full table counts the rest and can no longer say none", "[pool]") {
+    auto r = std::make_unique<segment_ranges>();
+    std::vector<int> slots;
+    for (int i = 0; i < segment_ranges::k_slots; ++i) slots.push_back(r->add(0x1000000ull * (i + 1), 0x1000));
+    CHECK(r->holds(0x1000000ull * 7 + 0xfff) == 1);
+    CHECK(r->holds(0x1000000ull * 7 + 0x1000) == 0);
+    const int over = r->add(0x1000000ull * (segment_ranges::k_slots + 1), 0x1000);
+    CHECK(over == -1);
+    CHECK(r->holds(0x1000000ull * 7 + 0x1000) == -1);  // maybe the untracked one's
+    CHECK(r->holds(0x1000000ull * 7) == 1);
+    r->remove(over);
+    CHECK(r->holds(0x1000000ull * 7 + 0x1000) == 0);
+    r->remove(slots[6]);
+    CHECK(r->holds(0x1000000ull * 7) == 0);
+    CHECK(r->add(0x5000000000ull, 0x2000) == slots[6]);  // the emptied slot first
+    CHECK(r->holds(0x5000000000ull + 0x1fff) == 1);
+    r->clear();
+    CHECK(r->holds(0x5000000000ull) == 0);
+    CHECK(r->holds(0x1000000ull) == 0);
 }
 
 TEST_CASE("stats events at the configured interval", "[pool]") {
