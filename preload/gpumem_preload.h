@@ -53,7 +53,8 @@ namespace gpumem {
     X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 // Calls that may need device memory of their own, wrapped too (after GPUMEM_DRIVER_HOOKS in the
-// table): made again after the pools give back (hooks_driver.cc, GPUMEM_OOM_RETRY).
+// table): made again after the pools give back (hooks_driver.cc, GPUMEM_OOM_RETRY; those that name
+// a stream below, GPUMEM_OOM_RETRY_STREAM_CALLS).
 // X(name, (params), (args), key): key is the handle whose first use makes headroom, nullptr for none
 // (a use_key when a name or a device other than the current context's is part of it).
 #define GPUMEM_OOM_RETRY_CALLS(X) \
@@ -75,16 +76,27 @@ namespace gpumem {
     X(cuKernelGetAttribute, (int* a, CUfunction_attribute b, CUkernel c, CUdevice d), (a, b, c, d), use_key(c, nullptr, d)) \
     X(cuKernelSetAttribute, (CUfunction_attribute a, int b, CUkernel c, CUdevice d), (a, b, c, d), use_key(c, nullptr, d)) \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int* a, CUfunction b, int c, size_t d), (a, b, c, d), b) \
-    X(cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a) \
     X(cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c), b) \
-    X(cuGraphInstantiateWithParams, (CUgraphExec* a, CUgraph b, CUDA_GRAPH_INSTANTIATE_PARAMS* c), (a, b, c), b) \
-    X(cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a) \
-    X(cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a) \
     X(cuArrayCreate_v2, (CUarray* a, const CUDA_ARRAY_DESCRIPTOR* b), (a, b), nullptr) \
     X(cuArray3DCreate_v2, (CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* b), (a, b), nullptr) \
     X(cuMipmappedArrayCreate, (CUmipmappedArray* a, const CUDA_ARRAY3D_DESCRIPTOR* b, unsigned int c), (a, b, c), nullptr) \
     X(cuCtxSetLimit, (CUlimit a, size_t b), (a, b), nullptr)
 #define GPUMEM_OOM_RETRY_NAME(NAME, PARAMS, ARGS, KEY) GPUMEM_X(NAME)
+
+// The same for the calls that name a stream, each with its per-thread twin (cuda.h's
+// __CUDA_API_PTSZ: what a program built with --default-stream per-thread calls, and what
+// cuGetProcAddress hands out under CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).
+// X(name, api logged (the plain call's), (params), (args), key, the stream it names).
+#define GPUMEM_OOM_RETRY_STREAM_CALLS(X) \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a, i) \
+    X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int o, unsigned int p, unsigned int q, CUstream i, void** j), (a, b, c, d, e, o, p, q, i, j), a, i) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, (CUgraphExec* a, CUgraph b, CUDA_GRAPH_INSTANTIATE_PARAMS* c), (a, b, c), b, c ? c->hUploadStream : nullptr) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, (CUgraphExec* a, CUgraph b, CUDA_GRAPH_INSTANTIATE_PARAMS* c), (a, b, c), b, c ? c->hUploadStream : nullptr) \
+    X(cuGraphUpload, cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a, b) \
+    X(cuGraphUpload_ptsz, cuGraphUpload, (CUgraphExec a, CUstream b), (a, b), a, b) \
+    X(cuGraphLaunch, cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a, b) \
+    X(cuGraphLaunch_ptsz, cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b), a, b)
+#define GPUMEM_OOM_RETRY_STREAM_NAME(NAME, API, PARAMS, ARGS, KEY, STREAM) GPUMEM_X(NAME)
 
 // Every other libcuda function gpumem itself calls (pool backend, contexts, device facts).  Not
 // wrapped: the program's calls to them go straight to the driver.  One table with the hooks
@@ -102,6 +114,7 @@ enum class drv : int {
 #define GPUMEM_X(n) n,
     GPUMEM_DRIVER_HOOKS(GPUMEM_X)
     GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY_NAME)
+    GPUMEM_OOM_RETRY_STREAM_CALLS(GPUMEM_OOM_RETRY_STREAM_NAME)
     GPUMEM_DRIVER_CALLS(GPUMEM_X)
 #undef GPUMEM_X
     count_

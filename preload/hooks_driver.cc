@@ -997,8 +997,9 @@ GPUMEM_LAUNCH_EX(cuLaunchKernelEx_ptsz)
 // with eager loading, a cuSOLVER call with lazy loading), so each is made again after a give-back;
 // those that name a function, kernel, module, library or graph first make headroom at its first
 // use (before_first_use; KEY is that handle, nullptr for none: the loads, retried after a
-// failure).  The hot path is the call and one compare.  The calls: GPUMEM_OOM_RETRY_CALLS
-// (gpumem_preload.h), which also puts them in the table of driver functions.
+// failure).  The hot path is the call and one compare.  The calls: GPUMEM_OOM_RETRY_CALLS and
+// GPUMEM_OOM_RETRY_STREAM_CALLS (gpumem_preload.h), which also put them in the table of driver
+// functions.
 #define GPUMEM_OOM_RETRY(NAME, PARAMS, ARGS, KEY)                                                      \
     extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
         auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
@@ -1007,6 +1008,19 @@ GPUMEM_LAUNCH_EX(cuLaunchKernelEx_ptsz)
         return retry_unguarded_if_oom(api_id::NAME, real_fn ARGS, [&] { return real_fn ARGS; });      \
     }
 GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY)
+// Those that name a stream (GPUMEM_OOM_RETRY_STREAM_CALLS), watched as the launches are
+// (note_launch): a _ptsz twin is a use of the per-thread default stream at every call, as the
+// thunk it replaces was; a plain one when it names CU_STREAM_PER_THREAD.  The log names the plain
+// call.
+#define GPUMEM_OOM_RETRY_STREAM(NAME, API, PARAMS, ARGS, KEY, STREAM)                                 \
+    extern "C" GPUMEM_HIDDEN CUresult w_##NAME PARAMS {                                                 \
+        auto real_fn = real<CUresult(*) PARAMS>(drv::NAME);                                             \
+        if (!real_fn) return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        note_launch<is_ptsz(#NAME)>(STREAM);                                                           \
+        before_first_use(api_id::API, KEY);                                                            \
+        return retry_unguarded_if_oom(api_id::API, real_fn ARGS, [&] { return real_fn ARGS; });       \
+    }
+GPUMEM_OOM_RETRY_STREAM_CALLS(GPUMEM_OOM_RETRY_STREAM)
 
 // ---------------------------------------------------------------------------------------------
 // Way (a): the exported symbols.  Each defers to its wrapper when way a is on, else calls the real one.
@@ -1044,6 +1058,8 @@ GPUMEM_EXPORT_HOOK(cuMemGetAddressRange_v2, (CUdeviceptr* a, size_t* b, CUdevice
 GPUMEM_EXPORT_HOOK(cuMemGetInfo_v2, (size_t* a, size_t* b), (a, b))
 #define GPUMEM_EXPORT_RETRY(NAME, PARAMS, ARGS, KEY) GPUMEM_EXPORT_HOOK(NAME, PARAMS, ARGS)
 GPUMEM_OOM_RETRY_CALLS(GPUMEM_EXPORT_RETRY)
+#define GPUMEM_EXPORT_RETRY_STREAM(NAME, API, PARAMS, ARGS, KEY, STREAM) GPUMEM_EXPORT_HOOK(NAME, PARAMS, ARGS)
+GPUMEM_OOM_RETRY_STREAM_CALLS(GPUMEM_EXPORT_RETRY_STREAM)
 GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdeviceptr c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))
@@ -1081,12 +1097,14 @@ GPUMEM_EXPORT_HOOK(cuLaunchKernelEx_ptsz, (const CUlaunchConfig* a, CUfunction b
 GPUMEM_EXPORT_HOOK(cuStreamDestroy_v2, (CUstream a), (a))
 
 // The table of every libcuda function gpumem wraps or calls.  Order and names come from
-// GPUMEM_DRIVER_HOOKS, GPUMEM_OOM_RETRY_CALLS and GPUMEM_DRIVER_CALLS, as drv's.
+// GPUMEM_DRIVER_HOOKS, GPUMEM_OOM_RETRY_CALLS, GPUMEM_OOM_RETRY_STREAM_CALLS and
+// GPUMEM_DRIVER_CALLS, as drv's.
 driver_hook* driver_hooks() noexcept {
     static driver_hook table[] = {
 #define GPUMEM_X(n) {#n, reinterpret_cast<void*>(&w_##n), {nullptr}, {false}},
         GPUMEM_DRIVER_HOOKS(GPUMEM_X)
         GPUMEM_OOM_RETRY_CALLS(GPUMEM_OOM_RETRY_NAME)
+        GPUMEM_OOM_RETRY_STREAM_CALLS(GPUMEM_OOM_RETRY_STREAM_NAME)
 #undef GPUMEM_X
 #define GPUMEM_X(n) {#n, nullptr, {nullptr}, {false}},
         GPUMEM_DRIVER_CALLS(GPUMEM_X)

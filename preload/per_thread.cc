@@ -4,12 +4,13 @@
 // creation call shows them.  Every runtime resolves the per-thread variants (`_ptsz`, `_ptds`) of
 // about 40 launch, copy and event functions at start-up whether it uses them or not
 // (docs/gpu-results.md, run 14), so resolving proves nothing; calling one does.  Each resolved
-// per-thread variant gpumem has no typed wrapper for (all but the launches and the stream-ordered
-// allocation and capture calls, hooks_driver.cc) is handed out as a thunk: a few instructions
+// per-thread variant gpumem has no typed wrapper for (all but the launches, graph launches,
+// uploads and instantiations, and the stream-ordered allocation and capture calls,
+// hooks_driver.cc) is handed out as a thunk: a few instructions
 // that, on the first call through any thunk, switch the pools to safe reuse and then jump to the
 // real function with every argument register untouched, whatever the function's signature.  The
 // other way in, the handle CU_STREAM_PER_THREAD passed to an ordinary launch, is checked by the
-// cuLaunchKernel(Ex) hooks.
+// launch hooks.
 #include <dlfcn.h>
 
 #include <atomic>

@@ -193,6 +193,9 @@ counter g_counters[] = {
     {"cuMemCreate_made", {0}},        // the cuMemCreate calls that made a chunk
     {"primary_context_ended", {0}}, {"cuDevicePrimaryCtxRelease", {0}},
     {"cuMemPoolCreate", {0}}, {"cuMemPoolDestroy", {0}},
+    {"cuLaunchCooperativeKernel", {0}}, {"cuLaunchCooperativeKernel_ptsz", {0}}, {"cuGraphInstantiateWithParams", {0}},
+    {"cuGraphInstantiateWithParams_ptsz", {0}}, {"cuGraphUpload", {0}}, {"cuGraphUpload_ptsz", {0}}, {"cuGraphLaunch", {0}},
+    {"cuGraphLaunch_ptsz", {0}},
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
 char g_raise_names[256];
@@ -760,6 +763,51 @@ EMU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void
     return emu_launch("cuLaunchKernelEx", f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                       c->sharedMemBytes, c->hStream, params, extra);
 }
+// Cooperative launches and graphs (each with its per-thread twin, counted apart): a graph's
+// instantiation, and an executable graph's first upload or launch, take memory of their own
+// (GPUMEM_EMU_MODULE_BYTES, kept, once per handle), and so does a cooperative launch of a function
+// (its grid's).  Failed for want of memory they did nothing and may be made again.  A cooperative
+// launch checks its arguments as the launches do; an instantiation's executable graph is its graph.
+static CUresult emu_cooperative(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                unsigned by, unsigned bz, unsigned smem, CUstream s, void** params) {
+    bump(name);
+    if (s == CU_STREAM_PER_THREAD) bump("launch_on_per_thread_handle");
+    const bool ok = gx == 11 && gy == 12 && gz == 13 && bx == 14 && by == 15 && bz == 16 && smem == 17 &&
+                    params == reinterpret_cast<void**>(0x1234);
+    return ok ? load_module_of(f, false) : CUDA_ERROR_INVALID_VALUE;
+}
+EMU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                              unsigned bz, unsigned smem, CUstream s, void** params) {
+    return emu_cooperative("cuLaunchCooperativeKernel", f, gx, gy, gz, bx, by, bz, smem, s, params);
+}
+EMU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                   unsigned by, unsigned bz, unsigned smem, CUstream s, void** params) {
+    return emu_cooperative("cuLaunchCooperativeKernel_ptsz", f, gx, gy, gz, bx, by, bz, smem, s, params);
+}
+static CUresult emu_instantiate(const char* name, CUgraphExec* e, CUgraph g) {
+    bump(name);
+    if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = load_module_of(g, false)) return r;
+    *e = reinterpret_cast<CUgraphExec>(g);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS*) {
+    return emu_instantiate("cuGraphInstantiateWithParams", e, g);
+}
+EMU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS*) {
+    return emu_instantiate("cuGraphInstantiateWithParams_ptsz", e, g);
+}
+static CUresult emu_graph_run(const char* name, CUgraphExec e) {
+    bump(name);
+    return e ? load_module_of(e, false) : CUDA_ERROR_INVALID_VALUE;
+}
+EMU_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream) { return emu_graph_run("cuGraphUpload", e); }
+EMU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream) { return emu_graph_run("cuGraphUpload_ptsz", e); }
+EMU_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    if (s == CU_STREAM_PER_THREAD) bump("launch_on_per_thread_handle");
+    return emu_graph_run("cuGraphLaunch", e);
+}
+EMU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream) { return emu_graph_run("cuGraphLaunch_ptsz", e); }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     std::lock_guard<std::mutex> lk(st().capture_mu);
     if (!st().capturing_streams.emplace(s, emu_state::capture_rec{long(syscall(SYS_gettid)), int(mode), false}).second)
@@ -1549,7 +1597,9 @@ const fn_entry k_functions[] = {
     E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2),
     E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxReset_v2),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2), E(cuStreamGetDevice), E(cuLaunchKernel), E(cuLaunchKernel_ptsz),
-    E(cuModuleLoadData), E(cuKernelGetAttribute),
+    E(cuModuleLoadData), E(cuKernelGetAttribute), E(cuLaunchCooperativeKernel), E(cuLaunchCooperativeKernel_ptsz),
+    E(cuGraphInstantiateWithParams), E(cuGraphInstantiateWithParams_ptsz), E(cuGraphUpload), E(cuGraphUpload_ptsz),
+    E(cuGraphLaunch), E(cuGraphLaunch_ptsz),
     E(cuLaunchKernelEx), E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamBeginCaptureToGraph),
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
     {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},

@@ -289,6 +289,48 @@ void other_allocators() {
     print_counts("");
 }
 
+// The per-thread twins of the calls retried after a give-back that name a stream, as a program
+// built with --default-stream per-thread reaches them (cuGetProcAddress with
+// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM): cuLaunchCooperativeKernel_ptsz,
+// cuGraphInstantiateWithParams_ptsz, cuGraphUpload_ptsz and cuGraphLaunch_ptsz, each after the
+// program filled the device with 4 MiB blocks and freed them, each needing GPUMEM_EMU_MODULE_BYTES
+// of its own.  Without gpumem each is served.  Prints each call's answer and how many calls
+// reached each _ptsz function (the resolver handed out the per-thread twin).
+void retry_ptsz() {
+    setup();
+    CUdriverProcAddressQueryResult q;
+    auto resolve = [&](const char* name) {
+        void* fn = nullptr;
+        CHECK(cuGetProcAddress_v2(name, &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        return fn;
+    };
+    using coop_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**);
+    using inst_fn = CUresult (*)(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
+    using run_fn = CUresult (*)(CUgraphExec, CUstream);
+    auto coop = reinterpret_cast<coop_fn>(resolve("cuLaunchCooperativeKernel"));
+    auto inst = reinterpret_cast<inst_fn>(resolve("cuGraphInstantiateWithParams"));
+    auto upload = reinterpret_cast<run_fn>(resolve("cuGraphUpload"));
+    auto launch = reinterpret_cast<run_fn>(resolve("cuGraphLaunch"));
+    fill_and_free();
+    int rc = int(coop(reinterpret_cast<CUfunction>(0x700), 11, 12, 13, 14, 15, 16, 17, nullptr, reinterpret_cast<void**>(0x1234)));
+    printf("coop_ptsz_rc=%d\n", rc);
+    fill_and_free();
+    CUgraphExec exec = nullptr;
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip = {};
+    rc = int(inst(&exec, reinterpret_cast<CUgraph>(0x710), &ip));
+    printf("instantiate_ptsz_rc=%d\n", rc);
+    fill_and_free();
+    rc = int(upload(reinterpret_cast<CUgraphExec>(0x720), nullptr));
+    printf("upload_ptsz_rc=%d\n", rc);
+    fill_and_free();
+    rc = int(launch(reinterpret_cast<CUgraphExec>(0x730), nullptr));
+    printf("graph_launch_ptsz_rc=%d\n", rc);
+    for (const char* n : {"cuLaunchCooperativeKernel_ptsz", "cuGraphInstantiateWithParams_ptsz", "cuGraphUpload_ptsz",
+                          "cuGraphLaunch_ptsz"})
+        printf("calls_%s=%llu\n", n, driver_count(n));
+    print_counts("");
+}
+
 // CUDA arrays and the device malloc heap, after the program freed 192 MiB into the pool (of a
 // 256 MiB device): cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate of 192 MiB, and
 // cuCtxSetLimit of a 192 MiB heap.  Without gpumem each is served.
@@ -985,7 +1027,8 @@ void switch_race() {
 // (cuLaunchKernel on CU_STREAM_PER_THREAD), ex (cuLaunchKernelEx on it), alloc-async-ptsz (the
 // resolved cuMemAllocAsync_ptsz on the null stream), free-async-handle (cuMemFreeAsync on
 // CU_STREAM_PER_THREAD), capture-ptsz (a capture of the null stream through the _ptsz
-// variants), legacy (stream 0: no switch), alloc-async-ptsz-legacy (the _ptsz variant on
+// variants), graph-ptsz (the resolved cuGraphLaunch_ptsz), graph-handle (cuGraphLaunch on
+// CU_STREAM_PER_THREAD), legacy (stream 0: no switch), alloc-async-ptsz-legacy (the _ptsz variant on
 // CU_STREAM_LEGACY: no switch).
 void per_thread(const std::string& how) {
     setup();
@@ -1038,6 +1081,13 @@ void per_thread(const std::string& how) {
         CUdeviceptr x;
         CHECK(cuMemAllocAsync(&x, 4096, nullptr));
         r = cuMemFreeAsync(x, CU_STREAM_PER_THREAD);
+    } else if (how == "graph-ptsz") {  // the resolved cuGraphLaunch_ptsz (a typed wrapper) on the null stream
+        void* gf = nullptr;
+        CHECK(cuGetProcAddress_v2("cuGraphLaunch", &gf, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+        r = reinterpret_cast<CUresult (*)(CUgraphExec, CUstream)>(gf)(reinterpret_cast<CUgraphExec>(0x800), nullptr);
+        printf("graph_ptsz_calls=%llu\n", driver_count("cuGraphLaunch_ptsz"));
+    } else if (how == "graph-handle") {  // the plain cuGraphLaunch on CU_STREAM_PER_THREAD
+        r = cuGraphLaunch(reinterpret_cast<CUgraphExec>(0x800), CU_STREAM_PER_THREAD);
     } else if (how == "ex") {
         CUlaunchConfig cfg{};
         cfg.gridDimX = 11, cfg.gridDimY = 12, cfg.gridDimZ = 13, cfg.blockDimX = 14, cfg.blockDimY = 15, cfg.blockDimZ = 16;
@@ -1132,6 +1182,7 @@ int main(int argc, char** argv) {
     else if (s == "capture-modes") capture_modes();
     else if (s == "other-allocators") other_allocators();
     else if (s == "arrays") arrays();
+    else if (s == "retry-ptsz") retry_ptsz();
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -1149,7 +1200,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -480,7 +480,8 @@ TEST_CASE("pool, auto reuse: a second stream made during the drain waits for it"
 
 TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe, and resolving one does not") {
     for (const char* how :
-         {"thunk", "thunk-query", "dlsym", "handle", "ex", "alloc-async-ptsz", "free-async-handle", "capture-ptsz"}) {
+         {"thunk", "thunk-query", "dlsym", "handle", "ex", "graph-ptsz", "graph-handle", "alloc-async-ptsz", "free-async-handle",
+          "capture-ptsz"}) {
         INFO("way: " << how);
         auto r = run({EMU_POOL_APP, "per-thread", how});
         std::vector<json> ls;
@@ -496,6 +497,7 @@ TEST_CASE("pool, auto reuse: a per-thread default stream in use switches to safe
             if (j["ev"] == "reuse_safe") CHECK(j["api"] == "CU_STREAM_PER_THREAD");
         if (std::string(how) == "thunk") CHECK(num(v, "ptsz_calls") == 2);  // both calls went through
         if (std::string(how) == "thunk-query") CHECK(num(v, "query_ptsz_calls") == 2);  // through the thunk
+        if (std::string(how) == "graph-ptsz") CHECK(num(v, "graph_ptsz_calls") == 1);    // the per-thread twin ran
         // The late resolve of a per-thread variant is no hole: nothing unmatched, fences kept.
         CHECK(ls.back()["unmatched"] == 0);
         CHECK(num(v, "end_ctx_sync") == 0);
@@ -781,6 +783,46 @@ TEST_CASE("pool: CUDA arrays and the device malloc heap get the memory the progr
             INFO(api);
             CHECK(by.count(api) == 1);
         }
+        check_rebuild(ls);
+    }
+}
+
+TEST_CASE("pool: the per-thread twins of the retried graph and cooperative launch calls get the memory the program freed into the pool") {
+    // cuLaunchCooperativeKernel_ptsz, cuGraphInstantiateWithParams_ptsz, cuGraphUpload_ptsz and
+    // cuGraphLaunch_ptsz (as cuGetProcAddress hands them out to a per-thread default-stream build)
+    // each need 32 MiB of a 256 MiB device after the program filled it and freed it into the pool.
+    // Served without gpumem; under the pool each failed with CUDA_ERROR_OUT_OF_MEMORY (2): the
+    // resolver's pointer became a per-thread thunk, which never gave back and retried.
+    const std::vector<std::string> keys = {"coop_ptsz_rc", "instantiate_ptsz_rc", "upload_ptsz_rc", "graph_launch_ptsz_rc"};
+    const std::vector<std::string> twins = {"cuLaunchCooperativeKernel_ptsz", "cuGraphInstantiateWithParams_ptsz",
+                                            "cuGraphUpload_ptsz", "cuGraphLaunch_ptsz"};
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "256M"},
+                                                    {"GPUMEM_EMU_MODULE_BYTES", std::to_string(32u << 20)}};
+    auto bare = values(run({EMU_POOL_APP, "retry-ptsz"}, env, false).out);
+    for (const auto& k : keys) CHECK(bare[k] == "0");
+    for (const auto& t : twins) CHECK(bare["calls_" + t] == "1");  // the resolver handed out the per-thread twin
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "retry-ptsz"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        for (const auto& k : keys) {
+            INFO(k);
+            CHECK(v[k] == "0");
+        }
+        for (const auto& t : twins) CHECK(num(v, "calls_" + t) >= 1);
+        // The pool gave its free memory back for each, logged with the plain call's name.
+        std::set<std::string> by;
+        for (const auto& l : ls)
+            if (l["ev"] == "segment_free" || l["ev"] == "segment_unmap") by.insert(l.value("api", ""));
+        for (const char* api : {"cuLaunchCooperativeKernel", "cuGraphInstantiateWithParams", "cuGraphUpload", "cuGraphLaunch"}) {
+            INFO(api);
+            CHECK(by.count(api) == 1);
+        }
+        CHECK(ls.back().value("unmatched", -1) == 0);
         check_rebuild(ls);
     }
 }
