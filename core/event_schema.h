@@ -120,7 +120,9 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuArrayCreate_v2, "cuArrayCreate_v2", none)                 \
     X(cuArray3DCreate_v2, "cuArray3DCreate_v2", none)             \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", none)     \
-    X(cuCtxSetLimit, "cuCtxSetLimit", none)
+    X(cuCtxSetLimit, "cuCtxSetLimit", none)                       \
+    X(cuCtxCreate, "cuCtxCreate", none)                           \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

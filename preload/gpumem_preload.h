@@ -11,11 +11,16 @@
 #undef cuCtxDestroy  // the first ABIs of a context's end: a static cudart 13's cudaDeviceReset
 #undef cuDevicePrimaryCtxReset  // calls cuDevicePrimaryCtxReset, not its _v2 (H200 run 112)
 #undef cuDevicePrimaryCtxRelease  // and a primary context's last release ends it too
+#undef cuCtxCreate  // cuda.h 13 renames it to _v4; every ABI of a context's creation is wrapped
 extern "C" CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 extern "C" CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 extern "C" CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
 extern "C" CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 extern "C" CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
+extern "C" CUresult CUDAAPI cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev);
+extern "C" CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
+extern "C" CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
+                                           CUdevice dev);
 
 #include <atomic>
 #include <cstdint>
@@ -49,6 +54,7 @@ namespace gpumem {
     X(cuStreamEndCapture_ptsz) X(cuThreadExchangeStreamCaptureMode)                     \
     X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
+    X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuDevicePrimaryCtxRetain) \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx_ptsz)                                     \
     X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
@@ -104,7 +110,7 @@ namespace gpumem {
 #define GPUMEM_DRIVER_CALLS(X)                                                           \
     X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
     X(cuCtxSynchronize) X(cuStreamIsCapturing) X(cuStreamGetDevice)                     \
-    X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxRetain)                           \
+    X(cuDevicePrimaryCtxGetState)                                                       \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) \

@@ -801,6 +801,51 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset(CUdevice dev) {
     return context_ends(drv::cuDevicePrimaryCtxReset, true, nullptr, dev);
 }
 
+// A context's making: a new context (cuCtxCreate, by every ABI; a primary context's retain that
+// makes it, the first or the first after its end or reset; a green context, below) takes device
+// memory of its own, which the pools of another context of its device may hold freed (a program
+// that made a second context after the first's frees, or retained the primary context again
+// beside a context of its own).  Made again after the pools of the device it names give back, as
+// the calls the pool does not serve are (retry_if_oom): a failed creation made nothing.  Before
+// gpumem's guard: from inside gpumem (whose own retains are the real function's) or a signal
+// handler that interrupted a hook, the first answer stands; so does any answer for a device no
+// pool can be on.
+template <class F>
+static CUresult context_made(api_id api, CUdevice dev, F&& call) noexcept {
+    const CUresult r = call();
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || dev < 0 || guard::active()) return r;
+    guard g;
+    return retry_if_oom(api, int(dev), r, call);
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice dev) {
+    auto f = real<CUresult (*)(CUcontext*, unsigned int, CUdevice)>(drv::cuCtxCreate);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v2(CUcontext* c, unsigned int flags, CUdevice dev) {
+    auto f = real<CUresult (*)(CUcontext*, unsigned int, CUdevice)>(drv::cuCtxCreate_v2);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v3(CUcontext* c, CUexecAffinityParam* params, int n, unsigned int flags,
+                                                   CUdevice dev) {
+    auto f = real<CUresult (*)(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice)>(drv::cuCtxCreate_v3);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, n, flags, dev); });
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v4(CUcontext* c, CUctxCreateParams* params, unsigned int flags, CUdevice dev) {
+    auto f = real<CUresult (*)(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice)>(drv::cuCtxCreate_v4);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, flags, dev); });
+}
+// A retain of an active primary context takes no memory and never fails for want of it: the
+// retry costs the answer's compare.
+extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice dev) {
+    auto f = real<CUresult (*)(CUcontext*, CUdevice)>(drv::cuDevicePrimaryCtxRetain);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    return context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return f(c, dev); });
+}
+
 // Every capture opener: counted before the driver opens it (no fence may touch a stream once the
 // capture opens), uncounted if the driver refuses, else entered in the table with its mode.
 template <class F>
@@ -925,12 +970,16 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenC
     return r;
 }
 
+template <class F>
+static CUresult context_made(api_id api, CUdevice dev, F&& call) noexcept;  // below, with the contexts
+
 // A green context can run work beside the primary context's legacy stream without any stream
 // created (its own default stream), on the same device's memory: auto switches at its creation.
 extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) {
     auto f = real<CUresult (*)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int)>(drv::cuGreenCtxCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult r = f(g, desc, dev, flags);
+    // A context's making (context_made, below): retried after its device's pools give back.
+    CUresult r = context_made(api_id::cuGreenCtxCreate, dev, [&] { return f(g, desc, dev, flags); });
     if (r == CUDA_SUCCESS) {
         pool_green_context_made();
         pool_stream_created(api_id::cuGreenCtxCreate, true);
@@ -1090,6 +1139,11 @@ GPUMEM_EXPORT_HOOK(cuStreamCreate, (CUstream* a, unsigned int b), (a, b))
 GPUMEM_EXPORT_HOOK(cuStreamCreateWithPriority, (CUstream* a, unsigned int b, int c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuGreenCtxStreamCreate, (CUstream* a, CUgreenCtx b, unsigned int c, int d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuGreenCtxCreate, (CUgreenCtx* a, CUdevResourceDesc b, CUdevice c, unsigned int d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuCtxCreate, (CUcontext* a, unsigned int b, CUdevice c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuCtxCreate_v2, (CUcontext* a, unsigned int b, CUdevice c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuCtxCreate_v3, (CUcontext* a, CUexecAffinityParam* b, int c, unsigned int d, CUdevice e), (a, b, c, d, e))
+GPUMEM_EXPORT_HOOK(cuCtxCreate_v4, (CUcontext* a, CUctxCreateParams* b, unsigned int c, CUdevice d), (a, b, c, d))
+GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxRetain, (CUcontext* a, CUdevice b), (a, b))
 GPUMEM_EXPORT_HOOK(cuLaunchKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
 GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuLaunchKernel_ptsz, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))

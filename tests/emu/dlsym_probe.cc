@@ -3,7 +3,7 @@
 // It is not linked with libcuda, so before the dlopen no driver is in the process: each probe must
 // answer as it does without libgpumem.so (NULL, with dlerror() set), though the preloaded library
 // exports the same names.  After loading the emulated driver, a function it has resolves and one
-// it lacks (cuGreenCtxCreate, as on a driver older than 12.4) does not, and while it is loaded
+// it lacks (cuLibraryLoadFromFile, as on a driver older than 12.0) does not, and while it is loaded
 // RTLD_LOCAL no global lookup finds it.  The program defines a driver name itself
 // (cuMemAllocManaged, exported): every lookup of it finds the program's own function.  With
 // `plugin PATH` it loads a library linked with the driver RTLD_LOCAL (dlsym_probe_plugin.cc), whose
@@ -60,7 +60,7 @@ int plugin(const char* path) {
     if (!probe_in || !alloc_in) return 1;
     probe_in("alloc", "cuMemAlloc_v2");
     probe_in("resolver", "cuGetProcAddress_v2");
-    probe_in("green", "cuGreenCtxCreate");  // the emulated driver has none
+    probe_in("absent", "cuLibraryLoadFromFile");  // the emulated driver has none
     // The driver is in the plugin's scope, not the program's.
     probe("main_alloc", "cuMemAlloc_v2");
     probe("main_ptsz", "cuStreamQuery_ptsz");
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     probe_own("before_own");
     probe("before_alloc", "cuMemAlloc_v2");
     probe("before_resolver", "cuGetProcAddress_v2");
-    probe("before_green", "cuGreenCtxCreate");
+    probe("before_absent", "cuLibraryLoadFromFile");
     // No libcudart in the process at all: gpumem's runtime exports must not stand in for one (a
     // program that probes for the runtime so would call an export that can only fail).
     probe("no_runtime_malloc", "cudaMalloc");
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     printf("promoted=%d\n", h != nullptr);
     probe("after_alloc", "cuMemAlloc_v2");
-    probe("after_green", "cuGreenCtxCreate");
+    probe("after_absent", "cuLibraryLoadFromFile");
     probe_own("after_own");
     return 0;
 }

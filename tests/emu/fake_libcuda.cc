@@ -196,6 +196,8 @@ counter g_counters[] = {
     {"cuLaunchCooperativeKernel", {0}}, {"cuLaunchCooperativeKernel_ptsz", {0}}, {"cuGraphInstantiateWithParams", {0}},
     {"cuGraphInstantiateWithParams_ptsz", {0}}, {"cuGraphUpload", {0}}, {"cuGraphUpload_ptsz", {0}}, {"cuGraphLaunch", {0}},
     {"cuGraphLaunch_ptsz", {0}},
+    {"cuCtxCreate", {0}}, {"cuCtxCreate_v2", {0}}, {"cuCtxCreate_v3", {0}}, {"cuCtxCreate_v4", {0}},
+    {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}},
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
 char g_raise_names[256];
@@ -228,6 +230,7 @@ void spin_latency() {
 }
 
 thread_local int t_ctx_dev = -1;   // device of this thread's current context
+thread_local uintptr_t t_ctx_made = 0;  // the current context when it is one cuCtxCreate made (0: the primary one)
 std::atomic<int> g_default_dev{-1};  // a context made current on any thread (lenient, like a runtime would)
 
 int current_dev() {
@@ -235,8 +238,11 @@ int current_dev() {
     return g_default_dev.load();
 }
 
+// A primary context's handle is 0xC0000 + its device; a context cuCtxCreate made (and a green
+// context's, cuCtxFromGreenCtx) adds a multiple of 0x100, so the low byte still names the device.
 CUcontext ctx_of(int dev) { return reinterpret_cast<CUcontext>(uintptr_t(0xC0000 + dev)); }
-int dev_of(CUcontext c) { return int(reinterpret_cast<uintptr_t>(c) - 0xC0000); }
+int dev_of(CUcontext c) { return int((reinterpret_cast<uintptr_t>(c) - 0xC0000) & 0xFF); }
+bool is_made(CUcontext c) { return c && ((reinterpret_cast<uintptr_t>(c) - 0xC0000) >> 8) != 0; }
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -460,8 +466,39 @@ static std::atomic<int>* primary_refs() {
     }();
     return refs;
 }
+// GPUMEM_EMU_CONTEXT_BYTES (default 0): device memory each context's making takes: cuCtxCreate (every
+// ABI), a primary context made by a retain (one that finds it without references, or reset) and a
+// green context (besides the primary context it retains).  Failed for want of memory, the call made
+// nothing.  Given back when the context ends (a primary context's that the program's setup holds
+// from the start was never taken).
+static uint64_t context_bytes() {
+    static const uint64_t b = getenv("GPUMEM_EMU_CONTEXT_BYTES") ? strtoull(getenv("GPUMEM_EMU_CONTEXT_BYTES"), nullptr, 10) : 0;
+    return b;
+}
+static CUresult take_context_bytes(int dev) {
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.used[dev] + context_bytes() > s.capacity) return CUDA_ERROR_OUT_OF_MEMORY;
+    s.used[dev] += context_bytes();
+    return CUDA_SUCCESS;
+}
+static void give_context_bytes(int dev) {
+    emu_state& s = st();
+    std::lock_guard<std::mutex> g(s.mu);
+    s.used[dev] -= std::min(s.used[dev], context_bytes());
+}
+static std::atomic<bool>* primary_charged() {  // whether the primary context's making took its bytes
+    static std::atomic<bool>* c = new std::atomic<bool>[16]();
+    return c;
+}
+static std::mutex g_retain_mu;  // a retain's check and making, one at a time
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    std::lock_guard<std::mutex> lk(g_retain_mu);
+    if (primary_refs()[d].load() <= 0 || primary_reset()[d].load()) {  // made anew
+        if (CUresult r = take_context_bytes(d)) return r;
+        if (primary_charged()[d].exchange(true)) give_context_bytes(d);  // a reset one's bytes: taken once
+    }
     primary_reset()[d].store(false);
     primary_refs()[d].fetch_add(1);
     *c = ctx_of(d);
@@ -478,6 +515,7 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
         bump("primary_context_ended");
         drop_device_memory(d);
         forget_modules(d);
+        if (primary_charged()[d].exchange(false)) give_context_bytes(d);
     }
     return CUDA_SUCCESS;
 }
@@ -496,6 +534,7 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, 
 }
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     t_ctx_dev = c ? dev_of(c) : -1;
+    t_ctx_made = is_made(c) ? reinterpret_cast<uintptr_t>(c) : 0;
     if (c) {
         int expected = -1;
         g_default_dev.compare_exchange_strong(expected, dev_of(c));
@@ -504,24 +543,64 @@ EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
 }
 // The context stack: push makes c current and remembers the one before; pop restores it.
 thread_local int t_ctx_stack[16];
+thread_local uintptr_t t_ctx_made_stack[16];
 thread_local int t_ctx_depth = 0;
+static CUcontext current_handle() {
+    if (t_ctx_dev >= 0 && t_ctx_made) return reinterpret_cast<CUcontext>(t_ctx_made);
+    const int d = current_dev();
+    return d >= 0 ? ctx_of(d) : nullptr;
+}
 EMU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     if (t_ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    t_ctx_made_stack[t_ctx_depth] = t_ctx_made;
     t_ctx_stack[t_ctx_depth++] = t_ctx_dev;
     t_ctx_dev = dev_of(c);
+    t_ctx_made = is_made(c) ? reinterpret_cast<uintptr_t>(c) : 0;
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* c) {
     if (t_ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (c) *c = t_ctx_dev >= 0 ? ctx_of(t_ctx_dev) : nullptr;
+    if (c) *c = t_ctx_dev >= 0 ? current_handle() : nullptr;
     t_ctx_dev = t_ctx_stack[--t_ctx_depth];
+    t_ctx_made = t_ctx_made_stack[t_ctx_depth];
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* c) {
-    int d = current_dev();
-    *c = d >= 0 ? ctx_of(d) : nullptr;
+    *c = current_handle();
     return CUDA_SUCCESS;
+}
+// Contexts cuCtxCreate made, live (their handles; the device is the low byte).  Each made one takes
+// GPUMEM_EMU_CONTEXT_BYTES and is pushed current, as the driver's are.  The emulated device keeps
+// memory by device, not context: a made context's destruction gives back its own bytes only.
+static std::mutex g_made_mu;
+static std::set<uintptr_t> g_made;
+static std::atomic<uintptr_t> g_next_made{1};
+static CUcontext next_context_handle(int dev) {
+    return reinterpret_cast<CUcontext>(uintptr_t(0xC0000 + dev) + (g_next_made.fetch_add(1) << 8));
+}
+static CUresult make_context(const char* name, CUcontext* c, CUdevice d) {
+    bump(name);
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    if (CUresult r = take_context_bytes(d)) return r;
+    const CUcontext made = next_context_handle(d);
+    {
+        std::lock_guard<std::mutex> lk(g_made_mu);
+        g_made.insert(reinterpret_cast<uintptr_t>(made));
+    }
+    *c = made;
+    return cuCtxPushCurrent_v2(made);
+}
+EMU_EXPORT CUresult cuCtxCreate_v1(CUcontext* c, unsigned int, CUdevice d) __asm__("cuCtxCreate");
+EMU_EXPORT CUresult cuCtxCreate_v1(CUcontext* c, unsigned int, CUdevice d) { return make_context("cuCtxCreate", c, d); }
+EMU_EXPORT CUresult cuCtxCreate_v2(CUcontext* c, unsigned int, CUdevice d) { return make_context("cuCtxCreate_v2", c, d); }
+EMU_EXPORT CUresult cuCtxCreate_v3(CUcontext* c, CUexecAffinityParam*, int, unsigned int, CUdevice d) {
+    return make_context("cuCtxCreate_v3", c, d);
+}
+EMU_EXPORT CUresult cuCtxCreate_v4(CUcontext* c, CUctxCreateParams*, unsigned int, CUdevice d) {
+    return make_context("cuCtxCreate_v4", c, d);
 }
 EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
     int dev = current_dev();
@@ -576,6 +655,18 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxReset_v1(CUdevice d) {
 // emulates a driver that destroys it (its memory freed, its modules unloaded).
 EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (is_made(c)) {  // a context cuCtxCreate made: its bytes go back, and it is no longer current here
+        {
+            std::lock_guard<std::mutex> lk(g_made_mu);
+            if (!g_made.erase(reinterpret_cast<uintptr_t>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        give_context_bytes(dev_of(c));
+        if (t_ctx_made == reinterpret_cast<uintptr_t>(c)) {
+            if (t_ctx_depth > 0) cuCtxPopCurrent_v2(nullptr);
+            else t_ctx_dev = -1, t_ctx_made = 0;
+        }
+        return CUDA_SUCCESS;
+    }
     static const bool destroys = getenv("GPUMEM_EMU_DESTROY_PRIMARY") && !strcmp(getenv("GPUMEM_EMU_DESTROY_PRIMARY"), "1");
     if (!destroys) return CUDA_ERROR_INVALID_CONTEXT;
     drop_device_memory(dev_of(c));
@@ -621,6 +712,74 @@ static CUresult unknown_stream_create_with_priority(CUstream* s, unsigned int, i
 }
 EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream) {
     bump("cuStreamDestroy_v2");
+    return CUDA_SUCCESS;
+}
+// Green contexts (CUDA 12.4).  cuGreenCtxCreate takes GPUMEM_EMU_CONTEXT_BYTES of its own and
+// retains the device's primary context (making it, with its bytes, when it has no reference), as
+// the driver documents; cuGreenCtxDestroy gives its bytes back and releases the primary context,
+// which may be that context's last release (its end, as by cuDevicePrimaryCtxRelease).
+// cuCtxFromGreenCtx gives the green context's own CUcontext (a made context's kind of handle, on
+// its device); cuGreenCtxStreamCreate makes a stream of it.  The resource descriptor is not read.
+struct green_ctx {
+    int dev;
+    CUcontext ctx;
+    bool live;
+};
+static std::mutex g_green_mu;
+static std::map<uintptr_t, green_ctx> g_greens;            // handle -> green context (destroyed ones kept, not live)
+static std::map<CUstream, uintptr_t> g_green_streams;      // stream -> its green context
+static bool green_of(CUgreenCtx g, green_ctx* out) {
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    auto it = g_greens.find(reinterpret_cast<uintptr_t>(g));
+    if (it == g_greens.end() || !it->second.live) return false;
+    *out = it->second;
+    return true;
+}
+EMU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc, CUdevice dev, unsigned int) {
+    bump("cuGreenCtxCreate");
+    if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    if (CUresult r = take_context_bytes(dev)) return r;
+    CUcontext primary = nullptr;
+    if (CUresult r = cuDevicePrimaryCtxRetain(&primary, dev)) {
+        give_context_bytes(dev);
+        return r;
+    }
+    static std::atomic<uintptr_t> next{0xE0000};
+    const uintptr_t h = next.fetch_add(0x10);
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    g_greens[h] = green_ctx{dev, next_context_handle(dev), true};
+    *g = reinterpret_cast<CUgreenCtx>(h);
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    bump("cuGreenCtxDestroy");
+    int dev = -1;
+    {
+        std::lock_guard<std::mutex> lk(g_green_mu);
+        auto it = g_greens.find(reinterpret_cast<uintptr_t>(g));
+        if (it == g_greens.end() || !it->second.live) return CUDA_ERROR_INVALID_CONTEXT;
+        it->second.live = false;
+        dev = it->second.dev;
+    }
+    give_context_bytes(dev);
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+EMU_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* c, CUgreenCtx g) {
+    green_ctx gc;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    if (!green_of(g, &gc)) return CUDA_ERROR_INVALID_CONTEXT;
+    *c = gc.ctx;
+    return CUDA_SUCCESS;
+}
+EMU_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* s, CUgreenCtx g, unsigned int, int) {
+    green_ctx gc;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    if (!green_of(g, &gc)) return CUDA_ERROR_INVALID_CONTEXT;
+    make_stream(s);
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    g_green_streams[*s] = reinterpret_cast<uintptr_t>(g);
     return CUDA_SUCCESS;
 }
 // Events.  The emulated device runs nothing, so every event is reached the moment it is recorded:
@@ -1604,6 +1763,8 @@ const fn_entry k_functions[] = {
     E(cuStreamBeginCaptureToGraph_ptsz), {"cuStreamBeginCapture", reinterpret_cast<void*>(&cuStreamBeginCapture_v1)},
     {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v1_ptsz)},
     {"cuCtxDestroy", reinterpret_cast<void*>(&cuCtxDestroy_v1)},
+    {"cuCtxCreate", reinterpret_cast<void*>(&cuCtxCreate_v1)}, E(cuCtxCreate_v2), E(cuCtxCreate_v3), E(cuCtxCreate_v4),
+    E(cuGreenCtxCreate), E(cuGreenCtxDestroy), E(cuCtxFromGreenCtx), E(cuGreenCtxStreamCreate),
     {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&cuDevicePrimaryCtxReset_v1)},
     {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease_v1)},
     E(cuStreamEndCapture), E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode), E(cuGetErrorString), E(cuGetErrorName), E(cuMemGetInfo_v2),
@@ -1644,6 +1805,9 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, 
     bump("cuGetProcAddress");
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     std::string name = symbol;
+    // cuCtxCreate has four ABIs: _v2 from 3.2, _v3 (affinity) from 11.4, _v4 (parameters) from 12.5.
+    if (name == "cuCtxCreate")
+        name = version >= 12050 ? "cuCtxCreate_v4" : version >= 11040 ? "cuCtxCreate_v3" : version >= 3020 ? "cuCtxCreate_v2" : name;
     for (const auto& r : k_v2) {
         if (name != r.base) continue;
         if (version < r.since && (name == "cuStreamBeginCapture" || name == "cuCtxDestroy" || name == "cuDevicePrimaryCtxReset" ||

@@ -331,6 +331,55 @@ void retry_ptsz() {
     print_counts("");
 }
 
+// Contexts made after the program freed the device's memory into the pool (run with
+// GPUMEM_EMU_PRIMARY_REFS=0 and GPUMEM_EMU_CONTEXT_BYTES: each context's making takes memory).
+// First a context of the program's own (cuCtxCreate, cuda.h's _v4) on the empty device, filled
+// and freed; then the primary context's first retain.  Then, with the primary context current and
+// the device filled and freed before each, cuCtxCreate by each ABI as a resolver hands it out
+// (v1, v2, v3, v4: each popped and destroyed after), and a green context.  Without gpumem each is
+// served.  Prints each call's answer.
+void context_create() {
+    CHECK(cuInit(0));
+    CUcontext mine = nullptr;
+    CHECK(cuCtxCreate(&mine, nullptr, 0, 0));  // current now
+    fill_and_free();
+    CUcontext primary = nullptr;
+    int rc = int(cuDevicePrimaryCtxRetain(&primary, 0));
+    printf("retain_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuCtxPushCurrent(primary));
+    using create_fn = CUresult (*)(CUcontext*, unsigned, CUdevice);
+    using create_v3_fn = CUresult (*)(CUcontext*, CUexecAffinityParam*, int, unsigned, CUdevice);
+    using create_v4_fn = CUresult (*)(CUcontext*, CUctxCreateParams*, unsigned, CUdevice);
+    const struct {
+        const char* abi;
+        int version;
+    } abis[] = {{"v1", 3000}, {"v2", 4000}, {"v3", 11040}, {"v4", 12050}};
+    for (const auto& a : abis) {
+        void* fn = nullptr;
+        CUdriverProcAddressQueryResult q;
+        CHECK(cuGetProcAddress_v2("cuCtxCreate", &fn, a.version, 0, &q));
+        fill_and_free();
+        CUcontext c = nullptr;
+        const std::string abi = a.abi;
+        rc = abi == "v3"   ? int(reinterpret_cast<create_v3_fn>(fn)(&c, nullptr, 0, 0, 0))
+             : abi == "v4" ? int(reinterpret_cast<create_v4_fn>(fn)(&c, nullptr, 0, 0))
+                           : int(reinterpret_cast<create_fn>(fn)(&c, 0, 0));
+        printf("create_%s_rc=%d\n", a.abi, rc);
+        if (rc) continue;
+        CUcontext popped = nullptr;
+        CHECK(cuCtxPopCurrent(&popped));
+        if (popped != c) fail("the made context was not current", -1);
+        CHECK(cuCtxDestroy(c));
+    }
+    fill_and_free();
+    CUgreenCtx g = nullptr;
+    rc = int(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    printf("green_rc=%d\n", rc);
+    for (const char* n : {"cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4"})
+        printf("calls_%s=%llu\n", n, driver_count(n));
+    print_counts("");
+}
+
 // CUDA arrays and the device malloc heap, after the program freed 192 MiB into the pool (of a
 // 256 MiB device): cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate of 192 MiB, and
 // cuCtxSetLimit of a 192 MiB heap.  Without gpumem each is served.
@@ -1183,6 +1232,7 @@ int main(int argc, char** argv) {
     else if (s == "other-allocators") other_allocators();
     else if (s == "arrays") arrays();
     else if (s == "retry-ptsz") retry_ptsz();
+    else if (s == "context-create") context_create();
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -1200,7 +1250,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

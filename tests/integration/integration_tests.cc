@@ -153,7 +153,7 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) or of the program's handle answers as with
         CHECK(b.at(std::string("before_alloc_") + way) == "0");
         CHECK(b.at(std::string("local_alloc_") + way) == "0");
         CHECK(b.at(std::string("after_alloc_") + way) == "1");
-        CHECK(b.at(std::string("after_green_") + way) == "0");  // the emulated driver has no green contexts
+        CHECK(b.at(std::string("after_absent_") + way) == "0");  // the emulated driver has no cuLibraryLoadFromFile
         CHECK(b.at(std::string("local_ptsz_") + way) == "0");
         // No libcudart in the process: gpumem's runtime exports must not answer for one.
         for (const char* rt : {"no_runtime_malloc_", "no_runtime_entry_", "no_runtime_entry_v_"})
@@ -214,8 +214,8 @@ TEST_CASE("way b: dlsym(RTLD_DEFAULT) from a library loaded RTLD_LOCAL finds the
     CHECK(b.at("plugin_alloc") == "1");
     CHECK(b.at("plugin_alloc_dlerror") == "0");
     CHECK(b.at("plugin_resolver") == "1");
-    CHECK(b.at("plugin_green") == "0");
-    CHECK(b.at("plugin_green_dlerror") == "1");
+    CHECK(b.at("plugin_absent") == "0");
+    CHECK(b.at("plugin_absent_dlerror") == "1");
     for (const char* way : {"default", "self"}) {
         CHECK(b.at(std::string("main_alloc_") + way) == "0");
         CHECK(b.at(std::string("main_ptsz_") + way) == "0");

@@ -827,6 +827,47 @@ TEST_CASE("pool: the per-thread twins of the retried graph and cooperative launc
     }
 }
 
+TEST_CASE("pool: a context made after the program freed the device into the pool gets that memory") {
+    // Each context's making takes 16 MiB of a 256 MiB device (GPUMEM_EMU_CONTEXT_BYTES): the
+    // primary context's first retain beside a context of the program's own that filled the device
+    // and freed it, then cuCtxCreate by each of its four ABIs and cuGreenCtxCreate, each after the
+    // primary context's pool got the whole device back.  Served without gpumem; under the pool
+    // each failed with CUDA_ERROR_OUT_OF_MEMORY (2): context creation was not retried.
+    const std::vector<std::string> keys = {"retain_rc", "create_v1_rc", "create_v2_rc", "create_v3_rc", "create_v4_rc", "green_rc"};
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "256M"},
+                                                    {"GPUMEM_EMU_PRIMARY_REFS", "0"},
+                                                    {"GPUMEM_EMU_CONTEXT_BYTES", std::to_string(16u << 20)}};
+    auto bare = values(run({EMU_POOL_APP, "context-create"}, env, false).out);
+    for (const auto& k : keys) CHECK(bare[k] == "0");
+    // The resolver handed out each ABI (v1 once more: cuda.h's cuCtxCreate is the _v4, the first
+    // context's).
+    for (const char* n : {"calls_cuCtxCreate", "calls_cuCtxCreate_v2", "calls_cuCtxCreate_v3"}) CHECK(bare[n] == "1");
+    CHECK(bare["calls_cuCtxCreate_v4"] == "2");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "context-create"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        for (const auto& k : keys) {
+            INFO(k);
+            CHECK(v[k] == "0");
+        }
+        // The pools gave their free memory back for each, logged with the call that made the context.
+        std::map<std::string, int> by;
+        for (const auto& l : ls)
+            if (l["ev"] == "segment_free" || l["ev"] == "segment_unmap") ++by[l.value("api", "")];
+        CHECK(by["cuDevicePrimaryCtxRetain"] >= 1);
+        CHECK(by["cuCtxCreate"] >= 4);  // one give-back for each ABI, at least
+        CHECK(by["cuGreenCtxCreate"] >= 1);
+        CHECK(ls.back().value("unmatched", -1) == 0);
+        // No check_rebuild: it follows one pool a device, and this log holds two contexts' pools on
+        // device 0 (the program's own and the primary one).
+    }
+}
+
 TEST_CASE("pool: an allocator the pool does not serve gets the memory the program freed into the pool, and cuMemGetInfo counts it free") {
     // 192 MiB freed through cuMemFree, then asked for by cuMemAllocAsync, cuMemCreate,
     // cuMemAllocManaged and cuMemAllocPitch on a 256 MiB device: served without gpumem.
