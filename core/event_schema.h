@@ -122,7 +122,8 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", none)     \
     X(cuCtxSetLimit, "cuCtxSetLimit", none)                       \
     X(cuCtxCreate, "cuCtxCreate", none)                           \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", none)
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", none) \
+    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", none)
 
 enum class api_id : uint16_t {
 #define GPUMEM_X(id, name, kind) id,

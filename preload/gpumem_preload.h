@@ -55,6 +55,7 @@ namespace gpumem {
     X(cuStreamCreate) X(cuStreamCreateWithPriority)                                     \
     X(cuGreenCtxStreamCreate) X(cuGreenCtxCreate) X(cuLaunchKernel) X(cuLaunchKernelEx)     \
     X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuDevicePrimaryCtxRetain) \
+    X(cuGreenCtxDestroy)                                                                \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx_ptsz)                                     \
     X(cuStreamDestroy_v2) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
@@ -110,7 +111,7 @@ namespace gpumem {
 #define GPUMEM_DRIVER_CALLS(X)                                                           \
     X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)   \
     X(cuCtxSynchronize) X(cuStreamIsCapturing) X(cuStreamGetDevice)                     \
-    X(cuDevicePrimaryCtxGetState)                                                       \
+    X(cuDevicePrimaryCtxGetState) X(cuCtxFromGreenCtx)                                  \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem_v2)          \
     X(cuDeviceGetAttribute) X(cuMemGetAllocationGranularity) X(cuMemSetAccess)          \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) \

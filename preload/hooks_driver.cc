@@ -636,6 +636,7 @@ void pool_peer_enabled(CUcontext peer) noexcept;
 void pool_context_gone(CUcontext ctx, int dev, context_end when = context_end::coming) noexcept;
 bool context_is_primary(CUcontext ctx) noexcept;
 CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept;
+CUresult pool_green_destroy(CUdevice dev, CUcontext green, CUresult (*destroy)(CUgreenCtx), CUgreenCtx g, bool* ended) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
 void capture_opened(CUstream s, CUstreamCaptureMode mode) noexcept;
@@ -801,6 +802,36 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset(CUdevice dev) {
     return context_ends(drv::cuDevicePrimaryCtxReset, true, nullptr, dev);
 }
 
+// The device of each green context made through a hook (its destruction names none): the handle's
+// value with the device in its top byte, one slot each, claimed and cleared by compare-and-swap.
+// A full table, or a green context made by a route gpumem did not see, leaves its destruction
+// unwatched (docs/pool.md).
+constexpr size_t k_green_slots = 64;
+constexpr uint64_t k_green_handle_bits = (uint64_t(1) << 56) - 1;
+static std::atomic<uint64_t> g_green_devices[k_green_slots];
+static void green_made(CUgreenCtx g, CUdevice dev) noexcept {
+    const uint64_t h = uint64_t(uintptr_t(g));
+    if (!h || (h & ~k_green_handle_bits) || dev < 0 || dev > 255) return;
+    const uint64_t v = h | (uint64_t(dev) << 56);
+    for (auto& slot : g_green_devices) {
+        uint64_t empty = 0;
+        if (slot.compare_exchange_strong(empty, v, std::memory_order_acq_rel)) return;
+    }
+}
+// g's slot and its value, nullptr when g is not in the table.
+static std::atomic<uint64_t>* green_slot(CUgreenCtx g, uint64_t* value) noexcept {
+    const uint64_t h = uint64_t(uintptr_t(g));
+    if (!h) return nullptr;
+    for (auto& slot : g_green_devices) {
+        const uint64_t v = slot.load(std::memory_order_acquire);
+        if (v && (v & k_green_handle_bits) == h) {
+            *value = v;
+            return &slot;
+        }
+    }
+    return nullptr;
+}
+
 // A context's making: a new context (cuCtxCreate, by every ABI; a primary context's retain that
 // makes it, the first or the first after its end or reset; a green context, below) takes device
 // memory of its own, which the pools of another context of its device may hold freed (a program
@@ -844,6 +875,26 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRetain(CUcontext* c, CUdev
     auto f = real<CUresult (*)(CUcontext*, CUdevice)>(drv::cuDevicePrimaryCtxRetain);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     return context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return f(c, dev); });
+}
+
+// A green context's end: cuGreenCtxDestroy releases the primary context that cuGreenCtxCreate
+// retained, which may be its last release (pool_green_destroy).  Its device comes from the table
+// its creation filled; its own CUcontext from the driver, before the call.
+extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxDestroy(CUgreenCtx g) {
+    auto f = real<CUresult (*)(CUgreenCtx)>(drv::cuGreenCtxDestroy);
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t v = 0;
+    std::atomic<uint64_t>* slot = guard::active() ? nullptr : green_slot(g, &v);
+    if (!slot) return f(g);
+    guard gd;
+    CUcontext own = nullptr;
+    if (auto from_green = GPUMEM_REAL(cuCtxFromGreenCtx))
+        if (from_green(&own, g) != CUDA_SUCCESS) own = nullptr;
+    bool ended = false;
+    const CUresult r = pool_green_destroy(CUdevice(v >> 56), own, f, g, &ended);
+    if (r == CUDA_SUCCESS) slot->compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+    if (ended) first_use_forget();
+    return r;
 }
 
 // Every capture opener: counted before the driver opens it (no fence may touch a stream once the
@@ -970,8 +1021,6 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenC
     return r;
 }
 
-template <class F>
-static CUresult context_made(api_id api, CUdevice dev, F&& call) noexcept;  // below, with the contexts
 
 // A green context can run work beside the primary context's legacy stream without any stream
 // created (its own default stream), on the same device's memory: auto switches at its creation.
@@ -980,6 +1029,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourc
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     // A context's making (context_made, below): retried after its device's pools give back.
     CUresult r = context_made(api_id::cuGreenCtxCreate, dev, [&] { return f(g, desc, dev, flags); });
+    if (r == CUDA_SUCCESS && g) green_made(*g, dev);
     if (r == CUDA_SUCCESS) {
         pool_green_context_made();
         pool_stream_created(api_id::cuGreenCtxCreate, true);
@@ -1144,6 +1194,7 @@ GPUMEM_EXPORT_HOOK(cuCtxCreate_v2, (CUcontext* a, unsigned int b, CUdevice c), (
 GPUMEM_EXPORT_HOOK(cuCtxCreate_v3, (CUcontext* a, CUexecAffinityParam* b, int c, unsigned int d, CUdevice e), (a, b, c, d, e))
 GPUMEM_EXPORT_HOOK(cuCtxCreate_v4, (CUcontext* a, CUctxCreateParams* b, unsigned int c, CUdevice d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuDevicePrimaryCtxRetain, (CUcontext* a, CUdevice b), (a, b))
+GPUMEM_EXPORT_HOOK(cuGreenCtxDestroy, (CUgreenCtx a), (a))
 GPUMEM_EXPORT_HOOK(cuLaunchKernel, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))
 GPUMEM_EXPORT_HOOK(cuLaunchKernelEx, (const CUlaunchConfig* a, CUfunction b, void** c, void** d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuLaunchKernel_ptsz, (CUfunction a, unsigned int b, unsigned int c, unsigned int d, unsigned int e, unsigned int g, unsigned int h, unsigned int i, CUstream j, void** k, void** l), (a, b, c, d, e, g, h, i, j, k, l))

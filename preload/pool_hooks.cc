@@ -792,18 +792,60 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
 // so the handle is read before it, while the context is active, and only the state after it (a
 // retain then would make the context anew).  If it ended (*ended), its pool is retired after the
 // driver's end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
-CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept {
-    *ended = false;
-    if (in_gpumem_lock()) return release(dev);
+namespace {
+// A call that releases dev's primary context (`release`, with `arg`), under g_primary_mu: if it was
+// the last release (*ended), the context's pool is retired after the driver's end, and so is
+// `also`'s (a green context's own, whose memory was the primary context's), if any.
+CUresult primary_released_by(CUdevice dev, CUresult (*release)(void*), void* arg, CUcontext also, bool* ended) noexcept {
     critical_section in;  // before the lock, released after it (critical_section.h)
     std::unique_lock<std::mutex> lk(g_primary_mu);
     const CUcontext before = primary_if_active_locked(dev);
-    const CUresult r = release(dev);
-    if (r != CUDA_SUCCESS || !before || primary_active(dev)) return r;
+    const CUresult r = release(arg);
+    if (r != CUDA_SUCCESS) return r;
+    // The green context's streams died with it (cuStreamDestroy of one now fails): fences must not
+    // record on their handles, which new streams may reuse.
+    if (also) streams().forget_context(uint64_t(uintptr_t(also)));
+    if (!before || primary_active(dev)) return r;
     *ended = true;
     if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
-    context_gone(before, -1, pool_exit_begun() ? context_end::forget : context_end::past);
+    const context_end how = pool_exit_begun() ? context_end::forget : context_end::past;
+    if (also && also != before) context_gone(also, -1, how);
+    context_gone(before, -1, how);
     return r;
+}
+}  // namespace
+
+CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept {
+    *ended = false;
+    if (in_gpumem_lock()) return release(dev);
+    struct call {
+        CUresult (*release)(CUdevice);
+        CUdevice dev;
+    } c{release, dev};
+    return primary_released_by(dev, [](void* a) { auto* p = static_cast<call*>(a); return p->release(p->dev); }, &c, nullptr,
+                               ended);
+}
+
+// A green context's destruction releases the primary context of its device, which cuGreenCtxCreate
+// retained (cuda.h): it may be that context's last release, which ends it and frees its memory, as
+// cuDevicePrimaryCtxRelease's does.  `green` is the green context's own CUcontext
+// (cuCtxFromGreenCtx), nullptr if unknown: where the program allocated with it current, its pool
+// gives back what it holds free first, while its context can still be made current (a dead one
+// cannot: that memory would stay out of every other allocator's reach).  Its blocks still live
+// stay the program's: their memory is the primary context's, which outlives the green context
+// unless this was its last release.
+CUresult pool_green_destroy(CUdevice dev, CUcontext green, CUresult (*destroy)(CUgreenCtx), CUgreenCtx g,
+                            bool* ended) noexcept {
+    *ended = false;
+    if (in_gpumem_lock()) return destroy(g);
+    if (green && registry().count() != 0 && !g_exiting.load(std::memory_order_acquire))
+        if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(green)))) s->pool->give_back(api_id::cuGreenCtxDestroy);
+    struct call {
+        CUresult (*destroy)(CUgreenCtx);
+        CUgreenCtx g;
+    } c{destroy, g};
+    return primary_released_by(dev, [](void* a) { auto* p = static_cast<call*>(a); return p->destroy(p->g); }, &c, green,
+                               ended);
 }
 
 // Called before the driver opens a capture, under the stream set's lock: a fence being recorded

@@ -108,7 +108,7 @@ static bool is_hooked_base(const char* s) noexcept {
         // Captures and capture modes: unseen, the pool could answer a call the driver refuses.
         "cuStreamBeginCapture", "cuStreamBeginCaptureToGraph", "cuStreamEndCapture", "cuThreadExchangeStreamCaptureMode",
         // A context's end: unseen, the pool would hand out memory the driver freed with it.
-        "cuCtxDestroy", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxRelease"};
+        "cuCtxDestroy", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxRelease", "cuGreenCtxDestroy"};
     for (const char* b : bases)
         if (!strcmp(s, b)) return true;
     return is_stream_base(s);

@@ -197,7 +197,7 @@ counter g_counters[] = {
     {"cuGraphInstantiateWithParams_ptsz", {0}}, {"cuGraphUpload", {0}}, {"cuGraphUpload_ptsz", {0}}, {"cuGraphLaunch", {0}},
     {"cuGraphLaunch_ptsz", {0}},
     {"cuCtxCreate", {0}}, {"cuCtxCreate_v2", {0}}, {"cuCtxCreate_v3", {0}}, {"cuCtxCreate_v4", {0}},
-    {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}},
+    {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}}, {"call_on_dead_green_stream", {0}},
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
 char g_raise_names[256];
@@ -492,6 +492,9 @@ static std::atomic<bool>* primary_charged() {  // whether the primary context's 
     return c;
 }
 static std::mutex g_retain_mu;  // a retain's check and making, one at a time
+// A destroyed green context's CUcontext, and a stream of a destroyed green context (below).
+static bool dead_green_context(CUcontext c);
+static bool on_dead_green_stream(CUstream s);
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     std::lock_guard<std::mutex> lk(g_retain_mu);
@@ -533,6 +536,7 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, 
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    if (dead_green_context(c)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     t_ctx_dev = c ? dev_of(c) : -1;
     t_ctx_made = is_made(c) ? reinterpret_cast<uintptr_t>(c) : 0;
     if (c) {
@@ -552,6 +556,7 @@ static CUcontext current_handle() {
 }
 EMU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (dead_green_context(c)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (t_ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
     t_ctx_made_stack[t_ctx_depth] = t_ctx_made;
     t_ctx_stack[t_ctx_depth++] = t_ctx_dev;
@@ -773,6 +778,25 @@ EMU_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* c, CUgreenCtx g) {
     *c = gc.ctx;
     return CUDA_SUCCESS;
 }
+// After its green context's destruction a stream of it is refused by every call but its
+// destruction (CUDA_ERROR_CONTEXT_IS_DESTROYED, cuda.h 13.0), each such call counted: an event
+// recorded, a query or a wait there by the pool would be a bug.
+static bool dead_green_context(CUcontext c) {
+    if (!is_made(c)) return false;
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    for (auto& [h, gc] : g_greens)
+        if (gc.ctx == c) return !gc.live;
+    return false;
+}
+static bool on_dead_green_stream(CUstream s) {
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    auto it = g_green_streams.find(s);
+    if (it == g_green_streams.end()) return false;
+    auto g = g_greens.find(it->second);
+    if (g == g_greens.end() || g->second.live) return false;
+    bump("call_on_dead_green_stream");
+    return true;
+}
 EMU_EXPORT CUresult cuGreenCtxStreamCreate(CUstream* s, CUgreenCtx g, unsigned int, int) {
     green_ctx gc;
     if (!s) return CUDA_ERROR_INVALID_VALUE;
@@ -793,8 +817,9 @@ EMU_EXPORT CUresult cuEventCreate(CUevent* e, unsigned int) {
     *e = reinterpret_cast<CUevent>(next.fetch_add(0x10));
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
+EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (on_dead_green_stream(s)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (st().capturing.load()) {
         bump("cuEventRecord_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -804,8 +829,9 @@ EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
 }
 // A stream made to wait for an event (the pool's ordered release): every event is reached, so the
 // wait is over at once; counted so that tests see which streams were ordered.
-EMU_EXPORT CUresult cuStreamWaitEvent(CUstream, CUevent e, unsigned int) {
+EMU_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (on_dead_green_stream(s)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (st().capturing.load()) {
         bump("cuStreamWaitEvent_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -830,7 +856,8 @@ EMU_EXPORT CUresult cuStreamQuery_ptsz(CUstream) {
     bump("cuStreamQuery_ptsz");
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuStreamQuery(CUstream) {
+EMU_EXPORT CUresult cuStreamQuery(CUstream s) {
+    if (on_dead_green_stream(s)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (st().capturing.load()) {
         bump("cuStreamQuery_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;

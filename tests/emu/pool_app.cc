@@ -521,6 +521,60 @@ void release_cycle(bool v1) {
     printf("dead_alloc_rc=%d\n", int(cuMemAlloc(&dead, 1u << 20)));
 }
 
+// A green context's destruction as its primary context's last release (run with
+// GPUMEM_EMU_PRIMARY_REFS=0): three rounds of the program's retain, a green context (which
+// retains the primary context too) with a non-blocking stream of its own, the program's release
+// (not the last), 4 MiB blocks until the device is full, all freed, a 1 MiB block never freed,
+// and the green context's destruction, which ends the primary context and frees its memory.  The
+// green stream is left undestroyed (a leak, says cuda.h, and every call on it is refused after).
+// Prints the blocks each round got, whether the context was active after, what the pool's chunks
+// cost and how many calls reached a stream of a destroyed green context.
+void green_end() {
+    CHECK(cuInit(0));
+    for (int r = 1; r <= 3; ++r) {
+        CUcontext c = setup();
+        (void)c;
+        CUgreenCtx g = nullptr;
+        CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+        CUstream gs = nullptr;
+        CHECK(cuGreenCtxStreamCreate(&gs, g, CU_STREAM_NON_BLOCKING, 0));
+        CHECK(cuDevicePrimaryCtxRelease(0));  // the green context's reference keeps it
+        std::vector<CUdeviceptr> ps;
+        for (CUdeviceptr p; cuMemAlloc(&p, 4u << 20) == CUDA_SUCCESS;) ps.push_back(p);
+        for (auto p : ps) CHECK(cuMemFree(p));
+        CUdeviceptr orphan = 0;  // never freed: it dies with the context
+        CHECK(cuMemAlloc(&orphan, 1u << 20));
+        CHECK(cuGreenCtxDestroy(g));
+        unsigned flags = 0;
+        int active = -1;
+        CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        printf("round%d_blocks=%zu\nround%d_active=%d\n", r, ps.size(), r, active);
+    }
+    printf("chunks_made=%llu\nchunks_released=%llu\ndead_green_stream_calls=%llu\n", driver_count("cuMemCreate_made"),
+           driver_count("cuMemRelease"), driver_count("call_on_dead_green_stream"));
+}
+
+// Memory the program freed into the pool with a green context current, after that green context's
+// destruction (the primary context lives on): cuMemAllocAsync of 192 MiB of a 256 MiB device, in
+// the primary context.  Without gpumem it is served.
+void green_pool() {
+    setup();
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxPushCurrent(own));
+    fill_and_free();
+    CUcontext popped = nullptr;
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuGreenCtxDestroy(g));
+    CUdeviceptr p = 0;
+    const int rc = int(cuMemAllocAsync(&p, 192u << 20, nullptr));
+    printf("async_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemFreeAsync(p, nullptr));
+    print_counts("");
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -1233,6 +1287,8 @@ int main(int argc, char** argv) {
     else if (s == "arrays") arrays();
     else if (s == "retry-ptsz") retry_ptsz();
     else if (s == "context-create") context_create();
+    else if (s == "green-end") green_end();
+    else if (s == "green-pool") green_pool();
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -1250,7 +1306,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

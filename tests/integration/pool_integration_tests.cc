@@ -1042,6 +1042,59 @@ TEST_CASE("pool: a primary context's last release ends it, and the pool forgets 
         }
 }
 
+TEST_CASE("pool: a green context's destruction that ends the primary context retires its pool, and no fence touches the green stream") {
+    // cuGreenCtxCreate retains the primary context and cuGreenCtxDestroy releases it: here that is
+    // its last release, which ends the context and frees its memory.  Unseen (gpumem did not hook
+    // cuGreenCtxDestroy), the pool kept the freed cuMemAlloc segments and handed them out again,
+    // and kept its chunks mapped.
+    const std::map<std::string, std::string> bare_env = {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"}};
+    auto bare = values(run({EMU_POOL_APP, "green-end"}, bare_env, false).out);
+    REQUIRE(num(bare, "round1_blocks") >= 60);
+    CHECK(bare["round1_active"] == "0");  // the emulated driver ended it
+    CHECK(bare["round3_blocks"] == bare["round1_blocks"]);
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto env = bare_env;
+        env["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-end"}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        for (const char* round : {"round2_blocks", "round3_blocks"}) CHECK(v[round] == bare["round1_blocks"]);
+        CHECK(count_ev(ls, "context_reset") == 3);
+        CHECK(v["dead_green_stream_calls"] == "0");  // no event, query or wait on a destroyed green context's stream
+        REQUIRE_FALSE(ls.empty());
+        CHECK(ls.back()["live_allocs"] == 0);  // the three orphans died with their contexts
+        if (std::string(vmm) == "on") {
+            CHECK(num(v, "chunks_made") > 0);
+            CHECK(v["chunks_released"] == v["chunks_made"]);
+        }
+        check_rebuild(ls);
+    }
+}
+
+TEST_CASE("pool: a green context's pool gives back what the program freed there before the green context goes") {
+    // The program fills the device with the green context current and frees it, destroys the green
+    // context (the primary context lives on) and asks cuMemAllocAsync for 192 of 256 MiB.  Without
+    // the give-back before the destruction, the green context's pool could no longer act in its
+    // dead context, and the memory stayed out of reach.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "256M"}};
+    CHECK(values(run({EMU_POOL_APP, "green-pool"}, env, false).out)["async_rc"] == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-pool"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out)["async_rc"] == "0");
+        bool by_destroy = false;
+        for (const auto& l : ls)
+            by_destroy |= (l["ev"] == "segment_free" || l["ev"] == "segment_unmap") && l.value("api", "") == "cuGreenCtxDestroy";
+        CHECK(by_destroy);
+    }
+}
+
 TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
     // The emulated runtime releases its reference from an atexit handler registered before the
     // first allocation; with no other reference that release ends the context during exit.
