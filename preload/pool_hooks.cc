@@ -395,25 +395,6 @@ void pool_at_exit() noexcept {
                     unknown, segment_ranges::k_slots);
 }
 
-bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept {
-    if (in_gpumem_lock()) return false;
-    carry_out_deferred_frees();
-    // The log (and pool_configure) starts on the first allocation.  Without a running log the
-    // pool stays off, so its events never wait on a ring that nobody drains.
-    recorder* rec = recorder_or_null(false);  // a call turned away is counted by the hook's record_alloc
-    if (!rec || !g_enabled.load(std::memory_order_acquire)) return false;
-    auto_switch().settle_deferred();
-    pool_registry::slot* s = current_slot();
-    if (!s) return false;
-    const int rc = s->pool->allocate(bytes, api, ptr, rec->capture_stack());
-    // A poisoned pool, a miss after exit began, a device without virtual memory (block_pool.h):
-    // the driver serves, as without gpumem.
-    if (rc == k_pool_declined) return false;
-    *result = rc;
-    s->pool->maybe_emit_stats(monotonic_ns());
-    return true;
-}
-
 namespace {
 // f(pool) for every live pool of `device` (-1: the current context's device; -2: every device).
 template <class F>
@@ -431,6 +412,39 @@ void for_each_pool_of(int device, F&& f) noexcept {
     });
 }
 }  // namespace
+
+bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept {
+    if (in_gpumem_lock()) return false;
+    carry_out_deferred_frees();
+    // The log (and pool_configure) starts on the first allocation.  Without a running log the
+    // pool stays off, so its events never wait on a ring that nobody drains.
+    recorder* rec = recorder_or_null(false);  // a call turned away is counted by the hook's record_alloc
+    if (!rec || !g_enabled.load(std::memory_order_acquire)) return false;
+    auto_switch().settle_deferred();
+    pool_registry::slot* s = current_slot();
+    if (!s) return false;
+    const uint32_t stack = rec->capture_stack();
+    // Another context's pool on this device (a context of the program's own beside the primary
+    // one, a green context's) may hold the memory the request needs, freed into it: the driver
+    // alone would serve the request from that memory, so those pools give back before the
+    // request fails.  The first answer is then quiet; the second, logged, is the program's.
+    bool others = false;
+    if (registry().count() > 1) for_each_pool_of(s->device, [&](block_pool& p) { others |= &p != s->pool; });
+    int rc = s->pool->allocate(bytes, api, ptr, stack, others);
+    if (others && rc == k_cuda_oom) {
+        for_each_pool_of(s->device, [&](block_pool& p) {
+            if (&p != s->pool) p.give_back(api);
+        });
+        rc = s->pool->allocate(bytes, api, ptr, stack);
+    }
+    // A poisoned pool, a miss after exit began, a device without virtual memory (block_pool.h):
+    // the driver serves, as without gpumem.
+    if (rc == k_pool_declined) return false;
+    *result = rc;
+    s->pool->maybe_emit_stats(monotonic_ns());
+    return true;
+}
+
 
 uint64_t pool_give_back(api_id api, int device) noexcept {
     uint64_t n = 0;

@@ -715,7 +715,7 @@ void block_pool::take(block* b, uint64_t asize, uint64_t requested) {
     requested_ += requested;
 }
 
-int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack) noexcept {
+int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack, bool quiet_oom) noexcept {
     if (!out) return k_cuda_invalid_value;
     op_lock lk(*this);
     if (poisoned_ && size != 0) return k_pool_declined;  // an update half done: the driver serves it
@@ -783,6 +783,10 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
             poisoned_ = true;  // an update may be half done: stop serving (see docs/pool.md)
             err = k_cuda_oom;
         }
+    }
+    if (err == k_cuda_oom && quiet_oom) {
+        check_after_op();
+        return err;
     }
     if (err == k_cuda_oom) emit_oom(api, size);
     emit_block(ev_kind::alloc_fail, api, nullptr, size, err, stack);  // the refused call's stack, as alloc's

@@ -44,7 +44,9 @@ class block_pool {
     // Returns k_pool_declined without an event, and the caller passes the request to the driver,
     // from a poisoned pool (host memory ran out mid-update: it serves nothing more), for a miss
     // after release_all_at_exit, and on a device without virtual memory when cfg.vmm_only.
-    int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0) noexcept;
+    // `quiet_oom`: an out-of-memory answer emits neither oom nor alloc_fail, for a caller that
+    // makes room elsewhere (another context's pool on the device) and asks again, logged then.
+    int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0, bool quiet_oom = false) noexcept;
 
     // cuMemFree semantics.  Returns false, with nothing done or logged, when ptr lies outside every
     // segment of this pool: the caller passes the call to the driver.  Otherwise returns true with

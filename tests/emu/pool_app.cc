@@ -380,6 +380,31 @@ void context_create() {
     print_counts("");
 }
 
+// Two contexts on one device, each with its own pool: a context of the program's own
+// (cuCtxCreate) fills the device and frees it, then the primary context asks for 192 MiB; then
+// the primary context fills and frees, and the program's own context asks for 192 MiB.  Without
+// gpumem both are served (the driver freed everything); prints each answer.
+void two_pools() {
+    CHECK(cuInit(0));
+    CUcontext mine = nullptr;
+    CHECK(cuCtxCreate(&mine, nullptr, 0, 0));  // current now
+    fill_and_free();
+    CUcontext primary = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&primary, 0));
+    CHECK(cuCtxPushCurrent(primary));
+    CUdeviceptr p = 0;
+    int rc = int(cuMemAlloc(&p, 192u << 20));
+    printf("primary_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemFree(p));
+    fill_and_free();
+    CUcontext popped = nullptr;
+    CHECK(cuCtxPopCurrent(&popped));  // the program's own again
+    rc = int(cuMemAlloc(&p, 192u << 20));
+    printf("own_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemFree(p));
+    print_counts("");
+}
+
 // CUDA arrays and the device malloc heap, after the program freed 192 MiB into the pool (of a
 // 256 MiB device): cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate of 192 MiB, and
 // cuCtxSetLimit of a 192 MiB heap.  Without gpumem each is served.
@@ -1287,6 +1312,7 @@ int main(int argc, char** argv) {
     else if (s == "arrays") arrays();
     else if (s == "retry-ptsz") retry_ptsz();
     else if (s == "context-create") context_create();
+    else if (s == "two-pools") two_pools();
     else if (s == "green-end") green_end();
     else if (s == "green-pool") green_pool();
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -1306,7 +1332,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;
