@@ -687,7 +687,10 @@ void apply_peer_grants(pool_registry::slot* s) noexcept {
 // which an importer under gpumem opens.
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept {
     block_pool::block_info bi{};
-    pool_registry::slot* s = lookup_any(uint64_t(p), &bi);
+    // Past the bytes the block's owner asked for, the driver exports nothing (CUDA_ERROR_INVALID_VALUE
+    // one byte past a cuMemAlloc allocation, inside its rounding: an H100, run 164), so those bytes
+    // answer as free memory inside a segment, a segment's first block's too.
+    pool_registry::slot* s = lookup_asked(uint64_t(p), &bi);
     if (!s || (bi.allocated && bi.block == bi.segment && !bi.vmm)) {
         *handled = false;
         return CUDA_SUCCESS;

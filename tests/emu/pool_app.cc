@@ -887,6 +887,8 @@ void edges() {
         void* data[] = {&start, &rsize};
         const int r4 = int(cuPointerGetAttributes(2, list, data, x.p));
         printf("attrs_%s=%d start_ok=%d size=%zu\n", x.name, r4, start == x.base, rsize);
+        CUipcMemHandle h;
+        printf("ipc_%s=%d\n", x.name, int(cuIpcGetMemHandle(&h, x.p)));
         // The context that allocated it, alone and in a list.
         CUcontext ctx = nullptr, listed = nullptr;
         const int r5 = int(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, x.p));

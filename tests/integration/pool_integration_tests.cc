@@ -1213,6 +1213,10 @@ TEST_CASE("pool: pointer queries past the bytes asked for and requests no device
     CHECK(v["range_a+1000"] == "500 base_ok=0 size=0");
     CHECK(v["attr_e+size"] == "1,1,1 start_ok=0 size=0");
     CHECK(num(v, "free_a+1000") == 1);
+    // Legacy IPC exports up to the bytes asked for too (an H100, run 164: 1 one byte past).
+    CHECK(num(v, "ipc_a+999") == 0);
+    CHECK(num(v, "ipc_a+1000") == 1);
+    CHECK(num(v, "ipc_e+size") == 1);
     // And a block names the context that allocated it, where the driver names none for the pool's
     // cuMemCreate chunks.
     CHECK(v["ctx_a+0"] == "0,0 is_current=1,1");
