@@ -427,11 +427,12 @@ bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept
     // Another context's pool on this device (a context of the program's own beside the primary
     // one, a green context's) may hold the memory the request needs, freed into it: the driver
     // alone would serve the request from that memory, so those pools give back before the
-    // request fails.  The first answer is then quiet; the second, logged, is the program's.
+    // request fails.  The first answer is then quiet; the second, logged, is the program's.  (A
+    // request larger than the device is answered at once, logged: no give-back could serve it.)
     bool others = false;
     if (registry().count() > 1) for_each_pool_of(s->device, [&](block_pool& p) { others |= &p != s->pool; });
     int rc = s->pool->allocate(bytes, api, ptr, stack, others);
-    if (others && rc == k_cuda_oom) {
+    if (rc == k_pool_oom_quiet) {
         for_each_pool_of(s->device, [&](block_pool& p) {
             if (&p != s->pool) p.give_back(api);
         });

@@ -564,7 +564,7 @@ block_pool::block* block_pool::grow(pool_id p, uint64_t asize, api_id api, int* 
     // A request larger than the whole device (its size known from the last look at the driver)
     // fails here, as the driver fails it, at once: no give-back could make room, and one emptied
     // the cache of a program probing for the largest allocation that fits.
-    if (total_ && asize > total_) {
+    if (beyond_device(asize)) {
         *err = k_cuda_oom;
         return nullptr;
     }
@@ -784,9 +784,9 @@ int block_pool::allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stac
             err = k_cuda_oom;
         }
     }
-    if (err == k_cuda_oom && quiet_oom) {
+    if (err == k_cuda_oom && quiet_oom && size <= k_max_request && !beyond_device(round_up(size, cfg_.round))) {
         check_after_op();
-        return err;
+        return k_pool_oom_quiet;
     }
     if (err == k_cuda_oom) emit_oom(api, size);
     emit_block(ev_kind::alloc_fail, api, nullptr, size, err, stack);  // the refused call's stack, as alloc's

@@ -25,6 +25,7 @@ namespace gpumem {
 // it keeps every rounding far from overflow.  `gpumem replay` stops every policy there too.
 inline constexpr uint64_t k_max_request = 1ull << 48;
 inline constexpr int k_pool_declined = -1;  // allocate: not served, ask the driver (never a CUresult)
+inline constexpr int k_pool_oom_quiet = -2;  // allocate(quiet_oom): out of memory, nothing logged (never a CUresult)
 
 // A block_pool serves device allocations from segments it takes from a pool_backend, and logs
 // every state change to an event_sink.  docs/pool.md is its design and guarantee.  All public
@@ -44,8 +45,10 @@ class block_pool {
     // Returns k_pool_declined without an event, and the caller passes the request to the driver,
     // from a poisoned pool (host memory ran out mid-update: it serves nothing more), for a miss
     // after release_all_at_exit, and on a device without virtual memory when cfg.vmm_only.
-    // `quiet_oom`: an out-of-memory answer emits neither oom nor alloc_fail, for a caller that
-    // makes room elsewhere (another context's pool on the device) and asks again, logged then.
+    // `quiet_oom`: an out-of-memory answer is k_pool_oom_quiet and emits neither oom nor
+    // alloc_fail, for a caller that makes room elsewhere (another context's pool on the device)
+    // and asks again, logged then.  Not for a request larger than the device, which no room made
+    // anywhere could serve: that one is k_cuda_oom, logged, as without quiet_oom.
     int allocate(uint64_t size, api_id api, uint64_t* out, uint32_t stack = 0, bool quiet_oom = false) noexcept;
 
     // cuMemFree semantics.  Returns false, with nothing done or logged, when ptr lies outside every
@@ -303,6 +306,9 @@ class block_pool {
 
     block* find_free(pool_id p, uint64_t asize) noexcept;
     block* grow(pool_id p, uint64_t asize, api_id api, int* err);
+    // A block of asize bytes is larger than the whole device (its size known from the last look at
+    // the driver): no give-back can make room for it.
+    bool beyond_device(uint64_t asize) const noexcept { return total_ && asize > total_; }
     // plain: from segment_alloc even when the pool is on virtual memory (the last-resort segment).
     // map_bytes (VMM only, 0 = all): map only the first map_bytes of the range; the rest starts
     // as one unmapped block, a hole (an arena).

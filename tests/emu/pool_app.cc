@@ -383,8 +383,9 @@ void context_create() {
 // Two contexts on one device, each with its own pool: a context of the program's own
 // (cuCtxCreate) fills the device and frees it, then the primary context asks for 192 MiB; then
 // the primary context fills and frees, and the program's own context asks for 192 MiB.  Without
-// gpumem both are served (the driver freed everything); prints each answer.
-void two_pools() {
+// gpumem both are served (the driver freed everything); prints each answer.  `huge`: first, in
+// the program's own context, a request of 1 GiB, which no 256 MiB device holds (huge_rc).
+void two_pools(bool huge) {
     CHECK(cuInit(0));
     CUcontext mine = nullptr;
     CHECK(cuCtxCreate(&mine, nullptr, 0, 0));  // current now
@@ -399,6 +400,11 @@ void two_pools() {
     fill_and_free();
     CUcontext popped = nullptr;
     CHECK(cuCtxPopCurrent(&popped));  // the program's own again
+    if (huge) {
+        rc = int(cuMemAlloc(&p, size_t(1) << 30));
+        printf("huge_rc=%d\n", rc);
+        if (rc == 0) CHECK(cuMemFree(p));
+    }
     rc = int(cuMemAlloc(&p, 192u << 20));
     printf("own_rc=%d\n", rc);
     if (rc == 0) CHECK(cuMemFree(p));
@@ -1314,7 +1320,7 @@ int main(int argc, char** argv) {
     else if (s == "arrays") arrays();
     else if (s == "retry-ptsz") retry_ptsz();
     else if (s == "context-create") context_create();
-    else if (s == "two-pools") two_pools();
+    else if (s == "two-pools") two_pools(argc > 2 && !strcmp(argv[2], "huge"));
     else if (s == "green-end") green_end();
     else if (s == "green-pool") green_pool();
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -1334,7 +1340,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -901,6 +901,43 @@ TEST_CASE("pool: a request in one context gets the memory another context's pool
     }
 }
 
+TEST_CASE("pool: a request larger than the device fails at once beside another context's pool, which keeps its cache") {
+    // The primary context's pool holds the 256 MiB device freed; the program's own context asks
+    // for 1 GiB, which no give-back could serve (the driver fails it at once, docs/pool.md): the
+    // other pool must not empty its cache for it.  Before, the quiet first answer made every other
+    // pool of the device give back before the request was asked again and failed.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"}};
+    auto bare = values(run({EMU_POOL_APP, "two-pools", "huge"}, env, false).out);
+    CHECK(bare["huge_rc"] == "2");
+    CHECK(bare["own_rc"] == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "two-pools", "huge"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(v["huge_rc"] == "2");
+        CHECK(v["own_rc"] == "0");
+        // Segments given back since the program's last call before the huge request, and its lines.
+        int given = 0, given_for_huge = -1, ooms = 0, fails = 0;
+        for (const auto& l : ls) {
+            const std::string ev = l.value("ev", "");
+            if (ev == "segment_free" || ev == "segment_unmap") ++given;
+            const bool huge = l.value("size", uint64_t(0)) == (uint64_t(1) << 30);
+            ooms += huge && ev == "oom";
+            fails += huge && ev == "alloc_fail";
+            if (huge && ev == "alloc_fail") given_for_huge = given;
+            if (ev == "alloc" || ev == "free" || ev == "alloc_fail" || ev == "free_fail") given = 0;
+        }
+        CHECK(ooms == 1);
+        CHECK(fails == 1);
+        CHECK(given_for_huge == 0);
+        CHECK(ls.back().value("unmatched", -1) == 0);
+    }
+}
+
 TEST_CASE("pool: an allocator the pool does not serve gets the memory the program freed into the pool, and cuMemGetInfo counts it free") {
     // 192 MiB freed through cuMemFree, then asked for by cuMemAllocAsync, cuMemCreate,
     // cuMemAllocManaged and cuMemAllocPitch on a 256 MiB device: served without gpumem.
