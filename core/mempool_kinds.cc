@@ -4,8 +4,23 @@
 namespace gpumem {
 
 bool mempool_kinds::note(uint64_t pool, mem_kind k) noexcept {
-    forget(pool);
-    if (pool == 0 || k == mem_kind::device) return true;  // 0 marks a free slot; device is the default
+    if (pool == 0) return true;  // 0 marks a free slot
+    if (k == mem_kind::device) {  // the default: a note of the handle's earlier pool goes
+        forget(pool);
+        return true;
+    }
+    // Noted already (another thread's cuMemGetDefaultMemPool of the same pool, a handle that came
+    // back): its kind is set in place.  Taken out and put back, the pool read as device meanwhile
+    // to a thread allocating from it, and two threads' notes at once left two entries, of which
+    // its destroy forgot one.
+    bool found = false;
+    const int high = high_.load(std::memory_order_acquire);
+    for (int i = 0; i < high; ++i) {
+        if (keys_[i].load(std::memory_order_acquire) != pool) continue;
+        kinds_[i].store(uint8_t(k), std::memory_order_release);
+        found = true;
+    }
+    if (found) return true;
     used_.fetch_add(1, std::memory_order_acq_rel);
     for (int i = 0; i < k_slots; ++i) {
         uint64_t empty = 0;
@@ -23,6 +38,8 @@ bool mempool_kinds::note(uint64_t pool, mem_kind k) noexcept {
 
 mem_kind mempool_kinds::forget(uint64_t pool) noexcept {
     if (pool == 0 || used_.load(std::memory_order_acquire) == 0) return mem_kind::device;
+    // Every entry of the handle: two threads' first notes at once may have made two.
+    mem_kind was = mem_kind::device;
     const int high = high_.load(std::memory_order_acquire);
     for (int i = 0; i < high; ++i) {
         if (keys_[i].load(std::memory_order_acquire) != pool) continue;
@@ -30,9 +47,9 @@ mem_kind mempool_kinds::forget(uint64_t pool) noexcept {
         uint64_t mine = pool;
         if (!keys_[i].compare_exchange_strong(mine, 0, std::memory_order_acq_rel)) continue;
         used_.fetch_sub(1, std::memory_order_acq_rel);
-        return k ? mem_kind(k) : mem_kind::device;
+        if (k && was == mem_kind::device) was = mem_kind(k);
     }
-    return mem_kind::device;
+    return was;
 }
 
 mem_kind mempool_kinds::kind_of(uint64_t pool) const noexcept {

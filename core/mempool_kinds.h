@@ -23,12 +23,14 @@ class mempool_kinds {
   public:
     static constexpr int k_slots = 1024;
 
-    // Pool `pool`, just made, hands out memory of kind k.  An earlier note of the same handle goes
-    // first: a destroyed pool's handle may come back for a new pool.  False where a kind other than
-    // device could not be kept (every slot is taken): that pool's allocations are then device ones.
+    // Pool `pool`, just made or handed out again, hands out memory of kind k.  A note of the same
+    // handle is changed in place (a destroyed pool's handle may come back for a new pool; device
+    // drops it).  False where a kind other than device could not be kept (every slot is taken):
+    // that pool's allocations are then device ones.
     bool note(uint64_t pool, mem_kind k) noexcept;
-    // Drops pool's note; returns the kind it had (device where none was kept), so that the caller
-    // can note it again if the driver refuses the destroy.
+    // Drops pool's note (each entry of it: two threads' first notes at once may make two); returns
+    // the kind it had (device where none was kept), so that the caller can note it again if the
+    // driver refuses the destroy.
     mem_kind forget(uint64_t pool) noexcept;
     // The kind of memory pool hands out: device unless noted otherwise.
     mem_kind kind_of(uint64_t pool) const noexcept;
@@ -38,7 +40,8 @@ class mempool_kinds {
   private:
     // A slot is taken by its key (0: free).  Its kind is written after the key and cleared before
     // the key is: a reader that finds the key before its kind reads 0, taken for device, and that
-    // can only be a reader that had the handle before cuMemPoolCreate returned it.
+    // can only be a reader that had the handle before a note of it returned (each way the program
+    // gets a pool's handle notes it before handing it out).
     std::atomic<uint64_t> keys_[k_slots] = {};
     std::atomic<uint8_t> kinds_[k_slots] = {};
     // Slots below this index have been taken at some time: lookups scan no further, so a program

@@ -1451,3 +1451,41 @@ TEST_CASE("mempool_kinds: threads making and destroying their own pools never se
     CHECK(wrong == 0);
     CHECK(pools->size() == 0);
 }
+
+TEST_CASE("mempool_kinds: threads noting the same pool at once: it never reads device, its destroy forgets it, no other pool gets its kind") {
+    // cuMemGetDefaultMemPool / cuMemGetMemPool hand every thread the same handle for a location's
+    // pool, and each call notes it: a note of one thread must not make the pool read device to
+    // another thread allocating from it, leave an entry that the pool's destroy misses, or write
+    // its kind into a slot another pool took meanwhile.  (Before: each note took the pool out and
+    // put it back; after the threads, its destroy left it host in 5 runs of 30.)
+    auto pools = std::make_unique<mempool_kinds>();
+    constexpr uint64_t shared = 0x5000, other = 0x6000;
+    constexpr int k_rounds = 20000;
+    std::atomic<int> wrong{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 3; ++t)
+        ts.emplace_back([&] {
+            while (!go.load()) {}
+            for (int i = 0; i < k_rounds; ++i) {
+                pools->note(shared, mem_kind::host);
+                if (pools->kind_of(shared) != mem_kind::host) ++wrong;
+            }
+        });
+    ts.emplace_back([&] {
+        while (!go.load()) {}
+        for (int i = 0; i < k_rounds; ++i) {
+            pools->note(other, mem_kind::managed);
+            if (pools->kind_of(other) == mem_kind::host) ++wrong;
+            pools->forget(other);
+        }
+    });
+    go.store(true);
+    for (auto& th : ts) th.join();
+    CHECK(wrong == 0);
+    CHECK(pools->kind_of(shared) == mem_kind::host);
+    // The pool's destroy forgets it; a new pool that gets its handle back is device memory.
+    CHECK(pools->forget(shared) == mem_kind::host);
+    CHECK(pools->kind_of(shared) == mem_kind::device);
+    CHECK(pools->size() == 0);
+}
