@@ -884,8 +884,14 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxDestroy(CUgreenCtx g) {
     auto f = real<CUresult (*)(CUgreenCtx)>(drv::cuGreenCtxDestroy);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t v = 0;
-    std::atomic<uint64_t>* slot = guard::active() ? nullptr : green_slot(g, &v);
-    if (!slot) return f(g);
+    std::atomic<uint64_t>* slot = green_slot(g, &v);
+    if (!slot || guard::active()) {
+        // Inside gpumem (a signal handler's call) the destruction is not watched, but its slot
+        // still goes once the driver took it: a reused handle must not find this one's device.
+        const CUresult r = f(g);
+        if (slot && r == CUDA_SUCCESS) slot->compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+        return r;
+    }
     guard gd;
     CUcontext own = nullptr;
     if (auto from_green = GPUMEM_REAL(cuCtxFromGreenCtx))
