@@ -811,14 +811,15 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
 // retain then would make the context anew).  If it ended (*ended), its pool is retired after the
 // driver's end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
 namespace {
-// A call that releases dev's primary context (`release`, with `arg`), under g_primary_mu: if it was
+// A call that releases dev's primary context (`release()`), under g_primary_mu: if it was
 // the last release (*ended), the context's pool is retired after the driver's end, and so is
 // `also`'s (a green context's own, whose memory was the primary context's), if any.
-CUresult primary_released_by(CUdevice dev, CUresult (*release)(void*), void* arg, CUcontext also, bool* ended) noexcept {
+template <class F>
+CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* ended) noexcept {
     critical_section in;  // before the lock, released after it (critical_section.h)
     std::unique_lock<std::mutex> lk(g_primary_mu);
     const CUcontext before = primary_if_active_locked(dev);
-    const CUresult r = release(arg);
+    const CUresult r = release();
     if (r != CUDA_SUCCESS) return r;
     // The green context's streams died with it (cuStreamDestroy of one now fails): fences must not
     // record on their handles, which new streams may reuse.
@@ -836,12 +837,7 @@ CUresult primary_released_by(CUdevice dev, CUresult (*release)(void*), void* arg
 CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept {
     *ended = false;
     if (in_gpumem_lock()) return release(dev);
-    struct call {
-        CUresult (*release)(CUdevice);
-        CUdevice dev;
-    } c{release, dev};
-    return primary_released_by(dev, [](void* a) { auto* p = static_cast<call*>(a); return p->release(p->dev); }, &c, nullptr,
-                               ended);
+    return primary_released_by(dev, [&] { return release(dev); }, nullptr, ended);
 }
 
 // A green context's destruction releases the primary context of its device, which cuGreenCtxCreate
@@ -858,12 +854,7 @@ CUresult pool_green_destroy(CUdevice dev, CUcontext green, CUresult (*destroy)(C
     if (in_gpumem_lock()) return destroy(g);
     if (green && registry().count() != 0 && !g_exiting.load(std::memory_order_acquire))
         if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(green)))) s->pool->give_back(api_id::cuGreenCtxDestroy);
-    struct call {
-        CUresult (*destroy)(CUgreenCtx);
-        CUgreenCtx g;
-    } c{destroy, g};
-    return primary_released_by(dev, [](void* a) { auto* p = static_cast<call*>(a); return p->destroy(p->g); }, &c, green,
-                               ended);
+    return primary_released_by(dev, [&] { return destroy(g); }, green, ended);
 }
 
 // Called before the driver opens a capture, under the stream set's lock: a fence being recorded
