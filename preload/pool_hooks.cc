@@ -803,6 +803,10 @@ void context_gone(CUcontext ctx, int dev, context_end when) noexcept {
 
 void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     if (in_gpumem_lock()) return;
+    // Frees a signal handler left waiting, first: their blocks' segments may go with the context,
+    // and a free carried out after it would find no pool (never logged), or another context's
+    // block at the same address.
+    carry_out_deferred_frees();
     context_gone(ctx, dev, when);
 }
 
@@ -837,6 +841,7 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
 CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept {
     *ended = false;
     if (in_gpumem_lock()) return release(dev);
+    carry_out_deferred_frees();  // before a last release ends their context (pool_context_gone)
     return primary_released_by(dev, [&] { return release(dev); }, nullptr, ended);
 }
 
@@ -852,6 +857,7 @@ CUresult pool_green_destroy(CUdevice dev, CUcontext green, CUresult (*destroy)(C
                             bool* ended) noexcept {
     *ended = false;
     if (in_gpumem_lock()) return destroy(g);
+    carry_out_deferred_frees();  // before a last release ends their context (pool_context_gone)
     if (green && registry().count() != 0 && !g_exiting.load(std::memory_order_acquire))
         if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(green)))) s->pool->give_back(api_id::cuGreenCtxDestroy);
     return primary_released_by(dev, [&] { return destroy(g); }, green, ended);

@@ -770,11 +770,13 @@ void print_mapped(const char* name, CUdeviceptr p) {
 // freed starts a cuMemAlloc segment with GPUMEM_POOL_VMM=off, and another live block shares it.
 // Alone the free is the driver's: success, and the other block keeps its memory.  `exit`: the
 // handler then calls exit(0), as programs that end from a SIGINT handler do (whose atexit handlers
-// free device memory, PyTorch's among them).
+// free device memory, PyTorch's among them).  `reset`: the program resets the device next, before
+// any other allocation or free (as one that stops on a SIGINT handler's flag may), then allocates
+// and frees one block in the new context.
 CUdeviceptr g_handler_a = 0, g_handler_b = 0;
 volatile sig_atomic_t g_handler_result = -1;
 bool g_handler_exits = false;
-void free_in_handler(bool then_exit) {
+void free_in_handler(bool then_exit, bool then_reset) {
     setup();
     g_handler_exits = then_exit;
     CHECK(cuMemAlloc(&g_handler_a, 1000));  // the first block of a small segment
@@ -794,6 +796,15 @@ void free_in_handler(bool then_exit) {
     CHECK(cuMemAlloc(&c, 64 << 20));  // no cached block holds it: the driver is asked
     printf("handler_free_result=%d\n", int(g_handler_result));
     print_mapped("b", g_handler_b);
+    if (then_reset) {
+        CHECK(cuDevicePrimaryCtxReset(0));  // b and c die with the context; a was freed before
+        setup();
+        CUdeviceptr d;
+        CHECK(cuMemAlloc(&d, 4096));
+        CHECK(cuMemFree(d));
+        printf("after_reset_ok=1\n");
+        return;
+    }
     CHECK(cuMemFree(g_handler_b));
     CHECK(cuMemFree(c));
     printf("free_again_result=%d\n", int(cuMemFree(g_handler_a)));  // freed by the handler: an error now
@@ -1311,7 +1322,7 @@ int main(int argc, char** argv) {
         capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end",
                 argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
-    else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"));
+    else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "edges") edges();
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");

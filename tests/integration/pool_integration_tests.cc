@@ -1321,6 +1321,41 @@ TEST_CASE("pool: a free from a signal handler that interrupted the pool gets the
     }
 }
 
+TEST_CASE("pool: a free a signal handler left waiting is carried out before its context ends") {
+    // The handler frees a inside the pool's growth (its lock held), so the free waits for the next
+    // pool call; the program's next call resets the device, which ends a's context.  The free must
+    // be logged before the context's end: a's segment goes with it, and a free carried out after
+    // found no pool, so the log never had it (not even counted lost), and a new context's pool
+    // given the same address meanwhile would have had a live block freed.
+    auto alone = run_alone({EMU_POOL_APP, "free-in-handler", "reset"});
+    auto v = values(alone.out);
+    CHECK(num(v, "handler_free_result") == 0);
+    CHECK(num(v, "after_reset_ok") == 1);
+    for (const std::map<std::string, std::string>& env :
+         std::vector<std::map<std::string, std::string>>{{}, {{"GPUMEM_POOL_VMM", "off"}}}) {
+        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+        auto r = run({EMU_POOL_APP, "free-in-handler", "reset"}, env);
+        INFO(r.err);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(r.out == alone.out);
+        check_rebuild(ls);
+        CHECK(r.err.find("found no pool segment") == std::string::npos);
+        std::string a;
+        for (auto& j : ls)
+            if (j["ev"] == "alloc" && j["size"] == 1000) a = j["ptr"];
+        REQUIRE(!a.empty());
+        size_t free_at = 0, reset_at = 0;
+        for (size_t i = 0; i < ls.size(); ++i) {
+            if (ls[i]["ev"] == "free" && ls[i].contains("ptr") && ls[i]["ptr"] == a && !free_at) free_at = i;
+            if (ls[i]["ev"] == "context_reset" && !reset_at) reset_at = i;
+        }
+        CHECK(free_at != 0);
+        CHECK(reset_at != 0);
+        CHECK(free_at < reset_at);
+    }
+}
+
 // Two processes under gpumem: the exporter allocates three 5000 B blocks (the third lies inside a
 // shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
 // emulated driver says where each process's pointer lands: the importer's must land on the
