@@ -636,6 +636,7 @@ void pool_peer_enabled(CUcontext peer) noexcept;
 void pool_context_gone(CUcontext ctx, int dev, context_end when = context_end::coming) noexcept;
 bool context_is_primary(CUcontext ctx) noexcept;
 CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept;
+CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext* c, CUdevice dev) noexcept;
 CUresult pool_green_destroy(CUdevice dev, CUcontext green, CUresult (*destroy)(CUgreenCtx), CUgreenCtx g, bool* ended) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
@@ -870,11 +871,11 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v4(CUcontext* c, CUctxCreatePara
     return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, flags, dev); });
 }
 // A retain of an active primary context takes no memory and never fails for want of it: the
-// retry costs the answer's compare.
+// retry costs the answer's compare.  Never beside a release's end (pool_primary_retain).
 extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUdevice)>(drv::cuDevicePrimaryCtxRetain);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    return context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return f(c, dev); });
+    return context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return pool_primary_retain(f, c, dev); });
 }
 
 // A green context's end: cuGreenCtxDestroy releases the primary context that cuGreenCtxCreate

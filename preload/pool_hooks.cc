@@ -845,6 +845,18 @@ CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool*
     return primary_released_by(dev, [&] { return release(dev); }, nullptr, ended);
 }
 
+// A program's retain of a primary context, under g_primary_mu: a retain in the moment after
+// another thread's last release ended the context (before that release's look at the state) would
+// make the context anew, and the release would find it active and keep the old pool, whose
+// cuMemAlloc segments the driver freed (emu_pool_app release-race).  Waiting for the release's
+// look costs a retain nothing else: a program retains a few times in its life.
+CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext* c, CUdevice dev) noexcept {
+    if (in_gpumem_lock()) return retain(c, dev);
+    critical_section in;  // before the lock, released after it (critical_section.h)
+    std::lock_guard<std::mutex> lk(g_primary_mu);
+    return retain(c, dev);
+}
+
 // A green context's destruction releases the primary context of its device, which cuGreenCtxCreate
 // retained (cuda.h): it may be that context's last release, which ends it and frees its memory, as
 // cuDevicePrimaryCtxRelease's does.  `green` is the green context's own CUcontext

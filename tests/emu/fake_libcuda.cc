@@ -14,6 +14,9 @@
 //                         when GPUMEM_EMU_VMM is on
 //   GPUMEM_EMU_LATE_ALLOC N alloc/free pairs made by this library's destructor at exit (below)
 //   GPUMEM_EMU_LATE_ALLOC_SIZE  their size in bytes (4096)
+//   GPUMEM_EMU_RELEASE_GAP_MS   a primary context's last release sleeps this long after ending it,
+//                         before it returns: the moment in which another thread's retain makes
+//                         the context anew, as a real driver's may
 //   GPUMEM_EMU_SLOW_NAME_MS     cuDeviceGetName sleeps this long (a log start slowed by a loaded
 //                         machine: gpumem asks every device's name for the log's header);
 //                         gpumem_emu_names_asked() says how many calls began
@@ -57,6 +60,7 @@
 #include <map>
 #include <set>
 #include <mutex>
+#include <thread>
 #include <string>
 
 #define EMU_EXPORT extern "C" __attribute__((visibility("default")))
@@ -119,6 +123,7 @@ struct emu_state {
     uint64_t capacity = 16ull << 30;
     int devices = 1;
     uint64_t latency_ns = 0;
+    uint64_t release_gap_ms = 0;
     bool initialized = false;
     bool vmm = true;
     bool ipc_fd = true;
@@ -156,6 +161,7 @@ emu_state& st() {
         }
         if (const char* d = getenv("GPUMEM_EMU_DEVICES")) e->devices = std::max(1, std::min(16, atoi(d)));
         if (const char* l = getenv("GPUMEM_EMU_LATENCY_NS")) e->latency_ns = strtoull(l, nullptr, 10);
+        if (const char* g = getenv("GPUMEM_EMU_RELEASE_GAP_MS")) e->release_gap_ms = strtoull(g, nullptr, 10);
         if (const char* v = getenv("GPUMEM_EMU_VMM")) e->vmm = atoi(v) != 0;
         if (const char* f = getenv("GPUMEM_EMU_IPC_FD")) e->ipc_fd = strcmp(f, "0") != 0;
         for (int i = 0; i < 16; ++i) e->next_va[i] = 0x7f0000000000ull + uint64_t(i) * 0x10000000000ull;
@@ -519,6 +525,7 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
         drop_device_memory(d);
         forget_modules(d);
         if (primary_charged()[d].exchange(false)) give_context_bytes(d);
+        if (st().release_gap_ms) std::this_thread::sleep_for(std::chrono::milliseconds(st().release_gap_ms));
     }
     return CUDA_SUCCESS;
 }

@@ -552,6 +552,35 @@ void release_cycle(bool v1) {
     printf("dead_alloc_rc=%d\n", int(cuMemAlloc(&dead, 1u << 20)));
 }
 
+// A primary context's last release while another thread retains it (run with
+// GPUMEM_EMU_PRIMARY_REFS=0 and GPUMEM_EMU_RELEASE_GAP_MS, so that the retain lands after the
+// driver ended the context and before the release returns): the retain makes the context anew,
+// with the same handle, and its first allocation must be memory of the new context.  A pool that
+// missed the end (it found the context active again after the release) hands out a segment the
+// driver freed with the old context (GPUMEM_POOL_VMM=off).
+void release_race() {
+    setup();
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 1u << 20));
+    CHECK(cuMemFree(a));  // cached by a pool
+    int access = -2;
+    std::thread other([&] {
+        unsigned flags = 0;
+        for (int active = 1; active;) CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        CUcontext c = nullptr;
+        CHECK(cuDevicePrimaryCtxRetain(&c, 0));
+        CHECK(cuCtxSetCurrent(c));
+        CUdeviceptr b = 0;
+        CHECK(cuMemAlloc(&b, 1u << 20));
+        access = emu_access(b, 0);
+        CHECK(cuMemFree(b));
+        CHECK(cuDevicePrimaryCtxRelease(0));
+    });
+    CHECK(cuDevicePrimaryCtxRelease(0));  // the last: it ends the context
+    other.join();
+    printf("new_context_block_access=%d\n", access);
+}
+
 // A green context's destruction as its primary context's last release (run with
 // GPUMEM_EMU_PRIMARY_REFS=0): three rounds of the program's retain, a green context (which
 // retains the primary context too) with a non-blocking stream of its own, the program's release
@@ -1340,6 +1369,7 @@ int main(int argc, char** argv) {
     else if (s == "reset") reset();
     else if (s == "reset-stale") reset_stale(argc > 2 && !strcmp(argv[2], "first"));
     else if (s == "release-cycle") release_cycle(argc > 2 && !strcmp(argv[2], "v1"));
+    else if (s == "release-race") release_race();
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "order-loop") order_loop(argc > 2 ? atol(argv[2]) : 1000, argc > 3 ? size_t(atol(argv[3])) : 20u << 20);

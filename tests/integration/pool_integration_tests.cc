@@ -1112,6 +1112,29 @@ TEST_CASE("pool: a primary context's last release ends it, and the pool forgets 
         }
 }
 
+TEST_CASE("pool: a retain on another thread just after the last release ended the primary context does not keep its pool") {
+    // The emulated driver sleeps inside the last release after ending the context, and the other
+    // thread retains the device's primary context in that moment: made anew, with the same handle.
+    // Unseen, the release found the context active again after it, kept the old pool, and the new
+    // context's first allocation got the segment the driver had freed with the old one.
+    const std::map<std::string, std::string> bare_env = {
+        {"GPUMEM_EMU_PRIMARY_REFS", "0"}, {"GPUMEM_EMU_RELEASE_GAP_MS", "200"}};
+    auto bare = values(run({EMU_POOL_APP, "release-race"}, bare_env, false).out);
+    REQUIRE(bare["new_context_block_access"] == "1");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto env = bare_env;
+        env["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "release-race"}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out)["new_context_block_access"] == "1");
+        size_t resets = 0;
+        for (const auto& l : ls) resets += l["ev"] == "context_reset";
+        CHECK(resets == 2);  // each context's last release retired its pool, the first one's too
+    }
+}
+
 TEST_CASE("pool: a green context's destruction that ends the primary context retires its pool, and no fence touches the green stream") {
     // cuGreenCtxCreate retains the primary context and cuGreenCtxDestroy releases it: here that is
     // its last release, which ends the context and frees its memory.  Unseen (gpumem did not hook
