@@ -37,7 +37,7 @@ inline constexpr uint64_t k_skipped_fields = bit(fd_tid) | bit(fd_mempool) | bit
 // Members reset to their defaults at every line, present or not (the replay reads them without
 // asking `has`); the others keep their last value and are meaningful only when present.
 inline constexpr uint64_t k_reset_fields = bit(fd_pooled) | bit(fd_unknown) | bit(fd_fence) | bit(fd_waited) | bit(fd_ordered) | bit(fd_wait_ns) | bit(fd_fence_ns) | bit(fd_asize) | bit(fd_seg) |
-                                           bit(fd_kind) | bit(fd_pool) | bit(fd_api) | bit(fd_dev) | bit(fd_err);
+                                           bit(fd_kind) | bit(fd_pool) | bit(fd_api) | bit(fd_dev) | bit(fd_ctx) | bit(fd_err);
 
 // The C++ type and default of a member, by its field_type.
 #define GPUMEM_LT_u64 uint64_t

@@ -63,6 +63,7 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::t: v = e.t_ns; return true;
         case log_field::tid: v = e.tid; return true;
         case log_field::dev: v = uint64_t(int64_t(e.dev)); return true;
+        case log_field::ctx: v = e.ctx; return e.ctx != 0;  // left out for a device's first pool
         case log_field::api: v = uint64_t(e.api); return true;
         case log_field::kind: v = uint64_t(e.kind); return true;
         case log_field::ptr: v = b.ptr; return true;

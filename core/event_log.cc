@@ -610,7 +610,8 @@ void event_log::account(event& e, bool from_signal) noexcept {
             // No heap work from a signal handler: the process is ending, the map is not needed again.
             if (from_signal) break;
             try {
-                (e.kind == mem_kind::vmm ? live_vmm_ : live_)[e.b.ptr] = live_entry{e.b.size, e.b.asize, e.dev, e.kind};
+                (e.kind == mem_kind::vmm ? live_vmm_ : live_)[e.b.ptr] =
+                    live_entry{e.b.size, e.b.asize, e.dev, e.kind, (e.flags & ef_pooled) != 0, e.ctx};
             } catch (...) {
                 // Out of memory: this allocation's free will be logged "unknown".
             }
@@ -653,11 +654,12 @@ void event_log::account(event& e, bool from_signal) noexcept {
             break;
         }
         case ev_kind::context_reset: {
-            // The device's allocations died with its context (docs/log-format.md, layout rule 6);
-            // the analyzer drops them there too, so the end line's live counts agree with it.
+            // The context's allocations died with it (docs/log-format.md, layout rule 6): its
+            // pool's blocks, and the device's allocations outside the pools, whose context the log
+            // does not know.  The analyzer drops them there too, so the end line's live counts agree.
             if (from_signal || e.dev < 0) break;
             for (auto it = live_.begin(); it != live_.end();) {
-                if (it->second.dev != e.dev) {
+                if (it->second.dev != e.dev || (it->second.pooled && it->second.ctx != e.ctx)) {
                     ++it;
                     continue;
                 }

@@ -211,6 +211,8 @@ class event_log {
         uint64_t size, asize;
         int16_t dev;
         mem_kind kind;
+        bool pooled;
+        uint8_t ctx;  // a pooled block's pool ("ctx"): only its own context_reset drops it
     };
     // Live allocations, consumer only.  VMM handles live in their own map: a handle can equal an address.
     std::unordered_map<uint64_t, live_entry> live_, live_vmm_;

@@ -125,7 +125,7 @@ static_assert(sizeof(k_mem_kind_names) / sizeof(k_mem_kind_names[0]) == size_t(m
     X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", none) \
     X(cuGreenCtxDestroy, "cuGreenCtxDestroy", none)
 
-enum class api_id : uint16_t {
+enum class api_id : uint8_t {  // 8 bits: the event's spare byte went to "ctx"
 #define GPUMEM_X(id, name, kind) id,
     GPUMEM_API_LIST(GPUMEM_X)
 #undef GPUMEM_X
@@ -227,6 +227,9 @@ struct event {
     api_id api;
     pool_id pool;
     uint8_t flags;     // event_flags
+    // "ctx": which pool of the device a pool event is from, one per context: its ordinal among the
+    // device's pools, 0 for the first made (pool_registry::find_or_create); 0 for other events.
+    uint8_t ctx;
     union {            // which one: by `ev`, as core/log_fields.h's "carried by" says
         block_fields b;
         pool_state p;

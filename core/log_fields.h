@@ -63,6 +63,8 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
           GPUMEM_K(context_reset) | GPUMEM_K(reuse_safe),                                                 \
       GPUMEM_K(alloc) | GPUMEM_K(free) | GPUMEM_K(alloc_fail) | k_kinds_segment | k_kinds_pool_state |    \
           GPUMEM_K(reuse_safe))                                                                           \
+    X(ctx, "ctx", u64, k_kinds_segment | k_kinds_pool_state | GPUMEM_K(pool_sync) | GPUMEM_K(context_reset) |  \
+          GPUMEM_K(reuse_safe), 0)                                                                        \
     X(api, "api", api, k_kinds_alloc_free | k_kinds_vm | k_kinds_segment | GPUMEM_K(oom) | GPUMEM_K(reuse_safe), \
       GPUMEM_K(alloc) | GPUMEM_K(free) | GPUMEM_K(alloc_fail) | GPUMEM_K(reuse_safe))                     \
     X(kind, "kind", mem_kind, k_kinds_alloc_free, GPUMEM_K(alloc) | GPUMEM_K(free))                       \

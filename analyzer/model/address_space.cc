@@ -36,11 +36,11 @@ address_space::pend_rule address_space::pending_rule() {
     return rule_;
 }
 
-// "auto" switches each device on its own reuse_safe event.
-bool address_space::pends(const device_state& d) {
+// "auto" switches each pool on its own reuse_safe event.
+bool address_space::pends(const pool_part& p) {
     switch (pending_rule()) {
     case pend_rule::never: return false;
-    case pend_rule::after_reuse_safe: return d.reuse_safe;
+    case pend_rule::after_reuse_safe: return p.reuse_safe;
     default: return true;
     }
 }
@@ -193,7 +193,7 @@ void address_space::check_plain_overlap(const log_event& e, uint64_t line) {
 }
 
 bool address_space::place_block(segment& s, uint64_t base, uint64_t p, uint64_t asz, uint64_t line) {
-    device_state& d = dev(s.dev);
+    gap_set& gaps = s.part->gaps;
     uint64_t end = base + s.size;
     if (p < base || p > end || asz > end - p) {
         checks_.inconsistent(line, "pooled block [" + hex(p) + ", +" + std::to_string(asz) + ") lies outside segment [" +
@@ -219,9 +219,9 @@ bool address_space::place_block(segment& s, uint64_t base, uint64_t p, uint64_t 
                                        occupant(s, base, other) + " in segment " + hex(base));
         return false;
     }
-    d.gaps.remove(next_start - prev_end);
-    d.gaps.add(p - prev_end);
-    d.gaps.add(next_start - (p + asz));
+    gaps.remove(next_start - prev_end);
+    gaps.add(p - prev_end);
+    gaps.add(next_start - (p + asz));
     s.blocks.emplace_hint(at, p, asz);
     return true;
 }
@@ -231,12 +231,12 @@ void address_space::unplace_block(segment& s, uint64_t base, uint64_t p) {
     if (it == s.blocks.end()) return;
     uint64_t asz = it->second;
     auto after = s.blocks.erase(it);
-    device_state& d = dev(s.dev);
+    gap_set& gaps = s.part->gaps;
     uint64_t next_start = after == s.blocks.end() ? base + s.size : after->first;
     uint64_t prev_end = after == s.blocks.begin() ? base : std::prev(after)->first + std::prev(after)->second;
-    d.gaps.remove(p - prev_end);
-    d.gaps.remove(next_start - (p + asz));
-    d.gaps.add(next_start - prev_end);
+    gaps.remove(p - prev_end);
+    gaps.remove(next_start - (p + asz));
+    gaps.add(next_start - prev_end);
 }
 
 void address_space::on_free(const log_event& e, uint64_t line) {
@@ -262,10 +262,11 @@ void address_space::on_free(const log_event& e, uint64_t line) {
     obs_.before_change(ad);
     if (a.pooled) {
         if (auto* const* sit = segment_at_.find(a.seg)) {
-            if (pends(ad)) {
+            // The block's segment names its pool: the pool_sync that releases it is that pool's.
+            if (pool_part& pp = *(*sit)->second.part; pends(pp)) {
                 // docs/pool.md: a freed block stays in place, neither allocated nor free, until
                 // a pool_sync releases it; counting it as free would misjudge fragmentation.
-                ad.pending.push_back({a.seg, e.ptr});
+                pp.pending.push_back({a.seg, e.ptr});
                 obs_.pending_added(ad, a.asize, e, line);
             } else {
                 unplace_block((*sit)->second, (*sit)->first, e.ptr);
@@ -309,7 +310,8 @@ void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
                                        ") overlaps a segment that is still held");
         return;
     }
-    auto added = segments_.emplace(e.ptr, segment{e.size, e.dev, e.pool, {}, {}, 0}).first;
+    pool_part& pp = d.pool(e.ctx);
+    auto added = segments_.emplace(e.ptr, segment{e.size, e.dev, e.pool, &pp, {}, {}, 0}).first;
     segment_at_.insert_or_assign(e.ptr, &*added);
     if (mapped < e.size) {
         // The unmapped tail is a hole like one a segment_unmap cut: in `blocks`, so the gaps
@@ -319,10 +321,10 @@ void address_space::on_segment_alloc(const log_event& e, uint64_t line) {
         s.holes.emplace(e.ptr + mapped, hole{e.size - mapped, line, true});
         s.unmapped = e.size - mapped;
     }
-    d.gaps.add(mapped);
-    d.segment_bytes += mapped;
+    pp.gaps.add(mapped);
+    pp.segment_bytes += mapped;
     d.unmapped_bytes += e.size - mapped;
-    ++d.n_segments;
+    ++pp.n_segments;
     obs_.segment_added(d, e, mapped, line);
 }
 
@@ -335,8 +337,9 @@ void address_space::on_segment_free(const log_event& e, uint64_t line) {
     }
     segment& s = it->second;
     device_state& sd = dev(s.dev);
+    pool_part& pp = *s.part;
     obs_.before_change(sd);
-    drop_pending_in(sd, it->first);
+    drop_pending_in(sd, pp, it->first);
     if (s.blocks.size() > s.holes.size()) {
         size_t n_live = 0;
         for (const auto& [p, a] : s.blocks) {
@@ -353,10 +356,10 @@ void address_space::on_segment_free(const log_event& e, uint64_t line) {
                                " pending block(s); they are dropped");
     }
     // The segment's free blocks leave with it (holes are not among them).
-    for_each_gap(it->first, s.size, s.blocks, [&](uint64_t g) { sd.gaps.remove(g); });
-    sd.segment_bytes -= s.size - s.unmapped;
+    for_each_gap(it->first, s.size, s.blocks, [&](uint64_t g) { pp.gaps.remove(g); });
+    pp.segment_bytes -= s.size - s.unmapped;
     sd.unmapped_bytes -= s.unmapped;
-    if (sd.n_segments) --sd.n_segments;
+    if (pp.n_segments) --pp.n_segments;
     obs_.segment_removed(sd, s.size - s.unmapped, s.unmapped);
     segment_at_.erase(it->first);
     segments_.erase(it);
@@ -413,13 +416,14 @@ void address_space::on_segment_unmap(device_state& d, const log_event& e, uint64
     }
     // The segment's device holds its gaps (the event's dev names the same one in any sane log).
     device_state& sd = dev(s.dev);
-    sd.gaps.remove(next_start - prev_end);
-    sd.gaps.add(e.ptr - prev_end);
-    sd.gaps.add(next_start - (e.ptr + e.size));
+    gap_set& gaps = s.part->gaps;
+    gaps.remove(next_start - prev_end);
+    gaps.add(e.ptr - prev_end);
+    gaps.add(next_start - (e.ptr + e.size));
     s.blocks.emplace_hint(at, e.ptr, e.size);
     s.holes.emplace(e.ptr, hole{e.size, line, false});
     s.unmapped += e.size;
-    sd.segment_bytes -= e.size;
+    s.part->segment_bytes -= e.size;
     sd.unmapped_bytes += e.size;
     obs_.segment_unmapped(sd, e, line);
     if (&sd != &d) obs_.changed(sd, e.t, e.seq);
@@ -485,61 +489,60 @@ void address_space::on_segment_map(device_state& d, const log_event& e, uint64_t
     const uint64_t prev_end = first == s.blocks.begin() ? base : std::prev(first)->first + std::prev(first)->second;
     const uint64_t next_start = it == s.blocks.end() ? end : it->first;
     device_state& sd = dev(s.dev);
-    sd.gaps.remove(h0 - prev_end);
-    sd.gaps.remove(next_start - h1);
+    gap_set& gaps = s.part->gaps;
+    gaps.remove(h0 - prev_end);
+    gaps.remove(next_start - h1);
     for (auto h = first; h != it; ++h) s.holes.erase(h->first);
     s.blocks.erase(first, it);
     if (h0 < p) {
         s.blocks.emplace(h0, p - h0);
         s.holes.emplace(h0, hole{p - h0, head.line, head.initial});
-        sd.gaps.add(h0 - prev_end);  // the free block before the hole stays as it was
+        gaps.add(h0 - prev_end);  // the free block before the hole stays as it was
     }
     if (q < h1) {
         s.blocks.emplace(q, h1 - q);
         s.holes.emplace(q, hole{h1 - q, tail.line, tail.initial});
-        sd.gaps.add(next_start - h1);
+        gaps.add(next_start - h1);
     }
     // The mapped range, merged with the free block before it when no hole is left between them,
     // and with the one after it likewise.
-    sd.gaps.add((q < h1 ? q : next_start) - (h0 < p ? p : prev_end));
+    gaps.add((q < h1 ? q : next_start) - (h0 < p ? p : prev_end));
     s.unmapped -= e.size;
-    sd.segment_bytes += e.size;
+    s.part->segment_bytes += e.size;
     sd.unmapped_bytes -= e.size;
     obs_.segment_mapped(sd, e, line);
     if (&sd != &d) obs_.changed(sd, e.t, e.seq);
 }
 
-// A context synchronize: every pending block of the device becomes free and merges with its
-// free neighbours.  A release by fences ("fence"): the first `count` pending blocks, in free
-// order (the pool fences its frees in that order).
+// A context synchronize: every pending block of the pool ("ctx") becomes free and merges with
+// its free neighbours.  A release by fences ("fence"): the first `count` pending blocks, in free
+// order (the pool fences its frees in that order).  Another pool of the device keeps its own.
 void address_space::on_pool_sync(device_state& d, const log_event& e, uint64_t line) {
-    const bool prefix = e.fence && e.has(fd_count) && e.count <= d.pending.size();
-    if (!prefix && e.has(fd_count) && pends(d) && e.count != d.pending.size() && !checks_.lenient())
+    pool_part& p = d.pool(e.ctx);
+    auto& pending = p.pending;
+    const bool prefix = e.fence && e.has(fd_count) && e.count <= pending.size();
+    if (!prefix && e.has(fd_count) && pends(p) && e.count != pending.size() && !checks_.lenient())
         checks_.warn(line, "pool_sync releases " + std::to_string(e.count) + " frees; the reconstruction has " +
-                               std::to_string(d.pending.size()) + " pending");
-    if (!prefix) {
-        for (const auto& [seg, ptr] : d.pending)
-            if (auto* const* sit = segment_at_.find(seg)) unplace_block((*sit)->second, (*sit)->first, ptr);
-        d.pending.clear();
-        obs_.pending_cleared(d);
-        return;
-    }
-    const size_t n = size_t(e.count);
-    for (size_t i = 0; i < n; ++i) {
-        const auto& [seg, ptr] = d.pending[i];
-        if (auto* const* sit = segment_at_.find(seg)) {
-            auto b = (*sit)->second.blocks.find(ptr);
-            if (b != (*sit)->second.blocks.end()) obs_.pending_removed(d, b->second);
-            unplace_block((*sit)->second, (*sit)->first, ptr);
-        }
-    }
-    d.pending.erase(d.pending.begin(), d.pending.begin() + ptrdiff_t(n));
-    if (d.pending.empty()) obs_.pending_cleared(d);
+                               std::to_string(pending.size()) + " pending");
+    const size_t n = prefix ? size_t(e.count) : pending.size();
+    for (size_t i = 0; i < n; ++i) release_pending(d, pending[i].first, pending[i].second);
+    pending.erase(pending.begin(), pending.begin() + ptrdiff_t(n));
+    if (!d.any_pending()) obs_.pending_cleared(d);
 }
 
-// "auto": from this event on the device's pooled frees pend until a pool_sync.  The pool logs
-// it once per device (a second one, or one in a log not in auto mode, changes nothing), then
-// usually a pool_sync with count 0 (the drain), which the per-device count check covers.
+// A pending block of d becomes free (a pool_sync released it).
+void address_space::release_pending(device_state& d, uint64_t seg, uint64_t ptr) {
+    if (auto* const* sit = segment_at_.find(seg)) {
+        auto b = (*sit)->second.blocks.find(ptr);
+        if (b != (*sit)->second.blocks.end()) obs_.pending_removed(d, b->second);
+        unplace_block((*sit)->second, (*sit)->first, ptr);
+    }
+}
+
+// "auto": from this event on the pool's frees pend until a pool_sync.  The pool logs it once (a
+// second one, or one in a log not in auto mode, changes nothing), then usually a pool_sync with
+// count 0 (the drain), which the per-pool count check covers.  Each pool of a device has its own;
+// the device's report names the first.
 void address_space::on_reuse_safe(device_state& d, const log_event& e, uint64_t line) {
     const std::string& api = names_.api_name(e.api);
     if (pending_rule() != pend_rule::after_reuse_safe) {
@@ -551,21 +554,23 @@ void address_space::on_reuse_safe(device_state& d, const log_event& e, uint64_t 
         checks_.warn(line, "reuse_safe (" + api + ") on device " + std::to_string(d.dev) + why + "; ignored");
         return;
     }
-    if (d.reuse_safe) {
+    pool_part& p = d.pool(e.ctx);
+    if (p.reuse_safe) {
         checks_.warn(line, "reuse_safe (" + api + ") on device " + std::to_string(d.dev) +
-                               ", which is in safe reuse since seq " + std::to_string(d.reuse_safe_seq) +
-                               " (line " + std::to_string(d.reuse_safe_line) + "); ignored");
+                               (e.ctx ? " (ctx " + std::to_string(e.ctx) + ")" : std::string()) +
+                               ", which is in safe reuse since seq " + std::to_string(p.reuse_safe_seq) +
+                               " (line " + std::to_string(p.reuse_safe_line) + "); ignored");
         return;
     }
-    d.reuse_safe = true;
-    d.reuse_safe_seq = e.seq;
-    d.reuse_safe_line = line;
-    obs_.reuse_safe(d, e, line);
+    p.reuse_safe = true;
+    p.reuse_safe_seq = e.seq;
+    p.reuse_safe_line = line;
+    if (!d.rep.reuse_safe) obs_.reuse_safe(d, e, line);
 }
 
-// Pending blocks of the segment at `base` are forgotten (the segment is going away).
-void address_space::drop_pending_in(device_state& d, uint64_t base) {
-    auto& v = d.pending;
+// Pending blocks of the segment at `base` (of pool p on d) are forgotten (the segment is going away).
+void address_space::drop_pending_in(device_state& d, pool_part& p, uint64_t base) {
+    auto& v = p.pending;
     for (auto it = v.begin(); it != v.end();) {
         if (it->first == base) {
             auto sit = segments_.find(base);
@@ -580,33 +585,50 @@ void address_space::drop_pending_in(device_state& d, uint64_t base) {
     }
 }
 
-void address_space::rebuild_gaps(device_state& d) {
-    d.gaps.clear();
-    for (const auto& [base, s] : segments_)
-        if (s.dev == d.dev) for_each_gap(base, s.size, s.blocks, [&](uint64_t g) { d.gaps.add(g); });
-}
-
-// A context reset: the device's (or, without dev, every pooled) allocation and segment is gone.
+// A context reset (docs/log-format.md, rule 6): its pool's segments and blocks are gone, and the
+// device's allocations outside the pools (the log does not say which context made them).  Without
+// "dev", every pooled allocation and segment of every device.
 void address_space::drop_device_state(int only_dev, const log_event& e) {
+    const pool_part* reset = nullptr;  // the pool whose context ended, when it has a part
+    if (only_dev >= 0)
+        if (auto d = devs_.find(only_dev); d != devs_.end())
+            if (auto p = d->second.pools.find(e.ctx); p != d->second.pools.end()) reset = &p->second;
+    auto gone = [&](const segment& s) { return only_dev < 0 || s.part == reset; };
     for (auto& [k, d] : devs_)
-        if (only_dev < 0 || k == only_dev) obs_.before_change(d);
+        if (only_dev < 0 || k == only_dev) {
+            obs_.before_change(d);
+            // Its pending blocks first, while their segments still say their sizes.
+            for (auto& [c, p] : d.pools)
+                if (only_dev < 0 || &p == reset) {
+                    for (const auto& [seg, ptr] : p.pending)
+                        if (auto* const* sit = segment_at_.find(seg))
+                            if (auto b = (*sit)->second.blocks.find(ptr); b != (*sit)->second.blocks.end())
+                                obs_.pending_removed(d, b->second);
+                    p.pending.clear();
+                }
+        }
     std::vector<uint64_t> dropped;  // erased after the walk: erase moves entries
-    for (const auto& [ptr, a] : live_)
-        if (only_dev < 0 ? a.pooled : a.dev == only_dev) {
+    for (const auto& [ptr, a] : live_) {
+        bool dies = only_dev < 0 ? a.pooled : a.dev == only_dev && !a.pooled;
+        if (a.pooled && only_dev >= 0)
+            if (auto* const* sit = segment_at_.find(a.seg)) dies = gone((*sit)->second);
+        if (dies) {
             release(a, false);
             dropped.push_back(ptr);
         }
+    }
     for (uint64_t ptr : dropped) {
         live_.erase(ptr);
         plain_ranges_.erase(ptr);
     }
     for (auto it = segments_.begin(); it != segments_.end();) {
-        if (only_dev < 0 || it->second.dev == only_dev) {
+        if (gone(it->second)) {
             device_state& d = dev(it->second.dev);
+            pool_part& p = *it->second.part;
             const uint64_t held = it->second.size - it->second.unmapped;
-            d.segment_bytes -= held;
+            p.segment_bytes -= held;
             d.unmapped_bytes -= it->second.unmapped;
-            if (d.n_segments) --d.n_segments;
+            if (p.n_segments) --p.n_segments;
             obs_.segment_removed(d, held, it->second.unmapped);
             segment_at_.erase(it->first);
             it = segments_.erase(it);
@@ -616,9 +638,9 @@ void address_space::drop_device_state(int only_dev, const log_event& e) {
     }
     for (auto& [k, d] : devs_)
         if (only_dev < 0 || k == only_dev) {
-            d.pending.clear();
-            obs_.pending_cleared(d);
-            rebuild_gaps(d);  // segments are gone; the gaps are what remains on the device
+            for (auto& [c, p] : d.pools)
+                if (only_dev < 0 || &p == reset) p.gaps.clear();  // its segments went, their free blocks too
+            if (!d.any_pending()) obs_.pending_cleared(d);
             obs_.changed(d, e.t, e.seq);
         }
 }
@@ -652,7 +674,8 @@ void address_space::fill_snapshot(device_state& d, state_snapshot& s, const line
     s.external_fragmentation = d.frag();
     s.unmapped = d.unmapped_bytes;
     std::unordered_map<uint64_t, bool> pend;
-    for (const auto& pr : d.pending) pend[pr.second] = true;
+    for (const auto& [c, p] : d.pools)
+        for (const auto& pr : p.pending) pend[pr.second] = true;
     for (const auto& [base, sg] : segments_) {
         if (sg.dev != d.dev) continue;
         segment_view v;

@@ -3,6 +3,7 @@
 // what changed to a model_observer (the metrics) and what does not add up to a model_checks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -35,10 +36,13 @@ struct hole {
     bool initial;         // from segment_alloc's asize: never mapped yet (for messages)
 };
 
+struct pool_part;
+
 struct segment {
     uint64_t size;
     int32_t dev;
     pool_id pool;
+    pool_part* part;  // the device's pool that holds it (its segment_alloc's "ctx")
     // ptr -> asize of every occupied range: live and pending blocks, and holes.  A hole is kept
     // here too, so the gaps between entries are exactly the free blocks (a hole is not free).
     std::map<uint64_t, uint64_t> blocks;
@@ -46,25 +50,53 @@ struct segment {
     uint64_t unmapped = 0;           // Σ hole sizes: size - unmapped is what the segment holds
 };
 
+// One pool of a device: a context's, as the pool's events name it ("ctx", 0 for the device's
+// first).  Its free gaps, pending frees and reuse switch are its own: a pool_sync or reuse_safe
+// changes only this pool, and a stats line describes only it (docs/log-format.md).
+struct pool_part {
+    gap_set gaps;  // the free blocks of its segments
+    std::vector<std::pair<uint64_t, uint64_t>> pending;  // (segment base, block ptr), in free order
+    uint64_t segment_bytes = 0;  // Σ held segment sizes less their holes: the pool's own "reserved"
+    uint64_t n_segments = 0;
+    bool reuse_safe = false;  // config.reuse "auto": this pool's frees pend from now on
+    uint64_t reuse_safe_seq = 0, reuse_safe_line = 0;
+};
+
 // One device as the model sees it, and the report the metrics fill for it (the model writes only
 // rep.dev).  `slot` numbers devices densely in the order they appear, so a metric can keep its own
-// per-device state in a vector.
+// per-device state in a vector.  Its free blocks are those of all its pools.
 struct device_state {
     int dev = -1;
     uint32_t slot = 0;
     device_report rep;
-    gap_set gaps;
-    std::vector<std::pair<uint64_t, uint64_t>> pending;  // (segment base, block ptr), in free order
-    uint64_t segment_bytes = 0;  // Σ held segment sizes less their holes: the pool's own "reserved"
+    std::map<uint64_t, pool_part> pools;  // by "ctx"; nodes do not move, so segments point at them
     uint64_t unmapped_bytes = 0; // Σ holes of held segments (address space without memory)
-    uint64_t n_segments = 0;
-    bool reuse_safe = false;  // config.reuse "auto": this device's pooled frees pend from now on
-    uint64_t reuse_safe_seq = 0, reuse_safe_line = 0;
 
-    uint64_t largest_free() { return gaps.largest(); }
-    uint64_t free_total() const { return gaps.total(); }
-    uint64_t n_gaps() const { return gaps.count(); }
-    double frag() { return gaps.total() ? 1.0 - double(largest_free()) / double(gaps.total()) : 0.0; }
+    pool_part& pool(uint64_t ctx) { return pools[ctx]; }
+    uint64_t largest_free() {
+        uint64_t m = 0;
+        for (auto& [c, p] : pools) m = std::max(m, p.gaps.largest());
+        return m;
+    }
+    uint64_t free_total() const {
+        uint64_t n = 0;
+        for (const auto& [c, p] : pools) n += p.gaps.total();
+        return n;
+    }
+    uint64_t n_gaps() const {
+        uint64_t n = 0;
+        for (const auto& [c, p] : pools) n += p.gaps.count();
+        return n;
+    }
+    bool any_pending() const {
+        for (const auto& [c, p] : pools)
+            if (!p.pending.empty()) return true;
+        return false;
+    }
+    double frag() {
+        const uint64_t total = free_total();
+        return total ? 1.0 - double(largest_free()) / double(total) : 0.0;
+    }
 };
 
 // What the model tells about each change, in the order it happens.  Every call comes from
@@ -153,8 +185,8 @@ public:
     // The model's part of a snapshot of d: gaps, segment map, largest live blocks.
     void fill_snapshot(device_state& d, state_snapshot& s, const line_parser& names) const;
     static block_view view(uint64_t ptr, const live_alloc& a, const line_parser& names);
-    // Whether a pooled free on d pends right now (docs/log-format.md, rebuilding the layout).
-    bool pends(const device_state& d);
+    // Whether a pooled free in pool p pends right now (docs/log-format.md, rebuilding the layout).
+    bool pends(const pool_part& p);
 
 private:
     device_state& add_device(int d);
@@ -170,10 +202,10 @@ private:
     void on_segment_map(device_state& d, const log_event& e, uint64_t line);
     std::string occupant(const segment& s, uint64_t base, uint64_t p) const;
     void on_pool_sync(device_state& d, const log_event& e, uint64_t line);
+    void release_pending(device_state& d, uint64_t seg, uint64_t ptr);
     void on_reuse_safe(device_state& d, const log_event& e, uint64_t line);
-    void drop_pending_in(device_state& d, uint64_t base);
+    void drop_pending_in(device_state& d, pool_part& p, uint64_t base);
     void drop_device_state(int only_dev, const log_event& e);
-    void rebuild_gaps(device_state& d);
 
     const process_report& proc_;  // the header: config.pool and config.reuse
     const line_parser& names_;    // API names, for warnings

@@ -66,7 +66,8 @@ void log_checker::check_order_slow(const order_finding& f, const log_event& e, u
 void log_checker::after_event_slow(address_space& model, const log_event& e, uint64_t line) {
     switch (e.ev) {
     case ev_kind::stats: {
-        device_state& d = model.dev(e.dev);
+        // The line is one pool's ("ctx"): the device's other pools are not in it.
+        pool_part& d = model.dev(e.dev).pool(e.ctx);
         // The pool's own account of reserved bytes and segments must match the reconstruction;
         // a difference means events are missing or the recorder and analyzer disagree.
         bool seg_ok = !e.has(fd_segments) || e.segments == d.n_segments;
@@ -77,12 +78,12 @@ void log_checker::after_event_slow(address_space& model, const log_event& e, uin
                            std::to_string(d.segment_bytes) + " in " + std::to_string(d.n_segments));
         // Its free blocks too: holes (segment_unmap, an arena segment_alloc's unmapped rest) and pending
         // blocks are in neither count.
-        bool blocks_ok = !e.has(fd_free_blocks) || e.free_blocks == d.n_gaps();
-        bool largest_ok = !e.has(fd_largest_free) || e.largest_free == d.largest_free();
+        bool blocks_ok = !e.has(fd_free_blocks) || e.free_blocks == d.gaps.count();
+        bool largest_ok = !e.has(fd_largest_free) || e.largest_free == d.gaps.largest();
         if (seg_ok && res_ok && (!blocks_ok || !largest_ok) && stats_mismatch_warnings_++ < 3)
             warn(line, "the pool reports " + std::to_string(e.free_blocks) + " free blocks, the largest " +
                            std::to_string(e.largest_free) + " bytes; the reconstruction has " +
-                           std::to_string(d.n_gaps()) + ", the largest " + std::to_string(d.largest_free()));
+                           std::to_string(d.gaps.count()) + ", the largest " + std::to_string(d.gaps.largest()));
         break;
     }
     case ev_kind::lost:

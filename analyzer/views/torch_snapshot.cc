@@ -56,6 +56,7 @@ struct block {
 struct pool_segment {
     uint64_t size;
     pool_id pool;
+    uint64_t ctx;                           // its pool on the device (segment_alloc's "ctx")
     std::map<uint64_t, block> blocks;       // ptr -> block
     std::map<uint64_t, uint64_t> holes;     // ranges without chunks (segment_unmap, asize): start -> size
     bool had_holes;                         // ever: an expandable segment to PyTorch
@@ -111,7 +112,7 @@ class device_export {
             if (segs_.count(e.ptr)) drop_segment(e.ptr, e.t);
             // An arena segment starts with its first asize bytes mapped (the report rejects more).
             const uint64_t mapped = std::min(e.set_aside(), e.size);
-            pool_segment& s = segs_[e.ptr] = pool_segment{e.size, e.pool, {}, {}, mapped < e.size, mapped < e.size};
+            pool_segment& s = segs_[e.ptr] = pool_segment{e.size, e.pool, e.ctx, {}, {}, mapped < e.size, mapped < e.size};
             if (mapped < e.size) s.holes[e.ptr + mapped] = e.size - mapped;
             // An arena is PyTorch's expandable segment, which never writes segment_alloc: its first
             // chunks are a segment_map, so memory_viz's segment timeline counts them (it pairs
@@ -145,24 +146,31 @@ class device_export {
             break;
         }
         case ev_kind::pool_sync:
-            // A release by fences frees the first `count` pending blocks, in free order (as the
-            // report's model reads it, analyzer/model/address_space.cc); a synchronize frees all.
-            if (e.dev == dev_)
-                complete_pending(e.t, e.fence && e.has(fd_count) && e.count <= pending_.size() ? size_t(e.count)
-                                                                                                : pending_.size());
+            // A release by fences frees the first `count` pending blocks of its pool, in free order
+            // (as the report's model reads it, analyzer/model/address_space.cc); a synchronize frees
+            // all of them.
+            if (e.dev == dev_) {
+                pool_pend& p = pools_[e.ctx];
+                complete_pending(p, e.t,
+                                 e.fence && e.has(fd_count) && e.count <= p.pending.size() ? size_t(e.count) : p.pending.size());
+            }
             break;
         case ev_kind::context_reset:
-            // As the report's model: a device's reset drops all its memory, a reset of no device
-            // the pools of every device.
+            // As the report's model: a reset drops its pool's memory and the device's memory outside
+            // the pools, a reset of no device the pools of every device.
             if (e.dev == dev_ || e.dev < 0) {
-                complete_pending(e.t);
-                while (!segs_.empty()) drop_segment(segs_.begin()->first, e.t);
+                for (auto& [c, p] : pools_)
+                    if (e.dev < 0 || c == e.ctx) complete_pending(p, e.t);
+                for (auto it = segs_.begin(); it != segs_.end();) {
+                    const uint64_t base = it++->first;  // drop_segment erases it
+                    if (e.dev < 0 || segs_.at(base).ctx == e.ctx) drop_segment(base, e.t);
+                }
                 if (e.dev == dev_)
                     while (!plain_.empty()) close_whole(plain_, plain_.begin()->first, e.t);
             }
             break;
         case ev_kind::reuse_safe:
-            if (e.dev == dev_) reuse_safe_ = true;
+            if (e.dev == dev_) pools_[e.ctx].reuse_safe = true;
             break;
         case ev_kind::oom:
             if (e.dev != dev_) break;
@@ -243,9 +251,15 @@ class device_export {
         return true;
     }
 
-    bool pends() const {
+    // One pool of the device ("ctx"): its pending frees and its reuse switch.
+    struct pool_pend {
+        std::deque<std::pair<uint64_t, uint64_t>> pending;  // (segment base, block), in free order
+        bool reuse_safe = false;
+    };
+
+    bool pends(const pool_pend& p) const {
         if (rep_.reuse_mode == config_value::reuse_immediate) return false;
-        if (rep_.reuse_mode == config_value::reuse_auto) return reuse_safe_;
+        if (rep_.reuse_mode == config_value::reuse_auto) return p.reuse_safe;
         return true;  // "safe", or a log from before "auto"
     }
 
@@ -415,20 +429,20 @@ class device_export {
         }
         block& k = b->second;
         entry(torch_action::free_requested, e.ptr, k.shown(), k.stream, e.t, k.stack);
-        if (pends()) {
+        if (pool_pend& p = pools_[s->ctx]; pends(p)) {  // the block's segment names its pool
             k.pending = true;
-            pending_.push_back({base, e.ptr});
+            p.pending.push_back({base, e.ptr});
         } else {
             entry(torch_action::free_completed, e.ptr, k.shown(), k.stream, e.t, k.stack);
             s->blocks.erase(b);
         }
     }
 
-    // The first n pending frees complete (all of them by default).
-    void complete_pending(uint64_t t, size_t n = SIZE_MAX) {
-        n = std::min(n, pending_.size());
+    // The first n pending frees of pool p complete (all of them by default).
+    void complete_pending(pool_pend& p, uint64_t t, size_t n = SIZE_MAX) {
+        n = std::min(n, p.pending.size());
         for (size_t i = 0; i < n; ++i) {
-            const auto& [base, ptr] = pending_[i];
+            const auto& [base, ptr] = p.pending[i];
             auto s = segs_.find(base);
             if (s == segs_.end()) continue;
             auto b = s->second.blocks.find(ptr);
@@ -436,7 +450,7 @@ class device_export {
             entry(torch_action::free_completed, ptr, b->second.shown(), b->second.stream, t, b->second.stack);
             s->second.blocks.erase(b);
         }
-        pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(n));
+        p.pending.erase(p.pending.begin(), p.pending.begin() + std::ptrdiff_t(n));
     }
 
     // A segment goes: whatever blocks it still holds end first (only a log missing events has
@@ -554,14 +568,13 @@ class device_export {
     torch_device_summary& sum_;
     torch_snapshot_summary& all_;
     uint64_t time_base_us_ = 0;
-    bool reuse_safe_ = false;
     struct oom_fields {
         uint64_t size, device_free, t;
     };
     bool held_oom_ = false;  // held_: a pool's "oom" line waiting for its alloc_fail
     oom_fields held_{};
     std::map<uint64_t, pool_segment> segs_;
-    std::deque<std::pair<uint64_t, uint64_t>> pending_;  // (segment base, block), in free order
+    std::map<uint64_t, pool_pend> pools_;  // by "ctx"
     std::unordered_map<uint64_t, whole> plain_, maps_;
     struct handle {
         uint32_t stack;

@@ -27,8 +27,8 @@ constexpr size_t k_spare_fences = 64;  // fences waiting at once, and their even
 
 }  // namespace
 
-block_pool::block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device) noexcept
-    : cfg_(cfg), backend_(backend), sink_(sink), device_(int16_t(device)), immediate_(cfg.reuse != reuse_mode::safe) {
+block_pool::block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device, int ordinal) noexcept
+    : cfg_(cfg), backend_(backend), sink_(sink), device_(int16_t(device)), ordinal_(uint8_t(ordinal)), immediate_(cfg.reuse != reuse_mode::safe) {
     try {
         // Fixed capacity: addr_erase/free_erase keep nodes only while it lasts, so they never
         // allocate (they run inside noexcept paths that must not fail halfway).
@@ -200,7 +200,6 @@ void block_pool::emit_block(ev_kind ev, api_id api, const block* b, uint64_t req
     if (!sink_) return;
     event e{};
     e.ev = ev;
-    e.dev = device_;
     e.kind = mem_kind::device;
     e.api = api;
     e.flags = ef_pooled;
@@ -213,14 +212,13 @@ void block_pool::emit_block(ev_kind ev, api_id api, const block* b, uint64_t req
         e.b.asize = b->size;
         e.b.seg = b->seg->base;
     }
-    sink_->emit(e);
+    send(e);
 }
 
 void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept {
     if (!sink_) return;
     event e{};
     e.ev = ev;
-    e.dev = device_;
     e.kind = mem_kind::device;
     e.api = api;
     e.pool = s->pool;
@@ -228,31 +226,29 @@ void block_pool::emit_segment(ev_kind ev, api_id api, const segment* s) noexcept
     e.b.size = s->size;
     // An arena maps only its start at first: asize says how much (docs/log-format.md).
     if (ev == ev_kind::segment_alloc && s->mapped != s->size) e.b.asize = s->mapped;
-    sink_->emit(e);
+    send(e);
 }
 
 void block_pool::emit_chunks(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev) noexcept {
     if (!sink_) return;
     event e{};
     e.ev = ev;
-    e.dev = device_;
     e.kind = mem_kind::device;
     e.api = api;
     e.pool = s->pool;
     e.b.ptr = addr;
     e.b.size = bytes;
     e.b.seg = s->base;
-    sink_->emit(e);
+    send(e);
 }
 
 void block_pool::emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept {
     event e{};
     if (!sink_) return;
     e.ev = ev;
-    e.dev = device_;
     e.api = api;
     e.c.count = count;
-    sink_->emit(e);
+    send(e);
 }
 
 void block_pool::note_wait(uint64_t t0_ns) noexcept {
@@ -278,7 +274,6 @@ void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
     if (!sink_) return;
     event e{};
     e.ev = ev_kind::oom;
-    e.dev = device_;
     e.kind = mem_kind::device;
     e.api = api;
     e.err = k_cuda_oom;
@@ -287,7 +282,7 @@ void block_pool::emit_oom(api_id api, uint64_t size) noexcept {
     if (!exiting_) mem_info(&e.p.gpu_free, &e.p.gpu_total);
     if (!exiting_) note_driver_free(e.p.gpu_free, e.p.gpu_total);
     if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
-    sink_->emit(e);
+    send(e);
 }
 
 // ---- allocation -----------------------------------------------------------------------------
@@ -857,13 +852,12 @@ bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
         if (sink_) {
             event e{};
             e.ev = ev_kind::free_fail;
-            e.dev = device_;
             e.kind = mem_kind::device;
             e.api = api;
             e.flags = ef_pooled;
             e.err = k_cuda_invalid_value;
             e.b.ptr = ptr;
-            sink_->emit(e);
+            send(e);
         }
         return true;
     }
@@ -1185,12 +1179,11 @@ void block_pool::maybe_emit_stats(uint64_t now_ns) noexcept {
     op_lock lk(*this);
     event e{};
     e.ev = ev_kind::stats;
-    e.dev = device_;
     e.p = snapshot_locked();
     if (!exiting_) mem_info(&e.p.gpu_free, &e.p.gpu_total);
     if (!exiting_) note_driver_free(e.p.gpu_free, e.p.gpu_total);
     if (streams_) e.p.streams = uint32_t(std::min<uint64_t>(streams_->count(ctx_), UINT32_MAX));
-    sink_->emit(e);
+    send(e);
 }
 
 // ---- invariants -----------------------------------------------------------------------------

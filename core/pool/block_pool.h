@@ -32,7 +32,9 @@ inline constexpr int k_pool_oom_quiet = -2;  // allocate(quiet_oom): out of memo
 // functions are thread-safe (one mutex) and, except validate(), noexcept.
 class block_pool {
  public:
-    block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device) noexcept;
+    // ordinal: the pool's number among its device's pools, written as each event's "ctx"
+    // (docs/log-format.md): 0 for the device's first.
+    block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device, int ordinal = 0) noexcept;
     ~block_pool();  // frees host bookkeeping only: never calls the backend
     block_pool(const block_pool&) = delete;
     block_pool& operator=(const block_pool&) = delete;
@@ -475,11 +477,18 @@ class block_pool {
     void emit_chunks(api_id api, const segment* s, uint64_t addr, uint64_t bytes, ev_kind ev = ev_kind::segment_unmap) noexcept;
     void emit_simple(ev_kind ev, api_id api, uint64_t count) noexcept;
     void emit_oom(api_id api, uint64_t size) noexcept;
+    // Every event of the pool goes out here, stamped with its device and ordinal ("dev", "ctx").
+    void send(event& e) noexcept {
+        e.dev = device_;
+        e.ctx = ordinal_;
+        sink_->emit(e);
+    }
 
     const pool_config cfg_;
     pool_backend& backend_;
     event_sink* const sink_;
     const int16_t device_;
+    const uint8_t ordinal_;
 
     mutable std::mutex mu_;
     std::map<uint64_t, segment*> segments_;  // by base

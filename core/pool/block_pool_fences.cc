@@ -238,11 +238,10 @@ void block_pool::emit_release(api_id api, size_t n, uint8_t flags) noexcept {
     std::swap(e.c.fence_ns, fence_ns_unlogged_);
     if (!sink_) return;
     e.ev = ev_kind::pool_sync;
-    e.dev = device_;
     e.api = api;
     e.c.count = n;
     e.flags = flags;
-    sink_->emit(e);
+    send(e);
 }
 
 // The first n pending frees (in free order) become free; the fences after them now count from 0.

@@ -45,8 +45,13 @@ pool_registry::slot* pool_registry::find_or_create(uint64_t ctx, bool* full) noe
         if (full) *full = true;
         return nullptr;
     }
+    // Its number among the device's pools, "ctx" on its events: a log's reader keeps each pool's
+    // pending frees and reuse mode apart by it.  Slots are never freed, so numbers never repeat
+    // but for a retired slot's reuse above, after its context_reset.
+    int ordinal = 0;
+    for (int i = 0; i < n; ++i) ordinal += slots_[i].device == dev;
     pool_backend* b = factory_.make_backend(ctx, dev);
-    auto* p = b ? new (std::nothrow) block_pool(*cfg_, *b, sink_, dev) : nullptr;
+    auto* p = b ? new (std::nothrow) block_pool(*cfg_, *b, sink_, dev, ordinal) : nullptr;
     if (!p) {
         delete b;
         return nullptr;

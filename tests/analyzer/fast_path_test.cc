@@ -91,6 +91,7 @@ event random_event(std::mt19937_64& rng, bool full_range) {
     e.kind = mem_kind(rng() % (size_t(mem_kind::count_) + (full_range ? 1 : 0)));
     e.api = api_id(rng() % (size_t(api_id::count_) + 1));  // one past the table writes "unknown"
     e.pool = pool_id(rng() % size_t(pool_id::count_));
+    e.ctx = rng() % 2 ? uint8_t(rng()) : 0;  // written for the pool's kinds when not 0
     e.flags = uint8_t(rng() % 64);  // every flag, the pool_sync ones (fence, waited, ordered) too
     if (e.ev == ev_kind::oom || e.ev == ev_kind::stats) {
         uint64_t* p = &e.p.size;
@@ -362,7 +363,7 @@ TEST_CASE("a failed allocation's stack id is written after its err and read by b
     CHECK(out.err == 2);
 }
 
-TEST_CASE("a pool_sync without wait_ns, fence_ns or ordered reads 0 after one with them, on either path", "[fastpath]") {
+TEST_CASE("a pool_sync without wait_ns, fence_ns, ordered or ctx reads 0 after one with them, on either path", "[fastpath]") {
     // The twins above start every line from a default event; the reader reuses one, so a member
     // the replay sums must be reset by each path (k_reset_fields, parse_json).
     event e;
@@ -373,11 +374,13 @@ TEST_CASE("a pool_sync without wait_ns, fence_ns or ordered reads 0 after one wi
     e.flags = uint8_t(ef_fence | ef_waited | ef_ordered);
     e.c.wait_ns = 777;
     e.c.fence_ns = 555;
+    e.ctx = 3;  // the device's fourth pool; the next line is its first's, which leaves "ctx" out
     const std::string with = format(e);
     e.seq = 2;
     e.flags = ef_fence;
     e.c.wait_ns = 0;
     e.c.fence_ns = 0;
+    e.ctx = 0;
     const std::string without = format(e);
     REQUIRE(with.find("\"wait_ns\":777") != std::string::npos);
     REQUIRE(with.find("\"fence_ns\":555") != std::string::npos);
@@ -396,7 +399,9 @@ TEST_CASE("a pool_sync without wait_ns, fence_ns or ordered reads 0 after one wi
             if (l == &with) CHECK(out.wait_ns == 777);
             if (l == &with) CHECK(out.fence_ns == 555);
             if (l == &with) CHECK(out.ordered);
+            if (l == &with) CHECK(out.ctx == 3);
         }
+        CHECK(out.ctx == 0);  // read as the first pool's, not the line before's
         CHECK(out.wait_ns == 0);
         CHECK(out.fence_ns == 0);
         CHECK_FALSE(out.ordered);  // a flag is reset per line too

@@ -746,6 +746,61 @@ TEST_CASE("auto reuse: a context reset keeps the device in safe reuse", "[scenar
     CHECK(r.devices[0].pending.current == 1024);
 }
 
+// docs/log-format.md, "ctx": two contexts' pools on device 0 (the program's own, the device's
+// first, and the primary context's, ctx 1), each with its own segment, reuse switch and pending
+// frees.  Read per device, as before "ctx", the second reuse_safe was a warning, the fence of
+// pool 1 (count 1) released pool 0's older free, and the allocation after it landed on pool 1's
+// block still pending: the log was refused at line 13.
+TEST_CASE("two pools on a device: each pool's pending frees, reuse switch, stats and reset are its own", "[scenario][reuse]") {
+    const uint64_t s0 = 0x200000, s1 = 0x400000;
+    auto in_pool1 = [](std::string line) { return line.insert(line.find(",\"api\""), ",\"ctx\":1"); };
+    auto stats = [](uint64_t seq, int ctx, uint64_t largest_free) {
+        return "{\"ev\":\"stats\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+               ",\"tid\":1,\"dev\":0" + (ctx ? ",\"ctx\":" + std::to_string(ctx) : std::string()) +
+               ",\"reserved\":4096,\"allocated\":1024,\"requested\":1000,\"largest_free\":" + std::to_string(largest_free) +
+               ",\"free_blocks\":1,\"segments\":1,\"gpu_free\":0,\"gpu_total\":0}\n";
+    };
+    std::string log = header_reuse("auto") + seg_line("segment_alloc", 0, s0, 4096) +
+                      in_pool1(seg_line("segment_alloc", 1, s1, 4096)) + pooled_line("alloc", 2, s0, 1000, 1024, s0) +
+                      pooled_line("alloc", 3, s1, 1000, 1024, s1) +
+                      reuse_safe_line(4) + pool_sync_line(5, 0) +                                  // pool 0 switches
+                      in_pool1(reuse_safe_line(6, 0, "cuStreamCreate")) +                          // pool 1 switches
+                      "{\"ev\":\"pool_sync\",\"seq\":7,\"t\":800,\"tid\":1,\"dev\":0,\"ctx\":1,\"count\":0}\n" +
+                      pooled_line("free", 8, s0, 1000, 1024, s0) +                                // pending in pool 0
+                      pooled_line("free", 9, s1, 1000, 1024, s1) +                                // pending in pool 1
+                      "{\"ev\":\"pool_sync\",\"seq\":10,\"t\":1100,\"tid\":1,\"dev\":0,\"ctx\":1,\"count\":1,\"fence\":true}\n" +
+                      pooled_line("alloc", 11, s1, 1000, 1024, s1) +                              // pool 1's block again
+                      stats(12, 1, 3072) + stats(13, 0, 3072) +  // pool 0: its block pends, 3 KiB free after it
+                      "{\"ev\":\"context_reset\",\"seq\":14,\"t\":1500,\"tid\":1,\"dev\":0,\"ctx\":1,\"count\":0}\n" +
+                      pool_sync_line(15, 1) +  // pool 0's free, still pending after pool 1's reset
+                      end_line(16, 0);
+    temp_file f(log);
+    analyze_options o;
+    REQUIRE(parse_moment("10", o.at));
+    process_report r = analyze_file(f.path, o);
+    INFO((r.warnings.empty() ? std::string() : r.warnings[0]));
+    CHECK(r.n_warnings == 0);
+    const device_report& d = device(r, 0);
+    CHECK(d.reuse_safe_seq == 4);  // the device's first switch
+    CHECK(d.pending.peak == 2048);
+    CHECK(d.pending.current == 0);
+    CHECK(d.n_pool_sync == 3);  // seq 5, 7 and 15; the fence at 10 is counted apart
+    CHECK(d.n_pool_fenced == 1);
+    CHECK(d.end_free_blocks == 1);  // pool 1's segment went with its context: pool 0's is whole again
+    CHECK(d.end_free_in_segments == 4096);
+    // After the fence (seq 10): pool 0's block pends, pool 1's is free again.
+    const state_snapshot& s = d.at_request;
+    CHECK(s.pending == 1024);
+    CHECK(s.allocated == 0);
+    CHECK(s.free_in_segments == 3072 + 4096);
+    CHECK(s.free_blocks == 2);
+    REQUIRE(s.segment_map.size() == 2);
+    CHECK(s.segment_map[0].pending.size() == 1);
+    CHECK(s.segment_map[1].pending.empty());
+    run_result cli = run_gpumem("report --no-progress " + f.path);
+    CHECK(cli.rc == 0);
+}
+
 // Each point of the timeline closes with its last event's values, also once compaction has merged
 // two points into one.  The log is built so the fragmentation after event i is 1/2 when i is odd
 // and 0 when i is even (B alone in the middle of three 1 KiB units leaves two 1 KiB free blocks),

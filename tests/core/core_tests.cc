@@ -1211,6 +1211,28 @@ TEST_CASE("formatter: an arena segment's asize, and the seg of segment_unmap and
     }
 }
 
+TEST_CASE("formatter: a pool event names its pool, ctx, after its device, unless it is the device's first") {
+    for (ev_kind k : {ev_kind::segment_alloc, ev_kind::segment_free, ev_kind::segment_unmap, ev_kind::segment_map, ev_kind::oom,
+                      ev_kind::stats, ev_kind::pool_sync, ev_kind::context_reset, ev_kind::reuse_safe}) {
+        event e{};
+        e.ev = k;
+        e.dev = 3;
+        e.ctx = 2;
+        char buf[k_max_event_line];
+        const std::string line(buf, format_event(e, buf, sizeof buf));
+        INFO(line);
+        CHECK(line.find(",\"dev\":3,\"ctx\":2") != std::string::npos);
+        e.ctx = 0;  // the device's first pool: left out, as in logs from before "ctx"
+        CHECK_FALSE(format(e).contains("ctx"));
+    }
+    // A pooled block's pool is its segment's: its alloc and free lines do not repeat it.
+    event a{};
+    a.ev = ev_kind::alloc;
+    a.flags = ef_pooled;
+    a.ctx = 2;
+    CHECK_FALSE(format(a).contains("ctx"));
+}
+
 // Every member a kind requires (core/log_fields.h) is written for it, so a reader never rejects
 // a line of the recorder's.  "size" on a free excused by "unknown" is not at stake here.
 TEST_CASE("formatter writes every member each kind requires") {

@@ -411,6 +411,37 @@ void two_pools(bool huge) {
     print_counts("");
 }
 
+// Two contexts' pools on one device, frees released by fences (run with GPUMEM_REUSE=safe,
+// GPUMEM_FENCE_BATCH=1, GPUMEM_ORDER_BATCH=0): a block freed in the program's own context (the
+// device's first pool) still pends when the primary context's pool frees its own block and gets it
+// back through a fence.  Read with one pending list per device, that fence released the other
+// context's block.  Then the program's own context ends, while a block of the primary context's
+// pool stays live to the exit: only the ended context's blocks die with it.
+void two_pools_fenced() {
+    CHECK(cuInit(0));
+    CUcontext mine = nullptr, primary = nullptr, popped = nullptr;
+    CHECK(cuCtxCreate(&mine, nullptr, 0, 0));  // current now
+    const size_t mb20 = 20u << 20;
+    CUdeviceptr a = 0, b = 0, c = 0;
+    CHECK(cuMemAlloc(&a, mb20));
+    CHECK(cuDevicePrimaryCtxRetain(&primary, 0));
+    CHECK(cuCtxPushCurrent(primary));
+    CHECK(cuMemAlloc(&b, mb20));
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuMemFree(a));
+    CHECK(cuCtxPushCurrent(primary));
+    CHECK(cuMemFree(b));
+    CHECK(cuMemAlloc(&c, mb20));
+    printf("reused_in_primary=%d\n", c == b);
+    CHECK(cuMemFree(c));
+    CUdeviceptr kept = 0, dies = 0;
+    CHECK(cuMemAlloc(&kept, 4096));  // live at exit: a leak
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuMemAlloc(&dies, 4096));  // freed by the driver with its context
+    CHECK(cuCtxDestroy(mine));
+    print_counts("");
+}
+
 // CUDA arrays and the device malloc heap, after the program freed 192 MiB into the pool (of a
 // 256 MiB device): cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate of 192 MiB, and
 // cuCtxSetLimit of a 192 MiB heap.  Without gpumem each is served.
@@ -1361,6 +1392,7 @@ int main(int argc, char** argv) {
     else if (s == "retry-ptsz") retry_ptsz();
     else if (s == "context-create") context_create();
     else if (s == "two-pools") two_pools(argc > 2 && !strcmp(argv[2], "huge"));
+    else if (s == "two-pools-fenced") two_pools_fenced();
     else if (s == "green-end") green_end();
     else if (s == "green-pool") green_pool();
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -1381,7 +1413,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -10,6 +10,13 @@ namespace {
 
 uint64_t hex(const json& j) { return std::stoull(j.get<std::string>(), nullptr, 16); }
 
+// Lines of the device's pool numbered c ("ctx", absent for 0).
+size_t count_ctx(const std::vector<json>& ls, uint64_t c) {
+    size_t n = 0;
+    for (auto& j : ls) n += j.value("ctx", uint64_t(0)) == c;
+    return n;
+}
+
 // `gpumem report --json` on a log, parsed (the command must succeed).
 json report_json(const std::string& log) {
     std::string cmd = std::string(GPUMEM_CLI) + " report --json '" + log + "' 2>/dev/null";
@@ -30,21 +37,35 @@ uint64_t num(const std::map<std::string, std::string>& m, const std::string& k) 
 }
 
 // Rebuilds every segment's block layout from the log alone, following docs/pool.md, and fails on
-// the first event that does not fit the layout so far.  Frees pend (safe reuse) unless the header
-// says immediate, or auto before the log's reuse_safe event.
+// the first event that does not fit the layout so far.  Each pool of a device (its events' "ctx")
+// is its own: frees pend (safe reuse) unless the header says immediate, or auto before the pool's
+// reuse_safe event, and a pool_sync or context_reset touches only its pool.
 struct layout_rebuild {
     enum state { free_b, allocated, pending, unmapped };
     struct blk {
         uint64_t size;
         state st;
     };
+    using pool_key = std::pair<int, uint64_t>;  // dev, ctx
+    struct pool {
+        std::vector<uint64_t> pending_order;  // pending blocks in free order
+        bool immediate = false;
+    };
     std::map<uint64_t, uint64_t> segments;           // base -> size
+    std::map<uint64_t, pool_key> seg_pool;           // base -> its pool
     std::map<uint64_t, blk> blocks;                  // addr -> block, all segments
-    uint64_t unmapped_bytes = 0;                     // VMM chunks given back inside held segments
+    std::map<pool_key, pool> pools;
     std::string error;
     uint64_t n_alloc = 0, n_free = 0, n_sync = 0, n_fence = 0, n_reuse_safe = 0;
-    std::vector<uint64_t> pending_order;  // pending blocks in free order
-    bool immediate = false;
+    bool start_immediate = false;  // the header's mode, each pool's until its reuse_safe
+
+    static pool_key key_of(const json& j) { return {j.value("dev", -1), j.value("ctx", uint64_t(0))}; }
+    pool& pool_at(const pool_key& k) { return pools.try_emplace(k, pool{{}, start_immediate}).first->second; }
+    // The pool of the segment holding a, if any.
+    pool_key pool_of_addr(uint64_t a) const {
+        auto it = seg_pool.find(segment_of(a));
+        return it == seg_pool.end() ? pool_key{-2, 0} : it->second;
+    }
 
     uint64_t segment_of(uint64_t a) const {
         auto it = segments.upper_bound(a);
@@ -75,10 +96,11 @@ struct layout_rebuild {
         const std::string ev = j["ev"];
         if (ev == "header") {
             const std::string mode = j["config"].value("reuse", "safe");
-            immediate = mode == "immediate" || mode == "auto";
+            start_immediate = mode == "immediate" || mode == "auto";
         } else if (ev == "reuse_safe") {
-            if (!immediate) error = "reuse_safe while already safe: " + j.dump();
-            immediate = false;
+            pool& pl = pool_at(key_of(j));
+            if (!pl.immediate) error = "reuse_safe while already safe: " + j.dump();
+            pl.immediate = false;
             ++n_reuse_safe;
         } else if (ev == "segment_alloc") {
             // An arena segment maps only its first asize bytes: the rest starts unmapped.
@@ -86,22 +108,23 @@ struct layout_rebuild {
             if (segment_of(b) || segment_of(b + s - 1)) error = "segment overlaps another: " + j.dump();
             if (m > s) error = "segment_alloc maps more than its size: " + j.dump();
             segments[b] = s;
+            seg_pool[b] = key_of(j);
+            pool_at(key_of(j));
             if (m) blocks[b] = {m, free_b};
-            if (m < s) {
-                blocks[b + m] = {s - m, unmapped};
-                unmapped_bytes += s - m;
-            }
+            if (m < s) blocks[b + m] = {s - m, unmapped};
         } else if (ev == "segment_free") {
             // A segment of free blocks and (virtual memory) unmapped ranges only.
             uint64_t b = hex(j["ptr"]);
             if (!segments.count(b)) error = "segment_free of no segment: " + j.dump();
+            else if (seg_pool[b] != key_of(j)) error = "segment_free by another pool: " + j.dump();
             const uint64_t end = b + segments[b];
             for (auto it = blocks.find(b); it != blocks.end() && it->first < end;) {
-                if (it->second.st == unmapped) unmapped_bytes -= it->second.size;
-                else if (it->second.st != free_b) error = "segment_free of a segment with live blocks: " + j.dump();
+                if (it->second.st != free_b && it->second.st != unmapped)
+                    error = "segment_free of a segment with live blocks: " + j.dump();
                 it = blocks.erase(it);
             }
             segments.erase(b);
+            seg_pool.erase(b);
         } else if (ev == "segment_unmap") {
             // Whole chunks inside one free block of a held segment: free head, unmapped, free tail.
             uint64_t p = hex(j["ptr"]), n = j["size"].get<uint64_t>(), seg = hex(j["seg"]);
@@ -119,7 +142,6 @@ struct layout_rebuild {
             if (a < p) it->second.size = p - a;
             blocks[p] = {n, unmapped};
             if (p + n < end) blocks[p + n] = {end - p - n, free_b};
-            unmapped_bytes += n;
         } else if (ev == "segment_map") {
             // Chunks mapped into unmapped ranges of a held segment (touching ones count as one):
             // unmapped head, free (merged with free neighbours), unmapped tail.
@@ -145,7 +167,6 @@ struct layout_rebuild {
             if (p + n < h1) blocks[p + n] = {h1 - p - n, unmapped};
             blocks[p] = {n, free_b};
             merge_around(p);
-            unmapped_bytes -= n;
         } else if (ev == "alloc" && j.value("pooled", false)) {
             ++n_alloc;
             uint64_t p = hex(j["ptr"]), seg = hex(j["seg"]);
@@ -163,11 +184,12 @@ struct layout_rebuild {
             ++n_free;
             uint64_t p = hex(j["ptr"]);
             auto it = blocks.find(p);
+            pool& pl = pool_at(pool_of_addr(p));  // the block's segment names its pool
             if (it == blocks.end() || it->second.st != allocated || it->second.size != j.value("asize", j["size"].get<uint64_t>()))
                 error = "free of no allocated block of that size: " + j.dump();
-            else if (!immediate) {
+            else if (!pl.immediate) {
                 it->second.st = pending;
-                pending_order.push_back(p);
+                pl.pending_order.push_back(p);
             }
             else {
                 it->second.st = free_b;
@@ -176,8 +198,11 @@ struct layout_rebuild {
         } else if (ev == "pool_sync") {
             ++n_sync;
             // One at a time, as the pool does: each released block merges with its free neighbours.
-            // A context sync releases every pending block; a fence the first `count`, in free order.
+            // A context sync releases every pending block of its pool; a fence the first `count`,
+            // in free order.
             std::vector<uint64_t> released;
+            const pool_key k = key_of(j);
+            auto& pending_order = pool_at(k).pending_order;
             if (j.value("fence", false)) {
                 ++n_fence;
                 const uint64_t c = j["count"].get<uint64_t>();
@@ -188,7 +213,7 @@ struct layout_rebuild {
                     if (blocks.count(a) == 0 || blocks[a].st != pending) error = "fence releases a block that is not pending: " + j.dump();
             } else {
                 for (auto& [a, b] : blocks)
-                    if (b.st == pending) released.push_back(a);
+                    if (b.st == pending && pool_of_addr(a) == k) released.push_back(a);
                 pending_order.clear();
             }
             if (released.size() != j["count"].get<uint64_t>()) error = "pool_sync count differs from pending blocks: " + j.dump();
@@ -197,16 +222,31 @@ struct layout_rebuild {
                 merge_around(a);
             }
         } else if (ev == "context_reset") {
-            pending_order.clear();
-            blocks.clear();
-            segments.clear();
-            unmapped_bytes = 0;  // the holes went with their segments
+            // Its pool's segments go, blocks, holes and pending frees with them (without "dev",
+            // every pool's).
+            const pool_key k = key_of(j);
+            const bool all = !j.contains("dev");
+            for (auto& [pk, pl] : pools)
+                if (all || pk == k) pl.pending_order.clear();
+            for (auto it = segments.begin(); it != segments.end();) {
+                if (!all && seg_pool[it->first] != k) {
+                    ++it;
+                    continue;
+                }
+                blocks.erase(blocks.lower_bound(it->first), blocks.lower_bound(it->first + it->second));
+                seg_pool.erase(it->first);
+                it = segments.erase(it);
+            }
         }
     }
-    uint64_t reserved() const {
+    // Bytes mapped in the segments of pool k (every pool's without k): a stats line's "reserved".
+    uint64_t reserved(const pool_key* k = nullptr) const {
         uint64_t r = 0;
-        for (auto& [b, s] : segments) r += s;
-        return r - unmapped_bytes;
+        for (auto& [b, s] : segments)
+            if (!k || seg_pool.at(b) == *k) r += s;
+        for (auto& [a, b] : blocks)
+            if (b.st == unmapped && (!k || pool_of_addr(a) == *k)) r -= b.size;
+        return r;
     }
 };
 
@@ -215,13 +255,22 @@ void check_rebuild(const std::vector<json>& ls, layout_rebuild* out = nullptr) {
     for (auto& j : ls) lr.apply(j);
     INFO(lr.error);
     CHECK(lr.error.empty());
-    // Every stats snapshot's reserved bytes must equal the rebuilt layout's at that point.
+    // Every stats snapshot's reserved bytes must equal its pool's in the rebuilt layout at that point.
     layout_rebuild again;
     for (auto& j : ls) {
         again.apply(j);
-        if (j["ev"] == "stats") CHECK(j["reserved"].get<uint64_t>() == again.reserved());
+        const auto k = layout_rebuild::key_of(j);
+        if (j["ev"] == "stats") CHECK(j["reserved"].get<uint64_t>() == again.reserved(&k));
     }
     if (out) *out = lr;
+}
+
+// `gpumem report` takes the log without a warning: its rebuild (per pool, as check_rebuild's)
+// agrees with every stats line, pool_sync count and the end line.
+void check_report_clean(const std::string& log) {
+    const json proc = report_json(log)["processes"][0];
+    INFO(proc["warnings"].dump());
+    CHECK(proc["n_warnings"] == 0);
 }
 
 void check_complete(const run_result& r, std::vector<json>* ls_out) {
@@ -863,8 +912,10 @@ TEST_CASE("pool: a context made after the program freed the device into the pool
         CHECK(by["cuCtxCreate"] >= 4);  // one give-back for each ABI, at least
         CHECK(by["cuGreenCtxCreate"] >= 1);
         CHECK(ls.back().value("unmatched", -1) == 0);
-        // No check_rebuild: it follows one pool a device, and this log holds two contexts' pools on
-        // device 0 (the program's own and the primary one).
+        // Two contexts' pools on device 0 (the program's own and the primary one), told apart by "ctx".
+        CHECK(count_ctx(ls, 1) > 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
     }
 }
 
@@ -898,6 +949,53 @@ TEST_CASE("pool: a request in one context gets the memory another context's pool
         CHECK(ooms == 0);
         CHECK(fails == 0);
         CHECK(ls.back().value("unmatched", -1) == 0);
+        CHECK(count_ctx(ls, 1) > 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
+TEST_CASE("pool: two contexts' pools on a device are rebuilt apart: a fence in one releases its own free, not the other's") {
+    // The program's own context frees a 20 MiB block (its pool, the device's first, keeps it
+    // pending), then the primary context's pool frees one and gets it back through a fence: a
+    // pool_sync with fence and count 1.  Before the log named the pool ("ctx"), a reader's one
+    // pending list per device released the older free, the other context's, and the allocation
+    // that followed landed on a block still pending: gpumem report refused the log (exit 2).
+    const std::map<std::string, std::string> env = {
+        {"GPUMEM_REUSE", "safe"}, {"GPUMEM_FENCE_BATCH", "1"}, {"GPUMEM_ORDER_BATCH", "0"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"}};
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "two-pools-fenced"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out)["reused_in_primary"] == "1");
+        // The fence's line, the primary context's pool (the second made on device 0).
+        size_t fence = 0;
+        for (size_t i = 0; i < ls.size() && !fence; ++i)
+            if (ls[i]["ev"] == "pool_sync" && ls[i].value("fence", false) && ls[i].value("count", 0) == 1) fence = i;
+        REQUIRE(fence > 0);
+        CHECK(ls[fence].value("ctx", 0) == 1);
+        // Two frees pend on the device when it comes: the first pool's, then the second's.
+        std::vector<uint64_t> ctx_of_frees;
+        for (size_t i = 0; i < fence; ++i)
+            if (ls[i]["ev"] == "free") {
+                const uint64_t seg = hex(ls[i]["seg"]);
+                for (size_t k = 0; k < i; ++k)
+                    if (ls[k]["ev"] == "segment_alloc" && hex(ls[k]["ptr"]) == seg) ctx_of_frees.push_back(ls[k].value("ctx", 0));
+            }
+        CHECK(ctx_of_frees == std::vector<uint64_t>{0, 1});
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+        // The program's own context ended (its pool's context_reset, the device's first: no
+        // "ctx"), and only its block died: the primary context's block stays live, in the end
+        // line and in the report, a leak.  Before, a reset dropped every block of the device.
+        REQUIRE(count_ev(ls, "context_reset") == 1);
+        for (const auto& l : ls)
+            if (l["ev"] == "context_reset") CHECK(l.value("ctx", 0) == 0);
+        CHECK(ls.back()["live_allocs"] == 1);
+        CHECK(report_json(r.logs[0])["processes"][0]["devices"][0]["n_leaks"] == 1);
     }
 }
 
@@ -935,6 +1033,8 @@ TEST_CASE("pool: a request larger than the device fails at once beside another c
         CHECK(fails == 1);
         CHECK(given_for_huge == 0);
         CHECK(ls.back().value("unmatched", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
     }
 }
 
@@ -1185,6 +1285,8 @@ TEST_CASE("pool: a green context's pool gives back what the program freed there 
         for (const auto& l : ls)
             by_destroy |= (l["ev"] == "segment_free" || l["ev"] == "segment_unmap") && l.value("api", "") == "cuGreenCtxDestroy";
         CHECK(by_destroy);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
     }
 }
 

@@ -1,6 +1,7 @@
 // Unit tests of the preload's policy, moved into the core: the context registry and GPUMEM_REUSE=auto's switch, on fake_backend.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -108,6 +109,45 @@ TEST_CASE("registry: a retired context's slot stops matching and is reused for i
     CHECK(f.factory.rebinds == 1);
     CHECK(f.factory.last_rebind == 0x7000);
     CHECK(f.factory.made == 2);
+}
+
+TEST_CASE("registry: each pool's events name its number among its device's pools, kept by a reused slot", "[registry]") {
+    // docs/log-format.md, "ctx": a reader tells two contexts' pools on one device apart by it.
+    fixture f;
+    auto* a = f.reg->find_or_create(0x1000);   // device 0's first pool
+    auto* b = f.reg->find_or_create(0x2000);   // its second
+    f.factory.device = 1;
+    auto* c = f.reg->find_or_create(0x3000);   // device 1's first
+    f.factory.device = 0;
+    auto* d = f.reg->find_or_create(0x4000);   // device 0's third
+    REQUIRE((a && b && c && d));
+    auto ctx_of_segments = [&](block_pool& p) {
+        const size_t from = f.sink.events.size();
+        alloc(p, 4096);
+        std::vector<int> out;
+        for (size_t i = from; i < f.sink.events.size(); ++i)
+            if (f.sink.events[i].ev == ev_kind::segment_alloc || f.sink.events[i].ev == ev_kind::alloc)
+                out.push_back(f.sink.events[i].dev * 100 + f.sink.events[i].ctx);
+        return out;
+    };
+    CHECK(ctx_of_segments(*a->pool) == std::vector<int>{0, 0});
+    CHECK(ctx_of_segments(*b->pool) == std::vector<int>{1, 1});
+    CHECK(ctx_of_segments(*c->pool) == std::vector<int>{100, 100});
+    CHECK(ctx_of_segments(*d->pool) == std::vector<int>{2, 2});
+    // A context's end: its context_reset names its pool; the slot's next context keeps the number.
+    CHECK(f.reg->retire(0x2000));
+    REQUIRE(f.sink.events.back().ev == ev_kind::context_reset);
+    CHECK(f.sink.events.back().ctx == 1);
+    auto* again = f.reg->find_or_create(0x5000);
+    CHECK(again == b);
+    CHECK(ctx_of_segments(*again->pool) == std::vector<int>{1, 1});
+    // The switch to safe reuse: one reuse_safe per pool, each with its own number.
+    f.reg->switch_all_to_safe(api_id::cuStreamCreate);
+    std::vector<int> switched;
+    for (const event& e : f.sink.events)
+        if (e.ev == ev_kind::reuse_safe) switched.push_back(e.dev * 100 + e.ctx);
+    std::sort(switched.begin(), switched.end());
+    CHECK(switched == std::vector<int>{0, 1, 2, 100});
 }
 
 TEST_CASE("registry: the table holds 64 contexts, the 65th passes through", "[registry]") {

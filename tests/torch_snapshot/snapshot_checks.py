@@ -72,8 +72,8 @@ def expected(header, stacks, events, dev):
     and the frames of each allocation in order.  free_completed is left to the replay."""
     c = Counter()
     frames = []
-    handles, maps, holes, seg_size, arena = {}, {}, {}, {}, {}
-    live_pooled, live_plain = set(), set()
+    handles, maps, holes, seg_size, arena, seg_ctx = {}, {}, {}, {}, {}, {}
+    live_pooled, live_plain = {}, set()  # live_pooled: block -> its segment
     oom_pending = None
     for e in events:
         ev, d = e["ev"], e.get("dev", -1)
@@ -82,14 +82,17 @@ def expected(header, stacks, events, dev):
         if ev == "alloc" and kind == "vmm":
             handles[ptr] = (st, d)
         elif ev == "alloc" and d == dev and ptr:
-            (live_pooled if e.get("pooled") else live_plain).add(ptr)
+            if e.get("pooled"):
+                live_pooled[ptr] = int(e["seg"], 16)
+            else:
+                live_plain.add(ptr)
             if not e.get("pooled"):
                 c["segment_alloc"] += 1
             c["alloc"] += 1
             frames.append((ptr, st))
         elif ev == "free" and d == dev and kind != "vmm" and not e.get("unknown"):
             c["free_requested"] += 1
-            live_pooled.discard(ptr)
+            live_pooled.pop(ptr, None)
             live_plain.discard(ptr)
             if not e.get("pooled"):
                 c["free_completed"] += 1
@@ -111,6 +114,7 @@ def expected(header, stacks, events, dev):
             c["segment_map" if arena[ptr] else "segment_alloc"] += mapped > 0
             holes[ptr] = [(ptr + mapped, e["size"] - mapped)] if mapped < e["size"] else []
             seg_size[ptr] = e["size"]
+            seg_ctx[ptr] = e.get("ctx", 0)  # the device's pool it belongs to
         elif ev == "segment_unmap" and d == dev:
             c["segment_unmap"] += 1
             holes[int(e["seg"], 16)].append((ptr, e["size"]))
@@ -118,13 +122,20 @@ def expected(header, stacks, events, dev):
             c["segment_map"] += 1
             holes[int(e["seg"], 16)] = fill(holes[int(e["seg"], 16)], ptr, e["size"])
         elif ev == "context_reset" and d == dev:
-            # Every block and segment of the device ends: live blocks are freed first, and each
-            # pool segment piece by piece.
-            c["free_requested"] += len(live_pooled) + len(live_plain)
+            # The blocks and segments of its pool ("ctx") end, and the device's allocations outside
+            # the pools: live blocks are freed first, and each pool segment piece by piece.
+            gone = {b for b in holes if seg_ctx[b] == e.get("ctx", 0)}
+            dying = [p for p, s in live_pooled.items() if s in gone]
+            c["free_requested"] += len(dying) + len(live_plain)
             c["free_completed"] += len(live_plain)
-            c["segment_free"] += len(live_plain) + sum(pieces(b, seg_size[b], h) for b, h in holes.items() if not arena.get(b))
-            c["segment_unmap"] += sum(pieces(b, seg_size[b], h) for b, h in holes.items() if arena.get(b))
-            live_pooled, live_plain, holes, arena = set(), set(), {}, {}
+            c["segment_free"] += len(live_plain) + sum(pieces(b, seg_size[b], holes[b]) for b in gone if not arena.get(b))
+            c["segment_unmap"] += sum(pieces(b, seg_size[b], holes[b]) for b in gone if arena.get(b))
+            for p in dying:
+                del live_pooled[p]
+            for b in gone:
+                holes.pop(b)
+                arena.pop(b, None)
+            live_plain = set()
         elif ev == "segment_free" and d == dev:
             # One segment_free per mapped piece left between the holes.
             c["segment_unmap" if arena.pop(ptr, False) else "segment_free"] += pieces(ptr, e["size"], holes.pop(ptr, []))

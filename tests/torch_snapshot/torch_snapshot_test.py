@@ -199,6 +199,32 @@ with tempfile.TemporaryDirectory() as d:
         pend = [b["address"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free"]
         check(pend == [S0 + 1024], f"fences: the last free is still pending: {pend}")
 
+    # Two contexts' pools on one device, told apart by "ctx": the second pool's fence completes its
+    # own free, not the first pool's older one, and its context's end takes only its own segment
+    # and live block.  Read per device, the fence completed S0's free and the reset took both.
+    two = [
+        seg("segment_alloc", 0, S0, 20 * MiB),
+        {**seg("segment_alloc", 0, S1, 20 * MiB), "ctx": 1},
+        pooled("alloc", 0, S0, 1024, S0),
+        pooled("alloc", 0, S1, 1024, S1),
+        pooled("free", 0, S0, 1024, S0),
+        pooled("free", 0, S1, 1024, S1),
+        {"ev": "pool_sync", "dev": 0, "ctx": 1, "count": 1, "fence": True},
+        pooled("alloc", 0, S1, 1024, S1),
+        {"ev": "context_reset", "dev": 0, "ctx": 1, "count": 0},
+    ]
+    log = os.path.join(d, "two.jsonl")
+    write_log(log, two, devices=1)
+    r = export(log, os.path.join(d, "two.pickle"))
+    check(r.returncode == 0, f"two pools: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+    if r.returncode == 0:
+        snap = check_snapshot(log, os.path.join(d, "two.pickle"), "two pools", expect_pending={0: 1})
+        done = [e["addr"] for e in snap["device_traces"][0] if e["action"] == "free_completed"]
+        check(done == [S1, S1], f"two pools: the fence completes pool 1's free, the reset its live block: {done}")
+        pend = [b["address"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free"]
+        check(pend == [S0], f"two pools: pool 0's free is still pending: {pend}")
+        check([s["address"] for s in snap["segments"]] == [S0], "two pools: pool 0's segment outlives pool 1's reset")
+
     # Arena segments (log format 4): a segment_alloc that maps only its first asize bytes, grown by
     # segment_map into its hole, a hole unmapped and mapped again, and a segment that mapped nothing
     # at first.  Each map is PyTorch's segment_map, joined to the pieces it touches; at the end the
