@@ -48,13 +48,17 @@ bool is_clash(int err) noexcept { return err == EEXIST || err == ELOOP; }
 // stays so: a reader that stops reading must not hold the writer (and the exit that waits for it)
 // for ever either (write_all bounds the wait).  A device (a tty under flow control, say) blocks
 // as before.  The flag is this open's own: the program's descriptors are untouched.
-int open_existing_sink(const char* path) noexcept {
+// *no_reader: set when it is such a FIFO that nobody has open for reading (ENXIO), for the message.
+int open_existing_sink(const char* path, bool* no_reader = nullptr) noexcept {
     struct stat st;
     if (lstat(path, &st) != 0) return -1;
     bool ok = S_ISCHR(st.st_mode) || (S_ISFIFO(st.st_mode) && st.st_uid == geteuid());
     if (!ok) return -1;
     int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);  // never the process's terminal
-    if (fd < 0) return -1;
+    if (fd < 0) {
+        if (no_reader) *no_reader = errno == ENXIO && S_ISFIFO(st.st_mode);
+        return -1;
+    }
     struct stat got;
     // The name may have been swapped between lstat and open: judge what was opened.
     if (fstat(fd, &got) != 0 || got.st_dev != st.st_dev || got.st_ino != st.st_ino) {
@@ -105,7 +109,8 @@ int open_log_file(const std::string& path, long pid, std::string* used) noexcept
             return fd;
         }
         if (!is_clash(errno)) return -1;
-        if ((fd = open_existing_sink(path.c_str())) >= 0) {
+        bool no_reader = false;
+        if ((fd = open_existing_sink(path.c_str(), &no_reader)) >= 0) {
             *used = path;
             return fd;
         }
@@ -128,7 +133,10 @@ int open_log_file(const std::string& path, long pid, std::string* used) noexcept
             fd = mkostemps(name.data(), int(ext.size()), O_CLOEXEC);
             if (fd < 0) return -1;
         }
-        if (header_names_pid(path.c_str(), pid))
+        if (no_reader)
+            write_stderr({"gpumem: ", path, " is a FIFO with no reader (the log does not wait for one: start the "
+                          "reader first); this process (pid ", decimal(pid), ") writes its log to ", name, "\n"});
+        else if (header_names_pid(path.c_str(), pid))
             write_stderr({"gpumem: ", path, " holds this process's log from before its exec; the new image (pid ",
                           decimal(pid), ") writes its log to ", name, "\n"});
         else

@@ -1122,6 +1122,15 @@ run_arguments)
   expect_in "$W/err" "gpumem run: $W/fifo is a FIFO, not a regular file"
   expect_not_in "$W/err" "CUDA call"
   expect_in "$W/from-fifo.txt" '"ev":"end"'
+  # The same FIFO with no reader yet: the library does not wait for one, and its log goes to
+  # fifo.PID, which run lists.  stderr said "already exists (another process's log, an older log,
+  # or a link)", which sent the user looking for a file that is not there.
+  rm -f "$W"/fifo.*
+  expect_rc 0 "$GPUMEM" run -o "$W/fifo" -- "$EMU/emu_rt_shared_app" train 5
+  expect_in "$W/err" "gpumem: $W/fifo is a FIFO with no reader (the log does not wait for one: start the reader first); this process (pid "
+  expect_not_in "$W/err" "already exists"
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/fifo):"
+  ls "$W"/fifo.*[0-9] > /dev/null 2>&1 || fail "no fifo.PID log beside the FIFO without a reader"
   ;;
 report_from_json)
   # gpumem report on a report JSON prints the same text, HTML, Perfetto trace and warnings as on the
