@@ -38,9 +38,11 @@ void take(const json& j, const char* key, T& out) {
 
 // Validates line 1 and copies what it says about the process into the report.
 // `command`: the gpumem command reading it, for the advice on a compressed file.
-void read_header(std::string_view line, const std::string& path, process_report& rep, const char* command) {
+// `complete`: line 1 ended with a newline.
+void read_header(std::string_view line, bool complete, const std::string& path, process_report& rep, const char* command) {
     if (const char* z = compression_of(line)) throw input_error(path, 1, compressed_log_advice(z, path, command));
     json h = json::parse(line.begin(), line.end(), nullptr, false);
+    if (h.is_discarded() && header_cut_short(line, complete)) throw input_error(path, 1, k_header_cut_short);
     if (h.is_discarded()) throw input_error(path, 1, "line 1 is not JSON: not a gpumem log");
     if (!h.is_object()) throw input_error(path, 1, "line 1 is not a JSON object: not a gpumem log");
     auto ev = h.find(k_log_fields[size_t(log_field::ev)].name);
@@ -128,7 +130,7 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
     bool complete = true;
     if (!src.next(line, complete))
         throw input_error(path, 0, "empty file: a gpumem log starts with a header line");
-    read_header(line, path, rep, opt.command);
+    read_header(line, complete, path, rep, opt.command);
     log_event e;
     std::string err;
     while (src.next(line, complete)) {

@@ -142,6 +142,13 @@ bool parse_hex(std::string_view s, uint64_t& out);
 // nullptr: the header readers then say to decompress it rather than that line 1 is not JSON.
 const char* compression_of(std::string_view first_line);
 
+// Whether line 1, which did not parse, is a gpumem header that the file ends inside (no newline
+// after it: `complete` false): a partial copy, or a disk that filled as it was written.  The header
+// readers (report's, replay's) then say k_header_cut_short rather than that it is no gpumem log.
+bool header_cut_short(std::string_view first_line, bool complete);
+inline constexpr const char* k_header_cut_short =
+    "the log ends inside its header line (cut short: a partial copy, or a disk that filled)";
+
 // What to do about a log that compression_of found compressed (`z`), as the header readers say it:
 // decompress it, or pipe it into `command` ("report", "check", ...), both spelled out with `path`
 // so that the line can be copied.  For "diff", whose other run this cannot name and only one of

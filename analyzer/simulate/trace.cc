@@ -19,11 +19,14 @@ using analysis::order_finding;
 namespace {
 
 // The members of line 1 the replay needs; the full validation is the report's (analyze.cc).
-void read_header(std::string_view line, const std::string& path, trace& out,
+// `complete`: line 1 ended with a newline.
+void read_header(std::string_view line, bool complete, const std::string& path, trace& out,
                  std::map<int, uint64_t>& totals) {
     if (const char* z = analysis::compression_of(line))
         throw input_error(path, 1, analysis::compressed_log_advice(z, path, "replay"));
     auto h = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+    if (h.is_discarded() && analysis::header_cut_short(line, complete))
+        throw input_error(path, 1, analysis::k_header_cut_short);
     // Each member's type is tested before its value is read: json::value() throws type_error on a
     // member of another type ("ev":5), and a hostile header must be an input error, not an abort.
     auto ev = h.is_object() ? h.find("ev") : h.end();
@@ -72,7 +75,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
     bool complete = true;
     if (!src.next(line, complete)) throw input_error(path, 0, "empty file: a gpumem log starts with a header line");
     std::map<int, uint64_t> totals;
-    read_header(line, path, out, totals);
+    read_header(line, complete, path, out, totals);
 
     analysis::line_parser parser;
     // Which interned API indexes are replayed: decided once per index as names are first seen.

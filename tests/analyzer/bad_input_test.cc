@@ -174,6 +174,29 @@ TEST_CASE("one bad log among several fails the whole report", "[bad][cli]") {
     CHECK_THAT(r.err, Catch::Contains("empty file"));
 }
 
+TEST_CASE("a log that ends inside its header is said to be cut short, not to be no gpumem log", "[bad][cli]") {
+    // A copy cut short or a disk that filled while line 1 was written: "line 1 is not JSON: not a
+    // gpumem log" (report) and "not a gpumem header" (replay) sent the reader to the wrong file.
+    std::string header = read_all(data_path("golden/pool_fragmentation.jsonl"));
+    header = header.substr(0, header.find('\n'));
+    for (size_t cut : {size_t(20), header.size() / 2, header.size() - 1}) {
+        INFO(cut);
+        temp_file f(header.substr(0, cut), "cut-header");
+        const std::string what = f.path + ":1: the log ends inside its header line (cut short: a partial copy, or a disk that filled)";
+        for (const char* cmd : {"report --no-progress ", "replay --no-progress ", "check --no-progress --max-peak 1GiB "}) {
+            INFO(cmd);
+            run_result r = run_gpumem(cmd + f.path);
+            CHECK(r.rc == 2);
+            CHECK_THAT(r.err, Catch::Contains(what));
+        }
+    }
+    // A damaged header line followed by more lines is not cut short: said as before.
+    temp_file damaged(header.substr(0, header.size() / 2) + "\n" + header + "\n", "damaged-header");
+    run_result r = run_gpumem("report --no-progress " + damaged.path);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(damaged.path + ":1: line 1 is not JSON"));
+}
+
 TEST_CASE("random damage to a valid log never crashes the analyzer", "[bad]") {
     // Cheap in-process fuzzing on every build; the libFuzzer target (GPUMEM_FUZZ) goes further.
     std::string good = read_all(data_path("golden/pool_fragmentation.jsonl"));
