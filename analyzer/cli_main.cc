@@ -109,16 +109,34 @@ int run_gpumem(int argc, char** argv) {
         tail.assign(args.begin() + std::ptrdiff_t(i), args.end());
     }
 
+    // stdout is an output like --html: `gpumem report --json > r.json` on a full disk would leave a
+    // cut file behind and exit 0, for a later `check --baseline r.json` to find broken (and a cut
+    // --help, the man page).  A write that failed leaves the stream's error flag set; only a flush
+    // that fails here still knows why (the commands' own flushes came first).
+    auto stdout_failed = [] {
+        errno = 0;
+        const bool flush_failed = std::fflush(stdout) != 0;
+        const int err = flush_failed ? errno : 0;
+        if (!flush_failed && !std::ferror(stdout)) return false;
+        std::fprintf(stderr, "gpumem: error: writing to stdout failed (%s): the output is cut short\n",
+                     err ? std::strerror(err) : "a full disk, a file size limit or a closed pipe?");
+        return true;
+    };
+    // --help and --version, which CLI11 prints on stdout.
+    auto help_exit = [&](const CLI::Error& e) {
+        int rc = app.exit(e);
+        return stdout_failed() ? k_exit_input : rc;
+    };
     std::vector<char*> parse_argv{argv[0]};
     for (std::string& s : head) parse_argv.push_back(s.data());
     try {
         app.parse(int(parse_argv.size()), parse_argv.data());
     } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
+        return help_exit(e);
     } catch (const CLI::CallForAllHelp& e) {
-        return app.exit(e);
+        return help_exit(e);
     } catch (const CLI::CallForVersion& e) {
-        return app.exit(e);
+        return help_exit(e);
     } catch (const CLI::ParseError& e) {
         return usage_error(chosen ? chosen->app->get_name() : "", e.what());
     }
@@ -130,19 +148,9 @@ int run_gpumem(int argc, char** argv) {
                 if (r.empty()) return usage_error(chosen->app->get_name(), o->get_name() + ": empty value");
     init_diagnostics(verbose);
     int rc = chosen->run(tail, dashdash);
-    // stdout is an output like --html: `gpumem report --json > r.json` on a full disk would leave a
-    // cut file behind and exit 0, for a later `check --baseline r.json` to find broken.  A write that
-    // failed leaves the stream's error flag set; only a flush that fails here still knows why (the
-    // commands' own flushes came first).  `run` writes nothing to it: the program's output goes
-    // straight to the program's stdout, and `run` keeps the program's exit code.
-    errno = 0;
-    const bool flush_failed = std::fflush(stdout) != 0;
-    const int err = flush_failed ? errno : 0;
-    if (flush_failed || std::ferror(stdout)) {
-        std::fprintf(stderr, "gpumem: error: writing to stdout failed (%s): the output is cut short\n",
-                     err ? std::strerror(err) : "a full disk, a file size limit or a closed pipe?");
-        return chosen->tail == command::tail_kind::command ? rc : k_exit_input;
-    }
+    // `run` writes nothing to stdout: the program's output goes straight to the program's stdout,
+    // and `run` keeps the program's exit code.
+    if (stdout_failed()) return chosen->tail == command::tail_kind::command ? rc : k_exit_input;
     return rc;
 }
 

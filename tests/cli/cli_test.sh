@@ -944,6 +944,14 @@ conventions)
     [ "$rc" = 2 ] || fail "$cmd > /dev/full exited $rc, expected 2"
     expect_in "$W/err" "gpumem: error: writing to stdout failed ("
   done
+  # So is the help and the version (the man page is written from --help): they exited 0 with nothing
+  # written.
+  for args in "--help" "--version" "report --help" "check -h" "run --help"; do
+    "$GPUMEM" $args > /dev/full 2> "$W/err"
+    rc=$?
+    [ "$rc" = 2 ] || fail "gpumem $args > /dev/full exited $rc, expected 2"
+    expect_in "$W/err" "gpumem: error: writing to stdout failed ("
+  done
   # Two outputs on one file: the second would replace the first.
   expect_rc 2 "$GPUMEM" report --html "$W/same.out" --perfetto "./same.out" "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./same.out"
