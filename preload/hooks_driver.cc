@@ -819,18 +819,19 @@ static void green_made(CUgreenCtx g, CUdevice dev) noexcept {
         if (slot.compare_exchange_strong(empty, v, std::memory_order_acq_rel)) return;
     }
 }
-// g's slot and its value, nullptr when g is not in the table.
-static std::atomic<uint64_t>* green_slot(CUgreenCtx g, uint64_t* value) noexcept {
+// Takes g's entry out of the table: its device, or -1 where g is not in it.  Taken before the
+// driver destroys g (and put back if it refuses): once the driver has, another thread's
+// cuGreenCtxCreate may get the same handle back for a green context of another device, and that
+// one's destruction must find its own entry, not this one's.
+static int green_take(CUgreenCtx g) noexcept {
     const uint64_t h = uint64_t(uintptr_t(g));
-    if (!h) return nullptr;
+    if (!h) return -1;
     for (auto& slot : g_green_devices) {
-        const uint64_t v = slot.load(std::memory_order_acquire);
-        if (v && (v & k_green_handle_bits) == h) {
-            *value = v;
-            return &slot;
-        }
+        uint64_t v = slot.load(std::memory_order_acquire);
+        if (v && (v & k_green_handle_bits) == h && slot.compare_exchange_strong(v, 0, std::memory_order_acq_rel))
+            return int(v >> 56);
     }
-    return nullptr;
+    return -1;
 }
 
 // A context's making: a new context (cuCtxCreate, by every ABI; a primary context's retain that
@@ -884,13 +885,12 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRetain(CUcontext* c, CUdev
 extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxDestroy(CUgreenCtx g) {
     auto f = real<CUresult (*)(CUgreenCtx)>(drv::cuGreenCtxDestroy);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    uint64_t v = 0;
-    std::atomic<uint64_t>* slot = green_slot(g, &v);
-    if (!slot || guard::active()) {
-        // Inside gpumem (a signal handler's call) the destruction is not watched, but its slot
-        // still goes once the driver took it: a reused handle must not find this one's device.
+    const int dev = green_take(g);
+    if (dev < 0 || guard::active()) {
+        // Inside gpumem (a signal handler's call) the destruction is not watched, but its entry
+        // goes all the same: a reused handle must not find this one's device.
         const CUresult r = f(g);
-        if (slot && r == CUDA_SUCCESS) slot->compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+        if (dev >= 0 && r != CUDA_SUCCESS) green_made(g, CUdevice(dev));  // refused: g lives on
         return r;
     }
     guard gd;
@@ -898,8 +898,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxDestroy(CUgreenCtx g) {
     if (auto from_green = GPUMEM_REAL(cuCtxFromGreenCtx))
         if (from_green(&own, g) != CUDA_SUCCESS) own = nullptr;
     bool ended = false;
-    const CUresult r = pool_green_destroy(CUdevice(v >> 56), own, f, g, &ended);
-    if (r == CUDA_SUCCESS) slot->compare_exchange_strong(v, 0, std::memory_order_acq_rel);
+    const CUresult r = pool_green_destroy(CUdevice(dev), own, f, g, &ended);
+    if (r != CUDA_SUCCESS) green_made(g, CUdevice(dev));
     if (ended) first_use_forget();
     return r;
 }

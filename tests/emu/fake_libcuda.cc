@@ -62,6 +62,7 @@
 #include <mutex>
 #include <thread>
 #include <string>
+#include <vector>
 
 #define EMU_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -204,6 +205,7 @@ counter g_counters[] = {
     {"cuGraphLaunch_ptsz", {0}},
     {"cuCtxCreate", {0}}, {"cuCtxCreate_v2", {0}}, {"cuCtxCreate_v3", {0}}, {"cuCtxCreate_v4", {0}},
     {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}}, {"call_on_dead_green_stream", {0}},
+    {"cuCtxFromGreenCtx", {0}},
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
 char g_raise_names[256];
@@ -740,6 +742,14 @@ struct green_ctx {
 static std::mutex g_green_mu;
 static std::map<uintptr_t, green_ctx> g_greens;            // handle -> green context (destroyed ones kept, not live)
 static std::map<CUstream, uintptr_t> g_green_streams;      // stream -> its green context
+// GPUMEM_EMU_GREEN_REUSE=1: cuGreenCtxCreate hands out the handle of the green context destroyed
+// last, as a driver whose green context objects come from malloc may (a stream of the old one then
+// reads as the new one's: no scenario uses both).  gpumem_emu_on_green_destroyed(fn): fn(g) runs
+// inside each cuGreenCtxDestroy once g is dead, so that another thread's cuGreenCtxCreate may get
+// its handle back, before the primary context's release and with no lock of this driver's held.
+static std::vector<uintptr_t> g_green_free;                // destroyed handles, reused last first
+static std::atomic<void (*)(CUgreenCtx)> g_on_green_destroyed{nullptr};
+EMU_EXPORT void gpumem_emu_on_green_destroyed(void (*fn)(CUgreenCtx)) { g_on_green_destroyed.store(fn); }
 static bool green_of(CUgreenCtx g, green_ctx* out) {
     std::lock_guard<std::mutex> lk(g_green_mu);
     auto it = g_greens.find(reinterpret_cast<uintptr_t>(g));
@@ -759,8 +769,14 @@ EMU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc, CUdevice 
         return r;
     }
     static std::atomic<uintptr_t> next{0xE0000};
-    const uintptr_t h = next.fetch_add(0x10);
     std::lock_guard<std::mutex> lk(g_green_mu);
+    uintptr_t h = 0;
+    if (!g_green_free.empty()) {
+        h = g_green_free.back();
+        g_green_free.pop_back();
+    } else {
+        h = next.fetch_add(0x10);
+    }
     g_greens[h] = green_ctx{dev, next_context_handle(dev), true};
     *g = reinterpret_cast<CUgreenCtx>(h);
     return CUDA_SUCCESS;
@@ -774,11 +790,15 @@ EMU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
         if (it == g_greens.end() || !it->second.live) return CUDA_ERROR_INVALID_CONTEXT;
         it->second.live = false;
         dev = it->second.dev;
+        static const bool reuse = getenv("GPUMEM_EMU_GREEN_REUSE") && !strcmp(getenv("GPUMEM_EMU_GREEN_REUSE"), "1");
+        if (reuse) g_green_free.push_back(it->first);
     }
+    if (auto fn = g_on_green_destroyed.load()) fn(g);
     give_context_bytes(dev);
     return cuDevicePrimaryCtxRelease_v2(dev);
 }
 EMU_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* c, CUgreenCtx g) {
+    bump("cuCtxFromGreenCtx");
     green_ctx gc;
     if (!c) return CUDA_ERROR_INVALID_VALUE;
     if (!green_of(g, &gc)) return CUDA_ERROR_INVALID_CONTEXT;

@@ -645,6 +645,68 @@ void green_end() {
            driver_count("cuMemRelease"), driver_count("call_on_dead_green_stream"));
 }
 
+// A green context's handle that the driver hands out again while gpumem still handles its
+// destruction (run with GPUMEM_EMU_DEVICES=2, GPUMEM_EMU_PRIMARY_REFS=0, GPUMEM_EMU_GREEN_REUSE=1
+// and GPUMEM_POOL_VMM=off): this thread destroys a green context of device 0; the moment the
+// driver has, another thread gets the same handle for a green context of device 1, allocates and
+// frees 1 MiB in device 1's primary context (which that green context's reference alone holds) and
+// destroys it: its last release, which ends device 1's primary context and frees its memory.  Then
+// device 1's primary context is made anew, and its first allocation must be memory of the new
+// context.  A destruction that took device 0 from the old green context's entry missed the end,
+// and the pool handed out the segment the driver freed.  The first thread's destruction waits (5 s
+// at most) until the other thread's has begun: it read gpumem's table (its cuCtxFromGreenCtx comes
+// after) or, without gpumem, reached the driver.
+std::atomic<int> g_reuse_stage{0};
+unsigned long long g_reuse_from_green = 0, g_reuse_destroys = 0;
+void green_reuse() {
+    setup();  // device 0's primary context, held throughout
+    CUcontext c1 = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));  // its handle, for the other thread; the release ends it
+    CHECK(cuDevicePrimaryCtxRelease(1));
+    CUgreenCtx g0 = nullptr, g1 = nullptr;
+    CHECK(cuGreenCtxCreate(&g0, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    std::thread other([&] {
+        while (g_reuse_stage.load() != 1) std::this_thread::yield();
+        CHECK(cuGreenCtxCreate(&g1, nullptr, 1, CU_GREEN_CTX_DEFAULT_STREAM));
+        CHECK(cuCtxSetCurrent(c1));
+        CUdeviceptr p = 0;
+        CHECK(cuMemAlloc(&p, 1u << 20));
+        CHECK(cuMemFree(p));  // cached by device 1's pool
+        g_reuse_stage.store(2);
+        CHECK(cuGreenCtxDestroy(g1));
+    });
+    using on_fn = void (*)(void (*)(CUgreenCtx));
+    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
+    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
+    g_reuse_from_green = driver_count("cuCtxFromGreenCtx");
+    g_reuse_destroys = driver_count("cuGreenCtxDestroy");
+    on_destroyed([](CUgreenCtx) {
+        int first = 0;
+        if (!g_reuse_stage.compare_exchange_strong(first, 1)) return;  // the other thread's destruction
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while ((g_reuse_stage.load() != 2 || (driver_count("cuCtxFromGreenCtx") == g_reuse_from_green &&
+                                              driver_count("cuGreenCtxDestroy") < g_reuse_destroys + 2)) &&
+               std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    CHECK(cuGreenCtxDestroy(g0));
+    on_destroyed(nullptr);
+    other.join();
+    printf("same_handle=%d\n", int(g1 == g0));
+    unsigned flags = 0;
+    int active = -1;
+    CHECK(cuDevicePrimaryCtxGetState(1, &flags, &active));
+    printf("dev1_active=%d\n", active);
+    CUcontext c = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c, 1));  // made anew
+    CHECK(cuCtxSetCurrent(c));
+    CUdeviceptr b = 0;
+    CHECK(cuMemAlloc(&b, 1u << 20));
+    printf("new_context_block_access=%d\n", emu_access(b, 1));
+    CHECK(cuMemFree(b));
+    CHECK(cuDevicePrimaryCtxRelease(1));
+}
+
 // Memory the program freed into the pool with a green context current, after that green context's
 // destruction (the primary context lives on): cuMemAllocAsync of 192 MiB of a 256 MiB device, in
 // the primary context.  Without gpumem it is served.
@@ -1395,6 +1457,7 @@ int main(int argc, char** argv) {
     else if (s == "two-pools-fenced") two_pools_fenced();
     else if (s == "green-end") green_end();
     else if (s == "green-pool") green_pool();
+    else if (s == "green-reuse") green_reuse();
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -1413,7 +1476,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1266,6 +1266,33 @@ TEST_CASE("pool: a green context's destruction that ends the primary context ret
     }
 }
 
+TEST_CASE("pool: a green context's handle made again on another device while its destruction is under way: the new one's destruction names its own device") {
+    // Thread A destroys a green context of device 0; once the driver has, thread B gets the same
+    // handle back for a green context of device 1 (the emulated driver reuses it, as one whose
+    // objects come from malloc may), allocates in device 1's primary context, which only that
+    // green context holds, and destroys it: its last release.  Before: the hook cleared A's entry
+    // of the handle after the driver's destroy, so B's destruction read device 0 from it, missed
+    // device 1's end, and the pool handed out the segment the driver freed with that context.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"},
+                                                    {"GPUMEM_EMU_GREEN_REUSE", "1"}, {"GPUMEM_POOL_VMM", "off"}};
+    auto bare = values(run({EMU_POOL_APP, "green-reuse"}, env, false).out);
+    REQUIRE(bare["same_handle"] == "1");
+    CHECK(bare["dev1_active"] == "0");
+    CHECK(bare["new_context_block_access"] == "1");
+    auto r = run({EMU_POOL_APP, "green-reuse"}, env);
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    REQUIRE(v["same_handle"] == "1");
+    CHECK(v["dev1_active"] == "0");
+    CHECK(v["new_context_block_access"] == "1");
+    size_t dev1_resets = 0;
+    for (const auto& l : ls) dev1_resets += l["ev"] == "context_reset" && l.value("dev", -1) == 1;
+    // Device 1's pool retired at B's destruction (missed before: 1), and at the program's last release.
+    CHECK(dev1_resets == 2);
+    check_rebuild(ls);
+}
+
 TEST_CASE("pool: a green context's pool gives back what the program freed there before the green context goes") {
     // The program fills the device with the green context current and frees it, destroys the green
     // context (the primary context lives on) and asks cuMemAllocAsync for 192 of 256 MiB.  Without
