@@ -7,7 +7,7 @@
 #include "gpumem_preload.h"
 #include "diag.h"
 #include "driver_backend.h"
-#include "handle_refs.h"
+#include "handle_table.h"
 #include "mempool_kinds.h"
 #include "core/pool/context_end.h"
 
@@ -416,8 +416,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemPoolCreate(CUmemoryPool* pool, const CU
 GPUMEM_GET_MEMPOOL(cuMemGetDefaultMemPool)
 GPUMEM_GET_MEMPOOL(cuMemGetMemPool)
 
-// Forgotten before the driver destroys the pool: once it has, another thread's cuMemPoolCreate may
-// get the same handle back for a pool of its own, and note it first.  Noted again if refused.
+// Forgotten before the driver destroys the pool, noted again if refused (handle_table.h): once it
+// has, another thread's cuMemPoolCreate may get the same handle back for a pool of its own.
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemPoolDestroy(CUmemoryPool pool) {
     auto f = real<CUresult (*)(CUmemoryPool)>(drv::cuMemPoolDestroy);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
@@ -520,8 +520,14 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemCreate(CUmemGenericAllocationHandle* h,
     return r;
 }
 
-// The extra references cuMemRetainAllocationHandle gave the program (core/handle_refs.h).
-static handle_refs g_retained;
+// The extra references cuMemRetainAllocationHandle gave the program: one entry of the handle each
+// (its value unused).  cuMemRetainAllocationHandle(&h, addr) hands back the cuMemCreate handle
+// itself, with one more reference that a cuMemRelease must take back; the physical memory goes only
+// with the handle's last reference (and last unmap).  NCCL frees each cuMem buffer so: retain,
+// release, unmap, release.  A release that takes one back is not logged as the handle's free: only
+// the release that finds none left is.  Which of the equal calls the program meant as "the
+// retained one" does not matter: the last of them frees.
+static handle_table g_retained;
 
 // A release that takes back a reference cuMemRetainAllocationHandle gave is no free: the handle
 // and its memory live on.  Only the release that finds no extra reference left is logged.
@@ -532,7 +538,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemRelease(CUmemGenericAllocationHandle h)
     guard g;
     if (g_retained.take(uint64_t(h))) {
         const CUresult r = f(h);
-        if (r != CUDA_SUCCESS) g_retained.add(uint64_t(h));  // refused: the reference is still there
+        if (r != CUDA_SUCCESS) g_retained.add(uint64_t(h), 0);  // refused: the reference is still there
         return r;
     }
     return recorded_free(api_id::cuMemRelease, mem_kind::vmm, uint64_t(h), false, 0, [&] { return f(h); });
@@ -726,10 +732,10 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemRetainAllocationHandle(CUmemGenericAllo
     CUresult r = pool_retain_handle(addr, &handled);
     if (handled) return r;
     r = f(h, addr);
-    if (r == CUDA_SUCCESS && h && *h && !guard::active() && !g_retained.add(uint64_t(*h))) {
+    if (r == CUDA_SUCCESS && h && *h && !guard::active() && !g_retained.add(uint64_t(*h), 0)) {
         static std::atomic<bool> said{false};
         GPUMEM_WARN_ONCE(said, "more than {} references from cuMemRetainAllocationHandle held at once: the release of "
-                         "one past them is logged as its handle's free", handle_refs::k_slots);
+                         "one past them is logged as its handle's free", handle_table::k_slots);
     }
     return r;
 }
@@ -803,35 +809,19 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset(CUdevice dev) {
     return context_ends(drv::cuDevicePrimaryCtxReset, true, nullptr, dev);
 }
 
-// The device of each green context made through a hook (its destruction names none): the handle's
-// value with the device in its top byte, one slot each, claimed and cleared by compare-and-swap.
-// A full table, or a green context made by a route gpumem did not see, leaves its destruction
-// unwatched (docs/pool.md).
-constexpr size_t k_green_slots = 64;
-constexpr uint64_t k_green_handle_bits = (uint64_t(1) << 56) - 1;
-static std::atomic<uint64_t> g_green_devices[k_green_slots];
+// The device of each green context made through a hook (its destruction names none).  A full
+// table, or a green context made by a route gpumem did not see, leaves its destruction unwatched
+// (docs/pool.md).
+static handle_table g_green_devices;
 static void green_made(CUgreenCtx g, CUdevice dev) noexcept {
-    const uint64_t h = uint64_t(uintptr_t(g));
-    if (!h || (h & ~k_green_handle_bits) || dev < 0 || dev > 255) return;
-    const uint64_t v = h | (uint64_t(dev) << 56);
-    for (auto& slot : g_green_devices) {
-        uint64_t empty = 0;
-        if (slot.compare_exchange_strong(empty, v, std::memory_order_acq_rel)) return;
-    }
+    if (dev >= 0 && dev <= 255) g_green_devices.add(uint64_t(uintptr_t(g)), uint8_t(dev));
 }
 // Takes g's entry out of the table: its device, or -1 where g is not in it.  Taken before the
-// driver destroys g (and put back if it refuses): once the driver has, another thread's
-// cuGreenCtxCreate may get the same handle back for a green context of another device, and that
-// one's destruction must find its own entry, not this one's.
+// driver destroys g and put back if it refuses (handle_table.h): a green context of another device
+// that gets g's handle back the moment the driver destroyed g must find its own device.
 static int green_take(CUgreenCtx g) noexcept {
-    const uint64_t h = uint64_t(uintptr_t(g));
-    if (!h) return -1;
-    for (auto& slot : g_green_devices) {
-        uint64_t v = slot.load(std::memory_order_acquire);
-        if (v && (v & k_green_handle_bits) == h && slot.compare_exchange_strong(v, 0, std::memory_order_acq_rel))
-            return int(v >> 56);
-    }
-    return -1;
+    uint8_t dev = 0;
+    return g_green_devices.take(uint64_t(uintptr_t(g)), &dev) ? int(dev) : -1;
 }
 
 // A context's making: a new context (cuCtxCreate, by every ABI; a primary context's retain that

@@ -58,9 +58,9 @@ cmake --build build-tsan -j"$jobs" --target core_tests pool_tests
 # single-threaded property runs, took 200 s to run and 36 s of CPU to compile under TSan.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 # -w NoTests: a name here that matches nothing (a renamed case) fails instead of passing.
-# The core's threaded cases: the event log's, and handle_refs' lock-free table (add and take from
-# 4 threads).
-build-tsan/tests/core/core_tests -w NoTests "event log*,handle_refs*"
+# The core's threaded cases: the event log's, and the lock-free handle table's (add, set, find and
+# take from 4 threads, and mempool_kinds' notes on it).
+build-tsan/tests/core/core_tests -w NoTests "event log*,handle_table*,mempool_kinds*"
 build-tsan/tests/pool/pool_tests -w NoTests "[threads],[registry],capture table*,giveable_bytes never waits*"
 echo "(ThreadSanitizer build and run: $((SECONDS - t_stage)) s)"
 

@@ -28,7 +28,7 @@
 #include "config.h"
 #include "event_format.h"
 #include "event_log.h"
-#include "handle_refs.h"
+#include "handle_table.h"
 #include "mempool_kinds.h"
 #include "recorder.h"
 #include "stacks/native_frames.h"
@@ -1380,44 +1380,162 @@ TEST_CASE("event log: the fallback message names a long path and the fallback fi
     unlink(moved.c_str());
 }
 
-TEST_CASE("handle_refs: each extra reference is taken back once, by value, and a full table keeps none more") {
-    auto refs = std::make_unique<handle_refs>();
-    CHECK_FALSE(refs->take(0x1000));  // nothing kept: the handle's release is its last
-    CHECK_FALSE(refs->add(0));        // 0 is no handle
-    CHECK(refs->add(0x1000));
-    CHECK(refs->add(0x1000));
-    CHECK(refs->add(0x2000));
-    CHECK(refs->size() == 3);
-    CHECK_FALSE(refs->take(0x3000));
-    CHECK(refs->take(0x1000));
-    CHECK(refs->take(0x2000));
-    CHECK(refs->take(0x1000));
-    CHECK_FALSE(refs->take(0x1000));  // two added, two taken
-    CHECK(refs->size() == 0);
-    for (int i = 0; i < handle_refs::k_slots; ++i) REQUIRE(refs->add(0x5000 + uint64_t(i)));
-    CHECK_FALSE(refs->add(0x9999));
-    CHECK(refs->size() == handle_refs::k_slots);
-    CHECK(refs->take(0x5000));
-    CHECK(refs->add(0x9999));  // a slot given back is used again
-    CHECK(refs->take(0x9999));
+TEST_CASE("handle_table: entries by key (add, find, set in place, take one, take all), a multiset, and a full table keeps none more") {
+    auto t = std::make_unique<handle_table>();
+    uint8_t v = 0;
+    CHECK_FALSE(t->find(0x1000, &v));
+    CHECK_FALSE(t->take(0x1000));  // nothing kept: a retained handle's release is its last
+    CHECK_FALSE(t->add(0, 1));     // 0 and ~0 mark free and busy slots: no handle's
+    CHECK_FALSE(t->add(~uint64_t(0), 1));
+    CHECK(t->size() == 0);
+    CHECK(t->add(0x1000, 7));
+    CHECK(t->add(0x1000, 8));  // a second entry of the same key (a second retained reference)
+    CHECK(t->add(0x2000, 9));
+    CHECK(t->size() == 3);
+    REQUIRE(t->find(0x2000, &v));
+    CHECK(v == 9);
+    REQUIRE(t->find(0x1000, &v));
+    CHECK(v == 7);  // the first entry's
+    CHECK_FALSE(t->set(0x3000, 1));  // no entry: none made
+    CHECK(t->size() == 3);
+    CHECK(t->set(0x1000, 5));  // every entry of the key
+    CHECK_FALSE(t->take(0x3000));
+    REQUIRE(t->take(0x1000, &v));
+    CHECK(v == 5);
+    REQUIRE(t->take(0x1000, &v));
+    CHECK(v == 5);
+    CHECK_FALSE(t->take(0x1000));  // two added, two taken
+    CHECK_FALSE(t->find(0x1000, &v));
+    REQUIRE(t->find(0x2000, &v));
+    CHECK(v == 9);
+    // take_all takes each entry of the key, and says how many with the first one's value.
+    CHECK(t->add(0x4000, 3));
+    CHECK(t->add(0x4000, 4));
+    v = 0;
+    CHECK(t->take_all(0x4000, &v) == 2);
+    CHECK(v == 3);
+    CHECK(t->take_all(0x4000, &v) == 0);
+    CHECK(t->size() == 1);
+    CHECK(t->take(0x2000));
+    CHECK(t->size() == 0);
+    for (int i = 0; i < handle_table::k_slots; ++i) REQUIRE(t->add(0x5000 + uint64_t(i), uint8_t(i)));
+    CHECK_FALSE(t->add(0x9999, 1));
+    CHECK(t->size() == handle_table::k_slots);
+    REQUIRE(t->find(0x5000 + handle_table::k_slots - 1, &v));
+    CHECK(v == uint8_t(handle_table::k_slots - 1));
+    CHECK(t->take(0x5000 + 7));
+    CHECK(t->add(0x9999, 1));  // a slot given back is used again
+    REQUIRE(t->take(0x9999, &v));
+    CHECK(v == 1);
 }
 
-TEST_CASE("handle_refs: threads adding and taking their own handles lose and invent no reference") {
-    auto refs = std::make_unique<handle_refs>();
+TEST_CASE("handle_table: lookups scan the slots below the highest taken, and free slots are taken lowest first") {
+    // A program that keeps a few entries at a time pays a few loads per lookup, however many it
+    // added and took in its life.
+    auto t = std::make_unique<handle_table>();
+    CHECK(t->scanned() == 0);
+    uint8_t v = 0;
+    for (uint64_t i = 1; i <= 5000; ++i) {
+        REQUIRE(t->add(i, 1));
+        REQUIRE(t->add(i, 2));
+        REQUIRE(t->add(0x10000 + i, 3));
+        REQUIRE(t->take(i));
+        REQUIRE(t->take_all(i, &v) == 1);
+        REQUIRE(t->take(0x10000 + i, &v));
+        REQUIRE(v == 3);
+    }
+    CHECK(t->scanned() == 3);
+    CHECK(t->size() == 0);
+}
+
+TEST_CASE("handle_table: threads adding and taking their own keys lose and invent no entry") {
+    auto t = std::make_unique<handle_table>();
     constexpr int k_threads = 4, k_rounds = 20000;
     std::atomic<int> wrong{0};
     std::vector<std::thread> ts;
-    for (int t = 0; t < k_threads; ++t)
-        ts.emplace_back([&, t] {
-            const uint64_t h = 0x100 + uint64_t(t);
+    for (int n = 0; n < k_threads; ++n)
+        ts.emplace_back([&, n] {
+            const uint64_t h = 0x100 + uint64_t(n);
             for (int i = 0; i < k_rounds; ++i) {
-                if (!refs->add(h) || !refs->add(h)) ++wrong;
-                if (!refs->take(h) || !refs->take(h) || refs->take(h)) ++wrong;
+                if (!t->add(h, uint8_t(n)) || !t->add(h, uint8_t(n))) ++wrong;
+                uint8_t v1 = 0, v2 = 0;
+                if (!t->take(h, &v1) || !t->take(h, &v2) || t->take(h) || v1 != n || v2 != n) ++wrong;
             }
         });
     for (auto& th : ts) th.join();
     CHECK(wrong == 0);
-    CHECK(refs->size() == 0);
+    CHECK(t->size() == 0);
+}
+
+TEST_CASE("handle_table: a find never returns another key's value while slots are taken and filled around it") {
+    // Four threads add, set, find and take their own keys, each with values of its own, so that
+    // every slot keeps changing hands between keys; a fifth reads the others' keys.  A value read
+    // from a slot that another key took meanwhile would be the wrong thread's.
+    auto t = std::make_unique<handle_table>();
+    constexpr int k_threads = 4, k_rounds = 20000;
+    std::atomic<int> wrong{0};
+    std::atomic<bool> stop{false};
+    auto mine = [](int n, uint8_t v) { return v == n || v == n + 100; };
+    std::vector<std::thread> ts;
+    for (int n = 0; n < k_threads; ++n)
+        ts.emplace_back([&, n] {
+            const uint64_t h = 0x100 + uint64_t(n);
+            uint8_t v = 0;
+            for (int i = 0; i < k_rounds; ++i) {
+                if (!t->add(h, uint8_t(n))) ++wrong;
+                if (!t->find(h, &v) || v != n) ++wrong;
+                if (!t->set(h, uint8_t(n + 100))) ++wrong;
+                if (!t->find(h, &v) || v != n + 100) ++wrong;
+                if (!t->take(h, &v) || v != n + 100 || t->find(h, &v)) ++wrong;
+            }
+        });
+    std::atomic<long> seen{0};
+    std::thread reader([&] {
+        uint8_t v = 0;
+        while (!stop.load()) {
+            for (int n = 0; n < k_threads; ++n) {
+                if (!t->find(0x100 + uint64_t(n), &v)) continue;
+                ++seen;
+                if (!mine(n, v)) ++wrong;
+            }
+        }
+    });
+    for (auto& th : ts) th.join();
+    stop.store(true);
+    reader.join();
+    CHECK(wrong == 0);
+    CHECK(t->size() == 0);
+    CHECK(t->scanned() <= k_threads);
+    INFO("entries the reader found: " << seen.load());
+}
+
+TEST_CASE("handle_table: threads taking entries of one key at once take each entry once") {
+    // Retained references of one handle released from several threads at once: each release takes
+    // one back, until none is left, and take_all beside them takes what they did not.
+    auto t = std::make_unique<handle_table>();
+    constexpr int k_threads = 4, k_entries = 600, k_rounds = 50;
+    for (int round = 0; round < k_rounds; ++round) {
+        for (int i = 0; i < k_entries; ++i) REQUIRE(t->add(0x7000, 1));
+        for (int i = 0; i < 10; ++i) REQUIRE(t->add(0x7100 + uint64_t(i), 2));  // others' entries, left alone
+        std::atomic<int> taken{0}, taken_all{0};
+        std::atomic<bool> go{false};
+        std::vector<std::thread> ts;
+        for (int n = 0; n < k_threads; ++n)
+            ts.emplace_back([&] {
+                while (!go.load()) {}
+                while (t->take(0x7000)) ++taken;
+            });
+        ts.emplace_back([&] {
+            while (!go.load()) {}
+            uint8_t v = 0;
+            for (int i = 0; i < 3; ++i) taken_all += t->take_all(0x7000, &v);
+        });
+        go.store(true);
+        for (auto& th : ts) th.join();
+        REQUIRE(taken + taken_all == k_entries);
+        REQUIRE(t->size() == 10);
+        for (int i = 0; i < 10; ++i) REQUIRE(t->take(0x7100 + uint64_t(i)));
+    }
 }
 
 TEST_CASE("mempool_kinds: a pool is of the kind noted at its creation until its destroy, device otherwise") {
