@@ -34,10 +34,20 @@ constexpr uint64_t bit(field f) { return uint64_t{1} << f; }
 // converting), so their log_event members stay at their defaults.  "stream" is read: `gpumem
 // replay` gives each stream its own free blocks, as PyTorch's allocator does.
 inline constexpr uint64_t k_skipped_fields = bit(fd_tid) | bit(fd_mempool) | bit(fd_offset);
+// The members of one value type.
+constexpr uint64_t fields_of_type(field_type t) {
+    uint64_t m = 0;
+    for (size_t i = 0; i < k_log_field_count; ++i)
+        if (k_log_fields[i].type == t) m |= bit(field(i));
+    return m;
+}
 // Members reset to their defaults at every line, present or not (the replay reads them without
-// asking `has`); the others keep their last value and are meaningful only when present.
-inline constexpr uint64_t k_reset_fields = bit(fd_pooled) | bit(fd_unknown) | bit(fd_fence) | bit(fd_waited) | bit(fd_ordered) | bit(fd_wait_ns) | bit(fd_fence_ns) | bit(fd_asize) | bit(fd_seg) |
-                                           bit(fd_kind) | bit(fd_pool) | bit(fd_api) | bit(fd_dev) | bit(fd_ctx) | bit(fd_err);
+// asking `has`); the others keep their last value and are meaningful only when present.  Every
+// flag is among them: the writer leaves a flag out when it is false.  Both parsing paths reset
+// exactly these: parse_json through reset_per_line (below), the fast path in store_member.
+inline constexpr uint64_t k_reset_fields = fields_of_type(field_type::flag) | bit(fd_wait_ns) | bit(fd_fence_ns) |
+                                           bit(fd_asize) | bit(fd_seg) | bit(fd_kind) | bit(fd_pool) | bit(fd_api) |
+                                           bit(fd_dev) | bit(fd_ctx) | bit(fd_err);
 
 // The C++ type and default of a member, by its field_type.
 #define GPUMEM_LT_u64 uint64_t
@@ -77,5 +87,13 @@ struct log_event {
     // non-zero gpu_total, as the recorder writes them (gpu_total 0: the driver was not asked).
     uint64_t recorded_gpu_free() const { return has(fd_gpu_total) && gpu_total && has(fd_gpu_free) ? gpu_free : 0; }
 };
+
+// Sets the members of k_reset_fields to their defaults, as a line starts (parse_json).
+[[gnu::always_inline]] inline void reset_per_line(log_event& e) {
+#define GPUMEM_X(id, name, type, carried, required) \
+    if constexpr ((k_reset_fields & bit(fd_##id)) != 0) e.id = GPUMEM_LD_##type;
+    GPUMEM_LOG_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+}
 
 }  // namespace gpumem::analysis

@@ -704,13 +704,7 @@ parse_status line_parser::parse_json(const char* p, size_t len, size_t capacity,
                                      std::string& error) {
     e.present = 0;
     e.known_kind = false;
-    e.pooled = e.unknown = e.fence = e.waited = e.ordered = false;
-    e.asize = e.seg = e.wait_ns = e.fence_ns = e.ctx = 0;
-    e.kind = mem_kind::none;
-    e.pool = pool_id::none;
-    e.api = 0;
-    e.dev = -1;
-    e.err = 0;
+    reset_per_line(e);
 
     od::document doc;
     auto ec = impl_->parser.iterate(p, len, capacity).get(doc);

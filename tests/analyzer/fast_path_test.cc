@@ -410,3 +410,43 @@ TEST_CASE("a pool_sync without wait_ns, fence_ns, ordered or ctx reads 0 after o
         CHECK_FALSE(out.has(fd_fence_ns));
     }
 }
+
+TEST_CASE("with one event reused line after line, each path reads every line as on a fresh event", "[fastpath]") {
+    // The reader reuses one log_event.  Each path must reset every member of k_reset_fields at each
+    // line: one it missed would keep the line before's value (parse_json once kept a list of its
+    // own, which could drift from k_reset_fields).  The members outside it are meaningful only
+    // when present.  A second parser, fed the same lines into a fresh event each time, keeps an
+    // API table like the first's.
+    const log_event def;
+    for (bool fast : {true, false}) {
+        CAPTURE(fast);
+        std::mt19937_64 rng(5);
+        line_parser p, fresh_p;
+        log_event out;
+        uint64_t exercised = 0;  // reset members left out by a line after a line that set them
+        for (int i = 0; i < 20000; ++i) {
+            const std::string line = format(random_event(rng, false));
+            INFO("line: " << line);
+            std::string buf = line + std::string(64, '\0');
+            const log_event before = out;
+            log_event fresh;
+            std::string err;
+            if (fast) {
+                REQUIRE(p.parse_recorder_line(buf.data(), line.size(), buf.size(), out));
+                REQUIRE(fresh_p.parse_recorder_line(buf.data(), line.size(), buf.size(), fresh));
+            } else {
+                REQUIRE(p.parse_json(buf.data(), line.size(), buf.size(), out, err) == parse_status::ok);
+                REQUIRE(fresh_p.parse_json(buf.data(), line.size(), buf.size(), fresh, err) == parse_status::ok);
+            }
+            REQUIRE(out.present == fresh.present);
+            CHECK(out.known_kind == fresh.known_kind);
+#define GPUMEM_X(id, name, type, carried, required)                                           \
+    if ((k_reset_fields | out.present) & bit(fd_##id)) CHECK(out.id == fresh.id);              \
+    if ((k_reset_fields & bit(fd_##id)) && !out.has(fd_##id) && !(before.id == def.id)) exercised |= bit(fd_##id);
+            GPUMEM_LOG_FIELDS(GPUMEM_X)
+#undef GPUMEM_X
+        }
+        // Every reset member was put to the test: left out after a line that gave it a value.
+        CHECK(exercised == k_reset_fields);
+    }
+}
