@@ -475,6 +475,45 @@ assert peak["gpumem:reuse=safe,pool_stitch=on"] < peak["gpumem:reuse=safe"], pea
 assert peak["gpumem:reuse=safe,pool_trim=32MiB"] < peak["gpumem:reuse=safe"], peak
 PY
 
+# docs/metrics.md names every member of replay --json, and names no member it lacks: a replay
+# that has each optional member (a note, fits, a failure, a suggestion) against the names in the
+# first column of the section's "member (`--json`)" tables.  A member inside an object member
+# (failure's, suggestion's own) may be named PARENT.MEMBER.
+"$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest --policy "pytorch,$gc" --json > "$W/members.json" \
+  || fail "replay --json for the members: exit $?"
+python3 - "$(dirname "$0")/../../docs/metrics.md" "$W/members.json" <<'PY' || fail "docs/metrics.md and replay --json name different members"
+import json, re, sys
+doc, out = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+sec = doc[doc.index("## `gpumem replay`"):]
+sec = sec[:sec.find("\n## ")] if "\n## " in sec else sec
+names, in_table = set(), False
+for l in sec.splitlines():
+    if l.startswith("| member (`--json`)"):
+        in_table = True
+    elif not l.startswith("|"):
+        in_table = False
+    elif in_table and not l.startswith("|---"):
+        names |= set(re.findall(r"`([^`]+)`", l.split(" | ")[0]))
+have, undescribed = set(), set()  # members plain and as PARENT.MEMBER; those the docs lack
+def walk(v, parent):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            have.update((k, f"{parent}.{k}"))
+            if k not in names and f"{parent}.{k}" not in names:
+                undescribed.add(f"{parent}.{k}" if parent else k)
+            walk(x, k)
+    elif isinstance(v, list):
+        for x in v:
+            walk(x, parent)
+walk(out, "")
+for n in sorted(undescribed):
+    print(f"replay --json writes {n}, which docs/metrics.md does not describe")
+for n in sorted(names - have):
+    print(f"docs/metrics.md describes {n}, which replay --json does not write")
+assert len(names) > 20, names  # the tables were found
+sys.exit(bool(undescribed or names - have))
+PY
+
 # docs/guide.md's replay outputs, as printed today: its three blocks on these logs (the MLP's on
 # 900 MiB once kept a gpumem line of an older pool).  Each line of a block must be a line of the
 # command's output (the 900 MiB block shows the policy lines only).
