@@ -511,6 +511,8 @@ int run_replay(replay_args& a) {
                 dj["frees"] = d.dev->n_free;
                 dj["streams_known"] = d.dev->n_streams > 0;
                 dj["streams"] = d.dev->n_streams;
+                dj["allocations_without_stream"] = d.dev->n_no_stream;
+                dj["addresses_allocated_again"] = d.dev->n_freed_twice;
                 dj["policies"] = ojson::array();
                 for (size_t p = 0; p < d.results.size(); ++p)
                     dj["policies"].push_back(result_json(d.results[p], capacity, notes[p]));

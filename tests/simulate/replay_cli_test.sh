@@ -29,10 +29,28 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
   echo '{"ev":"alloc","seq":9,"t":9000,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x8000000","size":10485760}'
 } > "$W/frag.jsonl"
 "$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --json > "$W/frag.json" || fail "replay exit $?"
+# An address allocated again without a recorded free (the free lost): counted, in the text's note
+# and in --json, and its earlier block taken as freed.
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"devices":[{"index":0,"name":"test","total":42949672960}],"config":{"pool":"off"}}'
+  echo '{"ev":"alloc","seq":0,"t":1000,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x1000000","size":4096}'
+  echo '{"ev":"alloc","seq":1,"t":2000,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x1000000","size":4096}'
+  echo '{"ev":"alloc","seq":2,"t":3000,"tid":1,"dev":0,"api":"cudaMallocAsync","kind":"device","ptr":"0x2000000","size":4096,"stream":"0x7"}'
+} > "$W/again.jsonl"
+"$GPUMEM" replay "$W/again.jsonl" > "$W/again.txt" || fail "replay exit $?"
+grep -q "1 address was allocated again without a recorded free" "$W/again.txt" || fail "no note of the address allocated again: $(cat "$W/again.txt")"
+"$GPUMEM" replay "$W/again.jsonl" --json > "$W/again.json" || fail "replay --json exit $?"
+python3 - "$W/again.json" <<'PY' || fail "allocated-again counts"
+import json, sys
+d = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]
+assert d["allocations"] == 3 and d["addresses_allocated_again"] == 1, d
+assert d["streams"] == 1 and d["allocations_without_stream"] == 2, d
+PY
 python3 - "$W/frag.json" <<'PY' || fail "fragmentation log numbers"
 import json, sys
 d = json.load(open(sys.argv[1]))["logs"][0]["devices"][0]
 assert d["allocations"] == 7 and d["frees"] == 2 and d["streams_known"] is False, d
+assert d["allocations_without_stream"] == 7 and d["addresses_allocated_again"] == 0, d
 p = {r["policy"]: r for r in d["policies"]}
 assert set(p) == {"ideal", "pytorch", "pytorch-expandable", "gpumem"}, p.keys()
 pt = p["pytorch"]
