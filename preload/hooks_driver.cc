@@ -643,6 +643,8 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when = context_end::c
 bool context_is_primary(CUcontext ctx) noexcept;
 CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool* ended) noexcept;
 CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext* c, CUdevice dev) noexcept;
+CUresult pool_green_create(CUresult (*create)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int), CUgreenCtx* g,
+                           CUdevResourceDesc desc, CUdevice dev, unsigned int flags) noexcept;
 CUresult pool_green_destroy(CUdevice dev, CUcontext green, CUresult (*destroy)(CUgreenCtx), CUgreenCtx g, bool* ended) noexcept;
 void capture_begin() noexcept;
 void capture_begin_failed() noexcept;
@@ -1024,8 +1026,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxStreamCreate(CUstream* s, CUgreenC
 extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) {
     auto f = real<CUresult (*)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int)>(drv::cuGreenCtxCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    // A context's making (context_made, below): retried after its device's pools give back.
-    CUresult r = context_made(api_id::cuGreenCtxCreate, dev, [&] { return f(g, desc, dev, flags); });
+    // A context's making (context_made, above): retried after its device's pools give back.  Its
+    // retain of the primary context never beside a release's end (pool_green_create).
+    CUresult r = context_made(api_id::cuGreenCtxCreate, dev, [&] { return pool_green_create(f, g, desc, dev, flags); });
     if (r == CUDA_SUCCESS && g) green_made(*g, dev);
     if (r == CUDA_SUCCESS) {
         pool_green_context_made();

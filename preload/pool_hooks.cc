@@ -845,16 +845,32 @@ CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool*
     return primary_released_by(dev, [&] { return release(dev); }, nullptr, ended);
 }
 
-// A program's retain of a primary context, under g_primary_mu: a retain in the moment after
-// another thread's last release ended the context (before that release's look at the state) would
-// make the context anew, and the release would find it active and keep the old pool, whose
+// A call that retains a primary context (`retain()`), under g_primary_mu: a retain in the moment
+// after another thread's last release ended the context (before that release's look at the state)
+// would make the context anew, and the release would find it active and keep the old pool, whose
 // cuMemAlloc segments the driver freed (emu_pool_app release-race).  Waiting for the release's
 // look costs a retain nothing else: a program retains a few times in its life.
-CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext* c, CUdevice dev) noexcept {
-    if (in_gpumem_lock()) return retain(c, dev);
+namespace {
+template <class F>
+CUresult primary_retained_by(F&& retain) noexcept {
+    if (in_gpumem_lock()) return retain();
     critical_section in;  // before the lock, released after it (critical_section.h)
     std::lock_guard<std::mutex> lk(g_primary_mu);
-    return retain(c, dev);
+    return retain();
+}
+}  // namespace
+
+// A program's retain of a primary context.
+CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext* c, CUdevice dev) noexcept {
+    return primary_retained_by([&] { return retain(c, dev); });
+}
+
+// A green context's creation retains its device's primary context inside the driver (cuda.h),
+// making it anew if it has ended: the same moment as a program's retain (emu_pool_app release-race
+// green).
+CUresult pool_green_create(CUresult (*create)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int), CUgreenCtx* g,
+                           CUdevResourceDesc desc, CUdevice dev, unsigned int flags) noexcept {
+    return primary_retained_by([&] { return create(g, desc, dev, flags); });
 }
 
 // A green context's destruction releases the primary context of its device, which cuGreenCtxCreate

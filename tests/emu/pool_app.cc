@@ -588,8 +588,9 @@ void release_cycle(bool v1) {
 // driver ended the context and before the release returns): the retain makes the context anew,
 // with the same handle, and its first allocation must be memory of the new context.  A pool that
 // missed the end (it found the context active again after the release) hands out a segment the
-// driver freed with the old context (GPUMEM_POOL_VMM=off).
-void release_race() {
+// driver freed with the old context (GPUMEM_POOL_VMM=off).  `green`: the other thread makes a green
+// context first, whose creation retains the primary context inside the driver (made anew there).
+void release_race(bool green) {
     setup();
     CUdeviceptr a = 0;
     CHECK(cuMemAlloc(&a, 1u << 20));
@@ -598,6 +599,8 @@ void release_race() {
     std::thread other([&] {
         unsigned flags = 0;
         for (int active = 1; active;) CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        CUgreenCtx g = nullptr;
+        if (green) CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
         CUcontext c = nullptr;
         CHECK(cuDevicePrimaryCtxRetain(&c, 0));
         CHECK(cuCtxSetCurrent(c));
@@ -606,6 +609,7 @@ void release_race() {
         access = emu_access(b, 0);
         CHECK(cuMemFree(b));
         CHECK(cuDevicePrimaryCtxRelease(0));
+        if (green) CHECK(cuGreenCtxDestroy(g));
     });
     CHECK(cuDevicePrimaryCtxRelease(0));  // the last: it ends the context
     other.join();
@@ -1464,7 +1468,7 @@ int main(int argc, char** argv) {
     else if (s == "reset") reset();
     else if (s == "reset-stale") reset_stale(argc > 2 && !strcmp(argv[2], "first"));
     else if (s == "release-cycle") release_cycle(argc > 2 && !strcmp(argv[2], "v1"));
-    else if (s == "release-race") release_race();
+    else if (s == "release-race") release_race(argc > 2 && !strcmp(argv[2], "green"));
     else if (s == "auto") auto_reuse(argc > 2 ? argv[2] : "nonblocking");
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "order-loop") order_loop(argc > 2 ? atol(argv[2]) : 1000, argc > 3 ? size_t(atol(argv[3])) : 20u << 20);
@@ -1476,7 +1480,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1235,6 +1235,26 @@ TEST_CASE("pool: a retain on another thread just after the last release ended th
     }
 }
 
+TEST_CASE("pool: a green context made on another thread just after the last release ended the primary context does not keep its pool") {
+    // As above, but the other thread's first call is cuGreenCtxCreate, which retains the primary
+    // context inside the driver (no hooked retain): made anew in the release's moment, the release
+    // found it active after it and kept the old pool, whose segment the driver had freed.
+    const std::map<std::string, std::string> bare_env = {
+        {"GPUMEM_EMU_PRIMARY_REFS", "0"}, {"GPUMEM_EMU_RELEASE_GAP_MS", "200"}};
+    auto bare = values(run({EMU_POOL_APP, "release-race", "green"}, bare_env, false).out);
+    REQUIRE(bare["new_context_block_access"] == "1");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto env = bare_env;
+        env["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "release-race", "green"}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out)["new_context_block_access"] == "1");
+        CHECK(count_ev(ls, "context_reset") == 2);  // the first context's end retired its pool
+    }
+}
+
 TEST_CASE("pool: a green context's destruction that ends the primary context retires its pool, and no fence touches the green stream") {
     // cuGreenCtxCreate retains the primary context and cuGreenCtxDestroy releases it: here that is
     // its last release, which ends the context and frees its memory.  Unseen (gpumem did not hook
