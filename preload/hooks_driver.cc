@@ -10,6 +10,7 @@
 #include "handle_table.h"
 #include "mempool_kinds.h"
 #include "core/pool/context_end.h"
+#include "core/pool/critical_section.h"
 
 namespace gpumem {
 
@@ -762,7 +763,10 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuCtxEnablePeerAccess(CUcontext peer, unsign
 static CUresult context_ends(drv which, bool by_device, CUcontext ctx, CUdevice dev) noexcept {
     void* f = real_driver(which);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active())  // as primary_release
+    // As primary_release; and inside a gpumem lock (a signal handler's call, exit()'s atexit
+    // handlers), where context_is_primary would wait for the primary-context lock this thread may
+    // hold (a retain or release under way: the exit hung), and the pool is not asked anyway.
+    if (guard::active() || critical_section::active())
         return by_device ? reinterpret_cast<CUresult (*)(CUdevice)>(f)(dev) : reinterpret_cast<CUresult (*)(CUcontext)>(f)(ctx);
     if (!by_device && context_is_primary(ctx)) {
         // The driver refuses to destroy a primary context (CUDA_ERROR_INVALID_CONTEXT on the

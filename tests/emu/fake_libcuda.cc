@@ -205,7 +205,7 @@ counter g_counters[] = {
     {"cuGraphLaunch_ptsz", {0}},
     {"cuCtxCreate", {0}}, {"cuCtxCreate_v2", {0}}, {"cuCtxCreate_v3", {0}}, {"cuCtxCreate_v4", {0}},
     {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}}, {"call_on_dead_green_stream", {0}},
-    {"cuCtxFromGreenCtx", {0}},
+    {"cuCtxFromGreenCtx", {0}}, {"cuDevicePrimaryCtxRetain", {0}},
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
 char g_raise_names[256];
@@ -504,6 +504,7 @@ static std::mutex g_retain_mu;  // a retain's check and making, one at a time
 static bool dead_green_context(CUcontext c);
 static bool on_dead_green_stream(CUstream s);
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+    bump("cuDevicePrimaryCtxRetain");
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
     std::lock_guard<std::mutex> lk(g_retain_mu);
     if (primary_refs()[d].load() <= 0 || primary_reset()[d].load()) {  // made anew

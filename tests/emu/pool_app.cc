@@ -936,6 +936,33 @@ void free_in_handler(bool then_exit, bool then_reset) {
     printf("free_again_result=%d\n", int(cuMemFree(g_handler_a)));  // freed by the handler: an error now
 }
 
+// A signal handler that calls exit() lands while this thread retains the primary context (inside
+// the driver's cuDevicePrimaryCtxRetain, where gpumem holds its primary-context lock), and the
+// program's atexit handler destroys the context it made itself, as a driver-API program that ends
+// from a SIGTERM handler may.  Alone the destroy is the driver's: success.  A run that hangs is
+// ended by SIGALRM after 10 s.
+CUcontext g_own_ctx = nullptr;
+void destroy_in_handler() {
+    CUcontext primary = setup();
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 4096));  // a pool (and the log) exist
+    CHECK(cuCtxCreate(&g_own_ctx, nullptr, 0, 0));  // current now
+    CHECK(cuCtxSetCurrent(primary));
+    alarm(10);
+    atexit([] {
+        printf("atexit_destroy_result=%d\n", int(cuCtxDestroy(g_own_ctx)));
+        fflush(stdout);
+    });
+    signal(SIGUSR1, [](int) { exit(0); });
+    using arm_fn = void (*)(const char*, int);
+    auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
+    if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
+    arm("cuDevicePrimaryCtxRetain", SIGUSR1);
+    CUcontext c = nullptr;
+    cuDevicePrimaryCtxRetain(&c, 0);
+    printf("handler_did_not_run=1\n");
+}
+
 void query() {
     setup();
     CUdeviceptr a, b;
@@ -1448,6 +1475,7 @@ int main(int argc, char** argv) {
         capture(argc > 2 && std::string(argv[2]) == "to-graph", argc > 2 && std::string(argv[2]) == "stray-end",
                 argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
+    else if (s == "destroy-in-handler") destroy_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "edges") edges();
     else if (s == "free-async") free_async();
@@ -1480,7 +1508,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

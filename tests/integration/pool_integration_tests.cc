@@ -1493,6 +1493,28 @@ TEST_CASE("pool: a free from a signal handler that interrupted the pool gets the
     }
 }
 
+TEST_CASE("pool: exit from a signal handler during a primary context's retain: the program's atexit destroys its own context") {
+    // The emulated driver raises SIGUSR1 at the entry of the program's cuDevicePrimaryCtxRetain,
+    // which gpumem calls under its primary-context lock; the handler calls exit(0), and the
+    // program's atexit handler destroys a context it made.  Before, the destroy asked whether the
+    // context is primary under that same lock, held by this thread: the exit hung (SIGALRM).
+    auto alone = run_alone({EMU_POOL_APP, "destroy-in-handler"});
+    CHECK(values(alone.out)["atexit_destroy_result"] == "0");
+    for (const std::map<std::string, std::string>& env : std::vector<std::map<std::string, std::string>>{
+             {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
+        INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
+        auto r = run({EMU_POOL_APP, "destroy-in-handler"}, env);
+        INFO(r.err);
+        REQUIRE(WIFEXITED(r.status));
+        CHECK(WEXITSTATUS(r.status) == 0);
+        CHECK(r.out == alone.out);
+        REQUIRE(r.logs.size() == 1);
+        auto ls = lines_of(r.logs[0]);
+        REQUIRE(ls.back()["ev"] == "end");
+        CHECK(ls.back()["reason"] == "exit");
+    }
+}
+
 TEST_CASE("pool: a free a signal handler left waiting is carried out before its context ends") {
     // The handler frees a inside the pool's growth (its lock held), so the free waits for the next
     // pool call; the program's next call resets the device, which ends a's context.  The free must
