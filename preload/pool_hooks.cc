@@ -306,7 +306,16 @@ void pool_stream_made(CUstream s, bool non_blocking) noexcept {
         if (pool_registry::slot* sl = registry().find(ctx)) sl->pool->order_new_stream(uint64_t(uintptr_t(s)));
 }
 
-bool pool_stream_destroyed(CUstream s) noexcept { return streams().destroyed(current_context(), uint64_t(uintptr_t(s))); }
+bool pool_stream_destroyed(CUstream s) noexcept {
+    // Inside a gpumem lock (exit() from a signal handler whose atexit handler destroys a stream) the
+    // stream set's lock may be this thread's, held by a fence: the exit hung.  The set cannot lose
+    // the stream then, so fences give way to synchronizes, which cover every stream.
+    if (in_gpumem_lock()) {
+        streams().give_up();
+        return false;
+    }
+    return streams().destroyed(current_context(), uint64_t(uintptr_t(s)));
+}
 void pool_stream_destroy_refused() noexcept { streams().give_up(); }
 
 void pool_green_context_made() noexcept {
@@ -899,6 +908,7 @@ void capture_begin() noexcept {
     // First (before the stream set's lock, which a release takes after the pool's): the current
     // context's batch of pending frees, which inside the capture could not be released.
     if (pool_registry::slot* sl = registry().find(current_context())) sl->pool->release_before_capture();
+    critical_section in;  // before the lock, released after it: a handler's stream destroy passes it by
     std::unique_lock<std::mutex> held = streams().hold();
     g_captures.fetch_add(1, std::memory_order_acq_rel);
 }

@@ -963,6 +963,32 @@ void destroy_in_handler() {
     printf("handler_did_not_run=1\n");
 }
 
+// A signal handler that calls exit() lands inside a driver call the pool makes while it holds the
+// stream set's lock (a fence's cuEventRecord or cuStreamQuery on the program's non-blocking stream),
+// and the program's atexit handler destroys that stream, as a C++ program whose static stream
+// object ends at exit may.  Alone no such call is made: the loop ends and the destroy comes at the
+// normal exit.  A run that hangs is ended by SIGALRM after 10 s.
+CUstream g_exit_stream = nullptr;
+void stream_destroy_in_handler() {
+    setup();
+    CHECK(cuStreamCreate(&g_exit_stream, CU_STREAM_NON_BLOCKING));
+    alarm(10);
+    atexit([] {
+        printf("atexit_destroy_result=%d\n", int(cuStreamDestroy(g_exit_stream)));
+        fflush(stdout);
+    });
+    signal(SIGUSR1, [](int) { exit(0); });
+    using arm_fn = void (*)(const char*, int);
+    auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
+    if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
+    arm("cuEventRecord,cuStreamQuery", SIGUSR1);
+    for (int i = 0; i < 200; ++i) {
+        CUdeviceptr p;
+        CHECK(cuMemAlloc(&p, 1u << 20));
+        CHECK(cuMemFree(p));
+    }
+}
+
 void query() {
     setup();
     CUdeviceptr a, b;
@@ -1476,6 +1502,7 @@ int main(int argc, char** argv) {
                 argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
     else if (s == "destroy-in-handler") destroy_in_handler();
+    else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "edges") edges();
     else if (s == "free-async") free_async();
@@ -1508,7 +1535,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

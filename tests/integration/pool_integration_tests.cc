@@ -1515,6 +1515,28 @@ TEST_CASE("pool: exit from a signal handler during a primary context's retain: t
     }
 }
 
+TEST_CASE("pool: exit from a signal handler inside a fence: the program's atexit destroys its stream") {
+    // The emulated driver raises SIGUSR1 in the first cuEventRecord or cuStreamQuery, which only
+    // the pool makes here, while it holds the stream set's lock; the handler calls exit(0), and the
+    // program's atexit handler destroys its non-blocking stream.  Before, the destroy hook took
+    // the stream set's lock, held by this thread: the exit hung (SIGALRM).
+    auto alone = run_alone({EMU_POOL_APP, "stream-destroy-in-handler"});
+    CHECK(values(alone.out)["atexit_destroy_result"] == "0");
+    for (const std::map<std::string, std::string>& env : std::vector<std::map<std::string, std::string>>{
+             {{"GPUMEM_REUSE", "safe"}}, {{"GPUMEM_REUSE", "safe"}, {"GPUMEM_POOL_VMM", "off"}}}) {
+        INFO(env.size());
+        auto r = run({EMU_POOL_APP, "stream-destroy-in-handler"}, env);
+        INFO(r.err);
+        REQUIRE(WIFEXITED(r.status));
+        CHECK(WEXITSTATUS(r.status) == 0);
+        CHECK(r.out == alone.out);
+        REQUIRE(r.logs.size() == 1);
+        auto ls = lines_of(r.logs[0]);
+        REQUIRE(ls.back()["ev"] == "end");
+        CHECK(ls.back()["reason"] == "exit");
+    }
+}
+
 TEST_CASE("pool: a free a signal handler left waiting is carried out before its context ends") {
     // The handler frees a inside the pool's growth (its lock held), so the free waits for the next
     // pool call; the program's next call resets the device, which ends a's context.  The free must
