@@ -31,6 +31,8 @@ void take(const json& j, const char* key, T& out) {
     if (it == j.end()) return;
     if constexpr (std::is_same_v<T, std::string>) {
         if (it->is_string()) out = it->template get<std::string>();
+    } else if constexpr (std::is_same_v<T, bool>) {
+        if (it->is_boolean()) out = it->template get<bool>();
     } else if constexpr (std::is_integral_v<T>) {
         if (it->is_number_integer()) out = it->template get<T>();
     }
@@ -75,6 +77,7 @@ void read_header(std::string_view line, bool complete, const std::string& path, 
     take(h, header_key::start_unix_ns, rep.start_unix_ns);
     take(h, header_key::gpumem_version, rep.gpumem_version);
     take(h, header_key::stacks_off, rep.stacks_off);
+    take(h, header_key::alloc_ctx, rep.alloc_ctx);
     auto cmd = h.find(header_key::cmdline);
     if (cmd != h.end() && cmd->is_array())
         for (const json& a : *cmd)

@@ -257,6 +257,9 @@ struct process_report {
     // Why the recorder took no Python stacks though asked to (the header's stacks_off): "" when
     // it took them, or the process ran no Python.
     std::string stacks_off;
+    // The header's alloc_ctx: allocations outside the pools carry their context's "ctx", and a
+    // context_reset ends only its own context's (docs/log-format.md, "Rebuilding the layout").
+    bool alloc_ctx = false;
     std::vector<std::string> cmdline;
     std::vector<header_device> header_devices;
     // Body.

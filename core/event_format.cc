@@ -63,7 +63,8 @@ const char* name_of(const char* const (&names)[N], E v) noexcept {
         case log_field::t: v = e.t_ns; return true;
         case log_field::tid: v = e.tid; return true;
         case log_field::dev: v = uint64_t(int64_t(e.dev)); return true;
-        case log_field::ctx: v = e.ctx; return e.ctx != 0;  // left out for a device's first pool
+        // Left out for a device's first pool, and on a pooled alloc (its "seg" names the pool).
+        case log_field::ctx: v = e.ctx; return e.ctx != 0 && !(e.ev == ev_kind::alloc && (e.flags & ef_pooled));
         case log_field::api: v = uint64_t(e.api); return true;
         case log_field::kind: v = uint64_t(e.kind); return true;
         case log_field::ptr: v = b.ptr; return true;
@@ -206,6 +207,12 @@ void put(std::string& out, const char* key, int64_t v, bool optional) {
     out += "\":";
     out += std::to_string(v);
 }
+void put(std::string& out, const char* key, bool v, bool) {
+    if (!v) return;
+    out += ",\"";
+    out += key;
+    out += "\":true";
+}
 void put(std::string& out, const char* key, const std::vector<std::string>& v, bool) {
     out += ",\"";
     out += key;
@@ -269,6 +276,7 @@ std::string format_header(const header_values& h) {
 #define GPUMEM_OPT_opt_str true
 #define GPUMEM_OPT_int false
 #define GPUMEM_OPT_opt_int true
+#define GPUMEM_OPT_flag true
 #define GPUMEM_OPT_strs false
 #define GPUMEM_OPT_devices false
 #define GPUMEM_OPT_config false

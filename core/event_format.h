@@ -23,6 +23,7 @@ size_t format_event(const event& e, char* buf, size_t cap) noexcept;
 #define GPUMEM_HT_opt_str std::string  // left out when empty
 #define GPUMEM_HT_int int64_t
 #define GPUMEM_HT_opt_int int64_t      // left out when 0
+#define GPUMEM_HT_flag bool            // `true`, left out when false
 #define GPUMEM_HT_strs std::vector<std::string>
 #define GPUMEM_HT_devices std::vector<header_device>
 #define GPUMEM_HT_config header_config

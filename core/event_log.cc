@@ -619,7 +619,8 @@ void event_log::account(event& e, bool from_signal) noexcept {
             if (from_signal) break;
             try {
                 (e.kind == mem_kind::vmm ? live_vmm_ : live_)[e.b.ptr] =
-                    live_entry{e.b.size, e.b.asize, e.dev, e.kind, (e.flags & ef_pooled) != 0, e.ctx};
+                    live_entry{e.b.size, e.b.asize, e.dev, e.kind, (e.flags & ef_pooled) != 0, e.ctx,
+                               (e.flags & ef_has_stream) != 0};
             } catch (...) {
                 // Out of memory: this allocation's free will be logged "unknown".
             }
@@ -663,11 +664,13 @@ void event_log::account(event& e, bool from_signal) noexcept {
         }
         case ev_kind::context_reset: {
             // The context's allocations died with it (docs/log-format.md, layout rule 6): its
-            // pool's blocks, and the device's allocations outside the pools, whose context the log
-            // does not know.  The analyzer drops them there too, so the end line's live counts agree.
+            // pool's blocks and its allocations outside the pools, those of its (dev, ctx), but no
+            // stream-ordered one, which no context owns.  The analyzer drops the same, so the end
+            // line's live counts agree, and a later free of another context's allocation still
+            // finds its size here.
             if (from_signal || e.dev < 0) break;
             for (auto it = live_.begin(); it != live_.end();) {
-                if (it->second.dev != e.dev || (it->second.pooled && it->second.ctx != e.ctx)) {
+                if (it->second.dev != e.dev || it->second.ctx != e.ctx || it->second.stream_ordered) {
                     ++it;
                     continue;
                 }

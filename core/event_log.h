@@ -212,7 +212,10 @@ class event_log {
         int16_t dev;
         mem_kind kind;
         bool pooled;
-        uint8_t ctx;  // a pooled block's pool ("ctx"): only its own context_reset drops it
+        // Its context's pool ("ctx"): only that pool's context_reset drops it.  A stream-ordered
+        // allocation belongs to no context (cuda.h, cuCtxDestroy): no context_reset drops it.
+        uint8_t ctx;
+        bool stream_ordered;
     };
     // Live allocations, consumer only.  VMM handles live in their own map: a handle can equal an address.
     std::unordered_map<uint64_t, live_entry> live_, live_vmm_;

@@ -228,7 +228,10 @@ struct event {
     pool_id pool;
     uint8_t flags;     // event_flags
     // "ctx": which pool of the device a pool event is from, one per context: its ordinal among the
-    // device's pools, 0 for the first made (pool_registry::find_or_create); 0 for other events.
+    // device's pools, 0 for the first made (pool_registry::find_or_create).  On an alloc outside
+    // the pools, the pool of the context that made it (the current one), where that context has a
+    // pool on the allocation's device; 0 for stream-ordered ones (no context owns them) and for
+    // other events.
     uint8_t ctx;
     union {            // which one: by `ev`, as core/log_fields.h's "carried by" says
         block_fields b;

@@ -63,8 +63,8 @@ inline constexpr uint32_t k_kinds_counted = GPUMEM_K(pool_sync) | GPUMEM_K(conte
           GPUMEM_K(context_reset) | GPUMEM_K(reuse_safe),                                                 \
       GPUMEM_K(alloc) | GPUMEM_K(free) | GPUMEM_K(alloc_fail) | k_kinds_segment | k_kinds_pool_state |    \
           GPUMEM_K(reuse_safe))                                                                           \
-    X(ctx, "ctx", u64, k_kinds_segment | k_kinds_pool_state | GPUMEM_K(pool_sync) | GPUMEM_K(context_reset) |  \
-          GPUMEM_K(reuse_safe), 0)                                                                        \
+    X(ctx, "ctx", u64, GPUMEM_K(alloc) | k_kinds_segment | k_kinds_pool_state | GPUMEM_K(pool_sync) |          \
+          GPUMEM_K(context_reset) | GPUMEM_K(reuse_safe), 0)                                             \
     X(api, "api", api, k_kinds_alloc_free | k_kinds_vm | k_kinds_segment | GPUMEM_K(oom) | GPUMEM_K(reuse_safe), \
       GPUMEM_K(alloc) | GPUMEM_K(free) | GPUMEM_K(alloc_fail) | GPUMEM_K(reuse_safe))                     \
     X(kind, "kind", mem_kind, k_kinds_alloc_free, GPUMEM_K(alloc) | GPUMEM_K(free))                       \
@@ -154,7 +154,8 @@ inline constexpr kind_member_list k_kind_members = make_kind_members<K>();
 // The header line's members, in the order the recorder writes them ("ev":"header" first).
 // X(id, "json name", type): str, int (JSON integer), strs (array of strings), devices (array of
 // objects with the device members below), config (object with the config members below and the
-// pool's settings, core/pool/pool_config.cc), opt_int (left out when 0).
+// pool's settings, core/pool/pool_config.cc), opt_int (left out when 0), flag (`true`; left out
+// when false).
 #define GPUMEM_HEADER_FIELDS(X)                   \
     X(format, "format", str)                      \
     X(version, "version", int)                    \
@@ -169,7 +170,8 @@ inline constexpr kind_member_list k_kind_members = make_kind_members<K>();
     X(config, "config", config)                   \
     X(gpumem_version, "gpumem_version", str)      \
     X(forked_from, "forked_from", opt_int)        \
-    X(stacks_off, "stacks_off", opt_str)
+    X(stacks_off, "stacks_off", opt_str)          \
+    X(alloc_ctx, "alloc_ctx", flag)
 
 // One element of the header's "devices".  X(id, "json name", type)
 #define GPUMEM_DEVICE_FIELDS(X) \

@@ -13,6 +13,7 @@ void fill_call(event& e, const call_info& c) noexcept {
         e.b.stream = c.stream;
     }
     e.b.mempool = c.mempool;
+    e.ctx = c.ctx;
 }
 }  // namespace
 

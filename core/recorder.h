@@ -22,6 +22,9 @@ struct call_info {
     bool has_stream = false;
     uint64_t stream = 0;
     uint64_t mempool = 0;  // cuMemAllocFromPoolAsync only
+    // An allocation outside the pools: the number of the pool of the context that made it, its
+    // "ctx" (the event's ctx): its context's context_reset drops it (event_log::account).
+    uint8_t ctx = 0;
     // A call that ran out of memory: the driver's cuMemGetInfo just after it, on the call's device
     // (gpu_total 0: not asked).  Written on its alloc_fail, so an OOM the pool did not serve says
     // how much the GPU had free, as the pool's own "oom" line does.

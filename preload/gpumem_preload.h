@@ -234,6 +234,10 @@ void* real_runtime_for(const char* name, const void* caller) noexcept;
 bool pool_alloc(api_id api, uint64_t bytes, uint64_t* ptr, int* result) noexcept;
 bool pool_free(api_id api, uint64_t ptr, int* result) noexcept;
 bool pool_owns(uint64_t ptr) noexcept;
+// The "ctx" of an allocation outside the pools, made now on `dev` in the current context: the
+// number of that context's pool where it has one on dev, else 0 (docs/log-format.md).  No driver
+// call without a pool.
+uint8_t pool_ctx_here(int dev) noexcept;
 // A free that cannot reach the pool now: this thread is inside gpumem (a hook's guard, so a signal
 // handler's free, or gpumem's own driver call come back through another interposer).  True, with
 // *result = 0, when ptr lies in a pool's segment: the driver never allocated it, so the free waits

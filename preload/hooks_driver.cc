@@ -52,6 +52,10 @@ void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t siz
     c.has_stream = has_stream;
     c.stream = stream;
     c.mempool = mempool;
+    // The context that made it, which frees it when it ends: the current one, whose pool's number
+    // the line carries.  A stream-ordered allocation (a stream named) belongs to no context, and
+    // host memory is on no device.
+    if (err == 0 && !has_stream && c.dev >= 0) c.ctx = pool_ctx_here(c.dev);
     note_driver_memory(c, err);
     rec->alloc(c, err, ptr, size, asize);
 }

@@ -532,6 +532,14 @@ bool pool_owns(uint64_t ptr) noexcept {
     return ptr != 0 && lookup_any(ptr, nullptr) != nullptr;
 }
 
+uint8_t pool_ctx_here(int dev) noexcept {
+    // Without a pool no context_reset is ever written, and no "ctx" is needed.  A context with
+    // no pool of its own (it never allocated through one) gets 0, the device's first pool's.
+    if (registry().count() == 0 || in_gpumem_lock()) return 0;
+    const pool_registry::slot* s = registry().find(current_context());
+    return s && s->device == dev ? uint8_t(s->pool->ordinal()) : 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pointer queries.  For an allocated block the program sees the block as its own allocation:
 // start = the block, size = the bytes it asked for.  Inside a segment but outside any allocated

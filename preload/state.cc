@@ -182,6 +182,7 @@ std::string header_line(const process_state& st, const std::string& pool_json, u
     h.gpumem_version = GPUMEM_VERSION;
     h.forked_from = st.forked_from;
     h.stacks_off = python_stacks_off(st);
+    h.alloc_ctx = true;  // allocations outside the pools carry their context's "ctx"
     return format_header(h);
 }
 

@@ -123,7 +123,7 @@ void address_space::on_alloc(const log_event& e, uint64_t line) {
     device_state& d = dev(e.dev);
     if (e.ptr == 0) return;  // a zero-byte allocation returns NULL: nothing is held
     live_alloc a{e.size, e.set_aside(), e.seq, e.t, line, e.pooled ? e.seg : 0,
-                 e.api, e.dev, e.kind, e.pooled};
+                 e.api, e.dev, e.kind, e.pooled, e.has(fd_stream), uint32_t(std::min<uint64_t>(e.ctx, UINT32_MAX))};
     if (a.asize < a.size) {
         // What is set aside holds at least what was asked for (a pool's block, a pitched row's
         // padding): less would put allocated below requested and print a negative rounding.
@@ -607,9 +607,16 @@ void address_space::drop_device_state(int only_dev, const log_event& e) {
                     p.pending.clear();
                 }
         }
+    // Outside the pools, a reset takes its own context's allocations (their "ctx"), but no
+    // stream-ordered one; in a log whose header lacks alloc_ctx (written before its allocations
+    // carried "ctx") every one of the device's, as the recorder that wrote it did.
+    const uint32_t reset_ctx = uint32_t(std::min<uint64_t>(e.ctx, UINT32_MAX));
+    auto plain_dies = [&](const live_alloc& a) {
+        return !proc_.alloc_ctx || (!a.stream_ordered && a.ctx == reset_ctx);
+    };
     std::vector<uint64_t> dropped;  // erased after the walk: erase moves entries
     for (const auto& [ptr, a] : live_) {
-        bool dies = only_dev < 0 ? a.pooled : a.dev == only_dev && !a.pooled;
+        bool dies = only_dev < 0 ? a.pooled : a.dev == only_dev && !a.pooled && plain_dies(a);
         if (a.pooled && only_dev >= 0)
             if (auto* const* sit = segment_at_.find(a.seg)) dies = gone((*sit)->second);
         if (dies) {

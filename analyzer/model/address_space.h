@@ -26,6 +26,10 @@ struct live_alloc {
     int32_t dev;
     mem_kind kind;
     bool pooled;
+    // Outside the pools: made on a stream (its line has "stream"), which no context owns.
+    bool stream_ordered;
+    // Outside the pools: its line's "ctx", the pool of its context (saturated: no pool numbers that high).
+    uint32_t ctx;
 };
 
 // A range of a virtual-memory segment with no physical chunks behind it: given back by a

@@ -67,6 +67,10 @@ struct pool_segment {
 struct whole {
     uint64_t size, requested, stream;
     uint32_t stack;
+    // An allocation outside the pools: its line's "ctx", and whether it named a stream (no
+    // context owns a stream-ordered one): which context_reset ends it, as in the report's model.
+    uint64_t ctx = 0;
+    bool stream_ordered = false;
     uint64_t shown() const { return std::min(requested, size); }  // as block::shown
 };
 
@@ -156,8 +160,9 @@ class device_export {
             }
             break;
         case ev_kind::context_reset:
-            // As the report's model: a reset drops its pool's memory and the device's memory outside
-            // the pools, a reset of no device the pools of every device.
+            // As the report's model: a reset drops its pool's memory and its context's memory
+            // outside the pools (with the header's alloc_ctx; before it, all of the device's), a
+            // reset of no device the pools of every device.
             if (e.dev == dev_ || e.dev < 0) {
                 for (auto& [c, p] : pools_)
                     if (e.dev < 0 || c == e.ctx) complete_pending(p, e.t);
@@ -165,8 +170,12 @@ class device_export {
                     const uint64_t base = it++->first;  // drop_segment erases it
                     if (e.dev < 0 || segs_.at(base).ctx == e.ctx) drop_segment(base, e.t);
                 }
-                if (e.dev == dev_)
-                    while (!plain_.empty()) close_whole(plain_, plain_.begin()->first, e.t);
+                if (e.dev == dev_) {
+                    std::vector<uint64_t> ending;
+                    for (const auto& [ptr, w] : plain_)
+                        if (!rep_.alloc_ctx || (!w.stream_ordered && w.ctx == e.ctx)) ending.push_back(ptr);
+                    for (uint64_t ptr : ending) close_whole(plain_, ptr, e.t);
+                }
             }
             break;
         case ev_kind::reuse_safe:
@@ -404,7 +413,7 @@ class device_export {
             return;
         }
         if (plain_.count(e.ptr)) close_whole(plain_, e.ptr, e.t);
-        whole x{e.set_aside(), e.size, stream, stack};
+        whole x{e.set_aside(), e.size, stream, stack, e.ctx, e.has(fd_stream)};
         plain_[e.ptr] = x;
         open_whole(e.ptr, x, e.t);
     }

@@ -36,6 +36,7 @@ class block_pool {
     // (docs/log-format.md): 0 for the device's first.
     block_pool(const pool_config& cfg, pool_backend& backend, event_sink* sink, int device, int ordinal = 0) noexcept;
     ~block_pool();  // frees host bookkeeping only: never calls the backend
+    int ordinal() const noexcept { return ordinal_; }  // its "ctx"
     block_pool(const block_pool&) = delete;
     block_pool& operator=(const block_pool&) = delete;
 

@@ -402,6 +402,44 @@ TEST_CASE("a context reset drops the device's segments and blocks", "[scenario]"
     CHECK(d.end_free_in_segments == 1 << 20);
 }
 
+// docs/log-format.md, "Rebuilding the layout" step 6: with the header's alloc_ctx, a context_reset
+// takes its own context's allocations outside the pools (their "ctx") and no stream-ordered one;
+// without it (a log written before), every allocation of the device outside the pools.
+TEST_CASE("a context reset takes only its own context's allocations outside the pools", "[scenario]") {
+    std::string header = k_header_on;
+    const std::string with_ctx = header.insert(header.rfind('}'), ",\"alloc_ctx\":true");
+    auto in_ctx1 = [](std::string line) { return line.insert(line.find(",\"api\""), ",\"ctx\":1"); };
+    auto on_stream = [](std::string line) { return line.insert(line.rfind('}'), ",\"stream\":\"0x0\""); };
+    auto reset = [](uint64_t seq, int ctx) {
+        return "{\"ev\":\"context_reset\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+               ",\"tid\":1,\"dev\":0" + (ctx ? ",\"ctx\":" + std::to_string(ctx) : std::string()) + ",\"count\":0}\n";
+    };
+    const uint64_t a = 0x10000000, b = 0x20000000, c = 0x30000000, d = 0x40000000;
+    const std::string allocs = alloc_line(0, a, 1000, 0, "managed", "cuMemAllocManaged") +            // context 0's
+                               in_ctx1(alloc_line(1, b, 2000, 0, "managed", "cuMemAllocManaged")) +   // context 1's
+                               on_stream(alloc_line(2, c, 3000, 0, "device", "cuMemAllocAsync")) +    // no context's
+                               alloc_line(3, d, 4000, 0, "device", "cuMemAllocPitch_v2");             // context 0's
+    SECTION("header with alloc_ctx") {
+        // Context 1 ends (b dies), context 0 frees a, then context 0 ends (d dies): c stays live.
+        temp_file f(with_ctx + allocs + reset(4, 1) + free_line(5, a, 1000, 0, "managed") + reset(6, 0) + end_line(7, 1));
+        process_report r = analyze_file(f.path, {});
+        INFO((r.warnings.empty() ? std::string() : r.warnings[0]));
+        CHECK(r.n_warnings == 0);
+        CHECK(r.n_context_reset == 2);
+        const device_report& dv = device(r, 0);
+        CHECK(dv.n_unknown_free == 0);
+        CHECK(dv.n_leaks == 1);
+        CHECK(dv.leaked_bytes == 3000);
+    }
+    SECTION("header without alloc_ctx: the device's allocations outside the pools all end, as before") {
+        temp_file f(std::string(k_header_on) + allocs + reset(4, 1) + end_line(5, 0));
+        process_report r = analyze_file(f.path, {});
+        INFO((r.warnings.empty() ? std::string() : r.warnings[0]));
+        CHECK(r.n_warnings == 0);
+        CHECK(device(r, 0).n_leaks == 0);
+    }
+}
+
 TEST_CASE("--at takes the map after the last event at or before the moment", "[scenario]") {
     analyze_options o;
     REQUIRE(parse_moment("5", o.at));

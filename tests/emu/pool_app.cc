@@ -442,6 +442,33 @@ void two_pools_fenced() {
     print_counts("");
 }
 
+// Two contexts on one device, each with a pool (the program's own, the device's first; the
+// primary context's, its second) and allocations outside the pools: managed memory in each, and a
+// stream-ordered allocation (no context owns it: cuda.h, cuCtxDestroy) made in the primary one.
+// The program's own context ends; the primary context's allocations live on, and it frees them.
+void two_pools_unpooled() {
+    CHECK(cuInit(0));
+    CUcontext mine = nullptr, primary = nullptr, popped = nullptr;
+    CHECK(cuCtxCreate(&mine, nullptr, 0, 0));  // current now
+    CUdeviceptr pooled_mine = 0, managed_mine = 0, pooled_primary = 0, managed_primary = 0, ordered = 0;
+    CHECK(cuMemAlloc(&pooled_mine, 1u << 20));
+    CHECK(cuMemAllocManaged(&managed_mine, 4096, CU_MEM_ATTACH_GLOBAL));  // dies with its context
+    CHECK(cuDevicePrimaryCtxRetain(&primary, 0));
+    CHECK(cuCtxPushCurrent(primary));
+    CHECK(cuMemAlloc(&pooled_primary, 1u << 20));
+    CHECK(cuMemAllocManaged(&managed_primary, 8192, CU_MEM_ATTACH_GLOBAL));
+    CHECK(cuMemAllocAsync(&ordered, 12288, nullptr));
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuCtxDestroy(mine));
+    CHECK(cuCtxPushCurrent(primary));
+    CHECK(cuMemFree(managed_primary));
+    CHECK(cuMemFreeAsync(ordered, nullptr));
+    CHECK(cuMemFree(pooled_primary));
+    printf("managed_primary=0x%llx\nordered=0x%llx\nmanaged_mine=0x%llx\n", (unsigned long long)managed_primary,
+           (unsigned long long)ordered, (unsigned long long)managed_mine);
+    print_counts("");
+}
+
 // CUDA arrays and the device malloc heap, after the program freed 192 MiB into the pool (of a
 // 256 MiB device): cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate of 192 MiB, and
 // cuCtxSetLimit of a 192 MiB heap.  Without gpumem each is served.
@@ -1514,6 +1541,7 @@ int main(int argc, char** argv) {
     else if (s == "context-create") context_create();
     else if (s == "two-pools") two_pools(argc > 2 && !strcmp(argv[2], "huge"));
     else if (s == "two-pools-fenced") two_pools_fenced();
+    else if (s == "two-pools-unpooled") two_pools_unpooled();
     else if (s == "green-end") green_end();
     else if (s == "green-pool") green_pool();
     else if (s == "green-reuse") green_reuse();
@@ -1535,7 +1563,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 && std::string(argv[5]) == "capture");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -999,6 +999,60 @@ TEST_CASE("pool: two contexts' pools on a device are rebuilt apart: a fence in o
     }
 }
 
+TEST_CASE("pool: a context's end takes only its own allocations outside the pools, and no stream-ordered one") {
+    // Two contexts on device 0, each with a pool: the program's own (the device's first) and the
+    // primary one (its second).  Each makes managed memory; the primary one also a stream-ordered
+    // allocation, which no context owns (cuda.h, cuCtxDestroy).  The program's own context ends,
+    // then the primary one frees its three.  Before, the reset dropped every allocation of the
+    // device outside the pools from the recorder's table, so the primary context's later frees
+    // were logged "unknown" with size 0, and the report dropped them at the reset too.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_PRIMARY_REFS", "0"}};
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "two-pools-unpooled"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        const uint64_t managed_primary = std::stoull(v["managed_primary"], nullptr, 16),
+                       ordered = std::stoull(v["ordered"], nullptr, 16), managed_mine = std::stoull(v["managed_mine"], nullptr, 16);
+        CHECK(ls.front().value("alloc_ctx", false));
+        REQUIRE(count_ev(ls, "context_reset") == 1);
+        size_t reset = 0;
+        for (size_t i = 0; i < ls.size(); ++i)
+            if (ls[i]["ev"] == "context_reset") reset = i;
+        CHECK(ls[reset].value("ctx", 0) == 0);  // the program's own context's pool, the device's first
+        int seen = 0;
+        for (size_t i = 0; i < ls.size(); ++i) {
+            const json& l = ls[i];
+            if (!l.contains("ptr") || l.value("pooled", false) || (l["ev"] != "alloc" && l["ev"] != "free")) continue;
+            const uint64_t p = hex(l["ptr"]);
+            INFO(l.dump());
+            if (l["ev"] == "alloc") {
+                // The pool of the context that made it; none for the stream-ordered one.
+                if (p == managed_primary) CHECK((seen |= 1, l.value("ctx", 0) == 1));
+                if (p == managed_mine) CHECK((seen |= 2, !l.contains("ctx")));
+                if (p == ordered) CHECK((seen |= 4, !l.contains("ctx") && l.contains("stream")));
+            } else if (p == managed_primary || p == ordered) {
+                // Freed after the reset, by the context that lives on: its size, not "unknown".
+                seen |= p == ordered ? 8 : 16;
+                CHECK(i > reset);
+                CHECK(!l.contains("unknown"));
+                CHECK(l["size"] == (p == ordered ? 12288 : 8192));
+                CHECK(l["dev"] == 0);
+            }
+        }
+        CHECK(seen == 31);
+        // The program's own context took its pooled block and its managed memory with it.
+        CHECK(ls.back()["live_allocs"] == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+        const json dev0 = report_json(r.logs[0])["processes"][0]["devices"][0];
+        CHECK(dev0["n_leaks"] == 0);
+    }
+}
+
 TEST_CASE("pool: a request larger than the device fails at once beside another context's pool, which keeps its cache") {
     // The primary context's pool holds the 256 MiB device freed; the program's own context asks
     // for 1 GiB, which no give-back could serve (the driver fails it at once, docs/pool.md): the

@@ -73,7 +73,8 @@ def expected(header, stacks, events, dev):
     c = Counter()
     frames = []
     handles, maps, holes, seg_size, arena, seg_ctx = {}, {}, {}, {}, {}, {}
-    live_pooled, live_plain = {}, set()  # live_pooled: block -> its segment
+    live_pooled, live_plain = {}, {}  # live_pooled: block -> its segment; live_plain: ptr -> its line
+    by_ctx = header.get("alloc_ctx", False)  # a reset ends only its own context's plain allocations
     oom_pending = None
     for e in events:
         ev, d = e["ev"], e.get("dev", -1)
@@ -85,7 +86,7 @@ def expected(header, stacks, events, dev):
             if e.get("pooled"):
                 live_pooled[ptr] = int(e["seg"], 16)
             else:
-                live_plain.add(ptr)
+                live_plain[ptr] = e
             if not e.get("pooled"):
                 c["segment_alloc"] += 1
             c["alloc"] += 1
@@ -93,7 +94,7 @@ def expected(header, stacks, events, dev):
         elif ev == "free" and d == dev and kind != "vmm" and not e.get("unknown"):
             c["free_requested"] += 1
             live_pooled.pop(ptr, None)
-            live_plain.discard(ptr)
+            live_plain.pop(ptr, None)
             if not e.get("pooled"):
                 c["free_completed"] += 1
                 c["segment_free"] += 1
@@ -122,20 +123,24 @@ def expected(header, stacks, events, dev):
             c["segment_map"] += 1
             holes[int(e["seg"], 16)] = fill(holes[int(e["seg"], 16)], ptr, e["size"])
         elif ev == "context_reset" and d == dev:
-            # The blocks and segments of its pool ("ctx") end, and the device's allocations outside
-            # the pools: live blocks are freed first, and each pool segment piece by piece.
+            # The blocks and segments of its pool ("ctx") end, and its context's allocations outside
+            # the pools (with the header's alloc_ctx: those of its "ctx" that name no stream; before
+            # it, all of the device's): live blocks are freed first, and each pool segment piece by piece.
             gone = {b for b in holes if seg_ctx[b] == e.get("ctx", 0)}
             dying = [p for p, s in live_pooled.items() if s in gone]
-            c["free_requested"] += len(dying) + len(live_plain)
-            c["free_completed"] += len(live_plain)
-            c["segment_free"] += len(live_plain) + sum(pieces(b, seg_size[b], holes[b]) for b in gone if not arena.get(b))
+            plain = [p for p, a in live_plain.items()
+                     if not by_ctx or ("stream" not in a and a.get("ctx", 0) == e.get("ctx", 0))]
+            c["free_requested"] += len(dying) + len(plain)
+            c["free_completed"] += len(plain)
+            c["segment_free"] += len(plain) + sum(pieces(b, seg_size[b], holes[b]) for b in gone if not arena.get(b))
             c["segment_unmap"] += sum(pieces(b, seg_size[b], holes[b]) for b in gone if arena.get(b))
             for p in dying:
                 del live_pooled[p]
             for b in gone:
                 holes.pop(b)
                 arena.pop(b, None)
-            live_plain = set()
+            for p in plain:
+                del live_plain[p]
         elif ev == "segment_free" and d == dev:
             # One segment_free per mapped piece left between the holes.
             c["segment_unmap" if arena.pop(ptr, False) else "segment_free"] += pieces(ptr, e["size"], holes.pop(ptr, []))
@@ -255,9 +260,12 @@ def check_snapshot(log, snap_path, where, expect_pending=None):
         check(got["free_requested"] - got["free_completed"] == pend, f"{w}: pending blocks = frees not completed")
         if expect_pending is not None:
             check(pend == expect_pending.get(dev, 0), f"{w}: {pend} pending blocks, expected {expect_pending.get(dev, 0)}")
-        # Live at the end by the log alone: each allocation not freed (pooled or not) is one active block.
-        live, handle_dev = {}, {}
+        # Live at the end by the log alone: each allocation not freed (pooled or not) is one active
+        # block.  A reset ends its pool's blocks and, as above, its context's plain allocations.
+        live, handle_dev, seg_pool = {}, {}, {}
         for e in events:
+            if e["ev"] == "segment_alloc":
+                seg_pool[int(e["ptr"], 16)] = (e.get("dev", -1), e.get("ctx", 0))
             if e["ev"] == "alloc" and e.get("kind") == "vmm":
                 handle_dev[e["ptr"]] = e.get("dev", -1)
             d = e.get("dev", -1)
@@ -267,14 +275,20 @@ def check_snapshot(log, snap_path, where, expect_pending=None):
                 continue
             p = int(e.get("ptr", "0x0"), 16)
             if e["ev"] == "alloc" and p:
-                live[p] = e["size"]
+                live[p] = (e["size"], e)
             elif e["ev"] == "free":
                 live.pop(p, None)
             elif e["ev"] == "map":
-                live[p] = e["size"]
+                live[p] = (e["size"], {"ev": "map"})  # mapped memory outlives contexts (cuMemCreate's)
             elif e["ev"] == "unmap":
                 live.pop(p, None)
             elif e["ev"] == "context_reset":
-                live = {}
+                rc = e.get("ctx", 0)
+                by_ctx = header.get("alloc_ctx", False)
+                live = {a: (n, x) for a, (n, x) in live.items()
+                        if x["ev"] == "map"
+                        or (x.get("pooled") and seg_pool.get(int(x["seg"], 16), (dev, 0)) != (dev, rc))
+                        or (not x.get("pooled") and by_ctx and ("stream" in x or x.get("ctx", 0) != rc))}
+        live = {a: n for a, (n, _) in live.items()}
         check({a: n for a, (n, p) in blocks.items() if not p} == live, f"{w}: active blocks != the log's live allocations")
     return snap

@@ -26,11 +26,13 @@ def export(log, out, *extra):
 
 
 # --- a log written here: every mapping rule --------------------------------------------------------
-def write_log(path, body, reuse="safe", devices=2, version=3):
+def write_log(path, body, reuse="safe", devices=2, version=3, alloc_ctx=False):
     hdr = {"ev": "header", "format": "gpumem-events", "version": version, "pid": 7, "ppid": 1, "host": "h", "rank": "0",
            "cmdline": ["x"], "start_unix_ns": 1_000_000_000, "start_time": "1970-01-01T00:00:01Z",
            "devices": [{"index": i, "name": "emu", "total": 80 << 30} for i in range(devices)],
            "config": {"pool": "on", "reuse": reuse}, "gpumem_version": "0"}
+    if alloc_ctx:
+        hdr["alloc_ctx"] = True
     seq = 0
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(hdr) + "\n")
@@ -224,6 +226,29 @@ with tempfile.TemporaryDirectory() as d:
         pend = [b["address"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free"]
         check(pend == [S0], f"two pools: pool 0's free is still pending: {pend}")
         check([s["address"] for s in snap["segments"]] == [S0], "two pools: pool 0's segment outlives pool 1's reset")
+
+    # Allocations outside the pools with the header's alloc_ctx: a reset of context 1 ends its own
+    # (ctx 1) and pool 1's segment, not context 0's nor the stream-ordered one (no context owns it).
+    # Before, it ended every allocation of the device outside the pools.
+    P0, P1, PS = 0x7000000000, 0x7100000000, 0x7200000000
+    plain = [
+        seg("segment_alloc", 0, S0, 20 * MiB),
+        {**seg("segment_alloc", 0, S1, 20 * MiB), "ctx": 1},
+        {"ev": "alloc", "dev": 0, "api": "cuMemAllocManaged", "kind": "managed", "ptr": hex(P0), "size": 4096},
+        {"ev": "alloc", "dev": 0, "ctx": 1, "api": "cuMemAllocManaged", "kind": "managed", "ptr": hex(P1), "size": 8192},
+        {"ev": "alloc", "dev": 0, "api": "cuMemAllocAsync", "kind": "device", "ptr": hex(PS), "size": 12288, "stream": "0x0"},
+        {"ev": "context_reset", "dev": 0, "ctx": 1, "count": 0},
+    ]
+    for by_ctx in (True, False):
+        w = f"plain, alloc_ctx {by_ctx}"
+        log = os.path.join(d, f"plain{int(by_ctx)}.jsonl")
+        write_log(log, [dict(e) for e in plain], devices=1, alloc_ctx=by_ctx)
+        r = export(log, os.path.join(d, f"plain{int(by_ctx)}.pickle"))
+        check(r.returncode == 0, f"{w}: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+        if r.returncode == 0:
+            snap = check_snapshot(log, os.path.join(d, f"plain{int(by_ctx)}.pickle"), w)
+            left = sorted(s["address"] for s in snap["segments"])
+            check(left == ([S0, P0, PS] if by_ctx else [S0]), f"{w}: segments left {[hex(a) for a in left]}")
 
     # Arena segments (log format 4): a segment_alloc that maps only its first asize bytes, grown by
     # segment_map into its hole, a hole unmapped and mapped again, and a segment that mapped nothing
