@@ -1,7 +1,5 @@
 // `gpumem report`: reads event logs (or report JSON written by an earlier `gpumem report --json`)
 // and prints a report (text or JSON), and writes HTML and Perfetto files.
-#include <sys/stat.h>
-
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -39,16 +37,9 @@ struct report_args {
 };
 
 // --torch-snapshot: the pickle goes to a new file beside PATH (0600: it names the program's files,
-// as the log does) that replaces PATH only once complete, so a failed export leaves no half file.
-// An existing PATH that is a symbolic link, a directory or a device is refused, never written
-// through.
+// as the log does) that replaces PATH only once complete, so a failed export leaves no half file;
+// a link, a device or a directory at PATH is taken as every output takes it (file_replacement).
 bool write_torch_file(const std::string& path, const std::string& log, const process_report& rep) {
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-        spdlog::error("--torch-snapshot {}: exists and is not a regular file ({}); not written", path,
-                      S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
-        return false;
-    }
     file_replacement out(path, "--torch-snapshot", 0600);
     if (!out.ok()) return false;
     bool ok = false;
@@ -80,9 +71,11 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
     return ok && out.commit();
 }
 
-// Whether two paths name one file, existing or not ("x.html" and "./x.html", a link and its target).
-bool same_path(const std::string& x, const std::string& y) {
+// Whether two outputs name one file, existing or not ("x.html" and "./x.html", a link and its
+// target, a link to a file not there yet and that file's name).
+bool same_path(const std::string& x_out, const std::string& y_out) {
     namespace fs = std::filesystem;
+    const std::string x = output_target(x_out), y = output_target(y_out);
     // Made absolute first: weakly_canonical leaves a relative path none of whose parts exists as it
     // is ("x.html") but resolves "./x.html" against the working directory, so two names of one new
     // file would differ.

@@ -928,14 +928,50 @@ conventions)
   (trap '' XFSZ; ulimit -f 0; "$GPUMEM" check --max-peak 10GiB --junit "$W/a.html" "$DATA/before.jsonl" "$DATA/after.jsonl") \
     > "$W/out" 2> "$W/err" && fail "check --junit past the file size limit exited 0"
   cmp -s "$W/a.html" "$W/a.html.before" || fail "a failed --junit write changed the file it names"
-  # Through a link, the link's target is replaced and the link stays; a device is written through.
-  ln -sf "$W/a.html" "$W/link.html"
-  expect_rc 0 "$GPUMEM" report --no-progress --perfetto "$W/link.html" "$DATA/before.jsonl"
-  [ -L "$W/link.html" ] || fail "--perfetto through a link replaced the link"
-  grep -q traceEvents "$W/a.html" || fail "--perfetto through a link did not write its target"
-  "$GPUMEM" report --no-progress --perfetto /dev/stdout "$DATA/before.jsonl" > "$W/stdout.trace" 2> "$W/err" \
-    || fail "--perfetto /dev/stdout failed: $(cat "$W/err")"
-  grep -q traceEvents "$W/stdout.trace" || fail "--perfetto /dev/stdout wrote no trace"
+  # Every output takes its name as the shell's > does (docs/guide.md), one rule for all four:
+  # through a link the file it names is replaced (0600) and the link stays, a link to nothing
+  # creates the file it names, a device is written through, a directory is refused.  Before,
+  # --torch-snapshot refused a link and a device, and the others replaced a link to nothing with a
+  # plain file.  What each writes starts with: <!DOCTYPE, {"traceEvents", pickle 4's \x80\x04, <?xml.
+  write_out() {  # write_out I FILE: output I of the four to FILE
+    case $1 in
+      0) "$GPUMEM" report --no-progress "$DATA/before.jsonl" --html "$2" ;;
+      1) "$GPUMEM" report --no-progress "$DATA/before.jsonl" --perfetto "$2" ;;
+      2) "$GPUMEM" report --no-progress "$DATA/before.jsonl" --torch-snapshot "$2" ;;
+      3) "$GPUMEM" check --max-peak 10GiB "$DATA/before.jsonl" --junit "$2" ;;
+    esac
+  }
+  outs_opt=(--html --perfetto --torch-snapshot --junit)
+  outs_head=("<!DOCTYPE" '{"traceEvents"' $'\x80\x04' "<?xml")
+  for i in 0 1 2 3; do
+    set -- write_out "$i"
+    opt=${outs_opt[$i]} head=${outs_head[$i]}
+    starts() { [ "$(head -c "$(printf '%s' "$head" | wc -c)" "$1" | od -An -c)" = "$(printf '%s' "$head" | od -An -c)" ]; }
+    mkdir -p "$W/rule" "$W/rule/dir" && rm -f "$W/rule/"*.out "$W/rule/"*.link "$W/rule/sub/"* && mkdir -p "$W/rule/sub"
+    echo old > "$W/rule/target.out" && chmod 644 "$W/rule/target.out"
+    ln -s target.out "$W/rule/to-file.link"             # relative: from the link's directory
+    ln -s "$W/rule/sub/new.out" "$W/rule/to-nothing.link"
+    ln -s sub/rel-new.out "$W/rule/to-nothing-rel.link"
+    expect_rc 0 "$@" "$W/rule/to-file.link"
+    [ -L "$W/rule/to-file.link" ] || fail "$opt through a link replaced the link"
+    starts "$W/rule/target.out" || fail "$opt through a link did not write the file it names: $(head -c 40 "$W/rule/target.out")"
+    [ "$(stat -c %a "$W/rule/target.out")" = 600 ] || fail "$opt through a link: mode $(stat -c %a "$W/rule/target.out"), expected 600"
+    for l in to-nothing:new to-nothing-rel:rel-new; do
+      expect_rc 0 "$@" "$W/rule/${l%%:*}.link"
+      [ -L "$W/rule/${l%%:*}.link" ] || fail "$opt through a link to nothing replaced the link with a file"
+      starts "$W/rule/sub/${l#*:}.out" || fail "$opt through a link to nothing (${l%%:*}) did not create the file it names"
+    done
+    # Mixed with the command's own text there (check and report print theirs).
+    "$@" /dev/stdout > "$W/rule/stdout.out" 2> "$W/err" || fail "$opt /dev/stdout failed: $(cat "$W/err")"
+    LC_ALL=C grep -qaF -- "$head" "$W/rule/stdout.out" || fail "$opt /dev/stdout wrote nothing of its own"
+    expect_rc 2 "$@" "$W/rule/dir"
+    expect_in "$W/err" "gpumem: error: $opt $W/rule/dir: is a directory; not written"
+    ln -s loop.link "$W/rule/loop.link"
+    expect_rc 2 "$@" "$W/rule/loop.link"
+    expect_in "$W/err" "gpumem: error: $opt $W/rule/loop.link: cannot write: Too many levels of symbolic links"
+    [ -L "$W/rule/loop.link" ] || fail "$opt replaced a loop of links with a file"
+    [ -z "$(ls -A "$W/rule" "$W/rule/sub" | grep '^\.gpumem-out-')" ] || fail "$opt left a temporary file"
+  done
   # What goes to stdout is an output too: `report --json > r.json` on a full disk is an error (exit
   # 2), not a cut file and exit 0.
   for cmd in "report" "report --json" "check --max-peak 10GiB" "diff $DATA/before.jsonl" "replay" "replay --json"; do
@@ -961,6 +997,10 @@ conventions)
   rm -f "$W/new.out"
   expect_rc 2 "$GPUMEM" report --html new.out --perfetto ./new.out "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --html and --perfetto both name ./new.out"
+  # A link to a file not there yet and that file: both outputs would go to the file.
+  rm -f "$W/later.out" "$W/later.link" && ln -s later.out "$W/later.link"
+  expect_rc 2 "$GPUMEM" report --html "$W/later.link" --torch-snapshot "$W/later.out" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --html and --torch-snapshot both name $W/later.out"
   # Inputs after --, and options after the inputs.
   expect_rc 1 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1KiB
   expect_rc 0 "$GPUMEM" report --no-progress -- "$DATA/before.jsonl"
