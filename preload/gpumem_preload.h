@@ -12,12 +12,14 @@
 #undef cuDevicePrimaryCtxReset  // calls cuDevicePrimaryCtxReset, not its _v2 (H200 run 112)
 #undef cuDevicePrimaryCtxRelease  // and a primary context's last release ends it too
 #undef cuCtxCreate  // cuda.h 13 renames it to _v4; every ABI of a context's creation is wrapped
+#undef cuIpcOpenMemHandle  // renamed to _v2; the first ABI (same prototype) is wrapped too
 extern "C" CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 extern "C" CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 extern "C" CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
 extern "C" CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 extern "C" CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 extern "C" CUresult CUDAAPI cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev);
+extern "C" CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags);
 extern "C" CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
 extern "C" CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
                                            CUdevice dev);
@@ -44,7 +46,7 @@ namespace gpumem {
     X(cuMemAddressFree) X(cuMemHostAlloc) X(cuMemAllocHost_v2) X(cuMemFreeHost)         \
     X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)       \
     X(cuMemGetInfo_v2)                                                                  \
-    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
     X(cuCtxEnablePeerAccess) X(cuMemRetainAllocationHandle)                             \
     X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxReset_v2) X(cuCtxDestroy) X(cuDevicePrimaryCtxReset) \
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxRelease)                        \

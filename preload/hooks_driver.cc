@@ -639,7 +639,7 @@ CUresult pool_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p, 
 CUresult pool_pointer_attribute(void* data, CUpointer_attribute a, CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_pointer_attributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexcept;
-CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool* handled) noexcept;
+CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, drv abi, bool* handled) noexcept;
 CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept;
 CUresult pool_retain_handle(void* addr, bool* handled) noexcept;
 void pool_peer_enabled(CUcontext peer) noexcept;
@@ -708,15 +708,23 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuIpcGetMemHandle(CUipcMemHandle* h, CUdevic
 }
 
 // A gpumem handle (a pooled block another process exported, ipc_share.cc) is opened by gpumem;
-// every other handle, and every pointer gpumem did not open, is the driver's.
-extern "C" GPUMEM_HIDDEN CUresult w_cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) {
-    auto f = real<CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int)>(drv::cuIpcOpenMemHandle_v2);
+// every other handle, and every pointer gpumem did not open, is the driver's, by the ABI the
+// program called.  Both ABIs share one prototype: the first is what a resolver hands out for a
+// version below 11000 and what a program built against an older cuda.h links.
+static CUresult ipc_open_hook(drv abi, CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) noexcept {
+    auto f = real<CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int)>(abi);
     if (guard::active()) return f ? f(p, h, flags) : CUDA_ERROR_NOT_INITIALIZED;
     guard g;
     bool handled = false;
-    CUresult r = ipc_open(p, h, flags, &handled);
+    CUresult r = ipc_open(p, h, flags, abi, &handled);
     if (handled) return r;
     return f ? f(p, h, flags) : CUDA_ERROR_NOT_INITIALIZED;
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) {
+    return ipc_open_hook(drv::cuIpcOpenMemHandle_v2, p, h, flags);
+}
+extern "C" GPUMEM_HIDDEN CUresult w_cuIpcOpenMemHandle(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) {
+    return ipc_open_hook(drv::cuIpcOpenMemHandle, p, h, flags);
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuIpcCloseMemHandle(CUdeviceptr p) {
@@ -1171,6 +1179,7 @@ GPUMEM_EXPORT_HOOK(cuPointerGetAttribute, (void* a, CUpointer_attribute b, CUdev
 GPUMEM_EXPORT_HOOK(cuPointerGetAttributes, (unsigned a, CUpointer_attribute* b, void** c, CUdeviceptr d), (a, b, c, d))
 GPUMEM_EXPORT_HOOK(cuIpcGetMemHandle, (CUipcMemHandle* a, CUdeviceptr b), (a, b))
 GPUMEM_EXPORT_HOOK(cuIpcOpenMemHandle_v2, (CUdeviceptr* a, CUipcMemHandle b, unsigned int c), (a, b, c))
+GPUMEM_EXPORT_HOOK(cuIpcOpenMemHandle, (CUdeviceptr* a, CUipcMemHandle b, unsigned int c), (a, b, c))
 GPUMEM_EXPORT_HOOK(cuIpcCloseMemHandle, (CUdeviceptr a), (a))
 GPUMEM_EXPORT_HOOK(cuCtxEnablePeerAccess, (CUcontext a, unsigned int b), (a, b))
 GPUMEM_EXPORT_HOOK(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle* a, void* b), (a, b))

@@ -154,8 +154,9 @@ void count_live(importer_state& s) noexcept {
 }
 
 // Opens a real legacy handle, sharing an open that exists already when gpumem is party to it.
-// im().mu held.
-CUresult open_real(const CUipcMemHandle& h, unsigned flags, bool by_program, uint64_t* base) noexcept {
+// abi: the driver's open the program called (its first ABI or _v2), for the program's own opens;
+// gpumem's own use the _v2.  im().mu held.
+CUresult open_real(const CUipcMemHandle& h, unsigned flags, bool by_program, drv abi, uint64_t* base) noexcept {
     importer_state& s = im();
     int device = -1;
     const CUcontext ctx = current_ctx(&device);
@@ -165,7 +166,7 @@ CUresult open_real(const CUipcMemHandle& h, unsigned flags, bool by_program, uin
             *base = r.base;
             return CUDA_SUCCESS;
         }
-    auto open = GPUMEM_REAL(cuIpcOpenMemHandle_v2);
+    auto open = real<CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int)>(by_program ? abi : drv::cuIpcOpenMemHandle_v2);
     if (!open) return CUDA_ERROR_NOT_INITIALIZED;
     CUdeviceptr p = 0;
     CUresult rc = open(&p, h, flags);
@@ -634,8 +635,9 @@ void ipc_block_freed(uint64_t block) noexcept {
     s.live.store(int(s.exports.size()), std::memory_order_release);
 }
 
-// cuIpcOpenMemHandle.  *handled false: not a gpumem handle, the driver's call.
-CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool* handled) noexcept {
+// cuIpcOpenMemHandle, by either ABI (abi: the one called).  *handled false: not a gpumem handle,
+// the driver's call.
+CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, drv abi, bool* handled) noexcept {
     static std::atomic<bool> said{false};
     wire_handle w;
     memcpy(&w, &h, sizeof w);
@@ -646,7 +648,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
         if (!p) return CUDA_ERROR_INVALID_VALUE;
         std::lock_guard<std::mutex> lk(im().mu);
         uint64_t base = 0;
-        CUresult rc = open_real(h, flags, true, &base);
+        CUresult rc = open_real(h, flags, true, abi, &base);
         if (rc == CUDA_SUCCESS) *p = CUdeviceptr(base);
         return rc;
     }
@@ -666,7 +668,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, bool*
     rec.kind = head.kind;
     if (r == CUDA_SUCCESS && head.kind == kind_legacy) {
         std::lock_guard<std::mutex> lk(im().mu);
-        r = open_real(head.legacy, flags, false, &rec.base);
+        r = open_real(head.legacy, flags, false, abi, &rec.base);
         rec.ptr = rec.base + head.offset;
     } else if (r == CUDA_SUCCESS && head.kind == kind_chunks) {
         r = import_chunks(sock, head, &rec.base);

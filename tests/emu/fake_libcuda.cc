@@ -194,7 +194,7 @@ counter g_counters[] = {
     {"cuMemRetainAllocationHandle", {0}},
     {"cuStreamQuery_in_capture", {0}},  // a query of a capturing stream breaks the capture (a bug)
     {"cuMemExportToShareableHandle", {0}}, {"cuMemImportFromShareableHandle", {0}},
-    {"cuIpcOpenMemHandle_v2", {0}},  // both names, cuIpcOpenMemHandle and _v2
+    {"cuIpcOpenMemHandle_v2", {0}}, {"cuIpcOpenMemHandle", {0}},  // each ABI's calls
     {"cuIpcCloseMemHandle", {0}}, {"cuStreamIsCapturing", {0}},
     {"unsafe_call_in_capture", {0}},  // cuMemAlloc/cuMemFree refused inside a capture (900)
     {"cuMemCreate_made", {0}},        // the cuMemCreate calls that made a chunk
@@ -1422,8 +1422,8 @@ EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
 // Maps another process's allocation into this context, at a fresh address: no memory is charged
 // here (it is the exporter's).  A second open of the same allocation is refused
 // (CUDA_ERROR_ALREADY_MAPPED), and so is a handle of this very process, as the driver does.
-static CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags) {
-    bump("cuIpcOpenMemHandle_v2");
+static CUresult ipc_open(const char* abi, CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags) {
+    bump(abi);
     if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (!p || (flags & ~unsigned(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) return CUDA_ERROR_INVALID_VALUE;
     const int dev = current_dev();
@@ -1448,9 +1448,14 @@ static CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags
     *p = CUdeviceptr(va);
     return CUDA_SUCCESS;
 }
-EMU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) { return ipc_open(p, h, flags); }
-// The name before CUDA 11 (then with a 32-bit-era CUdeviceptr; the same ABI on 64-bit hosts).
-EMU_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) { return ipc_open(p, h, flags); }
+EMU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) {
+    return ipc_open("cuIpcOpenMemHandle_v2", p, h, flags);
+}
+// The first ABI (cudaTypedefs.h's PFN_cuIpcOpenMemHandle_v4010, the same prototype as the _v2's):
+// what a program built against an older cuda.h links, and a resolver hands out below 11000.
+EMU_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) {
+    return ipc_open("cuIpcOpenMemHandle", p, h, flags);
+}
 // Only an address cuIpcOpenMemHandle returned; the close unmaps it.
 EMU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     bump("cuIpcCloseMemHandle");
@@ -1830,16 +1835,13 @@ const fn_entry k_functions[] = {
     E(cuMemAllocFromPoolAsync_ptsz), E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuDeviceGetDefaultMemPool),
     E(cuMemGetDefaultMemPool), E(cuMemGetMemPool), E(cuMemHostAlloc), E(cuMemAllocHost_v2), E(cuMemFreeHost),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes), E(cuIpcGetMemHandle),
-    E(cuIpcOpenMemHandle_v2), E(cuIpcCloseMemHandle), E(cuCtxEnablePeerAccess), E(cuMemRetainAllocationHandle),
+    E(cuIpcOpenMemHandle_v2), E(cuIpcOpenMemHandle), E(cuIpcCloseMemHandle), E(cuCtxEnablePeerAccess), E(cuMemRetainAllocationHandle),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve), E(cuMemAddressFree),
     E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuMemExportToShareableHandle), E(cuMemImportFromShareableHandle),
     E(cuGetProcAddress), E(cuGetProcAddress_v2),
     E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), E(cuEventSynchronize), E(cuStreamQuery), E(cuStreamQuery_ptsz),
     E(cuStreamWaitEvent),
 };
-// The plain cuIpcOpenMemHandle is exported for programs that link or dlsym that name, but the
-// resolver never hands it out: asked for "cuIpcOpenMemHandle" it gives the _v2 (k_v2 below), as
-// for every renamed function here.
 #undef E
 struct v2_rule {
     const char* base;
@@ -1868,7 +1870,7 @@ CUresult resolve(const char* symbol, void** pfn, int version, cuuint64_t flags, 
     for (const auto& r : k_v2) {
         if (name != r.base) continue;
         if (version < r.since && (name == "cuStreamBeginCapture" || name == "cuCtxDestroy" || name == "cuDevicePrimaryCtxReset" ||
-                                     name == "cuDevicePrimaryCtxRelease"))
+                                     name == "cuDevicePrimaryCtxRelease" || (name == "cuIpcOpenMemHandle" && version >= 4010)))
             break;  // the first ABI is still there
         if (version < r.since) {
             *pfn = nullptr;

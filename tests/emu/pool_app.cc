@@ -1178,18 +1178,35 @@ CUipcMemHandle parse_handle(const std::string& hex) {
     return h;
 }
 
+// The driver's first ABI of the open, by its own name (cuda.h renames cuIpcOpenMemHandle to _v2):
+// what a program built against a cuda.h before 11.0 links.
+extern "C" CUresult cuIpcOpenMemHandle_first_abi(CUdeviceptr*, CUipcMemHandle, unsigned int) __asm__("cuIpcOpenMemHandle");
+
 // With `hex2` (ipc-export's handle2) both are open at once before either closes: keys with a 2.
-// With `in_capture`, the first close happens inside a stream capture.
-void ipc_import(const std::string& hex, size_t size, const std::string& hex2, bool in_capture) {
+// `how`: "capture": the first close happens inside a stream capture; "v1": both opens call the
+// first ABI by its name; "v1-resolved": through what cuGetProcAddress hands out for CUDA 10.0.
+// Each ABI's calls that reached the driver are printed as abi_v1/abi_v2.
+void ipc_import(const std::string& hex, size_t size, const std::string& hex2, const std::string& how) {
     setup();
+    const bool in_capture = how == "capture";
+    using open_fn = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
+    open_fn open = &cuIpcOpenMemHandle;  // the _v2
+    if (how == "v1") open = &cuIpcOpenMemHandle_first_abi;
+    if (how == "v1-resolved") {
+        void* fn = nullptr;
+        CUdriverProcAddressQueryResult q;
+        CHECK(cuGetProcAddress_v2("cuIpcOpenMemHandle", &fn, 10000, 0, &q));
+        open = reinterpret_cast<open_fn>(fn);
+    }
     CUdeviceptr p = 0, p2 = 0;
-    int r = int(cuIpcOpenMemHandle(&p, parse_handle(hex), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    int r = int(open(&p, parse_handle(hex), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     printf("open_result=%d\n", r);
     int r2 = -1;
     if (!hex2.empty()) {
-        r2 = int(cuIpcOpenMemHandle(&p2, parse_handle(hex2), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+        r2 = int(open(&p2, parse_handle(hex2), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
         printf("open2_result=%d\n", r2);
     }
+    printf("abi_v1=%llu\nabi_v2=%llu\n", driver_count("cuIpcOpenMemHandle"), driver_count("cuIpcOpenMemHandle_v2"));
     if (r == 0) {
         print_backing("backing_", p);
         print_backing("backing_last_", p + size - 1, false);
@@ -1561,9 +1578,9 @@ int main(int argc, char** argv) {
     else if (s == "peer") peer(argc > 2 && std::string(argv[2]) == "early");
     else if (s == "ipc-export") ipc_export(argc > 2 ? atol(argv[2]) : 3, argc > 3 ? size_t(atol(argv[3])) : 5000);
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
-                                                         argc > 5 && std::string(argv[5]) == "capture");
+                                                         argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early]\n", argv[0]);
         return 2;
     }
     return 0;

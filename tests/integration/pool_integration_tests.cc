@@ -1697,6 +1697,30 @@ TEST_CASE("pool: a pooled block shared through legacy IPC opens in another proce
         CHECK(num(v, "import_sync_in_capture") == 0);
         CHECK(v.at("import_after_capture_pid") == "-1");  // unmapped after it
     }
+    SECTION("the driver's first ABI of the open, by its name or from a resolver asked for 10.0, opens it as the _v2 does") {
+        // Before, only cuIpcOpenMemHandle_v2 was wrapped: the first ABI took the gpumem handle to
+        // the driver, which refused it (1, CUDA_ERROR_INVALID_VALUE).
+        for (const char* how : {"v1", "v1-resolved"})
+            for (const char* vmm : {"on", "off"}) {
+                INFO(how << ", GPUMEM_POOL_VMM=" << vmm);
+                auto r = run({"/bin/sh", "-c", ipc_script("", how)}, {{"GPUMEM_POOL_VMM", vmm}});
+                INFO(r.out << r.err);
+                auto v = values(r.out);
+                check_shared(v);
+                CHECK(num(v, "import_abi_v1") == 0);  // a gpumem handle never reaches the driver's open
+            }
+    }
+    SECTION("the driver's own handle, opened by the first ABI under gpumem, goes to the driver's first ABI") {
+        for (const char* how : {"v1", "v1-resolved"}) {
+            INFO(how);
+            auto r = run({"/bin/sh", "-c", ipc_script("", how)}, {{"GPUMEM_POOL", "off"}});
+            INFO(r.out << r.err);
+            auto v = values(r.out);
+            check_shared(v);
+            CHECK(num(v, "import_abi_v1") == 2);
+            CHECK(num(v, "import_abi_v2") == 0);
+        }
+    }
     SECTION("an importer without gpumem gets the driver's error, never a wrong pointer") {
         auto r = run({"/bin/sh", "-c", ipc_script("env -u LD_PRELOAD")});
         INFO(r.out << r.err);
