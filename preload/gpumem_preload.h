@@ -178,6 +178,11 @@ uint64_t unmatched_count() noexcept;
 // lost unless `count_if_unrecorded` is false: pool_alloc passes false, since the hook that asked
 // records the call (or counts it) after the driver's answer.
 recorder* recorder_or_null(bool count_if_unrecorded = true) noexcept;
+// The recorder for a call made while this thread is inside a hook (a signal handler's): never
+// starts the log nor waits for another thread's start, neither of which is async-signal-safe.
+// nullptr before the log starts (nothing is in it to free) and while another thread starts it
+// (the call counted lost).  Async-signal-safe.
+recorder* recorder_if_recording() noexcept;
 int current_device() noexcept;
 
 // Re-entrancy guard: set while gpumem's own code runs, so a hooked call made from inside it (by a

@@ -87,26 +87,10 @@ static bool pooled_free(api_id api, CUdeviceptr p, CUresult* r) noexcept {
     return true;
 }
 
-// A free made while this thread is already inside a hook: a signal handler's that interrupted
-// gpumem, or gpumem's own driver call come back through another interposer.  A block in a pool's
-// segment waits for the next pool call (pool_free_from_inside); anything else is the driver's,
-// unrecorded as before.
+// Runs a driver free on rec's log with the free ordered before the real call (see recorder.h).
 template <class F>
-static CUresult free_from_inside(api_id api, CUdeviceptr p, F&& real_call) noexcept {
-    int pr = 0;
-    return pool_free_from_inside(api, uint64_t(p), &pr) ? CUresult(pr) : real_call();
-}
-
-// Runs a driver free with the free ordered before the real call (see recorder.h).
-template <class F>
-CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
-    runtime_scope* s = runtime_scope::for_free(ptr);
-    if (s) {
-        // The runtime wrapper above us owns the record of this free.
-        s->recorded = true;
-        return real_call();
-    }
-    recorder* rec = recorder_or_null();
+static CUresult logged_free(recorder* rec, api_id api, mem_kind kind, uint64_t ptr, bool has_stream, uint64_t stream,
+                            F&& real_call) noexcept {
     if (!rec || ptr == 0) return real_call();
     call_info c = make_call(api, -1);  // the device comes from the allocation's record
     c.kind = kind;
@@ -116,6 +100,34 @@ CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream,
     CUresult r = real_call();
     rec->free_end(t, int(r));
     return r;
+}
+
+// A free outside any hook: the runtime wrapper above it records it where there is one.
+template <class F>
+CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream, uint64_t stream, F&& real_call) noexcept {
+    runtime_scope* s = runtime_scope::for_free(ptr);
+    if (s) {
+        // The runtime wrapper above us owns the record of this free.
+        s->recorded = true;
+        return real_call();
+    }
+    return logged_free(recorder_or_null(), api, kind, ptr, has_stream, stream, real_call);
+}
+
+// A free made while this thread is already inside a hook: a signal handler's that interrupted
+// gpumem, or gpumem's own driver call come back through another interposer.  A block in a pool's
+// segment waits for the next pool call (pool_free_from_inside); anything else is the driver's, and
+// logged as any free (before, it went unrecorded and uncounted: the log kept the block live).  A
+// log slot is claimed and published with atomics alone, no lock and no heap (a full ring is waited
+// for, 2 s at most, as in any hook), so that is async-signal-safe where the pool, the runtime's
+// scope and the log's start are not (recorder_if_recording).  An interposer's call back would be
+// logged as the program's free too; none is known to free through the exports.
+template <class F>
+static CUresult free_from_inside(api_id api, mem_kind kind, uint64_t p, bool has_stream, uint64_t stream,
+                                 F&& real_call) noexcept {
+    int pr = 0;
+    if (kind == mem_kind::device && pool_free_from_inside(api, p, &pr)) return CUresult(pr);
+    return logged_free(recorder_if_recording(), api, kind, p, has_stream, stream, real_call);
 }
 
 // A pooled block's free answered by the driver during a capture, logged with the driver's answer (a
@@ -280,7 +292,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemFree_v2(CUdeviceptr dptr) {
     auto f = real<CUresult (*)(CUdeviceptr)>(drv::cuMemFree_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
     if (dptr == 0) return f(dptr);
-    if (guard::active()) return free_from_inside(api_id::cuMemFree_v2, dptr, [&] { return f(dptr); });
+    if (guard::active())
+        return free_from_inside(api_id::cuMemFree_v2, mem_kind::device, uint64_t(dptr), false, 0, [&] { return f(dptr); });
     guard g;
     CUresult refusal = CUDA_SUCCESS;
     if (capture_may_refuse() && pool_owns(uint64_t(dptr)) && driver_refuses_unsafe_call(&refusal))
@@ -487,7 +500,8 @@ static bool capturing(CUstream s) noexcept {
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
         if (p == 0) return f(p, s);                                                                    \
-        if (guard::active()) return free_from_inside(api_id::NAME, p, [&] { return f(p, s); });        \
+        if (guard::active())                                                                           \
+            return free_from_inside(api_id::NAME, mem_kind::device, uint64_t(p), true, uint64_t(s), [&] { return f(p, s); }); \
         guard g;                                                                                       \
         if (pool_owns(uint64_t(p)) && capturing(named_stream<is_ptsz(#NAME)>(s)))                        \
             return captured_free(api_id::NAME, p, true, s, [&] { return f(p, s); });                         \
@@ -627,7 +641,8 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocHost_v2(void** pp, size_t bytes) {
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemFreeHost(void* p) {
     auto f = real<CUresult (*)(void*)>(drv::cuMemFreeHost);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active()) return f(p);
+    if (guard::active())
+        return free_from_inside(api_id::cuMemFreeHost, mem_kind::host, uint64_t(uintptr_t(p)), false, 0, [&] { return f(p); });
     guard g;
     return recorded_free(api_id::cuMemFreeHost, mem_kind::host, uint64_t(uintptr_t(p)), false, 0, [&] { return f(p); });
 }

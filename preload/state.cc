@@ -462,6 +462,17 @@ recorder* recorder_or_null(bool count_if_unrecorded) noexcept {
     return nullptr;
 }
 
+recorder* recorder_if_recording() noexcept {
+    process_state& st = state();
+    const int ph = st.phase.load(std::memory_order_acquire);
+    if (ph == recording) return st.rec;
+    // Another thread's start under way: this call may not wait for it (that thread may wait for a
+    // lock the interrupted code holds), so it goes unrecorded, counted lost.  This thread's own
+    // start, interrupted: nothing is in the log yet, as before any start.
+    if (ph == starting && st.starter_tid.load() != current_tid()) count_unrecorded(st);
+    return nullptr;
+}
+
 const config& current_config() noexcept { return state().cfg; }
 
 int current_device() noexcept {

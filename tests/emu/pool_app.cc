@@ -925,19 +925,23 @@ void print_mapped(const char* name, CUdeviceptr p) {
 // handler then calls exit(0), as programs that end from a SIGINT handler do (whose atexit handlers
 // free device memory, PyTorch's among them).  `reset`: the program resets the device next, before
 // any other allocation or free (as one that stops on a SIGINT handler's flag may), then allocates
-// and frees one block in the new context.
+// and frees one block in the new context.  The handler also frees a pinned host block, which no
+// pool holds (4000 B, cuMemAllocHost).
 CUdeviceptr g_handler_a = 0, g_handler_b = 0;
-volatile sig_atomic_t g_handler_result = -1;
+void* g_handler_host = nullptr;
+volatile sig_atomic_t g_handler_result = -1, g_handler_host_result = -1;
 bool g_handler_exits = false;
 void free_in_handler(bool then_exit, bool then_reset) {
     setup();
     g_handler_exits = then_exit;
     CHECK(cuMemAlloc(&g_handler_a, 1000));  // the first block of a small segment
     CHECK(cuMemAlloc(&g_handler_b, 5000));  // the next block of the same segment
+    CHECK(cuMemAllocHost(&g_handler_host, 4000));
     signal(SIGUSR1, [](int) {
         g_handler_result = int(cuMemFree(g_handler_a));
+        g_handler_host_result = int(cuMemFreeHost(g_handler_host));
         if (!g_handler_exits) return;
-        printf("handler_free_result=%d\n", int(g_handler_result));
+        printf("handler_free_result=%d\nhandler_host_free_result=%d\n", int(g_handler_result), int(g_handler_host_result));
         print_mapped("b", g_handler_b);
         exit(0);
     });
@@ -947,7 +951,7 @@ void free_in_handler(bool then_exit, bool then_reset) {
     arm("cuMemAlloc_v2,cuMemAddressReserve,cuMemCreate", SIGUSR1);
     CUdeviceptr c;
     CHECK(cuMemAlloc(&c, 64 << 20));  // no cached block holds it: the driver is asked
-    printf("handler_free_result=%d\n", int(g_handler_result));
+    printf("handler_free_result=%d\nhandler_host_free_result=%d\n", int(g_handler_result), int(g_handler_host_result));
     print_mapped("b", g_handler_b);
     if (then_reset) {
         CHECK(cuDevicePrimaryCtxReset(0));  // b and c die with the context; a was freed before

@@ -1494,11 +1494,27 @@ TEST_CASE("pool: a free from a signal handler that interrupted the pool gets the
     // allocated a: on virtual memory it answered 1 (CUDA_ERROR_INVALID_VALUE), on cuMemAlloc
     // segments it freed the whole segment, b's memory with it; the log had no free of a, and the
     // program's second free of a succeeded (the pool still held it live).
+    // The handler's frees the pool does not hold (a with GPUMEM_POOL=off, the pinned host block)
+    // are the driver's; before, they went unrecorded and uncounted, the log keeping both live.
     auto alone = run_alone({EMU_POOL_APP, "free-in-handler"});
     auto v = values(alone.out);
     CHECK(num(v, "handler_free_result") == 0);
+    CHECK(num(v, "handler_host_free_result") == 0);
     CHECK(num(v, "b_mapped") == 1);
     CHECK(num(v, "free_again_result") == 1);
+    // The frees (and free_fails) of the block of `size` bytes in log lines ls.
+    auto frees_of = [](const std::vector<json>& ls, int size) {
+        std::string p;
+        for (auto& j : ls)
+            if (j["ev"] == "alloc" && j["size"] == size) p = j["ptr"];
+        std::pair<size_t, size_t> n{0, 0};
+        for (auto& j : ls) {
+            if (p.empty() || !j.contains("ptr") || j["ptr"] != p) continue;
+            n.first += j["ev"] == "free";
+            n.second += j["ev"] == "free_fail";
+        }
+        return n;
+    };
     for (const std::map<std::string, std::string>& env : std::vector<std::map<std::string, std::string>>{
              {}, {{"GPUMEM_POOL_VMM", "off"}}, {{"GPUMEM_POOL", "off"}}}) {
         INFO((env.empty() ? std::string("defaults") : env.begin()->first + "=" + env.begin()->second));
@@ -1507,20 +1523,12 @@ TEST_CASE("pool: a free from a signal handler that interrupted the pool gets the
         check_complete(r, &ls);
         CHECK(r.out == alone.out);
         check_rebuild(ls);
-        if (env.count("GPUMEM_POOL")) continue;  // a is the driver's: its free is the driver's
-        // a's free is logged (carried out at the next pool call), then the second free's failure.
-        std::string a;
-        for (auto& j : ls)
-            if (j["ev"] == "alloc" && j["size"] == 1000) a = j["ptr"];
-        REQUIRE(!a.empty());
-        size_t frees = 0, fails = 0;
-        for (auto& j : ls) {
-            if (!j.contains("ptr") || j["ptr"] != a) continue;
-            frees += j["ev"] == "free";
-            fails += j["ev"] == "free_fail";
-        }
-        CHECK(frees == 1);
-        CHECK(fails == 1);
+        // a's free is logged (a pooled one carried out at the next pool call, the driver's at
+        // once), then the second free's failure; the host block's free is logged.
+        CHECK(frees_of(ls, 1000).first == 1);
+        CHECK(frees_of(ls, 1000).second == 1);
+        CHECK(frees_of(ls, 4000).first == 1);
+        CHECK(frees_of(ls, 4000).second == 0);
     }
 
     // The handler calls exit(0) after its free: the pool's lock stays held, so the free cannot be
@@ -1544,6 +1552,9 @@ TEST_CASE("pool: a free from a signal handler that interrupted the pool gets the
         CHECK(ls.back()["reason"] == "exit");
         CHECK(ls.back()["lost"] == (pooled ? 1 : 0));
         CHECK((r.err.find("signal handler") != std::string::npos) == pooled);
+        // The driver's frees are in the log before its end.
+        CHECK(frees_of(ls, 1000).first == (pooled ? 0 : 1));
+        CHECK(frees_of(ls, 4000).first == 1);
     }
 }
 
