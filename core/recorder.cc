@@ -17,12 +17,14 @@ void fill_call(event& e, const call_info& c) noexcept {
 }
 }  // namespace
 
-void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize) noexcept {
+void recorder::alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize, bool with_stack) noexcept {
     // The stack is captured before a slot is claimed: a claimed slot holds up the writer until it
     // is published, so nothing slow may sit between claim and publish.  A failed call gets one too
     // (alloc_fail's "stack"): the line that ran out of memory is what an OOM report names first,
     // and failures are rare enough that the capture costs nothing on the hot path.
-    uint32_t stack = stacks_ ? stacks_->capture() : 0;
+    uint32_t stack = 0;
+    if (stacks_ && with_stack) stack = stacks_->capture();
+    else if (stacks_) stacks_->count_uncaptured();
     event* e = log_.claim();
     if (!e) return;
     uint64_t seq = e->seq;

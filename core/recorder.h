@@ -35,8 +35,12 @@ class recorder {
   public:
     explicit recorder(event_log& log) noexcept : log_(log) {}
 
-    // A finished allocation call: success (err == 0) or failure.
-    void alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize = 0) noexcept;
+    // A finished allocation call: success (err == 0) or failure.  with_stack false: no stack is
+    // captured (a signal handler's call: walking and interning a stack is not async-signal-safe),
+    // and the stack table counts one lost where it would have captured one (the end line's
+    // stacks_lost).
+    void alloc(const call_info& c, int err, uint64_t ptr, uint64_t size, uint64_t asize = 0,
+               bool with_stack = true) noexcept;
 
     // A free in two steps around the real call.
     struct free_ticket {

@@ -179,14 +179,16 @@ uint64_t unmatched_count() noexcept;
 // records the call (or counts it) after the driver's answer.
 recorder* recorder_or_null(bool count_if_unrecorded = true) noexcept;
 // The recorder for a call made while this thread is inside a hook (a signal handler's): never
-// starts the log nor waits for another thread's start, neither of which is async-signal-safe.
-// nullptr before the log starts (nothing is in it to free) and while another thread starts it
-// (the call counted lost).  Async-signal-safe.
+// starts the log nor waits for a start, neither of which is async-signal-safe.  nullptr before the
+// log starts and while a start is under way, the call then counted lost (added to the log's `lost`
+// when the start ends).  Async-signal-safe.
 recorder* recorder_if_recording() noexcept;
 int current_device() noexcept;
 
-// Re-entrancy guard: set while gpumem's own code runs, so a hooked call made from inside it (by a
-// chained interposer, say) passes straight through.
+// Re-entrancy guard: set while gpumem's own code runs.  A hooked call made while it is set comes
+// from other code on this thread (a signal handler, a driver's callback: gpumem calls libcuda's
+// definitions, never a hook) and skips the pool, the runtime's scope and the log's start, none of
+// which is async-signal-safe; what it allocates or frees is still logged (hooks_driver.cc).
 struct guard {
     static thread_local int depth;
     guard() noexcept { ++depth; }
@@ -246,9 +248,9 @@ bool pool_owns(uint64_t ptr) noexcept;
 // call without a pool.
 uint8_t pool_ctx_here(int dev) noexcept;
 // A free that cannot reach the pool now: this thread is inside gpumem (a hook's guard, so a signal
-// handler's free, or gpumem's own driver call come back through another interposer).  True, with
-// *result = 0, when ptr lies in a pool's segment: the driver never allocated it, so the free waits
-// for the next pool call (docs/pool.md, Lifecycle).  False: the driver's.  Async-signal-safe.
+// handler's free or a driver callback's).  True, with *result = 0, when ptr lies in a pool's
+// segment: the driver never allocated it, so the free waits for the next pool call (docs/pool.md,
+// Lifecycle).  False: the driver's.  Async-signal-safe.
 bool pool_free_from_inside(api_id api, uint64_t ptr, int* result) noexcept;
 // The log ends (a signal, _exit, exec): frees still waiting for a pool call are counted lost.
 // Async-signal-safe.

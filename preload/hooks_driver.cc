@@ -43,9 +43,8 @@ static void note_driver_memory(call_info& c, int err) noexcept {
     c.gpu_total = total_b;
 }
 
-void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
-                  bool has_stream, uint64_t stream, uint64_t mempool, int dev) noexcept {
-    recorder* rec = recorder_or_null();
+static void logged_alloc(recorder* rec, bool with_stack, api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size,
+                         uint64_t asize, bool has_stream, uint64_t stream, uint64_t mempool, int dev) noexcept {
     if (!rec) return;
     call_info c = make_call(api, kind == mem_kind::host ? -1 : dev >= 0 ? dev : current_device());
     c.kind = kind;
@@ -57,7 +56,30 @@ void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t siz
     // host memory is on no device.
     if (err == 0 && !has_stream && c.dev >= 0) c.ctx = pool_ctx_here(c.dev);
     note_driver_memory(c, err);
-    rec->alloc(c, err, ptr, size, asize);
+    rec->alloc(c, err, ptr, size, asize, with_stack);
+}
+
+void record_alloc(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
+                  bool has_stream, uint64_t stream, uint64_t mempool, int dev) noexcept {
+    logged_alloc(recorder_or_null(), true, api, kind, err, ptr, size, asize, has_stream, stream, mempool, dev);
+}
+
+// Calls made while this thread is already inside a hook.  gpumem's own driver calls never come
+// here: they call libcuda's definitions (real_driver: dlsym on libcuda's handle), not the exports
+// nor the pointers the resolvers hand out, so a hook is reached inside a hook only by other code
+// that runs on this thread meanwhile: a signal handler that interrupted the hook, or a callback a
+// driver runs inside a call (the emulated driver's; a CUPTI subscriber's).  Those calls are the
+// program's.  The pool cannot serve or learn of them there (its lock may be this thread's), so they
+// go to the driver as before, and each is logged as outside a hook, with atomics alone: a log slot
+// is claimed and published with no lock and no heap (a full ring is waited for, 2 s at most, as in
+// any hook), an allocation gets no stack (walking and interning one is not async-signal-safe), and
+// the log is never started nor waited for there (recorder_if_recording: before or during its
+// start the call is counted lost).  The device and, after an OUT_OF_MEMORY, the driver's free
+// memory are asked of the driver as outside a hook: on the thread that just made its own call.
+static recorder* hook_recorder(bool inside) noexcept { return inside ? recorder_if_recording() : recorder_or_null(); }
+static void record_alloc_inside(api_id api, mem_kind kind, int err, uint64_t ptr, uint64_t size, uint64_t asize,
+                                bool has_stream, uint64_t stream, uint64_t mempool, int dev = k_current_device) noexcept {
+    logged_alloc(recorder_if_recording(), false, api, kind, err, ptr, size, asize, has_stream, stream, mempool, dev);
 }
 
 namespace {
@@ -114,14 +136,10 @@ CUresult recorded_free(api_id api, mem_kind kind, uint64_t ptr, bool has_stream,
     return logged_free(recorder_or_null(), api, kind, ptr, has_stream, stream, real_call);
 }
 
-// A free made while this thread is already inside a hook: a signal handler's that interrupted
-// gpumem, or gpumem's own driver call come back through another interposer.  A block in a pool's
-// segment waits for the next pool call (pool_free_from_inside); anything else is the driver's, and
-// logged as any free (before, it went unrecorded and uncounted: the log kept the block live).  A
-// log slot is claimed and published with atomics alone, no lock and no heap (a full ring is waited
-// for, 2 s at most, as in any hook), so that is async-signal-safe where the pool, the runtime's
-// scope and the log's start are not (recorder_if_recording).  An interposer's call back would be
-// logged as the program's free too; none is known to free through the exports.
+// A free made while this thread is already inside a hook (record_alloc_inside says whose).  A block
+// in a pool's segment waits for the next pool call (pool_free_from_inside); anything else is the
+// driver's, and logged as any free (before, it went unrecorded and uncounted: the log kept the
+// block live).  The runtime's scope is not asked: the one on top may be the interrupted code's.
 template <class F>
 static CUresult free_from_inside(api_id api, mem_kind kind, uint64_t p, bool has_stream, uint64_t stream,
                                  F&& real_call) noexcept {
@@ -272,7 +290,13 @@ static inline void before_first_use(api_id api, use_key k) noexcept {
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
     auto f = real<CUresult (*)(CUdeviceptr*, size_t)>(drv::cuMemAlloc_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !dptr) return f(dptr, bytes);
+    if (!dptr) return f(dptr, bytes);
+    if (guard::active()) {
+        const CUresult r = f(dptr, bytes);
+        record_alloc_inside(api_id::cuMemAlloc_v2, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes,
+                            0, false, 0, 0);
+        return r;
+    }
     guard g;
     api_id api = alloc_api(api_id::cuMemAlloc_v2, bytes);
     uint64_t p = 0;
@@ -307,7 +331,13 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t
                                                        unsigned int elem) {
     auto f = real<CUresult (*)(CUdeviceptr*, size_t*, size_t, size_t, unsigned int)>(drv::cuMemAllocPitch_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !dptr || !pitch) return f(dptr, pitch, width, height, elem);
+    if (!dptr || !pitch) return f(dptr, pitch, width, height, elem);
+    if (guard::active()) {
+        const CUresult r = f(dptr, pitch, width, height, elem);
+        record_alloc_inside(api_id::cuMemAllocPitch_v2, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0,
+                            uint64_t(width) * height, r == CUDA_SUCCESS ? uint64_t(*pitch) * height : 0, false, 0, 0);
+        return r;
+    }
     guard g;
     api_id api = alloc_api(api_id::cuMemAllocPitch_v2, uint64_t(width) * height);
     CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, pitch, width, height, elem); });
@@ -320,7 +350,13 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
     auto f = real<CUresult (*)(CUdeviceptr*, size_t, unsigned int)>(drv::cuMemAllocManaged);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !dptr) return f(dptr, bytes, flags);
+    if (!dptr) return f(dptr, bytes, flags);
+    if (guard::active()) {
+        const CUresult r = f(dptr, bytes, flags);
+        record_alloc_inside(api_id::cuMemAllocManaged, mem_kind::managed, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0,
+                            bytes, 0, false, 0, 0);
+        return r;
+    }
     guard g;
     api_id api = alloc_api(api_id::cuMemAllocManaged, bytes);
     CUresult r = retry_after_give_back(api, -1, [&] { return f(dptr, bytes, flags); });
@@ -372,13 +408,14 @@ static int device_of_pointer(CUdeviceptr p) noexcept {
         auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUstream)>(drv::NAME);                         \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
-        if (guard::active() || !dptr) return f(dptr, bytes, s);                                        \
+        if (!dptr) return f(dptr, bytes, s);                                                           \
+        const bool inside = guard::active();                                                           \
         guard g;                                                                                       \
-        api_id api = alloc_api(api_id::NAME, bytes);                                                   \
+        api_id api = inside ? api_id::NAME : alloc_api(api_id::NAME, bytes);                           \
         const int dev = device_of_stream(named_stream<is_ptsz(#NAME)>(s));                             \
-        CUresult r = retry_after_give_back(api, dev, [&] { return f(dptr, bytes, s); });               \
-        record_alloc(api, mem_kind::device, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, \
-                     uint64_t(s), 0, dev);                                                             \
+        CUresult r = inside ? f(dptr, bytes, s) : retry_after_give_back(api, dev, [&] { return f(dptr, bytes, s); }); \
+        logged_alloc(hook_recorder(inside), !inside, api, mem_kind::device, int(r),                    \
+                     r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, uint64_t(s), 0, dev);    \
         return r;                                                                                      \
     }
 GPUMEM_ALLOC_ASYNC(cuMemAllocAsync)
@@ -452,16 +489,18 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemPoolDestroy(CUmemoryPool pool) {
         auto f = real<CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)>(drv::NAME);           \
         if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
         note_if_per_thread<is_ptsz(#NAME)>(s);                                                         \
-        if (guard::active() || !dptr) return f(dptr, bytes, pool, s);                                  \
+        if (!dptr) return f(dptr, bytes, pool, s);                                                     \
+        const bool inside = guard::active();                                                           \
         guard g;                                                                                       \
-        api_id api = alloc_api(api_id::NAME, bytes);                                                   \
+        api_id api = inside ? api_id::NAME : alloc_api(api_id::NAME, bytes);                           \
         const mem_kind kind = g_mempools.kind_of(uint64_t(uintptr_t(pool)));                           \
         const bool host = kind == mem_kind::host;                                                      \
-        /* the memory pool's location may be any device: every pool gives back */                      \
-        CUresult r = host ? f(dptr, bytes, pool, s)                                                    \
-                          : retry_after_give_back(api, -2, [&] { return f(dptr, bytes, pool, s); });   \
-        record_alloc(api, kind, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, uint64_t(s), \
-                     uint64_t(pool), r == CUDA_SUCCESS && !host ? device_of_pointer(*dptr) : k_current_device); \
+        /* the memory pool's location may be any device: every pool gives back (not from inside) */    \
+        CUresult r = host || inside ? f(dptr, bytes, pool, s)                                          \
+                                    : retry_after_give_back(api, -2, [&] { return f(dptr, bytes, pool, s); }); \
+        logged_alloc(hook_recorder(inside), !inside,                                                   \
+            api, kind, int(r), r == CUDA_SUCCESS ? uint64_t(*dptr) : 0, bytes, 0, true, uint64_t(s), uint64_t(pool), \
+            r == CUDA_SUCCESS && !host ? device_of_pointer(*dptr) : k_current_device);                 \
         return r;                                                                                      \
     }
 GPUMEM_ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
@@ -523,18 +562,20 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemCreate(CUmemGenericAllocationHandle* h,
     auto f = real<CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long)>(
         drv::cuMemCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !h) return f(h, size, prop, flags);
+    if (!h) return f(h, size, prop, flags);
+    const bool inside = guard::active();
     guard g;
     const int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
     // Host memory (a host location) is not what the pools hold: no retry for it.
-    CUresult r = dev >= 0 ? retry_after_give_back(api_id::cuMemCreate, dev, [&] { return f(h, size, prop, flags); })
-                          : f(h, size, prop, flags);
-    recorder* rec = recorder_or_null();
+    CUresult r = dev >= 0 && !inside
+                     ? retry_after_give_back(api_id::cuMemCreate, dev, [&] { return f(h, size, prop, flags); })
+                     : f(h, size, prop, flags);
+    recorder* rec = hook_recorder(inside);
     if (rec) {
         call_info c = make_call(api_id::cuMemCreate, -1);
         if (dev >= 0) c.dev = dev;
         note_driver_memory(c, int(r));
-        rec->alloc(c, int(r), r == CUDA_SUCCESS ? uint64_t(*h) : 0, size);
+        rec->alloc(c, int(r), r == CUDA_SUCCESS ? uint64_t(*h) : 0, size, 0, !inside);
     }
     return r;
 }
@@ -553,13 +594,14 @@ static handle_table g_retained;
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemRelease(CUmemGenericAllocationHandle h) {
     auto f = real<CUresult (*)(CUmemGenericAllocationHandle)>(drv::cuMemRelease);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active()) return f(h);
+    const bool inside = guard::active();
     guard g;
     if (g_retained.take(uint64_t(h))) {
         const CUresult r = f(h);
         if (r != CUDA_SUCCESS) g_retained.add(uint64_t(h), 0);  // refused: the reference is still there
         return r;
     }
+    if (inside) return free_from_inside(api_id::cuMemRelease, mem_kind::vmm, uint64_t(h), false, 0, [&] { return f(h); });
     return recorded_free(api_id::cuMemRelease, mem_kind::vmm, uint64_t(h), false, 0, [&] { return f(h); });
 }
 
@@ -567,23 +609,25 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemMap(CUdeviceptr ptr, size_t size, size_
                                              CUmemGenericAllocationHandle h, unsigned long long flags) {
     auto f = real<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>(drv::cuMemMap);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active()) return f(ptr, size, offset, h, flags);
+    const bool inside = guard::active();
     guard g;
     CUresult r = f(ptr, size, offset, h, flags);
     if (r == CUDA_SUCCESS)
-        if (recorder* rec = recorder_or_null()) rec->vmm(ev_kind::map, make_call(api_id::cuMemMap, -1), ptr, size, h, offset);
+        if (recorder* rec = hook_recorder(inside)) rec->vmm(ev_kind::map, make_call(api_id::cuMemMap, -1), ptr, size, h, offset);
     return r;
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     auto f = real<CUresult (*)(CUdeviceptr, size_t)>(drv::cuMemUnmap);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active()) return f(ptr, size);
+    const bool inside = guard::active();
     guard g;
     // Recorded after the call, only when it succeeded (the format has no failed-unmap event).  So
     // unlike a free, a map of the same range by another thread right after can take an earlier seq.
-    recorder* rec = recorder_or_null();
+    // (From inside a hook, only a success is counted lost where it cannot be logged.)
+    recorder* rec = inside ? nullptr : recorder_or_null();
     CUresult r = f(ptr, size);
+    if (r == CUDA_SUCCESS && inside) rec = recorder_if_recording();
     if (r == CUDA_SUCCESS && rec) rec->vmm(ev_kind::unmap, make_call(api_id::cuMemUnmap, -1), ptr, size);
     return r;
 }
@@ -592,11 +636,12 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAddressReserve(CUdeviceptr* ptr, size_t
                                                         unsigned long long flags) {
     auto f = real<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(drv::cuMemAddressReserve);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !ptr) return f(ptr, size, align, addr, flags);
+    if (!ptr) return f(ptr, size, align, addr, flags);
+    const bool inside = guard::active();
     guard g;
     CUresult r = f(ptr, size, align, addr, flags);
     if (r == CUDA_SUCCESS)
-        if (recorder* rec = recorder_or_null())
+        if (recorder* rec = hook_recorder(inside))
             rec->vmm(ev_kind::reserve, make_call(api_id::cuMemAddressReserve, -1), *ptr, size);
     return r;
 }
@@ -604,11 +649,11 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAddressReserve(CUdeviceptr* ptr, size_t
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     auto f = real<CUresult (*)(CUdeviceptr, size_t)>(drv::cuMemAddressFree);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active()) return f(ptr, size);
+    const bool inside = guard::active();
     guard g;
     CUresult r = f(ptr, size);
     if (r == CUDA_SUCCESS)
-        if (recorder* rec = recorder_or_null())
+        if (recorder* rec = hook_recorder(inside))
             rec->vmm(ev_kind::unreserve, make_call(api_id::cuMemAddressFree, -1), ptr, size);
     return r;
 }
@@ -619,22 +664,24 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemAddressFree(CUdeviceptr ptr, size_t siz
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
     auto f = real<CUresult (*)(void**, size_t, unsigned int)>(drv::cuMemHostAlloc);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !pp) return f(pp, bytes, flags);
+    if (!pp) return f(pp, bytes, flags);
+    const bool inside = guard::active();
     guard g;
     CUresult r = f(pp, bytes, flags);
-    record_alloc(api_id::cuMemHostAlloc, mem_kind::host, int(r), r == CUDA_SUCCESS ? uint64_t(uintptr_t(*pp)) : 0, bytes, 0,
-                 false, 0, 0);
+    logged_alloc(hook_recorder(inside), !inside, api_id::cuMemHostAlloc, mem_kind::host, int(r),
+                 r == CUDA_SUCCESS ? uint64_t(uintptr_t(*pp)) : 0, bytes, 0, false, 0, 0, k_current_device);
     return r;
 }
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuMemAllocHost_v2(void** pp, size_t bytes) {
     auto f = real<CUresult (*)(void**, size_t)>(drv::cuMemAllocHost_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    if (guard::active() || !pp) return f(pp, bytes);
+    if (!pp) return f(pp, bytes);
+    const bool inside = guard::active();
     guard g;
     CUresult r = f(pp, bytes);
-    record_alloc(api_id::cuMemAllocHost_v2, mem_kind::host, int(r), r == CUDA_SUCCESS ? uint64_t(uintptr_t(*pp)) : 0, bytes,
-                 0, false, 0, 0);
+    logged_alloc(hook_recorder(inside), !inside, api_id::cuMemAllocHost_v2, mem_kind::host, int(r),
+                 r == CUDA_SUCCESS ? uint64_t(uintptr_t(*pp)) : 0, bytes, 0, false, 0, 0, k_current_device);
     return r;
 }
 
@@ -762,7 +809,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuMemRetainAllocationHandle(CUmemGenericAllo
     CUresult r = pool_retain_handle(addr, &handled);
     if (handled) return r;
     r = f(h, addr);
-    if (r == CUDA_SUCCESS && h && *h && !guard::active() && !g_retained.add(uint64_t(*h), 0)) {
+    // Noted from inside a hook too (a signal handler's), as its release there takes one back.  The
+    // warning is not written there: formatting it is not async-signal-safe.
+    if (r == CUDA_SUCCESS && h && *h && !g_retained.add(uint64_t(*h), 0) && !guard::active()) {
         static std::atomic<bool> said{false};
         GPUMEM_WARN_ONCE(said, "more than {} references from cuMemRetainAllocationHandle held at once: the release of "
                          "one past them is logged as its handle's free", handle_table::k_slots);

@@ -466,10 +466,12 @@ recorder* recorder_if_recording() noexcept {
     process_state& st = state();
     const int ph = st.phase.load(std::memory_order_acquire);
     if (ph == recording) return st.rec;
-    // Another thread's start under way: this call may not wait for it (that thread may wait for a
-    // lock the interrupted code holds), so it goes unrecorded, counted lost.  This thread's own
-    // start, interrupted: nothing is in the log yet, as before any start.
-    if (ph == starting && st.starter_tid.load() != current_tid()) count_unrecorded(st);
+    // Not started, or a start under way (another thread's, or this thread's own, interrupted): this
+    // call may neither start the log nor wait for a start (that thread may wait for a lock the
+    // interrupted code holds), so it goes unrecorded, counted lost when the start ends.  Outside a
+    // hook the same call would have started the log and been in it: an allocation made here would
+    // be missing from it, its later free that of an unknown pointer.
+    if (ph == not_started || ph == starting) count_unrecorded(st);
     return nullptr;
 }
 

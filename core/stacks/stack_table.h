@@ -55,6 +55,14 @@ class stack_table {
     // had no native ones.  Lock-free, for the end line, which the crash path writes while another
     // thread may hold the table's lock.
     uint64_t dropped() const noexcept { return lost_.load(std::memory_order_relaxed); }
+    // An allocation recorded without a capture (a signal handler's, inside a hook: walking and
+    // interning are not async-signal-safe): counted in dropped() where capture() would have looked
+    // for frames.  Lock-free.
+    void count_uncaptured() noexcept {
+        if (!ready_.load(std::memory_order_acquire) || mode_ == stack_mode::off) return;
+        if (mode_ == stack_mode::python && !py_.active()) return;
+        lost_.fetch_add(1, std::memory_order_relaxed);
+    }
     const python_frames& python() const noexcept { return py_; }
 
   private:

@@ -1018,6 +1018,84 @@ void stream_destroy_in_handler() {
         CHECK(cuMemAlloc(&p, 1u << 20));
         CHECK(cuMemFree(p));
     }
+// A signal handler allocates while this thread is inside a hook (the emulated driver raises SIGUSR1
+// at the entry of cuMemAlloc_v2, cuMemAddressReserve or cuMemCreate: inside the pool's growth, or
+// with GPUMEM_POOL=off inside the hook's own driver call).  It makes one of each allocation and
+// VMM call gpumem logs, each of its own size, and undoes some of them there: a handle made and
+// released (b), a reference retained on handle a and given back, a second range reserved, mapped,
+// unmapped and freed (w).  The program frees the rest afterwards, outside any handler.  `early`:
+// the signal lands inside cuMemGetInfo's hook instead, before any allocation started the log.
+struct handler_made {
+    CUdeviceptr dev = 0, pitch = 0, managed = 0, async = 0, from_pool = 0, va = 0, wa = 0;
+    void *host = nullptr, *host2 = nullptr;
+    CUmemGenericAllocationHandle a = 0, b = 0, retained = 0;
+    size_t pitch_bytes = 0;
+};
+handler_made g_made;
+volatile sig_atomic_t g_made_result = -1, g_made_first_failed = 0;
+void alloc_in_handler(bool early) {
+    setup();
+    signal(SIGUSR1, [](int) {
+        CUmemAllocationProp prop = {};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        CUmemoryPool pool = nullptr;
+        int step = 0;
+        auto ok = [&step](CUresult r) {
+            ++step;
+            if (r != CUDA_SUCCESS && !g_made_first_failed) g_made_first_failed = step;
+        };
+        ok(cuMemAlloc(&g_made.dev, 3000));
+        ok(cuMemAllocPitch(&g_made.pitch, &g_made.pitch_bytes, 100, 7, 4));
+        ok(cuMemAllocManaged(&g_made.managed, 6000, CU_MEM_ATTACH_GLOBAL));
+        ok(cuMemAllocAsync(&g_made.async, 7000, nullptr));
+        ok(cuDeviceGetDefaultMemPool(&pool, 0));
+        ok(cuMemAllocFromPoolAsync(&g_made.from_pool, 7500, pool, nullptr));
+        ok(cuMemHostAlloc(&g_made.host, 8000, 0));
+        ok(cuMemAllocHost(&g_made.host2, 9000));
+        ok(cuMemCreate(&g_made.a, 2u << 20, &prop, 0));
+        ok(cuMemAddressReserve(&g_made.va, 2u << 20, 0, 0, 0));
+        ok(cuMemMap(g_made.va, 2u << 20, 0, g_made.a, 0));
+        ok(cuMemRetainAllocationHandle(&g_made.retained, reinterpret_cast<void*>(g_made.va)));
+        ok(cuMemRelease(g_made.retained));  // the reference retained: handle a lives on
+        ok(cuMemCreate(&g_made.b, 4u << 20, &prop, 0));
+        ok(cuMemAddressReserve(&g_made.wa, 4u << 20, 0, 0, 0));
+        ok(cuMemMap(g_made.wa, 4u << 20, 0, g_made.b, 0));
+        ok(cuMemUnmap(g_made.wa, 4u << 20));
+        ok(cuMemAddressFree(g_made.wa, 4u << 20));
+        ok(cuMemRelease(g_made.b));
+        ok(cuMemRetainAllocationHandle(&g_made.retained, reinterpret_cast<void*>(g_made.va)));  // given back below
+        g_made_result = step;
+    });
+    using arm_fn = void (*)(const char*, int);
+    auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
+    if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
+    CUdeviceptr c;
+    if (early) {
+        // Inside cuMemGetInfo's hook, before the program's first allocation has started the log.
+        arm("cuMemGetInfo_v2", SIGUSR1);
+        size_t free_b = 0, total_b = 0;
+        CHECK(cuMemGetInfo(&free_b, &total_b));
+        CHECK(cuMemAlloc(&c, 64 << 20));
+    } else {
+        arm("cuMemAlloc_v2,cuMemAddressReserve,cuMemCreate", SIGUSR1);
+        CHECK(cuMemAlloc(&c, 64 << 20));  // no cached block holds it: the driver is asked
+    }
+    printf("handler_steps=%d\nhandler_first_failed=%d\n", int(g_made_result), int(g_made_first_failed));
+    printf("pitch=%zu\n", g_made.pitch_bytes);
+    CHECK(cuMemFree(g_made.dev));
+    CHECK(cuMemFree(g_made.pitch));
+    CHECK(cuMemFree(g_made.managed));
+    CHECK(cuMemFreeAsync(g_made.async, nullptr));
+    CHECK(cuMemFreeAsync(g_made.from_pool, nullptr));
+    CHECK(cuMemFreeHost(g_made.host));
+    CHECK(cuMemFreeHost(g_made.host2));
+    CHECK(cuMemRelease(g_made.retained));  // the handler's second retain
+    CHECK(cuMemUnmap(g_made.va, 2u << 20));
+    CHECK(cuMemAddressFree(g_made.va, 2u << 20));
+    CHECK(cuMemRelease(g_made.a));  // its last reference: handle a's free
+    CHECK(cuMemFree(c));
 }
 
 void query() {
@@ -1552,6 +1630,7 @@ int main(int argc, char** argv) {
     else if (s == "destroy-in-handler") destroy_in_handler();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
+    else if (s == "alloc-in-handler") alloc_in_handler(argc > 2 && !strcmp(argv[2], "early"));
     else if (s == "edges") edges();
     else if (s == "free-async") free_async();
     else if (s == "free-async-capture") free_async_capture(argc > 2 ? argv[2] : "");
