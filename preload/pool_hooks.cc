@@ -723,11 +723,19 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
 
 namespace {
 
-// gpumem's own retain/release pairs (primary_if_active) and the hooked releases, one at a time: a
-// pair of gpumem's beside a program's last release on another thread could make the context anew
-// and end it itself, unseen by either (a review's emulated driver with delays: 27-40 of 300 rounds
-// kept their chunks, and gpumem made and ended 51-53 contexts of its own).
-std::mutex g_primary_mu;
+// gpumem's own retain/release pairs (primary_if_active) and the hooked releases of a device, one at
+// a time: a pair of gpumem's beside a program's last release on another thread could make the
+// context anew and end it itself, unseen by either (a review's emulated driver with delays: 27-40 of
+// 300 rounds kept their chunks, and gpumem made and ended 51-53 contexts of its own).  One lock per
+// device: the race is one device's, and nothing under the lock is another device's (the pools,
+// streams and IPC tables it touches have locks of their own), while a program that makes its
+// contexts on 8 GPUs from 8 threads at once (a first retain takes hundreds of ms) must not wait for
+// them one by one (emu_pool_app retain-meet).  Devices past the array share the last lock.
+constexpr int k_tracked_devices = 64;
+std::mutex g_primary_mu[k_tracked_devices + 1];
+std::mutex& primary_mu(CUdevice dev) noexcept {
+    return g_primary_mu[dev >= 0 && dev < k_tracked_devices ? int(dev) : k_tracked_devices];
+}
 
 bool primary_active(CUdevice dev) noexcept {
     auto get_state = GPUMEM_REAL(cuDevicePrimaryCtxGetState);
@@ -750,7 +758,6 @@ CUcontext primary_if_active_locked(CUdevice dev) noexcept {
 // (H200 run 116), and a pool made for it would serve from chunks no context owns where the driver
 // would refuse; so none is made while the device's primary context is inactive, and the entry goes
 // once it is active again (a retain may give the new one the same handle).
-constexpr int k_tracked_devices = 64;
 std::atomic<uint64_t> g_ended_primary[k_tracked_devices];
 
 bool is_ended_primary(uint64_t ctx) noexcept {
@@ -766,7 +773,7 @@ bool is_ended_primary(uint64_t ctx) noexcept {
 // memory to lose, and a retain would make it anew).  Retain+release of an active one changes nothing.
 CUcontext primary_if_active(CUdevice dev) noexcept {
     critical_section in;
-    std::lock_guard<std::mutex> lk(g_primary_mu);
+    std::lock_guard<std::mutex> lk(primary_mu(dev));
     return primary_if_active_locked(dev);
 }
 
@@ -774,7 +781,7 @@ CUcontext primary_if_active(CUdevice dev) noexcept {
 // thread: re-made in place, as the other locks are (a child's first primary-context release hung).
 // The peer grants name the parent's contexts, which the child does not have.
 void peer_and_primary_after_fork() noexcept {
-    new (&g_primary_mu) std::mutex();
+    for (std::mutex& m : g_primary_mu) new (&m) std::mutex();
     new (&g_peer_mu) std::mutex();
     g_n_peer_grants = 0;
 }
@@ -832,13 +839,13 @@ void pool_context_gone(CUcontext ctx, int dev, context_end when) noexcept {
 // retain then would make the context anew).  If it ended (*ended), its pool is retired after the
 // driver's end: the chunks go back without a synchronize, or, once process exit has begun, not at all.
 namespace {
-// A call that releases dev's primary context (`release()`), under g_primary_mu: if it was
+// A call that releases dev's primary context (`release()`), under dev's primary_mu: if it was
 // the last release (*ended), the context's pool is retired after the driver's end, and so is
 // `also`'s (a green context's own, whose memory was the primary context's), if any.
 template <class F>
 CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* ended) noexcept {
     critical_section in;  // before the lock, released after it (critical_section.h)
-    std::unique_lock<std::mutex> lk(g_primary_mu);
+    std::unique_lock<std::mutex> lk(primary_mu(dev));
     const CUcontext before = primary_if_active_locked(dev);
     const CUresult r = release();
     if (r != CUDA_SUCCESS) return r;
@@ -862,24 +869,24 @@ CUresult pool_primary_release(CUdevice dev, CUresult (*release)(CUdevice), bool*
     return primary_released_by(dev, [&] { return release(dev); }, nullptr, ended);
 }
 
-// A call that retains a primary context (`retain()`), under g_primary_mu: a retain in the moment
-// after another thread's last release ended the context (before that release's look at the state)
-// would make the context anew, and the release would find it active and keep the old pool, whose
-// cuMemAlloc segments the driver freed (emu_pool_app release-race).  Waiting for the release's
+// A call that retains dev's primary context (`retain()`), under dev's primary_mu: a retain in the
+// moment after another thread's last release ended the context (before that release's look at the
+// state) would make the context anew, and the release would find it active and keep the old pool,
+// whose cuMemAlloc segments the driver freed (emu_pool_app release-race).  Waiting for the release's
 // look costs a retain nothing else: a program retains a few times in its life.
 namespace {
 template <class F>
-CUresult primary_retained_by(F&& retain) noexcept {
+CUresult primary_retained_by(CUdevice dev, F&& retain) noexcept {
     if (in_gpumem_lock()) return retain();
     critical_section in;  // before the lock, released after it (critical_section.h)
-    std::lock_guard<std::mutex> lk(g_primary_mu);
+    std::lock_guard<std::mutex> lk(primary_mu(dev));
     return retain();
 }
 }  // namespace
 
 // A program's retain of a primary context.
 CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext* c, CUdevice dev) noexcept {
-    return primary_retained_by([&] { return retain(c, dev); });
+    return primary_retained_by(dev, [&] { return retain(c, dev); });
 }
 
 // A green context's creation retains its device's primary context inside the driver (cuda.h),
@@ -887,7 +894,7 @@ CUresult pool_primary_retain(CUresult (*retain)(CUcontext*, CUdevice), CUcontext
 // green).
 CUresult pool_green_create(CUresult (*create)(CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int), CUgreenCtx* g,
                            CUdevResourceDesc desc, CUdevice dev, unsigned int flags) noexcept {
-    return primary_retained_by([&] { return create(g, desc, dev, flags); });
+    return primary_retained_by(dev, [&] { return create(g, desc, dev, flags); });
 }
 
 // A green context's destruction releases the primary context of its device, which cuGreenCtxCreate

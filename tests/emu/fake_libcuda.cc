@@ -500,12 +500,36 @@ static std::atomic<bool>* primary_charged() {  // whether the primary context's 
     return c;
 }
 static std::mutex g_retain_mu;  // a retain's check and making, one at a time
+// gpumem_emu_retains_meet(ms): from then on (0: no more) a cuDevicePrimaryCtxRetain waits at its
+// entry, before this driver's lock, up to ms for a second retain to be inside at the same time, as a
+// real driver's first retains of two devices run side by side, each making its context (hundreds
+// of ms); gpumem_emu_retains_met() counts the retains that had another inside with them.  A retain
+// that finds one inside counts at once; one that finds none waits until another comes in (counted
+// inside before it counts as come), so two retains that overlap both count, whatever the timing,
+// and two held apart count none.
+static std::atomic<int> g_retain_meet_ms{0}, g_retains_inside{0}, g_retains_come{0}, g_retains_met{0};
+EMU_EXPORT void gpumem_emu_retains_meet(int ms) { g_retain_meet_ms.store(ms); }
+EMU_EXPORT int gpumem_emu_retains_met() { return g_retains_met.load(); }
+static void retain_meet() {
+    const int ms = g_retain_meet_ms.load();
+    if (ms <= 0) return;
+    bool met = g_retains_inside.fetch_add(1) >= 1;
+    const int me = g_retains_come.fetch_add(1) + 1;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (!met && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        met = g_retains_come.load() > me;
+    }
+    if (met) g_retains_met.fetch_add(1);
+    g_retains_inside.fetch_sub(1);
+}
 // A destroyed green context's CUcontext, and a stream of a destroyed green context (below).
 static bool dead_green_context(CUcontext c);
 static bool on_dead_green_stream(CUstream s);
 EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
     bump("cuDevicePrimaryCtxRetain");
     if (d < 0 || d >= st().devices) return CUDA_ERROR_INVALID_DEVICE;
+    retain_meet();
     std::lock_guard<std::mutex> lk(g_retain_mu);
     if (primary_refs()[d].load() <= 0 || primary_reset()[d].load()) {  // made anew
         if (CUresult r = take_context_bytes(d)) return r;

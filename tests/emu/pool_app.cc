@@ -610,6 +610,35 @@ void release_cycle(bool v1) {
     printf("dead_alloc_rc=%d\n", int(cuMemAlloc(&dead, 1u << 20)));
 }
 
+// Two threads retain the primary contexts of devices 0 and 1 at the same time (run with
+// GPUMEM_EMU_DEVICES=2), as a program that sets up each of its GPUs from a thread of its own does;
+// the emulated driver's retains wait for each other inside (gpumem_emu_retains_meet, 5 s at most),
+// as a real driver's first retains run side by side, each making its context.  Alone both meet; a
+// lock of gpumem's held across the retains of both devices keeps them apart.
+void retain_meet() {
+    setup();
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 1u << 20));  // a pool (and the log) exist
+    using meet_fn = void (*)(int);
+    using met_fn = int (*)();
+    auto meet = reinterpret_cast<meet_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_retains_meet"));
+    auto met = reinterpret_cast<met_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_retains_met"));
+    if (!meet || !met) fail("dlsym gpumem_emu_retains_meet", -1);
+    meet(5000);
+    std::vector<std::thread> ts;
+    for (int d = 0; d < 2; ++d)
+        ts.emplace_back([d] {
+            CUcontext c = nullptr;
+            CHECK(cuDevicePrimaryCtxRetain(&c, d));
+        });
+    for (auto& t : ts) t.join();
+    meet(0);
+    CHECK(cuDevicePrimaryCtxRelease(0));
+    CHECK(cuDevicePrimaryCtxRelease(1));
+    CHECK(cuMemFree(a));
+    printf("retains_met=%d\n", met());
+}
+
 // A primary context's last release while another thread retains it (run with
 // GPUMEM_EMU_PRIMARY_REFS=0 and GPUMEM_EMU_RELEASE_GAP_MS, so that the retain lands after the
 // driver ended the context and before the release returns): the retain makes the context anew,
@@ -1628,6 +1657,7 @@ int main(int argc, char** argv) {
                 argc > 2 && std::string(argv[2]) == "wrong-thread-end");
     else if (s == "query") query();
     else if (s == "destroy-in-handler") destroy_in_handler();
+    else if (s == "retain-meet") retain_meet();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "alloc-in-handler") alloc_in_handler(argc > 2 && !strcmp(argv[2], "early"));
@@ -1663,7 +1693,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]]\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1309,6 +1309,24 @@ TEST_CASE("pool: a green context made on another thread just after the last rele
     }
 }
 
+TEST_CASE("pool: retains of two devices' primary contexts on two threads run side by side") {
+    // The emulated driver's retains wait (5 s at most) until another retain is inside with them, as
+    // a real driver's first retains of 8 GPUs, each making its context, run side by side.  Before,
+    // gpumem held one lock for every device across the driver's retain: the two ran one after the
+    // other, and neither met the other.
+    const std::map<std::string, std::string> bare_env = {{"GPUMEM_EMU_DEVICES", "2"}};
+    REQUIRE(values(run({EMU_POOL_APP, "retain-meet"}, bare_env, false).out)["retains_met"] == "2");
+    for (const char* pool : {"on", "off"}) {
+        INFO("GPUMEM_POOL=" << pool);
+        auto env = bare_env;
+        env["GPUMEM_POOL"] = pool;
+        auto r = run({EMU_POOL_APP, "retain-meet"}, env);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(values(r.out)["retains_met"] == "2");
+    }
+}
+
 TEST_CASE("pool: a green context's destruction that ends the primary context retires its pool, and no fence touches the green stream") {
     // cuGreenCtxCreate retains the primary context and cuGreenCtxDestroy releases it: here that is
     // its last release, which ends the context and frees its memory.  Unseen (gpumem did not hook
