@@ -670,6 +670,11 @@ int g_n_peer_grants = 0;
 }  // namespace
 
 void pool_peer_enabled(CUcontext peer) noexcept {
+    // Inside a gpumem lock (exit() from a signal handler that interrupted a pool's drain, whose
+    // atexit handler enables peer access) the peer context's pool's lock may be this thread's: the
+    // grant waited for it, and the exit hung.  The driver's enable stands; the pool's chunks stay
+    // closed to the device, and the grant is not remembered (docs/pool.md, Peer access).
+    if (in_gpumem_lock()) return;
     auto get_device = GPUMEM_REAL(cuCtxGetDevice);
     CUdevice dev = 0;
     if (!peer || !get_device || get_device(&dev) != CUDA_SUCCESS) return;

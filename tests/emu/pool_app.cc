@@ -1127,6 +1127,33 @@ void alloc_in_handler(bool early) {
     CHECK(cuMemFree(c));
 }
 
+// A signal handler that calls exit() lands inside a driver call the pool makes while it holds its
+// lock outside any hook of gpumem's guard (the drain of GPUMEM_REUSE=auto's switch to safe reuse,
+// which the program's first non-blocking stream starts: a synchronize, an event recorded or waited
+// on), and the program's atexit handler enables device 1's access to device 0's context, whose
+// pool that is (run with GPUMEM_EMU_DEVICES=2).  Alone no such call is made: the program ends and
+// the enable comes at the normal exit.  A run that hangs is ended by SIGALRM after 10 s.
+CUcontext g_peer_c0 = nullptr, g_peer_c1 = nullptr;
+void peer_in_handler() {
+    g_peer_c0 = setup();
+    CHECK(cuDevicePrimaryCtxRetain(&g_peer_c1, 1));
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 1u << 20));  // device 0's pool holds a segment: the switch drains it
+    alarm(10);
+    atexit([] {
+        CHECK(cuCtxSetCurrent(g_peer_c1));
+        printf("atexit_enable_result=%d\n", int(cuCtxEnablePeerAccess(g_peer_c0, 0)));
+        fflush(stdout);
+    });
+    signal(SIGUSR1, [](int) { exit(0); });
+    using arm_fn = void (*)(const char*, int);
+    auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
+    if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
+    arm("cuCtxSynchronize,cuStreamSynchronize,cuEventRecord,cuEventQuery,cuEventSynchronize,cuStreamQuery", SIGUSR1);
+    CUstream s = nullptr;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+}
+
 void query() {
     setup();
     CUdeviceptr a, b;
@@ -1658,6 +1685,7 @@ int main(int argc, char** argv) {
     else if (s == "query") query();
     else if (s == "destroy-in-handler") destroy_in_handler();
     else if (s == "retain-meet") retain_meet();
+    else if (s == "peer-in-handler") peer_in_handler();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "alloc-in-handler") alloc_in_handler(argc > 2 && !strcmp(argv[2], "early"));
@@ -1693,7 +1721,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]]\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]] | peer-in-handler\n", argv[0]);
         return 2;
     }
     return 0;

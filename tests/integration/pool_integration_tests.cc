@@ -1722,6 +1722,35 @@ TEST_CASE("pool: what a signal handler allocates while its thread is inside a ho
     }
 }
 
+TEST_CASE("pool: exit from a signal handler inside a pool's drain: the program's atexit enables peer access to that pool's context") {
+    // The emulated driver raises SIGUSR1 in the first synchronize, event or stream query, which
+    // only the pool makes here: the drain of auto's switch to safe reuse at the program's first
+    // non-blocking stream, under device 0's pool's lock (no hook's guard: stream creation takes
+    // none).  The handler calls exit(0), and the program's atexit handler enables device 1's access
+    // to device 0's context.  Before, the hook then granted the access to that pool's chunks under
+    // the pool's lock, held by this thread: the exit hung (SIGALRM).
+    const std::map<std::string, std::string> bare_env = {{"GPUMEM_EMU_DEVICES", "2"}};
+    auto alone = run({EMU_POOL_APP, "peer-in-handler"}, bare_env, false);
+    REQUIRE(WIFEXITED(alone.status));
+    REQUIRE(WEXITSTATUS(alone.status) == 0);
+    CHECK(values(alone.out)["atexit_enable_result"] == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto env = bare_env;
+        env["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "peer-in-handler"}, env);
+        INFO(r.err);
+        REQUIRE(WIFEXITED(r.status));
+        CHECK(WEXITSTATUS(r.status) == 0);
+        CHECK(r.out == alone.out);
+        REQUIRE(r.logs.size() == 1);
+        auto ls = lines_of(r.logs[0]);
+        REQUIRE(ls.back()["ev"] == "end");
+        CHECK(ls.back()["reason"] == "exit");
+        CHECK(count_ev(ls, "reuse_safe") == 1);  // the switch was under way: its drain raised the signal
+    }
+}
+
 TEST_CASE("pool: a free a signal handler left waiting is carried out before its context ends") {
     // The handler frees a inside the pool's growth (its lock held), so the free waits for the next
     // pool call; the program's next call resets the device, which ends a's context.  The free must
