@@ -3,6 +3,8 @@
 
 #include <new>
 
+#include "core/pool/critical_section.h"
+
 namespace gpumem {
 
 namespace {
@@ -14,7 +16,11 @@ bool same_capture(uint64_t a_stream, int a_tid, uint64_t b_stream, int b_tid) no
 }
 }  // namespace
 
+// Every hold of mu_ is inside a critical_section, from before the lock until after it (as the
+// pools' locks are): a signal handler that interrupts it, and frees a pooled block, finds its
+// thread inside gpumem, so may_refuse answers it without the lock and the pool defers its free.
 void capture_table::opened(uint64_t stream, int tid, int mode) noexcept {
+    critical_section in;
     std::lock_guard<std::mutex> lk(mu_);
     entry* free_slot = nullptr;
     for (entry& e : slots_) {
@@ -30,6 +36,7 @@ void capture_table::opened(uint64_t stream, int tid, int mode) noexcept {
 }
 
 void capture_table::closed(uint64_t stream, int tid) noexcept {
+    critical_section in;
     std::lock_guard<std::mutex> lk(mu_);
     for (entry& e : slots_) {
         if (e.used && same_capture(e.stream, e.tid, stream, tid)) {
@@ -46,6 +53,10 @@ void capture_table::closed(uint64_t stream, int tid) noexcept {
 
 bool capture_table::may_refuse(int tid, int thread_mode) const noexcept {
     if (thread_mode == k_relaxed || open_.load(std::memory_order_acquire) == 0) return false;
+    // Inside gpumem already (a signal handler's call): the lock may be this thread's, held by the
+    // code the handler interrupted.  Unsure, so the driver is asked, as over k_slots.
+    if (critical_section::active()) return true;
+    critical_section in;
     std::lock_guard<std::mutex> lk(mu_);
     if (overflow_ > 0) return true;
     for (const entry& e : slots_) {

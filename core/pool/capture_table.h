@@ -15,7 +15,8 @@ namespace gpumem {
 //   - began a capture that is open and not relaxed, or is in global mode while another thread has
 //     a global-mode capture open.
 // The pool serves those calls without the driver, so the hooks ask this table first and let the
-// driver answer where it might refuse.  Thread-safe.  Modes are CUstreamCaptureMode's values.
+// driver answer where it might refuse.  Thread-safe; its lock is held inside a critical_section
+// (critical_section.h).  Modes are CUstreamCaptureMode's values.
 class capture_table {
   public:
     static constexpr int k_global = 0, k_thread_local = 1, k_relaxed = 2;
@@ -31,8 +32,9 @@ class capture_table {
     // captures, the table may forget one too early).
     void closed(uint64_t stream, int tid) noexcept;
     // Whether the driver may refuse an unsafe call from thread `tid` in mode `thread_mode` now.
-    // Unsure (a capture the table could not hold): true, so the driver is asked.  No lock while
-    // the table is empty, the common case.
+    // Unsure (a capture the table could not hold, or a call from inside a critical_section, whose
+    // thread may hold the table's lock: a signal handler's): true, so the driver is asked.  No
+    // lock while the table is empty, the common case.
     bool may_refuse(int tid, int thread_mode) const noexcept;
     // Whether any capture is open: the hot path's question, one load, before the thread's id and
     // mode are looked up.

@@ -7,12 +7,15 @@
 #undef cuGetProcAddress
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1154,6 +1157,60 @@ void peer_in_handler() {
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 }
 
+// Signal handlers free pooled blocks while this thread opens and closes stream captures, over and
+// over: a timer signals this thread every 50 us (CLOCK_MONOTONIC, SIGEV_THREAD_ID) until 20,000
+// handlers ran, so they land anywhere in the capture hooks, gpumem's capture table's lock among
+// them (held while the table notes a capture opened or closed).  A relaxed capture of another
+// stream stays open throughout, so a free asks the table every time; the captures are relaxed, so
+// the driver lets every free through, and so must gpumem.  Run with GPUMEM_REUSE=immediate (a free
+// then makes no driver call).  A handler that waits for the table's lock its thread holds hangs
+// the run, which SIGALRM ends after 30 s.  Prints the frees that failed (0) and the handlers run.
+constexpr int k_signal_frees = 20000;
+CUdeviceptr g_signal_blocks[k_signal_frees];
+volatile sig_atomic_t g_signal_failed = 0;
+std::atomic<int> g_signals_handled{0};
+void capture_signals() {
+    setup();
+    for (auto& b : g_signal_blocks) CHECK(cuMemAlloc(&b, 256));
+    CUstream s = nullptr, held = nullptr;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCapture(held, CU_STREAM_CAPTURE_MODE_RELAXED));
+    struct sigaction sa = {};
+    sa.sa_handler = [](int) {
+        const int i = g_signals_handled.load(std::memory_order_relaxed);
+        if (i < k_signal_frees && cuMemFree(g_signal_blocks[i]) != CUDA_SUCCESS) g_signal_failed = g_signal_failed + 1;
+        g_signals_handled.store(i + 1, std::memory_order_release);
+    };
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, nullptr);
+    alarm(30);
+    sigevent sev = {};
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = SIGUSR1;
+    sev._sigev_un._tid = pid_t(syscall(SYS_gettid));  // sigev_notify_thread_id, which glibc 2.36 does not name
+    timer_t timer;
+    if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) fail("timer_create", errno);
+    itimerspec every = {{0, 50000}, {0, 50000}};
+    if (timer_settime(timer, 0, &every, nullptr) != 0) fail("timer_settime", errno);
+    long rounds = 0;
+    while (g_signals_handled.load(std::memory_order_acquire) < k_signal_frees) {
+        CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+        CUgraph g = nullptr;
+        CHECK(cuStreamEndCapture(s, &g));
+        ++rounds;
+    }
+    timer_delete(timer);
+    CUgraph g = nullptr;
+    CHECK(cuStreamEndCapture(held, &g));
+    CUdeviceptr last = 0;  // a pool call: frees a handler left waiting are carried out
+    CHECK(cuMemAlloc(&last, 256));
+    CHECK(cuMemFree(last));
+    printf("signal_frees_failed=%d\nsignals_handled_enough=%d\n", int(g_signal_failed),
+           int(g_signals_handled.load() >= k_signal_frees));
+    fprintf(stderr, "capture rounds: %ld\n", rounds);
+}
+
 void query() {
     setup();
     CUdeviceptr a, b;
@@ -1686,6 +1743,7 @@ int main(int argc, char** argv) {
     else if (s == "destroy-in-handler") destroy_in_handler();
     else if (s == "retain-meet") retain_meet();
     else if (s == "peer-in-handler") peer_in_handler();
+    else if (s == "capture-signals") capture_signals();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "alloc-in-handler") alloc_in_handler(argc > 2 && !strcmp(argv[2], "early"));
@@ -1721,7 +1779,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]] | peer-in-handler\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]] | peer-in-handler | capture-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1751,6 +1751,26 @@ TEST_CASE("pool: exit from a signal handler inside a pool's drain: the program's
     }
 }
 
+TEST_CASE("pool: signal handlers that free pooled blocks while their thread opens and closes captures") {
+    // 20,000 handlers, each freeing one block, land anywhere in this thread's capture hooks while
+    // a relaxed capture stays open; the handler's free asks the capture table.  Before, the table's
+    // lock was taken outside any critical section: a handler that landed while the table noted a
+    // capture opened or closed waited for that lock, held by its own thread, for ever (SIGALRM
+    // after 30 s).
+    // The emulated driver is no safer in a handler than a real one (its capture lock), so no run
+    // alone: the captures are relaxed, where the driver refuses no free.
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "capture-signals"}, {{"GPUMEM_REUSE", "immediate"}, {"GPUMEM_POOL_VMM", vmm}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        auto v = values(r.out);
+        CHECK(v["signals_handled_enough"] == "1");
+        CHECK(v["signal_frees_failed"] == "0");
+        CHECK(ls.back()["live_allocs"] == 0);  // every free made it into the log, waiting ones too
+    }
+}
+
 TEST_CASE("pool: a free a signal handler left waiting is carried out before its context ends") {
     // The handler frees a inside the pool's growth (its lock held), so the free waits for the next
     // pool call; the program's next call resets the device, which ends a's context.  The free must

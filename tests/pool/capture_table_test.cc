@@ -2,7 +2,10 @@
 #include <catch2/catch.hpp>
 
 #include "core/pool/capture_table.h"
+#include "core/pool/critical_section.h"
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <thread>
 
@@ -110,4 +113,37 @@ TEST_CASE("capture table: ends from any thread, several captures, the per-thread
         t.closed(s1, other);  // one end too many: nothing to close, nothing changes
         CHECK_FALSE(t.may_refuse(me, G));
     }
+}
+
+TEST_CASE("capture table: inside a critical section (a signal handler's call) it answers unsure without its lock") {
+    // A handler's free that interrupted this thread while it held the table's lock (noting a
+    // capture opened or closed) must not wait for that lock: here another thread holds it, for
+    // 2 s at most, and the answer must come while it is held.  Unsure is true, so the driver is
+    // asked; a relaxed thread and a table with no capture open need no lock and say false.
+    capture_table t;
+    t.opened(s1, me, R);  // read under the lock, this capture refuses no one
+    std::atomic<bool> held{false}, answered{false}, gave_up{false};
+    std::thread holder([&] {
+        std::lock_guard<std::mutex> lk(t.mutex_for_test());
+        held = true;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (!answered && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+        gave_up = !answered;  // released before the answer came: the answer waited for the lock
+    });
+    while (!held) std::this_thread::yield();
+    bool unsure = false, relaxed = true;
+    {
+        critical_section in;
+        unsure = t.may_refuse(other, G);
+        relaxed = t.may_refuse(other, R);
+    }
+    answered = true;
+    holder.join();
+    CHECK(unsure);
+    CHECK_FALSE(relaxed);
+    CHECK_FALSE(gave_up);
+    CHECK_FALSE(t.may_refuse(other, G));  // outside one, the table's own answer
+    t.closed(s1, me);
+    critical_section in;
+    CHECK_FALSE(t.may_refuse(other, G));  // none open
 }
