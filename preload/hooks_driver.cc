@@ -895,8 +895,15 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxReset(CUdevice dev) {
 // table, or a green context made by a route gpumem did not see, leaves its destruction unwatched
 // (docs/pool.md).
 static handle_table g_green_devices;
+// g's entry, replacing any it has: one left by a destruction gpumem did not see (by a way in it
+// does not watch, or refused by the driver yet carried out) names the device of the green context
+// that had the handle before, and found first, it sent this one's end to that device.  Only the
+// creating thread knows a new handle yet, so no destruction looks between the two steps.
 static void green_made(CUgreenCtx g, CUdevice dev) noexcept {
-    if (dev >= 0 && dev <= 255) g_green_devices.add(uint64_t(uintptr_t(g)), uint8_t(dev));
+    const uint64_t key = uint64_t(uintptr_t(g));
+    uint8_t stale = 0;
+    g_green_devices.take_all(key, &stale);
+    if (dev >= 0 && dev <= 255) g_green_devices.add(key, uint8_t(dev));
 }
 // Takes g's entry out of the table: its device, or -1 where g is not in it.  Taken before the
 // driver destroys g and put back if it refuses (handle_table.h): a green context of another device

@@ -613,6 +613,49 @@ void release_cycle(bool v1) {
     printf("dead_alloc_rc=%d\n", int(cuMemAlloc(&dead, 1u << 20)));
 }
 
+// A green context's handle that gpumem's table still holds when the driver hands it out again:
+// the program destroys a green context of device 0 through a pointer from cuGetProcAddress, which
+// gpumem does not see with GPUMEM_ROUTES leaving that way in unwatched (run with
+// GPUMEM_ROUTES=a,b,d, GPUMEM_EMU_DEVICES=2, GPUMEM_EMU_PRIMARY_REFS=0, GPUMEM_EMU_GREEN_REUSE=1
+// and GPUMEM_POOL_VMM=off), and the driver gives the same handle to its next green context, of
+// device 1, which alone holds device 1's primary context.  The program allocates and frees 1 MiB
+// there and destroys that green context (seen): its last release, which ends device 1's primary
+// context and frees its memory.  Then the context is made anew, and its first allocation must be
+// memory of the new context; a destruction that read device 0 from the stale entry missed the end,
+// and the pool handed out the segment the driver freed.
+void green_stale() {
+    setup();  // device 0's primary context, held throughout
+    CUcontext c1 = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));  // its handle; the release ends it
+    CHECK(cuDevicePrimaryCtxRelease(1));
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult found;
+    CHECK(cuGetProcAddress_v2("cuGreenCtxDestroy", &fn, 12040, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    auto unseen_destroy = reinterpret_cast<CUresult (*)(CUgreenCtx)>(fn);
+    CUgreenCtx g0 = nullptr, g1 = nullptr;
+    CHECK(cuGreenCtxCreate(&g0, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CHECK(unseen_destroy(g0));
+    CHECK(cuGreenCtxCreate(&g1, nullptr, 1, CU_GREEN_CTX_DEFAULT_STREAM));
+    printf("same_handle=%d\n", int(g1 == g0));
+    CHECK(cuCtxSetCurrent(c1));
+    CUdeviceptr p = 0;
+    CHECK(cuMemAlloc(&p, 1u << 20));
+    CHECK(cuMemFree(p));  // cached by device 1's pool
+    CHECK(cuGreenCtxDestroy(g1));
+    unsigned flags = 0;
+    int active = -1;
+    CHECK(cuDevicePrimaryCtxGetState(1, &flags, &active));
+    printf("dev1_active=%d\n", active);
+    CUcontext c = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c, 1));  // made anew
+    CHECK(cuCtxSetCurrent(c));
+    CUdeviceptr b = 0;
+    CHECK(cuMemAlloc(&b, 1u << 20));
+    printf("new_context_block_access=%d\n", emu_access(b, 1));
+    CHECK(cuMemFree(b));
+    CHECK(cuDevicePrimaryCtxRelease(1));
+}
+
 // Two threads retain the primary contexts of devices 0 and 1 at the same time (run with
 // GPUMEM_EMU_DEVICES=2), as a program that sets up each of its GPUs from a thread of its own does;
 // the emulated driver's retains wait for each other inside (gpumem_emu_retains_meet, 5 s at most),
@@ -1742,6 +1785,7 @@ int main(int argc, char** argv) {
     else if (s == "query") query();
     else if (s == "destroy-in-handler") destroy_in_handler();
     else if (s == "retain-meet") retain_meet();
+    else if (s == "green-stale") green_stale();
     else if (s == "peer-in-handler") peer_in_handler();
     else if (s == "capture-signals") capture_signals();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
@@ -1779,7 +1823,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]] | peer-in-handler | capture-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | ipc-import HEX [SIZE [HEX2 [capture]]] | peer-in-handler | capture-signals | green-stale\n", argv[0]);
         return 2;
     }
     return 0;

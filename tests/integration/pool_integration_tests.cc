@@ -1385,6 +1385,35 @@ TEST_CASE("pool: a green context's handle made again on another device while its
     check_rebuild(ls);
 }
 
+TEST_CASE("pool: a green context's handle left in the table by an unseen destruction: the next green context with it names its own device") {
+    // The program destroys a green context of device 0 where gpumem does not see it (a pointer
+    // from cuGetProcAddress, with that way in unwatched), so its entry stays; the driver gives the
+    // handle to a green context of device 1, which the program destroys as its device's last
+    // release.  Before: the creation added a second entry beside the stale one, the destruction
+    // took the stale one's device 0, missed device 1's end, and the pool handed out the segment
+    // the driver freed with that context.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"},
+                                                    {"GPUMEM_EMU_GREEN_REUSE", "1"}, {"GPUMEM_POOL_VMM", "off"},
+                                                    {"GPUMEM_ROUTES", "a,b,d"}};
+    auto bare = values(run({EMU_POOL_APP, "green-stale"}, env, false).out);
+    REQUIRE(bare["same_handle"] == "1");
+    CHECK(bare["dev1_active"] == "0");
+    CHECK(bare["new_context_block_access"] == "1");
+    auto r = run({EMU_POOL_APP, "green-stale"}, env);
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    REQUIRE(v["same_handle"] == "1");
+    CHECK(v["dev1_active"] == "0");
+    CHECK(v["new_context_block_access"] == "1");
+    size_t dev1_resets = 0;
+    for (const auto& l : ls) dev1_resets += l["ev"] == "context_reset" && l.value("dev", -1) == 1;
+    // Device 1's pool retired at the green context's destruction (missed before: 1), and at the
+    // program's last release.
+    CHECK(dev1_resets == 2);
+    check_rebuild(ls);
+}
+
 TEST_CASE("pool: a green context's pool gives back what the program freed there before the green context goes") {
     // The program fills the device with the green context current and frees it, destroys the green
     // context (the primary context lives on) and asks cuMemAllocAsync for 192 of 256 MiB.  Without
