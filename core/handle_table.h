@@ -29,7 +29,7 @@ class handle_table {
     // The value of one of key's entries (the first), if it has one.
     bool find(uint64_t key, uint8_t* value) const noexcept;
     // Sets the value of every entry of key in place, so that no find meanwhile misses it; false
-    // where it has none.
+    // where it has none.  An entry taken meanwhile is not set, nor is what took its slot.
     bool set(uint64_t key, uint8_t value) noexcept;
     // Takes one entry of key out: true, with its value where value is not null, if it had one.
     bool take(uint64_t key, uint8_t* value = nullptr) noexcept;
@@ -46,21 +46,26 @@ class handle_table {
     // Takes slot i out if it holds key: true, with its value.
     bool take_slot(int i, uint64_t key, uint8_t* value) noexcept;
     // A slot is free (0), busy (one thread fills or empties it: others pass it by, none waits), or
-    // holds a key whose value was written before the key (release), so that a reader who finds the
-    // key reads its value.  An add claims a free slot busy, writes the value, then the key; a take
-    // claims the key's slot busy, reads the value, then frees it.  Only set writes a value it does
-    // not hold busy: a set whose entry is taken, and its slot filled for another key, between its
-    // load of the key and its store could write the other key's value (the hooks set a pool's note
-    // again only; a destroy of that pool at the same moment is the program's own race).
+    // holds a key whose word was written before the key (release), so that a reader who finds the
+    // key reads its value.  A slot's word holds its value (the low byte) and its generation (the
+    // rest), which every add and take moves on, while the slot is busy: an entry is the key of a
+    // slot for one generation.  An add claims a free slot busy, starts a generation with its value,
+    // then writes the key; a take claims the key's slot busy, ends the generation (reading the value
+    // in the same step), then frees it.  A set changes the value by a compare-and-swap of the word
+    // it read while the slot held its key, so it fails once that generation has ended: a set whose
+    // entry was taken, and its slot filled for another key, between its look at the key and its
+    // write would write its value into the other key's entry (a pool's note set again while the
+    // pool's destroy and another pool's creation got the slot: a 1-byte store could).  A find
+    // re-reads the key and the generation after the value, so it never returns the value of a
+    // generation that was not its key's.  56 bits of generations: never wrap.
     std::atomic<uint64_t> keys_[k_slots] = {};
-    std::atomic<uint8_t> values_[k_slots] = {};
+    std::atomic<uint64_t> words_[k_slots] = {};
     std::atomic<int> high_{0};
     // Counted before a slot is filled and after one is emptied: 0 means none is kept, so a find or
     // take in a program that keeps none costs one load.
     std::atomic<int> used_{0};
 
-    static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint8_t>::is_always_lock_free &&
-                      std::atomic<int>::is_always_lock_free,
+    static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
                   "a signal handler may use the table: its atomics must not take a lock");
 };
 
