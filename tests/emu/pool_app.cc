@@ -1093,6 +1093,8 @@ void stream_destroy_in_handler() {
         CHECK(cuMemAlloc(&p, 1u << 20));
         CHECK(cuMemFree(p));
     }
+}
+
 // A signal handler allocates while this thread is inside a hook (the emulated driver raises SIGUSR1
 // at the entry of cuMemAlloc_v2, cuMemAddressReserve or cuMemCreate: inside the pool's growth, or
 // with GPUMEM_POOL=off inside the hook's own driver call).  It makes one of each allocation and

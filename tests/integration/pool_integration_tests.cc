@@ -1646,6 +1646,9 @@ TEST_CASE("pool: exit from a signal handler inside a fence: the program's atexit
         auto ls = lines_of(r.logs[0]);
         REQUIRE(ls.back()["ev"] == "end");
         CHECK(ls.back()["reason"] == "exit");
+    }
+}
+
 TEST_CASE("pool: what a signal handler allocates while its thread is inside a hook is logged, and gpumem's own calls are not") {
     // The emulated driver raises SIGUSR1 inside the pool's growth (with GPUMEM_POOL=off inside the
     // hook's own cuMemAlloc_v2), and the handler makes one of each allocation and VMM call the
