@@ -1,0 +1,125 @@
+// What the driver does with memory allocated while a green context was current, once cuGreenCtxDestroy destroyed that green context (its primary context living on).
+//
+// `probe`: prints, one fact per line, the answers of the calls a program might make on such memory:
+// does cuGreenCtxDestroy give a cuMemAlloc block back (cuMemGetInfo), which context owns it before,
+// can it be written and freed after, and the same for cuMemCreate memory mapped with the green
+// context current.  gpumem's pool must answer a later cuMemFree of a pooled block as the driver
+// answers this one (docs/pool.md, "cuGreenCtxDestroy"); run it with and without LD_PRELOAD.
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstring>
+
+static int rc(CUresult r) { return int(r); }
+
+static long long free_mib() {
+    size_t f = 0, t = 0;
+    if (cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return -1;
+    return (long long)(f >> 20);
+}
+
+// A green context of all of dev's SMs, or its creation's error.
+static CUresult make_green(CUdevice dev, CUgreenCtx* g) {
+    CUdevResource sm{};
+    if (CUresult r = cuDeviceGetDevResource(dev, &sm, CU_DEV_RESOURCE_TYPE_SM)) return r;
+    CUdevResourceDesc desc = nullptr;
+    if (CUresult r = cuDevResourceGenerateDesc(&desc, &sm, 1)) return r;
+    return cuGreenCtxCreate(g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+}
+
+static int probe() {
+    int version = 0;
+    cuDriverGetVersion(&version);
+    printf("driver version: %d\n", version);
+    CUdevice dev = 0;
+    CUcontext primary = nullptr;
+    if (cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS || cuCtxSetCurrent(primary) != CUDA_SUCCESS) return 1;
+    const size_t gib = size_t(1) << 30;
+    for (int round = 0; round < 2; ++round) {
+        // Round 0: the free comes with the primary context current; round 1: with none current.
+        printf("-- round %d: free with %s current\n", round, round == 0 ? "the primary context" : "no context");
+        CUgreenCtx g = nullptr;
+        int r1 = rc(make_green(dev, &g));
+        printf("green create: %d\n", r1);
+        if (r1) return 2;
+        CUcontext own = nullptr;
+        printf("ctx from green: %d same as primary %d\n", rc(cuCtxFromGreenCtx(&own, g)), int(own == primary));
+        printf("set green current: %d\n", rc(cuCtxSetCurrent(own)));
+        const long long f0 = free_mib();
+        CUdeviceptr a = 0, a2 = 0;
+        r1 = rc(cuMemAlloc(&a, gib));
+        printf("alloc 1 GiB in green: %d, free fell %lld MiB\n", r1, f0 - free_mib());
+        printf("alloc a second 1 GiB in green (freed before the destroy): %d\n", rc(cuMemAlloc(&a2, gib)));
+        printf("free it in green: %d\n", rc(cuMemFree(a2)));
+        CUcontext owner = nullptr;
+        r1 = rc(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, a));
+        printf("owner before: %d green %d primary %d\n", r1, int(owner == own), int(owner == primary));
+        r1 = rc(cuMemsetD8(a, 7, gib));
+        int r2 = rc(cuCtxSynchronize());
+        printf("memset in green: %d sync %d\n", r1, r2);
+
+        // VMM memory mapped with the green context current.
+        CUmemAllocationProp prop{};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        size_t gran = 0;
+        cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        const size_t vbytes = gran * 256;
+        CUdeviceptr va = 0;
+        CUmemGenericAllocationHandle h = 0;
+        r1 = rc(cuMemAddressReserve(&va, vbytes, 0, 0, 0));
+        r2 = rc(cuMemCreate(&h, vbytes, &prop, 0));
+        int r3 = rc(cuMemMap(va, vbytes, 0, h, 0));
+        CUmemAccessDesc acc{};
+        acc.location = prop.location;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        int r4 = rc(cuMemSetAccess(va, vbytes, &acc, 1));
+        printf("vmm %zu MiB in green: reserve %d create %d map %d access %d\n", vbytes >> 20, r1, r2, r3, r4);
+        r1 = rc(cuMemsetD8(va, 5, vbytes));
+        r2 = rc(cuCtxSynchronize());
+        printf("memset vmm in green: %d sync %d\n", r1, r2);
+
+        printf("set primary current: %d\n", rc(cuCtxSetCurrent(primary)));
+        const long long f1 = free_mib();
+        printf("green destroy: %d\n", rc(cuGreenCtxDestroy(g)));
+        printf("free rose at the destroy by %lld MiB\n", free_mib() - f1);
+        printf("set the dead green context current: %d\n", rc(cuCtxSetCurrent(own)));
+        cuCtxSetCurrent(primary);
+        owner = nullptr;
+        r1 = rc(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, a));
+        printf("owner after: %d green %d primary %d\n", r1, int(owner == own), int(owner == primary));
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        r1 = rc(cuMemGetAddressRange(&base, &size, a));
+        printf("address range after: %d size %zu MiB\n", r1, size >> 20);
+        r1 = rc(cuMemsetD8(a, 9, gib));
+        r2 = rc(cuCtxSynchronize());
+        printf("memset cuMemAlloc block after, in primary: %d sync %d\n", r1, r2);
+        r1 = rc(cuMemsetD8(va, 9, vbytes));
+        r2 = rc(cuCtxSynchronize());
+        printf("memset vmm after, in primary: %d sync %d\n", r1, r2);
+        if (round == 1) cuCtxSetCurrent(nullptr);
+        const long long f2 = round == 1 ? -1 : free_mib();
+        r1 = rc(cuMemFree(a));
+        cuCtxSetCurrent(primary);
+        printf("cuMemFree after: %d, free rose by %lld MiB\n", r1, round == 1 ? -1 : free_mib() - f2);
+        printf("cuMemFree again: %d\n", rc(cuMemFree(a)));
+        printf("cuMemFree of the block freed before the destroy: %d\n", rc(cuMemFree(a2)));
+        const long long f3 = free_mib();
+        r1 = rc(cuMemUnmap(va, vbytes));
+        r2 = rc(cuMemRelease(h));
+        r3 = rc(cuMemAddressFree(va, vbytes));
+        printf("vmm after: unmap %d release %d address free %d, free rose by %lld MiB\n", r1, r2, r3, free_mib() - f3);
+        fflush(stdout);
+    }
+    cuDevicePrimaryCtxRelease(dev);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (cuInit(0) != CUDA_SUCCESS) return 1;
+    if (argc > 1 && !strcmp(argv[1], "probe")) return probe();
+    fprintf(stderr, "usage: %s probe\n", argv[0]);
+    return 2;
+}
