@@ -1073,17 +1073,24 @@ void destroy_in_handler() {
 // stream set's lock (a fence's cuEventRecord or cuStreamQuery on the program's non-blocking stream),
 // and the program's atexit handler destroys that stream, as a C++ program whose static stream
 // object ends at exit may.  Alone no such call is made: the loop ends and the destroy comes at the
-// normal exit.  A run that hangs is ended by SIGALRM after 10 s.
+// normal exit.  A run that hangs is ended by SIGALRM after 10 s.  Prints whether the exit came from
+// the handler (exit_from_handler: 0 alone, 1 where the pool made the call), so a run whose signal
+// never landed is told from one that passed through the handler.
 CUstream g_exit_stream = nullptr;
+volatile sig_atomic_t g_exit_from_handler = 0;
 void stream_destroy_in_handler() {
     setup();
     CHECK(cuStreamCreate(&g_exit_stream, CU_STREAM_NON_BLOCKING));
     alarm(10);
     atexit([] {
-        printf("atexit_destroy_result=%d\n", int(cuStreamDestroy(g_exit_stream)));
+        printf("atexit_destroy_result=%d\nexit_from_handler=%d\n", int(cuStreamDestroy(g_exit_stream)),
+               int(g_exit_from_handler));
         fflush(stdout);
     });
-    signal(SIGUSR1, [](int) { exit(0); });
+    signal(SIGUSR1, [](int) {
+        g_exit_from_handler = 1;
+        exit(0);
+    });
     using arm_fn = void (*)(const char*, int);
     auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
     if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
@@ -1180,7 +1187,8 @@ void alloc_in_handler(bool early) {
 // which the program's first non-blocking stream starts: a synchronize, an event recorded or waited
 // on), and the program's atexit handler enables device 1's access to device 0's context, whose
 // pool that is (run with GPUMEM_EMU_DEVICES=2).  Alone no such call is made: the program ends and
-// the enable comes at the normal exit.  A run that hangs is ended by SIGALRM after 10 s.
+// the enable comes at the normal exit.  A run that hangs is ended by SIGALRM after 10 s.  Prints
+// exit_from_handler as stream-destroy-in-handler does.
 CUcontext g_peer_c0 = nullptr, g_peer_c1 = nullptr;
 void peer_in_handler() {
     g_peer_c0 = setup();
@@ -1190,10 +1198,14 @@ void peer_in_handler() {
     alarm(10);
     atexit([] {
         CHECK(cuCtxSetCurrent(g_peer_c1));
-        printf("atexit_enable_result=%d\n", int(cuCtxEnablePeerAccess(g_peer_c0, 0)));
+        printf("atexit_enable_result=%d\nexit_from_handler=%d\n", int(cuCtxEnablePeerAccess(g_peer_c0, 0)),
+               int(g_exit_from_handler));
         fflush(stdout);
     });
-    signal(SIGUSR1, [](int) { exit(0); });
+    signal(SIGUSR1, [](int) {
+        g_exit_from_handler = 1;
+        exit(0);
+    });
     using arm_fn = void (*)(const char*, int);
     auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
     if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
