@@ -47,7 +47,8 @@ std::atomic<void (*)(int)> g_real_exit{nullptr};
 constexpr uint64_t k_start_wait_ns = 1000000000ull;
 // Set once a wait ran out: until the start ends no call waits again.
 std::atomic<bool> g_start_stuck{false};
-// Calls that went to the driver unrecorded while the start was stuck, for the log's `lost` count.
+// Calls that went to the driver unrecorded while the start was stuck, or that a signal handler made
+// inside a hook before or during the start (recorder_if_recording), for the log's `lost` count.
 std::atomic<uint64_t> g_unrecorded{0};
 
 enum phase_t : int { not_started = 0, starting = 1, recording = 2, disabled = 3 };

@@ -585,9 +585,10 @@ void address_space::drop_pending_in(device_state& d, pool_part& p, uint64_t base
     }
 }
 
-// A context reset (docs/log-format.md, rule 6): its pool's segments and blocks are gone, and the
-// device's allocations outside the pools (the log does not say which context made them).  Without
-// "dev", every pooled allocation and segment of every device.
+// A context reset (docs/log-format.md, rule 6): its pool's segments and blocks are gone, and its
+// context's allocations outside the pools (by their "ctx"; every one of the device's in a log
+// without the header's alloc_ctx).  Without "dev", every pooled allocation and segment of every
+// device.
 void address_space::drop_device_state(int only_dev, const log_event& e) {
     const pool_part* reset = nullptr;  // the pool whose context ended, when it has a part
     if (only_dev >= 0)
