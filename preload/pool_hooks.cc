@@ -291,12 +291,19 @@ void pool_configure(const config& cfg, recorder* rec, std::string* config_json) 
 }
 
 void pool_stream_created(api_id api, bool non_blocking) noexcept {
-    if (in_gpumem_lock()) return;
-    auto_switch().stream_created(api, non_blocking, guard::active());
+    // Inside a gpumem lock (a signal handler's stream, made while its thread held a pool's lock) the
+    // switch is left for the next pool call, as a reentrant one is (lock-free): dropped, the pools
+    // kept immediate reuse beside a stream they never learnt of.
+    auto_switch().stream_created(api, non_blocking, guard::active() || in_gpumem_lock());
 }
 
 void pool_stream_made(CUstream s, bool non_blocking) noexcept {
-    if (in_gpumem_lock()) return;
+    // Inside a gpumem lock the set's lock may be this thread's: the set cannot learn of the stream,
+    // so fences give way to synchronizes, which cover every stream (as for a route unseen).
+    if (in_gpumem_lock()) {
+        streams().give_up();
+        return;
+    }
     const uint64_t ctx = current_context();
     streams().created(ctx, uint64_t(uintptr_t(s)), non_blocking);
     // GPUMEM_FENCE_WAIT=order: blocks handed out before their last owners' work ended must not
@@ -319,8 +326,8 @@ bool pool_stream_destroyed(CUstream s) noexcept {
 void pool_stream_destroy_refused() noexcept { streams().give_up(); }
 
 void pool_green_context_made() noexcept {
+    streams().give_up();  // lock-free: inside a gpumem lock too
     if (in_gpumem_lock()) return;
-    streams().give_up();
     // GPUMEM_FENCE_WAIT=order: a block handed out before its last owner's work ended relies on
     // every stream that can touch it waiting for that work, and a green context's streams (its
     // own default stream included) run beside this context's, unordered: the host waits for the

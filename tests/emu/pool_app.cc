@@ -1214,6 +1214,33 @@ void peer_in_handler() {
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 }
 
+// A signal handler makes a non-blocking stream while this thread is inside the pool's growth (the
+// emulated driver raises SIGUSR1 at the entry of cuMemAlloc_v2, cuMemAddressReserve or
+// cuMemCreate), where the pool's lock is this thread's.  The program goes on allocating and
+// freeing: GPUMEM_REUSE=auto must switch to safe reuse for that stream (reuse_safe in the log), as
+// for one made anywhere else.  Prints the handler's cuStreamCreate result.
+CUstream g_handler_stream = nullptr;
+volatile sig_atomic_t g_handler_stream_result = -1;
+void stream_in_handler() {
+    setup();
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 1u << 20));  // a pool (and the log) exist
+    signal(SIGUSR1, [](int) { g_handler_stream_result = int(cuStreamCreate(&g_handler_stream, CU_STREAM_NON_BLOCKING)); });
+    using arm_fn = void (*)(const char*, int);
+    auto arm = reinterpret_cast<arm_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_raise_in"));
+    if (!arm) fail("dlsym gpumem_emu_raise_in", -1);
+    arm("cuMemAlloc_v2,cuMemAddressReserve,cuMemCreate", SIGUSR1);
+    CUdeviceptr c = 0;
+    CHECK(cuMemAlloc(&c, 64 << 20));  // no cached block holds it: the pool grows
+    printf("handler_stream_result=%d\n", int(g_handler_stream_result));
+    CHECK(cuMemFree(c));
+    CUdeviceptr b = 0;
+    CHECK(cuMemAlloc(&b, 1u << 20));  // a pool call after the handler's
+    CHECK(cuMemFree(b));
+    CHECK(cuMemFree(a));
+    CHECK(cuStreamDestroy(g_handler_stream));
+}
+
 // Signal handlers free pooled blocks while this thread opens and closes stream captures, over and
 // over: a timer signals this thread every 50 us (CLOCK_MONOTONIC, SIGEV_THREAD_ID) until 20,000
 // handlers ran, so they land anywhere in the capture hooks, gpumem's capture table's lock among
@@ -1803,6 +1830,7 @@ int main(int argc, char** argv) {
     else if (s == "peer-in-handler") peer_in_handler();
     else if (s == "capture-signals") capture_signals();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
+    else if (s == "stream-in-handler") stream_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "alloc-in-handler") alloc_in_handler(argc > 2 && !strcmp(argv[2], "early"));
     else if (s == "edges") edges();
@@ -1837,7 +1865,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale\n", argv[0]);
         return 2;
     }
     return 0;

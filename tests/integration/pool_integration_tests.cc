@@ -1655,6 +1655,26 @@ TEST_CASE("pool: exit from a signal handler inside a fence: the program's atexit
     }
 }
 
+TEST_CASE("pool: a non-blocking stream a signal handler makes inside the pool's growth switches auto to safe reuse") {
+    // The emulated driver raises SIGUSR1 inside the pool's growth, where the pool's lock is this
+    // thread's, and the handler makes a non-blocking stream.  Before, both stream hooks passed by
+    // inside a gpumem lock without a trace: the set never learnt of the stream and auto's switch
+    // was dropped, so the pools kept reusing freed blocks at once beside a stream that may still
+    // run on them (no reuse_safe in the log).  Now the switch waits for the next pool call, and
+    // fences give way to synchronizes, as for a stream made by a route gpumem does not see.
+    auto alone = run_alone({EMU_POOL_APP, "stream-in-handler"});
+    CHECK(values(alone.out)["handler_stream_result"] == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "stream-in-handler"}, {{"GPUMEM_POOL_VMM", vmm}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        CHECK(r.out == alone.out);
+        CHECK(count_ev(ls, "reuse_safe") == 1);
+        check_rebuild(ls);
+    }
+}
+
 TEST_CASE("pool: what a signal handler allocates while its thread is inside a hook is logged, and gpumem's own calls are not") {
     // The emulated driver raises SIGUSR1 inside the pool's growth (with GPUMEM_POOL=off inside the
     // hook's own cuMemAlloc_v2), and the handler makes one of each allocation and VMM call the
