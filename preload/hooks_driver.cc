@@ -775,7 +775,9 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuIpcGetMemHandle(CUipcMemHandle* h, CUdevic
 // version below 11000 and what a program built against an older cuda.h links.
 static CUresult ipc_open_hook(drv abi, CUdeviceptr* p, CUipcMemHandle h, unsigned int flags) noexcept {
     auto f = real<CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int)>(abi);
-    if (guard::active()) return f ? f(p, h, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    // Inside a gpumem lock (a signal handler's call) the importer's lock may be this thread's
+    // (ipc_share.cc holds it inside a critical_section): the driver's call, as inside a hook.
+    if (guard::active() || critical_section::active()) return f ? f(p, h, flags) : CUDA_ERROR_NOT_INITIALIZED;
     guard g;
     bool handled = false;
     CUresult r = ipc_open(p, h, flags, abi, &handled);
@@ -791,7 +793,7 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuIpcOpenMemHandle(CUdeviceptr* p, CUipcMemH
 
 extern "C" GPUMEM_HIDDEN CUresult w_cuIpcCloseMemHandle(CUdeviceptr p) {
     auto f = real<CUresult (*)(CUdeviceptr)>(drv::cuIpcCloseMemHandle);
-    if (guard::active()) return f ? f(p) : CUDA_ERROR_NOT_INITIALIZED;
+    if (guard::active() || critical_section::active()) return f ? f(p) : CUDA_ERROR_NOT_INITIALIZED;  // as the open
     guard g;
     bool handled = false;
     CUresult r = ipc_close(p, &handled);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/pool/block_pool.h"
+#include "core/pool/critical_section.h"
 #include "diag.h"
 #include "driver_backend.h"
 #include "gpumem_preload.h"
@@ -92,6 +93,13 @@ struct import_rec {
     uint32_t kind;
 };
 
+// Every hold of the exporter's and the importer's lock is inside a critical_section, from before
+// the lock until after it (as the pools' locks are): some are reached from hooks that take no
+// guard (a context's end, a capture's end), and a signal handler that interrupts one and frees a
+// pooled block (ipc_block_freed) or closes or opens an IPC handle finds its thread inside gpumem,
+// so the pool defers the free and the IPC hooks pass the call to the driver, where it waited for
+// the lock its own thread held.
+
 // Exporter state.  Leaked, never destroyed: a free from a late destructor must find it.
 struct exporter_state {
     std::mutex mu;
@@ -108,6 +116,7 @@ exporter_state& ex() noexcept {
 }
 
 bool export_alive(uint64_t block, uint64_t id) noexcept {
+    critical_section in;
     std::lock_guard<std::mutex> lk(ex().mu);
     auto it = ex().exports.find(block);
     return it != ex().exports.end() && it->second.id == id;
@@ -347,6 +356,7 @@ void serve_one(int c) noexcept {
     bool found = false;
     if (pool_exiting()) return;  // the driver may be going away: no call into it now
     {
+        critical_section in;
         std::lock_guard<std::mutex> lk(ex().mu);
         for (const auto& [block, e] : ex().exports)
             if (e.id == id) {
@@ -573,6 +583,7 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
     };
     {
         // Exported before (PyTorch asks at every send): the same handle, without trying the chunks again.
+        critical_section in;
         std::lock_guard<std::mutex> lk(s.mu);
         auto it = s.exports.find(rec.block);
         if (it != s.exports.end() && it->second.size == rec.size && s.server_pid == getpid()) {
@@ -606,6 +617,7 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
         rec.kind = kind_legacy;
         rec.offset = bi.block - bi.segment;
     }
+    critical_section in;
     std::lock_guard<std::mutex> lk(s.mu);
     if (!ensure_server()) {
         GPUMEM_WARN_ONCE(said, "cuIpcGetMemHandle on a pooled block: no socket to share it through ({})", errno);
@@ -630,6 +642,7 @@ CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, co
 void ipc_block_freed(uint64_t block) noexcept {
     exporter_state& s = ex();
     if (s.live.load(std::memory_order_acquire) == 0) return;
+    critical_section in;
     std::lock_guard<std::mutex> lk(s.mu);
     s.exports.erase(block);
     s.live.store(int(s.exports.size()), std::memory_order_release);
@@ -646,6 +659,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, drv a
         // The driver's own handle: the driver's open, counted only so that a gpumem handle naming
         // the same segment later shares it.
         if (!p) return CUDA_ERROR_INVALID_VALUE;
+        critical_section in;
         std::lock_guard<std::mutex> lk(im().mu);
         uint64_t base = 0;
         CUresult rc = open_real(h, flags, true, abi, &base);
@@ -667,6 +681,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, drv a
     import_rec rec{};
     rec.kind = head.kind;
     if (r == CUDA_SUCCESS && head.kind == kind_legacy) {
+        critical_section in;
         std::lock_guard<std::mutex> lk(im().mu);
         r = open_real(head.legacy, flags, false, abi, &rec.base);
         rec.ptr = rec.base + head.offset;
@@ -684,6 +699,7 @@ CUresult ipc_open(CUdeviceptr* p, const CUipcMemHandle& h, unsigned flags, drv a
         return r;
     }
     importer_state& s = im();
+    critical_section in;
     std::lock_guard<std::mutex> lk(s.mu);
     try {
         s.opened.push_back(rec);
@@ -704,6 +720,7 @@ CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
     importer_state& s = im();
     *handled = false;
     if (s.live.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
+    critical_section in;
     std::unique_lock<std::mutex> lk(s.mu);
     import_rec rec{};
     for (size_t i = 0; i < s.opened.size(); ++i)
@@ -747,9 +764,12 @@ CUresult ipc_close(CUdeviceptr p, bool* handled) noexcept {
 // The last capture ended: the unmaps of closes made during it.
 void ipc_capture_ended() noexcept {
     importer_state& s = im();
-    if (s.live.load(std::memory_order_acquire) == 0) return;
+    // A capture ended by a signal handler inside a gpumem lock: the lock may be this thread's, so
+    // the unmaps wait for the next capture's end.
+    if (s.live.load(std::memory_order_acquire) == 0 || critical_section::active()) return;
     std::vector<import_rec> todo;
     {
+        critical_section in;
         std::lock_guard<std::mutex> lk(s.mu);
         if (s.closing.empty() || capture_active()) return;
         todo.swap(s.closing);
@@ -763,6 +783,7 @@ void ipc_capture_ended() noexcept {
 void ipc_context_gone(CUcontext ctx, int device) noexcept {
     importer_state& s = im();
     if (s.live.load(std::memory_order_acquire) == 0) return;
+    critical_section in;
     std::lock_guard<std::mutex> lk(s.mu);
     for (size_t i = 0; i < s.reals.size();)
         if (ctx ? s.reals[i].ctx == ctx : s.reals[i].device == device) {
@@ -787,6 +808,7 @@ void ipc_context_gone(CUcontext ctx, int device) noexcept {
 void ipc_pool_dropped(const block_pool* pool) noexcept {
     exporter_state& s = ex();
     if (s.live.load(std::memory_order_acquire) == 0) return;
+    critical_section in;
     std::lock_guard<std::mutex> lk(s.mu);
     for (auto it = s.exports.begin(); it != s.exports.end();)
         it = it->second.pool == pool ? s.exports.erase(it) : std::next(it);

@@ -1295,6 +1295,59 @@ void capture_signals() {
     fprintf(stderr, "capture rounds: %ld\n", rounds);
 }
 
+// A context's end walks the live exports under the exporter's lock (ipc_pool_dropped), from
+// cuCtxDestroy, which takes no guard: a timer signals this thread every 50 us while it makes and
+// destroys contexts (each with a pool of its own) and 4,000 exports of the primary context's
+// blocks stay live; each handler frees a pooled block, which ends its export if any
+// (ipc_block_freed, the same lock).  alarm(30) ends a hang.
+void ipc_drop_signals() {
+    const CUcontext primary = setup();
+    for (auto& b : g_signal_blocks) CHECK(cuMemAlloc(&b, 256));
+    std::vector<CUdeviceptr> exported(4000);
+    int exports_failed = 0;
+    for (auto& p : exported) {
+        CHECK(cuMemAlloc(&p, 256));
+        CUipcMemHandle h;
+        if (cuIpcGetMemHandle(&h, p) != CUDA_SUCCESS) ++exports_failed;
+    }
+    struct sigaction sa = {};
+    sa.sa_handler = [](int) {
+        const int i = g_signals_handled.load(std::memory_order_relaxed);
+        if (i < k_signal_frees && cuMemFree(g_signal_blocks[i]) != CUDA_SUCCESS) g_signal_failed = g_signal_failed + 1;
+        g_signals_handled.store(i + 1, std::memory_order_release);
+    };
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, nullptr);
+    alarm(30);
+    sigevent sev = {};
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = SIGUSR1;
+    sev._sigev_un._tid = pid_t(syscall(SYS_gettid));  // sigev_notify_thread_id, which glibc 2.36 does not name
+    timer_t timer;
+    if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) fail("timer_create", errno);
+    itimerspec every = {{0, 50000}, {0, 50000}};
+    if (timer_settime(timer, 0, &every, nullptr) != 0) fail("timer_settime", errno);
+    long rounds = 0;
+    while (g_signals_handled.load(std::memory_order_acquire) < k_signal_frees) {
+        CUcontext c = nullptr;
+        CHECK(cuCtxCreate(&c, nullptr, 0, 0));
+        CUdeviceptr p = 0;
+        CHECK(cuMemAlloc(&p, 256));  // c's own pool: its end drops that pool's exports (none)
+        CHECK(cuMemFree(p));
+        CHECK(cuCtxDestroy(c));
+        CHECK(cuCtxSetCurrent(primary));
+        ++rounds;
+    }
+    timer_delete(timer);
+    CUdeviceptr last = 0;  // a pool call: frees a handler left waiting are carried out
+    CHECK(cuMemAlloc(&last, 256));
+    CHECK(cuMemFree(last));
+    for (CUdeviceptr p : exported) CHECK(cuMemFree(p));
+    printf("exports_failed=%d\nsignal_frees_failed=%d\nsignals_handled_enough=%d\n", exports_failed,
+           int(g_signal_failed), int(g_signals_handled.load() >= k_signal_frees));
+    fprintf(stderr, "context rounds: %ld\n", rounds);
+}
+
 void query() {
     setup();
     CUdeviceptr a, b;
@@ -1829,6 +1882,7 @@ int main(int argc, char** argv) {
     else if (s == "green-stale") green_stale();
     else if (s == "peer-in-handler") peer_in_handler();
     else if (s == "capture-signals") capture_signals();
+    else if (s == "ipc-drop-signals") ipc_drop_signals();
     else if (s == "stream-destroy-in-handler") stream_destroy_in_handler();
     else if (s == "stream-in-handler") stream_in_handler();
     else if (s == "free-in-handler") free_in_handler(argc > 2 && !strcmp(argv[2], "exit"), argc > 2 && !strcmp(argv[2], "reset"));
@@ -1865,7 +1919,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1835,6 +1835,28 @@ TEST_CASE("pool: signal handlers that free pooled blocks while their thread open
     }
 }
 
+TEST_CASE("pool: signal handlers that free pooled blocks while their thread ends contexts with IPC exports live") {
+    // 20,000 handlers, each freeing one block, land anywhere in this thread's cuCtxCreate/cuMemAlloc/
+    // cuCtxDestroy while 4,000 exports are live; a context's end walks them under the exporter's
+    // lock, and each free ends its block's export under the same lock.  Before, a context's end
+    // held that lock outside any critical section: a handler that landed there waited for it,
+    // held by its own thread, for ever (SIGALRM after 30 s).
+    // VMM off only: a virtual-memory pool's making and end (its chunks mapped, synchronized,
+    // unmapped) keep this thread inside a critical section about 1 ms a round here, and a signal
+    // each 50 us then piles up more waiting frees than the table's 64 (counted lost, as designed).
+    // Each context's cuMemAlloc segment is left to the driver at its end, and the emulated driver
+    // does not free a made context's memory: room for every round.
+    auto r = run({EMU_POOL_APP, "ipc-drop-signals"},
+                 {{"GPUMEM_REUSE", "immediate"}, {"GPUMEM_POOL_VMM", "off"}, {"GPUMEM_EMU_CAPACITY", "4096G"}});
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    CHECK(v["exports_failed"] == "0");
+    CHECK(v["signals_handled_enough"] == "1");
+    CHECK(v["signal_frees_failed"] == "0");
+    CHECK(ls.back()["live_allocs"] == 0);  // every free made it into the log, waiting ones too
+}
+
 TEST_CASE("pool: a free a signal handler left waiting is carried out before its context ends") {
     // The handler frees a inside the pool's growth (its lock held), so the free waits for the next
     // pool call; the program's next call resets the device, which ends a's context.  The free must
