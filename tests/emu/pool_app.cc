@@ -613,6 +613,24 @@ void release_cycle(bool v1) {
     printf("dead_alloc_rc=%d\n", int(cuMemAlloc(&dead, 1u << 20)));
 }
 
+// After device 1's primary context's end (green-stale, green-reuse): whether it ended, and whether
+// a block of the context made anew is the program's (1), not a segment the driver freed with the
+// old one.
+void report_device1_made_anew() {
+    unsigned flags = 0;
+    int active = -1;
+    CHECK(cuDevicePrimaryCtxGetState(1, &flags, &active));
+    printf("dev1_active=%d\n", active);
+    CUcontext c = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c, 1));  // made anew
+    CHECK(cuCtxSetCurrent(c));
+    CUdeviceptr b = 0;
+    CHECK(cuMemAlloc(&b, 1u << 20));
+    printf("new_context_block_access=%d\n", emu_access(b, 1));
+    CHECK(cuMemFree(b));
+    CHECK(cuDevicePrimaryCtxRelease(1));
+}
+
 // A green context's handle that gpumem's table still holds when the driver hands it out again:
 // the program destroys a green context of device 0 through a pointer from cuGetProcAddress, which
 // gpumem does not see with GPUMEM_ROUTES leaving that way in unwatched (run with
@@ -642,18 +660,7 @@ void green_stale() {
     CHECK(cuMemAlloc(&p, 1u << 20));
     CHECK(cuMemFree(p));  // cached by device 1's pool
     CHECK(cuGreenCtxDestroy(g1));
-    unsigned flags = 0;
-    int active = -1;
-    CHECK(cuDevicePrimaryCtxGetState(1, &flags, &active));
-    printf("dev1_active=%d\n", active);
-    CUcontext c = nullptr;
-    CHECK(cuDevicePrimaryCtxRetain(&c, 1));  // made anew
-    CHECK(cuCtxSetCurrent(c));
-    CUdeviceptr b = 0;
-    CHECK(cuMemAlloc(&b, 1u << 20));
-    printf("new_context_block_access=%d\n", emu_access(b, 1));
-    CHECK(cuMemFree(b));
-    CHECK(cuDevicePrimaryCtxRelease(1));
+    report_device1_made_anew();
 }
 
 // Two threads retain the primary contexts of devices 0 and 1 at the same time (run with
@@ -799,18 +806,7 @@ void green_reuse() {
     on_destroyed(nullptr);
     other.join();
     printf("same_handle=%d\n", int(g1 == g0));
-    unsigned flags = 0;
-    int active = -1;
-    CHECK(cuDevicePrimaryCtxGetState(1, &flags, &active));
-    printf("dev1_active=%d\n", active);
-    CUcontext c = nullptr;
-    CHECK(cuDevicePrimaryCtxRetain(&c, 1));  // made anew
-    CHECK(cuCtxSetCurrent(c));
-    CUdeviceptr b = 0;
-    CHECK(cuMemAlloc(&b, 1u << 20));
-    printf("new_context_block_access=%d\n", emu_access(b, 1));
-    CHECK(cuMemFree(b));
-    CHECK(cuDevicePrimaryCtxRelease(1));
+    report_device1_made_anew();
 }
 
 // Memory the program freed into the pool with a green context current, after that green context's

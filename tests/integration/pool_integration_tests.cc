@@ -1358,6 +1358,29 @@ TEST_CASE("pool: a green context's destruction that ends the primary context ret
     }
 }
 
+// A green context of device 1 that got a handle a green context of device 0 had (emu_pool_app
+// green-reuse or green-stale), destroyed as device 1's last release: alone and under gpumem, the
+// handle is the same, device 1's primary context ended, and a block of the context made anew is
+// the program's; under gpumem, device 1's pool retired at that destruction (missed before: 1
+// reset) and at the program's last release.
+static void check_green_handle_named_again(const char* scenario, const std::map<std::string, std::string>& env) {
+    auto bare = values(run({EMU_POOL_APP, scenario}, env, false).out);
+    REQUIRE(bare["same_handle"] == "1");
+    CHECK(bare["dev1_active"] == "0");
+    CHECK(bare["new_context_block_access"] == "1");
+    auto r = run({EMU_POOL_APP, scenario}, env);
+    std::vector<json> ls;
+    check_complete(r, &ls);
+    auto v = values(r.out);
+    REQUIRE(v["same_handle"] == "1");
+    CHECK(v["dev1_active"] == "0");
+    CHECK(v["new_context_block_access"] == "1");
+    size_t dev1_resets = 0;
+    for (const auto& l : ls) dev1_resets += l["ev"] == "context_reset" && l.value("dev", -1) == 1;
+    CHECK(dev1_resets == 2);
+    check_rebuild(ls);
+}
+
 TEST_CASE("pool: a green context's handle made again on another device while its destruction is under way: the new one's destruction names its own device") {
     // Thread A destroys a green context of device 0; once the driver has, thread B gets the same
     // handle back for a green context of device 1 (the emulated driver reuses it, as one whose
@@ -1367,22 +1390,7 @@ TEST_CASE("pool: a green context's handle made again on another device while its
     // device 1's end, and the pool handed out the segment the driver freed with that context.
     const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"},
                                                     {"GPUMEM_EMU_GREEN_REUSE", "1"}, {"GPUMEM_POOL_VMM", "off"}};
-    auto bare = values(run({EMU_POOL_APP, "green-reuse"}, env, false).out);
-    REQUIRE(bare["same_handle"] == "1");
-    CHECK(bare["dev1_active"] == "0");
-    CHECK(bare["new_context_block_access"] == "1");
-    auto r = run({EMU_POOL_APP, "green-reuse"}, env);
-    std::vector<json> ls;
-    check_complete(r, &ls);
-    auto v = values(r.out);
-    REQUIRE(v["same_handle"] == "1");
-    CHECK(v["dev1_active"] == "0");
-    CHECK(v["new_context_block_access"] == "1");
-    size_t dev1_resets = 0;
-    for (const auto& l : ls) dev1_resets += l["ev"] == "context_reset" && l.value("dev", -1) == 1;
-    // Device 1's pool retired at B's destruction (missed before: 1), and at the program's last release.
-    CHECK(dev1_resets == 2);
-    check_rebuild(ls);
+    check_green_handle_named_again("green-reuse", env);
 }
 
 TEST_CASE("pool: a green context's handle left in the table by an unseen destruction: the next green context with it names its own device") {
@@ -1395,23 +1403,7 @@ TEST_CASE("pool: a green context's handle left in the table by an unseen destruc
     const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"},
                                                     {"GPUMEM_EMU_GREEN_REUSE", "1"}, {"GPUMEM_POOL_VMM", "off"},
                                                     {"GPUMEM_ROUTES", "a,b,d"}};
-    auto bare = values(run({EMU_POOL_APP, "green-stale"}, env, false).out);
-    REQUIRE(bare["same_handle"] == "1");
-    CHECK(bare["dev1_active"] == "0");
-    CHECK(bare["new_context_block_access"] == "1");
-    auto r = run({EMU_POOL_APP, "green-stale"}, env);
-    std::vector<json> ls;
-    check_complete(r, &ls);
-    auto v = values(r.out);
-    REQUIRE(v["same_handle"] == "1");
-    CHECK(v["dev1_active"] == "0");
-    CHECK(v["new_context_block_access"] == "1");
-    size_t dev1_resets = 0;
-    for (const auto& l : ls) dev1_resets += l["ev"] == "context_reset" && l.value("dev", -1) == 1;
-    // Device 1's pool retired at the green context's destruction (missed before: 1), and at the
-    // program's last release.
-    CHECK(dev1_resets == 2);
-    check_rebuild(ls);
+    check_green_handle_named_again("green-stale", env);
 }
 
 TEST_CASE("pool: a green context's pool gives back what the program freed there before the green context goes") {
