@@ -21,4 +21,5 @@ ldd build/analyzer/gpumem | awk '$3 ~ /^\// {print $3}' \
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/huge_request tests/gpu/huge_request.cu
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/green_free tests/gpu/green_free.cu -L"$cuda_root/lib64/stubs" -lcuda
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/ipc_first_abi tests/gpu/ipc_first_abi.cu -L"$cuda_root/lib64/stubs" -lcuda -ldl
+"$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/ctx_end_memory tests/gpu/ctx_end_memory.cu -L"$cuda_root/lib64/stubs" -lcuda
 echo "bundle ready: build/preload/libgpumem.so build/analyzer/gpumem build/gpu/lib build/gpu/static_cudart_app"
