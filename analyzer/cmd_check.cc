@@ -244,7 +244,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (tolerance_text.back() != '%') tolerance_text += "%";
     std::vector<std::string> logs = args.logs;
     logs.insert(logs.end(), tail.begin(), tail.end());
-    if (logs.empty()) return usage_error("check", "no log file given");
+    if (logs.empty()) {
+        // `check --junit LOG`: the run's one log was taken as the JUnit file; that is what to say.
+        const std::vector<std::string> given = baseline_path.empty() ? logs : std::vector<std::string>{baseline_path};
+        if (std::string why; output_would_clobber(args.junit_path, "--junit", given, why)) return usage_error("check", why);
+        return usage_error("check", "no log file given");
+    }
     {
         std::vector<std::string*> all;
         for (std::string& l : logs) all.push_back(&l);

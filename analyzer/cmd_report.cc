@@ -98,14 +98,19 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     }
     std::vector<std::string> logs = a.logs;
     logs.insert(logs.end(), tail.begin(), tail.end());
-    if (logs.empty()) return usage_error("report", "no log file given");
+    const std::pair<const char*, const std::string*> outs[] = {
+        {"--html", &a.html_path}, {"--perfetto", &a.perfetto_path}, {"--torch-snapshot", &a.torch_path}};
+    if (logs.empty()) {
+        // `report --html LOG`: the run's one log was taken as the output's FILE; that is what to say.
+        for (const auto& [option, out] : outs)
+            if (std::string why; output_would_clobber(*out, option, logs, why)) return usage_error("report", why);
+        return usage_error("report", "no log file given");
+    }
     if (std::string err; !dash_means_stdin(logs, err)) return usage_error("report", err);
     drop_repeated_inputs(logs);
 
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");
-    const std::pair<const char*, const std::string*> outs[] = {
-        {"--html", &a.html_path}, {"--perfetto", &a.perfetto_path}, {"--torch-snapshot", &a.torch_path}};
     for (const auto& [option, out] : outs) {
         std::string why;
         if (output_would_clobber(*out, option, logs, why)) return usage_error("report", why);

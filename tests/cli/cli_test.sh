@@ -910,6 +910,16 @@ conventions)
   done
   expect_rc 2 "$GPUMEM" check --junit "$W/before.jsonl" "$W/after.jsonl" --max-peak 10GiB
   expect_in "$W/err" "--junit $W/before.jsonl: holds a gpumem log, which --junit would overwrite"
+  # The same mistake with the one log of a run (`report --html LOG`): it was refused as "no log
+  # file given", which names neither the log taken for the FILE nor the fix.
+  for opt in --html --perfetto --torch-snapshot; do
+    expect_rc 2 "$GPUMEM" report $opt "$W/before.jsonl"
+    expect_in "$W/err" "gpumem: error: $opt $W/before.jsonl: holds a gpumem log, which $opt would overwrite"
+  done
+  expect_rc 2 "$GPUMEM" check --junit "$W/before.jsonl" --max-peak 10GiB
+  expect_in "$W/err" "--junit $W/before.jsonl: holds a gpumem log, which --junit would overwrite"
+  expect_rc 2 "$GPUMEM" report --html "$W/new.html"
+  expect_in "$W/err" "gpumem: error: no log file given"
   expect_rc 2 "$GPUMEM" report --html "$W/before.json" "$DATA/before.jsonl"
   expect_in "$W/err" "before.json: holds a gpumem report"
   ln -sf "$W/after.jsonl" "$W/again.jsonl"
