@@ -2,6 +2,7 @@
 // prints a one-screen summary of them.
 #include <glob.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -344,6 +345,25 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
     }
 }
 
+// gpumem ends as the command ended: killed by the same signal, as timeout(1) does.  A shell that
+// ran gpumem got the terminal's Ctrl-C too, and goes on only when its child exited normally (it takes
+// it that the child handled the signal): exiting with 130 let a script's loop of `gpumem run` go on
+// past Ctrl-C.  A shell still shows 128+N.  gpumem's own core is not dumped (the command's is the one
+// to read).  Returns rc for a signal whose default action does not end a process.
+int end_as_command(int status, int rc) {
+    if (!WIFSIGNALED(status)) return rc;
+    const int sig = WTERMSIG(status);
+    std::fflush(nullptr);
+    ::prctl(PR_SET_DUMPABLE, 0);
+    ::signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+    ::raise(sig);
+    return rc;
+}
+
 }  // namespace
 
 struct run_args {
@@ -532,12 +552,12 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
                          "there is no log to list or summarize (where a write there failed, as on /dev/full, the log "
                          "moved to /tmp: a message above names it, for gpumem report)\n",
                          path.c_str(), kind.c_str());
-        if (!sinks.empty()) return rc;
+        if (!sinks.empty()) return end_as_command(status, rc);
         std::fprintf(stderr,
                      "\ngpumem run: no log matching %s was written: the command made no CUDA call, or cleared "
                      "LD_PRELOAD, or is a setuid program, or its log went to /tmp (a message above then says so)\n",
                      pattern.c_str());
-        return rc;
+        return end_as_command(status, rc);
     }
     std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s", pattern.c_str());
     for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", l.c_str());
@@ -548,7 +568,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         if (all.size() > 200) all = " " + shell_glob(pattern);
         std::fprintf(stderr, "full report: gpumem report%s\n", all.c_str());
     }
-    return rc;
+    return end_as_command(status, rc);
 }
 
 command add_run(CLI::App& top) {
@@ -569,8 +589,9 @@ command add_run(CLI::App& top) {
         "build tree, build/preload; or copied into the same folder as gpumem.  Its path may hold no\n"
         "space or colon (LD_PRELOAD splits there): link it from one without, named in GPUMEM_LIB.\n"
         "\n"
-        "exit codes: the command's own; 128+N when a signal N killed it; 127 command not found, 126 not\n"
-        "executable; 2 for gpumem's own arguments or a missing libgpumem.so.");
+        "exit codes: the command's own; killed by the same signal N when one killed it, after the summary\n"
+        "(a shell shows 128+N); 127 command not found, 126 not executable; 2 for gpumem's own arguments\n"
+        "or a missing libgpumem.so.");
     app->add_option("-o,--out", a->pattern,
                     "log path pattern, set as GPUMEM_OUT (default: $GPUMEM_OUT when set, else gpumem-%p.jsonl); see below")
         ->type_name("PATTERN");

@@ -213,6 +213,28 @@ run_signals)
     [ "$rc" = 7 ] || fail "SIG$sig to gpumem run: exit $rc, expected the command's 7"
     expect_in "$W/out" "got $sig"
   done
+  # Ctrl-C in a script that runs gpumem run in a loop stops the script, as it does without gpumem:
+  # the shell, which got the SIGINT too, goes on only when its child exited normally (it takes it
+  # that the child handled the signal), and gpumem exited 130 where the command had died of SIGINT,
+  # so the loop went on to its next run and the script ended 0.  (A SIGINT to the script's process
+  # group, as Ctrl-C sends one to the terminal's foreground group.)
+  rm -f "$W/ready"
+  printf '%s\n' 'for i in 1 2; do' '  echo "iteration $i"' \
+    '  "$1" run --no-summary -o "$2/loop/" -- sh -c '"'"'touch "$0"; sleep 3'"'"' "$2/ready"' \
+    'done' 'echo "loop finished"' > "$W/loop.sh"
+  (trap - INT QUIT; exec setsid bash "$W/loop.sh" "$GPUMEM" "$W" > "$W/out" 2> "$W/err") &
+  pid=$!
+  for _ in $(seq 100); do [ -e "$W/ready" ] && break; sleep 0.1; done
+  kill -INT -- -$pid
+  wait $pid
+  rc=$?
+  [ "$rc" = 130 ] || fail "Ctrl-C in a loop of gpumem run: the script exited $rc, expected 130 (killed by SIGINT)"
+  expect_not_in "$W/out" "iteration 2"
+  expect_not_in "$W/out" "loop finished"
+  expect_in "$W/err" "was killed by signal 2 (exit code 130)"
+  # For the shell that runs it, gpumem still ends with 128+N, after its summary.
+  expect_rc 130 "$GPUMEM" run -o "$W/int/" -- sh -c 'kill -INT $$'
+  expect_in "$W/err" "was killed by signal 2 (exit code 130)"
   # A signal gpumem was started with ignored (nohup: SIGHUP; a shell's `&`: SIGINT, SIGQUIT) reaches
   # the command ignored, as without gpumem; sent to gpumem, it ends neither.  Both were once killed.
   expect_rc 0 sh -c 'trap "" HUP INT QUIT; exec "$0" run -o "$1/ign/" -- sh -c "kill -HUP \$PPID; kill -HUP \$\$; kill -INT \$\$; kill -QUIT \$\$; echo survived"' "$GPUMEM" "$W"
