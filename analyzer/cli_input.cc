@@ -186,7 +186,19 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
         return true;
     }
     struct stat o {};
-    if (out.empty() || ::stat(out.c_str(), &o) != 0 || !S_ISREG(o.st_mode)) return false;  // new, or not a file
+    if (out.empty()) return false;
+    // What the write at the end would refuse (file_replacement, same words), said before the whole
+    // analysis runs rather than after it: on a log of gigabytes that is minutes lost.
+    if (::stat(out.c_str(), &o) != 0) {
+        if (errno == ENOENT) return false;  // new, or a link to a file not there yet
+        why = std::string(option) + " " + out + ": cannot write: " + std::strerror(errno);
+        return true;
+    }
+    if (S_ISDIR(o.st_mode)) {
+        why = std::string(option) + " " + out + ": is a directory; not written";
+        return true;
+    }
+    if (!S_ISREG(o.st_mode)) return false;  // a device or a pipe: written through
     for (const std::string& in : inputs) {
         struct stat i {};
         if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {

@@ -77,7 +77,8 @@ std::vector<std::string> warning_lines(const process_report& p, const std::strin
 // gzipped) or report JSON.  `gpumem report --html run/*.jsonl` takes the first log as the HTML
 // file's name; truncating it would lose that rank and still exit 0.  Fills `why`, which names
 // `option` ("--html"), when it would.  "-" is refused too: it is no file to write, and standard
-// output carries the command's own text.
+// output carries the command's own text; so are a directory and a name stat cannot follow (a loop
+// of links), which the write would refuse only after the whole analysis.
 bool output_would_clobber(const std::string& out, const char* option, const std::vector<std::string>& inputs,
                           std::string& why);
 

@@ -996,11 +996,15 @@ conventions)
     # Mixed with the command's own text there (check and report print theirs).
     "$@" /dev/stdout > "$W/rule/stdout.out" 2> "$W/err" || fail "$opt /dev/stdout failed: $(cat "$W/err")"
     LC_ALL=C grep -qaF -- "$head" "$W/rule/stdout.out" || fail "$opt /dev/stdout wrote nothing of its own"
+    # Refused before the analysis (nothing of the report on stdout), not after it: on a large log
+    # that was minutes of work thrown away.
     expect_rc 2 "$@" "$W/rule/dir"
     expect_in "$W/err" "gpumem: error: $opt $W/rule/dir: is a directory; not written"
+    [ ! -s "$W/out" ] || fail "$opt DIR: the analysis ran before the directory was refused: $(head -c 80 "$W/out")"
     ln -s loop.link "$W/rule/loop.link"
     expect_rc 2 "$@" "$W/rule/loop.link"
     expect_in "$W/err" "gpumem: error: $opt $W/rule/loop.link: cannot write: Too many levels of symbolic links"
+    [ ! -s "$W/out" ] || fail "$opt LOOP: the analysis ran before the loop was refused: $(head -c 80 "$W/out")"
     [ -L "$W/rule/loop.link" ] || fail "$opt replaced a loop of links with a file"
     [ -z "$(ls -A "$W/rule" "$W/rule/sub" | grep '^\.gpumem-out-')" ] || fail "$opt left a temporary file"
   done
