@@ -122,12 +122,12 @@ void read_header(std::string_view line, bool complete, const std::string& path, 
     }
 }
 
-// One pass over the file, opened as `source` (the spool of a pipe, or the path itself); the
-// caller asks the rebuilder about a second pass.
-void run_pass_from(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
-                   line_parser& parser, const analyze_options& opt, const char* pass_name, bool first_pass,
-                   site_tracker* sites) {
-    line_source src(source);
+// One pass over the file, opened as `source` (the spool of a pipe, or the path itself), reading at
+// most `limit` bytes; returns the bytes it read.  The caller asks the rebuilder about a second pass.
+uint64_t run_pass_from(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
+                       line_parser& parser, const analyze_options& opt, const char* pass_name, bool first_pass,
+                       site_tracker* sites, uint64_t limit) {
+    line_source src(source, limit);
     reading_meter meter(opt.progress, opt.progress_interval_s, path, pass_name);
     std::string_view line;
     bool complete = true;
@@ -215,13 +215,14 @@ void run_pass_from(const std::string& path, const std::string& source, process_r
     }
     rep.lines = src.line_number();
     rp.finish(src.line_number());
+    return src.bytes_consumed();
 }
 
-void run_pass(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
-              line_parser& parser, const analyze_options& opt, const char* pass_name, bool first_pass,
-              site_tracker* sites) {
+uint64_t run_pass(const std::string& path, const std::string& source, process_report& rep, rebuilder& rp,
+                  line_parser& parser, const analyze_options& opt, const char* pass_name, bool first_pass,
+                  site_tracker* sites, uint64_t limit = UINT64_MAX) {
     try {
-        run_pass_from(path, source, rep, rp, parser, opt, pass_name, first_pass, sites);
+        return run_pass_from(path, source, rep, rp, parser, opt, pass_name, first_pass, sites, limit);
     } catch (const input_error& e) {
         if (e.file == path) throw;
         throw input_error(path, e.line, e.message);  // the reader named the spool; the user gave `path`
@@ -242,7 +243,8 @@ process_report analyze_file(const std::string& path, const analyze_options& opt,
     rebuilder rp(rep, parser, ro);
     site_tracker sites;
     input_spool spool(open_path.empty() ? path : open_path);
-    run_pass(path, spool.path(), rep, rp, parser, opt, "", true, &sites);
+    // The log as it stands now: one still being written is read up to its size at open (line_source).
+    const uint64_t read = run_pass(path, spool.path(), rep, rp, parser, opt, "", true, &sites);
     if (!rep.has_end)
         rp.warn(0, "no end line: the process was killed (SIGKILL, OOM killer, lost node) or is still running; "
                    "the last flush interval of events may be missing", true);
@@ -272,7 +274,8 @@ process_report analyze_file(const std::string& path, const analyze_options& opt,
         rebuild_options r2;
         r2.peak_snapshot_seq = rp.peak_seqs();
         rebuilder rp2(again, p2, r2);
-        run_pass(path, spool.path(), again, rp2, p2, opt, " (peak pass)", false, nullptr);
+        // The same bytes as the first pass, though a log still being written has grown since.
+        run_pass(path, spool.path(), again, rp2, p2, opt, " (peak pass)", false, nullptr, read);
         auto snaps = rp2.take_peak_snapshots();
         for (device_report& d : rep.devices) {
             auto it = snaps.find(d.dev);

@@ -32,7 +32,7 @@ namespace {
 constexpr size_t k_chunk = size_t{4} << 20;        // bytes per read(); large reads amortize syscalls
 }  // namespace
 
-line_source::line_source(const std::string& path) : path_(path) {
+line_source::line_source(const std::string& path, uint64_t limit) : path_(path), limit_(limit) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
@@ -43,6 +43,8 @@ line_source::line_source(const std::string& path) : path_(path) {
             throw input_error(path, 0, "is a directory, not a log file");
         }
         file_size_ = uint64_t(st.st_size);
+        if (S_ISREG(st.st_mode)) limit_ = std::min(limit_, file_size_);  // a pipe has no size: read to its end
+        file_size_ = std::min(file_size_, limit_);
     }
     // Tell the kernel we read front to back so it reads ahead generously.
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -71,7 +73,8 @@ bool line_source::fill() {
         usable = buf_.size() - simdjson::SIMDJSON_PADDING;
     }
     for (;;) {
-        ssize_t n = ::read(fd_, buf_.data() + end_, usable - end_);
+        const size_t want = size_t(std::min<uint64_t>(usable - end_, limit_ - read_));
+        ssize_t n = want ? ::read(fd_, buf_.data() + end_, want) : 0;
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) throw input_error(path_, 0, std::string("read failed: ") + std::strerror(errno));
         if (n == 0) {
@@ -79,6 +82,7 @@ bool line_source::fill() {
             return false;
         }
         end_ += size_t(n);
+        read_ += uint64_t(n);
         // Zero the padding so simdjson never sees stale bytes after the data.
         std::memset(buf_.data() + end_, 0, std::min(simdjson::SIMDJSON_PADDING, buf_.size() - end_));
         return true;

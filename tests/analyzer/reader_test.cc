@@ -1,6 +1,8 @@
 // Tests of the line reader and the line parser: chunk boundaries, truncated lines, every member type.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "log_reader.h"
 #include "test_util.h"
 
@@ -129,6 +131,40 @@ TEST_CASE("line_source splits lines across chunk boundaries and grows for long l
     CHECK_FALSE(complete);
     CHECK_FALSE(src.next(line, complete));
     CHECK(src.bytes_consumed() == content.size());
+}
+
+TEST_CASE("line_source reads a growing file as it stood when opened", "[reader]") {
+    // A running job's log, its writer in the middle of a line when the report opens it.
+    temp_file f("header\nfirst\nsecond-cut");
+    line_source src(f.path);
+    std::string_view line;
+    bool complete = false;
+    REQUIRE(src.next(line, complete));
+    CHECK(line == "header");
+    {
+        std::ofstream more(f.path, std::ios::binary | std::ios::app);
+        more << "-rest\nthird\n";  // written after the open: not part of this reading
+    }
+    REQUIRE(src.next(line, complete));
+    CHECK(line == "first");
+    REQUIRE(src.next(line, complete));
+    CHECK(line == "second-cut");
+    CHECK_FALSE(complete);
+    CHECK_FALSE(src.next(line, complete));
+    CHECK(src.file_size() == 23);
+
+    // A second pass reads what the first read (its limit), though the file has grown since.
+    line_source again(f.path, src.bytes_consumed());
+    uint64_t n = 0;
+    while (again.next(line, complete)) ++n;
+    CHECK(n == 3);
+    CHECK(line == "second-cut");
+    CHECK_FALSE(complete);
+    line_source all(f.path);  // opened now: everything written so far
+    n = 0;
+    while (all.next(line, complete)) ++n;
+    CHECK(n == 4);
+    CHECK(line == "third");
 }
 
 TEST_CASE("line_source reports files it cannot open", "[reader]") {
