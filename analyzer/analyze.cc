@@ -206,10 +206,18 @@ uint64_t run_pass_from(const std::string& path, const std::string& source, proce
                     rp.warn(ln, std::string(failed ? "failed " : "") + "allocation names stack " + std::to_string(e.stack) +
                                     ", which no earlier stack record defines");
             }
+            // The moments the report will ask the sites about, so far: the device's peak of
+            // requested bytes (this event included) and the OOMs it lists.
+            const device_report* d = nullptr;
+            if ((e.ev == ev_kind::alloc && e.ptr) || e.ev == ev_kind::free || failed || e.ev == ev_kind::oom)
+                d = rp.device_so_far(e.dev);
+            const uint64_t peak_seq = d ? d->requested.peak_seq : UINT64_MAX;
             if (e.ev == ev_kind::alloc && e.ptr) {
-                sites->on_alloc(e.seq, e.dev, e.ptr, vmm, e.size, stack);
+                sites->on_alloc(e.seq, e.dev, e.ptr, vmm, e.size, stack, peak_seq);
             } else if (e.ev == ev_kind::free) {
-                sites->on_free(e.seq, e.dev, e.ptr, vmm);
+                sites->on_free(e.seq, e.dev, e.ptr, vmm, peak_seq);
+            } else if ((failed || e.ev == ev_kind::oom) && d && !d->ooms.empty() && d->ooms.back().seq == e.seq) {
+                sites->on_oom(e.dev, e.seq);
             }
         }
     }

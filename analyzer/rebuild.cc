@@ -137,6 +137,11 @@ void rebuilder::warn(uint64_t line, const std::string& message, bool always) {
     if (always) impl_->checker.warn_always(line, message);
     else impl_->checker.warn(line, message);
 }
+const device_report* rebuilder::device_so_far(int dev) const {
+    auto& devs = impl_->model.devices();
+    auto it = devs.find(dev);
+    return it == devs.end() ? nullptr : &it->second.rep;
+}
 bool rebuilder::needs_second_pass() const { return impl_->snaps.needs_second_pass(); }
 std::map<int, uint64_t> rebuilder::peak_seqs() const { return impl_->snaps.peak_seqs(); }
 std::map<int, state_snapshot> rebuilder::take_peak_snapshots() { return impl_->snaps.take_peak_snapshots(); }

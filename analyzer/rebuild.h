@@ -28,6 +28,9 @@ public:
     // Records a warning about `line` (0: the file as a whole) in the report; `always`: even past
     // the cap on listed warnings (for the few that say the whole report is in doubt).
     void warn(uint64_t line, const std::string& message, bool always = false);
+    // The device's report as the pass has filled it so far (its peaks, its OOMs), or null before
+    // its first event.
+    const device_report* device_so_far(int dev) const;
     // True when some device's peak snapshot was skipped for budget: run a second pass with
     // peak_snapshot_seq = peak_seqs().
     bool needs_second_pass() const;

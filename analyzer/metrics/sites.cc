@@ -37,21 +37,84 @@ const std::vector<frame_view>* stack_store::find(uint32_t id) const {
     return &by_id_[id - 1];
 }
 
-void site_tracker::on_alloc(uint64_t seq, int dev, uint64_t ptr, bool vmm, uint64_t size, uint32_t stack) {
+site_tracker::moments& site_tracker::of(int dev) {
+    if (last_dev_ < devs_.size() && devs_[last_dev_].dev == dev) return devs_[last_dev_];
+    for (last_dev_ = 0; last_dev_ < devs_.size(); ++last_dev_)
+        if (devs_[last_dev_].dev == dev) return devs_[last_dev_];
+    devs_.emplace_back();
+    devs_.back().dev = dev;
+    return devs_.back();
+}
+
+bool site_tracker::wanted(const lifetime& l, const moments& m) const {
+    if (m.peak_seq == std::numeric_limits<uint64_t>::max()) return true;  // the peak is not known: kept
+    // The report asks at the device's final peak, which is the peak so far or an event after this
+    // free: inside [alloc_seq, free_seq) only when the peak so far is.
+    if (l.alloc_seq <= m.peak_seq && m.peak_seq < l.free_seq) return true;
+    // And at each OOM listed, all of them before this free.
+    auto o = std::lower_bound(m.ooms.begin(), m.ooms.end(), l.alloc_seq);
+    return o != m.ooms.end() && *o < l.free_seq;
+}
+
+void site_tracker::close(size_t i, int dev, uint64_t seq, uint64_t peak_seq) {
+    lifetime& l = all_[i];
+    l.free_seq = seq;
+    moments& m = of(l.dev);
+    if (l.dev == dev) m.peak_seq = peak_seq;  // else a device 128 apart (key()): its peak is not this one
+    // The last lifetime, as an allocation freed soon after it was made is: dropped at once.
+    if (i + 1 == all_.size() && !wanted(l, m)) all_.pop_back();
+}
+
+void site_tracker::compact() {
+    // Kept between compactions: a new buffer each time cost a fresh mapping and its page faults
+    // (an 11 GB log: 10 s more system time).
+    std::vector<size_t>& moved = moved_;
+    moved.assign(all_.size(), SIZE_MAX);
+    size_t n = 0;
+    for (size_t i = 0; i < all_.size(); ++i) {
+        const lifetime& l = all_[i];
+        if (l.free_seq != std::numeric_limits<uint64_t>::max() && !wanted(l, of(l.dev))) continue;
+        moved[i] = n;
+        all_[n++] = l;
+    }
+    all_.resize(n);
+    if (all_.capacity() > 4 * std::max(size_t(1) << 16, n)) {  // after a burst of live ones
+        all_.shrink_to_fit();
+        moved.clear();
+        moved.shrink_to_fit();
+    }
+    for (auto& [k, i] : open_) i = moved[i];  // open lifetimes are always kept
+    compact_at_ = std::max(size_t(1) << 16, 2 * n);
+}
+
+void site_tracker::on_alloc(uint64_t seq, int dev, uint64_t ptr, bool vmm, uint64_t size, uint32_t stack,
+                            uint64_t peak_seq) {
     if (stack) any_stack_ = true;
     uint64_t k = key(dev, ptr, vmm);
     // A second allocation at a live address (a missing free; the rebuild warns): the first ends here.
-    if (const size_t* old = open_.find(k)) all_[*old].free_seq = seq;
+    if (const size_t* old = open_.find(k)) {
+        const size_t at = *old;
+        open_.erase(k);  // before close(), which may drop it, and compact(), which renumbers what is open
+        close(at, dev, seq, peak_seq);
+    }
+    if (all_.size() >= compact_at_) compact();
     all_.push_back(lifetime{seq, std::numeric_limits<uint64_t>::max(), size, stack, dev});
     open_.insert_or_assign(k, all_.size() - 1);
+    of(dev).peak_seq = peak_seq;
 }
 
-void site_tracker::on_free(uint64_t seq, int dev, uint64_t ptr, bool vmm) {
+void site_tracker::on_free(uint64_t seq, int dev, uint64_t ptr, bool vmm, uint64_t peak_seq) {
     uint64_t k = key(dev, ptr, vmm);
     const size_t* i = open_.find(k);
     if (!i) return;  // a free of something never seen allocated: the rebuild warns about it
-    all_[*i].free_seq = seq;
+    const size_t at = *i;
     open_.erase(k);
+    close(at, dev, seq, peak_seq);
+}
+
+void site_tracker::on_oom(int dev, uint64_t seq) {
+    std::vector<uint64_t>& o = of(dev).ooms;
+    if (o.empty() || o.back() < seq) o.push_back(seq);
 }
 
 std::vector<site_row> site_tracker::live_at(int dev, uint64_t seq, size_t top) const {

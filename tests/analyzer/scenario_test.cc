@@ -2,12 +2,15 @@
 // of pools, VMM and pool-off logs, checked number by number against analyze_file.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "analyze.h"
 #include "cli_input.h"  // parse_moment, --at's argument
 #include "log_reader.h"
+#include "metrics/sites.h"
 #include "report_output.h"
 #include "test_util.h"
 
@@ -1096,4 +1099,147 @@ TEST_CASE("a pool_sync count that differs from the pending frees is warned about
         CHECK(r.devices[0].end_free_in_segments == 4096);
         CHECK(r.devices[0].end_free_blocks == 1);
     }
+}
+
+TEST_CASE("call sites: the tracker holds what is live, and answers exactly at the peak, each OOM and the end", "[scenario]") {
+    // A long training job's shape on two devices: a peak early, then steady churn far past it,
+    // with OOMs on the way.  Every lifetime is kept here too, to sum the sites the slow way.
+    struct life {
+        uint64_t a, f, size;
+        uint32_t stack;
+        int dev;
+    };
+    std::vector<life> all;
+    site_tracker t;
+    struct dev_state {
+        uint64_t current = 0, peak = 0, peak_seq = 0;
+        std::vector<uint64_t> ooms;
+        std::vector<std::pair<uint64_t, size_t>> live;  // ptr, index into all
+    } devs[2];
+    uint64_t seq = 0, next_ptr = 0x10000;
+    uint32_t rng = 12345;
+    auto rand = [&] { return rng = rng * 1103515245u + 12345u, (rng >> 8) & 0xffff; };
+    // `at`: an address still live, allocated again without a free (a free missing from the log):
+    // the model releases the first there, and the tracker ends its lifetime.
+    auto alloc = [&](int d, uint64_t size, uint32_t stack, size_t at = SIZE_MAX) {
+        dev_state& s = devs[d];
+        uint64_t ptr = next_ptr += 0x1000;
+        if (at != SIZE_MAX) {
+            ptr = s.live[at].first;
+            all[s.live[at].second].f = seq;
+            s.current -= all[s.live[at].second].size;
+            s.live.erase(s.live.begin() + std::ptrdiff_t(at));
+        }
+        s.current += size;
+        if (s.current > s.peak) s.peak = s.current, s.peak_seq = seq;  // tracked_bytes: the first time
+        all.push_back({seq, UINT64_MAX, size, stack, d});
+        s.live.push_back({ptr, all.size() - 1});
+        t.on_alloc(seq++, d, ptr, false, size, stack, s.peak_seq);
+    };
+    auto free_one = [&](int d, size_t which) {
+        dev_state& s = devs[d];
+        auto [ptr, i] = s.live[which];
+        s.live.erase(s.live.begin() + std::ptrdiff_t(which));
+        s.current -= all[i].size;
+        all[i].f = seq;
+        t.on_free(seq++, d, ptr, false, s.peak_seq);
+    };
+    size_t most_held = 0;
+    for (int d = 0; d < 2; ++d)
+        for (int k = 0; k < 40; ++k) alloc(d, 1 << 20, 1 + uint32_t(k % 3));  // the peak: 40 MiB each
+    for (int d = 0; d < 2; ++d)
+        while (devs[d].live.size() > 5) free_one(d, devs[d].live.size() - 1);
+    for (int i = 0; i < 400000; ++i) {
+        const int d = int(rand() & 1);
+        if (i % 997 == 0 && !devs[d].live.empty()) alloc(d, 4096 + rand(), 4 + rand() % 4, rand() % devs[d].live.size());
+        else if (devs[d].live.size() < 30 && (rand() & 1)) alloc(d, 4096 + rand(), 4 + rand() % 4);
+        else if (devs[d].live.size() > 5) free_one(d, rand() % devs[d].live.size());
+        if (i % 50000 == 25000) {  // an OOM: the report asks what was live there
+            devs[d].ooms.push_back(seq);
+            t.on_oom(d, seq++);
+        }
+        most_held = std::max(most_held, t.held());
+    }
+    // All 400,000 events' lifetimes were 32 bytes each before; now those live at a moment the
+    // report asks about, and what came since the last compaction.
+    CHECK(most_held <= (size_t(1) << 16));
+    auto slow = [&](int d, uint64_t at) {
+        std::map<uint32_t, site_row> rows;
+        for (const life& l : all)
+            if (l.dev == d && l.a <= at && at < l.f) {
+                site_row& r = rows[l.stack];
+                r.stack = l.stack;
+                r.bytes += l.size;
+                ++r.count;
+            }
+        std::vector<site_row> v;
+        for (auto& [s, r] : rows) v.push_back(r);
+        std::sort(v.begin(), v.end(), [](const site_row& x, const site_row& y) {
+            return x.bytes != y.bytes ? x.bytes > y.bytes : x.stack < y.stack;
+        });
+        return v;
+    };
+    auto same = [](const std::vector<site_row>& x, const std::vector<site_row>& y) {
+        REQUIRE(x.size() == y.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+            CHECK(x[i].stack == y[i].stack);
+            CHECK(x[i].bytes == y[i].bytes);
+            CHECK(x[i].count == y[i].count);
+        }
+    };
+    for (int d = 0; d < 2; ++d) {
+        CHECK(devs[d].peak == 40u << 20);
+        same(t.live_at(d, devs[d].peak_seq, 100), slow(d, devs[d].peak_seq));
+        CHECK(!devs[d].ooms.empty());
+        for (uint64_t o : devs[d].ooms) same(t.live_at(d, o, 100), slow(d, o));
+        same(t.live_at(d, UINT64_MAX - 1, 100), slow(d, UINT64_MAX - 1));
+    }
+}
+
+TEST_CASE("call sites of a log: the early peak, an OOM long after it and the leaks at the end", "[scenario]") {
+    // The allocations live at the OOM came after the peak and were freed after the OOM: they are
+    // the ones a tracker that forgets what it no longer needs must keep.
+    std::string log = std::string(k_header_off).replace(std::string(k_header_off).find("\"version\":1"), 11, "\"version\":4");
+    for (int id = 1; id <= 3; ++id)
+        log += "{\"ev\":\"stack\",\"id\":" + std::to_string(id) + ",\"frames\":[{\"function\":\"f" + std::to_string(id) +
+               "\",\"file\":\"/src/train.py\",\"line\":" + std::to_string(id) + "}]}\n";
+    auto with_stack = [](std::string line, int id) {
+        line.insert(line.size() - 2, ",\"stack\":" + std::to_string(id));
+        return line;
+    };
+    uint64_t seq = 0;
+    for (uint64_t k = 0; k < 10; ++k) log += with_stack(alloc_line(seq++, 0x100000 * (k + 1), 1 << 20), 1);
+    for (uint64_t k = 0; k < 10; ++k) log += free_line(seq++, 0x100000 * (k + 1), 1 << 20);
+    for (int i = 0; i < 200000; ++i) {
+        if (i == 100000) {
+            log += with_stack(alloc_line(seq++, 0x9000000, 2 << 20), 3);
+            log += with_stack(alloc_line(seq++, 0x9400000, 3 << 20), 3);
+            log += "{\"ev\":\"alloc_fail\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+                   ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":1073741824,\"err\":2,\"stack\":2}\n";
+            ++seq;
+        }
+        if (i == 100100) log += free_line(seq++, 0x9000000, 2 << 20);
+        if (i == 100200) log += free_line(seq++, 0x9400000, 3 << 20);
+        log += with_stack(alloc_line(seq++, 0x8000000, 4096), 2);
+        log += free_line(seq++, 0x8000000, 4096);
+    }
+    log += with_stack(alloc_line(seq++, 0x8000000, 8192), 2);  // never freed
+    log += end_line(seq, 1);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    const device_report& d = device(r, 0);
+    CHECK(d.requested.peak == 10u << 20);
+    REQUIRE(d.peak_sites.size() == 1);
+    CHECK(d.peak_sites[0].stack == 1);
+    CHECK(d.peak_sites[0].bytes == 10u << 20);
+    CHECK(d.peak_sites[0].count == 10);
+    REQUIRE(d.ooms.size() == 1);
+    REQUIRE(d.ooms[0].sites.size() == 1);
+    CHECK(d.ooms[0].sites[0].stack == 3);
+    CHECK(d.ooms[0].sites[0].bytes == 5u << 20);
+    CHECK(d.ooms[0].sites[0].count == 2);
+    REQUIRE(d.end_sites.size() == 1);
+    CHECK(d.end_sites[0].stack == 2);
+    CHECK(d.end_sites[0].bytes == 8192);
+    CHECK(d.end_sites[0].count == 1);
 }
