@@ -184,6 +184,9 @@ recorder* recorder_or_null(bool count_if_unrecorded = true) noexcept;
 // when the start ends).  Async-signal-safe.
 recorder* recorder_if_recording() noexcept;
 int current_device() noexcept;
+// The device of the green context whose own CUcontext is c (made through a hook, destroyed or
+// not), else -1 (hooks_driver.cc).
+int green_context_device(CUcontext c) noexcept;
 
 // Re-entrancy guard: set while gpumem's own code runs.  A hooked call made while it is set comes
 // from other code on this thread (a signal handler, a driver's callback: gpumem calls libcuda's

@@ -907,6 +907,23 @@ static void green_made(CUgreenCtx g, CUdevice dev) noexcept {
     g_green_devices.take_all(key, &stale);
     if (dev >= 0 && dev <= 255) g_green_devices.add(key, uint8_t(dev));
 }
+// The own CUcontext of each green context made through a hook (cuCtxFromGreenCtx), with its
+// device: memory allocated while one is current is its primary context's (an H100, driver
+// 580.159.04: cuPointerGetAttribute names the primary context, before and after cuGreenCtxDestroy,
+// which gives none of it back; tests/gpu/green_free.cu), so a pooled block's context is answered
+// so too (pool_hooks.cc).  Kept after the destruction, whose blocks live on; a context made anew
+// with the handle (cuCtxCreate, a retain) or another green context takes the entry's place.
+static handle_table g_green_contexts;
+static void green_context_named(CUcontext c, int dev) noexcept {
+    if (!c) return;
+    const uint64_t key = uint64_t(uintptr_t(c));
+    g_green_contexts.take_all(key, nullptr);
+    if (dev >= 0 && dev <= 255) g_green_contexts.add(key, uint8_t(dev));
+}
+int green_context_device(CUcontext c) noexcept {
+    uint8_t dev = 0;
+    return c && g_green_contexts.find(uint64_t(uintptr_t(c)), &dev) ? int(dev) : -1;
+}
 // Takes g's entry out of the table: its device, or -1 where g is not in it.  Taken before the
 // driver destroys g and put back if it refuses (handle_table.h): a green context of another device
 // that gets g's handle back the moment the driver destroyed g must find its own device.
@@ -926,38 +943,54 @@ static int green_take(CUgreenCtx g) noexcept {
 // pool can be on.
 template <class F>
 static CUresult context_made(api_id api, CUdevice dev, F&& call) noexcept {
-    const CUresult r = call();
-    if (r != CUDA_ERROR_OUT_OF_MEMORY || dev < 0 || guard::active()) return r;
-    guard g;
-    return retry_if_oom(api, int(dev), r, call);
+    CUresult r = call();
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && dev >= 0 && !guard::active()) {
+        guard g;
+        r = retry_if_oom(api, int(dev), r, call);
+    }
+    return r;
+}
+// A context made with a handle a dead green context had: no longer that green context's.
+static void context_handle_made(CUresult r, CUcontext* c) noexcept {
+    if (r == CUDA_SUCCESS && c) green_context_named(*c, -1);
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, unsigned int, CUdevice)>(drv::cuCtxCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
+    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
+    context_handle_made(r, c);
+    return r;
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v2(CUcontext* c, unsigned int flags, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, unsigned int, CUdevice)>(drv::cuCtxCreate_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
+    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
+    context_handle_made(r, c);
+    return r;
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v3(CUcontext* c, CUexecAffinityParam* params, int n, unsigned int flags,
                                                    CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice)>(drv::cuCtxCreate_v3);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, n, flags, dev); });
+    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, n, flags, dev); });
+    context_handle_made(r, c);
+    return r;
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v4(CUcontext* c, CUctxCreateParams* params, unsigned int flags, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice)>(drv::cuCtxCreate_v4);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    return context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, flags, dev); });
+    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, flags, dev); });
+    context_handle_made(r, c);
+    return r;
 }
 // A retain of an active primary context takes no memory and never fails for want of it: the
 // retry costs the answer's compare.  Never beside a release's end (pool_primary_retain).
 extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUdevice)>(drv::cuDevicePrimaryCtxRetain);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    return context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return pool_primary_retain(f, c, dev); });
+    const CUresult r = context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return pool_primary_retain(f, c, dev); });
+    context_handle_made(r, c);
+    return r;
 }
 
 // A green context's end: cuGreenCtxDestroy releases the primary context that cuGreenCtxCreate
@@ -1118,7 +1151,12 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxCreate(CUgreenCtx* g, CUdevResourc
     // A context's making (context_made, above): retried after its device's pools give back.  Its
     // retain of the primary context never beside a release's end (pool_green_create).
     CUresult r = context_made(api_id::cuGreenCtxCreate, dev, [&] { return pool_green_create(f, g, desc, dev, flags); });
-    if (r == CUDA_SUCCESS && g) green_made(*g, dev);
+    if (r == CUDA_SUCCESS && g) {
+        green_made(*g, dev);
+        CUcontext own = nullptr;
+        if (auto from_green = GPUMEM_REAL(cuCtxFromGreenCtx))
+            if (from_green(&own, *g) == CUDA_SUCCESS) green_context_named(own, int(dev));
+    }
     if (r == CUDA_SUCCESS) {
         pool_green_context_made();
         pool_stream_created(api_id::cuGreenCtxCreate, true);

@@ -591,9 +591,24 @@ bool block_attribute(CUpointer_attribute a) noexcept {
            a == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR || a == CU_POINTER_ATTRIBUTE_MAPPING_SIZE ||
            a == CU_POINTER_ATTRIBUTE_CONTEXT;
 }
+// The context the driver names for memory allocated with `ctx` current: ctx itself, or for a green
+// context's own CUcontext its device's primary context (an H100: such memory is the primary
+// context's, before and after cuGreenCtxDestroy; hooks_driver.cc, g_green_contexts), while that is
+// active.
+namespace {
+CUcontext primary_if_active(CUdevice dev) noexcept;  // below
+}  // namespace
+CUcontext memory_context(CUcontext ctx) noexcept {
+    const int dev = green_context_device(ctx);
+    if (dev < 0) return ctx;
+    const CUcontext primary = primary_if_active(CUdevice(dev));
+    return primary ? primary : ctx;
+}
 void say_block_attribute(void* data, CUpointer_attribute a, const block_pool::block_info& bi, const pool_registry::slot* owner) noexcept {
     switch (a) {
-        case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = CUcontext(uintptr_t(owner->ctx.load(std::memory_order_acquire))); break;
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+            *static_cast<CUcontext*>(data) = memory_context(CUcontext(uintptr_t(owner->ctx.load(std::memory_order_acquire))));
+            break;
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(bi.block); break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = size_t(bi.requested); break;
         case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *static_cast<void**>(data) = reinterpret_cast<void*>(uintptr_t(bi.block)); break;
@@ -864,7 +879,18 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
     // The green context's streams died with it (cuStreamDestroy of one now fails): fences must not
     // record on their handles, which new streams may reuse.
     if (also) streams().forget_context(uint64_t(uintptr_t(also)));
-    if (!before || primary_active(dev)) return r;
+    if (!before || primary_active(dev)) {
+        // Its own pool's memory is the primary context's and lives on (an H100: the driver names
+        // that context as its owner and frees a block at a late cuMemFree): the pool goes on in
+        // the primary context.  The dead green context can still be made current (the H100 said 0
+        // to cuCtxSetCurrent of it), and each call made in it (a synchronize, a free of a segment,
+        // a look at free memory) would reach what the driver freed; under gpumem a program that
+        // freed such a block after the destruction died of a double free (docs/gpu-results.md).
+        if (also && before)
+            if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(also))))
+                static_cast<driver_backend*>(s->backend)->set_context(before);
+        return r;
+    }
     *ended = true;
     if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
     const context_end how = pool_exit_begun() ? context_end::forget : context_end::past;

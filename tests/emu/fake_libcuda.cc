@@ -205,6 +205,7 @@ counter g_counters[] = {
     {"cuGraphLaunch_ptsz", {0}},
     {"cuCtxCreate", {0}}, {"cuCtxCreate_v2", {0}}, {"cuCtxCreate_v3", {0}}, {"cuCtxCreate_v4", {0}},
     {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}}, {"call_on_dead_green_stream", {0}},
+    {"dead_green_made_current", {0}}, {"call_in_dead_green_context", {0}}, {"call_on_dead_green_event", {0}},
     {"cuCtxFromGreenCtx", {0}}, {"cuDevicePrimaryCtxRetain", {0}},
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
@@ -569,8 +570,14 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, 
     *active = primary_refs()[d].load() > 0 && !primary_reset()[d].load();
     return CUDA_SUCCESS;
 }
+// A destroyed green context's CUcontext is made current without a word (an H100, driver
+// 580.159.04: cuCtxSetCurrent answered 0, tests/gpu/green_free.cu); each such making is counted, and
+// so is each call made while it is current (in_dead_green_context): on a GPU those reach freed
+// driver state (gpumem's pool, fencing a block of the green context after its destruction, died
+// there of a double free in glibc).
+static bool in_dead_green_context();
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
-    if (dead_green_context(c)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (dead_green_context(c)) bump("dead_green_made_current");
     t_ctx_dev = c ? dev_of(c) : -1;
     t_ctx_made = is_made(c) ? reinterpret_cast<uintptr_t>(c) : 0;
     if (c) {
@@ -590,7 +597,7 @@ static CUcontext current_handle() {
 }
 EMU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    if (dead_green_context(c)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (dead_green_context(c)) bump("dead_green_made_current");
     if (t_ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
     t_ctx_made_stack[t_ctx_depth] = t_ctx_made;
     t_ctx_stack[t_ctx_depth++] = t_ctx_dev;
@@ -648,6 +655,7 @@ EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuCtxSynchronize() {
+    if (in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (st().capturing.load()) {
         bump("cuCtxSynchronize_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -840,6 +848,25 @@ static bool dead_green_context(CUcontext c) {
         if (gc.ctx == c) return !gc.live;
     return false;
 }
+static bool in_dead_green_context() {
+    if (!t_ctx_made || !dead_green_context(reinterpret_cast<CUcontext>(t_ctx_made))) return false;
+    bump("call_in_dead_green_context");
+    return true;
+}
+// Events made while a green context was current: after its destruction each use is counted and
+// refused, as for its streams.
+static std::map<uintptr_t, CUcontext> g_green_events;  // event -> the green context's CUcontext, under g_green_mu
+static bool dead_green_event(CUevent e) {
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    auto it = g_green_events.find(reinterpret_cast<uintptr_t>(e));
+    if (it == g_green_events.end()) return false;
+    for (auto& [h, gc] : g_greens)
+        if (gc.ctx == it->second && !gc.live) {
+            bump("call_on_dead_green_event");
+            return true;
+        }
+    return false;
+}
 static bool on_dead_green_stream(CUstream s) {
     std::lock_guard<std::mutex> lk(g_green_mu);
     auto it = g_green_streams.find(s);
@@ -865,13 +892,19 @@ EMU_EXPORT CUresult cuEventCreate(CUevent* e, unsigned int) {
     static std::atomic<uintptr_t> next{0x9000};
     if (!e) return CUDA_ERROR_INVALID_VALUE;
     if (current_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     bump("cuEventCreate");
     *e = reinterpret_cast<CUevent>(next.fetch_add(0x10));
+    if (t_ctx_made) {
+        std::lock_guard<std::mutex> lk(g_green_mu);
+        for (auto& [h, gc] : g_greens)
+            if (gc.live && gc.ctx == reinterpret_cast<CUcontext>(t_ctx_made)) g_green_events[reinterpret_cast<uintptr_t>(*e)] = gc.ctx;
+    }
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    if (on_dead_green_stream(s)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (on_dead_green_stream(s) || dead_green_event(e) || in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (st().capturing.load()) {
         bump("cuEventRecord_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -883,7 +916,7 @@ EMU_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
 // wait is over at once; counted so that tests see which streams were ordered.
 EMU_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    if (on_dead_green_stream(s)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (on_dead_green_stream(s) || dead_green_event(e) || in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (st().capturing.load()) {
         bump("cuStreamWaitEvent_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -896,6 +929,7 @@ EMU_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int) {
 // ordered releases stay pending and a stream made after one must be made to wait.
 EMU_EXPORT CUresult cuEventQuery(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (dead_green_event(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     bump("cuEventQuery");
     static const bool pending = getenv("GPUMEM_EMU_EVENTS_PENDING") && !strcmp(getenv("GPUMEM_EMU_EVENTS_PENDING"), "1");
     return pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
@@ -920,6 +954,7 @@ EMU_EXPORT CUresult cuStreamQuery(CUstream s) {
 }
 EMU_EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (dead_green_event(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     // GPUMEM_EMU_SYNC_MS: as for cuCtxSynchronize, a device that takes this long to get there.
     static const long sync_ms = getenv("GPUMEM_EMU_SYNC_MS") ? atol(getenv("GPUMEM_EMU_SYNC_MS")) : 0;
     if (sync_ms > 0) usleep(useconds_t(sync_ms) * 1000);
@@ -1142,6 +1177,7 @@ EMU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
     bump("cuMemGetInfo_v2");
     int dev = current_dev();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     std::lock_guard<std::mutex> g(st().mu);
     *free_b = st().capacity - st().used[dev];
     *total_b = st().capacity;
@@ -1150,6 +1186,7 @@ EMU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
 EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
     bump("cuMemAlloc_v2");
     if (unsafe_call_refused()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     return device_alloc(p, size, 0);
 }
 static bool host_pool_free(CUdeviceptr p);

@@ -830,6 +830,47 @@ void green_pool() {
     print_counts("");
 }
 
+// A block allocated with a green context current and freed after cuGreenCtxDestroy, its primary
+// context living on (tests/gpu/green_free.cu on an H100: the memory is the primary context's, the
+// driver names that context as the pointer's, gives nothing back at the destruction and frees the
+// block at the late cuMemFree; under gpumem that program died of a double free).  The green context
+// has a non-blocking stream of its own; a block is freed while the green context lives, then the
+// destruction, the late free, a new block with the primary context current and its free.  Prints the late free's answer, whether the pointer's context was the
+// primary context before the destruction, and how many calls reached the dead green context, its
+// events or its stream.
+void green_late_free() {
+    CUcontext primary = setup();
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CUstream gs = nullptr;
+    CHECK(cuGreenCtxStreamCreate(&gs, g, CU_STREAM_NON_BLOCKING, 0));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr a = 0, b = 0;
+    CHECK(cuMemAlloc(&a, 8u << 20));
+    CHECK(cuMemAlloc(&b, 8u << 20));
+    CHECK(cuMemFree(b));
+    CUcontext owner = nullptr;
+    CHECK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, a));
+    CHECK(cuCtxSetCurrent(primary));
+    CHECK(cuGreenCtxDestroy(g));
+    const int late = int(cuMemFree(a));
+    CUdeviceptr c = 0;
+    CHECK(cuMemAlloc(&c, 8u << 20));
+    CHECK(cuMemFree(c));
+    // Most of the device's memory, stream-ordered (GPUMEM_EMU_CAPACITY=64M): the late free's memory
+    // must be within reach (a pool holding it gives it back, in a context that lives).
+    CUdeviceptr big = 0;
+    const int async_rc = int(cuMemAllocAsync(&big, 56u << 20, nullptr));
+    if (async_rc == 0) CHECK(cuMemFreeAsync(big, nullptr));
+    printf("late_free_rc=%d\nowner_is_primary=%d\nasync_rc=%d\n", late, int(owner == primary), async_rc);
+    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\ncall_on_dead_green_event=%llu\n"
+           "call_on_dead_green_stream=%llu\n",
+           driver_count("dead_green_made_current"), driver_count("call_in_dead_green_context"),
+           driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -1895,6 +1936,7 @@ int main(int argc, char** argv) {
     else if (s == "two-pools-fenced") two_pools_fenced();
     else if (s == "two-pools-unpooled") two_pools_unpooled();
     else if (s == "green-end") green_end();
+    else if (s == "green-late-free") green_late_free();
     else if (s == "green-pool") green_pool();
     else if (s == "green-reuse") green_reuse();
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -1915,7 +1957,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -28,6 +28,7 @@ static CUresult make_green(CUdevice dev, CUgreenCtx* g) {
 }
 
 static int probe() {
+    setvbuf(stdout, nullptr, _IONBF, 0);  // every line out before a crash
     int version = 0;
     cuDriverGetVersion(&version);
     printf("driver version: %d\n", version);

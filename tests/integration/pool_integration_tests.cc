@@ -1430,6 +1430,44 @@ TEST_CASE("pool: a green context's pool gives back what the program freed there 
     }
 }
 
+TEST_CASE("pool: a block of a green context freed after its destruction: the driver's answers, the primary context named") {
+    // On an H100 (tests/gpu/green_free.cu, docs/gpu-results.md run 166) memory allocated with a
+    // green context current is its primary context's: cuPointerGetAttribute names the primary
+    // context, cuGreenCtxDestroy gives none of it back and a later cuMemFree frees it.  gpumem named
+    // the green context's own CUcontext for a pooled block (owner_is_primary 0), which a caller that
+    // makes a buffer's context current (MPI libraries do) would make current after its
+    // destruction; the driver accepts that (set current answers 0) and each call then reaches a
+    // dead context.  The emulated driver counts such calls, and those on the dead context's events
+    // and streams: the pool's own give-back of the late free's block, when a stream-ordered
+    // allocation of most of the device ran out of memory, made the dead context current four times
+    // and synchronized and asked for free memory in it; on cuMemAlloc segments the synchronize
+    // failed there, the block stayed pending and the allocation failed (async_rc 2) where the
+    // program alone got its memory.  Now the pool goes on in the primary context.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "64M"}};
+    const auto alone = values(run({EMU_POOL_APP, "green-late-free"}, env, false).out);
+    CHECK(alone.at("late_free_rc") == "0");
+    CHECK(alone.at("owner_is_primary") == "1");
+    CHECK(alone.at("async_rc") == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-late-free"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        CHECK(v.at("late_free_rc") == alone.at("late_free_rc"));
+        CHECK(v.at("owner_is_primary") == alone.at("owner_is_primary"));
+        CHECK(v.at("async_rc") == alone.at("async_rc"));
+        for (const char* dead : {"dead_green_made_current", "call_in_dead_green_context", "call_on_dead_green_event", "call_on_dead_green_stream"})
+            CHECK(v.at(dead) == "0");
+        CHECK(ls.back().value("live_allocs", -1) == 0);
+        CHECK(ls.back().value("unmatched", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
 TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
     // The emulated runtime releases its reference from an atexit handler registered before the
     // first allocation; with no other reference that release ends the context during exit.
