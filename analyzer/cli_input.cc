@@ -16,10 +16,13 @@
 
 #include <sys/stat.h>
 
+#include <nlohmann/json.hpp>
+
 #include "analyze.h"
 #include "config.h"
 #include "diagnostics.h"
 #include "input_spool.h"
+#include "log_fields.h"
 #include "log_reader.h"
 #include "report_json_read.h"
 
@@ -167,6 +170,136 @@ void drop_repeated_inputs(std::vector<std::string>& paths) {
         kept.push_back(std::move(p));
     }
     paths = std::move(kept);
+}
+
+namespace {
+
+// What line 1 of a regular file says of its process, for drop_copies_of_one_log.
+struct log_identity {
+    bool known = false;  // a gpumem header with a host, a pid and a start
+    std::string host, start;
+    std::string header;  // line 1, whole
+    int64_t pid = 0;
+    uint64_t start_unix_ns = 0;
+    uint64_t size = 0;  // the file's, when looked at: a log still being written is compared so far
+};
+
+log_identity identity_of(const std::string& path) {
+    log_identity id;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return id;
+    std::ifstream f(path, std::ios::binary);
+    // A header is some hundreds of bytes; a command line of thousands of arguments makes it longer.
+    constexpr size_t k_max_header = size_t(1) << 20;
+    std::string line;
+    char buf[65536];
+    while (f && line.size() < k_max_header && line.find('\n') == std::string::npos) {
+        f.read(buf, sizeof buf);
+        line.append(buf, size_t(f.gcount()));
+    }
+    const size_t nl = line.find('\n');
+    if (nl == std::string::npos) return id;  // no whole line 1: the analysis says what is wrong
+    line.resize(nl);
+    const nlohmann::json h = nlohmann::json::parse(line, nullptr, false);
+    if (!h.is_object()) return id;
+    auto is = [&h](const char* key, const char* value) {
+        auto it = h.find(key);
+        return it != h.end() && it->is_string() && *it == value;
+    };
+    if (!is(k_log_fields[size_t(log_field::ev)].name, k_ev_names[size_t(ev_kind::header)]) ||
+        !is(header_key::format, k_format_name))
+        return id;
+    auto host = h.find(header_key::host), pid = h.find(header_key::pid), start = h.find(header_key::start_unix_ns);
+    if (host == h.end() || !host->is_string() || pid == h.end() || !pid->is_number_integer() || start == h.end() ||
+        !start->is_number_unsigned() || start->get<uint64_t>() == 0)
+        return id;
+    id.known = true;
+    id.header = line;
+    id.host = host->get<std::string>();
+    id.pid = pid->get<int64_t>();
+    id.start_unix_ns = start->get<uint64_t>();
+    auto time = h.find(header_key::start_time);
+    id.start = time != h.end() && time->is_string() ? time->get<std::string>() : std::to_string(id.start_unix_ns) + " ns";
+    id.size = uint64_t(st.st_size);
+    return id;
+}
+
+// Whether the first `n` bytes of files a and b are the same; if not, `line` is the line of a where
+// they first differ (1 is the first).  A file shorter than `n` now (cut since it was looked at)
+// differs where it ends.
+bool same_start(const std::string& a, const std::string& b, uint64_t n, uint64_t& line) {
+    std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+    std::vector<char> ba(size_t(1) << 20), bb(ba.size());
+    line = 1;
+    for (uint64_t done = 0; done < n;) {
+        const size_t want = size_t(std::min<uint64_t>(n - done, ba.size()));
+        fa.read(ba.data(), std::streamsize(want));
+        fb.read(bb.data(), std::streamsize(want));
+        const size_t ga = size_t(fa.gcount()), gb = size_t(fb.gcount());
+        const size_t same = size_t(std::mismatch(ba.begin(), ba.begin() + std::min(ga, gb), bb.begin()).first - ba.begin());
+        line += uint64_t(std::count(ba.begin(), ba.begin() + same, '\n'));
+        if (same < want) return false;
+        done += want;
+    }
+    return true;
+}
+
+}  // namespace
+
+bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error) {
+    std::vector<log_identity> ids;
+    for (const std::string& p : paths) ids.push_back(identity_of(p));
+    auto same_process = [&ids](size_t a, size_t b) {
+        return ids[a].known && ids[b].known && ids[a].host == ids[b].host && ids[a].pid == ids[b].pid &&
+               ids[a].start_unix_ns == ids[b].start_unix_ns;
+    };
+    std::vector<bool> seen(paths.size()), drop(paths.size());
+    std::vector<size_t> kept_files;  // the file read of each set of copies
+    for (size_t i = 0; i < paths.size(); ++i) {
+        if (!ids[i].known || seen[i]) continue;
+        // The recorder writes line 1 once, so every copy of a log has the same one.
+        std::vector<size_t> copies;
+        for (size_t j = i; j < paths.size(); ++j)
+            if (same_process(i, j) && ids[j].header == ids[i].header) {
+                copies.push_back(j);
+                seen[j] = true;
+            }
+        size_t keep = i;  // the longest; of equal ones the first given
+        for (size_t j : copies)
+            if (ids[j].size > ids[keep].size) keep = j;
+        kept_files.push_back(keep);
+        const std::string process = "the log of process " + std::to_string(ids[i].pid) + " on " + ids[i].host +
+                                    ", started " + ids[i].start;
+        for (size_t j : copies) {
+            if (j == keep) continue;
+            uint64_t line = 0;
+            if (!same_start(paths[j], paths[keep], ids[j].size, line)) {
+                error = visible(paths[j] + " and " + paths[keep] + " both hold " + process + ", but differ from line " +
+                                std::to_string(line) + " on: one of them was edited or damaged, and which to read "
+                                "cannot be told; give one of them");
+                return false;
+            }
+            spdlog::warn("{}", visible(paths[j] + (ids[j].size == ids[keep].size ? " is a copy of " : " is a shorter copy of ") +
+                                       paths[keep] + " (" + process + "): read once, from " + paths[keep]));
+            drop[j] = true;
+        }
+    }
+    // Headers that differ but name one process: two processes that share these three (pid
+    // namespaces under one host name, and a clock too coarse to part them), or logs made by hand.
+    // Read as two, as they are; said, as copies would double the totals.
+    for (size_t a = 0; a < kept_files.size(); ++a)
+        for (size_t b = a + 1; b < kept_files.size(); ++b)
+            if (same_process(kept_files[a], kept_files[b])) {
+                const log_identity& id = ids[kept_files[a]];
+                spdlog::warn("{}", visible(paths[kept_files[b]] + " and " + paths[kept_files[a]] + " both name process " +
+                                           std::to_string(id.pid) + " on " + id.host + ", started " + id.start +
+                                           ", in headers that differ: read as two processes"));
+            }
+    std::vector<std::string> kept;
+    for (size_t i = 0; i < paths.size(); ++i)
+        if (!drop[i]) kept.push_back(std::move(paths[i]));
+    paths = std::move(kept);
+    return true;
 }
 
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {

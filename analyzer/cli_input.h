@@ -44,6 +44,19 @@ bool dash_means_stdin(std::vector<std::string>& paths, std::string& error);
 // reader to refuse.  `paths`: the inputs of one run (each side of `diff` is one run).
 void drop_repeated_inputs(std::vector<std::string>& paths);
 
+// Two files that are copies of one log (the original cut at a full disk and the complete copy the
+// recorder moved to /tmp; a run folder and its backup) are one process, and read as two they would
+// double every total as a repeated file does.  Logs whose headers name the same host, pid and start
+// (start_unix_ns, to the nanosecond) in the same line 1 are one process: an exec's new image has the
+// pid but starts later, a fork child has a pid of its own.  When the shorter holds the first bytes
+// of the longer, the longer alone is read (the first given, of equal ones) and a warning names both;
+// when they differ past line 1, which to read cannot be told: false, with `error` naming both and
+// the line they part at.  Headers that name one process but differ are two processes (said, and
+// both read).  Only regular files are looked at (a pipe is read once, by the analysis); a header
+// without a start (a hand-made log's 0) names no process.  `paths`: the inputs of one run, each
+// file named once already (drop_repeated_inputs).
+bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error);
+
 // One GPU (dev >= 0) of one process of a run.
 struct device_ref {
     size_t process = 0;  // index into run_input::processes

@@ -257,6 +257,10 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         if (std::string err; !dash_means_stdin(all, err)) return usage_error("check", err);
     }
     drop_repeated_inputs(logs);
+    if (std::string err; !drop_copies_of_one_log(logs, err)) {
+        spdlog::error("{}", err);
+        return k_exit_input;
+    }
     // The baseline among other logs (a glob that matches it too) would be checked against itself
     // and pass, and take the run's rank key from the run it stands for: left out of the runs, and
     // said.  Given as the only log, it is checked against itself, as asked.

@@ -266,6 +266,10 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
     drop_repeated_inputs(side_b);
     run_input ra, rb;
     std::string error;
+    if (!drop_copies_of_one_log(side_a, error) || !drop_copies_of_one_log(side_b, error)) {
+        spdlog::error("{}", error);
+        return k_exit_input;
+    }
     if (!load_run(side_a, ra, error, args.progress, "diff") || !load_run(side_b, rb, error, args.progress, "diff")) {
         spdlog::error("{}", error);
         return k_exit_input;

@@ -290,6 +290,10 @@ int run_replay(replay_args& a) {
     if (a.logs.empty()) return usage_error("replay", "no log file given");
     if (std::string err; !dash_means_stdin(a.logs, err)) return usage_error("replay", err);
     drop_repeated_inputs(a.logs);
+    if (std::string err; !drop_copies_of_one_log(a.logs, err)) {
+        std::fprintf(stderr, "gpumem: error: %s\n", err.c_str());
+        return k_exit_input;
+    }
     uint64_t capacity = 0;
     if (!a.capacity_text.empty() && (!parse_size_arg(a.capacity_text, capacity) || capacity == 0))
         return usage_error("replay", "--capacity " + a.capacity_text + ": expected a size such as 80GiB or 141GB");

@@ -108,6 +108,10 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     }
     if (std::string err; !dash_means_stdin(logs, err)) return usage_error("report", err);
     drop_repeated_inputs(logs);
+    if (std::string err; !drop_copies_of_one_log(logs, err)) {
+        spdlog::error("{}", err);
+        return k_exit_input;
+    }
 
     if (!a.torch_path.empty() && logs.size() != 1)
         return usage_error("report", "--torch-snapshot writes one process's snapshot: give exactly one log");

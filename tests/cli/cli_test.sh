@@ -1571,6 +1571,69 @@ docs_guide)
   expect_rc 0 "$GPUMEM" check ranks/*.jsonl --max-peak 60GiB
   expect_in "$W/out" "2 limits on 2 GPUs of 2 processes: 0 broken"
   ;;
+copies)
+  # Two copies of one log (the original cut at a full disk and the copy gpumem moved to /tmp; a
+  # run folder and its backup) are one process: read once, from the longer, with a warning naming
+  # both.  Read as two, they doubled every total.  Same process: host, pid and start in the header.
+  mkdir -p run tmp backup
+  cp "$DATA/before.jsonl" tmp/x.jsonl
+  # The original stopped mid-line where the disk filled; the copy holds all of it and more.
+  head -c "$(( $(head -3 "$DATA/before.jsonl" | wc -c) + 40 ))" "$DATA/before.jsonl" > run/x.jsonl
+  cp "$DATA/before.jsonl" backup/x.jsonl
+  for pair in "run/x.jsonl tmp/x.jsonl" "tmp/x.jsonl run/x.jsonl"; do
+    # shellcheck disable=SC2086
+    expect_rc 0 "$GPUMEM" report --json $pair
+    [ "$(json "$W/out" 'len(d["processes"])')" = 1 ] || fail "report $pair: not 1 process"
+    [ "$(json "$W/out" 'd["processes"][0]["file"]')" = tmp/x.jsonl ] || fail "report $pair: not read from the longer copy"
+    expect_in "$W/err" "gpumem: warning: run/x.jsonl is a shorter copy of tmp/x.jsonl (the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z): read once, from tmp/x.jsonl"
+    expect_not_in "$W/err" "cut short"
+  done
+  # The same bytes: the first given is read.
+  expect_rc 0 "$GPUMEM" report --json run/x.jsonl tmp/x.jsonl backup/x.jsonl
+  [ "$(json "$W/out" 'len(d["processes"])')" = 1 ] || fail "report of three copies: not 1 process"
+  expect_in "$W/err" "gpumem: warning: run/x.jsonl is a shorter copy of tmp/x.jsonl"
+  expect_in "$W/err" "gpumem: warning: backup/x.jsonl is a copy of tmp/x.jsonl (the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z): read once, from tmp/x.jsonl"
+  # check, diff (within a side) and replay alike.
+  expect_rc 0 "$GPUMEM" check run/x.jsonl tmp/x.jsonl --max-peak 1GiB
+  expect_in "$W/out" "1 limit on 1 GPU of 1 process: 0 broken"
+  expect_in "$W/err" "gpumem: warning: run/x.jsonl is a shorter copy of tmp/x.jsonl"
+  expect_rc 0 "$GPUMEM" diff tmp/x.jsonl backup/x.jsonl -- "$DATA/after.jsonl"
+  expect_in "$W/out" "A = tmp/x.jsonl (1 process)"
+  expect_not_in "$W/out" "0#2"
+  expect_in "$W/err" "gpumem: warning: backup/x.jsonl is a copy of tmp/x.jsonl"
+  # A log on both sides of a diff is a run compared with itself, as a file named on both is.
+  expect_rc 0 "$GPUMEM" diff tmp/x.jsonl backup/x.jsonl
+  expect_not_in "$W/err" "copy of"
+  expect_rc 0 "$GPUMEM" replay --json run/x.jsonl tmp/x.jsonl
+  [ "$(json "$W/out" 'len(d["logs"])')" = 1 ] || fail "replay of two copies: not 1 log"
+  # Copies that disagree (an edited or damaged one): which to read cannot be told; exit 2, both named.
+  { head -1 "$DATA/before.jsonl"; tail -n +2 "$DATA/after.jsonl"; } > tmp/edited.jsonl
+  for cmd in report "check --max-peak 1GiB" replay; do
+    # shellcheck disable=SC2086
+    expect_rc 2 "$GPUMEM" $cmd tmp/x.jsonl tmp/edited.jsonl
+    expect_in "$W/err" "gpumem: error: tmp/x.jsonl and tmp/edited.jsonl both hold the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z, but differ from line 4 on"
+    expect_not_in "$W/out" "peak"
+  done
+  expect_rc 2 "$GPUMEM" diff "$DATA/after.jsonl" -- tmp/edited.jsonl run/x.jsonl
+  expect_in "$W/err" "gpumem: error: run/x.jsonl and tmp/edited.jsonl both hold the log of process 1001"
+  # Not copies: an exec's two images (one pid, the second started later) and a fork child (its own
+  # pid, even with the parent's start) are processes of their own, read without a word.
+  sed 's/"reason":"exit"/"reason":"exec"/' "$DATA/before.jsonl" > run/image1.jsonl
+  sed 's/"start_unix_ns":1796010000000000000/"start_unix_ns":1796010000500000000/' "$DATA/before.jsonl" > run/image2.jsonl
+  sed 's/"pid":1001,"ppid":100,/"pid":1002,"ppid":1001,/; s/"header",/"header","forked_from":1001,/' "$DATA/before.jsonl" > run/child.jsonl
+  expect_rc 0 "$GPUMEM" report --json run/image1.jsonl run/image2.jsonl run/child.jsonl
+  [ "$(json "$W/out" 'len(d["processes"])')" = 3 ] || fail "exec pair and fork child: not 3 processes"
+  expect_not_in "$W/err" "copy of"
+  expect_rc 0 "$GPUMEM" check run/image1.jsonl run/image2.jsonl run/child.jsonl --max-peak 1GiB
+  expect_in "$W/out" "of 3 processes"
+  # Headers that name one process but differ (line 1 is written once, so no copy has another):
+  # two processes (pid namespaces under one host name, with a coarse clock), read as two, and said.
+  sed 's/"rank":"0"/"rank":"1"/' "$DATA/before.jsonl" > run/rank1.jsonl
+  expect_rc 0 "$GPUMEM" report --json tmp/x.jsonl run/rank1.jsonl run/x.jsonl
+  [ "$(json "$W/out" 'len(d["processes"])')" = 2 ] || fail "two headers of one process: not 2 processes"
+  expect_in "$W/err" "gpumem: warning: run/x.jsonl is a shorter copy of tmp/x.jsonl"
+  expect_in "$W/err" "gpumem: warning: run/rank1.jsonl and tmp/x.jsonl both name process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z, in headers that differ: read as two processes"
+  ;;
 *)
   echo "unknown case $case_name"; exit 2 ;;
 esac

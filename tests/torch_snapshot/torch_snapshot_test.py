@@ -339,8 +339,13 @@ with tempfile.TemporaryDirectory() as d:
     r = subprocess.run(f"cat '{log}' | '{gpumem}' report /dev/stdin --torch-snapshot '{out}'", shell=True, capture_output=True)
     check(r.returncode == 0 and open(out, "rb").read() == open(ref, "rb").read(), f"a pipe: the file's snapshot: {r.stderr!r}")
     os.remove(out)
-    # Two files: one named twice is read once (docs/guide.md), so that would be one log.
-    r = export(log, out, bad)
+    # Two files: one named twice is read once (docs/guide.md), so that would be one log; so would
+    # two copies of one log, and bad.jsonl, with the header of rules.jsonl, is a damaged copy of it:
+    # the second is another process's log.
+    other = os.path.join(d, "other.jsonl")
+    with open(other, "w") as f:
+        f.write(open(log).readline().replace('"pid": 7,', '"pid": 8,'))
+    r = export(log, out, other)
     check(r.returncode == 2 and b"exactly one log" in r.stderr, f"two logs: exit 2: {r.stderr!r}")
     rj = subprocess.run([gpumem, "report", "--json", log], capture_output=True)
     js = os.path.join(d, "rep.json")
