@@ -145,10 +145,14 @@ uint64_t run_pass_from(const std::string& path, const std::string& source, proce
         }
         parse_status st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
         if (!complete) {
-            // The writer died mid-line.  A line that still parses only lost its newline.
+            // The writer was in the middle of the line: still writing it (a running job's log is
+            // read as it stood when opened), or stopped there (killed, a full disk).  A line that
+            // still parses only lost its newline.
             if (st != parse_status::ok) {
                 rep.truncated_last_line = true;
-                if (first_pass) rp.warn(ln, "the last line is cut short (the process died while writing it); ignored");
+                if (first_pass)
+                    rp.warn(ln, "the last line is cut short (the log is still being written, or its writer stopped in "
+                                "mid-line); ignored");
                 break;
             }
             if (first_pass) rp.warn(ln, "the last line has no newline");

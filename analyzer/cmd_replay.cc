@@ -362,7 +362,7 @@ int run_replay(replay_args& a) {
     if (rc != k_exit_ok) return rc;
     for (const sim::trace& tr : traces)
         if (tr.cut_line)
-            std::fprintf(stderr, "gpumem: warning: %s:%llu: the last line is cut short (the program was killed mid-write?); replayed up to the line before\n",
+            std::fprintf(stderr, "gpumem: warning: %s:%llu: the last line is cut short (the log is still being written, or its writer stopped in mid-line); replayed up to the line before\n",
                          tr.file.c_str(), (unsigned long long)tr.cut_line);
     // An --api name no allocation of the log used (a typo, the wrong case) would otherwise replay
     // nothing of that API and print nothing about it, exit 0: a silent empty answer.

@@ -106,7 +106,7 @@ bool line_source::next(std::string_view& line, bool& complete) {
         size_t have = end_ - begin_;
         if (!fill()) {
             if (end_ == begin_) return false;
-            // The last line has no newline: the writer died mid-line (or the file was cut).
+            // The last line has no newline: the writer is in it or stopped in it (or the file was cut).
             line = std::string_view(buf_.data() + begin_, end_ - begin_);
             consumed_ += end_ - begin_;
             begin_ = end_;

@@ -104,7 +104,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
         if (complete && analysis::is_blank_line(line)) continue;  // as the report skips it (with a warning)
         auto st = parser.parse(line.data(), line.size(), src.capacity_from(line.data()), e, err);
         if (st != analysis::parse_status::ok) {
-            if (!complete) {  // a writer killed mid-line: the rest is gone
+            if (!complete) {  // a writer still in the line, or stopped in it: the rest is not here
                 out.cut_line = src.line_number();
                 break;
             }

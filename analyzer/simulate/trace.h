@@ -38,7 +38,7 @@ struct trace {
     // (cudaMallocManaged) and cuMemCreate's physical memory (kind "vmm").  Host memory is no GPU's.
     uint64_t skipped_managed = 0, skipped_vmm = 0;
     std::string config_json;            // the header's "config" object, as JSON text ("{}" when absent)
-    uint64_t cut_line = 0;              // the last line, cut short (a writer killed mid-line): not replayed
+    uint64_t cut_line = 0;              // the last line, cut short (a writer still in it, or stopped in it): not replayed
 };
 
 struct trace_options {

@@ -144,6 +144,20 @@ TEST_CASE("a killed run: truncated last line and no end line are warnings", "[sc
     CHECK(d.leaked_bytes == 2097152);
 }
 
+TEST_CASE("a running job's log, opened while its writer is mid-line: the warning does not say it died", "[scenario]") {
+    // A log still being written is read as it stood when opened (line_source): its last line may be
+    // cut short with the process alive, so the warning names both causes and claims neither.
+    std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 4096);
+    log += alloc_line(1, 0x2000, 4096).substr(0, 30);
+    temp_file f(log);
+    process_report r = analyze_file(f.path, {});
+    CHECK(r.truncated_last_line);
+    CHECK(has_warning(r, ":3: the last line is cut short (the log is still being written, or its writer stopped in "
+                         "mid-line); ignored"));
+    for (const std::string& w : r.warnings) CHECK(w.find("died") == std::string::npos);
+    CHECK(device(r, 0).requested.peak == 4096);
+}
+
 TEST_CASE("a last line without newline that still parses is used", "[scenario]") {
     std::string log = std::string(k_header_off) + alloc_line(0, 0x1000, 4096) + end_line(1, 1);
     log.pop_back();  // drop the final newline
