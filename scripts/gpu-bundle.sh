@@ -22,4 +22,5 @@ ldd build/analyzer/gpumem | awk '$3 ~ /^\// {print $3}' \
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/green_free tests/gpu/green_free.cu -L"$cuda_root/lib64/stubs" -lcuda
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/ipc_first_abi tests/gpu/ipc_first_abi.cu -L"$cuda_root/lib64/stubs" -lcuda -ldl
 "$cuda_root/bin/nvcc" -O2 -arch=sm_90 -o build/gpu/ctx_end_memory tests/gpu/ctx_end_memory.cu -L"$cuda_root/lib64/stubs" -lcuda
+cc -O1 -g -shared -fPIC -o build/gpu/abort_trace.so tests/gpu/abort_trace.c
 echo "bundle ready: build/preload/libgpumem.so build/analyzer/gpumem build/gpu/lib build/gpu/static_cudart_app"
