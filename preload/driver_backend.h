@@ -63,7 +63,9 @@ class driver_backend final : public pool_backend {
     // Chunks are made exportable (legacy IPC of pooled blocks works through ipc_share.cc).
     bool shareable() const noexcept { return shareable_.load(std::memory_order_relaxed); }
     int device() const noexcept { return device_; }
-    // A context handle the driver reused for a new context of the same device (pool_hooks.cc).
+    // The context the pool works in: a context handle the driver reused for a new context of the
+    // same device, or a destroyed green context's primary context, whose memory its pool holds
+    // (pool_hooks.cc, primary_released_by).
     void set_context(CUcontext c) noexcept { ctx_.store(c, std::memory_order_release); }
 
   private:

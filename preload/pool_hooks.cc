@@ -25,6 +25,11 @@
 
 namespace gpumem {
 
+// The registry key of a pool whose context ended while its memory lives on in another context
+// (a destroyed green context's, its primary context alive): its handle with bit 63 set, which no
+// user-space CUcontext has (primary_released_by, context_gone).
+constexpr uint64_t k_moved_pool_key = uint64_t(1) << 63;
+
 // ipc_share.cc: pooled blocks shared with other processes.
 CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, const block_pool::block_info& bi) noexcept;
 void ipc_block_freed(uint64_t block) noexcept;
@@ -607,7 +612,7 @@ CUcontext memory_context(CUcontext ctx) noexcept {
 void say_block_attribute(void* data, CUpointer_attribute a, const block_pool::block_info& bi, const pool_registry::slot* owner) noexcept {
     switch (a) {
         case CU_POINTER_ATTRIBUTE_CONTEXT:
-            *static_cast<CUcontext*>(data) = memory_context(CUcontext(uintptr_t(owner->ctx.load(std::memory_order_acquire))));
+            *static_cast<CUcontext*>(data) = memory_context(static_cast<const driver_backend*>(owner->backend)->context());
             break;
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = CUdeviceptr(bi.block); break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = size_t(bi.requested); break;
@@ -742,7 +747,7 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
     }
     *handled = true;
     if (!bi.allocated || !h) return CUDA_ERROR_INVALID_VALUE;  // free memory inside a segment: no allocation
-    return ipc_export(h, *s->pool, CUcontext(uintptr_t(s->ctx.load(std::memory_order_acquire))), bi);
+    return ipc_export(h, *s->pool, static_cast<driver_backend*>(s->backend)->context(), bi);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -849,6 +854,16 @@ void context_gone(CUcontext ctx, int dev, context_end when) noexcept {
     streams().forget_context(uint64_t(uintptr_t(ctx)));
     if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(ctx)))) ipc_pool_dropped(s->pool);
     registry().retire(uint64_t(uintptr_t(ctx)), when);
+    // Destroyed green contexts' pools that went on in this context (primary_released_by): their
+    // memory was this context's and goes with it.
+    const uint64_t ended = uint64_t(uintptr_t(ctx));
+    registry().for_each([&](pool_registry::slot& s) {
+        const uint64_t key = s.ctx.load(std::memory_order_acquire);
+        if ((key & k_moved_pool_key) && uint64_t(uintptr_t(static_cast<driver_backend*>(s.backend)->context())) == ended) {
+            ipc_pool_dropped(s.pool);
+            registry().retire(key, when);
+        }
+    });
 }
 }  // namespace
 
@@ -886,9 +901,14 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
         // to cuCtxSetCurrent of it), and each call made in it (a synchronize, a free of a segment,
         // a look at free memory) would reach what the driver freed; under gpumem a program that
         // freed such a block after the destruction died of a double free (docs/gpu-results.md).
+        // Its slot goes on under a key no context has (bit 63: no user-space handle), so that a
+        // context the driver makes with the dead handle gets a pool of its own rather than this
+        // one, and the primary context's end retires it with its own (context_gone).
         if (also && before)
-            if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(also))))
+            if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(also)))) {
                 static_cast<driver_backend*>(s->backend)->set_context(before);
+                registry().rekey(uint64_t(uintptr_t(also)), uint64_t(uintptr_t(also)) | k_moved_pool_key);
+            }
         return r;
     }
     *ended = true;

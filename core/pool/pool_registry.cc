@@ -100,6 +100,15 @@ bool pool_registry::retire(uint64_t ctx, context_end when) noexcept {
     return true;
 }
 
+bool pool_registry::rekey(uint64_t ctx, uint64_t to) noexcept {
+    if (ctx == 0 || to == 0 || count() == 0) return false;
+    create_lock lk(create_lock_);  // as retire: no pool is made for the handle meanwhile
+    slot* s = find(ctx);
+    if (!s || find(to)) return false;
+    s->ctx.store(to, std::memory_order_release);
+    return true;
+}
+
 void pool_registry::switch_all_to_safe(api_id api) noexcept {
     if (safe_api_.load(std::memory_order_acquire)) return;
     create_lock lk(create_lock_);

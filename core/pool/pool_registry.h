@@ -67,6 +67,11 @@ class pool_registry {
     // the handle meanwhile), then its pool gives back its virtual memory and forgets the rest
     // (drop_all(when)).  False if none.
     bool retire(uint64_t ctx, context_end when = context_end::coming) noexcept;
+    // ctx's slot, pool and all, goes on under another key (to, which no live context has): its
+    // context ended but its memory lives on in another (a destroyed green context's pool, its
+    // primary context alive), and a context made anew with the handle must get a pool of its own.
+    // False if ctx has no slot.
+    bool rekey(uint64_t ctx, uint64_t to) noexcept;
 
     // Switches every pool, present and future, to safe reuse once (block_pool::enter_safe_reuse,
     // drains included).  Returns only when the switch is complete, whoever made it: a thread that

@@ -838,7 +838,10 @@ void green_pool() {
 // destruction, the late free, a new block with the primary context current and its free.  Prints the late free's answer, whether the pointer's context was the
 // primary context before the destruction, and how many calls reached the dead green context, its
 // events or its stream.
-void green_late_free() {
+// `reset`: then the primary context's reset (its memory goes, the late free's included), a block
+// of the context made anew, and most of the device stream-ordered again (its give-back): the block
+// must still be the program's (new_block_access 1, as alone).
+void green_late_free(bool reset) {
     CUcontext primary = setup();
     CUgreenCtx g = nullptr;
     CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
@@ -865,6 +868,17 @@ void green_late_free() {
     const int async_rc = int(cuMemAllocAsync(&big, 56u << 20, nullptr));
     if (async_rc == 0) CHECK(cuMemFreeAsync(big, nullptr));
     printf("late_free_rc=%d\nowner_is_primary=%d\nasync_rc=%d\n", late, int(owner == primary), async_rc);
+    if (reset) {
+        CHECK(cuDevicePrimaryCtxReset(0));
+        CHECK(cuDevicePrimaryCtxRetain(&primary, 0));
+        CHECK(cuCtxSetCurrent(primary));
+        CUdeviceptr d = 0;
+        CHECK(cuMemAlloc(&d, 8u << 20));
+        const int again_rc = int(cuMemAllocAsync(&big, 44u << 20, nullptr));
+        if (again_rc == 0) CHECK(cuMemFreeAsync(big, nullptr));
+        printf("again_rc=%d\nnew_block_access=%d\n", again_rc, emu_access(d, 0));
+        CHECK(cuMemFree(d));
+    }
     printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\ncall_on_dead_green_event=%llu\n"
            "call_on_dead_green_stream=%llu\n",
            driver_count("dead_green_made_current"), driver_count("call_in_dead_green_context"),
@@ -1936,7 +1950,7 @@ int main(int argc, char** argv) {
     else if (s == "two-pools-fenced") two_pools_fenced();
     else if (s == "two-pools-unpooled") two_pools_unpooled();
     else if (s == "green-end") green_end();
-    else if (s == "green-late-free") green_late_free();
+    else if (s == "green-late-free") green_late_free(argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "green-pool") green_pool();
     else if (s == "green-reuse") green_reuse();
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -1957,7 +1971,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1466,6 +1466,27 @@ TEST_CASE("pool: a block of a green context freed after its destruction: the dri
         check_rebuild(ls);
         check_report_clean(r.logs[0]);
     }
+    // Then the primary context's reset: the memory the destroyed green context's pool holds was
+    // the primary context's and goes with it, so that pool is retired too (a context_reset for
+    // each pool).  Before, its slot was found only by the dead green handle: it outlived the reset
+    // and would give back a segment the driver had freed, maybe the program's new memory by then.
+    const auto alone_reset = values(run({EMU_POOL_APP, "green-late-free", "reset"}, env, false).out);
+    CHECK(alone_reset.at("again_rc") == "0");
+    CHECK(alone_reset.at("new_block_access") == "1");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm << ", reset");
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-late-free", "reset"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        CHECK(v.at("again_rc") == alone_reset.at("again_rc"));
+        CHECK(v.at("new_block_access") == alone_reset.at("new_block_access"));
+        CHECK(count_ev(ls, "context_reset") == 2u);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
 }
 
 TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
