@@ -59,13 +59,108 @@ void read_header(std::string_view line, bool complete, const std::string& path, 
                 totals[d["index"].get<int>()] = d["total"].get<uint64_t>();
 }
 
+// request_list's encoding, one request after the other in a chunk (none spans two):
+//   tag      byte: bit 0 is_free; bits 1-7 the stream, or 127 and the stream follows as a varint
+//   seq, t   zigzag varints of the difference from the request before (mod 2^64: any value fits)
+//   id       zigzag varint of the difference from the request before's id (mod 2^32)
+//   size     varint, allocations only
+// A varint holds 7 bits a byte, low first, the high bit set on all bytes but the last.  A training
+// loop's request takes 5 to 10 bytes: seq steps by a few, t by microseconds, ids are reused in
+// turn (load_trace), sizes are MiB.
+// Chunks double from 4 KiB to 1 MiB: a small log (many at once, or many devices) holds little.
+constexpr size_t k_first_chunk_bytes = size_t(4) << 10, k_chunk_bytes = size_t(1) << 20;
+constexpr size_t k_max_record = 1 + 3 + 10 + 10 + 5 + 10;
+constexpr uint8_t k_stream_escape = 127;
+
+uint8_t* put_varint(uint8_t* p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = uint8_t(v) | 0x80;
+        v >>= 7;
+    }
+    *p++ = uint8_t(v);
+    return p;
+}
+uint64_t get_varint(const uint8_t*& p) {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+        uint8_t b = *p++;
+        v |= uint64_t(b & 0x7f) << shift;
+        if (!(b & 0x80)) return v;
+    }
+}
+uint64_t zigzag(uint64_t d) { return (d << 1) ^ uint64_t(int64_t(d) >> 63); }
+uint64_t unzigzag(uint64_t z) { return (z >> 1) ^ (~(z & 1) + 1); }
+uint32_t zigzag32(uint32_t d) { return (d << 1) ^ uint32_t(int32_t(d) >> 31); }
+uint32_t unzigzag32(uint32_t z) { return (z >> 1) ^ (~(z & 1) + 1); }
+
 struct device_state {
     device_trace tr;
     analysis::u64_map<uint32_t> live;     // address -> id of a live replayed allocation
     analysis::u64_map<uint16_t> streams;  // stream handle -> dense index (from 1)
+    // Ids of freed allocations, for the next ones (last freed, first reused): the policies' tables
+    // by id then hold the allocations live at once, not every allocation of the log.
+    std::vector<uint32_t> free_ids;
+    uint32_t new_id() {
+        if (free_ids.empty()) return tr.n_ids++;
+        uint32_t id = free_ids.back();
+        free_ids.pop_back();
+        return id;
+    }
 };
 
 }  // namespace
+
+void request_list::push_back(const request& r) {
+    if (chunks_.empty() || chunks_.back().size - chunks_.back().used < k_max_record) {
+        const size_t size = chunks_.empty() ? k_first_chunk_bytes : std::min(2 * chunks_.back().size, k_chunk_bytes);
+        chunks_.push_back(chunk{std::make_unique_for_overwrite<uint8_t[]>(size), size, 0});
+        held_ += size;
+    }
+    chunk& c = chunks_.back();
+    uint8_t* p = c.data.get() + c.used;
+    *p++ = uint8_t(r.is_free) | uint8_t(std::min<uint16_t>(r.stream, k_stream_escape) << 1);
+    if (r.stream >= k_stream_escape) p = put_varint(p, r.stream);
+    p = put_varint(p, zigzag(r.seq - last_.seq));
+    p = put_varint(p, zigzag(r.t - last_.t));
+    p = put_varint(p, zigzag32(r.id - last_.id));
+    if (!r.is_free) p = put_varint(p, r.size);
+    c.used = size_t(p - c.data.get());
+    last_ = r;
+    ++n_;
+}
+
+uint64_t request_list::bytes() const { return held_ + chunks_.capacity() * sizeof(chunk); }
+
+request_list::iterator request_list::begin() const {
+    iterator it;
+    it.list_ = this;
+    it.left_ = n_;
+    if (n_) it.decode();
+    return it;
+}
+
+request_list::iterator& request_list::iterator::operator++() {
+    if (--left_) decode();
+    return *this;
+}
+
+void request_list::iterator::decode() {
+    if (pos_ == list_->chunks_[chunk_].used) {
+        ++chunk_;
+        pos_ = 0;
+    }
+    const uint8_t* start = list_->chunks_[chunk_].data.get() + pos_;
+    const uint8_t* p = start;
+    const uint8_t tag = *p++;
+    cur_.is_free = tag & 1;
+    cur_.stream = tag >> 1;
+    if (cur_.stream == k_stream_escape) cur_.stream = uint16_t(get_varint(p));
+    cur_.seq += unzigzag(get_varint(p));
+    cur_.t += unzigzag(get_varint(p));
+    cur_.id += unzigzag32(uint32_t(get_varint(p)));
+    cur_.size = cur_.is_free ? 0 : get_varint(p);
+    pos_ += size_t(p - start);
+}
 
 trace load_trace(const std::string& path, const trace_options& opt) {
     trace out;
@@ -139,6 +234,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
             if (uint32_t* old = d.live.find(e.ptr)) {
                 // Allocated again without a free in between: the free was not recorded.
                 d.tr.ops.push_back(request{0, e.seq, e.t, *old, 0, true});
+                d.free_ids.push_back(*old);
                 ++d.tr.n_freed_twice;
                 d.live.erase(e.ptr);
             }
@@ -146,7 +242,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
             r.size = e.size;
             r.seq = e.seq;
             r.t = e.t;
-            r.id = d.tr.n_ids++;
+            r.id = d.new_id();
             if (e.has(analysis::fd_stream)) {
                 auto [idx, inserted] = d.streams.try_emplace(e.stream, uint16_t(0));
                 if (inserted) *idx = uint16_t(std::min<size_t>(d.streams.size(), 65535));
@@ -161,6 +257,7 @@ trace load_trace(const std::string& path, const trace_options& opt) {
             uint32_t* id = d.live.find(e.ptr);
             if (!id) continue;  // not a replayed allocation (other API, or allocated before the log)
             d.tr.ops.push_back(request{0, e.seq, e.t, *id, 0, true});
+            d.free_ids.push_back(*id);
             ++d.tr.n_free;
             d.live.erase(e.ptr);
         }

@@ -1,14 +1,19 @@
 // Loads a gpumem log into each device's sequence of allocation requests and frees, for the allocator simulations.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace gpumem::simulate {
 
-// One request of the program, in seq order.  `id` names the allocation densely (0, 1, 2, ...),
-// so a policy keeps its blocks in a vector indexed by id instead of hashing addresses.
+// One request of the program, in seq order.  `id` names a live allocation densely (0, 1, 2, ...),
+// so a policy keeps its blocks in a vector indexed by id instead of hashing addresses.  A freed
+// allocation's id is given to a later one: ids stay below the most allocations live at once, and so
+// do the policies' vectors, however long the log.
 struct request {
     uint64_t size = 0;    // bytes asked for (alloc) or 0 (free)
     uint64_t seq = 0, t = 0;
@@ -17,10 +22,56 @@ struct request {
     bool is_free = false;
 };
 
+// A device's requests, kept encoded at a few bytes each rather than as 32-byte structs: a long
+// training log has tens of millions of them (64 million took 2 GB as structs, 3.2 GB while the
+// vector doubled).  seq, t and id are stored as differences from the request before, size and
+// stream as they are, each a varint (7 bits a byte), in chunks that are never moved; they are read
+// back in order, which is all a replay does.  Any request round-trips exactly (a free's size is 0).
+class request_list {
+public:
+    void push_back(const request& r);
+    uint64_t size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    uint64_t bytes() const;  // memory held for the requests
+
+    class iterator {
+    public:
+        using iterator_category = std::input_iterator_tag;
+        using value_type = request;
+        using difference_type = std::ptrdiff_t;
+        using pointer = const request*;
+        using reference = const request&;
+        const request& operator*() const { return cur_; }
+        const request* operator->() const { return &cur_; }
+        iterator& operator++();
+        bool operator==(const iterator& o) const { return left_ == o.left_; }
+        bool operator!=(const iterator& o) const { return left_ != o.left_; }
+
+    private:
+        friend class request_list;
+        const request_list* list_ = nullptr;
+        uint64_t left_ = 0;  // requests not read yet, the current one included
+        size_t chunk_ = 0, pos_ = 0;
+        request cur_;
+        void decode();
+    };
+    iterator begin() const;
+    iterator end() const { return iterator{}; }
+
+private:
+    struct chunk {
+        std::unique_ptr<uint8_t[]> data;
+        size_t size = 0, used = 0;
+    };
+    std::vector<chunk> chunks_;
+    uint64_t n_ = 0, held_ = 0;
+    request last_;  // the request pushed last: the base of the next one's differences
+};
+
 struct device_trace {
     int dev = -1;
-    std::vector<request> ops;
-    uint32_t n_ids = 0;                // allocations (ids 0..n_ids-1)
+    request_list ops;
+    uint32_t n_ids = 0;                // ids in use (0..n_ids-1): the most allocations live at once
     uint64_t n_alloc = 0, n_free = 0;  // requests replayed
     uint64_t n_no_stream = 0;          // allocations whose API has no stream (cudaMalloc, cuMemAlloc)
     uint64_t n_streams = 0;            // distinct streams named by the log's stream-ordered requests
