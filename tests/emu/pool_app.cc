@@ -1304,13 +1304,9 @@ constexpr int k_signal_frees = 20000;
 CUdeviceptr g_signal_blocks[k_signal_frees];
 volatile sig_atomic_t g_signal_failed = 0;
 std::atomic<int> g_signals_handled{0};
-void capture_signals() {
-    setup();
-    for (auto& b : g_signal_blocks) CHECK(cuMemAlloc(&b, 256));
-    CUstream s = nullptr, held = nullptr;
-    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    CHECK(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
-    CHECK(cuStreamBeginCapture(held, CU_STREAM_CAPTURE_MODE_RELAXED));
+// Starts the handlers: SIGUSR1 to this thread every 50 us, each handler freeing the next of
+// g_signal_blocks (a failed free counted), and alarm(30) to end a hang.
+timer_t start_signal_frees() {
     struct sigaction sa = {};
     sa.sa_handler = [](int) {
         const int i = g_signals_handled.load(std::memory_order_relaxed);
@@ -1328,6 +1324,23 @@ void capture_signals() {
     if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) fail("timer_create", errno);
     itimerspec every = {{0, 50000}, {0, 50000}};
     if (timer_settime(timer, 0, &every, nullptr) != 0) fail("timer_settime", errno);
+    return timer;
+}
+// Stops them, then makes a pool call, which carries out the frees a handler left waiting.
+void end_signal_frees(timer_t timer) {
+    timer_delete(timer);
+    CUdeviceptr last = 0;
+    CHECK(cuMemAlloc(&last, 256));
+    CHECK(cuMemFree(last));
+}
+void capture_signals() {
+    setup();
+    for (auto& b : g_signal_blocks) CHECK(cuMemAlloc(&b, 256));
+    CUstream s = nullptr, held = nullptr;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCapture(held, CU_STREAM_CAPTURE_MODE_RELAXED));
+    const timer_t timer = start_signal_frees();
     long rounds = 0;
     while (g_signals_handled.load(std::memory_order_acquire) < k_signal_frees) {
         CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
@@ -1335,12 +1348,9 @@ void capture_signals() {
         CHECK(cuStreamEndCapture(s, &g));
         ++rounds;
     }
-    timer_delete(timer);
-    CUgraph g = nullptr;
+    CUgraph g = nullptr;  // (a handler past the last block frees nothing)
     CHECK(cuStreamEndCapture(held, &g));
-    CUdeviceptr last = 0;  // a pool call: frees a handler left waiting are carried out
-    CHECK(cuMemAlloc(&last, 256));
-    CHECK(cuMemFree(last));
+    end_signal_frees(timer);
     printf("signal_frees_failed=%d\nsignals_handled_enough=%d\n", int(g_signal_failed),
            int(g_signals_handled.load() >= k_signal_frees));
     fprintf(stderr, "capture rounds: %ld\n", rounds);
@@ -1361,23 +1371,7 @@ void ipc_drop_signals() {
         CUipcMemHandle h;
         if (cuIpcGetMemHandle(&h, p) != CUDA_SUCCESS) ++exports_failed;
     }
-    struct sigaction sa = {};
-    sa.sa_handler = [](int) {
-        const int i = g_signals_handled.load(std::memory_order_relaxed);
-        if (i < k_signal_frees && cuMemFree(g_signal_blocks[i]) != CUDA_SUCCESS) g_signal_failed = g_signal_failed + 1;
-        g_signals_handled.store(i + 1, std::memory_order_release);
-    };
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &sa, nullptr);
-    alarm(30);
-    sigevent sev = {};
-    sev.sigev_notify = SIGEV_THREAD_ID;
-    sev.sigev_signo = SIGUSR1;
-    sev._sigev_un._tid = pid_t(syscall(SYS_gettid));  // sigev_notify_thread_id, which glibc 2.36 does not name
-    timer_t timer;
-    if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) fail("timer_create", errno);
-    itimerspec every = {{0, 50000}, {0, 50000}};
-    if (timer_settime(timer, 0, &every, nullptr) != 0) fail("timer_settime", errno);
+    const timer_t timer = start_signal_frees();
     long rounds = 0;
     while (g_signals_handled.load(std::memory_order_acquire) < k_signal_frees) {
         CUcontext c = nullptr;
@@ -1389,10 +1383,7 @@ void ipc_drop_signals() {
         CHECK(cuCtxSetCurrent(primary));
         ++rounds;
     }
-    timer_delete(timer);
-    CUdeviceptr last = 0;  // a pool call: frees a handler left waiting are carried out
-    CHECK(cuMemAlloc(&last, 256));
-    CHECK(cuMemFree(last));
+    end_signal_frees(timer);
     for (CUdeviceptr p : exported) CHECK(cuMemFree(p));
     printf("exports_failed=%d\nsignal_frees_failed=%d\nsignals_handled_enough=%d\n", exports_failed,
            int(g_signal_failed), int(g_signals_handled.load() >= k_signal_frees));
