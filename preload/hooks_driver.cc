@@ -943,54 +943,46 @@ static int green_take(CUgreenCtx g) noexcept {
 // pool can be on.
 template <class F>
 static CUresult context_made(api_id api, CUdevice dev, F&& call) noexcept {
-    CUresult r = call();
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && dev >= 0 && !guard::active()) {
-        guard g;
-        r = retry_if_oom(api, int(dev), r, call);
-    }
-    return r;
+    const CUresult r = call();
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || dev < 0 || guard::active()) return r;
+    guard g;
+    return retry_if_oom(api, int(dev), r, call);
 }
-// A context made with a handle a dead green context had: no longer that green context's.
-static void context_handle_made(CUresult r, CUcontext* c) noexcept {
+// context_made for a call that makes a CUcontext at *c: a handle a dead green context had is no
+// longer that green context's.
+template <class F>
+static CUresult context_made(api_id api, CUdevice dev, CUcontext* c, F&& call) noexcept {
+    const CUresult r = context_made(api, dev, call);
     if (r == CUDA_SUCCESS && c) green_context_named(*c, -1);
+    return r;
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, unsigned int, CUdevice)>(drv::cuCtxCreate);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
-    context_handle_made(r, c);
-    return r;
+    return context_made(api_id::cuCtxCreate, dev, c, [&] { return f(c, flags, dev); });
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v2(CUcontext* c, unsigned int flags, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, unsigned int, CUdevice)>(drv::cuCtxCreate_v2);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, flags, dev); });
-    context_handle_made(r, c);
-    return r;
+    return context_made(api_id::cuCtxCreate, dev, c, [&] { return f(c, flags, dev); });
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v3(CUcontext* c, CUexecAffinityParam* params, int n, unsigned int flags,
                                                    CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice)>(drv::cuCtxCreate_v3);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, n, flags, dev); });
-    context_handle_made(r, c);
-    return r;
+    return context_made(api_id::cuCtxCreate, dev, c, [&] { return f(c, params, n, flags, dev); });
 }
 extern "C" GPUMEM_HIDDEN CUresult w_cuCtxCreate_v4(CUcontext* c, CUctxCreateParams* params, unsigned int flags, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice)>(drv::cuCtxCreate_v4);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = context_made(api_id::cuCtxCreate, dev, [&] { return f(c, params, flags, dev); });
-    context_handle_made(r, c);
-    return r;
+    return context_made(api_id::cuCtxCreate, dev, c, [&] { return f(c, params, flags, dev); });
 }
 // A retain of an active primary context takes no memory and never fails for want of it: the
 // retry costs the answer's compare.  Never beside a release's end (pool_primary_retain).
 extern "C" GPUMEM_HIDDEN CUresult w_cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice dev) {
     auto f = real<CUresult (*)(CUcontext*, CUdevice)>(drv::cuDevicePrimaryCtxRetain);
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;
-    const CUresult r = context_made(api_id::cuDevicePrimaryCtxRetain, dev, [&] { return pool_primary_retain(f, c, dev); });
-    context_handle_made(r, c);
-    return r;
+    return context_made(api_id::cuDevicePrimaryCtxRetain, dev, c, [&] { return pool_primary_retain(f, c, dev); });
 }
 
 // A green context's end: cuGreenCtxDestroy releases the primary context that cuGreenCtxCreate
