@@ -4,7 +4,8 @@
 // does cuGreenCtxDestroy give a cuMemAlloc block back (cuMemGetInfo), which context owns it before,
 // can it be written and freed after, and the same for cuMemCreate memory mapped with the green
 // context current.  gpumem's pool must answer a later cuMemFree of a pooled block as the driver
-// answers this one (docs/pool.md, "cuGreenCtxDestroy"); run it with and without LD_PRELOAD.
+// answers this one (docs/pool.md, "cuGreenCtxDestroy"); run it with and without LD_PRELOAD.  Round 2
+// allocates with the destroyed green context current, then resets the primary context after the late free.
 #include <cuda.h>
 
 #include <cstdio>
@@ -114,7 +115,48 @@ static int probe() {
         printf("vmm after: unmap %d release %d address free %d, free rose by %lld MiB\n", r1, r2, r3, free_mib() - f3);
         fflush(stdout);
     }
+    // Round 2: a cuMemAlloc made with the destroyed green context current, then the primary
+    // context's reset after the late free, then a fresh primary context that must allocate as before.
+    printf("-- round 2: alloc with the dead green context current, then the primary reset\n");
+    CUgreenCtx g = nullptr;
+    if (make_green(dev, &g) != CUDA_SUCCESS) return 2;
+    CUcontext own = nullptr;
+    cuCtxFromGreenCtx(&own, g);
+    cuCtxSetCurrent(own);
+    const size_t mib64 = size_t(64) << 20;
+    CUdeviceptr a = 0, b = 0;
+    printf("alloc 64 MiB in green: %d\n", rc(cuMemAlloc(&a, mib64)));
+    cuCtxSetCurrent(primary);
+    printf("green destroy: %d\n", rc(cuGreenCtxDestroy(g)));
+    printf("set the dead green context current: %d\n", rc(cuCtxSetCurrent(own)));
+    int r1 = rc(cuMemAlloc(&b, mib64));
+    CUcontext cur = nullptr;
+    cuCtxGetCurrent(&cur);
+    printf("alloc 64 MiB with the dead green current: %d, current still the dead green %d\n", r1, int(cur == own));
+    if (r1 == 0) {
+        CUcontext owner = nullptr;
+        int r2 = rc(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, b));
+        printf("its owner: %d green %d primary %d\n", r2, int(owner == own), int(owner == primary));
+        r2 = rc(cuMemsetD8(b, 3, mib64));
+        printf("memset it: %d sync %d\n", r2, rc(cuCtxSynchronize()));
+        printf("free it with the dead green current: %d\n", rc(cuMemFree(b)));
+    }
+    cuCtxSetCurrent(primary);
+    printf("late free of the green block: %d\n", rc(cuMemFree(a)));
+    printf("primary reset: %d\n", rc(cuDevicePrimaryCtxReset(dev)));
+    CUcontext again = nullptr;
+    r1 = rc(cuDevicePrimaryCtxRetain(&again, dev));
+    printf("primary retain after the reset: %d same handle %d set current %d\n", r1, int(again == primary),
+           rc(cuCtxSetCurrent(again)));
+    const long long f4 = free_mib();
+    CUdeviceptr c = 0;
+    r1 = rc(cuMemAlloc(&c, gib));
+    printf("alloc 1 GiB in the new primary: %d, free fell %lld MiB\n", r1, f4 - free_mib());
+    r1 = rc(cuMemsetD8(c, 1, gib));
+    printf("memset it: %d sync %d free %d\n", r1, rc(cuCtxSynchronize()), rc(cuMemFree(c)));
     cuDevicePrimaryCtxRelease(dev);
+    cuDevicePrimaryCtxRelease(dev);
+    printf("probe done\n");
     return 0;
 }
 
