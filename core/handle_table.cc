@@ -100,7 +100,7 @@ int handle_table::take_all(uint64_t key, uint8_t* value) noexcept {
     const int high = high_.load(std::memory_order_acquire);
     for (int i = 0; i < high; ++i) {
         uint8_t v = 0;
-        if (take_slot(i, key, &v) && taken++ == 0) *value = v;
+        if (take_slot(i, key, &v) && taken++ == 0 && value) *value = v;
     }
     return taken;
 }

@@ -33,7 +33,8 @@ class handle_table {
     bool set(uint64_t key, uint8_t value) noexcept;
     // Takes one entry of key out: true, with its value where value is not null, if it had one.
     bool take(uint64_t key, uint8_t* value = nullptr) noexcept;
-    // Takes every entry of key out: how many there were; *value gets the first one's.
+    // Takes every entry of key out: how many there were; *value gets the first one's, where value
+    // is not null.
     int take_all(uint64_t key, uint8_t* value) noexcept;
     // Entries kept now.
     int size() const noexcept { return used_.load(std::memory_order_acquire); }
