@@ -26,8 +26,10 @@
 namespace gpumem {
 
 // The registry key of a pool whose context ended while its memory lives on in another context
-// (a destroyed green context's, its primary context alive): its handle with bit 63 set, which no
-// user-space CUcontext has (primary_released_by, context_gone).
+// (a destroyed green context's, its primary context alive): bit 63, which no user-space CUcontext
+// has, and its slot's index (primary_released_by, context_gone).  Not the dead handle's bits: a
+// driver that hands the handle out again to the next green context moves that one's pool too,
+// while the first still lives (emu_pool_app green-handle-again).
 constexpr uint64_t k_moved_pool_key = uint64_t(1) << 63;
 
 // ipc_share.cc: pooled blocks shared with other processes.
@@ -903,11 +905,14 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
         // freed such a block after the destruction died of a double free (docs/gpu-results.md).
         // Its slot goes on under a key no context has (bit 63: no user-space handle), so that a
         // context the driver makes with the dead handle gets a pool of its own rather than this
-        // one, and the primary context's end retires it with its own (context_gone).
+        // one, and the primary context's end retires it with its own (context_gone).  The key
+        // names the slot, never the handle: keyed by the handle, a second green context given the
+        // same CUcontext found the key taken, kept the dead handle, and served the next context
+        // made with it, whose end then dropped the live blocks of the green context before it.
         if (also && before)
             if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(also)))) {
                 static_cast<driver_backend*>(s->backend)->set_context(before);
-                registry().rekey(uint64_t(uintptr_t(also)), uint64_t(uintptr_t(also)) | k_moved_pool_key);
+                registry().rekey(uint64_t(uintptr_t(also)), k_moved_pool_key | uint64_t(s - &registry().at(0)));
             }
         return r;
     }

@@ -20,6 +20,10 @@
 //   GPUMEM_EMU_SLOW_NAME_MS     cuDeviceGetName sleeps this long (a log start slowed by a loaded
 //                         machine: gpumem asks every device's name for the log's header);
 //                         gpumem_emu_names_asked() says how many calls began
+//   GPUMEM_EMU_CONTEXT_REUSE    1: a destroyed context's CUcontext (cuCtxCreate's, or a green
+//                         context's own) is handed out again by the device's next such context,
+//                         last destroyed first, as a driver whose context objects come from malloc
+//                         may (below, next_context_handle)
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
@@ -622,7 +626,37 @@ EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* c) {
 static std::mutex g_made_mu;
 static std::set<uintptr_t> g_made;
 static std::atomic<uintptr_t> g_next_made{1};
+// GPUMEM_EMU_CONTEXT_REUSE=1: handles of destroyed contexts (made or green), under g_made_mu.
+static std::vector<uintptr_t> g_context_free;
+static bool context_reuse() {
+    static const bool r = getenv("GPUMEM_EMU_CONTEXT_REUSE") && !strcmp(getenv("GPUMEM_EMU_CONTEXT_REUSE"), "1");
+    return r;
+}
+static void context_handle_freed(CUcontext c) {
+    if (!context_reuse()) return;
+    std::lock_guard<std::mutex> lk(g_made_mu);
+    g_context_free.push_back(reinterpret_cast<uintptr_t>(c));
+}
+static void forget_dead_green(CUcontext c);  // below, with the green contexts
+// A new made or green context's handle: with GPUMEM_EMU_CONTEXT_REUSE=1 the device's last freed
+// one (the low byte names the device), else a new one.  Never called under g_green_mu.
 static CUcontext next_context_handle(int dev) {
+    if (context_reuse()) {
+        uintptr_t h = 0;
+        {
+            std::lock_guard<std::mutex> lk(g_made_mu);
+            for (auto it = g_context_free.rbegin(); it != g_context_free.rend(); ++it)
+                if (dev_of(reinterpret_cast<CUcontext>(*it)) == dev) {
+                    h = *it;
+                    g_context_free.erase(std::next(it).base());
+                    break;
+                }
+        }
+        if (h) {
+            forget_dead_green(reinterpret_cast<CUcontext>(h));  // the handle is a live context's again
+            return reinterpret_cast<CUcontext>(h);
+        }
+    }
     return reinterpret_cast<CUcontext>(uintptr_t(0xC0000 + dev) + (g_next_made.fetch_add(1) << 8));
 }
 static CUresult make_context(const char* name, CUcontext* c, CUdevice d) {
@@ -707,6 +741,7 @@ EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
             std::lock_guard<std::mutex> lk(g_made_mu);
             if (!g_made.erase(reinterpret_cast<uintptr_t>(c))) return CUDA_ERROR_INVALID_CONTEXT;
         }
+        context_handle_freed(c);
         give_context_bytes(dev_of(c));
         if (t_ctx_made == reinterpret_cast<uintptr_t>(c)) {
             if (t_ctx_depth > 0) cuCtxPopCurrent_v2(nullptr);
@@ -802,6 +837,7 @@ EMU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc, CUdevice 
         return r;
     }
     static std::atomic<uintptr_t> next{0xE0000};
+    const CUcontext own = next_context_handle(dev);  // before the lock: it may take it
     std::lock_guard<std::mutex> lk(g_green_mu);
     uintptr_t h = 0;
     if (!g_green_free.empty()) {
@@ -810,22 +846,25 @@ EMU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc, CUdevice 
     } else {
         h = next.fetch_add(0x10);
     }
-    g_greens[h] = green_ctx{dev, next_context_handle(dev), true};
+    g_greens[h] = green_ctx{dev, own, true};
     *g = reinterpret_cast<CUgreenCtx>(h);
     return CUDA_SUCCESS;
 }
 EMU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
     bump("cuGreenCtxDestroy");
     int dev = -1;
+    CUcontext own = nullptr;
     {
         std::lock_guard<std::mutex> lk(g_green_mu);
         auto it = g_greens.find(reinterpret_cast<uintptr_t>(g));
         if (it == g_greens.end() || !it->second.live) return CUDA_ERROR_INVALID_CONTEXT;
         it->second.live = false;
         dev = it->second.dev;
+        own = it->second.ctx;
         static const bool reuse = getenv("GPUMEM_EMU_GREEN_REUSE") && !strcmp(getenv("GPUMEM_EMU_GREEN_REUSE"), "1");
         if (reuse) g_green_free.push_back(it->first);
     }
+    context_handle_freed(own);
     if (auto fn = g_on_green_destroyed.load()) fn(g);
     give_context_bytes(dev);
     return cuDevicePrimaryCtxRelease_v2(dev);
@@ -856,6 +895,14 @@ static bool in_dead_green_context() {
 // Events made while a green context was current: after its destruction each use is counted and
 // refused, as for its streams.
 static std::map<uintptr_t, CUcontext> g_green_events;  // event -> the green context's CUcontext, under g_green_mu
+// A dead green context's CUcontext handed out again (GPUMEM_EMU_CONTEXT_REUSE): the old entry, and
+// the events made in it, no longer name the handle, which is now a live context's.
+static void forget_dead_green(CUcontext c) {
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    for (auto& [h, gc] : g_greens)
+        if (gc.ctx == c && !gc.live) gc.ctx = nullptr;
+    for (auto it = g_green_events.begin(); it != g_green_events.end();) it = it->second == c ? g_green_events.erase(it) : std::next(it);
+}
 static bool dead_green_event(CUevent e) {
     std::lock_guard<std::mutex> lk(g_green_mu);
     auto it = g_green_events.find(reinterpret_cast<uintptr_t>(e));

@@ -885,6 +885,46 @@ void green_late_free(bool reset) {
            driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
 }
 
+// A destroyed green context's CUcontext that the driver hands out again (run with
+// GPUMEM_EMU_CONTEXT_REUSE=1): two rounds of a green context of device 0 that allocates 8 MiB with
+// its own CUcontext current, keeps it, frees another 8 MiB block into its pool, and is destroyed
+// (the primary context lives on); the second green context gets the first one's CUcontext again.
+// Then cuCtxCreate, which gets that handle a third time, allocates 8 MiB, frees it and is
+// destroyed.  Both green contexts' blocks must stay the program's through all of it (their memory
+// is the primary context's) and be freed by the late frees; the made context's block is its own.
+// Prints whether the handles came back, the blocks' addresses (for the log), the made context's
+// free, whether each green block is still mapped after the made context's end (1), and the late
+// frees' answers.
+void green_handle_again() {
+    const CUcontext primary = setup();
+    CUdeviceptr kept[2] = {};
+    CUcontext own[2] = {};
+    for (int i = 0; i < 2; ++i) {
+        CUgreenCtx g = nullptr;
+        CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+        CHECK(cuCtxFromGreenCtx(&own[i], g));
+        CHECK(cuCtxSetCurrent(own[i]));
+        CUdeviceptr cached = 0;
+        CHECK(cuMemAlloc(&kept[i], 8u << 20));
+        CHECK(cuMemAlloc(&cached, 8u << 20));
+        CHECK(cuMemFree(cached));
+        CHECK(cuCtxSetCurrent(primary));
+        CHECK(cuGreenCtxDestroy(g));
+    }
+    CUcontext made = nullptr;
+    CHECK(cuCtxCreate(&made, nullptr, 0, 0));  // current now
+    CUdeviceptr m = 0;
+    CHECK(cuMemAlloc(&m, 8u << 20));
+    printf("green_handle_again=%d\nmade_handle_again=%d\n", int(own[1] == own[0]), int(made == own[0]));
+    printf("green0_block=0x%llx\ngreen1_block=0x%llx\nmade_block=0x%llx\n", (unsigned long long)kept[0],
+           (unsigned long long)kept[1], (unsigned long long)m);
+    printf("made_free_rc=%d\n", int(cuMemFree(m)));
+    CHECK(cuCtxDestroy(made));
+    CHECK(cuCtxSetCurrent(primary));
+    printf("green0_access=%d\ngreen1_access=%d\n", emu_access(kept[0], 0), emu_access(kept[1], 0));
+    printf("green0_free_rc=%d\ngreen1_free_rc=%d\n", int(cuMemFree(kept[0])), int(cuMemFree(kept[1])));
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -1944,6 +1984,7 @@ int main(int argc, char** argv) {
     else if (s == "green-late-free") green_late_free(argc > 2 && !strcmp(argv[2], "reset"));
     else if (s == "green-pool") green_pool();
     else if (s == "green-reuse") green_reuse();
+    else if (s == "green-handle-again") green_handle_again();
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -1962,7 +2003,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

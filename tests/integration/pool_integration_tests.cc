@@ -1489,6 +1489,50 @@ TEST_CASE("pool: a block of a green context freed after its destruction: the dri
     }
 }
 
+TEST_CASE("pool: a destroyed green context's CUcontext made again, twice by green contexts then by cuCtxCreate: each gets a pool of its own, every block stays the program's") {
+    // GPUMEM_EMU_CONTEXT_REUSE=1: the driver hands a destroyed context's handle to the next
+    // context made on the device (unmeasured on a GPU; a driver whose context objects come from
+    // malloc may).  Before, the second green context's making crashed gpumem (a null write in the
+    // handle table that names green contexts' CUcontexts, where the handle still had an entry);
+    // then its pool, moved to the primary context at its destruction under the dead handle with
+    // bit 63 set, found that key the first green context's and kept the dead handle: cuCtxCreate's
+    // block came from it (the made block in the second green block's segment) and the made
+    // context's end retired it, unmapping the second green context's live block (access -1, its
+    // free 1 where the driver alone says 0).
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CONTEXT_REUSE", "1"}};
+    const auto alone = values(run({EMU_POOL_APP, "green-handle-again"}, env, false).out);
+    REQUIRE(alone.at("green_handle_again") == "1");
+    REQUIRE(alone.at("made_handle_again") == "1");
+    for (const char* k : {"made_free_rc", "green0_free_rc", "green1_free_rc"}) CHECK(alone.at(k) == "0");
+    for (const char* k : {"green0_access", "green1_access"}) CHECK(alone.at(k) == "1");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-handle-again"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        REQUIRE(v.at("green_handle_again") == "1");
+        REQUIRE(v.at("made_handle_again") == "1");
+        for (const char* k : {"made_free_rc", "green0_free_rc", "green1_free_rc", "green0_access", "green1_access"})
+            CHECK(v.at(k) == alone.at(k));
+        // Three pools, one a context: the made context's block lies in no green context's segment.
+        std::map<uint64_t, uint64_t> seg_of;
+        for (const auto& l : ls)
+            if (l["ev"] == "alloc" && l.contains("seg")) seg_of[hex(l["ptr"])] = hex(l["seg"]);
+        const uint64_t made_seg = seg_of[std::stoull(v.at("made_block"), nullptr, 16)];
+        CHECK(made_seg != 0);
+        CHECK(made_seg != seg_of[std::stoull(v.at("green0_block"), nullptr, 16)]);
+        CHECK(made_seg != seg_of[std::stoull(v.at("green1_block"), nullptr, 16)]);
+        CHECK(count_ev(ls, "free_fail") == 0u);
+        CHECK(count_ev(ls, "context_reset") == 1u);  // the made context's pool, not a green one's
+        CHECK(ls.back().value("live_allocs", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
 TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
     // The emulated runtime releases its reference from an atexit handler registered before the
     // first allocation; with no other reference that release ends the context during exit.
