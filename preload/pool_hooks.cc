@@ -687,7 +687,13 @@ CUresult pool_retain_handle(void* addr, bool* handled) noexcept {
 
 // cuCtxEnablePeerAccess(peer) succeeded on the current context: its device may now use the
 // peer context's memory, which for the pool's chunks takes cuMemSetAccess (block_pool::grant_peer).
-// Remembered for a pool the peer context makes later, too.
+// Remembered for a pool the peer context makes later, too.  A grant reaches every pool whose
+// memory is the peer context's (memory_context): memory allocated with a green context current is
+// its primary context's, so a grant to either reaches the primary context's pool, the green
+// contexts' own and those of destroyed green contexts that went on in the primary context
+// (primary_released_by), whose key names no context.  Before, it reached the pool keyed by the
+// peer's handle alone, and device 1 could not touch a pooled block of a green context of device
+// 0 after enabling access to device 0's primary context (emu_pool_app green-peer).
 namespace {
 struct peer_grant {
     uint64_t ctx;
@@ -716,19 +722,26 @@ void pool_peer_enabled(CUcontext peer) noexcept {
         else if (!known) GPUMEM_WARN("more than 64 peer-access pairs: a pool made later for context {} will not grant device {}",
                                      static_cast<const void*>(peer), int(dev));
     }
-    if (pool_registry::slot* s = registry().find(ctx)) s->pool->grant_peer(int(dev));
+    const CUcontext memory = memory_context(peer);
+    registry().for_each([&](pool_registry::slot& s) {
+        if (s.ctx.load(std::memory_order_acquire) != 0 &&
+            memory_context(static_cast<driver_backend*>(s.backend)->context()) == memory)
+            s.pool->grant_peer(int(dev));
+    });
 }
 
 void apply_peer_grants(pool_registry::slot* s) noexcept {
-    const uint64_t ctx = s->ctx.load(std::memory_order_acquire);
-    int devs[64];
+    peer_grant grants[64];
     int n = 0;
     {
         std::lock_guard<std::mutex> lk(g_peer_mu);
-        for (int i = 0; i < g_n_peer_grants; ++i)
-            if (g_peer_grants[i].ctx == ctx) devs[n++] = g_peer_grants[i].device;
+        for (int i = 0; i < g_n_peer_grants; ++i) grants[n++] = g_peer_grants[i];
     }
-    for (int i = 0; i < n; ++i) s->pool->grant_peer(devs[i]);
+    if (n == 0) return;
+    // Outside the lock: memory_context may retain and release a primary context.
+    const CUcontext memory = memory_context(static_cast<driver_backend*>(s->backend)->context());
+    for (int i = 0; i < n; ++i)
+        if (memory_context(CUcontext(uintptr_t(grants[i].ctx))) == memory) s->pool->grant_peer(grants[i].device);
 }
 
 // An IPC handle names a whole driver allocation, and the importer's cuIpcOpenMemHandle returns

@@ -1686,6 +1686,42 @@ void peer(bool early) {
     CHECK(cuMemFree(big));
 }
 
+// Peer access to device 0's primary context and a green context's blocks (needs
+// GPUMEM_EMU_DEVICES=2): memory allocated with a green context of device 0 current is the primary
+// context's (tests/gpu/green_free.cu on an H100), so device 1's context enabling access to the
+// primary context opens it to device 1, as it opens the primary context's own.  A block of the
+// green context is kept across its destruction (the primary context lives on).  The enable comes
+// `when`: "early", before the green context's first allocation; "live", after it, while the green
+// context lives; "late", after its destruction.  Prints whether device 1 may touch the block while
+// the green context lives (after the enable) and after its destruction, and the late free's answer.
+void green_peer(const std::string& when) {
+    const CUcontext c0 = setup();
+    CUcontext c1 = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
+    auto enable = [&] {
+        CUcontext back = nullptr;
+        CHECK(cuCtxGetCurrent(&back));
+        CHECK(cuCtxSetCurrent(c1));
+        printf("enable_result=%d\n", int(cuCtxEnablePeerAccess(c0, 0)));
+        CHECK(cuCtxSetCurrent(back));
+    };
+    if (when == "early") enable();
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 4u << 20));
+    if (when == "live") enable();
+    if (when != "late") printf("live_access=%d\n", emu_access(a, 1));
+    CHECK(cuCtxSetCurrent(c0));
+    CHECK(cuGreenCtxDestroy(g));
+    if (when == "late") enable();
+    const int access = emu_access(a, 1);  // before the free: argument order is unspecified
+    printf("access=%d\nlate_free_rc=%d\n", access, int(cuMemFree(a)));
+}
+
 // The primary context is reset, then destroyed: each time the pool forgets that context's memory
 // (the driver freed it) and starts afresh.
 void reset() {
@@ -1985,6 +2021,7 @@ int main(int argc, char** argv) {
     else if (s == "green-pool") green_pool();
     else if (s == "green-reuse") green_reuse();
     else if (s == "green-handle-again") green_handle_again();
+    else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));
@@ -2003,7 +2040,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -2111,6 +2111,33 @@ TEST_CASE("pool: peer access reaches pooled blocks as it reaches cudaMalloc memo
     }
 }
 
+TEST_CASE("pool: peer access to a primary context reaches the blocks of its green contexts, before and after their destruction") {
+    // Memory allocated with a green context current is the primary context's (an H100, run 166):
+    // device 1 enabling access to device 0's primary context may touch it, as the emulated driver
+    // alone says.  The grant reached only the pool keyed by the primary context's handle: a green
+    // context's own pool (made before or after the enable) and the pool a destroyed green context
+    // left in the primary context kept their chunks closed to device 1 (access 0, VMM on).
+    for (const char* when : {"early", "live", "late"}) {
+        INFO("enable " << when);
+        const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}};
+        const auto alone = values(run({EMU_POOL_APP, "green-peer", when}, env, false).out);
+        CHECK(alone.at("enable_result") == "0");
+        CHECK(alone.at("access") == "1");
+        CHECK(alone.at("late_free_rc") == "0");
+        for (const char* vmm : {"on", "off"}) {
+            INFO("GPUMEM_POOL_VMM=" << vmm);
+            auto e = env;
+            e["GPUMEM_POOL_VMM"] = vmm;
+            auto r = run({EMU_POOL_APP, "green-peer", when}, e);
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            CHECK(values(r.out) == alone);
+            CHECK(ls.back().value("live_allocs", -1) == 0);
+            check_rebuild(ls);
+        }
+    }
+}
+
 TEST_CASE("pool: after a primary context reset its stale handle gets no pool until a retain makes the context anew") {
     // The driver refuses an allocation with the reset context's handle current (709, an H100, driver
     // 580); a pool made for it served one from fresh virtual-memory chunks.  "first": the reset
