@@ -37,6 +37,7 @@ static int probe() {
     CUcontext primary = nullptr;
     if (cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS || cuCtxSetCurrent(primary) != CUDA_SUCCESS) return 1;
     const size_t gib = size_t(1) << 30;
+    CUcontext last_green = nullptr;  // does the driver hand a destroyed green context's handle out again?
     for (int round = 0; round < 2; ++round) {
         // Round 0: the free comes with the primary context current; round 1: with none current.
         printf("-- round %d: free with %s current\n", round, round == 0 ? "the primary context" : "no context");
@@ -45,7 +46,9 @@ static int probe() {
         printf("green create: %d\n", r1);
         if (r1) return 2;
         CUcontext own = nullptr;
-        printf("ctx from green: %d same as primary %d\n", rc(cuCtxFromGreenCtx(&own, g)), int(own == primary));
+        printf("ctx from green: %d same as primary %d, same as the last destroyed green context's %d\n",
+               rc(cuCtxFromGreenCtx(&own, g)), int(own == primary), int(own && own == last_green));
+        last_green = own;
         printf("set green current: %d\n", rc(cuCtxSetCurrent(own)));
         const long long f0 = free_mib();
         CUdeviceptr a = 0, a2 = 0;
@@ -122,6 +125,7 @@ static int probe() {
     if (make_green(dev, &g) != CUDA_SUCCESS) return 2;
     CUcontext own = nullptr;
     cuCtxFromGreenCtx(&own, g);
+    printf("same handle as the last destroyed green context's: %d\n", int(own == last_green));
     cuCtxSetCurrent(own);
     const size_t mib64 = size_t(64) << 20;
     CUdeviceptr a = 0, b = 0;
