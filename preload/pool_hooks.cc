@@ -904,6 +904,19 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
     critical_section in;  // before the lock, released after it (critical_section.h)
     std::unique_lock<std::mutex> lk(primary_mu(dev));
     const CUcontext before = primary_if_active_locked(dev);
+    // The green context's own pool, which goes on in the primary context below: its lock is held
+    // from before the driver's destruction until its backend works in that context, so no other
+    // thread's pool work (a give-back when memory ran out, a free's release, a drain) makes the
+    // dead green context current and calls the driver in it meanwhile (emu_pool_app
+    // green-destroy-race).  Locks in order: primary_mu, the pool's, the stream set's
+    // (forget_context); nothing under a pool's lock takes primary_mu (a pool calls only the real
+    // driver, its sink, the stream set and an IPC export's visitor).  Released before the
+    // registry's create lock (rekey, retire), which switch_all_to_safe holds while it takes every
+    // pool's.  Not taken once the pools' exit has run: they call no backend then, and a lock an
+    // interrupted thread holds would never come.
+    pool_registry::slot* own = also && before && registry().count() != 0 ? registry().find(uint64_t(uintptr_t(also))) : nullptr;
+    std::unique_lock<std::mutex> own_held;
+    if (own && !g_exiting.load(std::memory_order_acquire)) own_held = own->pool->hold();
     const CUresult r = release();
     if (r != CUDA_SUCCESS) return r;
     // The green context's streams died with it (cuStreamDestroy of one now fails): fences must not
@@ -922,13 +935,14 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
         // names the slot, never the handle: keyed by the handle, a second green context given the
         // same CUcontext found the key taken, kept the dead handle, and served the next context
         // made with it, whose end then dropped the live blocks of the green context before it.
-        if (also && before)
-            if (pool_registry::slot* s = registry().find(uint64_t(uintptr_t(also)))) {
-                static_cast<driver_backend*>(s->backend)->set_context(before);
-                registry().rekey(uint64_t(uintptr_t(also)), k_moved_pool_key | uint64_t(s - &registry().at(0)));
-            }
+        if (own) {
+            static_cast<driver_backend*>(own->backend)->set_context(before);
+            if (own_held) own_held.unlock();
+            registry().rekey(uint64_t(uintptr_t(also)), k_moved_pool_key | uint64_t(own - &registry().at(0)));
+        }
         return r;
     }
+    if (own_held) own_held.unlock();  // the ends below retire it, under the create lock
     *ended = true;
     if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
     const context_end how = pool_exit_begun() ? context_end::forget : context_end::past;

@@ -193,6 +193,11 @@ class block_pool {
     // thread: exit() from a signal handler may have interrupted it, holding the lock.  True when
     // it took the lock: then the other queries may lock too (false: they might wait for ever).
     bool release_all_at_exit() noexcept;
+    // The pool's lock, for a caller that changes the context its backend works in and must keep
+    // every operation, and so every backend call, out until it has (a destroyed green context's
+    // pool going on in the primary context: pool_hooks.cc, primary_released_by).  The caller is
+    // inside a critical_section from before this call until after the unlock (critical_section.h).
+    std::unique_lock<std::mutex> hold() const noexcept { return std::unique_lock<std::mutex>(mu_); }
 
     // GPUMEM_REUSE=auto: the program created a stream, so a freed block may still be read by work
     // on another stream, and stream order alone no longer makes reuse safe.  From now on frees are

@@ -885,6 +885,55 @@ void green_late_free(bool reset) {
            driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
 }
 
+// Another thread's pool work in the moment a green context is dead in the driver and gpumem has
+// not moved its pool to the primary context yet (run with GPUMEM_EMU_CAPACITY=64M): a 24 MiB block
+// allocated with the green context current and kept, then the green context's destruction (the
+// primary context lives on).  Once the driver has marked it dead (gpumem_emu_on_green_destroyed,
+// inside cuGreenCtxDestroy), the other thread frees that block and allocates 48 MiB in the primary
+// context, which fits only once the block's memory is back: the pool holding it must give it
+// back, which waits for its work, in some context.  The destruction waits for the other thread,
+// 1 s at most (under gpumem that thread's pool work may wait for the destruction).  Prints the
+// free's and the allocation's answers and how many calls reached the dead green context.
+std::atomic<int> g_race_stage{0};
+void green_destroy_race() {
+    const CUcontext primary = setup();
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr a = 0;
+    CHECK(cuMemAlloc(&a, 24u << 20));
+    CHECK(cuCtxSetCurrent(primary));
+    int free_rc = -1, alloc_rc = -1;
+    CUdeviceptr big = 0;
+    std::thread other([&] {
+        CHECK(cuCtxSetCurrent(primary));
+        while (g_race_stage.load() != 1) std::this_thread::yield();
+        free_rc = int(cuMemFree(a));
+        alloc_rc = int(cuMemAlloc(&big, 48u << 20));
+        g_race_stage.store(2);
+    });
+    using on_fn = void (*)(void (*)(CUgreenCtx));
+    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
+    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
+    on_destroyed([](CUgreenCtx) {
+        g_race_stage.store(1);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (g_race_stage.load() != 2 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    const int destroy_rc = int(cuGreenCtxDestroy(g));
+    on_destroyed(nullptr);
+    other.join();
+    if (alloc_rc == 0) CHECK(cuMemFree(big));
+    printf("destroy_rc=%d\nfree_rc=%d\nalloc_rc=%d\n", destroy_rc, free_rc, alloc_rc);
+    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\ncall_on_dead_green_event=%llu\n"
+           "call_on_dead_green_stream=%llu\n",
+           driver_count("dead_green_made_current"), driver_count("call_in_dead_green_context"),
+           driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
+}
+
 // A destroyed green context's CUcontext that the driver hands out again (run with
 // GPUMEM_EMU_CONTEXT_REUSE=1): two rounds of a green context of device 0 that allocates 8 MiB with
 // its own CUcontext current, keeps it, frees another 8 MiB block into its pool, and is destroyed
@@ -2021,6 +2070,7 @@ int main(int argc, char** argv) {
     else if (s == "green-pool") green_pool();
     else if (s == "green-reuse") green_reuse();
     else if (s == "green-handle-again") green_handle_again();
+    else if (s == "green-destroy-race") green_destroy_race();
     else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
@@ -2040,7 +2090,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1489,6 +1489,35 @@ TEST_CASE("pool: a block of a green context freed after its destruction: the dri
     }
 }
 
+TEST_CASE("pool: another thread's pool work while a green context's destruction is under way waits for its pool to go on in the primary context") {
+    // The other thread frees the green context's 24 MiB block and allocates 48 MiB of the 64 MiB
+    // device in the primary context the moment the driver has marked the green context dead,
+    // inside cuGreenCtxDestroy.  The allocation fits once the pool holding the block gives it
+    // back; before, that pool still worked in the dead green context there (its move to the
+    // primary context came after the driver's destruction): it made it current 4 times and asked
+    // the driver twice in it, the synchronize was refused, the block stayed pending and the
+    // allocation failed (alloc_rc 2) where the program alone got its memory, VMM on and off.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CAPACITY", "64M"}};
+    const auto alone = values(run({EMU_POOL_APP, "green-destroy-race"}, env, false).out);
+    for (const char* k : {"destroy_rc", "free_rc", "alloc_rc"}) CHECK(alone.at(k) == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-destroy-race"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        for (const char* k : {"destroy_rc", "free_rc", "alloc_rc"}) CHECK(v.at(k) == alone.at(k));
+        for (const char* dead : {"dead_green_made_current", "call_in_dead_green_context", "call_on_dead_green_event", "call_on_dead_green_stream"})
+            CHECK(v.at(dead) == "0");
+        CHECK(ls.back().value("live_allocs", -1) == 0);
+        CHECK(ls.back().value("unmatched", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
 TEST_CASE("pool: a destroyed green context's CUcontext made again, twice by green contexts then by cuCtxCreate: each gets a pool of its own, every block stays the program's") {
     // GPUMEM_EMU_CONTEXT_REUSE=1: the driver hands a destroyed context's handle to the next
     // context made on the device (unmeasured on a GPU; a driver whose context objects come from
