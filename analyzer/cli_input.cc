@@ -244,7 +244,27 @@ bool same_start(const std::string& a, const std::string& b, uint64_t n, uint64_t
     return true;
 }
 
+// "the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z", for messages.
+std::string process_named(const log_identity& id) {
+    return "the log of process " + std::to_string(id.pid) + " on " + id.host + ", started " + id.start;
+}
+
 }  // namespace
+
+input_sameness same_input(const std::string& a, const std::string& b, std::string& process) {
+    struct stat sa {}, sb {};
+    if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return input_sameness::none;
+    if (sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino) return input_sameness::same_file;
+    if (!S_ISREG(sa.st_mode) || !S_ISREG(sb.st_mode)) return input_sameness::none;
+    uint64_t line = 0;
+    if (sa.st_size == sb.st_size && same_start(a, b, uint64_t(sa.st_size), line)) return input_sameness::same_bytes;
+    const log_identity ia = identity_of(a), ib = identity_of(b);
+    if (!ia.known || !ib.known || ia.header != ib.header) return input_sameness::none;
+    const bool a_shorter = ia.size <= ib.size;
+    if (!same_start(a_shorter ? a : b, a_shorter ? b : a, a_shorter ? ia.size : ib.size, line)) return input_sameness::none;
+    process = process_named(ia);
+    return input_sameness::one_log;
+}
 
 bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error) {
     std::vector<log_identity> ids;
@@ -268,8 +288,7 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error)
         for (size_t j : copies)
             if (ids[j].size > ids[keep].size) keep = j;
         kept_files.push_back(keep);
-        const std::string process = "the log of process " + std::to_string(ids[i].pid) + " on " + ids[i].host +
-                                    ", started " + ids[i].start;
+        const std::string process = process_named(ids[i]);
         for (size_t j : copies) {
             if (j == keep) continue;
             uint64_t line = 0;

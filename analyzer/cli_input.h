@@ -57,6 +57,14 @@ void drop_repeated_inputs(std::vector<std::string>& paths);
 // file named once already (drop_repeated_inputs).
 bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error);
 
+// Whether files `a` and `b` are one input: the same file (device and inode), files of the same
+// bytes (a log or a report JSON copied), or copies of one log (drop_copies_of_one_log's rule: line 1
+// is the same header naming a process, and the shorter holds the first bytes of the longer).  For
+// `check`, whose --baseline may not be a log it checks under another name.  `process`, for
+// one_log: "the log of process 1001 on ci01, started ...".
+enum class input_sameness { none, same_file, same_bytes, one_log };
+input_sameness same_input(const std::string& a, const std::string& b, std::string& process);
+
 // One GPU (dev >= 0) of one process of a run.
 struct device_ref {
     size_t process = 0;  // index into run_input::processes

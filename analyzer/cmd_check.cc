@@ -11,8 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <sys/stat.h>
-
 #include <CLI/CLI.hpp>
 
 #include "cli_input.h"
@@ -261,18 +259,39 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         spdlog::error("{}", err);
         return k_exit_input;
     }
-    // The baseline among other logs (a glob that matches it too) would be checked against itself
-    // and pass, and take the run's rank key from the run it stands for: left out of the runs, and
-    // said.  Given as the only log, it is checked against itself, as asked.
-    if (struct stat b {}; !baseline_path.empty() && baseline_path != "-" && ::stat(baseline_path.c_str(), &b) == 0) {
-        std::vector<std::string> others, same;
+    // The baseline among the logs, under any name (a glob that matches it too, a link to it, a copy
+    // of its bytes, a copy of the same log) would be checked against itself and pass, and take the
+    // run's rank key from the run it stands for: left out of the runs, and said.  When every log is
+    // the baseline, the run would be compared with itself: a CI gate that cannot fail (a script that
+    // names the wrong file) is refused, not passed.
+    if (!baseline_path.empty()) {
+        std::vector<std::string> others;
+        std::vector<std::string> said;  // per log left out: how it is the baseline
+        bool cut_copy = false;          // a log and the baseline are copies of one log, not one file's bytes
         for (std::string& p : logs) {
-            struct stat s {};
-            const bool is_baseline = ::stat(p.c_str(), &s) == 0 && s.st_dev == b.st_dev && s.st_ino == b.st_ino;
-            (is_baseline ? same : others).push_back(std::move(p));
+            std::string process;
+            const input_sameness how = same_input(p, baseline_path, process);
+            if (how == input_sameness::none) {
+                others.push_back(std::move(p));
+                continue;
+            }
+            const std::string base = "the --baseline " + baseline_path;
+            said.push_back(how == input_sameness::same_file ? p + (p == baseline_path ? " is the --baseline" : " is the same file as " + base)
+                           : how == input_sameness::same_bytes ? p + " is a copy of " + base + " (the same bytes)"
+                                                                : p + " and " + base + " are copies of " + process);
+            cut_copy |= how == input_sameness::one_log;
         }
-        if (others.empty()) others.swap(same);  // the only log: checked against itself, nothing said
-        for (const std::string& p : same) spdlog::warn("{}", visible(p + " is the --baseline: left out of the runs checked"));
+        if (others.empty()) {
+            std::string all;
+            for (const std::string& s : said) all += (all.empty() ? "" : "; ") + s;
+            // Against a cut copy the run meets its own beginning: that can fail, but says nothing
+            // of a change.
+            spdlog::error("{}", visible(all + ": the run would be compared with itself" +
+                                        (cut_copy ? "" : " and pass whatever it holds") +
+                                        "; give the baseline of another run (gpumem report --json of the main branch's logs)"));
+            return k_exit_input;
+        }
+        for (const std::string& s : said) spdlog::warn("{}", visible(s + ": left out of the runs checked"));
         logs = std::move(others);
     }
     // The --max-* limits are absolute: a tolerance given for them would silently do nothing.
@@ -485,7 +504,8 @@ command add_check(CLI::App& top) {
         "SIZE: 4096, 500MB, 1.5GiB, 4 KiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
         "\n"
         "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments (also an\n"
-        "input that lacks a member a limit needs).");
+        "input that lacks a member a limit needs, and a --baseline that is the run itself: the same\n"
+        "file or a copy of its logs, a gate that could not fail).");
     app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files; - reads standard input");
     a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak bytes of --metric")->type_name("SIZE");
     a->metric_opt = app->add_option("--metric", a->metric, "what --max-peak limits: requested, allocated or reserved")

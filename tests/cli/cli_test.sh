@@ -295,8 +295,9 @@ check_limits)
   # pass its limits with only a stderr warning, which a passing CI job hides.
   killed=$SRC/tests/data/golden/killed_truncated.jsonl
   "$GPUMEM" report --json "$killed" > "$W/killed.json" 2>/dev/null
-  for in in "$killed" "$W/killed.json"; do
-    expect_rc 1 "$GPUMEM" check "$in" --max-leak 1MiB --baseline "$killed" --tolerance 0 --junit "$W/killed.xml"
+  # (Each against the other as its baseline: a log is no baseline of itself.)
+  for pair in "$killed|$W/killed.json" "$W/killed.json|$killed"; do
+    expect_rc 1 "$GPUMEM" check "${pair%|*}" --max-leak 1MiB --baseline "${pair#*|}" --tolerance 0 --junit "$W/killed.xml"
     expect_in "$W/out" "FAIL rank 0 dev 0 (pid 7001, $killed): live when the log stops 2.00 MiB > limit 1.00 MiB (--max-leak 1MiB); largest: 2.00 MiB from cudaMalloc at 2.00 us (seq 1)"
     expect_in "$W/out" "ok   rank 0 dev 0 (pid 7001, $killed): live when the log stops 2.00 MiB <= baseline 2.00 MiB + 0% = 2.00 MiB"
     expect_not_in "$W/out" "leaked"
@@ -313,7 +314,8 @@ check_limits)
   # A log whose recorder lost events: every result on it says its values are approximate, in the
   # line and the JUnit message (a passing job's stderr warning goes unread), the baseline's too.
   lossy=$SRC/tests/data/bad/lost_record_end_count.jsonl
-  expect_rc 0 "$GPUMEM" check "$lossy" --max-peak 1GiB --baseline "$lossy" --junit "$W/lossy.xml"
+  "$GPUMEM" report --json "$lossy" > "$W/lossy.json" 2>/dev/null
+  expect_rc 0 "$GPUMEM" check "$lossy" --max-peak 1GiB --baseline "$W/lossy.json" --junit "$W/lossy.xml"
   expect_in "$W/out" "7 limits on 1 GPU of 1 process: 0 broken, 7 on logs that lost events (approximate)"
   expect_in "$W/out" "ok   rank 0 dev 0 (pid 1, $lossy): peak requested 256 B <= limit 1.00 GiB (--max-peak 1GiB); 4 events were lost by the recorder: approximate"
   expect_in "$W/out" "= 268 B; 4 events were lost by the recorder: approximate; in the baseline, 4 events were lost by the recorder: approximate"
@@ -377,7 +379,7 @@ check_limits)
     expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-reserved 1GiB "$opt" "$val"
     expect_in "$W/err" "gpumem: error: $opt $val: expected $what"
   done
-  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance "5 %"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/after.jsonl" --tolerance "5 %"
   expect_in "$W/out" "+ 5%"
   expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation "34 %"
   expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation "30 %"
@@ -473,16 +475,48 @@ PY
   expect_in "$W/out" "FAIL rank 1 dev 1 (pid "
   expect_in "$W/out" "not in the baseline, and no --max-* limit given can fail on it"
   expect_in "$W/out" "1 broken"
-  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl" --tolerance 0%
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance 0%
   # The baseline among other logs (a glob that matches it too) was read as a run: the older one
   # took "rank 0", was checked against itself and passed, and the real run was only warned of.
-  # Left out of the runs, and said; given as the only log, it is checked against itself, as asked.
+  # Left out of the runs, and said; so is a copy of it (the same bytes under another name).
   mkdir -p "$W/g" && cp "$DATA/after.jsonl" "$W/g/gpumem-2002.jsonl" && cp "$W/baseline.json" "$W/g/baseline.json"
   expect_rc 1 "$GPUMEM" check "$W/g/baseline.json" "$W/g/gpumem-2002.jsonl" --baseline "$W/g/baseline.json"
   expect_in "$W/err" "$W/g/baseline.json is the --baseline: left out of the runs checked"
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $W/g/gpumem-2002.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB"
-  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl"
-  expect_not_in "$W/err" "is the --baseline"
+  cp "$W/baseline.json" "$W/g/copy.json"
+  expect_rc 1 "$GPUMEM" check "$W/g/copy.json" "$W/g/gpumem-2002.jsonl" --baseline "$W/g/baseline.json"
+  expect_in "$W/err" "$W/g/copy.json is a copy of the --baseline $W/g/baseline.json (the same bytes): left out of the runs checked"
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $W/g/gpumem-2002.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB"
+  expect_in "$W/out" "of 1 process:"
+  # The baseline as the run's only log, under any name (the file, a link to it, a copy of its bytes,
+  # a cut copy of the log or the log of a cut baseline): the run was compared with itself and passed
+  # whatever it held, exit 0, a CI gate that could not fail.  Refused before any analysis, naming
+  # both, exit 2 (unusable input), with a --max-* limit given too.
+  mkdir -p "$W/own" && cd "$W/own" || exit 1
+  cp "$DATA/after.jsonl" run.jsonl && ln -s run.jsonl symlink.jsonl && ln run.jsonl hardlink.jsonl && cp run.jsonl copy.jsonl
+  head -3 run.jsonl > cut.jsonl && cp "$W/baseline.json" base.json && cp base.json base-copy.json
+  for args in "run.jsonl --baseline run.jsonl|run.jsonl is the --baseline" \
+              "symlink.jsonl --baseline run.jsonl|symlink.jsonl is the same file as the --baseline run.jsonl" \
+              "run.jsonl --baseline hardlink.jsonl|run.jsonl is the same file as the --baseline hardlink.jsonl" \
+              "copy.jsonl --baseline run.jsonl --max-peak 1GiB|copy.jsonl is a copy of the --baseline run.jsonl (the same bytes)" \
+              "run.jsonl --baseline cut.jsonl|run.jsonl and the --baseline cut.jsonl are copies of the log of process 2002 on ci01, started 2026-11-30T03:40:00.000000000Z" \
+              "cut.jsonl --baseline run.jsonl|cut.jsonl and the --baseline run.jsonl are copies of the log of process 2002 on ci01" \
+              "base-copy.json --baseline base.json|base-copy.json is a copy of the --baseline base.json (the same bytes)" \
+              "copy.jsonl run.jsonl --baseline run.jsonl|copy.jsonl is a copy of the --baseline run.jsonl (the same bytes)"; do
+    # shellcheck disable=SC2086
+    expect_rc 2 "$GPUMEM" check ${args%%|*}
+    expect_in "$W/err" "gpumem: error: ${args#*|}"
+    expect_in "$W/err" ": the run would be compared with itself"
+    expect_in "$W/err" "; give the baseline of another run (gpumem report --json of the main branch's logs)"
+    expect_not_in "$W/out" "limit"
+  done
+  # Said as what it is: against its own cut copy the run can fail, so "pass whatever it holds" is
+  # only said of the same bytes.
+  expect_rc 2 "$GPUMEM" check run.jsonl --baseline cut.jsonl
+  expect_not_in "$W/err" "pass whatever it holds"
+  expect_rc 2 "$GPUMEM" check copy.jsonl --baseline run.jsonl
+  expect_in "$W/err" "compared with itself and pass whatever it holds"
+  cd "$W" || exit 1
   # A ratio compares at the report JSON's 6 decimals: a real log against its own report JSON under
   # --tolerance 0 read "max external fragmentation 9.4% > baseline 9.4% + 0 points = 9.4%".
   "$GPUMEM" report --json "$SRC/tests/data/h200/torch-default-pool-on.jsonl" > "$W/h200.json" || fail "report --json h200"
@@ -1126,7 +1160,7 @@ conventions)
   expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/before.jsonl"
   expect_in "$W/out" "B = $DATA/before.jsonl (1 process)"
   expect_not_in "$W/err" "read once"
-  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/before.jsonl"
+  expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$DATA/after.jsonl"
   expect_not_in "$W/err" "read once"
   expect_rc 0 "$GPUMEM" replay --json "$DATA/before.jsonl" "$W/link.jsonl"
   [ "$(json "$W/out" 'len(d["logs"])')" = 1 ] || fail "replay of a log and its link: not 1 log"
