@@ -187,8 +187,9 @@ struct log_identity {
 log_identity identity_of(const std::string& path) {
     log_identity id;
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return id;
-    std::ifstream f(path, std::ios::binary);
+    const std::string in = readable_path(path);  // a pipe: its spool (pipe_spools)
+    if (::stat(in.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return id;
+    std::ifstream f(in, std::ios::binary);
     // A header is some hundreds of bytes; a command line of thousands of arguments makes it longer.
     constexpr size_t k_max_header = size_t(1) << 20;
     std::string line;
@@ -228,7 +229,7 @@ log_identity identity_of(const std::string& path) {
 // they first differ (1 is the first).  A file shorter than `n` now (cut since it was looked at)
 // differs where it ends.
 bool same_start(const std::string& a, const std::string& b, uint64_t n, uint64_t& line) {
-    std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+    std::ifstream fa(readable_path(a), std::ios::binary), fb(readable_path(b), std::ios::binary);
     std::vector<char> ba(size_t(1) << 20), bb(ba.size());
     line = 1;
     for (uint64_t done = 0; done < n;) {
@@ -255,7 +256,10 @@ input_sameness same_input(const std::string& a, const std::string& b, std::strin
     struct stat sa {}, sb {};
     if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return input_sameness::none;
     if (sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino) return input_sameness::same_file;
-    if (!S_ISREG(sa.st_mode) || !S_ISREG(sb.st_mode)) return input_sameness::none;
+    // A pipe is compared by its spool (pipe_spools), or not at all: reading it here would drain it.
+    if (::stat(readable_path(a).c_str(), &sa) != 0 || ::stat(readable_path(b).c_str(), &sb) != 0 ||
+        !S_ISREG(sa.st_mode) || !S_ISREG(sb.st_mode))
+        return input_sameness::none;
     uint64_t line = 0;
     if (sa.st_size == sb.st_size && same_start(a, b, uint64_t(sa.st_size), line)) return input_sameness::same_bytes;
     const log_identity ia = identity_of(a), ib = identity_of(b);
@@ -266,7 +270,10 @@ input_sameness same_input(const std::string& a, const std::string& b, std::strin
     return input_sameness::one_log;
 }
 
-bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error) {
+bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools, const progress_flags& progress,
+                            std::string& error) {
+    // One input has nothing to be compared with: a lone pipe is left to its reader (replay streams it).
+    if (paths.size() > 1 && !spools.add(paths, progress.wanted(), progress.every_s, error)) return false;
     std::vector<log_identity> ids;
     for (const std::string& p : paths) ids.push_back(identity_of(p));
     auto same_process = [&ids](size_t a, size_t b) {

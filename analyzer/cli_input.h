@@ -9,6 +9,7 @@
 
 #include "metrics/metric.h"  // moment, what --at names
 #include "diagnostics.h"
+#include "input_spool.h"  // pipe_spools
 #include "report_fields.h"
 #include "report_model.h"
 
@@ -52,16 +53,20 @@ void drop_repeated_inputs(std::vector<std::string>& paths);
 // of the longer, the longer alone is read (the first given, of equal ones) and a warning names both;
 // when they differ past line 1, which to read cannot be told: false, with `error` naming both and
 // the line they part at.  Headers that name one process but differ are two processes (said, and
-// both read).  Only regular files are looked at (a pipe is read once, by the analysis); a header
-// without a start (a hand-made log's 0) names no process.  `paths`: the inputs of one run, each
-// file named once already (drop_repeated_inputs).
-bool drop_copies_of_one_log(std::vector<std::string>& paths, std::string& error);
+// both read).  An input that is not a regular file (standard input, <(zcat backup.jsonl.gz)) is
+// first spooled into `spools`, which the command keeps until its last read, and compared as a file
+// is; a lone input is not (nothing to compare).  A header without a start (a hand-made log's 0)
+// names no process.  `paths`: the inputs of one run, each file named once already
+// (drop_repeated_inputs).  `progress`: the command's flags, for the spooling of a long pipe.
+bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools, const progress_flags& progress,
+                            std::string& error);
 
 // Whether files `a` and `b` are one input: the same file (device and inode), files of the same
 // bytes (a log or a report JSON copied), or copies of one log (drop_copies_of_one_log's rule: line 1
 // is the same header naming a process, and the shorter holds the first bytes of the longer).  For
-// `check`, whose --baseline may not be a log it checks under another name.  `process`, for
-// one_log: "the log of process 1001 on ci01, started ...".
+// `check`, whose --baseline may not be a log it checks under another name.  A pipe is compared by
+// its spool (pipe_spools), and is not read without one.  `process`, for one_log: "the log of
+// process 1001 on ci01, started ...".
 enum class input_sameness { none, same_file, same_bytes, one_log };
 input_sameness same_input(const std::string& a, const std::string& b, std::string& process);
 

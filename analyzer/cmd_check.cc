@@ -255,7 +255,11 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         if (std::string err; !dash_means_stdin(all, err)) return usage_error("check", err);
     }
     drop_repeated_inputs(logs);
-    if (std::string err; !drop_copies_of_one_log(logs, err)) {
+    pipe_spools spools;  // pipes, compared with the other inputs and read from here
+    std::vector<std::string> inputs = logs;  // each compared with the baseline: a lone pipe too
+    if (!baseline_path.empty()) inputs.push_back(baseline_path);
+    if (std::string err; (inputs.size() > 1 && !spools.add(inputs, args.progress.wanted(), args.progress.every_s, err)) ||
+                         !drop_copies_of_one_log(logs, spools, args.progress, err)) {
         spdlog::error("{}", err);
         return k_exit_input;
     }
@@ -302,7 +306,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     for (const limit& l : limits) any_absolute |= l.set;
     const bool any_limit = any_absolute || !baseline_path.empty();
     if (!any_limit) return usage_error("check", "nothing to check: give a --max-* limit or --baseline");
-    std::vector<std::string> inputs = logs;
+    inputs = logs;
     if (!baseline_path.empty()) inputs.push_back(baseline_path);
     if (std::string why; output_would_clobber(args.junit_path, "--junit", inputs, why)) return usage_error("check", why);
 

@@ -266,7 +266,9 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
     drop_repeated_inputs(side_b);
     run_input ra, rb;
     std::string error;
-    if (!drop_copies_of_one_log(side_a, error) || !drop_copies_of_one_log(side_b, error)) {
+    pipe_spools spools;  // a side's pipes, compared with its files and read from here
+    if (!drop_copies_of_one_log(side_a, spools, args.progress, error) ||
+        !drop_copies_of_one_log(side_b, spools, args.progress, error)) {
         spdlog::error("{}", error);
         return k_exit_input;
     }

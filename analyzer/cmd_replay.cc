@@ -290,7 +290,8 @@ int run_replay(replay_args& a) {
     if (a.logs.empty()) return usage_error("replay", "no log file given");
     if (std::string err; !dash_means_stdin(a.logs, err)) return usage_error("replay", err);
     drop_repeated_inputs(a.logs);
-    if (std::string err; !drop_copies_of_one_log(a.logs, err)) {
+    pipe_spools spools;  // pipes among several logs, compared with them and read from here
+    if (std::string err; !drop_copies_of_one_log(a.logs, spools, a.progress, err)) {
         std::fprintf(stderr, "gpumem: error: %s\n", err.c_str());
         return k_exit_input;
     }

@@ -108,7 +108,8 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     }
     if (std::string err; !dash_means_stdin(logs, err)) return usage_error("report", err);
     drop_repeated_inputs(logs);
-    if (std::string err; !drop_copies_of_one_log(logs, err)) {
+    pipe_spools pipes;  // pipes among several logs, compared with them and read from here
+    if (std::string err; !drop_copies_of_one_log(logs, pipes, a.progress, err)) {
         spdlog::error("{}", err);
         return k_exit_input;
     }

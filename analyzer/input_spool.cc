@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,9 +46,50 @@ bool lines_may_follow(std::string_view first) {
 
 bool blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
+// The spools pipe_spools holds, by the user's path: what readable_path answers.  Written by the
+// command's thread before and after its reads; read by the reads (report's run on threads).
+std::mutex spooled_mu;
+std::map<std::string, std::string>& spooled() {
+    static std::map<std::string, std::string> by_path;
+    return by_path;
+}
+
 }  // namespace
 
+std::string readable_path(const std::string& path) {
+    std::lock_guard<std::mutex> lk(spooled_mu);
+    const auto it = spooled().find(path);
+    return it == spooled().end() ? path : it->second;
+}
+
+bool pipe_spools::add(const std::vector<std::string>& paths, bool progress, double interval_s, std::string& error) {
+    for (const std::string& p : paths) {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) != 0 || S_ISREG(st.st_mode) || readable_path(p) != p) continue;
+        try {
+            spools_.push_back(std::make_unique<input_spool>(p, progress, interval_s));
+        } catch (const input_error& e) {
+            error = e.what();
+            return false;
+        }
+        if (!spools_.back()->spooled()) continue;  // not opened: the reader says why
+        std::lock_guard<std::mutex> lk(spooled_mu);
+        spooled()[p] = spools_.back()->path();
+        paths_.push_back(p);
+    }
+    return true;
+}
+
+pipe_spools::~pipe_spools() {
+    std::lock_guard<std::mutex> lk(spooled_mu);
+    for (const std::string& p : paths_) spooled().erase(p);
+}
+
 input_spool::input_spool(const std::string& path, bool progress, double interval_s) : open_path_(path) {
+    if (std::string spool = readable_path(path); spool != path) {
+        open_path_ = std::move(spool);
+        return;
+    }
     struct stat st {};
     // A regular file (or one that cannot be stat'ed: the reader then says why) is read in place.
     if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return;

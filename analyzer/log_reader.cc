@@ -16,6 +16,7 @@
 #include <simdjson.h>
 
 #include "format_util.h"  // shell_quote, for the advice on a compressed log
+#include "input_spool.h"  // readable_path
 
 namespace gpumem::analysis {
 
@@ -33,7 +34,8 @@ constexpr size_t k_chunk = size_t{4} << 20;        // bytes per read(); large re
 }  // namespace
 
 line_source::line_source(const std::string& path, uint64_t limit) : path_(path), limit_(limit) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // A pipe the command spooled to compare it (pipe_spools) is read from its spool: the pipe is drained.
+    fd_ = ::open(readable_path(path).c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_, &st) == 0) {

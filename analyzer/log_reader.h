@@ -35,7 +35,8 @@ constexpr size_t k_max_line = size_t{64} << 20;
 class line_source {
 public:
     // Throws input_error when it cannot be opened.  `limit`: read at most this many bytes (a second
-    // pass reads what the first read, though the file has grown since).
+    // pass reads what the first read, though the file has grown since).  A pipe that the command
+    // spooled (pipe_spools, input_spool.h) is read from its spool; messages name `path`.
     explicit line_source(const std::string& path, uint64_t limit = UINT64_MAX);
     ~line_source();
     line_source(const line_source&) = delete;

@@ -1650,6 +1650,39 @@ copies)
   done
   expect_rc 2 "$GPUMEM" diff "$DATA/after.jsonl" -- tmp/edited.jsonl run/x.jsonl
   expect_in "$W/err" "gpumem: error: run/x.jsonl and tmp/edited.jsonl both hold the log of process 1001"
+  # A copy through a pipe (standard input, <(...): the way a compressed backup is given, zcat) was
+  # not compared, and was read as a second process, "rank 0#2".  Pipes are now spooled first when
+  # there is something to compare them with, and compared as files are.
+  expect_rc 0 bash -c 'cat "$1" | "$0" report --json run/x.jsonl -' "$GPUMEM" tmp/x.jsonl
+  [ "$(json "$W/out" 'len(d["processes"])')" = 1 ] || fail "report of a cut file and its copy on stdin: not 1 process"
+  [ "$(json "$W/out" 'd["processes"][0]["file"]')" = /dev/stdin ] || fail "report of a cut file and stdin: not read from the longer"
+  expect_in "$W/err" "gpumem: warning: run/x.jsonl is a shorter copy of /dev/stdin (the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z): read once, from /dev/stdin"
+  expect_rc 0 bash -c '"$0" report --json <(cat "$1") "$1"' "$GPUMEM" tmp/x.jsonl
+  [ "$(json "$W/out" 'len(d["processes"])')" = 1 ] || fail "report of <(cat x) x: not 1 process"
+  expect_in "$W/err" "gpumem: warning: tmp/x.jsonl is a copy of /dev/fd/"
+  expect_rc 0 bash -c 'cat "$1" | "$0" check - "$1" --max-peak 1GiB' "$GPUMEM" tmp/x.jsonl
+  expect_in "$W/out" "1 limit on 1 GPU of 1 process: 0 broken"
+  expect_in "$W/err" "gpumem: warning: tmp/x.jsonl is a copy of /dev/stdin"
+  expect_rc 0 bash -c 'cat "$1" | "$0" diff - "$1" -- "$2"' "$GPUMEM" tmp/x.jsonl "$DATA/after.jsonl"
+  expect_in "$W/out" "A = /dev/stdin (1 process)"
+  expect_not_in "$W/out" "0#2"
+  expect_rc 0 bash -c 'cat "$1" | "$0" replay --json run/x.jsonl -' "$GPUMEM" tmp/x.jsonl
+  [ "$(json "$W/out" 'len(d["logs"])')" = 1 ] || fail "replay of a cut file and its copy on stdin: not 1 log"
+  expect_rc 2 bash -c 'cat "$1" | "$0" report tmp/x.jsonl -' "$GPUMEM" tmp/edited.jsonl
+  expect_in "$W/err" "gpumem: error: tmp/x.jsonl and /dev/stdin both hold the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z, but differ from line 4 on"
+  # A pipe that is not a copy is read as before; one pipe alone has nothing to be compared with and
+  # is not spooled for it (replay streams it: no temporary file).
+  expect_rc 0 bash -c 'cat "$1" | "$0" report --json - "$2"' "$GPUMEM" tmp/x.jsonl "$DATA/after.jsonl"
+  [ "$(json "$W/out" 'len(d["processes"])')" = 2 ] || fail "report of stdin and another log: not 2 processes"
+  expect_not_in "$W/err" "copy of"
+  expect_rc 0 bash -c 'cat "$1" | TMPDIR=/nonexistent "$0" replay --json -' "$GPUMEM" tmp/x.jsonl
+  # A --baseline through a pipe that is a copy of the one log checked: the run against itself.
+  expect_rc 2 bash -c 'cat "$1" | "$0" check "$1" --baseline -' "$GPUMEM" tmp/x.jsonl
+  expect_in "$W/err" "gpumem: error: tmp/x.jsonl is a copy of the --baseline /dev/stdin (the same bytes): the run would be compared with itself"
+  expect_rc 2 bash -c '"$0" check "$1" --baseline <(cat "$2")' "$GPUMEM" tmp/x.jsonl run/x.jsonl
+  expect_in "$W/err" "gpumem: error: tmp/x.jsonl and the --baseline /dev/fd/"
+  expect_rc 2 bash -c 'cat "$1" | "$0" check - --baseline "$1"' "$GPUMEM" tmp/x.jsonl
+  expect_in "$W/err" "gpumem: error: /dev/stdin is a copy of the --baseline tmp/x.jsonl (the same bytes)"
   # Not copies: an exec's two images (one pid, the second started later) and a fork child (its own
   # pid, even with the parent's start) are processes of their own, read without a word.
   sed 's/"reason":"exit"/"reason":"exec"/' "$DATA/before.jsonl" > run/image1.jsonl
