@@ -177,7 +177,7 @@ namespace {
 // What line 1 of a regular file says of its process, for drop_copies_of_one_log.
 struct log_identity {
     bool known = false;  // a gpumem header with a host, a pid and a start
-    std::string host, start;
+    std::string host, start, rank;
     std::string header;  // line 1, whole
     int64_t pid = 0;
     uint64_t start_unix_ns = 0;
@@ -219,6 +219,7 @@ log_identity identity_of(const std::string& path) {
     id.host = host->get<std::string>();
     id.pid = pid->get<int64_t>();
     id.start_unix_ns = start->get<uint64_t>();
+    if (auto rank = h.find(header_key::rank); rank != h.end() && rank->is_string()) id.rank = rank->get<std::string>();
     auto time = h.find(header_key::start_time);
     id.start = time != h.end() && time->is_string() ? time->get<std::string>() : std::to_string(id.start_unix_ns) + " ns";
     id.size = uint64_t(st.st_size);
@@ -243,6 +244,40 @@ bool same_start(const std::string& a, const std::string& b, uint64_t n, uint64_t
         done += want;
     }
     return true;
+}
+
+// The processes a `gpumem report --json` file holds, each as a log's header would name it (host, pid,
+// start, rank), for drop_copies_of_one_log; `is_report` says whether it is one, `size` its size.  A
+// process without a start (a hand-made log's 0) names none; a report that does not parse holds none
+// (its reader says what is wrong).
+std::vector<log_identity> report_processes(const std::string& path, bool& is_report, uint64_t& size) {
+    std::vector<log_identity> out;
+    const std::string in = readable_path(path);  // a pipe: its spool (pipe_spools)
+    struct stat st {};
+    is_report = ::stat(in.c_str(), &st) == 0 && S_ISREG(st.st_mode) && looks_like_report_json(in);
+    if (!is_report) return out;
+    size = uint64_t(st.st_size);
+    std::ifstream f(in, std::ios::binary);
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    auto procs = j.is_object() ? j.find("processes") : j.end();
+    if (!j.is_object() || procs == j.end() || !procs->is_array()) return out;
+    for (const nlohmann::json& p : *procs) {
+        if (!p.is_object()) continue;
+        auto host = p.find("host"), pid = p.find("pid"), start = p.find("start_unix_ns");
+        if (host == p.end() || !host->is_string() || pid == p.end() || !pid->is_number_integer() || start == p.end() ||
+            !start->is_number_unsigned() || start->get<uint64_t>() == 0)
+            continue;
+        log_identity id;
+        id.known = true;
+        id.host = host->get<std::string>();
+        id.pid = pid->get<int64_t>();
+        id.start_unix_ns = start->get<uint64_t>();
+        if (auto rank = p.find("rank"); rank != p.end() && rank->is_string()) id.rank = rank->get<std::string>();
+        auto time = p.find("start_time");
+        id.start = time != p.end() && time->is_string() ? time->get<std::string>() : std::to_string(id.start_unix_ns) + " ns";
+        out.push_back(std::move(id));
+    }
+    return out;
 }
 
 // "the log of process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z", for messages.
@@ -273,7 +308,8 @@ input_sameness same_input(const std::string& a, const std::string& b, std::strin
 bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools, const progress_flags& progress,
                             std::string& error) {
     // One input has nothing to be compared with: a lone pipe is left to its reader (replay streams it).
-    if (paths.size() > 1 && !spools.add(paths, progress.wanted(), progress.every_s, error)) return false;
+    if (paths.size() < 2) return true;
+    if (!spools.add(paths, progress.wanted(), progress.every_s, error)) return false;
     std::vector<log_identity> ids;
     for (const std::string& p : paths) ids.push_back(identity_of(p));
     auto same_process = [&ids](size_t a, size_t b) {
@@ -321,6 +357,37 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
                                            std::to_string(id.pid) + " on " + id.host + ", started " + id.start +
                                            ", in headers that differ: read as two processes"));
             }
+    // Report JSON files, which no line 1 names: two of the same bytes are one, read once; one that
+    // holds a process another input holds too (a log globbed beside the report made from it, the
+    // reports of two overlapping sets of logs) would read it twice, as "rank 0#2", and a report
+    // cannot be compared with a log: which to read cannot be told.
+    std::vector<std::vector<log_identity>> held(paths.size());  // the processes each input holds
+    std::vector<bool> report(paths.size());
+    std::vector<uint64_t> size(paths.size());  // a report's
+    for (size_t i = 0; i < paths.size(); ++i) {
+        bool is_report = false;
+        held[i] = ids[i].known ? std::vector<log_identity>{ids[i]} : report_processes(paths[i], is_report, size[i]);
+        report[i] = is_report;
+    }
+    for (size_t b = 0; b < paths.size(); ++b)
+        for (size_t a = 0; a < b && report[b] && !drop[b]; ++a) {
+            uint64_t line = 0;
+            if (!report[a] || drop[a] || size[a] != size[b] || !same_start(paths[a], paths[b], size[a], line)) continue;
+            spdlog::warn("{}", visible(paths[b] + " is a copy of " + paths[a] + " (the same bytes): read once, from " + paths[a]));
+            drop[b] = true;
+        }
+    for (size_t a = 0; a < paths.size(); ++a)
+        for (size_t b = a + 1; b < paths.size(); ++b) {
+            if (drop[a] || drop[b] || (!report[a] && !report[b])) continue;
+            for (const log_identity& x : held[a])
+                for (const log_identity& y : held[b])
+                    if (x.host == y.host && x.pid == y.pid && x.start_unix_ns == y.start_unix_ns && x.rank == y.rank) {
+                        error = visible(paths[a] + " and " + paths[b] + " both hold process " + std::to_string(x.pid) + " on " +
+                                        x.host + ", started " + x.start + "; a report JSON is not compared with a log or "
+                                        "another report, so which to read cannot be told: give one of them");
+                        return false;
+                    }
+        }
     std::vector<std::string> kept;
     for (size_t i = 0; i < paths.size(); ++i)
         if (!drop[i]) kept.push_back(std::move(paths[i]));

@@ -56,7 +56,9 @@ void drop_repeated_inputs(std::vector<std::string>& paths);
 // both read).  An input that is not a regular file (standard input, <(zcat backup.jsonl.gz)) is
 // first spooled into `spools`, which the command keeps until its last read, and compared as a file
 // is; a lone input is not (nothing to compare).  A header without a start (a hand-made log's 0)
-// names no process.  `paths`: the inputs of one run, each file named once already
+// names no process.  Report JSON files: two of the same bytes are read once (said); one holding a
+// process (same host, pid, start and rank) that another input holds too cannot be compared with
+// it: false, with `error` naming both.  `paths`: the inputs of one run, each file named once already
 // (drop_repeated_inputs).  `progress`: the command's flags, for the spooling of a long pipe.
 bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools, const progress_flags& progress,
                             std::string& error);

@@ -1683,6 +1683,36 @@ copies)
   expect_in "$W/err" "gpumem: error: tmp/x.jsonl and the --baseline /dev/fd/"
   expect_rc 2 bash -c 'cat "$1" | "$0" check - --baseline "$1"' "$GPUMEM" tmp/x.jsonl
   expect_in "$W/err" "gpumem: error: /dev/stdin is a copy of the --baseline tmp/x.jsonl (the same bytes)"
+  # A report JSON is one more way to give a process twice: two copies of one report, or a log beside
+  # the report JSON made from it (a run folder globbed after `gpumem report --json run/*.jsonl >
+  # run/report.json`), were read as two processes, "rank 0#2" (check --baseline then failed the run:
+  # "rank 0#2 ... not in the baseline").  The same bytes are read once; a report JSON holding a
+  # process that another input holds too is refused, naming both (which to read cannot be told).
+  mkdir -p rep
+  "$GPUMEM" report --json tmp/x.jsonl > rep/x.json 2>/dev/null
+  cp rep/x.json rep/x-copy.json
+  expect_rc 0 "$GPUMEM" report --json rep/x.json rep/x-copy.json
+  [ "$(json "$W/out" 'len(d["processes"])')" = 1 ] || fail "report of a report JSON and its copy: not 1 process"
+  expect_in "$W/err" "gpumem: warning: rep/x-copy.json is a copy of rep/x.json (the same bytes): read once, from rep/x.json"
+  expect_rc 0 "$GPUMEM" check rep/x.json rep/x-copy.json --max-peak 1GiB
+  expect_in "$W/out" "1 limit on 1 GPU of 1 process: 0 broken"
+  expect_rc 0 bash -c 'cat "$1" | "$0" report --json - "$1"' "$GPUMEM" rep/x.json
+  [ "$(json "$W/out" 'len(d["processes"])')" = 1 ] || fail "report of a report JSON and its copy on stdin: not 1 process"
+  "$GPUMEM" report --json tmp/x.jsonl "$DATA/after.jsonl" > rep/both.json 2>/dev/null
+  for cmd in report "check --max-peak 1GiB" "check --baseline $DATA/after.jsonl"; do
+    # shellcheck disable=SC2086
+    expect_rc 2 "$GPUMEM" $cmd tmp/x.jsonl rep/x.json
+    expect_in "$W/err" "gpumem: error: tmp/x.jsonl and rep/x.json both hold process 1001 on ci01, started 2026-11-30T03:40:00.000000000Z; a report JSON is not compared with a log or another report, so which to read cannot be told: give one of them"
+    expect_not_in "$W/out" "peak"
+  done
+  expect_rc 2 "$GPUMEM" report rep/both.json run/x.jsonl
+  expect_in "$W/err" "gpumem: error: rep/both.json and run/x.jsonl both hold process 1001 on ci01"
+  expect_rc 2 "$GPUMEM" diff "$DATA/after.jsonl" -- rep/x.json rep/both.json
+  expect_in "$W/err" "gpumem: error: rep/x.json and rep/both.json both hold process 1001 on ci01"
+  # A report JSON of other processes beside a log: read as ever.
+  expect_rc 0 "$GPUMEM" report --json rep/x.json "$DATA/after.jsonl"
+  [ "$(json "$W/out" 'len(d["processes"])')" = 2 ] || fail "report JSON and another process's log: not 2 processes"
+  expect_not_in "$W/err" "both hold"
   # Not copies: an exec's two images (one pid, the second started later) and a fork child (its own
   # pid, even with the parent's start) are processes of their own, read without a word.
   sed 's/"reason":"exit"/"reason":"exec"/' "$DATA/before.jsonl" > run/image1.jsonl
