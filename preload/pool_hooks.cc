@@ -926,9 +926,9 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
         // Its own pool's memory is the primary context's and lives on (an H100: the driver names
         // that context as its owner and frees a block at a late cuMemFree): the pool goes on in
         // the primary context.  The dead green context can still be made current (the H100 said 0
-        // to cuCtxSetCurrent of it), and each call made in it (a synchronize, a free of a segment,
-        // a look at free memory) would reach what the driver freed; under gpumem a program that
-        // freed such a block after the destruction died of a double free (docs/gpu-results.md).
+        // to cuCtxSetCurrent of it), but must never be: a program that made it current and then
+        // another context current died of a double free inside libcuda, without gpumem
+        // (docs/gpu-results.md, runs 167-168), so the pool's own calls must not go there.
         // Its slot goes on under a key no context has (bit 63: no user-space handle), so that a
         // context the driver makes with the dead handle gets a pool of its own rather than this
         // one, and the primary context's end retires it with its own (context_gone).  The key

@@ -576,9 +576,9 @@ EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags, 
 }
 // A destroyed green context's CUcontext is made current without a word (an H100, driver
 // 580.159.04: cuCtxSetCurrent answered 0, tests/gpu/green_free.cu); each such making is counted, and
-// so is each call made while it is current (in_dead_green_context): on a GPU those reach freed
-// driver state (gpumem's pool, fencing a block of the green context after its destruction, died
-// there of a double free in glibc).
+// so is each call made while it is current (in_dead_green_context): on an H100 a program that made
+// it current and then another context current died of a double free inside libcuda, without
+// gpumem (docs/gpu-results.md, runs 167-168), so gpumem's pool must never make it current.
 static bool in_dead_green_context();
 EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     if (dead_green_context(c)) bump("dead_green_made_current");

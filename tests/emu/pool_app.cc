@@ -833,7 +833,8 @@ void green_pool() {
 // A block allocated with a green context current and freed after cuGreenCtxDestroy, its primary
 // context living on (tests/gpu/green_free.cu on an H100: the memory is the primary context's, the
 // driver names that context as the pointer's, gives nothing back at the destruction and frees the
-// block at the late cuMemFree; under gpumem that program died of a double free).  The green context
+// block at the late cuMemFree; the driver dies of a double free if the dead green context is made
+// current and left, so gpumem's pool must never make it current).  The green context
 // has a non-blocking stream of its own; a block is freed while the green context lives, then the
 // destruction, the late free, a new block with the primary context current and its free.  Prints the late free's answer, whether the pointer's context was the
 // primary context before the destruction, and how many calls reached the dead green context, its
