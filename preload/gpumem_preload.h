@@ -187,6 +187,9 @@ int current_device() noexcept;
 // The device of the green context whose own CUcontext is c (made through a hook, destroyed or
 // not), else -1 (hooks_driver.cc).
 int green_context_device(CUcontext c) noexcept;
+// Whether c is the own CUcontext of a green context that was destroyed (its cuGreenCtxDestroy
+// under way or done, through a hook), and no context made since has its handle (hooks_driver.cc).
+bool green_context_destroyed(CUcontext c) noexcept;
 
 // Re-entrancy guard: set while gpumem's own code runs.  A hooked call made while it is set comes
 // from other code on this thread (a signal handler, a driver's callback: gpumem calls libcuda's

@@ -912,17 +912,24 @@ static void green_made(CUgreenCtx g, CUdevice dev) noexcept {
 // 580.159.04: cuPointerGetAttribute names the primary context, before and after cuGreenCtxDestroy,
 // which gives none of it back; tests/gpu/green_free.cu), so a pooled block's context is answered
 // so too (pool_hooks.cc).  Kept after the destruction, whose blocks live on; a context made anew
-// with the handle (cuCtxCreate, a retain) or another green context takes the entry's place.
+// with the handle (cuCtxCreate, a retain) or another green context takes the entry's place.  The
+// value's high bit says the green context was destroyed (green_context_destroyed), so devices past
+// 127 are not kept.
 static handle_table g_green_contexts;
+constexpr uint8_t k_green_dead = 0x80;
 static void green_context_named(CUcontext c, int dev) noexcept {
     if (!c) return;
     const uint64_t key = uint64_t(uintptr_t(c));
     g_green_contexts.take_all(key, nullptr);
-    if (dev >= 0 && dev <= 255) g_green_contexts.add(key, uint8_t(dev));
+    if (dev >= 0 && dev < k_green_dead) g_green_contexts.add(key, uint8_t(dev));
 }
 int green_context_device(CUcontext c) noexcept {
-    uint8_t dev = 0;
-    return c && g_green_contexts.find(uint64_t(uintptr_t(c)), &dev) ? int(dev) : -1;
+    uint8_t v = 0;
+    return c && g_green_contexts.find(uint64_t(uintptr_t(c)), &v) ? int(v & ~k_green_dead) : -1;
+}
+bool green_context_destroyed(CUcontext c) noexcept {
+    uint8_t v = 0;
+    return c && g_green_contexts.find(uint64_t(uintptr_t(c)), &v) && (v & k_green_dead);
 }
 // Takes g's entry out of the table: its device, or -1 where g is not in it.  Taken before the
 // driver destroys g and put back if it refuses (handle_table.h): a green context of another device
@@ -1003,9 +1010,18 @@ extern "C" GPUMEM_HIDDEN CUresult w_cuGreenCtxDestroy(CUgreenCtx g) {
     CUcontext own = nullptr;
     if (auto from_green = GPUMEM_REAL(cuCtxFromGreenCtx))
         if (from_green(&own, g) != CUDA_SUCCESS) own = nullptr;
+    // Its own CUcontext is marked dead before the driver's destroy (unmarked if refused): from
+    // then on an allocation made with it current goes to the driver (pool_hooks.cc, current_slot),
+    // which refuses it on an H100 (709), rather than to a pool made for it.  Before the destroy,
+    // as every note on a handle the driver frees (handle_table.h); a context the driver makes with
+    // the handle later takes the entry's place (green_context_named).
+    if (own) g_green_contexts.set(uint64_t(uintptr_t(own)), uint8_t(dev | k_green_dead));
     bool ended = false;
     const CUresult r = pool_green_destroy(CUdevice(dev), own, f, g, &ended);
-    if (r != CUDA_SUCCESS) green_made(g, CUdevice(dev));
+    if (r != CUDA_SUCCESS) {
+        green_made(g, CUdevice(dev));
+        if (own) g_green_contexts.set(uint64_t(uintptr_t(own)), uint8_t(dev));
+    }
     if (ended) first_use_forget();
     return r;
 }

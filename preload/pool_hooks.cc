@@ -136,6 +136,11 @@ pool_registry::slot* current_slot() noexcept {
     if (!ctx) return nullptr;  // no context: the driver gives the program its own error
     if (pool_registry::slot* s = registry().find(ctx)) return s;
     if (g_exiting.load() || is_ended_primary(ctx)) return nullptr;  // the driver answers for a dead context
+    // So for a destroyed green context's own CUcontext, which stays current where the program left
+    // it: the driver refuses an allocation there (709 on an H100, run 168), and a pool made for it
+    // served one from fresh chunks on virtual memory, and on cuMemAlloc segments called the driver
+    // in the dead context and logged its refusal as the pool's (emu_pool_app green-dead-alloc).
+    if (green_context_destroyed(reinterpret_cast<CUcontext>(uintptr_t(ctx)))) return nullptr;
     bool full = false;
     pool_registry::slot* s = registry().find_or_create(ctx, &full);
     if (full) GPUMEM_WARN_ONCE(said_full, "more than 64 CUDA contexts; allocations of the others pass through unpooled");

@@ -935,6 +935,56 @@ void green_destroy_race() {
            driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
 }
 
+// Allocations made with a destroyed green context's own CUcontext current (its primary context
+// living on): on an H100 (driver 580.159.04, runs 167-168) cuMemAlloc answers
+// CUDA_ERROR_CONTEXT_IS_DESTROYED (709) there, and a later cuCtxSetCurrent to another context dies
+// inside libcuda, so a real program ends at its next switch; the emulated driver answers 709 and
+// lives on.  The green context allocates 8 MiB with its CUcontext current and keeps it (so it had a
+// pool), is destroyed, and is made current again: then cuMemAlloc of 8 MiB, cuMemAllocPitch of
+// 4 KiB x 1024 rows and, where `cudart` names the emulated runtime's library, its cudaMalloc of
+// 8 MiB (its first call made with the primary context current, before the green context: the
+// runtime makes its context current once).  Then the primary context current, the frees of what
+// was served and of the kept block.  Prints each answer (cudart_rc -1: no runtime) and how many
+// times the dead context was made current and called in.
+void green_dead_alloc(const char* cudart) {
+    const CUcontext primary = setup();
+    int (*rt_malloc)(void**, size_t) = nullptr;
+    int (*rt_free)(void*) = nullptr;
+    if (cudart) {
+        // Bound by name in the global scope, as a program linked with the runtime is: under
+        // gpumem its export comes first.
+        if (!dlopen(cudart, RTLD_NOW | RTLD_GLOBAL)) fail("dlopen of the runtime", -1);
+        rt_malloc = reinterpret_cast<int (*)(void**, size_t)>(dlsym(RTLD_DEFAULT, "cudaMalloc"));
+        rt_free = reinterpret_cast<int (*)(void*)>(dlsym(RTLD_DEFAULT, "cudaFree"));
+        if (!rt_malloc || !rt_free) fail("dlsym cudaMalloc", -1);
+        CHECK(rt_free(nullptr));  // the runtime's start
+    }
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr kept = 0;
+    CHECK(cuMemAlloc(&kept, 8u << 20));
+    CHECK(cuCtxSetCurrent(primary));
+    CHECK(cuGreenCtxDestroy(g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr a = 0, pitched = 0;
+    size_t pitch = 0;
+    void* r = nullptr;
+    const int alloc_rc = int(cuMemAlloc(&a, 8u << 20));
+    const int pitch_rc = int(cuMemAllocPitch(&pitched, &pitch, 4096, 1024, 4));
+    const int cudart_rc = rt_malloc ? rt_malloc(&r, 8u << 20) : -1;
+    CHECK(cuCtxSetCurrent(primary));
+    if (alloc_rc == 0) CHECK(cuMemFree(a));
+    if (pitch_rc == 0) CHECK(cuMemFree(pitched));
+    if (cudart_rc == 0) CHECK(rt_free(r));
+    const int kept_free_rc = int(cuMemFree(kept));
+    printf("alloc_rc=%d\npitch_rc=%d\ncudart_rc=%d\nkept_free_rc=%d\n", alloc_rc, pitch_rc, cudart_rc, kept_free_rc);
+    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\n", driver_count("dead_green_made_current"),
+           driver_count("call_in_dead_green_context"));
+}
+
 // A destroyed green context's CUcontext that the driver hands out again (run with
 // GPUMEM_EMU_CONTEXT_REUSE=1): two rounds of a green context of device 0 that allocates 8 MiB with
 // its own CUcontext current, keeps it, frees another 8 MiB block into its pool, and is destroyed
@@ -2072,6 +2122,7 @@ int main(int argc, char** argv) {
     else if (s == "green-reuse") green_reuse();
     else if (s == "green-handle-again") green_handle_again();
     else if (s == "green-destroy-race") green_destroy_race();
+    else if (s == "green-dead-alloc") green_dead_alloc(argc > 2 ? argv[2] : nullptr);
     else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
@@ -2091,7 +2142,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1518,6 +1518,51 @@ TEST_CASE("pool: another thread's pool work while a green context's destruction 
     }
 }
 
+TEST_CASE("pool: an allocation made with a destroyed green context current gets the driver's answer, and no pool is made for that context") {
+    // On an H100 (driver 580.159.04, runs 167-168) cuMemAlloc answers CUDA_ERROR_CONTEXT_IS_DESTROYED
+    // (709) with a destroyed green context's own CUcontext current; the emulated driver does too.
+    // The program allocates 8 MiB with the green context current and keeps it, destroys it, makes
+    // its CUcontext current again and asks cuMemAlloc, cuMemAllocPitch and the runtime's cudaMalloc
+    // (bound by name: gpumem's export).  Before, gpumem made a new pool for the dead context (`ctx`
+    // 1 in the log): on virtual memory it served cuMemAlloc and cudaMalloc from fresh chunks (0
+    // where alone 709) and asked for free memory in the dead context (call_in_dead_green_context 4
+    // where alone 2); on cuMemAlloc segments it asked the driver there (3) and logged the 709 as
+    // the pool's refusal (`pooled`).  Now the driver answers, logged as its failure.
+    const std::map<std::string, std::string> env = {};
+    const std::string cudart = EMU_RT_DIR "/libgpumem_emu_cudart.so";
+    const auto alone = values(run({EMU_POOL_APP, "green-dead-alloc", cudart}, env, false).out);
+    CHECK(alone.at("alloc_rc") == "709");
+    CHECK(alone.at("cudart_rc") == "709");
+    const char* keys[] = {"alloc_rc", "pitch_rc", "cudart_rc", "kept_free_rc", "dead_green_made_current", "call_in_dead_green_context"};
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-dead-alloc", cudart}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        for (const char* k : keys) {
+            INFO(k);
+            CHECK(v.at(k) == alone.at(k));
+        }
+        // One pool on the device: the green context's, gone on in the primary context.
+        for (const auto& l : ls) CHECK(l.value("ctx", 0) == 0);
+        std::vector<std::string> failed;
+        for (const auto& l : ls)
+            if (l["ev"] == "alloc_fail") {
+                CHECK(l.value("err", 0) == 709);
+                CHECK_FALSE(l.contains("pooled"));
+                failed.push_back(l.value("api", ""));
+            }
+        CHECK(failed == std::vector<std::string>{"cuMemAlloc_v2", "cudaMalloc"});
+        CHECK(ls.back().value("live_allocs", -1) == 0);
+        CHECK(ls.back().value("unmatched", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
 TEST_CASE("pool: a destroyed green context's CUcontext made again, twice by green contexts then by cuCtxCreate: each gets a pool of its own, every block stays the program's") {
     // GPUMEM_EMU_CONTEXT_REUSE=1: the driver hands a destroyed context's handle to the next
     // context made on the device (unmeasured on a GPU; a driver whose context objects come from
