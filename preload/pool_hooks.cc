@@ -909,45 +909,54 @@ CUresult primary_released_by(CUdevice dev, F&& release, CUcontext also, bool* en
     critical_section in;  // before the lock, released after it (critical_section.h)
     std::unique_lock<std::mutex> lk(primary_mu(dev));
     const CUcontext before = primary_if_active_locked(dev);
-    // The green context's own pool, which goes on in the primary context below: its lock is held
-    // from before the driver's destruction until its backend works in that context, so no other
-    // thread's pool work (a give-back when memory ran out, a free's release, a drain) makes the
-    // dead green context current and calls the driver in it meanwhile (emu_pool_app
-    // green-destroy-race).  Locks in order: primary_mu, the pool's, the stream set's
-    // (forget_context); nothing under a pool's lock takes primary_mu (a pool calls only the real
-    // driver, its sink, the stream set and an IPC export's visitor).  Released before the
-    // registry's create lock (rekey, retire), which switch_all_to_safe holds while it takes every
-    // pool's.  Not taken once the pools' exit has run: they call no backend then, and a lock an
-    // interrupted thread holds would never come.
+    // The green context's own pool, which goes on in the primary context: moved before the
+    // driver's destruction, and moved back if the driver refuses.  Its slot goes on under a key no
+    // context has (bit 63: no user-space handle), so that a context the driver makes with the dead
+    // handle gets a pool of its own rather than this one; the key names the slot, never the
+    // handle: keyed by the handle, a second green context given the same CUcontext found the key
+    // taken, kept the dead handle, and served the next context made with it, whose end then
+    // dropped the live blocks of the green context before it (emu_pool_app green-handle-again).
+    // Before the destruction: moved after it, a context another thread made with the handle in
+    // between found this pool by that handle, was served from it in the primary context, and its
+    // end could retire it, live blocks and all (emu_pool_app green-reuse-window).  Meanwhile no
+    // pool is made for the handle: it is marked dead from before this call (current_slot).
+    // The pool's lock is held from then until the driver's answer, so no other thread's pool work
+    // (a give-back when memory ran out, a free's release, a drain) makes the dead green context
+    // current and calls the driver in it (emu_pool_app green-destroy-race).  Locks in order:
+    // primary_mu, the registry's create lock (rekey, retire), which switch_all_to_safe holds while
+    // it takes every pool's, the pool's, the stream set's (forget_context); nothing under a pool's
+    // lock takes primary_mu (a pool calls only the real driver, its sink, the stream set and an IPC
+    // export's visitor).  Not taken once the pools' exit has run: they call no backend then, and a
+    // lock an interrupted thread holds would never come.
     pool_registry::slot* own = also && before && registry().count() != 0 ? registry().find(uint64_t(uintptr_t(also))) : nullptr;
+    const uint64_t moved = own ? k_moved_pool_key | uint64_t(own - &registry().at(0)) : 0;
+    if (own && !registry().rekey(uint64_t(uintptr_t(also)), moved)) own = nullptr;
+    auto* own_backend = own ? static_cast<driver_backend*>(own->backend) : nullptr;
     std::unique_lock<std::mutex> own_held;
     if (own && !g_exiting.load(std::memory_order_acquire)) own_held = own->pool->hold();
+    // Its memory is the primary context's (an H100: the driver names that context as its owner
+    // and frees a block at a late cuMemFree), so the pool works there from now on; and the
+    // primary context's end retires it with its own (context_gone).
+    const CUcontext was = own_backend ? own_backend->context() : nullptr;
+    if (own_backend) own_backend->set_context(before);
     const CUresult r = release();
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS) {
+        if (own_backend) own_backend->set_context(was);
+        if (own_held) own_held.unlock();  // before the create lock
+        if (own) registry().rekey(moved, uint64_t(uintptr_t(also)));
+        return r;
+    }
     // The green context's streams died with it (cuStreamDestroy of one now fails): fences must not
     // record on their handles, which new streams may reuse.
     if (also) streams().forget_context(uint64_t(uintptr_t(also)));
-    if (!before || primary_active(dev)) {
-        // Its own pool's memory is the primary context's and lives on (an H100: the driver names
-        // that context as its owner and frees a block at a late cuMemFree): the pool goes on in
-        // the primary context.  The dead green context can still be made current (the H100 said 0
-        // to cuCtxSetCurrent of it), but must never be: a program that made it current and then
-        // another context current died of a double free inside libcuda, without gpumem
-        // (docs/gpu-results.md, runs 167-168), so the pool's own calls must not go there.
-        // Its slot goes on under a key no context has (bit 63: no user-space handle), so that a
-        // context the driver makes with the dead handle gets a pool of its own rather than this
-        // one, and the primary context's end retires it with its own (context_gone).  The key
-        // names the slot, never the handle: keyed by the handle, a second green context given the
-        // same CUcontext found the key taken, kept the dead handle, and served the next context
-        // made with it, whose end then dropped the live blocks of the green context before it.
-        if (own) {
-            static_cast<driver_backend*>(own->backend)->set_context(before);
-            if (own_held) own_held.unlock();
-            registry().rekey(uint64_t(uintptr_t(also)), k_moved_pool_key | uint64_t(own - &registry().at(0)));
-        }
-        return r;
-    }
-    if (own_held) own_held.unlock();  // the ends below retire it, under the create lock
+    if (own_held) own_held.unlock();
+    // The green context's own pool lives on in the primary context, moved above.  The dead green
+    // context can still be made current (the H100 said 0 to cuCtxSetCurrent of it), but must
+    // never be: a program that made it current and then another context current died of a double
+    // free inside libcuda, without gpumem (docs/gpu-results.md, runs 167-168), so the pool's own
+    // calls must not go there.
+    if (!before || primary_active(dev)) return r;
+    // The primary context ended too: its end below retires the green context's pool with its own.
     *ended = true;
     if (dev >= 0 && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(before)), std::memory_order_release);
     const context_end how = pool_exit_begun() ? context_end::forget : context_end::past;

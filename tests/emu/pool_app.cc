@@ -1025,6 +1025,64 @@ void green_handle_again() {
     printf("green0_free_rc=%d\ngreen1_free_rc=%d\n", int(cuMemFree(kept[0])), int(cuMemFree(kept[1])));
 }
 
+// A context the driver makes with a green context's CUcontext while the green context's
+// destruction is under way (run with GPUMEM_EMU_CONTEXT_REUSE=1): the green context allocates 8 MiB
+// with its own CUcontext current and keeps it, and frees another 8 MiB block into its pool.  Inside
+// cuGreenCtxDestroy, once the emulated driver has destroyed it, another thread makes a context
+// (cuCtxCreate, which gets the dead handle), allocates 8 MiB there, asks whose memory that is and
+// frees it; the destruction returns 200 ms after that allocation began.  Then the made context is
+// destroyed.  Its block is its own (a GPU names the made context; the emulated driver names every
+// cuMemAlloc allocation its device's primary context's); the green context's block stays the
+// program's.  Prints whether the handle came back, the answers, the context named for the made
+// block, the blocks (for the log), whether the green block is still mapped after the made
+// context's end, and its late free.
+std::atomic<int> g_window_stage{0};
+void green_reuse_window() {
+    const CUcontext primary = setup();
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr kept = 0, cached = 0;
+    CHECK(cuMemAlloc(&kept, 8u << 20));
+    CHECK(cuMemAlloc(&cached, 8u << 20));
+    CHECK(cuMemFree(cached));
+    CHECK(cuCtxSetCurrent(primary));
+    CUcontext made = nullptr, named = nullptr;
+    CUdeviceptr m = 0;
+    int alloc_rc = -1, made_free_rc = -1;
+    std::thread other([&] {
+        while (g_window_stage.load() != 1) std::this_thread::yield();
+        CHECK(cuCtxCreate(&made, nullptr, 0, 0));  // current on this thread
+        g_window_stage.store(2);
+        alloc_rc = int(cuMemAlloc(&m, 8u << 20));
+        if (alloc_rc == 0) CHECK(cuPointerGetAttribute(&named, CU_POINTER_ATTRIBUTE_CONTEXT, m));
+        if (alloc_rc == 0) made_free_rc = int(cuMemFree(m));
+    });
+    using on_fn = void (*)(void (*)(CUgreenCtx));
+    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
+    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
+    on_destroyed([](CUgreenCtx) {
+        g_window_stage.store(1);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (g_window_stage.load() != 2 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the allocation is under way
+    });
+    const int destroy_rc = int(cuGreenCtxDestroy(g));
+    on_destroyed(nullptr);
+    other.join();
+    printf("destroy_rc=%d\nmade_handle_again=%d\nalloc_rc=%d\nnamed_made=%d\nnamed_primary=%d\n", destroy_rc,
+           int(made == own), alloc_rc, int(named == made), int(named == primary));
+    printf("green_block=0x%llx\nmade_block=0x%llx\nmade_free_rc=%d\n", (unsigned long long)kept, (unsigned long long)m,
+           made_free_rc);
+    CHECK(cuCtxDestroy(made));
+    CHECK(cuCtxSetCurrent(primary));
+    printf("green_access=%d\n", emu_access(kept, 0));
+    printf("green_free_rc=%d\n", int(cuMemFree(kept)));
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -2122,6 +2180,7 @@ int main(int argc, char** argv) {
     else if (s == "green-reuse") green_reuse();
     else if (s == "green-handle-again") green_handle_again();
     else if (s == "green-destroy-race") green_destroy_race();
+    else if (s == "green-reuse-window") green_reuse_window();
     else if (s == "green-dead-alloc") green_dead_alloc(argc > 2 ? argv[2] : nullptr);
     else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -2142,7 +2201,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-reuse-window | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1607,6 +1607,47 @@ TEST_CASE("pool: a destroyed green context's CUcontext made again, twice by gree
     }
 }
 
+TEST_CASE("pool: a context the driver makes with a green context's CUcontext during its destruction gets a pool of its own") {
+    // GPUMEM_EMU_CONTEXT_REUSE=1: inside cuGreenCtxDestroy, once the driver destroyed the green
+    // context, another thread's cuCtxCreate gets its handle and allocates 8 MiB there.  Before, the
+    // green context's pool still answered to that handle (it moved under a key of its own only
+    // after the driver's destroy): the allocation waited for its lock and was served from it, VMM
+    // on and off (the made block in the green block's segment, named the primary context's, and no
+    // pool for the made context to retire at its end); on a GPU that is the primary context's
+    // memory, or another device's where the handle comes back on one.  The emulated driver names
+    // the device's primary context for every cuMemAlloc allocation, so the context gpumem names is
+    // checked against the GPU's rule (cuMemAlloc memory is the context's it was made in).
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_CONTEXT_REUSE", "1"}};
+    const auto alone = values(run({EMU_POOL_APP, "green-reuse-window"}, env, false).out);
+    REQUIRE(alone.at("made_handle_again") == "1");
+    for (const char* k : {"destroy_rc", "alloc_rc", "made_free_rc", "green_free_rc"}) CHECK(alone.at(k) == "0");
+    CHECK(alone.at("green_access") == "1");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto e = env;
+        e["GPUMEM_POOL_VMM"] = vmm;
+        auto r = run({EMU_POOL_APP, "green-reuse-window"}, e);
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        REQUIRE(v.at("made_handle_again") == "1");
+        for (const char* k : {"destroy_rc", "alloc_rc", "made_free_rc", "green_access", "green_free_rc"})
+            CHECK(v.at(k) == alone.at(k));
+        CHECK(v.at("named_made") == "1");
+        std::map<uint64_t, uint64_t> seg_of;
+        for (const auto& l : ls)
+            if (l["ev"] == "alloc" && l.contains("seg")) seg_of[hex(l["ptr"])] = hex(l["seg"]);
+        const uint64_t made_seg = seg_of[std::stoull(v.at("made_block"), nullptr, 16)];
+        CHECK(made_seg != 0);
+        CHECK(made_seg != seg_of[std::stoull(v.at("green_block"), nullptr, 16)]);
+        CHECK(count_ev(ls, "free_fail") == 0u);
+        CHECK(count_ev(ls, "context_reset") == 1u);  // the made context's pool, not the green one's
+        CHECK(ls.back().value("live_allocs", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
 TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
     // The emulated runtime releases its reference from an atexit handler registered before the
     // first allocation; with no other reference that release ends the context during exit.
