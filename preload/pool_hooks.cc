@@ -506,11 +506,17 @@ bool free_in_pools(api_id api, uint64_t ptr, int* result) noexcept {
     // An export names a live block by its start, so it ends here, before the block can be handed
     // out (and exported) again.
     ipc_block_freed(ptr);
+    // The others: one busy on another thread whose segments do not hold ptr is passed over
+    // without waiting for its lock (block_pool::deallocate, walking): a green context's pool is
+    // held through the driver's whole cuGreenCtxDestroy (primary_released_by), and every free of
+    // another pool's block or of the driver's own memory waited for it (emu_pool_app
+    // green-destroy-query).  The current context's pool is asked as before: the common free
+    // costs what it did (a walk's try-lock costs about 1 ns more than a lock).
     pool_registry::slot* first = reg.find(current_context());
     if (first && first->pool->deallocate(ptr, api, result)) return true;
     for (int i = 0; i < n; ++i) {
         if (&reg.at(i) == first) continue;
-        if (reg.at(i).pool->deallocate(ptr, api, result)) return true;
+        if (reg.at(i).pool->deallocate(ptr, api, result, true)) return true;
     }
     return false;
 }

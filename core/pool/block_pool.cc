@@ -836,10 +836,11 @@ void block_pool::release_before_capture() noexcept {
     check_after_op();
 }
 
-bool block_pool::deallocate(uint64_t ptr, api_id api, int* result) noexcept {
+bool block_pool::deallocate(uint64_t ptr, api_id api, int* result, bool walking) noexcept {
     int dummy = 0;
     if (!result) result = &dummy;
-    op_lock lk(*this);
+    op_lock lk(*this, ptr, walking);
+    if (!lk.owns()) return false;  // busy, and ptr is in none of its segments
     auto it = blocks_.find(ptr);
     if (it == blocks_.end() || it->second->state != block_state::allocated) {
         bool ours = it != blocks_.end();
@@ -1058,8 +1059,9 @@ bool block_pool::release_all_at_exit() noexcept {
 
 // ---- queries --------------------------------------------------------------------------------
 
-bool block_pool::lookup(uint64_t addr, block_info* out) const noexcept {
-    held lk(*this);
+bool block_pool::lookup(uint64_t addr, block_info* out, bool walking) const noexcept {
+    held lk(*this, addr, walking);
+    if (!lk.lk.owns_lock()) return false;  // busy, and addr is in none of its segments
     auto it = blocks_.upper_bound(addr);
     if (it == blocks_.begin()) return false;
     const block* b = std::prev(it)->second;

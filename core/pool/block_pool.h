@@ -59,7 +59,14 @@ class block_pool {
     // *result = 0 for a live block start (emits free), or k_cuda_invalid_value (emits free_fail)
     // for any other address inside a segment (double free, interior pointer): passing such a
     // pointer to the driver could free a whole segment.  ptr == 0 is the caller's job.
-    bool deallocate(uint64_t ptr, api_id api, int* result) noexcept;
+    // `walking`: the caller asks every pool in turn (a free that may be another pool's, or no
+    // pool's at all): a pool whose lock another thread holds (through a device wait, or a green
+    // context's destruction: pool_hooks.cc, primary_released_by) answers false at once when its
+    // segment table says ptr lies in none of its segments (holds() 0), rather than wait.  Exact: a
+    // segment enters the table before any of its blocks is handed out and leaves it only once none
+    // is allocated, so a block the program holds is never skipped.  The lock is tried first: a
+    // pool nobody holds costs what it did.
+    bool deallocate(uint64_t ptr, api_id api, int* result, bool walking = false) noexcept;
 
     struct block_info {
         uint64_t block, block_size, requested, segment, segment_size;
@@ -69,7 +76,8 @@ class block_pool {
     // Finds the block holding addr (any address inside it).  Lets the hook answer
     // cuMemGetAddressRange / cuPointerGetAttribute(RANGE_START/RANGE_SIZE) with the block's own
     // range instead of the segment's, and step aside (e.g. cuIpcGetMemHandle) for pooled blocks.
-    bool lookup(uint64_t addr, block_info* out) const noexcept;
+    // `walking`: as deallocate's (a pointer query asks every pool).
+    bool lookup(uint64_t addr, block_info* out, bool walking = false) const noexcept;
     // Whether addr lies in one of this pool's segments, without the lock and async-signal-safe,
     // for a signal handler that interrupted a pool operation (segment_ranges.h): 1 yes, 0 no,
     // -1 cannot tell (more segments than the table holds).
@@ -277,6 +285,12 @@ class block_pool {
         std::unique_lock<std::mutex> lk;
         explicit held(const block_pool& pool) : lk(pool.mu_) {}
         held(const block_pool& pool, std::try_to_lock_t t) : lk(pool.mu_, t) {}
+        // A walk's (deallocate, lookup): not taken (owns_lock() false) where another thread holds
+        // it and addr lies in none of the pool's segments.
+        held(const block_pool& pool, uint64_t addr, bool walking) : lk(pool.mu_, std::defer_lock) {
+            if (walking && (lk.try_lock() || pool.ranges_.holds(addr) == 0)) return;
+            lk.lock();
+        }
     };
     // The lock of one state-changing operation.  It also makes the operation's first capture check
     // ask the driver afresh (can_sync), so no operation inherits an earlier one's answer.  The
@@ -290,6 +304,9 @@ class block_pool {
                 nanosleep(&ts, nullptr);
                 h.lk.try_lock();
             }
+            if (owns()) begin(p);
+        }
+        op_lock(block_pool& p, uint64_t addr, bool walking) : h(p, addr, walking) {
             if (owns()) begin(p);
         }
         bool owns() const { return h.lk.owns_lock(); }

@@ -72,7 +72,7 @@ pool_registry::slot* pool_registry::find_or_create(uint64_t ctx, bool* full) noe
 pool_registry::slot* pool_registry::owner_of(uint64_t addr, block_pool::block_info* bi) const noexcept {
     const int n = count();
     for (int i = 0; i < n; ++i)
-        if (slots_[i].pool->lookup(addr, bi)) return const_cast<slot*>(&slots_[i]);
+        if (slots_[i].pool->lookup(addr, bi, true)) return const_cast<slot*>(&slots_[i]);
     return nullptr;
 }
 

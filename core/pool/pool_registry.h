@@ -57,7 +57,9 @@ class pool_registry {
     // nullptr when the table is full (*full set) or there is no memory.  A pool made after the
     // switch to safe reuse starts in safe reuse: its reuse_safe event precedes its first segment.
     slot* find_or_create(uint64_t ctx, bool* full = nullptr) noexcept;
-    // The pool holding addr (any address inside one of its segments), and its block.
+    // The pool holding addr (any address inside one of its segments), and its block.  A pool busy
+    // on another thread whose segment table says addr is none of its own is passed over without
+    // waiting for its lock (block_pool::lookup, walking).
     slot* owner_of(uint64_t addr, block_pool::block_info* bi) const noexcept;
     // Whether addr lies in a segment of any pool, asked without a lock (block_pool::holds): for a
     // signal handler on a thread inside a pool's lock, where owner_of would wait for ever.

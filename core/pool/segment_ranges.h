@@ -6,7 +6,8 @@
 // Lifecycle).  This table tells it whether the pointer lies in one of the pool's segments, with no
 // lock and no heap.  A segment is added once the pool holds it and removed before it goes back to
 // the driver, so gpumem's own cuMemFree of a segment (through another interposer, which comes back
-// into the hooks) never finds it here.
+// into the hooks) never finds it here.  A walk over every pool (pool_registry::owner_of, a free's
+// search) asks it too, to pass over a pool whose lock another thread holds (block_pool::lookup).
 #pragma once
 
 #include <atomic>

@@ -935,6 +935,89 @@ void green_destroy_race() {
            driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
 }
 
+// Other threads' pointer queries, frees and free-memory question, none about a block of the green
+// context's pool, in the moment its destruction is under way (gpumem holds that pool's lock across
+// the driver's cuGreenCtxDestroy, primary_released_by).  Pools in this order: the primary
+// context's (1 MiB kept), the green context's (8 MiB allocated with its CUcontext current, kept),
+// a made context's (two 4 MiB blocks: its pool comes after the green one in every walk over the
+// pools).  Once the driver has marked the green context dead (gpumem_emu_on_green_destroyed), six
+// threads with the primary context current ask at once: the context of a host allocation (no
+// pool's), the address range of one cuMemAllocPitch allocation (the driver's own) and the free of
+// another, the context of one of the made context's blocks and the free of the other, and
+// cuMemGetInfo.  The
+// destruction waits until all six have answered, 1 s at most.  Prints each answer and whether it
+// came while the destruction was still under way (<name>_during_destroy 1).
+std::atomic<int> g_query_stage{0};
+std::atomic<int> g_query_done[6];
+int g_query_during[6];
+void green_destroy_query() {
+    const CUcontext primary = setup();
+    CUdeviceptr p0 = 0, green_block = 0, made_block = 0, made_freed = 0, pitched = 0, pitch_freed = 0;
+    CHECK(cuMemAlloc(&p0, 1u << 20));
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxSetCurrent(own));
+    CHECK(cuMemAlloc(&green_block, 8u << 20));
+    CUcontext made = nullptr;
+    CHECK(cuCtxCreate(&made, nullptr, 0, 0));  // current now
+    CHECK(cuMemAlloc(&made_block, 4u << 20));
+    CHECK(cuMemAlloc(&made_freed, 4u << 20));
+    CHECK(cuCtxSetCurrent(primary));
+    size_t pitch = 0;
+    CHECK(cuMemAllocPitch(&pitched, &pitch, 4096, 16, 4));
+    CHECK(cuMemAllocPitch(&pitch_freed, &pitch, 4096, 16, 4));
+    void* host = nullptr;
+    CHECK(cuMemAllocHost(&host, 4096));
+    static const char* const names[6] = {"host_query", "pitch_range", "made_query", "made_free", "pitch_free", "mem_info"};
+    int rc[6] = {-1, -1, -1, -1, -1, -1};
+    std::vector<std::thread> askers;
+    for (int i = 0; i < 6; ++i)
+        askers.emplace_back([&, i] {
+            CHECK(cuCtxSetCurrent(primary));
+            g_query_stage.wait(0);
+            CUcontext c = nullptr;
+            CUdeviceptr base = 0;
+            size_t size = 0, free_b = 0, total_b = 0;
+            switch (i) {
+                case 0: rc[i] = int(cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, CUdeviceptr(uintptr_t(host)))); break;
+                case 1: rc[i] = int(cuMemGetAddressRange(&base, &size, pitched + 64)); break;
+                case 2: rc[i] = int(cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, made_block)); break;
+                case 3: rc[i] = int(cuMemFree(made_freed)); break;
+                case 4: rc[i] = int(cuMemFree(pitch_freed)); break;
+                default: rc[i] = int(cuMemGetInfo(&free_b, &total_b)); break;
+            }
+            g_query_done[i].store(1);
+        });
+    using on_fn = void (*)(void (*)(CUgreenCtx));
+    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
+    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
+    on_destroyed([](CUgreenCtx) {
+        g_query_stage.store(1);
+        g_query_stage.notify_all();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        auto all = [] {
+            for (auto& d : g_query_done)
+                if (!d.load()) return false;
+            return true;
+        };
+        while (!all() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        for (int i = 0; i < 6; ++i) g_query_during[i] = g_query_done[i].load();
+    });
+    const int destroy_rc = int(cuGreenCtxDestroy(g));
+    on_destroyed(nullptr);
+    for (auto& t : askers) t.join();
+    printf("destroy_rc=%d\n", destroy_rc);
+    for (int i = 0; i < 6; ++i) printf("%s_rc=%d\n%s_during_destroy=%d\n", names[i], rc[i], names[i], g_query_during[i]);
+    CHECK(cuMemFreeHost(host));
+    CHECK(cuMemFree(green_block));
+    CHECK(cuMemFree(made_block));
+    CHECK(cuMemFree(pitched));
+    CHECK(cuMemFree(p0));
+    CHECK(cuCtxDestroy(made));
+}
+
 // Allocations made with a destroyed green context's own CUcontext current (its primary context
 // living on): on an H100 (driver 580.159.04, runs 167-168) cuMemAlloc answers
 // CUDA_ERROR_CONTEXT_IS_DESTROYED (709) there, and a later cuCtxSetCurrent to another context dies
@@ -2181,6 +2264,7 @@ int main(int argc, char** argv) {
     else if (s == "green-handle-again") green_handle_again();
     else if (s == "green-destroy-race") green_destroy_race();
     else if (s == "green-reuse-window") green_reuse_window();
+    else if (s == "green-destroy-query") green_destroy_query();
     else if (s == "green-dead-alloc") green_dead_alloc(argc > 2 ? argv[2] : nullptr);
     else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
     else if (s == "kernel-attr-device") kernel_attr_device();

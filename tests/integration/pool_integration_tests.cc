@@ -1518,6 +1518,39 @@ TEST_CASE("pool: another thread's pool work while a green context's destruction 
     }
 }
 
+TEST_CASE("pool: pointer queries and frees of memory outside a green context's pool answer while its destruction is under way") {
+    // gpumem holds the green context's pool's lock through the driver's cuGreenCtxDestroy (the
+    // previous case).  Six threads with the primary context current ask the moment the driver has
+    // marked the green context dead: the context of a host allocation, the address range of a
+    // cuMemAllocPitch allocation and the free of another, the context of a made context's pooled
+    // block (that pool comes after the green one in a walk) and the free of another, and
+    // cuMemGetInfo; none of it is the green pool's memory.  The destruction waits for them 1 s at
+    // most.  Before, every walk over the pools waited for the green pool's lock: all but
+    // cuMemGetInfo (which never waits for a pool) answered only after the destruction (1 s
+    // later), VMM on and off.  Now each answers at once, as alone, and a skipped pool costs
+    // nothing on the way to the made context's block.
+    const auto alone = values(run({EMU_POOL_APP, "green-destroy-query"}, {}, false).out);
+    const char* names[] = {"host_query", "pitch_range", "made_query", "made_free", "pitch_free", "mem_info"};
+    for (const char* n : names) CHECK(alone.at(std::string(n) + "_during_destroy") == "1");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "green-destroy-query"}, {{"GPUMEM_POOL_VMM", vmm}});
+        std::vector<json> ls;
+        check_complete(r, &ls);
+        const auto v = values(r.out);
+        CHECK(v.at("destroy_rc") == "0");
+        for (const char* n : names) {
+            INFO(n);
+            CHECK(v.at(std::string(n) + "_rc") == alone.at(std::string(n) + "_rc"));
+            CHECK(v.at(std::string(n) + "_during_destroy") == "1");
+        }
+        CHECK(ls.back().value("live_allocs", -1) == 0);
+        CHECK(ls.back().value("unmatched", -1) == 0);
+        check_rebuild(ls);
+        check_report_clean(r.logs[0]);
+    }
+}
+
 TEST_CASE("pool: an allocation made with a destroyed green context current gets the driver's answer, and no pool is made for that context") {
     // On an H100 (driver 580.159.04, runs 167-168) cuMemAlloc answers CUDA_ERROR_CONTEXT_IS_DESTROYED
     // (709) with a destroyed green context's own CUcontext current; the emulated driver does too.

@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -76,6 +78,63 @@ TEST_CASE("registry: one pool per context, found again without a lock", "[regist
     CHECK(f.reg->owner_of(p, &bi) == b);
     CHECK(bi.block == p);
     CHECK(f.reg->owner_of(1, nullptr) == nullptr);
+}
+
+// A pool's lock may be held long on another thread (a device wait; a green context's pool through
+// the driver's whole cuGreenCtxDestroy: pool_hooks.cc, primary_released_by).  A walk over every
+// pool (a pointer query, a free of another pool's block) must not wait for it where the address
+// is none of its, and must where it is.
+TEST_CASE("registry: owner_of passes over a busy pool whose segments do not hold the address, and waits for one whose do", "[registry]") {
+    fixture f;
+    auto* a = f.reg->find_or_create(0x1000);
+    auto* b = f.reg->find_or_create(0x2000);
+    REQUIRE(a);
+    REQUIRE(b);
+    const uint64_t x = alloc(*a->pool, 1000);  // a's small segment (each fake device starts at k_base)
+    alloc(*b->pool, 1000);                     // b's, at the same addresses
+    const uint64_t y = alloc(*b->pool, 3 * MiB);  // b's large segment: none of a's
+    REQUIRE(a->pool->holds(y) == 0);
+    REQUIRE(a->pool->holds(x + 4096) == 1);
+    std::atomic<int> held{0}, release{0};
+    std::thread holder([&] {
+        auto lk = a->pool->hold();
+        held.store(1);
+        while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    while (!held.load()) std::this_thread::yield();
+    // Asked on a third thread, so that a walk that waits for a's lock fails the case, not hangs it.
+    block_pool::block_info bi{};
+    pool_registry::slot *of_y = nullptr, *of_1 = a;
+    std::atomic<int> passed{0};
+    std::thread walker([&] {
+        of_y = f.reg->owner_of(y, &bi);
+        of_1 = f.reg->owner_of(1, nullptr);
+        passed.store(1);
+    });
+    for (int i = 0; i < 2000 && !passed.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool while_held = passed.load() == 1;
+    if (!while_held) release.store(1);
+    walker.join();
+    REQUIRE(while_held);  // a passed over, its lock still held
+    CHECK(of_y == b);
+    CHECK(bi.block == y);
+    CHECK(of_1 == nullptr);
+    int rc = -1;
+    CHECK_FALSE(a->pool->deallocate(y, api_id::cuMemFree_v2, &rc, true));
+    CHECK(rc == -1);
+    // Inside a's segment: the walk waits for a's lock (a comes first), then finds a's block.
+    std::atomic<int> done{0};
+    pool_registry::slot* found = nullptr;
+    std::thread asker([&] {
+        found = f.reg->owner_of(x + 4096, nullptr);
+        done.store(1);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(done.load() == 0);
+    release.store(1);
+    holder.join();
+    asker.join();
+    CHECK(found == a);
 }
 
 TEST_CASE("registry: without settings no pool is made", "[registry]") {
