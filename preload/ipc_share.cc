@@ -85,7 +85,11 @@ struct export_rec {
     uint64_t offset;  // kind_legacy
     CUipcMemHandle legacy;
     const block_pool* pool;
-    CUcontext ctx;  // the pool's: the server thread makes it current to export the chunks
+    // The pool's backend: the server thread makes its context current to export the chunks, read
+    // when it does (under the pool's lock), never at the export: a destroyed green context's pool
+    // goes on in its primary context (pool_hooks.cc, primary_released_by), and the context the
+    // export saw is dead then.
+    const driver_backend* backend;
 };
 
 struct import_rec {
@@ -313,6 +317,24 @@ struct batch_ctx {
     CUresult err = CUDA_SUCCESS;
     uint64_t id = 0;  // the export being served (0: ipc_export's own probe)
     uint64_t block = 0;
+    const driver_backend* backend = nullptr;  // the server's: its context current for the batch
+};
+
+// The pool's context current on the server thread for one batch (pushed, popped at the end), read
+// under the pool's lock, which a green context's pool holds from before the driver's destruction
+// until it works in the primary context: before, the context recorded at the export was pushed,
+// the destroyed green context's own (emu_pool_app green-ipc-late: dead_green_made_current 1).
+struct pool_context_current {
+    bool on = false;
+    explicit pool_context_current(const driver_backend* backend) noexcept {
+        auto push = GPUMEM_REAL(cuCtxPushCurrent_v2);
+        const CUcontext c = backend ? backend->context() : nullptr;
+        on = c && push && GPUMEM_REAL(cuCtxPopCurrent_v2) && push(c) == CUDA_SUCCESS;
+    }
+    ~pool_context_current() {
+        CUcontext c = nullptr;
+        if (on) GPUMEM_REAL(cuCtxPopCurrent_v2)(&c);
+    }
 };
 
 // Runs under the owning pool's lock: the chunks cannot be released while they are exported.
@@ -329,6 +351,7 @@ bool export_batch(void* ctx, const uint64_t* handles, size_t n) {
         b->err = CUDA_ERROR_NOT_SUPPORTED;
         return false;
     }
+    const pool_context_current in_pool_context(b->backend);
     for (size_t i = 0; i < n; ++i) {
         int fd = -1;
         CUresult r = exp(&fd, CUmemGenericAllocationHandle(handles[i]), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
@@ -378,23 +401,12 @@ void serve_one(int c) noexcept {
         send_msg(c, &head, sizeof head, nullptr, 0);
         return;
     }
-    // The pool's context, current on this thread while it exports (pushed, popped at the end).
-    auto push = GPUMEM_REAL(cuCtxPushCurrent_v2);
-    auto pop = GPUMEM_REAL(cuCtxPopCurrent_v2);
-    const bool pushed = push && pop && rec.ctx && push(rec.ctx) == CUDA_SUCCESS;
-    struct popper {
-        bool on;
-        decltype(pop) f;
-        ~popper() {
-            CUcontext c = nullptr;
-            if (on) f(&c);
-        }
-    } pop_at_end{pushed, pop};
     block_pool::chunk_view view{};
     for (size_t from = 0;; ) {
         batch_ctx b;
         b.id = rec.id;
         b.block = rec.block;
+        b.backend = rec.backend;  // its context current for each batch (export_batch)
         const bool ok = !pool_exiting() && rec.pool->visit_block_chunks(rec.block, from, k_batch, &view, export_batch, &b);
         if (from == 0) {
             head.status = ok ? CUDA_SUCCESS : (b.err ? b.err : CUDA_ERROR_INVALID_VALUE);
@@ -563,13 +575,13 @@ void unmap_imports(const import_rec* recs, size_t n) noexcept {
 
 // cuIpcGetMemHandle of an allocated pooled block (any address inside it names it, as a driver
 // allocation's does) that the real handle cannot name.
-CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, const block_pool::block_info& bi) noexcept {
+CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, const driver_backend& backend, const block_pool::block_info& bi) noexcept {
     static std::atomic<bool> said{false};
     export_rec rec{};
     rec.block = bi.block;
     rec.size = bi.requested;
     rec.pool = &pool;
-    rec.ctx = ctx;
+    rec.backend = &backend;
     exporter_state& s = ex();
     auto fill = [&](const export_rec& e) {
         wire_handle w{};

@@ -33,7 +33,7 @@ namespace gpumem {
 constexpr uint64_t k_moved_pool_key = uint64_t(1) << 63;
 
 // ipc_share.cc: pooled blocks shared with other processes.
-CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, CUcontext ctx, const block_pool::block_info& bi) noexcept;
+CUresult ipc_export(CUipcMemHandle* h, const block_pool& pool, const driver_backend& backend, const block_pool::block_info& bi) noexcept;
 void ipc_block_freed(uint64_t block) noexcept;
 void ipc_pool_dropped(const block_pool* pool) noexcept;
 void ipc_after_fork() noexcept;
@@ -773,7 +773,7 @@ CUresult pool_ipc_handle(CUipcMemHandle* h, CUdeviceptr p, bool* handled) noexce
     }
     *handled = true;
     if (!bi.allocated || !h) return CUDA_ERROR_INVALID_VALUE;  // free memory inside a segment: no allocation
-    return ipc_export(h, *s->pool, static_cast<driver_backend*>(s->backend)->context(), bi);
+    return ipc_export(h, *s->pool, *static_cast<const driver_backend*>(s->backend), bi);
 }
 
 // ---------------------------------------------------------------------------------------------

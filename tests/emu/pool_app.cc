@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1891,6 +1892,53 @@ void ipc_import(const std::string& hex, size_t size, const std::string& hex2, co
     }
 }
 
+// A green context's pooled block shared through legacy IPC before the green context's destruction
+// and opened by another process after it (its primary context lives on): two 5000 B blocks
+// allocated with the green context's CUcontext current, the second exported (an interior block: a
+// gpumem handle with the pool on, VMM on or off), the primary context current, cuGreenCtxDestroy,
+// then `ipc-import` run in a child process (its own lines: open_result, backing_*, close_result).
+// Prints the export's answer, where the block lies (export_backing_*), the child's exit status,
+// and how many times this process made the dead green context current or called the driver in
+// it from the destruction on (the export server's work included).
+void green_ipc_late() {
+    const CUcontext primary = setup();
+    CUgreenCtx g = nullptr;
+    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr a = 0, b = 0;
+    CHECK(cuMemAlloc(&a, 5000));
+    CHECK(cuMemAlloc(&b, 5000));
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    printf("export_ipc_result=%d\n", int(cuIpcGetMemHandle(&h, b)));
+    print_backing("export_backing_", b);
+    CHECK(cuCtxSetCurrent(primary));
+    CHECK(cuGreenCtxDestroy(g));
+    const unsigned long long made_current = driver_count("dead_green_made_current");
+    const unsigned long long called = driver_count("call_in_dead_green_context");
+    std::string hex;
+    char digits[3];
+    for (size_t i = 0; i < sizeof h.reserved; ++i) {
+        snprintf(digits, sizeof digits, "%02x", unsigned(static_cast<unsigned char>(h.reserved[i])));
+        hex += digits;
+    }
+    fflush(stdout);
+    const pid_t child = fork();
+    if (child < 0) fail("fork", errno);
+    if (child == 0) {
+        execl("/proc/self/exe", "emu_pool_app", "ipc-import", hex.c_str(), "5000", static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    int status = 0;
+    if (waitpid(child, &status, 0) != child) fail("waitpid", errno);
+    printf("import_exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\n", driver_count("dead_green_made_current") - made_current,
+           driver_count("call_in_dead_green_context") - called);
+    printf("free_a=%d\nfree_b=%d\n", int(cuMemFree(a)), int(cuMemFree(b)));
+}
+
 // Whether a kernel of device `dev` may touch p, as the emulated driver says (1, 0, -1 unmapped).
 int emu_access(CUdeviceptr p, int dev) {
     using fn = int (*)(CUdeviceptr, int);
@@ -2265,6 +2313,7 @@ int main(int argc, char** argv) {
     else if (s == "green-destroy-race") green_destroy_race();
     else if (s == "green-reuse-window") green_reuse_window();
     else if (s == "green-destroy-query") green_destroy_query();
+    else if (s == "green-ipc-late") green_ipc_late();
     else if (s == "green-dead-alloc") green_dead_alloc(argc > 2 ? argv[2] : nullptr);
     else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
     else if (s == "kernel-attr-device") kernel_attr_device();
@@ -2285,7 +2334,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-reuse-window | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-reuse-window | green-destroy-query | green-ipc-late | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

@@ -1551,6 +1551,50 @@ TEST_CASE("pool: pointer queries and frees of memory outside a green context's p
     }
 }
 
+TEST_CASE("pool: a green context's block exported through IPC before its destruction opens in another process after it, and the export never makes the dead context current") {
+    // The exporter allocates two 5000 B blocks with the green context current, exports the second
+    // (a gpumem handle), destroys the green context (its primary context lives on: its pool goes
+    // on there) and runs the importer as its child.  Before, with virtual memory, the export
+    // server pushed the context recorded at the export, the dead green context's own, to export
+    // the chunks (dead_green_made_current 1 where alone 0; on an H100 a program that made a
+    // destroyed green context current died at its next switch, docs/gpu-results.md runs 167-168).
+    // Now it pushes the pool's context as it is when it serves (the primary context).  On
+    // cuMemAlloc segments the server sends the segment's real handle and pushes nothing.
+    const auto alone = values(run({EMU_POOL_APP, "green-ipc-late"}, {}, false).out);
+    CHECK(alone.at("open_result") == "0");
+    CHECK(alone.at("dead_green_made_current") == "0");
+    for (const char* vmm : {"on", "off"}) {
+        INFO("GPUMEM_POOL_VMM=" << vmm);
+        auto r = run({EMU_POOL_APP, "green-ipc-late"}, {{"GPUMEM_POOL_VMM", vmm}});
+        INFO(r.out << r.err);
+        REQUIRE(WIFEXITED(r.status));
+        REQUIRE(WEXITSTATUS(r.status) == 0);
+        const auto v = values(r.out);
+        for (const char* k : {"export_ipc_result", "open_result", "close_result", "import_exit", "free_a", "free_b",
+                              "dead_green_made_current", "call_in_dead_green_context"}) {
+            INFO(k);
+            CHECK(v.at(k) == alone.at(k));
+        }
+        // The importer's pointer lands on the exporter's block, first and last byte.
+        CHECK(v.at("backing_pid") == v.at("export_backing_pid"));
+        CHECK(v.at("backing_origin") == v.at("export_backing_origin"));
+        CHECK(v.at("backing_offset") == v.at("export_backing_offset"));
+        CHECK(num(v, "backing_last_offset") == num(v, "export_backing_offset") + 4999);
+        REQUIRE(!r.logs.empty());  // the exporter's (and the importer's, if it wrote one)
+        for (const std::string& log : r.logs) {
+            INFO(log);
+            const auto ls = lines_of(log);
+            REQUIRE(ls.size() >= 2);
+            CHECK(ls.back()["ev"] == "end");
+            CHECK(ls.back()["lost"] == 0);
+            CHECK(ls.back().value("live_allocs", -1) == 0);
+            CHECK(ls.back().value("unmatched", -1) == 0);
+            check_rebuild(ls);
+            check_report_clean(log);
+        }
+    }
+}
+
 TEST_CASE("pool: an allocation made with a destroyed green context current gets the driver's answer, and no pool is made for that context") {
     // On an H100 (driver 580.159.04, runs 167-168) cuMemAlloc answers CUDA_ERROR_CONTEXT_IS_DESTROYED
     // (709) with a destroyed green context's own CUcontext current; the emulated driver does too.
