@@ -193,6 +193,36 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
     return ok;
 }
 
+// A run whose every process is in the baseline, by the identity the copies rule names a process
+// by (host, pid, start and rank: drop_copies_of_one_log), is compared with itself: the report
+// JSON made from its own logs, a different file, which the refusal of a baseline that is the run
+// does not catch (a CI job that regenerates the baseline from the run it then checks).  Said, not
+// refused: a self-check on purpose (scripts/gpu-e2e-run.sh's check-own-baseline) stays exit 0.  A
+// process without a start (a hand-made log's 0) names none.
+void warn_if_own_baseline(const run_input& run, const run_input& base, const std::string& baseline_path) {
+    auto same = [](const process_report& a, const process_report& b) {
+        return a.start_unix_ns != 0 && a.host == b.host && a.pid == b.pid && a.start_unix_ns == b.start_unix_ns &&
+               a.rank == b.rank;
+    };
+    size_t matched_in_base = 0;
+    for (const process_report& b : base.processes)
+        matched_in_base += std::any_of(run.processes.begin(), run.processes.end(),
+                                       [&](const process_report& r) { return same(r, b); });
+    for (const process_report& r : run.processes)
+        if (std::none_of(base.processes.begin(), base.processes.end(), [&](const process_report& b) { return same(r, b); }))
+            return;
+    // Processes of the baseline that the run lacks still fail as missing GPUs: said, so the
+    // warning claims no more than is so.
+    const size_t others = base.processes.size() - matched_in_base;
+    spdlog::warn("{}", visible("every process of this run is in the --baseline " + baseline_path +
+                               " (the same host, pid, start time and rank: a report of this run's own logs?): the run "
+                               "is being compared with itself, so the check against the baseline cannot fail" +
+                               (others ? " (but for the baseline's " + fmt_counted(others, "process", "processes") +
+                                             " missing from the run)"
+                                       : std::string()) +
+                               "; give the baseline of another run (gpumem report --json of the main branch's logs)"));
+}
+
 int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (args.metric_opt->count() && !args.limit_opt[0]->count())
         return usage_error("check", "--metric says what --max-peak limits; give --max-peak too");
@@ -332,6 +362,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         spdlog::error("baseline {}: no GPU memory activity to compare against", baseline_path);
         return k_exit_input;
     }
+    if (!baseline_path.empty()) warn_if_own_baseline(run, base, baseline_path);
     std::vector<const measure*> needed;
     for (const limit& l : limits)
         if (l.set) needed.push_back(l.m);

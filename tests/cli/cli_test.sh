@@ -395,7 +395,14 @@ check_baseline)
   "$GPUMEM" report --json "$DATA/before.jsonl" > "$W/baseline.json" || fail "report --json"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json"
   expect_in "$W/out" "6 limits on 1 GPU of 1 process: 0 broken"
+  # The report JSON of the run's own log, a different file, passed silently: a CI job that makes
+  # the baseline from the run it then checks has a gate that cannot fail.  Said (same host, pid,
+  # start and rank), exit 0 kept; not said of another run's baseline.
+  own="every process of this run is in the --baseline $W/baseline.json (the same host, pid, start time and rank"
+  expect_in "$W/err" "gpumem: warning: $own"
+  expect_in "$W/err" "the run is being compared with itself, so the check against the baseline cannot fail; give the baseline of another run"
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 10%
+  expect_not_in "$W/err" "compared with itself"
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
   # Both runs had the pool off: fragmentation is not measured, and said so, not "0.0% <= 0.0%".
@@ -413,7 +420,7 @@ check_baseline)
   expect_in "$W/err" "gpumem: warning: --tolerance 0.3 means 0.3%; for 30% write 30 or 30%"
   for t in 0.05% 0 1 5; do
     expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance "$t"
-    expect_not_in "$W/err" "warning"
+    expect_not_in "$W/err" "warning: --tolerance"
   done
   # Fragmentation grows by the tolerance in points, printed as given (one decimal said 0.1 for 0.05).
   "$GPUMEM" report --json "$SRC/tests/data/golden/pool_fragmentation.jsonl" > "$W/pooled.json" || fail "report --json"
@@ -447,6 +454,11 @@ check_baseline)
   "$GPUMEM" report --json "$SRC/tests/data/golden/rank0.jsonl" > "$W/rank0.json"
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" --baseline "$W/ranks.json"
   expect_in "$W/out" "FAIL rank 1 dev 1: in the baseline"
+  # Rank 0 is compared with itself; only the missing rank can fail, as said.
+  expect_in "$W/err" "compared with itself, so the check against the baseline cannot fail (but for the baseline's 1 process missing from the run)"
+  expect_rc 0 "$GPUMEM" check "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" --baseline "$W/ranks.json"
+  expect_in "$W/err" "every process of this run is in the --baseline $W/ranks.json"
+  expect_not_in "$W/err" "but for the baseline's"
   # OOMs may not grow over the baseline's: a run that caught one (PyTorch's retry after emptying its
   # cache) exits 0, and the baseline passed it with no limit on OOMs.
   "$GPUMEM" report --json "$SRC/tests/data/golden/pool_off_kinds.jsonl" > "$W/kinds.json"
