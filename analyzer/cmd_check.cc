@@ -204,6 +204,7 @@ void warn_if_own_baseline(const run_input& run, const run_input& base, const std
         return a.start_unix_ns != 0 && a.host == b.host && a.pid == b.pid && a.start_unix_ns == b.start_unix_ns &&
                a.rank == b.rank;
     };
+    if (run.processes.empty()) return;  // nothing compared: no claim to make
     size_t matched_in_base = 0;
     for (const process_report& b : base.processes)
         matched_in_base += std::any_of(run.processes.begin(), run.processes.end(),
