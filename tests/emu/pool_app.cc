@@ -726,6 +726,34 @@ void release_race(bool green) {
     printf("new_context_block_access=%d\n", access);
 }
 
+// The green context that most green cases start from: one of all of device 0's SMs, its own
+// CUcontext made current and returned (*g gets the green context).
+CUcontext green_current(CUgreenCtx* g) {
+    CHECK(cuGreenCtxCreate(g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUcontext own = nullptr;
+    CHECK(cuCtxFromGreenCtx(&own, *g));
+    CHECK(cuCtxSetCurrent(own));
+    return own;
+}
+
+// Hands `f` to the emulated driver, which calls it inside cuGreenCtxDestroy once the green
+// context is dead (nullptr: no more calls): the moment another thread's work must meet.
+void on_green_destroyed(void (*f)(CUgreenCtx)) {
+    using on_fn = void (*)(void (*)(CUgreenCtx));
+    static const auto on = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
+    if (!on) fail("dlsym gpumem_emu_on_green_destroyed", -1);
+    on(f);
+}
+
+// How many calls reached a destroyed green context, its events or its streams (the emulated
+// driver's counters, fake_libcuda.cc).
+void print_dead_green_counts() {
+    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\ncall_on_dead_green_event=%llu\n"
+           "call_on_dead_green_stream=%llu\n",
+           driver_count("dead_green_made_current"), driver_count("call_in_dead_green_context"),
+           driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
+}
+
 // A green context's destruction as its primary context's last release (run with
 // GPUMEM_EMU_PRIMARY_REFS=0): three rounds of the program's retain, a green context (which
 // retains the primary context too) with a non-blocking stream of its own, the program's release
@@ -789,12 +817,9 @@ void green_reuse() {
         g_reuse_stage.store(2);
         CHECK(cuGreenCtxDestroy(g1));
     });
-    using on_fn = void (*)(void (*)(CUgreenCtx));
-    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
-    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
     g_reuse_from_green = driver_count("cuCtxFromGreenCtx");
     g_reuse_destroys = driver_count("cuGreenCtxDestroy");
-    on_destroyed([](CUgreenCtx) {
+    on_green_destroyed([](CUgreenCtx) {
         int first = 0;
         if (!g_reuse_stage.compare_exchange_strong(first, 1)) return;  // the other thread's destruction
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -804,7 +829,7 @@ void green_reuse() {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
     });
     CHECK(cuGreenCtxDestroy(g0));
-    on_destroyed(nullptr);
+    on_green_destroyed(nullptr);
     other.join();
     printf("same_handle=%d\n", int(g1 == g0));
     report_device1_made_anew();
@@ -881,10 +906,7 @@ void green_late_free(bool reset) {
         printf("again_rc=%d\nnew_block_access=%d\n", again_rc, emu_access(d, 0));
         CHECK(cuMemFree(d));
     }
-    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\ncall_on_dead_green_event=%llu\n"
-           "call_on_dead_green_stream=%llu\n",
-           driver_count("dead_green_made_current"), driver_count("call_in_dead_green_context"),
-           driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
+    print_dead_green_counts();
 }
 
 // Another thread's pool work in the moment a green context is dead in the driver and gpumem has
@@ -900,10 +922,7 @@ std::atomic<int> g_race_stage{0};
 void green_destroy_race() {
     const CUcontext primary = setup();
     CUgreenCtx g = nullptr;
-    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-    CUcontext own = nullptr;
-    CHECK(cuCtxFromGreenCtx(&own, g));
-    CHECK(cuCtxSetCurrent(own));
+    green_current(&g);
     CUdeviceptr a = 0;
     CHECK(cuMemAlloc(&a, 24u << 20));
     CHECK(cuCtxSetCurrent(primary));
@@ -916,24 +935,18 @@ void green_destroy_race() {
         alloc_rc = int(cuMemAlloc(&big, 48u << 20));
         g_race_stage.store(2);
     });
-    using on_fn = void (*)(void (*)(CUgreenCtx));
-    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
-    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
-    on_destroyed([](CUgreenCtx) {
+    on_green_destroyed([](CUgreenCtx) {
         g_race_stage.store(1);
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
         while (g_race_stage.load() != 2 && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
     });
     const int destroy_rc = int(cuGreenCtxDestroy(g));
-    on_destroyed(nullptr);
+    on_green_destroyed(nullptr);
     other.join();
     if (alloc_rc == 0) CHECK(cuMemFree(big));
     printf("destroy_rc=%d\nfree_rc=%d\nalloc_rc=%d\n", destroy_rc, free_rc, alloc_rc);
-    printf("dead_green_made_current=%llu\ncall_in_dead_green_context=%llu\ncall_on_dead_green_event=%llu\n"
-           "call_on_dead_green_stream=%llu\n",
-           driver_count("dead_green_made_current"), driver_count("call_in_dead_green_context"),
-           driver_count("call_on_dead_green_event"), driver_count("call_on_dead_green_stream"));
+    print_dead_green_counts();
 }
 
 // Other threads' pointer queries, frees and free-memory question, none about a block of the green
@@ -956,10 +969,7 @@ void green_destroy_query() {
     CUdeviceptr p0 = 0, green_block = 0, made_block = 0, made_freed = 0, pitched = 0, pitch_freed = 0;
     CHECK(cuMemAlloc(&p0, 1u << 20));
     CUgreenCtx g = nullptr;
-    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-    CUcontext own = nullptr;
-    CHECK(cuCtxFromGreenCtx(&own, g));
-    CHECK(cuCtxSetCurrent(own));
+    green_current(&g);
     CHECK(cuMemAlloc(&green_block, 8u << 20));
     CUcontext made = nullptr;
     CHECK(cuCtxCreate(&made, nullptr, 0, 0));  // current now
@@ -991,10 +1001,7 @@ void green_destroy_query() {
             }
             g_query_done[i].store(1);
         });
-    using on_fn = void (*)(void (*)(CUgreenCtx));
-    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
-    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
-    on_destroyed([](CUgreenCtx) {
+    on_green_destroyed([](CUgreenCtx) {
         g_query_stage.store(1);
         g_query_stage.notify_all();
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -1007,7 +1014,7 @@ void green_destroy_query() {
         for (int i = 0; i < 6; ++i) g_query_during[i] = g_query_done[i].load();
     });
     const int destroy_rc = int(cuGreenCtxDestroy(g));
-    on_destroyed(nullptr);
+    on_green_destroyed(nullptr);
     for (auto& t : askers) t.join();
     printf("destroy_rc=%d\n", destroy_rc);
     for (int i = 0; i < 6; ++i) printf("%s_rc=%d\n%s_during_destroy=%d\n", names[i], rc[i], names[i], g_query_during[i]);
@@ -1044,10 +1051,7 @@ void green_dead_alloc(const char* cudart) {
         CHECK(rt_free(nullptr));  // the runtime's start
     }
     CUgreenCtx g = nullptr;
-    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-    CUcontext own = nullptr;
-    CHECK(cuCtxFromGreenCtx(&own, g));
-    CHECK(cuCtxSetCurrent(own));
+    const CUcontext own = green_current(&g);
     CUdeviceptr kept = 0;
     CHECK(cuMemAlloc(&kept, 8u << 20));
     CHECK(cuCtxSetCurrent(primary));
@@ -1085,9 +1089,7 @@ void green_handle_again() {
     CUcontext own[2] = {};
     for (int i = 0; i < 2; ++i) {
         CUgreenCtx g = nullptr;
-        CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-        CHECK(cuCtxFromGreenCtx(&own[i], g));
-        CHECK(cuCtxSetCurrent(own[i]));
+        own[i] = green_current(&g);
         CUdeviceptr cached = 0;
         CHECK(cuMemAlloc(&kept[i], 8u << 20));
         CHECK(cuMemAlloc(&cached, 8u << 20));
@@ -1124,10 +1126,7 @@ std::atomic<int> g_window_stage{0};
 void green_reuse_window() {
     const CUcontext primary = setup();
     CUgreenCtx g = nullptr;
-    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-    CUcontext own = nullptr;
-    CHECK(cuCtxFromGreenCtx(&own, g));
-    CHECK(cuCtxSetCurrent(own));
+    const CUcontext own = green_current(&g);
     CUdeviceptr kept = 0, cached = 0;
     CHECK(cuMemAlloc(&kept, 8u << 20));
     CHECK(cuMemAlloc(&cached, 8u << 20));
@@ -1144,10 +1143,7 @@ void green_reuse_window() {
         if (alloc_rc == 0) CHECK(cuPointerGetAttribute(&named, CU_POINTER_ATTRIBUTE_CONTEXT, m));
         if (alloc_rc == 0) made_free_rc = int(cuMemFree(m));
     });
-    using on_fn = void (*)(void (*)(CUgreenCtx));
-    auto on_destroyed = reinterpret_cast<on_fn>(dlsym(RTLD_DEFAULT, "gpumem_emu_on_green_destroyed"));
-    if (!on_destroyed) fail("dlsym gpumem_emu_on_green_destroyed", -1);
-    on_destroyed([](CUgreenCtx) {
+    on_green_destroyed([](CUgreenCtx) {
         g_window_stage.store(1);
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
         while (g_window_stage.load() != 2 && std::chrono::steady_clock::now() < until)
@@ -1155,7 +1151,7 @@ void green_reuse_window() {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the allocation is under way
     });
     const int destroy_rc = int(cuGreenCtxDestroy(g));
-    on_destroyed(nullptr);
+    on_green_destroyed(nullptr);
     other.join();
     printf("destroy_rc=%d\nmade_handle_again=%d\nalloc_rc=%d\nnamed_made=%d\nnamed_primary=%d\n", destroy_rc,
            int(made == own), alloc_rc, int(named == made), int(named == primary));
@@ -1903,10 +1899,7 @@ void ipc_import(const std::string& hex, size_t size, const std::string& hex2, co
 void green_ipc_late() {
     const CUcontext primary = setup();
     CUgreenCtx g = nullptr;
-    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-    CUcontext own = nullptr;
-    CHECK(cuCtxFromGreenCtx(&own, g));
-    CHECK(cuCtxSetCurrent(own));
+    green_current(&g);
     CUdeviceptr a = 0, b = 0;
     CHECK(cuMemAlloc(&a, 5000));
     CHECK(cuMemAlloc(&b, 5000));
@@ -1996,10 +1989,7 @@ void green_peer(const std::string& when) {
     };
     if (when == "early") enable();
     CUgreenCtx g = nullptr;
-    CHECK(cuGreenCtxCreate(&g, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM));
-    CUcontext own = nullptr;
-    CHECK(cuCtxFromGreenCtx(&own, g));
-    CHECK(cuCtxSetCurrent(own));
+    green_current(&g);
     CUdeviceptr a = 0;
     CHECK(cuMemAlloc(&a, 4u << 20));
     if (when == "live") enable();

@@ -273,6 +273,15 @@ void check_report_clean(const std::string& log) {
     CHECK(proc["n_warnings"] == 0);
 }
 
+// The end of a log whose program freed all it allocated: nothing live, no unmatched free, the
+// layout rebuilt without error and `gpumem report` without a warning.
+void check_settled(const std::vector<json>& ls, const std::string& log) {
+    CHECK(ls.back().value("live_allocs", -1) == 0);
+    CHECK(ls.back().value("unmatched", -1) == 0);
+    check_rebuild(ls);
+    check_report_clean(log);
+}
+
 void check_complete(const run_result& r, std::vector<json>* ls_out) {
     INFO(r.err);
     REQUIRE(WIFEXITED(r.status));
@@ -1461,10 +1470,7 @@ TEST_CASE("pool: a block of a green context freed after its destruction: the dri
         CHECK(v.at("async_rc") == alone.at("async_rc"));
         for (const char* dead : {"dead_green_made_current", "call_in_dead_green_context", "call_on_dead_green_event", "call_on_dead_green_stream"})
             CHECK(v.at(dead) == "0");
-        CHECK(ls.back().value("live_allocs", -1) == 0);
-        CHECK(ls.back().value("unmatched", -1) == 0);
-        check_rebuild(ls);
-        check_report_clean(r.logs[0]);
+        check_settled(ls, r.logs[0]);
     }
     // Then the primary context's reset: the memory the destroyed green context's pool holds was
     // the primary context's and goes with it, so that pool is retired too (a context_reset for
@@ -1511,10 +1517,7 @@ TEST_CASE("pool: another thread's pool work while a green context's destruction 
         for (const char* k : {"destroy_rc", "free_rc", "alloc_rc"}) CHECK(v.at(k) == alone.at(k));
         for (const char* dead : {"dead_green_made_current", "call_in_dead_green_context", "call_on_dead_green_event", "call_on_dead_green_stream"})
             CHECK(v.at(dead) == "0");
-        CHECK(ls.back().value("live_allocs", -1) == 0);
-        CHECK(ls.back().value("unmatched", -1) == 0);
-        check_rebuild(ls);
-        check_report_clean(r.logs[0]);
+        check_settled(ls, r.logs[0]);
     }
 }
 
@@ -1544,10 +1547,7 @@ TEST_CASE("pool: pointer queries and frees of memory outside a green context's p
             CHECK(v.at(std::string(n) + "_rc") == alone.at(std::string(n) + "_rc"));
             CHECK(v.at(std::string(n) + "_during_destroy") == "1");
         }
-        CHECK(ls.back().value("live_allocs", -1) == 0);
-        CHECK(ls.back().value("unmatched", -1) == 0);
-        check_rebuild(ls);
-        check_report_clean(r.logs[0]);
+        check_settled(ls, r.logs[0]);
     }
 }
 
@@ -1587,10 +1587,7 @@ TEST_CASE("pool: a green context's block exported through IPC before its destruc
             REQUIRE(ls.size() >= 2);
             CHECK(ls.back()["ev"] == "end");
             CHECK(ls.back()["lost"] == 0);
-            CHECK(ls.back().value("live_allocs", -1) == 0);
-            CHECK(ls.back().value("unmatched", -1) == 0);
-            check_rebuild(ls);
-            check_report_clean(log);
+            check_settled(ls, log);
         }
     }
 }
@@ -1633,10 +1630,7 @@ TEST_CASE("pool: an allocation made with a destroyed green context current gets 
                 failed.push_back(l.value("api", ""));
             }
         CHECK(failed == std::vector<std::string>{"cuMemAlloc_v2", "cudaMalloc"});
-        CHECK(ls.back().value("live_allocs", -1) == 0);
-        CHECK(ls.back().value("unmatched", -1) == 0);
-        check_rebuild(ls);
-        check_report_clean(r.logs[0]);
+        check_settled(ls, r.logs[0]);
     }
 }
 
@@ -1678,9 +1672,7 @@ TEST_CASE("pool: a destroyed green context's CUcontext made again, twice by gree
         CHECK(made_seg != seg_of[std::stoull(v.at("green1_block"), nullptr, 16)]);
         CHECK(count_ev(ls, "free_fail") == 0u);
         CHECK(count_ev(ls, "context_reset") == 1u);  // the made context's pool, not a green one's
-        CHECK(ls.back().value("live_allocs", -1) == 0);
-        check_rebuild(ls);
-        check_report_clean(r.logs[0]);
+        check_settled(ls, r.logs[0]);
     }
 }
 
@@ -1719,9 +1711,7 @@ TEST_CASE("pool: a context the driver makes with a green context's CUcontext dur
         CHECK(made_seg != seg_of[std::stoull(v.at("green_block"), nullptr, 16)]);
         CHECK(count_ev(ls, "free_fail") == 0u);
         CHECK(count_ev(ls, "context_reset") == 1u);  // the made context's pool, not the green one's
-        CHECK(ls.back().value("live_allocs", -1) == 0);
-        check_rebuild(ls);
-        check_report_clean(r.logs[0]);
+        check_settled(ls, r.logs[0]);
     }
 }
 
