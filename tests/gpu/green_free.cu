@@ -148,8 +148,8 @@ static int probe() {
     return 0;
 }
 
-// `dead-current`: makes a destroyed green context current, allocates there, then makes the primary
-// context current again.  On an H100 (driver 580.159.04) the last call died of a double free inside
+// `dead-current`: makes a destroyed green context current, allocates there (cuMemAlloc and
+// cuMemAllocPitch), then makes the primary context current again.  On an H100 (driver 580.159.04) the last call died of a double free inside
 // libcuda's cuCtxSetCurrent, without gpumem: so gpumem must never make a destroyed green context
 // current (pool_hooks.cc, primary_released_by), and `probe` above no longer does.
 static int dead_current() {
@@ -165,6 +165,10 @@ static int dead_current() {
     printf("set the dead green context current: %d\n", rc(cuCtxSetCurrent(own)));
     CUdeviceptr b = 0;
     printf("alloc 64 MiB with it current: %d\n", rc(cuMemAlloc(&b, size_t(64) << 20)));
+    // The pitched route is not pooled: gpumem passes it to the driver, so both answers must match.
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    printf("pitched alloc 4096 x 1024 with it current: %d\n", rc(cuMemAllocPitch(&p, &pitch, 4096, 1024, 16)));
     printf("set the primary context current again: %d\n", rc(cuCtxSetCurrent(primary)));
     printf("dead-current done\n");
     return 0;
