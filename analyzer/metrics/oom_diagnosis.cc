@@ -16,19 +16,22 @@ uint32_t oom_diagnosis::failing_stack(const log_event& e) const {
 
 void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     device_state& d = ctx.model.dev(e.dev);
-    pending_oom& p = pending_[d.slot];
+    std::vector<pending_oom>& waiting = pending_[d.slot];
     if (!from_pool) {
         ++d.rep.n_alloc_fail;
         // CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation are both 2.
         if (!e.has(fd_err) || e.err != 2) return;
-        if (p.pending && p.size == e.size) {
-            // The pool's "oom" already stands for this failure; attach the call's error and stack.
-            // Past the report's cap the "oom" was counted but not kept: the last OOM kept is another's.
-            p.pending = false;
-            if (p.kept && !d.rep.ooms.empty()) {
-                d.rep.ooms.back().err = e.err;
-                d.rep.ooms.back().stack = failing_stack(e);
+        auto it = std::find_if(waiting.begin(), waiting.end(), [&](const pending_oom& p) {
+            return p.size == e.size && (e.pooled || p.seq + 1 == e.seq);
+        });
+        if (it != waiting.end()) {
+            // The pool's "oom" already stands for this failure; attach the call's error and stack
+            // (past the report's cap the "oom" was counted but not kept).
+            if (it->kept < d.rep.ooms.size()) {
+                d.rep.ooms[it->kept].err = e.err;
+                d.rep.ooms[it->kept].stack = failing_stack(e);
             }
+            waiting.erase(it);
             return;
         }
     }
@@ -92,10 +95,11 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
         o.map = ctx.snaps.take(d, "oom #" + std::to_string(d.rep.n_oom), e.seq, e.t, line);
     }
     const bool kept = d.rep.ooms.size() < 1000;
+    // A log cut between the two lines leaves an entry waiting; a few per device is all a run has
+    // (one per pool), so an unbounded list means a malformed log: the oldest goes.
     if (from_pool) {
-        p.pending = true;
-        p.kept = kept;
-        p.size = e.size;
+        if (waiting.size() >= 64) waiting.erase(waiting.begin());
+        waiting.push_back({e.size, e.seq, kept ? d.rep.ooms.size() : SIZE_MAX});
     }
     if (kept) d.rep.ooms.push_back(std::move(o));
 }

@@ -3,6 +3,7 @@
 // call's stack and, for the first few, the map.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "metrics/metric.h"
@@ -17,7 +18,6 @@ public:
     }
     void after_event(device_state*, const log_event& e, uint64_t line) {
         switch (e.ev) {
-        case ev_kind::alloc: pending_[ctx.model.dev(e.dev).slot].pending = false; break;
         case ev_kind::alloc_fail: on_oom(e, line, false); break;
         case ev_kind::oom: on_oom(e, line, true); break;
         default: break;
@@ -27,12 +27,18 @@ public:
 private:
     void on_oom(const log_event& e, uint64_t line, bool from_pool);
     uint32_t failing_stack(const log_event& e) const;
+    // A pool's "oom" not yet matched by its pooled alloc_fail.  The pool writes the two back to
+    // back, but another pool of the device (another context's, a green context's) or a call outside
+    // the pools may log between them, so nothing but that alloc_fail ends the wait, and a device
+    // may have several waiting (one per pool), matched oldest first by size.  The recorder marks
+    // the pool's alloc_fail "pooled"; one without the mark (a hand-written log) pairs only as the
+    // event right after the "oom" (next seq).
     struct pending_oom {
-        bool pending = false;  // an "oom" not yet matched by its alloc_fail
-        bool kept = false;     // ... that the report keeps (the last of d.rep.ooms): it takes the call's err and stack
         uint64_t size = 0;
+        uint64_t seq = 0;
+        size_t kept = SIZE_MAX;  // its index in d.rep.ooms, which takes the call's err and stack; SIZE_MAX past the cap
     };
-    std::vector<pending_oom> pending_;  // by slot
+    std::vector<std::vector<pending_oom>> pending_;  // by slot
 };
 
 }  // namespace gpumem::analysis

@@ -953,6 +953,71 @@ TEST_CASE("OOM explanations: a driver that said the request's exact size was fre
 // A log cut just after the pool's refusals (killed before the program saw them): the device has
 // nothing but OOMs and is still reported.  Each OOM's map is a copy of the layout, so only the
 // first k_max_oom_maps (8) carry one.
+// The pool writes its "oom" and the refused call's pooled alloc_fail back to back, but another
+// pool of the device or a call outside the pools may log in between: the pair is still one OOM,
+// and two pools' pairs interleaved are two, each with its own call's stack.  (An alloc_fail without
+// "pooled", as hand-written logs have, pairs only as the very next event: the golden logs'.)
+TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lines", "[scenario]") {
+    const uint64_t GiB = 1ull << 30, MiB = 1ull << 20;
+    auto pooled_fail = [](uint64_t seq, uint64_t size, int stack) {
+        return "{\"ev\":\"alloc_fail\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
+               ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":" +
+               std::to_string(size) + ",\"seg\":\"0x0\",\"pooled\":true,\"err\":2,\"stack\":" + std::to_string(stack) + "}\n";
+    };
+    std::string log = k_header_on;
+    for (int id = 1; id <= 2; ++id)
+        log += "{\"ev\":\"stack\",\"id\":" + std::to_string(id) + ",\"frames\":[{\"function\":\"f" + std::to_string(id) +
+               "\",\"file\":\"/src/train.py\",\"line\":" + std::to_string(id) + "}]}\n";
+    SECTION("another thread's allocation between the two lines") {
+        log += seg_line("segment_alloc", 0, 0x9000000, 2 * MiB);
+        log += oom_line(1, GiB, {}, 0, GiB);
+        log += alloc_line(2, 0x7000000, 4 * MiB, 0, "device", "cuMemAlloc_v2");  // outside the pools
+        log += pooled_line("alloc", 3, 0x9000000, MiB, MiB, 0x9000000);      // another pool's hit
+        log += pooled_fail(4, GiB, 1);
+        log += end_line(5, 2);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = device(r, 0);
+        CHECK(d.n_oom == 1);
+        CHECK(d.n_alloc_fail == 1);
+        REQUIRE(d.ooms.size() == 1);
+        CHECK(d.ooms[0].from_pool);
+        CHECK(d.ooms[0].err == 2);
+        CHECK(d.ooms[0].stack == 1);
+    }
+    SECTION("two pools' pairs interleaved") {
+        log += oom_line(0, GiB, {}, 0, GiB);
+        log += oom_line(1, 512 * MiB, {}, 0, GiB);
+        log += pooled_fail(2, 512 * MiB, 2);
+        log += pooled_fail(3, GiB, 1);
+        log += end_line(4, 0);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = device(r, 0);
+        CHECK(d.n_oom == 2);
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].size == GiB);
+        CHECK(d.ooms[0].stack == 1);
+        CHECK(d.ooms[1].size == 512 * MiB);
+        CHECK(d.ooms[1].stack == 2);
+    }
+    SECTION("an alloc_fail outside the pools of the same size is an OOM of its own") {
+        log += oom_line(0, GiB, {}, 0, GiB);
+        log += alloc_line(1, 0x7000000, 4 * MiB, 0, "device", "cuMemAlloc_v2");  // outside the pools
+        log += "{\"ev\":\"alloc_fail\",\"seq\":2,\"t\":300,\"tid\":1,\"dev\":0,\"api\":\"cuMemCreate\",\"kind\":\"device\","
+               "\"size\":1073741824,\"err\":2}\n";
+        log += pooled_fail(3, GiB, 1);
+        log += end_line(4, 1);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = device(r, 0);
+        CHECK(d.n_oom == 2);
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].stack == 1);  // the pool's, paired with its own refusal
+        CHECK_FALSE(d.ooms[1].from_pool);
+    }
+}
+
 TEST_CASE("a device with only OOMs is reported, and only its first 8 OOMs carry a map", "[scenario]") {
     std::string log = k_header_on;
     for (uint64_t s = 0; s < 9; ++s) log += oom_line(s, 2ull << 30, {}, 0, 1ull << 30);
