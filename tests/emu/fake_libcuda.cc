@@ -24,6 +24,11 @@
 //                         context's own) is handed out again by the device's next such context,
 //                         last destroyed first, as a driver whose context objects come from malloc
 //                         may (below, next_context_handle)
+//   GPUMEM_EMU_GREEN_DESTROY_REFUSE  N: the Nth cuGreenCtxDestroy of a live green context (counted
+//                         from 1 over the process) is refused with CUDA_ERROR_INVALID_VALUE and
+//                         destroys nothing: the green context lives on, as after any refused call
+//                         (a refusal the driver may give for any reason; which one, if any, a
+//                         real driver gives for a valid green context is not measured)
 //
 // Virtual memory follows the driver's rules, with its error codes: physical chunks (cuMemCreate)
 // are whole multiples of the 2 MiB granularity and count against the capacity together with
@@ -211,6 +216,7 @@ counter g_counters[] = {
     {"cuGreenCtxCreate", {0}}, {"cuGreenCtxDestroy", {0}}, {"call_on_dead_green_stream", {0}},
     {"dead_green_made_current", {0}}, {"call_in_dead_green_context", {0}}, {"call_on_dead_green_event", {0}},
     {"cuCtxFromGreenCtx", {0}}, {"cuDevicePrimaryCtxRetain", {0}},
+    {"green_destroy_refused", {0}},  // GPUMEM_EMU_GREEN_DESTROY_REFUSE's refusals
 };
 // gpumem_emu_raise_in: the functions whose next call raises a signal, and which signal (0: none).
 char g_raise_names[256];
@@ -858,6 +864,13 @@ EMU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
         std::lock_guard<std::mutex> lk(g_green_mu);
         auto it = g_greens.find(reinterpret_cast<uintptr_t>(g));
         if (it == g_greens.end() || !it->second.live) return CUDA_ERROR_INVALID_CONTEXT;
+        // GPUMEM_EMU_GREEN_DESTROY_REFUSE=N: the Nth destroy of a live one is refused, nothing done.
+        static const long refuse_nth = getenv("GPUMEM_EMU_GREEN_DESTROY_REFUSE") ? atol(getenv("GPUMEM_EMU_GREEN_DESTROY_REFUSE")) : 0;
+        static long live_destroys = 0;  // under g_green_mu
+        if (++live_destroys == refuse_nth) {
+            bump("green_destroy_refused");
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         it->second.live = false;
         dev = it->second.dev;
         own = it->second.ctx;

@@ -1163,6 +1163,60 @@ void green_reuse_window() {
     printf("green_free_rc=%d\n", int(cuMemFree(kept)));
 }
 
+// A green context's destruction that the driver refuses (run with GPUMEM_EMU_GREEN_DESTROY_REFUSE=1,
+// the first refused, and GPUMEM_EMU_CAPACITY=64M): the green context allocates 8 MiB with its own
+// CUcontext current and keeps it, and frees another 8 MiB block into its pool; its destruction is
+// refused, and it lives on.  With its CUcontext current again the program allocates 8 MiB and
+// frees it, frees the kept block, allocates 8 MiB once more and asks whose memory that is and
+// where it begins; then, its primary context current, destroys the green context for real, frees
+// that last block after and allocates 48 MiB (what the pools hold free must go back for it).
+// gpumem moved the green pool to the primary context before the driver's answer and must have
+// moved it back.  `fresh`: the green context allocates nothing before the refused destruction (no
+// pool yet; gpumem marked its CUcontext dead before the driver's answer, and must have unmarked
+// it).  Prints the answers, the blocks (for the log) and the calls that reached a dead green
+// context.
+void green_destroy_refused(bool fresh) {
+    const CUcontext primary = setup();
+    CUgreenCtx g = nullptr;
+    const CUcontext own = green_current(&g);
+    CUdeviceptr kept = 0, cached = 0;
+    if (!fresh) {
+        CHECK(cuMemAlloc(&kept, 8u << 20));
+        CHECK(cuMemAlloc(&cached, 8u << 20));
+        CHECK(cuMemFree(cached));
+    }
+    CHECK(cuCtxSetCurrent(primary));
+    const int refused_rc = int(cuGreenCtxDestroy(g));
+    CUcontext again = nullptr;
+    const int from_green_rc = int(cuCtxFromGreenCtx(&again, g));
+    CHECK(cuCtxSetCurrent(own));
+    CUdeviceptr a = 0, b = 0;
+    const int alloc_rc = int(cuMemAlloc(&a, 8u << 20));
+    const int free_rc = alloc_rc == 0 ? int(cuMemFree(a)) : -1;
+    const int kept_free_rc = fresh ? -1 : int(cuMemFree(kept));
+    const int last_alloc_rc = int(cuMemAlloc(&b, 8u << 20));
+    CUcontext named = nullptr;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const int named_rc = last_alloc_rc == 0 ? int(cuPointerGetAttribute(&named, CU_POINTER_ATTRIBUTE_CONTEXT, b)) : -1;
+    const int range_rc = last_alloc_rc == 0 ? int(cuMemGetAddressRange(&base, &size, b)) : -1;
+    printf("refused_rc=%d\nfrom_green_rc=%d\nsame_context=%d\n", refused_rc, from_green_rc, int(again == own));
+    printf("alloc_rc=%d\nfree_rc=%d\nkept_free_rc=%d\nlast_alloc_rc=%d\n", alloc_rc, free_rc, kept_free_rc, last_alloc_rc);
+    printf("named_rc=%d\nnamed_primary=%d\nrange_rc=%d\nrange_base_is_last=%d\nrange_size=%zu\n", named_rc,
+           int(named == primary), range_rc, int(base == b), size);
+    printf("kept_block=0x%llx\ncached_block=0x%llx\nnew_block=0x%llx\nlast_block=0x%llx\n", (unsigned long long)kept,
+           (unsigned long long)cached, (unsigned long long)a, (unsigned long long)b);
+    CHECK(cuCtxSetCurrent(primary));
+    printf("destroy_rc=%d\n", int(cuGreenCtxDestroy(g)));
+    const int access = emu_access(b, 0);  // before the free: argument order is unspecified
+    printf("last_access=%d\nlate_free_rc=%d\nrefusals=%llu\n", access, int(cuMemFree(b)), driver_count("green_destroy_refused"));
+    // Most of the device (GPUMEM_EMU_CAPACITY=64M), which every pool must give back its free for.
+    CUdeviceptr big = 0;
+    const int big_rc = int(cuMemAlloc(&big, 48u << 20));
+    printf("big_alloc_rc=%d\nbig_free_rc=%d\n", big_rc, big_rc == 0 ? int(cuMemFree(big)) : -1);
+    print_dead_green_counts();
+}
+
 // issue 12's fill/fragment/large program: 6 MiB blocks until the device is full, two of every
 // three freed, then 60 MiB blocks until one fails.  Prints how many of each were served.  Other
 // sizes (MiB) give other layouts: 3 and 60 leave live blocks astride chunks, so that the last
@@ -2302,6 +2356,7 @@ int main(int argc, char** argv) {
     else if (s == "green-handle-again") green_handle_again();
     else if (s == "green-destroy-race") green_destroy_race();
     else if (s == "green-reuse-window") green_reuse_window();
+    else if (s == "green-destroy-refused") green_destroy_refused(argc > 2 && !strcmp(argv[2], "fresh"));
     else if (s == "green-destroy-query") green_destroy_query();
     else if (s == "green-ipc-late") green_ipc_late();
     else if (s == "green-dead-alloc") green_dead_alloc(argc > 2 ? argv[2] : nullptr);

@@ -1715,6 +1715,68 @@ TEST_CASE("pool: a context the driver makes with a green context's CUcontext dur
     }
 }
 
+TEST_CASE("pool: a green context's destruction the driver refuses: its pool moves back, the green context goes on with it, and its real destruction later moves it for good") {
+    // GPUMEM_EMU_GREEN_DESTROY_REFUSE=1: the first cuGreenCtxDestroy of a live green context is
+    // refused (CUDA_ERROR_INVALID_VALUE) and destroys nothing.  gpumem took the green context out
+    // of its device table, marked its CUcontext dead and moved its pool to the primary context
+    // before the driver's answer; each must be undone.  The program then allocates and frees in the
+    // green context, frees the block kept from before, asks about a new block, destroys the green
+    // context for real, frees that block late and allocates 48 MiB of the 64 MiB device.  What
+    // catches each undo left out (checked by leaving it out, 2026-12-07): the device table's entry
+    // (the real destruction went unwatched, and the 48 MiB allocation made the dead context current
+    // 4 times and failed, 2, where alone 0, VMM on and off); the pool's key (VMM off the same; VMM
+    // on the blocks after the refusal came from a new pool, not the green pool's cached segment);
+    // the mark ("fresh", the green context with no pool at the refusal: its allocations after it
+    // went to the driver unpooled).  The pool's context put back is not seen here: the green
+    // context's memory is the primary context's, where the pool worked meanwhile.
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_GREEN_DESTROY_REFUSE", "1"}, {"GPUMEM_EMU_CAPACITY", "64M"}};
+    auto answers = [](const std::string& out) {
+        auto v = values(out);
+        for (auto it = v.begin(); it != v.end();) {  // the blocks' addresses, "<name>_block", differ
+            const std::string& k = it->first;
+            it = k.size() > 6 && k.compare(k.size() - 6, 6, "_block") == 0 ? v.erase(it) : std::next(it);
+        }
+        return v;
+    };
+    for (const char* mode : {"pooled", "fresh"}) {
+        INFO(mode);
+        const auto alone = answers(run({EMU_POOL_APP, "green-destroy-refused", mode}, env, false).out);
+        REQUIRE(alone.at("refused_rc") == "1");
+        CHECK(alone.at("refusals") == "1");
+        CHECK(alone.at("same_context") == "1");
+        for (const char* k : {"from_green_rc", "alloc_rc", "free_rc", "last_alloc_rc", "named_rc", "range_rc", "destroy_rc",
+                              "late_free_rc", "big_alloc_rc", "big_free_rc", "dead_green_made_current", "call_in_dead_green_context"})
+            CHECK(alone.at(k) == "0");
+        CHECK(alone.at("named_primary") == "1");
+        CHECK(alone.at("range_base_is_last") == "1");
+        for (const char* vmm : {"on", "off"}) {
+            INFO("GPUMEM_POOL_VMM=" << vmm);
+            auto e = env;
+            e["GPUMEM_POOL_VMM"] = vmm;
+            auto r = run({EMU_POOL_APP, "green-destroy-refused", mode}, e);
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            INFO(r.out);
+            CHECK(answers(r.out) == alone);
+            // Every block pooled; after the refusal the green pool serves from what it cached.
+            std::map<uint64_t, uint64_t> seg_of;
+            for (const auto& l : ls)
+                if (l["ev"] == "alloc") {
+                    CHECK(l.value("pooled", false));
+                    if (l.contains("seg")) seg_of[hex(l["ptr"])] = hex(l["seg"]);
+                }
+            const auto v = values(r.out);
+            if (std::string(mode) == "pooled") {
+                const uint64_t cached_seg = seg_of[std::stoull(v.at("cached_block"), nullptr, 16)];
+                CHECK(cached_seg != 0);
+                CHECK(seg_of[std::stoull(v.at("new_block"), nullptr, 16)] == cached_seg);
+            }
+            CHECK(count_ev(ls, "free_fail") == 0u);
+            check_settled(ls, r.logs[0]);
+        }
+    }
+}
+
 TEST_CASE("pool: a runtime whose exit handler makes the last release: nothing goes back at exit, the log ends whole") {
     // The emulated runtime releases its reference from an atexit handler registered before the
     // first allocation; with no other reference that release ends the context during exit.
