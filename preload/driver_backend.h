@@ -51,6 +51,7 @@ class driver_backend final : public pool_backend {
     int map_kept(uint64_t addr, uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     int release_kept(uint64_t chunk, size_t n, const uint64_t* handles) noexcept override;
     void add_peer(int device) noexcept override;
+    void forget_peers() noexcept override { n_peers_ = 0; }
     int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
     int event_create(uint64_t* ev) noexcept override;
     int event_record(uint64_t ev, uint64_t stream) noexcept override;

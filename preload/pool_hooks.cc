@@ -705,6 +705,14 @@ CUresult pool_retain_handle(void* addr, bool* handled) noexcept {
 // (primary_released_by), whose key names no context.  Before, it reached the pool keyed by the
 // peer's handle alone, and device 1 could not touch a pooled block of a green context of device
 // 0 after enabling access to device 0's primary context (emu_pool_app green-peer).
+// A grant is remembered by the context whose memory it opens (a green context's own CUcontext
+// stands for its primary context, so a green context's end leaves it) and forgotten when that
+// context ends (context_gone: cuCtxDestroy, a reset, a last release), as its pool forgets the
+// devices it granted (block_pool::drop_all): peer access is enabled to a context (cuda.h), and a
+// context the driver makes later with the same handle is another, to which nothing was enabled
+// (so the emulated driver says; unmeasured on a GPU).  Before, both outlived it, and
+// that context's pool granted the device its chunks where the driver alone would not (by the
+// green context's handle, a context made with it; emu_pool_app peer-reuse).
 namespace {
 struct peer_grant {
     uint64_t ctx;
@@ -713,6 +721,15 @@ struct peer_grant {
 std::mutex g_peer_mu;
 peer_grant g_peer_grants[64];
 int g_n_peer_grants = 0;
+
+void forget_peer_grants(uint64_t ctx) noexcept {
+    if (!ctx) return;
+    std::lock_guard<std::mutex> lk(g_peer_mu);
+    int kept = 0;
+    for (int i = 0; i < g_n_peer_grants; ++i)
+        if (g_peer_grants[i].ctx != ctx) g_peer_grants[kept++] = g_peer_grants[i];
+    g_n_peer_grants = kept;
+}
 }  // namespace
 
 void pool_peer_enabled(CUcontext peer) noexcept {
@@ -724,7 +741,9 @@ void pool_peer_enabled(CUcontext peer) noexcept {
     auto get_device = GPUMEM_REAL(cuCtxGetDevice);
     CUdevice dev = 0;
     if (!peer || !get_device || get_device(&dev) != CUDA_SUCCESS) return;
-    const uint64_t ctx = uint64_t(uintptr_t(peer));
+    // Outside the lock: memory_context may retain and release a primary context.
+    const CUcontext memory = memory_context(peer);
+    const uint64_t ctx = uint64_t(uintptr_t(memory));
     {
         std::lock_guard<std::mutex> lk(g_peer_mu);
         bool known = false;
@@ -733,7 +752,6 @@ void pool_peer_enabled(CUcontext peer) noexcept {
         else if (!known) GPUMEM_WARN("more than 64 peer-access pairs: a pool made later for context {} will not grant device {}",
                                      static_cast<const void*>(peer), int(dev));
     }
-    const CUcontext memory = memory_context(peer);
     registry().for_each([&](pool_registry::slot& s) {
         if (s.ctx.load(std::memory_order_acquire) != 0 &&
             memory_context(static_cast<driver_backend*>(s.backend)->context()) == memory)
@@ -874,6 +892,8 @@ void context_gone(CUcontext ctx, int dev, context_end when) noexcept {
         ctx = primary_if_active(CUdevice(dev));
         if (ctx && dev < k_tracked_devices) g_ended_primary[dev].store(uint64_t(uintptr_t(ctx)), std::memory_order_release);
     }
+    // Peer access to it ends with it, pool or no pool yet (pool_peer_enabled).
+    forget_peer_grants(uint64_t(uintptr_t(ctx)));
     if (!ctx || registry().count() == 0) return;
     // Its streams died with it, without cuStreamDestroy: fences must not record on their handles,
     // which new streams may reuse (the primary context keeps its handle across a reset).

@@ -998,6 +998,7 @@ void block_pool::drop_all(context_end when) noexcept {
             if (s->vmm() && !s->stitched()) backend_release(s);
     }
     forget_all();
+    backend_.forget_peers();  // peer access ended with the context; the slot may serve a new one
     emit_simple(ev_kind::context_reset, api_id::none, 0);
     check_after_op();
 }

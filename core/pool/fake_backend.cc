@@ -641,6 +641,11 @@ bool fake_backend::is_live(uint64_t base) const noexcept {
     return live_.count(base) != 0;
 }
 
+void fake_backend::forget_peers() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    peers_.clear();
+}
+
 void fake_backend::add_peer(int device) noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     try {

@@ -84,6 +84,7 @@ class fake_backend final : public pool_backend {
 
     // Peer access: devices granted on every chunk mapped from now on, and a query per chunk.
     void add_peer(int device) noexcept override;
+    void forget_peers() noexcept override;
     int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept override;
     bool peer_can_access(uint64_t addr, int device) const noexcept;  // the mapping holding addr (first or second)
     // The program enqueues work (a kernel on any stream): it takes the next ticket, reached like

@@ -121,6 +121,10 @@ struct pool_backend {
     // expandable segments do the same).  Optional: the defaults do nothing.
     // From now on map_chunks grants `device` read/write access too.
     virtual void add_peer(int device) noexcept { (void)device; }
+    // The context ended (block_pool::drop_all), and its peer access with it: from now on
+    // map_chunks grants no device but its own.  A context the driver makes with the same handle
+    // (the registry rebinds the retired slot to it) has enabled none.
+    virtual void forget_peers() noexcept {}
     // cuMemSetAccess read/write for `device` over [addr, addr + bytes), whole mapped chunks.
     virtual int set_peer_access(uint64_t addr, uint64_t bytes, int device) noexcept {
         (void)addr, (void)bytes, (void)device;

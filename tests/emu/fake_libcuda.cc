@@ -86,6 +86,9 @@ struct allocation {
     // past it, though it charged more: cuMemGetAddressRange there is CUDA_ERROR_NOT_FOUND and
     // cuPointerGetAttribute CUDA_ERROR_INVALID_VALUE (an H100, 2026-12-06).
     uint64_t requested = 0;
+    // Device memory: the context whose memory it is (the one current at the allocation, a
+    // green context's own standing for its primary context's), for peer access.
+    uint64_t ctx = 0;
 };
 
 struct vmm_handle {
@@ -124,7 +127,9 @@ struct emu_state {
     std::map<uint64_t, uint64_t> reservations;        // VA base -> size
     std::map<uint64_t, vmm_mapping> mappings;         // VA -> mapping
     std::map<uint64_t, opened_ipc> opened;            // VA base -> another process's allocation
-    uint32_t peer_access[16] = {};                    // [dev]: devices whose contexts enabled peer access to dev's
+    // Peer access: a context (a green context's own names its primary context) -> the devices
+    // whose contexts enabled access to its memory; gone when that context ends.
+    std::map<uint64_t, uint32_t> peer_access;
     uint64_t next_reserve_va = 0x600000000000ull;     // reservations: below every device's cuMemAlloc range
     uint64_t next_opened_va = 0x500000000000ull;      // opened IPC memory: below the reservations
     uint64_t used[16] = {};
@@ -273,6 +278,7 @@ static std::atomic<bool>* primary_reset() {
     static std::atomic<bool>* r = new std::atomic<bool>[16]();
     return r;
 }
+uint64_t memory_context_now(int dev);  // below, with the contexts
 CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
@@ -281,6 +287,7 @@ CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
     if (primary_reset()[dev].load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     spin_latency();
+    const uint64_t ctx = memory_context_now(dev);
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
     // Sizes near 2^64 would wrap in the rounding: out of memory, as the driver says (2 for 2^64-1,
@@ -292,7 +299,7 @@ CUresult device_alloc(CUdeviceptr* p, uint64_t size, int kind, int dev = -1) {
     uint64_t base = align_up(s.next_va[dev], align);
     s.next_va[dev] = base + charged;
     s.used[dev] += charged;
-    s.device_allocs[base] = allocation{charged, dev, kind, size};
+    s.device_allocs[base] = allocation{charged, dev, kind, size, ctx};
     *p = CUdeviceptr(base);
     return CUDA_SUCCESS;
 }
@@ -711,10 +718,12 @@ EMU_EXPORT CUresult cuStreamSynchronize(CUstream) {
     return CUDA_SUCCESS;
 }
 // Context teardown frees the context's memory and closes the IPC memory opened in it, as the real
-// driver does.
+// driver does.  Called at a primary context's end (a last release, a reset, a destroy), whose
+// peer access goes with it: a context made anew with its handle has none.
 static void drop_device_memory(int dev) {
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
+    s.peer_access.erase(reinterpret_cast<uintptr_t>(ctx_of(dev)));
     for (auto it = s.device_allocs.begin(); it != s.device_allocs.end();) {
         if (it->second.dev == dev) {
             s.used[dev] -= it->second.size;
@@ -746,6 +755,10 @@ EMU_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
         {
             std::lock_guard<std::mutex> lk(g_made_mu);
             if (!g_made.erase(reinterpret_cast<uintptr_t>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        {
+            std::lock_guard<std::mutex> g(st().mu);
+            st().peer_access.erase(reinterpret_cast<uintptr_t>(c));  // a context made with the handle has none
         }
         context_handle_freed(c);
         give_context_bytes(dev_of(c));
@@ -830,6 +843,26 @@ static bool green_of(CUgreenCtx g, green_ctx* out) {
     if (it == g_greens.end() || !it->second.live) return false;
     *out = it->second;
     return true;
+}
+// The context whose memory an allocation on dev made now is: a context cuCtxCreate made, if
+// current (on dev); else dev's primary context, a green context's own CUcontext current included
+// (an H100: such memory is the primary context's, tests/gpu/green_free.cu).
+namespace {
+uint64_t memory_context_now(int dev) {
+    if (t_ctx_made && dev_of(reinterpret_cast<CUcontext>(t_ctx_made)) == dev) {
+        std::lock_guard<std::mutex> lk(g_made_mu);
+        if (g_made.count(t_ctx_made)) return t_ctx_made;
+    }
+    return reinterpret_cast<uintptr_t>(ctx_of(dev));
+}
+}  // namespace
+// The context whose memory peer access to c opens: c, or for a green context's own CUcontext
+// its primary context (its memory is that one's).
+static uint64_t peer_memory_context(CUcontext c) {
+    std::lock_guard<std::mutex> lk(g_green_mu);
+    for (auto& [h, gc] : g_greens)
+        if (gc.ctx == c) return reinterpret_cast<uintptr_t>(ctx_of(gc.dev));
+    return reinterpret_cast<uintptr_t>(c);
 }
 EMU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* g, CUdevResourceDesc, CUdevice dev, unsigned int) {
     bump("cuGreenCtxCreate");
@@ -1823,8 +1856,11 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccess
     return CUDA_SUCCESS;
 }
 
-// Peer access from the current context's device to `peer`'s: cuMemAlloc memory of the peer's
-// device becomes usable from this device (cuMemCreate memory does not: that takes cuMemSetAccess).
+// Peer access from the current context's device to `peer`'s: cuMemAlloc memory of the peer
+// context becomes usable from this device (cuMemCreate memory does not: that takes cuMemSetAccess),
+// until the peer context ends (cuCtxDestroy, a primary context's reset or last release); a context
+// made with its handle later has none.  The end of the context that enabled it takes nothing
+// away here (not emulated).
 EMU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
     bump("cuCtxEnablePeerAccess");
     const int dev = current_dev();
@@ -1832,10 +1868,11 @@ EMU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
     if (!peer || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     const int owner = dev_of(peer);
     if (owner < 0 || owner >= st().devices || owner == dev) return CUDA_ERROR_INVALID_DEVICE;
+    const uint64_t key = peer_memory_context(peer);
     emu_state& s = st();
     std::lock_guard<std::mutex> g(s.mu);
-    if (s.peer_access[owner] & (1u << dev)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
-    s.peer_access[owner] |= 1u << dev;
+    if (s.peer_access[key] & (1u << dev)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    s.peer_access[key] |= 1u << dev;
     return CUDA_SUCCESS;
 }
 
@@ -1863,7 +1900,8 @@ EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h,
 
 // ---- Test queries --------------------------------------------------------------------------------
 // May a kernel of device `dev` touch p?  A VMM mapping: if cuMemSetAccess granted dev; a cuMemAlloc
-// allocation: on its own device, or once dev's context enabled peer access to it.  1 yes, 0 no,
+// allocation: on its own device, or once dev's context enabled peer access to the context whose
+// memory it is, while that context lives.  1 yes, 0 no,
 // -1 when p is not mapped.
 EMU_EXPORT int gpumem_emu_access(CUdeviceptr p, int dev) {
     emu_state& s = st();
@@ -1878,8 +1916,11 @@ EMU_EXPORT int gpumem_emu_access(CUdeviceptr p, int dev) {
     auto d = s.device_allocs.upper_bound(a);
     if (d != s.device_allocs.begin()) {
         --d;
-        if (a - d->first < d->second.size && d->second.kind == 0)
-            return d->second.dev == dev || ((s.peer_access[d->second.dev] >> dev) & 1) ? 1 : 0;
+        if (a - d->first < d->second.size && d->second.kind == 0) {
+            if (d->second.dev == dev) return 1;
+            auto peer = s.peer_access.find(d->second.ctx);
+            return peer != s.peer_access.end() && ((peer->second >> dev) & 1) ? 1 : 0;
+        }
     }
     return -1;
 }

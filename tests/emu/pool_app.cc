@@ -2055,6 +2055,67 @@ void green_peer(const std::string& when) {
     printf("access=%d\nlate_free_rc=%d\n", access, int(cuMemFree(a)));
 }
 
+// Peer access to a context that ends, and the context made next with its handle (run with
+// GPUMEM_EMU_DEVICES=2 and GPUMEM_EMU_CONTEXT_REUSE=1): device 1's primary context enables access
+// to a context of device 0, which allocates 4 MiB (device 1 may touch it), frees it and ends; the
+// next context with the handle allocates 4 MiB, which device 1 may not touch (the emulated driver
+// ends peer access with the peer context), until device 1 enables access to that context in turn.  `how`:
+//   made:    a context cuCtxCreate made, destroyed; cuCtxCreate gets its handle again.
+//   reset:   device 0's primary context, reset; a retain makes it anew (the same handle).
+//   release: device 0's primary context, ended by its last release; a retain makes it anew.
+//   green:   a green context's own CUcontext is the one named (its memory is the primary
+//            context's); the green context is destroyed and cuCtxCreate gets that handle.
+// Prints the enables' answers, whether the handle came again and device 1's access to each block.
+void peer_reuse(const std::string& how) {
+    const CUcontext c0 = setup();
+    CUcontext c1 = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1));
+    auto enable = [&](const char* key, CUcontext peer) {
+        CUcontext back = nullptr;
+        CHECK(cuCtxGetCurrent(&back));
+        CHECK(cuCtxSetCurrent(c1));
+        printf("%s=%d\n", key, int(cuCtxEnablePeerAccess(peer, 0)));
+        CHECK(cuCtxSetCurrent(back));
+    };
+    CUcontext first = c0;
+    CUgreenCtx g = nullptr;
+    if (how == "made") CHECK(cuCtxCreate(&first, nullptr, 0, 0));  // current now
+    if (how == "green") first = green_current(&g);
+    enable("first_enable_rc", first);
+    CUdeviceptr a = 0, b = 0, c = 0;
+    CHECK(cuMemAlloc(&a, 4u << 20));
+    printf("first_access=%d\n", emu_access(a, 1));
+    CHECK(cuMemFree(a));
+    CUcontext next = nullptr;
+    if (how == "made") {
+        CHECK(cuCtxDestroy(first));
+        CHECK(cuCtxCreate(&next, nullptr, 0, 0));
+    } else if (how == "green") {
+        CHECK(cuCtxSetCurrent(c0));
+        CHECK(cuGreenCtxDestroy(g));
+        CHECK(cuCtxCreate(&next, nullptr, 0, 0));
+    } else {
+        if (how == "reset") CHECK(cuDevicePrimaryCtxReset(0));
+        else for (int i = 0; i < 2; ++i) CHECK(cuDevicePrimaryCtxRelease(0));  // setup's and the program's
+        unsigned flags = 0;
+        int active = -1;
+        CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        printf("ended=%d\n", int(active == 0));
+        CHECK(cuDevicePrimaryCtxRetain(&next, 0));
+        CHECK(cuCtxSetCurrent(next));
+    }
+    printf("same_handle=%d\n", int(next == first));
+    CHECK(cuMemAlloc(&b, 4u << 20));
+    printf("next_access=%d\n", emu_access(b, 1));
+    enable("next_enable_rc", next);
+    CHECK(cuMemAlloc(&c, 4u << 20));
+    const int b_access = emu_access(b, 1), c_access = emu_access(c, 1);
+    printf("next_access_after_enable=%d\nlater_access=%d\n", b_access, c_access);
+    CHECK(cuMemFree(b));
+    CHECK(cuMemFree(c));
+    if (next != c0) CHECK(cuCtxDestroy(next));
+}
+
 // The primary context is reset, then destroyed: each time the pool forgets that context's memory
 // (the driver freed it) and starts afresh.
 void reset() {
@@ -2361,6 +2422,7 @@ int main(int argc, char** argv) {
     else if (s == "green-ipc-late") green_ipc_late();
     else if (s == "green-dead-alloc") green_dead_alloc(argc > 2 ? argv[2] : nullptr);
     else if (s == "green-peer") green_peer(argc > 2 ? argv[2] : "late");
+    else if (s == "peer-reuse") peer_reuse(argc > 2 ? argv[2] : "made");
     else if (s == "kernel-attr-device") kernel_attr_device();
     else if (s == "async-other-device") async_other_device();
     else if (s == "reset-launch") reset_launch(argc > 2 && !strcmp(argv[2], "v1"));

@@ -2382,6 +2382,39 @@ TEST_CASE("pool: peer access to a primary context reaches the blocks of its gree
     }
 }
 
+TEST_CASE("pool: peer access ends with the peer context: a context made later with its handle does not inherit it") {
+    // GPUMEM_EMU_CONTEXT_REUSE=1 and two devices: device 1 enables access to a context of device 0
+    // (made, the primary one, or a green context's own), which then ends (cuCtxDestroy, a reset, a
+    // last release, cuGreenCtxDestroy); the next context with its handle allocates.  The emulated
+    // driver ends peer access with the peer context (peer access is enabled to a context, cuda.h;
+    // unmeasured on a GPU), so device 1 may not touch that block until it enables access to the
+    // new context.  Before, gpumem kept the grant past the context's end (by the green context's
+    // own handle, which then named the made context) and the new context's pool granted device 1
+    // its chunks (next_access 1 where alone 0, VMM on, in all four).
+    const std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_EMU_CONTEXT_REUSE", "1"}};
+    for (const char* how : {"made", "reset", "release", "green"}) {
+        INFO(how);
+        const auto alone = values(run({EMU_POOL_APP, "peer-reuse", how}, env, false).out);
+        REQUIRE(alone.at("same_handle") == "1");
+        CHECK(alone.at("first_access") == "1");
+        CHECK(alone.at("next_access") == "0");
+        CHECK(alone.at("next_enable_rc") == "0");
+        CHECK(alone.at("next_access_after_enable") == "1");
+        CHECK(alone.at("later_access") == "1");
+        for (const char* vmm : {"on", "off"}) {
+            INFO("GPUMEM_POOL_VMM=" << vmm);
+            auto e = env;
+            e["GPUMEM_POOL_VMM"] = vmm;
+            auto r = run({EMU_POOL_APP, "peer-reuse", how}, e);
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            INFO(r.out);
+            CHECK(values(r.out) == alone);
+            check_settled(ls, r.logs[0]);
+        }
+    }
+}
+
 TEST_CASE("pool: after a primary context reset its stale handle gets no pool until a retain makes the context anew") {
     // The driver refuses an allocation with the reset context's handle current (709, an H100, driver
     // 580); a pool made for it served one from fresh virtual-memory chunks.  "first": the reset

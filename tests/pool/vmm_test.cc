@@ -1147,6 +1147,29 @@ TEST_CASE("peer access: a device granted access reaches every chunk mapped befor
     CHECK(pool.validate(&why));
 }
 
+TEST_CASE("peer access: a context's end forgets its peers, so chunks the pool maps for the next context grant none", "[pool][vmm]") {
+    // Peer access ends with the context; a retired pool serves the next context the driver makes
+    // with the same handle (pool_registry).  Before, the backend kept the devices added, and that
+    // context's chunks were granted to a device that never enabled access to it.
+    fake_backend dev(256 * MiB);
+    dev.set_vmm(2 * MiB);
+    recording_sink sink;
+    block_pool pool(vmm_config(), dev, &sink, 0);
+    uint64_t a = 0, b = 0;
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &a) == k_cuda_success);
+    pool.grant_peer(1);
+    CHECK(dev.peer_can_access(a, 1));
+    pool.drop_all(context_end::coming);
+    REQUIRE(pool.allocate(30 * MiB, api_id::cuMemAlloc_v2, &b) == k_cuda_success);
+    CHECK_FALSE(dev.peer_can_access(b, 1));
+    CHECK_FALSE(dev.peer_can_access(b + 30 * MiB - 1, 1));
+    pool.grant_peer(1);  // the new context's own enable
+    CHECK(dev.peer_can_access(b, 1));
+    CHECK(dev.bad_calls() == 0);
+    std::string why;
+    CHECK(pool.validate(&why));
+}
+
 TEST_CASE("stitching: a request past the high-water mark takes scattered free chunks, given back at its free", "[pool][vmm][stitch]") {
     // 100 blocks of 6 MiB, two of three freed: 400 MiB free in 12 MiB pieces between live blocks.
     // A 60 MiB request fits no piece; growing would lift reserved memory over its high-water mark.
