@@ -34,6 +34,8 @@ foreach(c ${cases})
     list(GET op 0 ext)
     list(SUBLIST op 1 -1 extra)
     list(REMOVE_ITEM extra "")
+    # A file left by an earlier run must not stand in for one this run failed to write.
+    file(REMOVE ${WORK}/${name}.${ext}.out)
     execute_process(COMMAND ${GPUMEM} report --no-progress ${args} ${extra}
       WORKING_DIRECTORY ${src}
       OUTPUT_FILE ${WORK}/${name}.stdout.out ERROR_FILE ${WORK}/${name}.stderr.out

@@ -1,10 +1,12 @@
 # Screenshot test of the HTML report: headless Chromium renders it, and the PNG must exist and be a
 # real image of a real page (size well above a blank page's).  Look at WORK/report.png by eye when
 # the HTML writer changes.
+# The page of an earlier run must not stand in for one this run failed to write.
+file(REMOVE ${WORK}/report.html)
 execute_process(COMMAND ${GPUMEM} report --no-progress --html ${WORK}/report.html ${DATA}/golden/pool_fragmentation.jsonl
   OUTPUT_QUIET RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "gpumem report --html failed: ${rc}")
+if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/report.html)
+  message(FATAL_ERROR "gpumem report --html failed (exit ${rc}) or wrote no ${WORK}/report.html")
 endif()
 file(REMOVE ${WORK}/report.png)
 execute_process(COMMAND ${CHROMIUM} --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1150,1800
