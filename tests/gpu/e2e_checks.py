@@ -102,6 +102,8 @@ def main():
             facts.append(f"64 MiB buffers={n64}")
             if n64 < 2:
                 problems.append("expected the 64 MiB input and output buffers as their own allocations")
+        elif not total:  # no device memory in the header: "most of the GPU" would be 0 bytes, and any log passed
+            problems.append("the header names no device memory: the up-front allocation cannot be judged")
         elif biggest < total // 2:
             problems.append("expected one up-front allocation of most of the GPU")
     elif case.startswith("cupy"):
