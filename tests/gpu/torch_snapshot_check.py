@@ -22,6 +22,9 @@ gpumem, log = sys.argv[1], sys.argv[2]
 outdir = sys.argv[3] if len(sys.argv) > 3 else os.path.dirname(os.path.abspath(log))
 snap_path = os.path.join(outdir, os.path.basename(log).rsplit(".", 1)[0] + ".pickle")
 rows = []
+# Files of an earlier run (the same log checked again, or OUT reused) must not pass for this run's.
+if os.path.exists(snap_path):
+    os.remove(snap_path)
 
 
 def row(name, ok, detail):
@@ -89,6 +92,8 @@ for fn in ("trace_plot", "segment_plot"):
     except Exception as e:  # noqa: BLE001
         row(f"memory_viz {fn}()", False, f"{type(e).__name__}: {e}"[:200])
 html_path = os.path.join(outdir, "torch-snapshot-trace.html")
+if os.path.exists(html_path):
+    os.remove(html_path)
 r = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", snap_path, "-o", html_path],
                    capture_output=True, text=True)
 row("python -m torch.cuda._memory_viz trace_plot", r.returncode == 0 and os.path.isfile(html_path),
