@@ -588,3 +588,44 @@ TEST_CASE("diff lists the largest change first, a shrink as much as a growth", "
     CHECK(d[0].delta() == -900.0);
     CHECK(d[1].name == "grow (a.py:1)");
 }
+
+TEST_CASE("events are bunched when the middle 80% of them fall within a fifth of the time", "[output]") {
+    // One event per point at the given times (ns).
+    auto dev = [](std::vector<uint64_t> ts) {
+        device_report d;
+        for (uint64_t t : ts) {
+            time_point p;
+            p.t_first = p.t_last = t;
+            p.events = 1;
+            d.timeline.push_back(p);
+        }
+        return d;
+    };
+    const uint64_t s = 1000000000;
+    // 10 events: the first at 0, 8 within 7 us at 10 s, the last at 20 s.  The middle 80% are the
+    // 8; the first event was taken as one of them, so the rows stayed by time.
+    std::vector<uint64_t> ten{0};
+    for (uint64_t i = 0; i < 8; ++i) ten.push_back(10 * s + i * 1000);
+    ten.push_back(20 * s);
+    CHECK(events_bunched(dev(ten)));
+    // Evenly spread: not bunched.
+    std::vector<uint64_t> even;
+    for (uint64_t i = 0; i < 10; ++i) even.push_back(i * s);
+    CHECK_FALSE(events_bunched(dev(even)));
+    // 9 events (at least 10 are needed), and 52 events in 7 points (at least 8), clustered the same
+    // way: not bunched.
+    CHECK_FALSE(events_bunched(dev(std::vector<uint64_t>(ten.begin() + 1, ten.end()))));
+    device_report seven = dev({0, 10 * s, 10 * s + 1, 10 * s + 2, 10 * s + 3, 10 * s + 4, 20 * s});
+    for (size_t i = 1; i + 1 < seven.timeline.size(); ++i) seven.timeline[i].events = 10;
+    CHECK_FALSE(events_bunched(seven));
+    seven.timeline.insert(seven.timeline.begin() + 3, seven.timeline[3]);  // the eighth point
+    CHECK(events_bunched(seven));
+    // 100 events over 1 s, the middle 80 (the 11th to the 90th) spread over 0.19 s, then 0.21 s.
+    auto spread = [&](uint64_t w) {
+        std::vector<uint64_t> ts;
+        for (uint64_t i = 0; i < 100; ++i) ts.push_back(i < 10 ? i : i >= 90 ? s - 100 + i : s / 2 + (i - 10) * w / 79);
+        return ts;
+    };
+    CHECK(events_bunched(dev(spread(s * 19 / 100))));
+    CHECK_FALSE(events_bunched(dev(spread(s * 21 / 100))));
+}
