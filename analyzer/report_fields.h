@@ -54,10 +54,14 @@ namespace gpumem::analysis {
     X(n_segment_map, n_segment_map, u64)                                                     \
     X(end_unmapped_bytes, unmapped.current, u64)                                             \
     X(peak_unmapped_bytes, unmapped.peak, u64)                                               \
+    X(peak_unmapped_t_ns, unmapped.peak_t, u64)                                              \
+    X(peak_unmapped_seq, unmapped.peak_seq, u64)                                             \
     X(n_map, n_map, u64)                                                                     \
     X(n_unmap, n_unmap, u64)                                                                 \
     X(end_pending_bytes, pending.current, u64)                                               \
     X(peak_pending_bytes, pending.peak, u64)                                                 \
+    X(peak_pending_t_ns, pending.peak_t, u64)                                                \
+    X(peak_pending_seq, pending.peak_seq, u64)                                               \
     X(n_pool_sync, n_pool_sync, u64)                                                         \
     X(n_pool_wait, n_pool_wait, u64)                                                         \
     X(n_pool_ordered, n_pool_ordered, u64)                                                   \
@@ -67,6 +71,8 @@ namespace gpumem::analysis {
 #define GPUMEM_REPORT_DEVICE_FIELDS_B(X)                                                    \
     X(end_mapped_bytes, mapped.current, u64)                                                 \
     X(peak_mapped_bytes, mapped.peak, u64)                                                   \
+    X(peak_mapped_t_ns, mapped.peak_t, u64)                                                  \
+    X(peak_mapped_seq, mapped.peak_seq, u64)                                                 \
     X(first_t_ns, first_t, u64)                                                              \
     X(last_t_ns, last_t, u64)
 #define GPUMEM_REPORT_DEVICE_FIELDS_C(X)                                                    \
