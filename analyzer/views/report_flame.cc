@@ -97,6 +97,7 @@ struct flame_layout {
     const flame_tree& t;
     double px_per_byte;
     uint64_t min_bytes, peak;
+    std::string other_why;  // the hover title's first line for "(other stacks)"
     std::vector<flame_box> boxes;
     size_t depth = 0;   // rows used
     bool merged_any = false, omitted_any = false;
@@ -137,7 +138,7 @@ struct flame_layout {
                 b.fill = k_no_stack_colour;
             } else if (k.frame == flame_tree::other) {
                 b.label = "(other stacks)";
-                b.title = "stacks not listed: the report JSON keeps only the top sites\n" + amount(k.bytes, k.count);
+                b.title = other_why + "\n" + amount(k.bytes, k.count);
                 b.fill = k_other_colour;
             } else {
                 const frame_view& f = *t.frames[k.frame];
@@ -187,8 +188,13 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
         t.add(t.child(0, flame_tree::other), peak - listed, 0);
         t.add(0, peak - listed, 0);
     }
+    // A log's stacks beyond the k_flame_stacks largest (sites.cc live_at) are not drawn either.
+    const bool cut_many = !from_json && rows.size() >= k_flame_stacks;
+    const std::string other_why = from_json ? "stacks not listed: the report JSON keeps only the top sites"
+                                  : cut_many ? "stacks not drawn: only the " + fmt_count(k_flame_stacks) + " with the most bytes are"
+                                             : "bytes at the peak that no drawn stack holds";
     const uint64_t total = std::max<uint64_t>(t.nodes[0].bytes, 1);
-    flame_layout lay{t, k_svg_width / double(total), std::max<uint64_t>(1, uint64_t(double(total) * k_flame_min_share)), peak, {}, 0};
+    flame_layout lay{t, k_svg_width / double(total), std::max<uint64_t>(1, uint64_t(double(total) * k_flame_min_share)), peak, other_why, {}, 0};
     lay.place(0, 0, 0);
     if (lay.boxes.empty()) return "";
 
@@ -219,6 +225,8 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
              << (lay.omitted_any ? "; smaller remainders are left out" : "") << ".";
     if (from_json && peak > listed)
         note << " Drawn from the report JSON, which lists only the top " << rows.size() << " sites; the rest is “(other stacks)”.";
+    else if (cut_many)
+        note << " Only the " << fmt_count(k_flame_stacks) << " stacks with the most bytes are drawn; the rest is “(other stacks)”.";
     if (t.cut_deep) note << " Frames deeper than " << k_flame_max_depth << " levels are not drawn.";
     note << "</p>\n";
     return note.str() + o.str();

@@ -101,6 +101,16 @@ with tempfile.TemporaryDirectory() as d:
                                     "kind": "device", "ptr": hex(0x7f0000000000 + (s << 24)), "size": size, "stack": s}) + "\n")
         return path
 
+    # A log with more stacks live at the peak than the graph takes (5,000): the rest is "(other
+    # stacks)", which said the report JSON had left them out.
+    raw, p = report_html(stacks_log("many_stacks.jsonl", {
+        s: ([(f"f{s}", "/src/a.py", s), ("main", "/src/a.py", 1)], 1000 if s <= 5000 else 999) for s in range(1, 5201)}), d)
+    other = [t for t in p.titles if t.startswith("stacks not")]
+    check(len(other) == 1 and other[0].startswith("stacks not drawn: only the 5,000 with the most bytes are\n195.12 KiB"),
+          f"(other stacks) from a log of 5,200 stacks: {other}")
+    check(b"Only the 5,000 stacks with the most bytes are drawn" in raw and b"report JSON" not in raw,
+          "the page says the log's graph leaves the smallest stacks out")
+
     # A frame called from two callers is a box under each, with its own bytes; siblings of equal
     # bytes are ordered by name; a path of exactly the threshold (0.5% of the peak) is drawn.
     raw, p = report_html(stacks_log("shared_frames.jsonl", {
