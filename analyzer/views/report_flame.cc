@@ -188,8 +188,9 @@ std::string flame_svg(const process_report& p, const device_report& d, bool from
         t.add(t.child(0, flame_tree::other), peak - listed, 0);
         t.add(0, peak - listed, 0);
     }
-    // A log's stacks beyond the k_flame_stacks largest (sites.cc live_at) are not drawn either.
-    const bool cut_many = !from_json && rows.size() >= k_flame_stacks;
+    // A log's stacks beyond the k_flame_stacks largest (sites.cc live_at) are not drawn either;
+    // with exactly that many, every byte is listed and nothing was left out.
+    const bool cut_many = !from_json && rows.size() >= k_flame_stacks && peak > listed;
     const std::string other_why = from_json ? "stacks not listed: the report JSON keeps only the top sites"
                                   : cut_many ? "stacks not drawn: only the " + fmt_count(k_flame_stacks) + " with the most bytes are"
                                              : "bytes at the peak that no drawn stack holds";

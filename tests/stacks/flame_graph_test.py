@@ -110,6 +110,11 @@ with tempfile.TemporaryDirectory() as d:
           f"(other stacks) from a log of 5,200 stacks: {other}")
     check(b"Only the 5,000 stacks with the most bytes are drawn" in raw and b"report JSON" not in raw,
           "the page says the log's graph leaves the smallest stacks out")
+    # Exactly 5,000 stacks: every one is drawn, and the page must not say some were left out.
+    raw, p = report_html(stacks_log("exact_stacks.jsonl", {
+        s: ([(f"f{s}", "/src/a.py", s), ("main", "/src/a.py", 1)], 1000) for s in range(1, 5001)}), d)
+    check(b"Only the 5,000 stacks" not in raw and not any(t.startswith("stacks not") for t in p.titles),
+          "a log of exactly 5,000 stacks: none said to be left out")
 
     # A frame called from two callers is a box under each, with its own bytes; siblings of equal
     # bytes are ordered by name; a path of exactly the threshold (0.5% of the peak) is drawn.
