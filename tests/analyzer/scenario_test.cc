@@ -950,9 +950,6 @@ TEST_CASE("OOM explanations: a driver that said the request's exact size was fre
     CHECK(oom(64 * MiB + 1).verdict == "capacity");
 }
 
-// A log cut just after the pool's refusals (killed before the program saw them): the device has
-// nothing but OOMs and is still reported.  Each OOM's map is a copy of the layout, so only the
-// first k_max_oom_maps (8) carry one.
 // The pool writes its "oom" and the refused call's pooled alloc_fail back to back, but another
 // pool of the device or a call outside the pools may log in between: the pair is still one OOM,
 // and two pools' pairs interleaved are two, each with its own call's stack.  (An alloc_fail without
@@ -1018,6 +1015,9 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
     }
 }
 
+// A log cut just after the pool's refusals (killed before the program saw them): the device has
+// nothing but OOMs and is still reported.  Each OOM's map is a copy of the layout, so only the
+// first k_max_oom_maps (8) carry one.
 TEST_CASE("a device with only OOMs is reported, and only its first 8 OOMs carry a map", "[scenario]") {
     std::string log = k_header_on;
     for (uint64_t s = 0; s < 9; ++s) log += oom_line(s, 2ull << 30, {}, 0, 1ull << 30);
