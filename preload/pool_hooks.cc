@@ -724,6 +724,9 @@ int g_n_peer_grants = 0;
 
 void forget_peer_grants(uint64_t ctx) noexcept {
     if (!ctx) return;
+    // A signal handler on this thread that exits runs the last primary release, which comes here:
+    // it must pass, not wait for the lock this frame holds (critical_section.h).
+    critical_section in;
     std::lock_guard<std::mutex> lk(g_peer_mu);
     int kept = 0;
     for (int i = 0; i < g_n_peer_grants; ++i)
@@ -745,6 +748,7 @@ void pool_peer_enabled(CUcontext peer) noexcept {
     const CUcontext memory = memory_context(peer);
     const uint64_t ctx = uint64_t(uintptr_t(memory));
     {
+        critical_section in;  // before the lock, released after it (critical_section.h)
         std::lock_guard<std::mutex> lk(g_peer_mu);
         bool known = false;
         for (int i = 0; i < g_n_peer_grants; ++i) known |= g_peer_grants[i].ctx == ctx && g_peer_grants[i].device == int(dev);
@@ -763,6 +767,7 @@ void apply_peer_grants(pool_registry::slot* s) noexcept {
     peer_grant grants[64];
     int n = 0;
     {
+        critical_section in;  // before the lock, released after it (critical_section.h)
         std::lock_guard<std::mutex> lk(g_peer_mu);
         for (int i = 0; i < g_n_peer_grants; ++i) grants[n++] = g_peer_grants[i];
     }
