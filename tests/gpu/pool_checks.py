@@ -50,12 +50,11 @@ ok = len(loop["gpumem"]) == 5 * ROUNDS and len(loop["native"]) == 5 * ROUNDS and
 fails += not ok
 print(f"| randn+mul loop, µs/iter, fastest / median of {5 * ROUNDS} timings of 2000 iterations ({ROUNDS} processes per mode, modes alternating) | native {best['native']:.1f} / {med['native']:.1f}, no-cache raw {best['raw']:.1f} / {med['raw']:.1f}, no-cache + gpumem {best['gpumem']:.1f} / {med['gpumem']:.1f} ({reuse_of('loop-gpumem-1')}), GPUMEM_REUSE=safe {best['gpumem-safe']:.1f} / {med['gpumem-safe']:.1f}, =immediate {best['gpumem-immediate']:.1f} / {med['gpumem-immediate']:.1f}; gpumem/native {rb:.2f} fastest, {med['gpumem']/max(med['native'], 1e-9):.2f} median; safe/native {rs:.2f} fastest | {'PASS' if ok else 'FAIL'} (target ≤1.25, fastest) |")
 a, b = res("multistream-raw").get("losses"), res("multistream-gpumem").get("losses")
-ok = a is not None and a == b
-fails += not ok
 ms = log_of("multistream-gpumem")
 switched = bool(ms) and any(x["ev"] == "reuse_safe" for x in ms)
-ok = ok and switched
-fails += not switched
+# One row, one failure: losses that differ and a pool that never turned safe count once, like every other row.
+ok = a is not None and a == b and switched
+fails += not ok
 print(f"| 2-stream training step, 30 losses identical with and without gpumem; the pool turned safe | first {a[:2] if a else a}, last {a[-1] if a else a} vs {b[-1] if b else b}; {reuse_of('multistream-gpumem')} | {'PASS' if ok else 'FAIL'} |")
 r0, r1, r2 = (res(f"race-{m}").get("sums") for m in ("raw", "gpumem", "gpumem-immediate"))
 rl = log_of("race-gpumem")
