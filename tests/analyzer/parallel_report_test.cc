@@ -2,6 +2,7 @@
 // on stdout, stderr and in the HTML file, with errors and warnings in the order of the logs.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "test_util.h"
@@ -26,11 +27,14 @@ outputs report(const std::string& args, unsigned jobs) {
 
 TEST_CASE("report -j N: every thread count gives the output of one thread", "[parallel]") {
     std::string logs;
+    size_t n_logs = 0;
     for (const char* f : {"golden/pool_off_basic.jsonl", "golden/pool_fragmentation.jsonl", "golden/pool_auto.jsonl",
                           "golden/pool_off_kinds.jsonl", "golden/killed_truncated.jsonl", "golden/rank0.jsonl",
                           "golden/rank1.jsonl", "golden/pool_vmm_unmap.jsonl", "emu/vmm_fragment_3_60.jsonl",
-                          "emu/vmm_fragment_6_60.jsonl"})
+                          "emu/vmm_fragment_6_60.jsonl"}) {
         logs += " " + data_path(f);
+        ++n_logs;
+    }
     outputs one = report(logs, 1);
     REQUIRE(one.r.rc == 0);
     CHECK_THAT(one.r.err, Catch::Contains("killed_truncated.jsonl"));  // its warnings come in its place
@@ -47,6 +51,10 @@ TEST_CASE("report -j N: every thread count gives the output of one thread", "[pa
     run_result json4 = run_gpumem("report --no-progress --json -j 4" + logs);
     CHECK(json1.rc == 0);
     CHECK(json4.out == json1.out);
+    // Two empty outputs would be equal too: the one-thread JSON must parse and hold a process per log.
+    nlohmann::json j = nlohmann::json::parse(json1.out, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK((j.contains("processes") && j["processes"].is_array() && j["processes"].size() == n_logs));
 }
 
 TEST_CASE("report -j N: unusable logs among good ones are named in the order given, exit 2", "[parallel]") {
