@@ -2549,7 +2549,7 @@ TEST_CASE("pool on virtual memory: fill with 6 MiB, free two of three, then 60 M
     std::vector<json> ls;
     check_complete(r, &ls);
     auto v = values(r.out);
-    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});
+    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}}, false);  // without gpumem
     auto va = values(alone.out);
     CHECK(num(va, "big_served") == 6);  // (600 - 34 x 6) MiB free: 6 x 60 MiB
     CHECK(num(v, "small_served") == num(va, "small_served"));
@@ -2573,7 +2573,7 @@ TEST_CASE("a device without virtual memory management gets no pool, so fill/frag
     auto r = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_EMU_VMM", "0"}});
     std::vector<json> ls;
     check_complete(r, &ls);
-    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}, {"GPUMEM_EMU_VMM", "0"}});
+    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_EMU_VMM", "0"}}, false);
     CHECK(num(values(r.out), "big_served") == num(values(alone.out), "big_served"));
     CHECK(num(values(r.out), "small_served") == num(values(alone.out), "small_served"));
     CHECK(count_ev(ls, "segment_alloc") == 0);
@@ -2610,7 +2610,7 @@ TEST_CASE("pool with stitching: the training loop and the fill/fragment program 
     INFO(f.err);
     CHECK(f.err.find("stitching made ") != std::string::npos);
     CHECK(f.err.find("ms in those driver calls") != std::string::npos);
-    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}, {"GPUMEM_POOL", "off"}});
+    auto alone = run({EMU_POOL_APP, "fragment"}, {{"GPUMEM_EMU_CAPACITY", "600M"}}, false);
     CHECK(num(values(f.out), "big_served") == num(values(alone.out), "big_served"));
     CHECK(num(values(f.out), "small_served") == num(values(alone.out), "small_served"));
     check_rebuild(fl);
