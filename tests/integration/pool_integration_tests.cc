@@ -2337,13 +2337,18 @@ TEST_CASE("pool: a pooled block shared through legacy IPC opens in another proce
 }
 
 TEST_CASE("pool: peer access reaches pooled blocks as it reaches cudaMalloc memory, and they have no cuMemCreate handle") {
-    // GPUMEM_POOL=off is the driver alone; the default pool is on virtual memory, whose chunks
-    // need cuMemSetAccess for the peer (a kernel on device 1 would fault otherwise).
+    // Without gpumem ("alone") the driver's answers for cudaMalloc memory, which both pool modes
+    // must give: GPUMEM_POOL=off passes every allocation through gpumem's hooks to the driver; the
+    // default pool is on virtual memory, whose chunks need cuMemSetAccess for the peer (a kernel on
+    // device 1 would fault otherwise).
     // "early": the enable comes before device 0's first allocation, when its pool does not exist yet.
-    for (const char* pool : {"off", "on"})
+    for (const char* pool : {"alone", "off", "on"})
     for (const char* when : {"late", "early"}) {
         INFO("GPUMEM_POOL=" << pool << ", enable " << when);
-        auto r = run({EMU_POOL_APP, "peer", when}, {{"GPUMEM_EMU_DEVICES", "2"}, {"GPUMEM_POOL", pool}});
+        const bool alone = std::string(pool) == "alone";
+        std::map<std::string, std::string> env = {{"GPUMEM_EMU_DEVICES", "2"}};
+        if (!alone) env["GPUMEM_POOL"] = pool;
+        auto r = run({EMU_POOL_APP, "peer", when}, env, !alone);
         INFO(r.out << r.err);
         auto v = values(r.out);
         if (std::string(when) == "late") CHECK(num(v, "before_access") == 0);
