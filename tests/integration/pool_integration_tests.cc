@@ -2628,6 +2628,69 @@ TEST_CASE("pool with stitching: the training loop and the fill/fragment program 
     CHECK(stitched);
 }
 
+TEST_CASE("pool on virtual memory, chunk rounding: the capacities docs/pool.md's Limits give, where the training loop starts to fit and fragment 3 60 falls short") {
+    // docs/pool.md, "What the pool promises", Limits: a program within a few chunks of the
+    // device's memory can fail under gpumem where the driver alone serves it, by how much in each
+    // setting.  These are the doc's numbers: a change that moves one changes the doc with it.
+    // Each row: the program fails for memory (2, in its cudaMalloc) one MiB under `first` and fits at it.
+    auto fits = [](std::map<std::string, std::string> env, int mib, bool preload = true) {
+        env["GPUMEM_EMU_CAPACITY"] = std::to_string(mib) + "M";
+        auto r = run({EMU_RT_SHARED_APP, "train", "200"}, env, preload);
+        INFO(mib << " MiB: " << r.err);
+        REQUIRE(WIFEXITED(r.status));
+        if (WEXITSTATUS(r.status) == 0) return true;
+        REQUIRE(WEXITSTATUS(r.status) == 3);  // the program's own failure, with the call's error
+        CHECK(r.err.find("cudaMalloc(&a") != std::string::npos);
+        CHECK(r.err.find("failed with 2") != std::string::npos);
+        return false;
+    };
+    using env_t = std::map<std::string, std::string>;
+    CHECK_FALSE(fits({}, 137, false));
+    CHECK(fits({}, 138, false));  // the driver alone
+    const struct {
+        env_t env;
+        int first;
+    } rows[] = {
+        {{}, 139},
+        {{{"GPUMEM_POOL_CHUNK", "8MiB"}}, 139},
+        {{{"GPUMEM_POOL_ARENA", "off"}}, 141},
+        {{{"GPUMEM_POOL_ARENA", "64MiB"}}, 142},
+        {{{"GPUMEM_POOL_ARENA", "off"}, {"GPUMEM_REUSE", "safe"}}, 147},
+        {{{"GPUMEM_REUSE", "safe"}}, 148},
+        {{{"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "safe"}}, 148},
+    };
+    for (const auto& row : rows) {
+        std::string what;
+        for (const auto& [k, v] : row.env) what += k + "=" + v + " ";
+        INFO((what.empty() ? "defaults" : what));
+        CHECK_FALSE(fits(row.env, row.first - 1));
+        CHECK(fits(row.env, row.first));
+    }
+    // Stitching with safe reuse fails again at 151 MiB, between two that fit.
+    const env_t stitch = {{"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "safe"}};
+    CHECK(fits(stitch, 150));
+    CHECK_FALSE(fits(stitch, 151));
+    CHECK(fits(stitch, 152));
+
+    // Live 3 MiB blocks astride chunks: 5 of the driver's 6 60 MiB blocks at 600 MiB, all (one)
+    // at 140 MiB; with 8 MiB chunks none.
+    for (int mib : {140, 600}) {
+        INFO(mib << " MiB");
+        const std::string cap = std::to_string(mib) + "M";
+        const uint64_t alone = num(values(run({EMU_POOL_APP, "fragment", "3", "60"}, {{"GPUMEM_EMU_CAPACITY", cap}}, false).out), "big_served");
+        CHECK(alone == (mib == 600 ? 6 : 1));
+        for (const env_t& env : {env_t{}, env_t{{"GPUMEM_REUSE", "safe"}}, env_t{{"GPUMEM_POOL_ARENA", "off"}},
+                                 env_t{{"GPUMEM_POOL_STITCH", "on"}, {"GPUMEM_REUSE", "safe"}}}) {
+            env_t e = env;
+            e["GPUMEM_EMU_CAPACITY"] = cap;
+            INFO((env.empty() ? "defaults" : env.begin()->first));
+            CHECK(num(values(run({EMU_POOL_APP, "fragment", "3", "60"}, e).out), "big_served") == (mib == 600 ? alone - 1 : alone));
+        }
+        CHECK(num(values(run({EMU_POOL_APP, "fragment", "3", "60"}, {{"GPUMEM_EMU_CAPACITY", cap}, {"GPUMEM_POOL_CHUNK", "8MiB"}}).out),
+                  "big_served") == 0);
+    }
+}
+
 TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blocking sync, fences only") {
     // Issue 12: safe reuse synchronized the context once per 10 pairs here (9,999 blocking syncs).
     // Now frees are released by fences, which the idle emulated device has reached by the time the
