@@ -2235,9 +2235,10 @@ TEST_CASE("pool: a free a signal handler left waiting is carried out before its 
 // shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
 // emulated driver says where each process's pointer lands: the importer's must land on the
 // exporter's memory (its chunk, or its cuMemAlloc segment), at the block's offset, first and last byte.
-std::string ipc_script(const std::string& importer_env = "", const std::string& importer_extra = "") {
+std::string ipc_script(const std::string& importer_env = "", const std::string& importer_extra = "", int blocks = 3) {
     const std::string app = EMU_POOL_APP;
-    return "mkfifo go; (" + app + " ipc-export 3 5000 < go > export.txt; echo exit=$? >> export.txt) & "
+    return "mkfifo go; (" + app + " ipc-export " + std::to_string(blocks) +
+           " 5000 < go > export.txt; echo exit=$? >> export.txt) & "
            "exec 3> go; "
            "for i in $(seq 1 400); do grep -q '^backing_last_offset=' export.txt 2>/dev/null && break; sleep 0.05; done; "
            "h=$(sed -n 's/^handle=//p' export.txt); h2=$(sed -n 's/^handle2=//p' export.txt); " +
@@ -2333,6 +2334,27 @@ TEST_CASE("pool: a pooled block shared through legacy IPC opens in another proce
         CHECK(num(v, "export_ipc_result") == 0);
         CHECK(num(v, "import_open_result") == 1);  // CUDA_ERROR_INVALID_VALUE
         CHECK(num(v, "export_exit") == 0);
+    }
+    SECTION("cuMemAlloc segments: an importer without gpumem opens a block that starts its segment, not one inside it") {
+        // docs/pool.md's Limits: the exception is the segment's first block, whose handle is the
+        // driver's own; any other block's is gpumem's, which only gpumem opens.
+        auto first = run({"/bin/sh", "-c", ipc_script("env -u LD_PRELOAD", "", 1)}, {{"GPUMEM_POOL_VMM", "off"}});
+        INFO(first.out << first.err);
+        auto f = values(first.out);
+        CHECK(num(f, "export_ipc_result") == 0);
+        CHECK(num(f, "export_backing_offset") == 0);  // the block starts its segment
+        CHECK(num(f, "import_open_result") == 0);
+        CHECK(f.at("import_backing_pid") == f.at("export_backing_pid"));  // the exporter's memory
+        CHECK(num(f, "import_backing_origin") == num(f, "export_backing_origin"));
+        CHECK(num(f, "import_backing_last_offset") == num(f, "export_backing_last_offset"));
+        CHECK(num(f, "export_exit") == 0);
+        auto inner = run({"/bin/sh", "-c", ipc_script("env -u LD_PRELOAD")}, {{"GPUMEM_POOL_VMM", "off"}});
+        INFO(inner.out << inner.err);
+        auto n = values(inner.out);
+        CHECK(num(n, "export_ipc_result") == 0);
+        CHECK(num(n, "export_backing_offset") > 0);  // inside its segment
+        CHECK(num(n, "import_open_result") == 1);   // CUDA_ERROR_INVALID_VALUE
+        CHECK(num(n, "export_exit") == 0);
     }
 }
 
