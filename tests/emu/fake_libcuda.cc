@@ -695,6 +695,12 @@ EMU_EXPORT CUresult cuCtxCreate_v3(CUcontext* c, CUexecAffinityParam*, int, unsi
 EMU_EXPORT CUresult cuCtxCreate_v4(CUcontext* c, CUctxCreateParams*, unsigned int, CUdevice d) {
     return make_context("cuCtxCreate_v4", c, d);
 }
+// A kernel that faults (a launch of function 0xfa17): as on the driver, its launch succeeds and the
+// context is broken from then on, every later call that reaches the device answering 700
+// (CUDA_ERROR_ILLEGAL_ADDRESS, sticky).  Modelled for what a program's synchronize and the pool's
+// growth call: cuCtxSynchronize, cuMemAlloc_v2, cuMemCreate.
+static constexpr uintptr_t k_faulting_function = 0xfa17;
+static std::atomic<bool> g_context_faulted{false};
 EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
     int dev = current_dev();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -703,6 +709,7 @@ EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
 }
 EMU_EXPORT CUresult cuCtxSynchronize() {
     if (in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (g_context_faulted.load()) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (st().capturing.load()) {
         bump("cuCtxSynchronize_in_capture");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -1093,6 +1100,10 @@ static CUresult emu_launch(const char* name, CUfunction f, unsigned gx, unsigned
     const bool ok = gx == 11 && gy == 12 && gz == 13 && bx == 14 && by == 15 && bz == 16 && smem == 17 &&
                     params == reinterpret_cast<void**>(0x1234) && extra == reinterpret_cast<void**>(0x5678);
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    if (reinterpret_cast<uintptr_t>(f) == k_faulting_function) {
+        g_context_faulted = true;
+        return CUDA_SUCCESS;
+    }
     return load_module_of(f, true);
 }
 // A CUkernel is one handle for every device, loaded lazily on each device it is used on; its
@@ -1280,6 +1291,7 @@ EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
     bump("cuMemAlloc_v2");
     if (unsafe_call_refused()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (in_dead_green_context()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (g_context_faulted.load()) return CUDA_ERROR_ILLEGAL_ADDRESS;
     return device_alloc(p, size, 0);
 }
 static bool host_pool_free(CUdeviceptr p);
@@ -1667,6 +1679,7 @@ EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, co
                                 unsigned long long flags) {
     bump("cuMemCreate");
     if (!st().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (g_context_faulted.load()) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (!h || flags != 0 || size == 0 || size % k_granularity) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_prop(prop)) return r;
     if (!st().vmm) return CUDA_ERROR_NOT_SUPPORTED;

@@ -138,6 +138,22 @@ void launch_loop(long n, bool full) {
     print_counts("");
 }
 
+// A kernel fault after a block's free (the emulated driver's function 0xfa17 breaks the context):
+// the same size asked again (a pool hit under gpumem), then 64 MiB (a miss), then a synchronize.
+// Prints each answer: without gpumem every one is the fault's 700.
+void kernel_fault() {
+    setup();
+    CUdeviceptr a;
+    CHECK(cuMemAlloc(&a, 1u << 20));
+    CHECK(cuMemFree(a));
+    auto params = reinterpret_cast<void**>(0x1234), extra = reinterpret_cast<void**>(0x5678);
+    CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(0xfa17), 11, 12, 13, 14, 15, 16, 17, nullptr, params, extra));
+    CUdeviceptr again = 0, big = 0;
+    printf("hit_result=%d\n", int(cuMemAlloc(&again, 1u << 20)));
+    printf("miss_result=%d\n", int(cuMemAlloc(&big, 64u << 20)));
+    printf("sync_result=%d\n", int(cuCtxSynchronize()));
+}
+
 // Ordered release through the preload (run with GPUMEM_REUSE=safe): n pairs on the legacy stream
 // alone, then a non-blocking stream made, then n pairs more.  Prints the counts of each half
 // ("alone_", "streams_") and the stream waits the creation hook made ("made_").
@@ -2434,6 +2450,7 @@ int main(int argc, char** argv) {
     else if (s == "stream-loop") stream_loop(argc > 2 ? atol(argv[2]) : 100000, argc > 3 ? size_t(atol(argv[3])) : 4096);
     else if (s == "order-loop") order_loop(argc > 2 ? atol(argv[2]) : 1000, argc > 3 ? size_t(atol(argv[3])) : 20u << 20);
     else if (s == "switch-race") switch_race();
+    else if (s == "kernel-fault") kernel_fault();
     else if (s == "launch-loop") launch_loop(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 && std::string(argv[3]) == "full");
     else if (s == "per-thread") per_thread(argc > 2 ? argv[2] : "thunk");
     else if (s == "peer") peer(argc > 2 && std::string(argv[2]) == "early");
@@ -2441,7 +2458,7 @@ int main(int argc, char** argv) {
     else if (s == "ipc-import" && argc > 2) ipc_import(argv[2], argc > 3 ? size_t(atol(argv[3])) : 5000, argc > 4 ? argv[4] : "",
                                                          argc > 5 ? argv[5] : "");
     else {
-        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-reuse-window | green-destroy-query | green-ipc-late | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
+        fprintf(stderr, "usage: %s loop [N SIZE] | launch-loop [N [full]] | kernel-fault | stream-loop [N SIZE] | order-loop [N SIZE] | threads [T PAIRS [STREAM_AT]] | oom | fragment [SMALL_MIB BIG_MIB] | capture [to-graph] | query | edges | free-async | free-async-capture [ptsz] | destroy-in-handler | stream-destroy-in-handler | stream-in-handler | free-in-handler [exit|reset] | alloc-in-handler [early] | capture-modes | other-allocators | arrays | retry-ptsz | context-create | two-pools [huge] | two-pools-fenced | two-pools-unpooled | green-end | green-late-free [reset] | green-pool | green-reuse | green-handle-again | green-destroy-race | green-reuse-window | green-destroy-query | green-ipc-late | green-dead-alloc [CUDART_LIB] | green-peer [early|live|late] | release-race [green] | kernel-attr-device | async-other-device | reset-launch [v1] | reset | reset-stale [first] | auto [nonblocking|blocking] | switch-race | per-thread [thunk|dlsym|handle|ex|graph-ptsz|graph-handle|alloc-async-ptsz|free-async-handle|capture-ptsz|legacy|alloc-async-ptsz-legacy] | ipc-export [N SIZE] | ipc-import HEX [SIZE [HEX2 [capture|v1|v1-resolved]]] | peer [early] | retain-meet | peer-in-handler | capture-signals | green-stale | ipc-drop-signals\n", argv[0]);
         return 2;
     }
     return 0;

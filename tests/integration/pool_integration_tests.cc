@@ -2713,6 +2713,35 @@ TEST_CASE("pool on virtual memory, chunk rounding: the capacities docs/pool.md's
     }
 }
 
+TEST_CASE("pool: after a kernel fault broke the context, a hit succeeds where the driver says 700, and the next miss and synchronize say it") {
+    // docs/pool.md, Limits: a hit does not ask the driver for the context's state; the program
+    // gets the fault from its next call that reaches the driver.  Without gpumem every call says it.
+    auto alone = values(run({EMU_POOL_APP, "kernel-fault"}, {}, false).out);
+    CHECK(num(alone, "hit_result") == 700);
+    CHECK(num(alone, "miss_result") == 700);
+    CHECK(num(alone, "sync_result") == 700);
+    for (const char* reuse : {"auto", "safe"})
+        for (const char* vmm : {"on", "off"}) {
+            INFO("GPUMEM_REUSE=" << reuse << " GPUMEM_POOL_VMM=" << vmm);
+            auto r = run({EMU_POOL_APP, "kernel-fault"}, {{"GPUMEM_REUSE", reuse}, {"GPUMEM_POOL_VMM", vmm}});
+            std::vector<json> ls;
+            check_complete(r, &ls);
+            auto v = values(r.out);
+            CHECK(num(v, "hit_result") == 0);     // served from the cache
+            CHECK(num(v, "miss_result") == 700);  // the growth reached the driver: its answer, not an OOM
+            CHECK(num(v, "sync_result") == 700);
+            CHECK(count_ev(ls, "oom") == 0);
+            size_t fails = 0;
+            for (const auto& j : ls)
+                if (j["ev"] == "alloc_fail") {
+                    ++fails;
+                    CHECK(j["err"] == 700);
+                }
+            CHECK(fails == 1);
+            check_rebuild(ls);
+        }
+}
+
 TEST_CASE("pool: one non-blocking stream, then 100k alloc/free pairs: no blocking sync, fences only") {
     // Issue 12: safe reuse synchronized the context once per 10 pairs here (9,999 blocking syncs).
     // Now frees are released by fences, which the idle emulated device has reached by the time the
