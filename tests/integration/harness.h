@@ -73,7 +73,10 @@ inline run_result run(std::vector<std::string> argv, std::map<std::string, std::
         dup2(o, 1);
         dup2(e, 2);
         setenv("LD_LIBRARY_PATH", EMU_DRIVER_DIR ":" EMU_RT_DIR, 1);
+        // Without the preload the program runs alone, even where the tests themselves were started
+        // with an LD_PRELOAD (gpumem's, say): the "alone" runs are what gpumem is compared with.
         if (preload) setenv("LD_PRELOAD", GPUMEM_LIB, 1);
+        else unsetenv("LD_PRELOAD");
         unsetenv("GPUMEM_OUT");
         unsetenv("GPUMEM_ROUTES");
         unsetenv("GPUMEM_LOG_LEVEL");  // the default level is what a test leaves unset
