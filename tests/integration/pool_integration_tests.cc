@@ -2231,8 +2231,9 @@ TEST_CASE("pool: a free a signal handler left waiting is carried out before its 
     }
 }
 
-// Two processes under gpumem: the exporter allocates three 5000 B blocks (the third lies inside a
-// shared segment) and shares the third through legacy IPC; the importer opens the handle.  The
+// Two processes under gpumem: the exporter allocates `blocks` 5000 B blocks (three by default: the
+// third lies inside a shared segment) and shares the last through legacy IPC (and, with two or
+// more, the one before it); the importer opens the handles.  The
 // emulated driver says where each process's pointer lands: the importer's must land on the
 // exporter's memory (its chunk, or its cuMemAlloc segment), at the block's offset, first and last byte.
 std::string ipc_script(const std::string& importer_env = "", const std::string& importer_extra = "", int blocks = 3) {
