@@ -696,9 +696,10 @@ EMU_EXPORT CUresult cuCtxCreate_v4(CUcontext* c, CUctxCreateParams*, unsigned in
     return make_context("cuCtxCreate_v4", c, d);
 }
 // A kernel that faults (a launch of function 0xfa17): as on the driver, its launch succeeds and the
-// context is broken from then on, every later call that reaches the device answering 700
-// (CUDA_ERROR_ILLEGAL_ADDRESS, sticky).  Modelled for what a program's synchronize and the pool's
-// growth call: cuCtxSynchronize, cuMemAlloc_v2, cuMemCreate.
+// context is broken from then on.  On the driver every later call that reaches the device answers
+// 700 (CUDA_ERROR_ILLEGAL_ADDRESS, sticky); here only three do, what a program's synchronize and
+// the pool's growth call: cuCtxSynchronize, cuMemAlloc_v2, cuMemCreate.  Every other call
+// (cuMemGetInfo_v2, cuMemMap, cuLaunchKernel, ...) answers as before the fault.
 static constexpr uintptr_t k_faulting_function = 0xfa17;
 static std::atomic<bool> g_context_faulted{false};
 EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
