@@ -94,8 +94,7 @@ TEST_CASE("a warning on a stderr pipe whose reader is gone does not kill the pro
         signal(SIGPIPE, SIG_DFL);
         setenv("LD_LIBRARY_PATH", EMU_DRIVER_DIR ":" EMU_RT_DIR, 1);
         setenv("LD_PRELOAD", GPUMEM_LIB, 1);
-        unsetenv("GPUMEM_OUT");
-        unsetenv("GPUMEM_LOG_LEVEL");
+        clear_gpumem_settings();
         setenv("GPUMEM_FLUSH_MS", "lots", 1);  // one warning
         execl(EMU_DRIVER_APP, EMU_DRIVER_APP, "basic", (char*)nullptr);
         _exit(127);

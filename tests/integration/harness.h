@@ -52,6 +52,22 @@ inline std::string slurp(const std::string& path) {
     return ss.str();
 }
 
+// In a forked child before exec: unsets every inherited GPUMEM_* but the emulated device's
+// GPUMEM_EMU_*, so that what the test sets is all gpumem reads.  Every other one changes what a
+// test sees: the pool's knobs (GPUMEM_POOL_*, GPUMEM_FENCE_*, GPUMEM_SYNC_BUDGET*,
+// GPUMEM_ORDER_BATCH; a CI that exported GPUMEM_POOL_CHUNK=8MiB broke the pinned capacities) and
+// the log's (GPUMEM_OUT, GPUMEM_ROUTES, GPUMEM_STACKS, GPUMEM_WAIT_MS, ...).
+inline void clear_gpumem_settings() {
+    extern char** environ;
+    std::vector<std::string> names;
+    for (char** e = environ; e && *e; ++e) {
+        const std::string kv = *e;
+        const std::string name = kv.substr(0, kv.find('='));
+        if (name.rfind("GPUMEM_", 0) == 0 && name.rfind("GPUMEM_EMU_", 0) != 0) names.push_back(name);
+    }
+    for (const auto& n : names) unsetenv(n.c_str());  // after the walk: unsetenv moves environ's entries
+}
+
 // Runs `argv` in a fresh directory with LD_PRELOAD and the emulated device, plus `env`.
 inline run_result run(std::vector<std::string> argv, std::map<std::string, std::string> env = {}, bool preload = true) {
     // mkdtemp, not a name made of pid and counter: pids are reused, and a directory left by an
@@ -77,15 +93,10 @@ inline run_result run(std::vector<std::string> argv, std::map<std::string, std::
         // with an LD_PRELOAD (gpumem's, say): the "alone" runs are what gpumem is compared with.
         if (preload) setenv("LD_PRELOAD", GPUMEM_LIB, 1);
         else unsetenv("LD_PRELOAD");
-        unsetenv("GPUMEM_OUT");
-        unsetenv("GPUMEM_ROUTES");
-        unsetenv("GPUMEM_LOG_LEVEL");  // the default level is what a test leaves unset
+        // gpumem's settings come only from the test (the pool is on by default).
+        clear_gpumem_settings();
         unsetenv("RANK");
         unsetenv("LOCAL_RANK");
-        // Pool settings come only from the test (the pool is on by default).
-        unsetenv("GPUMEM_POOL");
-        unsetenv("GPUMEM_REUSE");
-        unsetenv("GPUMEM_STATS_MS");
         for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
         std::vector<char*> args;
         for (auto& a : argv) args.push_back(a.data());

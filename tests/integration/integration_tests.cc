@@ -1004,7 +1004,7 @@ TEST_CASE("#8 symlinks planted for the next pid in a shared directory are not fo
         dup2(e, 2);
         setenv("LD_LIBRARY_PATH", EMU_DRIVER_DIR ":" EMU_RT_DIR, 1);
         setenv("LD_PRELOAD", GPUMEM_LIB, 1);
-        unsetenv("GPUMEM_OUT");
+        clear_gpumem_settings();
         execl(EMU_DRIVER_APP, EMU_DRIVER_APP, "basic", (char*)nullptr);
         _exit(127);
     }
