@@ -22,7 +22,8 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
         // CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation are both 2.
         if (!e.has(fd_err) || e.err != 2) return;
         auto it = std::find_if(waiting.begin(), waiting.end(), [&](const pending_oom& p) {
-            return p.size == e.size && (e.pooled || p.seq + 1 == e.seq);
+            return p.size == e.size && (e.pooled || p.seq + 1 == e.seq) &&
+                   (!p.has_tid || !e.has(fd_tid) || p.tid == e.tid);
         });
         if (it != waiting.end()) {
             // The pool's "oom" already stands for this failure; attach the call's error and stack
@@ -99,7 +100,7 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     // (one per pool), so an unbounded list means a malformed log: the oldest goes.
     if (from_pool) {
         if (waiting.size() >= 64) waiting.erase(waiting.begin());
-        waiting.push_back({e.size, e.seq, kept ? d.rep.ooms.size() : SIZE_MAX});
+        waiting.push_back({e.size, e.seq, e.tid, e.has(fd_tid), kept ? d.rep.ooms.size() : SIZE_MAX});
     }
     if (kept) d.rep.ooms.push_back(std::move(o));
 }

@@ -30,12 +30,16 @@ private:
     // A pool's "oom" not yet matched by its pooled alloc_fail.  The pool writes the two back to
     // back, but another pool of the device (another context's, a green context's) or a call outside
     // the pools may log between them, so nothing but that alloc_fail ends the wait, and a device
-    // may have several waiting (one per pool), matched oldest first by size.  The recorder marks
-    // the pool's alloc_fail "pooled"; one without the mark (a hand-written log) pairs only as the
-    // event right after the "oom" (next seq).
+    // may have several waiting (one per pool), matched by size and thread: the pool writes both
+    // lines on the failing call's thread, so two pools refusing the same size at once each get
+    // their own call's stack.  Where either line lacks "tid" (a hand-written log), size alone
+    // decides, oldest first.  The recorder marks the pool's alloc_fail "pooled"; one without the
+    // mark (a hand-written log) pairs only as the event right after the "oom" (next seq).
     struct pending_oom {
         uint64_t size = 0;
         uint64_t seq = 0;
+        uint64_t tid = 0;
+        bool has_tid = false;
         size_t kept = SIZE_MAX;  // its index in d.rep.ooms, which takes the call's err and stack; SIZE_MAX past the cap
     };
     std::vector<std::vector<pending_oom>> pending_;  // by slot

@@ -956,9 +956,9 @@ TEST_CASE("OOM explanations: a driver that said the request's exact size was fre
 // "pooled", as hand-written logs have, pairs only as the very next event: the golden logs'.)
 TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lines", "[scenario]") {
     const uint64_t GiB = 1ull << 30, MiB = 1ull << 20;
-    auto pooled_fail = [](uint64_t seq, uint64_t size, int stack) {
+    auto pooled_fail = [](uint64_t seq, uint64_t size, int stack, uint64_t tid = 1) {
         return "{\"ev\":\"alloc_fail\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
-               ",\"tid\":1,\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":" +
+               ",\"tid\":" + std::to_string(tid) + ",\"dev\":0,\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x0\",\"size\":" +
                std::to_string(size) + ",\"seg\":\"0x0\",\"pooled\":true,\"err\":2,\"stack\":" + std::to_string(stack) + "}\n";
     };
     std::string log = k_header_on;
@@ -996,6 +996,54 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
         CHECK(d.ooms[0].size == GiB);
         CHECK(d.ooms[0].stack == 1);
         CHECK(d.ooms[1].size == 512 * MiB);
+        CHECK(d.ooms[1].stack == 2);
+    }
+    // The pool writes its oom and its alloc_fail on the failing call's thread: two pools refused
+    // the same size at once, their alloc_fails in the other order, each OOM keeps its own stack.
+    auto with_tid = [](std::string line, const char* tid) {
+        const std::string from = ",\"tid\":1,";
+        return line.replace(line.find(from), from.size(), tid);
+    };
+    SECTION("two pools refused the same size at once: paired by thread") {
+        log += with_tid(oom_line(0, GiB, {}, 0, GiB), ",\"tid\":11,");
+        log += with_tid(oom_line(1, GiB, {}, 0, GiB), ",\"tid\":22,");
+        log += pooled_fail(2, GiB, 2, 22);
+        log += pooled_fail(3, GiB, 1, 11);
+        log += end_line(4, 0);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = device(r, 0);
+        CHECK(d.n_oom == 2);
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].seq == 0);
+        CHECK(d.ooms[0].stack == 1);  // thread 11's call
+        CHECK(d.ooms[1].seq == 1);
+        CHECK(d.ooms[1].stack == 2);  // thread 22's call
+    }
+    SECTION("an oom without tid pairs by size alone") {
+        log += with_tid(oom_line(0, GiB, {}, 0, GiB), ",");
+        log += pooled_fail(1, GiB, 1, 22);
+        log += end_line(2, 0);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = device(r, 0);
+        CHECK(d.n_oom == 1);
+        REQUIRE(d.ooms.size() == 1);
+        CHECK(d.ooms[0].stack == 1);
+    }
+    SECTION("another thread's pooled alloc_fail of the same size is an OOM of its own") {
+        log += with_tid(oom_line(0, GiB, {}, 0, GiB), ",\"tid\":11,");
+        log += pooled_fail(1, GiB, 2, 22);
+        log += pooled_fail(2, GiB, 1, 11);
+        log += end_line(3, 0);
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        const device_report& d = device(r, 0);
+        CHECK(d.n_oom == 2);
+        REQUIRE(d.ooms.size() == 2);
+        CHECK(d.ooms[0].from_pool);
+        CHECK(d.ooms[0].stack == 1);
+        CHECK_FALSE(d.ooms[1].from_pool);
         CHECK(d.ooms[1].stack == 2);
     }
     SECTION("an alloc_fail outside the pools of the same size is an OOM of its own") {
