@@ -962,9 +962,13 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
                std::to_string(size) + ",\"seg\":\"0x0\",\"pooled\":true,\"err\":2,\"stack\":" + std::to_string(stack) + "}\n";
     };
     std::string log = k_header_on;
-    for (int id = 1; id <= 2; ++id)
-        log += "{\"ev\":\"stack\",\"id\":" + std::to_string(id) + ",\"frames\":[{\"function\":\"f" + std::to_string(id) +
-               "\",\"file\":\"/src/train.py\",\"line\":" + std::to_string(id) + "}]}\n";
+    for (int id = 1; id <= 2; ++id) log += stack_line(id);
+    // The device's report of a finished log (a copy: the process report is the call's own).
+    auto device0 = [](const std::string& text) {
+        temp_file f(text);
+        process_report r = analyze_file(f.path, {});
+        return device(r, 0);
+    };
     SECTION("another thread's allocation between the two lines") {
         log += seg_line("segment_alloc", 0, 0x9000000, 2 * MiB);
         log += oom_line(1, GiB, {}, 0, GiB);
@@ -972,9 +976,7 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
         log += pooled_line("alloc", 3, 0x9000000, MiB, MiB, 0x9000000);      // another pool's hit
         log += pooled_fail(4, GiB, 1);
         log += end_line(5, 2);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        const device_report& d = device(r, 0);
+        const device_report d = device0(log);
         CHECK(d.n_oom == 1);
         CHECK(d.n_alloc_fail == 1);
         REQUIRE(d.ooms.size() == 1);
@@ -988,9 +990,7 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
         log += pooled_fail(2, 512 * MiB, 2);
         log += pooled_fail(3, GiB, 1);
         log += end_line(4, 0);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        const device_report& d = device(r, 0);
+        const device_report d = device0(log);
         CHECK(d.n_oom == 2);
         REQUIRE(d.ooms.size() == 2);
         CHECK(d.ooms[0].size == GiB);
@@ -1010,9 +1010,7 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
         log += pooled_fail(2, GiB, 2, 22);
         log += pooled_fail(3, GiB, 1, 11);
         log += end_line(4, 0);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        const device_report& d = device(r, 0);
+        const device_report d = device0(log);
         CHECK(d.n_oom == 2);
         REQUIRE(d.ooms.size() == 2);
         CHECK(d.ooms[0].seq == 0);
@@ -1024,9 +1022,7 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
         log += with_tid(oom_line(0, GiB, {}, 0, GiB), ",");
         log += pooled_fail(1, GiB, 1, 22);
         log += end_line(2, 0);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        const device_report& d = device(r, 0);
+        const device_report d = device0(log);
         CHECK(d.n_oom == 1);
         REQUIRE(d.ooms.size() == 1);
         CHECK(d.ooms[0].stack == 1);
@@ -1036,9 +1032,7 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
         log += pooled_fail(1, GiB, 2, 22);
         log += pooled_fail(2, GiB, 1, 11);
         log += end_line(3, 0);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        const device_report& d = device(r, 0);
+        const device_report d = device0(log);
         CHECK(d.n_oom == 2);
         REQUIRE(d.ooms.size() == 2);
         CHECK(d.ooms[0].from_pool);
@@ -1053,9 +1047,7 @@ TEST_CASE("a pool's oom pairs with its pooled alloc_fail across other pools' lin
                "\"size\":1073741824,\"err\":2}\n";
         log += pooled_fail(3, GiB, 1);
         log += end_line(4, 1);
-        temp_file f(log);
-        process_report r = analyze_file(f.path, {});
-        const device_report& d = device(r, 0);
+        const device_report d = device0(log);
         CHECK(d.n_oom == 2);
         REQUIRE(d.ooms.size() == 2);
         CHECK(d.ooms[0].stack == 1);  // the pool's, paired with its own refusal
@@ -1327,9 +1319,7 @@ TEST_CASE("call sites of a log: the early peak, an OOM long after it and the lea
     // The allocations live at the OOM came after the peak and were freed after the OOM: they are
     // the ones a tracker that forgets what it no longer needs must keep.
     std::string log = std::string(k_header_off).replace(std::string(k_header_off).find("\"version\":1"), 11, "\"version\":4");
-    for (int id = 1; id <= 3; ++id)
-        log += "{\"ev\":\"stack\",\"id\":" + std::to_string(id) + ",\"frames\":[{\"function\":\"f" + std::to_string(id) +
-               "\",\"file\":\"/src/train.py\",\"line\":" + std::to_string(id) + "}]}\n";
+    for (int id = 1; id <= 3; ++id) log += stack_line(id);
     auto with_stack = [](std::string line, int id) {
         line.insert(line.size() - 2, ",\"stack\":" + std::to_string(id));
         return line;

@@ -101,6 +101,11 @@ inline std::string pool_sync_line(uint64_t seq, uint64_t count, int dev = 0) {
     return "{\"ev\":\"pool_sync\",\"seq\":" + std::to_string(seq) + ",\"t\":" + std::to_string(seq * 100 + 100) +
            ",\"tid\":1,\"dev\":" + std::to_string(dev) + ",\"count\":" + std::to_string(count) + "}\n";
 }
+// A stack record: one frame, function "f<id>" at /src/train.py line <id>.
+inline std::string stack_line(int id) {
+    return "{\"ev\":\"stack\",\"id\":" + std::to_string(id) + ",\"frames\":[{\"function\":\"f" + std::to_string(id) +
+           "\",\"file\":\"/src/train.py\",\"line\":" + std::to_string(id) + "}]}\n";
+}
 // The pool's oom line: the request, its own account at the moment (reserved, allocated, requested,
 // largest free block, free blocks, segments) and what the driver said was free of its total.
 struct pool_account {
