@@ -15,6 +15,7 @@
 #include <map>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,7 @@
 #include "input_spool.h"
 #include "log_fields.h"
 #include "log_reader.h"
+#include "output_file.h"
 #include "report_json_read.h"
 
 namespace gpumem::analysis {
@@ -416,7 +418,16 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
     // What the write at the end would refuse (file_replacement, same words), said before the whole
     // analysis runs rather than after it: on a log of gigabytes that is minutes lost.
     if (::stat(out.c_str(), &o) != 0) {
-        if (errno == ENOENT) return false;  // new, or a link to a file not there yet
+        if (errno == ENOENT) {
+            // New, or a link to a file not there yet: file_replacement creates it in the folder of
+            // the name the links lead to, which must be there and writable, as for `>`.
+            const std::string target = output_target(out);
+            const size_t slash = target.rfind('/');
+            const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
+            if (::access(dir.c_str(), W_OK | X_OK) == 0) return false;
+            why = std::string(option) + " " + out + ": cannot create a file in " + dir + ": " + std::strerror(errno);
+            return true;
+        }
         why = std::string(option) + " " + out + ": cannot write: " + std::strerror(errno);
         return true;
     }

@@ -1052,6 +1052,15 @@ conventions)
     expect_in "$W/err" "gpumem: error: $opt $W/rule/loop.link: cannot write: Too many levels of symbolic links"
     [ ! -s "$W/out" ] || fail "$opt LOOP: the analysis ran before the loop was refused: $(head -c 80 "$W/out")"
     [ -L "$W/rule/loop.link" ] || fail "$opt replaced a loop of links with a file"
+    # A folder that is not there (a typo, a CI step that forgot mkdir), named or behind a link to
+    # nothing: `>` fails there too.  Before, the whole log was read and only the write said so.
+    expect_rc 2 "$@" "$W/rule/no-such-dir/x.out"
+    expect_in "$W/err" "gpumem: error: $opt $W/rule/no-such-dir/x.out: cannot create a file in $W/rule/no-such-dir/: No such file or directory"
+    [ ! -s "$W/out" ] || fail "$opt NO-SUCH-DIR/FILE: the analysis ran before the missing folder was refused: $(head -c 80 "$W/out")"
+    rm -f "$W/rule/to-no-dir.link" && ln -s no-such-dir/y.out "$W/rule/to-no-dir.link"
+    expect_rc 2 "$@" "$W/rule/to-no-dir.link"
+    expect_in "$W/err" "gpumem: error: $opt $W/rule/to-no-dir.link: cannot create a file in $W/rule/no-such-dir/: No such file or directory"
+    [ ! -s "$W/out" ] || fail "$opt LINK-TO-NO-DIR: the analysis ran before the missing folder was refused: $(head -c 80 "$W/out")"
     [ -z "$(ls -A "$W/rule" "$W/rule/sub" | grep '^\.gpumem-out-')" ] || fail "$opt left a temporary file"
   done
   # What goes to stdout is an output too: `report --json > r.json` on a full disk is an error (exit
