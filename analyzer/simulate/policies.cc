@@ -51,7 +51,7 @@ std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, 
         }
         return std::make_unique<gpumem_pool_policy>(cfg, capacity);
     }
-    *error = "unknown policy " + spec.name + " (known: " + k_policy_names + ")";
+    *error = spec.name + ": unknown policy (known: " + k_policy_names + ")";
     return nullptr;
 }
 

@@ -299,7 +299,7 @@ l = json.load(open(sys.argv[1]))['logs'][0]
 assert (l['skipped_allocations'], l['skipped_managed_allocations'], l['skipped_vmm_allocations']) == (0, 2, 1), l
 assert l['devices'][0]['allocations'] == 2, l['devices'][0]" "$W/out" || fail "replay --json: the managed and cuMemCreate allocations left out: exit $rc, $(cat "$W/err")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy nosuch 2> "$W/err" >/dev/null; rc=$?
-[ $rc = 2 ] && grep -q "unknown policy" "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
+[ $rc = 2 ] && grep -q -- "--policy nosuch: unknown policy (known: ideal," "$W/err" || fail "unknown policy: exit $rc, $(cat "$W/err")"
 for p in ideal,,pytorch gpumem, ,ideal; do  # an empty entry is named as such, not as "unknown policy ideal,"
   "$GPUMEM" replay "$W/frag.jsonl" --policy "$p" 2> "$W/err" >/dev/null; rc=$?
   [ $rc = 2 ] && grep -q -- "--policy $p: an empty entry between commas" "$W/err" || fail "--policy $p: exit $rc, $(cat "$W/err")"
