@@ -190,8 +190,10 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
                         fmt_counted(dt.n_freed_twice, "address was", "addresses were").c_str());
         // The policy column fits the longest name given ("pytorch:max_split_size_mb:128,roundup_...")
         // so that the columns after it stay under their headings.
-        // Likewise the driver column fits its widest "allocs/frees" (1,234,567/1,234,567 is 19 wide).
-        int pw = 34, dw = 14;
+        // Likewise the driver column fits its widest "allocs/frees" (1,234,567/1,234,567 is 19 wide),
+        // and at least its heading, which names both counts (under "driver allocs" alone, 42/17
+        // read as a fraction).
+        int pw = 34, dw = 20;
         auto driver_calls = [](const sim::replay_result& r) {
             return fmt_count(r.driver_allocs) + "/" + fmt_count(r.driver_frees);
         };
@@ -199,7 +201,7 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             pw = std::max(pw, int(std::min<size_t>(r.policy.size(), 200)));
             dw = std::max(dw, int(driver_calls(r).size()));
         }
-        std::printf("   %-*s %-26s %-24s %-*s %s\n", pw, "policy", "peak reserved", "at", dw, "driver allocs",
+        std::printf("   %-*s %-26s %-24s %-*s %s\n", pw, "policy", "peak reserved", "at", dw, "driver allocs/frees",
                     "peak ext. frag.");
         for (size_t ri = 0; ri < d.results.size(); ++ri) {
             const sim::replay_result& r = d.results[ri];

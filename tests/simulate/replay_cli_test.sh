@@ -143,6 +143,11 @@ echo "$out" | grep -q "1,200 allocations and 0 frees replayed" || fail "--sugges
 echo "$out" | grep -q "     gpumem: peak reserved 2.34 GiB, 1,200 driver allocations$" || fail "--suggest, many: no separators: $out"
 # And the policy table's driver allocs column: 1,200 allocations under gpumem, none freed.
 echo "$out" | grep -Eq "^   gpumem +2\.34 GiB .* 1,200/0 " || fail "--suggest, many: table without separators: $out"
+# Its heading names both counts: under "driver allocs" alone, 1,200/0 read as a fraction.
+head_col=$(echo "$out" | grep "   policy " | awk '{print index($0, "peak ext. frag.")}')
+row=$(echo "$out" | grep -E "^   gpumem +2\.34 GiB .* 1,200/0 +0$")
+echo "$out" | grep -q "   policy .* driver allocs/frees  peak ext. frag.$" && [ "${#row}" -eq "$head_col" ] ||
+  fail "--suggest, many: the driver column's heading: $out"
 # A driver column wider than its heading (100,001/100,000: each allocation on the other stream finds
 # only the first stream's cached block, which the 20 MiB device must give back) widens the column,
 # so that "peak ext. frag." stays above its values.
