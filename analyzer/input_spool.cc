@@ -97,6 +97,10 @@ input_spool::input_spool(const std::string& path, bool progress, double interval
     if (in < 0) return;  // the reader says why
     const char* dir = std::getenv("TMPDIR");
     std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/gpumem-spool-XXXXXX";
+    // Where the folder comes from, so that a user whose /tmp is small or missing knows what to set.
+    const std::string fix = std::string(dir && *dir ? "the copy goes to $TMPDIR (" + std::string(dir) + ")"
+                                                    : "the copy goes to /tmp (TMPDIR is not set)") +
+                            ": set TMPDIR to a folder that exists, with room for the input";
     // mkostemp creates the file 0600 with O_EXCL; unlinked at once, so nothing is left behind
     // and no other user can open it by name.
     fd_ = ::mkostemp(tmpl.data(), O_CLOEXEC);
@@ -104,7 +108,7 @@ input_spool::input_spool(const std::string& path, bool progress, double interval
         int err = errno;
         ::close(in);
         throw input_error(path, 0, "cannot spool the input to " + tmpl + ": " + std::strerror(err) +
-                                       " (it is not a regular file, and it may be read more than once)");
+                                       " (it is not a regular file, and it may be read more than once; " + fix + ")");
     }
     ::unlink(tmpl.c_str());
     // Copied to its end, or to the first line longer than the reader takes (/dev/zero has no end):
@@ -136,7 +140,8 @@ input_spool::input_spool(const std::string& path, bool progress, double interval
             ::close(in);
             close_spool();
             throw input_error(path, 0, "cannot spool the input to a temporary file in " +
-                                           std::string(dir && *dir ? dir : "/tmp") + ": " + std::strerror(err));
+                                           std::string(dir && *dir ? dir : "/tmp") + ": " + std::strerror(err) + " (" +
+                                           fix + ")");
         }
         const char* nl = static_cast<const char*>(::memrchr(buf.data(), '\n', size_t(n)));
         since_newline = nl ? uint64_t(buf.data() + n - nl - 1) : since_newline + uint64_t(n);

@@ -1591,6 +1591,12 @@ PY
   # A spool that cannot be created is named as the reason.
   expect_rc 2 bash -c 'cat "$1" | TMPDIR=/nonexistent "$0" report --no-progress /dev/stdin' "$GPUMEM" "$W/peaks.jsonl"
   expect_in "$W/err" "gpumem: error: /dev/stdin: cannot spool the input to /nonexistent/gpumem-spool-"
+  # With where that folder comes from, which the user can change: TMPDIR, not named before.
+  expect_in "$W/err" "the copy goes to \$TMPDIR (/nonexistent): set TMPDIR to a folder that exists, with room for the input"
+  # A copy cut short (a full disk; here the file size limit) says so too, and where it went.
+  expect_rc 2 bash -c 'cat "$1" | (trap "" XFSZ; ulimit -f 1; "$0" report --no-progress /dev/stdin)' "$GPUMEM" "$W/peaks.jsonl"
+  expect_in "$W/err" "gpumem: error: /dev/stdin: cannot spool the input to a temporary file in $TMPDIR: File too large"
+  expect_in "$W/err" "the copy goes to \$TMPDIR ($TMPDIR): set TMPDIR to a folder that exists, with room for the input"
   ;;
 docs_guide)
   # The commands of docs/guide.md outside its GPU sections, as written there, with the emulated
