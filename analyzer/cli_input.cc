@@ -174,15 +174,27 @@ void drop_repeated_inputs(std::vector<std::string>& paths) {
     paths = std::move(kept);
 }
 
+process_identity identity_of(const process_report& p) {
+    process_identity id;
+    id.host = p.host;
+    id.rank = p.rank;
+    id.pid = p.pid;
+    id.start_unix_ns = p.start_unix_ns;
+    return id;
+}
+
+bool same_process(const process_identity& a, const process_identity& b) {
+    return a.start_unix_ns != 0 && a.host == b.host && a.pid == b.pid && a.start_unix_ns == b.start_unix_ns &&
+           a.rank == b.rank;
+}
+
 namespace {
 
 // What line 1 of a regular file says of its process, for drop_copies_of_one_log.
-struct log_identity {
+struct log_identity : process_identity {
     bool known = false;  // a gpumem header with a host, a pid and a start
-    std::string host, start, rank;
+    std::string start;   // start_time, for messages
     std::string header;  // line 1, whole
-    int64_t pid = 0;
-    uint64_t start_unix_ns = 0;
     uint64_t size = 0;  // the file's, when looked at: a log still being written is compared so far
 };
 
@@ -314,18 +326,17 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
     if (!spools.add(paths, progress.wanted(), progress.every_s, error)) return false;
     std::vector<log_identity> ids;
     for (const std::string& p : paths) ids.push_back(identity_of(p));
-    auto same_process = [&ids](size_t a, size_t b) {
-        return ids[a].known && ids[b].known && ids[a].host == ids[b].host && ids[a].pid == ids[b].pid &&
-               ids[a].start_unix_ns == ids[b].start_unix_ns;
+    // The recorder writes line 1 once, so every copy of a log has the same one (and names one process).
+    auto copies_of_one = [&ids](size_t a, size_t b) {
+        return ids[a].known && ids[b].known && ids[a].header == ids[b].header && same_process(ids[a], ids[b]);
     };
     std::vector<bool> seen(paths.size()), drop(paths.size());
     std::vector<size_t> kept_files;  // the file read of each set of copies
     for (size_t i = 0; i < paths.size(); ++i) {
         if (!ids[i].known || seen[i]) continue;
-        // The recorder writes line 1 once, so every copy of a log has the same one.
         std::vector<size_t> copies;
         for (size_t j = i; j < paths.size(); ++j)
-            if (same_process(i, j) && ids[j].header == ids[i].header) {
+            if (copies_of_one(i, j)) {
                 copies.push_back(j);
                 seen[j] = true;
             }
@@ -350,15 +361,18 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
     }
     // Headers that differ but name one process: two processes that share these three (pid
     // namespaces under one host name, and a clock too coarse to part them), or logs made by hand.
-    // Read as two, as they are; said, as copies would double the totals.
+    // Read as two, as they are; said, as copies would double the totals.  A rank that differs is
+    // among what differs in them (hand-edited ones), so it does not part them here.
     for (size_t a = 0; a < kept_files.size(); ++a)
-        for (size_t b = a + 1; b < kept_files.size(); ++b)
-            if (same_process(kept_files[a], kept_files[b])) {
-                const log_identity& id = ids[kept_files[a]];
+        for (size_t b = a + 1; b < kept_files.size(); ++b) {
+            const log_identity& id = ids[kept_files[a]];
+            process_identity other = ids[kept_files[b]];
+            other.rank = id.rank;
+            if (same_process(id, other))
                 spdlog::warn("{}", visible(paths[kept_files[b]] + " and " + paths[kept_files[a]] + " both name process " +
                                            std::to_string(id.pid) + " on " + id.host + ", started " + id.start +
                                            ", in headers that differ: read as two processes"));
-            }
+        }
     // Report JSON files, which no line 1 names: two of the same bytes are one, read once; one that
     // holds a process another input holds too (a log globbed beside the report made from it, the
     // reports of two overlapping sets of logs) would read it twice, as "rank 0#2", and a report
@@ -383,7 +397,7 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
             if (drop[a] || drop[b] || (!report[a] && !report[b])) continue;
             for (const log_identity& x : held[a])
                 for (const log_identity& y : held[b])
-                    if (x.host == y.host && x.pid == y.pid && x.start_unix_ns == y.start_unix_ns && x.rank == y.rank) {
+                    if (same_process(x, y)) {
                         error = visible(paths[a] + " and " + paths[b] + " both hold process " + std::to_string(x.pid) + " on " +
                                         x.host + ", started " + x.start + "; a report JSON is not compared with a log or "
                                         "another report, so which to read cannot be told: give one of them");

@@ -63,6 +63,20 @@ void drop_repeated_inputs(std::vector<std::string>& paths);
 bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools, const progress_flags& progress,
                             std::string& error);
 
+// Who a process is, as a log's line 1, a report JSON's "processes" entry or an analyzed
+// process_report names it; what the copies rule (drop_copies_of_one_log) and check's warning of a
+// run compared with its own report (warn_if_own_baseline) compare.
+struct process_identity {
+    std::string host, rank;
+    int64_t pid = 0;
+    uint64_t start_unix_ns = 0;  // 0 in a hand-made log: names no process
+};
+process_identity identity_of(const process_report& p);
+// Whether `a` and `b` name one process: the same host, pid, start (start_unix_ns, to the
+// nanosecond: an exec's new image has the pid but starts later) and rank, and a start that is not
+// 0.  The one statement of that rule.
+bool same_process(const process_identity& a, const process_identity& b);
+
 // Whether files `a` and `b` are one input: the same file (device and inode), files of the same
 // bytes (a log or a report JSON copied), or copies of one log (drop_copies_of_one_log's rule: line 1
 // is the same header naming a process, and the shorter holds the first bytes of the longer).  For

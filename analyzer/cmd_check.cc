@@ -194,16 +194,12 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
 }
 
 // A run whose every process is in the baseline, by the identity the copies rule names a process
-// by (host, pid, start and rank: drop_copies_of_one_log), is compared with itself: the report
+// by (same_process: host, pid, start and rank), is compared with itself: the report
 // JSON made from its own logs, a different file, which the refusal of a baseline that is the run
 // does not catch (a CI job that regenerates the baseline from the run it then checks).  Said, not
-// refused: a self-check on purpose (scripts/gpu-e2e-run.sh's check-own-baseline) stays exit 0.  A
-// process without a start (a hand-made log's 0) names none.
+// refused: a self-check on purpose (scripts/gpu-e2e-run.sh's check-own-baseline) stays exit 0.
 void warn_if_own_baseline(const run_input& run, const run_input& base, const std::string& baseline_path) {
-    auto same = [](const process_report& a, const process_report& b) {
-        return a.start_unix_ns != 0 && a.host == b.host && a.pid == b.pid && a.start_unix_ns == b.start_unix_ns &&
-               a.rank == b.rank;
-    };
+    auto same = [](const process_report& a, const process_report& b) { return same_process(identity_of(a), identity_of(b)); };
     if (run.processes.empty()) return;  // nothing compared: no claim to make
     size_t matched_in_base = 0;
     for (const process_report& b : base.processes)
