@@ -188,6 +188,24 @@ bool same_process(const process_identity& a, const process_identity& b) {
            a.rank == b.rank;
 }
 
+bool same_job(const process_report& a, const process_report& b) {
+    if (a.host != b.host || a.ppid == 0 || a.ppid != b.ppid || a.start_unix_ns == 0 || b.start_unix_ns == 0) return false;
+    return a.start_unix_ns <= b.start_unix_ns + b.last_t && b.start_unix_ns <= a.start_unix_ns + a.last_t;
+}
+
+bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, size_t& not_of) {
+    bool got_of = false, got_not_of = false;
+    for (size_t i = 0; i < side.processes.size(); ++i) {
+        const process_report& p = side.processes[i];
+        const bool in_job = std::any_of(other.processes.begin(), other.processes.end(), [&p](const process_report& o) {
+            return same_job(p, o) || same_process(identity_of(p), identity_of(o));
+        });
+        if (in_job && !got_of) of = i, got_of = true;
+        if (!in_job && !got_not_of) not_of = i, got_not_of = true;
+    }
+    return got_of && got_not_of;
+}
+
 namespace {
 
 // What line 1 of a regular file says of its process, for drop_copies_of_one_log.

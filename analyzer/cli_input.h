@@ -109,6 +109,19 @@ struct run_input {
     bool has(const device_ref& r, device_field f) const { return present[r.process][r.device][size_t(f)]; }
 };
 
+// Whether processes `a` and `b` ran in one job: on one host, children of one parent (the same
+// ppid, not 0: torchrun's workers, the ranks of one `gpumem run`), at times that overlap (from the
+// start to the last event).  Two runs of one job script do not overlap; logs of other runs whose
+// pids repeat (a container's) do not either.
+bool same_job(const process_report& a, const process_report& b);
+// One run's logs split over two runs: `side` holds a process of the job of a process in `other` (or
+// that process itself) and a process of no such job.  A glob given where one file is read
+// (`check --baseline main/*.jsonl`, diff's A without --) leaves the first log alone and gives the
+// rest of the main branch's ranks to the other run: that run then holds them beside its own, and
+// the ranks of one stand in for the missing ranks of the other.  When so, `of` and `not_of` are
+// one process of each kind (indexes into side.processes).
+bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, size_t& not_of);
+
 // The warnings of one analyzed input as they are shown: every listed warning (file:line: what),
 // then "N more warnings not shown" when the report kept fewer than it counted.  Shown by report,
 // check and diff alike: a gate must not pass quietly on a log that lost events or was cut short.

@@ -359,6 +359,19 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         spdlog::error("baseline {}: no GPU memory activity to compare against", baseline_path);
         return k_exit_input;
     }
+    if (size_t of = 0, not_of = 0; !baseline_path.empty() && mixes_job_of(run, base, of, not_of)) {
+        // The main branch's other ranks would be checked as this run's, with only the --max-*
+        // limits, and stand in for its own missing ones: a gate that passes what it should fail.
+        const process_report& p = run.processes[of];
+        spdlog::error("{}", visible(run.source[of] + " holds a process of the --baseline's run (rank " + p.rank + ", pid " +
+                                    std::to_string(p.pid) + " on " + p.host + ", a child of parent " +
+                                    std::to_string(p.ppid) + " as the baseline's, at the same time), and " + run.source[not_of] +
+                                    " one of another run: --baseline takes one file, and the logs after it are the run "
+                                    "checked (a glob, --baseline main/*.jsonl, leaves all but the first there); give the "
+                                    "baseline as one report JSON of all its logs (gpumem report --json main/*.jsonl > "
+                                    "baseline.json)"));
+        return k_exit_input;
+    }
     if (!baseline_path.empty()) warn_if_own_baseline(run, base, baseline_path);
     std::vector<const measure*> needed;
     for (const limit& l : limits)
@@ -536,8 +549,9 @@ command add_check(CLI::App& top) {
         "SIZE: 4096, 500MB, 1.5GiB, 4 KiB (K/M/G/T = KiB/MiB/GiB/TiB; KB/MB/GB/TB are powers of 1000).\n"
         "\n"
         "exit codes: 0 every limit holds; 1 a limit is broken; 2 unusable input or arguments (also an\n"
-        "input that lacks a member a limit needs, and a --baseline that is the run itself: the same\n"
-        "file or a copy of its logs, a gate that could not fail).");
+        "input that lacks a member a limit needs, a --baseline that is the run itself: the same\n"
+        "file or a copy of its logs, a gate that could not fail, and logs of the baseline's run among\n"
+        "another run's, as a glob --baseline main/*.jsonl leaves them).");
     app->add_option("LOG", a->logs, "event logs or `gpumem report --json` files; - reads standard input");
     a->limit_opt[0] = app->add_option("--max-peak", a->limit_text[0], "peak bytes of --metric")->type_name("SIZE");
     a->metric_opt = app->add_option("--metric", a->metric, "what --max-peak limits: requested, allocated or reserved")

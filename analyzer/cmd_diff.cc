@@ -276,6 +276,18 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
         spdlog::error("{}", error);
         return k_exit_input;
     }
+    if (size_t of = 0, not_of = 0; !dashdash && mixes_job_of(rb, ra, of, not_of)) {
+        // A glob for A (diff main/*.jsonl mr/*.jsonl) left A its first log and gave B the rest:
+        // B's table would pair the main branch's other ranks with nothing, as new GPUs.
+        const process_report& p = rb.processes[of];
+        spdlog::error("{}", visible(rb.source[of] + " holds a process of A's run (rank " + p.rank + ", pid " +
+                                    std::to_string(p.pid) + " on " + p.host + ", a child of parent " +
+                                    std::to_string(p.ppid) + " as A's, at the same time), and " + rb.source[not_of] +
+                                    " one of another run: without --, A is the first input alone and every other input is B "
+                                    "(a glob for A, diff main/*.jsonl mr/*.jsonl, gives B all of A's logs but the first); "
+                                    "give several inputs per side as A1 A2 ... -- B1 B2 ..."));
+        return k_exit_input;
+    }
     std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", side_name(side_a).c_str(),
                 ra.processes.size(), ra.processes.size() == 1 ? "" : "es", side_name(side_b).c_str(), rb.processes.size(),
                 rb.processes.size() == 1 ? "" : "es");
@@ -302,7 +314,8 @@ command add_diff(CLI::App& top) {
         "or shrank at the peak and in leaks (matched by their frames); then the largest changes by API,\n"
         "by allocation size class and in leaks.\n"
         "\n"
-        "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments.");
+        "exit codes: 0 compared (whatever the differences); 2 unusable input or arguments (also, without\n"
+        "--, logs of A's run among B's, as a glob for A leaves them: give A1 A2 ... -- B1 B2 ...).");
     app->add_option("INPUT", a->inputs, "logs or report JSON files; - reads standard input (one input)");
     add_count_option(app, "--top", [a](uint64_t v) { a->top = size_t(v); }, "how many changes to list per GPU", 1, 100000)
         ->default_str("8");

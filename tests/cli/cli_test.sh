@@ -487,6 +487,24 @@ PY
   expect_in "$W/out" "FAIL rank 1 dev 1 (pid "
   expect_in "$W/out" "not in the baseline, and no --max-* limit given can fail on it"
   expect_in "$W/out" "1 broken"
+  # A glob given to --baseline (--baseline main/*.jsonl) left it the first log and gave the main
+  # branch's other ranks to the run: rank 1 of main stood in for the run's missing rank 1 and passed
+  # the --max-* limits, exit 0 with a warning only.  Logs of the baseline's run (one host and
+  # parent, at the same time: golden/rank0 and rank1 are torchrun's two workers) beside another
+  # run's are refused, naming both, exit 2; logs of that run only are read as ever (above).
+  mkdir -p "$W/mr"
+  sed 's/"pid":8000,"ppid":7999/"pid":9000,"ppid":8999/; s/"start_unix_ns":1796010000000000000/"start_unix_ns":1796020000000000000/' \
+    "$SRC/tests/data/golden/rank0.jsonl" > "$W/mr/rank0.jsonl"
+  expect_rc 2 "$GPUMEM" check --baseline "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" "$W/mr/rank0.jsonl" --max-peak 1TiB
+  expect_in "$W/err" "gpumem: error: $SRC/tests/data/golden/rank1.jsonl holds a process of the --baseline's run (rank 1, pid 8001 on gpu01, a child of parent 7999 as the baseline's, at the same time), and $W/mr/rank0.jsonl one of another run: --baseline takes one file"
+  expect_in "$W/err" "give the baseline as one report JSON of all its logs (gpumem report --json main/*.jsonl > baseline.json)"
+  expect_not_in "$W/out" "limit"
+  # A process of that parent that ran after the baseline's ended (the next step of one job
+  # script) is of another run, and is checked as ever.
+  sed 's/"pid":8000,/"pid":8002,/; s/"start_unix_ns":1796010000000000000/"start_unix_ns":1796010000000004000/' \
+    "$SRC/tests/data/golden/rank0.jsonl" > "$W/mr/later.jsonl"
+  expect_rc 0 "$GPUMEM" check --baseline "$SRC/tests/data/golden/rank0.jsonl" "$W/mr/later.jsonl" "$W/mr/rank0.jsonl" --max-peak 1TiB
+  expect_not_in "$W/err" "error"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance 0%
   # The baseline among other logs (a glob that matches it too) was read as a run: the older one
   # took "rank 0", was checked against itself and passed, and the real run was only warned of.
@@ -860,6 +878,17 @@ EOF
   expect_rc 0 "$GPUMEM" diff "$g/rank0.jsonl" "$g/rank1.jsonl" -- "$g/rank0.jsonl"
   expect_in "$W/out" "B: (not in B)"
   expect_in "$W/out" "A = $g/rank0.jsonl and 1 more (2 processes)"
+  # A glob for A without -- (diff main/*.jsonl mr/*.jsonl) made A the first log alone and gave B
+  # main's other ranks beside the merge request's, exit 0.  Refused, naming both, exit 2; with --
+  # the sides are as given.
+  mkdir -p "$W/mr"
+  sed 's/"pid":8000,"ppid":7999/"pid":9000,"ppid":8999/; s/"start_unix_ns":1796010000000000000/"start_unix_ns":1796020000000000000/' \
+    "$SRC/tests/data/golden/rank0.jsonl" > "$W/mr/rank0.jsonl"
+  expect_rc 2 "$GPUMEM" diff "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" "$W/mr/rank0.jsonl"
+  expect_in "$W/err" "gpumem: error: $SRC/tests/data/golden/rank1.jsonl holds a process of A's run (rank 1, pid 8001 on gpu01, a child of parent 7999 as A's, at the same time), and $W/mr/rank0.jsonl one of another run: without --, A is the first input alone"
+  expect_in "$W/err" "give several inputs per side as A1 A2 ... -- B1 B2 ..."
+  expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" -- "$W/mr/rank0.jsonl"
+  expect_in "$W/out" "A = $SRC/tests/data/golden/rank0.jsonl and 1 more (2 processes)"
   ;;
 conventions)
   # One convention for every subcommand (CLI11): --help, both flag forms, one error prefix, exit 2
