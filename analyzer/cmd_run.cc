@@ -561,11 +561,25 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     }
     std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s", pattern.c_str());
     for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", l.c_str());
+    // Logs of an earlier run in the same folder (a baseline recorded again with the same -o) are
+    // read with this run's by any glob of it: `gpumem report --json gpumem-logs/*.jsonl` then makes
+    // a baseline of both runs, its second rank 0 "rank 0#2", which every later run fails as missing.
+    std::vector<std::string> earlier;
+    for (const auto& [path, st] : list_matching(pattern))
+        if (before.count(path) && std::find(logs.begin(), logs.end(), path) == logs.end()) earlier.push_back(path);
+    if (!earlier.empty())
+        std::fprintf(stderr,
+                     "gpumem run: %zu earlier log%s match%s the pattern too, from before this run (%s%s): a glob of "
+                     "the folder reads %s with this run's, as more processes (a second rank 0 is \"rank 0#2\"); "
+                     "move %s away before a run, or give -o a folder of its own\n",
+                     earlier.size(), earlier.size() == 1 ? "" : "s", earlier.size() == 1 ? "es" : "", earlier[0].c_str(),
+                     earlier.size() > 1 ? ", ..." : "", earlier.size() == 1 ? "it" : "them",
+                     earlier.size() == 1 ? "it" : "them");
     if (summary) {
         print_summary(logs, args.jobs, args.progress);
         std::string all;
         for (const std::string& l : logs) all += " " + shell_quote(l);
-        if (all.size() > 200) all = " " + shell_glob(pattern);
+        if (all.size() > 200 && earlier.empty()) all = " " + shell_glob(pattern);  // the glob would take them too
         std::fprintf(stderr, "full report: gpumem report%s\n", all.c_str());
     }
     return end_as_command(status, rc);

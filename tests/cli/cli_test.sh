@@ -29,6 +29,26 @@ run_exit_codes)
   expect_in "$W/err" "2 / 6.00 MiB"
   expect_in "$W/err" "full report: gpumem report $W/logs/gpumem-"
   [ "$(ls "$W"/logs/gpumem-*.jsonl | wc -l)" = 1 ] || fail "expected one log in $W/logs"
+  expect_not_in "$W/err" "earlier log"
+  # A second run into the same folder (a baseline recorded again): its list is its own log, but
+  # the folder's glob reads the first run's too, and a baseline made so held "rank 0#2", which
+  # every later run failed as missing, with no word from gpumem run.  Named after the list, and
+  # the "full report" hint names this run's log only.
+  first=$(ls "$W"/logs/gpumem-*.jsonl)
+  expect_rc 0 "$GPUMEM" run -o "$W/logs/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/logs/gpumem-%p.jsonl)"
+  expect_in "$W/err" "gpumem run: 1 earlier log matches the pattern too, from before this run ($first)"
+  expect_not_in "$W/err" "full report: gpumem report $first"
+  expect_in "$W/err" "): a glob of the folder reads it with this run's, as more processes (a second rank 0 is \"rank 0#2\"); move it away before a run, or give -o a folder of its own"
+  rm -rf "$W/logs"
+  # A hint too long to list every log names the pattern's glob, which would read the earlier logs
+  # too: with some there it lists this run's.
+  long="$W/$(printf 'd%.0s' {1..210})"
+  expect_rc 0 "$GPUMEM" run -o "$long/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/err" "full report: gpumem report $long/gpumem-*.jsonl"
+  expect_rc 0 "$GPUMEM" run -o "$long/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_not_in "$W/err" "full report: gpumem report $long/gpumem-*.jsonl"
+  rm -rf "$long"
   # The program's own code.
   expect_rc 3 "$GPUMEM" run -- sh -c 'exit 3'
   expect_in "$W/err" "no log matching $W/gpumem-%p.jsonl was written"
@@ -181,7 +201,8 @@ run_environment)
   expect_rc 0 env RANK=7 "$GPUMEM" run -o "rank%r-%p.jsonl" -- "$EMU/emu_rt_shared_app" train 5
   ls "$W"/rank7-[0-9]*.jsonl > /dev/null 2>&1 || fail "no rank7-PID.jsonl"
   expect_in "$W/err" "gpumem run: 1 log"
-  expect_not_in "$W/err" "rank7-old.jsonl"
+  ! grep -q '^  .*rank7-old.jsonl$' "$W/err" || fail "rank7-old.jsonl listed as this run's: $(cat "$W/err")"
+  expect_in "$W/err" "gpumem run: 1 earlier log matches the pattern too, from before this run ($W/rank7-old.jsonl)"
   # The "full report" hint quotes paths as a shell would, so it can be pasted.
   expect_rc 0 "$GPUMEM" run -o "$W/it's here/" -- "$EMU/emu_rt_shared_app" train 5
   expect_in "$W/err" "full report: gpumem report '$W/it'\\''s here/gpumem-"
