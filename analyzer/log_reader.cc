@@ -26,6 +26,13 @@ input_error::input_error(const std::string& f, uint64_t l, const std::string& ms
     : std::runtime_error(l ? f + ":" + std::to_string(l) + ": " + msg : f + ": " + msg),
       file(f), line(l), message(msg) {}
 
+std::string cannot_open_message(const std::string& path, int err) {
+    std::string msg = std::string("cannot open: ") + std::strerror(err);
+    if (err == ENOENT && path.find_first_of("*?[") != std::string::npos)
+        msg += " (the shell found no file matching this pattern and passed it on as written)";
+    return msg;
+}
+
 // ---------------------------------------------------------------------------------------------
 // line_source
 
@@ -36,7 +43,7 @@ constexpr size_t k_chunk = size_t{4} << 20;        // bytes per read(); large re
 line_source::line_source(const std::string& path, uint64_t limit) : path_(path), limit_(limit) {
     // A pipe the command spooled to compare it (pipe_spools) is read from its spool: the pipe is drained.
     fd_ = ::open(readable_path(path).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
+    if (fd_ < 0) throw input_error(path, 0, cannot_open_message(path, errno));
     struct stat st {};
     if (::fstat(fd_, &st) == 0) {
         if (S_ISDIR(st.st_mode)) {

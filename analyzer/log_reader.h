@@ -23,6 +23,11 @@ public:
     std::string message;
 };
 
+// "cannot open: " and strerror(err) for an input that cannot be opened.  A missing name holding *, ?
+// or [ is most likely a glob the shell matched to no file and passed on as written (`gpumem report
+// run*/x.jsonl` in the wrong folder): the message says so, since the name alone looks like a typo.
+std::string cannot_open_message(const std::string& path, int err);
+
 // A longer line is corruption, not a log line: the reader refuses it, and a spooled pipe
 // (input_spool.h) stops there, so /dev/zero ends.
 constexpr size_t k_max_line = size_t{64} << 20;

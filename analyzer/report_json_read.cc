@@ -425,7 +425,7 @@ bool looks_like_report_json(const std::string& path) {
 
 report_file read_report_json(const std::string& path, const std::string& open_path) {
     std::ifstream f(open_path.empty() ? path : open_path, std::ios::binary);
-    if (!f) throw input_error(path, 0, std::string("cannot open: ") + std::strerror(errno));
+    if (!f) throw input_error(path, 0, cannot_open_message(path, errno));
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     json j;
     try {

@@ -1236,6 +1236,18 @@ conventions)
   expect_rc 0 "$GPUMEM" replay --json "$DATA/before.jsonl" "$W/link.jsonl"
   [ "$(json "$W/out" 'len(d["logs"])')" = 1 ] || fail "replay of a log and its link: not 1 log"
   expect_in "$W/err" "gpumem: warning: $W/link.jsonl is the same file as $DATA/before.jsonl: read once"
+  # A glob that matched nothing reaches gpumem as written: the error says so, for *, ? and [.
+  for pat in 'nosuch*.jsonl' 'rank?.jsonl' 'rank[0-9].json'; do
+    for cmd in "report $pat" "check $pat --max-peak 1GiB" "diff $DATA/before.jsonl $pat" "replay $pat" \
+               "check $DATA/before.jsonl --baseline $pat"; do
+      expect_rc 2 "$GPUMEM" $cmd
+      expect_in "$W/err" "$pat: cannot open: No such file or directory (the shell found no file matching this pattern and passed it on as written)"
+    done
+  done
+  # A plain missing name is no pattern: no such hint.
+  expect_rc 2 "$GPUMEM" report "$W/missing.jsonl"
+  expect_in "$W/err" "missing.jsonl: cannot open: No such file or directory"
+  expect_not_in "$W/err" "pattern"
   ;;
 run_arguments)
   # run: --flag=value works, and everything from the command on goes to it untouched, gpumem's own
