@@ -146,6 +146,13 @@ bool dash_means_stdin(std::vector<std::string>& paths, std::string& error) {
     return dash_means_stdin(all, error);
 }
 
+std::string with_stdin_hint(std::string msg) {
+    struct stat st {};
+    if (::fstat(0, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISREG(st.st_mode) || S_ISSOCK(st.st_mode)))
+        msg += "; to read standard input, pass -";
+    return msg;
+}
+
 void drop_repeated_inputs(std::vector<std::string>& paths) {
     // One per kept input that exists: the file (device and inode) and its first name, kept[first].
     struct kept_file {

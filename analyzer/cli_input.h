@@ -38,6 +38,11 @@ bool dash_means_stdin(const std::vector<std::string*>& paths, std::string& error
 // The same over one list of inputs.
 bool dash_means_stdin(std::vector<std::string>& paths, std::string& error);
 
+// `msg`, the error of a command given too few logs, with "; to read standard input, pass -" when a
+// log is piped or redirected in (`gpumem report < LOG`): standard input is read only when named.
+// A pipe, file or socket on standard input counts; a terminal or /dev/null (a CI step's) does not.
+std::string with_stdin_hint(std::string msg);
+
 // One file named twice among the inputs of one run (a CI glob and an explicit name, ./x and x, a
 // symbolic link and its target, a hard link) would count as two processes, the second "rank 0#2",
 // and double every total: each file is read once, at its first name, and a warning names the

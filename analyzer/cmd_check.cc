@@ -273,7 +273,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
         // `check --junit LOG`: the run's one log was taken as the JUnit file; that is what to say.
         const std::vector<std::string> given = baseline_path.empty() ? logs : std::vector<std::string>{baseline_path};
         if (std::string why; output_would_clobber(args.junit_path, "--junit", given, why)) return usage_error("check", why);
-        return usage_error("check", "no log file given");
+        return usage_error("check", with_stdin_hint("no log file given"));
     }
     {
         std::vector<std::string*> all;

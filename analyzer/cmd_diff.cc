@@ -254,7 +254,7 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
     if (std::find(side_b.begin(), side_b.end(), "--") != side_b.end())
         return usage_error("diff", "a second --: diff compares two runs, A1 A2... -- B1 B2...");
     if (side_a.empty() || side_b.empty())
-        return usage_error("diff", "needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...");
+        return usage_error("diff", with_stdin_hint("needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2..."));
     {
         std::vector<std::string*> all;
         for (auto* side : {&side_a, &side_b})

@@ -289,7 +289,7 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
 }
 
 int run_replay(replay_args& a) {
-    if (a.logs.empty()) return usage_error("replay", "no log file given");
+    if (a.logs.empty()) return usage_error("replay", with_stdin_hint("no log file given"));
     if (std::string err; !dash_means_stdin(a.logs, err)) return usage_error("replay", err);
     drop_repeated_inputs(a.logs);
     pipe_spools spools;  // pipes among several logs, compared with them and read from here

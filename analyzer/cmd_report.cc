@@ -104,7 +104,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         // `report --html LOG`: the run's one log was taken as the output's FILE; that is what to say.
         for (const auto& [option, out] : outs)
             if (std::string why; output_would_clobber(*out, option, logs, why)) return usage_error("report", why);
-        return usage_error("report", "no log file given");
+        return usage_error("report", with_stdin_hint("no log file given"));
     }
     if (std::string err; !dash_means_stdin(logs, err)) return usage_error("report", err);
     drop_repeated_inputs(logs);

@@ -1248,6 +1248,21 @@ conventions)
   expect_rc 2 "$GPUMEM" report "$W/missing.jsonl"
   expect_in "$W/err" "missing.jsonl: cannot open: No such file or directory"
   expect_not_in "$W/err" "pattern"
+  # A log redirected or piped in without `-` among the inputs: the error says how to read it.
+  for cmd in "report" "check --max-peak 1GiB" "replay" "diff" "diff $DATA/before.jsonl"; do
+    expect_rc 2 "$GPUMEM" $cmd < "$DATA/after.jsonl"
+    expect_in "$W/err" "; to read standard input, pass -"
+    expect_rc 2 sh -c 'cat "$1" | "$0" $2' "$GPUMEM" "$DATA/after.jsonl" "$cmd"
+    expect_in "$W/err" "; to read standard input, pass -"
+    # Nothing given on standard input (a CI step's /dev/null): no hint.
+    expect_rc 2 "$GPUMEM" $cmd < /dev/null
+    expect_not_in "$W/err" "standard input"
+  done
+  expect_rc 2 "$GPUMEM" report < "$DATA/after.jsonl"
+  expect_in "$W/err" "gpumem: error: no log file given; to read standard input, pass -"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" < "$DATA/after.jsonl"
+  expect_in "$W/err" "gpumem: error: needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2...; to read standard input, pass -"
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" - < "$DATA/after.jsonl"
   ;;
 run_arguments)
   # run: --flag=value works, and everything from the command on goes to it untouched, gpumem's own
