@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -285,14 +286,19 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
     if (procs.empty()) return;
     std::fprintf(stderr, "\ngpumem summary (peaks per process and GPU; leaks = still allocated at the end)\n");
     bool unended = false;  // a row whose "leaks" are the live blocks where a log stops
-    std::fprintf(stderr, "  %-8s %-5s %-4s %12s %12s %12s %7s %18s %5s  %s\n", "pid", "rank", "dev", "requested", "allocated",
-                 "reserved", "frag", "leaks", "OOMs", "ended");
+    // The table's cells, heading first, printed once every row is known: a column is as wide as its
+    // widest value plus one, at least its usual width, so two spaces always part the columns (a
+    // "12,345 / 11.50 GiB *" of leaks, a long rank).
+    using table_row = std::array<std::string, 10>;
+    std::vector<table_row> table{{"pid", "rank", "dev", "requested", "allocated", "reserved", "frag", "leaks", "OOMs", "ended"}};
     const size_t k_max_rows = 16;  // one screen
     size_t rows = 0, hidden = 0;
     std::vector<std::pair<const process_report*, const oom_report*>> ooms;
     for (const process_report& p : procs) {
         std::string ended = p.has_end ? p.end_reason + (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "")
                                       : std::string(p.truncated_last_line ? "no end line (killed?)" : "no end line");
+        // From the log: shown, never sent to the terminal as is (a NUL would also cut the row).
+        const std::string rank = visible(p.rank);
         bool any = false;
         for (const device_report& d : p.devices) {
             for (const oom_report& o : d.ooms) ooms.emplace_back(&p, &o);
@@ -312,17 +318,26 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
             // Fragmentation is of free space in gpumem's pool segments: without any (--pool off) it
             // is not measured, and a 0.0% would read as "not fragmented" (docs/metrics.md).
             std::string frag = d.segment_count.peak ? fmt_pct(d.max_external_fragmentation) : "-";
-            std::fprintf(stderr, "  %-8lld %-5s %-4s %12s %12s %12s %7s %18s %5llu  %s\n", (long long)p.pid, p.rank.c_str(),
-                         d.dev < 0 ? "host" : std::to_string(d.dev).c_str(), fmt_bytes(d.requested.peak).c_str(),
-                         fmt_bytes(d.allocated.peak).c_str(), fmt_bytes(d.reserved.peak).c_str(),
-                         frag.c_str(), leaks.c_str(), (unsigned long long)d.n_oom,
-                         ended.c_str());
+            table.push_back({std::to_string(p.pid), rank, d.dev < 0 ? "host" : std::to_string(d.dev),
+                             fmt_bytes(d.requested.peak), fmt_bytes(d.allocated.peak), fmt_bytes(d.reserved.peak), frag,
+                             leaks, std::to_string(d.n_oom), visible(ended)});
         }
         if (!any && rows < k_max_rows) {
             ++rows;
-            std::fprintf(stderr, "  %-8lld %-5s %-4s %12s %12s %12s %7s %18s %5s  %s\n", (long long)p.pid, p.rank.c_str(), "-",
-                         "-", "-", "-", "-", "no allocations", "-", ended.c_str());
+            table.push_back({std::to_string(p.pid), rank, "-", "-", "-", "-", "-", "no allocations", "-", visible(ended)});
         }
+    }
+    // Usual widths: pid, rank and dev left-aligned, the rest right-aligned, "ended" last and unpadded.
+    std::array<size_t, 10> width{8, 5, 4, 12, 12, 12, 7, 18, 5, 0};
+    for (const table_row& r : table)
+        for (size_t c = 0; c + 1 < r.size(); ++c) width[c] = std::max(width[c], r[c].size() + 1);
+    for (const table_row& r : table) {
+        std::string line = " ";
+        for (size_t c = 0; c + 1 < r.size(); ++c) {
+            const std::string fill(width[c] - r[c].size(), ' ');
+            line += " " + (c < 3 ? r[c] + fill : fill + r[c]);
+        }
+        std::fprintf(stderr, "%s  %s\n", line.c_str(), r.back().c_str());
     }
     if (hidden) std::fprintf(stderr, "  ... %s: see gpumem report\n", fmt_counted(hidden, "more row", "more rows").c_str());
     if (unended) std::fprintf(stderr, "  * live when the log stops: the process did not exit, so not a leak\n");

@@ -20,6 +20,29 @@ edit_report() {
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' "$@"
 }
 
+# summary_columns_apart: in the `gpumem run` summary of $W/err, two spaces or more part every column
+# of every row (a row splits into as many fields as the heading), and each right-aligned value
+# (requested to OOMs) ends under its heading.
+summary_columns_apart() {
+  python3 - "$W/err" <<'PY' || fail "summary columns run together: $(cat "$W/err")"
+import re, sys
+lines = open(sys.argv[1]).read().split("\n")
+top = next(i for i, l in enumerate(lines) if l.startswith("gpumem summary"))
+head, rows = lines[top + 1], []
+for l in lines[top + 2:]:
+    if not re.match(r"  \d", l): break
+    rows.append(l)
+assert rows, "no rows"
+cols = [(m.start(), m.end()) for m in re.finditer(r"\S+(?: \S+)*", head)]
+assert len(cols) == 10, head
+for r in rows:
+    fields = [(m.start(), m.end()) for m in re.finditer(r"\S+(?: \S+)*", r)]
+    assert len(fields) == len(cols), (head, r)
+    for c in range(3, 9):
+        assert fields[c][1] == cols[c][1], (c, head, r)
+PY
+}
+
 case $case_name in
 run_exit_codes)
   # 0, with the log found and summarized: train 20 keeps a 3 MiB checkpoint every 10 steps.
@@ -214,6 +237,29 @@ run_environment)
     "$SRC/tests/data/golden/pool_off_basic.jsonl" "$W/many/"
   expect_in "$W/err" "gpumem run: 17 logs"
   expect_in "$W/err" "  ... 1 more row: see gpumem report"
+  # Wide values (12,345 blocks live where a log stops, a long rank) widen their columns: two spaces
+  # still part every column, and each value ends under its heading.
+  python3 - "$W/wide.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"ev": "header", "format": "gpumem-events", "version": 1, "pid": 4242, "host": "gpu01",
+                        "rank": "worker-0123456", "start_unix_ns": 1796010000000000000,
+                        "devices": [{"index": 0, "name": "NVIDIA H200", "total": 150754820096}],
+                        "config": {"pool": "off"}}) + "\n")
+    for i in range(12345):
+        f.write(json.dumps({"ev": "alloc", "seq": i, "t": 1000 * (i + 1), "tid": 4242, "dev": 0, "api": "cudaMalloc",
+                            "kind": "device", "ptr": hex(0x7f0000000000 + i * (1 << 20)), "size": 1000000}) + "\n")
+PY
+  expect_rc 0 "$GPUMEM" run -o "$W/wide/" -- sh -c 'cp "$0" "${1}gpumem-1.jsonl"' "$W/wide.jsonl" "$W/wide/"
+  expect_in "$W/err" "12,345 / 11.50 GiB *"
+  summary_columns_apart
+  expect_rc 137 "$GPUMEM" run -o "$W/killed2/" -- "$EMU/emu_driver_app" crash kill 100
+  summary_columns_apart
+  # A rank from the log is shown, its escape sequence never sent to the terminal.
+  sed 's/"rank":"0"/"rank":"r\\u001b[2Jx"/' "$SRC/tests/data/golden/pool_off_basic.jsonl" > "$W/esc.jsonl"
+  expect_rc 0 "$GPUMEM" run -o "$W/esc/" -- sh -c 'cp "$0" "${1}gpumem-1.jsonl"' "$W/esc.jsonl" "$W/esc/"
+  expect_in "$W/err" "  r^[[2Jx  "
+  summary_columns_apart
   # --no-summary lists the logs only.
   expect_rc 0 "$GPUMEM" run --no-summary -o "$W/q/" -- "$EMU/emu_rt_shared_app" train 5
   expect_in "$W/err" "gpumem run: 1 log"
