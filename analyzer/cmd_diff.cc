@@ -86,10 +86,8 @@ void size_class_changes(const size_histogram& ha, const size_histogram& hb, std:
         uint64_t ca = ha.count[i], cb = hb.count[i];
         double ba = double(ha.bytes[i]), bb = double(hb.bytes[i]);
         if (ca == cb && ba == bb) continue;
-        uint64_t min = i == 0 ? 0 : uint64_t(1) << i;
-        std::string max = i == 63 ? "16.00 EiB" : fmt_bytes(uint64_t(1) << (i + 1));
         change c;
-        c.what = "size class " + fmt_bytes(min) + "-" + max + ": " + fmt_count(ca) + " -> " + fmt_count(cb) + " allocations";
+        c.what = "size class " + fmt_size_class(i) + ": " + fmt_count(ca) + " -> " + fmt_count(cb) + " allocations";
         c.delta_bytes = bb - ba;
         c.detail = "bytes allocated over the run " + fmt_bytes(clamp_to_u64(ba)) + " -> " + fmt_bytes(clamp_to_u64(bb));
         out.push_back(std::move(c));

@@ -24,6 +24,11 @@ std::string fmt_bytes(uint64_t n) {
     return b;
 }
 
+std::string fmt_size_class(size_t i) {
+    const uint64_t lo = i == 0 ? 0 : uint64_t(1) << i;
+    return fmt_bytes(lo) + "-" + (i >= 63 ? std::string("16.00 EiB") : fmt_bytes(uint64_t(1) << (i + 1)));  // 2^64: no uint64_t
+}
+
 std::string fmt_time(uint64_t ns) {
     char b[32];
     if (ns < 1000) std::snprintf(b, sizeof b, "%" PRIu64 " ns", ns);

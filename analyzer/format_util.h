@@ -19,6 +19,9 @@ inline uint64_t clamp_to_u64(double v, uint64_t hi = UINT64_MAX) {
 }
 
 std::string fmt_bytes(uint64_t n);         // "0 B", "512 B", "1.50 KiB", "2.00 MiB"
+// Power-of-two size class i of a size_histogram, from 2^i up to (not including) 2^(i+1), class 0 from
+// 0 B: "512.00 KiB-1.00 MiB", "0 B-2 B".  diff and the HTML histograms name classes alike.
+std::string fmt_size_class(size_t i);
 std::string fmt_time(uint64_t ns);         // "950 ns", "12.50 us", "3.20 ms", "1.234 s"
 std::string fmt_pct(double ratio);         // 0.1234 -> "12.3%"
 std::string fmt_hex(uint64_t v);           // "0x7f3a40000000"

@@ -264,8 +264,8 @@ std::string histogram_svg(const size_histogram& h, const std::string& title, con
         double bh = (H - T - B) * double(c) / double(top);
         double x = L + (i - lo) * bw;
         o << "<rect x='" << svg_num(x + 1) << "' y='" << svg_num(H - B - bh) << "' width='" << svg_num(std::max(1.0, bw - 2))
-          << "' height='" << svg_num(bh) << "' fill='" << color << "'><title>" << fmt_bytes(i ? uint64_t(1) << i : 0) << " – "
-          << fmt_bytes(i == 63 ? UINT64_MAX : (uint64_t(1) << (i + 1)) - 1) << ": " << c << "</title></rect>\n";
+          << "' height='" << svg_num(bh) << "' fill='" << color << "'><title>" << fmt_size_class(size_t(i)) << ": " << c
+          << "</title></rect>\n";
         if (n <= 16 || (i - lo) % ((n + 15) / 16) == 0)
             o << "<text x='" << svg_num(x + bw / 2) << "' y='" << H - B + 14 << "' font-size='10' text-anchor='middle'>"
               << short_bytes(i ? uint64_t(1) << i : 0) << "</text>\n";

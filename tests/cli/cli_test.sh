@@ -956,6 +956,15 @@ EOF
   expect_in "$W/err" "give several inputs per side as A1 A2 ... -- B1 B2 ..."
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" -- "$W/mr/rank0.jsonl"
   expect_in "$W/out" "A = $SRC/tests/data/golden/rank0.jsonl and 1 more (2 processes)"
+  # The HTML histogram names each size class as diff does (it said "512.00 KiB – 1024.00 KiB"), the
+  # smallest from 0 B too.
+  expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/after.jsonl"
+  classes=$(sed -n 's/^ *[+-] size class \(.*\): [0-9]* -> [0-9]* allocations.*/\1/p' "$W/out")
+  [ "$(echo "$classes" | wc -l)" = 2 ] || fail "diff: expected 2 size classes: $(cat "$W/out")"
+  expect_rc 0 "$GPUMEM" report --html "$W/after.html" "$DATA/after.jsonl" "$W/one_byte.jsonl"
+  while IFS= read -r c; do expect_in "$W/after.html" "<title>$c: 1</title>"; done <<< "$classes"
+  expect_in "$W/after.html" "<title>0 B-2 B: 1</title>"
+  expect_not_in "$W/after.html" "1024.00 KiB"
   ;;
 conventions)
   # One convention for every subcommand (CLI11): --help, both flag forms, one error prefix, exit 2
@@ -1557,10 +1566,10 @@ PY
   expect_rc 0 "$GPUMEM" report --no-progress --json "$B/many_warnings_no_end.jsonl"
   python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['processes'][0]['warnings']; assert any('no end line' in x for x in w), w[-3:]" "$W/out" || fail "#17: no end line missing from the JSON warnings"
   # #21: undefined behaviour on absurd values gave garbled labels (scripts/test.sh also runs these
-  # under UBSan).  The size histogram's last bucket shifted by 64 ("8.00 EiB – 0 B"); a chart label
-  # of 2^64 bytes was converted to an integer out of range.
+  # under UBSan).  The size histogram's last bucket shifted by 64 ("8.00 EiB – 0 B"; named as diff
+  # names it now); a chart label of 2^64 bytes was converted to an integer out of range.
   expect_rc 0 "$GPUMEM" report --no-progress "$B/sum_overflow.jsonl" --html "$W/overflow.html"
-  expect_in "$W/overflow.html" "<title>8.00 EiB – 16.00 EiB: 2</title>"
+  expect_in "$W/overflow.html" "<title>8.00 EiB-16.00 EiB: 2</title>"
   expect_in "$W/overflow.html" "text-anchor='end'>16.00 EiB</text>"
   # Times from 0 to 2^64 - 1: the text timeline's row index was NaN (t1 - t0 + 1 wrapped to 0), the
   # rows came out of order; and the "events bunched" test wrapped.
