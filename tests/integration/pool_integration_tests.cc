@@ -297,6 +297,24 @@ void check_complete(const run_result& r, std::vector<json>* ls_out) {
     *ls_out = std::move(ls);
 }
 
+// One run under gpumem with GPUMEM_POOL_VMM=vmm added to env, its log checked by check_complete:
+// the result, the log's lines and the program's key=value output.  Most cases run each program
+// with virtual memory on and off the same way; the caller's INFO names vmm, so the failures here
+// say which run it was too.
+struct vmm_run {
+    run_result r;
+    std::vector<json> ls;
+    std::map<std::string, std::string> v;
+};
+vmm_run run_vmm(const std::vector<std::string>& args, std::map<std::string, std::string> env, const char* vmm) {
+    env["GPUMEM_POOL_VMM"] = vmm;
+    vmm_run x;
+    x.r = run(args, env);
+    check_complete(x.r, &x.ls);
+    x.v = values(x.r.out);
+    return x;
+}
+
 // What a program prints without gpumem (it must exit 0), as key=value pairs in run.out.
 run_result run_alone(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
     run_result alone = run(args, env, false);
@@ -797,10 +815,7 @@ TEST_CASE("pool: cuMemAlloc, cuMemFree and cuMemFreeAsync inside a capture get t
     CHECK(off == bare);
     for (const char* vmm : {"off", "on"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "capture-modes"}, {{"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "capture-modes"}, {}, vmm);
         for (const auto& [k, val] : bare) {
             if (k == "driver_cuMemAlloc" || k == "v1_sync_in_capture") continue;
             INFO(k);
@@ -826,10 +841,7 @@ TEST_CASE("pool: CUDA arrays and the device malloc heap get the memory the progr
     for (const auto& k : keys) CHECK(bare[k] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "arrays"}, {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "arrays"}, {{"GPUMEM_EMU_CAPACITY", "256M"}}, vmm);
         for (const auto& k : keys) {
             INFO(k);
             CHECK(v[k] == "0");
@@ -861,12 +873,7 @@ TEST_CASE("pool: the per-thread twins of the retried graph and cooperative launc
     for (const auto& t : twins) CHECK(bare["calls_" + t] == "1");  // the resolver handed out the per-thread twin
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "retry-ptsz"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "retry-ptsz"}, env, vmm);
         for (const auto& k : keys) {
             INFO(k);
             CHECK(v[k] == "0");
@@ -903,12 +910,7 @@ TEST_CASE("pool: a context made after the program freed the device into the pool
     CHECK(bare["calls_cuCtxCreate_v4"] == "2");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "context-create"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "context-create"}, env, vmm);
         for (const auto& k : keys) {
             INFO(k);
             CHECK(v[k] == "0");
@@ -938,12 +940,7 @@ TEST_CASE("pool: a request in one context gets the memory another context's pool
     CHECK(bare["own_rc"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "two-pools"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "two-pools"}, env, vmm);
         CHECK(v["primary_rc"] == "0");
         CHECK(v["own_rc"] == "0");
         // The program got no out-of-memory answer for a 192 MiB request, so the log has none: the
@@ -974,12 +971,8 @@ TEST_CASE("pool: two contexts' pools on a device are rebuilt apart: a fence in o
         {"GPUMEM_REUSE", "safe"}, {"GPUMEM_FENCE_BATCH", "1"}, {"GPUMEM_ORDER_BATCH", "0"}, {"GPUMEM_EMU_PRIMARY_REFS", "0"}};
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "two-pools-fenced"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(values(r.out)["reused_in_primary"] == "1");
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "two-pools-fenced"}, env, vmm);
+        CHECK(v["reused_in_primary"] == "1");
         // The fence's line, the primary context's pool (the second made on device 0).
         size_t fence = 0;
         for (size_t i = 0; i < ls.size() && !fence; ++i)
@@ -1018,12 +1011,7 @@ TEST_CASE("pool: a context's end takes only its own allocations outside the pool
     const std::map<std::string, std::string> env = {{"GPUMEM_EMU_PRIMARY_REFS", "0"}};
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "two-pools-unpooled"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "two-pools-unpooled"}, env, vmm);
         const uint64_t managed_primary = std::stoull(v["managed_primary"], nullptr, 16),
                        ordered = std::stoull(v["ordered"], nullptr, 16), managed_mine = std::stoull(v["managed_mine"], nullptr, 16);
         CHECK(ls.front().value("alloc_ctx", false));
@@ -1073,12 +1061,7 @@ TEST_CASE("pool: a request larger than the device fails at once beside another c
     CHECK(bare["own_rc"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "two-pools", "huge"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "two-pools", "huge"}, env, vmm);
         CHECK(v["huge_rc"] == "2");
         CHECK(v["own_rc"] == "0");
         // Segments given back since the program's last call before the huge request, and its lines.
@@ -1117,11 +1100,8 @@ TEST_CASE("pool: an allocator the pool does not serve gets the memory the progra
     CHECK(bare["free_drop_mib"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "other-allocators"},
-                     {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", module}, {"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "other-allocators"},
+                                  {{"GPUMEM_EMU_CAPACITY", "256M"}, {"GPUMEM_EMU_MODULE_BYTES", module}}, vmm);
         for (const auto& k : keys) {
             INFO(k);
             CHECK(v[k] == "0");  // the pool's copy held it out of reach before give_back
@@ -1155,12 +1135,8 @@ TEST_CASE("pool: a kernel's first attribute query makes headroom on the device i
     CHECK(values(run({EMU_POOL_APP, "kernel-attr-device"}, env, false).out)["kernel_attr_rc"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "kernel-attr-device"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(values(r.out)["kernel_attr_rc"] == "0");  // device 0's pools had nothing to give
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "kernel-attr-device"}, env, vmm);
+        CHECK(v["kernel_attr_rc"] == "0");  // device 0's pools had nothing to give
         bool made_room_on_1 = false;
         for (const auto& l : ls)
             if ((l["ev"] == "segment_unmap" || l["ev"] == "segment_free") && l.value("api", "") == "cuKernelGetAttribute")
@@ -1241,12 +1217,7 @@ TEST_CASE("pool: a primary context's last release ends it, and the pool forgets 
     for (const char* vmm : {"on", "off"})
         for (const char* abi : {"v2", "v1"}) {  // v1: cuDevicePrimaryCtxRelease, what a static cudart calls
             INFO("GPUMEM_POOL_VMM=" << vmm << " " << abi);
-            auto env = bare_env;
-            env["GPUMEM_POOL_VMM"] = vmm;
-            auto r = run({EMU_POOL_APP, "release-cycle", abi}, env);
-            std::vector<json> ls;
-            check_complete(r, &ls);
-            auto v = values(r.out);
+            auto [r, ls, v] = run_vmm({EMU_POOL_APP, "release-cycle", abi}, bare_env, vmm);
             // Unseen, the cuMemAlloc pool handed out its freed segments again beside new ones.
             for (const char* round : {"round2_blocks", "round3_blocks"}) CHECK(v[round] == bare["round1_blocks"]);
             size_t resets = 0, pooled_after_end = 0;
@@ -1286,12 +1257,8 @@ TEST_CASE("pool: a retain on another thread just after the last release ended th
     REQUIRE(bare["new_context_block_access"] == "1");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto env = bare_env;
-        env["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "release-race"}, env);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(values(r.out)["new_context_block_access"] == "1");
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "release-race"}, bare_env, vmm);
+        CHECK(v["new_context_block_access"] == "1");
         size_t resets = 0;
         for (const auto& l : ls) resets += l["ev"] == "context_reset";
         CHECK(resets == 2);  // each context's last release retired its pool, the first one's too
@@ -1308,12 +1275,8 @@ TEST_CASE("pool: a green context made on another thread just after the last rele
     REQUIRE(bare["new_context_block_access"] == "1");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto env = bare_env;
-        env["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "release-race", "green"}, env);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(values(r.out)["new_context_block_access"] == "1");
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "release-race", "green"}, bare_env, vmm);
+        CHECK(v["new_context_block_access"] == "1");
         CHECK(count_ev(ls, "context_reset") == 2);  // the first context's end retired its pool
     }
 }
@@ -1348,12 +1311,7 @@ TEST_CASE("pool: a green context's destruction that ends the primary context ret
     CHECK(bare["round3_blocks"] == bare["round1_blocks"]);
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto env = bare_env;
-        env["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-end"}, env);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-end"}, bare_env, vmm);
         for (const char* round : {"round2_blocks", "round3_blocks"}) CHECK(v[round] == bare["round1_blocks"]);
         CHECK(count_ev(ls, "context_reset") == 3);
         CHECK(v["dead_green_stream_calls"] == "0");  // no event, query or wait on a destroyed green context's stream
@@ -1424,12 +1382,8 @@ TEST_CASE("pool: a green context's pool gives back what the program freed there 
     CHECK(values(run({EMU_POOL_APP, "green-pool"}, env, false).out)["async_rc"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-pool"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        CHECK(values(r.out)["async_rc"] == "0");
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-pool"}, env, vmm);
+        CHECK(v["async_rc"] == "0");
         bool by_destroy = false;
         for (const auto& l : ls)
             by_destroy |= (l["ev"] == "segment_free" || l["ev"] == "segment_unmap") && l.value("api", "") == "cuGreenCtxDestroy";
@@ -1459,12 +1413,7 @@ TEST_CASE("pool: a block of a green context freed after its destruction: the dri
     CHECK(alone.at("async_rc") == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-late-free"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-late-free"}, env, vmm);
         CHECK(v.at("late_free_rc") == alone.at("late_free_rc"));
         CHECK(v.at("owner_is_primary") == alone.at("owner_is_primary"));
         CHECK(v.at("async_rc") == alone.at("async_rc"));
@@ -1481,12 +1430,7 @@ TEST_CASE("pool: a block of a green context freed after its destruction: the dri
     CHECK(alone_reset.at("new_block_access") == "1");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm << ", reset");
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-late-free", "reset"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-late-free", "reset"}, env, vmm);
         CHECK(v.at("again_rc") == alone_reset.at("again_rc"));
         CHECK(v.at("new_block_access") == alone_reset.at("new_block_access"));
         CHECK(count_ev(ls, "context_reset") == 2u);
@@ -1508,12 +1452,7 @@ TEST_CASE("pool: another thread's pool work while a green context's destruction 
     for (const char* k : {"destroy_rc", "free_rc", "alloc_rc"}) CHECK(alone.at(k) == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-destroy-race"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-destroy-race"}, env, vmm);
         for (const char* k : {"destroy_rc", "free_rc", "alloc_rc"}) CHECK(v.at(k) == alone.at(k));
         for (const char* dead : {"dead_green_made_current", "call_in_dead_green_context", "call_on_dead_green_event", "call_on_dead_green_stream"})
             CHECK(v.at(dead) == "0");
@@ -1537,10 +1476,7 @@ TEST_CASE("pool: pointer queries and frees of memory outside a green context's p
     for (const char* n : names) CHECK(alone.at(std::string(n) + "_during_destroy") == "1");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "green-destroy-query"}, {{"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-destroy-query"}, {}, vmm);
         CHECK(v.at("destroy_rc") == "0");
         for (const char* n : names) {
             INFO(n);
@@ -1610,12 +1546,7 @@ TEST_CASE("pool: an allocation made with a destroyed green context current gets 
     const char* keys[] = {"alloc_rc", "pitch_rc", "cudart_rc", "kept_free_rc", "dead_green_made_current", "call_in_dead_green_context"};
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-dead-alloc", cudart}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-dead-alloc", cudart}, env, vmm);
         for (const char* k : keys) {
             INFO(k);
             CHECK(v.at(k) == alone.at(k));
@@ -1652,12 +1583,7 @@ TEST_CASE("pool: a destroyed green context's CUcontext made again, twice by gree
     for (const char* k : {"green0_access", "green1_access"}) CHECK(alone.at(k) == "1");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-handle-again"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-handle-again"}, env, vmm);
         REQUIRE(v.at("green_handle_again") == "1");
         REQUIRE(v.at("made_handle_again") == "1");
         for (const char* k : {"made_free_rc", "green0_free_rc", "green1_free_rc", "green0_access", "green1_access"})
@@ -1693,12 +1619,7 @@ TEST_CASE("pool: a context the driver makes with a green context's CUcontext dur
     CHECK(alone.at("green_access") == "1");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto e = env;
-        e["GPUMEM_POOL_VMM"] = vmm;
-        auto r = run({EMU_POOL_APP, "green-reuse-window"}, e);
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        const auto v = values(r.out);
+        const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-reuse-window"}, env, vmm);
         REQUIRE(v.at("made_handle_again") == "1");
         for (const char* k : {"destroy_rc", "alloc_rc", "made_free_rc", "green_access", "green_free_rc"})
             CHECK(v.at(k) == alone.at(k));
@@ -1751,11 +1672,7 @@ TEST_CASE("pool: a green context's destruction the driver refuses: its pool move
         CHECK(alone.at("range_base_is_last") == "1");
         for (const char* vmm : {"on", "off"}) {
             INFO("GPUMEM_POOL_VMM=" << vmm);
-            auto e = env;
-            e["GPUMEM_POOL_VMM"] = vmm;
-            auto r = run({EMU_POOL_APP, "green-destroy-refused", mode}, e);
-            std::vector<json> ls;
-            check_complete(r, &ls);
+            const auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-destroy-refused", mode}, env, vmm);
             INFO(r.out);
             CHECK(answers(r.out) == alone);
             // Every block pooled; after the refusal the green pool serves from what it cached.
@@ -1765,7 +1682,6 @@ TEST_CASE("pool: a green context's destruction the driver refuses: its pool move
                     CHECK(l.value("pooled", false));
                     if (l.contains("seg")) seg_of[hex(l["ptr"])] = hex(l["seg"]);
                 }
-            const auto v = values(r.out);
             if (std::string(mode) == "pooled") {
                 const uint64_t cached_seg = seg_of[std::stoull(v.at("cached_block"), nullptr, 16)];
                 CHECK(cached_seg != 0);
@@ -2005,9 +1921,7 @@ TEST_CASE("pool: a non-blocking stream a signal handler makes inside the pool's 
     CHECK(values(alone.out)["handler_stream_result"] == "0");
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "stream-in-handler"}, {{"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "stream-in-handler"}, {}, vmm);
         CHECK(r.out == alone.out);
         CHECK(count_ev(ls, "reuse_safe") == 1);
         check_rebuild(ls);
@@ -2164,10 +2078,7 @@ TEST_CASE("pool: signal handlers that free pooled blocks while their thread open
     // alone: the captures are relaxed, where the driver refuses no free.
     for (const char* vmm : {"on", "off"}) {
         INFO("GPUMEM_POOL_VMM=" << vmm);
-        auto r = run({EMU_POOL_APP, "capture-signals"}, {{"GPUMEM_REUSE", "immediate"}, {"GPUMEM_POOL_VMM", vmm}});
-        std::vector<json> ls;
-        check_complete(r, &ls);
-        auto v = values(r.out);
+        auto [r, ls, v] = run_vmm({EMU_POOL_APP, "capture-signals"}, {{"GPUMEM_REUSE", "immediate"}}, vmm);
         CHECK(v["signals_handled_enough"] == "1");
         CHECK(v["signal_frees_failed"] == "0");
         CHECK(ls.back()["live_allocs"] == 0);  // every free made it into the log, waiting ones too
@@ -2398,12 +2309,8 @@ TEST_CASE("pool: peer access to a primary context reaches the blocks of its gree
         CHECK(alone.at("late_free_rc") == "0");
         for (const char* vmm : {"on", "off"}) {
             INFO("GPUMEM_POOL_VMM=" << vmm);
-            auto e = env;
-            e["GPUMEM_POOL_VMM"] = vmm;
-            auto r = run({EMU_POOL_APP, "green-peer", when}, e);
-            std::vector<json> ls;
-            check_complete(r, &ls);
-            CHECK(values(r.out) == alone);
+            auto [r, ls, v] = run_vmm({EMU_POOL_APP, "green-peer", when}, env, vmm);
+            CHECK(v == alone);
             CHECK(ls.back().value("live_allocs", -1) == 0);
             check_rebuild(ls);
         }
@@ -2431,13 +2338,9 @@ TEST_CASE("pool: peer access ends with the peer context: a context made later wi
         CHECK(alone.at("later_access") == "1");
         for (const char* vmm : {"on", "off"}) {
             INFO("GPUMEM_POOL_VMM=" << vmm);
-            auto e = env;
-            e["GPUMEM_POOL_VMM"] = vmm;
-            auto r = run({EMU_POOL_APP, "peer-reuse", how}, e);
-            std::vector<json> ls;
-            check_complete(r, &ls);
+            auto [r, ls, v] = run_vmm({EMU_POOL_APP, "peer-reuse", how}, env, vmm);
             INFO(r.out);
-            CHECK(values(r.out) == alone);
+            CHECK(v == alone);
             check_settled(ls, r.logs[0]);
         }
     }
@@ -2537,10 +2440,8 @@ TEST_CASE("pool on virtual memory: a training loop that fits the device alone al
     for (const char* arena : {"auto", "off"}) {
         for (const char* vmm : {"on", "off"}) {
             INFO("GPUMEM_POOL_VMM=" << vmm << " GPUMEM_POOL_ARENA=" << arena);
-            auto r = run({EMU_RT_SHARED_APP, "train", "200"},
-                         {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_VMM", vmm}, {"GPUMEM_POOL_ARENA", arena}});
-            std::vector<json> ls;
-            check_complete(r, &ls);
+            auto [r, ls, v] = run_vmm({EMU_RT_SHARED_APP, "train", "200"},
+                                      {{"GPUMEM_EMU_CAPACITY", "150M"}, {"GPUMEM_POOL_ARENA", arena}}, vmm);
             CHECK(count_ev(ls, "oom") == 0);
             if (std::string(vmm) == "on" && std::string(arena) == "off") CHECK(count_ev(ls, "segment_unmap") > 0);
             if (std::string(vmm) == "on" && std::string(arena) == "auto") CHECK(count_ev(ls, "segment_map") > 0);
@@ -2733,10 +2634,7 @@ TEST_CASE("pool: after a kernel fault broke the context, a hit succeeds where th
     for (const char* reuse : {"auto", "safe"})
         for (const char* vmm : {"on", "off"}) {
             INFO("GPUMEM_REUSE=" << reuse << " GPUMEM_POOL_VMM=" << vmm);
-            auto r = run({EMU_POOL_APP, "kernel-fault"}, {{"GPUMEM_REUSE", reuse}, {"GPUMEM_POOL_VMM", vmm}});
-            std::vector<json> ls;
-            check_complete(r, &ls);
-            auto v = values(r.out);
+            auto [r, ls, v] = run_vmm({EMU_POOL_APP, "kernel-fault"}, {{"GPUMEM_REUSE", reuse}}, vmm);
             CHECK(num(v, "hit_result") == 0);     // served from the cache
             CHECK(num(v, "miss_result") == 700);  // the growth reached the driver: its answer, not an OOM
             CHECK(num(v, "sync_result") == 700);
@@ -2958,10 +2856,7 @@ TEST_CASE("pool: cuMemFreeAsync of a pooled block during a stream capture gets t
         CHECK(off["realloc_same"] == "0");
         for (const char* vmm : {"off", "on"}) {
             INFO("GPUMEM_POOL_VMM=" << vmm);
-            auto r = run(argv, {{"GPUMEM_POOL_VMM", vmm}});
-            std::vector<json> ls;
-            check_complete(r, &ls);
-            auto v = values(r.out);
+            auto [r, ls, v] = run_vmm(argv, {}, vmm);
             CHECK(v["free_async_capture_result"] == bare["free_async_capture_result"]);
             CHECK(v["end_capture_result"] == "0");
             CHECK(v["realloc_same"] == "0");  // the block was not taken back
