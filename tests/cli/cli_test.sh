@@ -1764,6 +1764,18 @@ docs_guide)
   expect_rc 0 "$GPUMEM" check ranks/*.jsonl --max-peak 60GiB
   expect_in "$W/out" "2 limits on 2 GPUs of 2 processes: 0 broken"
   ;;
+docs_report_example)
+  # docs/report-example.md shows the text report of a real H200 log and links the HTML report of
+  # the same log: both as the binary writes them today, so a change to the report's output redoes
+  # the page in the same commit (its own commands, run from the repository root).
+  log=tests/data/h200/torch-2stream-train-pool-on.jsonl
+  (cd "$SRC" && "$GPUMEM" report "$log") > text.txt 2> text.err || fail "report of $log: $(cat text.err)"
+  awk '/^## Text report/{t=1} t&&/^```$/{if(f){exit} f=1; next} f' "$SRC/docs/report-example.md" > doc.txt
+  [ -s doc.txt ] || fail "no text block under '## Text report' in docs/report-example.md"
+  diff doc.txt text.txt > text.diff || fail "docs/report-example.md's text report is not what gpumem report prints now (redo it: its command is on the page): $(head -20 text.diff)"
+  (cd "$SRC" && "$GPUMEM" report --no-progress --html "$W/example.html" "$log" > /dev/null) || fail "report --html of $log"
+  cmp -s example.html "$SRC/docs/report-example.html" || fail "docs/report-example.html is not what gpumem report --html writes now (redo it: docs/report-example.md has the command)"
+  ;;
 copies)
   # Two copies of one log (the original cut at a full disk and the copy gpumem moved to /tmp; a
   # run folder and its backup) are one process: read once, from the longer, with a warning naming
