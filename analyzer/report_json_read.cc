@@ -448,7 +448,7 @@ report_file read_report_json(const std::string& path, const std::string& open_pa
     if (!get(j, "schema_version", version) || version != uint64_t(k_report_schema_version)) {
         std::string v = j.contains("schema_version") ? j["schema_version"].dump() : "(none)";
         throw input_error(path, 0, "report schema version " + v + " is not the " + std::to_string(k_report_schema_version) +
-                                       " this gpumem reads");
+                                       " this gpumem reads: regenerate it with this gpumem's `gpumem report --json` on the run's logs");
     }
     auto it = j.find("processes");
     if (it == j.end() || !it->is_array()) throw input_error(path, 0, "report has no \"processes\" list");

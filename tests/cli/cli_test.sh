@@ -825,6 +825,8 @@ check_bad_input)
   expect_in "$W/err" "gpumem: error: $W/cut.json:21: not valid JSON"
   printf '{"schema": "gpumem-report", "schema_version": 99, "processes": []}' > "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/future.json"
+  # A report of another schema version says how to get one this gpumem reads.
+  expect_in "$W/err" "report schema version 99 is not the 1 this gpumem reads: regenerate it with this gpumem's \`gpumem report --json\` on the run's logs"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
   # A report JSON that lacks a member a limit needs is unusable (it once read as 0 and passed).
   bad=$SRC/tests/data/bad/report_no_peak.json
