@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -147,11 +148,13 @@ bool get_ratio(const json& j, const char* key, double& out) {
     return it != j.end() && conv_ratio(*it, out, std::string("\"") + key + "\"");
 }
 // A count, size or time of the device's scalars: a negative number (or one past 2^64) read as
-// missing, which report showed as 0; refused, as no analysis writes it.
+// missing, which report showed as 0, and a fraction as the whole number under it (1.5 B as 1 B);
+// refused, as no analysis writes either.  A whole number written as a float (1.0) is read.
 bool get_u64(const json& j, const char* key, uint64_t& out) {
     auto it = j.find(key);
     if (it == j.end()) return false;
-    if (conv(*it, out)) return true;
+    const bool fraction = it->is_number_float() && std::trunc(it->get<double>()) != it->get<double>();
+    if (!fraction && conv(*it, out)) return true;
     if (it->is_number())
         throw bad_member(std::string("\"") + key + "\" is " + it->dump() + ", not a whole number from 0 to 2^64 - 1");
     return false;

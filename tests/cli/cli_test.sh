@@ -1478,8 +1478,9 @@ dev["dev"]=-7|device 0 of "devices" has "dev" -7, not -1 (host) or a device ordi
 dev["dev"]=2**40|has "dev" 1099511627776, not -1 (host)
 EOF2
   # A ratio outside [0, 1] was taken as it was (max_external_fragmentation 7.5 shown as 750.0%, and
-  # passed by --baseline), and a negative count read as missing (shown as 0): no analysis writes
-  # either, so each is refused, with the process, the device and the member named.
+  # passed by --baseline), a negative count read as missing (shown as 0) and a fraction of one
+  # as the whole number under it (1.5 B as 1 B): no analysis writes any, so each is refused, with
+  # the process, the device and the member named.
   while IFS='|' read -r edit says; do
     edit_report "$W/frag.json" "$W/range.json" "$edit"
     for cmd in "report --no-progress" "check --max-fragmentation 50%" "diff $W/frag.json"; do
@@ -1494,6 +1495,7 @@ dev["max_external_fragmentation"]=7.5|"max_external_fragmentation" is 7.5, not a
 dev["end_external_fragmentation"]=-0.25|"end_external_fragmentation" is -0.25, not a ratio from 0 to 1
 dev["peak_requested_bytes"]=-1|"peak_requested_bytes" is -1, not a whole number from 0 to 2^64 - 1
 dev["n_oom"]=-2.5|"n_oom" is -2.5, not a whole number from 0 to 2^64 - 1
+dev["peak_requested_bytes"]=1.5|"peak_requested_bytes" is 1.5, not a whole number from 0 to 2^64 - 1
 dev["at_peak"]["external_fragmentation"]=1.5|"external_fragmentation" is 1.5, not a ratio from 0 to 1 (in "at_peak")
 dev["ooms"][0]["map"]["external_fragmentation"]=2|"external_fragmentation" is 2, not a ratio from 0 to 1 (in "ooms" 0, "map")
 dev["timeline"][3][5]=7.5|"timeline" row 3: "external_fragmentation_max" is 7.5, not a ratio from 0 to 1
