@@ -511,7 +511,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
                 for (size_t i = 0; i < r.processes.size(); ++i) {
                     for (const std::string& w : warning_lines(r.processes[i], r.processes[i].file)) spdlog::warn("{}", w);
                     out.processes.push_back(std::move(r.processes[i]));
-                    out.present.push_back(std::move(r.present[i]));
+                    out.fields.push_back(std::move(r.fields[i]));
                     out.source.push_back(path);
                 }
                 continue;
@@ -523,7 +523,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             opt.command = command;
             out.processes.push_back(analyze_file(path, opt, in.path()));
             for (const std::string& w : warning_lines(out.processes.back(), path)) spdlog::warn("{}", w);
-            out.present.emplace_back(out.processes.back().devices.size(), device_fields_present().set());
+            out.fields.emplace_back(out.processes.back().devices.size(), device_fields_read{device_fields_present().set(), {}});
             out.source.push_back(path);
         }
         // Occurrence numbers for processes that share a rank, in start order.

@@ -107,11 +107,12 @@ struct run_input {
     std::vector<std::string> source;         // per process: the input path it was read from
     // Which scalar members each device has: all of them for an analyzed log; what the file carried
     // for a report JSON.
-    std::vector<std::vector<device_fields_present>> present;
+    std::vector<std::vector<device_fields_read>> fields;
     std::vector<device_ref> devices;  // sorted by key
     const process_report& proc(const device_ref& r) const { return processes[r.process]; }
     const device_report& dev(const device_ref& r) const { return processes[r.process].devices[r.device]; }
-    bool has(const device_ref& r, device_field f) const { return present[r.process][r.device][size_t(f)]; }
+    bool has(const device_ref& r, device_field f) const { return fields[r.process][r.device].has(f); }
+    std::string why_missing(const device_ref& r, device_field f) const { return fields[r.process][r.device].why_missing(f); }
 };
 
 // Whether processes `a` and `b` ran in one job: on one host, children of one parent (the same

@@ -186,8 +186,8 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
     for (const device_ref& r : run.devices)
         for (const measure* m : needed)
             if (!run.has(r, m->value)) {
-                spdlog::error("{}{}: {} has no \"{}\" (a number), which {} needs", role, run.source[r.process], r.where,
-                              field_name(m->value), m->title);
+                spdlog::error("{}{}: {} {}, which {} needs", role, run.source[r.process], r.where, run.why_missing(r, m->value),
+                              m->title);
                 ok = false;
             }
     return ok;

@@ -166,19 +166,27 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                 // A member CI gates on that the file lacks (another tool wrote it, or it was
                 // edited) reads as 0 in the model: said, so a 0 shown (or written back by --json)
                 // is not taken for a measurement.
-                for (size_t i = 0; i < r.processes.size() && i < r.present.size(); ++i)
-                    for (size_t k = 0; k < r.processes[i].devices.size() && k < r.present[i].size(); ++k) {
+                // One there with another type ("12") is said to be what it is, on a line of its own.
+                for (size_t i = 0; i < r.processes.size() && i < r.fields.size(); ++i)
+                    for (size_t k = 0; k < r.processes[i].devices.size() && k < r.fields[i].size(); ++k) {
+                        const device_fields_read& fields = r.fields[i][k];
+                        const std::string who = path + ": process " + std::to_string(r.processes[i].pid) + " dev " +
+                                                std::to_string(r.processes[i].devices[k].dev) + " ";
                         std::string missing;
                         for (device_field f : {device_field::peak_requested_bytes, device_field::peak_allocated_bytes,
                                                device_field::peak_reserved_bytes, device_field::end_requested_bytes,
                                                device_field::max_external_fragmentation, device_field::n_alloc,
                                                device_field::n_free, device_field::n_oom, device_field::n_leaks,
-                                               device_field::leaked_bytes})
-                            if (!r.present[i][k][size_t(f)]) missing += std::string(missing.empty() ? "" : ", ") + "\"" + field_name(f) + "\"";
+                                               device_field::leaked_bytes}) {
+                            if (fields.has(f)) continue;
+                            if (fields.found(f))
+                                out.say(spdlog::level::warn, visible(who + fields.why_missing(f) + ": shown as 0, which is no measurement"));
+                            else
+                                missing += std::string(missing.empty() ? "" : ", ") + "\"" + field_name(f) + "\"";
+                        }
                         if (!missing.empty())
-                            out.say(spdlog::level::warn, visible(path + ": process " + std::to_string(r.processes[i].pid) + " dev " +
-                                                                 std::to_string(r.processes[i].devices[k].dev) + " has no " + missing +
-                                                                 " (a number): shown as 0, which is no measurement"));
+                            out.say(spdlog::level::warn,
+                                    visible(who + "has no " + missing + " (a number): shown as 0, which is no measurement"));
                     }
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.

@@ -6,6 +6,9 @@
 
 #include <bitset>
 #include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "report_model.h"
 
@@ -92,6 +95,23 @@ inline constexpr size_t k_n_device_fields = size_t(device_field::count);
 // Which members a device of a report JSON carried (a device analyzed from a log has them all).
 using device_fields_present = std::bitset<k_n_device_fields>;
 
+// What a device of a report JSON carried of its scalars: those there with a usable type, and what
+// stood in place of each found with another type ("12", null), as JSON, so that a message says what
+// was found rather than that the member is missing.
+struct device_fields_read {
+    device_fields_present present;
+    std::vector<std::pair<device_field, std::string>> other_type;
+    bool has(device_field f) const { return present[size_t(f)]; }
+    // What stood in place of `f`, when it was there with another type; else nullptr.
+    const std::string* found(device_field f) const {
+        for (const auto& [field, text] : other_type)
+            if (field == f) return &text;
+        return nullptr;
+    }
+    // Why `f` reads as missing: `has no "NAME" (a number)` or `has "NAME": "12", not a number`.
+    std::string why_missing(device_field f) const;
+};
+
 // The member's name as the report JSON spells it.
 inline const char* field_name(device_field f) {
     static const char* const k_names[] = {
@@ -100,6 +120,11 @@ inline const char* field_name(device_field f) {
 #undef GPUMEM_X
     };
     return k_names[size_t(f)];
+}
+
+inline std::string device_fields_read::why_missing(device_field f) const {
+    if (const std::string* text = found(f)) return std::string("has \"") + field_name(f) + "\": " + *text + ", not a number";
+    return std::string("has no \"") + field_name(f) + "\" (a number)";
 }
 
 // The field's value in the model, as a double (exact for counts below 2^53).

@@ -255,12 +255,19 @@ void read_sites(const json& a, stack_store& stacks, std::vector<site_row>& rows)
     }
 }
 
-void read_device(const json& j, device_report& d, device_fields_present& present, stack_store& stacks) {
+void read_device(const json& j, device_report& d, device_fields_read& fields, stack_store& stacks) {
     get(j, "name", d.name);
-    // The scalars, each marked present only when it is there with a usable type.
-#define GPUMEM_X(name, member, type) present[size_t(device_field::name)] = get_##type(j, #name, d.member);
+    // The scalars, each marked present only when it is there with a usable type; one there with
+    // another type is kept as written (cut at 40 bytes), for the message that it is missing.
+#define GPUMEM_X(name, member, type) fields.present[size_t(device_field::name)] = get_##type(j, #name, d.member);
     GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
 #undef GPUMEM_X
+    for (size_t f = 0; f < k_n_device_fields; ++f)
+        if (auto it = j.find(field_name(device_field(f))); !fields.present[f] && it != j.end()) {
+            std::string found = it->dump();
+            if (found.size() > 40) found = found.substr(0, 37) + "...";
+            fields.other_type.emplace_back(device_field(f), std::move(found));
+        }
     auto rs = j.find("reuse_safe");
     if (rs != j.end() && rs->is_object()) {
         d.reuse_safe = true;
@@ -334,7 +341,7 @@ void read_device(const json& j, device_report& d, device_fields_present& present
     }
 }
 
-process_report read_process(const json& j, const std::string& path, std::vector<device_fields_present>& present) {
+process_report read_process(const json& j, const std::string& path, std::vector<device_fields_read>& fields) {
     process_report p;
     if (!get(j, "file", p.file)) p.file = path;
     get(j, "format_version", p.format_version);
@@ -390,7 +397,7 @@ process_report read_process(const json& j, const std::string& path, std::vector<
                              std::to_string(dev) + ", not -1 (host) or a device ordinal up to 65535");
         device_report d;
         d.dev = int(dev);
-        device_fields_present pr;
+        device_fields_read pr;
         try {
             read_device(dj, d, pr, p.stacks);
         } catch (const bad_member& e) {
@@ -398,7 +405,7 @@ process_report read_process(const json& j, const std::string& path, std::vector<
                              "): " + e.what());
         }
         p.devices.push_back(std::move(d));
-        present.push_back(pr);
+        fields.push_back(std::move(pr));
     }
     return p;
 }
@@ -461,9 +468,9 @@ report_file read_report_json(const std::string& path, const std::string& open_pa
     report_file out;
     for (const json& p : *it) {
         if (!p.is_object()) throw input_error(path, 0, "a member of \"processes\" is not an object");
-        out.present.emplace_back();
+        out.fields.emplace_back();
         try {
-            out.processes.push_back(read_process(p, path, out.present.back()));
+            out.processes.push_back(read_process(p, path, out.fields.back()));
         } catch (const bad_member& e) {
             throw input_error(path, 0, "process " + std::to_string(out.processes.size()) + ": " + e.what());
         }

@@ -13,9 +13,9 @@ namespace gpumem::analysis {
 
 struct report_file {
     std::vector<process_report> processes;
-    // present[i][k]: the scalar members that device k of process i carried.  A member that is
+    // fields[i][k]: the scalar members that device k of process i carried.  A member that is
     // missing (or not a number) reads as 0 in the model; whoever needs it must look here first.
-    std::vector<std::vector<device_fields_present>> present;
+    std::vector<std::vector<device_fields_read>> fields;
 };
 
 // Whether the file starts like a report JSON ("{" then a newline or a quote: one pretty-printed or

@@ -1452,6 +1452,17 @@ EOF2
   expect_in "$W/err" "has no \"peak_requested_bytes\", \"peak_allocated_bytes\", \"peak_reserved_bytes\" (a number): shown as 0, which is no measurement"
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json"
   expect_not_in "$W/err" "which is no measurement"
+  # A member of another type (a string "12") is as missing, and said to be what it is: it read as
+  # 'has no "peak_requested_bytes" (a number)', which sent one looking for a member that is there.
+  edit_report "$W/basic.json" "$W/strpeak.json" 'dev["peak_requested_bytes"]="12"; dev["n_free"]=None'
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/strpeak.json"
+  expect_in "$W/err" "has \"peak_requested_bytes\": \"12\", not a number: shown as 0, which is no measurement"
+  expect_in "$W/err" "has \"n_free\": null, not a number: shown as 0, which is no measurement"
+  expect_not_in "$W/err" "has no"
+  expect_rc 2 "$GPUMEM" check --max-peak 1GiB "$W/strpeak.json"
+  expect_in "$W/err" "gpumem: error: $W/strpeak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number, which peak requested needs"
+  expect_rc 2 "$GPUMEM" check --baseline "$W/strpeak.json" "$g/pool_off_basic.jsonl"
+  expect_in "$W/err" "gpumem: error: baseline $W/strpeak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number"
   # The leak members, which --max-leak and --baseline gate on, too (they read as 0 B of leaks, unsaid).
   edit_report "$W/basic.json" "$W/noleak.json" 'dev.pop("leaked_bytes"); dev.pop("n_leaks")'
   expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
