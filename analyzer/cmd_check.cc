@@ -193,6 +193,25 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
     return ok;
 }
 
+// A device compared with a baseline recorded on another GPU (a CI runner that changed model, or
+// memory size: another SKU, a MIG slice) passed or failed with no word of it, though allocator
+// rounding, cuDNN workspaces and the pool's segments all follow the GPU.  Said, naming both, where
+// both sides record the model or the size and they differ; the limits still decide the exit code.
+void warn_if_other_gpu(const run_input& run, const device_ref& r, const run_input& base, const device_ref& b) {
+    const device_report &d = run.dev(r), &bd = base.dev(b);
+    const bool has_total = run.has(r, device_field::total_bytes) && base.has(b, device_field::total_bytes) &&
+                           d.total != 0 && bd.total != 0;
+    const bool other_name = !d.name.empty() && !bd.name.empty() && d.name != bd.name;
+    if (!other_name && !(has_total && d.total != bd.total)) return;
+    auto gpu = [](const device_report& x) {
+        return (x.name.empty() ? std::string("an unnamed GPU") : x.name) + (x.total ? " (" + fmt_bytes(x.total) + ")" : "");
+    };
+    spdlog::warn("{}", visible(r.where + " ran on another GPU than the baseline's: " + gpu(d) + " here, " + gpu(bd) +
+                               " in the baseline (" + b.where +
+                               "): its memory use may differ for that alone (record the baseline on the GPU the "
+                               "check runs on)"));
+}
+
 // A run whose every process is in the baseline, by the identity the copies rule names a process
 // by (same_process: host, pid, start and rank), is compared with itself: the report
 // JSON made from its own logs, a different file, which the refusal of a baseline that is the run
@@ -454,6 +473,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             const device_ref* bref = it->second;
             const device_report& bdev = base.dev(*bref);
             base_by_key.erase(it);
+            warn_if_other_gpu(run, r, base, *bref);
             for (const measure* m : k_baseline_measures) {
                 outcome o;
                 o.name = std::string("baseline ") + m->title;

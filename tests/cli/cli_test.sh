@@ -470,6 +470,19 @@ check_baseline)
   expect_in "$W/err" "the run is being compared with itself, so the check against the baseline cannot fail; give the baseline of another run"
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/baseline.json" --tolerance 10%
   expect_not_in "$W/err" "compared with itself"
+  expect_not_in "$W/err" "on another GPU"
+  # A baseline recorded on another GPU (a CI runner that changed model or memory size) went
+  # unnoticed: said, per device pair, naming both; the exit code stays the limits' own.
+  edit_report "$W/baseline.json" "$W/h100.json" 'dev["name"]="NVIDIA H100 80GB HBM3"; dev["total_bytes"]=85029158912'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/h100.json" --tolerance 10%
+  expect_in "$W/err" "gpumem: warning: rank 0 dev 0 (pid 2002, $DATA/after.jsonl) ran on another GPU than the baseline's: NVIDIA H200 (140.40 GiB) here, NVIDIA H100 80GB HBM3 (79.19 GiB) in the baseline (rank 0 dev 0 (pid 1001, $DATA/before.jsonl)): its memory use may differ for that alone (record the baseline on the GPU the check runs on)"
+  edit_report "$W/baseline.json" "$W/small.json" 'dev["total_bytes"]=85029158912'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/small.json" --tolerance 10%
+  expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H200 (79.19 GiB) in the baseline"
+  # A baseline that does not record the GPU says nothing.
+  edit_report "$W/baseline.json" "$W/nogpu.json" 'dev["name"]=""; dev.pop("total_bytes")'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/nogpu.json" --tolerance 10%
+  expect_not_in "$W/err" "on another GPU"
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
   # Both runs had the pool off: fragmentation is not measured, and said so, not "0.0% <= 0.0%".
