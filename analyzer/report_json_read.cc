@@ -128,24 +128,33 @@ void read_usage(const json& a, std::vector<usage_row>& rows) {
     }
 }
 
+// Where a member is in the JSON: its keys and array indexes, outermost first ({"devices", "0",
+// "n_oom"}), for the line of the message (line_of).
+using json_path = std::vector<std::string>;
+json_path operator+(json_path a, const json_path& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
 // What an analysis never produces and the report writers rely on (a segment's blocks inside it, in
-// address order): a report JSON that breaks it is refused, naming the member.
+// address order): a report JSON that breaks it is refused, naming the member and its line.
 struct bad_member : std::runtime_error {
-    using std::runtime_error::runtime_error;
+    bad_member(const std::string& what, json_path where) : std::runtime_error(what), path(std::move(where)) {}
+    json_path path;  // from the object being read when thrown; the callers put theirs before it
 };
 
 // A ratio (report_fields.h) no analysis writes, outside [0, 1], is refused: taken as it was, 7.5
 // was shown as 750% and passed a --baseline.  A value of another type is missing, as ever.
-bool conv_ratio(const json& v, double& out, const std::string& member) {
+bool conv_ratio(const json& v, double& out, const std::string& member, const json_path& where) {
     if (!v.is_number()) return false;
     const double x = v.get<double>();
-    if (!(x >= 0 && x <= 1)) throw bad_member(member + " is " + v.dump() + ", not a ratio from 0 to 1");
+    if (!(x >= 0 && x <= 1)) throw bad_member(member + " is " + v.dump() + ", not a ratio from 0 to 1", where);
     out = x;
     return true;
 }
 bool get_ratio(const json& j, const char* key, double& out) {
     auto it = j.find(key);
-    return it != j.end() && conv_ratio(*it, out, std::string("\"") + key + "\"");
+    return it != j.end() && conv_ratio(*it, out, std::string("\"") + key + "\"", {key});
 }
 // A count, size or time of the device's scalars: a negative number (or one past 2^64) read as
 // missing, which report showed as 0, and a fraction as the whole number under it (1.5 B as 1 B);
@@ -156,29 +165,33 @@ bool get_u64(const json& j, const char* key, uint64_t& out) {
     const bool fraction = it->is_number_float() && std::trunc(it->get<double>()) != it->get<double>();
     if (!fraction && conv(*it, out)) return true;
     if (it->is_number())
-        throw bad_member(std::string("\"") + key + "\" is " + it->dump() + ", not a whole number from 0 to 2^64 - 1");
+        throw bad_member(std::string("\"") + key + "\" is " + it->dump() + ", not a whole number from 0 to 2^64 - 1", {key});
     return false;
 }
-// A bad_member from inside one of the device's members, with that member named after it.
+// A bad_member from inside one of the device's members, with that member named after it (`member`,
+// for the message) and put before its path (`where`, for the line).
 template <typename F>
-void within(const std::string& member, F&& read) {
+void within(const std::string& member, const json_path& where, F&& read) {
     try {
         read();
     } catch (const bad_member& e) {
-        throw bad_member(std::string(e.what()) + " (in " + member + ")");
+        throw bad_member(std::string(e.what()) + (member.empty() ? "" : " (in " + member + ")"), where + e.path);
     }
 }
 
 void read_ranges(const json& a, uint64_t base, uint64_t size, const char* member,
                  std::vector<std::pair<uint64_t, uint64_t>>& out) {
     uint64_t end_of_last = 0;
-    for (const json& r : a) {
+    for (size_t i = 0; i < a.size(); ++i) {
+        const json& r = a[i];
         uint64_t off = 0, asize = 0;
         if (!(r.is_array() && r.size() == 2 && conv(r[0], off) && conv(r[1], asize)))
-            throw bad_member(std::string("a member of \"") + member + "\" is not an [offset, bytes] pair of numbers");
+            throw bad_member(std::string("a member of \"") + member + "\" is not an [offset, bytes] pair of numbers",
+                             {member, std::to_string(i)});
         if (off < end_of_last || off > size || asize > size - off)
             throw bad_member(std::string("\"") + member + "\" of the segment at " + std::to_string(base) +
-                             " holds a block outside the segment or out of address order");
+                                 " holds a block outside the segment or out of address order",
+                             {member, std::to_string(i)});
         end_of_last = off + asize;
         out.emplace_back(base + off, asize);
     }
@@ -202,18 +215,24 @@ void read_snapshot(const json& j, state_snapshot& s) {
     get(j, "largest_free_bytes", s.largest_free);
     get(j, "free_blocks", s.free_blocks);
     get_ratio(j, "external_fragmentation", s.external_fragmentation);
-    for (const json& g : array_of(j, "segment_list")) {
+    const json& segments = array_of(j, "segment_list");
+    for (size_t i = 0; i < segments.size(); ++i) {
+        const json& g = segments[i];
         if (!g.is_object()) continue;
+        const json_path where{"segment_list", std::to_string(i)};
         segment_view v;
         get_hex(g, "base", v.base);
         get(g, "size_bytes", v.size);
         std::string pool;
         if (get(g, "pool", pool)) v.pool = pool_id(index_of(k_pool_names, pool));
         if (v.size == 0 || v.base + v.size < v.base)
-            throw bad_member("a segment of \"segment_list\" has no \"size_bytes\" or one past the address space");
-        read_ranges(array_of(g, "block_ranges"), v.base, v.size, "block_ranges", v.blocks);
-        read_ranges(array_of(g, "pending_ranges"), v.base, v.size, "pending_ranges", v.pending);
-        read_ranges(array_of(g, "unmapped_ranges"), v.base, v.size, "unmapped_ranges", v.holes);
+            throw bad_member("a segment of \"segment_list\" has no \"size_bytes\" or one past the address space",
+                             where + json_path{"size_bytes"});
+        within("", where, [&] {
+            read_ranges(array_of(g, "block_ranges"), v.base, v.size, "block_ranges", v.blocks);
+            read_ranges(array_of(g, "pending_ranges"), v.base, v.size, "pending_ranges", v.pending);
+            read_ranges(array_of(g, "unmapped_ranges"), v.base, v.size, "unmapped_ranges", v.holes);
+        });
         s.segment_map.push_back(std::move(v));
     }
     read_histogram(array_of(j, "free_block_histogram"), s.free_block_sizes);
@@ -284,8 +303,9 @@ void read_device(const json& j, device_report& d, device_fields_read& fields, st
     read_usage(array_of(j, "by_kind"), d.by_kind);
     read_usage(array_of(j, "by_api"), d.by_api);
     read_histogram(array_of(j, "alloc_size_histogram"), d.alloc_sizes);
-    if (auto it = j.find("at_peak"); it != j.end()) within("\"at_peak\"", [&] { read_snapshot(*it, d.at_peak); });
-    if (auto it = j.find("at_request"); it != j.end()) within("\"at_request\"", [&] { read_snapshot(*it, d.at_request); });
+    if (auto it = j.find("at_peak"); it != j.end()) within("\"at_peak\"", {"at_peak"}, [&] { read_snapshot(*it, d.at_peak); });
+    if (auto it = j.find("at_request"); it != j.end())
+        within("\"at_request\"", {"at_request"}, [&] { read_snapshot(*it, d.at_request); });
     const json& ooms = array_of(j, "ooms");
     for (size_t i = 0; i < ooms.size(); ++i) {
         const json& x = ooms[i];
@@ -309,7 +329,8 @@ void read_device(const json& j, device_report& d, device_fields_read& fields, st
         get(x, "explanation", o.explanation);
         if (auto a = x.find("asked_by"); a != x.end() && a->is_object()) o.stack = read_stack(*a, stacks);
         if (auto m = x.find("map"); m != x.end())
-            within("\"ooms\" " + std::to_string(i) + ", \"map\"", [&] { read_snapshot(*m, o.map); });
+            within("\"ooms\" " + std::to_string(i) + ", \"map\"", {"ooms", std::to_string(i), "map"},
+                   [&] { read_snapshot(*m, o.map); });
         read_sites(array_of(x, "sites"), stacks, o.sites);
         d.ooms.push_back(std::move(o));
     }
@@ -326,7 +347,8 @@ void read_device(const json& j, device_report& d, device_fields_read& fields, st
         conv(row[2], t.requested_max);
         conv(row[3], t.allocated_max);
         conv(row[4], t.reserved_max);
-        conv_ratio(row[5], t.frag_max, where + "\"external_fragmentation_max\"");
+        const json_path at{"timeline", std::to_string(i)};
+        conv_ratio(row[5], t.frag_max, where + "\"external_fragmentation_max\"", at + json_path{"5"});
         // Columns added later; a report without them draws its charts from the maxima.
         t.events = 1;
         if (row.size() >= 12) {
@@ -335,7 +357,7 @@ void read_device(const json& j, device_report& d, device_fields_read& fields, st
             conv(row[8], t.requested_last);
             conv(row[9], t.allocated_last);
             conv(row[10], t.reserved_last);
-            conv_ratio(row[11], t.frag_last, where + "\"external_fragmentation_last\"");
+            conv_ratio(row[11], t.frag_last, where + "\"external_fragmentation_last\"", at + json_path{"11"});
         }
         d.timeline.push_back(t);
     }
@@ -384,17 +406,20 @@ process_report read_process(const json& j, const std::string& path, std::vector<
     // a GPU that a report shows idle and a baseline no longer holds: refused, as is a process
     // without its list (the writer always writes one, empty for a log without GPU activity).
     auto devices = j.find("devices");
-    if (devices == j.end() || !devices->is_array()) throw bad_member("it has no \"devices\" list");
+    if (devices == j.end() || !devices->is_array()) throw bad_member("it has no \"devices\" list", {"devices"});
     for (const json& dj : *devices) {
+        const json_path where{"devices", std::to_string(p.devices.size())};
         int64_t dev = 0;  // as int64, so that 2^40 is named out of range, not "not an integer"
         if (!dj.is_object() || !get(dj, "dev", dev))
             throw bad_member("device " + std::to_string(p.devices.size()) +
-                             " of \"devices\" is not an object with an integer \"dev\", so it cannot be matched with a GPU");
+                                 " of \"devices\" is not an object with an integer \"dev\", so it cannot be matched with a GPU",
+                             where + json_path{"dev"});
         // The log's range (log_reader's "dev"): under -1 would read as host memory, past 65535 as a
         // GPU that no log can name.
         if (dev < -1 || dev > 65535)
             throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" has \"dev\" " +
-                             std::to_string(dev) + ", not -1 (host) or a device ordinal up to 65535");
+                                 std::to_string(dev) + ", not -1 (host) or a device ordinal up to 65535",
+                             where + json_path{"dev"});
         device_report d;
         d.dev = int(dev);
         device_fields_read pr;
@@ -402,12 +427,109 @@ process_report read_process(const json& j, const std::string& path, std::vector<
             read_device(dj, d, pr, p.stacks);
         } catch (const bad_member& e) {
             throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" (dev " + std::to_string(dev) +
-                             "): " + e.what());
+                                 "): " + e.what(),
+                             where + e.path);
         }
         p.devices.push_back(std::move(d));
         fields.push_back(std::move(pr));
     }
     return p;
+}
+
+// The text's characters for nlohmann's parser, recording how far it has read: at each SAX event,
+// the token it reports has just been read (a number, and the character after it, which the parser
+// reads to see it end).
+struct counting_iterator {
+    using iterator_category = std::input_iterator_tag;
+    using value_type = char;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const char*;
+    using reference = const char&;
+    const char* p = nullptr;
+    const char** read = nullptr;  // shared by the parser's copies
+    reference operator*() const { return *p; }
+    counting_iterator& operator++() {
+        *read = ++p;
+        return *this;
+    }
+    counting_iterator operator++(int) {
+        counting_iterator was = *this;
+        ++*this;
+        return was;
+    }
+    bool operator==(const counting_iterator& o) const { return p == o.p; }
+    bool operator!=(const counting_iterator& o) const { return p != o.p; }
+};
+
+// Follows the path of keys and array indexes through the SAX events and keeps the line of the
+// deepest member of `target` found: the member itself (its key's line, in an object), or where it
+// is missing, the object that lacks it.
+struct member_locator : nlohmann::json_sax<json> {
+    const json_path& target;
+    const char* begin;
+    const char* const* read;
+    json_path path;                      // of the open objects and arrays
+    std::vector<size_t> next;            // per open array, its next element's index; SIZE_MAX for an object
+    std::string last_key;                // the open object's last key
+    size_t found = 0;                    // members of `target` matched so far
+    uint64_t line = 0;
+    member_locator(const json_path& t, const char* b, const char* const* r) : target(t), begin(b), read(r) {}
+
+    // `token` (a key, or an element's index) starts now, its last character `back` characters
+    // before where the parser stands; false once the whole target is found, which stops it.
+    bool at(const std::string& token, size_t back) {
+        const size_t depth = path.size() + 1;
+        if (depth <= found || depth > target.size() || found < path.size() || token != target[depth - 1]) return true;
+        found = depth;
+        const char* last = *read - begin < std::ptrdiff_t(back) ? begin : *read - back;
+        line = 1 + uint64_t(std::count(begin, last, '\n'));
+        return found < target.size();
+    }
+    // A value starts: an element of an array is matched by its index, a member's by its key (met
+    // already, at key()).
+    bool value(size_t back) {
+        if (next.empty() || next.back() == SIZE_MAX) return true;
+        return at(std::to_string(next.back()++), back);
+    }
+    bool open(bool array) {
+        const std::string token =
+            next.empty() ? std::string() : next.back() == SIZE_MAX ? last_key : std::to_string(next.back() - 1);
+        if (!next.empty()) path.push_back(token);
+        next.push_back(array ? 0 : SIZE_MAX);
+        return true;
+    }
+    bool close() {
+        next.pop_back();
+        // Leaving the deepest object or array of the target found (or the document): it is not
+        // further on, where a member of the same name in a sibling would be taken for it.
+        if (next.empty() || found >= path.size()) return false;
+        path.pop_back();
+        return true;
+    }
+    bool null() override { return value(1); }
+    bool boolean(bool) override { return value(1); }
+    bool number_integer(number_integer_t) override { return value(2); }
+    bool number_unsigned(number_unsigned_t) override { return value(2); }
+    bool number_float(number_float_t, const string_t&) override { return value(2); }
+    bool string(string_t&) override { return value(1); }
+    bool binary(binary_t&) override { return value(1); }
+    bool start_object(std::size_t) override { return value(1) && open(false); }
+    bool start_array(std::size_t) override { return value(1) && open(true); }
+    bool key(string_t& k) override {
+        last_key = k;
+        return at(k, 1);
+    }
+    bool end_object() override { return close(); }
+    bool end_array() override { return close(); }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
+// The line of the member at `target` in `text` (valid JSON): a second pass, made only for a message.
+uint64_t line_of(const std::string& text, const json_path& target) {
+    const char* read = text.data();
+    member_locator locate(target, text.data(), &read);
+    json::sax_parse(counting_iterator{text.data(), &read}, counting_iterator{text.data() + text.size(), &read}, &locate);
+    return locate.line;
 }
 
 }  // namespace
@@ -467,12 +589,14 @@ report_file read_report_json(const std::string& path, const std::string& open_pa
     if (it->empty()) throw input_error(path, 0, "report's \"processes\" list is empty: no run to read");
     report_file out;
     for (const json& p : *it) {
-        if (!p.is_object()) throw input_error(path, 0, "a member of \"processes\" is not an object");
+        const json_path where{"processes", std::to_string(out.processes.size())};
+        if (!p.is_object()) throw input_error(path, line_of(text, where), "a member of \"processes\" is not an object");
         out.fields.emplace_back();
         try {
             out.processes.push_back(read_process(p, path, out.fields.back()));
         } catch (const bad_member& e) {
-            throw input_error(path, 0, "process " + std::to_string(out.processes.size()) + ": " + e.what());
+            throw input_error(path, line_of(text, where + e.path),
+                              "process " + std::to_string(out.processes.size()) + ": " + e.what());
         }
     }
     return out;

@@ -23,7 +23,8 @@ struct report_file {
 bool looks_like_report_json(const std::string& path);
 
 // Reads the whole file.  Throws input_error naming the file (and what is wrong) when it is not a
-// report of the schema version this gpumem writes; members of unexpected types read as missing.
+// report of the schema version this gpumem writes, and for a member no analysis writes, its line
+// too; members of unexpected types read as missing.
 // `open_path`: what to read in place of `path` (input_spool::path() of a pipe).
 report_file read_report_json(const std::string& path, const std::string& open_path = {});
 

@@ -19,6 +19,9 @@ json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval
 edit_report() {
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["processes"][0]; dev=p["devices"][0]; exec(sys.argv[3]); json.dump(d, open(sys.argv[2], "w"), indent=1)' "$@"
 }
+# line_of FILE ERE: the number of the first line of FILE that matches ERE (where a message should
+# point, found apart from gpumem's own reading).
+line_of() { grep -nE -m1 -- "$2" "$1" | cut -d: -f1; }
 
 # summary_columns_apart: in the `gpumem run` summary of $W/err, two spaces or more part every column
 # of every row (a row splits into as many fields as the heading), and each right-aligned value
@@ -751,7 +754,7 @@ check_bad_input)
   # A device that cannot be matched with a GPU is named (it was left out without a word).
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
-  expect_in "$W/err" "odd.json: process 0: device 0 of \"devices\" is not an object with an integer \"dev\""
+  expect_in "$W/err" "odd.json:1: process 0: device 0 of \"devices\" is not an object with an integer \"dev\""
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": []}]}' > "$W/idle.json"
   expect_rc 2 "$GPUMEM" check "$W/idle.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
@@ -1458,7 +1461,9 @@ EOF2
   # A report JSON with values no analysis produces is refused with the member named (a segment of
   # 0 bytes made the text writer abort).
   expect_rc 2 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_segment_size_zero.json"
-  expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json: process 0: device 0 of \"devices\" (dev 0): a segment of \"segment_list\" has no \"size_bytes\""
+  # Named by file:line too (the member's line, found by a second reading: the JSON parser keeps no
+  # positions), as a log's bad line is.
+  expect_in "$W/err" "gpumem: error: $SRC/tests/data/bad/report_segment_size_zero.json:$(line_of "$SRC/tests/data/bad/report_segment_size_zero.json" '"size_bytes": 0,'): process 0: device 0 of \"devices\" (dev 0): a segment of \"segment_list\" has no \"size_bytes\""
   # A report JSON without a member CI gates on: shown as 0, with a warning naming it (report_no_peak
   # lacks the peak of requested bytes).
   expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_no_peak.json"
@@ -1485,13 +1490,24 @@ EOF2
   # GPU (held to absolute limits only).  Unusable, with the process and the device named.
   # A "dev" under -1 (no device's) or past 65535 (past the log's range) read as host memory or as a
   # GPU no log can name: refused too.
-  for edit in 'dev["dev"]=-7' 'dev["dev"]=70000' 'dev["dev"]=2**40' 'dev["dev"]="0"' 'del dev["dev"]' 'p["devices"]={"0": dev}' 'p.pop("devices")'; do
+  # The line named is the member's ("dev"), or where it is missing, the object's that lacks it.
+  while IFS='|' read -r edit at; do
     edit_report "$W/basic.json" "$W/nodev.json" "$edit"
+    line=$(line_of "$W/nodev.json" "$at")
+    [ -n "$line" ] || fail "$edit: no line matches $at"
     for cmd in "report --no-progress" "check --max-peak 1GiB" "diff $W/basic.json"; do
       expect_rc 2 "$GPUMEM" $cmd "$W/nodev.json"
-      expect_in "$W/err" "gpumem: error: $W/nodev.json: process 0: "
+      expect_in "$W/err" "gpumem: error: $W/nodev.json:$line: process 0: "
     done
-  done
+  done <<'EOF2'
+dev["dev"]=-7|"dev": -7,
+dev["dev"]=70000|"dev": 70000,
+dev["dev"]=2**40|"dev": 1099511627776,
+dev["dev"]="0"|"dev": "0",
+del dev["dev"]|^    \{$
+p["devices"]={"0": dev}|"devices": \{
+p.pop("devices")|^  \{$
+EOF2
   expect_in "$W/err" "has no \"devices\" list"
   while IFS='|' read -r edit says; do
     edit_report "$W/basic.json" "$W/nodev.json" "$edit"
@@ -1505,25 +1521,28 @@ EOF2
   # passed by --baseline), a negative count read as missing (shown as 0) and a fraction of one
   # as the whole number under it (1.5 B as 1 B): no analysis writes any, so each is refused, with
   # the process, the device and the member named.
-  while IFS='|' read -r edit says; do
+  # The line named is the value's (AT, matched in the file as written).
+  while IFS='|' read -r edit at says; do
     edit_report "$W/frag.json" "$W/range.json" "$edit"
+    line=$(line_of "$W/range.json" "$at")
+    [ -n "$line" ] || fail "$edit: no line matches $at"
     for cmd in "report --no-progress" "check --max-fragmentation 50%" "diff $W/frag.json"; do
       expect_rc 2 "$GPUMEM" $cmd "$W/range.json"
-      expect_in "$W/err" "gpumem: error: $W/range.json: process 0: device 0 of \"devices\" (dev 0): $says"
+      expect_in "$W/err" "gpumem: error: $W/range.json:$line: process 0: device 0 of \"devices\" (dev 0): $says"
       expect_not_in "$W/out" "750.0%"
     done
     expect_rc 2 "$GPUMEM" check --baseline "$W/range.json" "$g/pool_fragmentation.jsonl"
-    expect_in "$W/err" "range.json: process 0: device 0 of \"devices\" (dev 0): $says"
+    expect_in "$W/err" "range.json:$line: process 0: device 0 of \"devices\" (dev 0): $says"
   done <<'EOF2'
-dev["max_external_fragmentation"]=7.5|"max_external_fragmentation" is 7.5, not a ratio from 0 to 1
-dev["end_external_fragmentation"]=-0.25|"end_external_fragmentation" is -0.25, not a ratio from 0 to 1
-dev["peak_requested_bytes"]=-1|"peak_requested_bytes" is -1, not a whole number from 0 to 2^64 - 1
-dev["n_oom"]=-2.5|"n_oom" is -2.5, not a whole number from 0 to 2^64 - 1
-dev["peak_requested_bytes"]=1.5|"peak_requested_bytes" is 1.5, not a whole number from 0 to 2^64 - 1
-dev["at_peak"]["external_fragmentation"]=1.5|"external_fragmentation" is 1.5, not a ratio from 0 to 1 (in "at_peak")
-dev["ooms"][0]["map"]["external_fragmentation"]=2|"external_fragmentation" is 2, not a ratio from 0 to 1 (in "ooms" 0, "map")
-dev["timeline"][3][5]=7.5|"timeline" row 3: "external_fragmentation_max" is 7.5, not a ratio from 0 to 1
-dev["timeline"][3][11]=-1|"timeline" row 3: "external_fragmentation_last" is -1, not a ratio from 0 to 1
+dev["max_external_fragmentation"]=7.5|"max_external_fragmentation": 7.5,|"max_external_fragmentation" is 7.5, not a ratio from 0 to 1
+dev["end_external_fragmentation"]=-0.25|"end_external_fragmentation": -0.25,|"end_external_fragmentation" is -0.25, not a ratio from 0 to 1
+dev["peak_requested_bytes"]=-1|"peak_requested_bytes": -1,|"peak_requested_bytes" is -1, not a whole number from 0 to 2^64 - 1
+dev["n_oom"]=-2.5|"n_oom": -2.5,|"n_oom" is -2.5, not a whole number from 0 to 2^64 - 1
+dev["peak_requested_bytes"]=1.5|"peak_requested_bytes": 1.5,|"peak_requested_bytes" is 1.5, not a whole number from 0 to 2^64 - 1
+dev["at_peak"]["external_fragmentation"]=1.5|"external_fragmentation": 1.5,|"external_fragmentation" is 1.5, not a ratio from 0 to 1 (in "at_peak")
+dev["ooms"][0]["map"]["external_fragmentation"]=2|"external_fragmentation": 2,|"external_fragmentation" is 2, not a ratio from 0 to 1 (in "ooms" 0, "map")
+dev["timeline"][3][5]=7.5|^ *7\.5,$|"timeline" row 3: "external_fragmentation_max" is 7.5, not a ratio from 0 to 1
+dev["timeline"][3][11]=-1|^ *-1$|"timeline" row 3: "external_fragmentation_last" is -1, not a ratio from 0 to 1
 EOF2
   # The edges are ratios; a count written as a float within range is read as before.
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); dev=d["processes"][0]["devices"][0]; dev["max_external_fragmentation"]=1; dev["end_external_fragmentation"]=0; dev["n_oom"]=1.0; json.dump(d, open(sys.argv[2], "w"))' \
@@ -1531,7 +1550,7 @@ EOF2
   expect_rc 0 "$GPUMEM" report --no-progress "$W/edges.json"
   expect_in "$W/out" "100.0%"
   expect_rc 2 "$GPUMEM" check --max-peak 1GiB --baseline "$W/nodev.json" "$g/pool_off_basic.jsonl"
-  expect_in "$W/err" "nodev.json: process 0: "
+  expect_in "$W/err" "nodev.json:$(line_of "$W/nodev.json" '"dev": 1099511627776'): process 0: "
   # A report JSON that counts warnings but lists none (the list cut by a tool): the HTML report
   # quoted the first of an empty list and crashed.
   expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_warnings_unlisted.json" --html "$W/unlisted.html"
