@@ -477,9 +477,14 @@ struct member_locator : nlohmann::json_sax<json> {
 
     // `token` (a key, or an element's index) starts now, its last character `back` characters
     // before where the parser stands; false once the whole target is found, which stops it.
+    // Only inside the containers of the target's own path: a matched member that is no container
+    // (a device written as 5) leaves `found` at its depth, and a later sibling's member of the
+    // target's next name ("dev" of the device after it) must not be taken for the rest.
     bool at(const std::string& token, size_t back) {
         const size_t depth = path.size() + 1;
-        if (depth <= found || depth > target.size() || found < path.size() || token != target[depth - 1]) return true;
+        if (depth <= found || depth > target.size() || found < path.size() || token != target[depth - 1] ||
+            !std::equal(path.begin(), path.end(), target.begin()))
+            return true;
         found = depth;
         const char* last = *read - begin < std::ptrdiff_t(back) ? begin : *read - back;
         line = 1 + uint64_t(std::count(begin, last, '\n'));

@@ -755,6 +755,10 @@ check_bad_input)
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": [{"dev": "zero"}, 5]}]}' > "$W/odd.json"
   expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
   expect_in "$W/err" "odd.json:1: process 0: device 0 of \"devices\" is not an object with an integer \"dev\""
+  # The line is the bad device's own (line 4, the 5), not that of a "dev" in a later device.
+  printf '{"schema": "gpumem-report", "schema_version": 1,\n"processes": [{"rank": 0, "devices": [\n{"dev": 0},\n5,\n{"dev": 1}]}]}' > "$W/odd.json"
+  expect_rc 2 "$GPUMEM" check "$W/odd.json" --max-peak 1GiB
+  expect_in "$W/err" "odd.json:4: process 0: device 1 of \"devices\" is not an object with an integer \"dev\""
   printf '{"schema": "gpumem-report", "schema_version": 1, "processes": [{"rank": 0, "devices": []}]}' > "$W/idle.json"
   expect_rc 2 "$GPUMEM" check "$W/idle.json" --max-peak 1GiB
   expect_in "$W/err" "no GPU memory activity"
