@@ -277,11 +277,8 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
     if (size_t of = 0, not_of = 0; !dashdash && mixes_job_of(rb, ra, of, not_of)) {
         // A glob for A (diff main/*.jsonl mr/*.jsonl) left A its first log and gave B the rest:
         // B's table would pair the main branch's other ranks with nothing, as new GPUs.
-        const process_report& p = rb.processes[of];
-        spdlog::error("{}", visible(rb.source[of] + " holds a process of A's run (rank " + p.rank + ", pid " +
-                                    std::to_string(p.pid) + " on " + p.host + ", a child of parent " +
-                                    std::to_string(p.ppid) + " as A's, at the same time), and " + rb.source[not_of] +
-                                    " one of another run: without --, A is the first input alone and every other input is B "
+        spdlog::error("{}", visible(mixed_job_error(rb, of, not_of, "A's run", "A's") +
+                                    ": without --, A is the first input alone and every other input is B "
                                     "(a glob for A, diff main/*.jsonl mr/*.jsonl, gives B all of A's logs but the first); "
                                     "give several inputs per side as A1 A2 ... -- B1 B2 ..."));
         return k_exit_input;
