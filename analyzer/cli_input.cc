@@ -213,12 +213,16 @@ bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, siz
     return got_of && got_not_of;
 }
 
-std::string mixed_job_error(const run_input& side, size_t of, size_t not_of, const std::string& run,
-                            const std::string& owner) {
+std::string mixed_job_error(const run_input& side, const run_input& other, size_t of, size_t not_of,
+                            const std::string& run, const std::string& owner) {
     const process_report& p = side.processes[of];
+    const bool own = std::any_of(other.processes.begin(), other.processes.end(),
+                                 [&p](const process_report& o) { return same_process(identity_of(p), identity_of(o)); });
     return side.source[of] + " holds a process of " + run + " (rank " + p.rank + ", pid " + std::to_string(p.pid) + " on " +
-           p.host + ", a child of parent " + std::to_string(p.ppid) + " as " + owner + ", at the same time), and " +
-           side.source[not_of] + " one of another run";
+           p.host +
+           (own ? ", " + owner + " own process"
+                : ", a child of parent " + std::to_string(p.ppid) + " as " + owner + ", at the same time") +
+           "), and " + side.source[not_of] + " one of another run";
 }
 
 namespace {

@@ -128,11 +128,12 @@ bool same_job(const process_report& a, const process_report& b);
 // one process of each kind (indexes into side.processes).
 bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, size_t& not_of);
 // The error for such a side, up to what to do instead: "SOURCE holds a process of `run` (rank R, pid
-// P on HOST, a child of parent PP as `owner`, at the same time), and SOURCE one of another run".
-// check and diff word it alike; `run` and `owner` name the other side ("the --baseline's run", "the
-// baseline's").
-std::string mixed_job_error(const run_input& side, size_t of, size_t not_of, const std::string& run,
-                            const std::string& owner);
+// P on HOST, a child of parent PP as `owner`, at the same time), and SOURCE one of another run", or
+// for a process `other` holds itself, "(rank R, pid P on HOST, `owner` own process)": without a ppid
+// (0) that is how it matched.  check and diff word it alike; `run` and `owner` name the other side
+// ("the --baseline's run", "the baseline's").
+std::string mixed_job_error(const run_input& side, const run_input& other, size_t of, size_t not_of,
+                            const std::string& run, const std::string& owner);
 
 // The warnings of one analyzed input as they are shown: every listed warning (file:line: what),
 // then "N more warnings not shown" when the report kept fewer than it counted.  Shown by report,

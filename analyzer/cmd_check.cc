@@ -381,7 +381,7 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     if (size_t of = 0, not_of = 0; !baseline_path.empty() && mixes_job_of(run, base, of, not_of)) {
         // The main branch's other ranks would be checked as this run's, with only the --max-*
         // limits, and stand in for its own missing ones: a gate that passes what it should fail.
-        spdlog::error("{}", visible(mixed_job_error(run, of, not_of, "the --baseline's run", "the baseline's") +
+        spdlog::error("{}", visible(mixed_job_error(run, base, of, not_of, "the --baseline's run", "the baseline's") +
                                     ": --baseline takes one file, and the logs after it are the run "
                                     "checked (a glob, --baseline main/*.jsonl, leaves all but the first there); give the "
                                     "baseline as one report JSON of all its logs (gpumem report --json main/*.jsonl > "

@@ -588,6 +588,14 @@ PY
     "$SRC/tests/data/golden/rank0.jsonl" > "$W/mr/later.jsonl"
   expect_rc 0 "$GPUMEM" check --baseline "$SRC/tests/data/golden/rank0.jsonl" "$W/mr/later.jsonl" "$W/mr/rank0.jsonl" --max-peak 1TiB
   expect_not_in "$W/err" "error"
+  # The baseline's own process among the run's, in logs without a ppid (a report JSON another
+  # tool wrote): matched as that process, and named so, not as "a child of parent 0".
+  for r in 0 1; do sed 's/"ppid":7999,//' "$SRC/tests/data/golden/rank$r.jsonl" > "$W/mr/noppid$r.jsonl"; done
+  expect_rc 0 "$GPUMEM" report --json "$W/mr/noppid0.jsonl" "$W/mr/noppid1.jsonl"
+  cp "$W/out" "$W/mr/noppid.json"
+  expect_rc 2 "$GPUMEM" check --baseline "$W/mr/noppid0.jsonl" "$W/mr/noppid.json" "$W/mr/rank0.jsonl" --max-peak 1TiB
+  expect_in "$W/err" "gpumem: error: $W/mr/noppid.json holds a process of the --baseline's run (rank 0, pid 8000 on gpu01, the baseline's own process), and "
+  expect_not_in "$W/err" "parent 0"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance 0%
   # The baseline among other logs (a glob that matches it too) was read as a run: the older one
   # took "rank 0", was checked against itself and passed, and the real run was only warned of.
@@ -978,6 +986,12 @@ EOF
   expect_in "$W/err" "give several inputs per side as A1 A2 ... -- B1 B2 ..."
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank0.jsonl" "$SRC/tests/data/golden/rank1.jsonl" -- "$W/mr/rank0.jsonl"
   expect_in "$W/out" "A = $SRC/tests/data/golden/rank0.jsonl and 1 more (2 processes)"
+  for r in 0 1; do sed 's/"ppid":7999,//' "$SRC/tests/data/golden/rank$r.jsonl" > "$W/mr/noppid$r.jsonl"; done
+  expect_rc 0 "$GPUMEM" report --json "$W/mr/noppid0.jsonl" "$W/mr/noppid1.jsonl"
+  cp "$W/out" "$W/mr/noppid.json"
+  expect_rc 2 "$GPUMEM" diff "$W/mr/noppid0.jsonl" "$W/mr/noppid.json" "$W/mr/rank0.jsonl"
+  expect_in "$W/err" "gpumem: error: $W/mr/noppid.json holds a process of A's run (rank 0, pid 8000 on gpu01, A's own process), and "
+  expect_not_in "$W/err" "parent 0"
   # The HTML histogram names each size class as diff does (it said "512.00 KiB – 1024.00 KiB"), the
   # smallest from 0 B too.
   expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/after.jsonl"
