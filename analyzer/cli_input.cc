@@ -196,7 +196,10 @@ bool same_process(const process_identity& a, const process_identity& b) {
 }
 
 bool same_job(const process_report& a, const process_report& b) {
-    if (a.host != b.host || a.ppid == 0 || a.ppid != b.ppid || a.start_unix_ns == 0 || b.start_unix_ns == 0) return false;
+    if (a.host != b.host || a.start_unix_ns == 0 || b.start_unix_ns == 0) return false;
+    const bool siblings = a.ppid != 0 && a.ppid == b.ppid;
+    const bool parent_and_child = (a.ppid != 0 && a.ppid == b.pid) || (b.ppid != 0 && b.ppid == a.pid);
+    if (!siblings && !parent_and_child) return false;
     return a.start_unix_ns <= b.start_unix_ns + b.last_t && b.start_unix_ns <= a.start_unix_ns + a.last_t;
 }
 
@@ -216,13 +219,26 @@ bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, siz
 std::string mixed_job_error(const run_input& side, const run_input& other, size_t of, size_t not_of,
                             const std::string& run, const std::string& owner) {
     const process_report& p = side.processes[of];
-    const bool own = std::any_of(other.processes.begin(), other.processes.end(),
-                                 [&p](const process_report& o) { return same_process(identity_of(p), identity_of(o)); });
+    // How it is of that run, said as mixes_job_of found it: the process itself, or same_job's sibling,
+    // parent or child of one of its processes.
+    std::string how;
+    for (const process_report& o : other.processes)
+        if (same_process(identity_of(p), identity_of(o))) {
+            how = owner + " own process";
+            break;
+        }
+    for (size_t i = 0; i < other.processes.size() && how.empty(); ++i) {
+        const process_report& o = other.processes[i];
+        if (!same_job(p, o)) continue;
+        if (p.ppid != 0 && p.ppid == o.ppid)
+            how = "a child of parent " + std::to_string(p.ppid) + " as " + owner + ", at the same time";
+        else if (o.ppid == p.pid)
+            how = "the parent of " + owner + " pid " + std::to_string(o.pid) + ", at the same time";
+        else
+            how = "a child of " + owner + " pid " + std::to_string(o.pid) + ", at the same time";
+    }
     return side.source[of] + " holds a process of " + run + " (rank " + p.rank + ", pid " + std::to_string(p.pid) + " on " +
-           p.host +
-           (own ? ", " + owner + " own process"
-                : ", a child of parent " + std::to_string(p.ppid) + " as " + owner + ", at the same time") +
-           "), and " + side.source[not_of] + " one of another run";
+           p.host + ", " + how + "), and " + side.source[not_of] + " one of another run";
 }
 
 namespace {

@@ -116,8 +116,9 @@ struct run_input {
 };
 
 // Whether processes `a` and `b` ran in one job: on one host, children of one parent (the same
-// ppid, not 0: torchrun's workers, the ranks of one `gpumem run`), at times that overlap (from the
-// start to the last event).  Two runs of one job script do not overlap; logs of other runs whose
+// ppid, not 0: torchrun's workers, the ranks of one `gpumem run`) or one the other's parent (a child
+// a rank forked, whose log may sort first: gpumem-10005 before gpumem-9998), at times that overlap
+// (from the start to the last event).  Two runs of one job script do not overlap; logs of other runs whose
 // pids repeat (a container's) do not either.
 bool same_job(const process_report& a, const process_report& b);
 // One run's logs split over two runs: `side` holds a process of the job of a process in `other` (or
@@ -128,9 +129,10 @@ bool same_job(const process_report& a, const process_report& b);
 // one process of each kind (indexes into side.processes).
 bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, size_t& not_of);
 // The error for such a side, up to what to do instead: "SOURCE holds a process of `run` (rank R, pid
-// P on HOST, a child of parent PP as `owner`, at the same time), and SOURCE one of another run", or
-// for a process `other` holds itself, "(rank R, pid P on HOST, `owner` own process)": without a ppid
-// (0) that is how it matched.  check and diff word it alike; `run` and `owner` name the other side
+// P on HOST, a child of parent PP as `owner`, at the same time), and SOURCE one of another run"
+// ("the parent of `owner` pid C", "a child of `owner` pid P" for same_job's other kin), or for a
+// process `other` holds itself, "(rank R, pid P on HOST, `owner` own process)": without a ppid (0)
+// that is how it matched.  check and diff word it alike; `run` and `owner` name the other side
 // ("the --baseline's run", "the baseline's").
 std::string mixed_job_error(const run_input& side, const run_input& other, size_t of, size_t not_of,
                             const std::string& run, const std::string& owner);

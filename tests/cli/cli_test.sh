@@ -596,6 +596,15 @@ PY
   expect_rc 2 "$GPUMEM" check --baseline "$W/mr/noppid0.jsonl" "$W/mr/noppid.json" "$W/mr/rank0.jsonl" --max-peak 1TiB
   expect_in "$W/err" "gpumem: error: $W/mr/noppid.json holds a process of the --baseline's run (rank 0, pid 8000 on gpu01, the baseline's own process), and "
   expect_not_in "$W/err" "parent 0"
+  # A child that rank 0 forked (its log gpumem-10005.jsonl sorts before rank 0's gpumem-9998.jsonl,
+  # so a glob gives it to --baseline) is of the baseline's run too: its parent among the run's logs
+  # was checked as the run's, exit 0.  Here pid 8005, forked by golden rank 0 (8000).
+  sed 's/"pid":8000,"ppid":7999/"pid":8005,"ppid":8000/; s/"start_unix_ns":1796010000000000000/"start_unix_ns":1796010000000000500/' \
+    "$SRC/tests/data/golden/rank0.jsonl" > "$W/mr/child.jsonl"
+  expect_rc 2 "$GPUMEM" check --baseline "$W/mr/child.jsonl" "$SRC/tests/data/golden/rank0.jsonl" "$W/mr/rank0.jsonl" --max-peak 1TiB
+  expect_in "$W/err" "gpumem: error: $SRC/tests/data/golden/rank0.jsonl holds a process of the --baseline's run (rank 0, pid 8000 on gpu01, the parent of the baseline's pid 8005, at the same time), and $W/mr/rank0.jsonl one of another run"
+  expect_rc 2 "$GPUMEM" check --baseline "$SRC/tests/data/golden/rank0.jsonl" "$W/mr/child.jsonl" "$W/mr/rank0.jsonl" --max-peak 1TiB
+  expect_in "$W/err" "gpumem: error: $W/mr/child.jsonl holds a process of the --baseline's run (rank 0, pid 8005 on gpu01, a child of the baseline's pid 8000, at the same time), and $W/mr/rank0.jsonl one of another run"
   expect_rc 0 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/baseline.json" --tolerance 0%
   # The baseline among other logs (a glob that matches it too) was read as a run: the older one
   # took "rank 0", was checked against itself and passed, and the real run was only warned of.
