@@ -28,8 +28,9 @@ input_error::input_error(const std::string& f, uint64_t l, const std::string& ms
 
 std::string cannot_open_message(const std::string& path, int err) {
     std::string msg = std::string("cannot open: ") + std::strerror(err);
+    // Worded as an "if": a quoted name holding a '*' reaches here unexpanded too, and is no failed glob.
     if (err == ENOENT && path.find_first_of("*?[") != std::string::npos)
-        msg += " (the shell found no file matching this pattern and passed it on as written)";
+        msg += " (if this is a pattern, no file matched it)";
     return msg;
 }
 
