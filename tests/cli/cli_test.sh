@@ -482,6 +482,20 @@ check_baseline)
   edit_report "$W/baseline.json" "$W/small.json" 'dev["total_bytes"]=85029158912'
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/small.json" --tolerance 10%
   expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H200 (79.19 GiB) in the baseline"
+  # The same GPU whose reported size moved a little (a driver update, ECC turned on: 1/16 of a GDDR
+  # card) warned on every check: the size alone is said only past 10% of the larger, a name always.
+  edit_report "$W/baseline.json" "$W/ecc.json" 'dev["total_bytes"]=dev["total_bytes"]*15//16'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/ecc.json" --tolerance 10%
+  expect_not_in "$W/err" "on another GPU"
+  edit_report "$W/baseline.json" "$W/near.json" 'dev["total_bytes"]=dev["total_bytes"]*90//100 + 1'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/near.json" --tolerance 10%
+  expect_not_in "$W/err" "on another GPU"
+  edit_report "$W/baseline.json" "$W/far.json" 'dev["total_bytes"]=dev["total_bytes"]*89//100'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/far.json" --tolerance 10%
+  expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H200 (124.96 GiB) in the baseline"
+  edit_report "$W/baseline.json" "$W/renamed.json" 'dev["name"]="NVIDIA H100 NVL"'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/renamed.json" --tolerance 10%
+  expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H100 NVL (140.40 GiB) in the baseline"
   # A baseline that does not record the GPU says nothing.
   edit_report "$W/baseline.json" "$W/nogpu.json" 'dev["name"]=""; dev.pop("total_bytes")'
   expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/nogpu.json" --tolerance 10%
