@@ -581,12 +581,23 @@ report_file read_report_json(const std::string& path, const std::string& open_pa
     std::string schema;
     if (!get(j, "schema", schema) || schema != "gpumem-report")
         throw input_error(path, 0, "not a `gpumem report --json` file (no \"schema\": \"gpumem-report\")");
-    uint64_t version = 0;
-    if (!get(j, "schema_version", version) || version != uint64_t(k_report_schema_version)) {
-        std::string v = j.contains("schema_version") ? j["schema_version"].dump() : "(none)";
-        throw input_error(path, 0, "report schema version " + v + " is not the " + std::to_string(k_report_schema_version) +
-                                       " this gpumem reads: regenerate it with this gpumem's `gpumem report --json` on the run's logs");
-    }
+    // A newer report is read by the newer gpumem that wrote it (regenerating drops nothing either);
+    // an older one only by regenerating; a version that is no number is said to be none (a string
+    // "1" named as a version this gpumem does not read sent one looking for a version 1).
+    const std::string k = std::to_string(k_report_schema_version);
+    const std::string regenerate = "regenerate it with this gpumem's `gpumem report --json` on the run's logs";
+    const auto version = j.find("schema_version");
+    if (version == j.end())
+        throw input_error(path, 0, "report schema version (none) is not the " + k + " this gpumem reads: " + regenerate);
+    if (!version->is_number())
+        throw input_error(path, 0, "report's \"schema_version\" is " + version->dump() + ", not a number (this gpumem reads version " +
+                                       k + "): " + regenerate);
+    const double v = version->get<double>();  // 1.0 is 1, as whole numbers written as floats are read
+    if (v > k_report_schema_version)
+        throw input_error(path, 0, "report schema version " + version->dump() + " is newer than the " + k +
+                                       " this gpumem reads: read it with the newer gpumem that wrote it, or " + regenerate);
+    if (v < k_report_schema_version)
+        throw input_error(path, 0, "report schema version " + version->dump() + " is older than the " + k + " this gpumem reads: " + regenerate);
     auto it = j.find("processes");
     if (it == j.end() || !it->is_array()) throw input_error(path, 0, "report has no \"processes\" list");
     // gpumem report --json writes one process per log and takes at least one log: an empty list is

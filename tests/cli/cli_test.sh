@@ -876,8 +876,20 @@ check_bad_input)
   expect_in "$W/err" "gpumem: error: $W/cut.json:21: not valid JSON"
   printf '{"schema": "gpumem-report", "schema_version": 99, "processes": []}' > "$W/future.json"
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/future.json"
-  # A report of another schema version says how to get one this gpumem reads.
-  expect_in "$W/err" "report schema version 99 is not the 1 this gpumem reads: regenerate it with this gpumem's \`gpumem report --json\` on the run's logs"
+  # A report of a newer schema version is read by the gpumem that wrote it (regenerating it here
+  # is the other way); one of an older version is regenerated; a version that is no number is
+  # named as such (a string "1" read as another version sent one looking for a version 1).
+  expect_in "$W/err" "report schema version 99 is newer than the 1 this gpumem reads: read it with the newer gpumem that wrote it, or regenerate it with this gpumem's \`gpumem report --json\` on the run's logs"
+  for v in 0 '"1"' null; do
+    printf '{"schema": "gpumem-report", "schema_version": %s, "processes": []}' "$v" > "$W/version.json"
+    expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/version.json"
+    if [ "$v" = 0 ]; then
+      expect_in "$W/err" "report schema version 0 is older than the 1 this gpumem reads: regenerate it with this gpumem's \`gpumem report --json\` on the run's logs"
+    else
+      expect_in "$W/err" "report's \"schema_version\" is $v, not a number (this gpumem reads version 1): regenerate it with this gpumem's \`gpumem report --json\` on the run's logs"
+    fi
+    expect_not_in "$W/err" "read it with the newer gpumem"
+  done
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
   # A report JSON that lacks a member a limit needs is unusable (it once read as 0 and passed).
   bad=$SRC/tests/data/bad/report_no_peak.json
