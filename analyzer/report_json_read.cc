@@ -277,14 +277,19 @@ void read_sites(const json& a, stack_store& stacks, std::vector<site_row>& rows)
 void read_device(const json& j, device_report& d, device_fields_read& fields, stack_store& stacks) {
     get(j, "name", d.name);
     // The scalars, each marked present only when it is there with a usable type; one there with
-    // another type is kept as written (cut at 40 bytes), for the message that it is missing.
+    // another type is kept as written (past 40 bytes, cut to at most 37 and "..."), for the message that it is missing.
 #define GPUMEM_X(name, member, type) fields.present[size_t(device_field::name)] = get_##type(j, #name, d.member);
     GPUMEM_REPORT_DEVICE_FIELDS(GPUMEM_X)
 #undef GPUMEM_X
     for (size_t f = 0; f < k_n_device_fields; ++f)
         if (auto it = j.find(field_name(device_field(f))); !fields.present[f] && it != j.end()) {
             std::string found = it->dump();
-            if (found.size() > 40) found = found.substr(0, 37) + "...";
+            if (found.size() > 40) {
+                // Cut on a character boundary: half a UTF-8 sequence is not text (log_reader's end_reason).
+                size_t n = 37;
+                while (n > 0 && (static_cast<unsigned char>(found[n]) & 0xC0) == 0x80) --n;
+                found = found.substr(0, n) + "...";
+            }
             fields.other_type.emplace_back(device_field(f), std::move(found));
         }
     auto rs = j.find("reuse_safe");

@@ -1536,6 +1536,12 @@ EOF2
   expect_in "$W/err" "gpumem: error: $W/strpeak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number, which peak requested needs"
   expect_rc 2 "$GPUMEM" check --baseline "$W/strpeak.json" "$g/pool_off_basic.jsonl"
   expect_in "$W/err" "gpumem: error: baseline $W/strpeak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number"
+  # A long value is cut at 37 bytes, on a character boundary: "a" then 2-byte characters put the
+  # 37th byte mid-character, which was cut in two (a stray \xC3 byte, shown as such by report).
+  edit_report "$W/basic.json" "$W/longpeak.json" 'dev["peak_requested_bytes"]="a" + "é" * 30'
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/longpeak.json"
+  expect_in "$W/err" "has \"peak_requested_bytes\": \"a$(printf 'é%.0s' $(seq 17))..., not a number: shown as 0"
+  expect_not_in "$W/err" '\xC3'
   # The leak members, which --max-leak and --baseline gate on, too (they read as 0 B of leaks, unsaid).
   edit_report "$W/basic.json" "$W/noleak.json" 'dev.pop("leaked_bytes"); dev.pop("n_leaks")'
   expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
