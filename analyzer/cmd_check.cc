@@ -186,8 +186,8 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
     for (const device_ref& r : run.devices)
         for (const measure* m : needed)
             if (!run.has(r, m->value)) {
-                spdlog::error("{}{}: {} {}, which {} needs", role, run.source[r.process], r.where, run.why_missing(r, m->value),
-                              m->title);
+                spdlog::error("{}", visible(role + run.source[r.process] + ": " + r.where + " " + run.why_missing(r, m->value) +
+                                            ", which " + m->title + " needs"));
                 ok = false;
             }
     return ok;
@@ -376,13 +376,13 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     }
     if (run.devices.empty()) {
         // Nothing was recorded on any GPU: a gate that passes on it would hide a broken recording.
-        spdlog::error("no GPU memory activity in {}", logs.size() == 1 ? logs[0] : std::string("the logs"));
+        spdlog::error("no GPU memory activity in {}", visible(logs.size() == 1 ? logs[0] : std::string("the logs")));
         return k_exit_input;
     }
     if (!baseline_path.empty() && base.devices.empty()) {
         // The same rule for the baseline: with no GPU in it there is nothing to compare against,
         // and every baseline limit would silently vanish (0 limits, exit 0).
-        spdlog::error("baseline {}: no GPU memory activity to compare against", baseline_path);
+        spdlog::error("baseline {}: no GPU memory activity to compare against", visible(baseline_path));
         return k_exit_input;
     }
     if (size_t of = 0, not_of = 0; !baseline_path.empty() && mixes_job_of(run, base, of, not_of)) {

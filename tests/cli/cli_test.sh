@@ -796,6 +796,12 @@ check_bad_input)
   # ... and as a baseline: nothing to compare against is an error, not a pass.
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/idle.json"
   expect_in "$W/err" "no GPU memory activity to compare against"
+  # Both name the file with its control characters made visible, as other messages do.
+  cp "$W/idle.json" "$W/id$(printf '\033')le.json"
+  expect_rc 2 "$GPUMEM" check "$W/id$(printf '\033')le.json" --max-peak 1GiB
+  expect_in "$W/err" "gpumem: error: no GPU memory activity in $W/id^[le.json"
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$W/id$(printf '\033')le.json"
+  expect_in "$W/err" "gpumem: error: baseline $W/id^[le.json: no GPU memory activity to compare against"
   # A compressed log (as tests/data/replay keeps them) is named as such, with the way to read it:
   # the pipe spelled out with the file and the command that met it, ready to copy (it once said
   # "zcat FILE | gpumem COMMAND /dev/stdin"), and standard input as the guide spells it, "-".
@@ -1542,6 +1548,11 @@ EOF2
   expect_rc 0 "$GPUMEM" report --no-progress "$W/longpeak.json"
   expect_in "$W/err" "has \"peak_requested_bytes\": \"a$(printf 'é%.0s' $(seq 17))..., not a number: shown as 0"
   expect_not_in "$W/err" '\xC3'
+  # check's error names the file as every message does, its control characters made visible (an
+  # ESC reached the terminal as is).
+  cp "$W/longpeak.json" "$W/long$(printf '\033')peak.json"
+  expect_rc 2 "$GPUMEM" check --max-peak 1GiB "$W/long$(printf '\033')peak.json"
+  expect_in "$W/err" "gpumem: error: $W/long^[peak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"a$(printf 'é%.0s' $(seq 17))..., not a number, which peak requested needs"
   # The leak members, which --max-leak and --baseline gate on, too (they read as 0 B of leaks, unsaid).
   edit_report "$W/basic.json" "$W/noleak.json" 'dev.pop("leaked_bytes"); dev.pop("n_leaks")'
   expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
