@@ -492,21 +492,21 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
             const size_t slash = target.rfind('/');
             const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
             if (::access(dir.c_str(), W_OK | X_OK) == 0) return false;
-            why = std::string(option) + " " + out + ": cannot create a file in " + dir + ": " + std::strerror(errno);
+            why = visible(std::string(option) + " " + out + ": cannot create a file in " + dir + ": " + std::strerror(errno));
             return true;
         }
-        why = std::string(option) + " " + out + ": cannot write: " + std::strerror(errno);
+        why = visible(std::string(option) + " " + out + ": cannot write: " + std::strerror(errno));
         return true;
     }
     if (S_ISDIR(o.st_mode)) {
-        why = std::string(option) + " " + out + ": is a directory; not written";
+        why = visible(std::string(option) + " " + out + ": is a directory; not written");
         return true;
     }
     if (!S_ISREG(o.st_mode)) return false;  // a device or a pipe: written through
     for (const std::string& in : inputs) {
         struct stat i {};
         if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
-            why = std::string(option) + " " + out + ": is also an input";
+            why = visible(std::string(option) + " " + out + ": is also an input");
             return true;
         }
     }
@@ -521,9 +521,9 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
     const bool report = head.find("\"schema\": \"gpumem-report\"") != std::string::npos ||
                         head.find("\"schema\":\"gpumem-report\"") != std::string::npos;
     if (!packed && !log && !report) return false;
-    why = std::string(option) + " " + out + ": holds a gpumem " +
+    why = visible(std::string(option) + " " + out + ": holds a gpumem " +
           (report ? "report" : packed ? std::string(packed) + "-compressed file (a log?)" : "log") + ", which " + option +
-          " would overwrite (did it take an input as its FILE? give " + option + " a new file's name)";
+          " would overwrite (did it take an input as its FILE? give " + option + " a new file's name)");
     return true;
 }
 

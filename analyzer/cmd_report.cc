@@ -47,7 +47,7 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
         pickle_writer w(out.fd());
         torch_snapshot_summary sum = write_torch_snapshot(log, rep, w);
         if (w.failed()) {
-            spdlog::error("--torch-snapshot {}: writing failed: {}", path, std::strerror(w.error()));
+            spdlog::error("--torch-snapshot {}: writing failed: {}", visible(path), std::strerror(w.error()));
         } else {
             ok = true;
             for (const auto& [dev, d] : sum.devices) {
@@ -66,7 +66,7 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
     } catch (const input_error& e) {
         spdlog::error("{}", e.what());
     } catch (const std::exception& e) {
-        spdlog::error("--torch-snapshot {}: {}", path, e.what());
+        spdlog::error("{}", visible("--torch-snapshot " + path + ": " + e.what()));
     }
     return ok && out.commit();
 }
@@ -125,7 +125,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         for (size_t j = i + 1; j < std::size(outs); ++j)
             if (!outs[i].second->empty() && !outs[j].second->empty() && same_path(*outs[i].second, *outs[j].second))
                 return usage_error("report", std::string(outs[i].first) + " and " + outs[j].first + " both name " +
-                                                 *outs[j].second + ": give each output its own file");
+                                                 visible(*outs[j].second) + ": give each output its own file");
 
     // Each log is analyzed on its own thread (all cores, or -j), into its own slot; what it has to
     // say is kept with it and said afterwards in the order of the logs, so the output is the same

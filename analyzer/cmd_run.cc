@@ -281,7 +281,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
         if (slots[i].rep)
             procs.push_back(std::move(*slots[i].rep));
         else
-            spdlog::warn("cannot summarize {}: {}", logs[i], slots[i].error);
+            spdlog::warn("{}", visible("cannot summarize " + logs[i] + ": " + slots[i].error));
     }
     if (procs.empty()) return;
     std::fprintf(stderr, "\ngpumem summary (peaks per process and GPU; leaks = still allocated at the end)\n");

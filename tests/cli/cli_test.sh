@@ -78,6 +78,11 @@ run_exit_codes)
   # The program's own code.
   expect_rc 3 "$GPUMEM" run -- sh -c 'exit 3'
   expect_in "$W/err" "no log matching $W/gpumem-%p.jsonl was written"
+  # A log that cannot be read is named with its control characters shown, as every message does (an
+  # ESC in the name reached the terminal as is): here a file the command wrote where its log would be.
+  esc=$(printf '\033')
+  expect_rc 0 "$GPUMEM" run -o "$W/junk/x${esc}-%p.jsonl" -- sh -c 'printf "junk\n" > "$1"' sh "$W/junk/x${esc}-1.jsonl"
+  expect_in "$W/err" "gpumem: warning: cannot summarize $W/junk/x^[-1.jsonl: $W/junk/x^[-1.jsonl:1: line 1 is not JSON"
   # Killed by a signal: 128 + SIGABRT; the log it left is summarized.
   expect_rc 134 "$GPUMEM" run -o "$W/crash/" -- "$EMU/emu_driver_app" crash abort 10
   expect_in "$W/err" "killed by signal 6 (exit code 134)"
@@ -1245,6 +1250,17 @@ conventions)
     [ ! -s "$W/out" ] || fail "$opt LINK-TO-NO-DIR: the analysis ran before the missing folder was refused: $(head -c 80 "$W/out")"
     [ -z "$(ls -A "$W/rule" "$W/rule/sub" | grep '^\.gpumem-out-')" ] || fail "$opt left a temporary file"
   done
+  # The errors that name an output show its control characters as every message does (an ESC in the
+  # name reached the terminal as is): a write that fails (a link to /dev/full), a directory, and one
+  # file named twice.
+  esc=$(printf '\033')
+  ln -sf /dev/full "$W/rule/snap${esc}.pickle" && mkdir -p "$W/rule/dir${esc}"
+  expect_rc 2 "$GPUMEM" report --no-progress "$DATA/before.jsonl" --torch-snapshot "$W/rule/snap${esc}.pickle"
+  expect_in "$W/err" "gpumem: error: --torch-snapshot $W/rule/snap^[.pickle: writing failed: No space left on device"
+  expect_rc 2 "$GPUMEM" report --no-progress "$DATA/before.jsonl" --torch-snapshot "$W/rule/dir${esc}"
+  expect_in "$W/err" "gpumem: error: --torch-snapshot $W/rule/dir^[: is a directory; not written"
+  expect_rc 2 "$GPUMEM" report --html "$W/rule/same${esc}.out" --torch-snapshot "$W/rule/same${esc}.out" "$DATA/before.jsonl"
+  expect_in "$W/err" "gpumem: error: --html and --torch-snapshot both name $W/rule/same^[.out: give each output its own file"
   # What goes to stdout is an output too: `report --json > r.json` on a full disk is an error (exit
   # 2), not a cut file and exit 0.
   for cmd in "report" "report --json" "check --max-peak 10GiB" "diff $DATA/before.jsonl" "replay" "replay --json"; do
