@@ -464,6 +464,23 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
     return true;
 }
 
+std::string other_gpu(const run_input& run, const device_ref& r, const run_input& owner_run, const device_ref& o,
+                      const std::string& owner, const std::string& here, const std::string& there) {
+    const device_report &d = run.dev(r), &od = owner_run.dev(o);
+    const bool has_total = run.has(r, device_field::total_bytes) && owner_run.has(o, device_field::total_bytes) &&
+                           d.total != 0 && od.total != 0;
+    const bool other_name = !d.name.empty() && !od.name.empty() && d.name != od.name;
+    // In 128 bits: a total near 2^64 (a hand-edited report) must not wrap the comparison.
+    const uint64_t larger = std::max(d.total, od.total), gap = larger - std::min(d.total, od.total);
+    const bool other_size = has_total && (unsigned __int128)gap * 100 > (unsigned __int128)larger * k_other_gpu_size_share;
+    if (!other_name && !other_size) return "";
+    auto gpu = [](const device_report& x) {
+        return (x.name.empty() ? std::string("an unnamed GPU") : x.name) + (x.total ? " (" + fmt_bytes(x.total) + ")" : "");
+    };
+    return "ran on another GPU than " + owner + "'s: " + gpu(d) + " " + here + ", " + gpu(od) + " " + there +
+           ": its memory use may differ for that alone";
+}
+
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
     std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
     if (p.n_warnings > p.warnings.size())

@@ -137,6 +137,18 @@ bool mixes_job_of(const run_input& side, const run_input& other, size_t& of, siz
 std::string mixed_job_error(const run_input& side, const run_input& other, size_t of, size_t not_of,
                             const std::string& run, const std::string& owner);
 
+// A GPU of one run compared with one of another (check --baseline, diff) that was another model or
+// had another memory size, where both sides record it: "ran on another GPU than OWNER's: NAME (SIZE)
+// HERE, NAME (SIZE) THERE: its memory use may differ for that alone" (allocator rounding, cuDNN
+// workspaces and the pool's segments all follow the GPU); empty when alike.  check and diff word
+// it alike.  Another name is always said; the size alone only past k_other_gpu_size_share of the
+// larger: one GPU reports a total that moves a little (a driver's reserve, ECC on a GDDR card takes
+// 1/16, 6.25%), while same-named models of other sizes differ by a third or more (an RTX 3060 of 8
+// or 12 GB) and a MIG slice by half or more.
+constexpr uint64_t k_other_gpu_size_share = 10;  // percent, docs/guide.md
+std::string other_gpu(const run_input& run, const device_ref& r, const run_input& owner_run, const device_ref& o,
+                      const std::string& owner, const std::string& here, const std::string& there);
+
 // The warnings of one analyzed input as they are shown: every listed warning (file:line: what),
 // then "N more warnings not shown" when the report kept fewer than it counted.  Shown by report,
 // check and diff alike: a gate must not pass quietly on a log that lost events or was cut short.

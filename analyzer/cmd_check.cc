@@ -195,28 +195,12 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
 
 // A device compared with a baseline recorded on another GPU (a CI runner that changed model, or
 // memory size: another SKU, a MIG slice) passed or failed with no word of it, though allocator
-// rounding, cuDNN workspaces and the pool's segments all follow the GPU.  Said, naming both, where
-// both sides record the model or the size and they differ; the limits still decide the exit code.
-// Another name is always said; the size alone only past k_other_gpu_size_share of the larger: one
-// GPU reports a total that moves a little (a driver's reserve, ECC on a GDDR card takes 1/16,
-// 6.25%), while same-named models of other sizes differ by a third or more (an RTX 3060 of 8 or
-// 12 GB) and a MIG slice by half or more.
-constexpr uint64_t k_other_gpu_size_share = 10;  // percent, docs/guide.md
+// rounding, cuDNN workspaces and the pool's segments all follow the GPU.  Said, naming both
+// (other_gpu, as diff says it); the limits still decide the exit code.
 void warn_if_other_gpu(const run_input& run, const device_ref& r, const run_input& base, const device_ref& b) {
-    const device_report &d = run.dev(r), &bd = base.dev(b);
-    const bool has_total = run.has(r, device_field::total_bytes) && base.has(b, device_field::total_bytes) &&
-                           d.total != 0 && bd.total != 0;
-    const bool other_name = !d.name.empty() && !bd.name.empty() && d.name != bd.name;
-    const uint64_t larger = std::max(d.total, bd.total), gap = larger - std::min(d.total, bd.total);
-    const bool other_size = has_total && (unsigned __int128)gap * 100 > (unsigned __int128)larger * k_other_gpu_size_share;
-    if (!other_name && !other_size) return;
-    auto gpu = [](const device_report& x) {
-        return (x.name.empty() ? std::string("an unnamed GPU") : x.name) + (x.total ? " (" + fmt_bytes(x.total) + ")" : "");
-    };
-    spdlog::warn("{}", visible(r.where + " ran on another GPU than the baseline's: " + gpu(d) + " here, " + gpu(bd) +
-                               " in the baseline (" + b.where +
-                               "): its memory use may differ for that alone (record the baseline on the GPU the "
-                               "check runs on)"));
+    const std::string other = other_gpu(run, r, base, b, "the baseline", "here", "in the baseline (" + b.where + ")");
+    if (!other.empty())
+        spdlog::warn("{}", visible(r.where + " " + other + " (record the baseline on the GPU the check runs on)"));
 }
 
 // A run whose every process is in the baseline, by the identity the copies rule names a process

@@ -161,6 +161,12 @@ void print_device(const run_input& ra, const device_ref* a, const run_input& rb,
     const device_report& db = b ? rb.dev(*b) : k_none;
     std::printf("\n%s\n", visible(a ? a->key : b->key).c_str());
     std::printf("  A: %s\n  B: %s\n", a ? a->where.c_str() : "(not in A)", b ? b->where.c_str() : "(not in B)");
+    // Two GPUs of another model or memory size (a CI runner that changed GPU): the changes below may
+    // be that alone.  Said as check --baseline says it (other_gpu), B being the run compared with A.
+    if (a && b) {
+        const std::string other = other_gpu(rb, *b, ra, *a, "A", "in B", "in A");
+        if (!other.empty()) std::printf("  (B %s)\n", visible(other).c_str());
+    }
     // A side whose log has no end line (killed, or still running) did not exit: what it had live
     // is not a leak (docs/metrics.md, Leaks), so the leak rows say "live at log end" then.
     const bool ended_a = !a || ra.proc(*a).has_end, ended_b = !b || rb.proc(*b).has_end;

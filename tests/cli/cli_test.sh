@@ -933,6 +933,26 @@ diff)
   expect_rc 0 "$GPUMEM" diff "$DATA/before.jsonl" "$W/after_lost.jsonl"
   expect_in "$W/out" "(B's log: 3 events were lost by the recorder, so its numbers are approximate)"
   expect_not_in "$W/out" "A's log"
+  # A GPU compared with one of another model or memory size (a CI runner that changed GPU) is said
+  # above its table, as check --baseline says it: the changes may be that alone.  By check's rule:
+  # another name always, the size alone past 10% of the larger, nothing where a side does not record it.
+  expect_not_in "$W/out" "another GPU"
+  "$GPUMEM" report --json --no-progress "$DATA/before.jsonl" > "$W/before.json" 2> /dev/null
+  edit_report "$W/before.json" "$W/h100.json" 'dev["name"]="NVIDIA H100 80GB HBM3"; dev["total_bytes"]=85029158912'
+  expect_rc 0 "$GPUMEM" diff "$W/h100.json" "$DATA/after.jsonl"
+  expect_in "$W/out" "  (B ran on another GPU than A's: NVIDIA H200 (140.40 GiB) in B, NVIDIA H100 80GB HBM3 (79.19 GiB) in A: its memory use may differ for that alone)"
+  edit_report "$W/before.json" "$W/near.json" 'dev["total_bytes"]=dev["total_bytes"]*90//100 + 1'
+  expect_rc 0 "$GPUMEM" diff "$W/near.json" "$DATA/after.jsonl"
+  expect_not_in "$W/out" "another GPU"
+  edit_report "$W/before.json" "$W/far.json" 'dev["total_bytes"]=dev["total_bytes"]*89//100'
+  expect_rc 0 "$GPUMEM" diff "$DATA/after.jsonl" "$W/far.json"
+  expect_in "$W/out" "  (B ran on another GPU than A's: NVIDIA H200 (124.96 GiB) in B, NVIDIA H200 (140.40 GiB) in A:"
+  edit_report "$W/before.json" "$W/esc.json" 'dev["name"]="NVIDIA\u001bH100"'
+  expect_rc 0 "$GPUMEM" diff "$W/esc.json" "$DATA/after.jsonl"
+  expect_in "$W/out" "NVIDIA H200 (140.40 GiB) in B, NVIDIA^[H100 (140.40 GiB) in A"
+  edit_report "$W/before.json" "$W/nogpu.json" 'dev["name"]=""; dev.pop("total_bytes")'
+  expect_rc 0 "$GPUMEM" diff "$W/nogpu.json" "$DATA/after.jsonl"
+  expect_not_in "$W/out" "another GPU"
   # --top N keeps the N largest changes, a drop ranked by its size as a growth is: against the
   # larger run as A, the 4 MiB drop comes before the 512 KiB ones, and the rest are counted.
   expect_rc 0 "$GPUMEM" diff --top 1 "$DATA/after.jsonl" "$DATA/before.jsonl"
