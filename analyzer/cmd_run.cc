@@ -406,9 +406,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     // The library keeps an unknown token as written (%q, a typo for %p, would name every
     // process's log alike); refused here, before the command starts.
     if (std::string t = unknown_out_token(pattern); !t.empty())
-        return usage_error("run", origin + pattern + ": " + (t == "%" ? "a % at the end" : t) +
-                                      " is no token; the tokens are " + k_out_tokens);
-    if (!pool.empty() && pool != "on" && pool != "off") return usage_error("run", "--pool " + pool + ": expected on or off");
+        return usage_error("run", visible(origin + pattern + ": " + (t == "%" ? "a % at the end" : t) +
+                                          " is no token; the tokens are " + k_out_tokens));
+    if (!pool.empty() && pool != "on" && pool != "off")
+        return usage_error("run", visible("--pool " + pool + ": expected on or off"));
     if (command_args.empty()) return usage_error("run", "no command given");
     std::vector<char*> cmd_argv;
     for (const std::string& s : command_args) cmd_argv.push_back(const_cast<char*>(s.c_str()));
@@ -417,7 +418,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
 
     std::string lib, error;
     if (!find_library(lib, error)) {
-        spdlog::error("{}", error);
+        spdlog::error("{}", visible(error));
         return k_exit_input;
     }
 
@@ -448,18 +449,18 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         spdlog::warn("{}{}: the directory part holds %p or %r, which gpumem run cannot create ahead; a process "
                      "whose directory is missing writes its log to /tmp instead (put %p and %r in the file name: "
                      "DIR/gpumem-%r-%p.jsonl)",
-                     origin, pattern);
+                     origin, visible(pattern));
     } else {
         dir = expand_out_pattern(dir, 0, host, "");
         if (!make_dirs(dir)) {
-            spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
+            spdlog::error("cannot create {}: {}", visible(dir), std::strerror(errno));
             return k_exit_input;
         }
     }
     // A device or FIFO is written to as it is by every process, never under a .PID name.
     if (!differs_per_pid(pattern, host) && non_regular_kind(pattern).empty())
         spdlog::warn("{}{} has no %p: a second process of the same rank writes its log with .PID added to the name", origin,
-                     pattern);
+                     visible(pattern));
 
     std::map<std::string, file_stamp> before = list_matching(pattern);
 
@@ -513,6 +514,8 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         ::sigaction(k_forwarded[i], &fwd, nullptr);
     }
 
+    // Made before the fork: the child allocates nothing between fork and exec.
+    const std::string shown_cmd = visible(cmd[0]);
     std::fflush(nullptr);
     pid_t child = ::fork();
     if (child < 0) {
@@ -526,7 +529,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
         ::execvp(cmd[0], cmd);
         int e = errno;
-        std::fprintf(stderr, "gpumem: error: cannot run %s: %s\n", cmd[0], std::strerror(e));
+        std::fprintf(stderr, "gpumem: error: cannot run %s: %s\n", shown_cmd.c_str(), std::strerror(e));
         ssize_t ignored = ::write(exec_pipe[1], &e, sizeof e);
         (void)ignored;
         ::_exit(e == ENOENT ? 127 : 126);
@@ -556,7 +559,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
             logs.push_back(path);
     }
     if (WIFSIGNALED(status))
-        std::fprintf(stderr, "\ngpumem run: %s was killed by signal %d (exit code %d)\n", cmd[0], WTERMSIG(status), rc);
+        std::fprintf(stderr, "\ngpumem run: %s was killed by signal %d (exit code %d)\n", shown_cmd.c_str(), WTERMSIG(status), rc);
     if (logs.empty()) {
         // The log may well have been written, to a file that cannot be read back: say that, and
         // not that the command made no CUDA call.
@@ -566,16 +569,17 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
                          "\ngpumem run: %s is %s, not a regular file: a log written there cannot be read back, so "
                          "there is no log to list or summarize (where a write there failed, as on /dev/full, the log "
                          "moved to /tmp: a message above names it, for gpumem report)\n",
-                         path.c_str(), kind.c_str());
+                         visible(path).c_str(), kind.c_str());
         if (!sinks.empty()) return end_as_command(status, rc);
         std::fprintf(stderr,
                      "\ngpumem run: no log matching %s was written: the command made no CUDA call, or cleared "
                      "LD_PRELOAD, or is a setuid program, or its log went to /tmp (a message above then says so)\n",
-                     pattern.c_str());
+                     visible(pattern).c_str());
         return end_as_command(status, rc);
     }
-    std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s", pattern.c_str());
-    for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", l.c_str());
+    std::fprintf(stderr, "\ngpumem run: %zu log%s (pattern %s):\n", logs.size(), logs.size() == 1 ? "" : "s",
+                 visible(pattern).c_str());
+    for (const std::string& l : logs) std::fprintf(stderr, "  %s\n", visible(l).c_str());
     // Logs of an earlier run in the same folder (a baseline recorded again with the same -o) are
     // read with this run's by any glob of it: `gpumem report --json gpumem-logs/*.jsonl` then makes
     // a baseline of both runs, its second rank 0 "rank 0#2", which every later run fails as missing.
@@ -587,7 +591,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
                      "gpumem run: %zu earlier log%s match%s the pattern too, from before this run (%s%s): a glob of "
                      "the folder reads %s with this run's, as more processes (a second rank 0 is \"rank 0#2\"); "
                      "move %s away before a run, or give -o a folder of its own\n",
-                     earlier.size(), earlier.size() == 1 ? "" : "s", earlier.size() == 1 ? "es" : "", earlier[0].c_str(),
+                     earlier.size(), earlier.size() == 1 ? "" : "s", earlier.size() == 1 ? "es" : "", visible(earlier[0]).c_str(),
                      earlier.size() > 1 ? ", ..." : "", earlier.size() == 1 ? "it" : "them",
                      earlier.size() == 1 ? "it" : "them");
     if (summary) {

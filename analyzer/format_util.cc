@@ -181,6 +181,39 @@ std::string shell_quote(const std::string& s) {
     for (unsigned char c : s)
         plain &= std::isalnum(c) || std::strchr("_./%+,:=@-", c) != nullptr;
     if (plain) return s;
+    if (visible(s) != s) {
+        // A byte visible() would change (a control, a C1 control, a byte not UTF-8) can be neither
+        // printed as is (an ESC reaches the terminal) nor shown as ^[ (the pasted command names
+        // another file): bash's $'...' writes it in printable escapes that read back as the byte.
+        std::string q = "$'";
+        for (size_t i = 0; i < s.size(); ++i) {
+            const unsigned char c = static_cast<unsigned char>(s[i]);
+            const size_t n = c >= 0x80 ? utf8_length(s, i) : 1;
+            const bool c1 = c == 0xc2 && n == 2 && static_cast<unsigned char>(s[i + 1]) <= 0x9f;
+            if (c == '\\' || c == '\'') {
+                q += '\\';
+                q += char(c);
+            } else if (c == 0x1b) {
+                q += "\\e";
+            } else if (c == '\n') {
+                q += "\\n";
+            } else if (c == '\t') {
+                q += "\\t";
+            } else if (c < 0x20 || c == 0x7f || n == 0 || c1) {
+                // Always two digits: bash reads up to two, so a hex digit after it stays itself.
+                for (size_t k = 0; k < (c1 ? 2 : 1); ++k) {
+                    char b[8];
+                    std::snprintf(b, sizeof b, "\\x%02X", unsigned(static_cast<unsigned char>(s[i + k])));
+                    q += b;
+                }
+                i += c1 ? 1 : 0;
+            } else {
+                q.append(s, i, n);
+                i += n - 1;
+            }
+        }
+        return q + "'";
+    }
     std::string q = "'";
     for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
     return q + "'";

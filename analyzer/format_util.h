@@ -35,7 +35,9 @@ std::string svg_num(double v);             // an SVG coordinate: "12.5" (one dec
 std::string visible(std::string_view s, bool keep_newlines = false);
 std::string html_escape(const std::string& s);  // also visible(s, true)
 // A path as a shell reads it back, for a command line a message suggests: bare when it holds only
-// characters no shell treats specially, else in single quotes (a ' inside becomes '\'').
+// characters no shell treats specially, else in single quotes (a ' inside becomes '\''); one that
+// visible() would change (an ESC, a byte not UTF-8) in bash's $'...' instead ($'a\eb', \xFF), so
+// the text is printable and a paste names the file.
 std::string shell_quote(const std::string& s);
 const char* pool_name(pool_id p);
 const char* kind_name(mem_kind k);

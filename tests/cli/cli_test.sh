@@ -83,6 +83,36 @@ run_exit_codes)
   esc=$(printf '\033')
   expect_rc 0 "$GPUMEM" run -o "$W/junk/x${esc}-%p.jsonl" -- sh -c 'printf "junk\n" > "$1"' sh "$W/junk/x${esc}-1.jsonl"
   expect_in "$W/err" "gpumem: warning: cannot summarize $W/junk/x^[-1.jsonl: $W/junk/x^[-1.jsonl:1: line 1 is not JSON"
+  expect_in "$W/err" "  $W/junk/x^[-1.jsonl"
+  expect_not_in "$W/err" "$esc"
+  # So does the rest of what run says of its logs: the pattern, the list, the earlier logs; and the
+  # "full report" command, meant to be pasted, names them in bash's $'...' (\e for the ESC), not
+  # with the ESC as is (the terminal took it) nor as ^[ (another file): pasted, it reads the log.
+  gpumem() { "$GPUMEM" "$@"; }
+  expect_rc 0 "$GPUMEM" run -o "$W/lo${esc}gs/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/lo^[gs/gpumem-%p.jsonl):"
+  expect_in "$W/err" "  $W/lo^[gs/gpumem-"
+  expect_in "$W/err" "full report: gpumem report \$'$W/lo\\egs/gpumem-"
+  expect_not_in "$W/err" "$esc"
+  first=$(ls "$W/lo${esc}gs/")
+  pasted=$(sed -n 's/^full report: //p' "$W/err")
+  expect_rc 0 eval "$pasted"
+  expect_in "$W/out" "gpumem report: $W/lo^[gs/$first"
+  expect_rc 0 "$GPUMEM" run -o "$W/lo${esc}gs/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/err" "gpumem run: 1 earlier log matches the pattern too, from before this run ($W/lo^[gs/$first)"
+  expect_not_in "$W/err" "$esc"
+  pasted=$(sed -n 's/^full report: //p' "$W/err")
+  expect_rc 0 eval "$pasted"
+  expect_not_in "$W/out" "$first"
+  expect_in "$W/out" "gpumem report: $W/lo^[gs/gpumem-"
+  # The pattern's glob, for a list too long: the quoted parts around a bare *.
+  long="$W/lo${esc}$(printf 'd%.0s' {1..210})"
+  expect_rc 0 "$GPUMEM" run -o "$long/" -- "$EMU/emu_rt_shared_app" train 20
+  expect_in "$W/err" "full report: gpumem report \$'$W/lo\\e$(printf 'd%.0s' {1..210})/gpumem-'*.jsonl"
+  pasted=$(sed -n 's/^full report: //p' "$W/err")
+  expect_rc 0 eval "$pasted"
+  expect_in "$W/out" "gpumem report: $W/lo^[$(printf 'd%.0s' {1..210})/gpumem-"
+  rm -rf "$W/lo${esc}gs" "$long"
   # Killed by a signal: 128 + SIGABRT; the log it left is summarized.
   expect_rc 134 "$GPUMEM" run -o "$W/crash/" -- "$EMU/emu_driver_app" crash abort 10
   expect_in "$W/err" "killed by signal 6 (exit code 134)"
