@@ -482,9 +482,12 @@ std::string other_gpu(const run_input& run, const device_ref& r, const run_input
 }
 
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
-    std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
+    // Shown with their control characters made visible: a warning names its log, and one read
+    // back from a report JSON is whatever text the file held.
+    std::vector<std::string> lines;
+    for (const std::string& w : p.warnings) lines.push_back(visible(w));
     if (p.n_warnings > p.warnings.size())
-        lines.push_back(path + ": " + fmt_counted(p.n_warnings - p.warnings.size(), "more warning", "more warnings") +
+        lines.push_back(visible(path) + ": " + fmt_counted(p.n_warnings - p.warnings.size(), "more warning", "more warnings") +
                         " not shown");
     return lines;
 }

@@ -1311,6 +1311,28 @@ conventions)
   expect_in "$W/err" "gpumem: error: --torch-snapshot $W/rule/dir^[: is a directory; not written"
   expect_rc 2 "$GPUMEM" report --html "$W/rule/same${esc}.out" --torch-snapshot "$W/rule/same${esc}.out" "$DATA/before.jsonl"
   expect_in "$W/err" "gpumem: error: --html and --torch-snapshot both name $W/rule/same^[.out: give each output its own file"
+  # So do report's messages about one log (built as the log's name and what befell it): a report
+  # JSON given to --torch-snapshot or --at, a log that is no JSON, one not there, and a warning read
+  # back from a report JSON; -v's debug lines too.  Each reached the terminal with its ESC as is.
+  "$GPUMEM" report --json --no-progress "$DATA/before.jsonl" > "$W/rule/r${esc}.json"
+  expect_rc 2 "$GPUMEM" report --no-progress "$W/rule/r${esc}.json" --torch-snapshot "$W/rule/t.pickle"
+  expect_in "$W/err" "gpumem: error: $W/rule/r^[.json: --torch-snapshot needs the event log"
+  expect_not_in "$W/err" "$esc"
+  expect_rc 2 "$GPUMEM" report --no-progress -v --at 5 "$W/rule/r${esc}.json"
+  expect_in "$W/err" "$W/rule/r^[.json: reading as a \`gpumem report --json\` file"
+  expect_in "$W/err" "gpumem: error: $W/rule/r^[.json: --at needs the event log"
+  expect_not_in "$W/err" "$esc"
+  printf 'junk\n' > "$W/rule/j${esc}.jsonl"
+  expect_rc 2 "$GPUMEM" report --no-progress "$W/rule/j${esc}.jsonl" "$W/rule/gone${esc}.jsonl"
+  expect_in "$W/err" "gpumem: error: $W/rule/j^[.jsonl:1: line 1 is not JSON"
+  expect_in "$W/err" "gpumem: error: $W/rule/gone^[.jsonl: cannot open: No such file or directory"
+  expect_not_in "$W/err" "$esc"
+  edit_report "$W/rule/r${esc}.json" "$W/rule/w.json" 'p["warnings"] = ["x.jsonl:3: a\x1b[31m warning"]; p["n_warnings"] = 2'
+  cp "$DATA/after.jsonl" "$W/rule/a${esc}.jsonl"
+  expect_rc 0 "$GPUMEM" report --no-progress -v "$W/rule/w.json" "$W/rule/a${esc}.jsonl"
+  expect_in "$W/err" "gpumem: warning: x.jsonl:3: a^[[31m warning"
+  expect_in "$W/err" "gpumem: debug: $W/rule/a^[.jsonl: 8 lines, 7 events"
+  expect_not_in "$W/err" "$esc"
   # What goes to stdout is an output too: `report --json > r.json` on a full disk is an error (exit
   # 2), not a cut file and exit 0.
   for cmd in "report" "report --json" "check --max-peak 10GiB" "diff $DATA/before.jsonl" "replay" "replay --json"; do
