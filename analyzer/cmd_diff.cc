@@ -289,8 +289,8 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
                                     "give several inputs per side as A1 A2 ... -- B1 B2 ..."));
         return k_exit_input;
     }
-    std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", side_name(side_a).c_str(),
-                ra.processes.size(), ra.processes.size() == 1 ? "" : "es", side_name(side_b).c_str(), rb.processes.size(),
+    std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", visible(side_name(side_a)).c_str(),
+                ra.processes.size(), ra.processes.size() == 1 ? "" : "es", visible(side_name(side_b)).c_str(), rb.processes.size(),
                 rb.processes.size() == 1 ? "" : "es");
     std::map<std::string, std::pair<const device_ref*, const device_ref*>> keys;
     for (const device_ref& r : ra.devices) keys[r.key].first = &r;

@@ -166,7 +166,7 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
     for (const device_job& d : jobs) {
         const sim::trace& tr = traces[d.log];
         const sim::device_trace& dt = *d.dev;
-        std::printf("== %s: device %d\n", tr.file.c_str(), dt.dev);
+        std::printf("== %s: device %d\n", visible(tr.file).c_str(), dt.dev);
         std::string apis;
         for (const std::string& a : tr.apis) apis += (apis.empty() ? "" : ", ") + a;
         std::printf("   %s and %s replayed (%s)", fmt_counted(dt.n_alloc, "allocation", "allocations").c_str(),
@@ -294,7 +294,7 @@ int run_replay(replay_args& a) {
     drop_repeated_inputs(a.logs);
     pipe_spools spools;  // pipes among several logs, compared with them and read from here
     if (std::string err; !drop_copies_of_one_log(a.logs, spools, a.progress, err)) {
-        std::fprintf(stderr, "gpumem: error: %s\n", err.c_str());
+        std::fprintf(stderr, "gpumem: error: %s\n", visible(err).c_str());
         return k_exit_input;
     }
     uint64_t capacity = 0;
@@ -359,14 +359,14 @@ int run_replay(replay_args& a) {
     int rc = k_exit_ok;
     for (const std::string& e : errors)
         if (!e.empty()) {
-            std::fprintf(stderr, "gpumem: error: %s\n", e.c_str());
+            std::fprintf(stderr, "gpumem: error: %s\n", visible(e).c_str());
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;
     for (const sim::trace& tr : traces)
         if (tr.cut_line)
             std::fprintf(stderr, "gpumem: warning: %s:%llu: the last line is cut short (the log is still being written, or its writer stopped in mid-line); replayed up to the line before\n",
-                         tr.file.c_str(), (unsigned long long)tr.cut_line);
+                         visible(tr.file).c_str(), (unsigned long long)tr.cut_line);
     // An --api name no allocation of the log used (a typo, the wrong case) would otherwise replay
     // nothing of that API and print nothing about it, exit 0: a silent empty answer.
     for (const sim::trace& tr : traces)
@@ -378,8 +378,8 @@ int run_replay(replay_args& a) {
                 if (++listed <= 20) used += (used.empty() ? "" : ", ") + u;
             if (listed > 20) used += " and " + std::to_string(listed - 20) + " more";  // one readable line
             std::fprintf(stderr, "gpumem: error: %s: --api %s: no device allocation in the log was made through %s; %s\n",
-                         tr.file.c_str(), api.c_str(), api.c_str(),
-                         used.empty() ? "the log has no device allocations" : ("the log's APIs are " + used).c_str());
+                         visible(tr.file).c_str(), api.c_str(), api.c_str(),
+                         used.empty() ? "the log has no device allocations" : visible("the log's APIs are " + used).c_str());
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;
@@ -391,7 +391,7 @@ int run_replay(replay_args& a) {
             std::string err;
             if (sim::make_policy(s, capacity, k_any_device, tr.config_json, &err)) continue;
             std::fprintf(stderr, "gpumem: error: %s\n",
-                         input_error(tr.file, 1, "the header's config cannot be replayed: " + err).what());
+                         visible(input_error(tr.file, 1, "the header's config cannot be replayed: " + err).what()).c_str());
             rc = k_exit_input;
             break;
         }
@@ -407,7 +407,7 @@ int run_replay(replay_args& a) {
             std::fprintf(stderr,
                          "gpumem: %s: %s: no device allocation to replay (replay takes allocations of kind "
                          "\"device\"; cuMemCreate, managed and host memory are left out)\n",
-                         empty == traces.size() ? "error" : "warning", tr.file.c_str());
+                         empty == traces.size() ? "error" : "warning", visible(tr.file).c_str());
     if (empty == traces.size()) return k_exit_input;
 
     // Every (log, device, policy) replay is a task; all cores take them.
@@ -493,7 +493,7 @@ int run_replay(replay_args& a) {
     });
     for (const std::string& e : task_errors)
         if (!e.empty()) {
-            std::fprintf(stderr, "gpumem: error: %s\n", e.c_str());
+            std::fprintf(stderr, "gpumem: error: %s\n", visible(e).c_str());
             rc = k_exit_input;
         }
     if (rc != k_exit_ok) return rc;

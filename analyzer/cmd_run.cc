@@ -347,8 +347,8 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
         std::string asked = asked_by_name(*ooms[i].first, o.stack);
         if (!asked.empty()) asked = ", asked for by " + asked;
         std::fprintf(stderr, "  OOM in pid %lld at %s: %s of %s, verdict %s%s%s\n", (long long)ooms[i].first->pid,
-                     fmt_time(o.t).c_str(), o.api.c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str(),
-                     o.verdict_caveat(), asked.c_str());
+                     fmt_time(o.t).c_str(), visible(o.api).c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str(),
+                     o.verdict_caveat(), visible(asked).c_str());
     }
     if (ooms.size() > 3) std::fprintf(stderr, "  ... %zu more OOMs\n", ooms.size() - 3);
     if (procs.size() > 1) {

@@ -8,24 +8,43 @@
 
 #include <CLI/CLI.hpp>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include "cli_input.h"
 #include "commands.h"
+#include "format_util.h"
 
 namespace gpumem::analysis {
+
+namespace {
+// %V: the message through visible().  Messages name files and quote logs, whose control characters
+// (an ESC in a file name, a rank) would act on the terminal; one rule here reaches every message,
+// where a visible() per call missed some (an input that cannot be opened).  visible() of its own
+// output is the same text, so a message made visible already is unchanged.
+class visible_message final : public spdlog::custom_flag_formatter {
+public:
+    void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+        const std::string text = visible(std::string_view(msg.payload.data(), msg.payload.size()));
+        dest.append(text.data(), text.data() + text.size());
+    }
+    std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<visible_message>(); }
+};
+}  // namespace
 
 void init_diagnostics(bool verbose) {
     // Single-threaded sink: the analyzer logs from one thread.  stderr is unbuffered, so messages
     // keep their order with the reports written to stdout.
     auto logger = spdlog::stderr_logger_st("gpumem");
-    logger->set_pattern("gpumem: %l: %v");
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<visible_message>('V').set_pattern("gpumem: %l: %V");
+    logger->set_formatter(std::move(formatter));
     logger->set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
     spdlog::set_default_logger(logger);
 }
 
 int usage_error(const std::string& sub, const std::string& msg) {
-    std::fprintf(stderr, "gpumem: error: %s\n", msg.c_str());
+    std::fprintf(stderr, "gpumem: error: %s\n", visible(msg).c_str());
     if (sub.empty()) std::fprintf(stderr, "(gpumem --help lists the commands)\n");
     else std::fprintf(stderr, "(gpumem %s --help lists the options)\n", sub.c_str());
     return k_exit_input;

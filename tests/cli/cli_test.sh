@@ -1333,6 +1333,43 @@ conventions)
   expect_in "$W/err" "gpumem: warning: x.jsonl:3: a^[[31m warning"
   expect_in "$W/err" "gpumem: debug: $W/rule/a^[.jsonl: 8 lines, 7 events"
   expect_not_in "$W/err" "$esc"
+  # So do the errors that name an input, of every command: a log that is not there, and one that
+  # is not JSON (an ESC and a byte that is not UTF-8 in its name reached the terminal as is).
+  bad="$W/rule/in${esc}$(printf '\377')"
+  printf 'junk\n' > "$bad.jsonl"
+  for cmd in "report" "check --max-peak 1GiB" "diff $DATA/before.jsonl" "replay"; do
+    for f in "$bad.jsonl" "$bad-none.jsonl"; do
+      # shellcheck disable=SC2086
+      expect_rc 2 "$GPUMEM" $cmd --no-progress "$f"
+      expect_in "$W/err" "gpumem: error: $W/rule/in^[\xFF"
+      ! grep -q "$esc" "$W/err" || fail "$cmd: an escape character of an input's name reached the terminal"
+    done
+  done
+  # And an argument's value in its error, and a command that cannot be run.
+  expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak "1${esc}"
+  expect_in "$W/err" "1^["
+  ! grep -q "$esc" "$W/err" || fail "check: an escape character of an argument reached the terminal"
+  expect_rc 127 "$GPUMEM" run -- "$W/rule/no${esc}"
+  expect_in "$W/err" "gpumem: error: cannot run $W/rule/no^[: No such file or directory"
+  ! grep -q "$esc" "$W/err" || fail "run: an escape character of the command reached the terminal"
+  # The headers of diff and replay name a log; run's list, its messages and its summary name logs,
+  # ranks and the pattern; its `full report:` line is still one to paste ($'...' in bash).
+  cp "$DATA/before.jsonl" "$W/rule/ok${esc}.jsonl"
+  expect_rc 0 "$GPUMEM" diff "$DATA/after.jsonl" "$W/rule/ok${esc}.jsonl"
+  expect_in "$W/out" "  B = $W/rule/ok^[.jsonl (1 process)"
+  expect_rc 0 "$GPUMEM" replay "$W/rule/ok${esc}.jsonl"
+  expect_in "$W/out" "== $W/rule/ok^[.jsonl: device 0"
+  ! grep -q "$esc" "$W/out" || fail "diff or replay: an escape character of a log's name reached the terminal"
+  for i in 1 2; do
+    expect_rc 0 env RANK="r${esc}" "$GPUMEM" run -o "$W/rule/e${esc}sc/" -- "$EMU/emu_rt_shared_app" train 20
+  done
+  ! grep -q "$esc" "$W/err" || fail "run: an escape character reached the terminal: $(cat -v "$W/err")"
+  expect_in "$W/err" "gpumem run: 1 log (pattern $W/rule/e^[sc/gpumem-%p.jsonl):"
+  expect_in "$W/err" "from before this run ($W/rule/e^[sc/gpumem-"
+  expect_in "$W/err" "r^["
+  line=$(sed -n 's/^full report: gpumem //p' "$W/err")
+  case "$line" in *"\$'"*"\\e"*) ;; *) fail "full report line not quoted as \$'...': $line" ;; esac
+  eval "\"\$GPUMEM\" $line" > /dev/null 2>&1 || fail "the full report line does not run: $line"
   # What goes to stdout is an output too: `report --json > r.json` on a full disk is an error (exit
   # 2), not a cut file and exit 0.
   for cmd in "report" "report --json" "check --max-peak 10GiB" "diff $DATA/before.jsonl" "replay" "replay --json"; do
