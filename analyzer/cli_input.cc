@@ -170,8 +170,8 @@ void drop_repeated_inputs(std::vector<std::string>& paths) {
             });
             if (it != files.end()) {
                 const std::string& first = kept[it->first];
-                spdlog::warn("{}", visible(first == p ? p + " is given more than once: read once"
-                                                      : p + " is the same file as " + first + ": read once"));
+                spdlog::warn("{}", first == p ? p + " is given more than once: read once"
+                                              : p + " is the same file as " + first + ": read once");
                 continue;
             }
             files.push_back({st.st_dev, st.st_ino, kept.size()});
@@ -407,8 +407,8 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
                                 "cannot be told; give one of them");
                 return false;
             }
-            spdlog::warn("{}", visible(paths[j] + (ids[j].size == ids[keep].size ? " is a copy of " : " is a shorter copy of ") +
-                                       paths[keep] + " (" + process + "): read once, from " + paths[keep]));
+            spdlog::warn("{}", paths[j] + (ids[j].size == ids[keep].size ? " is a copy of " : " is a shorter copy of ") +
+                               paths[keep] + " (" + process + "): read once, from " + paths[keep]);
             drop[j] = true;
         }
     }
@@ -422,9 +422,9 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
             process_identity other = ids[kept_files[b]];
             other.rank = id.rank;
             if (same_process(id, other))
-                spdlog::warn("{}", visible(paths[kept_files[b]] + " and " + paths[kept_files[a]] + " both name process " +
-                                           std::to_string(id.pid) + " on " + id.host + ", started " + id.start +
-                                           ", in headers that differ: read as two processes"));
+                spdlog::warn("{}", paths[kept_files[b]] + " and " + paths[kept_files[a]] + " both name process " +
+                                   std::to_string(id.pid) + " on " + id.host + ", started " + id.start +
+                                   ", in headers that differ: read as two processes");
         }
     // Report JSON files, which no line 1 names: two of the same bytes are one, read once; one that
     // holds a process another input holds too (a log globbed beside the report made from it, the
@@ -442,7 +442,7 @@ bool drop_copies_of_one_log(std::vector<std::string>& paths, pipe_spools& spools
         for (size_t a = 0; a < b && report[b] && !drop[b]; ++a) {
             uint64_t line = 0;
             if (!report[a] || drop[a] || size[a] != size[b] || !same_start(paths[a], paths[b], size[a], line)) continue;
-            spdlog::warn("{}", visible(paths[b] + " is a copy of " + paths[a] + " (the same bytes): read once, from " + paths[a]));
+            spdlog::warn("{}", paths[b] + " is a copy of " + paths[a] + " (the same bytes): read once, from " + paths[a]);
             drop[b] = true;
         }
     for (size_t a = 0; a < paths.size(); ++a)
@@ -482,12 +482,11 @@ std::string other_gpu(const run_input& run, const device_ref& r, const run_input
 }
 
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path) {
-    // Shown with their control characters made visible: a warning names its log, and one read
-    // back from a report JSON is whatever text the file held.
-    std::vector<std::string> lines;
-    for (const std::string& w : p.warnings) lines.push_back(visible(w));
+    // Logged, so their control characters are shown made visible (diagnostics.cc): a warning names
+    // its log, and one read back from a report JSON is whatever text the file held.
+    std::vector<std::string> lines(p.warnings.begin(), p.warnings.end());
     if (p.n_warnings > p.warnings.size())
-        lines.push_back(visible(path) + ": " + fmt_counted(p.n_warnings - p.warnings.size(), "more warning", "more warnings") +
+        lines.push_back(path + ": " + fmt_counted(p.n_warnings - p.warnings.size(), "more warning", "more warnings") +
                         " not shown");
     return lines;
 }
@@ -512,21 +511,21 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
             const size_t slash = target.rfind('/');
             const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
             if (::access(dir.c_str(), W_OK | X_OK) == 0) return false;
-            why = visible(std::string(option) + " " + out + ": cannot create a file in " + dir + ": " + std::strerror(errno));
+            why = std::string(option) + " " + out + ": cannot create a file in " + dir + ": " + std::strerror(errno);
             return true;
         }
-        why = visible(std::string(option) + " " + out + ": cannot write: " + std::strerror(errno));
+        why = std::string(option) + " " + out + ": cannot write: " + std::strerror(errno);
         return true;
     }
     if (S_ISDIR(o.st_mode)) {
-        why = visible(std::string(option) + " " + out + ": is a directory; not written");
+        why = std::string(option) + " " + out + ": is a directory; not written";
         return true;
     }
     if (!S_ISREG(o.st_mode)) return false;  // a device or a pipe: written through
     for (const std::string& in : inputs) {
         struct stat i {};
         if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
-            why = visible(std::string(option) + " " + out + ": is also an input");
+            why = std::string(option) + " " + out + ": is also an input";
             return true;
         }
     }
@@ -541,9 +540,9 @@ bool output_would_clobber(const std::string& out, const char* option, const std:
     const bool report = head.find("\"schema\": \"gpumem-report\"") != std::string::npos ||
                         head.find("\"schema\":\"gpumem-report\"") != std::string::npos;
     if (!packed && !log && !report) return false;
-    why = visible(std::string(option) + " " + out + ": holds a gpumem " +
+    why = std::string(option) + " " + out + ": holds a gpumem " +
           (report ? "report" : packed ? std::string(packed) + "-compressed file (a log?)" : "log") + ", which " + option +
-          " would overwrite (did it take an input as its FILE? give " + option + " a new file's name)");
+          " would overwrite (did it take an input as its FILE? give " + option + " a new file's name)";
     return true;
 }
 

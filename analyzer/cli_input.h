@@ -149,7 +149,7 @@ constexpr uint64_t k_other_gpu_size_share = 10;  // percent, docs/guide.md
 std::string other_gpu(const run_input& run, const device_ref& r, const run_input& owner_run, const device_ref& o,
                       const std::string& owner, const std::string& here, const std::string& there);
 
-// The warnings of one analyzed input as they are shown (through visible()): every listed warning (file:line: what),
+// The warnings of one analyzed input as they are logged: every listed warning (file:line: what),
 // then "N more warnings not shown" when the report kept fewer than it counted.  Shown by report,
 // check and diff alike: a gate must not pass quietly on a log that lost events or was cut short.
 std::vector<std::string> warning_lines(const process_report& p, const std::string& path);

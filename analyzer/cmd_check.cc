@@ -186,8 +186,8 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
     for (const device_ref& r : run.devices)
         for (const measure* m : needed)
             if (!run.has(r, m->value)) {
-                spdlog::error("{}", visible(role + run.source[r.process] + ": " + r.where + " " + run.why_missing(r, m->value) +
-                                            ", which " + m->title + " needs"));
+                spdlog::error("{}", role + run.source[r.process] + ": " + r.where + " " + run.why_missing(r, m->value) +
+                                    ", which " + m->title + " needs");
                 ok = false;
             }
     return ok;
@@ -200,7 +200,7 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
 void warn_if_other_gpu(const run_input& run, const device_ref& r, const run_input& base, const device_ref& b) {
     const std::string other = other_gpu(run, r, base, b, "the baseline", "here", "in the baseline (" + b.where + ")");
     if (!other.empty())
-        spdlog::warn("{}", visible(r.where + " " + other + " (record the baseline on the GPU the check runs on)"));
+        spdlog::warn("{}", r.where + " " + other + " (record the baseline on the GPU the check runs on)");
 }
 
 // A run whose every process is in the baseline, by the identity the copies rule names a process
@@ -221,13 +221,13 @@ void warn_if_own_baseline(const run_input& run, const run_input& base, const std
     // Processes of the baseline that the run lacks still fail as missing GPUs: said, so the
     // warning claims no more than is so.
     const size_t others = base.processes.size() - matched_in_base;
-    spdlog::warn("{}", visible("every process of this run is in the --baseline " + baseline_path +
-                               " (the same host, pid, start time and rank: a report of this run's own logs?): the run "
-                               "is being compared with itself, so the check against the baseline cannot fail" +
-                               (others ? " (but for the baseline's " + fmt_counted(others, "process", "processes") +
-                                             " missing from the run)"
-                                       : std::string()) +
-                               "; give the baseline of another run (gpumem report --json of the main branch's logs)"));
+    spdlog::warn("{}", "every process of this run is in the --baseline " + baseline_path +
+                       " (the same host, pid, start time and rank: a report of this run's own logs?): the run "
+                       "is being compared with itself, so the check against the baseline cannot fail" +
+                       (others ? " (but for the baseline's " + fmt_counted(others, "process", "processes") +
+                                     " missing from the run)"
+                               : std::string()) +
+                       "; give the baseline of another run (gpumem report --json of the main branch's logs)");
 }
 
 int run_check(check_args& args, const std::vector<std::string>& tail) {
@@ -327,12 +327,12 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
             for (const std::string& s : said) all += (all.empty() ? "" : "; ") + s;
             // Against a cut copy the run meets its own beginning: that can fail, but says nothing
             // of a change.
-            spdlog::error("{}", visible(all + ": the run would be compared with itself" +
-                                        (cut_copy ? "" : " and pass whatever it holds") +
-                                        "; give the baseline of another run (gpumem report --json of the main branch's logs)"));
+            spdlog::error("{}", all + ": the run would be compared with itself" +
+                                (cut_copy ? "" : " and pass whatever it holds") +
+                                "; give the baseline of another run (gpumem report --json of the main branch's logs)");
             return k_exit_input;
         }
-        for (const std::string& s : said) spdlog::warn("{}", visible(s + ": left out of the runs checked"));
+        for (const std::string& s : said) spdlog::warn("{}", s + ": left out of the runs checked");
         logs = std::move(others);
     }
     // The --max-* limits are absolute: a tolerance given for them would silently do nothing.
@@ -360,23 +360,23 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
     }
     if (run.devices.empty()) {
         // Nothing was recorded on any GPU: a gate that passes on it would hide a broken recording.
-        spdlog::error("no GPU memory activity in {}", visible(logs.size() == 1 ? logs[0] : std::string("the logs")));
+        spdlog::error("no GPU memory activity in {}", logs.size() == 1 ? logs[0] : std::string("the logs"));
         return k_exit_input;
     }
     if (!baseline_path.empty() && base.devices.empty()) {
         // The same rule for the baseline: with no GPU in it there is nothing to compare against,
         // and every baseline limit would silently vanish (0 limits, exit 0).
-        spdlog::error("baseline {}: no GPU memory activity to compare against", visible(baseline_path));
+        spdlog::error("baseline {}: no GPU memory activity to compare against", baseline_path);
         return k_exit_input;
     }
     if (size_t of = 0, not_of = 0; !baseline_path.empty() && mixes_job_of(run, base, of, not_of)) {
         // The main branch's other ranks would be checked as this run's, with only the --max-*
         // limits, and stand in for its own missing ones: a gate that passes what it should fail.
-        spdlog::error("{}", visible(mixed_job_error(run, base, of, not_of, "the --baseline's run", "the baseline's") +
-                                    ": --baseline takes one file, and the logs after it are the run "
-                                    "checked (a glob, --baseline main/*.jsonl, leaves all but the first there); give the "
-                                    "baseline as one report JSON of all its logs (gpumem report --json main/*.jsonl > "
-                                    "baseline.json)"));
+        spdlog::error("{}", mixed_job_error(run, base, of, not_of, "the --baseline's run", "the baseline's") +
+                            ": --baseline takes one file, and the logs after it are the run "
+                            "checked (a glob, --baseline main/*.jsonl, leaves all but the first there); give the "
+                            "baseline as one report JSON of all its logs (gpumem report --json main/*.jsonl > "
+                            "baseline.json)");
         return k_exit_input;
     }
     if (!baseline_path.empty()) warn_if_own_baseline(run, base, baseline_path);

@@ -283,10 +283,10 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
     if (size_t of = 0, not_of = 0; !dashdash && mixes_job_of(rb, ra, of, not_of)) {
         // A glob for A (diff main/*.jsonl mr/*.jsonl) left A its first log and gave B the rest:
         // B's table would pair the main branch's other ranks with nothing, as new GPUs.
-        spdlog::error("{}", visible(mixed_job_error(rb, ra, of, not_of, "A's run", "A's") +
-                                    ": without --, A is the first input alone and every other input is B "
-                                    "(a glob for A, diff main/*.jsonl mr/*.jsonl, gives B all of A's logs but the first); "
-                                    "give several inputs per side as A1 A2 ... -- B1 B2 ..."));
+        spdlog::error("{}", mixed_job_error(rb, ra, of, not_of, "A's run", "A's") +
+                            ": without --, A is the first input alone and every other input is B "
+                            "(a glob for A, diff main/*.jsonl mr/*.jsonl, gives B all of A's logs but the first); "
+                            "give several inputs per side as A1 A2 ... -- B1 B2 ...");
         return k_exit_input;
     }
     std::printf("gpumem diff\n  A = %s (%zu process%s)\n  B = %s (%zu process%s)\n", visible(side_name(side_a)).c_str(),

@@ -47,7 +47,7 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
         pickle_writer w(out.fd());
         torch_snapshot_summary sum = write_torch_snapshot(log, rep, w);
         if (w.failed()) {
-            spdlog::error("--torch-snapshot {}: writing failed: {}", visible(path), std::strerror(w.error()));
+            spdlog::error("--torch-snapshot {}: writing failed: {}", path, std::strerror(w.error()));
         } else {
             ok = true;
             for (const auto& [dev, d] : sum.devices) {
@@ -64,9 +64,9 @@ bool write_torch_file(const std::string& path, const std::string& log, const pro
                              "out (the log misses events)", sum.unplaced);
         }
     } catch (const input_error& e) {
-        spdlog::error("{}", visible(e.what()));
+        spdlog::error("{}", e.what());
     } catch (const std::exception& e) {
-        spdlog::error("{}", visible("--torch-snapshot " + path + ": " + e.what()));
+        spdlog::error("{}", "--torch-snapshot " + path + ": " + e.what());
     }
     return ok && out.commit();
 }
@@ -110,7 +110,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
     drop_repeated_inputs(logs);
     pipe_spools pipes;  // pipes among several logs, compared with them and read from here
     if (std::string err; !drop_copies_of_one_log(logs, pipes, a.progress, err)) {
-        spdlog::error("{}", visible(err));
+        spdlog::error("{}", err);
         return k_exit_input;
     }
 
@@ -148,17 +148,17 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
             spools[i] = std::make_unique<input_spool>(path, a.progress.wanted(), a.progress.every_s);
             const input_spool& in = *spools[i];
             if (!a.torch_path.empty() && looks_like_report_json(in.path())) {
-                out.say(spdlog::level::err, visible(path + ": --torch-snapshot needs the event log; a report JSON holds no events"));
+                out.say(spdlog::level::err, path + ": --torch-snapshot needs the event log; a report JSON holds no events");
                 out.failed = true;
                 return;
             }
             if (looks_like_report_json(in.path())) {
                 // A `gpumem report --json` file: the same report again (or with other outputs),
                 // without the log.  --at needs the log: the report holds only the moments it had.
-                out.say(spdlog::level::debug, visible(path + ": reading as a `gpumem report --json` file"));
+                out.say(spdlog::level::debug, path + ": reading as a `gpumem report --json` file");
                 if (want_at) {
                     out.say(spdlog::level::err,
-                            visible(path + ": --at needs the event log; a report JSON holds only the moments it was made with"));
+                            path + ": --at needs the event log; a report JSON holds only the moments it was made with");
                     out.failed = true;
                     return;
                 }
@@ -180,13 +180,13 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                                                device_field::leaked_bytes}) {
                             if (fields.has(f)) continue;
                             if (fields.found(f))
-                                out.say(spdlog::level::warn, visible(who + fields.why_missing(f) + ": shown as 0, which is no measurement"));
+                                out.say(spdlog::level::warn, who + fields.why_missing(f) + ": shown as 0, which is no measurement");
                             else
                                 missing += std::string(missing.empty() ? "" : ", ") + "\"" + field_name(f) + "\"";
                         }
                         if (!missing.empty())
                             out.say(spdlog::level::warn,
-                                    visible(who + "has no " + missing + " (a number): shown as 0, which is no measurement"));
+                                    who + "has no " + missing + " (a number): shown as 0, which is no measurement");
                     }
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.
@@ -198,22 +198,22 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
             }
             out.procs.push_back(analyze_file(path, aopt, in.path()));
         } catch (const input_error& e) {
-            out.say(spdlog::level::err, visible(e.what()));
+            out.say(spdlog::level::err, e.what());
             out.failed = true;
             return;
         } catch (const std::bad_alloc&) {
-            out.say(spdlog::level::err, visible(path + ": out of memory while analyzing"));
+            out.say(spdlog::level::err, path + ": out of memory while analyzing");
             out.failed = true;
             return;
         } catch (const std::exception& e) {  // nothing may leave a worker thread
-            out.say(spdlog::level::err, visible(path + ": " + e.what()));
+            out.say(spdlog::level::err, path + ": " + e.what());
             out.failed = true;
             return;
         }
         const process_report& p = out.procs.back();
-        out.say(spdlog::level::debug, visible(path) + ": " + std::to_string(p.lines) + " lines, " +
-                                          std::to_string(p.events) + " events, " + std::to_string(p.devices.size()) +
-                                          " device(s), " + std::to_string(p.n_warnings) + " warning(s)");
+        out.say(spdlog::level::debug, path + ": " + std::to_string(p.lines) + " lines, " +
+                                  std::to_string(p.events) + " events, " + std::to_string(p.devices.size()) +
+                                  " device(s), " + std::to_string(p.n_warnings) + " warning(s)");
         for (const std::string& w : warning_lines(p, path)) out.say(spdlog::level::warn, w);
     });
     std::vector<process_report> procs;
@@ -242,7 +242,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
         if (!a.torch_path.empty() && !write_torch_file(a.torch_path, spools[0] && spools[0]->spooled() ? spools[0]->path() : logs[0], procs[0])) return k_exit_input;
     } catch (const std::exception& e) {
         std::cout.flush();
-        spdlog::error("cannot write the report from these inputs: {}", visible(e.what()));
+        spdlog::error("cannot write the report from these inputs: {}", e.what());
         return k_exit_input;
     }
     return k_exit_ok;

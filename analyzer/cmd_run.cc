@@ -281,7 +281,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
         if (slots[i].rep)
             procs.push_back(std::move(*slots[i].rep));
         else
-            spdlog::warn("{}", visible("cannot summarize " + logs[i] + ": " + slots[i].error));
+            spdlog::warn("{}", "cannot summarize " + logs[i] + ": " + slots[i].error);
     }
     if (procs.empty()) return;
     std::fprintf(stderr, "\ngpumem summary (peaks per process and GPU; leaks = still allocated at the end)\n");
@@ -406,10 +406,10 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
     // The library keeps an unknown token as written (%q, a typo for %p, would name every
     // process's log alike); refused here, before the command starts.
     if (std::string t = unknown_out_token(pattern); !t.empty())
-        return usage_error("run", visible(origin + pattern + ": " + (t == "%" ? "a % at the end" : t) +
-                                          " is no token; the tokens are " + k_out_tokens));
+        return usage_error("run", origin + pattern + ": " + (t == "%" ? "a % at the end" : t) +
+                                  " is no token; the tokens are " + k_out_tokens);
     if (!pool.empty() && pool != "on" && pool != "off")
-        return usage_error("run", visible("--pool " + pool + ": expected on or off"));
+        return usage_error("run", "--pool " + pool + ": expected on or off");
     if (command_args.empty()) return usage_error("run", "no command given");
     std::vector<char*> cmd_argv;
     for (const std::string& s : command_args) cmd_argv.push_back(const_cast<char*>(s.c_str()));
@@ -418,7 +418,7 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
 
     std::string lib, error;
     if (!find_library(lib, error)) {
-        spdlog::error("{}", visible(error));
+        spdlog::error("{}", error);
         return k_exit_input;
     }
 
@@ -449,18 +449,18 @@ int run_command(run_args& args, const std::vector<std::string>& command_args) {
         spdlog::warn("{}{}: the directory part holds %p or %r, which gpumem run cannot create ahead; a process "
                      "whose directory is missing writes its log to /tmp instead (put %p and %r in the file name: "
                      "DIR/gpumem-%r-%p.jsonl)",
-                     origin, visible(pattern));
+                     origin, pattern);
     } else {
         dir = expand_out_pattern(dir, 0, host, "");
         if (!make_dirs(dir)) {
-            spdlog::error("cannot create {}: {}", visible(dir), std::strerror(errno));
+            spdlog::error("cannot create {}: {}", dir, std::strerror(errno));
             return k_exit_input;
         }
     }
     // A device or FIFO is written to as it is by every process, never under a .PID name.
     if (!differs_per_pid(pattern, host) && non_regular_kind(pattern).empty())
         spdlog::warn("{}{} has no %p: a second process of the same rank writes its log with .PID added to the name", origin,
-                     visible(pattern));
+                     pattern);
 
     std::map<std::string, file_stamp> before = list_matching(pattern);
 

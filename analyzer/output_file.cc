@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "diagnostics.h"
-#include "format_util.h"
 
 namespace gpumem::analysis {
 
@@ -53,17 +52,17 @@ file_replacement::file_replacement(std::string path, std::string what, mode_t mo
     if (!exists && errno != ENOENT) {
         // ELOOP (a loop of links), EACCES, ENOTDIR: `>` fails there too.  Replacing the name would
         // turn a link into a plain file unsaid.
-        spdlog::error("{} {}: cannot write: {}", what_, visible(path_), std::strerror(errno));
+        spdlog::error("{} {}: cannot write: {}", what_, path_, std::strerror(errno));
         return;
     }
     if (exists && S_ISDIR(st.st_mode)) {
-        spdlog::error("{} {}: is a directory; not written", what_, visible(path_));
+        spdlog::error("{} {}: is a directory; not written", what_, path_);
         return;
     }
     if (exists && !S_ISREG(st.st_mode)) {
         direct_ = true;
         fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_TRUNC);
-        if (fd_ < 0) spdlog::error("{} {}: cannot write: {}", what_, visible(path_), std::strerror(errno));
+        if (fd_ < 0) spdlog::error("{} {}: cannot write: {}", what_, path_, std::strerror(errno));
         return;
     }
     // A regular file, perhaps through links (/dev/stdout redirected to one among them), or none
@@ -74,7 +73,7 @@ file_replacement::file_replacement(std::string path, std::string what, mode_t mo
     tmp_ = (slash == std::string::npos ? std::string() : dir) + ".gpumem-out-XXXXXX";
     fd_ = ::mkostemp(tmp_.data(), O_CLOEXEC);
     if (fd_ < 0) {
-        spdlog::error("{} {}: cannot create a file in {}: {}", what_, visible(path_), visible(dir), std::strerror(errno));
+        spdlog::error("{} {}: cannot create a file in {}: {}", what_, path_, dir, std::strerror(errno));
         return;
     }
     // mkostemp makes 0600; a plain output gets what a new file would have had (0666 less the umask).
@@ -95,12 +94,12 @@ bool file_replacement::commit() {
     if (fd_ < 0) return false;
     // EINVAL: a descriptor that cannot sync (a pipe, a device): there is nothing to flush.
     if (::fsync(fd_) != 0 && errno != EINVAL) {
-        spdlog::error("{} {}: writing failed: {}", what_, visible(path_), std::strerror(errno));
+        spdlog::error("{} {}: writing failed: {}", what_, path_, std::strerror(errno));
         return false;
     }
     if (direct_) return done_ = true;
     if (::rename(tmp_.c_str(), target_.c_str()) != 0) {
-        spdlog::error("{} {}: cannot replace it: {}", what_, visible(path_), std::strerror(errno));
+        spdlog::error("{} {}: cannot replace it: {}", what_, path_, std::strerror(errno));
         return false;
     }
     return done_ = true;
@@ -114,7 +113,7 @@ bool write_whole(const std::string& path, const char* what, const std::function<
         if (f) fill(f);
         f.flush();
         if (!f) {
-            spdlog::error("{} {}: writing failed", what, visible(path));
+            spdlog::error("{} {}: writing failed", what, path);
             return false;
         }
     }
