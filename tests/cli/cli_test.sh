@@ -511,29 +511,28 @@ check_baseline)
   expect_not_in "$W/err" "on another GPU"
   # A baseline recorded on another GPU (a CI runner that changed model or memory size) went
   # unnoticed: said, per device pair, naming both; the exit code stays the limits' own.
-  edit_report "$W/baseline.json" "$W/h100.json" 'dev["name"]="NVIDIA H100 80GB HBM3"; dev["total_bytes"]=85029158912'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/h100.json" --tolerance 10%
+  # The check of after.jsonl against the baseline as edit_report's PY changes it (saved as NAME.json):
+  # exit 1 from its limits whatever the GPU.
+  check_edited() {
+    edit_report "$W/baseline.json" "$W/$1.json" "$2"
+    expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/$1.json" --tolerance 10%
+  }
+  check_edited h100 'dev["name"]="NVIDIA H100 80GB HBM3"; dev["total_bytes"]=85029158912'
   expect_in "$W/err" "gpumem: warning: rank 0 dev 0 (pid 2002, $DATA/after.jsonl) ran on another GPU than the baseline's: NVIDIA H200 (140.40 GiB) here, NVIDIA H100 80GB HBM3 (79.19 GiB) in the baseline (rank 0 dev 0 (pid 1001, $DATA/before.jsonl)): its memory use may differ for that alone (record the baseline on the GPU the check runs on)"
-  edit_report "$W/baseline.json" "$W/small.json" 'dev["total_bytes"]=85029158912'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/small.json" --tolerance 10%
+  check_edited small 'dev["total_bytes"]=85029158912'
   expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H200 (79.19 GiB) in the baseline"
   # The same GPU whose reported size moved a little (a driver update, ECC turned on: 1/16 of a GDDR
   # card) warned on every check: the size alone is said only past 10% of the larger, a name always.
-  edit_report "$W/baseline.json" "$W/ecc.json" 'dev["total_bytes"]=dev["total_bytes"]*15//16'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/ecc.json" --tolerance 10%
+  check_edited ecc 'dev["total_bytes"]=dev["total_bytes"]*15//16'
   expect_not_in "$W/err" "on another GPU"
-  edit_report "$W/baseline.json" "$W/near.json" 'dev["total_bytes"]=dev["total_bytes"]*90//100 + 1'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/near.json" --tolerance 10%
+  check_edited near 'dev["total_bytes"]=dev["total_bytes"]*90//100 + 1'
   expect_not_in "$W/err" "on another GPU"
-  edit_report "$W/baseline.json" "$W/far.json" 'dev["total_bytes"]=dev["total_bytes"]*89//100'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/far.json" --tolerance 10%
+  check_edited far 'dev["total_bytes"]=dev["total_bytes"]*89//100'
   expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H200 (124.96 GiB) in the baseline"
-  edit_report "$W/baseline.json" "$W/renamed.json" 'dev["name"]="NVIDIA H100 NVL"'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/renamed.json" --tolerance 10%
+  check_edited renamed 'dev["name"]="NVIDIA H100 NVL"'
   expect_in "$W/err" "NVIDIA H200 (140.40 GiB) here, NVIDIA H100 NVL (140.40 GiB) in the baseline"
   # A baseline that does not record the GPU says nothing.
-  edit_report "$W/baseline.json" "$W/nogpu.json" 'dev["name"]=""; dev.pop("total_bytes")'
-  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/nogpu.json" --tolerance 10%
+  check_edited nogpu 'dev["name"]=""; dev.pop("total_bytes")'
   expect_not_in "$W/err" "on another GPU"
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB > baseline 3.00 MiB + 10% = 3.30 MiB; at 2.50 us (seq 2)"
   expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 10% = 1.10 MiB"
