@@ -8,7 +8,10 @@
 // besides (PyTorch makes 32 per priority at its first side stream).  POOL_REPLAY_CAPACITY=M: a device of
 // M MiB.  It prints the pool's driver calls per allocation (event records, queries,
 // waits), the host-side cost that safe reuse adds, and what the peak is made of (allocated,
-// pending and free bytes, and the request that made it).
+// pending and free bytes, and the request that made it).  POOL_REPLAY_HUGE_MIB=T: requests of T MiB
+// and more go to a second pool on the same device whose chunks are POOL_REPLAY_HUGE_CHUNK_MIB (8 by
+// default), each rounded up to a whole chunk so that no chunk holds two blocks: what a third pool of
+// larger handles would save stitching (docs/benchmarks.md, "A pool of 8 MiB handles for large requests").
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -17,6 +20,7 @@
 #include <fstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/pool/block_pool.h"
 #include "core/pool/fake_backend.h"
@@ -54,6 +58,13 @@ int main(int argc, char** argv) {
         // where the program's peak is near the device's memory (its out-of-memory path at work).
         if (const char* cap = std::getenv("POOL_REPLAY_CAPACITY"); cap && *cap) dev.set_capacity(std::strtoull(cap, nullptr, 10) << 20);
         block_pool pool(cfg, dev, &sink, 0);
+        const char* huge_env = std::getenv("POOL_REPLAY_HUGE_MIB");
+        const uint64_t huge = huge_env && *huge_env ? std::strtoull(huge_env, nullptr, 10) << 20 : UINT64_MAX;
+        pool_config huge_cfg = cfg;
+        const char* huge_chunk = std::getenv("POOL_REPLAY_HUGE_CHUNK_MIB");
+        huge_cfg.chunk = (huge_chunk && *huge_chunk ? std::strtoull(huge_chunk, nullptr, 10) : 8) << 20;
+        block_pool pool2(huge_cfg, dev, &sink, 0);  // unused (no request) without POOL_REPLAY_HUGE_MIB
+        std::unordered_set<uint64_t> in_pool2;      // replayed pointers pool2 serves
         const char* lag_env = std::getenv("POOL_REPLAY_LAG_US");
         const bool lagged = lag_env && *lag_env;
         const uint64_t lag_ns = lagged ? std::strtoull(lag_env, nullptr, 10) * 1000 : 0;
@@ -66,6 +77,7 @@ int main(int argc, char** argv) {
             const uint64_t n_streams = ns && *ns ? std::strtoull(ns, nullptr, 10) : 1;
             for (uint64_t k = 0; k < n_streams; ++k) streams.created(1, 0x5000 + 0x10 * k, true);
             pool.set_streams(&streams, 1);
+            pool2.set_streams(&streams, 1);
         }
         std::unordered_map<std::string, uint64_t> mine;  // logged ptr -> replayed ptr
         uint64_t live = 0, peak_live = 0, n = 0, peak_reserved = 0;
@@ -74,7 +86,10 @@ int main(int argc, char** argv) {
         std::string line;
         while (std::getline(in, line)) {
             // GPUMEM_REUSE=auto: the recorded program created a stream here, so the replay switches too.
-            if (line.find("\"ev\":\"reuse_safe\"") != std::string::npos) pool.enter_safe_reuse(api_id::cuStreamCreate);
+            if (line.find("\"ev\":\"reuse_safe\"") != std::string::npos) {
+                pool.enter_safe_reuse(api_id::cuStreamCreate);
+                pool2.enter_safe_reuse(api_id::cuStreamCreate);
+            }
             if (line.find("\"pooled\":true") == std::string::npos) continue;  // the program's pooled calls only
             nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
             if (e.is_discarded()) continue;
@@ -90,18 +105,29 @@ int main(int argc, char** argv) {
             }
             if (ev == "alloc") {
                 uint64_t p = 0;
-                if (pool.allocate(e["size"], api_id::cuMemAlloc_v2, &p) != 0) {
+                const uint64_t size = e["size"].get<uint64_t>();
+                const bool to2 = size >= huge;
+                block_pool& to = to2 ? pool2 : pool;
+                const uint64_t c2 = huge_cfg.chunk;
+                if (to.allocate(to2 ? (size + c2 - 1) / c2 * c2 : size, api_id::cuMemAlloc_v2, &p) != 0) {
                     fprintf(stderr, "replay allocation failed at seq %llu\n", (unsigned long long)e["seq"].get<uint64_t>());
                     return 1;
                 }
                 mine[e["ptr"]] = p;
+                if (to2) in_pool2.insert(p);
                 // The pool's own count: segment_alloc/free alone miss VMM unmaps.  At each new peak,
                 // what it is made of: where a policy change would have to save.
-                const pool_state st = pool.snapshot();
+                pool_state st = pool.snapshot();
+                const pool_state st2 = pool2.snapshot();
+                st.reserved += st2.reserved;
+                st.allocated += st2.allocated;
+                st.requested += st2.requested;
+                st.free_blocks += st2.free_blocks;
+                st.largest_free = std::max(st.largest_free, st2.largest_free);
                 if (st.reserved > peak_reserved) {
                     peak_reserved = st.reserved;
                     at_peak = st;
-                    at_peak_pending = pool.pending_bytes();
+                    at_peak_pending = pool.pending_bytes() + pool2.pending_bytes();
                     at_peak_request = e["size"].get<uint64_t>();
                 }
                 live += e["size"].get<uint64_t>();
@@ -111,7 +137,7 @@ int main(int argc, char** argv) {
                 auto it = mine.find(e["ptr"]);
                 if (it == mine.end()) continue;
                 int r = 0;
-                pool.deallocate(it->second, api_id::cuMemFree_v2, &r);
+                (in_pool2.erase(it->second) ? pool2 : pool).deallocate(it->second, api_id::cuMemFree_v2, &r);
                 live -= e["size"].get<uint64_t>();
                 mine.erase(it);
             }
@@ -142,6 +168,15 @@ int main(int argc, char** argv) {
                (unsigned long long)t.looks);
         uint64_t made = 0, stitched = 0, dissolved = 0, reused = 0;
         pool.stitch_counts(&made, &stitched, &dissolved, &reused);
+        if (huge != UINT64_MAX) {
+            uint64_t m2 = 0, s2 = 0, d2 = 0, r2 = 0;
+            pool2.stitch_counts(&m2, &s2, &d2, &r2);
+            printf("  requests from %llu MiB up, in %llu MiB chunks: %llu chunks mapped, %llu stitched segments (%llu chunks mapped for "
+                   "them); the other requests' pool: %llu chunks mapped, %llu stitched segments (%llu chunks)\n",
+                   (unsigned long long)(huge >> 20), (unsigned long long)(huge_cfg.chunk >> 20),
+                   (unsigned long long)pool2.chunk_driver().mapped, (unsigned long long)m2, (unsigned long long)s2,
+                   (unsigned long long)t.mapped, (unsigned long long)made, (unsigned long long)stitched);
+        }
         if (made)
             printf("  stitching: %llu stitched segments (%llu on a kept range), %llu chunks mapped for them (%.0f MiB), "
                    "%llu alias chunk maps, %llu alias chunk unmaps, %llu dissolved\n",
