@@ -378,7 +378,7 @@ int run_replay(replay_args& a) {
                 if (++listed <= 20) used += (used.empty() ? "" : ", ") + u;
             if (listed > 20) used += " and " + std::to_string(listed - 20) + " more";  // one readable line
             std::fprintf(stderr, "gpumem: error: %s: --api %s: no device allocation in the log was made through %s; %s\n",
-                         visible(tr.file).c_str(), api.c_str(), api.c_str(),
+                         visible(tr.file).c_str(), visible(api).c_str(), visible(api).c_str(),
                          used.empty() ? "the log has no device allocations" : visible("the log's APIs are " + used).c_str());
             rc = k_exit_input;
         }

@@ -266,6 +266,10 @@ done
 "$GPUMEM" replay "$W/frag.jsonl" --api cudamalloc 2> "$W/err" > "$W/out"; rc=$?
 [ $rc = 2 ] && grep -q "no device allocation in the log was made through cudamalloc; the log's APIs are cudaMalloc, cuMemAlloc_v2" "$W/err" \
   && [ ! -s "$W/out" ] || fail "--api cudamalloc: exit $rc, $(cat "$W/err")"
+# The name as typed reaches the terminal with its control characters shown, as every message does.
+"$GPUMEM" replay "$W/frag.jsonl" --api "cuda$(printf '\033')x" 2> "$W/err" > /dev/null; rc=$?
+[ $rc = 2 ] && grep -qF -- "--api cuda^[x: no device allocation in the log was made through cuda^[x;" "$W/err" \
+  && ! grep -q "$(printf '\033')" "$W/err" || fail "--api with an ESC: exit $rc, $(cat -v "$W/err")"
 # A compressed log, as this folder keeps them: said, with the pipe that reads it.
 "$GPUMEM" replay "$DATA/mlp-nocache.jsonl.gz" 2> "$W/err" >/dev/null; rc=$?
 [ $rc = 2 ] && grep -qF "mlp-nocache.jsonl.gz:1: the file is gzip-compressed: decompress it first, or read it from a pipe (zcat $DATA/mlp-nocache.jsonl.gz | gpumem replay -)" "$W/err" \
