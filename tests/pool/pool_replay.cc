@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     pool_config cfg = pool_config::from_env();
+    if (!cfg.warnings.empty()) fprintf(stderr, "%s", cfg.warnings.c_str());  // a setting not taken says so
     for (int a = 1; a < argc; ++a) {
         std::ifstream in(argv[a]);
         if (!in) {
