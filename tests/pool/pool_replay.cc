@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
         const char* huge_chunk = std::getenv("POOL_REPLAY_HUGE_CHUNK_MIB");
         huge_cfg.chunk = (huge_chunk && *huge_chunk ? std::strtoull(huge_chunk, nullptr, 10) : 8) << 20;
         block_pool pool2(huge_cfg, dev, &sink, 0);  // unused (no request) without POOL_REPLAY_HUGE_MIB
-        std::unordered_set<uint64_t> in_pool2;      // replayed pointers pool2 serves
+        std::unordered_map<uint64_t, uint64_t> in_pool2;  // replayed pointers pool2 serves -> bytes its rounding adds
+        uint64_t rounding = 0, max_rounding = 0, at_peak_rounding = 0;  // held by live blocks of pool2
         const char* lag_env = std::getenv("POOL_REPLAY_LAG_US");
         const bool lagged = lag_env && *lag_env;
         const uint64_t lag_ns = lagged ? std::strtoull(lag_env, nullptr, 10) * 1000 : 0;
@@ -115,7 +116,12 @@ int main(int argc, char** argv) {
                     return 1;
                 }
                 mine[e["ptr"]] = p;
-                if (to2) in_pool2.insert(p);
+                if (to2) {
+                    const uint64_t extra = (size + c2 - 1) / c2 * c2 - size;
+                    in_pool2[p] = extra;
+                    rounding += extra;
+                    max_rounding = std::max(max_rounding, rounding);
+                }
                 // The pool's own count: segment_alloc/free alone miss VMM unmaps.  At each new peak,
                 // what it is made of: where a policy change would have to save.
                 pool_state st = pool.snapshot();
@@ -129,6 +135,7 @@ int main(int argc, char** argv) {
                     peak_reserved = st.reserved;
                     at_peak = st;
                     at_peak_pending = pool.pending_bytes() + pool2.pending_bytes();
+                    at_peak_rounding = rounding;
                     at_peak_request = e["size"].get<uint64_t>();
                 }
                 live += e["size"].get<uint64_t>();
@@ -138,7 +145,13 @@ int main(int argc, char** argv) {
                 auto it = mine.find(e["ptr"]);
                 if (it == mine.end()) continue;
                 int r = 0;
-                (in_pool2.erase(it->second) ? pool2 : pool).deallocate(it->second, api_id::cuMemFree_v2, &r);
+                auto r2 = in_pool2.find(it->second);
+                const bool two = r2 != in_pool2.end();
+                if (two) {
+                    rounding -= r2->second;
+                    in_pool2.erase(r2);
+                }
+                (two ? pool2 : pool).deallocate(it->second, api_id::cuMemFree_v2, &r);
                 live -= e["size"].get<uint64_t>();
                 mine.erase(it);
             }
@@ -177,6 +190,8 @@ int main(int argc, char** argv) {
                    (unsigned long long)(huge >> 20), (unsigned long long)(huge_cfg.chunk >> 20),
                    (unsigned long long)pool2.chunk_driver().mapped, (unsigned long long)m2, (unsigned long long)s2,
                    (unsigned long long)t.mapped, (unsigned long long)made, (unsigned long long)stitched);
+            printf("  bytes the rounding to whole chunks added to live blocks: %.1f MiB at the peak, %.1f MiB at most\n",
+                   at_peak_rounding / 1048576.0, max_rounding / 1048576.0);
         }
         if (made)
             printf("  stitching: %llu stitched segments (%llu on a kept range), %llu chunks mapped for them (%.0f MiB), "
