@@ -11,7 +11,8 @@
 // pending and free bytes, and the request that made it).  POOL_REPLAY_HUGE_MIB=T: requests of T MiB
 // and more go to a second pool on the same device whose chunks are POOL_REPLAY_HUGE_CHUNK_MIB (8 by
 // default), each rounded up to a whole chunk so that no chunk holds two blocks: what a third pool of
-// larger handles would save stitching (docs/benchmarks.md, "A pool of 8 MiB handles for large requests").
+// larger handles would save stitching (docs/benchmarks.md, "A pool of 8 MiB handles for large requests");
+// POOL_REPLAY_HUGE_BUDGET_MIB=B sends them there only while the rounding live blocks hold stays within B.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
         const char* huge_chunk = std::getenv("POOL_REPLAY_HUGE_CHUNK_MIB");
         huge_cfg.chunk = (huge_chunk && *huge_chunk ? std::strtoull(huge_chunk, nullptr, 10) : 8) << 20;
         block_pool pool2(huge_cfg, dev, &sink, 0);  // unused (no request) without POOL_REPLAY_HUGE_MIB
+        const char* budget_env = std::getenv("POOL_REPLAY_HUGE_BUDGET_MIB");
+        const uint64_t huge_budget = budget_env && *budget_env ? std::strtoull(budget_env, nullptr, 10) << 20 : UINT64_MAX;
         std::unordered_map<uint64_t, uint64_t> in_pool2;  // replayed pointers pool2 serves -> bytes its rounding adds
         uint64_t rounding = 0, max_rounding = 0, at_peak_rounding = 0;  // held by live blocks of pool2
         const char* lag_env = std::getenv("POOL_REPLAY_LAG_US");
@@ -108,9 +111,11 @@ int main(int argc, char** argv) {
             if (ev == "alloc") {
                 uint64_t p = 0;
                 const uint64_t size = e["size"].get<uint64_t>();
-                const bool to2 = size >= huge;
-                block_pool& to = to2 ? pool2 : pool;
+                // POOL_REPLAY_HUGE_BUDGET_MIB=B: a request goes to pool2 only while the rounding its
+                // live blocks hold stays within B, so that the promise is off by at most B.
                 const uint64_t c2 = huge_cfg.chunk;
+                const bool to2 = size >= huge && rounding + ((size + c2 - 1) / c2 * c2 - size) <= huge_budget;
+                block_pool& to = to2 ? pool2 : pool;
                 if (to.allocate(to2 ? (size + c2 - 1) / c2 * c2 : size, api_id::cuMemAlloc_v2, &p) != 0) {
                     fprintf(stderr, "replay allocation failed at seq %llu\n", (unsigned long long)e["seq"].get<uint64_t>());
                     return 1;
