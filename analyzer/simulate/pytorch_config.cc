@@ -14,6 +14,13 @@ namespace gpumem::simulate {
 
 namespace {
 
+// Every key parse_pt_config takes, for the message of one it does not.
+constexpr const char* k_pt_option_names =
+    "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
+    "garbage_collection_threshold, per_process_memory_fraction, expandable_segments, backend, "
+    "release_lock_on_cudamalloc, graph_capture_record_stream_reuse, pinned_use_cuda_host_register, "
+    "pinned_num_register_threads, pinned_reserve_segment_size_mb, pinned_use_background_threads";
+
 bool to_u64(std::string_view s, uint64_t& v) {
     auto r = std::from_chars(s.data(), s.data() + s.size(), v);
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
@@ -176,11 +183,25 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
             ++i;
         } else if (key == "release_lock_on_cudamalloc" || key == "release_lock_on_hipmalloc" ||
                    key == "graph_capture_record_stream_reuse" || key == "pinned_use_cuda_host_register" ||
-                   key == "pinned_use_hip_host_register" || key == "pinned_num_register_threads" ||
-                   key == "pinned_reserve_segment_size_mb" || key == "pinned_use_background_threads") {
-            ++i;  // no effect on the replayed device memory layout (no graph capture in a replay)
+                   key == "pinned_use_hip_host_register" || key == "pinned_use_background_threads") {
+            // No effect on the replayed device memory layout (no graph capture in a replay), but
+            // checked as PyTorch checks it (ConfigTokenizer::toBool): a config torch refuses at
+            // startup must not replay as if it ran.
+            if (t[i] != "True" && t[i] != "False") return key + ": expected True or False, not " + t[i];
+            ++i;
+        } else if (key == "pinned_num_register_threads") {
+            // parsePinnedNumRegisterThreads: a power of 2, at most kPinnedMaxRegisterThreads (128).
+            uint64_t n;
+            if (!to_u64(t[i], n) || !std::has_single_bit(n) || n > 128)
+                return key + ": expected a power of 2 from 1 to 128, not " + t[i];
+            ++i;
+        } else if (key == "pinned_reserve_segment_size_mb") {
+            // parsePinnedReserveSegmentSize: greater than 0.
+            uint64_t mb;
+            if (!to_u64(t[i], mb) || mb == 0) return key + ": expected a whole number of MiB above 0, not " + t[i];
+            ++i;
         } else {
-            return "unknown option " + key;
+            return "unknown option " + key + " (known: " + k_pt_option_names + ")";
         }
         if (i < t.size() && !expect(",")) return "expected ',' before " + t[i];
     }

@@ -496,6 +496,36 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through
           "max_split_size_mb:64,max_non_split_rounding_mb:30");
 }
 
+TEST_CASE("PYTORCH_CUDA_ALLOC_CONF keys without effect on device memory take only the values PyTorch takes") {
+    // A config torch refuses at startup (ValueError) must not replay as if it ran: the keys the
+    // model skips are checked as CUDAAllocatorConfig / AcceleratorAllocatorConfig check them.
+    pt_config c;
+    for (const char* key : {"release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "graph_capture_record_stream_reuse",
+                            "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+                            "pinned_use_background_threads"}) {
+        INFO(key);
+        CHECK(parse_pt_config(std::string(key) + ":True", c) == "");
+        CHECK(parse_pt_config(std::string(key) + ":False", c) == "");
+        CHECK(parse_pt_config(std::string(key) + ":true", c).find("expected True or False") != std::string::npos);
+        CHECK(parse_pt_config(std::string(key) + ":1", c) != "");
+    }
+    // parsePinnedNumRegisterThreads: a power of 2, at most 128 (kPinnedMaxRegisterThreads).
+    CHECK(parse_pt_config("pinned_num_register_threads:8", c) == "");
+    CHECK(parse_pt_config("pinned_num_register_threads:128", c) == "");
+    CHECK(parse_pt_config("pinned_num_register_threads:3", c) != "");
+    CHECK(parse_pt_config("pinned_num_register_threads:256", c) != "");
+    CHECK(parse_pt_config("pinned_num_register_threads:many", c) != "");
+    // parsePinnedReserveSegmentSize: a whole number above 0.
+    CHECK(parse_pt_config("pinned_reserve_segment_size_mb:64", c) == "");
+    CHECK(parse_pt_config("pinned_reserve_segment_size_mb:0", c) != "");
+    CHECK(parse_pt_config("pinned_reserve_segment_size_mb:big", c) != "");
+    // An unknown key names the keys there are (a typo is then found in the message).
+    std::string e = parse_pt_config("max_split_size:64", c);
+    CHECK(e.find("unknown option max_split_size (known: ") == 0);
+    CHECK(e.find("max_split_size_mb") != std::string::npos);
+    CHECK(e.find("pinned_use_cuda_host_register") != std::string::npos);
+}
+
 TEST_CASE("garbage_collection_threshold frees old cached blocks above threshold * the fraction's limit") {
     // A 200 MiB card at fraction 0.5 (a 100 MiB limit), threshold 0.5: after two 30 MiB segments
     // are cached (60 MiB reserved), a request that finds no free block first frees the cached
