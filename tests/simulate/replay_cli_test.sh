@@ -197,6 +197,23 @@ PY
 out=$("$GPUMEM" replay "$W/pools.jsonl" --policy pytorch --capacity 21MiB) || fail "pools: exit $?"
 echo "$out" | grep -q "would fail at #1 .*: fragmentation of 4.00 KiB .*largest free 15.00 MiB" || fail "pools: no failure line: $out"
 echo "$out" | grep -q "the free blocks that large are of a kind this request may not take" || fail "pools: not said why: $out"
+# A setting that reserves as much as the defaults is no suggestion: on these six tensors
+# roundup_power2_divisions:16,expandable_segments:True reserves the defaults' 500 MiB with one
+# driver call fewer, and was proposed with "against 500.00 MiB with the defaults (-0.0%)".
+{
+  echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}'
+  i=0
+  for size in 206562950 31356353 43626072 143251756 73861343 6062563; do
+    printf '{"ev":"alloc","seq":%d,"t":%d,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x%x","size":%d}\n' $i $((i * 1000)) $(( (i + 1) << 28 )) $size
+    i=$((i + 1))
+  done
+} > "$W/tie.jsonl"
+out=$("$GPUMEM" replay "$W/tie.jsonl" --policy pytorch --suggest) || fail "--suggest, a tie with the defaults: exit $?"
+echo "$out" | grep -q "     the defaults: no PYTORCH_CUDA_ALLOC_CONF beats them (500.00 MiB)$" \
+  || fail "--suggest, a tie with the defaults: a setting that saves nothing: $out"
+"$GPUMEM" replay "$W/tie.jsonl" --policy pytorch --suggest --json > "$W/tie.json" \
+  && python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["suggestion"]; assert s["pytorch_cuda_alloc_conf"] == "" and s["peak_reserved_bytes"] == 500 << 20, s' "$W/tie.json" \
+  || fail "--suggest --json, a tie with the defaults: $(cat "$W/tie.json")"
 # A report JSON is no event log: said so, exit 2.
 "$GPUMEM" report --json "$W/pools.jsonl" > "$W/pools.report.json" 2> /dev/null
 "$GPUMEM" replay "$W/pools.report.json" > /dev/null 2> "$W/err.txt"; rc=$?
