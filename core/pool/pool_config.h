@@ -74,7 +74,7 @@ struct pool_config {
     // GPUMEM_POOL_TRIM (virtual memory only): before growing, give whole free chunks back while
     // reserved memory would pass the live blocks plus the request plus this much; 0 = only when the
     // driver is out of memory (the default).  32 MiB gave the least peak of a sweep replayed over an
-    // H200 GPT-2 log, 1.01x the live peak, but doubled its step time on the H200 (run 27: every
+    // H200 GPT-2 log (1.01x the live peak then, 1.04x with arenas), but doubled its step time on the H200 (run 27: every
     // step maps and unmaps thousands of 2 MiB chunks), so it is a choice for runs short of memory,
     // not a default (docs/benchmarks.md, "Trimming the pool on virtual memory").
     uint64_t trim = 0;
