@@ -162,11 +162,12 @@ size_t best_of(const device_job& d) {
     return best;
 }
 
-// notes: sim::policy_note's per policy, in --policy order (as each job's results).
+// notes: sim::policy_note's per log, then per policy in --policy order (as each job's results).
 void print_text(const std::vector<sim::trace>& traces, const std::vector<device_job>& jobs, uint64_t capacity,
-                bool suggest, const std::vector<std::string>& notes) {
+                bool suggest, const std::vector<std::vector<std::string>>& notes_by_log) {
     for (const device_job& d : jobs) {
         const sim::trace& tr = traces[d.log];
+        const std::vector<std::string>& notes = notes_by_log[d.log];
         const sim::device_trace& dt = *d.dev;
         std::printf("== %s: device %d\n", visible(tr.file).c_str(), dt.dev);
         std::string apis;
@@ -320,10 +321,6 @@ int run_replay(replay_args& a) {
             return usage_error("replay", "--policy " + err);
         specs.push_back(s);
     }
-    // Options that cannot act in this replay (garbage_collection_threshold without a memory limit)
-    // leave that policy's numbers as without them: said beside its results, not left to the guide.
-    std::vector<std::string> notes;
-    for (const sim::policy_spec& s : specs) notes.push_back(sim::policy_note(s));
     std::vector<std::string> apis;
     for (const std::string& g : a.apis) {
         size_t pos = 0;
@@ -398,6 +395,12 @@ int run_replay(replay_args& a) {
             break;
         }
     if (rc != k_exit_ok) return rc;
+    // Options that cannot act in this replay (garbage_collection_threshold without a memory limit;
+    // gpumem's trim or stitches without safe reuse, by the log's settings too) leave that policy's
+    // numbers as without them: said beside its results, not left to the guide.
+    std::vector<std::vector<std::string>> notes(traces.size());
+    for (size_t i = 0; i < traces.size(); ++i)
+        for (const sim::policy_spec& s : specs) notes[i].push_back(sim::policy_note(s, traces[i].config_json));
     // A log with no device allocation (cuMemCreate only, as JAX's default allocator and PyTorch's
     // expandable segments make; managed or host memory only; no events) would print nothing and
     // exit 0: said for each such log, and an error when no log has anything to replay, as `check`
@@ -524,7 +527,7 @@ int run_replay(replay_args& a) {
                 dj["addresses_allocated_again"] = d.dev->n_freed_twice;
                 dj["policies"] = ojson::array();
                 for (size_t p = 0; p < d.results.size(); ++p)
-                    dj["policies"].push_back(result_json(d.results[p], capacity, notes[p]));
+                    dj["policies"].push_back(result_json(d.results[p], capacity, notes[i][p]));
                 if (!d.grid.empty()) {
                     size_t b = best_of(d);
                     ojson s = result_json(d.grid[b], capacity);

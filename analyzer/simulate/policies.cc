@@ -14,8 +14,19 @@ policy_spec parse_policy_name(const std::string& text) {
     return s;
 }
 
-std::string policy_note(const policy_spec& spec) {
+std::string policy_note(const policy_spec& spec, const std::string& log_config_json) {
     std::string base = spec.name.substr(0, spec.name.find(':'));
+    if (base == "gpumem") {
+        // The replay runs one stream and never switches `auto` to safe reuse; the trim and the
+        // stitches wait for frees that fences settle (block_pool::grow), so under immediate reuse
+        // they never act and the numbers are the defaults'.
+        pool_config cfg;
+        if (!gpumem_pool_config(log_config_json, spec.options, cfg).empty() || !(cfg.trim || cfg.stitch) ||
+            cfg.reuse == reuse_mode::safe)
+            return "";
+        return "pool_trim and pool_stitch act only once frees wait for fences, which this replay (one stream) "
+               "reaches only with reuse=safe: add it";
+    }
     if (base != "pytorch" && base != "pytorch-expandable") return "";
     pt_config cfg;
     if (!parse_pt_config(spec.options, cfg).empty() || cfg.gc_threshold == 0 || pt_gc_acts(cfg)) return "";

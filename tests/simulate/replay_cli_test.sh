@@ -95,6 +95,27 @@ PY
 grep -q "note:" "$W/gc.txt" && fail "gc threshold under a fraction: a note: $(cat "$W/gc.txt")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy "$gc,per_process_memory_fraction:1" --capacity 40MiB > "$W/gc.txt" 2>&1 || fail "gc threshold, fraction 1: exit $?"
 grep -q "note: garbage_collection_threshold has no effect" "$W/gc.txt" || fail "gc threshold with --capacity and fraction 1: no note: $(cat "$W/gc.txt")"
+# gpumem's pool_trim and pool_stitch act only once frees wait for fences, which this one-stream
+# replay reaches only with reuse=safe (auto never switches): without it their numbers are the
+# defaults', said under the line (and in --json); with reuse=safe, or from a header that says safe, no note.
+"$GPUMEM" replay "$W/frag.jsonl" --policy "gpumem,gpumem:pool_trim=32MiB,gpumem:pool_stitch=on,gpumem:reuse=safe,pool_trim=32MiB" > "$W/trim.txt" \
+  || fail "gpumem trim: exit $?"
+python3 - "$W/trim.txt" <<'PY' || fail "gpumem trim/stitch without reuse=safe: no note under its line: $(cat "$W/trim.txt")"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+note = "^ note: pool_trim and pool_stitch act only once frees wait for fences, which this replay (one stream) reaches only with reuse=safe: add it"
+for name in ("gpumem:pool_trim=32MiB ", "gpumem:pool_stitch=on "):
+    i = next(i for i, l in enumerate(lines) if l.lstrip().startswith(name))
+    assert note in lines[i + 1], (name, lines)
+assert sum("note:" in l for l in lines) == 2, lines  # not under plain gpumem nor under reuse=safe
+PY
+"$GPUMEM" replay "$W/frag.jsonl" --policy "gpumem:pool_trim=32MiB" --json > "$W/trim.json" \
+  && python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]; assert "reuse=safe" in p[0]["note"], p' "$W/trim.json" \
+  || fail "gpumem trim without reuse=safe: exit, or no note in --json"
+sed '1s/"config":{/"config":{"reuse":"safe",/' "$W/frag.jsonl" > "$W/frag_safe.jsonl"
+grep -q '"reuse":"safe"' "$W/frag_safe.jsonl" || fail "test setup: no config object in frag.jsonl's header"
+"$GPUMEM" replay "$W/frag_safe.jsonl" --policy "gpumem:pool_trim=32MiB" > "$W/trim.txt" 2>&1 || fail "gpumem trim, header safe: exit $?"
+grep -q "note:" "$W/trim.txt" && fail "gpumem trim under a header's reuse safe: a note: $(cat "$W/trim.txt")"
 # --suggest never proposes the threshold: without the fraction's cap it does nothing in PyTorch.
 "$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest > "$W/gc.txt" 2>&1 || fail "--suggest with --capacity: exit $?"
 grep -q "garbage_collection_threshold" "$W/gc.txt" && fail "--suggest proposed garbage_collection_threshold: $(cat "$W/gc.txt")"
