@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "format_util.h"  // visible, for the pipe's progress line
 #include "log_reader.h"
 
 namespace gpumem::analysis {
@@ -156,7 +157,7 @@ input_spool::input_spool(const std::string& path, bool progress, double interval
             if (std::chrono::duration<double>(now - said).count() >= interval_s) {
                 said = now;
                 std::fprintf(stderr, "gpumem: %s: copying the pipe to a temporary file, %.0f MB so far (%.0f s), then reading it\n",
-                             path.c_str(), double(copied) / 1e6, std::chrono::duration<double>(now - start).count());
+                             visible(path).c_str(), double(copied) / 1e6, std::chrono::duration<double>(now - start).count());
             }
         }
         if (at == stage::seek) {

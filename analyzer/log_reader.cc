@@ -15,7 +15,7 @@
 
 #include <simdjson.h>
 
-#include "format_util.h"  // shell_quote, for the advice on a compressed log
+#include "format_util.h"  // shell_quote, for the advice on a compressed log; visible, fmt_count for progress
 #include "input_spool.h"  // readable_path
 
 namespace gpumem::analysis {
@@ -141,8 +141,9 @@ void reading_meter::tick(const line_source& src) {
     last_ = now;
     double secs = std::chrono::duration<double>(now - start_).count();
     double pct = src.file_size() ? 100.0 * double(src.bytes_consumed()) / double(src.file_size()) : 0;
-    std::fprintf(stderr, "gpumem: %s%s: %.0f%% (%.0f MB), %llu events, %.1f M events/s\n", path_.c_str(), pass_, pct,
-                 double(src.bytes_consumed()) / 1e6, (unsigned long long)lines_,
+    // Not through spdlog (it is a progress line, shown even without -v): the name made visible here.
+    std::fprintf(stderr, "gpumem: %s%s: %.0f%% (%.0f MB), %s events, %.1f M events/s\n", visible(path_).c_str(), pass_, pct,
+                 double(src.bytes_consumed()) / 1e6, fmt_count(lines_).c_str(),
                  secs > 0 ? double(lines_) / secs / 1e6 : 0.0);
 }
 

@@ -1418,6 +1418,21 @@ conventions)
     expect_not_in "$W/err" "% ("
     expect_rc 2 "$GPUMEM" $cmd --progress --no-progress "$W/long.jsonl"
   done
+  # The progress lines name a file as every message does (control characters shown, here an ESC as
+  # ^[; they were printed raw) and count its events with thousands separators, as the report does.
+  cp "$W/long.jsonl" "$W/lo$(printf '\033')ng.jsonl"
+  expect_rc 0 "$GPUMEM" report --progress --progress-every 0 "$W/lo$(printf '\033')ng.jsonl"
+  expect_in "$W/err" "gpumem: $W/lo^[ng.jsonl: 10% ("
+  grep -q "$(printf '\033')" "$W/err" && fail "progress line: a raw ESC on stderr: $(cat -v "$W/err" | head -3)"
+  grep -Eq '^gpumem: .*: [0-9]+% \([0-9]+ MB\), [0-9]{1,3}(,[0-9]{3})+ events, ' "$W/err" \
+    || fail "progress line: no event count with thousands separators: $(cat -v "$W/err" | head -3)"
+  mkfifo "$W/fi$(printf '\033')fo"
+  cat "$W/long.jsonl" > "$W/fi$(printf '\033')fo" &
+  expect_rc 0 "$GPUMEM" report --progress --progress-every 0 "$W/fi$(printf '\033')fo"
+  wait
+  expect_in "$W/err" "gpumem: $W/fi^[fo: copying the pipe to a temporary file, "
+  grep -q "$(printf '\033')" "$W/err" && fail "pipe progress line: a raw ESC on stderr: $(cat -v "$W/err" | head -3)"
+  rm -f "$W/lo$(printf '\033')ng.jsonl" "$W/fi$(printf '\033')fo"
   # A pipe is copied to a temporary file before it is read, as long as its writer takes (zcat of a
   # large log): that copy was silent under --progress.  The pipe comes from a process substitution:
   # expect_rc at the end of `cat | expect_rc` ran in a subshell, and the failure it counted was lost.
