@@ -294,6 +294,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
     const size_t k_max_rows = 16;  // one screen
     size_t rows = 0, hidden = 0;
     std::vector<std::pair<const process_report*, const oom_report*>> ooms;
+    uint64_t n_ooms = 0;
     for (const process_report& p : procs) {
         std::string ended = p.has_end ? p.end_reason + (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "")
                                       : std::string(p.truncated_last_line ? "no end line (killed?)" : "no end line");
@@ -302,6 +303,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
         bool any = false;
         for (const device_report& d : p.devices) {
             for (const oom_report& o : d.ooms) ooms.emplace_back(&p, &o);
+            n_ooms += std::max<uint64_t>(d.n_oom, d.ooms.size());
             // Host memory rows only when the program pinned any (PyTorch and JAX often leave an
             // empty one behind).
             if (d.dev < 0 && d.reserved.peak == 0 && d.n_leaks == 0 && d.n_oom == 0) continue;
@@ -350,7 +352,8 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
                      fmt_time(o.t).c_str(), visible(o.api).c_str(), fmt_bytes(o.size).c_str(), o.verdict.c_str(),
                      o.verdict_caveat(), visible(asked).c_str());
     }
-    if (ooms.size() > 3) std::fprintf(stderr, "  ... %zu more OOMs\n", ooms.size() - 3);
+    // Counted from n_oom, as the table's column: ooms holds only the first 1000 of each device.
+    if (n_ooms > 3) std::fprintf(stderr, "  ... %s\n", fmt_counted(n_ooms - 3, "more OOM", "more OOMs").c_str());
     if (procs.size() > 1) {
         combined_report c = combine(procs);
         if (c.rows.size() > 1)

@@ -464,6 +464,27 @@ TEST_CASE("past the report's 1000 OOMs, a later failure's stack is not given to 
     CHECK(d.ooms.back().err == 2);
 }
 
+TEST_CASE("past the OOMs shown, the text and HTML reports count the rest from n_oom, past the 1000 kept", "[output]") {
+    // The report keeps the first 1000 OOMs of a device and shows 20; the text's "... N more OOMs"
+    // counted the kept ones, so 1100 OOMs read "980 more" under a table that said 1,100, and the
+    // HTML page said nothing of the OOMs it left out.
+    std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
+    device_report& d = ps[0].devices[0];
+    REQUIRE(d.ooms.size() == 1);
+    d.ooms.resize(1000, d.ooms[0]);
+    d.n_oom = 1100;
+    std::ostringstream t, h;
+    write_text(t, ps, combine(ps), {});
+    write_html(h, ps, combine(ps), {});
+    CHECK_THAT(t.str(), Catch::Contains("  ... 1,080 more OOMs\n"));
+    CHECK_THAT(h.str(), Catch::Contains("<p class=meta>… 1,080 more OOMs not shown.</p>"));
+    d.ooms.resize(20);
+    d.n_oom = 20;
+    std::ostringstream h20;
+    write_html(h20, ps, combine(ps), {});
+    CHECK_THAT(h20.str(), !Catch::Contains("more OOM"));
+}
+
 TEST_CASE("an OOM line's gpu_free without gpu_total is not recorded, for the verdict as for the text", "[output]") {
     // The recorder writes the two together (gpu_total 0: the driver was not asked).  A log with
     // gpu_free alone must not get a verdict that counts memory the same report calls "not recorded".

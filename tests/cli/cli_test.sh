@@ -78,6 +78,19 @@ run_exit_codes)
   # The program's own code.
   expect_rc 3 "$GPUMEM" run -- sh -c 'exit 3'
   expect_in "$W/err" "no log matching $W/gpumem-%p.jsonl was written"
+  # Past the three OOMs it names, the summary counts the rest from n_oom, as its table's column: a
+  # device keeps only its first 1000 OOMs, and 1100 read "1100" in the table, then "... 997 more".
+  python3 - "$W/oom1100.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"ev": "header", "format": "gpumem-events", "version": 4, "pid": 100, "devices": [{"index": 0, "name": "G", "total": 1 << 30}], "config": {"pool": "off"}}) + "\n")
+    for i in range(1100):
+        f.write(json.dumps({"ev": "alloc_fail", "seq": i, "t": 1000 + i, "tid": 1, "dev": 0, "api": "cudaMalloc", "kind": "device", "size": 2 << 30, "err": 2}) + "\n")
+PY
+  expect_rc 0 "$GPUMEM" run -o "$W/ooms/" -- sh -c 'cp "$1" "$2"' sh "$W/oom1100.jsonl" "$W/ooms/gpumem-1.jsonl"
+  expect_in "$W/err" "  ... 1,097 more OOMs"
+  expect_rc 0 "$GPUMEM" report "$W/ooms/gpumem-1.jsonl"
+  expect_in "$W/out" "  ... 1,080 more OOMs"
   # A log that cannot be read is named with its control characters shown, as every message does (an
   # ESC in the name reached the terminal as is): here a file the command wrote where its log would be.
   esc=$(printf '\033')
