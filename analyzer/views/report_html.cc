@@ -127,19 +127,29 @@ void timeline_series(const device_report& d, std::vector<series>& mem, std::vect
     ax = x_axis{};
     ax.by_event = events_bunched(d);
     uint64_t n = 0;  // events of this device before the point
+    // Where t steps back in seq order (a thread reads the clock before it takes its seq), a point
+    // goes at the latest time seen up to it, as in the text report and the Perfetto trace: a step
+    // chart drawn back in time would cross itself.
+    uint64_t now = 0;
     for (const time_point& p : d.timeline) {
-        uint64_t x_first = ax.by_event ? n : p.t_first;
-        uint64_t x_last = ax.by_event ? n + p.events - 1 : p.t_last;
+        const uint64_t t_first = now = std::max(now, p.t_first);
+        const uint64_t t_last = now = std::max(now, p.t_last);
+        uint64_t x_first = ax.by_event ? n : t_first;
+        uint64_t x_last = ax.by_event ? n + p.events - 1 : t_last;
         if (ax.by_event) {
-            ax.event_time.push_back({x_first, p.t_first});
-            if (p.events > 1) ax.event_time.push_back({x_last, p.t_last});
+            ax.event_time.push_back({x_first, t_first});
+            if (p.events > 1) ax.event_time.push_back({x_last, t_last});
         }
         n += p.events;
         rq.pts.push_back({x_first, double(p.requested_max)});
         al.pts.push_back({x_first, double(p.allocated_max)});
         rs.pts.push_back({x_first, double(p.reserved_max)});
         fr.pts.push_back({x_first, p.frag_max});
-        if (p.events > 1 && p.t_last != p.t_first) {
+        // Its last values close a point of several events, even at its first time: else the level
+        // after it (the chart's end, after the last point) would be its maximum.
+        const bool falls = p.requested_last != p.requested_max || p.allocated_last != p.allocated_max ||
+                           p.reserved_last != p.reserved_max || p.frag_last != p.frag_max;
+        if (p.events > 1 && (x_last != x_first || falls)) {
             rq.pts.push_back({x_last, double(p.requested_last)});
             al.pts.push_back({x_last, double(p.allocated_last)});
             rs.pts.push_back({x_last, double(p.reserved_last)});

@@ -282,6 +282,49 @@ TEST_CASE("a Perfetto timeline point of several events closes with its last valu
     CHECK(memory == v{{1.0, 10}, {2.0, 50}, {3.0, 20}, {4.0, 30}, {5.0, 60}, {9.0, 0}});
 }
 
+TEST_CASE("the Perfetto trace and the HTML chart keep seq order where times step back, and end at the end values", "[output]") {
+    // Times 1, 5, 3 us (a thread read the clock before it took its seq): the trace, sorted by time,
+    // put the 3 us state before the 5 us one and ended at 5 us's level.  And a last point of two
+    // events at one time (an allocation freed within the same ns), max 60 and last 0, was not
+    // closed: the trace and the chart ended at 60 where the log ends at 0.
+    auto pt = [](uint64_t t0, uint64_t t1, uint64_t events, uint64_t max, uint64_t last) {
+        time_point p;
+        p.t_first = t0;
+        p.t_last = t1;
+        p.events = events;
+        p.requested_max = p.allocated_max = p.reserved_max = max;
+        p.requested_last = p.allocated_last = p.reserved_last = last;
+        return p;
+    };
+    process_report pr;
+    pr.pid = 7;
+    device_report d;
+    d.dev = 0;
+    d.timeline = {pt(1000, 1000, 1, 10, 10), pt(5000, 5000, 1, 20, 20), pt(3000, 3000, 1, 40, 40), pt(7000, 7000, 2, 60, 0)};
+    d.requested.peak = d.allocated.peak = d.reserved.peak = 60;
+    pr.devices.push_back(d);
+    std::ostringstream o;
+    write_perfetto(o, {pr});
+    const auto j = nlohmann::json::parse(o.str());
+    std::vector<std::pair<double, uint64_t>> memory;
+    for (const auto& e : j["traceEvents"])
+        if (e["ph"] == "C" && e["name"] == "dev0 memory (bytes)") memory.emplace_back(e["ts"].get<double>(), e["args"]["requested"].get<uint64_t>());
+    using v = std::vector<std::pair<double, uint64_t>>;
+    CHECK(memory == v{{1.0, 10}, {5.0, 20}, {5.0, 40}, {7.0, 60}, {7.0, 0}});
+    // The HTML chart: x never goes back, and each line ends at 0 (y 224, the chart's floor).
+    std::ostringstream h;
+    write_html(h, {pr}, combine({pr}), {});
+    const std::string page = h.str();
+    const size_t at = page.find("points='");
+    REQUIRE(at != std::string::npos);
+    std::istringstream pts(page.substr(at + 8, page.find('\'', at + 8) - at - 8));
+    std::vector<std::pair<double, double>> xy;
+    for (std::string p; pts >> p;) xy.emplace_back(std::stod(p.substr(0, p.find(','))), std::stod(p.substr(p.find(',') + 1)));
+    REQUIRE(xy.size() > 2);
+    CHECK(std::is_sorted(xy.begin(), xy.end(), [](const auto& a, const auto& b) { return a.first < b.first; }));
+    CHECK(xy.back().second == Approx(224.0));
+}
+
 TEST_CASE("an OOM names the call that asked for the memory, in text and JSON, and from the JSON read back", "[output]") {
     // tests/data/golden/oom_stack.jsonl: a pool refusal (oom, then a pooled alloc_fail naming stack
     // 2) and a pass-through cudaMallocManaged that ran out of memory (alloc_fail naming stack 3,
