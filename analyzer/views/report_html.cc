@@ -344,9 +344,11 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<tr><td>" << m << "</td><td>" << a << "</td><td>" << b << "</td><td>" << c << "</td></tr>\n";
     };
     auto when = [](uint64_t t, uint64_t seq) { return fmt_time(t) + " (seq " + std::to_string(seq) + ")"; };
-    row("requested", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak), when(d.requested.peak_t, d.requested.peak_seq));
-    row("allocated", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak), when(d.allocated.peak_t, d.allocated.peak_seq));
-    row("reserved", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak), when(d.reserved.peak_t, d.reserved.peak_seq));
+    // As in the text report: a peak of 0 has no moment.
+    auto peak_when = [&](const auto& m) { return m.peak ? when(m.peak_t, m.peak_seq) : std::string("-"); };
+    row("requested", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak), peak_when(d.requested));
+    row("allocated", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak), peak_when(d.allocated));
+    row("reserved", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak), peak_when(d.reserved));
     if (pooled) {
         row("segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak), "");
         row("largest free block", fmt_bytes(d.end_largest_free), fmt_bytes(k.largest_free), "at peak allocated");

@@ -194,12 +194,12 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     rule(os, '-');
     row4(os, "Metric", "At end", "Peak", "Peak at");
     rule(os, '-');
-    row4(os, "Requested memory", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak),
-         at_text(d.requested.peak_t, d.requested.peak_seq));
-    row4(os, "Allocated memory", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak),
-         at_text(d.allocated.peak_t, d.allocated.peak_seq));
-    row4(os, "Reserved memory", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak),
-         at_text(d.reserved.peak_t, d.reserved.peak_seq));
+    // A peak of 0 (nothing allocated: the pool took a segment and gave it back) has no moment;
+    // its seq 0 would read as the log's first event.
+    auto peak_at = [](const auto& m) { return m.peak ? at_text(m.peak_t, m.peak_seq) : std::string("-"); };
+    row4(os, "Requested memory", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak), peak_at(d.requested));
+    row4(os, "Allocated memory", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak), peak_at(d.allocated));
+    row4(os, "Reserved memory", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak), peak_at(d.reserved));
     // The pool's free-space metrics only mean something where the pool held segments.
     const bool pooled = d.segment_count.peak > 0;
     if (pooled)

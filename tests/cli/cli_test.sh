@@ -1446,6 +1446,19 @@ conventions)
   expect_in "$W/err" "gpumem: $W/fi^[fo: copying the pipe to a temporary file, "
   grep -q "$(printf '\033')" "$W/err" && fail "pipe progress line: a raw ESC on stderr: $(cat -v "$W/err" | head -3)"
   rm -f "$W/lo$(printf '\033')ng.jsonl" "$W/fi$(printf '\033')fo"
+  # A metric that never rose above 0 (the pool took a segment and gave it back, nothing allocated)
+  # has no moment of its peak: "-", not "0 ns (seq 0)", which reads as the log's first event.
+  {
+    head -1 "$SRC/tests/data/golden/oom_stack.jsonl"
+    echo '{"ev":"segment_alloc","seq":0,"t":1000,"tid":7300,"dev":0,"api":"cudaMalloc","ptr":"0x1000000","size":2097152,"pool":"large"}'
+    echo '{"ev":"segment_free","seq":1,"t":2000,"tid":7300,"dev":0,"api":"cudaFree","ptr":"0x1000000","size":2097152,"pool":"large"}'
+    echo '{"ev":"end","seq":2,"t":3000,"tid":7300,"reason":"exit","events":2,"n_alloc":0,"n_free":0,"n_fail":0,"live_allocs":0,"live_bytes":0,"lost":0,"unmatched":0}'
+  } > "$W/noalloc.jsonl"
+  expect_rc 0 "$GPUMEM" report --no-progress "$W/noalloc.jsonl" --html "$W/noalloc.html"
+  grep -Eq '^\| Requested memory +0 B +0 B +- +\|$' "$W/out" || fail "no allocation: requested peak's moment not '-': $(grep Requested "$W/out")"
+  grep -Eq '^\| Reserved memory +0 B +2.00 MiB +1.00 us \(seq 0\) +\|$' "$W/out" || fail "no allocation: reserved peak's moment lost: $(grep Reserved "$W/out")"
+  grep -q '<tr><td>requested</td><td>0 B</td><td>0 B</td><td>-</td></tr>' "$W/noalloc.html" \
+    || fail "no allocation: the HTML's requested peak moment not '-': $(grep -o '<tr><td>requested[^\n]*</tr>' "$W/noalloc.html" | head -1)"
   # A pipe is copied to a temporary file before it is read, as long as its writer takes (zcat of a
   # large log): that copy was silent under --progress.  The pipe comes from a process substitution:
   # expect_rc at the end of `cat | expect_rc` ran in a subshell, and the failure it counted was lost.
