@@ -105,6 +105,8 @@ gpumem_pool_policy::gpumem_pool_policy(const pool_config& cfg, uint64_t capacity
     if (cfg.vmm) backend_.inner.set_vmm(k_replay_chunk);
 }
 
+bool gpumem_replay_vmm(const pool_config& cfg) { return cfg.vmm && cfg.round != 0 && k_replay_chunk % cfg.round == 0; }
+
 void gpumem_pool_policy::take_snapshot() noexcept {
     snap_ = pool_.snapshot();
     pending_ = pool_.pending_bytes();

@@ -16,6 +16,10 @@ namespace gpumem::simulate {
 // reuse=immediate").  Returns "" or what is wrong; `warnings` gets the pool's own complaints.
 std::string gpumem_pool_config(const std::string& log_config_json, const std::string& overrides, pool_config& out);
 
+// Whether a replayed pool of these settings runs on virtual memory: pool_vmm on and a pool_round
+// the replay's 2 MiB chunk is a multiple of (block_pool::use_vmm's rule), else cuMemAlloc segments.
+bool gpumem_replay_vmm(const pool_config& cfg);
+
 class gpumem_pool_policy final : public policy {
 public:
     gpumem_pool_policy(const pool_config& cfg, uint64_t capacity);

@@ -17,15 +17,22 @@ policy_spec parse_policy_name(const std::string& text) {
 std::string policy_note(const policy_spec& spec, const std::string& log_config_json) {
     std::string base = spec.name.substr(0, spec.name.find(':'));
     if (base == "gpumem") {
+        pool_config cfg;
+        if (!gpumem_pool_config(log_config_json, spec.options, cfg).empty() || !(cfg.trim || cfg.stitch)) return "";
+        // Both unmap or alias chunks: on cuMemAlloc segments they never act, with reuse=safe too
+        // (the note below alone sent the user to a reuse=safe that changed nothing, silently).
+        if (!gpumem_replay_vmm(cfg))
+            return "pool_trim and pool_stitch act only on virtual memory, which this policy runs without "
+                   "(pool_vmm off, or a pool_round 2 MiB is no multiple of)";
         // The replay runs one stream and never switches `auto` to safe reuse; the trim and the
         // stitches wait for frees that fences settle (block_pool::grow), so under immediate reuse
         // they never act and the numbers are the defaults'.
-        pool_config cfg;
-        if (!gpumem_pool_config(log_config_json, spec.options, cfg).empty() || !(cfg.trim || cfg.stitch) ||
-            cfg.reuse == reuse_mode::safe)
-            return "";
-        return "pool_trim and pool_stitch act only once frees wait for fences, which this replay (one stream) "
-               "reaches only with reuse=safe: add it";
+        if (cfg.reuse != reuse_mode::safe)
+            return "pool_trim and pool_stitch act only once frees wait for fences, which this replay (one stream) "
+                   "reaches only with reuse=safe: add it";
+        // Stitches take chunks from arenas only (block_pool::grow); the trim needs none.
+        if (cfg.stitch && !cfg.arenas) return "pool_stitch acts only with arenas, which this policy runs without (pool_arena off)";
+        return "";
     }
     if (base != "pytorch" && base != "pytorch-expandable") return "";
     pt_config cfg;

@@ -116,6 +116,22 @@ sed '1s/"config":{/"config":{"reuse":"safe",/' "$W/frag.jsonl" > "$W/frag_safe.j
 grep -q '"reuse":"safe"' "$W/frag_safe.jsonl" || fail "test setup: no config object in frag.jsonl's header"
 "$GPUMEM" replay "$W/frag_safe.jsonl" --policy "gpumem:pool_trim=32MiB" > "$W/trim.txt" 2>&1 || fail "gpumem trim, header safe: exit $?"
 grep -q "note:" "$W/trim.txt" && fail "gpumem trim under a header's reuse safe: a note: $(cat "$W/trim.txt")"
+# Without virtual memory (pool_vmm=off, or a pool_round the 2 MiB chunk is no multiple of) neither
+# acts, reuse=safe or not: the note said "add reuse=safe", and with it said nothing, so the trim's
+# unchanged numbers read as its effect.  Stitching also needs arenas.
+"$GPUMEM" replay "$W/frag.jsonl" --policy "gpumem:pool_vmm=off,pool_trim=32MiB,gpumem:pool_vmm=off,reuse=safe,pool_stitch=on,gpumem:pool_round=4MiB,pool_small_segment=4MiB,pool_large_round=4MiB,reuse=safe,pool_trim=32MiB,gpumem:reuse=safe,pool_arena=off,pool_stitch=on,gpumem:reuse=safe,pool_arena=off,pool_trim=32MiB" > "$W/trim.txt" \
+  || fail "gpumem trim without virtual memory: exit $?"
+python3 - "$W/trim.txt" <<'PY' || fail "gpumem trim/stitch without virtual memory or arenas: wrong note: $(cat "$W/trim.txt")"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+vmm = "^ note: pool_trim and pool_stitch act only on virtual memory, which this policy runs without (pool_vmm off, or a pool_round 2 MiB is no multiple of)"
+arena = "^ note: pool_stitch acts only with arenas, which this policy runs without (pool_arena off)"
+for name, note in (("gpumem:pool_vmm=off,pool_trim=32MiB ", vmm), ("gpumem:pool_vmm=off,reuse=safe,pool_stitch=on ", vmm),
+                   ("gpumem:pool_round=4MiB,pool_small_segment=4MiB,pool_large_round=4MiB,reuse=safe,pool_trim=32MiB ", vmm), ("gpumem:reuse=safe,pool_arena=off,pool_stitch=on ", arena)):
+    i = next(i for i, l in enumerate(lines) if l.lstrip().startswith(name))
+    assert note in lines[i + 1], (name, lines)
+assert sum("note:" in l for l in lines) == 4, lines  # the trim acts without arenas: no note under the last
+PY
 # --suggest never proposes the threshold: without the fraction's cap it does nothing in PyTorch.
 "$GPUMEM" replay "$W/frag.jsonl" --api cudaMalloc --capacity 40MiB --suggest > "$W/gc.txt" 2>&1 || fail "--suggest with --capacity: exit $?"
 grep -q "garbage_collection_threshold" "$W/gc.txt" && fail "--suggest proposed garbage_collection_threshold: $(cat "$W/gc.txt")"
