@@ -137,7 +137,7 @@ void write_timeline(std::ostream& os, const device_report& d) {
     // takes its seq; a hand-made log): a point is placed, and its row labelled, at the latest time
     // seen up to it, so rows stay in seq order (a point before the first time wrapped past the last
     // row, which then came out last, labelled with that earlier time).
-    uint64_t t0 = d.timeline.front().t_first, t1 = t0, now = t0;
+    uint64_t t0 = d.timeline.front().t_first, t1 = t0, now = t0;  // as the HTML charts and the Perfetto tracks do
     for (const time_point& p : d.timeline) t1 = std::max({t1, p.t_first, p.t_last});
     size_t rows = std::min(k_time_rows, d.timeline.size());
     std::vector<time_point> out(rows);
@@ -145,8 +145,10 @@ void write_timeline(std::ostream& os, const device_report& d) {
     const bool by_event = events_bunched(d);
     uint64_t total = 0, before = 0;
     for (const time_point& p : d.timeline) total += p.events;
+    uint64_t seen = t0;  // the latest time of the points before this one, their last times included
     for (const time_point& p : d.timeline) {
-        now = std::max(now, p.t_first);
+        now = std::max(seen, p.t_first);
+        seen = std::max(now, p.t_last);
         // Clamped: a report JSON can hold 0 events (0/0), and t1 - t0 + 1 wraps to 0 when the times
         // span 2^64 - 1.
         size_t r = by_event ? size_t(clamp_to_u64(double(before) * double(rows) / double(total), rows - 1))

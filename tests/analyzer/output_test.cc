@@ -323,6 +323,21 @@ TEST_CASE("the Perfetto trace and the HTML chart keep seq order where times step
     REQUIRE(xy.size() > 2);
     CHECK(std::is_sorted(xy.begin(), xy.end(), [](const auto& a, const auto& b) { return a.first < b.first; }));
     CHECK(xy.back().second == Approx(224.0));
+    // The text report's rows place a point at the latest time seen before it too, a point's last
+    // time included: the third point (at 3 us, after one spanning 2-9 us) goes at 9 us, as the
+    // trace puts it, not back at 3 us (its row then labelled with a time before its predecessor's end).
+    process_report pt2;
+    pt2.pid = 8;
+    device_report d2;
+    d2.dev = 0;
+    d2.timeline = {pt(1000, 1000, 1, 10, 10), pt(2000, 9000, 2, 20, 20), pt(3000, 3000, 1, 40, 40)};
+    d2.requested.peak = d2.allocated.peak = d2.reserved.peak = 40;
+    pt2.devices.push_back(d2);
+    std::ostringstream t;
+    write_text(t, {pt2}, combine({pt2}), {});
+    const std::string text = t.str();
+    CHECK_THAT(text, Catch::Contains("\n    9.00 us "));
+    CHECK_THAT(text, !Catch::Contains("\n    3.00 us "));
 }
 
 TEST_CASE("an OOM names the call that asked for the memory, in text and JSON, and from the JSON read back", "[output]") {
