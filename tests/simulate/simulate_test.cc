@@ -961,3 +961,25 @@ TEST_CASE("replay's verdict for expandable segments short of one more 20 MiB pag
     pytorch_policy d(pt_config{}, 30 * MiB, 30 * MiB);
     CHECK(replay(t, d, "pytorch", 30 * MiB).failure == failure_reason::none);
 }
+
+TEST_CASE("every key the unknown-option message lists is one the PyTorch config parser takes", "[config]") {
+    // The message's list is written apart from the parser's chain of keys: a key listed there but
+    // no longer parsed would send the user to a name that is refused in turn.
+    pt_config c;
+    const std::string err = parse_pt_config("no_such_key:1", c);
+    const std::string lead = "unknown option no_such_key (known: ";
+    REQUIRE(err.rfind(lead, 0) == 0);
+    REQUIRE(err.back() == ')');
+    std::string list = err.substr(lead.size(), err.size() - lead.size() - 1);
+    size_t n = 0;
+    for (size_t pos = 0; pos <= list.size();) {
+        const size_t comma = list.find(", ", pos);
+        const std::string key = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        pos = comma == std::string::npos ? list.size() + 1 : comma + 2;
+        pt_config k;
+        INFO(key);
+        CHECK(parse_pt_config(key + ":zzz", k).rfind("unknown option", 0) == std::string::npos);
+        ++n;
+    }
+    CHECK(n >= 14);
+}
