@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
             printf("  bytes the rounding to whole chunks added to live blocks: %.1f MiB at the peak, %.1f MiB at most\n",
                    at_peak_rounding / 1048576.0, max_rounding / 1048576.0);
         }
-        if (made)
+        if (made || huge != UINT64_MAX)  // the device-wide alias counts, whichever pool stitched
             printf("  stitching: %llu stitched segments (%llu on a kept range), %llu chunks mapped for them (%.0f MiB), "
                    "%llu alias chunk maps, %llu alias chunk unmaps, %llu dissolved\n",
                    (unsigned long long)made, (unsigned long long)reused, (unsigned long long)stitched,
