@@ -21,7 +21,6 @@
 #include <fstream>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "core/pool/block_pool.h"
 #include "core/pool/fake_backend.h"
@@ -113,16 +112,14 @@ int main(int argc, char** argv) {
                 const uint64_t size = e["size"].get<uint64_t>();
                 // POOL_REPLAY_HUGE_BUDGET_MIB=B: a request goes to pool2 only while the rounding its
                 // live blocks hold stays within B, so that the promise is off by at most B.
-                const uint64_t c2 = huge_cfg.chunk;
-                const bool to2 = size >= huge && rounding + ((size + c2 - 1) / c2 * c2 - size) <= huge_budget;
-                block_pool& to = to2 ? pool2 : pool;
-                if (to.allocate(to2 ? (size + c2 - 1) / c2 * c2 : size, api_id::cuMemAlloc_v2, &p) != 0) {
+                const uint64_t c2 = huge_cfg.chunk, extra = (size + c2 - 1) / c2 * c2 - size;
+                const bool to2 = size >= huge && rounding + extra <= huge_budget;
+                if ((to2 ? pool2 : pool).allocate(to2 ? size + extra : size, api_id::cuMemAlloc_v2, &p) != 0) {
                     fprintf(stderr, "replay allocation failed at seq %llu\n", (unsigned long long)e["seq"].get<uint64_t>());
                     return 1;
                 }
                 mine[e["ptr"]] = p;
                 if (to2) {
-                    const uint64_t extra = (size + c2 - 1) / c2 * c2 - size;
                     in_pool2[p] = extra;
                     rounding += extra;
                     max_rounding = std::max(max_rounding, rounding);
