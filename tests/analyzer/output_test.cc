@@ -253,33 +253,53 @@ TEST_CASE("Perfetto: logs sharing a pid are named by host; no fragmentation trac
     CHECK(frag.count(7) == 0);
 }
 
+namespace {
+
+// A timeline point of `events` events from t0 to t1 (ns) whose three byte counts peak at `max`
+// and end at `last`.
+time_point pt(uint64_t t0, uint64_t t1, uint64_t events, uint64_t max, uint64_t last) {
+    time_point p;
+    p.t_first = t0;
+    p.t_last = t1;
+    p.events = events;
+    p.requested_max = p.allocated_max = p.reserved_max = max;
+    p.requested_last = p.allocated_last = p.reserved_last = last;
+    return p;
+}
+
+// A process `pid` with one device 0 of this timeline and peak.
+process_report timeline_process(int pid, std::vector<time_point> timeline, uint64_t peak = 0) {
+    process_report pr;
+    pr.pid = pid;
+    device_report d;
+    d.dev = 0;
+    d.timeline = std::move(timeline);
+    d.requested.peak = d.allocated.peak = d.reserved.peak = peak;
+    pr.devices.push_back(d);
+    return pr;
+}
+
+// The Perfetto trace's device 0 memory counter: (ts in us, requested bytes), in file order.
+std::vector<std::pair<double, uint64_t>> perfetto_memory(const process_report& pr) {
+    std::ostringstream o;
+    write_perfetto(o, {pr});
+    const auto j = nlohmann::json::parse(o.str());
+    std::vector<std::pair<double, uint64_t>> memory;
+    for (const auto& e : j["traceEvents"])
+        if (e["ph"] == "C" && e["name"] == "dev0 memory (bytes)") memory.emplace_back(e["ts"].get<double>(), e["args"]["requested"].get<uint64_t>());
+    return memory;
+}
+
+}  // namespace
+
 TEST_CASE("a Perfetto timeline point of several events closes with its last values at its end", "[output]") {
     // A downsampled point spans events from t_first to t_last: its maxima go at its start, its
     // last values at its end, so the level between points is right.  A one-event point, or one
     // whose events share a time, has nothing to close.
-    auto pt = [](uint64_t t0, uint64_t t1, uint64_t events, uint64_t max, uint64_t last) {
-        time_point p;
-        p.t_first = t0;
-        p.t_last = t1;
-        p.events = events;
-        p.requested_max = p.allocated_max = p.reserved_max = max;
-        p.requested_last = p.allocated_last = p.reserved_last = last;
-        return p;
-    };
-    process_report pr;
-    pr.pid = 7;
-    device_report d;
-    d.dev = 0;
-    d.timeline = {pt(1000, 1000, 1, 10, 10), pt(2000, 3000, 2, 50, 20), pt(4000, 4000, 2, 30, 30), pt(5000, 9000, 5, 60, 0)};
-    pr.devices.push_back(d);
-    std::ostringstream o;
-    write_perfetto(o, {pr});
-    const auto j = nlohmann::json::parse(o.str());
-    std::vector<std::pair<double, uint64_t>> memory;  // (ts in us, requested) of the memory counter
-    for (const auto& e : j["traceEvents"])
-        if (e["ph"] == "C" && e["name"] == "dev0 memory (bytes)") memory.emplace_back(e["ts"].get<double>(), e["args"]["requested"].get<uint64_t>());
+    const process_report pr =
+        timeline_process(7, {pt(1000, 1000, 1, 10, 10), pt(2000, 3000, 2, 50, 20), pt(4000, 4000, 2, 30, 30), pt(5000, 9000, 5, 60, 0)});
     using v = std::vector<std::pair<double, uint64_t>>;
-    CHECK(memory == v{{1.0, 10}, {2.0, 50}, {3.0, 20}, {4.0, 30}, {5.0, 60}, {9.0, 0}});
+    CHECK(perfetto_memory(pr) == v{{1.0, 10}, {2.0, 50}, {3.0, 20}, {4.0, 30}, {5.0, 60}, {9.0, 0}});
 }
 
 TEST_CASE("the Perfetto trace and the HTML chart keep seq order where times step back, and end at the end values", "[output]") {
@@ -287,30 +307,10 @@ TEST_CASE("the Perfetto trace and the HTML chart keep seq order where times step
     // put the 3 us state before the 5 us one and ended at 5 us's level.  And a last point of two
     // events at one time (an allocation freed within the same ns), max 60 and last 0, was not
     // closed: the trace and the chart ended at 60 where the log ends at 0.
-    auto pt = [](uint64_t t0, uint64_t t1, uint64_t events, uint64_t max, uint64_t last) {
-        time_point p;
-        p.t_first = t0;
-        p.t_last = t1;
-        p.events = events;
-        p.requested_max = p.allocated_max = p.reserved_max = max;
-        p.requested_last = p.allocated_last = p.reserved_last = last;
-        return p;
-    };
-    process_report pr;
-    pr.pid = 7;
-    device_report d;
-    d.dev = 0;
-    d.timeline = {pt(1000, 1000, 1, 10, 10), pt(5000, 5000, 1, 20, 20), pt(3000, 3000, 1, 40, 40), pt(7000, 7000, 2, 60, 0)};
-    d.requested.peak = d.allocated.peak = d.reserved.peak = 60;
-    pr.devices.push_back(d);
-    std::ostringstream o;
-    write_perfetto(o, {pr});
-    const auto j = nlohmann::json::parse(o.str());
-    std::vector<std::pair<double, uint64_t>> memory;
-    for (const auto& e : j["traceEvents"])
-        if (e["ph"] == "C" && e["name"] == "dev0 memory (bytes)") memory.emplace_back(e["ts"].get<double>(), e["args"]["requested"].get<uint64_t>());
+    const process_report pr =
+        timeline_process(7, {pt(1000, 1000, 1, 10, 10), pt(5000, 5000, 1, 20, 20), pt(3000, 3000, 1, 40, 40), pt(7000, 7000, 2, 60, 0)}, 60);
     using v = std::vector<std::pair<double, uint64_t>>;
-    CHECK(memory == v{{1.0, 10}, {5.0, 20}, {5.0, 40}, {7.0, 60}, {7.0, 0}});
+    CHECK(perfetto_memory(pr) == v{{1.0, 10}, {5.0, 20}, {5.0, 40}, {7.0, 60}, {7.0, 0}});
     // The HTML chart: x never goes back, and each line ends at 0 (y 224, the chart's floor).
     std::ostringstream h;
     write_html(h, {pr}, combine({pr}), {});
@@ -326,13 +326,7 @@ TEST_CASE("the Perfetto trace and the HTML chart keep seq order where times step
     // The text report's rows place a point at the latest time seen before it too, a point's last
     // time included: the third point (at 3 us, after one spanning 2-9 us) goes at 9 us, as the
     // trace puts it, not back at 3 us (its row then labelled with a time before its predecessor's end).
-    process_report pt2;
-    pt2.pid = 8;
-    device_report d2;
-    d2.dev = 0;
-    d2.timeline = {pt(1000, 1000, 1, 10, 10), pt(2000, 9000, 2, 20, 20), pt(3000, 3000, 1, 40, 40)};
-    d2.requested.peak = d2.allocated.peak = d2.reserved.peak = 40;
-    pt2.devices.push_back(d2);
+    const process_report pt2 = timeline_process(8, {pt(1000, 1000, 1, 10, 10), pt(2000, 9000, 2, 20, 20), pt(3000, 3000, 1, 40, 40)}, 40);
     std::ostringstream t;
     write_text(t, {pt2}, combine({pt2}), {});
     const std::string text = t.str();
