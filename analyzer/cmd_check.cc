@@ -37,17 +37,16 @@ std::string worst_moment(const measure& m, const process_report& proc, const dev
         // Fragmentation with the free bytes it is of: a maximum on 1 KiB free is no real trouble.
         const bool frag = m.value == device_field::max_external_fragmentation && dev.max_external_fragmentation_free;
         return std::string(frag ? "of " + fmt_bytes(dev.max_external_fragmentation_free) + " free " : "") + "at " +
-               fmt_time(uint64_t(field_value(dev, m.t_ns))) + " (seq " + std::to_string(uint64_t(field_value(dev, m.seq))) + ")";
+               fmt_at(uint64_t(field_value(dev, m.t_ns)), uint64_t(field_value(dev, m.seq)));
     }
     if (m.value == device_field::n_oom && !dev.ooms.empty()) {
         const oom_report& o = dev.ooms[0];
         const std::string asked = asked_by_name(proc, o.stack);
-        return "first: " + fmt_bytes(o.size) + " from " + o.api + " at " + fmt_time(o.t) + " (seq " + std::to_string(o.seq) +
-               "), " + o.verdict + o.verdict_caveat() + (asked.empty() ? "" : ", asked for by " + asked);
+        return "first: " + fmt_bytes(o.size) + " from " + o.api + " at " + fmt_at(o.t, o.seq) + ", " + o.verdict + o.verdict_caveat() + (asked.empty() ? "" : ", asked for by " + asked);
     }
     if (m.value != device_field::leaked_bytes || dev.leaks.empty()) return "";
     const block_view& l = dev.leaks[0];
-    return "largest: " + fmt_bytes(l.size) + " from " + l.api + " at " + fmt_time(l.t) + " (seq " + std::to_string(l.seq) + ")";
+    return "largest: " + fmt_bytes(l.size) + " from " + l.api + " at " + fmt_at(l.t, l.seq);
 }
 
 // A log whose recorder lost events has approximate totals (a lost allocation lowers a peak, a lost

@@ -38,6 +38,10 @@ std::string fmt_time(uint64_t ns) {
     return b;
 }
 
+std::string fmt_at(uint64_t t, uint64_t seq) { return fmt_time(t) + " (seq " + std::to_string(seq) + ")"; }
+
+std::string fmt_peak_at(uint64_t peak, uint64_t t, uint64_t seq) { return peak ? fmt_at(t, seq) : "-"; }
+
 std::string fmt_pct(double r) {
     char b[32];
     std::snprintf(b, sizeof b, "%.1f%%", r * 100.0);

@@ -23,6 +23,10 @@ std::string fmt_bytes(uint64_t n);         // "0 B", "512 B", "1.50 KiB", "2.00 
 // 0 B: "512.00 KiB-1.00 MiB", "0 B-2 B".  diff and the HTML histograms name classes alike.
 std::string fmt_size_class(size_t i);
 std::string fmt_time(uint64_t ns);         // "950 ns", "12.50 us", "3.20 ms", "1.234 s"
+std::string fmt_at(uint64_t t, uint64_t seq);  // an event's moment: "12.50 us (seq 41)"
+// The moment of a peak: fmt_at, or "-" for a peak of 0, which was never reached (its seq 0 would
+// read as the log's first event).
+std::string fmt_peak_at(uint64_t peak, uint64_t t, uint64_t seq);
 std::string fmt_pct(double ratio);         // 0.1234 -> "12.3%"
 std::string fmt_hex(uint64_t v);           // "0x7f3a40000000"
 std::string fmt_rate(uint64_t n, uint64_t duration_ns);  // "12.5/s", "450,281/s", "-" for an instant run

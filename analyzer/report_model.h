@@ -59,6 +59,32 @@ struct time_point {
     uint64_t requested_last = 0, allocated_last = 0, reserved_last = 0;
     double frag_max = 0, frag_last = 0;  // external fragmentation
     uint64_t events = 0;
+    // Its values after its last event are below its maxima: a chart or track must close it with
+    // them, even where its events share one time, or the level after it would be its maximum.
+    bool falls() const noexcept {
+        return requested_last != requested_max || allocated_last != allocated_max || reserved_last != reserved_max ||
+               frag_last != frag_max;
+    }
+};
+
+// Where the text rows, the HTML charts and the Perfetto tracks place timeline points.  Seq order
+// is the log's, and t can step back in it (a thread reads the clock before it takes its seq; a
+// hand-made log): each point goes at the latest time seen up to it, the earlier points' last times
+// included, so a chart never runs back in time and a trace sorted by time keeps seq order.  The
+// points are given in timeline order; the report's "when" of a peak keeps the event's own t.
+class timeline_clock {
+  public:
+    struct placed {
+        uint64_t first, last;
+    };
+    placed place(const time_point& p) noexcept {
+        const uint64_t first = std::max(seen_, p.t_first);
+        seen_ = std::max(first, p.t_last);
+        return {first, seen_};
+    }
+
+  private:
+    uint64_t seen_ = 0;
 };
 
 // An allocation as reported (live at a moment, or leaked at the end).

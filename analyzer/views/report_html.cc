@@ -127,13 +127,9 @@ void timeline_series(const device_report& d, std::vector<series>& mem, std::vect
     ax = x_axis{};
     ax.by_event = events_bunched(d);
     uint64_t n = 0;  // events of this device before the point
-    // Where t steps back in seq order (a thread reads the clock before it takes its seq), a point
-    // goes at the latest time seen up to it, as in the text report and the Perfetto trace: a step
-    // chart drawn back in time would cross itself.
-    uint64_t now = 0;
+    timeline_clock clock;  // a step chart drawn back in time would cross itself
     for (const time_point& p : d.timeline) {
-        const uint64_t t_first = now = std::max(now, p.t_first);
-        const uint64_t t_last = now = std::max(now, p.t_last);
+        const auto [t_first, t_last] = clock.place(p);
         uint64_t x_first = ax.by_event ? n : t_first;
         uint64_t x_last = ax.by_event ? n + p.events - 1 : t_last;
         if (ax.by_event) {
@@ -147,9 +143,7 @@ void timeline_series(const device_report& d, std::vector<series>& mem, std::vect
         fr.pts.push_back({x_first, p.frag_max});
         // Its last values close a point of several events, even at its first time: else the level
         // after it (the chart's end, after the last point) would be its maximum.
-        const bool falls = p.requested_last != p.requested_max || p.allocated_last != p.allocated_max ||
-                           p.reserved_last != p.reserved_max || p.frag_last != p.frag_max;
-        if (p.events > 1 && (x_last != x_first || falls)) {
+        if (p.events > 1 && (x_last != x_first || p.falls())) {
             rq.pts.push_back({x_last, double(p.requested_last)});
             al.pts.push_back({x_last, double(p.allocated_last)});
             rs.pts.push_back({x_last, double(p.reserved_last)});
@@ -343,9 +337,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
     auto row = [&](const std::string& m, const std::string& a, const std::string& b, const std::string& c) {
         o << "<tr><td>" << m << "</td><td>" << a << "</td><td>" << b << "</td><td>" << c << "</td></tr>\n";
     };
-    auto when = [](uint64_t t, uint64_t seq) { return fmt_time(t) + " (seq " + std::to_string(seq) + ")"; };
-    // As in the text report: a peak of 0 has no moment.
-    auto peak_when = [&](const auto& m) { return m.peak ? when(m.peak_t, m.peak_seq) : std::string("-"); };
+    auto peak_when = [](const tracked_bytes& m) { return fmt_peak_at(m.peak, m.peak_t, m.peak_seq); };
     row("requested", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak), peak_when(d.requested));
     row("allocated", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak), peak_when(d.allocated));
     row("reserved", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak), peak_when(d.reserved));
@@ -355,7 +347,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         row("external fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation) + " (max " +
             fmt_pct(d.max_external_fragmentation) + ")", d.max_external_fragmentation > 0
                  ? "max" + (d.max_external_fragmentation_free ? " of " + fmt_bytes(d.max_external_fragmentation_free) + " free" : std::string()) +
-                       " at " + when(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
+                       " at " + fmt_at(d.max_external_fragmentation_t, d.max_external_fragmentation_seq)
                  : "");
     }
     row("reserved but unallocated", "", fmt_pct(d.reserved_unallocated_at_peak()), "at peak allocated");

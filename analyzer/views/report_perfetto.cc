@@ -64,28 +64,23 @@ void write_perfetto(std::ostream& os, const std::vector<process_report>& procs) 
             auto counter = [&](const std::string& name, double t_us, ojson args) {
                 events.push_back({{"name", name}, {"ph", "C"}, {"ts", t_us}, {"pid", pid}, {"args", std::move(args)}});
             };
-            // Seq order is the log's, and t can step back in it (a thread reads the clock before it
-            // takes its seq; a hand-made log): each point goes at the latest time seen up to it, as
-            // the text report's rows do, or the trace, sorted by time, would replay the states out
-            // of order and end on another level than the log's end.
-            uint64_t now = 0;
+            // Else the trace, sorted by time, would replay the states out of seq order and end on
+            // another level than the log's end.
+            timeline_clock clock;
             for (const time_point& t : d.timeline) {
                 // A point covers several events: its maxima at its start keep spikes visible, its
                 // last values at its end keep the level right between points and after the last
                 // one, even where its events share a time (then both at that time, the last after).
-                const uint64_t first = now = std::max(now, t.t_first);
-                now = std::max(now, t.t_last);
-                const bool falls = t.requested_last != t.requested_max || t.allocated_last != t.allocated_max ||
-                                   t.reserved_last != t.reserved_max || t.frag_last != t.frag_max;
+                const auto [first, last] = clock.place(t);
                 counter(dev + " memory (bytes)", ts(first),
                         {{"requested", t.requested_max}, {"allocated", t.allocated_max}, {"reserved", t.reserved_max}});
                 if (pooled)
                     counter(dev + " external fragmentation", ts(first), {{"fragmentation", std::round(t.frag_max * 1e6) / 1e6}});
-                if (t.events > 1 && (now != first || falls)) {
-                    counter(dev + " memory (bytes)", ts(now),
+                if (t.events > 1 && (last != first || t.falls())) {
+                    counter(dev + " memory (bytes)", ts(last),
                             {{"requested", t.requested_last}, {"allocated", t.allocated_last}, {"reserved", t.reserved_last}});
                     if (pooled)
-                        counter(dev + " external fragmentation", ts(now), {{"fragmentation", std::round(t.frag_last * 1e6) / 1e6}});
+                        counter(dev + " external fragmentation", ts(last), {{"fragmentation", std::round(t.frag_last * 1e6) / 1e6}});
                 }
             }
             for (const oom_report& o : d.ooms) {

@@ -26,8 +26,6 @@ std::string pad(std::string s, size_t n, bool right = false) {
 void rule(std::ostream& os, char c) { os << '|' << std::string(k_width, c) << "|\n"; }
 void framed(std::ostream& os, const std::string& s) { os << "| " << pad(s, k_width - 1) << "|\n"; }
 
-std::string at_text(uint64_t t, uint64_t seq) { return fmt_time(t) + " (seq " + std::to_string(seq) + ")"; }
-
 void row4(std::ostream& os, const std::string& a, const std::string& b, const std::string& c,
           const std::string& d) {
     framed(os, pad(a, 28) + pad(b, 14, true) + pad(c, 14, true) + "   " + d);
@@ -126,18 +124,17 @@ void write_blocks(std::ostream& os, const std::vector<block_view>& blocks) {
     for (const block_view& b : blocks)
         os << "    " << pad(fmt_hex(b.ptr), 16) << pad(fmt_bytes(b.size), 12, true)
            << pad(fmt_bytes(b.asize), 12, true) << "  " << pad(b.api, 22) << pad(kind_name(b.kind), 8)
-           << pad(at_text(b.t, b.seq), 22) << b.line << "\n";
+           << pad(fmt_at(b.t, b.seq), 22) << b.line << "\n";
 }
 
 void write_timeline(std::ostream& os, const device_report& d) {
     if (d.timeline.empty()) return;
     // Regroup the stored series into at most k_time_rows rows of equal time span, keeping maxima;
     // of equal event count instead when the events are bunched (else one row would hold them all).
-    // Seq order is the log's order, and t can step back in it (a thread reads the clock before it
-    // takes its seq; a hand-made log): a point is placed, and its row labelled, at the latest time
-    // seen up to it, so rows stay in seq order (a point before the first time wrapped past the last
-    // row, which then came out last, labelled with that earlier time).
-    uint64_t t0 = d.timeline.front().t_first, t1 = t0, now = t0;  // as the HTML charts and the Perfetto tracks do
+    // A point is placed, and its row labelled, where timeline_clock places it, so rows stay in seq
+    // order (a point before the first time wrapped past the last row, which then came out last,
+    // labelled with that earlier time).
+    uint64_t t0 = d.timeline.front().t_first, t1 = t0;
     for (const time_point& p : d.timeline) t1 = std::max({t1, p.t_first, p.t_last});
     size_t rows = std::min(k_time_rows, d.timeline.size());
     std::vector<time_point> out(rows);
@@ -145,10 +142,9 @@ void write_timeline(std::ostream& os, const device_report& d) {
     const bool by_event = events_bunched(d);
     uint64_t total = 0, before = 0;
     for (const time_point& p : d.timeline) total += p.events;
-    uint64_t seen = t0;  // the latest time of the points before this one, their last times included
+    timeline_clock clock;
     for (const time_point& p : d.timeline) {
-        now = std::max(seen, p.t_first);
-        seen = std::max(now, p.t_last);
+        const uint64_t now = clock.place(p).first;
         // Clamped: a report JSON can hold 0 events (0/0), and t1 - t0 + 1 wraps to 0 when the times
         // span 2^64 - 1.
         size_t r = by_event ? size_t(clamp_to_u64(double(before) * double(rows) / double(total), rows - 1))
@@ -196,9 +192,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     rule(os, '-');
     row4(os, "Metric", "At end", "Peak", "Peak at");
     rule(os, '-');
-    // A peak of 0 (nothing allocated: the pool took a segment and gave it back) has no moment;
-    // its seq 0 would read as the log's first event.
-    auto peak_at = [](const auto& m) { return m.peak ? at_text(m.peak_t, m.peak_seq) : std::string("-"); };
+    auto peak_at = [](const tracked_bytes& m) { return fmt_peak_at(m.peak, m.peak_t, m.peak_seq); };
     row4(os, "Requested memory", fmt_bytes(d.requested.current), fmt_bytes(d.requested.peak), peak_at(d.requested));
     row4(os, "Allocated memory", fmt_bytes(d.allocated.current), fmt_bytes(d.allocated.peak), peak_at(d.allocated));
     row4(os, "Reserved memory", fmt_bytes(d.reserved.current), fmt_bytes(d.reserved.peak), peak_at(d.reserved));
@@ -206,7 +200,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     const bool pooled = d.segment_count.peak > 0;
     if (pooled)
         row4(os, "Segments", std::to_string(d.segment_count.current), std::to_string(d.segment_count.peak),
-             at_text(d.segment_count.peak_t, d.segment_count.peak_seq));
+             fmt_at(d.segment_count.peak_t, d.segment_count.peak_seq));
     rule(os, '-');
     row4(os, "Metric", "At end", "At peak alloc", "Maximum");
     rule(os, '-');
@@ -222,7 +216,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         row4(os, "External fragmentation", fmt_pct(d.end_external_fragmentation), fmt_pct(k.external_fragmentation),
              fmt_pct(d.max_external_fragmentation) +
                  (worst ? " of " + fmt_bytes(d.max_external_fragmentation_free) + " free" : ""));
-        if (worst) row4(os, "", "", "", "at " + at_text(d.max_external_fragmentation_t, d.max_external_fragmentation_seq));
+        if (worst) row4(os, "", "", "", "at " + fmt_at(d.max_external_fragmentation_t, d.max_external_fragmentation_seq));
     }
     double end_ru = d.reserved.current ? 1.0 - double(d.allocated.current) / double(d.reserved.current) : 0;
     double end_ro = d.allocated.current ? 1.0 - double(d.requested.current) / double(d.allocated.current) : 0;
@@ -299,9 +293,9 @@ void write_device(std::ostream& os, const process_report& p, const device_report
 
     write_sites_text(os, p, d.top_sites,
                      "Top call sites at the peak of requested memory (" + fmt_bytes(d.requested.peak) + ", " +
-                         at_text(d.requested.peak_t, d.requested.peak_seq) + ")");
+                         fmt_at(d.requested.peak_t, d.requested.peak_seq) + ")");
     if (k.valid) {
-        os << "\n  Free-block map at the peak of allocated memory, " << at_text(k.t, k.seq) << ", line " << k.line << "\n";
+        os << "\n  Free-block map at the peak of allocated memory, " << fmt_at(k.t, k.seq) << ", line " << k.line << "\n";
         write_snapshot_totals(os, k);
         write_map(os, k);
         if (!k.largest_live.empty()) {
@@ -311,7 +305,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     }
     if (opt.show_at && d.at_request.valid) {
         const state_snapshot& a = d.at_request;
-        os << "\n  Free-block map at " << a.label << ": after " << at_text(a.t, a.seq) << "\n";
+        os << "\n  Free-block map at " << a.label << ": after " << fmt_at(a.t, a.seq) << "\n";
         write_snapshot_totals(os, a);
         write_map(os, a);
         if (!a.largest_live.empty()) {
@@ -321,7 +315,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     }
     for (size_t i = 0; i < d.ooms.size(); ++i) {
         const oom_report& o = d.ooms[i];
-        os << "\n  OOM #" << i + 1 << " at " << at_text(o.t, o.seq) << ", line " << o.line << ": "
+        os << "\n  OOM #" << i + 1 << " at " << fmt_at(o.t, o.seq) << ", line " << o.line << ": "
            << (o.api.empty() ? "a request" : o.api) << " of " << fmt_bytes(o.size)
            << (o.from_pool ? " (pool)" : " (error " + std::to_string(o.err) + ")") << "\n";
         // The line that asked first: what a reader of an OOM looks for (logs with stack records only).
