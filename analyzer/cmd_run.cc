@@ -303,7 +303,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
         bool any = false;
         for (const device_report& d : p.devices) {
             for (const oom_report& o : d.ooms) ooms.emplace_back(&p, &o);
-            n_ooms += std::max<uint64_t>(d.n_oom, d.ooms.size());
+            n_ooms += d.oom_count();
             // Host memory rows only when the program pinned any (PyTorch and JAX often leave an
             // empty one behind).
             if (d.dev < 0 && d.reserved.peak == 0 && d.n_leaks == 0 && d.n_oom == 0) continue;

@@ -238,6 +238,9 @@ struct device_report {
     state_snapshot at_peak;     // at the peak of allocated bytes
     state_snapshot at_request;  // at --at, when asked
     std::vector<oom_report> ooms;
+    // Every OOM of the device, for the "... N more OOMs" past those shown: n_oom, which ooms (the
+    // first 1000 only) may fall short of; ooms' size where n_oom is missing (a report JSON).
+    uint64_t oom_count() const noexcept { return std::max<uint64_t>(n_oom, ooms.size()); }
 
     uint64_t n_leaks = 0, leaked_bytes = 0;  // live at the end of the log (requested bytes)
     std::vector<block_view> leaks;           // largest first, at most k_max_listed_leaks

@@ -391,8 +391,8 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         if (x.map.valid) o << segment_map_svg(x.map);
         o << sites_table_html(p, x.sites, "Call sites live at this OOM");
     }
-    // As the text report says it, counted from n_oom: ooms keeps only the first 1000 of a device.
-    if (const uint64_t all = std::max<uint64_t>(d.n_oom, d.ooms.size()); all > 20)
+    // As the text report says it, counted from oom_count(): ooms keeps only the first 1000.
+    if (const uint64_t all = d.oom_count(); all > 20)
         o << "<p class=meta>… " << fmt_counted(all - 20, "more OOM", "more OOMs") << " not shown.</p>\n";
     o << "<h3>Size histograms</h3>\n<div style='display:flex;flex-wrap:wrap;gap:12px'>"
       << histogram_svg(d.alloc_sizes, "allocation request sizes (whole run)", k_allocated_color)

@@ -332,8 +332,8 @@ void write_device(std::ostream& os, const process_report& p, const device_report
            << o.explanation << "\n";
         if (o.map.valid) write_map(os, o.map);
         write_sites_text(os, p, o.sites, "call sites live at this OOM:", 4);
-        // The rest counted from n_oom: ooms keeps only the first 1000 of a device.
-        if (const uint64_t all = std::max<uint64_t>(d.n_oom, d.ooms.size()); i + 1 == 20 && all > 20) {
+        // The rest counted from oom_count(): ooms keeps only the first 1000 of a device.
+        if (const uint64_t all = d.oom_count(); i + 1 == 20 && all > 20) {
             os << "\n  ... " << fmt_counted(all - 20, "more OOM", "more OOMs") << "\n";
             break;
         }
