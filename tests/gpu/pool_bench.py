@@ -24,6 +24,9 @@ program of scripts/gpu-bundle.sh (for the pool-hit latency; default build/gpu/st
     and, as the control, safe with a fence per free (GPUMEM_FENCE_BATCH=1, the rule before batches).
 POOL_BENCH_A_MODES (comma-separated, default raw,gpumem,gpumem-novmm) picks (a)'s modes.
 POOL_BENCH_CPUS (e.g. 0-7) pins every spawned process to those CPUs.
+POOL_BENCH_TF=LAYERS,EMBD,TOKENS: (b)'s model and tokens a step (default 8,768,16384: a loop whose
+host time, Python and PyTorch's dispatch, is most of its step; a wider model with more tokens lets
+the GPU set the pace, where host time the pool adds can hide behind the queued work).
 POOL_BENCH_LEAVE_MIB=N: (b) runs beside a process (no gpumem, PyTorch's own allocator) that holds
 all of the GPU's free memory but N MiB: a program whose peak is near the device's memory, where the
 pool's out-of-memory path runs every step (native PyTorch, which caches twice the peak, may not fit).
@@ -82,18 +85,27 @@ def w_fragment():
             "freed_gib": (n_small - (n_small + 2) // 3) * mb6 / 2**30}
 
 
+def tf_shape():
+    """(layers, embd, tokens a step) from POOL_BENCH_TF, default 8,768,16384."""
+    v = [int(x) for x in os.environ.get("POOL_BENCH_TF", "8,768,16384").split(",")]
+    if len(v) != 3 or min(v) <= 0 or v[1] % 64:
+        raise SystemExit(f"POOL_BENCH_TF={os.environ.get('POOL_BENCH_TF')}: expected LAYERS,EMBD,TOKENS (EMBD a multiple of 64)")
+    return v
+
+
 def w_transformer(steps):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=8, n_embd=768, n_head=12, vocab_size=16384, n_positions=1024)
+    layers, embd, tokens = tf_shape()
+    cfg = GPT2Config(n_layer=layers, n_embd=embd, n_head=embd // 64, vocab_size=16384, n_positions=1024)
     model = GPT2LMHeadModel(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device="cpu").manual_seed(1)
     losses, times, launched = [], [], []
     for i in range(steps):
         seq = int(torch.randint(64, 1025, (1,), generator=gen).item())  # varying sequence lengths
-        batch = max(1, 16384 // seq)
+        batch = max(1, tokens // seq)
         ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -459,7 +471,7 @@ def main():
         fails.append("a")
 
     beside = f", beside a process that left {R['b_hog']['left_mib']} MiB of the GPU free" if "b_hog" in R else ""
-    md += ["", f"### (b) GPT-2 (8x768, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds{beside}", "",
+    md += ["", f"### (b) GPT-2 ({tf_shape()[0]}x{tf_shape()[1]}, {tf_shape()[2]} tokens a step, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds{beside}", "",
            "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run; ordered releases, waits after the last) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|---|"]
     nat = R["b"].get("native", [])
