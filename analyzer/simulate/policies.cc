@@ -36,9 +36,15 @@ std::string policy_note(const policy_spec& spec, const std::string& log_config_j
     }
     if (base != "pytorch" && base != "pytorch-expandable") return "";
     pt_config cfg;
-    if (!parse_pt_config(spec.options, cfg).empty() || cfg.gc_threshold == 0 || pt_gc_acts(cfg)) return "";
-    return "garbage_collection_threshold has no effect here: PyTorch collects only under a memory limit; "
-           "add per_process_memory_fraction below 1";
+    // A value written otherwise than as its number ("max_split_size_mb:64MB") replays as torch read
+    // it, which the user may not have meant: said, not taken silently.
+    std::string read_as;
+    if (!parse_pt_config(spec.options, cfg, &read_as).empty()) return "";
+    std::string gc;
+    if (cfg.gc_threshold > 0 && !pt_gc_acts(cfg))
+        gc = "garbage_collection_threshold has no effect here: PyTorch collects only under a memory limit; "
+             "add per_process_memory_fraction below 1";
+    return read_as + (read_as.empty() || gc.empty() ? "" : "; ") + gc;
 }
 
 std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, uint64_t device_total,

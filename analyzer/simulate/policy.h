@@ -56,7 +56,9 @@ std::unique_ptr<policy> make_policy(const policy_spec& spec, uint64_t capacity, 
 
 // What the replay must say beside a policy whose options cannot act (garbage_collection_threshold
 // without a memory limit; gpumem's pool_trim or pool_stitch without virtual memory or safe reuse,
-// pool_stitch without arenas, read with the log's header settings), so that a number unchanged by them is not read as their effect: ""
+// pool_stitch without arenas, read with the log's header settings), so that a number unchanged by them is not read as their effect,
+// or whose PyTorch values were read as torch reads them from something other than a plain number
+// ("max_split_size_mb:64MB read as 64, as PyTorch reads it"): ""
 // when there is nothing to say (or the name is not understood: make_policy says why).
 std::string policy_note(const policy_spec& spec, const std::string& log_config_json = "{}");
 

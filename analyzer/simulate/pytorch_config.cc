@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstddef>
 #include <cstdio>
@@ -21,9 +22,37 @@ constexpr const char* k_pt_option_names =
     "release_lock_on_cudamalloc, graph_capture_record_stream_reuse, pinned_use_cuda_host_register, "
     "pinned_num_register_threads, pinned_reserve_segment_size_mb, pinned_use_background_threads";
 
-bool to_u64(std::string_view s, uint64_t& v) {
-    auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-    return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
+// PyTorch 2.11 reads every number of the config with std::stoull (ConfigTokenizer::toSizeT: the
+// sizes, roundup_power2_divisions' intervals and divisions, the pinned_ counts) or std::stod
+// (toDouble: garbage_collection_threshold, per_process_memory_fraction).  Both take the longest
+// prefix strtoull / strtod read, a sign included ("64MB" is 64, "+64" 64, and stoull's "-1" wraps
+// to 2^64 - 1), and throw only where no number starts the token or it is out of range: torch then
+// refuses the config at startup.  The same C calls here take exactly what torch takes, so a
+// program's own setting replays; *as_written is false where the token is not just the number.
+bool read_like_stoull(const std::string& s, uint64_t& v, bool* as_written) {
+    errno = 0;
+    char* end = nullptr;
+    unsigned long long r = std::strtoull(s.c_str(), &end, 10);
+    if (end == s.c_str() || errno == ERANGE) return false;
+    v = r;
+    *as_written = *end == '\0' && std::isdigit(static_cast<unsigned char>(s[0]));
+    return true;
+}
+
+bool read_like_stod(const std::string& s, double& v, bool* as_written) {
+    errno = 0;
+    char* end = nullptr;
+    double r = std::strtod(s.c_str(), &end);
+    if (end == s.c_str() || errno == ERANGE) return false;
+    v = r;
+    *as_written = *end == '\0' && s[0] != '+' && s[0] != '-';
+    return true;
+}
+
+std::string shortest(double d) {
+    char buf[32];
+    auto r = std::to_chars(buf, buf + sizeof buf, d);
+    return std::string(buf, r.ptr);
 }
 
 // PyTorch's lexer (ConfigTokenizer, c10/core/AllocatorConfig.h): ',', ':', '[' and ']' are tokens
@@ -85,9 +114,23 @@ std::string pt_config::to_conf() const {
     return s;
 }
 
-std::string parse_pt_config(std::string_view text, pt_config& out) {
+std::string parse_pt_config(std::string_view text, pt_config& out, std::string* note) {
     std::vector<std::string> t = lex(text);
     size_t i = 0;
+    // Each value not written as the plain number torch reads from it: "max_split_size_mb:64MB read as 64".
+    std::vector<std::string> read_as;
+    auto u64 = [&](const std::string& where, const std::string& tok, uint64_t& v) {
+        bool plain = true;
+        if (!read_like_stoull(tok, v, &plain)) return false;
+        if (!plain) read_as.push_back(where + tok + " read as " + std::to_string(v));
+        return true;
+    };
+    auto real = [&](const std::string& key, const std::string& tok, double& v) {
+        bool plain = true;
+        if (!read_like_stod(tok, v, &plain)) return false;
+        if (!plain) read_as.push_back(key + ":" + tok + " read as " + shortest(v));
+        return true;
+    };
     auto expect = [&](const char* tok) {
         if (i >= t.size() || t[i] != tok) return false;
         ++i;
@@ -99,7 +142,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
         if (i >= t.size()) return key + ": no value";
         if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
             uint64_t mb;
-            if (!to_u64(t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
+            if (!u64(key + ":", t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
             // AcceleratorAllocatorConfig::parseMaxSplitSize / parseMaxNonSplitRoundingSize refuse
             // either below the 20 MiB large-segment size (PyTorch up to 2.8 also refused
             // max_split_size_mb:20 itself).
@@ -110,7 +153,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
         } else if (key == "large_segment_size_mb") {
             // AcceleratorAllocatorConfig::parseLargeSegmentSize: more than kMinLargeAlloc (10 MiB).
             uint64_t mb;
-            if (!to_u64(t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
+            if (!u64(key + ":", t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
             if (mb <= (k_pt_min_large_alloc >> 20)) return key + " must be > 10";
             // PyTorch takes any size; a page past 1 TiB is more than any device maps, and would
             // overflow the replay's made-up address space.
@@ -127,7 +170,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
                     if (!expect(":")) return "roundup_power2_divisions: expected SIZE_MB:DIVISIONS in [...]";
                     uint64_t div;
                     // In the list form 0 turns rounding off for the interval.
-                    if (i >= t.size() || !to_u64(t[i], div) || (div != 0 && !std::has_single_bit(div)))
+                    if (i >= t.size() || !u64(key + ": ", t[i], div) || (div != 0 && !std::has_single_bit(div)))
                         return "roundup_power2_divisions: divisions must be a power of 2 or 0";
                     ++i;
                     // ">" fills the intervals after the last named one (last_index + 1 in
@@ -137,7 +180,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
                         std::fill(out.roundup_divisions.begin() + std::ptrdiff_t(last + 1), out.roundup_divisions.end(), div);
                     } else {
                         uint64_t mb;
-                        if (!to_u64(interval, mb) || !std::has_single_bit(mb))
+                        if (!u64(key + ": ", interval, mb) || !std::has_single_bit(mb))
                             return "roundup_power2_divisions: intervals must be powers of 2 (MiB): " + interval;
                         size_t idx = std::min<size_t>(size_t(63 - std::countl_zero(mb)), k_pt_roundup_intervals - 1);
                         // The first interval also sets every smaller one.
@@ -151,25 +194,23 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
                 if (!expect("]")) return "roundup_power2_divisions: missing ']'";
             } else {
                 uint64_t div;
-                if (!to_u64(t[i], div) || !std::has_single_bit(div))
+                if (!u64(key + ":", t[i], div) || !std::has_single_bit(div))
                     return "roundup_power2_divisions: divisions must be a power of 2: " + t[i];
                 out.roundup_divisions.fill(div);
                 ++i;
             }
         } else if (key == "garbage_collection_threshold") {
-            char* end = nullptr;
-            std::string v = t[i];
-            double d = std::strtod(v.c_str(), &end);
-            if (end == v.c_str() || *end || !(d > 0 && d < 1))
+            const std::string& v = t[i];
+            double d = 0;
+            if (!real(key, v, d) || !(d > 0 && d < 1))
                 return "garbage_collection_threshold: must be between 0.0 and 1.0 (exclusive): " + v;
             out.gc_threshold = d;
             ++i;
         } else if (key == "per_process_memory_fraction") {
             // CUDAAllocatorConfig::parsePerProcessMemoryFraction: [0.0, 1.0].
-            char* end = nullptr;
-            std::string v = t[i];
-            double d = std::strtod(v.c_str(), &end);
-            if (end == v.c_str() || *end || !(d >= 0 && d <= 1))
+            const std::string& v = t[i];
+            double d = 0;
+            if (!real(key, v, d) || !(d >= 0 && d <= 1))
                 return "per_process_memory_fraction: must be between 0.0 and 1.0: " + v;
             out.memory_fraction = d;
             ++i;
@@ -192,18 +233,23 @@ std::string parse_pt_config(std::string_view text, pt_config& out) {
         } else if (key == "pinned_num_register_threads") {
             // parsePinnedNumRegisterThreads: a power of 2, at most kPinnedMaxRegisterThreads (128).
             uint64_t n;
-            if (!to_u64(t[i], n) || !std::has_single_bit(n) || n > 128)
+            if (!u64(key + ":", t[i], n) || !std::has_single_bit(n) || n > 128)
                 return key + ": expected a power of 2 from 1 to 128, not " + t[i];
             ++i;
         } else if (key == "pinned_reserve_segment_size_mb") {
             // parsePinnedReserveSegmentSize: greater than 0.
             uint64_t mb;
-            if (!to_u64(t[i], mb) || mb == 0) return key + ": expected a whole number of MiB above 0, not " + t[i];
+            if (!u64(key + ":", t[i], mb) || mb == 0) return key + ": expected a whole number of MiB above 0, not " + t[i];
             ++i;
         } else {
             return "unknown option " + key + " (known: " + k_pt_option_names + ")";
         }
         if (i < t.size() && !expect(",")) return "expected ',' before " + t[i];
+    }
+    if (note) {
+        note->clear();
+        for (const std::string& r : read_as) *note += (note->empty() ? "" : ", ") + r;
+        if (!read_as.empty()) *note += read_as.size() == 1 ? ", as PyTorch reads it" : ", as PyTorch reads them";
     }
     return "";
 }

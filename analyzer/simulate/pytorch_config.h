@@ -48,7 +48,10 @@ inline bool pt_gc_acts(const pt_config& cfg) {
 // Parses "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],expandable_segments:True".
 // Returns "" on success, else what is wrong (with the same limits PyTorch checks).  The keys that
 // cannot change the replayed layout (release_lock_on_cudamalloc, the pinned_ host allocator's,
-// graph_capture_record_stream_reuse) are accepted and ignored.
-std::string parse_pt_config(std::string_view text, pt_config& out);
+// graph_capture_record_stream_reuse) are accepted and ignored.  A number is read as PyTorch 2.11
+// reads it (std::stoull or std::stod of the value: "64MB" is 64, "+64" is 64; "abc" is refused);
+// *note, when given, says which values were read from something other than a plain number
+// ("max_split_size_mb:64MB read as 64, as PyTorch reads it"), "" when none.
+std::string parse_pt_config(std::string_view text, pt_config& out, std::string* note = nullptr);
 
 }  // namespace gpumem::simulate

@@ -95,6 +95,25 @@ PY
 grep -q "note:" "$W/gc.txt" && fail "gc threshold under a fraction: a note: $(cat "$W/gc.txt")"
 "$GPUMEM" replay "$W/frag.jsonl" --policy "$gc,per_process_memory_fraction:1" --capacity 40MiB > "$W/gc.txt" 2>&1 || fail "gc threshold, fraction 1: exit $?"
 grep -q "note: garbage_collection_threshold has no effect" "$W/gc.txt" || fail "gc threshold with --capacity and fraction 1: no note: $(cat "$W/gc.txt")"
+# A value PyTorch reads leniently (std::stoull / std::stod of the token: "64MB" is 64, "+64" is 64)
+# replays as torch ran it, said under the line and in --json's note: the replay refused it, so the
+# setting a program ran with could not be replayed.  A value torch refuses stays refused.
+"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch:max_split_size_mb:64MB,pytorch:max_split_size_mb:+64,garbage_collection_threshold:0.5" > "$W/lenient.txt" \
+  || fail "lenient numbers: exit $?"
+python3 - "$W/lenient.txt" <<'PY' || fail "lenient numbers: no note under the line: $(cat "$W/lenient.txt")"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+i = next(i for i, l in enumerate(lines) if l.lstrip().startswith("pytorch:max_split_size_mb:64MB "))
+assert lines[i + 1].strip() == "^ note: max_split_size_mb:64MB read as 64, as PyTorch reads it", lines
+i = next(i for i, l in enumerate(lines) if l.lstrip().startswith("pytorch:max_split_size_mb:+64,"))
+assert lines[i + 1].strip() == "^ note: max_split_size_mb:+64 read as 64, as PyTorch reads it; garbage_collection_threshold has no effect here: " \
+       "PyTorch collects only under a memory limit; add per_process_memory_fraction below 1", lines
+PY
+"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch:max_split_size_mb:64,pytorch:max_split_size_mb:64MB" --json > "$W/lenient.json" \
+  && python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["policies"]; assert "note" not in p[0] and p[1]["note"]=="max_split_size_mb:64MB read as 64, as PyTorch reads it" and p[0]["peak_reserved_bytes"]==p[1]["peak_reserved_bytes"], p' "$W/lenient.json" \
+  || fail "lenient numbers: exit, or no note in --json: $(cat "$W/lenient.json")"
+"$GPUMEM" replay "$W/frag.jsonl" --policy "pytorch:max_split_size_mb:abc" > /dev/null 2> "$W/err"; rc=$?
+[ $rc = 2 ] && grep -q "max_split_size_mb: not a whole number of MiB: abc" "$W/err" || fail "max_split_size_mb:abc: exit $rc, $(cat "$W/err")"
 # gpumem's pool_trim and pool_stitch act only once frees wait for fences, which this one-stream
 # replay reaches only with reuse=safe (auto never switches): without it their numbers are the
 # defaults', said under the line (and in --json); with reuse=safe, or from a header that says safe, no note.

@@ -496,6 +496,54 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing: PyTorch's limits, round trip through
           "max_split_size_mb:64,max_non_split_rounding_mb:30");
 }
 
+TEST_CASE("PYTORCH_CUDA_ALLOC_CONF numbers are read as PyTorch reads them (std::stoull, std::stod)") {
+    // torch 2.11's ConfigTokenizer::toSizeT is std::stoull of the value, toDouble std::stod: a
+    // leading sign and anything after the number are taken, so "64MB" ran as 64 in the program
+    // and must replay as 64, with a note; a value torch refuses (no number first, out of range)
+    // stays refused.
+    pt_config c;
+    std::string note;
+    CHECK(parse_pt_config("max_split_size_mb:64MB", c, &note) == "");
+    CHECK(c.max_split_size == 64 * MiB);
+    CHECK(note == "max_split_size_mb:64MB read as 64, as PyTorch reads it");
+    CHECK(parse_pt_config("max_split_size_mb:+64", c, &note) == "");
+    CHECK(c.max_split_size == 64 * MiB);
+    CHECK(note == "max_split_size_mb:+64 read as 64, as PyTorch reads it");
+    // stoull negates a '-' value modulo 2^64: -1 is the largest, which torch clamps (unlimited).
+    CHECK(parse_pt_config("max_split_size_mb:-1", c, &note) == "");
+    CHECK(c.max_split_size == (std::numeric_limits<uint64_t>::max() >> 20) << 20);
+    CHECK(note == "max_split_size_mb:-1 read as 18446744073709551615, as PyTorch reads it");
+    CHECK(parse_pt_config("max_split_size_mb:64", c, &note) == "");
+    CHECK(note == "");  // a plain number needs no note
+    CHECK(parse_pt_config("max_non_split_rounding_mb:40mb,large_segment_size_mb:32.5", c, &note) == "");
+    CHECK(c.max_non_split_rounding == 40 * MiB);
+    CHECK(c.large_segment == 32 * MiB);
+    CHECK(note == "max_non_split_rounding_mb:40mb read as 40, large_segment_size_mb:32.5 read as 32, as PyTorch reads them");
+    CHECK(parse_pt_config("roundup_power2_divisions:4x", c, &note) == "");
+    CHECK(c.divisions_for(64 * MiB) == 4);
+    CHECK(parse_pt_config("roundup_power2_divisions:[256MB:2,>:+8]", c, &note) == "");
+    CHECK(c.divisions_for(256 * MiB) == 2);
+    CHECK(c.divisions_for(1024 * MiB) == 8);
+    CHECK(note == "roundup_power2_divisions: 256MB read as 256, roundup_power2_divisions: +8 read as 8, as PyTorch reads them");
+    CHECK(parse_pt_config("garbage_collection_threshold:0.5x,per_process_memory_fraction:+0.25", c, &note) == "");
+    CHECK(c.gc_threshold == 0.5);
+    CHECK(c.memory_fraction == 0.25);
+    CHECK(note == "garbage_collection_threshold:0.5x read as 0.5, per_process_memory_fraction:+0.25 read as 0.25, as PyTorch reads them");
+    CHECK(parse_pt_config("pinned_num_register_threads:8threads,pinned_reserve_segment_size_mb:1G", c, &note) == "");
+    // Read leniently, then checked as torch checks: 19 is still below 20.
+    CHECK(parse_pt_config("max_split_size_mb:19MB", c) != "");
+    CHECK(parse_pt_config("roundup_power2_divisions:3x", c) != "");
+    // What std::stoull / std::stod throw on: torch refuses the config, so does the replay.
+    for (const char* bad : {"max_split_size_mb:abc", "max_split_size_mb:MB64", "max_split_size_mb:+", "max_split_size_mb:+-1",
+                            "max_split_size_mb:99999999999999999999", "large_segment_size_mb:x",
+                            "roundup_power2_divisions:[x:4]", "roundup_power2_divisions:[256:x]", "pinned_num_register_threads:many",
+                            "garbage_collection_threshold:.x", "per_process_memory_fraction:abc",
+                            "per_process_memory_fraction:1e-400"}) {
+        INFO(bad);
+        CHECK(parse_pt_config(bad, c) != "");
+    }
+}
+
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF keys without effect on device memory take only the values PyTorch takes") {
     // A config torch refuses at startup (ValueError) must not replay as if it ran: the keys the
     // model skips are checked as CUDAAllocatorConfig / AcceleratorAllocatorConfig check them.
