@@ -146,19 +146,30 @@ ojson result_json(const sim::replay_result& r, uint64_t capacity, const std::str
     return j;
 }
 
-// The grid's best: the least peak reserved among the runs that fit; at the same peak the defaults
-// (a setting that saves nothing is no advice to change one: one driver call fewer made
-// roundup_power2_divisions:16,expandable_segments:True the suggestion at "-0.0%"), then the
-// fewest driver calls, then the fewest options.
+// What `best` saves against the defaults, as --suggest prints it ("-9.3%"); "" where that is
+// nothing at the printed precision: a setting that saves nothing visible is no advice to change
+// one (one driver call fewer made roundup_power2_divisions:16,expandable_segments:True the
+// suggestion at the same peak, and 2 MiB less of 40 GiB printed "-0.0%").  The defaults must have
+// served every request: a stopped replay's peak is no footprint to measure a saving against.
+std::string saving_text(const sim::replay_result& best, const sim::replay_result& def) {
+    if (def.failure != sim::failure_reason::none || best.peak_reserved >= def.peak_reserved) return "";
+    std::string pct = fmt_pct(1.0 - double(best.peak_reserved) / double(def.peak_reserved));
+    return pct == fmt_pct(0) ? "" : "-" + pct;
+}
+
+// The grid's best (the grid starts with the defaults): the least peak reserved among the runs that
+// fit, then the fewest driver calls, then the fewest options; the defaults unless they stopped or
+// it saves something visible (saving_text), for the text and --json alike.
 size_t best_of(const device_job& d) {
     size_t best = 0;
     auto key = [&](size_t i) {
         const auto& r = d.grid[i];
-        return std::make_tuple(r.failure != sim::failure_reason::none, r.peak_reserved, !d.grid_confs[i].empty(),
-                               r.driver_allocs, d.grid_confs[i].size());
+        return std::make_tuple(r.failure != sim::failure_reason::none, r.peak_reserved, r.driver_allocs,
+                               d.grid_confs[i].size());
     };
     for (size_t i = 1; i < d.grid.size(); ++i)
         if (key(i) < key(best)) best = i;
+    if (d.grid[0].failure == sim::failure_reason::none && saving_text(d.grid[best], d.grid[0]).empty()) return 0;
     return best;
 }
 
@@ -270,8 +281,7 @@ void print_text(const std::vector<sim::trace>& traces, const std::vector<device_
             else
                 std::printf("     PYTORCH_CUDA_ALLOC_CONF=%s\n     peak reserved %s, against %s with the defaults (%s)\n",
                             d.grid_confs[b].c_str(), fmt_bytes(best.peak_reserved).c_str(),
-                            fmt_bytes(def.peak_reserved).c_str(),
-                            def.peak_reserved ? ("-" + fmt_pct(1.0 - double(best.peak_reserved) / double(def.peak_reserved))).c_str() : "-");
+                            fmt_bytes(def.peak_reserved).c_str(), saving_text(best, def).c_str());
             if (!capacity && best.failure != sim::failure_reason::none)
                 std::printf("     no setting replays the whole log: this one stops at %s (%s)\n",
                             moment(best.fail_seq, best.fail_t).c_str(),

@@ -270,6 +270,32 @@ echo "$out" | grep -q "     the defaults: no PYTORCH_CUDA_ALLOC_CONF beats them 
 "$GPUMEM" replay "$W/tie.jsonl" --policy pytorch --suggest --json > "$W/tie.json" \
   && python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["suggestion"]; assert s["pytorch_cuda_alloc_conf"] == "" and s["peak_reserved_bytes"] == 500 << 20, s' "$W/tie.json" \
   || fail "--suggest --json, a tie with the defaults: $(cat "$W/tie.json")"
+# Nor is one that saves less than the printed precision shows: beside a tensor of BASE, 119 and 201
+# MiB take segments of 120 and 202 MiB by default, and fill expandable_segments' 20 MiB pages
+# exactly, 2 MiB less.  Of 40 GiB that is 0.005%, which was suggested as "(-0.0%)"; of 2.5 GiB
+# it is 0.07%, printed "-0.1%", and suggested.
+for base in 40960 2560; do
+  {
+    echo '{"ev":"header","format":"gpumem-events","version":2,"pid":1,"config":{"pool":"off"}}'
+    i=0
+    for mib in $base 119 201; do
+      printf '{"ev":"alloc","seq":%d,"t":%d,"tid":1,"dev":0,"api":"cudaMalloc","kind":"device","ptr":"0x%x","size":%d}\n' $i $((i * 1000)) $(( (i + 1) << 40 )) $((mib << 20))
+      i=$((i + 1))
+    done
+  } > "$W/small$base.jsonl"
+  "$GPUMEM" replay "$W/small$base.jsonl" --policy pytorch --suggest > "$W/small$base.txt" || fail "--suggest, a small saving on $base MiB: exit $?"
+  "$GPUMEM" replay "$W/small$base.jsonl" --policy pytorch --suggest --json > "$W/small$base.json" || fail "--suggest --json, a small saving on $base MiB: exit $?"
+done
+grep -q "     the defaults: no PYTORCH_CUDA_ALLOC_CONF beats them (40.31 GiB)$" "$W/small40960.txt" \
+  || fail "--suggest, 2 MiB of 40 GiB: suggested a setting that saves nothing visible: $(cat "$W/small40960.txt")"
+grep -q "0\.0%" "$W/small40960.txt" && fail "--suggest, 2 MiB of 40 GiB: printed 0.0%: $(cat "$W/small40960.txt")"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["suggestion"]; assert s["pytorch_cuda_alloc_conf"] == "" and s["peak_reserved_bytes"] == 41282 << 20, s' "$W/small40960.json" \
+  || fail "--suggest --json, 2 MiB of 40 GiB: $(cat "$W/small40960.json")"
+grep -q "     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True$" "$W/small2560.txt" \
+  && grep -q "     peak reserved 2.81 GiB, against 2.81 GiB with the defaults (-0.1%)$" "$W/small2560.txt" \
+  || fail "--suggest, 2 MiB of 2.5 GiB: not suggested at -0.1%: $(cat "$W/small2560.txt")"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["logs"][0]["devices"][0]["suggestion"]; assert s["pytorch_cuda_alloc_conf"] == "expandable_segments:True" and s["peak_reserved_bytes"] == 2880 << 20, s' "$W/small2560.json" \
+  || fail "--suggest --json, 2 MiB of 2.5 GiB: $(cat "$W/small2560.json")"
 # A report JSON is no event log: said so, exit 2.
 "$GPUMEM" report --json "$W/pools.jsonl" > "$W/pools.report.json" 2> /dev/null
 "$GPUMEM" replay "$W/pools.report.json" > /dev/null 2> "$W/err.txt"; rc=$?
