@@ -63,7 +63,7 @@ std::string lost_note(const process_report& p, const char* whose) {
 // lost events are, since a job that was killed can still pass its limits.
 std::string unended_note(const process_report& p, const char* whose) {
     if (p.has_end) return "";
-    return std::string("; ") + whose + "the log has no end line (killed or still running): values up to where it stops";
+    return std::string("; ") + whose + "the log has " + k_no_end_line + ": values up to where it stops";
 }
 
 struct outcome {

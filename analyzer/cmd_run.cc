@@ -296,8 +296,7 @@ void print_summary(const std::vector<std::string>& logs, unsigned jobs, const pr
     std::vector<std::pair<const process_report*, const oom_report*>> ooms;
     uint64_t n_ooms = 0;
     for (const process_report& p : procs) {
-        std::string ended = p.has_end ? p.end_reason + (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "")
-                                      : std::string(p.truncated_last_line ? "no end line (killed?)" : "no end line");
+        std::string ended = p.end_text();
         // From the log: shown, never sent to the terminal as is (a NUL would also cut the row).
         const std::string rank = visible(p.rank);
         bool any = false;

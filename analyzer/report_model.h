@@ -269,6 +269,11 @@ struct header_device {
     uint64_t total = 0;
 };
 
+// What a log without an end line tells of its process (the recorder writes one at exit, _exit, a
+// fatal signal it catches, and exec): stated once, for the report (text and HTML), run's summary
+// and check's notes.  A last line cut short is warned of apart.
+inline constexpr const char* k_no_end_line = "no end line (killed or still running)";
+
 // Everything about one log file.
 struct process_report {
     std::string file;
@@ -314,6 +319,12 @@ struct process_report {
     std::vector<device_report> devices;  // sorted by dev
 
     uint64_t duration_ns() const { return last_t > first_t ? last_t - first_t : 0; }
+    // How the process ended, as every view says it: the end line's reason ("exit", "signal 9"), or
+    // k_no_end_line.
+    std::string end_text() const {
+        if (!has_end) return k_no_end_line;
+        return end_reason + (end_reason == "signal" ? " " + std::to_string(end_signal) : "");
+    }
 };
 
 // Combined view over several processes (ranks) of one job.

@@ -440,7 +440,7 @@ void write_html(std::ostream& o, const std::vector<process_report>& procs, const
           << (p.rank.empty() ? "" : ", rank " + html_escape(p.rank)) << (cmd.empty() ? "" : " · <code>" + html_escape(cmd) + "</code>")
           << "<br>gpumem " << html_escape(p.gpumem_version) << ", pool " << html_escape(p.pool_mode) << reuse_text(p) << ", "
           << fmt_counted(p.events, "event", "events") << " over " << fmt_time(p.duration_ns()) << ", "
-          << (p.has_end ? "ended: " + html_escape(p.end_reason) : std::string("no end line (killed?)")) << "</p>\n";
+          << (p.has_end ? "ended: " : "") << html_escape(p.end_text()) << "</p>\n";
         // Said as the text report says it: the first warning shown below may be another one (a blank
         // line), and a page without it gave a lossy log's totals as exact.
         if (p.lost)

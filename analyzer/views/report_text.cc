@@ -367,11 +367,7 @@ void write_text_unfiltered(std::ostream& os, const std::vector<process_report>& 
            << (p.pool_mode.empty() ? "?" : p.pool_mode);
         if (!p.start_time.empty()) os << ", started " << p.start_time;
         os << ", " << fmt_time(p.duration_ns()) << " of events, " << fmt_counted(p.events, "event", "events") << ", ";
-        if (p.has_end)
-            os << "ended: " << p.end_reason << (p.end_reason == "signal" ? " " + std::to_string(p.end_signal) : "");
-        else
-            os << "no end line (killed?)";
-        os << "\n";
+        os << (p.has_end ? "ended: " : "") << p.end_text() << "\n";
         if (p.lost)
             os << "  " << fmt_counted(p.lost, "event was", "events were") << " lost by the recorder: totals are approximate\n";
         if (p.n_reserve)

@@ -135,6 +135,25 @@ TEST_CASE("the HTML page says a log's lost events make its totals approximate, a
     CHECK_THAT(h0.str(), !Catch::Contains("lost by the recorder"));
 }
 
+TEST_CASE("the text report and the HTML page say how a process ended in the same words", "[output]") {
+    // Both take process_report::end_text: the page gave a signal's reason without its number.
+    std::vector<process_report> ps{analyze_file(data_path("golden/pool_off_basic.jsonl"), {})};
+    ps[0].has_end = true;
+    ps[0].end_reason = "signal";
+    ps[0].end_signal = 9;
+    std::ostringstream h, t;
+    write_html(h, ps, combine(ps), {});
+    write_text(t, ps, combine(ps), {});
+    CHECK_THAT(t.str(), Catch::Contains(", ended: signal 9\n"));
+    CHECK_THAT(h.str(), Catch::Contains(", ended: signal 9</p>"));
+    ps[0].has_end = false;
+    std::ostringstream h2, t2;
+    write_html(h2, ps, combine(ps), {});
+    write_text(t2, ps, combine(ps), {});
+    CHECK_THAT(t2.str(), Catch::Contains(", no end line (killed or still running)\n"));
+    CHECK_THAT(h2.str(), Catch::Contains(", no end line (killed or still running)</p>"));
+}
+
 TEST_CASE("a count of one is written singular in the text and HTML reports", "[output]") {
     // pool_fragmentation has one OOM on one device; the other counts are set to one here.
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};

@@ -130,10 +130,19 @@ PY
   expect_rc 134 "$GPUMEM" run -o "$W/crash/" -- "$EMU/emu_driver_app" crash abort 10
   expect_in "$W/err" "killed by signal 6 (exit code 134)"
   expect_in "$W/err" "signal 6"
-  # SIGKILL leaves no end line: what it held is live where the log stops, not leaked.
+  # SIGKILL leaves no end line: what it held is live where the log stops, not leaked.  The summary
+  # says of it what the report says (it said "(killed?)" only after a last line cut short, the
+  # report always), and the same with a cut line.
   expect_rc 137 "$GPUMEM" run -o "$W/killed/" -- "$EMU/emu_driver_app" crash kill 100
-  expect_in "$W/err" "KiB *     0  no end line"
+  expect_in "$W/err" "KiB *     0  no end line (killed or still running)"
   expect_in "$W/err" "* live when the log stops: the process did not exit, so not a leak"
+  killed_log=$(ls "$W"/killed/*.jsonl)
+  expect_rc 0 "$GPUMEM" report --no-progress "$killed_log"
+  expect_in "$W/out" " events, no end line (killed or still running)"
+  printf '{"ev":"free","seq":' >> "$killed_log"
+  expect_rc 0 "$GPUMEM" report --no-progress "$killed_log"
+  expect_in "$W/err" "the last line is cut short"
+  expect_in "$W/out" " events, no end line (killed or still running)"
   # An exec: two logs of one pid, said as such, and no imbalance between the two images.
   expect_rc 0 "$GPUMEM" run -o "$W/exec/" -- "$EMU/emu_driver_app" exec execv 10
   expect_in "$W/err" "holds this process's log from before its exec"
