@@ -45,7 +45,8 @@ bool read_like_stod(const std::string& s, double& v, bool* as_written) {
     double r = std::strtod(s.c_str(), &end);
     if (end == s.c_str() || errno == ERANGE) return false;
     v = r;
-    *as_written = *end == '\0' && s[0] != '+' && s[0] != '-';
+    // A '-' is the number's own sign here (stoull's wraps): "-0.5" is read as written.
+    *as_written = *end == '\0' && s[0] != '+';
     return true;
 }
 
@@ -119,17 +120,25 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
     size_t i = 0;
     // Each value not written as the plain number torch reads from it: "max_split_size_mb:64MB read as 64".
     std::vector<std::string> read_as;
+    // The last value read's entry ("" for a plain number), for a refusal of what it was read as:
+    // "1e2" is refused as 1, below 20, which the token alone does not say.
+    std::string last_read;
     auto u64 = [&](const std::string& where, const std::string& tok, uint64_t& v) {
         bool plain = true;
+        last_read.clear();
         if (!read_like_stoull(tok, v, &plain)) return false;
-        if (!plain) read_as.push_back(where + tok + " read as " + std::to_string(v));
+        if (!plain) read_as.push_back(last_read = where + tok + " read as " + std::to_string(v));
         return true;
     };
     auto real = [&](const std::string& key, const std::string& tok, double& v) {
         bool plain = true;
+        last_read.clear();
         if (!read_like_stod(tok, v, &plain)) return false;
-        if (!plain) read_as.push_back(key + ":" + tok + " read as " + shortest(v));
+        if (!plain) read_as.push_back(last_read = key + ":" + tok + " read as " + shortest(v));
         return true;
+    };
+    auto refused = [&](const std::string& why) {
+        return last_read.empty() ? why : why + " (" + last_read + ", as PyTorch reads it)";
     };
     auto expect = [&](const char* tok) {
         if (i >= t.size() || t[i] != tok) return false;
@@ -146,7 +155,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
             // AcceleratorAllocatorConfig::parseMaxSplitSize / parseMaxNonSplitRoundingSize refuse
             // either below the 20 MiB large-segment size (PyTorch up to 2.8 also refused
             // max_split_size_mb:20 itself).
-            if (mb < (k_pt_large_buffer >> 20)) return key + " too small, must be >= 20";
+            if (mb < (k_pt_large_buffer >> 20)) return refused(key + " too small, must be >= 20");
             mb = std::min<uint64_t>(mb, std::numeric_limits<uint64_t>::max() >> 20);
             (key == "max_split_size_mb" ? out.max_split_size : out.max_non_split_rounding) = mb << 20;
             ++i;
@@ -154,10 +163,11 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
             // AcceleratorAllocatorConfig::parseLargeSegmentSize: more than kMinLargeAlloc (10 MiB).
             uint64_t mb;
             if (!u64(key + ":", t[i], mb)) return key + ": not a whole number of MiB: " + t[i];
-            if (mb <= (k_pt_min_large_alloc >> 20)) return key + " must be > 10";
+            if (mb <= (k_pt_min_large_alloc >> 20)) return refused(key + " must be > 10");
             // PyTorch takes any size; a page past 1 TiB is more than any device maps, and would
             // overflow the replay's made-up address space.
-            if (mb > (1ull << 20)) return key + ": " + t[i] + " MiB is larger than any device (at most 1048576 here)";
+            if (mb > (1ull << 20))
+                return refused(key + ": " + std::to_string(mb) + " MiB is larger than any device (at most 1048576 here)");
             out.large_segment = mb << 20;
             ++i;
         } else if (key == "roundup_power2_divisions") {
@@ -169,9 +179,12 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
                     std::string interval = t[i++];
                     if (!expect(":")) return "roundup_power2_divisions: expected SIZE_MB:DIVISIONS in [...]";
                     uint64_t div;
+                    // Read before the interval, as torch reads them (which refusal comes first), but
+                    // noted after it, as written.
+                    const size_t div_note = read_as.size();
                     // In the list form 0 turns rounding off for the interval.
                     if (i >= t.size() || !u64(key + ": ", t[i], div) || (div != 0 && !std::has_single_bit(div)))
-                        return "roundup_power2_divisions: divisions must be a power of 2 or 0";
+                        return refused("roundup_power2_divisions: divisions must be a power of 2 or 0");
                     ++i;
                     // ">" fills the intervals after the last named one (last_index + 1 in
                     // AcceleratorAllocatorConfig::parseRoundUpPower2Divisions, PyTorch 2.10 on); with
@@ -181,7 +194,9 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
                     } else {
                         uint64_t mb;
                         if (!u64(key + ": ", interval, mb) || !std::has_single_bit(mb))
-                            return "roundup_power2_divisions: intervals must be powers of 2 (MiB): " + interval;
+                            return refused("roundup_power2_divisions: intervals must be powers of 2 (MiB): " + interval);
+                        if (!last_read.empty())
+                            std::rotate(read_as.begin() + std::ptrdiff_t(div_note), read_as.end() - 1, read_as.end());
                         size_t idx = std::min<size_t>(size_t(63 - std::countl_zero(mb)), k_pt_roundup_intervals - 1);
                         // The first interval also sets every smaller one.
                         if (first) std::fill(out.roundup_divisions.begin(), out.roundup_divisions.begin() + std::ptrdiff_t(idx), div);
@@ -195,7 +210,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
             } else {
                 uint64_t div;
                 if (!u64(key + ":", t[i], div) || !std::has_single_bit(div))
-                    return "roundup_power2_divisions: divisions must be a power of 2: " + t[i];
+                    return refused("roundup_power2_divisions: divisions must be a power of 2: " + t[i]);
                 out.roundup_divisions.fill(div);
                 ++i;
             }
@@ -203,7 +218,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
             const std::string& v = t[i];
             double d = 0;
             if (!real(key, v, d) || !(d > 0 && d < 1))
-                return "garbage_collection_threshold: must be between 0.0 and 1.0 (exclusive): " + v;
+                return refused("garbage_collection_threshold: must be between 0.0 and 1.0 (exclusive): " + v);
             out.gc_threshold = d;
             ++i;
         } else if (key == "per_process_memory_fraction") {
@@ -211,7 +226,7 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
             const std::string& v = t[i];
             double d = 0;
             if (!real(key, v, d) || !(d >= 0 && d <= 1))
-                return "per_process_memory_fraction: must be between 0.0 and 1.0: " + v;
+                return refused("per_process_memory_fraction: must be between 0.0 and 1.0: " + v);
             out.memory_fraction = d;
             ++i;
         } else if (key == "expandable_segments") {
@@ -234,12 +249,13 @@ std::string parse_pt_config(std::string_view text, pt_config& out, std::string* 
             // parsePinnedNumRegisterThreads: a power of 2, at most kPinnedMaxRegisterThreads (128).
             uint64_t n;
             if (!u64(key + ":", t[i], n) || !std::has_single_bit(n) || n > 128)
-                return key + ": expected a power of 2 from 1 to 128, not " + t[i];
+                return refused(key + ": expected a power of 2 from 1 to 128, not " + t[i]);
             ++i;
         } else if (key == "pinned_reserve_segment_size_mb") {
             // parsePinnedReserveSegmentSize: greater than 0.
             uint64_t mb;
-            if (!u64(key + ":", t[i], mb) || mb == 0) return key + ": expected a whole number of MiB above 0, not " + t[i];
+            if (!u64(key + ":", t[i], mb) || mb == 0)
+                return refused(key + ": expected a whole number of MiB above 0, not " + t[i]);
             ++i;
         } else {
             return "unknown option " + key + " (known: " + k_pt_option_names + ")";

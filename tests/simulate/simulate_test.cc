@@ -544,6 +544,40 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF numbers are read as PyTorch reads them (std::
     }
 }
 
+TEST_CASE("a PYTORCH_CUDA_ALLOC_CONF value refused after a lenient read says what it was read as") {
+    // torch checks the number std::stoull / std::stod made of the token: "1e2" is 1, below 20, and
+    // "-1" is 2^64 - 1.  Said as the token alone, "-1 MiB is larger than any device" and "1e2: too
+    // small" read as wrong; a plain number's message stays as it was.
+    pt_config c;
+    std::string note;
+    CHECK(parse_pt_config("max_split_size_mb:19", c) == "max_split_size_mb too small, must be >= 20");
+    CHECK(parse_pt_config("max_split_size_mb:1e2", c) ==
+          "max_split_size_mb too small, must be >= 20 (max_split_size_mb:1e2 read as 1, as PyTorch reads it)");
+    CHECK(parse_pt_config("large_segment_size_mb:-1", c) ==
+          "large_segment_size_mb: 18446744073709551615 MiB is larger than any device (at most 1048576 here) "
+          "(large_segment_size_mb:-1 read as 18446744073709551615, as PyTorch reads it)");
+    CHECK(parse_pt_config("large_segment_size_mb:2097152", c) ==
+          "large_segment_size_mb: 2097152 MiB is larger than any device (at most 1048576 here)");
+    CHECK(parse_pt_config("roundup_power2_divisions:-4", c) ==
+          "roundup_power2_divisions: divisions must be a power of 2: -4 "
+          "(roundup_power2_divisions:-4 read as 18446744073709551612, as PyTorch reads it)");
+    CHECK(parse_pt_config("roundup_power2_divisions:[3e3:4]", c) ==
+          "roundup_power2_divisions: intervals must be powers of 2 (MiB): 3e3 "
+          "(roundup_power2_divisions: 3e3 read as 3, as PyTorch reads it)");
+    CHECK(parse_pt_config("pinned_reserve_segment_size_mb:-0", c) ==
+          "pinned_reserve_segment_size_mb: expected a whole number of MiB above 0, not -0 "
+          "(pinned_reserve_segment_size_mb:-0 read as 0, as PyTorch reads it)");
+    // A negative number is read as written by std::stod (std::stoull wraps it): nothing to add.
+    CHECK(parse_pt_config("per_process_memory_fraction:-0.5", c) == "per_process_memory_fraction: must be between 0.0 and 1.0: -0.5");
+    CHECK(parse_pt_config("per_process_memory_fraction:-0", c, &note) == "");
+    CHECK(note == "");
+    // A token that is no number at all is not "read as" anything.
+    CHECK(parse_pt_config("max_split_size_mb:abc", c) == "max_split_size_mb: not a whole number of MiB: abc");
+    // The notes of a list's entries come in the order written: the interval, then its divisions.
+    CHECK(parse_pt_config("roundup_power2_divisions:[256MB:+4,>:1]", c, &note) == "");
+    CHECK(note == "roundup_power2_divisions: 256MB read as 256, roundup_power2_divisions: +4 read as 4, as PyTorch reads them");
+}
+
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF keys without effect on device memory take only the values PyTorch takes") {
     // A config torch refuses at startup (ValueError) must not replay as if it ran: the keys the
     // model skips are checked as CUDAAllocatorConfig / AcceleratorAllocatorConfig check them.
