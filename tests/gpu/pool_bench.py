@@ -26,7 +26,8 @@ POOL_BENCH_A_MODES (comma-separated, default raw,gpumem,gpumem-novmm) picks (a)'
 POOL_BENCH_CPUS (e.g. 0-7) pins every spawned process to those CPUs.
 POOL_BENCH_TF=LAYERS,EMBD,TOKENS: (b)'s model and tokens a step (default 8,768,16384: a loop whose
 host time, Python and PyTorch's dispatch, is most of its step; a wider model with more tokens lets
-the GPU set the pace, where host time the pool adds can hide behind the queued work).
+the GPU set the pace, where host time the pool adds can hide behind the queued work; checked before
+any part runs, exit 2 if it is no shape).
 POOL_BENCH_LEAVE_MIB=N: (b) runs beside a process (no gpumem, PyTorch's own allocator) that holds
 all of the GPU's free memory but N MiB: a program whose peak is near the device's memory, where the
 pool's out-of-memory path runs every step (native PyTorch, which caches twice the peak, may not fit).
@@ -87,9 +88,14 @@ def w_fragment():
 
 def tf_shape():
     """(layers, embd, tokens a step) from POOL_BENCH_TF, default 8,768,16384."""
-    v = [int(x) for x in os.environ.get("POOL_BENCH_TF", "8,768,16384").split(",")]
+    given = os.environ.get("POOL_BENCH_TF", "8,768,16384")
+    try:
+        v = [int(x) for x in given.split(",")]
+    except ValueError:
+        v = []
     if len(v) != 3 or min(v) <= 0 or v[1] % 64:
-        raise SystemExit(f"POOL_BENCH_TF={os.environ.get('POOL_BENCH_TF')}: expected LAYERS,EMBD,TOKENS (EMBD a multiple of 64)")
+        print(f"POOL_BENCH_TF={given}: expected LAYERS,EMBD,TOKENS (EMBD a multiple of 64)", file=sys.stderr)
+        sys.exit(2)
     return v
 
 
@@ -361,6 +367,9 @@ def main():
     global LOGS
     outdir = os.path.abspath(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    # Checked before any part runs: the report names (b)'s shape whether or not (b) ran, and a bad
+    # one found there lost every part's results after their GPU time.
+    tf = tf_shape()
     os.makedirs(outdir, exist_ok=True)
     # The logs (tens of MB each) stay out of OUTDIR, whose files come back from the GPU machine.
     LOGS = os.environ.get("POOL_BENCH_LOGS") or tempfile.mkdtemp(prefix="gpumem-pool-bench.")
@@ -471,7 +480,7 @@ def main():
         fails.append("a")
 
     beside = f", beside a process that left {R['b_hog']['left_mib']} MiB of the GPU free" if "b_hog" in R else ""
-    md += ["", f"### (b) GPT-2 ({tf_shape()[0]}x{tf_shape()[1]}, {tf_shape()[2]} tokens a step, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds{beside}", "",
+    md += ["", f"### (b) GPT-2 ({tf[0]}x{tf[1]}, {tf[2]} tokens a step, bf16 autocast, AdamW), sequence length 64-1024 varying, {steps} steps, {rounds} alternating rounds{beside}", "",
            "| mode | ms/step (mean of steps 6+, per round) | ×native | device-wide syncs | fence releases (waits, ms blocked in the whole run; ordered releases, waits after the last) | MiB unmapped | peak reserved MiB | peak requested MiB (log) | reserved/requested |",
            "|---|---|---|---|---|---|---|---|---|"]
     nat = R["b"].get("native", [])
