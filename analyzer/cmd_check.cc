@@ -92,6 +92,25 @@ double at_json_precision(const measure& m, double v) {
     return m.unit == measure_unit::ratio ? std::round(v * 1e6) / 1e6 : v;
 }
 
+// A value and its limit that print alike but differ ("198.45 MiB > limit 198.45 MiB", "54.2% >
+// baseline 54.2% + 0 points = 54.2%") name no difference, and a failed gate must: then the line
+// gives its values exactly, as they were compared: bytes in full ("208,092,672 B"), a ratio to the
+// 6 decimals of the report JSON ("54.1667%"), or more where a limit was given with more.  Counts
+// always print exactly.
+std::string fmt_exact(const measure& m, double v) {
+    if (m.unit == measure_unit::bytes) return fmt_count(clamp_to_u64(v)) + " B";  // floor: as compared with whole bytes
+    if (m.unit != measure_unit::ratio) return fmt_value(m, v);
+    char b[40];
+    std::snprintf(b, sizeof b, std::fabs(at_json_precision(m, v) - v) < 1e-12 ? "%.4f%%" : "%.10g%%", v * 100);
+    return b;
+}
+// The format for a line whose compared values are `a` and `b`.
+using value_format = std::string (*)(const measure&, double);
+value_format formatter(const measure& m, double a, double b) {
+    const bool alike = fmt_value(m, a) == fmt_value(m, b) && fmt_exact(m, a) != fmt_exact(m, b);
+    return alike ? fmt_exact : fmt_value;
+}
+
 // "rank 0#2 dev 1" -> "gpumem.rank_0_2.dev_1": CI viewers group test cases by the dotted parts.
 std::string junit_class(const std::string& key) {
     std::string k = key;
@@ -411,10 +430,11 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                              r.where);
             o.passed |= o.unmeasured;  // 0 in any analysis; a report edited by hand is no measurement either
             if (!o.unmeasured) held_by_limit.insert(r.key);
+            const auto fmt = formatter(*l.m, at_json_precision(*l.m, measured), l.value);
             o.message = o.unmeasured ? measure_title(*l.m, true) + " " + k_not_measured + ": " + l.flag + " " + l.text +
                                            " cannot fail here"
-                                     : measure_title(*l.m, run.proc(r).has_end) + " " + fmt_value(*l.m, measured) +
-                                           (o.passed ? " <= " : " > ") + "limit " + fmt_value(*l.m, l.value) + " (" +
+                                     : measure_title(*l.m, run.proc(r).has_end) + " " + fmt(*l.m, at_json_precision(*l.m, measured)) +
+                                           (o.passed ? " <= " : " > ") + "limit " + fmt(*l.m, l.value) + " (" +
                                            l.flag + " " + l.text + ")";
             if (!o.passed) {
                 std::string w = worst_moment(*l.m, run.proc(r), dev);
@@ -489,15 +509,16 @@ int run_check(check_args& args, const std::vector<std::string>& tail) {
                 const std::string stretch =
                     " + " + (ratio ? tolerance_text.substr(0, tolerance_text.size() - 1) + " points" : tolerance_text);
                 o.passed |= o.unmeasured;
+                const auto fmt = formatter(*m, at_json_precision(*m, measured), at_json_precision(*m, allowed));
                 if (o.unmeasured)
                     o.message = measure_title(*m, true) + " " + k_not_measured + ": not compared with the baseline's " +
                                 (base_unmeasured ? std::string("(not measured either)") : fmt_value(*m, was));
                 else
-                    o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt_value(*m, measured) +
+                    o.message = measure_title(*m, run.proc(r).has_end) + " " + fmt(*m, at_json_precision(*m, measured)) +
                                 (o.passed ? " <= " : " > ") + "baseline " +
                                 (base_unmeasured ? std::string("not measured (no gpumem pool segments there)")
-                                                 : fmt_value(*m, was)) +
-                                stretch + " = " + fmt_value(*m, allowed);
+                                                 : fmt(*m, at_json_precision(*m, was))) +
+                                stretch + " = " + fmt(*m, at_json_precision(*m, allowed));
                 if (!o.passed) {
                     std::string w = worst_moment(*m, run.proc(r), dev);
                     if (!w.empty()) o.message += "; " + w;

@@ -456,6 +456,16 @@ check_limits)
   expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation 30%
   expect_in "$W/out" "max external fragmentation 33.3% > limit 30.0% (--max-fragmentation 30%); of 1.50 MiB free at 6.00 us (seq 5)"
   expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation 0.34
+  # A value and its limit that print alike named no difference ("7.00 MiB > limit 7.00 MiB", "33.3%
+  # > limit 33.3%"): such a line gives both exactly, as they were compared.
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 7340031
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7,340,032 B > limit 7,340,031 B (--max-peak 7340031); at 2.50 us (seq 2)"
+  expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" --max-peak 7340032
+  expect_in "$W/out" "peak requested 7.00 MiB <= limit 7.00 MiB (--max-peak 7340032)"
+  expect_rc 1 "$GPUMEM" check "$frag" --max-fragmentation 0.3333
+  expect_in "$W/out" "max external fragmentation 33.3333% > limit 33.3300% (--max-fragmentation 0.3333); of 1.50 MiB free"
+  expect_rc 0 "$GPUMEM" check "$frag" --max-fragmentation 0.3333335
+  expect_in "$W/out" "max external fragmentation 33.3333% <= limit 33.33335% (--max-fragmentation 0.3333335)"
   # --max-ooms: a program that caught its OOM exits 0; the log still had one (this log's 1.14 MiB).
   expect_rc 1 "$GPUMEM" check "$frag" --max-ooms 0
   expect_in "$W/out" "FAIL rank 0 dev 0 (pid 5001, $frag): OOMs 1 > limit 0 (--max-ooms 0); first: 1.14 MiB from cudaMalloc at 7.00 us (seq 6), fragmentation"
@@ -580,6 +590,15 @@ check_baseline)
   expect_rc 0 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/pooled.json" --tolerance 0.05%
   expect_in "$W/out" "max external fragmentation 33.3% <= baseline 33.3% + 0.05 points ="
   expect_not_in "$W/out" "+ 0.1 points"
+  # A run just over its baseline under --tolerance 0 read "7.00 MiB > baseline 7.00 MiB + 0% = 7.00
+  # MiB", and "33.3% > baseline 33.3% + 0 points = 33.3%": the values, exactly, as compared.
+  edit_report "$W/baseline.json" "$W/near.json" 'dev["peak_requested_bytes"]=7340031'
+  expect_rc 1 "$GPUMEM" check "$DATA/after.jsonl" --baseline "$W/near.json" --tolerance 0
+  expect_in "$W/out" "FAIL rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7,340,032 B > baseline 7,340,031 B + 0% = 7,340,031 B; at 2.50 us (seq 2)"
+  expect_in "$W/out" "leaked 1.50 MiB > baseline 1.00 MiB + 0% = 1.00 MiB"
+  edit_report "$W/pooled.json" "$W/pooled-near.json" 'dev["max_external_fragmentation"]=0.3333'
+  expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/pooled-near.json" --tolerance 0
+  expect_in "$W/out" "max external fragmentation 33.3333% > baseline 33.3300% + 0 points = 33.3300%; of 1.50 MiB free"
   # Fragmentation is measured on gpumem's pool segments: a run without any (--pool off) against a
   # baseline that had them read 0.0% and passed without a word; said, as --max-fragmentation says it,
   # and on the result line (JUnit: its system-out), where it read "0.0% <= baseline 33.3%".
