@@ -33,7 +33,7 @@ std::string fmt_unit(measure_unit u, double v) {
     return "";
 }
 
-// "+1.50 MiB (+12.0%)", "-3", "+4.1 points", "=" when equal.  Ratios are compared at the 6 decimals
+// "+1.50 MiB (+12.0%)", "-3", "+4.1 points", "+0.0067 points", "=" when equal.  Ratios are compared at the 6 decimals
 // a report JSON keeps (report_json.cc), so a baseline report against its own logs shows "=", not
 // "+0.0 points".
 std::string fmt_change(measure_unit u, double a, double b) {
@@ -43,8 +43,11 @@ std::string fmt_change(measure_unit u, double a, double b) {
     double d = std::fabs(b - a);
     std::string s;
     if (u == measure_unit::ratio) {
+        // A change under 0.05 points read "+0.0 points", a change of nothing: then to the 6
+        // decimals it is compared at ("+0.0067 points").
+        d = std::fabs(std::round(b * 1e6) - std::round(a * 1e6)) / 1e6;
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%s%.1f points", sign, d * 100);
+        std::snprintf(buf, sizeof buf, d * 100 < 0.05 ? "%s%.4f points" : "%s%.1f points", sign, d * 100);
         return buf;
     }
     s = sign + fmt_unit(u, d);

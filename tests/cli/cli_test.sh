@@ -1084,6 +1084,10 @@ EOF
   expect_rc 0 "$GPUMEM" diff "$W/frag.json" "$SRC/tests/data/golden/pool_fragmentation.jsonl"
   grep -qE "max external fragmentation +33.3% +33.3% +=$" "$W/out" || fail "diff of a report against its log: $(grep fragmentation "$W/out")"
   expect_not_in "$W/out" "0.0 points"
+  # A change under 0.05 points read "+0.0 points": given to the 6 decimals compared.
+  edit_report "$W/frag.json" "$W/frag-near.json" 'dev["max_external_fragmentation"]-=0.000067'
+  expect_rc 0 "$GPUMEM" diff "$W/frag-near.json" "$SRC/tests/data/golden/pool_fragmentation.jsonl"
+  grep -qE "max external fragmentation +33.3% +33.3% +\+0\.0067 points$" "$W/out" || fail "diff of a change under 0.05 points: $(grep fragmentation "$W/out")"
   # A GPU only on one side.
   expect_rc 0 "$GPUMEM" diff "$SRC/tests/data/golden/rank1.jsonl" "$DATA/before.jsonl"
   expect_in "$W/out" "A: rank 1 dev 1 (pid 8001"
