@@ -425,6 +425,14 @@ process_report read_process(const json& j, const std::string& path, std::vector<
             throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" has \"dev\" " +
                                  std::to_string(dev) + ", not -1 (host) or a device ordinal up to 65535",
                              where + json_path{"dev"});
+        // One GPU listed twice (an edited report): check and diff would match either with the other
+        // run's, and the error named only the process's log, not this file.  Refused here, at its line.
+        for (size_t k = 0; k < p.devices.size(); ++k)
+            if (p.devices[k].dev == dev)
+                throw bad_member("device " + std::to_string(p.devices.size()) + " of \"devices\" has \"dev\" " +
+                                     std::to_string(dev) + ", as device " + std::to_string(k) +
+                                     " has: one GPU listed twice",
+                                 where + json_path{"dev"});
         device_report d;
         d.dev = int(dev);
         device_fields_read pr;

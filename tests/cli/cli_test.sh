@@ -1786,6 +1786,16 @@ EOF2
 dev["dev"]=-7|device 0 of "devices" has "dev" -7, not -1 (host) or a device ordinal up to 65535
 dev["dev"]=2**40|has "dev" 1099511627776, not -1 (host)
 EOF2
+  # One GPU listed twice (an edited report): report showed it twice, and check and diff said
+  # "rank 0 dev 0 (pid 4242, pool_off_basic.jsonl): rank 0 dev 0 appears twice", naming the log
+  # the report was made from, not the file to fix.  Refused at the second one's "dev".
+  edit_report "$W/basic.json" "$W/twice.json" 'p["devices"].append(dict(dev))'
+  line=$(grep -nE '^ *"dev": 0,$' "$W/twice.json" | sed -n 2p | cut -d: -f1)
+  [ -n "$line" ] || fail "twice.json: no second \"dev\": 0"
+  for cmd in "report --no-progress" "check --max-peak 1GiB" "diff $W/basic.json"; do
+    expect_rc 2 "$GPUMEM" $cmd "$W/twice.json"
+    expect_in "$W/err" "gpumem: error: $W/twice.json:$line: process 0: device 1 of \"devices\" has \"dev\" 0, as device 0 has: one GPU listed twice"
+  done
   # A ratio outside [0, 1] was taken as it was (max_external_fragmentation 7.5 shown as 750.0%, and
   # passed by --baseline), a negative count read as missing (shown as 0) and a fraction of one
   # as the whole number under it (1.5 B as 1 B): no analysis writes any, so each is refused, with
