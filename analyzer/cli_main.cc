@@ -138,7 +138,13 @@ int run_gpumem(int argc, char** argv) {
     } catch (const CLI::CallForVersion& e) {
         return help_exit(e);
     } catch (const CLI::ParseError& e) {
-        return usage_error(chosen ? chosen->app->get_name() : "", e.what());
+        // CLI11 says an option given twice (a CI script that adds its own --max-peak to one
+        // already in a variable) as "--max-peak: At Most 1 required but received 2".
+        std::string what = e.what();
+        const std::string at_most = ": At Most 1 required but received ";
+        if (const size_t k = what.find(at_most); dynamic_cast<const CLI::ArgumentMismatch*>(&e) && k != std::string::npos)
+            what = what.substr(0, k) + " is given " + what.substr(k + at_most.size()) + " times: give it once";
+        return usage_error(chosen ? chosen->app->get_name() : "", what);
     }
     // The commands take an empty value for an option not given, so `--junit "$UNSET_VAR"` would skip
     // its output (or `--baseline ""` its gate, `--at ""` its map) without a word: refused instead.

@@ -1160,6 +1160,13 @@ conventions)
     expect_in "$W/err" "(gpumem $sub --help lists the options)"
     [ "$(wc -l < "$W/err")" = 2 ] || fail "$sub: usage error is not two lines: $(cat "$W/err")"
   done
+  # An option of one value given twice was said in CLI11's words, "--max-peak: At Most 1 required
+  # but received 2".
+  for args in "check --max-peak 1GiB --max-peak=2GiB|--max-peak" "diff --top 3 --top 4|--top" \
+              "report --html a.html --html b.html|--html" "run -o a/ -o b/ -- true|--out"; do
+    expect_rc 2 "$GPUMEM" ${args%|*} "$DATA/before.jsonl"
+    expect_in "$W/err" "gpumem: error: ${args#*|} is given 2 times: give it once"
+  done
   # "-" reads standard input; as an output file it made a file named "-" (and stdout has the text).
   for opt in "report --html" "report --perfetto" "report --torch-snapshot" "check --max-peak 1GiB --junit"; do
     expect_rc 2 "$GPUMEM" $opt - "$DATA/before.jsonl"
