@@ -573,7 +573,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             out.fields.emplace_back(out.processes.back().devices.size(), device_fields_read{device_fields_present().set(), {}});
             out.source.push_back(path);
         }
-        // Occurrence numbers for processes that share a rank, in start order.
+        // Occurrence numbers for processes with a GPU that share a rank, in start order.
         std::vector<size_t> order(out.processes.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = i;
         std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -593,6 +593,11 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
         std::map<std::string, int> seen;
         for (size_t i : order) {
             const process_report& p = out.processes[i];
+            // Only a process with a GPU takes a number: one with none (pinned host memory alone, a log
+            // cut before its first allocation) has nothing to match, and numbered it made the GPU
+            // process after it "rank 0#2", missing from a baseline that holds it as "rank 0".
+            if (std::none_of(p.devices.begin(), p.devices.end(), [](const device_report& d) { return d.dev >= 0; }))
+                continue;
             int occ = seen[p.rank]++;
             std::string proc_key = "rank " + rank_name(p.rank) + (occ ? "#" + std::to_string(occ + 1) : "");
             for (size_t d = 0; d < p.devices.size(); ++d) {

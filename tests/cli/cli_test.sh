@@ -599,6 +599,24 @@ check_baseline)
   edit_report "$W/pooled.json" "$W/pooled-near.json" 'dev["max_external_fragmentation"]=0.3333'
   expect_rc 1 "$GPUMEM" check "$SRC/tests/data/golden/pool_fragmentation.jsonl" --baseline "$W/pooled-near.json" --tolerance 0
   expect_in "$W/out" "max external fragmentation 33.3333% > baseline 33.3300% + 0 points = 33.3300%; of 1.50 MiB free"
+  # A process with no GPU (pinned host memory alone, or a log cut before its first allocation) that
+  # shares the run's rank and started first was numbered too: the run's GPU became "rank 0#2",
+  # failed as not in the baseline, and the baseline's "rank 0" as missing (diff: "(not in B)").
+  # Only processes with a GPU are numbered.  (The baseline on another host: not the run's job.)
+  { head -1 "$DATA/after.jsonl" | sed -e 's/"pid":2002,"ppid":100/"pid":2003,"ppid":2002/' \
+      -e 's/"start_unix_ns":1796010000000000000,"start_time":"2026-11-30T03:40:00.000000000Z"/"start_unix_ns":1796009999000000000,"start_time":"2026-11-30T03:39:59.000000000Z"/'
+    echo '{"ev":"alloc","seq":0,"t":1000,"tid":1,"dev":-1,"api":"cuMemHostAlloc","kind":"host","ptr":"0x7e0000000000","size":65536}'
+    echo '{"ev":"end","seq":1,"t":2000,"tid":1,"reason":"exit","events":1,"n_alloc":1,"n_free":0,"n_fail":0,"live_allocs":1,"live_bytes":65536,"lost":0,"unmatched":0}'
+  } > "$W/pinned.jsonl"
+  grep -q '"pid":2003' "$W/pinned.jsonl" && grep -q '"start_unix_ns":1796009999000000000' "$W/pinned.jsonl" || fail "pinned.jsonl: header not edited"
+  edit_report "$W/baseline.json" "$W/other-host.json" 'p["host"]="ci02"'
+  expect_rc 0 "$GPUMEM" check "$DATA/after.jsonl" "$W/pinned.jsonl" --baseline "$W/other-host.json" --tolerance 200%
+  expect_in "$W/out" "6 limits on 1 GPU of 2 processes: 0 broken"
+  expect_in "$W/out" "ok   rank 0 dev 0 (pid 2002, $DATA/after.jsonl): peak requested 7.00 MiB <= baseline 3.00 MiB + 200% = 9.00 MiB"
+  expect_not_in "$W/out" "0#2"
+  expect_rc 0 "$GPUMEM" diff "$W/other-host.json" "$DATA/after.jsonl" "$W/pinned.jsonl"
+  expect_in "$W/out" "B: rank 0 dev 0 (pid 2002, $DATA/after.jsonl)"
+  expect_not_in "$W/out" "0#2"
   # Fragmentation is measured on gpumem's pool segments: a run without any (--pool off) against a
   # baseline that had them read 0.0% and passed without a word; said, as --max-fragmentation says it,
   # and on the result line (JUnit: its system-out), where it read "0.0% <= baseline 33.3%".
