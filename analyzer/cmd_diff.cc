@@ -260,6 +260,11 @@ int run_diff(diff_args& args, const std::vector<std::string>& tail, bool dashdas
     // `--` parts the two sides; a second one is no input name (A -- B1 -- B2 means three sides).
     if (std::find(side_b.begin(), side_b.end(), "--") != side_b.end())
         return usage_error("diff", "a second --: diff compares two runs, A1 A2... -- B1 B2...");
+    // With -- given, a side left empty is said as such: `diff -- A B` (an unset $BASELINES before
+    // --) or `diff A B --` gave two runs and was told "needs two runs".
+    if (dashdash && side_a.empty() != side_b.empty())
+        return usage_error("diff", std::string("needs two runs: nothing ") + (side_a.empty() ? "before" : "after") +
+                                       " -- (A1 A2... -- B1 B2...: A's inputs, then --, then B's)");
     if (side_a.empty() || side_b.empty())
         return usage_error("diff", with_stdin_hint("needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2..."));
     {

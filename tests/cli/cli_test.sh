@@ -1114,8 +1114,15 @@ EOF
   # 2: arguments and input.
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl"
   expect_in "$W/err" "needs two runs"
+  # With --, the side left empty is named: two runs on one side of it were "needs two runs" alone.
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" --
-  expect_in "$W/err" "needs two runs"
+  expect_in "$W/err" "gpumem: error: needs two runs: nothing after -- (A1 A2... -- B1 B2...: A's inputs, then --, then B's)"
+  expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$DATA/after.jsonl" --
+  expect_in "$W/err" "gpumem: error: needs two runs: nothing after --"
+  expect_rc 2 "$GPUMEM" diff -- "$DATA/before.jsonl" "$DATA/after.jsonl"
+  expect_in "$W/err" "gpumem: error: needs two runs: nothing before --"
+  expect_rc 2 "$GPUMEM" diff --
+  expect_in "$W/err" "gpumem: error: needs two runs: A B, A B1 B2..., or A1 A2... -- B1 B2..."
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$W/missing.jsonl"
   expect_rc 2 "$GPUMEM" diff "$DATA/before.jsonl" "$SRC/tests/data/bad/no_header.jsonl"
   expect_rc 2 "$GPUMEM" diff --top 0 "$DATA/before.jsonl" "$DATA/after.jsonl"
