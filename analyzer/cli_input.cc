@@ -570,7 +570,7 @@ bool load_run(const std::vector<std::string>& paths, run_input& out, std::string
             opt.command = command;
             out.processes.push_back(analyze_file(path, opt, in.path()));
             for (const std::string& w : warning_lines(out.processes.back(), path)) spdlog::warn("{}", w);
-            out.fields.emplace_back(out.processes.back().devices.size(), device_fields_read{device_fields_present().set(), {}});
+            out.fields.emplace_back(out.processes.back().devices.size(), device_fields_read{device_fields_present().set(), {}, {}});
             out.source.push_back(path);
         }
         // Occurrence numbers for processes with a GPU that share a rank, in start order.

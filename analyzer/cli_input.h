@@ -113,6 +113,11 @@ struct run_input {
     const device_report& dev(const device_ref& r) const { return processes[r.process].devices[r.device]; }
     bool has(const device_ref& r, device_field f) const { return fields[r.process][r.device].has(f); }
     std::string why_missing(const device_ref& r, device_field f) const { return fields[r.process][r.device].why_missing(f); }
+    // "FILE:LINE" of a missing member (device_fields_read::line), or the input's name where no line is known.
+    std::string missing_at(const device_ref& r, device_field f) const {
+        const uint64_t line = fields[r.process][r.device].line(f);
+        return source[r.process] + (line ? ":" + std::to_string(line) : "");
+    }
 };
 
 // Whether processes `a` and `b` ran in one job: on one host, children of one parent (the same

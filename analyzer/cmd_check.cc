@@ -204,7 +204,7 @@ bool members_present(const run_input& run, const std::vector<const measure*>& ne
     for (const device_ref& r : run.devices)
         for (const measure* m : needed)
             if (!run.has(r, m->value)) {
-                spdlog::error("{}", role + run.source[r.process] + ": " + r.where + " " + run.why_missing(r, m->value) +
+                spdlog::error("{}", role + run.missing_at(r, m->value) + ": " + r.where + " " + run.why_missing(r, m->value) +
                                     ", which " + m->title + " needs");
                 ok = false;
             }

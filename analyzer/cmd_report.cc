@@ -170,23 +170,27 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                 for (size_t i = 0; i < r.processes.size() && i < r.fields.size(); ++i)
                     for (size_t k = 0; k < r.processes[i].devices.size() && k < r.fields[i].size(); ++k) {
                         const device_fields_read& fields = r.fields[i][k];
-                        const std::string who = path + ": process " + std::to_string(r.processes[i].pid) + " dev " +
-                                                std::to_string(r.processes[i].devices[k].dev) + " ";
+                        // At the member's line, or the device's where it is not there (device_fields_read::lines).
+                        auto who = [&](device_field f) {
+                            const uint64_t line = fields.line(f);
+                            return path + (line ? ":" + std::to_string(line) : "") + ": process " +
+                                   std::to_string(r.processes[i].pid) + " dev " +
+                                   std::to_string(r.processes[i].devices[k].dev) + " ";
+                        };
                         std::string missing;
-                        for (device_field f : {device_field::peak_requested_bytes, device_field::peak_allocated_bytes,
-                                               device_field::peak_reserved_bytes, device_field::end_requested_bytes,
-                                               device_field::max_external_fragmentation, device_field::n_alloc,
-                                               device_field::n_free, device_field::n_oom, device_field::n_leaks,
-                                               device_field::leaked_bytes}) {
+                        device_field first_missing{};
+                        for (device_field f : k_gated_fields) {
                             if (fields.has(f)) continue;
                             if (fields.found(f))
-                                out.say(spdlog::level::warn, who + fields.why_missing(f) + ": shown as 0, which is no measurement");
-                            else
+                                out.say(spdlog::level::warn, who(f) + fields.why_missing(f) + ": shown as 0, which is no measurement");
+                            else {
+                                if (missing.empty()) first_missing = f;
                                 missing += std::string(missing.empty() ? "" : ", ") + "\"" + field_name(f) + "\"";
+                            }
                         }
                         if (!missing.empty())
                             out.say(spdlog::level::warn,
-                                    who + "has no " + missing + " (a number): shown as 0, which is no measurement");
+                                    who(first_missing) + "has no " + missing + " (a number): shown as 0, which is no measurement");
                     }
                 for (process_report& p : r.processes) {
                     // A report made with --at shows that moment again.

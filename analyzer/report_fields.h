@@ -6,6 +6,7 @@
 
 #include <bitset>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,7 +111,25 @@ struct device_fields_read {
     }
     // Why `f` reads as missing: `has no "NAME" (a number)` or `has "NAME": "12", not a number`.
     std::string why_missing(device_field f) const;
+    // For a member of k_gated_fields that is missing: the line of the member in the report JSON, or
+    // of the device's object where it is not there at all; 0 when not known (a member outside
+    // k_gated_fields, a device analyzed from a log).
+    std::vector<std::pair<device_field, uint64_t>> lines;
+    uint64_t line(device_field f) const {
+        for (const auto& [field, at] : lines)
+            if (field == f) return at;
+        return 0;
+    }
 };
+
+// The members CI gates on (bold in docs/report-json.md): what check's limits and baseline read, and
+// what `gpumem report` of a report JSON warns of when one is missing.  Their line is looked up when
+// one is missing (device_fields_read::lines), so messages can say where.
+inline constexpr device_field k_gated_fields[] = {
+    device_field::peak_requested_bytes, device_field::peak_allocated_bytes, device_field::peak_reserved_bytes,
+    device_field::end_requested_bytes,  device_field::max_external_fragmentation, device_field::n_alloc,
+    device_field::n_free,               device_field::n_oom,                  device_field::n_leaks,
+    device_field::leaked_bytes};
 
 // The member's name as the report JSON spells it.
 inline const char* field_name(device_field f) {

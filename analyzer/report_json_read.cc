@@ -627,6 +627,17 @@ report_file read_report_json(const std::string& path, const std::string& open_pa
             throw input_error(path, line_of(text, where + e.path),
                               "process " + std::to_string(out.processes.size()) + ": " + e.what());
         }
+        // Where a member CI gates on is missing, its line (or the device's, which lacks it), for
+        // check's error and report's warning: a report edited by hand, found by line as the other
+        // refusals are.  Looked up only then: each lookup reads the text again.
+        std::vector<device_fields_read>& fields = out.fields.back();
+        for (size_t k = 0; k < fields.size(); ++k)
+            for (device_field f : k_gated_fields)
+                if (!fields[k].has(f)) {
+                    json_path at = where + json_path{"devices", std::to_string(k)};
+                    if (fields[k].found(f)) at = at + json_path{field_name(f)};
+                    fields[k].lines.emplace_back(f, line_of(text, at));
+                }
     }
     return out;
 }

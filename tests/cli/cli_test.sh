@@ -992,12 +992,14 @@ check_bad_input)
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --max-peak 1GiB --junit /nonexistent-dir/out.xml
   # A report JSON that lacks a member a limit needs is unusable (it once read as 0 and passed).
   bad=$SRC/tests/data/bad/report_no_peak.json
+  # Named at the line of the device that lacks it, as the report JSON's other errors are (the file alone).
+  at=$(( $(line_of "$bad" '"devices": \[') + 1 ))
   expect_rc 2 "$GPUMEM" check "$bad" --max-peak 1KiB
-  expect_in "$W/err" "gpumem: error: $bad: rank 0 dev 0 (pid 2002, after.jsonl) has no \"peak_requested_bytes\""
+  expect_in "$W/err" "gpumem: error: $bad:$at: rank 0 dev 0 (pid 2002, after.jsonl) has no \"peak_requested_bytes\""
   expect_rc 2 "$GPUMEM" check "$bad" --max-peak 1KiB --metric reserved
   expect_in "$W/err" "has no \"peak_reserved_bytes\""
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$bad"
-  expect_in "$W/err" "gpumem: error: baseline $bad: rank 0 dev 0"
+  expect_in "$W/err" "gpumem: error: baseline $bad:$at: rank 0 dev 0"
   # Limits that need no missing member still work on it.
   expect_rc 1 "$GPUMEM" check "$bad" --max-leak 1KiB
   # diff shows a missing member as unknown, not as 0.
@@ -1757,20 +1759,21 @@ EOF2
   # A report JSON without a member CI gates on: shown as 0, with a warning naming it (report_no_peak
   # lacks the peak of requested bytes).
   expect_rc 0 "$GPUMEM" report --no-progress "$SRC/tests/data/bad/report_no_peak.json"
-  expect_in "$W/err" "has no \"peak_requested_bytes\", \"peak_allocated_bytes\", \"peak_reserved_bytes\" (a number): shown as 0, which is no measurement"
+  expect_in "$W/err" "gpumem: warning: $SRC/tests/data/bad/report_no_peak.json:$(( $(line_of "$SRC/tests/data/bad/report_no_peak.json" '"devices": \[') + 1 )): process 2002 dev 0 has no \"peak_requested_bytes\", \"peak_allocated_bytes\", \"peak_reserved_bytes\" (a number): shown as 0, which is no measurement"
   expect_rc 0 "$GPUMEM" report --no-progress "$W/basic.json"
   expect_not_in "$W/err" "which is no measurement"
   # A member of another type (a string "12") is as missing, and said to be what it is: it read as
   # 'has no "peak_requested_bytes" (a number)', which sent one looking for a member that is there.
   edit_report "$W/basic.json" "$W/strpeak.json" 'dev["peak_requested_bytes"]="12"; dev["n_free"]=None'
   expect_rc 0 "$GPUMEM" report --no-progress "$W/strpeak.json"
-  expect_in "$W/err" "has \"peak_requested_bytes\": \"12\", not a number: shown as 0, which is no measurement"
-  expect_in "$W/err" "has \"n_free\": null, not a number: shown as 0, which is no measurement"
+  at=$(line_of "$W/strpeak.json" '"peak_requested_bytes": "12",')
+  expect_in "$W/err" "gpumem: warning: $W/strpeak.json:$at: process 4242 dev 0 has \"peak_requested_bytes\": \"12\", not a number: shown as 0, which is no measurement"
+  expect_in "$W/err" "$W/strpeak.json:$(line_of "$W/strpeak.json" '"n_free": null,'): process 4242 dev 0 has \"n_free\": null, not a number: shown as 0, which is no measurement"
   expect_not_in "$W/err" "has no"
   expect_rc 2 "$GPUMEM" check --max-peak 1GiB "$W/strpeak.json"
-  expect_in "$W/err" "gpumem: error: $W/strpeak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number, which peak requested needs"
+  expect_in "$W/err" "gpumem: error: $W/strpeak.json:$at: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number, which peak requested needs"
   expect_rc 2 "$GPUMEM" check --baseline "$W/strpeak.json" "$g/pool_off_basic.jsonl"
-  expect_in "$W/err" "gpumem: error: baseline $W/strpeak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number"
+  expect_in "$W/err" "gpumem: error: baseline $W/strpeak.json:$at: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"12\", not a number"
   # A long value is cut at 37 bytes, on a character boundary: "a" then 2-byte characters put the
   # 37th byte mid-character, which was cut in two (a stray \xC3 byte, shown as such by report).
   edit_report "$W/basic.json" "$W/longpeak.json" 'dev["peak_requested_bytes"]="a" + "é" * 30'
@@ -1781,11 +1784,11 @@ EOF2
   # ESC reached the terminal as is).
   cp "$W/longpeak.json" "$W/long$(printf '\033')peak.json"
   expect_rc 2 "$GPUMEM" check --max-peak 1GiB "$W/long$(printf '\033')peak.json"
-  expect_in "$W/err" "gpumem: error: $W/long^[peak.json: rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"a$(printf 'é%.0s' $(seq 17))..., not a number, which peak requested needs"
+  expect_in "$W/err" "gpumem: error: $W/long^[peak.json:$(line_of "$W/longpeak.json" '"peak_requested_bytes": "a'): rank 0 dev 0 (pid 4242, pool_off_basic.jsonl) has \"peak_requested_bytes\": \"a$(printf 'é%.0s' $(seq 17))..., not a number, which peak requested needs"
   # The leak members, which --max-leak and --baseline gate on, too (they read as 0 B of leaks, unsaid).
   edit_report "$W/basic.json" "$W/noleak.json" 'dev.pop("leaked_bytes"); dev.pop("n_leaks")'
   expect_rc 0 "$GPUMEM" report --no-progress "$W/noleak.json"
-  expect_in "$W/err" "has no \"n_leaks\", \"leaked_bytes\" (a number): shown as 0, which is no measurement"
+  expect_in "$W/err" "gpumem: warning: $W/noleak.json:$(line_of "$W/noleak.json" '^    \{$'): process 4242 dev 0 has no \"n_leaks\", \"leaked_bytes\" (a number): shown as 0, which is no measurement"
   # A device whose "dev" is not an integer, or a "devices" that is not a list, was left out without
   # a word: the report showed "no device memory events", diff "(not in B)", and a baseline lost the
   # GPU (held to absolute limits only).  Unusable, with the process and the device named.
