@@ -199,11 +199,15 @@ struct check_args {
 
 // Every device the limits look at must carry every member they read: a report JSON written by
 // another tool or edited by hand may lack one, and reading it as 0 would pass any limit.
+// Each member is said once per device, though a limit and the baseline both need it (--max-peak
+// and the baseline's peak requested printed the same line twice).
 bool members_present(const run_input& run, const std::vector<const measure*>& needed, const char* role) {
     bool ok = true;
     for (const device_ref& r : run.devices)
-        for (const measure* m : needed)
-            if (!run.has(r, m->value)) {
+        for (size_t i = 0; i < needed.size(); ++i)
+            if (const measure* m = needed[i];
+                !run.has(r, m->value) &&
+                std::none_of(needed.begin(), needed.begin() + std::ptrdiff_t(i), [&](const measure* e) { return e->value == m->value; })) {
                 spdlog::error("{}", role + run.missing_at(r, m->value) + ": " + r.where + " " + run.why_missing(r, m->value) +
                                     ", which " + m->title + " needs");
                 ok = false;

@@ -1000,6 +1000,10 @@ check_bad_input)
   expect_in "$W/err" "has no \"peak_reserved_bytes\""
   expect_rc 2 "$GPUMEM" check "$DATA/before.jsonl" --baseline "$bad"
   expect_in "$W/err" "gpumem: error: baseline $bad:$at: rank 0 dev 0"
+  # A member that a limit and the baseline both need is said once, not once for each.
+  expect_rc 2 "$GPUMEM" check "$bad" --max-peak 1KiB --baseline "$DATA/before.jsonl"
+  [ "$(grep -c 'has no "peak_requested_bytes"' "$W/err")" = 1 ] || fail "a missing member said more than once: $(cat "$W/err")"
+  expect_in "$W/err" "has no \"peak_reserved_bytes\" (a number), which peak reserved needs"
   # Limits that need no missing member still work on it.
   expect_rc 1 "$GPUMEM" check "$bad" --max-leak 1KiB
   # diff shows a missing member as unknown, not as 0.
