@@ -170,6 +170,7 @@ struct oom_report {
     uint64_t free_in_segments = 0;     // reconstructed: free bytes inside reserved segments
     uint64_t largest_free = 0;         // reconstructed: largest free block
     uint64_t reserved = 0, allocated = 0;
+    uint64_t pending = 0;              // bytes in pending blocks: freed by the program, not yet reusable
     uint64_t gpu_free = 0, gpu_total = 0;  // cuMemGetInfo, as recorded (0 when not recorded)
     // Whether the driver's free memory at the failure was recorded (a nonzero gpu_total).  When it
     // was not, the verdict counted it as 0: the views say "as far as the log says".
@@ -177,7 +178,7 @@ struct oom_report {
     // What follows the verdict wherever it is shown (report, run's summary, check): the caveat.
     const char* verdict_caveat() const { return gpu_free_recorded() ? "" : ", as far as the log says"; }
     std::vector<site_row> sites;       // call sites live at that moment, most bytes first
-    std::string verdict;               // "capacity", "fragmentation" or "chunk rounding"
+    std::string verdict;               // "capacity", "pending frees", "fragmentation" or "chunk rounding"
     std::string explanation;
     state_snapshot map;                // the map at that moment (only for the first few OOMs)
 };

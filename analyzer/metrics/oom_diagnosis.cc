@@ -67,11 +67,24 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     bool vmm_pool = d.rep.n_segment_unmap != 0 || d.rep.unmapped.peak != 0 ||
                     (ctx.proc.pool_vmm == "on" && d.rep.n_segment_alloc != 0);
     uint64_t rounding = d.rep.allocated.current > d.rep.requested.current ? d.rep.allocated.current - d.rep.requested.current : 0;
-    if (vmm_pool ? o.size > sum(available, rounding) : o.size > available) {
+    o.pending = d.rep.pending.current;
+    // Pending blocks (freed by the program, not reusable until the pool's next sync) are neither
+    // free nor live.  The pool waits for them before it fails, except where it may not wait (a
+    // stream capture, a broken context): memory short only for them is not the device's capacity.
+    const uint64_t usable = vmm_pool ? sum(available, rounding) : available;
+    const std::string pending_term = o.pending ? " + pending frees" : "";
+    if (o.size > sum(usable, o.pending)) {
         o.verdict = "capacity";
         o.explanation = vmm_pool ? "the live bytes plus the request exceed what the driver gives, even without the "
-                                   "pool's rounding to whole chunks (free in segments + block rounding + free on the GPU)"
-                                 : "the request is larger than all free memory together (free in segments + free on the GPU)";
+                                   "pool's rounding to whole chunks (free in segments" + pending_term +
+                                       " + block rounding + free on the GPU)"
+                                 : "the request is larger than all free memory together (free in segments" + pending_term +
+                                       " + free on the GPU)";
+    } else if (o.size > usable) {
+        o.verdict = "pending frees";
+        o.explanation = "the request is larger than the free memory, but not once the pending frees count: blocks the "
+                        "program freed that the pool could not reuse yet, since a freed block waits for the work queued "
+                        "before its free (the pool makes no wait during a stream capture, nor in a broken context)";
     } else if (vmm_pool && o.largest_free < o.size) {
         o.verdict = "chunk rounding";
         o.explanation = "the pool gave back every whole free chunk, and the free bytes left share chunks with live "

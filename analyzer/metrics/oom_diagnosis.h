@@ -1,6 +1,6 @@
 // Out-of-memory diagnosis: each failed allocation for lack of memory, with the free memory the
-// model holds at that moment, a verdict (capacity, fragmentation or chunk rounding), the failing
-// call's stack and, for the first few, the map.
+// model holds at that moment, a verdict (capacity, pending frees, fragmentation or chunk rounding),
+// the failing call's stack and, for the first few, the map.
 #pragma once
 
 #include <cstdint>

@@ -385,7 +385,9 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << asked_for_html(p, x.stack);  // the failing call's line first, as in the text report
         o << "<p>requested <b>" << fmt_bytes(x.size) << "</b> · free in segments <b>" << fmt_bytes(x.free_in_segments)
           << "</b> · largest free block <b>" << fmt_bytes(x.largest_free) << "</b> · free on GPU <b>"
-          << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b><br>verdict: <span class='verdict-"
+          << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b>"
+          << (x.pending ? " · pending frees <b>" + fmt_bytes(x.pending) + "</b>" : std::string())
+          << "<br>verdict: <span class='verdict-"
           << css_class(x.verdict) << "'>" << html_escape(x.verdict) << "</span>"
           << x.verdict_caveat() << " — " << html_escape(x.explanation) << "</p>\n";
         if (x.map.valid) o << segment_map_svg(x.map);

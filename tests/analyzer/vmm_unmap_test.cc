@@ -169,6 +169,44 @@ TEST_CASE("OOM verdicts on a pool on virtual memory: capacity, chunk rounding, f
     CHECK(verdict(MiB, 0) == "fragmentation");  // a free block was large enough: a pool limit refused it
 }
 
+TEST_CASE("OOM verdicts: memory short only for pending frees is 'pending frees', not capacity", "[scenario][vmm]") {
+    // The header's reuse is safe: a free leaves its block pending (neither free nor live) until a
+    // pool_sync, which the pool cannot make during a stream capture.  Memory that would hold the
+    // request once the pending blocks count is not the device's capacity.
+    const uint64_t seg = 0x40000000;
+    auto oom = [&](const std::string& log) {
+        temp_file f(log);
+        process_report r = analyze_file(f.path, {});
+        REQUIRE(r.devices[0].ooms.size() == 1);
+        return r.devices[0].ooms[0];
+    };
+    SECTION("cuMemAlloc segments: 6 MiB pending, 2 MiB free in an 8 MiB segment, nothing free on the GPU") {
+        auto log = [&](uint64_t request) {
+            return std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                   pooled_line("alloc", 1, seg, 6 * MiB, 6 * MiB, seg) + pooled_line("free", 2, seg, 6 * MiB, 6 * MiB, seg) +
+                   oom_line(3, request, {8 * MiB, 0, 0, 2 * MiB, 1, 1}, 0, 8 * MiB) + end_line(4);
+        };
+        const oom_report o = oom(log(4 * MiB));
+        CHECK(o.verdict == "pending frees");  // 4 MiB > 2 MiB free, but not > 2 + 6 MiB pending
+        CHECK(o.pending == 6 * MiB);
+        CHECK(o.free_in_segments == 2 * MiB);
+        CHECK(oom(log(9 * MiB)).verdict == "capacity");  // more than the 8 MiB free and pending together
+        CHECK_THAT(oom(log(9 * MiB)).explanation, Catch::Contains("(free in segments + pending frees + free on the GPU)"));
+        CHECK(oom(log(2 * MiB)).verdict == "fragmentation");  // the 2 MiB free block holds it: a pool limit refused it
+    }
+    SECTION("virtual memory: 1 MiB live, 3 MiB pending, the rest of the segment unmapped, 1 MiB free on the GPU") {
+        auto log = [&](uint64_t request) {
+            return std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                   pooled_line("alloc", 1, seg, MiB, MiB, seg) + pooled_line("alloc", 2, seg + MiB, 3 * MiB, 3 * MiB, seg) +
+                   unmap_line(3, seg + 4 * MiB, 4 * MiB, seg) + pooled_line("free", 4, seg + MiB, 3 * MiB, 3 * MiB, seg) +
+                   oom_line(5, request, {4 * MiB, MiB, MiB, 0, 0, 1}, MiB, 5 * MiB) + end_line(6, 1);
+        };
+        CHECK(oom(log(2 * MiB)).verdict == "pending frees");  // 2 MiB > 0 free + 1 MiB on the GPU; 3 MiB pending
+        CHECK(oom(log(5 * MiB)).verdict == "capacity");       // 1 MiB live + 5 MiB > the 5 MiB device
+        CHECK_THAT(oom(log(5 * MiB)).explanation, Catch::Contains("the live bytes plus the request exceed what the driver gives"));
+    }
+}
+
 TEST_CASE("a pool's oom and the alloc_fail of the same request are one OOM; a failure of another size is its own", "[scenario][vmm]") {
     // The pool writes "oom" when it runs out, then the refused call's alloc_fail (err 2): one OOM,
     // which takes the call's error.  An alloc_fail of another size that follows (a call the pool
@@ -257,6 +295,38 @@ TEST_CASE("emulated device, pool on virtual memory: the rebuild agrees with the 
         CHECK(d.ooms[1].verdict == "capacity");
         CHECK(d.ooms[1].free_in_segments == 0);
     }
+}
+
+// tests/emu/pool_app's capture scenario on a 64 MiB emulated device (tests/data/emu/README.md): 4 MiB
+// pairs allocated and freed inside a stream capture, where the pool may not wait for a free's work,
+// so every free stays pending until the 17th request fails with nothing live.  Said "capacity", the
+// report told a program that held nothing that the device was too small.
+TEST_CASE("emulated device, frees pending in a stream capture: the OOM is 'pending frees'", "[scenario][vmm]") {
+    const std::string log = data_path("emu/capture_64M.jsonl");
+    process_report r = analyze_file(log, {});
+    const device_report& d = r.devices.at(0);
+    CHECK(r.n_warnings == 0);
+    REQUIRE(d.ooms.size() == 1);
+    const oom_report& o = d.ooms[0];
+    CHECK(o.size == 4 * MiB);
+    CHECK(o.verdict == "pending frees");
+    CHECK(o.pending == 64 * MiB);
+    CHECK(o.allocated == 0);
+    CHECK(o.free_in_segments == 0);
+    CHECK(o.gpu_free == 0);
+    auto text = run_gpumem("report --no-progress " + log);
+    REQUIRE(text.rc == 0);
+    CHECK_THAT(text.out, Catch::Contains("| free on GPU 0 B | pending frees 64.00 MiB\n    verdict: pending frees: "));
+    auto js = run_gpumem("report --no-progress --json " + log);
+    REQUIRE(js.rc == 0);
+    const auto j = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"][0];
+    CHECK(j["verdict"] == "pending frees");
+    CHECK(j["pending_bytes"] == 64 * MiB);
+    // The report JSON prints the same text.
+    temp_file report(js.out, "report");
+    auto again = run_gpumem("report --no-progress " + report.path);
+    REQUIRE(again.rc == 0);
+    CHECK(again.out.substr(again.out.find("OOM #1")) == text.out.substr(text.out.find("OOM #1")));
 }
 
 TEST_CASE("segment_unmap: a context reset or a segment_free with live blocks drops the holes with the segment", "[scenario][vmm]") {
