@@ -164,7 +164,9 @@ ojson device_json(const process_report& p, const device_report& d, const output_
         x["largest_free_bytes"] = o.largest_free;
         x["reserved_bytes"] = o.reserved;
         x["allocated_bytes"] = o.allocated;
+        x["requested_bytes"] = o.requested;
         x["pending_bytes"] = o.pending;
+        x["pool_vmm"] = o.pool_vmm;
         x["gpu_free_bytes"] = o.gpu_free;
         x["gpu_total_bytes"] = o.gpu_total;
         x["gpu_free_recorded"] = o.gpu_free_recorded();

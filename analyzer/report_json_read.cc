@@ -328,7 +328,9 @@ void read_device(const json& j, device_report& d, device_fields_read& fields, st
         get(x, "largest_free_bytes", o.largest_free);
         get(x, "reserved_bytes", o.reserved);
         get(x, "allocated_bytes", o.allocated);
-        get(x, "pending_bytes", o.pending);  // absent from a report written before it: 0
+        get(x, "requested_bytes", o.requested);  // these three absent from a report written before them: 0, false
+        get(x, "pending_bytes", o.pending);
+        get(x, "pool_vmm", o.pool_vmm);
         get(x, "gpu_free_bytes", o.gpu_free);
         get(x, "gpu_total_bytes", o.gpu_total);
         get(x, "verdict", o.verdict);

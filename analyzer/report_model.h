@@ -170,7 +170,12 @@ struct oom_report {
     uint64_t free_in_segments = 0;     // reconstructed: free bytes inside reserved segments
     uint64_t largest_free = 0;         // reconstructed: largest free block
     uint64_t reserved = 0, allocated = 0;
+    uint64_t requested = 0;            // bytes the live allocations asked for: allocated - requested is their rounding
     uint64_t pending = 0;              // bytes in pending blocks: freed by the program, not yet reusable
+    // Whether the verdict took the device's pool as on virtual memory, and so counted the blocks'
+    // rounding (allocated - requested) as memory a request could have had (docs/metrics.md).
+    bool pool_vmm = false;
+    uint64_t block_rounding() const { return allocated > requested ? allocated - requested : 0; }
     uint64_t gpu_free = 0, gpu_total = 0;  // cuMemGetInfo, as recorded (0 when not recorded)
     // Whether the driver's free memory at the failure was recorded (a nonzero gpu_total).  When it
     // was not, the verdict counted it as 0: the views say "as far as the log says".

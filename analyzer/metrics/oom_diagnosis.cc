@@ -66,8 +66,10 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
     // segment_unmap, or an arena segment_alloc that mapped only part of its range).
     bool vmm_pool = d.rep.n_segment_unmap != 0 || d.rep.unmapped.peak != 0 ||
                     (ctx.proc.pool_vmm == "on" && d.rep.n_segment_alloc != 0);
-    uint64_t rounding = d.rep.allocated.current > d.rep.requested.current ? d.rep.allocated.current - d.rep.requested.current : 0;
+    o.requested = d.rep.requested.current;
     o.pending = d.rep.pending.current;
+    o.pool_vmm = vmm_pool;
+    const uint64_t rounding = o.block_rounding();
     // Pending blocks (freed by the program, not reusable until the pool's next sync) are neither
     // free nor live.  The pool waits for them before it fails, except where it may not wait (a
     // stream capture, a broken context): memory short only for them is not the device's capacity.
@@ -87,9 +89,10 @@ void oom_diagnosis::on_oom(const log_event& e, uint64_t line, bool from_pool) {
                         "before its free (the pool makes no wait during a stream capture, nor in a broken context)";
     } else if (vmm_pool && o.largest_free < o.size) {
         o.verdict = "chunk rounding";
-        o.explanation = "the pool gave back every whole free chunk, and the free bytes left share chunks with live "
-                        "blocks: the live bytes rounded up to whole chunks plus the request (also rounded up) exceed "
-                        "what the driver gives, though the bytes themselves would fit";
+        o.explanation = "the pool gave back every whole free chunk; what is left, free bytes that share chunks with "
+                        "live blocks and the blocks' own rounding, cannot hold a new block: the live bytes rounded up "
+                        "to whole chunks plus the request (also rounded up) exceed what the driver gives, though the "
+                        "bytes themselves would fit";
     } else {
         o.verdict = "fragmentation";
         if (!from_pool && o.gpu_total && o.gpu_free >= o.size)

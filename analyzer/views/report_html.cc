@@ -387,6 +387,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
           << "</b> · largest free block <b>" << fmt_bytes(x.largest_free) << "</b> · free on GPU <b>"
           << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b>"
           << (x.pending ? " · pending frees <b>" + fmt_bytes(x.pending) + "</b>" : std::string())
+          << (x.pool_vmm ? " · block rounding <b>" + fmt_bytes(x.block_rounding()) + "</b>" : std::string())
           << "<br>verdict: <span class='verdict-"
           << css_class(x.verdict) << "'>" << html_escape(x.verdict) << "</span>"
           << x.verdict_caveat() << " — " << html_escape(x.explanation) << "</p>\n";

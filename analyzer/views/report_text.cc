@@ -328,7 +328,8 @@ void write_device(std::ostream& os, const process_report& p, const device_report
         os << "    requested " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
            << " | largest free block " << fmt_bytes(o.largest_free) << " | free on GPU "
            << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded"))
-           << (o.pending ? " | pending frees " + fmt_bytes(o.pending) : std::string()) << "\n";
+           << (o.pending ? " | pending frees " + fmt_bytes(o.pending) : std::string())
+           << (o.pool_vmm ? " | block rounding " + fmt_bytes(o.block_rounding()) : std::string()) << "\n";
         os << "    verdict: " << o.verdict << o.verdict_caveat() << ": "
            << o.explanation << "\n";
         if (o.map.valid) write_map(os, o.map);

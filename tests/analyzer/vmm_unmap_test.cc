@@ -297,6 +297,49 @@ TEST_CASE("emulated device, pool on virtual memory: the rebuild agrees with the 
     }
 }
 
+TEST_CASE("an OOM on virtual memory shows the block rounding its verdict counted, in text, HTML and JSON", "[scenario][vmm]") {
+    // An 8 MiB GPU: A asked 3 MiB and holds a 4 MiB block, B asked 1 MiB and holds 2 MiB, the rest
+    // of the segment unmapped, 2 MiB free on the GPU.  A 3 MiB request: nothing free in segments, 2
+    // MiB on the GPU; 4 MiB live + 3 MiB would fit in 8 MiB, but 2 MiB of the blocks is rounding:
+    // chunk rounding, which the OOM's line must show the numbers of (it showed 0 B + 2 MiB < 3 MiB).
+    const uint64_t seg = 0x40000000;
+    temp_file f(std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                pooled_line("alloc", 1, seg, 3 * MiB, 4 * MiB, seg) + pooled_line("alloc", 2, seg + 4 * MiB, MiB, 2 * MiB, seg) +
+                unmap_line(3, seg + 6 * MiB, 2 * MiB, seg) + oom_line(4, 3 * MiB, {6 * MiB, 6 * MiB, 4 * MiB, 0, 0, 1}, 2 * MiB, 8 * MiB) +
+                end_line(5, 2));
+    process_report r = analyze_file(f.path, {});
+    REQUIRE(r.devices[0].ooms.size() == 1);
+    const oom_report& o = r.devices[0].ooms[0];
+    CHECK(o.verdict == "chunk rounding");
+    CHECK(o.pool_vmm);
+    CHECK(o.requested == 4 * MiB);
+    CHECK(o.block_rounding() == 2 * MiB);
+    auto text = run_gpumem("report --no-progress " + f.path);
+    REQUIRE(text.rc == 0);
+    CHECK_THAT(text.out, Catch::Contains("| free on GPU 2.00 MiB | block rounding 2.00 MiB\n    verdict: chunk rounding: "));
+    CHECK_THAT(text.out, Catch::Contains("what is left, free bytes that share chunks with live blocks and the blocks' own rounding"));
+    auto js = run_gpumem("report --no-progress --json " + f.path);
+    REQUIRE(js.rc == 0);
+    const auto j = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"][0];
+    CHECK(j["requested_bytes"] == 4 * MiB);
+    CHECK(j["allocated_bytes"] == 6 * MiB);
+    CHECK(j["pool_vmm"] == true);
+    temp_file report(js.out, "report");
+    auto again = run_gpumem("report --no-progress " + report.path);
+    REQUIRE(again.rc == 0);
+    CHECK_THAT(again.out, Catch::Contains("| free on GPU 2.00 MiB | block rounding 2.00 MiB\n"));
+    temp_file html("", "html");
+    REQUIRE(run_gpumem("report --no-progress --html " + html.path + " " + f.path).rc == 0);
+    CHECK_THAT(read_all(html.path), Catch::Contains("free on GPU <b>2.00 MiB</b> · block rounding <b>2.00 MiB</b><br>verdict"));
+    // Without virtual memory the rounding is not counted, and not shown.
+    temp_file plain(std::string(k_header_on) + seg_line("segment_alloc", 0, seg, 8 * MiB) +
+                    pooled_line("alloc", 1, seg, 3 * MiB, 4 * MiB, seg) +
+                    oom_line(2, 5 * MiB, {8 * MiB, 4 * MiB, 3 * MiB, 4 * MiB, 1, 1}, 0, 8 * MiB) + end_line(3, 1));
+    auto plain_text = run_gpumem("report --no-progress " + plain.path);
+    REQUIRE(plain_text.rc == 0);
+    CHECK_THAT(plain_text.out, Catch::Contains("| free on GPU 0 B\n    verdict: capacity"));
+}
+
 // tests/emu/pool_app's capture scenario on a 64 MiB emulated device (tests/data/emu/README.md): 4 MiB
 // pairs allocated and freed inside a stream capture, where the pool may not wait for a free's work,
 // so every free stays pending until the 17th request fails with nothing live.  Said "capacity", the
@@ -316,7 +359,7 @@ TEST_CASE("emulated device, frees pending in a stream capture: the OOM is 'pendi
     CHECK(o.gpu_free == 0);
     auto text = run_gpumem("report --no-progress " + log);
     REQUIRE(text.rc == 0);
-    CHECK_THAT(text.out, Catch::Contains("| free on GPU 0 B | pending frees 64.00 MiB\n    verdict: pending frees: "));
+    CHECK_THAT(text.out, Catch::Contains("| free on GPU 0 B | pending frees 64.00 MiB | block rounding 0 B\n    verdict: pending frees: "));
     auto js = run_gpumem("report --no-progress --json " + log);
     REQUIRE(js.rc == 0);
     const auto j = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"][0];
