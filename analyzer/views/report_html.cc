@@ -383,7 +383,7 @@ void device_html(std::ostream& o, const process_report& p, const device_report& 
         o << "<h3>OOM #" << i + 1 << " at " << fmt_time(x.t) << " (seq " << x.seq << ", line " << x.line << "): "
           << html_escape(x.api) << " of " << fmt_bytes(x.size) << "</h3>\n";
         o << asked_for_html(p, x.stack);  // the failing call's line first, as in the text report
-        o << "<p>requested <b>" << fmt_bytes(x.size) << "</b> · free in segments <b>" << fmt_bytes(x.free_in_segments)
+        o << "<p>request <b>" << fmt_bytes(x.size) << "</b> · free in segments <b>" << fmt_bytes(x.free_in_segments)
           << "</b> · largest free block <b>" << fmt_bytes(x.largest_free) << "</b> · free on GPU <b>"
           << (x.gpu_total ? fmt_bytes(x.gpu_free) : std::string("not recorded")) << "</b>"
           << (x.pending ? " · pending frees <b>" + fmt_bytes(x.pending) + "</b>" : std::string())

@@ -325,7 +325,8 @@ void write_device(std::ostream& os, const process_report& p, const device_report
             if (fr && !fr->empty()) write_frames_text(os, *fr, "        ");
             else os << k_no_failing_stack << "\n";
         }
-        os << "    requested " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
+        // "request", not "requested": the legend's "requested" is the live bytes asked for.
+        os << "    request " << fmt_bytes(o.size) << " | free in segments " << fmt_bytes(o.free_in_segments)
            << " | largest free block " << fmt_bytes(o.largest_free) << " | free on GPU "
            << (o.gpu_total ? fmt_bytes(o.gpu_free) : std::string("not recorded"))
            << (o.pending ? " | pending frees " + fmt_bytes(o.pending) : std::string())

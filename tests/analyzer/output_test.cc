@@ -365,7 +365,7 @@ TEST_CASE("an OOM names the call that asked for the memory, in text and JSON, an
                                          "        called from train_step (train.py:33)\n"
                                          "        called from <module> (train.py:50)\n"
                                          "        (inside Linear.forward (linear.py:125))\n"
-                                         "    requested 1.00 GiB"));
+                                         "    request 1.00 GiB"));
     CHECK_THAT(text.out, Catch::Contains("cudaMallocManaged of 2.00 GiB (error 2)\n"
                                          "    asked for by evaluate (train.py:61)\n"
                                          "        called from <module> (train.py:52)\n"
@@ -427,7 +427,7 @@ TEST_CASE("an OOM the pool did not serve uses the driver's free memory its alloc
     CHECK(ooms[1]["gpu_free_bytes"] == 37748736);
     CHECK(ooms[1]["verdict"] == "capacity");
     auto text = run_gpumem("report --no-progress " + log);
-    CHECK_THAT(text.out, Catch::Contains("cuMemAlloc_v2 of 60.00 MiB (error 2)\n    requested 60.00 MiB | free in segments "
+    CHECK_THAT(text.out, Catch::Contains("cuMemAlloc_v2 of 60.00 MiB (error 2)\n    request 60.00 MiB | free in segments "
                                          "0 B | largest free block 0 B | free on GPU 36.00 MiB\n    verdict: capacity"));
     // The same failure had the driver said 64 MiB were free: it refused what it could have placed.
     std::string edited = read_all(log);

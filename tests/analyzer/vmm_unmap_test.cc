@@ -360,6 +360,9 @@ TEST_CASE("emulated device, frees pending in a stream capture: the OOM is 'pendi
     auto text = run_gpumem("report --no-progress " + log);
     REQUIRE(text.rc == 0);
     CHECK_THAT(text.out, Catch::Contains("| free on GPU 0 B | pending frees 64.00 MiB | block rounding 0 B\n    verdict: pending frees: "));
+    // The line names the failing call's size "request": nothing was live ("requested" 0 B).
+    CHECK_THAT(text.out, Catch::Contains("cuMemAlloc_v2 of 4.00 MiB (pool)\n    request 4.00 MiB | free in segments 0 B"));
+    CHECK_THAT(text.out, !Catch::Contains("    requested 4.00 MiB |"));
     auto js = run_gpumem("report --no-progress --json " + log);
     REQUIRE(js.rc == 0);
     const auto j = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["ooms"][0];
