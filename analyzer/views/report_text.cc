@@ -305,7 +305,7 @@ void write_device(std::ostream& os, const process_report& p, const device_report
     }
     if (opt.show_at && d.at_request.valid) {
         const state_snapshot& a = d.at_request;
-        os << "\n  Free-block map at " << a.label << ": after " << fmt_at(a.t, a.seq) << "\n";
+        os << "\n  Free-block map at " << a.label << ": after " << fmt_at(a.t, a.seq) << ", line " << a.line << "\n";
         write_snapshot_totals(os, a);
         write_map(os, a);
         if (!a.largest_live.empty()) {

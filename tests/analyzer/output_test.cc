@@ -353,6 +353,17 @@ TEST_CASE("the Perfetto trace and the HTML chart keep seq order where times step
     CHECK_THAT(text, !Catch::Contains("\n    3.00 us "));
 }
 
+TEST_CASE("--at's map names its log line, as the peak's map and each OOM's do, and as --json gives it", "[output]") {
+    const std::string log = data_path("golden/pool_fragmentation.jsonl");
+    auto text = run_gpumem("report --no-progress --at 5 " + log);
+    REQUIRE(text.rc == 0);
+    auto js = run_gpumem("report --no-progress --json --at 5 " + log);
+    REQUIRE(js.rc == 0);
+    const auto at = nlohmann::json::parse(js.out)["processes"][0]["devices"][0]["at_request"];
+    CHECK(at["line"] == 7);
+    CHECK_THAT(text.out, Catch::Contains("  Free-block map at --at: after 6.00 us (seq 5), line 7\n"));
+}
+
 TEST_CASE("an OOM names the call that asked for the memory, in text and JSON, and from the JSON read back", "[output]") {
     // tests/data/golden/oom_stack.jsonl: a pool refusal (oom, then a pooled alloc_fail naming stack
     // 2) and a pass-through cudaMallocManaged that ran out of memory (alloc_fail naming stack 3,
