@@ -261,6 +261,9 @@ command add_report(CLI::App& top) {
         "Reads gpumem event logs (JSON Lines, docs/log-format.md) and reports peak memory,\n"
         "fragmentation, free-block maps, OOM diagnoses and leaks.  Several logs (one per process or\n"
         "rank) give a report each and a combined table.\n"
+        "Every number is defined in docs/metrics.md, the text report's first lines define requested,\n"
+        "allocated and reserved, and each OOM gets a verdict: capacity, pending frees, chunk rounding or\n"
+        "fragmentation, with the numbers it was judged on (docs/metrics.md, \"OOM diagnosis\").\n"
         "\n"
         "exit codes: 0 report written; 2 unusable input or arguments.");
     app->add_option("LOG", a->logs, "event logs (gpumem-PID.jsonl) or `gpumem report --json` files; - reads standard input");

@@ -165,7 +165,11 @@ TEST_CASE("command-line mistakes exit 2 with usage", "[bad][cli]") {
     CHECK_THAT(r.err, Catch::Contains("--at 5h"));
     CHECK(run_gpumem("report --bogus x.jsonl").rc == 2);
     CHECK(run_gpumem("report /nonexistent.jsonl").rc == 2);
-    CHECK(run_gpumem("report --help").rc == 0);
+    r = run_gpumem("report --help");
+    CHECK(r.rc == 0);
+    // Where the report's numbers and verdicts are defined (also the man page, made from --help).
+    CHECK_THAT(r.out, Catch::Contains("docs/metrics.md"));
+    CHECK_THAT(r.out, Catch::Contains("capacity, pending frees, chunk rounding or"));
 }
 
 TEST_CASE("one bad log among several fails the whole report", "[bad][cli]") {
