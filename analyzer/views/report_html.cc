@@ -22,7 +22,7 @@ table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{padding:3px 10p
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0}.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:150px}
 .card .v{font-size:20px;font-weight:600}.card .k{font-size:12px;color:#666}
-.verdict-fragmentation{color:#b00020;font-weight:600}.verdict-capacity{color:#8a4b00;font-weight:600}.verdict-chunk-rounding{color:#6a3d9a;font-weight:600}
+.verdict-fragmentation{color:#b00020;font-weight:600}.verdict-capacity{color:#8a4b00;font-weight:600}.verdict-chunk-rounding{color:#6a3d9a;font-weight:600}.verdict-pending-frees{color:#00695c;font-weight:600}
 svg text{font-family:system-ui,sans-serif}code{font-size:12px}
 )";
 

@@ -103,6 +103,17 @@ TEST_CASE("the HTML page is self-contained", "[output]") {
     CHECK(urls > 0);
 }
 
+// Each verdict the OOM diagnosis gives (report_model.h, oom_report::verdict) stands out in the page
+// by its own colour; one without a rule showed as plain text beside the explanation.
+TEST_CASE("the HTML page styles every OOM verdict", "[output]") {
+    std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
+    std::ostringstream o;
+    write_html(o, ps, combine(ps), {});
+    const std::string h = o.str();
+    for (const char* v : {"capacity", "pending-frees", "fragmentation", "chunk-rounding"})
+        CHECK_THAT(h, Catch::Contains(std::string(".verdict-") + v + "{color:"));
+}
+
 TEST_CASE("the HTML page's allocation and free counts have thousands separators, as the text report's", "[output]") {
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_off_basic.jsonl"), {})};
     ps[0].devices[0].n_alloc = 1149;
