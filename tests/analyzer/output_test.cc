@@ -16,6 +16,20 @@
 using namespace gpumem::analysis;
 using namespace gpumem::test;
 
+namespace {
+// The HTML page and the text report of `ps`, as `gpumem report` writes them without options.
+std::string html_of(const std::vector<process_report>& ps) {
+    std::ostringstream o;
+    write_html(o, ps, combine(ps), {});
+    return o.str();
+}
+std::string text_of(const std::vector<process_report>& ps) {
+    std::ostringstream o;
+    write_text(o, ps, combine(ps), {});
+    return o.str();
+}
+}  // namespace
+
 TEST_CASE("segment_bar draws blocks to scale", "[output]") {
     segment_view s;
     s.base = 0x1000;
@@ -83,9 +97,7 @@ TEST_CASE("the JSON report says when the peaks of pending, unmapped and mapped b
 
 TEST_CASE("the HTML page is self-contained", "[output]") {
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
-    std::ostringstream o;
-    write_html(o, ps, combine(ps), {});
-    std::string h = o.str();
+    const std::string h = html_of(ps);
     CHECK_THAT(h, Catch::StartsWith("<!DOCTYPE html>"));
     CHECK_THAT(h, !Catch::Contains("<script"));
     CHECK_THAT(h, !Catch::Contains("src="));
@@ -107,9 +119,7 @@ TEST_CASE("the HTML page is self-contained", "[output]") {
 // by its own colour; one without a rule showed as plain text beside the explanation.
 TEST_CASE("the HTML page styles every OOM verdict", "[output]") {
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_fragmentation.jsonl"), {})};
-    std::ostringstream o;
-    write_html(o, ps, combine(ps), {});
-    const std::string h = o.str();
+    const std::string h = html_of(ps);
     for (const char* v : {"capacity", "pending-frees", "fragmentation", "chunk-rounding"})
         CHECK_THAT(h, Catch::Contains(std::string(".verdict-") + v + "{color:"));
 }
@@ -118,11 +128,9 @@ TEST_CASE("the HTML page's allocation and free counts have thousands separators,
     std::vector<process_report> ps{analyze_file(data_path("golden/pool_off_basic.jsonl"), {})};
     ps[0].devices[0].n_alloc = 1149;
     ps[0].devices[0].n_free = 1127;
-    std::ostringstream h, t;
-    write_html(h, ps, combine(ps), {});
-    write_text(t, ps, combine(ps), {});
-    CHECK_THAT(t.str(), Catch::Contains("1,149") && Catch::Contains("1,127"));
-    CHECK_THAT(h.str(), Catch::Contains("<td>allocations / frees</td><td>1,149 / 1,127</td>"));
+    const std::string h = html_of(ps), t = text_of(ps);
+    CHECK_THAT(t, Catch::Contains("1,149") && Catch::Contains("1,127"));
+    CHECK_THAT(h, Catch::Contains("<td>allocations / frees</td><td>1,149 / 1,127</td>"));
 }
 
 TEST_CASE("the HTML page says a log's lost events make its totals approximate, as the text report does", "[output]") {
@@ -131,19 +139,15 @@ TEST_CASE("the HTML page says a log's lost events make its totals approximate, a
     ps[0].lost = 7;
     ps[0].warnings = {"x.jsonl:2: blank line skipped"};
     ps[0].n_warnings = 2;
-    std::ostringstream h, t;
-    write_html(h, ps, combine(ps), {});
-    write_text(t, ps, combine(ps), {});
-    CHECK_THAT(t.str(), Catch::Contains("7 events were lost by the recorder: totals are approximate"));
-    CHECK_THAT(h.str(), Catch::Contains("<p class=warn>7 events were lost by the recorder: totals are approximate</p>"));
+    const std::string h = html_of(ps), t = text_of(ps);
+    CHECK_THAT(t, Catch::Contains("7 events were lost by the recorder: totals are approximate"));
+    CHECK_THAT(h, Catch::Contains("<p class=warn>7 events were lost by the recorder: totals are approximate</p>"));
     ps[0].lost = 1;
-    std::ostringstream h1;
-    write_html(h1, ps, combine(ps), {});
-    CHECK_THAT(h1.str(), Catch::Contains("1 event was lost by the recorder"));
+    const std::string h1 = html_of(ps);
+    CHECK_THAT(h1, Catch::Contains("1 event was lost by the recorder"));
     ps[0].lost = 0;
-    std::ostringstream h0;
-    write_html(h0, ps, combine(ps), {});
-    CHECK_THAT(h0.str(), !Catch::Contains("lost by the recorder"));
+    const std::string h0 = html_of(ps);
+    CHECK_THAT(h0, !Catch::Contains("lost by the recorder"));
 }
 
 TEST_CASE("the text report and the HTML page say how a process ended in the same words", "[output]") {
@@ -152,17 +156,13 @@ TEST_CASE("the text report and the HTML page say how a process ended in the same
     ps[0].has_end = true;
     ps[0].end_reason = "signal";
     ps[0].end_signal = 9;
-    std::ostringstream h, t;
-    write_html(h, ps, combine(ps), {});
-    write_text(t, ps, combine(ps), {});
-    CHECK_THAT(t.str(), Catch::Contains(", ended: signal 9\n"));
-    CHECK_THAT(h.str(), Catch::Contains(", ended: signal 9</p>"));
+    const std::string h = html_of(ps), t = text_of(ps);
+    CHECK_THAT(t, Catch::Contains(", ended: signal 9\n"));
+    CHECK_THAT(h, Catch::Contains(", ended: signal 9</p>"));
     ps[0].has_end = false;
-    std::ostringstream h2, t2;
-    write_html(h2, ps, combine(ps), {});
-    write_text(t2, ps, combine(ps), {});
-    CHECK_THAT(t2.str(), Catch::Contains(", no end line (killed or still running)\n"));
-    CHECK_THAT(h2.str(), Catch::Contains(", no end line (killed or still running)</p>"));
+    const std::string h2 = html_of(ps), t2 = text_of(ps);
+    CHECK_THAT(t2, Catch::Contains(", no end line (killed or still running)\n"));
+    CHECK_THAT(h2, Catch::Contains(", no end line (killed or still running)</p>"));
 }
 
 TEST_CASE("a count of one is written singular in the text and HTML reports", "[output]") {
@@ -177,24 +177,21 @@ TEST_CASE("a count of one is written singular in the text and HTML reports", "[o
     REQUIRE(d.at_peak.valid);
     REQUIRE(d.at_peak.segment_map.size() == 1);
     d.at_peak.segment_map.resize(49, d.at_peak.segment_map[0]);  // the HTML draws 48, the text 32
-    std::ostringstream h;
-    write_html(h, ps, combine(ps), {});
-    CHECK_THAT(h.str(), Catch::Contains("<div class=v>1</div><div class=k>OOM</div>"));
-    CHECK_THAT(h.str(), Catch::Contains(" 1 event over "));
-    CHECK_THAT(h.str(), Catch::Contains("… 1 more segment not drawn."));
+    const std::string h = html_of(ps);
+    CHECK_THAT(h, Catch::Contains("<div class=v>1</div><div class=k>OOM</div>"));
+    CHECK_THAT(h, Catch::Contains(" 1 event over "));
+    CHECK_THAT(h, Catch::Contains("… 1 more segment not drawn."));
     d.at_peak.segment_map.resize(33);
     REQUIRE(d.ooms.size() == 1);
     d.ooms.resize(21, d.ooms[0]);  // the text shows 20
-    std::ostringstream t;
-    write_text(t, ps, combine(ps), {});
-    CHECK_THAT(t.str(), Catch::Contains(" of events, 1 event, "));
-    CHECK_THAT(t.str(), Catch::Contains("1 fence release, 1 sync, 1 fence wait"));
-    CHECK_THAT(t.str(), Catch::Contains("    ... 1 more segment\n"));
-    CHECK_THAT(t.str(), Catch::Contains("  ... 1 more OOM\n"));
+    const std::string t = text_of(ps);
+    CHECK_THAT(t, Catch::Contains(" of events, 1 event, "));
+    CHECK_THAT(t, Catch::Contains("1 fence release, 1 sync, 1 fence wait"));
+    CHECK_THAT(t, Catch::Contains("    ... 1 more segment\n"));
+    CHECK_THAT(t, Catch::Contains("  ... 1 more OOM\n"));
     d.n_pool_fenced = 0;
-    std::ostringstream t2;
-    write_text(t2, ps, combine(ps), {});
-    CHECK_THAT(t2.str(), Catch::Contains(", 1 device-wide sync, 1 fence wait"));
+    const std::string t2 = text_of(ps);
+    CHECK_THAT(t2, Catch::Contains(", 1 device-wide sync, 1 fence wait"));
     // Warnings past the kept ones, on stderr.
     p.warnings.assign(k_max_warnings, "w");
     p.n_warnings = k_max_warnings + 1;
@@ -216,9 +213,7 @@ TEST_CASE("the text timeline keeps the log's seq order when its times step back"
     }
     temp_file f(log, "time_back");
     std::vector<process_report> ps{analyze_file(f.path, {})};
-    std::ostringstream o;
-    write_text(o, ps, combine(ps), {});
-    std::string text = o.str();
+    const std::string text = text_of(ps);
     size_t at = text.find("    from ");
     REQUIRE(at != std::string::npos);
     std::istringstream rows(text.substr(text.find('\n', at) + 1));
@@ -566,16 +561,13 @@ TEST_CASE("past the OOMs shown, the text and HTML reports count the rest from n_
     REQUIRE(d.ooms.size() == 1);
     d.ooms.resize(1000, d.ooms[0]);
     d.n_oom = 1100;
-    std::ostringstream t, h;
-    write_text(t, ps, combine(ps), {});
-    write_html(h, ps, combine(ps), {});
-    CHECK_THAT(t.str(), Catch::Contains("  ... 1,080 more OOMs\n"));
-    CHECK_THAT(h.str(), Catch::Contains("<p class=meta>… 1,080 more OOMs not shown.</p>"));
+    const std::string h = html_of(ps), t = text_of(ps);
+    CHECK_THAT(t, Catch::Contains("  ... 1,080 more OOMs\n"));
+    CHECK_THAT(h, Catch::Contains("<p class=meta>… 1,080 more OOMs not shown.</p>"));
     d.ooms.resize(20);
     d.n_oom = 20;
-    std::ostringstream h20;
-    write_html(h20, ps, combine(ps), {});
-    CHECK_THAT(h20.str(), !Catch::Contains("more OOM"));
+    const std::string h20 = html_of(ps);
+    CHECK_THAT(h20, !Catch::Contains("more OOM"));
 }
 
 TEST_CASE("an OOM line's gpu_free without gpu_total is not recorded, for the verdict as for the text", "[output]") {
