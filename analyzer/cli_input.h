@@ -9,6 +9,7 @@
 
 #include "metrics/metric.h"  // moment, what --at names
 #include "diagnostics.h"
+#include "format_util.h"  // fmt_where
 #include "input_spool.h"  // pipe_spools
 #include "report_fields.h"
 #include "report_model.h"
@@ -113,10 +114,9 @@ struct run_input {
     const device_report& dev(const device_ref& r) const { return processes[r.process].devices[r.device]; }
     bool has(const device_ref& r, device_field f) const { return fields[r.process][r.device].has(f); }
     std::string why_missing(const device_ref& r, device_field f) const { return fields[r.process][r.device].why_missing(f); }
-    // "FILE:LINE" of a missing member (device_fields_read::line), or the input's name where no line is known.
+    // Where a missing member is (device_fields_read::line): "FILE:LINE", or the input's name where no line is known.
     std::string missing_at(const device_ref& r, device_field f) const {
-        const uint64_t line = fields[r.process][r.device].line(f);
-        return source[r.process] + (line ? ":" + std::to_string(line) : "");
+        return fmt_where(source[r.process], fields[r.process][r.device].line(f));
     }
 };
 

@@ -172,8 +172,7 @@ int run_report(report_args& a, const std::vector<std::string>& tail) {
                         const device_fields_read& fields = r.fields[i][k];
                         // At the member's line, or the device's where it is not there (device_fields_read::lines).
                         auto who = [&](device_field f) {
-                            const uint64_t line = fields.line(f);
-                            return path + (line ? ":" + std::to_string(line) : "") + ": process " +
+                            return fmt_where(path, fields.line(f)) + ": process " +
                                    std::to_string(r.processes[i].pid) + " dev " +
                                    std::to_string(r.processes[i].devices[k].dev) + " ";
                         };

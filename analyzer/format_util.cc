@@ -40,6 +40,8 @@ std::string fmt_time(uint64_t ns) {
 
 std::string fmt_at(uint64_t t, uint64_t seq) { return fmt_time(t) + " (seq " + std::to_string(seq) + ")"; }
 
+std::string fmt_where(const std::string& file, uint64_t line) { return line ? file + ":" + std::to_string(line) : file; }
+
 std::string fmt_peak_at(uint64_t peak, uint64_t t, uint64_t seq) { return peak ? fmt_at(t, seq) : "-"; }
 
 std::string fmt_pct(double r) {

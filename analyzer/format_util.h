@@ -24,6 +24,7 @@ std::string fmt_bytes(uint64_t n);         // "0 B", "512 B", "1.50 KiB", "2.00 
 std::string fmt_size_class(size_t i);
 std::string fmt_time(uint64_t ns);         // "950 ns", "12.50 us", "3.20 ms", "1.234 s"
 std::string fmt_at(uint64_t t, uint64_t seq);  // an event's moment: "12.50 us (seq 41)"
+std::string fmt_where(const std::string& file, uint64_t line);  // "FILE:LINE", or "FILE" where the line is 0 (not known)
 // The moment of a peak: fmt_at, or "-" for a peak of 0, which was never reached (its seq 0 would
 // read as the log's first event).
 std::string fmt_peak_at(uint64_t peak, uint64_t t, uint64_t seq);

@@ -9,7 +9,7 @@ namespace gpumem::analysis {
 namespace {
 // "file:line: message", its control characters shown (they come from the log and end on a terminal).
 std::string where(const std::string& file, uint64_t line, const std::string& msg) {
-    return visible(line ? file + ":" + std::to_string(line) + ": " + msg : file + ": " + msg);
+    return visible(fmt_where(file, line) + ": " + msg);
 }
 }  // namespace
 

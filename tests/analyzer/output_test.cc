@@ -50,6 +50,8 @@ TEST_CASE("sizes, times and percentages are formatted for people", "[output]") {
     CHECK(fmt_time(1500000000) == "1.500 s");
     CHECK(fmt_pct(1.0 / 3.0) == "33.3%");
     CHECK(fmt_count(1234567) == "1,234,567");
+    CHECK(fmt_where("b.json", 41) == "b.json:41");
+    CHECK(fmt_where("b.json", 0) == "b.json");  // no line known
     // Size classes: the upper bound not included, so the class below 1 MiB ends at "1.00 MiB".
     CHECK(fmt_size_class(0) == "0 B-2 B");
     CHECK(fmt_size_class(1) == "2 B-4 B");
